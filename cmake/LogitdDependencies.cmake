@@ -1,0 +1,28 @@
+# Third-party packages, all from Debian 12 (or a prefix unpacked from them).
+find_package(Threads REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(nlohmann_json 3.10 CONFIG REQUIRED)
+
+# xxHash: Debian ships a library and a header, no CMake package.
+find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
+find_library(XXHASH_LIBRARY NAMES xxhash REQUIRED)
+if(NOT TARGET xxhash::xxhash)
+  add_library(xxhash::xxhash UNKNOWN IMPORTED)
+  set_target_properties(xxhash::xxhash PROPERTIES IMPORTED_LOCATION "${XXHASH_LIBRARY}"
+                        INTERFACE_INCLUDE_DIRECTORIES "${XXHASH_INCLUDE_DIR}")
+endif()
+
+# OpenBLAS for the cpu backend: its cblas.h lives in a per-variant folder on Debian.
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS REQUIRED)
+find_path(OPENBLAS_CBLAS_INCLUDE_DIR cblas.h
+          PATH_SUFFIXES openblas-pthread x86_64-linux-gnu/openblas-pthread openblas
+                        x86_64-linux-gnu/openblas-openmp
+          REQUIRED)
+if(NOT TARGET logitd_openblas)
+  add_library(logitd_openblas INTERFACE)
+  target_link_libraries(logitd_openblas INTERFACE BLAS::BLAS)
+  target_include_directories(logitd_openblas SYSTEM INTERFACE "${OPENBLAS_CBLAS_INCLUDE_DIR}")
+endif()

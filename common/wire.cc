@@ -1,0 +1,176 @@
+#include "common/wire.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace logitd::wire {
+
+absl::StatusOr<DType> FromProto(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_BF16:
+      return DType::kBf16;
+    case v1::DTYPE_FP32:
+      return DType::kFp32;
+    case v1::DTYPE_INT32:
+      return DType::kInt32;
+    case v1::DTYPE_INT64:
+      return DType::kInt64;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", v1::DType_Name(dtype), " (", static_cast<int>(dtype),
+                       ") is not a tensor dtype: expected BF16, FP32, INT32 or INT64"));
+  }
+}
+
+v1::DType ToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kBf16:
+      return v1::DTYPE_BF16;
+    case DType::kFp32:
+      return v1::DTYPE_FP32;
+    case DType::kInt32:
+      return v1::DTYPE_INT32;
+    case DType::kInt64:
+      return v1::DTYPE_INT64;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+v1::TensorSpec MakeSpec(absl::string_view name, const Tensor& tensor) {
+  v1::TensorSpec spec;
+  spec.set_name(std::string(name));
+  spec.set_dtype(ToProto(tensor.dtype()));
+  for (std::int64_t d : tensor.shape()) spec.add_shape(d);
+  spec.set_xxh3(tensor.Digest());
+  return spec;
+}
+
+struct Assembler::Pending {
+  Tensor tensor;
+  std::uint64_t expected_digest = 0;
+  std::uint64_t received = 0;
+  XXH3_state_t* state = nullptr;
+  bool taken = false;
+
+  ~Pending() {
+    if (state != nullptr) XXH3_freeState(state);
+  }
+};
+
+Assembler::Assembler(std::uint64_t max_total_bytes) : max_total_bytes_(max_total_bytes) {}
+Assembler::~Assembler() = default;
+
+absl::Status Assembler::Expect(const v1::TensorSpec& spec) {
+  if (spec.name().empty()) return absl::InvalidArgumentError("tensor spec without a name");
+  if (pending_.count(spec.name()) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "' announced twice"));
+  }
+  absl::StatusOr<DType> dtype = FromProto(spec.dtype());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.name(), ": ", dtype.status().message()));
+  }
+  std::vector<std::int64_t> shape(spec.shape().begin(), spec.shape().end());
+  if (shape.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.name(), ": shape has no dimensions"));
+  }
+  absl::StatusOr<std::int64_t> nbytes = CheckedByteCount(shape, *dtype);
+  if (!nbytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.name(), ": ", nbytes.status().message()));
+  }
+  const auto n = static_cast<std::uint64_t>(*nbytes);
+  if (n > max_total_bytes_ || total_bytes_ > max_total_bytes_ - n) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s %s %s is %d bytes; with the request's other tensors (%d bytes) that exceeds the "
+        "limit of %d bytes per request (server flag --max_request_bytes)",
+        spec.name(), DTypeName(*dtype), ShapeString(shape), n, total_bytes_, max_total_bytes_));
+  }
+  auto p = std::make_unique<Pending>();
+  absl::StatusOr<Tensor> t = Tensor::Create(*dtype, std::move(shape));
+  if (!t.ok()) return t.status();
+  p->tensor = std::move(*t);
+  p->expected_digest = spec.xxh3();
+  p->state = XXH3_createState();
+  if (p->state == nullptr || XXH3_64bits_reset(p->state) != XXH_OK) {
+    return absl::ResourceExhaustedError("cannot allocate a digest state");
+  }
+  total_bytes_ += n;
+  pending_.emplace(spec.name(), std::move(p));
+  return absl::OkStatus();
+}
+
+absl::Status Assembler::Add(const v1::TensorChunk& chunk) {
+  auto it = pending_.find(chunk.name());
+  if (it == pending_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk for tensor '", chunk.name(), "', which this call did not announce"));
+  }
+  Pending& p = *it->second;
+  const std::uint64_t size = p.tensor.nbytes();
+  if (chunk.offset() != p.received) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: chunk at offset %d, expected offset %d (chunks must arrive in order)",
+                        chunk.name(), chunk.offset(), p.received));
+  }
+  const std::uint64_t len = chunk.data().size();
+  if (len > size - p.received) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: chunk [%d, %d) runs past the tensor's end at %d bytes", chunk.name(), chunk.offset(),
+        chunk.offset() + len, size));
+  }
+  if (len == 0) return absl::OkStatus();
+  std::memcpy(p.tensor.bytes() + p.received, chunk.data().data(), len);
+  XXH3_64bits_update(p.state, chunk.data().data(), len);
+  p.received += len;
+  return absl::OkStatus();
+}
+
+absl::Status Assembler::Finish() {
+  for (const auto& [name, p] : pending_) {
+    if (p->received != p->tensor.nbytes()) {
+      return absl::DataLossError(absl::StrFormat("%s: received %d of %d bytes (truncated stream)",
+                                                 name, p->received, p->tensor.nbytes()));
+    }
+    const std::uint64_t got = XXH3_64bits_digest(p->state);
+    if (got != p->expected_digest) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: xxh3 digest of the received bytes is %016x, the sender announced "
+                          "%016x (data corrupted in transit)",
+                          name, got, p->expected_digest));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Assembler::Take(absl::string_view name) {
+  auto it = pending_.find(name);
+  if (it == pending_.end() || it->second->taken) {
+    return absl::NotFoundError(absl::StrCat("no tensor '", name, "' was received"));
+  }
+  it->second->taken = true;
+  return std::move(it->second->tensor);
+}
+
+absl::Status SendChunks(absl::string_view name, const std::byte* data, std::size_t size,
+                        std::size_t chunk_bytes,
+                        const std::function<bool(v1::TensorChunk&&)>& write) {
+  if (chunk_bytes == 0) chunk_bytes = kDefaultChunkBytes;
+  for (std::size_t off = 0; off < size; off += chunk_bytes) {
+    const std::size_t len = std::min(chunk_bytes, size - off);
+    v1::TensorChunk chunk;
+    chunk.set_name(std::string(name));
+    chunk.set_offset(off);
+    chunk.set_data(reinterpret_cast<const char*>(data + off), len);
+    if (!write(std::move(chunk))) {
+      return absl::UnavailableError(
+          absl::StrFormat("%s: the peer stopped reading at byte %d of %d", name, off, size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace logitd::wire

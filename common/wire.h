@@ -1,0 +1,67 @@
+// Chunked tensor transfer over the logitd.v1 protocol, the same on both ends:
+// a TensorSpec announces a tensor (dtype, shape, xxh3-64), TensorChunks carry
+// its bytes in order, and the receiver checks offsets, length and digest.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "logitd/tensor.h"
+#include "logitd/v1/logitd.pb.h"
+
+namespace logitd::wire {
+
+inline constexpr std::size_t kDefaultChunkBytes = 4u << 20;
+
+absl::StatusOr<DType> FromProto(v1::DType dtype);
+v1::DType ToProto(DType dtype);
+
+// Spec of a whole tensor, digest included.
+v1::TensorSpec MakeSpec(absl::string_view name, const Tensor& tensor);
+
+// Reassembles the chunks of the tensors announced with Expect(). Each byte is
+// checked against the announced size before it is stored; nothing larger
+// than max_total_bytes (all tensors together) is ever allocated.
+class Assembler {
+ public:
+  explicit Assembler(std::uint64_t max_total_bytes);
+  ~Assembler();
+  Assembler(const Assembler&) = delete;
+  Assembler& operator=(const Assembler&) = delete;
+
+  // Announces a tensor and allocates its buffer. InvalidArgument for an
+  // unknown dtype, a bad shape or a duplicate name; ResourceExhausted when
+  // the tensors together would exceed max_total_bytes.
+  absl::Status Expect(const v1::TensorSpec& spec);
+  // Stores one chunk. InvalidArgument for an unknown tensor, an offset other
+  // than the next expected byte, or data past the tensor's end.
+  absl::Status Add(const v1::TensorChunk& chunk);
+  // DataLoss when any tensor is incomplete or its digest does not match.
+  absl::Status Finish();
+  // Moves a finished tensor out. NotFound when it was never announced.
+  absl::StatusOr<Tensor> Take(absl::string_view name);
+
+  std::uint64_t total_bytes() const { return total_bytes_; }
+
+ private:
+  struct Pending;
+  std::uint64_t max_total_bytes_;
+  std::uint64_t total_bytes_ = 0;
+  std::map<std::string, std::unique_ptr<Pending>, std::less<>> pending_;
+};
+
+// Splits bytes into chunks of at most chunk_bytes and hands each to `write`
+// (which returns false when the peer is gone). A zero-length tensor sends no
+// chunk. Cancelled when `write` fails.
+absl::Status SendChunks(absl::string_view name, const std::byte* data, std::size_t size,
+                        std::size_t chunk_bytes,
+                        const std::function<bool(v1::TensorChunk&&)>& write);
+
+}  // namespace logitd::wire

@@ -1,0 +1,182 @@
+// The one interface between the service layer and the arithmetic. A backend
+// holds weights (on its device), computes the LM head's GEMMs with bf16
+// operands and fp32 accumulation, and owns any device state. No gRPC here;
+// the cuda implementation keeps every CUDA header behind this interface.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "logitd/bf16.h"
+#include "logitd/tensor.h"
+
+namespace logitd::kernels {
+
+// What the backend runs on; mirrored into logitd.v1.ServerInfo.
+struct BackendInfo {
+  std::string backend;  // "cpu" or "cuda"
+  std::string device_name;
+  std::string compute_capability;  // "9.0"; empty on cpu
+  int multiprocessor_count = 0;    // SMs, or hardware threads on cpu
+  std::string driver_version;
+  std::string cuda_runtime_version;
+  std::string cublaslt_version;
+  std::string blas_version;
+  std::string split_k;  // "off" | "fp32" | "any"; empty on cpu
+};
+
+// Where a call's time went, microseconds.
+struct Timing {
+  std::int64_t h2d_us = 0;
+  std::int64_t compute_us = 0;
+  std::int64_t d2h_us = 0;
+};
+
+// A host buffer the backend copies from and to efficiently (page-locked on
+// cuda). Move-only; frees itself.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(std::byte* data, std::size_t size, std::function<void(std::byte*)> release)
+      : data_(data), size_(size), release_(std::move(release)) {}
+  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      data_ = o.data_;
+      size_ = o.size_;
+      release_ = std::move(o.release_);
+      o.data_ = nullptr;
+      o.size_ = 0;
+    }
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { Reset(); }
+
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(data_);
+  }
+
+ private:
+  void Reset() {
+    if (data_ != nullptr && release_) release_(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::function<void(std::byte*)> release_;
+};
+
+// A registered weight W [V, K] (bf16) as the backend stores it, plus its
+// optional fp32 gradient buffer [V, K]. Created by Backend::LoadWeight; kept
+// alive by shared_ptr while any call uses it, so release during a call is safe.
+class Weight {
+ public:
+  Weight(std::int64_t v, std::int64_t k) : v_(v), k_(k) {}
+  virtual ~Weight() = default;
+  Weight(const Weight&) = delete;
+  Weight& operator=(const Weight&) = delete;
+
+  std::int64_t v() const { return v_; }
+  std::int64_t k() const { return k_; }
+  // Bytes held for the weight itself.
+  virtual std::uint64_t weight_bytes() const = 0;
+  // Bytes held for the gradient buffer (0 until the first accumulate).
+  virtual std::uint64_t gradient_bytes() const = 0;
+
+ private:
+  std::int64_t v_;
+  std::int64_t k_;
+};
+
+struct LogitsArgs {
+  const Bf16Bits* x = nullptr;  // [m, K] bf16
+  std::int64_t m = 0;
+  float alpha = 1.0f;
+  DType out_dtype = DType::kFp32;  // kFp32 or kBf16
+  void* y = nullptr;               // [m, V] of out_dtype
+};
+
+struct BackwardArgs {
+  const void* dy = nullptr;  // [m, V]
+  DType dy_dtype = DType::kFp32;  // kFp32 or kBf16
+  const Bf16Bits* x = nullptr;    // [m, K] bf16
+  std::int64_t m = 0;
+  void* dx = nullptr;               // [m, K] of dx_dtype, or null for none
+  DType dx_dtype = DType::kBf16;    // kBf16 or kFp32
+  void* dw = nullptr;               // [V, K] of dw_dtype, or null for none
+  DType dw_dtype = DType::kFp32;    // kFp32 or kBf16
+  bool accumulate_dw = false;       // dW += G^T X into the weight's fp32 buffer; dw unused
+};
+
+// All methods are thread-safe. Shapes and dtypes arrive validated by the
+// service layer; a backend still returns InvalidArgument rather than crash if
+// they do not agree with the weight.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual BackendInfo Info() const = 0;
+  // Bytes of device memory the backend holds now (0 on cpu).
+  virtual std::uint64_t DeviceBytesInUse() const = 0;
+
+  // A host buffer for inputs or outputs of at least `bytes`.
+  virtual absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) = 0;
+
+  // Copies W [v, k] bf16 into backend storage (device memory on cuda).
+  // ResourceExhausted when the device cannot hold it.
+  virtual absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                             std::int64_t k) = 0;
+
+  // Y[m, V] = alpha * X[m, K] . W[V, K]^T, bf16 operands, fp32 accumulation;
+  // fp32 out, or rounded to bf16 once (RNE).
+  virtual absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) = 0;
+
+  // G = bf16(dY) (RNE, once); dX = G.W [m, K]; dW = G^T.X [V, K]; fp32
+  // accumulation, outputs rounded once to their dtype.
+  virtual absl::Status Backward(Weight& w, const BackwardArgs& args, Timing* timing) = 0;
+
+  // Copies the weight's fp32 gradient buffer into out [V, K] (zeros if never
+  // accumulated), and zeroes it afterwards when asked. Returns the number of
+  // accumulating Backward calls since it was last zeroed.
+  virtual absl::StatusOr<std::uint64_t> FetchGradient(Weight& w, float* out,
+                                                      bool zero_after_fetch) = 0;
+  virtual absl::Status ZeroGradient(Weight& w) = 0;
+
+  // out[i] = bf16(in[i]), round to nearest even: the cast Backward applies.
+  virtual absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                                  Timing* timing) = 0;
+};
+
+enum class BackendKind { kAuto, kCuda, kCpu };
+absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name);
+
+struct BackendOptions {
+  BackendKind kind = BackendKind::kAuto;
+  int device = 0;                    // cuda device ordinal
+  std::string split_k = "fp32";      // cuda: "off" | "fp32" | "any"
+  int cpu_threads = 0;               // cpu: BLAS threads, 0 = library default
+  std::uint64_t device_memory_budget = 0;  // cuda: bytes for workspaces+weights, 0 = all free
+};
+
+// Creates the backend `options.kind` names. kAuto tries cuda when it was
+// built in and a device is visible, else cpu; `why` (when given) receives a
+// sentence saying which was chosen and why.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options,
+                                                       std::string* why = nullptr);
+
+}  // namespace logitd::kernels
