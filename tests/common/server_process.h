@@ -1,0 +1,44 @@
+// Starts the real logitd binary on a free loopback port for integration
+// tests, and stops it (SIGTERM, then SIGKILL) when the object goes away.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace logitd::testing {
+
+class ServerProcess {
+ public:
+  // Runs `binary --address=127.0.0.1:0 --port_file=... <extra_args>` and waits
+  // until the server has written the port it bound (or `timeout` passes).
+  static absl::StatusOr<ServerProcess> Start(const std::string& binary,
+                                             const std::vector<std::string>& extra_args,
+                                             absl::Duration timeout = absl::Seconds(30));
+  ServerProcess(ServerProcess&& o) noexcept;
+  ServerProcess& operator=(ServerProcess&& o) noexcept;
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  ~ServerProcess();
+
+  // "127.0.0.1:PORT".
+  const std::string& address() const { return address_; }
+  pid_t pid() const { return pid_; }
+  bool Running();
+  // Sends SIGTERM and waits; returns the exit status (as from waitpid), or -1.
+  int Stop(absl::Duration grace = absl::Seconds(20));
+  // Everything the server wrote to stderr/stdout so far.
+  std::string Log() const;
+
+ private:
+  ServerProcess() = default;
+  pid_t pid_ = -1;
+  std::string address_;
+  std::string dir_;
+};
+
+}  // namespace logitd::testing
