@@ -59,7 +59,7 @@ class Assembler {
 
 // Splits bytes into chunks of at most chunk_bytes and hands each to `write`
 // (which returns false when the peer is gone). A zero-length tensor sends no
-// chunk. Cancelled when `write` fails.
+// chunk. Unavailable when `write` fails (the peer is gone).
 absl::Status SendChunks(absl::string_view name, const std::byte* data, std::size_t size,
                         std::size_t chunk_bytes,
                         const std::function<bool(v1::TensorChunk&&)>& write);

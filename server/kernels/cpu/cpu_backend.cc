@@ -1,0 +1,420 @@
+#include "server/kernels/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+
+namespace logitd::kernels {
+namespace {
+
+constexpr std::size_t kAlignment = 64;
+// cblas takes 32-bit dimensions (blasint); element offsets inside OpenBLAS
+// are 64-bit, so only each single dimension has to fit.
+constexpr std::int64_t kMaxBlasDim = std::numeric_limits<int>::max();
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+// fp32 storage from aligned_alloc: unlike std::vector it is not zero-filled
+// (temporaries are written whole by the widening or by sgemm with beta=0),
+// and a failed allocation becomes a Status rather than std::bad_alloc.
+using FloatBuffer = std::unique_ptr<float[], FreeDeleter>;
+
+absl::StatusOr<FloatBuffer> AllocateFloats(std::int64_t n, bool zeroed, absl::string_view what) {
+  constexpr std::int64_t kMaxFloats =
+      static_cast<std::int64_t>((std::numeric_limits<std::size_t>::max() - kAlignment) / 4);
+  if (n <= 0 || n > kMaxFloats) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: cannot allocate %d fp32 elements", what, n));
+  }
+  std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
+  bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, bytes);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s: cannot allocate %d bytes of host memory", what, bytes));
+  }
+  if (zeroed) std::memset(p, 0, bytes);
+  return FloatBuffer(static_cast<float*>(p));
+}
+
+void Widen(const Bf16Bits* in, std::int64_t n, float* out) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
+}
+
+void Narrow(const float* in, std::int64_t n, Bf16Bits* out) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
+}
+
+// OpenBLAS has one process-wide thread pool and already spreads one GEMM over
+// every core; running GEMMs one at a time keeps results reproducible, costs
+// no throughput, and keeps clear of the races the pthread build has had when
+// entered from several threads at once.
+std::mutex& BlasMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+
+void Sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, std::int64_t m, std::int64_t n, std::int64_t k,
+           float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+           float beta, float* c, std::int64_t ldc) {
+  std::lock_guard<std::mutex> lock(BlasMutex());
+  cblas_sgemm(CblasRowMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "model name")) {
+      const std::size_t colon = line.find(':');
+      if (colon != std::string::npos) {
+        return std::string(absl::StripAsciiWhitespace(absl::string_view(line).substr(colon + 1)));
+      }
+    }
+  }
+  return "unknown cpu";
+}
+
+std::int64_t MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+      .count();
+}
+
+absl::Status CheckRows(absl::string_view op, std::int64_t m) {
+  if (m < 1 || m > kMaxBlasDim) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: expected m (rows of x) in [1, %d], got %d", op, kMaxBlasDim, m));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFloatDType(absl::string_view op, absl::string_view what, DType dtype) {
+  if (dtype != DType::kFp32 && dtype != DType::kBf16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": expected ", what, " fp32 or bf16, got ", DTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+// W [V, K] kept only as its fp32 widening: every bf16 value is an fp32 value,
+// so the bf16 bytes are recoverable exactly and sgemm reads W without a
+// per-call conversion.
+class CpuWeight final : public Weight {
+ public:
+  CpuWeight(std::int64_t v, std::int64_t k, FloatBuffer w) : Weight(v, k), w_(std::move(w)) {}
+
+  std::uint64_t weight_bytes() const override {
+    return static_cast<std::uint64_t>(v()) * static_cast<std::uint64_t>(k()) * sizeof(float);
+  }
+  std::uint64_t gradient_bytes() const override {
+    std::lock_guard<std::mutex> lock(grad_mu_);
+    return grad_ == nullptr ? 0 : weight_bytes();
+  }
+
+  const float* data() const { return w_.get(); }
+  std::int64_t numel() const { return v() * k(); }
+
+  // The gradient buffer and its count change together under grad_mu().
+  std::mutex& grad_mu() const { return grad_mu_; }
+  float* grad() { return grad_.get(); }
+  void set_grad(FloatBuffer g) { grad_ = std::move(g); }
+  std::uint64_t grad_count() const { return grad_count_; }
+  void set_grad_count(std::uint64_t n) { grad_count_ = n; }
+
+ private:
+  FloatBuffer w_;
+  mutable std::mutex grad_mu_;
+  FloatBuffer grad_;
+  std::uint64_t grad_count_ = 0;
+};
+
+// Weights reach a backend through the shared interface; one loaded by
+// another backend is a caller error, not a crash.
+template <typename W>
+auto* AsCpuWeight(W& w) {
+  using Target = std::conditional_t<std::is_const_v<W>, const CpuWeight, CpuWeight>;
+  return dynamic_cast<Target*>(&w);
+}
+
+absl::Status ForeignWeight(absl::string_view op, const Weight& w) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s: expected a weight loaded by the cpu backend, got one [%d, %d] from "
+                      "another backend",
+                      op, w.v(), w.k()));
+}
+
+void SetTiming(Timing* timing, std::chrono::steady_clock::time_point start) {
+  if (timing == nullptr) return;
+  *timing = Timing{};
+  timing->compute_us = MicrosSince(start);
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& options) {
+    if (options.cpu_threads > 0) {
+      std::lock_guard<std::mutex> lock(BlasMutex());
+      openblas_set_num_threads(options.cpu_threads);
+    }
+    info_.backend = "cpu";
+    info_.device_name = CpuModelName();
+    info_.multiprocessor_count = static_cast<int>(std::thread::hardware_concurrency());
+  }
+
+  BackendInfo Info() const override {
+    BackendInfo info = info_;
+    // Read at call time: the thread count is process-wide and may be changed
+    // by another backend instance.
+    const char* config = openblas_get_config();
+    info.blas_version = absl::StrCat(config != nullptr ? config : "OpenBLAS (unknown config)",
+                                     "; threads=", openblas_get_num_threads());
+    return info;
+  }
+
+  std::uint64_t DeviceBytesInUse() const override { return 0; }
+
+  absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) override {
+    if (bytes > std::numeric_limits<std::size_t>::max() - kAlignment) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("host buffer of %d bytes cannot be allocated", bytes));
+    }
+    // aligned_alloc wants a multiple of the alignment, and at least one block
+    // so a zero-byte request still returns a valid pointer.
+    const std::size_t rounded =
+        std::max<std::size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    void* p = std::aligned_alloc(kAlignment, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("cannot allocate a host buffer of %d bytes", bytes));
+    }
+    return HostBuffer(static_cast<std::byte*>(p), bytes, [](std::byte* d) { std::free(d); });
+  }
+
+  absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                     std::int64_t k) override {
+    if (w == nullptr) return absl::InvalidArgumentError("load weight: w is null");
+    if (v < 1 || k < 1 || v > kMaxBlasDim || k > kMaxBlasDim) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "load weight: expected V and K in [1, %d], got [%d, %d]", kMaxBlasDim, v, k));
+    }
+    const std::int64_t n = v * k;  // < 2^62: both factors are < 2^31
+    absl::StatusOr<FloatBuffer> wf =
+        AllocateFloats(n, /*zeroed=*/false, absl::StrFormat("load weight [%d, %d]", v, k));
+    if (!wf.ok()) return wf.status();
+    Widen(w, n, wf->get());
+    return std::make_shared<CpuWeight>(v, k, std::move(*wf));
+  }
+
+  absl::Status Logits(const Weight& weight, const LogitsArgs& args, Timing* timing) override {
+    const auto start = std::chrono::steady_clock::now();
+    const CpuWeight* cw = AsCpuWeight(weight);
+    if (cw == nullptr) return ForeignWeight("logits", weight);
+    const CpuWeight& w = *cw;
+    if (args.x == nullptr) return absl::InvalidArgumentError("logits: x is null");
+    if (args.y == nullptr) return absl::InvalidArgumentError("logits: y is null");
+    if (absl::Status s = CheckRows("logits", args.m); !s.ok()) return s;
+    if (absl::Status s = CheckFloatDType("logits", "out_dtype", args.out_dtype); !s.ok()) {
+      return s;
+    }
+    const std::int64_t m = args.m;
+    const std::int64_t v = w.v();
+    const std::int64_t k = w.k();
+
+    absl::StatusOr<FloatBuffer> xf = AllocateFloats(m * k, false, "logits: x widened to fp32");
+    if (!xf.ok()) return xf.status();
+    Widen(args.x, m * k, xf->get());
+
+    // bf16 out goes through an fp32 accumulator so it is rounded exactly once.
+    FloatBuffer tmp;
+    float* y = nullptr;
+    if (args.out_dtype == DType::kFp32) {
+      y = static_cast<float*>(args.y);
+    } else {
+      absl::StatusOr<FloatBuffer> t = AllocateFloats(m * v, false, "logits: fp32 accumulator");
+      if (!t.ok()) return t.status();
+      tmp = std::move(*t);
+      y = tmp.get();
+    }
+    // alpha scales the finished fp32 accumulator once, Y = fl(alpha * acc), as
+    // a GEMM epilogue does. Handing alpha to sgemm instead would let OpenBLAS
+    // apply it per K block (different rounding), give +0 where alpha * +0 is
+    // -0, and skip the product entirely for alpha == 0, where IEEE says
+    // 0 * NaN = NaN.
+    Sgemm(CblasNoTrans, CblasTrans, m, v, k, 1.0f, xf->get(), k, w.data(), k, 0.0f, y, v);
+    if (args.alpha != 1.0f) {
+      const float alpha = args.alpha;
+      for (std::int64_t i = 0; i < m * v; ++i) y[i] *= alpha;
+    }
+    if (args.out_dtype == DType::kBf16) Narrow(y, m * v, static_cast<Bf16Bits*>(args.y));
+    SetTiming(timing, start);
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(Weight& weight, const BackwardArgs& args, Timing* timing) override {
+    const auto start = std::chrono::steady_clock::now();
+    CpuWeight* cw = AsCpuWeight(weight);
+    if (cw == nullptr) return ForeignWeight("backward", weight);
+    CpuWeight& w = *cw;
+    if (args.dy == nullptr) return absl::InvalidArgumentError("backward: dy is null");
+    if (absl::Status s = CheckFloatDType("backward", "dy_dtype", args.dy_dtype); !s.ok()) return s;
+    if (absl::Status s = CheckRows("backward", args.m); !s.ok()) return s;
+    const bool want_dx = args.dx != nullptr;
+    const bool want_dw = args.dw != nullptr && !args.accumulate_dw;
+    if (!want_dx && !want_dw && !args.accumulate_dw) {
+      return absl::InvalidArgumentError(
+          "backward: nothing to compute: expected dx, dw or accumulate_dw, got none");
+    }
+    if (want_dx) {
+      if (absl::Status s = CheckFloatDType("backward", "dx_dtype", args.dx_dtype); !s.ok()) {
+        return s;
+      }
+    }
+    if (want_dw) {
+      if (absl::Status s = CheckFloatDType("backward", "dw_dtype", args.dw_dtype); !s.ok()) {
+        return s;
+      }
+    }
+    if ((want_dw || args.accumulate_dw) && args.x == nullptr) {
+      return absl::InvalidArgumentError("backward: x is null but dW was asked for");
+    }
+    const std::int64_t m = args.m;
+    const std::int64_t v = w.v();
+    const std::int64_t k = w.k();
+
+    // G = bf16(dY), rounded once; a bf16 dY already is G.
+    absl::StatusOr<FloatBuffer> g = AllocateFloats(m * v, false, "backward: G = bf16(dY)");
+    if (!g.ok()) return g.status();
+    if (args.dy_dtype == DType::kFp32) {
+      const float* dy = static_cast<const float*>(args.dy);
+      for (std::int64_t i = 0; i < m * v; ++i) (*g)[i] = RoundToBf16(dy[i]);
+    } else {
+      Widen(static_cast<const Bf16Bits*>(args.dy), m * v, g->get());
+    }
+
+    if (want_dx) {
+      // dX [m, K] = G [m, V] . W [V, K]
+      FloatBuffer tmp;
+      float* dx = static_cast<float*>(args.dx);
+      if (args.dx_dtype == DType::kBf16) {
+        absl::StatusOr<FloatBuffer> t = AllocateFloats(m * k, false, "backward: dX accumulator");
+        if (!t.ok()) return t.status();
+        tmp = std::move(*t);
+        dx = tmp.get();
+      }
+      Sgemm(CblasNoTrans, CblasNoTrans, m, k, v, 1.0f, g->get(), v, w.data(), k, 0.0f, dx, k);
+      if (args.dx_dtype == DType::kBf16) Narrow(dx, m * k, static_cast<Bf16Bits*>(args.dx));
+    }
+
+    if (want_dw || args.accumulate_dw) {
+      absl::StatusOr<FloatBuffer> xf = AllocateFloats(m * k, false, "backward: x widened to fp32");
+      if (!xf.ok()) return xf.status();
+      Widen(args.x, m * k, xf->get());
+      if (args.accumulate_dw) {
+        // dW_buffer [V, K] += G^T [V, m] . X [m, K]
+        std::lock_guard<std::mutex> lock(w.grad_mu());
+        if (w.grad() == nullptr) {
+          absl::StatusOr<FloatBuffer> buf =
+              AllocateFloats(v * k, /*zeroed=*/true, "backward: fp32 gradient buffer");
+          if (!buf.ok()) return buf.status();
+          w.set_grad(std::move(*buf));
+        }
+        Sgemm(CblasTrans, CblasNoTrans, v, k, m, 1.0f, g->get(), v, xf->get(), k, 1.0f, w.grad(),
+              k);
+        w.set_grad_count(w.grad_count() + 1);
+      } else {
+        FloatBuffer tmp;
+        float* dw = static_cast<float*>(args.dw);
+        if (args.dw_dtype == DType::kBf16) {
+          absl::StatusOr<FloatBuffer> t = AllocateFloats(v * k, false, "backward: dW accumulator");
+          if (!t.ok()) return t.status();
+          tmp = std::move(*t);
+          dw = tmp.get();
+        }
+        Sgemm(CblasTrans, CblasNoTrans, v, k, m, 1.0f, g->get(), v, xf->get(), k, 0.0f, dw, k);
+        if (args.dw_dtype == DType::kBf16) Narrow(dw, v * k, static_cast<Bf16Bits*>(args.dw));
+      }
+    }
+    SetTiming(timing, start);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::uint64_t> FetchGradient(Weight& weight, float* out,
+                                              bool zero_after_fetch) override {
+    CpuWeight* cw = AsCpuWeight(weight);
+    if (cw == nullptr) return ForeignWeight("fetch gradient", weight);
+    CpuWeight& w = *cw;
+    if (out == nullptr) return absl::InvalidArgumentError("fetch gradient: out is null");
+    const std::size_t bytes = static_cast<std::size_t>(w.numel()) * sizeof(float);
+    std::lock_guard<std::mutex> lock(w.grad_mu());
+    if (w.grad() == nullptr) {
+      std::memset(out, 0, bytes);
+      return 0;
+    }
+    std::memcpy(out, w.grad(), bytes);
+    const std::uint64_t count = w.grad_count();
+    if (zero_after_fetch) {
+      std::memset(w.grad(), 0, bytes);
+      w.set_grad_count(0);
+    }
+    return count;
+  }
+
+  absl::Status ZeroGradient(Weight& weight) override {
+    CpuWeight* cw = AsCpuWeight(weight);
+    if (cw == nullptr) return ForeignWeight("zero gradient", weight);
+    CpuWeight& w = *cw;
+    std::lock_guard<std::mutex> lock(w.grad_mu());
+    if (w.grad() != nullptr) {
+      std::memset(w.grad(), 0, static_cast<std::size_t>(w.numel()) * sizeof(float));
+    }
+    w.set_grad_count(0);
+    return absl::OkStatus();
+  }
+
+  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) override {
+    const auto start = std::chrono::steady_clock::now();
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cast to bf16: expected n >= 0, got %d", n));
+    }
+    if (n > 0 && (in == nullptr || out == nullptr)) {
+      return absl::InvalidArgumentError("cast to bf16: in or out is null");
+    }
+    Narrow(in, n, out);
+    SetTiming(timing, start);
+    return absl::OkStatus();
+  }
+
+ private:
+  BackendInfo info_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateCpuBackend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace logitd::kernels

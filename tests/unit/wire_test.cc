@@ -1,0 +1,255 @@
+// Tests of the chunked tensor transfer in common/wire.h: reassembly, and
+// every way a stream can be malformed, truncated, corrupted or too large.
+#include "common/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "logitd/bf16.h"
+
+namespace logitd::wire {
+namespace {
+
+Tensor RandomFp32(std::vector<std::int64_t> shape, std::uint32_t seed) {
+  Tensor t(DType::kFp32, std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
+  return t;
+}
+
+std::vector<v1::TensorChunk> Split(absl::string_view name, const Tensor& t, std::size_t chunk) {
+  std::vector<v1::TensorChunk> chunks;
+  absl::Status s = SendChunks(name, t.bytes(), t.nbytes(), chunk, [&](v1::TensorChunk&& c) {
+    chunks.push_back(std::move(c));
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return chunks;
+}
+
+TEST(Wire, ChunkedTensorReassemblesAndFinishes) {
+  const Tensor x = RandomFp32({3, 1000}, 1);  // 12000 bytes
+  const Tensor w = RandomFp32({7, 11}, 2);
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
+  ASSERT_TRUE(a.Expect(MakeSpec("w", w)).ok());
+  EXPECT_EQ(a.total_bytes(), x.nbytes() + w.nbytes());
+  const std::vector<v1::TensorChunk> xc = Split("x", x, 4096);
+  const std::vector<v1::TensorChunk> wc = Split("w", w, 100);
+  ASSERT_EQ(xc.size(), 3u);
+  // Chunks of different tensors may interleave; each tensor's stay in order.
+  for (std::size_t i = 0; i < std::max(xc.size(), wc.size()); ++i) {
+    if (i < xc.size()) {
+      ASSERT_TRUE(a.Add(xc[i]).ok());
+    }
+    if (i < wc.size()) {
+      ASSERT_TRUE(a.Add(wc[i]).ok());
+    }
+  }
+  absl::Status s = a.Finish();
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<Tensor> got = a.Take("x");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->shape(), x.shape());
+  EXPECT_EQ(got->dtype(), DType::kFp32);
+  ASSERT_EQ(got->nbytes(), x.nbytes());
+  EXPECT_EQ(std::memcmp(got->bytes(), x.bytes(), x.nbytes()), 0);
+  // A tensor is moved out once.
+  EXPECT_EQ(a.Take("x").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(a.Take("never").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Wire, OutOfOrderOffsetIsInvalidArgument) {
+  const Tensor x = RandomFp32({4, 256}, 3);
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
+  const std::vector<v1::TensorChunk> c = Split("x", x, 1024);
+  ASSERT_EQ(c.size(), 4u);
+  absl::Status s = a.Add(c[1]);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("expected offset 0"), absl::string_view::npos) << s;
+  ASSERT_TRUE(a.Add(c[0]).ok());
+  // A repeated chunk is out of order too.
+  EXPECT_EQ(a.Add(c[0]).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Wire, ChunkPastEndIsInvalidArgument) {
+  const Tensor x = RandomFp32({10}, 4);  // 40 bytes
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
+  v1::TensorChunk c;
+  c.set_name("x");
+  c.set_offset(0);
+  c.set_data(std::string(44, 'a'));
+  absl::Status s = a.Add(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("past the tensor's end"), absl::string_view::npos) << s;
+}
+
+TEST(Wire, UnknownTensorNameIsInvalidArgument) {
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", RandomFp32({2}, 5))).ok());
+  v1::TensorChunk c;
+  c.set_name("y");
+  c.set_offset(0);
+  c.set_data(std::string(8, 'b'));
+  absl::Status s = a.Add(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("'y'"), absl::string_view::npos) << s;
+}
+
+TEST(Wire, DuplicateAnnounceIsInvalidArgument) {
+  const Tensor x = RandomFp32({2, 2}, 6);
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
+  absl::Status s = a.Expect(MakeSpec("x", x));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("twice"), absl::string_view::npos) << s;
+}
+
+TEST(Wire, MalformedSpecsAreInvalidArgument) {
+  Assembler a(1u << 20);
+  v1::TensorSpec spec;
+  spec.set_dtype(v1::DTYPE_FP32);
+  spec.add_shape(4);
+  EXPECT_EQ(a.Expect(spec).code(), absl::StatusCode::kInvalidArgument);  // no name
+  spec.set_name("x");
+  spec.set_dtype(v1::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(a.Expect(spec).code(), absl::StatusCode::kInvalidArgument);  // no dtype
+  spec.set_dtype(v1::DTYPE_FP32);
+  spec.clear_shape();
+  EXPECT_EQ(a.Expect(spec).code(), absl::StatusCode::kInvalidArgument);  // no dims
+  spec.add_shape(4);
+  spec.add_shape(0);
+  EXPECT_EQ(a.Expect(spec).code(), absl::StatusCode::kInvalidArgument);  // zero dim
+}
+
+TEST(Wire, ShapeProductOverflowingInt64IsInvalidArgument) {
+  Assembler a(std::numeric_limits<std::uint64_t>::max());
+  v1::TensorSpec spec;
+  spec.set_name("x");
+  spec.set_dtype(v1::DTYPE_BF16);
+  spec.add_shape(std::int64_t{1} << 40);
+  spec.add_shape(std::int64_t{1} << 40);
+  absl::Status s = a.Expect(spec);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("overflows"), absl::string_view::npos) << s;
+  EXPECT_EQ(a.total_bytes(), 0u);
+}
+
+TEST(Wire, TruncatedStreamIsDataLoss) {
+  const Tensor x = RandomFp32({4, 256}, 7);
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
+  const std::vector<v1::TensorChunk> c = Split("x", x, 1024);
+  for (std::size_t i = 0; i + 1 < c.size(); ++i) ASSERT_TRUE(a.Add(c[i]).ok());
+  absl::Status s = a.Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("received 3072 of 4096 bytes"), absl::string_view::npos) << s;
+}
+
+TEST(Wire, AnnouncedButNeverSentIsDataLoss) {
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", RandomFp32({8}, 8))).ok());
+  EXPECT_EQ(a.Finish().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(Wire, DigestMismatchIsDataLoss) {
+  const Tensor x = RandomFp32({4, 256}, 9);
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
+  std::vector<v1::TensorChunk> c = Split("x", x, 1024);
+  // One flipped bit in the middle of the stream.
+  (*c[2].mutable_data())[17] ^= 0x10;
+  for (const v1::TensorChunk& chunk : c) ASSERT_TRUE(a.Add(chunk).ok());
+  absl::Status s = a.Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("digest"), absl::string_view::npos) << s;
+}
+
+TEST(Wire, OverMaxTotalBytesIsResourceExhaustedNamingTheLimit) {
+  Assembler a(10000);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", RandomFp32({1500}, 10))).ok());  // 6000 bytes
+  // 6000 + 4004 > 10000 although each alone fits.
+  absl::Status s = a.Expect(MakeSpec("w", RandomFp32({1001}, 11)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("10000"), absl::string_view::npos) << s;
+  EXPECT_EQ(a.total_bytes(), 6000u);
+  // Exactly at the limit is fine.
+  EXPECT_TRUE(a.Expect(MakeSpec("v", RandomFp32({1000}, 12))).ok());
+  EXPECT_EQ(a.total_bytes(), 10000u);
+  // A single tensor past the limit.
+  Assembler b(100);
+  EXPECT_EQ(b.Expect(MakeSpec("x", RandomFp32({26}, 13))).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(Wire, SendChunksSplitsIntoCeilNOverChunkPieces) {
+  struct Case {
+    std::size_t size, chunk, expected;
+  };
+  std::vector<std::byte> data(10000);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 31 + 7);
+  for (const Case& c : {Case{10000, 4096, 3}, Case{8192, 4096, 2}, Case{8193, 4096, 3},
+                        Case{1, 4096, 1}, Case{10000, 1, 10000}, Case{0, 4096, 0}}) {
+    std::vector<v1::TensorChunk> chunks;
+    absl::Status s = SendChunks("t", data.data(), c.size, c.chunk, [&](v1::TensorChunk&& ch) {
+      chunks.push_back(std::move(ch));
+      return true;
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(chunks.size(), c.expected) << c.size << "/" << c.chunk;
+    std::string joined;
+    for (const v1::TensorChunk& ch : chunks) {
+      EXPECT_EQ(ch.name(), "t");
+      EXPECT_EQ(ch.offset(), joined.size());
+      EXPECT_LE(ch.data().size(), c.chunk);
+      joined += ch.data();
+    }
+    ASSERT_EQ(joined.size(), c.size);
+    EXPECT_EQ(std::memcmp(joined.data(), data.data(), c.size), 0);
+  }
+}
+
+TEST(Wire, SendChunksStopsWhenThePeerIsGone) {
+  std::vector<std::byte> data(10000, std::byte{1});
+  int calls = 0;
+  absl::Status s = SendChunks("t", data.data(), data.size(), 1000, [&](v1::TensorChunk&&) {
+    ++calls;
+    return calls < 3;
+  });
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(Wire, DTypeProtoRoundTripAndSpec) {
+  for (DType d : {DType::kBf16, DType::kFp32, DType::kInt32, DType::kInt64}) {
+    absl::StatusOr<DType> back = FromProto(ToProto(d));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, d);
+  }
+  EXPECT_EQ(FromProto(v1::DTYPE_UNSPECIFIED).status().code(), absl::StatusCode::kInvalidArgument);
+  Tensor t(DType::kBf16, {2, 3});
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    t.data<Bf16Bits>()[i] = FloatToBf16(static_cast<float>(i));
+  }
+  const v1::TensorSpec spec = MakeSpec("x", t);
+  EXPECT_EQ(spec.name(), "x");
+  EXPECT_EQ(spec.dtype(), v1::DTYPE_BF16);
+  ASSERT_EQ(spec.shape_size(), 2);
+  EXPECT_EQ(spec.shape(0), 2);
+  EXPECT_EQ(spec.shape(1), 3);
+  EXPECT_EQ(spec.xxh3(), t.Digest());
+}
+
+}  // namespace
+}  // namespace logitd::wire
