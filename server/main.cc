@@ -1,0 +1,420 @@
+// logitd: the gRPC server for the language-model head's GEMMs. Parses and
+// checks flags, creates the backend, serves logitd.v1.Logitd with the
+// standard health and reflection services, and shuts down gracefully on
+// SIGTERM/SIGINT so that in-flight calls finish.
+#include <fcntl.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/wire.h"
+#include "logitd/v1/logitd.grpc.pb.h"
+#include "server/kernels/backend.h"
+#include "server/service/build_info.h"
+#include "server/service/faults.h"
+#include "server/service/logging.h"
+#include "server/service/service.h"
+
+ABSL_FLAG(std::string, address, "127.0.0.1:50051",
+          "HOST:PORT to listen on. PORT 0 picks a free port (see --port_file). The default "
+          "binds to loopback only; use 0.0.0.0:PORT or [::]:PORT to serve other hosts.");
+ABSL_FLAG(std::string, port_file, "",
+          "When set, the bound port followed by a newline is written to this file once the "
+          "server accepts calls (useful with --address=HOST:0).");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto|cuda|cpu. auto picks cuda when a device is visible, else cpu.");
+ABSL_FLAG(int, device, 0, "CUDA device ordinal (cuda backend).");
+ABSL_FLAG(std::string, split_k, "fp32",
+          "Split-K policy of the cuda backend: off, fp32 (split-K only with fp32 "
+          "partial sums) or any.");
+ABSL_FLAG(int, cpu_threads, 0, "BLAS threads of the cpu backend; 0 = the library's default.");
+ABSL_FLAG(std::uint64_t, weight_budget_bytes, std::uint64_t{16} << 30,
+          "Bytes of registered weights (bf16) plus their fp32 gradient buffers the server "
+          "holds at most. Default 16 GiB.");
+ABSL_FLAG(std::uint64_t, max_request_bytes, (std::uint64_t{4} << 30) + 1,
+          "Bytes of tensors one call may move, request and response together (e.g. x plus "
+          "logits). Default 4 GiB + 1 byte.");
+ABSL_FLAG(std::uint64_t, chunk_bytes, std::uint64_t{4} << 20,
+          "Bytes per chunk of streamed responses, 65536 (64 KiB) to 67108864 (64 MiB). "
+          "Default 4 MiB.");
+ABSL_FLAG(std::string, log_level, "info", "error|warning|info|debug.");
+ABSL_FLAG(std::string, test_fault, "",
+          "Testing only, in builds with LOGITD_ENABLE_TEST_FAULTS=ON: comma-separated faults "
+          "that make results deliberately wrong (logits_bit, fp32_as_bf16, nan_to_zero, dx_bit, "
+          "dw_bit, cast_bit, flaky_bit, digest).");
+
+namespace logitd {
+namespace {
+
+using service::LogError;
+using service::LogInfo;
+using service::LogWarning;
+
+constexpr int kExitRuntimeError = 1;
+constexpr int kExitBadFlags = 2;
+constexpr std::uint64_t kMinChunkBytes = std::uint64_t{64} << 10;
+constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{64} << 20;
+// Room for a chunk message's other fields and framing.
+constexpr std::uint64_t kMessageHeadroom = std::uint64_t{1} << 20;
+constexpr auto kShutdownGrace = std::chrono::seconds(30);
+
+// Stop signals arrive through a pipe: the handler only writes the signal
+// number. A signal mask cannot be relied on here, because libraries (the BLAS
+// library's thread pool) start threads before main() that would not inherit
+// it, and a signal delivered to one of them would kill the process.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void OnStopSignal(int signal_number) {
+  const int saved_errno = errno;
+  const unsigned char b = static_cast<unsigned char>(signal_number);
+  if (write(g_signal_pipe[1], &b, 1) < 0) {
+    // Nothing can be done inside a signal handler; the pipe is never full in practice.
+  }
+  errno = saved_errno;
+}
+
+absl::Status InstallStopSignalHandlers() {
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int sig : {SIGTERM, SIGINT}) {
+    if (sigaction(sig, &action, nullptr) != 0) {
+      return absl::InternalError(absl::StrCat("sigaction: ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Blocks until SIGTERM or SIGINT; returns its number.
+int WaitForStopSignal() {
+  unsigned char b = 0;
+  while (read(g_signal_pipe[0], &b, 1) < 0 && errno == EINTR) {
+  }
+  return b;
+}
+
+int BadFlags(absl::string_view message) {
+  std::fprintf(stderr, "logitd: %.*s\n(run logitd --help for the flags)\n",
+               static_cast<int>(message.size()), message.data());
+  return kExitBadFlags;
+}
+
+// Abseil exits with status 1 on a malformed flag; logitd promises 2 for bad
+// flags, so the command line is checked here first, with the same rules.
+absl::Status CheckCommandLine(int argc, char** argv) {
+  // Abseil's own flags; those taking a value may take it from the next word.
+  static const char* const kBuiltin[] = {"help",        "helpfull", "helpshort",
+                                         "helppackage", "version",  "only_check_args"};
+  static const char* const kBuiltinWithValue[] = {"helpon",  "helpmatch",  "flagfile",
+                                                  "fromenv", "tryfromenv", "undefok"};
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::StartsWith(arg, "-") || arg == "-") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg, "': logitd takes only --flags"));
+    }
+    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
+    const std::size_t eq = arg.find('=');
+    const absl::string_view name = arg.substr(0, eq);
+    const bool has_value = eq != absl::string_view::npos;
+    std::string value = has_value ? std::string(arg.substr(eq + 1)) : "";
+    if (std::find(std::begin(kBuiltin), std::end(kBuiltin), name) != std::end(kBuiltin)) continue;
+    if (std::find(std::begin(kBuiltinWithValue), std::end(kBuiltinWithValue), name) !=
+        std::end(kBuiltinWithValue)) {
+      if (!has_value) ++i;
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) {
+      absl::CommandLineFlag* negated =
+          absl::StartsWith(name, "no") ? absl::FindCommandLineFlag(name.substr(2)) : nullptr;
+      if (negated != nullptr && negated->IsOfType<bool>() && !has_value) continue;
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
+    if (flag->IsOfType<bool>()) {
+      bool b;
+      std::string error;
+      if (has_value && !absl::ParseFlag(value, &b, &error)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, ": expected true or false, got '", value, "'"));
+      }
+      continue;
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
+      }
+      value = argv[++i];
+    }
+    std::string error;
+    bool ok = true;
+    absl::string_view expected;
+    if (flag->IsOfType<int>()) {
+      int v;
+      ok = absl::ParseFlag(value, &v, &error);
+      expected = "an integer";
+    } else if (flag->IsOfType<std::uint64_t>()) {
+      std::uint64_t v;
+      ok = absl::ParseFlag(value, &v, &error);
+      expected = "a non-negative integer number of bytes";
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": expected ", expected, ", got '", value, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Host and port of --address. A "unix:" address has no port.
+struct ListenAddress {
+  std::string host;
+  bool unix_socket = false;
+};
+
+absl::StatusOr<ListenAddress> ParseAddress(absl::string_view address) {
+  ListenAddress out;
+  if (absl::StartsWith(address, "unix:")) {
+    out.host = std::string(address);
+    out.unix_socket = true;
+    return out;
+  }
+  const std::size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--address: expected HOST:PORT with PORT in 0..65535 (e.g. 127.0.0.1:50051, "
+                     "[::1]:0, unix:/path), got '",
+                     address, "'"));
+  }
+  out.host = std::string(address.substr(0, colon));
+  return out;
+}
+
+// Written whole under another name and renamed, so a reader never sees half.
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    out.close();
+    if (!out) {
+      return absl::PermissionDeniedError(absl::StrCat("--port_file: cannot write '", tmp, "'"));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--port_file: cannot rename '", tmp, "' to '", path, "': ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  // Before gRPC starts its threads: a signal during start-up is then kept in
+  // the pipe and handled as soon as the server runs.
+  if (absl::Status s = InstallStopSignalHandlers(); !s.ok()) {
+    std::fprintf(stderr, "logitd: %s\n", std::string(s.message()).c_str());
+    return kExitRuntimeError;
+  }
+
+  absl::SetProgramUsageMessage(
+      "Serves the language-model head's GEMMs (bf16 operands, fp32 accumulation, fp32 logits) "
+      "over gRPC.\nUsage: logitd [--address=HOST:PORT] [--backend=auto|cuda|cpu] [flags]");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.version_string = [] {
+    return absl::StrCat("logitd ", service::Version(), " (", service::BuildId(), ")\n");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  if (absl::Status s = CheckCommandLine(argc, argv); !s.ok()) return BadFlags(s.message());
+  absl::ParseCommandLine(argc, argv);
+
+  // --- Flag values --------------------------------------------------------
+  absl::StatusOr<service::LogLevel> log_level =
+      service::ParseLogLevel(absl::GetFlag(FLAGS_log_level));
+  if (!log_level.ok()) return BadFlags(absl::StrCat("--log_level: ", log_level.status().message()));
+  service::SetLogLevel(*log_level);
+
+  const std::string address = absl::GetFlag(FLAGS_address);
+  absl::StatusOr<ListenAddress> listen = ParseAddress(address);
+  if (!listen.ok()) return BadFlags(listen.status().message());
+
+  kernels::BackendOptions backend_options;
+  absl::StatusOr<kernels::BackendKind> kind =
+      kernels::ParseBackendKind(absl::GetFlag(FLAGS_backend));
+  if (!kind.ok()) {
+    return BadFlags(absl::StrCat("--backend: expected auto, cuda or cpu, got '",
+                                 absl::GetFlag(FLAGS_backend), "'"));
+  }
+  backend_options.kind = *kind;
+  backend_options.device = absl::GetFlag(FLAGS_device);
+  if (backend_options.device < 0) {
+    return BadFlags(
+        absl::StrCat("--device: expected a device ordinal >= 0, got ", backend_options.device));
+  }
+  backend_options.split_k = absl::AsciiStrToLower(absl::GetFlag(FLAGS_split_k));
+  if (backend_options.split_k != "off" && backend_options.split_k != "fp32" &&
+      backend_options.split_k != "any") {
+    return BadFlags(absl::StrCat("--split_k: expected off, fp32 or any, got '",
+                                 absl::GetFlag(FLAGS_split_k), "'"));
+  }
+  backend_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  if (backend_options.cpu_threads < 0 || backend_options.cpu_threads > 4096) {
+    return BadFlags(absl::StrCat("--cpu_threads: expected 0 (library default) to 4096, got ",
+                                 backend_options.cpu_threads));
+  }
+
+  service::ServiceOptions options;
+  options.weight_budget_bytes = absl::GetFlag(FLAGS_weight_budget_bytes);
+  options.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  if (options.max_request_bytes == 0) {
+    return BadFlags("--max_request_bytes: expected at least 1 byte, got 0");
+  }
+  const std::uint64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes) {
+    return BadFlags(absl::StrCat("--chunk_bytes: expected ", kMinChunkBytes, " (64 KiB) to ",
+                                 kMaxChunkBytes, " (64 MiB) bytes, got ", chunk_bytes));
+  }
+  options.chunk_bytes = static_cast<std::size_t>(chunk_bytes);
+  absl::StatusOr<service::FaultSet> faults = service::ParseFaults(absl::GetFlag(FLAGS_test_fault));
+  if (!faults.ok()) return BadFlags(faults.status().message());
+  options.faults = *faults;
+
+  // --- Backend -------------------------------------------------------------
+  std::string why;
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend =
+      kernels::CreateBackend(backend_options, &why);
+  if (!backend.ok()) {
+    LogError(absl::StrCat("cannot start the ", absl::GetFlag(FLAGS_backend),
+                          " backend: ", backend.status().ToString()));
+    return kExitRuntimeError;
+  }
+  const kernels::BackendInfo info = (*backend)->Info();
+  LogInfo(absl::StrCat("backend: ", why.empty() ? info.backend : why));
+  if (options.faults.any()) {
+    LogError(absl::StrCat(
+        "TEST FAULTS ON (--test_fault=", options.faults.ToString(),
+        "): this server returns DELIBERATELY WRONG results. It exists to prove that the "
+        "validation harness catches them; never use it for real work."));
+  }
+  if (options.weight_budget_bytes == 0) {
+    LogWarning("--weight_budget_bytes=0: no weight can be registered");
+  }
+
+  service::LogitdService service(std::move(*backend), options);
+
+  // --- gRPC server ---------------------------------------------------------
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int selected_port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected_port);
+  builder.RegisterService(&service);
+  // gRPC sets SO_REUSEPORT by default: a second server on a busy port would
+  // start and quietly share it instead of failing.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A message is one chunk plus framing. Clients may send chunks of the
+  // default size even when this server streams smaller ones.
+  const std::uint64_t receive_limit =
+      std::max<std::uint64_t>(chunk_bytes, wire::kDefaultChunkBytes) + kMessageHeadroom;
+  builder.SetMaxReceiveMessageSize(static_cast<int>(receive_limit));
+  builder.SetMaxSendMessageSize(static_cast<int>(chunk_bytes + kMessageHeadroom));
+  // The sync server runs each call on its own thread; bound them so that a
+  // burst of calls is refused (RESOURCE_EXHAUSTED) rather than exhausting memory.
+  const int max_threads =
+      std::max(16, 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  grpc::ResourceQuota quota("logitd");
+  quota.SetMaxThreads(max_threads);
+  builder.SetResourceQuota(quota);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || selected_port == 0) {
+    LogError(absl::StrCat("cannot listen on ", address,
+                          " (address in use, not local, or not permitted)"));
+    return kExitRuntimeError;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus(v1::Logitd::service_full_name(), true);
+  }
+
+  const std::string bound =
+      listen->unix_socket ? listen->host : absl::StrCat(listen->host, ":", selected_port);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    if (absl::Status s = WritePortFile(port_file, selected_port); !s.ok()) {
+      LogError(s.message());
+      server->Shutdown();
+      return kExitRuntimeError;
+    }
+  }
+  LogInfo(absl::StrCat("logitd ", service::Version(), " (", service::BuildId(), ") listening on ",
+                       bound, " backend=", info.backend, " device=\"", info.device_name,
+                       "\" weight_budget_bytes=", options.weight_budget_bytes,
+                       " max_request_bytes=", options.max_request_bytes,
+                       " chunk_bytes=", options.chunk_bytes));
+
+  std::thread waiter([&] {
+    const int signal_number = WaitForStopSignal();
+    LogInfo(absl::StrCat("received ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
+                         ": not serving; in-flight calls have ", kShutdownGrace.count(),
+                         " s to finish"));
+    if (health != nullptr) {
+      // Load balancers and probes stop sending new calls first.
+      health->SetServingStatus(false);
+      health->Shutdown();
+    }
+    server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+  });
+  server->Wait();
+  waiter.join();
+  LogInfo("logitd stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace logitd
+
+int main(int argc, char** argv) { return logitd::Main(argc, argv); }

@@ -1,0 +1,251 @@
+#include "server/service/registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "logitd/tensor.h"
+
+namespace logitd::service {
+namespace registry_internal {
+
+// All fields are guarded by the owning registry's mutex.
+struct Entry {
+  std::string handle;
+  std::string name;
+  std::int64_t v = 0;
+  std::int64_t k = 0;
+  std::uint64_t xxh3 = 0;
+  std::shared_ptr<kernels::Weight> weight;
+  std::uint64_t weight_bytes = 0;
+  // The gradient buffer's bytes are charged to the budget.
+  bool gradient_charged = false;
+  // Backward calls accumulating into this weight right now.
+  int accumulating = 0;
+  // Released: no longer in the table and no longer charged.
+  bool released = false;
+};
+
+}  // namespace registry_internal
+
+namespace {
+
+absl::Status HandleNotFound(absl::string_view handle) {
+  return absl::NotFoundError(absl::StrCat("weight handle '", handle,
+                                          "' is not registered on this server (see "
+                                          "ListWeights; handles do not survive a restart)"));
+}
+
+std::string LabelOf(absl::string_view name, absl::string_view handle, std::int64_t v,
+                    std::int64_t k) {
+  return absl::StrCat("'", name.empty() ? handle : name, "' ", ShapeString({v, k}));
+}
+
+}  // namespace
+
+std::string WeightRecord::Label() const { return LabelOf(name, handle, v, k); }
+
+// --- BudgetReservation -------------------------------------------------------
+
+BudgetReservation::BudgetReservation(BudgetReservation&& o) noexcept { *this = std::move(o); }
+
+BudgetReservation& BudgetReservation::operator=(BudgetReservation&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    registry_ = std::exchange(o.registry_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+BudgetReservation::~BudgetReservation() { Reset(); }
+
+void BudgetReservation::Reset() {
+  if (registry_ != nullptr) registry_->ReturnReservation(bytes_);
+  registry_ = nullptr;
+  bytes_ = 0;
+}
+
+// --- GradientTicket ----------------------------------------------------------
+
+GradientTicket::GradientTicket(WeightRegistry* registry,
+                               std::shared_ptr<registry_internal::Entry> entry)
+    : registry_(registry), entry_(std::move(entry)) {}
+
+GradientTicket::GradientTicket(GradientTicket&& o) noexcept { *this = std::move(o); }
+
+GradientTicket& GradientTicket::operator=(GradientTicket&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    registry_ = std::exchange(o.registry_, nullptr);
+    entry_ = std::move(o.entry_);
+  }
+  return *this;
+}
+
+GradientTicket::~GradientTicket() { Reset(); }
+
+void GradientTicket::Reset() {
+  if (registry_ != nullptr && entry_ != nullptr) registry_->EndAccumulate(*entry_);
+  registry_ = nullptr;
+  entry_.reset();
+}
+
+// --- WeightRegistry ----------------------------------------------------------
+
+WeightRegistry::WeightRegistry(std::uint64_t budget_bytes) : budget_bytes_(budget_bytes) {}
+WeightRegistry::~WeightRegistry() = default;
+
+std::string WeightRegistry::MakeHandle(std::uint64_t xxh3, std::int64_t v, std::int64_t k) {
+  return absl::StrFormat("w-%016x-%dx%d", xxh3, v, k);
+}
+
+std::uint64_t WeightRegistry::WeightBytes(std::int64_t v, std::int64_t k) {
+  return static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(k) * 2u;
+}
+
+std::uint64_t WeightRegistry::GradientBytes(std::int64_t v, std::int64_t k) {
+  return static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(k) * 4u;
+}
+
+std::uint64_t WeightRegistry::bytes_in_use() const {
+  absl::MutexLock lock(&mu_);
+  return in_use_;
+}
+
+absl::Status WeightRegistry::Charge(std::uint64_t bytes, absl::string_view what) {
+  if (bytes > budget_bytes_ || in_use_ > budget_bytes_ - bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s needs %d bytes, but the weight budget is %d bytes with %d in use (%d free); "
+        "release weights or raise the server flag --weight_budget_bytes",
+        what, bytes, budget_bytes_, in_use_, budget_bytes_ - std::min(in_use_, budget_bytes_)));
+  }
+  in_use_ += bytes;
+  return absl::OkStatus();
+}
+
+void WeightRegistry::Refund(std::uint64_t bytes) { in_use_ -= std::min(bytes, in_use_); }
+
+void WeightRegistry::ReturnReservation(std::uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  Refund(bytes);
+}
+
+absl::StatusOr<BudgetReservation> WeightRegistry::ReserveWeight(absl::string_view label,
+                                                                std::int64_t v, std::int64_t k) {
+  const std::uint64_t bytes = WeightBytes(v, k);
+  absl::MutexLock lock(&mu_);
+  absl::Status s = Charge(bytes, absl::StrCat("weight ", label, " bf16 ", ShapeString({v, k})));
+  if (!s.ok()) return s;
+  return BudgetReservation(this, bytes);
+}
+
+WeightRecord WeightRegistry::Snapshot(const Entry& e) {
+  WeightRecord r;
+  r.handle = e.handle;
+  r.name = e.name;
+  r.v = e.v;
+  r.k = e.k;
+  r.xxh3 = e.xxh3;
+  r.bytes = e.weight_bytes + (e.gradient_charged ? GradientBytes(e.v, e.k) : 0);
+  r.has_gradient = e.weight != nullptr && e.weight->gradient_bytes() > 0;
+  r.weight = e.weight;
+  return r;
+}
+
+InsertResult WeightRegistry::Insert(BudgetReservation reservation, const std::string& handle,
+                                    const std::string& name, std::int64_t v, std::int64_t k,
+                                    std::uint64_t xxh3, std::shared_ptr<kernels::Weight> weight) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle);
+  if (it != entries_.end()) {
+    // The reservation's destructor would take mu_ again: return its bytes here.
+    Refund(reservation.bytes_);
+    reservation.registry_ = nullptr;
+    return InsertResult{Snapshot(*it->second), true};
+  }
+  auto e = std::make_shared<Entry>();
+  e->handle = handle;
+  e->name = name;
+  e->v = v;
+  e->k = k;
+  e->xxh3 = xxh3;
+  e->weight = std::move(weight);
+  // The reservation's bytes now belong to the entry.
+  e->weight_bytes = reservation.bytes_;
+  reservation.registry_ = nullptr;
+  entries_.emplace(handle, e);
+  return InsertResult{Snapshot(*e), false};
+}
+
+absl::StatusOr<WeightRecord> WeightRegistry::Find(absl::string_view handle) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle);
+  if (it == entries_.end()) {
+    return HandleNotFound(handle);
+  }
+  return Snapshot(*it->second);
+}
+
+std::vector<WeightRecord> WeightRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WeightRecord> out;
+  out.reserve(entries_.size());
+  for (const auto& [handle, e] : entries_) out.push_back(Snapshot(*e));
+  return out;
+}
+
+absl::StatusOr<std::uint64_t> WeightRegistry::Release(absl::string_view handle) {
+  std::shared_ptr<Entry> e;
+  std::uint64_t freed = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(handle);
+    if (it == entries_.end()) {
+      return HandleNotFound(handle);
+    }
+    e = std::move(it->second);
+    entries_.erase(it);
+    freed = e->weight_bytes + (e->gradient_charged ? GradientBytes(e->v, e->k) : 0);
+    Refund(freed);
+    e->released = true;
+    e->gradient_charged = false;
+    // In-flight calls hold their own reference to the backend's weight.
+    e->weight.reset();
+  }
+  // `e` (and possibly the backend's storage) is destroyed here, outside the lock.
+  return freed;
+}
+
+absl::StatusOr<GradientTicket> WeightRegistry::BeginAccumulate(absl::string_view handle) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle);
+  if (it == entries_.end()) {
+    return HandleNotFound(handle);
+  }
+  Entry& e = *it->second;
+  if (!e.gradient_charged) {
+    absl::Status s = Charge(
+        GradientBytes(e.v, e.k),
+        absl::StrCat("the fp32 gradient buffer of weight ", LabelOf(e.name, e.handle, e.v, e.k)));
+    if (!s.ok()) return s;
+    e.gradient_charged = true;
+  }
+  ++e.accumulating;
+  return GradientTicket(this, it->second);
+}
+
+void WeightRegistry::EndAccumulate(Entry& e) {
+  absl::MutexLock lock(&mu_);
+  --e.accumulating;
+  if (e.released || e.accumulating > 0 || !e.gradient_charged) return;
+  // Every accumulating call has ended; if none made the backend create the
+  // buffer (they all failed), the charge was for nothing.
+  if (e.weight == nullptr || e.weight->gradient_bytes() == 0) {
+    e.gradient_charged = false;
+    Refund(GradientBytes(e.v, e.k));
+  }
+}
+
+}  // namespace logitd::service

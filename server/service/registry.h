@@ -1,0 +1,162 @@
+// The server's table of registered weights: content-derived handles, the
+// weight byte budget (weights and their fp32 gradient buffers), and the
+// shared ownership that makes releasing a weight safe while calls use it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "server/kernels/backend.h"
+
+namespace logitd::service {
+
+class WeightRegistry;
+namespace registry_internal {
+struct Entry;
+}  // namespace registry_internal
+
+// A registered weight as callers see it: a snapshot of its metadata plus a
+// reference that keeps the backend's storage alive for the caller's call.
+struct WeightRecord {
+  std::string handle;
+  std::string name;
+  std::int64_t v = 0;
+  std::int64_t k = 0;
+  std::uint64_t xxh3 = 0;
+  // Bytes counted against the budget: the bf16 weight, plus the fp32
+  // gradient buffer once one is reserved.
+  std::uint64_t bytes = 0;
+  bool has_gradient = false;
+  std::shared_ptr<kernels::Weight> weight;
+
+  // "'lm_head.weight' [32768, 4096]" (the handle when the name is empty), for messages.
+  std::string Label() const;
+};
+
+// Budget held for a weight whose bytes are still arriving. Move-only; gives
+// the bytes back when destroyed unless WeightRegistry::Insert consumed it.
+class BudgetReservation {
+ public:
+  BudgetReservation() = default;
+  BudgetReservation(BudgetReservation&& o) noexcept;
+  BudgetReservation& operator=(BudgetReservation&& o) noexcept;
+  BudgetReservation(const BudgetReservation&) = delete;
+  BudgetReservation& operator=(const BudgetReservation&) = delete;
+  ~BudgetReservation();
+
+  std::uint64_t bytes() const { return bytes_; }
+  bool active() const { return registry_ != nullptr; }
+
+ private:
+  friend class WeightRegistry;
+  BudgetReservation(WeightRegistry* registry, std::uint64_t bytes)
+      : registry_(registry), bytes_(bytes) {}
+  void Reset();
+
+  WeightRegistry* registry_ = nullptr;
+  std::uint64_t bytes_ = 0;
+};
+
+// Held by a Backward call that accumulates into a weight's gradient buffer.
+// The buffer's bytes are charged to the budget before the backend creates it;
+// if every accumulating call ends without the backend having created it (all
+// failed), the charge is returned when the last ticket goes.
+class GradientTicket {
+ public:
+  GradientTicket() = default;
+  GradientTicket(GradientTicket&& o) noexcept;
+  GradientTicket& operator=(GradientTicket&& o) noexcept;
+  GradientTicket(const GradientTicket&) = delete;
+  GradientTicket& operator=(const GradientTicket&) = delete;
+  ~GradientTicket();
+
+ private:
+  friend class WeightRegistry;
+  GradientTicket(WeightRegistry* registry, std::shared_ptr<registry_internal::Entry> entry);
+  void Reset();
+
+  WeightRegistry* registry_ = nullptr;
+  std::shared_ptr<registry_internal::Entry> entry_;
+};
+
+struct InsertResult {
+  WeightRecord record;
+  // True when an identical weight (same handle) was already registered; the
+  // new copy was dropped and its reservation returned.
+  bool already_registered = false;
+};
+
+// Thread-safe. Entries are keyed by handle alone today; per-tenant tables
+// (issue 6) will key by (tenant, handle) and give each tenant its own budget,
+// which is why the budget arithmetic lives in one place (Charge/Refund).
+class WeightRegistry {
+ public:
+  explicit WeightRegistry(std::uint64_t budget_bytes);
+  ~WeightRegistry();
+  WeightRegistry(const WeightRegistry&) = delete;
+  WeightRegistry& operator=(const WeightRegistry&) = delete;
+
+  // "w-<16 hex digits of xxh3>-<V>x<K>": the same bytes and shape always give
+  // the same handle, on any server.
+  static std::string MakeHandle(std::uint64_t xxh3, std::int64_t v, std::int64_t k);
+  // Bytes of a bf16 weight [v, k] and of its fp32 gradient buffer; the
+  // caller has checked v*k*4 for overflow.
+  static std::uint64_t WeightBytes(std::int64_t v, std::int64_t k);
+  static std::uint64_t GradientBytes(std::int64_t v, std::int64_t k);
+
+  std::uint64_t budget_bytes() const { return budget_bytes_; }
+  std::uint64_t bytes_in_use() const;
+
+  // Charges a weight [v, k] of `label` to the budget before any of its bytes
+  // are received. ResourceExhausted, naming the budget, the bytes in use and
+  // the bytes asked, when it does not fit.
+  absl::StatusOr<BudgetReservation> ReserveWeight(absl::string_view label, std::int64_t v,
+                                                  std::int64_t k);
+
+  // Adds a loaded weight under `handle`, its budget taken from `reservation`.
+  // When the handle exists already (a concurrent registration of the same
+  // bytes won), returns that entry and drops `weight` and the reservation.
+  InsertResult Insert(BudgetReservation reservation, const std::string& handle,
+                      const std::string& name, std::int64_t v, std::int64_t k, std::uint64_t xxh3,
+                      std::shared_ptr<kernels::Weight> weight);
+
+  // NotFound naming the handle.
+  absl::StatusOr<WeightRecord> Find(absl::string_view handle) const;
+  // In handle order.
+  std::vector<WeightRecord> List() const;
+  // Removes the entry and returns the bytes it had charged to the budget.
+  // Calls holding the weight finish normally; its storage goes with the last.
+  absl::StatusOr<std::uint64_t> Release(absl::string_view handle);
+
+  // Charges the weight's fp32 gradient buffer to the budget unless it is
+  // already charged. ResourceExhausted when it does not fit; NotFound for an
+  // unknown handle. Hold the ticket for the duration of the backend call.
+  absl::StatusOr<GradientTicket> BeginAccumulate(absl::string_view handle);
+
+ private:
+  friend class BudgetReservation;
+  friend class GradientTicket;
+  using Entry = registry_internal::Entry;
+
+  absl::Status Charge(std::uint64_t bytes, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Refund(std::uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReturnReservation(std::uint64_t bytes);
+  void EndAccumulate(Entry& entry);
+  static WeightRecord Snapshot(const Entry& entry);
+
+  const std::uint64_t budget_bytes_;
+  mutable absl::Mutex mu_;
+  std::uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace logitd::service

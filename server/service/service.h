@@ -1,0 +1,100 @@
+// The logitd.v1.Logitd gRPC service: thin handlers that validate a request,
+// look up its weight, call the Backend and stream the result back in chunks.
+// Everything a call takes (buffers, budget, weight references) is owned by
+// RAII objects in the handler, so it is returned whatever the outcome.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "logitd/v1/logitd.grpc.pb.h"
+#include "server/kernels/backend.h"
+#include "server/service/faults.h"
+#include "server/service/registry.h"
+
+namespace logitd::service {
+
+struct ServiceOptions {
+  // Bytes of weights and their fp32 gradient buffers the server holds at most.
+  std::uint64_t weight_budget_bytes = 16ull << 30;
+  // Bytes of request and response tensors one call may move, together.
+  std::uint64_t max_request_bytes = (4ull << 30) + 1;
+  // Size of the chunks responses are streamed in, bytes.
+  std::size_t chunk_bytes = 4u << 20;
+  FaultSet faults;
+};
+
+class LogitdService final : public v1::Logitd::Service {
+ public:
+  LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceOptions options);
+  ~LogitdService() override;
+  LogitdService(const LogitdService&) = delete;
+  LogitdService& operator=(const LogitdService&) = delete;
+
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                             v1::ServerInfo* response) override;
+  grpc::Status RegisterWeight(grpc::ServerContext* context,
+                              grpc::ServerReader<v1::RegisterWeightRequest>* reader,
+                              v1::WeightInfo* response) override;
+  grpc::Status ListWeights(grpc::ServerContext* context, const v1::ListWeightsRequest* request,
+                           v1::ListWeightsResponse* response) override;
+  grpc::Status ReleaseWeight(grpc::ServerContext* context, const v1::ReleaseWeightRequest* request,
+                             v1::ReleaseWeightResponse* response) override;
+  grpc::Status Logits(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::LogitsResponse, v1::LogitsRequest>* stream) override;
+  grpc::Status Backward(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::BackwardResponse, v1::BackwardRequest>* stream) override;
+  grpc::Status FetchGradient(grpc::ServerContext* context, const v1::FetchGradientRequest* request,
+                             grpc::ServerWriter<v1::FetchGradientResponse>* writer) override;
+  grpc::Status ZeroGradient(grpc::ServerContext* context, const v1::ZeroGradientRequest* request,
+                            v1::ZeroGradientResponse* response) override;
+  grpc::Status Cast(grpc::ServerContext* context,
+                    grpc::ServerReaderWriter<v1::CastResponse, v1::CastRequest>* stream) override;
+
+  const kernels::Backend& backend() const { return *backend_; }
+  const WeightRegistry& registry() const { return registry_; }
+
+ private:
+  // Bytes moved by one call, for its log line.
+  struct CallStats {
+    std::uint64_t bytes_in = 0;
+    std::uint64_t bytes_out = 0;
+  };
+
+  // Runs a handler body, maps its status and writes the call's log line.
+  template <typename Body>
+  grpc::Status Run(absl::string_view method, grpc::ServerContext* context, Body&& body);
+
+  absl::Status DoRegisterWeight(grpc::ServerContext* context,
+                                grpc::ServerReader<v1::RegisterWeightRequest>* reader,
+                                v1::WeightInfo* response, CallStats* stats);
+  absl::Status DoLogits(grpc::ServerContext* context,
+                        grpc::ServerReaderWriter<v1::LogitsResponse, v1::LogitsRequest>* stream,
+                        CallStats* stats);
+  absl::Status DoBackward(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::BackwardResponse, v1::BackwardRequest>* stream,
+      CallStats* stats);
+  absl::Status DoFetchGradient(const v1::FetchGradientRequest& request,
+                               grpc::ServerWriter<v1::FetchGradientResponse>* writer,
+                               CallStats* stats);
+  absl::Status DoCast(grpc::ServerContext* context,
+                      grpc::ServerReaderWriter<v1::CastResponse, v1::CastRequest>* stream,
+                      CallStats* stats);
+
+  // Declared before registry_ so that registered weights (backend objects)
+  // are destroyed before the backend that made them.
+  std::unique_ptr<kernels::Backend> backend_;
+  const ServiceOptions options_;
+  WeightRegistry registry_;
+  FaultInjector faults_;
+};
+
+}  // namespace logitd::service

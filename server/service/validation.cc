@@ -1,0 +1,316 @@
+#include "server/service/validation.h"
+
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/wire.h"
+
+namespace logitd::service {
+namespace {
+
+constexpr std::size_t kMaxWeightNameBytes = 1024;
+
+// "FP32", or "unknown dtype 17" for a value this build does not know.
+std::string ProtoDTypeName(v1::DType dtype) {
+  const std::string& name = v1::DType_Name(dtype);
+  if (name.empty()) return absl::StrCat("unknown dtype ", static_cast<int>(dtype));
+  absl::string_view n = name;
+  if (absl::StartsWith(n, "DTYPE_")) n.remove_prefix(6);
+  return std::string(n);
+}
+
+std::vector<std::int64_t> ShapeOf(const v1::TensorSpec& spec) {
+  return {spec.shape().begin(), spec.shape().end()};
+}
+
+absl::Status CheckPresent(absl::string_view what, bool present, const v1::TensorSpec& spec) {
+  if (!present) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the header has no TensorSpec"));
+  }
+  if (spec.name().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": TensorSpec.name is empty (chunks name the tensor they belong to)"));
+  }
+  return absl::OkStatus();
+}
+
+// Checks the dtype is one of `allowed` and returns it.
+absl::StatusOr<DType> CheckDType(absl::string_view what, const v1::TensorSpec& spec,
+                                 std::initializer_list<v1::DType> allowed) {
+  for (v1::DType a : allowed) {
+    if (spec.dtype() == a) return wire::FromProto(a);
+  }
+  std::vector<std::string> names;
+  for (v1::DType a : allowed) names.push_back(ProtoDTypeName(a));
+  return absl::InvalidArgumentError(absl::StrCat(what, ": expected dtype ",
+                                                 absl::StrJoin(names, " or "), ", got ",
+                                                 ProtoDTypeName(spec.dtype())));
+}
+
+absl::Status CheckRank2(absl::string_view what, absl::string_view dims,
+                        const std::vector<std::int64_t>& shape) {
+  if (shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected rank 2 ", dims, ", got ", ShapeString(shape)));
+  }
+  return absl::OkStatus();
+}
+
+// Byte count with overflow and non-positive dims reported against the tensor.
+absl::StatusOr<std::uint64_t> Bytes(absl::string_view what, const std::vector<std::int64_t>& shape,
+                                    DType dtype) {
+  absl::StatusOr<std::int64_t> n = CheckedByteCount(shape, dtype);
+  if (!n.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", n.status().message()));
+  }
+  return static_cast<std::uint64_t>(*n);
+}
+
+// An output dtype: one of `allowed`, or `fallback` when unspecified.
+absl::StatusOr<DType> OutputDType(absl::string_view field, v1::DType requested, v1::DType fallback,
+                                  std::initializer_list<v1::DType> allowed) {
+  if (requested == v1::DTYPE_UNSPECIFIED) requested = fallback;
+  for (v1::DType a : allowed) {
+    if (requested == a) return wire::FromProto(a);
+  }
+  std::vector<std::string> names;
+  for (v1::DType a : allowed) names.push_back(ProtoDTypeName(a));
+  return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", absl::StrJoin(names, " or "),
+                                                 " (unspecified means ", ProtoDTypeName(fallback),
+                                                 "), got ", ProtoDTypeName(requested)));
+}
+
+// One tensor of a call, for the per-call byte limit and its message.
+struct Part {
+  absl::string_view name;
+  DType dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes;
+};
+
+absl::Status CheckCallBytes(absl::string_view method, const std::vector<Part>& parts,
+                            std::uint64_t max_request_bytes) {
+  std::uint64_t total = 0;
+  bool overflow = false;
+  for (const Part& p : parts) {
+    if (p.bytes > std::numeric_limits<std::uint64_t>::max() - total) overflow = true;
+    total += p.bytes;
+  }
+  if (!overflow && total <= max_request_bytes) return absl::OkStatus();
+  std::vector<std::string> items;
+  for (const Part& p : parts) {
+    items.push_back(absl::StrFormat("%s %s %s = %d bytes", p.name, DTypeName(p.dtype),
+                                    ShapeString(p.shape), p.bytes));
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s: request and response need %s bytes in one call (%s), over the limit of %d bytes per "
+      "call (server flag --max_request_bytes); split the call into smaller ones",
+      method, overflow ? std::string("more than 2^64") : absl::StrCat(total),
+      absl::StrJoin(items, ", "), max_request_bytes));
+}
+
+// x: BF16 [M, K] with K equal to the weight's.
+absl::StatusOr<std::uint64_t> CheckActivations(bool present, const v1::TensorSpec& x,
+                                               const WeightDims& weight) {
+  absl::Status s = CheckPresent("x", present, x);
+  if (!s.ok()) return s;
+  absl::StatusOr<DType> dtype = CheckDType("x", x, {v1::DTYPE_BF16});
+  if (!dtype.ok()) return dtype.status();
+  const std::vector<std::int64_t> shape = ShapeOf(x);
+  s = CheckRank2("x", "[M, K]", shape);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::uint64_t> bytes = Bytes("x", shape, DType::kBf16);
+  if (!bytes.ok()) return bytes.status();
+  if (shape[1] != weight.k) {
+    return absl::InvalidArgumentError(absl::StrCat("x: expected K=", weight.k, " to match weight ",
+                                                   weight.label, ", got ", ShapeString(shape)));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::Status ValidateHandle(absl::string_view handle) {
+  if (handle.empty()) {
+    return absl::InvalidArgumentError(
+        "weight_handle: expected a handle from RegisterWeight, got an empty string");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WeightPlan> ValidateRegisterWeight(const v1::RegisterWeightHeader& header) {
+  if (header.name().size() > kMaxWeightNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("name: expected at most ", kMaxWeightNameBytes,
+                                                   " bytes, got ", header.name().size()));
+  }
+  const v1::TensorSpec& w = header.weight();
+  absl::Status s = CheckPresent("weight", header.has_weight(), w);
+  if (!s.ok()) return s;
+  absl::StatusOr<DType> dtype = CheckDType("weight", w, {v1::DTYPE_BF16});
+  if (!dtype.ok()) return dtype.status();
+  const std::vector<std::int64_t> shape = ShapeOf(w);
+  s = CheckRank2("weight", "[V, K]", shape);
+  if (!s.ok()) return s;
+  // The fp32 gradient buffer may follow; its size must be representable too.
+  absl::StatusOr<std::uint64_t> grad_bytes = Bytes("weight", shape, DType::kFp32);
+  if (!grad_bytes.ok()) return grad_bytes.status();
+  WeightPlan plan;
+  plan.v = shape[0];
+  plan.k = shape[1];
+  plan.bytes = *grad_bytes / 2;
+  return plan;
+}
+
+absl::StatusOr<LogitsPlan> ValidateLogits(const v1::LogitsHeader& header, const WeightDims& weight,
+                                          std::uint64_t max_request_bytes) {
+  LogitsPlan plan;
+  absl::StatusOr<std::uint64_t> x_bytes = CheckActivations(header.has_x(), header.x(), weight);
+  if (!x_bytes.ok()) return x_bytes.status();
+  plan.x_bytes = *x_bytes;
+  plan.m = header.x().shape(0);
+
+  absl::StatusOr<DType> out = OutputDType("out_dtype", header.out_dtype(), v1::DTYPE_FP32,
+                                          {v1::DTYPE_FP32, v1::DTYPE_BF16});
+  if (!out.ok()) return out.status();
+  plan.out_dtype = *out;
+
+  const float alpha = header.alpha();
+  if (!std::isfinite(alpha)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alpha: expected a finite scale (0 means 1), got ", alpha));
+  }
+  plan.alpha = alpha == 0.0f ? 1.0f : alpha;
+
+  const std::vector<std::int64_t> y_shape = {plan.m, weight.v};
+  absl::StatusOr<std::uint64_t> y_bytes = Bytes("y", y_shape, plan.out_dtype);
+  if (!y_bytes.ok()) return y_bytes.status();
+  plan.y_bytes = *y_bytes;
+
+  absl::Status s = CheckCallBytes("logits",
+                                  {{"x", DType::kBf16, ShapeOf(header.x()), plan.x_bytes},
+                                   {"y", plan.out_dtype, y_shape, plan.y_bytes}},
+                                  max_request_bytes);
+  if (!s.ok()) return s;
+  return plan;
+}
+
+absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
+                                              const WeightDims& weight,
+                                              std::uint64_t max_request_bytes) {
+  BackwardPlan plan;
+  plan.want_dx = header.want_dx();
+  plan.want_dw = header.want_dw();
+  plan.accumulate_dw = header.accumulate_dw();
+  if (!plan.want_dx && !plan.want_dw) {
+    return absl::InvalidArgumentError(
+        "want_dx, want_dw: expected at least one gradient to be requested, got neither");
+  }
+  if (plan.accumulate_dw && !plan.want_dw) {
+    return absl::InvalidArgumentError(
+        "accumulate_dw: expected want_dw=true (accumulation computes dW), got want_dw=false");
+  }
+
+  absl::StatusOr<std::uint64_t> x_bytes = CheckActivations(header.has_x(), header.x(), weight);
+  if (!x_bytes.ok()) return x_bytes.status();
+  plan.x_bytes = *x_bytes;
+  plan.m = header.x().shape(0);
+
+  const v1::TensorSpec& dy = header.dy();
+  absl::Status s = CheckPresent("dy", header.has_dy(), dy);
+  if (!s.ok()) return s;
+  if (dy.name() == header.x().name()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dy, x: expected distinct TensorSpec names, both are '", dy.name(), "'"));
+  }
+  absl::StatusOr<DType> dy_dtype = CheckDType("dy", dy, {v1::DTYPE_FP32, v1::DTYPE_BF16});
+  if (!dy_dtype.ok()) return dy_dtype.status();
+  plan.dy_dtype = *dy_dtype;
+  const std::vector<std::int64_t> dy_shape = ShapeOf(dy);
+  s = CheckRank2("dy", "[M, V]", dy_shape);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::uint64_t> dy_bytes = Bytes("dy", dy_shape, plan.dy_dtype);
+  if (!dy_bytes.ok()) return dy_bytes.status();
+  plan.dy_bytes = *dy_bytes;
+  if (dy_shape[1] != weight.v) {
+    return absl::InvalidArgumentError(absl::StrCat("dy: expected V=", weight.v, " to match weight ",
+                                                   weight.label, ", got ", ShapeString(dy_shape)));
+  }
+  if (dy_shape[0] != plan.m) {
+    return absl::InvalidArgumentError(absl::StrCat("dy: expected M=", plan.m, " to match x ",
+                                                   ShapeString(ShapeOf(header.x())), ", got ",
+                                                   ShapeString(dy_shape)));
+  }
+
+  absl::StatusOr<DType> dx_dtype =
+      OutputDType("dx_dtype", header.dx_dtype(), v1::DTYPE_BF16, {v1::DTYPE_BF16, v1::DTYPE_FP32});
+  if (!dx_dtype.ok()) return dx_dtype.status();
+  plan.dx_dtype = *dx_dtype;
+  if (plan.accumulate_dw) {
+    if (header.dw_dtype() != v1::DTYPE_UNSPECIFIED && header.dw_dtype() != v1::DTYPE_FP32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dw_dtype: accumulate_dw adds into the fp32 gradient buffer, so expected FP32 or "
+          "unspecified, got ",
+          ProtoDTypeName(header.dw_dtype())));
+    }
+    plan.dw_dtype = DType::kFp32;
+  } else {
+    absl::StatusOr<DType> dw_dtype = OutputDType("dw_dtype", header.dw_dtype(), v1::DTYPE_FP32,
+                                                 {v1::DTYPE_FP32, v1::DTYPE_BF16});
+    if (!dw_dtype.ok()) return dw_dtype.status();
+    plan.dw_dtype = *dw_dtype;
+  }
+
+  std::vector<Part> parts = {{"dy", plan.dy_dtype, dy_shape, plan.dy_bytes},
+                             {"x", DType::kBf16, ShapeOf(header.x()), plan.x_bytes}};
+  if (plan.want_dx) {
+    const std::vector<std::int64_t> dx_shape = {plan.m, weight.k};
+    absl::StatusOr<std::uint64_t> b = Bytes("dx", dx_shape, plan.dx_dtype);
+    if (!b.ok()) return b.status();
+    plan.dx_bytes = *b;
+    parts.push_back({"dx", plan.dx_dtype, dx_shape, plan.dx_bytes});
+  }
+  if (plan.returns_dw()) {
+    const std::vector<std::int64_t> dw_shape = {weight.v, weight.k};
+    absl::StatusOr<std::uint64_t> b = Bytes("dw", dw_shape, plan.dw_dtype);
+    if (!b.ok()) return b.status();
+    plan.dw_bytes = *b;
+    parts.push_back({"dw", plan.dw_dtype, dw_shape, plan.dw_bytes});
+  }
+  s = CheckCallBytes("backward", parts, max_request_bytes);
+  if (!s.ok()) return s;
+  return plan;
+}
+
+absl::StatusOr<CastPlan> ValidateCast(const v1::CastHeader& header,
+                                      std::uint64_t max_request_bytes) {
+  CastPlan plan;
+  const v1::TensorSpec& in = header.input();
+  absl::Status s = CheckPresent("input", header.has_input(), in);
+  if (!s.ok()) return s;
+  absl::StatusOr<DType> dtype = CheckDType("input", in, {v1::DTYPE_FP32});
+  if (!dtype.ok()) return dtype.status();
+  plan.shape = ShapeOf(in);
+  if (plan.shape.empty()) {
+    return absl::InvalidArgumentError("input: expected rank >= 1, got a shape with no dimensions");
+  }
+  absl::StatusOr<std::uint64_t> in_bytes = Bytes("input", plan.shape, DType::kFp32);
+  if (!in_bytes.ok()) return in_bytes.status();
+  plan.in_bytes = *in_bytes;
+  plan.n = static_cast<std::int64_t>(plan.in_bytes / 4);
+  plan.out_bytes = plan.in_bytes / 2;
+  s = CheckCallBytes("cast",
+                     {{"input", DType::kFp32, plan.shape, plan.in_bytes},
+                      {"output", DType::kBf16, plan.shape, plan.out_bytes}},
+                     max_request_bytes);
+  if (!s.ok()) return s;
+  return plan;
+}
+
+}  // namespace logitd::service
