@@ -1,0 +1,435 @@
+// Happy paths of logitd::client::Client against the real server (cpu
+// backend): weights, fp32 and bf16 logits, backward, accumulated gradients,
+// the server's cast, determinism and concurrent clients.
+#include "logitd/client.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "logitd/bf16.h"
+#include "tests/integration/integration_util.h"
+
+namespace logitd::testing {
+namespace {
+
+using client::BackwardOptions;
+using client::LogitsOptions;
+
+class ClientTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start({});
+    if (s.ok()) {
+      server_ = std::move(*s).release();
+    } else {
+      start_error_ = new absl::Status(s.status());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr) << "logitd did not start: " << *start_error_;
+  }
+  void TearDown() override {
+    if (server_ != nullptr) {
+      EXPECT_TRUE(ServerAnswers(client())) << server_->process.Log();
+    }
+  }
+  static client::Client& client() { return *server_->client; }
+
+  // Registers `w` and returns its handle (fails the test otherwise).
+  static std::string Register(const Tensor& w, const std::string& name) {
+    absl::StatusOr<client::WeightInfo> info = client().RegisterWeight(w, name);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->handle : "";
+  }
+
+  static inline SharedServer* server_ = nullptr;
+  static inline absl::Status* start_error_ = nullptr;
+};
+
+TEST_F(ClientTest, InfoDescribesTheCpuBackend) {
+  absl::StatusOr<client::ServerInfo> info = client().Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->backend, "cpu");
+  EXPECT_FALSE(info->version.empty());
+  EXPECT_FALSE(info->build_id.empty());
+  EXPECT_GT(info->weight_budget_bytes, 0u);
+  EXPECT_GT(info->max_request_bytes, 0u);
+  EXPECT_EQ(info->chunk_bytes, 4u << 20);
+}
+
+TEST_F(ClientTest, RegisterSameBytesGivesSameHandle) {
+  const Tensor w = IntBf16({96, 64}, 11);
+  absl::StatusOr<client::WeightInfo> first = client().RegisterWeight(w, "lm_head.weight");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->handle.empty());
+  EXPECT_FALSE(first->already_registered);
+  EXPECT_EQ(first->shape, (std::vector<std::int64_t>{96, 64}));
+  EXPECT_EQ(first->xxh3, w.Digest());
+  EXPECT_EQ(first->name, "lm_head.weight");
+  EXPECT_GE(first->bytes, w.nbytes());
+
+  absl::StatusOr<client::WeightInfo> again = client().RegisterWeight(w.Clone(), "another name");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->handle, first->handle);
+  EXPECT_TRUE(again->already_registered);
+  EXPECT_EQ(again->name, "lm_head.weight") << "the first registration's name is kept";
+
+  // Different bytes, same shape: a different weight.
+  absl::StatusOr<client::WeightInfo> other = client().RegisterWeight(IntBf16({96, 64}, 12), "x");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(other->handle, first->handle);
+  EXPECT_FALSE(other->already_registered);
+}
+
+TEST_F(ClientTest, ListAndRelease) {
+  const Tensor w = IntBf16({40, 32}, 21);
+  const std::string handle = Register(w, "to_release");
+  ASSERT_FALSE(handle.empty());
+
+  absl::StatusOr<std::vector<client::WeightInfo>> list = client().ListWeights();
+  ASSERT_TRUE(list.ok()) << list.status();
+  bool found = false;
+  for (const client::WeightInfo& info : *list) {
+    if (info.handle != handle) continue;
+    found = true;
+    EXPECT_EQ(info.name, "to_release");
+    EXPECT_EQ(info.shape, (std::vector<std::int64_t>{40, 32}));
+    EXPECT_EQ(info.xxh3, w.Digest());
+  }
+  EXPECT_TRUE(found) << "registered handle " << handle << " missing from ListWeights";
+
+  absl::StatusOr<std::uint64_t> freed = client().ReleaseWeight(handle);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_GE(*freed, w.nbytes());
+
+  list = client().ListWeights();
+  ASSERT_TRUE(list.ok()) << list.status();
+  for (const client::WeightInfo& info : *list) {
+    EXPECT_NE(info.handle, handle);
+  }
+
+  EXPECT_EQ(client().ReleaseWeight(handle).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client().Logits(IntBf16({2, 32}, 1), handle).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// K = 4096 with integers in [-8, 8]: every partial sum is an integer below
+// 2^24, so fp32 accumulation is exact in any order.
+TEST_F(ClientTest, Bf16Bf16F32_NT_IntegerLogitsAreExact) {
+  const std::int64_t m = 16, v = 1024, k = 4096;
+  const Tensor x = IntBf16({m, k}, 101);
+  const Tensor w = IntBf16({v, k}, 102);
+  const std::string handle = Register(w, "int_w");
+  const std::vector<std::int64_t> exact = ExactNT(x, w);
+
+  client::Timing timing;
+  absl::StatusOr<Tensor> y = client().Logits(x, handle, {}, &timing);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(Fp32EqualsExact(*y, exact, {m, v}));
+  EXPECT_GE(timing.compute_us, 0);
+
+  LogitsOptions bf16;
+  bf16.out_dtype = DType::kBf16;
+  absl::StatusOr<Tensor> yb = client().Logits(x, handle, bf16);
+  ASSERT_TRUE(yb.ok()) << yb.status();
+  EXPECT_TRUE(Bf16EqualsRoundedExact(*yb, exact, {m, v}));
+}
+
+TEST_F(ClientTest, AlphaScalesExactly) {
+  const std::int64_t m = 8, v = 256, k = 512;
+  const Tensor x = IntBf16({m, k}, 111);
+  const Tensor w = IntBf16({v, k}, 112);
+  const std::string handle = Register(w, "alpha_w");
+  std::vector<std::int64_t> exact = ExactNT(x, w);
+  for (std::int64_t& e : exact) e *= -2;  // alpha = -2 is exact in fp32.
+  LogitsOptions options;
+  options.alpha = -2.0f;
+  absl::StatusOr<Tensor> y = client().Logits(x, handle, options);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(Fp32EqualsExact(*y, exact, {m, v}));
+}
+
+// Random bf16 data: each fp32 logit lies within the classic bound
+// |y - ref| <= gamma_K * sum_k |x_k w_k|, gamma_K = K u / (1 - K u), u = 2^-24,
+// which holds for any summation order; products of bf16 values are exact.
+TEST_F(ClientTest, Bf16Bf16F32_NT_RandomWithinAccumulationBound) {
+  const std::int64_t m = 8, v = 512, k = 2048;
+  const Tensor x = NormalBf16({m, k}, 1234);
+  const Tensor w = NormalBf16({v, k}, 1235);
+  const std::string handle = Register(w, "random_w");
+  absl::StatusOr<Tensor> y = client().Logits(x, handle);
+  ASSERT_TRUE(y.ok()) << y.status();
+  ASSERT_EQ(y->shape(), (std::vector<std::int64_t>{m, v}));
+  ASSERT_EQ(y->dtype(), DType::kFp32);
+
+  const double u = std::ldexp(1.0, -24);
+  const double gamma = k * u / (1 - k * u);
+  int outside = 0;
+  double worst_ratio = 0;
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < v; ++j) {
+      double ref = 0, abs_sum = 0;
+      for (std::int64_t kk = 0; kk < k; ++kk) {
+        const double p = x.At(i * k + kk) * w.At(j * k + kk);
+        ref += p;
+        abs_sum += std::fabs(p);
+      }
+      const double err = std::fabs(y->At(i * v + j) - ref);
+      const double bound = gamma * abs_sum;
+      if (err > bound) ++outside;
+      if (bound > 0) worst_ratio = std::max(worst_ratio, err / bound);
+    }
+  }
+  EXPECT_EQ(outside, 0) << "elements outside the fp32 accumulation bound; worst err/bound "
+                        << worst_ratio;
+}
+
+// Integers: G = dY exactly (already bf16), sums exact in fp32.
+TEST_F(ClientTest, BackwardIntegerGradientsAreExact) {
+  const std::int64_t m = 12, v = 384, k = 256;
+  const Tensor x = IntBf16({m, k}, 201);
+  const Tensor w = IntBf16({v, k}, 202);
+  const Tensor dy = IntBf16({m, v}, 203);
+  const std::string handle = Register(w, "bwd_w");
+  const std::vector<std::int64_t> dx_exact = ExactNN(dy, w);
+  const std::vector<std::int64_t> dw_exact = ExactTN(dy, x);
+
+  absl::StatusOr<client::BackwardResult> r = client().Backward(dy, x, handle);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->dx.has_value());
+  ASSERT_TRUE(r->dw.has_value());
+  EXPECT_TRUE(Bf16EqualsRoundedExact(*r->dx, dx_exact, {m, k})) << "dX, default bf16";
+  EXPECT_TRUE(Fp32EqualsExact(*r->dw, dw_exact, {v, k})) << "dW, default fp32";
+
+  BackwardOptions other;
+  other.dx_dtype = DType::kFp32;
+  other.dw_dtype = DType::kBf16;
+  r = client().Backward(dy, x, handle, other);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->dx.has_value() && r->dw.has_value());
+  EXPECT_TRUE(Fp32EqualsExact(*r->dx, dx_exact, {m, k})) << "dX fp32";
+  EXPECT_TRUE(Bf16EqualsRoundedExact(*r->dw, dw_exact, {v, k})) << "dW bf16";
+
+  BackwardOptions only_dx;
+  only_dx.want_dw = false;
+  r = client().Backward(dy, x, handle, only_dx);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->dx.has_value());
+  EXPECT_FALSE(r->dw.has_value());
+
+  BackwardOptions only_dw;
+  only_dw.want_dx = false;
+  r = client().Backward(dy, x, handle, only_dw);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->dx.has_value());
+  ASSERT_TRUE(r->dw.has_value());
+  EXPECT_TRUE(Fp32EqualsExact(*r->dw, dw_exact, {v, k}));
+}
+
+// The backward contract: an fp32 dY is rounded to bf16 once (RNE) by the
+// server, so sending fp32 dY or the client's bf16(dY) gives identical bits.
+TEST_F(ClientTest, BackwardFp32DyMatchesBf16DyBitwise) {
+  const std::int64_t m = 16, v = 512, k = 384;
+  const Tensor x = NormalBf16({m, k}, 301);
+  const Tensor w = NormalBf16({v, k}, 302);
+  const Tensor dy32 = NormalFp32({m, v}, 303, 1e-3f);
+  Tensor dy16(DType::kBf16, {m, v});
+  for (std::int64_t i = 0; i < dy32.numel(); ++i) {
+    dy16.data<Bf16Bits>()[i] = FloatToBf16(dy32.data<float>()[i]);
+  }
+  const std::string handle = Register(w, "contract_w");
+  for (DType dx_dtype : {DType::kBf16, DType::kFp32}) {
+    BackwardOptions options;
+    options.dx_dtype = dx_dtype;
+    absl::StatusOr<client::BackwardResult> from32 = client().Backward(dy32, x, handle, options);
+    absl::StatusOr<client::BackwardResult> from16 = client().Backward(dy16, x, handle, options);
+    ASSERT_TRUE(from32.ok()) << from32.status();
+    ASSERT_TRUE(from16.ok()) << from16.status();
+    ASSERT_TRUE(from32->dx && from16->dx && from32->dw && from16->dw);
+    EXPECT_TRUE(BitwiseEqual(*from32->dx, *from16->dx)) << "dX " << DTypeName(dx_dtype);
+    EXPECT_TRUE(BitwiseEqual(*from32->dw, *from16->dw)) << "dW";
+  }
+}
+
+TEST_F(ClientTest, AccumulateFetchAndZeroGradient) {
+  const std::int64_t m = 6, v = 128, k = 96;
+  const Tensor w = IntBf16({v, k}, 401);
+  const std::string handle = Register(w, "accum_w");
+  std::vector<std::int64_t> sum(static_cast<std::size_t>(v * k), 0);
+  BackwardOptions accumulate;
+  accumulate.want_dx = false;
+  accumulate.accumulate_dw = true;
+  for (std::uint32_t call = 0; call < 3; ++call) {
+    const Tensor x = IntBf16({m, k}, 410 + call);
+    const Tensor dy = IntBf16({m, v}, 420 + call);
+    const std::vector<std::int64_t> dw = ExactTN(dy, x);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += dw[i];
+    absl::StatusOr<client::BackwardResult> r = client().Backward(dy, x, handle, accumulate);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->dx.has_value());
+    EXPECT_FALSE(r->dw.has_value()) << "an accumulated dW stays on the server";
+  }
+
+  absl::StatusOr<std::vector<client::WeightInfo>> list = client().ListWeights();
+  ASSERT_TRUE(list.ok()) << list.status();
+  for (const client::WeightInfo& info : *list) {
+    if (info.handle == handle) {
+      EXPECT_TRUE(info.has_gradient);
+    }
+  }
+
+  absl::StatusOr<client::GradientResult> g =
+      client().FetchGradient(handle, /*zero_after_fetch=*/true);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->accumulated_calls, 3u);
+  EXPECT_TRUE(Fp32EqualsExact(g->dw, sum, {v, k}));
+
+  g = client().FetchGradient(handle, false);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->accumulated_calls, 0u);
+  EXPECT_TRUE(Fp32EqualsExact(g->dw, std::vector<std::int64_t>(sum.size(), 0), {v, k}))
+      << "zero_after_fetch left a non-zero buffer";
+
+  // Accumulate once more, then ZeroGradient.
+  const Tensor x = IntBf16({m, k}, 430);
+  const Tensor dy = IntBf16({m, v}, 431);
+  ASSERT_TRUE(client().Backward(dy, x, handle, accumulate).ok());
+  g = client().FetchGradient(handle, false);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->accumulated_calls, 1u);
+  EXPECT_TRUE(Fp32EqualsExact(g->dw, ExactTN(dy, x), {v, k}));
+  ASSERT_TRUE(client().ZeroGradient(handle).ok());
+  g = client().FetchGradient(handle, false);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->accumulated_calls, 0u);
+  EXPECT_TRUE(Fp32EqualsExact(g->dw, std::vector<std::int64_t>(sum.size(), 0), {v, k}));
+}
+
+TEST_F(ClientTest, CastMatchesFloatToBf16OnEdgeValues) {
+  const std::vector<std::uint32_t> edge_bits = {
+      0x00000000u, 0x80000000u,               // +-0
+      0x3f800000u, 0xbf800000u,               // +-1
+      0x3f808000u,                            // 1 + 2^-8: tie, rounds down to even 1
+      0x3f818000u,                            // 1 + 3*2^-8: tie, rounds up to even
+      0x3f808001u, 0x3f807fffu,               // just above / below a tie
+      0xbf818000u,                            // negative tie
+      0x7f800000u, 0xff800000u,               // +-Inf
+      0x7fc00000u, 0xffc00000u,               // quiet NaNs
+      0x7f800001u, 0x7fc12345u, 0xff812345u,  // signalling and payload NaNs
+      0x7f7fffffu,                            // FLT_MAX: past bf16 max, rounds to Inf
+      0x7f7f7fffu,                            // largest value that stays finite
+      0x7f7f8000u,                            // tie between bf16 max and Inf
+      0xff7fffffu,                            // -FLT_MAX -> -Inf
+      0x00000001u, 0x80000001u,               // smallest subnormals -> +-0
+      0x00008000u, 0x00018000u,               // subnormal ties (down, up)
+      0x007fffffu, 0x00800000u,               // largest subnormal, smallest normal
+      0x3effffffu, 0x4b7fffffu};
+  Tensor in(DType::kFp32, {static_cast<std::int64_t>(edge_bits.size())});
+  // Bits are stored as integers: a signalling NaN must reach the wire unchanged.
+  for (std::size_t i = 0; i < edge_bits.size(); ++i) in.data<std::uint32_t>()[i] = edge_bits[i];
+  absl::StatusOr<Tensor> out = client().CastToBf16(in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->dtype(), DType::kBf16);
+  ASSERT_EQ(out->shape(), in.shape());
+  for (std::size_t i = 0; i < edge_bits.size(); ++i) {
+    EXPECT_EQ(out->data<Bf16Bits>()[i], FloatToBf16(BitsToFloat(edge_bits[i])))
+        << "input bits 0x" << std::hex << edge_bits[i];
+  }
+
+  // Random bit patterns in a 2-D shape (every exponent, NaNs included).
+  Tensor random(DType::kFp32, {256, 257});
+  std::mt19937 rng(77);
+  for (std::int64_t i = 0; i < random.numel(); ++i) random.data<std::uint32_t>()[i] = rng();
+  out = client().CastToBf16(random);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->shape(), random.shape());
+  int mismatches = 0;
+  for (std::int64_t i = 0; i < random.numel(); ++i) {
+    mismatches += out->data<Bf16Bits>()[i] != FloatToBf16(random.data<float>()[i]);
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST_F(ClientTest, SameRequestTwiceGivesSameBits) {
+  const Tensor x = NormalBf16({16, 1024}, 501);
+  const Tensor w = NormalBf16({768, 1024}, 502);
+  const Tensor dy = NormalFp32({16, 768}, 503);
+  const std::string handle = Register(w, "determinism_w");
+  absl::StatusOr<Tensor> a = client().Logits(x, handle);
+  absl::StatusOr<Tensor> b = client().Logits(x, handle);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+  EXPECT_TRUE(BitwiseEqual(*a, *b));
+  EXPECT_EQ(a->Digest(), b->Digest());
+
+  absl::StatusOr<client::BackwardResult> ra = client().Backward(dy, x, handle);
+  absl::StatusOr<client::BackwardResult> rb = client().Backward(dy, x, handle);
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << " " << rb.status();
+  EXPECT_TRUE(BitwiseEqual(*ra->dx, *rb->dx));
+  EXPECT_TRUE(BitwiseEqual(*ra->dw, *rb->dw));
+}
+
+// Small client chunks that split elements across messages still reassemble.
+TEST_F(ClientTest, OddClientChunkSizeRoundTrips) {
+  client::ClientOptions options;
+  options.chunk_bytes = 1001;
+  absl::StatusOr<std::unique_ptr<client::Client>> c = server_->NewClient(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const Tensor x = IntBf16({5, 300}, 601);
+  const Tensor w = IntBf16({70, 300}, 602);
+  absl::StatusOr<client::WeightInfo> info = (*c)->RegisterWeight(w, "odd_chunks");
+  ASSERT_TRUE(info.ok()) << info.status();
+  absl::StatusOr<Tensor> y = (*c)->Logits(x, info->handle);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(Fp32EqualsExact(*y, ExactNT(x, w), {5, 70}));
+}
+
+TEST_F(ClientTest, ConcurrentClientsGetCorrectResults) {
+  const std::int64_t v = 512, k = 1024;
+  const Tensor w = IntBf16({v, k}, 701);
+  const std::string handle = Register(w, "concurrent_w");
+  constexpr int kThreads = 4;
+  constexpr int kCallsPerThread = 3;
+  std::vector<std::string> failures(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      absl::StatusOr<std::unique_ptr<client::Client>> c = server_->NewClient();
+      if (!c.ok()) {
+        failures[t] = c.status().ToString();
+        return;
+      }
+      for (int call = 0; call < kCallsPerThread; ++call) {
+        const std::int64_t m = 3 + t + call;
+        const Tensor x = IntBf16({m, k}, 710 + 10 * t + call);
+        absl::StatusOr<Tensor> y = (*c)->Logits(x, handle);
+        if (!y.ok()) {
+          failures[t] = y.status().ToString();
+          return;
+        }
+        ::testing::AssertionResult r = Fp32EqualsExact(*y, ExactNT(x, w), {m, v});
+        if (!r) {
+          failures[t] = r.message();
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(failures[t], "") << "thread " << t;
+  }
+}
+
+}  // namespace
+}  // namespace logitd::testing

@@ -1,0 +1,74 @@
+// Shared pieces of the integration tests: the paths of the built binaries, a
+// server shared by a test suite, seeded tensors, and exact integer references
+// that the service's fp32 results must equal bitwise.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "logitd/client.h"
+#include "logitd/tensor.h"
+#include "tests/common/server_process.h"
+
+namespace logitd::testing {
+
+// The binaries under test, from the build (compile definitions).
+std::string ServerBinary();
+std::string LogitctlBinary();
+
+// A loopback port with nothing listening on it (bound, then released).
+int UnusedPort();
+
+// One logitd process and a client for it, shared by the tests of a suite.
+struct SharedServer {
+  ServerProcess process;
+  std::unique_ptr<client::Client> client;
+
+  // Starts `logitd --backend=cpu <args>` and connects a client to it.
+  static absl::StatusOr<std::unique_ptr<SharedServer>> Start(const std::vector<std::string>& args,
+                                                             client::ClientOptions options = {});
+  // A further client for the same server (e.g. one per thread).
+  absl::StatusOr<std::unique_ptr<client::Client>> NewClient(
+      client::ClientOptions options = {}) const;
+};
+
+// bf16 tensor of integers drawn uniformly from [lo, hi] (exact in bf16).
+Tensor IntBf16(std::vector<std::int64_t> shape, std::uint32_t seed, int lo = -8, int hi = 8);
+// fp32 tensor of the same kind of integers.
+Tensor IntFp32(std::vector<std::int64_t> shape, std::uint32_t seed, int lo = -8, int hi = 8);
+// bf16 tensor of standard normal samples rounded to bf16.
+Tensor NormalBf16(std::vector<std::int64_t> shape, std::uint32_t seed);
+// fp32 tensor of standard normal samples times `scale`.
+Tensor NormalFp32(std::vector<std::int64_t> shape, std::uint32_t seed, float scale = 1.0f);
+
+// Integer values of an integer-valued bf16 or fp32 tensor.
+std::vector<std::int32_t> ToInts(const Tensor& t);
+
+// Exact integer products, row-major results:
+//   ExactNT: C[i, j] = sum_k A[i, k] * B[j, k]   (A [I, K], B [J, K]): Y = X.W^T
+//   ExactNN: C[i, j] = sum_k A[i, k] * B[k, j]   (A [I, K], B [K, J]): dX = G.W
+//   ExactTN: C[i, j] = sum_k A[k, i] * B[k, j]   (A [K, I], B [K, J]): dW = G^T.X
+std::vector<std::int64_t> ExactNT(const Tensor& a, const Tensor& b);
+std::vector<std::int64_t> ExactNN(const Tensor& a, const Tensor& b);
+std::vector<std::int64_t> ExactTN(const Tensor& a, const Tensor& b);
+
+// `got` (fp32) equals the exact sums converted to fp32, bit for bit.
+::testing::AssertionResult Fp32EqualsExact(const Tensor& got, const std::vector<std::int64_t>& want,
+                                           const std::vector<std::int64_t>& shape);
+// `got` (bf16) equals FloatToBf16 of the exact sums, bit for bit.
+::testing::AssertionResult Bf16EqualsRoundedExact(const Tensor& got,
+                                                  const std::vector<std::int64_t>& want,
+                                                  const std::vector<std::int64_t>& shape);
+// Same dtype, shape and bytes.
+::testing::AssertionResult BitwiseEqual(const Tensor& got, const Tensor& want);
+
+// The server still answers after whatever the test did to it.
+::testing::AssertionResult ServerAnswers(client::Client& client);
+
+}  // namespace logitd::testing
