@@ -1,0 +1,264 @@
+#include "client/validate/cli.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/validate/baseline.h"
+#include "client/validate/command_line.h"
+#include "client/validate/harness.h"
+#include "client/validate/report.h"
+#include "client/validate/suites.h"
+#include "logitd/client.h"
+
+// Defined by logitctl, which applies it before dispatching here.
+ABSL_DECLARE_FLAG(std::string, server);
+
+namespace logitd::validate {
+namespace {
+
+constexpr int kExitFailed = 1;
+constexpr int kExitUnreachable = 2;
+// As for every logitctl subcommand: a run that cannot start for a reason of
+// its own invocation is not a precision failure.
+constexpr int kExitUsage = 2;
+
+absl::Status WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write '", path, "'"));
+  return absl::OkStatus();
+}
+
+// Writes --json and --junit; a report that cannot be written fails the run.
+int WriteReports(const Report& report, const std::string& json_path,
+                 const std::string& junit_path) {
+  int code = report.exit_code;
+  if (!json_path.empty()) {
+    const absl::Status s = WriteText(
+        json_path,
+        ReportJson(report).dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
+            "\n");
+    if (!s.ok()) {
+      std::fprintf(stderr, "logitctl validate: %s\n", std::string(s.message()).c_str());
+      code = std::max(code, kExitFailed);
+    }
+  }
+  if (!junit_path.empty()) {
+    const absl::Status s = WriteText(junit_path, JUnitXml(report));
+    if (!s.ok()) {
+      std::fprintf(stderr, "logitctl validate: %s\n", std::string(s.message()).c_str());
+      code = std::max(code, kExitFailed);
+    }
+  }
+  return code;
+}
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "logitctl validate: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+// The requested suites in run order; all of them when none is named.
+absl::StatusOr<std::vector<std::string>> SelectSuites(const std::vector<std::string>& requested) {
+  const std::vector<std::string>& all = AllSuiteNames();
+  for (const std::string& r : requested) {
+    if (std::find(all.begin(), all.end(), r) == all.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown suite '", r, "'; suites: ", absl::StrJoin(all, ", ")));
+    }
+  }
+  if (requested.empty()) return all;
+  std::vector<std::string> selected;
+  for (const std::string& name : all) {
+    if (std::find(requested.begin(), requested.end(), name) != requested.end()) {
+      selected.push_back(name);
+    }
+  }
+  return selected;
+}
+
+// The flags logitctl applies for every subcommand, validate included: where
+// the server is and how to reach it. The harness connects the same way.
+constexpr absl::string_view kConnectionFlags[] = {"server", "timeout", "chunk_bytes", "token_file",
+                                                  "ca",     "cert",    "key"};
+
+// Looked up by name rather than declared, so that the harness follows
+// logitctl's connection options without linking against each of them.
+std::optional<bool> HostFlag(absl::string_view name) {
+  if (std::find(std::begin(kConnectionFlags), std::end(kConnectionFlags), name) ==
+      std::end(kConnectionFlags)) {
+    return std::nullopt;
+  }
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  if (flag == nullptr) return std::nullopt;
+  return flag->IsOfType<bool>();
+}
+
+std::string HostFlagValue(absl::string_view name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  return flag == nullptr ? std::string() : flag->CurrentValue();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot open '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The connection logitctl's own commands use: deadline, chunk size, bearer
+// token and TLS from its flags, where it defines them.
+absl::StatusOr<client::ClientOptions> ConnectionOptions() {
+  client::ClientOptions o;
+  if (const std::string t = HostFlagValue("timeout"); !t.empty()) {
+    double seconds = 0;
+    if (!absl::SimpleAtod(t, &seconds) || seconds < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--timeout: bad value '", t, "'"));
+    }
+    o.timeout = seconds == 0 ? absl::InfiniteDuration() : absl::Seconds(seconds);
+  }
+  if (const std::string c = HostFlagValue("chunk_bytes"); !c.empty()) {
+    std::uint64_t bytes = 0;
+    if (!absl::SimpleAtoi(c, &bytes) || bytes == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--chunk_bytes: bad value '", c, "'"));
+    }
+    o.chunk_bytes = bytes;
+  }
+  if (const std::string path = HostFlagValue("token_file"); !path.empty()) {
+    absl::StatusOr<std::string> token = ReadFile(path, "--token_file");
+    if (!token.ok()) return token.status();
+    o.auth_token = std::string(absl::StripAsciiWhitespace(*token));
+  }
+  if (const std::string ca = HostFlagValue("ca"); !ca.empty()) {
+    o.use_tls = true;
+    absl::StatusOr<std::string> pem = ReadFile(ca, "--ca");
+    if (!pem.ok()) return pem.status();
+    o.root_ca_pem = *std::move(pem);
+    const std::string cert = HostFlagValue("cert");
+    const std::string key = HostFlagValue("key");
+    if (!cert.empty() && !key.empty()) {
+      absl::StatusOr<std::string> c = ReadFile(cert, "--cert");
+      if (!c.ok()) return c.status();
+      absl::StatusOr<std::string> k = ReadFile(key, "--key");
+      if (!k.ok()) return k.status();
+      o.client_cert_pem = *std::move(c);
+      o.client_key_pem = *std::move(k);
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+int RunValidateCommand(const std::vector<std::string>& args) {
+  const absl::Time start = absl::Now();
+  Report report;
+  report.started_at = absl::FormatTime(absl::RFC3339_sec, start, absl::UTCTimeZone());
+  report.address = absl::GetFlag(FLAGS_server);
+
+  absl::StatusOr<ValidateArgs> parsed = ParseValidateArgs(args, HostFlag);
+  if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
+  if (parsed->help) {
+    std::fputs(ValidateUsage().c_str(), stdout);
+    return 0;
+  }
+  Options& options = report.options;
+  options.quick = parsed->quick;
+  options.seed = parsed->seed;
+  options.baseline_path = parsed->baseline_path;
+  options.record_path = parsed->record_path;
+  options.allow_other_platform = parsed->allow_other_platform;
+  options.suites_explicit = !parsed->suites.empty();
+  absl::StatusOr<std::vector<std::string>> suites = SelectSuites(parsed->suites);
+  if (!suites.ok()) return UsageError(std::string(suites.status().message()));
+  options.suites = *suites;
+
+  const bool golden =
+      std::find(options.suites.begin(), options.suites.end(), "golden") != options.suites.end();
+  if (!options.baseline_path.empty() && !options.record_path.empty()) {
+    return UsageError("--baseline and --record exclude each other");
+  }
+  if (golden && options.suites_explicit && options.baseline_path.empty() &&
+      options.record_path.empty()) {
+    return UsageError(
+        "the golden suite needs --baseline FILE (compare) or --record FILE (make one)");
+  }
+  if ((!options.baseline_path.empty() || !options.record_path.empty()) && !golden) {
+    return UsageError("--baseline and --record apply to the golden suite, which is not selected");
+  }
+  if (!options.baseline_path.empty()) {
+    // A missing or broken baseline is reported before any work is done.
+    absl::StatusOr<Baseline> b = ReadBaseline(options.baseline_path);
+    if (!b.ok()) return UsageError(std::string(b.status().message()));
+  }
+  if (report.address.empty()) return UsageError("no server address: pass --server HOST:PORT");
+
+  auto finish = [&](int code) {
+    report.exit_code = code;
+    report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    std::fputs(SummaryText(report).c_str(), stdout);
+    std::fflush(stdout);
+    return WriteReports(report, parsed->json_path, parsed->junit_path);
+  };
+
+  absl::StatusOr<client::ClientOptions> connection = ConnectionOptions();
+  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
+  absl::StatusOr<std::unique_ptr<client::Client>> client =
+      client::Client::Create(report.address, *connection);
+  absl::StatusOr<client::ServerInfo> info =
+      client.ok() ? (*client)->Info() : absl::StatusOr<client::ServerInfo>(client.status());
+  if (!info.ok()) {
+    report.error =
+        absl::StrCat("cannot use logitd at ", report.address, ": ",
+                     absl::StatusCodeToString(info.status().code()), ": ", info.status().message());
+    std::fprintf(stderr, "logitctl validate: %s\n", report.error.c_str());
+    return finish(kExitUnreachable);
+  }
+  report.have_info = true;
+  report.info = *info;
+
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  if (tty) {
+    std::fprintf(stderr, "validating logitd %s at %s (backend %s, device '%s'): %s%s\n",
+                 info->version.c_str(), report.address.c_str(), info->backend.c_str(),
+                 info->device_name.c_str(), absl::StrJoin(options.suites, ", ").c_str(),
+                 options.quick ? " (quick)" : "");
+  }
+  std::vector<std::unique_ptr<Suite>> selected;
+  for (const std::string& name : options.suites) selected.push_back(MakeSuite(name));
+  RunContext ctx(client->get(), *info, options);
+  std::unique_ptr<Progress> progress = tty ? MakeTerminalProgress() : MakeSilentProgress();
+  RunOutcome outcome = RunSuites(ctx, selected, *progress);
+  report.results = std::move(outcome.results);
+  report.detail_tables = std::move(outcome.detail_tables);
+  const bool unreachable = !outcome.fatal.ok();
+  if (unreachable) {
+    report.error = absl::StrCat(
+        "the run stopped: logitd at ", report.address,
+        " became unreachable or refused: ", absl::StatusCodeToString(outcome.fatal.code()), ": ",
+        outcome.fatal.message());
+    std::fprintf(stderr, "logitctl validate: %s\n", report.error.c_str());
+  }
+  return finish(ExitCodeFor(report.results, unreachable));
+}
+
+}  // namespace logitd::validate

@@ -1,0 +1,191 @@
+#include "client/validate/command_line.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace logitd::validate {
+namespace {
+
+enum class Kind { kString, kSeed, kBool, kSuites };
+
+struct Spec {
+  const char* name;
+  Kind kind;
+};
+
+constexpr Spec kSpecs[] = {
+    {"suite", Kind::kSuites},
+    {"json", Kind::kString},
+    {"junit", Kind::kString},
+    {"baseline", Kind::kString},
+    {"record", Kind::kString},
+    {"seed", Kind::kSeed},
+    {"quick", Kind::kBool},
+    {"allow_other_platform", Kind::kBool},
+    {"allow-other-platform", Kind::kBool},
+};
+
+const Spec* FindSpec(absl::string_view name) {
+  for (const Spec& s : kSpecs) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+void AddSuites(absl::string_view list, std::vector<std::string>* out) {
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    out->emplace_back(absl::StripAsciiWhitespace(part));
+  }
+}
+
+absl::Status Apply(const Spec& spec, absl::string_view value, ValidateArgs* a) {
+  const std::string name = spec.name;
+  switch (spec.kind) {
+    case Kind::kSuites:
+      AddSuites(value, &a->suites);
+      return absl::OkStatus();
+    case Kind::kSeed:
+      if (!absl::SimpleAtoi(value, &a->seed)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--seed: expected an unsigned integer, got '", value, "'"));
+      }
+      return absl::OkStatus();
+    case Kind::kBool: {
+      bool v = false;
+      if (!absl::SimpleAtob(value, &v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, ": expected true or false, got '", value, "'"));
+      }
+      if (name == "quick") {
+        a->quick = v;
+      } else {
+        a->allow_other_platform = v;
+      }
+      return absl::OkStatus();
+    }
+    case Kind::kString:
+      if (value.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a file name"));
+      }
+      if (name == "json") a->json_path = std::string(value);
+      if (name == "junit") a->junit_path = std::string(value);
+      if (name == "baseline") a->baseline_path = std::string(value);
+      if (name == "record") a->record_path = std::string(value);
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ValidateArgs> ParseValidateArgs(const std::vector<std::string>& args,
+                                               const HostFlagLookup& host_flag) {
+  ValidateArgs a;
+  bool only_words = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (only_words || arg.size() < 2 || arg[0] != '-') {
+      if (arg == "help") {
+        a.help = true;
+      } else {
+        AddSuites(arg, &a.suites);
+      }
+      continue;
+    }
+    if (arg == "--") {
+      only_words = true;
+      continue;
+    }
+    absl::string_view body(arg);
+    body.remove_prefix(arg[1] == '-' ? 2 : 1);
+    absl::string_view name = body;
+    std::optional<absl::string_view> value;
+    if (const std::size_t eq = body.find('='); eq != absl::string_view::npos) {
+      name = body.substr(0, eq);
+      value = body.substr(eq + 1);
+    }
+    if (name == "help" || name == "h") {
+      a.help = true;
+      continue;
+    }
+    const Spec* spec = FindSpec(name);
+    bool negated = false;
+    if (spec == nullptr && absl::StartsWith(name, "no")) {
+      spec = FindSpec(name.substr(2));
+      negated = spec != nullptr && spec->kind == Kind::kBool;
+      if (!negated) spec = nullptr;
+    }
+    if (spec != nullptr) {
+      if (spec->kind == Kind::kBool) {
+        if (negated && value.has_value()) {
+          return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
+        }
+        absl::Status s = Apply(*spec, negated ? "false" : value.value_or("true"), &a);
+        if (!s.ok()) return s;
+        continue;
+      }
+      if (!value.has_value()) {
+        if (i + 1 >= args.size()) {
+          return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+        }
+        value = args[++i];
+      }
+      absl::Status s = Apply(*spec, *value, &a);
+      if (!s.ok()) return s;
+      continue;
+    }
+    // logitctl's own flags (--server, --timeout, TLS...) were applied by it.
+    std::optional<bool> host_is_bool = host_flag ? host_flag(name) : std::nullopt;
+    if (!host_is_bool.has_value() && absl::StartsWith(name, "no") && host_flag) {
+      host_is_bool = host_flag(name.substr(2));
+      if (host_is_bool.has_value() && !*host_is_bool) host_is_bool.reset();
+    }
+    if (host_is_bool.has_value()) {
+      if (!*host_is_bool && !value.has_value()) ++i;  // its value is the next word
+      continue;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown option --", name, " (see logitctl validate --help)"));
+  }
+  return a;
+}
+
+std::string ValidateUsage() {
+  return R"(usage: logitctl validate [--server=HOST:PORT] [SUITE ...] [options]
+
+Streams seeded tensors to a logitd server, computes references on the client
+and checks the results bitwise and numerically.
+
+suites (default: all; golden is compared only with --baseline or --record):
+  integer_exact      integer operands: fp32 logits, dX and dW equal the exact sums
+  rounding_error     normal data vs an fp64 reference: fp32 within the γ_K bound,
+                     bf16-out error >= 50x the fp32-out error; prints the table
+  backward_contract  server cast == RNE bitwise; fp32 dY == bf16(dY) bitwise;
+                     exact integer gradients; dX, dW within their fp32 bounds
+  special_values     NaN, ±Inf, subnormals and bf16 max reach the outputs IEEE
+                     754 says, and no others
+  golden             fixed inputs compared bit for bit with a baseline file
+  determinism        every other suite's first request, and a few more, sent
+                     twice give the same bits
+
+options:
+  --suite=A,B         suites to run (also as words after `validate`)
+  --quick             V=4096 and K in {512, 4096} (default V=32768, K=512...16384)
+  --seed=N            seed of the generated data (default 1234; golden is fixed)
+  --json=FILE         write the report as JSON (server info, every case)
+  --junit=FILE        write the report as JUnit XML
+  --record=FILE       write the golden outputs to a baseline file
+  --baseline=FILE     compare the golden outputs with a baseline file
+  --allow_other_platform
+                      compare with a baseline from another backend, device or
+                      library version instead of refusing it
+
+exit codes: 0 every selected check passed, 1 a check failed,
+            2 the server could not be reached or refused, or bad options
+)";
+}
+
+}  // namespace logitd::validate

@@ -1,0 +1,274 @@
+// golden: the precision-regression gate. Fixed inputs (independent of --seed,
+// generated with integer arithmetic so every client makes the same bytes)
+// go through each kind of request; --record FILE keeps the outputs' digests,
+// block digests and samples (whole values when small), --baseline FILE
+// compares a later run bit for bit, on the same platform only.
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/validate/baseline.h"
+#include "client/validate/random.h"
+#include "client/validate/report.h"
+#include "client/validate/suites.h"
+
+namespace logitd::validate {
+namespace {
+
+constexpr char kSuite[] = "golden";
+// Golden inputs never follow --seed: a baseline must mean the same inputs.
+constexpr std::uint64_t kGoldenSeed = 0x676f6c64656e0001ull;
+
+struct Produced {
+  std::uint64_t inputs_xxh3 = 0;
+  std::vector<std::pair<std::string, Tensor>> outputs;
+};
+
+std::uint64_t InputsDigest(absl::string_view what, std::initializer_list<const Tensor*> inputs) {
+  std::string buf(what);
+  for (const Tensor* t : inputs) {
+    absl::StrAppend(&buf, "|", DTypeName(t->dtype()), ShapeString(t->shape()), ":", t->Digest());
+  }
+  return Xxh3(buf.data(), buf.size());
+}
+
+std::shared_ptr<Tensor> Bell(DType dtype, std::vector<std::int64_t> shape, absl::string_view name) {
+  Rng rng = Rng::Stream(kGoldenSeed, name);
+  return std::make_shared<Tensor>(PortableBell(dtype, std::move(shape), rng));
+}
+
+absl::StatusOr<std::vector<Tensor>> SendLogits(client::Client& c, const Tensor& x, const Tensor& w,
+                                               DType out_dtype) {
+  absl::StatusOr<ScopedWeight> weight = ScopedWeight::Register(c, w, "golden");
+  if (!weight.ok()) return weight.status();
+  client::LogitsOptions o;
+  o.out_dtype = out_dtype;
+  absl::StatusOr<Tensor> y = c.Logits(x, weight->handle(), o);
+  if (!y.ok()) return Annotate(y.status(), absl::StrCat("Logits(", DTypeName(out_dtype), " out)"));
+  std::vector<Tensor> out;
+  out.push_back(*std::move(y));
+  return out;
+}
+
+struct GoldenCase {
+  std::string name;
+  std::function<absl::StatusOr<Produced>(RunContext&)> produce;
+};
+
+GoldenCase LogitsCase(std::string name, std::int64_t v, std::int64_t k, DType out_dtype) {
+  return {name, [name, v, k, out_dtype](RunContext& ctx) -> absl::StatusOr<Produced> {
+            auto x = Bell(DType::kBf16, {16, k}, absl::StrCat("x", k));
+            auto w = Bell(DType::kBf16, {v, k}, absl::StrCat("w", v, "x", k));
+            absl::StatusOr<std::vector<Tensor>> out = SendLogits(ctx.client(), *x, *w, out_dtype);
+            if (!out.ok()) return out.status();
+            if (ctx.WantsReplay(kSuite)) {
+              Replay replay;
+              replay.suite = kSuite;
+              replay.description = absl::StrCat("golden ", name);
+              replay.send = [x, w, out_dtype](client::Client& c) {
+                return SendLogits(c, *x, *w, out_dtype);
+              };
+              replay.first.push_back((*out)[0].Clone());
+              ctx.OfferReplay(std::move(replay));
+            }
+            Produced p;
+            p.inputs_xxh3 =
+                InputsDigest(absl::StrCat("logits ", DTypeName(out_dtype)), {x.get(), w.get()});
+            p.outputs.emplace_back("y", std::move((*out)[0]));
+            return p;
+          }};
+}
+
+GoldenCase BackwardCase() {
+  return {"backward", [](RunContext& ctx) -> absl::StatusOr<Produced> {
+            auto x = Bell(DType::kBf16, {16, 1024}, "x1024");
+            auto w = Bell(DType::kBf16, {2048, 1024}, "w2048x1024");
+            // Multiples of 2^-15 with up to 18 significant bits: the cast matters.
+            auto dy = Bell(DType::kFp32, {16, 2048}, "dy16x2048");
+            absl::StatusOr<ScopedWeight> weight =
+                ScopedWeight::Register(ctx.client(), *w, "golden");
+            if (!weight.ok()) return weight.status();
+            client::BackwardOptions o;  // the defaults: dX bf16, dW fp32
+            absl::StatusOr<client::BackwardResult> res =
+                ctx.client().Backward(*dy, *x, weight->handle(), o);
+            if (!res.ok()) return Annotate(res.status(), "Backward");
+            if (!res->dx.has_value() || !res->dw.has_value()) {
+              return absl::InternalError("Backward returned no dX or no dW");
+            }
+            Produced p;
+            p.inputs_xxh3 = InputsDigest("backward", {dy.get(), x.get(), w.get()});
+            p.outputs.emplace_back("dx", *std::move(res->dx));
+            p.outputs.emplace_back("dw", *std::move(res->dw));
+            return p;
+          }};
+}
+
+GoldenCase CastCase() {
+  return {"cast", [](RunContext& ctx) -> absl::StatusOr<Produced> {
+            auto in = Bell(DType::kFp32, {8192}, "cast8192");
+            absl::StatusOr<Tensor> out = ctx.client().CastToBf16(*in);
+            if (!out.ok()) return Annotate(out.status(), "Cast");
+            Produced p;
+            p.inputs_xxh3 = InputsDigest("cast", {in.get()});
+            p.outputs.emplace_back("output", *std::move(out));
+            return p;
+          }};
+}
+
+class GoldenSuite final : public Suite {
+ public:
+  std::string name() const override { return kSuite; }
+
+  std::vector<Case> Cases(const Options&) override {
+    const std::vector<GoldenCase> golden = {
+        LogitsCase("logits_fp32", 2048, 1024, DType::kFp32),
+        LogitsCase("logits_bf16", 2048, 1024, DType::kBf16),
+        LogitsCase("logits_fp32_k4096", 4096, 4096, DType::kFp32),
+        BackwardCase(),
+        CastCase(),
+    };
+    std::vector<Case> cases;
+    for (const GoldenCase& g : golden) {
+      cases.push_back(
+          {g.name, [this, g](RunContext& ctx, CaseResult& r) { return Run(ctx, r, g); }});
+    }
+    return cases;
+  }
+
+  void Finish(RunContext& ctx, std::vector<CaseResult>& results) override {
+    const std::string& path = ctx.options().record_path;
+    if (path.empty()) return;
+    for (CaseResult& r : results) {
+      if (r.verdict == Verdict::kFailed) {
+        for (CaseResult& other : results) {
+          other.failures.push_back(
+              absl::StrCat("baseline '", path, "' not written: case ", r.name, " failed"));
+        }
+        return;
+      }
+    }
+    Baseline b;
+    b.recorded_at = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
+    b.server = ServerInfoJson(ctx.info());
+    b.platform = PlatformOf(ctx.info());
+    b.cases = std::move(recorded_);
+    const absl::Status s = WriteBaseline(path, b);
+    for (CaseResult& r : results) {
+      if (!s.ok()) r.failures.push_back(std::string(s.message()));
+    }
+  }
+
+ private:
+  absl::Status Run(RunContext& ctx, CaseResult& r, const GoldenCase& g) {
+    absl::StatusOr<Produced> produced = g.produce(ctx);
+    if (!produced.ok()) return produced.status();
+    nlohmann::ordered_json digests;
+    for (const auto& [name, t] : produced->outputs)
+      digests[name] = absl::StrFormat("%016x", t.Digest());
+    r.figures["inputs_xxh3"] = absl::StrFormat("%016x", produced->inputs_xxh3);
+    r.figures["outputs_xxh3"] = digests;
+
+    const Options& o = ctx.options();
+    if (!o.record_path.empty()) {
+      CaseRecord rec;
+      rec.name = g.name;
+      rec.inputs_xxh3 = produced->inputs_xxh3;
+      for (const auto& [name, t] : produced->outputs) rec.outputs.push_back(RecordOutput(name, t));
+      recorded_.push_back(std::move(rec));
+      r.summary = absl::StrCat("recorded to ", o.record_path);
+      return absl::OkStatus();
+    }
+    if (o.baseline_path.empty()) {
+      r.summary = "computed, not compared";
+      r.Skip("no --baseline FILE to compare with (or --record FILE to make one)");
+      return absl::OkStatus();
+    }
+    if (!baseline_.has_value()) {
+      absl::StatusOr<Baseline> b = ReadBaseline(o.baseline_path);
+      if (!b.ok()) {
+        load_error_ = std::string(b.status().message());
+        baseline_.emplace();
+      } else {
+        baseline_ = *std::move(b);
+      }
+    }
+    if (!r.Check(load_error_.empty(), load_error_)) return absl::OkStatus();
+
+    const std::string difference = PlatformDifference(baseline_->platform, PlatformOf(ctx.info()));
+    if (!difference.empty()) {
+      r.figures["platform_difference"] = difference;
+      if (!o.allow_other_platform) {
+        r.Check(false,
+                absl::StrCat("baseline '", o.baseline_path, "' was recorded on ",
+                             PlatformString(baseline_->platform), ", this server is ",
+                             PlatformString(PlatformOf(ctx.info())), " (", difference,
+                             "); bitwise results are only comparable on the same backend, device "
+                             "and library versions. Record a baseline here with --record, or "
+                             "pass --allow_other_platform to compare anyway"));
+        return absl::OkStatus();
+      }
+    }
+
+    const CaseRecord* rec = baseline_->Find(g.name);
+    if (!r.Check(rec != nullptr, absl::StrCat("case '", g.name, "' is not in baseline '",
+                                              o.baseline_path, "': record a new baseline"))) {
+      return absl::OkStatus();
+    }
+    if (!r.Check(rec->inputs_xxh3 == produced->inputs_xxh3,
+                 absl::StrFormat("case '%s': the baseline's inputs (digest %016x) are not this "
+                                 "harness's (%016x): it was recorded by another harness version",
+                                 g.name, rec->inputs_xxh3, produced->inputs_xxh3))) {
+      return absl::OkStatus();
+    }
+    std::vector<std::string> parts;
+    for (const auto& [name, t] : produced->outputs) {
+      const OutputRecord* out = nullptr;
+      for (const OutputRecord& o2 : rec->outputs) {
+        if (o2.name == name) out = &o2;
+      }
+      if (!r.Check(out != nullptr, absl::StrCat("case '", g.name, "': output '", name,
+                                                "' is not in the baseline"))) {
+        continue;
+      }
+      const OutputComparison c = CompareOutput(*out, t);
+      r.figures[absl::StrCat(name, "_comparison")] = {{"equal", c.equal},
+                                                      {"differing_elements", c.differing_elements},
+                                                      {"differing_blocks", c.differing_blocks},
+                                                      {"blocks", c.total_blocks},
+                                                      {"sampled", c.sampled},
+                                                      {"sampled_differing", c.sampled_differing},
+                                                      {"max_ulp", c.max_ulp}};
+      r.Check(c.equal, absl::StrCat("case '", g.name, "': ", c.message));
+      if (c.equal) {
+        parts.push_back(absl::StrCat(name, " equal"));
+      } else if (c.differing_elements >= 0) {
+        parts.push_back(
+            absl::StrCat(name, " ", c.differing_elements, " differ, max ", c.max_ulp, " ulp"));
+      } else {
+        parts.push_back(
+            absl::StrCat(name, " ", c.differing_blocks, "/", c.total_blocks, " blocks differ"));
+      }
+    }
+    r.summary = absl::StrJoin(parts, ", ");
+    if (!difference.empty()) absl::StrAppend(&r.summary, " (other platform)");
+    return absl::OkStatus();
+  }
+
+  std::vector<CaseRecord> recorded_;
+  std::optional<Baseline> baseline_;
+  std::string load_error_;
+};
+
+}  // namespace
+
+std::unique_ptr<Suite> MakeGoldenSuite() { return std::make_unique<GoldenSuite>(); }
+
+}  // namespace logitd::validate

@@ -1,0 +1,126 @@
+// Client-side references for the harness: fp64 GEMMs of bf16 operands through
+// OpenBLAS dgemm (with the Σ|a·b| sums that error bounds need), rounding-error
+// constants, ULP distances and an IEEE 754 predictor for special values.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "logitd/bf16.h"
+#include "logitd/tensor.h"
+
+namespace logitd::validate {
+
+// Unit roundoffs for round to nearest: 2^-p for a p-bit significand.
+inline constexpr double kFp32UnitRoundoff = 0x1p-24;
+inline constexpr double kFp64UnitRoundoff = 0x1p-53;
+inline constexpr double kBf16UnitRoundoff = 0x1p-8;
+
+// γ_n = n·u / (1 − n·u), the bound on the relative error of an n-term sum of
+// products in a precision with unit roundoff u, whatever the summation order
+// (Higham, Accuracy and Stability of Numerical Algorithms, Lemma 3.1).
+// +Inf when n·u >= 1.
+double Gamma(std::int64_t n, double u);
+
+// A row-major bf16 matrix the references read without copying it whole.
+struct Bf16Matrix {
+  const Bf16Bits* data = nullptr;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+};
+Bf16Matrix AsMatrix(const Tensor& t);  // rank-2 bf16 tensor
+
+// Widens a bf16 or fp32 tensor exactly to double (|x| when `absolute`).
+std::vector<double> ToDouble(const Tensor& t, bool absolute = false);
+
+// A big operand is widened to double a block of rows at a time, at most this
+// many elements, so that a [32768, 16384] weight never exists as 4 GiB of
+// doubles.
+inline constexpr std::int64_t kReferenceBlockElements = std::int64_t{1} << 23;
+
+// y[m, n] = Σ_k x[m, k]·w[n, k] in fp64 (Y = X·Wᵀ); when y_abs is not null it
+// receives Σ_k |x[m, k]·w[n, k]|. x is [m, K] as doubles; y and y_abs hold m·n.
+void ReferenceXWt(const std::vector<double>& x, std::int64_t m, Bf16Matrix w, double* y,
+                  double* y_abs, std::int64_t block_elements = kReferenceBlockElements);
+
+// dx[m, k] = Σ_n g[m, n]·w[n, k] (dX = G·W), g [m, N] as doubles; dx and
+// dx_abs hold m·K.
+void ReferenceGW(const std::vector<double>& g, std::int64_t m, Bf16Matrix w, double* dx,
+                 double* dx_abs, std::int64_t block_elements = kReferenceBlockElements);
+
+// dw[n, k] = Σ_m g[m, n]·x[m, k] (dW = Gᵀ·X) for g [m, N] and x [m, K]. The
+// [N, K] result can be gigabytes, so it is handed to `sink` one block of rows
+// at a time; `abs` is null unless with_abs.
+using RowBlockSink = std::function<void(std::int64_t row0, std::int64_t rows, const double* value,
+                                        const double* abs)>;
+void ReferenceGtX(const std::vector<double>& g, const std::vector<double>& x, std::int64_t m,
+                  std::int64_t n, std::int64_t k, bool with_abs, const RowBlockSink& sink,
+                  std::int64_t block_elements = kReferenceBlockElements);
+
+// Distance in units in the last place between two values of one format,
+// counting the representable values between them; ±0 are one value. Two
+// NaNs are 0 apart; a NaN and a number are infinitely apart (INT64_MAX).
+std::int64_t UlpDistanceFp32(std::uint32_t a, std::uint32_t b);
+std::int64_t UlpDistanceBf16(Bf16Bits a, Bf16Bits b);
+
+// Bits of element i as uint32 (fp32) or widened uint16 (bf16).
+std::uint32_t ElementBits(const Tensor& t, std::int64_t i);
+// ULP distance between element i of two tensors of the same dtype.
+std::int64_t UlpDistanceAt(const Tensor& a, const Tensor& b, std::int64_t i);
+
+// The fp32 value nearest an exact value given as a double, with IEEE 754
+// overflow to ±Inf (a double cast past FLT_MAX is undefined in C++).
+float RoundToFp32(double exact);
+
+// What IEEE 754 fp32 arithmetic gives for Σ_k a[k·stride_a]·b[k·stride_b]:
+// each product rounded to fp32, then summed. Also evaluates the sum in the
+// reverse order and exactly (in fp64 when finite); `order_independent` is
+// false when those disagree, i.e. when the inputs do not pin the result down
+// and a test built on them would be ambiguous.
+struct IeeeDot {
+  float value = 0;
+  bool order_independent = true;
+};
+IeeeDot PredictIeeeDot(const float* a, std::int64_t stride_a, const float* b, std::int64_t stride_b,
+                       std::int64_t k);
+
+// Elementwise comparison of an output with what it must be, bit for bit.
+struct BitwiseComparison {
+  std::int64_t compared = 0;
+  std::int64_t differing = 0;
+  std::int64_t first_index = -1;  // first differing element
+  std::uint32_t first_got = 0;
+  std::uint32_t first_want = 0;
+  std::int64_t max_ulp = 0;  // over differing elements
+  // "3 of 524288 elements differ; first at [0, 17]: got 0x.. want 0x..; max 1 ulp"
+  std::string Describe(const std::vector<std::int64_t>& shape) const;
+};
+
+// Options for the comparison: ±0 compare equal (the sign of an exact zero sum
+// depends on the summation order); any NaN matches any NaN (payloads differ
+// between conforming implementations).
+struct CompareOptions {
+  bool signed_zero_equal = true;
+  bool any_nan_equal = false;
+};
+
+// `got` (fp32 or bf16) against wanted fp32 values; for a bf16 `got` the wanted
+// value is rounded to bf16 first (RNE), which is exact when it already is one.
+BitwiseComparison CompareWith(const Tensor& got, const float* want, std::int64_t n,
+                              const CompareOptions& options = {});
+// The same for elements [offset, offset + n) of `got`, accumulated into `acc`,
+// for references produced a block at a time.
+void CompareRangeInto(const Tensor& got, std::int64_t offset, const float* want, std::int64_t n,
+                      const CompareOptions& options, BitwiseComparison* acc);
+// Two tensors of the same dtype and shape, bit for bit.
+BitwiseComparison CompareTensors(const Tensor& got, const Tensor& want,
+                                 const CompareOptions& options = {});
+
+// "[1, 17]" for flat index 17 of shape [16, 32].
+std::string IndexString(std::int64_t flat, const std::vector<std::int64_t>& shape);
+// "0x3f800000" / "0x3f80".
+std::string BitsHex(std::uint32_t bits, DType dtype);
+
+}  // namespace logitd::validate

@@ -1,0 +1,48 @@
+// What a validation run reports: the summary table printed at the end, the
+// --json document (server info, every case's figures and verdict) and the
+// --junit XML that CI systems render.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "client/validate/harness.h"
+#include "logitd/client.h"
+#include "nlohmann/json.hpp"
+
+namespace logitd::validate {
+
+struct Report {
+  std::string address;
+  bool have_info = false;
+  client::ServerInfo info;
+  Options options;
+  // RFC 3339, UTC.
+  std::string started_at;
+  double seconds = 0;
+  std::vector<CaseResult> results;
+  std::vector<std::string> detail_tables;
+  // Set when the run could not start or stopped early (server unreachable).
+  std::string error;
+  int exit_code = 0;
+};
+
+// 0 when every case passed or was deliberately not run, 1 when one failed,
+// 2 when the server was unreachable (report.error set).
+int ExitCodeFor(const std::vector<CaseResult>& results, bool server_unreachable);
+
+// The server info as a JSON object, field names as in logitd.v1.ServerInfo.
+nlohmann::ordered_json ServerInfoJson(const client::ServerInfo& info);
+// A finite number as a JSON number; ±Inf and NaN as strings (JSON has none).
+nlohmann::ordered_json JsonNumber(double value);
+
+// Detail tables, then one row per case, the failures spelled out, totals.
+std::string SummaryText(const Report& report);
+nlohmann::ordered_json ReportJson(const Report& report);
+std::string JUnitXml(const Report& report);
+
+// Escapes &, <, >, " and ' and drops characters XML 1.0 forbids.
+std::string XmlEscape(absl::string_view text);
+
+}  // namespace logitd::validate

@@ -1,0 +1,384 @@
+// The harness end to end: the real logitctl binary against the real logitd
+// (cpu backend) started on a free port. A clean server passes every suite;
+// a server with a deliberately wrong result (a test-only fault) or a doctored
+// baseline makes the matching suite fail; an unreachable server exits 2.
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/server_process.h"
+
+namespace logitd {
+namespace {
+
+using ::logitd::testing::ServerProcess;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Starts logitctl with `args`, its stdout and stderr going to files in `dir`.
+pid_t SpawnLogitctl(const std::string& dir, const std::vector<std::string>& args) {
+  std::vector<std::string> argv_s = {LOGITCTL_PATH};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string out_path = dir + "/stdout";
+  const std::string err_path = dir + "/stderr";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, STDOUT_FILENO);
+    dup2(err, STDERR_FILENO);
+    execv(LOGITCTL_PATH, argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for a spawned logitctl (killing it past `timeout`).
+CommandResult WaitLogitctl(pid_t pid, const std::string& dir,
+                           absl::Duration timeout = absl::Minutes(5)) {
+  CommandResult r;
+  if (pid < 0) return r;
+  const absl::Time deadline = absl::Now() + timeout;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) != pid) {
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      r.err = "timed out";
+      return r;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFile(dir + "/stdout");
+  r.err = ReadFile(dir + "/stderr");
+  return r;
+}
+
+CommandResult RunLogitctl(const std::string& dir, const std::vector<std::string>& args) {
+  return WaitLogitctl(SpawnLogitctl(dir, args), dir);
+}
+
+// A small well-formedness check: one root, balanced tags, quoted attributes,
+// no raw '<' or stray '&' in text or attribute values.
+std::string XmlProblem(const std::string& x) {
+  std::size_t i = 0;
+  if (x.rfind("<?xml", 0) == 0) i = x.find("?>") + 2;
+  std::vector<std::string> open;
+  int roots = 0;
+  auto bad_entities = [](const std::string& text) {
+    for (std::size_t p = text.find('&'); p != std::string::npos; p = text.find('&', p + 1)) {
+      const std::size_t semi = text.find(';', p);
+      if (semi == std::string::npos) return true;
+      const std::string e = text.substr(p, semi - p + 1);
+      if (e != "&amp;" && e != "&lt;" && e != "&gt;" && e != "&quot;" && e != "&apos;") return true;
+    }
+    return false;
+  };
+  while (i < x.size()) {
+    const std::size_t lt = x.find('<', i);
+    const std::string text = x.substr(i, lt == std::string::npos ? std::string::npos : lt - i);
+    if (bad_entities(text)) return "bad entity in text";
+    if (open.empty() && text.find_first_not_of(" \t\r\n") != std::string::npos) {
+      return "text outside the root";
+    }
+    if (lt == std::string::npos) break;
+    const std::size_t gt = x.find('>', lt);
+    if (gt == std::string::npos) return "unterminated tag";
+    std::string tag = x.substr(lt + 1, gt - lt - 1);
+    i = gt + 1;
+    if (tag.rfind("!--", 0) == 0) continue;
+    if (!tag.empty() && tag[0] == '/') {
+      if (open.empty() || open.back() != tag.substr(1))
+        return "mismatched </" + tag.substr(1) + ">";
+      open.pop_back();
+      continue;
+    }
+    const bool self_closing = !tag.empty() && tag.back() == '/';
+    if (self_closing) tag.pop_back();
+    std::size_t p = 0;
+    while (p < tag.size() && !std::isspace(static_cast<unsigned char>(tag[p]))) ++p;
+    const std::string name = tag.substr(0, p);
+    if (name.empty()) return "empty tag name";
+    // Attributes: name="value" pairs.
+    while (p < tag.size()) {
+      while (p < tag.size() && std::isspace(static_cast<unsigned char>(tag[p]))) ++p;
+      if (p >= tag.size()) break;
+      const std::size_t eq = tag.find('=', p);
+      if (eq == std::string::npos || eq + 1 >= tag.size() || tag[eq + 1] != '"') {
+        return "unquoted attribute in <" + name + ">";
+      }
+      const std::size_t close = tag.find('"', eq + 2);
+      if (close == std::string::npos) return "unterminated attribute in <" + name + ">";
+      const std::string value = tag.substr(eq + 2, close - eq - 2);
+      if (value.find('<') != std::string::npos || bad_entities(value)) {
+        return "bad attribute value in <" + name + ">";
+      }
+      p = close + 1;
+    }
+    if (open.empty()) ++roots;
+    if (!self_closing) open.push_back(name);
+  }
+  if (!open.empty()) return "unclosed <" + open.back() + ">";
+  if (roots != 1) return absl::StrCat(roots, " root elements");
+  return "";
+}
+
+std::size_t Count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+
+class ValidateE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/logitd-validate-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  ServerProcess Start(const std::string& fault = "") {
+    std::vector<std::string> args = {"--backend=cpu"};
+    if (!fault.empty()) args.push_back("--test_fault=" + fault);
+    absl::StatusOr<ServerProcess> s = ServerProcess::Start(LOGITD_SERVER_PATH, args);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *std::move(s);
+  }
+
+  // logitctl validate --server=ADDR ARGS... --json=DIR/report.json --junit=DIR/report.xml
+  CommandResult Validate(const ServerProcess& server, std::vector<std::string> args) {
+    std::vector<std::string> all = {"validate", "--server=" + server.address(),
+                                    "--json",   Path("report.json"),
+                                    "--junit",  Path("report.xml")};
+    all.insert(all.end(), args.begin(), args.end());
+    return RunLogitctl(dir_, all);
+  }
+
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  nlohmann::json Json() const { return nlohmann::json::parse(ReadFile(Path("report.json"))); }
+  std::string JUnit() const { return ReadFile(Path("report.xml")); }
+
+  // suite/case -> verdict.
+  std::map<std::string, std::string> Verdicts() const {
+    std::map<std::string, std::string> v;
+    const nlohmann::json j = Json();
+    for (const auto& c : j["cases"]) {
+      v[c["suite"].get<std::string>() + "/" + c["case"].get<std::string>()] = c["verdict"];
+    }
+    return v;
+  }
+
+  std::string dir_;
+};
+
+std::string Describe(const CommandResult& r) {
+  return absl::StrCat("exit ", r.exit_code, "\nstdout:\n", r.out, "\nstderr:\n", r.err);
+}
+
+TEST_F(ValidateE2eTest, QuickRunOfEverySuitePassesOnACleanCpuServer) {
+  ServerProcess server = Start();
+  const CommandResult r = Validate(server, {"--quick", "--record", Path("baseline.json")});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  const nlohmann::json j = Json();
+  EXPECT_EQ(j["exit_code"], 0);
+  EXPECT_EQ(j["server"]["backend"], "cpu");
+  std::map<std::string, int> per_suite;
+  for (const auto& c : j["cases"]) {
+    EXPECT_EQ(c["verdict"], "passed") << c.dump();
+    ++per_suite[c["suite"].get<std::string>()];
+  }
+  for (const char* suite : {"integer_exact", "rounding_error", "backward_contract",
+                            "special_values", "golden", "determinism"}) {
+    EXPECT_GT(per_suite[suite], 0) << suite;
+  }
+  EXPECT_EQ(j["totals"]["failed"], 0);
+  EXPECT_EQ(j["totals"]["passed"], j["cases"].size());
+  // The seed's table and the summary are printed.
+  EXPECT_NE(r.out.find("fp32 rel Frob"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 FAILED"), std::string::npos) << r.out;
+
+  const std::string x = JUnit();
+  EXPECT_EQ(XmlProblem(x), "") << x;
+  EXPECT_EQ(Count(x, "<testcase "), j["cases"].size());
+  EXPECT_EQ(Count(x, "<failure "), 0u);
+  EXPECT_NE(x.find("failures=\"0\""), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(Path("baseline.json")));
+}
+
+TEST_F(ValidateE2eTest, RecordThenBaselinePasses) {
+  ServerProcess server = Start();
+  const CommandResult rec = Validate(server, {"golden", "--record", Path("b.json")});
+  ASSERT_EQ(rec.exit_code, 0) << Describe(rec);
+  const CommandResult cmp = Validate(server, {"golden", "--baseline", Path("b.json")});
+  ASSERT_EQ(cmp.exit_code, 0) << Describe(cmp);
+  for (const auto& [name, verdict] : Verdicts()) EXPECT_EQ(verdict, "passed") << name;
+}
+
+TEST_F(ValidateE2eTest, DoctoredBaselineFailsAndNamesTheCase) {
+  ServerProcess server = Start();
+  ASSERT_EQ(Validate(server, {"--suite=golden", "--record", Path("b.json")}).exit_code, 0);
+  nlohmann::json b = nlohmann::json::parse(ReadFile(Path("b.json")));
+  // Flip one bit of one stored digest.
+  std::string digest = b["cases"][0]["outputs"][0]["xxh3"];
+  const std::string name = b["cases"][0]["name"];
+  digest.back() = digest.back() == '0' ? '1' : '0';
+  b["cases"][0]["outputs"][0]["xxh3"] = digest;
+  std::ofstream(Path("doctored.json")) << b.dump(1);
+
+  const CommandResult r = Validate(server, {"--suite=golden", "--baseline", Path("doctored.json")});
+  ASSERT_EQ(r.exit_code, 1) << Describe(r);
+  const std::map<std::string, std::string> v = Verdicts();
+  EXPECT_EQ(v.at("golden/" + name), "FAILED");
+  int failed = 0;
+  for (const auto& [n, verdict] : v) failed += verdict == "FAILED";
+  EXPECT_EQ(failed, 1);
+  EXPECT_NE(r.out.find("golden/" + name), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("case '" + name + "'"), std::string::npos) << r.out;
+  EXPECT_EQ(XmlProblem(JUnit()), "");
+}
+
+TEST_F(ValidateE2eTest, BaselineFromAnotherPlatformIsRefusedUnlessAllowed) {
+  ServerProcess server = Start();
+  ASSERT_EQ(Validate(server, {"golden", "--record", Path("b.json")}).exit_code, 0);
+  nlohmann::json b = nlohmann::json::parse(ReadFile(Path("b.json")));
+  b["platform"]["device_name"] = "NVIDIA H100 80GB HBM3";
+  b["platform"]["backend"] = "cuda";
+  std::ofstream(Path("other.json")) << b.dump(1);
+
+  const CommandResult refused = Validate(server, {"golden", "--baseline", Path("other.json")});
+  EXPECT_EQ(refused.exit_code, 1) << Describe(refused);
+  EXPECT_NE(refused.out.find("--allow_other_platform"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("NVIDIA H100"), std::string::npos) << refused.out;
+
+  const CommandResult allowed =
+      Validate(server, {"golden", "--baseline", Path("other.json"), "--allow_other_platform"});
+  EXPECT_EQ(allowed.exit_code, 0) << Describe(allowed);
+}
+
+TEST_F(ValidateE2eTest, UnreachableServerExits2) {
+  ServerProcess server = Start();
+  server.Stop();
+  const CommandResult r = Validate(server, {"--quick", "integer_exact"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  const nlohmann::json j = Json();
+  EXPECT_EQ(j["exit_code"], 2);
+  EXPECT_TRUE(j.contains("error"));
+  const std::string x = JUnit();
+  EXPECT_EQ(XmlProblem(x), "") << x;
+  EXPECT_NE(x.find("errors=\"1\""), std::string::npos) << x;
+}
+
+// A server that goes away in the middle of a run stops it with exit 2: the
+// remaining cases are not run, and the reports say why.
+TEST_F(ValidateE2eTest, ServerGoneMidRunExits2) {
+  ServerProcess server = Start();
+  // The full integer_exact suite takes far longer than the wait below.
+  const pid_t pid = SpawnLogitctl(dir_, {"validate", "--server=" + server.address(), "--json",
+                                         Path("report.json"), "integer_exact"});
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (server.Log().find("Logits") == std::string::npos && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  server.Stop();
+  const CommandResult r = WaitLogitctl(pid, dir_);
+  ASSERT_EQ(r.exit_code, 2) << Describe(r);
+  const nlohmann::json j = Json();
+  EXPECT_NE(j["error"].get<std::string>().find("unreachable"), std::string::npos) << j.dump(1);
+  EXPECT_GT(j["totals"]["not_run"].get<int>(), 0) << j.dump(1);
+}
+
+// Bad options exit 2 like every logitctl usage error: not a precision failure.
+TEST_F(ValidateE2eTest, UnknownSuiteIsRefused) {
+  ServerProcess server = Start();
+  const CommandResult r = Validate(server, {"--suite=integer_exac"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_NE(r.err.find("unknown suite 'integer_exac'"), std::string::npos) << r.err;
+}
+
+struct FaultCase {
+  const char* fault;
+  const char* suite;
+  const char* failing_case;  // must be FAILED in the JSON report
+  const char* message;       // a piece of its failure text
+};
+
+void PrintTo(const FaultCase& c, std::ostream* os) {
+  *os << c.fault << " -> " << c.suite << "/" << c.failing_case;
+}
+
+class FaultTest : public ValidateE2eTest, public ::testing::WithParamInterface<FaultCase> {};
+
+TEST_P(FaultTest, SuiteFailsAgainstAWrongServer) {
+#ifndef LOGITD_TEST_FAULTS_ENABLED
+  GTEST_SKIP() << "logitd is built without LOGITD_ENABLE_TEST_FAULTS";
+#endif
+  const FaultCase& p = GetParam();
+  ServerProcess server = Start(p.fault);
+  const CommandResult r = Validate(server, {"--quick", "--suite", p.suite});
+  ASSERT_EQ(r.exit_code, 1) << Describe(r) << server.Log();
+  const std::map<std::string, std::string> v = Verdicts();
+  const std::string key = absl::StrCat(p.suite, "/", p.failing_case);
+  ASSERT_TRUE(v.count(key)) << key;
+  EXPECT_EQ(v.at(key), "FAILED");
+  bool found = false;
+  const nlohmann::json j = Json();
+  for (const auto& c : j["cases"]) {
+    if (c["suite"] != p.suite || c["case"] != p.failing_case) continue;
+    for (const auto& f : c["failures"])
+      found |= f.get<std::string>().find(p.message) != std::string::npos;
+  }
+  EXPECT_TRUE(found) << "no failure mentioning '" << p.message << "' in\n" << j["cases"].dump(1);
+  EXPECT_EQ(XmlProblem(JUnit()), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, FaultTest,
+    ::testing::Values(
+        FaultCase{"logits_bit", "integer_exact", "K=512", "fp32 logits"},
+        FaultCase{"fp32_as_bf16", "rounding_error", "K=512", "accumulation bound"},
+        FaultCase{"cast_bit", "backward_contract", "cast_rne", "round-to-nearest-even"},
+        FaultCase{"dx_bit", "backward_contract", "exact_grads", "dX fp32"},
+        FaultCase{"dw_bit", "backward_contract", "exact_grads", "dW fp32"},
+        FaultCase{"flaky_bit", "determinism", "logits_fp32_twice", "second response differs"},
+        FaultCase{"nan_to_zero", "special_values", "logits_fp32", "NaN/Inf lost"},
+        // A corrupted transfer is an error the client catches, never a pass.
+        FaultCase{"digest", "integer_exact", "K=512", "DATA_LOSS"}),
+    [](const ::testing::TestParamInfo<FaultCase>& info) { return std::string(info.param.fault); });
+
+}  // namespace
+}  // namespace logitd
