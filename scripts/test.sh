@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: installs the Debian packages logitd needs (idempotent),
+# configures the `ci` preset (Release, test-only fault injection compiled in,
+# the cuda backend compiled when nvcc is present), builds everything and runs
+# the whole CTest suite. GPU tests skip themselves where no device is visible.
+#   usage: scripts/test.sh [extra ctest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/bootstrap.sh
+jobs=$(nproc)
+cmake --preset ci
+cmake --build --preset ci -j "$jobs"
+ctest --preset ci -j "$jobs" "$@"
