@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# One full round on a GPU machine: configure and build (system packages, or
+# the dependency prefix carried in deps/deps.tar.xz), run the GPU tests, run
+# `logitctl validate` against `logitd --backend=cuda` on a loopback port, run
+# the kernel benchmark and the PyTorch baseline, and print a summary last.
+#
+#   usage: scripts/gpu-check.sh [OUT_DIR]        (default: $OUT, else out/gpu-check)
+#
+# Environment:
+#   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
+#   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
+#   GPU_CHECK_SKIP     any of: tests validate bench torch
+#   GPU_CHECK_CTEST    extra ctest arguments (default: -L gpu)
+#   VALIDATE_TIMEOUT   seconds allowed for `logitctl validate` (default 300; a device
+#                      call is limited to 600 s in all)
+#   BENCH_SHAPES       seed | train | all (default all)
+#   BENCH_REPS         samples per variant (default 30)
+# Writes at most eight files to OUT_DIR: build.log tests.log validate.log
+# validate.json bench_logitd.json bench_torch.json bench.log summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+root=$PWD
+out=${1:-${OUT:-$root/out/gpu-check}}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+build=${GPU_CHECK_BUILD:-/tmp/logitd-gpu-build}
+skip=" ${GPU_CHECK_SKIP:-} "
+jobs=$(nproc)
+
+summary=()
+note() {  # note STEP STATUS DETAIL
+  summary+=("$(printf '%-10s %-5s %s' "$1" "$2" "$3")")
+  echo "gpu-check: $1: $2 $3"
+}
+skipped() { [[ "$skip" == *" $1 "* ]]; }
+
+# The GPU image keeps cmake, ninja and the PyTorch python here.
+if [ -d /opt/torch/.venv/bin ]; then export PATH=/opt/torch/.venv/bin:$PATH; fi
+
+# --- dependencies --------------------------------------------------------
+prefix_args=()
+have_system_grpc=no
+for d in /usr/lib/x86_64-linux-gnu/cmake/grpc /usr/lib/cmake/grpc /usr/local/lib/cmake/grpc; do
+  if [ -f "$d/gRPCConfig.cmake" ]; then have_system_grpc=yes; fi
+done
+if [ "$have_system_grpc" = no ]; then
+  if [ -f deps/deps.tar.xz ]; then
+    if [ ! -d /tmp/dep/sysroot/usr ]; then
+      mkdir -p /tmp/dep && tar -xJf deps/deps.tar.xz -C /tmp/dep
+    fi
+    prefix_args=(-DCMAKE_PREFIX_PATH=/tmp/dep/sysroot/usr
+                 -DProtobuf_PROTOC_EXECUTABLE=/tmp/dep/sysroot/usr/bin/protoc-wrap)
+    note deps ok "prefix from deps/deps.tar.xz"
+  else
+    note deps FAIL "no system gRPC and no deps/deps.tar.xz (see docs: make-dep-prefix.sh)"
+    printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+    exit 2
+  fi
+else
+  note deps ok "system packages"
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
+  --format=csv,noheader 2>/dev/null | sed 's/^/gpu-check: device: /'
+
+# --- configure and build --------------------------------------------------
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOGITD_ENABLE_TEST_FAULTS=ON \
+    -DLOGITD_WITH_CUDA=ON "${prefix_args[@]}" \
+    -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
+    -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags >"$out/build.log" 2>&1; then
+  note configure FAIL "see build.log"
+  tail -30 "$out/build.log"
+  printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
+  exit 1
+fi
+start=$(date +%s)
+# -k 0: parts being written by others must not stop the rest from building.
+# shellcheck disable=SC2086
+ninja -C "$build" -k 0 -j "$jobs" ${GPU_CHECK_TARGETS:-} >>"$out/build.log" 2>&1
+build_rc=$?
+if [ $build_rc -eq 0 ]; then
+  note build ok "$(( $(date +%s) - start )) s"
+else
+  note build FAIL "some targets failed (see build.log); continuing with what was built"
+  grep -E "^FAILED:" "$out/build.log" | head -10
+fi
+
+find_bin() { find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -1; }
+
+# --- GPU tests ------------------------------------------------------------
+if ! skipped tests; then
+  # shellcheck disable=SC2086
+  ctest --test-dir "$build" ${GPU_CHECK_CTEST:--L gpu} --output-on-failure --timeout 900 \
+    >"$out/tests.log" 2>&1
+  tests_rc=$?
+  line=$(grep -E "tests passed|tests failed" "$out/tests.log" | tail -1)
+  skipped_count=$(grep -c "(Skipped)" "$out/tests.log" || true)
+  if [ $tests_rc -eq 0 ]; then note tests ok "$line ($skipped_count skipped)"
+  else note tests FAIL "$line"; grep -E "\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Not Run" "$out/tests.log" | head -20; fi
+else
+  note tests skip "GPU_CHECK_SKIP"
+fi
+
+# --- the harness against the cuda backend -------------------------------
+if ! skipped validate; then
+  logitd_bin=$(find_bin logitd)
+  logitctl_bin=$(find_bin logitctl)
+  if [ -z "$logitd_bin" ] || [ -z "$logitctl_bin" ]; then
+    note validate skip "logitd or logitctl was not built (not written yet?)"
+  else
+    port_file=$(mktemp)
+    rm -f "$port_file"
+    "$logitd_bin" --backend=cuda --address=127.0.0.1:0 --port_file="$port_file" \
+      >"$out/validate.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 1 120); do
+      [ -s "$port_file" ] && break
+      kill -0 "$server_pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    if [ -s "$port_file" ]; then
+      port=$(tr -dc '0-9' <"$port_file")
+      echo "=== logitctl validate --server=127.0.0.1:$port" >>"$out/validate.log"
+      timeout "${VALIDATE_TIMEOUT:-300}" "$logitctl_bin" validate --server="127.0.0.1:$port" \
+        --json "$out/validate.json" >>"$out/validate.log" 2>&1
+      validate_rc=$?
+      if [ $validate_rc -eq 0 ]; then note validate ok "all selected checks passed"
+      else note validate FAIL "exit $validate_rc (see validate.log)"; fi
+    else
+      note validate FAIL "logitd --backend=cuda did not start (see validate.log)"
+    fi
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    rm -f "$port_file"
+  fi
+else
+  note validate skip "GPU_CHECK_SKIP"
+fi
+
+# --- benchmarks -------------------------------------------------------------
+python=""
+for p in /opt/torch/.venv/bin/python3 python3; do
+  if command -v "$p" >/dev/null && "$p" -c "import torch" 2>/dev/null; then python=$p; break; fi
+done
+if ! skipped bench; then
+  bench_bin=$(find_bin logitd_kernel_bench)
+  if [ -z "$bench_bin" ]; then
+    note bench FAIL "logitd_kernel_bench was not built"
+  else
+    if "$bench_bin" --json "$out/bench_logitd.json" --shapes "${BENCH_SHAPES:-all}" \
+      --reps "${BENCH_REPS:-30}" >"$out/bench.log" 2>&1; then
+      note bench ok "bench_logitd.json"
+    else note bench FAIL "see bench.log"; tail -5 "$out/bench.log"; fi
+  fi
+  if skipped torch; then
+    note torch skip "GPU_CHECK_SKIP"
+  elif [ -z "$python" ]; then
+    note torch skip "no python3 with torch"
+  else
+    # logitd's engine joins the PyTorch process when its C library was built,
+    # so that the ratios against PyTorch come from one process.
+    capi=$(find "$build" -name liblogitd_bench_capi.so 2>/dev/null | head -1)
+    capi_args=()
+    [ -n "$capi" ] && capi_args=(--logitd-lib "$capi")
+    if PYTHONUNBUFFERED=1 "$python" bench/torch_baseline.py --json "$out/bench_torch.json" \
+      --shapes "${BENCH_SHAPES:-all}" --reps "${BENCH_REPS:-30}" "${capi_args[@]}" \
+      >>"$out/bench.log" 2>&1; then
+      note torch ok "bench_torch.json (torch $("$python" -c 'import torch;print(torch.__version__)'))"
+    else note torch FAIL "see bench.log"; fi
+  fi
+else
+  note bench skip "GPU_CHECK_SKIP"
+fi
+
+# --- summary ----------------------------------------------------------------
+{
+  echo
+  echo "== gpu-check summary ($(date -u +%Y-%m-%dT%H:%MZ), out: $out)"
+  printf '%s\n' "${summary[@]}"
+  if [ -s "$out/bench_logitd.json" ]; then
+    py=${python:-python3}
+    echo
+    "$py" bench/compare.py "$out/bench_logitd.json" "$out/bench_torch.json" 2>&1
+  fi
+} | tee "$out/summary.txt"
+grep -q " FAIL " "$out/summary.txt" && exit 1
+exit 0

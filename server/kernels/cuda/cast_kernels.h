@@ -1,0 +1,26 @@
+// The backend's own device kernels, behind a plain C++ interface so that the
+// code calling them compiles with the host compiler: the fp32 -> bf16 cast
+// that defines G = bf16(dY), and the scale applied when alpha must follow the
+// accumulation.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace logitd::kernels::cuda {
+
+// out[i] = logitd::FloatToBf16(in[i]) bit for bit: round to nearest even,
+// NaN stays NaN (quieted, sign kept), overflow to +-Inf. 16-byte loads and
+// stores when both pointers are 16-byte aligned, a scalar path otherwise.
+// Returns the launch status.
+cudaError_t LaunchCastFp32ToBf16(const float* in, std::int64_t n, std::uint16_t* out,
+                                 cudaStream_t stream);
+
+// out[i] = in[i] * scale in fp32, written as fp32 (in place allowed) or
+// rounded once to bf16 (out_bf16). Used for alpha == 0, where the GEMM
+// library may skip reading the operands and so lose IEEE's 0 * Inf = NaN.
+cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out, bool out_bf16,
+                        cudaStream_t stream);
+
+}  // namespace logitd::kernels::cuda

@@ -1,0 +1,758 @@
+// The cuda backend: weights in device memory, cuBLASLt for every GEMM, the
+// backend's own cast kernel for G = bf16(dY). A request takes one stream
+// context (two streams, a cuBLASLt handle, a workspace and scratch buffers)
+// from a pool, so concurrent requests run side by side and each result
+// depends only on its inputs.
+#include "server/kernels/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "logitd/bf16.h"
+#include "logitd/tensor.h"
+#include "server/kernels/cuda/cast_kernels.h"
+#include "server/kernels/cuda/cuda_handles.h"
+#include "server/kernels/cuda/cuda_status.h"
+#include "server/kernels/cuda/lt_gemm.h"
+
+namespace logitd::kernels {
+namespace {
+
+using cuda::CudaErrorToStatus;
+using cuda::DeviceBuffer;
+using cuda::DeviceMemory;
+using cuda::Event;
+using cuda::GemmEngine;
+using cuda::GemmOperands;
+using cuda::GemmStream;
+using cuda::LtHandle;
+using cuda::Stream;
+
+// Concurrent requests beyond this wait for a context. Four keep the device
+// busy while one request copies and another computes.
+constexpr int kContexts = 4;
+// cuBLAS's recommendation for Hopper; identical in every context, which its
+// reproducibility guarantee requires.
+constexpr std::size_t kWorkspaceBytes = 32u << 20;
+// Logits are computed and copied back in row blocks of about this size, so
+// the copy of one block overlaps the GEMM of the next and device scratch
+// stays bounded for any M.
+constexpr std::size_t kLogitsBlockBytes = 128u << 20;
+constexpr std::int64_t kMinBlockRows = 256;
+// dY travels and is cast block by block through a staging buffer this size.
+constexpr std::size_t kStagingBytes = 64u << 20;
+// Scratch buffers up to this size stay with their context between requests;
+// larger ones are returned after the request.
+constexpr std::size_t kRetainBytes = 256u << 20;
+
+#define RETURN_IF_ERROR_(expr) LOGITD_CUDA_RETURN_IF_ERROR(expr)
+
+std::int64_t MicrosBetween(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return static_cast<std::int64_t>(ms * 1000.0f + 0.5f);
+}
+
+std::string VersionString(int v) {  // 13000 -> "13.0"
+  return absl::StrCat(v / 1000, ".", (v % 1000) / 10);
+}
+
+// The kernel driver's release ("580.159.04"), when the system exposes it.
+std::string DriverRelease() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string word;
+  std::string previous;
+  while (in >> word) {
+    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>"
+    if (previous == "Module" && !word.empty()) return word;
+    previous = word;
+  }
+  return "";
+}
+
+cudaDataType_t CudaType(DType t) { return t == DType::kBf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+class CudaWeight final : public Weight {
+ public:
+  CudaWeight(std::int64_t v, std::int64_t k, DeviceBuffer data)
+      : Weight(v, k), data_(std::move(data)) {}
+
+  std::uint64_t weight_bytes() const override { return data_.size(); }
+  std::uint64_t gradient_bytes() const override {
+    return gradient_bytes_.load(std::memory_order_relaxed);
+  }
+  const void* data() const { return data_.get(); }
+
+  // Serializes everything that touches the gradient buffer: accumulating
+  // Backward calls, fetches and zeroing. Always taken after a context lease.
+  std::mutex gradient_mu;
+  DeviceBuffer gradient;            // [V, K] fp32, allocated on first accumulation
+  std::uint64_t accumulations = 0;  // since last zeroed
+  void SetGradient(DeviceBuffer g) {
+    gradient = std::move(g);
+    gradient_bytes_.store(gradient.size(), std::memory_order_relaxed);
+  }
+
+ private:
+  DeviceBuffer data_;
+  std::atomic<std::uint64_t> gradient_bytes_{0};
+};
+
+enum Slot { kX, kY0, kY1, kAcc, kG, kStaging, kDx, kDw, kCastIn, kCastOut, kSlotCount };
+
+struct Context {
+  Stream compute;
+  Stream copy;
+  LtHandle handle;
+  DeviceBuffer workspace;
+  std::array<Event, 4> timing;      // start, after input, after compute, end
+  std::array<Event, 2> block_done;  // GEMM of a row block finished
+  std::array<Event, 2> block_copied;
+  std::array<DeviceBuffer, kSlotCount> scratch;
+
+  GemmStream gemm() const {
+    return GemmStream{handle.get(), compute.get(), workspace.get(), workspace.size()};
+  }
+};
+
+class CudaBackend;
+
+// A context taken from the pool. Returning it waits for its streams, so no
+// work of a finished (or failed) request can still touch its buffers or the
+// caller's host memory.
+class Lease {
+ public:
+  Lease(CudaBackend* backend, Context* context) : backend_(backend), context_(context) {}
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease();
+  Context& operator*() const { return *context_; }
+  Context* operator->() const { return context_; }
+
+ private:
+  CudaBackend* backend_;
+  Context* context_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const BackendOptions& options, cuda::SplitKPolicy policy)
+      : options_(options),
+        policy_(policy),
+        memory_(DeviceMemory::Create(options.device, options.device_memory_budget)),
+        engine_(cuda::GemmEngineOptions{policy}, memory_) {}
+
+  absl::Status Init();
+
+  BackendInfo Info() const override { return info_; }
+  std::uint64_t DeviceBytesInUse() const override { return memory_->bytes_in_use(); }
+  absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) override;
+  absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                     std::int64_t k) override;
+  absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) override;
+  absl::Status Backward(Weight& w, const BackwardArgs& args, Timing* timing) override;
+  absl::StatusOr<std::uint64_t> FetchGradient(Weight& w, float* out,
+                                              bool zero_after_fetch) override;
+  absl::Status ZeroGradient(Weight& w) override;
+  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) override;
+
+  void Return(Context* context);
+
+ private:
+  Lease Acquire();
+  absl::StatusOr<void*> Scratch(Context& c, Slot slot, std::size_t bytes, const char* what);
+  absl::Status LogitsBlocks(const CudaWeight& w, const LogitsArgs& args, Context& c,
+                            Timing* timing);
+
+  BackendOptions options_;
+  cuda::SplitKPolicy policy_;
+  std::shared_ptr<DeviceMemory> memory_;
+  GemmEngine engine_;
+  BackendInfo info_;
+
+  std::vector<std::unique_ptr<Context>> contexts_;
+  std::mutex pool_mu_;
+  std::condition_variable pool_cv_;
+  std::vector<Context*> free_;
+};
+
+Lease::~Lease() { backend_->Return(context_); }
+
+Lease CudaBackend::Acquire() {
+  std::unique_lock<std::mutex> lock(pool_mu_);
+  pool_cv_.wait(lock, [this] { return !free_.empty(); });
+  Context* c = free_.back();
+  free_.pop_back();
+  return Lease(this, c);
+}
+
+void CudaBackend::Return(Context* c) {
+  // Errors here are sticky ones the failed request already reported.
+  (void)cuda::UseDevice(options_.device);
+  if (cudaStreamSynchronize(c->compute.get()) != cudaSuccess) (void)cudaGetLastError();
+  if (cudaStreamSynchronize(c->copy.get()) != cudaSuccess) (void)cudaGetLastError();
+  for (auto& buffer : c->scratch) {
+    if (buffer.size() > kRetainBytes) buffer.Reset();
+  }
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    free_.push_back(c);
+  }
+  pool_cv_.notify_one();
+}
+
+absl::StatusOr<void*> CudaBackend::Scratch(Context& c, Slot slot, std::size_t bytes,
+                                           const char* what) {
+  DeviceBuffer& buffer = c.scratch[slot];
+  if (buffer.size() < bytes) {
+    buffer.Reset();  // the context's streams are idle: nothing uses it
+    auto fresh = memory_->Allocate(bytes, what);
+    if (!fresh.ok()) return fresh.status();
+    buffer = *std::move(fresh);
+  }
+  return buffer.get();
+}
+
+absl::Status CudaBackend::Init() {
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  cudaDeviceProp prop{};
+  RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, options_.device),
+                       "cuda backend: cudaGetDeviceProperties(", options_.device, ")");
+  if (prop.major < 8) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda backend: device ", options_.device, " (", prop.name, ") has compute capability ",
+        prop.major, ".", prop.minor, "; bf16 GEMMs need 8.0 or newer"));
+  }
+  int driver = 0;
+  int runtime = 0;
+  RETURN_IF_CUDA_ERROR(cudaDriverGetVersion(&driver), "cuda backend: cudaDriverGetVersion");
+  RETURN_IF_CUDA_ERROR(cudaRuntimeGetVersion(&runtime), "cuda backend: cudaRuntimeGetVersion");
+  const std::size_t lt = cublasLtGetVersion();
+  info_.backend = "cuda";
+  info_.device_name = prop.name;
+  info_.compute_capability = absl::StrCat(prop.major, ".", prop.minor);
+  info_.multiprocessor_count = prop.multiProcessorCount;
+  const std::string release = DriverRelease();
+  info_.driver_version = release.empty()
+                             ? VersionString(driver)
+                             : absl::StrCat(release, " (CUDA ", VersionString(driver), ")");
+  info_.cuda_runtime_version = VersionString(runtime);
+  info_.cublaslt_version = absl::StrCat(lt / 10000, ".", (lt / 100) % 100, ".", lt % 100);
+  info_.blas_version = absl::StrCat("cuBLASLt ", info_.cublaslt_version);
+  info_.split_k = cuda::SplitKPolicyName(policy_);
+
+  for (int i = 0; i < kContexts; ++i) {
+    auto c = std::make_unique<Context>();
+    auto compute = cuda::CreateStream();
+    if (!compute.ok()) return compute.status();
+    c->compute = *std::move(compute);
+    auto copy = cuda::CreateStream();
+    if (!copy.ok()) return copy.status();
+    c->copy = *std::move(copy);
+    auto handle = cuda::CreateLtHandle();
+    if (!handle.ok()) return handle.status();
+    c->handle = *std::move(handle);
+    auto workspace = memory_->Allocate(kWorkspaceBytes, "cuda backend: cuBLASLt workspace");
+    if (!workspace.ok()) return workspace.status();
+    c->workspace = *std::move(workspace);
+    for (auto& e : c->timing) {
+      auto event = cuda::CreateEvent(true);
+      if (!event.ok()) return event.status();
+      e = *std::move(event);
+    }
+    for (auto* events : {&c->block_done, &c->block_copied}) {
+      for (auto& e : *events) {
+        auto event = cuda::CreateEvent(false);
+        if (!event.ok()) return event.status();
+        e = *std::move(event);
+      }
+    }
+    free_.push_back(c.get());
+    contexts_.push_back(std::move(c));
+  }
+
+  // A device whose architecture the build has no code for fails here, at
+  // start, rather than on the first request; the values cover rounding, ties,
+  // overflow and NaN.
+  const std::array<float, 8> probe = {1.0f,
+                                      -2.5f,
+                                      BitsToFloat(0x3f808000u),
+                                      BitsToFloat(0x3f818000u),
+                                      BitsToFloat(0x7f7fffffu),
+                                      BitsToFloat(0xff800000u),
+                                      BitsToFloat(0x7fa00001u),
+                                      BitsToFloat(0x00000001u)};
+  std::array<Bf16Bits, 8> got{};
+  absl::Status probe_status = CastToBf16(probe.data(), 8, got.data(), nullptr);
+  if (!probe_status.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda backend: self-test cast failed: ", probe_status.message()));
+  }
+  for (std::size_t i = 0; i < probe.size(); ++i) {
+    if (got[i] != FloatToBf16(probe[i])) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("cuda backend: self-test cast of 0x%08x gave 0x%04x, expected 0x%04x",
+                          FloatBits(probe[i]), got[i], FloatToBf16(probe[i])));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HostBuffer> CudaBackend::AllocateHost(std::size_t bytes) {
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  auto pinned = cuda::PinnedBuffer::Allocate(bytes, "cuda backend: host buffer");
+  if (!pinned.ok()) return pinned.status();
+  const std::size_t size = pinned->size();
+  auto* data = static_cast<std::byte*>(pinned->Release());
+  return HostBuffer(data, size, [](std::byte* p) { (void)cudaFreeHost(p); });
+}
+
+absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::LoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                                std::int64_t k) {
+  auto bytes = CheckedByteCount({v, k}, DType::kBf16);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight: shape ", ShapeString({v, k}), ": ", bytes.status().message()));
+  }
+  if (w == nullptr) return absl::InvalidArgumentError("weight: no data");
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  // Device memory first: a weight that cannot fit is refused before any of
+  // its bytes are read.
+  auto buffer = memory_->Allocate(static_cast<std::size_t>(*bytes),
+                                  absl::StrCat("weight ", ShapeString({v, k}), " bf16"));
+  if (!buffer.ok()) return buffer.status();
+  {
+    Lease c = Acquire();
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(buffer->get(), w, static_cast<std::size_t>(*bytes),
+                                         cudaMemcpyHostToDevice, c->copy.get()),
+                         "weight: copy ", ShapeString({v, k}), " to the device");
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(c->copy.get()), "weight: copy ", ShapeString({v, k}),
+                         " to the device");
+  }
+  return std::make_shared<CudaWeight>(v, k, *std::move(buffer));
+}
+
+absl::Status CudaBackend::Logits(const Weight& weight, const LogitsArgs& args, Timing* timing) {
+  const auto* w = dynamic_cast<const CudaWeight*>(&weight);
+  if (w == nullptr) {
+    return absl::InvalidArgumentError("logits: the weight was not created by the cuda backend");
+  }
+  if (args.x == nullptr || args.y == nullptr) {
+    return absl::InvalidArgumentError("logits: x and y must be given");
+  }
+  if (args.out_dtype != DType::kFp32 && args.out_dtype != DType::kBf16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits: expected out dtype fp32 or bf16, got ", DTypeName(args.out_dtype)));
+  }
+  auto x_bytes = CheckedByteCount({args.m, w->k()}, DType::kBf16);
+  if (!x_bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("logits: x ", ShapeString({args.m, w->k()}),
+                                                   ": ", x_bytes.status().message()));
+  }
+  auto y_bytes = CheckedByteCount({args.m, w->v()}, args.out_dtype);
+  if (!y_bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("logits: y ", ShapeString({args.m, w->v()}),
+                                                   ": ", y_bytes.status().message()));
+  }
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  Lease c = Acquire();
+  return LogitsBlocks(*w, args, *c, timing);
+}
+
+absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& args, Context& c,
+                                       Timing* timing) {
+  const std::int64_t m = args.m;
+  const std::int64_t v = w.v();
+  const std::int64_t k = w.k();
+  const std::size_t out_size = ElementSize(args.out_dtype);
+  const std::size_t row_bytes = static_cast<std::size_t>(v) * out_size;
+  std::int64_t rows = m;
+  if (static_cast<std::size_t>(m) * row_bytes > kLogitsBlockBytes) {
+    rows = static_cast<std::int64_t>(kLogitsBlockBytes / row_bytes) / 128 * 128;
+    rows = std::min(m, std::max(kMinBlockRows, rows));
+  }
+  const std::int64_t blocks = (m + rows - 1) / rows;
+  const std::size_t block_bytes = static_cast<std::size_t>(rows) * row_bytes;
+  // alpha == 0: the library may skip the product and so lose IEEE's
+  // 0 * Inf = NaN; compute with alpha = 1 in fp32 and scale afterwards, as
+  // the cpu backend does.
+  const bool scale_after = args.alpha == 0.0f;
+  const bool acc_separate = scale_after && args.out_dtype == DType::kBf16;
+
+  auto x = Scratch(c, kX, static_cast<std::size_t>(m * k) * 2, "logits: device x");
+  if (!x.ok()) return x.status();
+  std::array<void*, 2> y{};
+  for (std::int64_t b = 0; b < std::min<std::int64_t>(blocks, 2); ++b) {
+    auto buffer = Scratch(c, b == 0 ? kY0 : kY1, block_bytes, "logits: device y block");
+    if (!buffer.ok()) return buffer.status();
+    y[static_cast<std::size_t>(b)] = *buffer;
+  }
+  void* acc = nullptr;
+  if (acc_separate) {
+    auto buffer =
+        Scratch(c, kAcc, static_cast<std::size_t>(rows * v) * 4, "logits: device fp32 accumulator");
+    if (!buffer.ok()) return buffer.status();
+    acc = *buffer;
+  }
+
+  cudaStream_t cs = c.compute.get();
+  cudaStream_t ss = c.copy.get();
+  const std::string shape = absl::StrCat("M=", m, ",N=", v, ",K=", k);
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "logits: cudaEventRecord");
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(*x, args.x, static_cast<std::size_t>(m * k) * 2, cudaMemcpyHostToDevice, cs),
+      "logits: copy x [", m, ", ", k, "] to the device");
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "logits: cudaEventRecord");
+
+  const GemmStream gs = c.gemm();
+  auto enqueue_gemm = [&](std::int64_t b) -> absl::Status {
+    const std::size_t slot = static_cast<std::size_t>(b % 2);
+    const std::int64_t row0 = b * rows;
+    const std::int64_t mb = std::min(rows, m - row0);
+    if (b >= 2) {
+      // The buffer's previous block must have reached the host.
+      RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(cs, c.block_copied[slot].get(), 0),
+                           "logits: cudaStreamWaitEvent");
+    }
+    const void* xb = static_cast<const std::byte*>(*x) + static_cast<std::size_t>(row0 * k) * 2;
+    if (!scale_after) {
+      RETURN_IF_ERROR_(engine_.Run(cuda::LogitsShape(mb, v, k, CudaType(args.out_dtype)),
+                                   GemmOperands{xb, w.data(), y[slot], args.alpha, 0.0f}, gs));
+    } else {
+      void* target = acc_separate ? acc : y[slot];
+      RETURN_IF_ERROR_(engine_.Run(cuda::LogitsShape(mb, v, k, CUDA_R_32F),
+                                   GemmOperands{xb, w.data(), target, 1.0f, 0.0f}, gs));
+      RETURN_IF_CUDA_ERROR(cuda::LaunchScale(static_cast<const float*>(target), mb * v, args.alpha,
+                                             y[slot], args.out_dtype == DType::kBf16, cs),
+                           "logits: scale kernel (", shape, ")");
+    }
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[slot].get(), cs), "logits: cudaEventRecord");
+    if (b == blocks - 1) {
+      RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "logits: cudaEventRecord");
+    }
+    return absl::OkStatus();
+  };
+
+  // The GEMM of block b+1 is queued before the copy of block b, so the two
+  // overlap even when the host buffer is pageable (such a copy returns only
+  // when done).
+  RETURN_IF_ERROR_(enqueue_gemm(0));
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::size_t slot = static_cast<std::size_t>(b % 2);
+    if (b + 1 < blocks) RETURN_IF_ERROR_(enqueue_gemm(b + 1));
+    const std::int64_t row0 = b * rows;
+    const std::int64_t mb = std::min(rows, m - row0);
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(ss, c.block_done[slot].get(), 0),
+                         "logits: cudaStreamWaitEvent");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(
+            static_cast<std::byte*>(args.y) + static_cast<std::size_t>(row0) * row_bytes, y[slot],
+            static_cast<std::size_t>(mb) * row_bytes, cudaMemcpyDeviceToHost, ss),
+        "logits: copy y rows [", row0, ", ", row0 + mb, ") of [", m, ", ", v, "] to the host");
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[slot].get(), ss),
+                         "logits: cudaEventRecord");
+  }
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[3].get(), ss), "logits: cudaEventRecord");
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(c.timing[3].get()), "logits(", shape, ")");
+  // A failed kernel surfaces here if not before.
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "logits(", shape, ")");
+  if (timing != nullptr) {
+    timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
+    timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
+    timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Backward(Weight& weight, const BackwardArgs& args, Timing* timing) {
+  auto* w = dynamic_cast<CudaWeight*>(&weight);
+  if (w == nullptr) {
+    return absl::InvalidArgumentError("backward: the weight was not created by the cuda backend");
+  }
+  if (args.dy == nullptr || args.x == nullptr) {
+    return absl::InvalidArgumentError("backward: dy and x must be given");
+  }
+  if (args.dy_dtype != DType::kFp32 && args.dy_dtype != DType::kBf16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backward: expected dy dtype fp32 or bf16, got ", DTypeName(args.dy_dtype)));
+  }
+  const bool want_dx = args.dx != nullptr;
+  const bool want_dw = args.accumulate_dw || args.dw != nullptr;
+  for (DType t : {args.dx_dtype, args.dw_dtype}) {
+    if (t != DType::kFp32 && t != DType::kBf16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("backward: expected output dtype fp32 or bf16, got ", DTypeName(t)));
+    }
+  }
+  const std::int64_t m = args.m;
+  const std::int64_t v = w->v();
+  const std::int64_t k = w->k();
+  auto dy_bytes = CheckedByteCount({m, v}, args.dy_dtype);
+  auto x_bytes = CheckedByteCount({m, k}, DType::kBf16);
+  if (!dy_bytes.ok() || !x_bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("backward: dy ", ShapeString({m, v}), " / x ",
+                                                   ShapeString({m, k}), ": bad shape"));
+  }
+  if (!want_dx && !want_dw) return absl::OkStatus();
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  Lease lease = Acquire();
+  Context& c = *lease;
+  cudaStream_t cs = c.compute.get();
+  cudaStream_t ss = c.copy.get();
+  const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k);
+
+  auto g = Scratch(c, kG, static_cast<std::size_t>(m * v) * 2, "backward: device G");
+  if (!g.ok()) return g.status();
+  void* x = nullptr;
+  if (want_dw) {
+    auto buffer = Scratch(c, kX, static_cast<std::size_t>(*x_bytes), "backward: device x");
+    if (!buffer.ok()) return buffer.status();
+    x = *buffer;
+  }
+  const std::size_t dy_row_bytes = static_cast<std::size_t>(v) * 4;
+  std::int64_t staging_rows = 0;
+  void* staging = nullptr;
+  if (args.dy_dtype == DType::kFp32) {
+    staging_rows = std::max<std::int64_t>(
+        1, std::min<std::int64_t>(m, static_cast<std::int64_t>(kStagingBytes / dy_row_bytes)));
+    auto buffer = Scratch(c, kStaging, static_cast<std::size_t>(staging_rows) * dy_row_bytes,
+                          "backward: device dy staging");
+    if (!buffer.ok()) return buffer.status();
+    staging = *buffer;
+  }
+  void* dx = nullptr;
+  if (want_dx) {
+    auto buffer = Scratch(c, kDx, static_cast<std::size_t>(m * k) * ElementSize(args.dx_dtype),
+                          "backward: device dx");
+    if (!buffer.ok()) return buffer.status();
+    dx = *buffer;
+  }
+  void* dw = nullptr;
+  if (want_dw && !args.accumulate_dw) {
+    auto buffer = Scratch(c, kDw, static_cast<std::size_t>(v * k) * ElementSize(args.dw_dtype),
+                          "backward: device dw");
+    if (!buffer.ok()) return buffer.status();
+    dw = *buffer;
+  }
+
+  // Inputs: G = bf16(dY) block by block through the staging buffer.
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "backward: cudaEventRecord");
+  if (args.dy_dtype == DType::kBf16) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(*g, args.dy, static_cast<std::size_t>(*dy_bytes),
+                                         cudaMemcpyHostToDevice, cs),
+                         "backward: copy dy [", m, ", ", v, "] bf16 to the device");
+  } else {
+    for (std::int64_t row0 = 0; row0 < m; row0 += staging_rows) {
+      const std::int64_t rb = std::min(staging_rows, m - row0);
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(staging,
+                          static_cast<const std::byte*>(args.dy) +
+                              static_cast<std::size_t>(row0) * dy_row_bytes,
+                          static_cast<std::size_t>(rb) * dy_row_bytes, cudaMemcpyHostToDevice, cs),
+          "backward: copy dy rows [", row0, ", ", row0 + rb, ") of [", m, ", ", v,
+          "] to the device");
+      RETURN_IF_CUDA_ERROR(cuda::LaunchCastFp32ToBf16(static_cast<const float*>(staging), rb * v,
+                                                      static_cast<Bf16Bits*>(*g) + row0 * v, cs),
+                           "backward: cast kernel (", rb * v, " values)");
+    }
+  }
+  if (x != nullptr) {
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(x, args.x, static_cast<std::size_t>(*x_bytes), cudaMemcpyHostToDevice, cs),
+        "backward: copy x [", m, ", ", k, "] to the device");
+  }
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "backward: cudaEventRecord");
+
+  const GemmStream gs = c.gemm();
+  if (want_dx) {
+    RETURN_IF_ERROR_(engine_.Run(cuda::GradInputShape(m, v, k, CudaType(args.dx_dtype)),
+                                 GemmOperands{*g, w->data(), dx, 1.0f, 0.0f}, gs));
+    // dX goes home while dW computes.
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[0].get(), cs), "backward: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(ss, c.block_done[0].get(), 0),
+                         "backward: cudaStreamWaitEvent");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(args.dx, dx, static_cast<std::size_t>(m * k) * ElementSize(args.dx_dtype),
+                        cudaMemcpyDeviceToHost, ss),
+        "backward: copy dx [", m, ", ", k, "] to the host");
+  }
+  if (args.accumulate_dw) {
+    // One accumulation at a time per weight; held until the stream is done.
+    std::lock_guard<std::mutex> lock(w->gradient_mu);
+    if (w->gradient.get() == nullptr) {
+      auto buffer =
+          memory_->Allocate(static_cast<std::size_t>(v * k) * 4,
+                            absl::StrCat("backward: gradient ", ShapeString({v, k}), " fp32"));
+      if (!buffer.ok()) return buffer.status();
+      RETURN_IF_CUDA_ERROR(cudaMemsetAsync(buffer->get(), 0, buffer->size(), cs),
+                           "backward: zero the gradient buffer");
+      w->SetGradient(*std::move(buffer));
+      w->accumulations = 0;
+    }
+    RETURN_IF_ERROR_(engine_.Run(cuda::GradWeightShape(m, v, k, CUDA_R_32F),
+                                 GemmOperands{*g, x, w->gradient.get(), 1.0f, 1.0f}, gs));
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "backward: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "backward(", shape, "): accumulate dw");
+    ++w->accumulations;
+  } else if (want_dw) {
+    RETURN_IF_ERROR_(engine_.Run(cuda::GradWeightShape(m, v, k, CudaType(args.dw_dtype)),
+                                 GemmOperands{*g, x, dw, 1.0f, 0.0f}, gs));
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "backward: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(args.dw, dw, static_cast<std::size_t>(v * k) * ElementSize(args.dw_dtype),
+                        cudaMemcpyDeviceToHost, cs),
+        "backward: copy dw [", v, ", ", k, "] to the host");
+  } else {
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "backward: cudaEventRecord");
+  }
+  // The end is when both streams are done.
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[0].get(), ss), "backward: cudaEventRecord");
+  RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(cs, c.block_copied[0].get(), 0),
+                       "backward: cudaStreamWaitEvent");
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[3].get(), cs), "backward: cudaEventRecord");
+  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(c.timing[3].get()), "backward(", shape, ")");
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(ss), "backward(", shape, ")");
+  if (timing != nullptr) {
+    timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
+    timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
+    timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::uint64_t> CudaBackend::FetchGradient(Weight& weight, float* out,
+                                                         bool zero_after_fetch) {
+  auto* w = dynamic_cast<CudaWeight*>(&weight);
+  if (w == nullptr) {
+    return absl::InvalidArgumentError("gradient: the weight was not created by the cuda backend");
+  }
+  if (out == nullptr) return absl::InvalidArgumentError("gradient: no output buffer");
+  const std::size_t bytes = static_cast<std::size_t>(w->v() * w->k()) * 4;
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  Lease c = Acquire();  // lease before the gradient lock, as Backward does
+  std::lock_guard<std::mutex> lock(w->gradient_mu);
+  const std::uint64_t count = w->accumulations;
+  if (w->gradient.get() == nullptr) {
+    std::memset(out, 0, bytes);
+    return count;
+  }
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(out, w->gradient.get(), bytes, cudaMemcpyDeviceToHost, c->compute.get()),
+      "gradient: copy [", w->v(), ", ", w->k(), "] fp32 to the host");
+  if (zero_after_fetch) {
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(w->gradient.get(), 0, bytes, c->compute.get()),
+                         "gradient: zero");
+  }
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(c->compute.get()), "gradient: fetch");
+  if (zero_after_fetch) w->accumulations = 0;
+  return count;
+}
+
+absl::Status CudaBackend::ZeroGradient(Weight& weight) {
+  auto* w = dynamic_cast<CudaWeight*>(&weight);
+  if (w == nullptr) {
+    return absl::InvalidArgumentError("gradient: the weight was not created by the cuda backend");
+  }
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  Lease c = Acquire();
+  std::lock_guard<std::mutex> lock(w->gradient_mu);
+  if (w->gradient.get() != nullptr) {
+    RETURN_IF_CUDA_ERROR(
+        cudaMemsetAsync(w->gradient.get(), 0, w->gradient.size(), c->compute.get()),
+        "gradient: zero");
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(c->compute.get()), "gradient: zero");
+  }
+  w->accumulations = 0;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                                     Timing* timing) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("cast: negative count ", n));
+  if (n == 0) return absl::OkStatus();
+  if (in == nullptr || out == nullptr) return absl::InvalidArgumentError("cast: no data");
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  Lease lease = Acquire();
+  Context& c = *lease;
+  cudaStream_t cs = c.compute.get();
+  const std::int64_t block = std::min<std::int64_t>(n, kStagingBytes / 4 * 2);
+  auto din = Scratch(c, kCastIn, static_cast<std::size_t>(block) * 4, "cast: device input");
+  if (!din.ok()) return din.status();
+  auto dout = Scratch(c, kCastOut, static_cast<std::size_t>(block) * 2, "cast: device output");
+  if (!dout.ok()) return dout.status();
+  Timing total;
+  for (std::int64_t i0 = 0; i0 < n; i0 += block) {
+    const std::int64_t nb = std::min(block, n - i0);
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "cast: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(*din, in + i0, static_cast<std::size_t>(nb) * 4,
+                                         cudaMemcpyHostToDevice, cs),
+                         "cast: copy ", nb, " values to the device");
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "cast: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cuda::LaunchCastFp32ToBf16(static_cast<const float*>(*din), nb,
+                                                    static_cast<Bf16Bits*>(*dout), cs),
+                         "cast: cast kernel (", nb, " values)");
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "cast: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out + i0, *dout, static_cast<std::size_t>(nb) * 2,
+                                         cudaMemcpyDeviceToHost, cs),
+                         "cast: copy ", nb, " values to the host");
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[3].get(), cs), "cast: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(c.timing[3].get()), "cast (", nb, " values)");
+    total.h2d_us += MicrosBetween(c.timing[0].get(), c.timing[1].get());
+    total.compute_us += MicrosBetween(c.timing[1].get(), c.timing[2].get());
+    total.d2h_us += MicrosBetween(c.timing[2].get(), c.timing[3].get());
+  }
+  if (timing != nullptr) *timing = total;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options) {
+  // Options are checked first: a bad flag is reported the same with or
+  // without a GPU.
+  auto policy = cuda::ParseSplitKPolicy(options.split_k);
+  if (!policy.ok()) return policy.status();
+  if (options.device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: expected a device ordinal >= 0, got ", options.device));
+  }
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda backend: no usable CUDA device: cudaGetDeviceCount: ", cudaGetErrorName(error), " (",
+        cudaGetErrorString(error), ")"));
+  }
+  if (count == 0) {
+    return absl::FailedPreconditionError(
+        "cuda backend: no CUDA device is visible (cudaGetDeviceCount returned 0)");
+  }
+  if (options.device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda backend: device ", options.device, " requested, ", count, " visible"));
+  }
+  auto backend = std::make_unique<CudaBackend>(options, *policy);
+  absl::Status status = backend->Init();
+  if (!status.ok()) return status;
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace logitd::kernels

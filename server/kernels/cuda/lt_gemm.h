@@ -1,0 +1,163 @@
+// cuBLASLt GEMMs for the LM head: the three products (logits, dX, dW) in
+// row-major terms, the split-K policy that keeps partial sums in fp32, and a
+// per-shape algorithm cache filled by timing the top heuristic candidates.
+// Used by the backend and by the kernel benchmark alike.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/kernels/cuda/cuda_handles.h"
+
+namespace logitd::kernels::cuda {
+
+// Which split-K algorithms may run. kFp32 allows splitting the reduction only
+// when every partial sum and the final reduction stay in fp32; kOff forbids
+// it; kAny accepts whatever the library offers (bf16 partials included).
+enum class SplitKPolicy { kOff, kFp32, kAny };
+absl::StatusOr<SplitKPolicy> ParseSplitKPolicy(absl::string_view name);
+const char* SplitKPolicyName(SplitKPolicy policy);
+
+// Row-major C[m, n] = alpha * P[m, k] . Q[k, n] + beta * C with bf16 P and Q
+// and fp32 accumulation. P is stored row-major as [m, k], or as [k, m] when
+// p_transposed; Q as [k, n], or as [n, k] when q_transposed.
+struct GemmShape {
+  const char* op = "gemm";  // "logits", "dx", "dw": part of the key and of messages
+  std::int64_t m = 0;
+  std::int64_t n = 0;
+  std::int64_t k = 0;
+  bool p_transposed = false;
+  bool q_transposed = false;
+  cudaDataType_t c_type = CUDA_R_32F;  // CUDA_R_32F or CUDA_R_16BF
+
+  std::string ToString() const;  // "logits(M=16,N=32768,K=4096,fp32)"
+};
+
+// Y[m, v] = X[m, k] . W[v, k]^T: P = X, Q = W^T.
+GemmShape LogitsShape(std::int64_t m, std::int64_t v, std::int64_t k, cudaDataType_t out);
+// dX[m, k] = G[m, v] . W[v, k]: P = G, Q = W.
+GemmShape GradInputShape(std::int64_t m, std::int64_t v, std::int64_t k, cudaDataType_t out);
+// dW[v, k] = G[m, v]^T . X[m, k]: P = G^T, Q = X.
+GemmShape GradWeightShape(std::int64_t m, std::int64_t v, std::int64_t k, cudaDataType_t out);
+
+struct GemmOperands {
+  const void* p = nullptr;
+  const void* q = nullptr;
+  void* c = nullptr;  // read when beta != 0, always written
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
+// What one stream brings to a GEMM. cuBLAS reproduces results bit for bit
+// only for the same algorithm with the same workspace size on one stream at
+// a time, so every context owns a handle and a workspace of the same size.
+struct GemmStream {
+  cublasLtHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+// The configuration chosen for a shape, for reports and the benchmark.
+struct AlgoChoice {
+  cublasLtMatmulAlgo_t algo{};
+  std::size_t workspace_bytes = 0;
+  int algo_id = 0;
+  int tile_id = 0;
+  int stages_id = 0;
+  int cluster_id = 0;
+  int split_k = 1;
+  int reduction = 0;  // cublasLtReductionScheme_t
+  int swizzle = 0;
+  int custom = 0;
+  int rank = 0;        // position in the heuristic's list; 100 + i: choice i split differently
+  int candidates = 0;  // how many passed the split-K filter
+  int timed = 0;       // how many were timed (0: not tuned)
+  double time_us = 0;  // median of the winner while tuning
+
+  std::string ToString() const;
+};
+
+// Borrowed descriptor handles for one product.
+struct RawHandles {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr;  // Q
+  cublasLtMatrixLayout_t b = nullptr;  // P
+  cublasLtMatrixLayout_t c = nullptr;  // C and D
+};
+
+struct GemmEngineOptions {
+  SplitKPolicy split_k = SplitKPolicy::kFp32;
+  // Time the top candidates once per shape and keep the fastest; otherwise
+  // take the heuristic's first.
+  bool autotune = true;
+  int heuristic_candidates = 16;
+  int tune_candidates = 8;
+  // The first this many heuristic choices are also tried at other split
+  // counts (fp32 partials only), for outputs of at most this many elements.
+  int split_variants = 3;
+  double split_variants_max_outputs = 32.0 * 1024 * 1024;
+  int tune_repeats = 5;
+  // A candidate replaces an earlier-ranked one only when faster by more than
+  // this fraction, so timing noise rarely changes the choice between runs.
+  double tune_margin = 0.02;
+};
+
+class GemmEngine {
+ public:
+  // `memory` provides scratch output when tuning a product that accumulates
+  // (beta != 0), which must not run on the real output.
+  GemmEngine(GemmEngineOptions options, std::shared_ptr<DeviceMemory> memory);
+  GemmEngine(const GemmEngine&) = delete;
+  GemmEngine& operator=(const GemmEngine&) = delete;
+
+  // Enqueues the product on s.stream (no synchronization on the cached
+  // path). Operands are device pointers.
+  absl::Status Run(const GemmShape& shape, const GemmOperands& operands, const GemmStream& s);
+
+  // The cached choice for this shape with these operands' alignment.
+  std::optional<AlgoChoice> Cached(const GemmShape& shape, const GemmOperands& operands,
+                                   std::size_t workspace_bytes) const;
+  std::size_t cache_size() const;
+  const GemmEngineOptions& options() const { return options_; }
+
+  // What the heuristic offers for this shape that the split-K policy
+  // allows, in its order (for diagnostics and tests).
+  absl::StatusOr<std::vector<AlgoChoice>> Candidates(const GemmShape& shape,
+                                                     const GemmOperands& operands,
+                                                     const GemmStream& s) const;
+  // Runs one given configuration, bypassing the cache.
+  absl::Status RunWith(const GemmShape& shape, const GemmOperands& operands, const GemmStream& s,
+                       const AlgoChoice& choice) const;
+
+ private:
+  using Key = std::tuple<std::string, std::int64_t, std::int64_t, std::int64_t, bool, bool, int,
+                         int, int, int, int, std::size_t>;
+  Key MakeKey(const GemmShape& shape, const GemmOperands& operands,
+              std::size_t workspace_bytes) const;
+  absl::StatusOr<std::vector<AlgoChoice>> Heuristic(const GemmShape& shape,
+                                                    const GemmOperands& operands,
+                                                    const GemmStream& s, const RawHandles& h) const;
+  absl::StatusOr<AlgoChoice> Choose(const GemmShape& shape, const GemmOperands& operands,
+                                    const GemmStream& s, const RawHandles& h);
+
+  GemmEngineOptions options_;
+  std::shared_ptr<DeviceMemory> memory_;
+  mutable std::mutex mu_;
+  std::map<Key, AlgoChoice> cache_;
+};
+
+}  // namespace logitd::kernels::cuda
