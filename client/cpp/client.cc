@@ -50,6 +50,7 @@ WeightInfo FromProto(const v1::WeightInfo& w) {
   out.bytes = w.bytes();
   out.has_gradient = w.has_gradient();
   out.already_registered = w.already_registered();
+  out.registrations = w.registrations();
   return out;
 }
 
@@ -298,11 +299,12 @@ absl::StatusOr<std::vector<WeightInfo>> Client::ListWeights() {
   return out;
 }
 
-absl::StatusOr<std::uint64_t> Client::ReleaseWeight(const std::string& handle) {
+absl::StatusOr<std::uint64_t> Client::ReleaseWeight(const std::string& handle, bool force) {
   grpc::ClientContext context;
   impl_->Prepare(context);
   v1::ReleaseWeightRequest request;
   request.set_handle(handle);
+  request.set_force(force);
   v1::ReleaseWeightResponse response;
   if (absl::Status s = FromGrpc(impl_->stub->ReleaseWeight(&context, request, &response));
       !s.ok()) {

@@ -57,6 +57,8 @@ ABSL_FLAG(std::string, x, "", "activations X as FILE[:TENSOR], bf16 [M, K]");
 ABSL_FLAG(std::string, dy, "", "backward: logit gradient dY as FILE[:TENSOR], fp32 or bf16 [M, V]");
 ABSL_FLAG(std::string, weight, "", "weight handle from `weights register`");
 ABSL_FLAG(std::string, out, "", "output safetensors file");
+ABSL_FLAG(bool, force, false,
+          "weights release: drop the weight even if other registrations of it remain");
 ABSL_FLAG(std::string, out_dtype, "fp32", "logits: fp32 (the accumulator) or bf16 (legacy)");
 ABSL_FLAG(double, alpha, 1.0, "logits: scale applied to X.W^T (non-zero)");
 ABSL_FLAG(std::string, dx_dtype, "bf16", "backward: dX dtype, bf16 or fp32");
@@ -85,7 +87,8 @@ commands:
   weights register FILE --tensor=NAME [--name=NAME]
                                      upload a [V, K] weight (fp32 is rounded to bf16)
   weights list                       weights the server holds
-  weights release HANDLE             drop a weight and its gradient buffer
+  weights release HANDLE [--force]   release one registration; the weight and its
+                                     gradient buffer go with the last
   logits --x=FILE[:TENSOR] --weight=HANDLE --out=FILE [--out_dtype=fp32|bf16] [--alpha=1]
                                      Y = alpha * X.W^T, written as tensor "logits"
   backward --dy=FILE[:TENSOR] --x=FILE[:TENSOR] --weight=HANDLE --out=FILE
@@ -483,7 +486,8 @@ int CmdWeightsRegister(const std::vector<std::string>& words) {
                {"shape", ShapeString(info->shape)},
                {"xxh3", Hex64(info->xxh3)},
                {"bytes", Bytes(info->bytes)},
-               {"already_registered", info->already_registered ? "true" : "false"}});
+               {"already_registered", info->already_registered ? "true" : "false"},
+               {"registrations", absl::StrCat(info->registrations)}});
     return kExitOk;
   });
 }
@@ -494,10 +498,11 @@ int CmdWeightsList(const std::vector<std::string>& words) {
     absl::StatusOr<std::vector<client::WeightInfo>> list = c.ListWeights();
     if (!list.ok()) return ServerError(list.status());
     std::vector<std::vector<std::string>> rows = {
-        {"HANDLE", "NAME", "SHAPE", "BYTES", "GRADIENT", "XXH3"}};
+        {"HANDLE", "NAME", "SHAPE", "BYTES", "GRADIENT", "REGISTRATIONS", "XXH3"}};
     for (const client::WeightInfo& w : *list) {
       rows.push_back({w.handle, w.name.empty() ? "-" : w.name, ShapeString(w.shape),
-                      absl::StrCat(w.bytes), w.has_gradient ? "yes" : "no", Hex64(w.xxh3)});
+                      absl::StrCat(w.bytes), w.has_gradient ? "yes" : "no",
+                      absl::StrCat(w.registrations), Hex64(w.xxh3)});
     }
     PrintTable(rows);
     return kExitOk;
@@ -505,9 +510,9 @@ int CmdWeightsList(const std::vector<std::string>& words) {
 }
 
 int CmdWeightsRelease(const std::vector<std::string>& words) {
-  if (words.size() != 3) return UsageError("usage: weights release HANDLE");
+  if (words.size() != 3) return UsageError("usage: weights release HANDLE [--force]");
   return WithClient([&](client::Client& c) {
-    absl::StatusOr<std::uint64_t> freed = c.ReleaseWeight(words[2]);
+    absl::StatusOr<std::uint64_t> freed = c.ReleaseWeight(words[2], absl::GetFlag(FLAGS_force));
     if (!freed.ok()) return ServerError(freed.status());
     PrintRows({{"released", words[2]}, {"bytes_freed", Bytes(*freed)}});
     return kExitOk;

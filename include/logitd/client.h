@@ -57,6 +57,9 @@ struct WeightInfo {
   std::uint64_t bytes = 0;
   bool has_gradient = false;
   bool already_registered = false;
+  // Outstanding registrations of these bytes; the weight goes when the last
+  // is released.
+  std::uint32_t registrations = 0;
 };
 
 // Server-side time split of one call, microseconds.
@@ -108,8 +111,9 @@ class Client {
   // weight: bf16 [V, K].
   absl::StatusOr<WeightInfo> RegisterWeight(const Tensor& weight, const std::string& name);
   absl::StatusOr<std::vector<WeightInfo>> ListWeights();
-  // Returns bytes freed.
-  absl::StatusOr<std::uint64_t> ReleaseWeight(const std::string& handle);
+  // Releases one registration (every one with `force`). Returns the bytes
+  // freed: 0 while other registrations of the same bytes remain.
+  absl::StatusOr<std::uint64_t> ReleaseWeight(const std::string& handle, bool force = false);
 
   // x: bf16 [M, K]. Returns [M, V] in options.out_dtype.
   absl::StatusOr<Tensor> Logits(const Tensor& x, const std::string& handle,

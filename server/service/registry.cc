@@ -23,6 +23,8 @@ struct Entry {
   bool gradient_charged = false;
   // Backward calls accumulating into this weight right now.
   int accumulating = 0;
+  // Outstanding RegisterWeight calls for these bytes not yet released.
+  std::uint32_t registrations = 1;
   // Released: no longer in the table and no longer charged.
   bool released = false;
 };
@@ -150,6 +152,7 @@ WeightRecord WeightRegistry::Snapshot(const Entry& e) {
   r.xxh3 = e.xxh3;
   r.bytes = e.weight_bytes + (e.gradient_charged ? GradientBytes(e.v, e.k) : 0);
   r.has_gradient = e.weight != nullptr && e.weight->gradient_bytes() > 0;
+  r.registrations = e.registrations;
   r.weight = e.weight;
   return r;
 }
@@ -163,6 +166,7 @@ InsertResult WeightRegistry::Insert(BudgetReservation reservation, const std::st
     // The reservation's destructor would take mu_ again: return its bytes here.
     Refund(reservation.bytes_);
     reservation.registry_ = nullptr;
+    ++it->second->registrations;
     return InsertResult{Snapshot(*it->second), true};
   }
   auto e = std::make_shared<Entry>();
@@ -188,6 +192,16 @@ absl::StatusOr<WeightRecord> WeightRegistry::Find(absl::string_view handle) cons
   return Snapshot(*it->second);
 }
 
+absl::StatusOr<WeightRecord> WeightRegistry::AddRegistration(absl::string_view handle) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(handle);
+  if (it == entries_.end()) {
+    return HandleNotFound(handle);
+  }
+  ++it->second->registrations;
+  return Snapshot(*it->second);
+}
+
 std::vector<WeightRecord> WeightRegistry::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<WeightRecord> out;
@@ -196,7 +210,8 @@ std::vector<WeightRecord> WeightRegistry::List() const {
   return out;
 }
 
-absl::StatusOr<std::uint64_t> WeightRegistry::Release(absl::string_view handle) {
+absl::StatusOr<WeightRegistry::Released> WeightRegistry::Release(absl::string_view handle,
+                                                                 bool force) {
   std::shared_ptr<Entry> e;
   std::uint64_t freed = 0;
   {
@@ -204,6 +219,10 @@ absl::StatusOr<std::uint64_t> WeightRegistry::Release(absl::string_view handle) 
     auto it = entries_.find(handle);
     if (it == entries_.end()) {
       return HandleNotFound(handle);
+    }
+    if (!force && it->second->registrations > 1) {
+      --it->second->registrations;
+      return Released{0, it->second->registrations};
     }
     e = std::move(it->second);
     entries_.erase(it);
@@ -215,7 +234,7 @@ absl::StatusOr<std::uint64_t> WeightRegistry::Release(absl::string_view handle) 
     e->weight.reset();
   }
   // `e` (and possibly the backend's storage) is destroyed here, outside the lock.
-  return freed;
+  return Released{freed, 0};
 }
 
 absl::StatusOr<GradientTicket> WeightRegistry::BeginAccumulate(absl::string_view handle) {

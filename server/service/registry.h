@@ -35,6 +35,8 @@ struct WeightRecord {
   // gradient buffer once one is reserved.
   std::uint64_t bytes = 0;
   bool has_gradient = false;
+  // Outstanding registrations of these bytes (see Release).
+  std::uint32_t registrations = 0;
   std::shared_ptr<kernels::Weight> weight;
 
   // "'lm_head.weight' [32768, 4096]" (the handle when the name is empty), for messages.
@@ -90,7 +92,8 @@ class GradientTicket {
 struct InsertResult {
   WeightRecord record;
   // True when an identical weight (same handle) was already registered; the
-  // new copy was dropped and its reservation returned.
+  // new copy was dropped, its reservation returned, and the existing entry's
+  // registration count raised by one.
   bool already_registered = false;
 };
 
@@ -130,11 +133,20 @@ class WeightRegistry {
 
   // NotFound naming the handle.
   absl::StatusOr<WeightRecord> Find(absl::string_view handle) const;
+  // Counts one more registration of a weight already held (its bytes were
+  // sent again and matched). NotFound when it is not held.
+  absl::StatusOr<WeightRecord> AddRegistration(absl::string_view handle);
   // In handle order.
   std::vector<WeightRecord> List() const;
-  // Removes the entry and returns the bytes it had charged to the budget.
-  // Calls holding the weight finish normally; its storage goes with the last.
-  absl::StatusOr<std::uint64_t> Release(absl::string_view handle);
+  // Takes one registration away (all of them when `force`); when none is
+  // left, removes the entry and returns the bytes it had charged to the
+  // budget. Calls holding the weight finish normally; its storage goes with
+  // the last of them.
+  struct Released {
+    std::uint64_t bytes_freed = 0;
+    std::uint32_t registrations_left = 0;
+  };
+  absl::StatusOr<Released> Release(absl::string_view handle, bool force = false);
 
   // Charges the weight's fp32 gradient buffer to the budget unless it is
   // already charged. ResourceExhausted when it does not fit; NotFound for an

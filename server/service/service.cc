@@ -114,6 +114,7 @@ void FillWeightInfo(const WeightRecord& w, bool already_registered, v1::WeightIn
   out->set_bytes(w.bytes);
   out->set_has_gradient(w.has_gradient);
   out->set_already_registered(already_registered);
+  out->set_registrations(w.registrations);
 }
 
 // The weight a call names: a missing handle is InvalidArgument, an unknown
@@ -219,7 +220,7 @@ absl::Status LogitdService::DoRegisterWeight(grpc::ServerContext* context,
       ReceiveChunks<v1::RegisterWeightRequest>(context, reader, &assembler, &stats->bytes_in));
   LOGITD_ASSIGN_OR_RETURN(Tensor w, assembler.Take(spec.name()));
 
-  if (absl::StatusOr<WeightRecord> existing = registry_.Find(handle); existing.ok()) {
+  if (absl::StatusOr<WeightRecord> existing = registry_.AddRegistration(handle); existing.ok()) {
     FillWeightInfo(*existing, /*already_registered=*/true, response);
     stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();
@@ -260,10 +261,13 @@ grpc::Status LogitdService::ReleaseWeight(grpc::ServerContext* context,
   return Run("ReleaseWeight", context, [&](CallStats* stats) -> absl::Status {
     stats->bytes_in = request->ByteSizeLong();
     LOGITD_RETURN_IF_ERROR(ValidateHandle(request->handle()));
-    LOGITD_ASSIGN_OR_RETURN(const std::uint64_t freed, registry_.Release(request->handle()));
-    response->set_bytes_freed(freed);
+    LOGITD_ASSIGN_OR_RETURN(const WeightRegistry::Released released,
+                            registry_.Release(request->handle(), request->force()));
+    response->set_bytes_freed(released.bytes_freed);
+    response->set_registrations_left(released.registrations_left);
     stats->bytes_out = response->ByteSizeLong();
-    LogInfo(absl::StrCat("weight released: ", request->handle(), " bytes=", freed,
+    LogInfo(absl::StrCat("weight released: ", request->handle(), " bytes=", released.bytes_freed,
+                         " registrations_left=", released.registrations_left,
                          " in_use=", registry_.bytes_in_use(), "/", registry_.budget_bytes()));
     return absl::OkStatus();
   });

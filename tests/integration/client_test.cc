@@ -84,6 +84,20 @@ TEST_F(ClientTest, RegisterSameBytesGivesSameHandle) {
   EXPECT_EQ(again->handle, first->handle);
   EXPECT_TRUE(again->already_registered);
   EXPECT_EQ(again->name, "lm_head.weight") << "the first registration's name is kept";
+  EXPECT_EQ(first->registrations, 1u);
+  EXPECT_EQ(again->registrations, 2u);
+
+  // Each registration is released on its own: the first release keeps the
+  // weight serving for whoever registered it second.
+  absl::StatusOr<std::uint64_t> freed = client().ReleaseWeight(first->handle);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, 0u);
+  absl::StatusOr<Tensor> y = client().Logits(IntBf16({2, 64}, 13), first->handle);
+  EXPECT_TRUE(y.ok()) << y.status();
+  freed = client().ReleaseWeight(first->handle);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_GE(*freed, w.nbytes());
+  EXPECT_EQ(client().ReleaseWeight(first->handle).status().code(), absl::StatusCode::kNotFound);
 
   // Different bytes, same shape: a different weight.
   absl::StatusOr<client::WeightInfo> other = client().RegisterWeight(IntBf16({96, 64}, 12), "x");

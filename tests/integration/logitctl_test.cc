@@ -199,6 +199,11 @@ TEST_F(LogitctlTest, RegisterListLogitsRelease) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("other"));
 
+  // Registered twice: the first release leaves one registration, the
+  // second frees the weight, a third finds nothing.
+  r = Run({"weights", "release", handle});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Field(r.out, "bytes_freed"), "0");
   r = Run({"weights", "release", handle});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = Run({"weights", "release", handle});

@@ -132,9 +132,10 @@ TEST_F(RegistryTest, ReleaseFreesBytesAndKeepsInFlightWeightAlive) {
   absl::StatusOr<WeightRecord> in_flight = r.Find(a.record.handle);
   ASSERT_TRUE(in_flight.ok());
   a = {};
-  absl::StatusOr<std::uint64_t> freed = r.Release(in_flight->handle);
+  absl::StatusOr<WeightRegistry::Released> freed = r.Release(in_flight->handle);
   ASSERT_TRUE(freed.ok());
-  EXPECT_EQ(*freed, 16u * 8 * 2);
+  EXPECT_EQ(freed->bytes_freed, 16u * 8 * 2);
+  EXPECT_EQ(freed->registrations_left, 0u);
   EXPECT_EQ(r.bytes_in_use(), 0u);
   EXPECT_TRUE(r.List().empty());
   // A call still holding the weight keeps the storage until it ends.
@@ -148,7 +149,7 @@ TEST_F(RegistryTest, UnknownHandleIsNotFoundNamingTheHandle) {
   absl::StatusOr<WeightRecord> f = r.Find("w-nope");
   EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(f.status().message()), HasSubstr("'w-nope'"));
-  absl::StatusOr<std::uint64_t> rel = r.Release("w-nope");
+  absl::StatusOr<WeightRegistry::Released> rel = r.Release("w-nope");
   EXPECT_EQ(rel.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(rel.status().message()), HasSubstr("'w-nope'"));
   EXPECT_EQ(r.BeginAccumulate("w-nope").status().code(), absl::StatusCode::kNotFound);
@@ -159,6 +160,46 @@ TEST_F(RegistryTest, ReleaseTwiceIsNotFound) {
   InsertResult a = Register(r, 3, 4, 4);
   ASSERT_TRUE(r.Release(a.record.handle).ok());
   EXPECT_EQ(r.Release(a.record.handle).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RegistryTest, EachRegistrationNeedsItsRelease) {
+  // Two clients sharing a server register the same bytes; the first to
+  // release must not pull the weight from under the second.
+  WeightRegistry r(1 << 20);
+  InsertResult a = Register(r, 11, 16, 8);
+  InsertResult b = Register(r, 11, 16, 8);
+  ASSERT_TRUE(b.already_registered);
+  EXPECT_EQ(b.record.registrations, 2u);
+  absl::StatusOr<WeightRegistry::Released> first = r.Release(a.record.handle);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->bytes_freed, 0u);
+  EXPECT_EQ(first->registrations_left, 1u);
+  EXPECT_EQ(r.bytes_in_use(), 16u * 8 * 2);
+  absl::StatusOr<WeightRecord> again = r.AddRegistration(a.record.handle);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->registrations, 2u);
+  ASSERT_TRUE(r.Release(a.record.handle).ok());
+  EXPECT_EQ(r.AddRegistration("w-nope").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<WeightRecord> still = r.Find(a.record.handle);
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->registrations, 1u);
+  absl::StatusOr<WeightRegistry::Released> last = r.Release(a.record.handle);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->bytes_freed, 16u * 8 * 2);
+  EXPECT_EQ(r.Find(a.record.handle).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RegistryTest, ForcedReleaseDropsEveryRegistration) {
+  WeightRegistry r(1 << 20);
+  InsertResult a = Register(r, 12, 16, 8);
+  Register(r, 12, 16, 8);
+  Register(r, 12, 16, 8);
+  absl::StatusOr<WeightRegistry::Released> rel = r.Release(a.record.handle, /*force=*/true);
+  ASSERT_TRUE(rel.ok());
+  EXPECT_EQ(rel->bytes_freed, 16u * 8 * 2);
+  EXPECT_EQ(rel->registrations_left, 0u);
+  EXPECT_EQ(r.bytes_in_use(), 0u);
+  EXPECT_EQ(r.Find(a.record.handle).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(RegistryTest, GradientBufferCountsAgainstBudget) {
@@ -191,9 +232,9 @@ TEST_F(RegistryTest, GradientBufferCountsAgainstBudget) {
   EXPECT_TRUE(rec->has_gradient);
   EXPECT_EQ(rec->bytes, 600u);
   EXPECT_TRUE(big.BeginAccumulate(b.record.handle).ok());
-  absl::StatusOr<std::uint64_t> freed = big.Release(b.record.handle);
+  absl::StatusOr<WeightRegistry::Released> freed = big.Release(b.record.handle);
   ASSERT_TRUE(freed.ok());
-  EXPECT_EQ(*freed, 600u);
+  EXPECT_EQ(freed->bytes_freed, 600u);
   EXPECT_EQ(big.bytes_in_use(), 0u);
 }
 
