@@ -118,9 +118,9 @@ absl::Status Assembler::Add(const v1::TensorChunk& chunk) {
   }
   const std::uint64_t len = chunk.data().size();
   if (len > size - p.received) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: chunk [%d, %d) runs past the tensor's end at %d bytes", chunk.name(), chunk.offset(),
-        chunk.offset() + len, size));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: chunk [%d, %d) runs past the tensor's end at %d bytes", chunk.name(),
+                        chunk.offset(), chunk.offset() + len, size));
   }
   if (len == 0) return absl::OkStatus();
   std::memcpy(p.tensor.bytes() + p.received, chunk.data().data(), len);

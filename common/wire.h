@@ -9,10 +9,10 @@
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.pb.h"
 

@@ -70,14 +70,14 @@ absl::StatusOr<ServerProcess> ServerProcess::Start(const std::string& binary,
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       p.pid_ = -1;
-      return absl::FailedPreconditionError(
-          absl::StrCat("logitd exited before listening (status ", status, "): ", ReadFile(log_file)));
+      return absl::FailedPreconditionError(absl::StrCat("logitd exited before listening (status ",
+                                                        status, "): ", ReadFile(log_file)));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("logitd did not report a port within ", absl::FormatDuration(timeout), ": ",
-                   ReadFile(log_file)));
+  return absl::DeadlineExceededError(absl::StrCat("logitd did not report a port within ",
+                                                  absl::FormatDuration(timeout), ": ",
+                                                  ReadFile(log_file)));
 }
 
 ServerProcess::ServerProcess(ServerProcess&& o) noexcept { *this = std::move(o); }
@@ -130,6 +130,8 @@ int ServerProcess::Stop(absl::Duration grace) {
   return status;
 }
 
-std::string ServerProcess::Log() const { return dir_.empty() ? "" : ReadFile(dir_ + "/server.log"); }
+std::string ServerProcess::Log() const {
+  return dir_.empty() ? "" : ReadFile(dir_ + "/server.log");
+}
 
 }  // namespace logitd::testing
