@@ -91,6 +91,35 @@ struct BackwardResult {
   Timing timing;
 };
 
+enum class Reduction { kNone, kSum, kMean };
+
+struct CrossEntropyOptions {
+  std::int64_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  // Coefficient of z_loss * lse^2; 0 = off.
+  float z_loss = 0.0f;
+  // Tanh soft-capping of the logits; 0 = off.
+  float logit_softcap = 0.0f;
+  // Incoming gradient of the reduced loss (must not be 0: proto3 reads 0 as 1).
+  float grad_scale = 1.0f;
+  bool want_lse = false;
+  bool want_dx = false;
+  bool want_dw = false;
+  DType dx_dtype = DType::kBf16;
+  // Add dW into the server-held fp32 buffer instead of returning it.
+  bool accumulate_dw = false;
+};
+
+struct CrossEntropyResult {
+  // fp32: [M] for Reduction::kNone, else [1].
+  Tensor loss;
+  std::optional<Tensor> lse;  // fp32 [M]
+  std::optional<Tensor> dx;   // [M, K]
+  std::optional<Tensor> dw;   // fp32 [V, K]
+  std::int64_t counted_tokens = 0;
+  Timing timing;
+};
+
 struct GradientResult {
   Tensor dw;
   std::uint64_t accumulated_calls = 0;
@@ -129,6 +158,12 @@ class Client {
 
   // The server's fp32 -> bf16 cast of `input` (fp32, any shape).
   absl::StatusOr<Tensor> CastToBf16(const Tensor& input);
+
+  // Fused cross-entropy of the logits X . W^T against `targets` (int32 or
+  // int64 [M]) without the server materialising the logits.
+  absl::StatusOr<CrossEntropyResult> CrossEntropy(const Tensor& x, const Tensor& targets,
+                                                  const std::string& handle,
+                                                  const CrossEntropyOptions& options = {});
 
  private:
   struct Impl;

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "logitd/bf16.h"
 #include "logitd/tensor.h"
 
@@ -123,6 +124,26 @@ struct BackwardArgs {
   bool accumulate_dw = false;       // dW += G^T X into the weight's fp32 buffer; dw unused
 };
 
+struct CrossEntropyArgs {
+  const Bf16Bits* x = nullptr;           // [m, K] bf16
+  std::int64_t m = 0;
+  const std::int64_t* targets = nullptr;  // [m], each in [0, V) or == ignore_index
+  std::int64_t ignore_index = -100;
+  float z_loss = 0.0f;         // coefficient of z_loss * lse^2; 0 = off
+  float logit_softcap = 0.0f;  // z = cap * tanh(y / cap); 0 = off
+  // Multiplies every counted token's dL/dz before the bf16 cast of G (the
+  // service folds the incoming gradient and 1/count for a mean into it).
+  float grad_scale = 1.0f;
+  float* loss = nullptr;  // [m] per-token loss; 0 for ignored tokens. Required.
+  float* lse = nullptr;   // [m] or null
+  void* dx = nullptr;     // [m, K] of dx_dtype, or null
+  DType dx_dtype = DType::kBf16;
+  float* dw = nullptr;         // [V, K] fp32, or null
+  bool accumulate_dw = false;  // dW += G^T X into the weight's fp32 buffer; dw unused
+  // Vocabulary rows per chunk; 0 lets the backend choose from its memory.
+  std::int64_t vocab_chunk = 0;
+};
+
 // All methods are thread-safe. Shapes and dtypes arrive validated by the
 // service layer; a backend still returns InvalidArgument rather than crash if
 // they do not agree with the weight.
@@ -160,6 +181,15 @@ class Backend {
   // out[i] = bf16(in[i]), round to nearest even: the cast Backward applies.
   virtual absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
                                   Timing* timing) = 0;
+
+  // Fused cross-entropy (see logitd.v1.CrossEntropyHeader for the formulas):
+  // fp32 logits computed chunk by chunk over V, never all of [m, V] at once;
+  // G = bf16(dL/dz * dz/dy * grad_scale) per chunk (RNE, once), dX
+  // accumulated over chunks in fp32 and rounded once, dW per chunk in fp32.
+  virtual absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) {
+    return absl::UnimplementedError(absl::StrCat(Info().backend,
+                                                 " backend has no fused cross-entropy yet"));
+  }
 };
 
 enum class BackendKind { kAuto, kCuda, kCpu };
