@@ -158,7 +158,7 @@ TEST_F(LogitctlTest, InfoAsTableAndJson) {
 }
 
 TEST_F(LogitctlTest, RegisterListLogitsRelease) {
-  const std::int64_t m = 8, v = 96, k = 256;
+  const std::int64_t m = 8, v = 96, k = 4096;
   const Tensor w = IntBf16({v, k}, 1001);
   const Tensor x = IntBf16({m, k}, 1002);
   const Tensor other = IntBf16({2, 2}, 1003);
@@ -171,7 +171,7 @@ TEST_F(LogitctlTest, RegisterListLogitsRelease) {
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_EQ(Field(again.out, "handle"), handle);
   EXPECT_EQ(Field(again.out, "already_registered"), "true");
-  EXPECT_THAT(again.out, HasSubstr("[96, 256]"));
+  EXPECT_THAT(again.out, HasSubstr("[96, 4096]"));
 
   RunResult list = Run({"weights", "list"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
