@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs the Debian packages logitd needs (idempotent),
 # configures the `ci` preset (Release, test-only fault injection compiled in,
-# the cuda backend compiled when nvcc is present), builds everything and runs
-# the whole CTest suite. GPU tests skip themselves where no device is visible.
+# the cuda backend compiled when nvcc is present), builds everything, runs the
+# whole CTest suite (GPU tests skip themselves where no device is visible),
+# then the Python client's pytest suite against the freshly built server.
 #   usage: scripts/test.sh [extra ctest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,3 +13,6 @@ jobs=$(nproc)
 cmake --preset ci
 cmake --build --preset ci -j "$jobs"
 ctest --preset ci -j "$jobs" "$@"
+
+# The Python client's tests, against the logitd binary just built.
+bash scripts/test-python.sh build/ci/server/logitd

@@ -1,0 +1,60 @@
+"""Python client of logitd, the language-model head GEMM service.
+
+    import logitd
+    client = logitd.Client("127.0.0.1:50051")
+    w = client.register_weights(weight_bf16, name="lm_head.weight")
+    y = client.logits(x_bf16, w.handle)             # fp32 [M, V]
+    dx, dw = client.backward(dy, x_bf16, w.handle)  # bf16 [M, K], fp32 [V, K]
+"""
+
+try:
+    from .v1 import logitd_pb2 as _pb  # noqa: F401
+except ImportError as _e:  # pragma: no cover - only from an unbuilt source tree
+    raise ImportError(
+        "logitd: the generated gRPC stubs (logitd.v1.logitd_pb2) are missing; install the package "
+        "with `pip install ./client/python`, which generates them from proto/"
+    ) from _e
+
+from ._tensors import BF16, digest
+from .client import TLS, Client, Gradient, ReleaseResult, ServerInfo, WeightInfo
+from .errors import (
+    CancelledError,
+    DataLossError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    LogitdError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BF16",
+    "TLS",
+    "CancelledError",
+    "Client",
+    "DataLossError",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "Gradient",
+    "InternalError",
+    "InvalidArgumentError",
+    "LogitdError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ReleaseResult",
+    "ResourceExhaustedError",
+    "ServerInfo",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "WeightInfo",
+    "digest",
+]

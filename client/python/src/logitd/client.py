@@ -1,0 +1,404 @@
+"""logitd.Client: the Python client of the logitd.v1.Logitd service.
+
+One gRPC channel per Client; every call gets the client's deadline and, when a
+token is set, an ``authorization: Bearer TOKEN`` header. Tensors are streamed
+in chunks (``chunk_bytes``, default 4 MiB) with an xxh3-64 digest, and the
+response tensors are reassembled and checked the same way.
+
+Inputs may be numpy arrays (bf16 as ``ml_dtypes.bfloat16``, fp32 as
+``float32``) or torch tensors (``torch.bfloat16``/``torch.float32``, any
+device). Results are numpy arrays, or CPU torch tensors when the inputs were
+torch tensors.
+"""
+
+import math
+import os
+import threading
+from dataclasses import dataclass, fields
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from . import _tensors as T
+from .errors import DataLossError, InvalidArgumentError, LogitdError, from_rpc_error
+from .v1 import logitd_pb2 as pb
+from .v1 import logitd_pb2_grpc as pb_grpc
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+# Room a chunk message needs beyond its payload (tensor name, offset, framing).
+_MESSAGE_HEADROOM = 1 << 20
+# gRPC sizes messages with a signed 32-bit int; stay well inside it.
+_MAX_CHUNK_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What is serving. Results are bitwise comparable only across equal backend/device/versions."""
+
+    version: str
+    build_id: str
+    backend: str
+    device_name: str
+    compute_capability: str
+    multiprocessor_count: int
+    driver_version: str
+    cuda_runtime_version: str
+    cublaslt_version: str
+    blas_version: str
+    weight_budget_bytes: int
+    weight_bytes_in_use: int
+    max_request_bytes: int
+    chunk_bytes: int
+    device_bytes_in_use: int
+    split_k: str
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """A weight held by the server; ``handle`` names it in later calls."""
+
+    handle: str
+    name: str
+    shape: Tuple[int, ...]
+    xxh3: int
+    bytes: int
+    has_gradient: bool
+    already_registered: bool
+    registrations: int
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """Bytes freed (0 while other registrations remain) and registrations left."""
+
+    bytes_freed: int
+    registrations_left: int
+
+
+class Gradient(NamedTuple):
+    """The server-held fp32 dW of a weight and how many Backward calls it sums."""
+
+    dw: Any
+    accumulated_calls: int
+
+
+@dataclass
+class TLS:
+    """TLS settings. PEM contents as bytes or str, or a path (os.PathLike) to a PEM file.
+
+    ``root_ca`` None uses the system's roots; ``cert`` and ``key`` (both or
+    neither) give the client's identity for mutual TLS.
+    """
+
+    root_ca: Optional[Any] = None
+    cert: Optional[Any] = None
+    key: Optional[Any] = None
+
+
+def _pem(what: str, value: Any) -> Optional[bytes]:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, os.PathLike):
+        with open(value, "rb") as f:
+            return f.read()
+    if isinstance(value, str):
+        return value.encode()
+    raise InvalidArgumentError("tls %s: expected PEM bytes or str, or a path, got %s" % (what, type(value).__name__))
+
+
+def _tls_credentials(tls: Any) -> Optional[grpc.ChannelCredentials]:
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        tls = TLS()
+    elif isinstance(tls, dict):
+        unknown = set(tls) - {"root_ca", "cert", "key"}
+        if unknown:
+            raise InvalidArgumentError("tls: unknown keys %s (expected root_ca, cert, key)" % sorted(unknown))
+        tls = TLS(**tls)
+    root_ca = _pem("root_ca", getattr(tls, "root_ca", None))
+    cert = _pem("cert", getattr(tls, "cert", None))
+    key = _pem("key", getattr(tls, "key", None))
+    if (cert is None) != (key is None):
+        raise InvalidArgumentError("tls client identity: expected both a certificate and a key, got only one")
+    return grpc.ssl_channel_credentials(root_certificates=root_ca, private_key=key, certificate_chain=cert)
+
+
+def _from_proto(cls, msg):
+    values = {}
+    for f in fields(cls):
+        v = getattr(msg, f.name)
+        if f.name == "shape":
+            v = tuple(int(d) for d in v)
+        values[f.name] = v
+    return cls(**values)
+
+
+class Client:
+    """A connection to a logitd server.
+
+    Args:
+      address: gRPC target, e.g. ``"127.0.0.1:50051"`` or ``"dns:///logitd.ns.svc:50051"``
+        (``dns:`` targets balance over every address with round_robin).
+      token: bearer token sent as ``authorization: Bearer TOKEN`` on every call.
+      tls: None/False for plaintext; True for TLS with the system's roots; or a
+        ``logitd.TLS``, a dict or any object with ``root_ca``/``cert``/``key``.
+      timeout: deadline of each call in seconds (None: no deadline).
+      chunk_bytes: size of the chunks request tensors are streamed in.
+      options: extra gRPC channel options, ``[(name, value), ...]``.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        token: Optional[str] = None,
+        tls: Any = None,
+        timeout: Optional[float] = 600,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        options: Optional[Sequence[Tuple[str, Any]]] = None,
+    ):
+        if not address:
+            raise InvalidArgumentError("address: expected a gRPC target such as 127.0.0.1:50051, got an empty string")
+        if not isinstance(chunk_bytes, int) or not 1 <= chunk_bytes <= _MAX_CHUNK_BYTES:
+            raise InvalidArgumentError("chunk_bytes: expected 1 to %d bytes, got %r" % (_MAX_CHUNK_BYTES, chunk_bytes))
+        if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+            raise InvalidArgumentError("timeout: expected a positive number of seconds or None, got %r" % (timeout,))
+        self.address = address
+        self.timeout = timeout
+        self.chunk_bytes = chunk_bytes
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
+        channel_options = [
+            ("grpc.max_send_message_length", chunk_bytes + _MESSAGE_HEADROOM),
+            # The server picks its own chunk size; each tensor is bounded by the size it announced.
+            ("grpc.max_receive_message_length", -1),
+        ]
+        if address.startswith("dns:"):
+            channel_options.append(("grpc.lb_policy_name", "round_robin"))
+        if options:
+            channel_options.extend(options)
+        credentials = _tls_credentials(tls)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(address, options=channel_options)
+        else:
+            self._channel = grpc.secure_channel(address, credentials, options=channel_options)
+        self._stub = pb_grpc.LogitdStub(self._channel)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "logitd.Client(%r)" % self.address
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _unary(self, method, request):
+        try:
+            return method(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def _requests(self, request_cls, header_field: str, header, tensors: Sequence[T.Outgoing]):
+        yield request_cls(**{header_field: header})
+        for t in tensors:
+            for chunk in t.chunks(self.chunk_bytes):
+                yield request_cls(chunk=chunk)
+
+    def _receive(self, call, specs_of):
+        """Reads a response stream: one result message, then the chunks of the tensors it announces."""
+        result = None
+        incoming = {}
+        try:
+            try:
+                for msg in call:
+                    part = msg.WhichOneof("part")
+                    if part == "result":
+                        if result is not None:
+                            raise DataLossError("response from server: a second result message")
+                        result = msg.result
+                        for spec in specs_of(result):
+                            if spec.name in incoming:
+                                raise DataLossError("response from server: tensor %r announced twice" % spec.name)
+                            incoming[spec.name] = T.Incoming(spec)
+                    elif part == "chunk":
+                        if result is None:
+                            raise DataLossError(
+                                "response from server: chunk of %r arrived before the result that announces it"
+                                % msg.chunk.name
+                            )
+                        target = incoming.get(msg.chunk.name)
+                        if target is None:
+                            raise DataLossError(
+                                "response from server: chunk for tensor %r, which the result did not announce"
+                                % msg.chunk.name
+                            )
+                        target.add(msg.chunk)
+                    else:
+                        raise DataLossError("response from server: a message with neither result nor chunk")
+            except LogitdError:
+                call.cancel()  # stop the request stream and the server's work
+                raise
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        if result is None:
+            raise DataLossError("response from server: the call ended without a result")
+        for t in incoming.values():
+            t.finish()
+        return result, incoming
+
+    def _stream(self, method, request_cls, header_field, header, tensors, specs_of):
+        call = method(
+            self._requests(request_cls, header_field, header, tensors),
+            timeout=self.timeout,
+            metadata=self._metadata,
+        )
+        return self._receive(call, specs_of)
+
+    # -- server info ----------------------------------------------------------------
+
+    def info(self) -> ServerInfo:
+        """Backend, device, library versions and limits of the server."""
+        return _from_proto(ServerInfo, self._unary(self._stub.GetServerInfo, pb.GetServerInfoRequest()))
+
+    # -- weights ------------------------------------------------------------------------
+
+    def register_weights(self, tensor: Any, name: str = "") -> WeightInfo:
+        """Uploads a bf16 weight [V, K]; identical bytes return the existing handle."""
+        w = T.Outgoing("weight", tensor, (pb.DTYPE_BF16,))
+        header = pb.RegisterWeightHeader(name=name, weight=w.spec)
+        try:
+            info = self._stub.RegisterWeight(
+                self._requests(pb.RegisterWeightRequest, "header", header, [w]),
+                timeout=self.timeout,
+                metadata=self._metadata,
+            )
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return _from_proto(WeightInfo, info)
+
+    register_weight = register_weights
+
+    def list_weights(self) -> List[WeightInfo]:
+        response = self._unary(self._stub.ListWeights, pb.ListWeightsRequest())
+        return [_from_proto(WeightInfo, w) for w in response.weights]
+
+    def release_weights(self, handle: Union[str, WeightInfo], force: bool = False) -> ReleaseResult:
+        """Releases one registration (all of them with force=True)."""
+        request = pb.ReleaseWeightRequest(handle=_handle(handle), force=force)
+        response = self._unary(self._stub.ReleaseWeight, request)
+        return ReleaseResult(bytes_freed=response.bytes_freed, registrations_left=response.registrations_left)
+
+    release_weight = release_weights
+
+    # -- GEMMs ------------------------------------------------------------------------------
+
+    def logits(self, x: Any, handle: Union[str, WeightInfo], out_dtype: Any = "fp32", alpha: float = 1.0):
+        """Y[M, V] = alpha * X[M, K] . W[V, K]^T with fp32 accumulation.
+
+        out_dtype "fp32" (default) returns the accumulator; "bf16" is the legacy
+        path, the accumulator rounded to bf16 once.
+        """
+        alpha = float(alpha)
+        if alpha == 0.0:
+            raise InvalidArgumentError("alpha: expected a non-zero scale (0 on the wire means the default 1), got 0")
+        if not math.isfinite(alpha):
+            raise InvalidArgumentError("alpha: expected a finite scale, got %r" % alpha)
+        out = T.dtype_enum("out_dtype", out_dtype, (pb.DTYPE_FP32, pb.DTYPE_BF16))
+        xt = T.Outgoing("x", x, (pb.DTYPE_BF16,))
+        header = pb.LogitsHeader(weight_handle=_handle(handle), x=xt.spec, out_dtype=out, alpha=alpha)
+        result, tensors = self._stream(
+            self._stub.Logits, pb.LogitsRequest, "header", header, [xt], lambda r: [r.y]
+        )
+        return tensors[result.y.name].result(T.is_torch(x))
+
+    def backward(
+        self,
+        dy: Any,
+        x: Any,
+        handle: Union[str, WeightInfo],
+        want_dx: bool = True,
+        want_dw: bool = True,
+        dx_dtype: Any = "bf16",
+        dw_dtype: Any = "fp32",
+        accumulate_dw: bool = False,
+    ):
+        """G = bf16(dY) (round to nearest even, once); dX = G.W [M, K]; dW = G^T.X [V, K].
+
+        Returns (dx, dw); an entry is None when not asked for, and dw is None
+        when accumulate_dw adds it into the server-held buffer instead
+        (see fetch_gradient).
+        """
+        dxt = T.dtype_enum("dx_dtype", dx_dtype, (pb.DTYPE_BF16, pb.DTYPE_FP32))
+        dwt = T.dtype_enum("dw_dtype", dw_dtype, (pb.DTYPE_FP32, pb.DTYPE_BF16))
+        dyt = T.Outgoing("dy", dy, (pb.DTYPE_FP32, pb.DTYPE_BF16))
+        xt = T.Outgoing("x", x, (pb.DTYPE_BF16,))
+        header = pb.BackwardHeader(
+            weight_handle=_handle(handle),
+            dy=dyt.spec,
+            x=xt.spec,
+            want_dx=bool(want_dx),
+            want_dw=bool(want_dw),
+            dx_dtype=dxt,
+            dw_dtype=dwt,
+            accumulate_dw=bool(accumulate_dw),
+        )
+
+        def specs_of(r):
+            specs = []
+            if r.HasField("dx"):
+                specs.append(r.dx)
+            if r.HasField("dw"):
+                specs.append(r.dw)
+            return specs
+
+        result, tensors = self._stream(self._stub.Backward, pb.BackwardRequest, "header", header, [dyt, xt], specs_of)
+        as_torch = T.is_torch(dy) or T.is_torch(x)
+        dx = tensors[result.dx.name].result(as_torch) if result.HasField("dx") else None
+        dw = tensors[result.dw.name].result(as_torch) if result.HasField("dw") else None
+        return dx, dw
+
+    # -- server-held gradient buffers -----------------------------------------------------
+
+    def fetch_gradient(self, handle: Union[str, WeightInfo], zero_after: bool = False, as_torch: bool = False) -> Gradient:
+        """Reads the fp32 dW accumulated by backward(accumulate_dw=True); optionally zeroes it."""
+        request = pb.FetchGradientRequest(weight_handle=_handle(handle), zero_after_fetch=zero_after)
+        try:
+            call = self._stub.FetchGradient(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        result, tensors = self._receive(call, lambda r: [r.dw])
+        return Gradient(tensors[result.dw.name].result(as_torch), int(result.accumulated_calls))
+
+    def zero_gradient(self, handle: Union[str, WeightInfo]) -> None:
+        self._unary(self._stub.ZeroGradient, pb.ZeroGradientRequest(weight_handle=_handle(handle)))
+
+    # -- cast ---------------------------------------------------------------------------------
+
+    def cast_to_bf16(self, x: Any):
+        """The server's fp32 -> bf16 conversion (round to nearest even), the one backward applies to dY."""
+        xt = T.Outgoing("input", x, (pb.DTYPE_FP32,))
+        header = pb.CastHeader(input=xt.spec)
+        result, tensors = self._stream(self._stub.Cast, pb.CastRequest, "header", header, [xt], lambda r: [r.output])
+        return tensors[result.output.name].result(T.is_torch(x))
+
+
+def _handle(handle: Union[str, WeightInfo]) -> str:
+    if isinstance(handle, WeightInfo):
+        return handle.handle
+    if not isinstance(handle, str):
+        raise InvalidArgumentError("handle: expected a str or a WeightInfo, got %s" % type(handle).__name__)
+    return handle

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Installs the Python client (client/python) into a virtual environment under
+# build/ and runs its pytest suite against a real logitd server binary, which
+# the tests start on a free loopback port with the cpu backend.
+#
+#   scripts/test-python.sh LOGITD_BIN [PYTEST_ARGS...]
+#   e.g. scripts/test-python.sh build/default/server/logitd -k cast
+#
+# Environment: PYTHON (interpreter for the venv, default python3),
+# LOGITD_PYENV (venv directory, default build/pyenv; reused when present).
+# Exits non-zero when a test fails, and also when every test was skipped or
+# the server tests did not run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+usage() { echo "usage: scripts/test-python.sh LOGITD_BIN [PYTEST_ARGS...]" >&2; }
+
+bin=${1:-}
+if [ -z "$bin" ]; then
+  usage
+  echo "test-python: no logitd binary given (build one with scripts/test.sh or cmake, e.g. build/default/server/logitd)" >&2
+  exit 2
+fi
+shift
+if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then
+  echo "test-python: '$bin' is not an executable logitd binary" >&2
+  exit 2
+fi
+bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
+
+python=${PYTHON:-python3}
+venv=${LOGITD_PYENV:-$root/build/pyenv}
+
+if ! command -v "$python" >/dev/null 2>&1; then
+  echo "test-python: $python not found (on Debian: apt-get install python3)" >&2
+  exit 2
+fi
+
+# Debian's python3 needs the python3-venv package (ensurepip) for `python3 -m venv`.
+make_venv() {
+  rm -rf "$venv"
+  "$python" -m venv "$venv" >/dev/null 2>&1
+}
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  mkdir -p "$(dirname "$venv")"
+  if ! make_venv; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+      echo "test-python: '$python -m venv' failed and apt-get is not available to install python3-venv" >&2
+      exit 2
+    fi
+    pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    echo "test-python: installing python3-venv (python${pyver}-venv) for '$python -m venv'"
+    sudo_cmd=()
+    if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo_cmd[@]}" apt-get update -qq
+    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-venv "python${pyver}-venv" >/dev/null ||
+      "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    make_venv || { echo "test-python: '$python -m venv $venv' failed" >&2; exit 2; }
+  fi
+fi
+
+pip=("$venv/bin/python" -m pip -q --disable-pip-version-check)
+echo "test-python: installing ./client/python into $venv"
+# The in-tree build directory is ours; start it clean so no stale module is packaged.
+rm -rf client/python/build
+"${pip[@]}" install ./client/python "pytest>=7"
+rm -rf client/python/build
+
+report="$root/build/pytest-python.xml"
+rc=0
+(
+  cd client/python
+  LOGITD_BIN="$bin" "$venv/bin/python" -m pytest tests -ra --junitxml="$report" "$@"
+) || rc=$?
+if [ "$rc" -ne 0 ]; then
+  echo "test-python: pytest failed (exit $rc)" >&2
+  exit "$rc"
+fi
+
+# pytest exits 0 when everything was skipped: insist that tests ran, and that
+# none was skipped for want of the server.
+"$venv/bin/python" - "$report" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+total = sum(int(s.get("tests", 0)) for s in suites)
+skipped = sum(int(s.get("skipped", 0)) for s in suites)
+server_skips = [
+    sk.get("message", "")
+    for case in root.iter("testcase")
+    for sk in case.findall("skipped")
+    if "LOGITD_BIN" in sk.get("message", "")
+]
+if total - skipped <= 0:
+    sys.exit("test-python: every test was skipped (%d of %d): nothing was checked" % (skipped, total))
+if server_skips:
+    sys.exit("test-python: %d server tests were skipped: %s" % (len(server_skips), server_skips[0]))
+print("test-python: %d tests ran, %d skipped" % (total - skipped, skipped))
+PY
