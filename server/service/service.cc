@@ -476,4 +476,120 @@ absl::Status LogitdService::DoCast(
                                       &stats->bytes_out);
 }
 
+grpc::Status LogitdService::CrossEntropy(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream) {
+  return Run("CrossEntropy", context,
+             [&](CallStats* stats) { return DoCrossEntropy(context, stream, stats); });
+}
+
+absl::Status LogitdService::DoCrossEntropy(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream,
+    CallStats* stats) {
+  const absl::Time start = absl::Now();
+  v1::CrossEntropyRequest first;
+  LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
+  const v1::CrossEntropyHeader& header = first.header();
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w, FindWeight(registry_, header.weight_handle()));
+  LOGITD_ASSIGN_OR_RETURN(const CrossEntropyPlan plan,
+                          ValidateCrossEntropy(header, DimsOf(w), options_.max_request_bytes));
+  // As in Backward: the buffer is charged before the backend may create it
+  // and before any of the request's bytes are received.
+  GradientTicket gradient;
+  if (plan.accumulate_dw) {
+    LOGITD_ASSIGN_OR_RETURN(gradient, registry_.BeginAccumulate(w.handle));
+  }
+
+  wire::Assembler assembler(options_.max_request_bytes);
+  LOGITD_RETURN_IF_ERROR(assembler.Expect(header.x()));
+  LOGITD_RETURN_IF_ERROR(assembler.Expect(header.targets()));
+  LOGITD_RETURN_IF_ERROR(
+      ReceiveChunks<v1::CrossEntropyRequest>(context, stream, &assembler, &stats->bytes_in));
+  LOGITD_ASSIGN_OR_RETURN(Tensor x, assembler.Take(header.x().name()));
+  std::vector<std::int64_t> targets;
+  std::int64_t counted = 0;
+  {
+    LOGITD_ASSIGN_OR_RETURN(const Tensor received, assembler.Take(header.targets().name()));
+    LOGITD_ASSIGN_OR_RETURN(counted, ConvertTargets(received, w.v, plan.ignore_index, &targets));
+  }
+  const std::int64_t receive_us = Micros(absl::Now() - start);
+
+  // Per-token losses always come back from the backend; a reduced loss is
+  // formed from them here.
+  const std::uint64_t token_loss_bytes = static_cast<std::uint64_t>(plan.m) * sizeof(float);
+  LOGITD_ASSIGN_OR_RETURN(kernels::HostBuffer token_loss, backend_->AllocateHost(token_loss_bytes));
+  kernels::HostBuffer lse;
+  kernels::HostBuffer dx;
+  kernels::HostBuffer dw;
+  if (plan.want_lse) {
+    LOGITD_ASSIGN_OR_RETURN(lse, backend_->AllocateHost(plan.lse_bytes));
+  }
+  if (plan.want_dx) {
+    LOGITD_ASSIGN_OR_RETURN(dx, backend_->AllocateHost(plan.dx_bytes));
+  }
+  if (plan.returns_dw()) {
+    LOGITD_ASSIGN_OR_RETURN(dw, backend_->AllocateHost(plan.dw_bytes));
+  }
+  kernels::CrossEntropyArgs args;
+  args.x = x.data<Bf16Bits>();
+  args.m = plan.m;
+  args.targets = targets.data();
+  args.ignore_index = plan.ignore_index;
+  args.z_loss = plan.z_loss;
+  args.logit_softcap = plan.logit_softcap;
+  args.grad_scale = CrossEntropyGradScale(plan, counted);
+  args.loss = token_loss.as<float>();
+  args.lse = plan.want_lse ? lse.as<float>() : nullptr;
+  args.dx = plan.want_dx ? dx.data() : nullptr;
+  args.dx_dtype = plan.dx_dtype;
+  args.dw = plan.returns_dw() ? dw.as<float>() : nullptr;
+  args.accumulate_dw = plan.accumulate_dw;
+  kernels::Timing timing;
+  LOGITD_RETURN_IF_ERROR(backend_->CrossEntropy(*w.weight, args, &timing));
+  x = Tensor();
+  targets = std::vector<std::int64_t>();
+
+  kernels::HostBuffer reduced;
+  if (plan.reduction != v1::REDUCTION_NONE) {
+    LOGITD_ASSIGN_OR_RETURN(reduced, backend_->AllocateHost(plan.loss_bytes));
+    *reduced.as<float>() = ReduceLoss(plan, token_loss.as<float>(), plan.m, counted);
+  }
+  const kernels::HostBuffer& loss = plan.reduction == v1::REDUCTION_NONE ? token_loss : reduced;
+
+  v1::CrossEntropyResponse head;
+  v1::CrossEntropyResult* result = head.mutable_result();
+  *result->mutable_loss() =
+      OutputSpec("loss", DType::kFp32, plan.loss_shape, loss, plan.loss_bytes);
+  if (plan.want_lse) {
+    *result->mutable_lse() = OutputSpec("lse", DType::kFp32, {plan.m}, lse, plan.lse_bytes);
+  }
+  if (plan.want_dx) {
+    faults_.OnDx(dx.data(), plan.dx_bytes);
+    *result->mutable_dx() = OutputSpec("dx", plan.dx_dtype, {plan.m, w.k}, dx, plan.dx_bytes);
+  }
+  if (plan.returns_dw()) {
+    faults_.OnDw(dw.data(), plan.dw_bytes);
+    *result->mutable_dw() = OutputSpec("dw", DType::kFp32, {w.v, w.k}, dw, plan.dw_bytes);
+  }
+  result->set_counted_tokens(counted);
+  FillTiming(receive_us, timing, result->mutable_timing());
+  LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
+  LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(
+      stream, "loss", loss, plan.loss_bytes, options_.chunk_bytes, &stats->bytes_out));
+  if (plan.want_lse) {
+    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(
+        stream, "lse", lse, plan.lse_bytes, options_.chunk_bytes, &stats->bytes_out));
+  }
+  if (plan.want_dx) {
+    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(
+        stream, "dx", dx, plan.dx_bytes, options_.chunk_bytes, &stats->bytes_out));
+  }
+  if (plan.returns_dw()) {
+    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(
+        stream, "dw", dw, plan.dw_bytes, options_.chunk_bytes, &stats->bytes_out));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace logitd::service

@@ -57,6 +57,9 @@ class LogitdService final : public v1::Logitd::Service {
                             v1::ZeroGradientResponse* response) override;
   grpc::Status Cast(grpc::ServerContext* context,
                     grpc::ServerReaderWriter<v1::CastResponse, v1::CastRequest>* stream) override;
+  grpc::Status CrossEntropy(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream) override;
 
   const kernels::Backend& backend() const { return *backend_; }
   const WeightRegistry& registry() const { return registry_; }
@@ -88,6 +91,10 @@ class LogitdService final : public v1::Logitd::Service {
   absl::Status DoCast(grpc::ServerContext* context,
                       grpc::ServerReaderWriter<v1::CastResponse, v1::CastRequest>* stream,
                       CallStats* stats);
+  absl::Status DoCrossEntropy(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream,
+      CallStats* stats);
 
   // Declared before registry_ so that registered weights (backend objects)
   // are destroyed before the backend that made them.

@@ -288,6 +288,161 @@ absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
   return plan;
 }
 
+absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHeader& header,
+                                                      const WeightDims& weight,
+                                                      std::uint64_t max_request_bytes) {
+  CrossEntropyPlan plan;
+  plan.want_lse = header.want_lse();
+  plan.want_dx = header.want_dx();
+  plan.want_dw = header.want_dw();
+  plan.accumulate_dw = header.accumulate_dw();
+  // As in Backward: accumulating is a way of delivering dW, so it asks for dW.
+  if (plan.accumulate_dw && !plan.want_dw) {
+    return absl::InvalidArgumentError(
+        "accumulate_dw: expected want_dw=true (accumulation computes dW), got want_dw=false");
+  }
+
+  absl::StatusOr<std::uint64_t> x_bytes = CheckActivations(header.has_x(), header.x(), weight);
+  if (!x_bytes.ok()) return x_bytes.status();
+  plan.x_bytes = *x_bytes;
+  plan.m = header.x().shape(0);
+
+  const v1::TensorSpec& targets = header.targets();
+  absl::Status s = CheckPresent("targets", header.has_targets(), targets);
+  if (!s.ok()) return s;
+  if (targets.name() == header.x().name()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "targets, x: expected distinct TensorSpec names, both are '", targets.name(), "'"));
+  }
+  absl::StatusOr<DType> targets_dtype =
+      CheckDType("targets", targets, {v1::DTYPE_INT32, v1::DTYPE_INT64});
+  if (!targets_dtype.ok()) return targets_dtype.status();
+  plan.targets_dtype = *targets_dtype;
+  const std::vector<std::int64_t> targets_shape = ShapeOf(targets);
+  if (targets_shape.size() != 1 || targets_shape[0] != plan.m) {
+    return absl::InvalidArgumentError(absl::StrCat("targets: expected rank 1 [M] with M=", plan.m,
+                                                   " to match x ", ShapeString(ShapeOf(header.x())),
+                                                   ", got ", ShapeString(targets_shape)));
+  }
+  absl::StatusOr<std::uint64_t> targets_bytes = Bytes("targets", targets_shape, plan.targets_dtype);
+  if (!targets_bytes.ok()) return targets_bytes.status();
+  plan.targets_bytes = *targets_bytes;
+
+  plan.ignore_index = header.has_ignore_index() ? header.ignore_index() : -100;
+  switch (header.reduction()) {
+    case v1::REDUCTION_UNSPECIFIED:
+    case v1::REDUCTION_MEAN:
+      plan.reduction = v1::REDUCTION_MEAN;
+      break;
+    case v1::REDUCTION_NONE:
+    case v1::REDUCTION_SUM:
+      plan.reduction = header.reduction();
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("reduction: expected NONE, SUM or MEAN (unspecified means MEAN), got ",
+                       static_cast<int>(header.reduction())));
+  }
+
+  const float z_loss = header.z_loss();
+  if (!std::isfinite(z_loss) || z_loss < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("z_loss: expected a finite coefficient >= 0 (0 = off), got ", z_loss));
+  }
+  plan.z_loss = z_loss;
+  const float cap = header.logit_softcap();
+  if (!std::isfinite(cap) || cap < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_softcap: expected 0 (off) or a finite cap > 0, got ", cap));
+  }
+  plan.logit_softcap = cap;
+  const float grad_scale = header.grad_scale();
+  if (!std::isfinite(grad_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grad_scale: expected a finite incoming gradient (0 means 1), got ", grad_scale));
+  }
+  plan.grad_scale = grad_scale == 0.0f ? 1.0f : grad_scale;
+
+  absl::StatusOr<DType> dx_dtype =
+      OutputDType("dx_dtype", header.dx_dtype(), v1::DTYPE_BF16, {v1::DTYPE_BF16, v1::DTYPE_FP32});
+  if (!dx_dtype.ok()) return dx_dtype.status();
+  plan.dx_dtype = *dx_dtype;
+
+  std::vector<Part> parts = {{"x", DType::kBf16, ShapeOf(header.x()), plan.x_bytes},
+                             {"targets", plan.targets_dtype, targets_shape, plan.targets_bytes}};
+  plan.loss_shape = {plan.reduction == v1::REDUCTION_NONE ? plan.m : 1};
+  absl::StatusOr<std::uint64_t> b = Bytes("loss", plan.loss_shape, DType::kFp32);
+  if (!b.ok()) return b.status();
+  plan.loss_bytes = *b;
+  parts.push_back({"loss", DType::kFp32, plan.loss_shape, plan.loss_bytes});
+  if (plan.want_lse) {
+    const std::vector<std::int64_t> lse_shape = {plan.m};
+    b = Bytes("lse", lse_shape, DType::kFp32);
+    if (!b.ok()) return b.status();
+    plan.lse_bytes = *b;
+    parts.push_back({"lse", DType::kFp32, lse_shape, plan.lse_bytes});
+  }
+  if (plan.want_dx) {
+    const std::vector<std::int64_t> dx_shape = {plan.m, weight.k};
+    b = Bytes("dx", dx_shape, plan.dx_dtype);
+    if (!b.ok()) return b.status();
+    plan.dx_bytes = *b;
+    parts.push_back({"dx", plan.dx_dtype, dx_shape, plan.dx_bytes});
+  }
+  if (plan.returns_dw()) {
+    const std::vector<std::int64_t> dw_shape = {weight.v, weight.k};
+    b = Bytes("dw", dw_shape, DType::kFp32);
+    if (!b.ok()) return b.status();
+    plan.dw_bytes = *b;
+    parts.push_back({"dw", DType::kFp32, dw_shape, plan.dw_bytes});
+  }
+  s = CheckCallBytes("cross entropy", parts, max_request_bytes);
+  if (!s.ok()) return s;
+  return plan;
+}
+
+absl::StatusOr<std::int64_t> ConvertTargets(const Tensor& targets, std::int64_t v,
+                                            std::int64_t ignore_index,
+                                            std::vector<std::int64_t>* out) {
+  if (targets.dtype() != DType::kInt32 && targets.dtype() != DType::kInt64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("targets: expected dtype INT32 or INT64, got ", DTypeName(targets.dtype())));
+  }
+  const std::int64_t n = targets.numel();
+  out->resize(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    (*out)[static_cast<std::size_t>(i)] = targets.dtype() == DType::kInt32
+                                              ? std::int64_t{targets.data<std::int32_t>()[i]}
+                                              : targets.data<std::int64_t>()[i];
+  }
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = (*out)[static_cast<std::size_t>(i)];
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= v) {
+      return absl::InvalidArgumentError(absl::StrCat("targets[", i, "] = ", t,
+                                                     ": expected a token id in [0, ", v,
+                                                     ") or ignore_index ", ignore_index));
+    }
+    ++counted;
+  }
+  return counted;
+}
+
+float CrossEntropyGradScale(const CrossEntropyPlan& plan, std::int64_t counted) {
+  if (plan.reduction != v1::REDUCTION_MEAN || counted == 0) return plan.grad_scale;
+  return plan.grad_scale / static_cast<float>(counted);
+}
+
+float ReduceLoss(const CrossEntropyPlan& plan, const float* loss, std::int64_t m,
+                 std::int64_t counted) {
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < m; ++i) sum += static_cast<double>(loss[i]);
+  if (plan.reduction != v1::REDUCTION_MEAN) return static_cast<float>(sum);
+  if (counted == 0) return std::numeric_limits<float>::quiet_NaN();
+  return static_cast<float>(sum / static_cast<double>(counted));
+}
+
 absl::StatusOr<CastPlan> ValidateCast(const v1::CastHeader& header,
                                       std::uint64_t max_request_bytes) {
   CastPlan plan;

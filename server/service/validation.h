@@ -72,6 +72,61 @@ struct CastPlan {
 absl::StatusOr<CastPlan> ValidateCast(const v1::CastHeader& header,
                                       std::uint64_t max_request_bytes);
 
+struct CrossEntropyPlan {
+  std::int64_t m = 0;
+  DType targets_dtype = DType::kInt64;
+  // The header's, or -100 when the field is absent.
+  std::int64_t ignore_index = -100;
+  // NONE, SUM or MEAN (UNSPECIFIED becomes MEAN).
+  v1::Reduction reduction = v1::REDUCTION_MEAN;
+  float z_loss = 0.0f;
+  float logit_softcap = 0.0f;
+  // The incoming gradient of the reduced loss (0 in the header means 1).
+  float grad_scale = 1.0f;
+  bool want_lse = false;
+  bool want_dx = false;
+  bool want_dw = false;
+  bool accumulate_dw = false;
+  DType dx_dtype = DType::kBf16;
+  std::uint64_t x_bytes = 0;
+  std::uint64_t targets_bytes = 0;
+  // [M] for REDUCTION_NONE, else [1].
+  std::vector<std::int64_t> loss_shape;
+  std::uint64_t loss_bytes = 0;
+  // 0 when the tensor is not returned.
+  std::uint64_t lse_bytes = 0;
+  std::uint64_t dx_bytes = 0;
+  std::uint64_t dw_bytes = 0;
+  // True when dW travels back (wanted and not accumulated).
+  bool returns_dw() const { return want_dw && !accumulate_dw; }
+};
+// InvalidArgument for a bad x or targets spec, reduction, option or output
+// dtype, and for accumulate_dw without want_dw (as Backward); ResourceExhausted
+// when the request's and response's tensors exceed max_request_bytes.
+absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHeader& header,
+                                                      const WeightDims& weight,
+                                                      std::uint64_t max_request_bytes);
+
+// Widens the received targets (INT32 or INT64 [M]) to int64 into `out` and
+// checks each is in [0, v) or equal to ignore_index: InvalidArgument naming
+// the first that is not, never a clamp. Returns the number of counted
+// (non-ignored) tokens.
+absl::StatusOr<std::int64_t> ConvertTargets(const Tensor& targets, std::int64_t v,
+                                            std::int64_t ignore_index,
+                                            std::vector<std::int64_t>* out);
+
+// The scale the backend multiplies every counted token's dL/dz by before the
+// bf16 cast of G: grad_scale, divided (in fp32) by the counted tokens for a
+// mean. With nothing counted every gradient row is zero and it is grad_scale.
+float CrossEntropyGradScale(const CrossEntropyPlan& plan, std::int64_t counted);
+
+// The loss the response carries for SUM and MEAN: the per-token losses
+// (ignored ones are 0) summed in fp64 in token order, divided by `counted`
+// for MEAN (NaN when nothing counts), rounded to fp32 once. Deterministic
+// for the same per-token losses.
+float ReduceLoss(const CrossEntropyPlan& plan, const float* loss, std::int64_t m,
+                 std::int64_t counted);
+
 // A weight_handle/handle field: InvalidArgument when empty (a missing field,
 // not an unknown handle, which the registry reports as NotFound).
 absl::Status ValidateHandle(absl::string_view handle);

@@ -3,6 +3,8 @@
 #include "server/service/validation.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -47,6 +49,12 @@ v1::BackwardHeader Backward(std::vector<std::int64_t> dy_shape, std::vector<std:
 }
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+std::uint32_t FloatBitsOf(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
 
 // --- RegisterWeight ---------------------------------------------------------
 
@@ -344,6 +352,316 @@ TEST(ValidateCast, RejectsBadInput) {
   s = ValidateCast(h, 5999).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(ValidateCast(h, 6000).ok());
+}
+
+// --- CrossEntropy ------------------------------------------------------------
+
+v1::CrossEntropyHeader CrossEntropy(std::vector<std::int64_t> x_shape,
+                                    std::vector<std::int64_t> targets_shape,
+                                    v1::DType targets_dtype = v1::DTYPE_INT64) {
+  v1::CrossEntropyHeader h;
+  h.set_weight_handle("w");
+  *h.mutable_x() = Spec("x", v1::DTYPE_BF16, std::move(x_shape));
+  *h.mutable_targets() = Spec("targets", targets_dtype, std::move(targets_shape));
+  return h;
+}
+
+TEST(ValidateCrossEntropy, AcceptsAndAppliesDefaults) {
+  absl::StatusOr<CrossEntropyPlan> p =
+      ValidateCrossEntropy(CrossEntropy({16, 4096}, {16}), Weight(), kUnlimited);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->m, 16);
+  EXPECT_EQ(p->targets_dtype, DType::kInt64);
+  EXPECT_EQ(p->ignore_index, -100);  // the field is absent
+  EXPECT_EQ(p->reduction, v1::REDUCTION_MEAN);
+  EXPECT_EQ(p->z_loss, 0.0f);
+  EXPECT_EQ(p->logit_softcap, 0.0f);
+  EXPECT_EQ(p->grad_scale, 1.0f);  // 0 means 1
+  EXPECT_EQ(p->dx_dtype, DType::kBf16);
+  EXPECT_FALSE(p->want_lse || p->want_dx || p->want_dw || p->accumulate_dw);
+  EXPECT_EQ(p->loss_shape, std::vector<std::int64_t>{1});
+  EXPECT_EQ(p->x_bytes, 16u * 4096 * 2);
+  EXPECT_EQ(p->targets_bytes, 16u * 8);
+  EXPECT_EQ(p->loss_bytes, 4u);
+  EXPECT_EQ(p->lse_bytes, 0u);
+  EXPECT_EQ(p->dx_bytes, 0u);
+  EXPECT_EQ(p->dw_bytes, 0u);
+  EXPECT_FALSE(p->returns_dw());
+
+  v1::CrossEntropyHeader h = CrossEntropy({16, 4096}, {16}, v1::DTYPE_INT32);
+  h.set_ignore_index(0);  // present, even when 0
+  h.set_reduction(v1::REDUCTION_NONE);
+  h.set_z_loss(1e-4f);
+  h.set_logit_softcap(30.0f);
+  h.set_grad_scale(-0.5f);
+  h.set_want_lse(true);
+  h.set_want_dx(true);
+  h.set_want_dw(true);
+  h.set_dx_dtype(v1::DTYPE_FP32);
+  p = ValidateCrossEntropy(h, Weight(), kUnlimited);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->targets_dtype, DType::kInt32);
+  EXPECT_EQ(p->targets_bytes, 16u * 4);
+  EXPECT_EQ(p->ignore_index, 0);
+  EXPECT_EQ(p->reduction, v1::REDUCTION_NONE);
+  EXPECT_EQ(p->loss_shape, std::vector<std::int64_t>{16});
+  EXPECT_EQ(p->loss_bytes, 16u * 4);
+  EXPECT_EQ(p->z_loss, 1e-4f);
+  EXPECT_EQ(p->logit_softcap, 30.0f);
+  EXPECT_EQ(p->grad_scale, -0.5f);
+  EXPECT_EQ(p->dx_dtype, DType::kFp32);
+  EXPECT_EQ(p->lse_bytes, 16u * 4);
+  EXPECT_EQ(p->dx_bytes, 16u * 4096 * 4);
+  EXPECT_EQ(p->dw_bytes, 32768u * 4096 * 4);
+  EXPECT_TRUE(p->returns_dw());
+
+  h.set_reduction(v1::REDUCTION_SUM);
+  p = ValidateCrossEntropy(h, Weight(), kUnlimited);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->reduction, v1::REDUCTION_SUM);
+  EXPECT_EQ(p->loss_shape, std::vector<std::int64_t>{1});
+  h.set_reduction(v1::REDUCTION_MEAN);
+  EXPECT_EQ(ValidateCrossEntropy(h, Weight(), kUnlimited)->reduction, v1::REDUCTION_MEAN);
+}
+
+TEST(ValidateCrossEntropy, RejectsBadX) {
+  absl::Status s =
+      ValidateCrossEntropy(CrossEntropy({16, 4095}, {16}), Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Message(s),
+            "x: expected K=4096 to match weight 'lm_head' [32768, 4096], got [16, 4095]");
+  v1::CrossEntropyHeader h = CrossEntropy({16, 4096}, {16});
+  h.mutable_x()->set_dtype(v1::DTYPE_FP32);
+  s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("x: expected dtype BF16, got FP32"));
+  EXPECT_EQ(ValidateCrossEntropy(CrossEntropy({4096}, {16}), Weight(), kUnlimited).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ValidateCrossEntropy(CrossEntropy({0, 4096}, {0}), Weight(), kUnlimited).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  h = CrossEntropy({16, 4096}, {16});
+  h.clear_x();
+  s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("x: the header has no TensorSpec"));
+}
+
+TEST(ValidateCrossEntropy, RejectsBadTargets) {
+  v1::CrossEntropyHeader h = CrossEntropy({16, 4096}, {16});
+  h.clear_targets();
+  absl::Status s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("targets: the header has no TensorSpec"));
+
+  h = CrossEntropy({16, 4096}, {16});
+  h.mutable_targets()->clear_name();
+  EXPECT_EQ(ValidateCrossEntropy(h, Weight(), kUnlimited).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  h = CrossEntropy({16, 4096}, {16});
+  h.mutable_targets()->set_name("x");
+  s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("distinct TensorSpec names"));
+
+  for (v1::DType d : {v1::DTYPE_FP32, v1::DTYPE_BF16, v1::DTYPE_UNSPECIFIED}) {
+    s = ValidateCrossEntropy(CrossEntropy({16, 4096}, {16}, d), Weight(), kUnlimited).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << d;
+    EXPECT_THAT(Message(s), HasSubstr("targets: expected dtype INT32 or INT64, got "));
+  }
+
+  s = ValidateCrossEntropy(CrossEntropy({16, 4096}, {15}), Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Message(s), "targets: expected rank 1 [M] with M=16 to match x [16, 4096], got [15]");
+  s = ValidateCrossEntropy(CrossEntropy({16, 4096}, {16, 1}), Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("got [16, 1]"));
+  s = ValidateCrossEntropy(CrossEntropy({16, 4096}, {}), Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateCrossEntropy, RejectsBadOptions) {
+  const float nan = std::nanf("");
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float z : {-1e-4f, nan, inf}) {
+    v1::CrossEntropyHeader h = CrossEntropy({16, 4096}, {16});
+    h.set_z_loss(z);
+    absl::Status s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << z;
+    EXPECT_THAT(Message(s), HasSubstr("z_loss: expected a finite coefficient >= 0"));
+  }
+  for (float cap : {-30.0f, nan, inf}) {
+    v1::CrossEntropyHeader h = CrossEntropy({16, 4096}, {16});
+    h.set_logit_softcap(cap);
+    absl::Status s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cap;
+    EXPECT_THAT(Message(s), HasSubstr("logit_softcap: expected 0 (off) or a finite cap > 0"));
+  }
+  for (float g : {nan, inf, -inf}) {
+    v1::CrossEntropyHeader h = CrossEntropy({16, 4096}, {16});
+    h.set_grad_scale(g);
+    absl::Status s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << g;
+    EXPECT_THAT(Message(s), HasSubstr("grad_scale: expected a finite incoming gradient"));
+  }
+  v1::CrossEntropyHeader h = CrossEntropy({16, 4096}, {16});
+  h.set_reduction(static_cast<v1::Reduction>(7));
+  absl::Status s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Message(s), "reduction: expected NONE, SUM or MEAN (unspecified means MEAN), got 7");
+
+  for (v1::DType d : {v1::DTYPE_INT32, v1::DTYPE_INT64, static_cast<v1::DType>(9)}) {
+    h = CrossEntropy({16, 4096}, {16});
+    h.set_want_dx(true);
+    h.set_dx_dtype(d);
+    s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << d;
+    EXPECT_THAT(Message(s), HasSubstr("dx_dtype: expected BF16 or FP32"));
+  }
+}
+
+TEST(ValidateCrossEntropy, AccumulateRules) {
+  v1::CrossEntropyHeader h = CrossEntropy({16, 4096}, {16});
+  h.set_accumulate_dw(true);
+  absl::Status s = ValidateCrossEntropy(h, Weight(), kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Message(s),
+            "accumulate_dw: expected want_dw=true (accumulation computes dW), got want_dw=false");
+  h.set_want_dw(true);
+  absl::StatusOr<CrossEntropyPlan> p = ValidateCrossEntropy(h, Weight(), kUnlimited);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->accumulate_dw);
+  EXPECT_FALSE(p->returns_dw());
+  EXPECT_EQ(p->dw_bytes, 0u);
+}
+
+TEST(ValidateCrossEntropy, OutputsCountAgainstRequestLimit) {
+  // x 16x4096 bf16 = 131072, targets int64 = 128, loss [1] = 4, lse = 64,
+  // dx bf16 = 131072, dw fp32 = 512 MiB.
+  const std::uint64_t without_dw = 131072 + 128 + 4 + 64 + 131072;
+  v1::CrossEntropyHeader h = CrossEntropy({16, 4096}, {16});
+  h.set_want_lse(true);
+  h.set_want_dx(true);
+  h.set_want_dw(true);
+  absl::Status s = ValidateCrossEntropy(h, Weight(), without_dw).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(s), HasSubstr("dw fp32 [32768, 4096]"));
+  EXPECT_THAT(Message(s), HasSubstr("--max_request_bytes"));
+  // Accumulated dW does not travel, so it fits, to the byte.
+  h.set_accumulate_dw(true);
+  EXPECT_TRUE(ValidateCrossEntropy(h, Weight(), without_dw).ok());
+  s = ValidateCrossEntropy(h, Weight(), without_dw - 1).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(s), HasSubstr("lse fp32 [16]"));
+  // Per-token losses count M entries.
+  h.set_reduction(v1::REDUCTION_NONE);
+  EXPECT_EQ(ValidateCrossEntropy(h, Weight(), without_dw).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(ValidateCrossEntropy(h, Weight(), without_dw + 60).ok());
+}
+
+TEST(ValidateCrossEntropy, OutputShapeOverflowIsInvalid) {
+  WeightDims huge{std::int64_t{1} << 40, 4, "'huge' [2^40, 4]"};
+  v1::CrossEntropyHeader h = CrossEntropy({std::int64_t{1} << 30, 4}, {std::int64_t{1} << 30});
+  EXPECT_TRUE(ValidateCrossEntropy(h, huge, kUnlimited).ok());  // no [M, V] anywhere
+  h.set_want_dw(true);
+  absl::Status s = ValidateCrossEntropy(h, huge, kUnlimited).status();
+  EXPECT_TRUE(s.ok()) << s;  // [2^40, 4] fp32 = 2^44 bytes still fits in int64
+  WeightDims huger{std::int64_t{1} << 61, 4, "'huger' [2^61, 4]"};
+  s = ValidateCrossEntropy(h, huger, kUnlimited).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("dw: "));
+}
+
+Tensor Targets(DType dtype, const std::vector<std::int64_t>& values) {
+  Tensor t(dtype, {static_cast<std::int64_t>(values.size())});
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::kInt32) {
+      t.data<std::int32_t>()[i] = static_cast<std::int32_t>(values[i]);
+    } else {
+      t.data<std::int64_t>()[i] = values[i];
+    }
+  }
+  return t;
+}
+
+TEST(ConvertTargets, WidensInt32AndCountsTheNonIgnored) {
+  for (DType dtype : {DType::kInt32, DType::kInt64}) {
+    std::vector<std::int64_t> out;
+    absl::StatusOr<std::int64_t> counted =
+        ConvertTargets(Targets(dtype, {0, 32767, -100, 5, -100}), 32768, -100, &out);
+    ASSERT_TRUE(counted.ok()) << counted.status();
+    EXPECT_EQ(*counted, 3);
+    EXPECT_EQ(out, (std::vector<std::int64_t>{0, 32767, -100, 5, -100}));
+  }
+  // int64 ids past 2^31 and an ignore_index inside the vocabulary.
+  std::vector<std::int64_t> out;
+  absl::StatusOr<std::int64_t> counted = ConvertTargets(
+      Targets(DType::kInt64, {std::int64_t{1} << 33, 3, 7}), std::int64_t{1} << 34, 7, &out);
+  ASSERT_TRUE(counted.ok()) << counted.status();
+  EXPECT_EQ(*counted, 2);
+  EXPECT_EQ(out[0], std::int64_t{1} << 33);
+}
+
+TEST(ConvertTargets, OutOfRangeNamesTheFirstBadIndexAndValue) {
+  std::vector<std::int64_t> values(20, 1);
+  values[17] = 50000;
+  values[19] = -5;
+  std::vector<std::int64_t> out;
+  absl::Status s = ConvertTargets(Targets(DType::kInt32, values), 32768, -100, &out).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Message(s),
+            "targets[17] = 50000: expected a token id in [0, 32768) or ignore_index -100");
+  values[17] = 32768;  // V itself
+  s = ConvertTargets(Targets(DType::kInt64, values), 32768, -100, &out).status();
+  EXPECT_THAT(Message(s), HasSubstr("targets[17] = 32768:"));
+  values[17] = 0;
+  s = ConvertTargets(Targets(DType::kInt64, values), 32768, -100, &out).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("targets[19] = -5:"));
+  values[19] = -100;  // the default ignore_index is no token once another is set
+  s = ConvertTargets(Targets(DType::kInt64, values), 32768, -1, &out).status();
+  EXPECT_EQ(Message(s), "targets[19] = -100: expected a token id in [0, 32768) or ignore_index -1");
+  // An int64 id that an int32 conversion would wrap into range.
+  s = ConvertTargets(Targets(DType::kInt64, {(std::int64_t{1} << 32) + 5}), 32768, -100, &out)
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("targets[0] = 4294967301:"));
+  s = ConvertTargets(Tensor(DType::kFp32, {4}), 32768, -100, &out).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CrossEntropyReduction, GradScaleDividesByCountedForMeanOnly) {
+  CrossEntropyPlan plan;
+  plan.grad_scale = 3.0f;
+  plan.reduction = v1::REDUCTION_MEAN;
+  EXPECT_EQ(CrossEntropyGradScale(plan, 4), 0.75f);
+  EXPECT_EQ(CrossEntropyGradScale(plan, 3), 1.0f);
+  EXPECT_EQ(CrossEntropyGradScale(plan, 7), 3.0f / 7.0f);  // one fp32 division
+  EXPECT_EQ(CrossEntropyGradScale(plan, 0), 3.0f);         // nothing counts: rows are zero
+  plan.reduction = v1::REDUCTION_SUM;
+  EXPECT_EQ(CrossEntropyGradScale(plan, 4), 3.0f);
+  plan.reduction = v1::REDUCTION_NONE;
+  EXPECT_EQ(CrossEntropyGradScale(plan, 4), 3.0f);
+}
+
+TEST(CrossEntropyReduction, SumAndMeanInFp64InTokenOrder) {
+  CrossEntropyPlan plan;
+  // Ignored tokens carry 0. In fp32, 2^24 + 1 + 1 would be 2^24; fp64 keeps both ones.
+  const std::vector<float> loss = {16777216.0f, 1.0f, 0.0f, 1.0f};
+  plan.reduction = v1::REDUCTION_SUM;
+  EXPECT_EQ(ReduceLoss(plan, loss.data(), 4, 3), 16777218.0f);
+  plan.reduction = v1::REDUCTION_MEAN;
+  EXPECT_EQ(ReduceLoss(plan, loss.data(), 4, 3), static_cast<float>(16777218.0 / 3.0));
+  EXPECT_TRUE(std::isnan(ReduceLoss(plan, loss.data(), 0, 0)));  // mean of nothing
+  const std::vector<float> zeros = {0.0f, 0.0f};
+  EXPECT_TRUE(std::isnan(ReduceLoss(plan, zeros.data(), 2, 0)));
+  plan.reduction = v1::REDUCTION_SUM;
+  EXPECT_EQ(FloatBitsOf(ReduceLoss(plan, zeros.data(), 2, 0)), 0u);  // sum of nothing is +0
+  // A NaN per-token loss reaches the reduction.
+  const std::vector<float> with_nan = {1.0f, std::nanf(""), 2.0f};
+  EXPECT_TRUE(std::isnan(ReduceLoss(plan, with_nan.data(), 3, 3)));
 }
 
 TEST(ValidateHandle, EmptyIsAMissingField) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -169,6 +171,140 @@ void SetTiming(Timing* timing, std::chrono::steady_clock::time_point start) {
   if (timing == nullptr) return;
   *timing = Timing{};
   timing->compute_us = MicrosSince(start);
+}
+
+// --- Fused cross-entropy -----------------------------------------------------
+//
+// Numerics, and why:
+// - Logits come from the same sgemm call as Logits (alpha 1, beta 0, X by
+//   Wᵀ) applied to a block of W's rows. With one chunk it is the very call
+//   Logits makes, so the logits (and, with Backward's dX and dW calls, the
+//   gradients) equal Logits + Backward bitwise. With several chunks the
+//   narrower products may be split differently among OpenBLAS's threads, and
+//   elements where a split falls can differ in the last bit; integer-valued
+//   logits are exact either way.
+// - Soft-capping, exp and the per-tile sums are fp32, as a GPU computes them:
+//   t = tanh(y / cap), z = cap * t; e = exp(z - tile max).
+// - The log-sum-exp is taken over fixed tiles of kCeTile vocabulary entries
+//   aligned at 0, not over chunks: a tile's (max, sum of exp(z - max)) uses a
+//   fixed pairwise tree (a warp reduction's order), and tiles are folded into
+//   the row's running (max, sum) in vocabulary order with the sum in fp64.
+//   Chunks are whole numbers of tiles, so for the same logits lse and loss do
+//   not depend on the chunk size (which depends on M); the fp64 fold
+//   keeps V/kCeTile rescalings from adding fp32 roundings. What is left is
+//   the tree's log2(kCeTile) = 6 roundings, exp's own error (under an ulp)
+//   and the rounding of z - max (relative u |z - max| for that term), so the
+//   sum is within about (8 + mean |z - max|) u of the exact sum over the fp32
+//   logits, and lse = max + log(sum) in fp64 is rounded to fp32 once. Summing
+//   all of V sequentially in fp32 would instead allow up to V u (0.8% at
+//   V = 128k).
+// - loss = lse - z_t + z_loss * lse^2 is formed in fp64 from the unrounded lse
+//   and rounded once.
+// - The backward pass recomputes each chunk's logits and forms, in fp32 and in
+//   this order, d = exp(z - lse) * c - onehot with c = 1 + (2 z_loss) lse
+//   (lse the fp32 value returned), d *= (1 - t)(1 + t) under soft-capping
+//   (that is 1 - (z/cap)^2 without the cancellation of 1 - t*t), d *= scale,
+//   then G = bf16(d) by RNE once. A client can rebuild G from the Logits output
+//   and the returned lse with these operations.
+// - Non-finite logits follow torch.logsumexp: a NaN gives NaN, a +Inf gives
+//   lse = +Inf, a row of -Inf gives -Inf.
+
+// Vocabulary entries per tile of the log-sum-exp; chunks are multiples of it.
+constexpr std::int64_t kCeTile = 64;
+// Bytes of one chunk's fp32 logits [m, chunk] when the caller leaves the
+// chunk to the backend: large enough for sgemm to run at full speed, small
+// next to the [M, V] tensor the fused path exists to avoid.
+constexpr std::int64_t kCeChunkBytes = std::int64_t{64} << 20;
+
+// Vocabulary rows per chunk: `requested` (> 0) rounded up to whole tiles, or
+// about kCeChunkBytes of logits; never more than v.
+std::int64_t CeChunkRows(std::int64_t requested, std::int64_t m, std::int64_t v) {
+  std::int64_t c = 0;
+  if (requested > 0) {
+    c = std::min(requested, v);
+    c = (c + kCeTile - 1) / kCeTile * kCeTile;
+  } else {
+    c = kCeChunkBytes / static_cast<std::int64_t>(sizeof(float)) / m / kCeTile * kCeTile;
+    c = std::max(c, kCeTile);
+  }
+  return std::min(c, v);
+}
+
+// One tile of capped logits (n <= kCeTile): its max (NaN if any is NaN) and
+// the sum of exp(z - max) when the max is finite (0 otherwise; the max alone
+// then decides the row's lse).
+void CeTileMaxSum(const float* z, std::int64_t n, float* tile_max, float* tile_sum) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (std::isnan(z[j])) {
+      mx = z[j];
+      break;
+    }
+    if (z[j] > mx) mx = z[j];
+  }
+  *tile_max = mx;
+  *tile_sum = 0.0f;
+  if (!std::isfinite(mx)) return;
+  float e[kCeTile];
+  for (std::int64_t j = 0; j < n; ++j) e[j] = std::exp(z[j] - mx);
+  for (std::int64_t j = n; j < kCeTile; ++j) e[j] = 0.0f;
+  for (std::int64_t width = kCeTile / 2; width >= 1; width /= 2) {
+    for (std::int64_t j = 0; j < width; ++j) e[j] += e[j + width];
+  }
+  *tile_sum = e[0];
+}
+
+// A row's running log-sum-exp: sum of exp(z - max) over the tiles so far.
+struct CeRow {
+  float max = -std::numeric_limits<float>::infinity();
+  double sum = 0.0;
+
+  void Fold(float tile_max, float tile_sum) {
+    if (std::isnan(max)) return;
+    if (std::isnan(tile_max)) {
+      max = tile_max;
+    } else if (tile_max > max) {
+      sum = (std::isfinite(max) ? sum * std::exp(static_cast<double>(max) - tile_max) : 0.0) +
+            tile_sum;
+      max = tile_max;
+    } else if (std::isfinite(tile_max) && std::isfinite(max)) {
+      sum += tile_sum * std::exp(static_cast<double>(tile_max) - max);
+    }
+  }
+
+  double Lse() const {
+    if (!std::isfinite(max)) return max;  // NaN, +Inf, or -Inf for a row of -Inf
+    return static_cast<double>(max) + std::log(sum);
+  }
+};
+
+// z = cap * tanh(y / cap) in place; the identity when cap is 0.
+void CeSoftcap(float cap, float* y, std::int64_t n) {
+  if (cap == 0.0f) return;
+  for (std::int64_t j = 0; j < n; ++j) y[j] = cap * std::tanh(y[j] / cap);
+}
+
+absl::Status CheckCeTargets(const std::int64_t* targets, std::int64_t m, std::int64_t v,
+                            std::int64_t ignore_index) {
+  for (std::int64_t i = 0; i < m; ++i) {
+    const std::int64_t t = targets[i];
+    if (t != ignore_index && (t < 0 || t >= v)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cross entropy: targets[%d] = %d: expected a token id in [0, %d) or "
+                          "ignore_index %d",
+                          i, t, v, ignore_index));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCeOption(absl::string_view name, float value, bool non_negative) {
+  if (!std::isfinite(value) || (non_negative && value < 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("cross entropy: expected ", name, " finite",
+                                                   non_negative ? " and >= 0" : "", ", got ",
+                                                   value));
+  }
+  return absl::OkStatus();
 }
 
 class CpuBackend final : public Backend {
@@ -403,6 +539,170 @@ class CpuBackend final : public Backend {
       return absl::InvalidArgumentError("cast to bf16: in or out is null");
     }
     Narrow(in, n, out);
+    SetTiming(timing, start);
+    return absl::OkStatus();
+  }
+
+  absl::Status CrossEntropy(Weight& weight, const CrossEntropyArgs& args, Timing* timing) override {
+    const auto start = std::chrono::steady_clock::now();
+    CpuWeight* cw = AsCpuWeight(weight);
+    if (cw == nullptr) return ForeignWeight("cross entropy", weight);
+    CpuWeight& w = *cw;
+    if (args.x == nullptr) return absl::InvalidArgumentError("cross entropy: x is null");
+    if (args.targets == nullptr) {
+      return absl::InvalidArgumentError("cross entropy: targets is null");
+    }
+    if (args.loss == nullptr) return absl::InvalidArgumentError("cross entropy: loss is null");
+    if (absl::Status s = CheckRows("cross entropy", args.m); !s.ok()) return s;
+    if (args.dx != nullptr) {
+      if (absl::Status s = CheckFloatDType("cross entropy", "dx_dtype", args.dx_dtype); !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = CheckCeOption("z_loss", args.z_loss, true); !s.ok()) return s;
+    if (absl::Status s = CheckCeOption("logit_softcap", args.logit_softcap, true); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckCeOption("grad_scale", args.grad_scale, false); !s.ok()) return s;
+    const std::int64_t m = args.m;
+    const std::int64_t v = w.v();
+    const std::int64_t k = w.k();
+    if (absl::Status s = CheckCeTargets(args.targets, m, v, args.ignore_index); !s.ok()) return s;
+    const bool want_dx = args.dx != nullptr;
+    const bool return_dw = args.dw != nullptr && !args.accumulate_dw;
+    const bool backward = want_dx || return_dw || args.accumulate_dw;
+    const float cap = args.logit_softcap;
+    const std::int64_t chunk = CeChunkRows(args.vocab_chunk, m, v);
+
+    // Everything is allocated before the gradient buffer is touched, so an
+    // accumulating call either adds all of its dW or none of it.
+    absl::StatusOr<FloatBuffer> xf = AllocateFloats(m * k, false, "cross entropy: x widened");
+    if (!xf.ok()) return xf.status();
+    Widen(args.x, m * k, xf->get());
+    absl::StatusOr<FloatBuffer> buf =
+        AllocateFloats(m * chunk, false,
+                       absl::StrFormat("cross entropy: fp32 logits of a chunk [%d, %d]", m, chunk));
+    if (!buf.ok()) return buf.status();
+    FloatBuffer dx_tmp;
+    float* dx_acc = nullptr;
+    if (want_dx) {
+      // Written whole by the first chunk's sgemm (beta 0), as Backward's is.
+      if (args.dx_dtype == DType::kFp32) {
+        dx_acc = static_cast<float*>(args.dx);
+      } else {
+        absl::StatusOr<FloatBuffer> t =
+            AllocateFloats(m * k, false, "cross entropy: dX accumulator");
+        if (!t.ok()) return t.status();
+        dx_tmp = std::move(*t);
+        dx_acc = dx_tmp.get();
+      }
+    }
+
+    // Pass 1: lse and the target's capped logit, row by row over the tiles.
+    std::vector<CeRow> rows(static_cast<std::size_t>(m));
+    std::vector<float> z_target(static_cast<std::size_t>(m), 0.0f);
+    for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
+      const std::int64_t c = std::min(chunk, v - v0);
+      float* y = buf->get();
+      Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf->get(), k, w.data() + v0 * k, k, 0.0f, y,
+            c);
+      for (std::int64_t i = 0; i < m; ++i) {
+        float* z = y + i * c;
+        CeSoftcap(cap, z, c);
+        CeRow& row = rows[static_cast<std::size_t>(i)];
+        for (std::int64_t j = 0; j < c; j += kCeTile) {
+          float tile_max = 0.0f;
+          float tile_sum = 0.0f;
+          CeTileMaxSum(z + j, std::min(kCeTile, c - j), &tile_max, &tile_sum);
+          row.Fold(tile_max, tile_sum);
+        }
+        const std::int64_t t = args.targets[i];
+        if (t != args.ignore_index && t >= v0 && t < v0 + c) {
+          z_target[static_cast<std::size_t>(i)] = z[t - v0];
+        }
+      }
+    }
+    std::vector<float> lse(static_cast<std::size_t>(m));
+    for (std::int64_t i = 0; i < m; ++i) {
+      const auto r = static_cast<std::size_t>(i);
+      const double l = rows[r].Lse();
+      lse[r] = static_cast<float>(l);
+      if (args.targets[i] == args.ignore_index) {
+        args.loss[i] = 0.0f;
+        continue;
+      }
+      double loss = l - static_cast<double>(z_target[r]);
+      // Skipped when off, so that an infinite lse does not give 0 * Inf.
+      if (args.z_loss != 0.0f) loss += static_cast<double>(args.z_loss) * l * l;
+      args.loss[i] = static_cast<float>(loss);
+    }
+    if (args.lse != nullptr) std::memcpy(args.lse, lse.data(), lse.size() * sizeof(float));
+
+    if (backward) {
+      // dW goes into the gradient buffer under its lock for the whole pass,
+      // so FetchGradient never sees part of a call's dW; the call counts once.
+      std::unique_lock<std::mutex> grad_lock;
+      float* dw = args.dw;
+      float dw_beta = 0.0f;
+      if (args.accumulate_dw) {
+        grad_lock = std::unique_lock<std::mutex>(w.grad_mu());
+        if (w.grad() == nullptr) {
+          absl::StatusOr<FloatBuffer> g =
+              AllocateFloats(v * k, /*zeroed=*/true, "cross entropy: fp32 gradient buffer");
+          if (!g.ok()) return g.status();
+          w.set_grad(std::move(*g));
+        }
+        dw = w.grad();
+        dw_beta = 1.0f;
+      } else if (!return_dw) {
+        dw = nullptr;
+      }
+      const float z_coef = 2.0f * args.z_loss;
+      for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
+        const std::int64_t c = std::min(chunk, v - v0);
+        float* g = buf->get();
+        Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf->get(), k, w.data() + v0 * k, k, 0.0f, g,
+              c);
+        for (std::int64_t i = 0; i < m; ++i) {
+          float* row = g + i * c;
+          const std::int64_t t = args.targets[i];
+          if (t == args.ignore_index) {
+            std::fill(row, row + c, 0.0f);
+            continue;
+          }
+          const float l = lse[static_cast<std::size_t>(i)];
+          const float coef = args.z_loss != 0.0f ? 1.0f + z_coef * l : 1.0f;
+          for (std::int64_t j = 0; j < c; ++j) {
+            float z = row[j];
+            float dz_dy = 1.0f;
+            if (cap != 0.0f) {
+              const float th = std::tanh(z / cap);
+              z = cap * th;
+              dz_dy = (1.0f - th) * (1.0f + th);
+            }
+            float d = std::exp(z - l) * coef;
+            if (v0 + j == t) d -= 1.0f;
+            if (cap != 0.0f) d *= dz_dy;
+            d *= args.grad_scale;
+            row[j] = RoundToBf16(d);
+          }
+        }
+        if (want_dx) {
+          // dX [m, K] += G_chunk [m, c] . W_chunk [c, K]
+          Sgemm(CblasNoTrans, CblasNoTrans, m, k, c, 1.0f, g, c, w.data() + v0 * k, k,
+                v0 == 0 ? 0.0f : 1.0f, dx_acc, k);
+        }
+        if (dw != nullptr) {
+          // dW rows [v0, v0 + c) (+)= G_chunkᵀ [c, m] . X [m, K]
+          Sgemm(CblasTrans, CblasNoTrans, c, k, m, 1.0f, g, c, xf->get(), k, dw_beta, dw + v0 * k,
+                k);
+        }
+      }
+      if (args.accumulate_dw) w.set_grad_count(w.grad_count() + 1);
+      if (want_dx && args.dx_dtype == DType::kBf16) {
+        Narrow(dx_acc, m * k, static_cast<Bf16Bits*>(args.dx));
+      }
+    }
     SetTiming(timing, start);
     return absl::OkStatus();
   }
