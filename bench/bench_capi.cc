@@ -1,7 +1,8 @@
-// A C entry point to the backend's GEMM engine for bench/torch_baseline.py,
-// which loads it with ctypes so that logitd's products and PyTorch's run in
-// one process, on the same tensors and the same stream, interleaved: the
-// side-by-side comparison then carries no between-process drift.
+// A C entry point to the backend's GEMM engine and fused cross-entropy for
+// bench/torch_baseline.py and bench/ce_bench.py, which load it with ctypes so
+// that logitd's products and PyTorch's run in one process, on the same
+// tensors and the same stream, interleaved: the side-by-side comparison then
+// carries no between-process drift.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "server/kernels/cuda/cross_entropy.h"
 #include "server/kernels/cuda/cuda_handles.h"
 #include "server/kernels/cuda/lt_gemm.h"
 
@@ -16,15 +18,32 @@ namespace {
 
 namespace kc = logitd::kernels::cuda;
 
+thread_local std::string last_error;
+thread_local std::string last_choice;
+
 struct Engine {
   std::shared_ptr<kc::DeviceMemory> memory;
   kc::LtHandle handle;
   kc::DeviceBuffer workspace;
   std::unique_ptr<kc::GemmEngine> engine;
+  // The cross-entropy's scratch, grown as needed and kept between calls, as
+  // the backend's stream contexts keep theirs.
+  kc::DeviceBuffer ce_logits, ce_g, ce_rows, ce_dx_acc;
+  std::int64_t ce_chunk = 0;
 };
 
-thread_local std::string last_error;
-thread_local std::string last_choice;
+// Grows `buffer` to at least `bytes`; false (with last_error) on failure.
+bool Grow(Engine& e, kc::DeviceBuffer& buffer, std::size_t bytes, const char* what) {
+  if (bytes == 0 || buffer.size() >= bytes) return true;
+  buffer.Reset();
+  auto fresh = e.memory->Allocate(bytes, what);
+  if (!fresh.ok()) {
+    last_error = std::string(fresh.status().message());
+    return false;
+  }
+  buffer = *std::move(fresh);
+  return true;
+}
 
 kc::GemmShape Shape(int op, std::int64_t m, std::int64_t v, std::int64_t k, int out_bf16) {
   const cudaDataType_t out = out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -93,6 +112,71 @@ const char* logitd_bench_choice(void* engine, int op, std::int64_t m, std::int64
   auto choice = e->engine->Cached(Shape(op, m, v, k, out_bf16), {p, q, c}, e->workspace.size());
   last_choice = choice ? choice->ToString() : "";
   return last_choice.c_str();
+}
+
+// Fused cross-entropy on device tensors, enqueued on `stream` (no
+// synchronization): x [m, k] bf16, w [v, k] bf16, targets [m] int64, loss [m]
+// fp32, lse [m] fp32 or null, dx [m, k] (bf16 when dx_bf16, else fp32) or
+// null, dw [v, k] fp32 or null (dw_beta 0 overwrites, 1 accumulates). chunk 0
+// chooses it as the backend does without a memory budget. Returns 0, or -1
+// with last_error set.
+int logitd_bench_cross_entropy(void* engine, std::int64_t m, std::int64_t v, std::int64_t k,
+                               const void* x, const void* w, const std::int64_t* targets,
+                               std::int64_t ignore_index, float z_loss, float logit_softcap,
+                               float grad_scale, float* loss, float* lse, void* dx, int dx_bf16,
+                               float* dw, float dw_beta, std::int64_t chunk, void* stream) {
+  auto* e = static_cast<Engine*>(engine);
+  const bool grads = dx != nullptr || dw != nullptr;
+  const bool acc = dx != nullptr && dx_bf16 != 0;
+  chunk = chunk > 0 ? kc::RoundCeChunk(chunk, v)
+                    : kc::ChooseCeChunk(m, v, grads, 0, kc::kCeWorkspaceBytes);
+  const kc::CeScratchSizes sizes = kc::CeScratch(m, k, chunk, grads, acc);
+  if (!Grow(*e, e->ce_logits, sizes.logits, "cross_entropy: logits chunk") ||
+      !Grow(*e, e->ce_g, sizes.g, "cross_entropy: G chunk") ||
+      !Grow(*e, e->ce_rows, sizes.rows, "cross_entropy: per-row state") ||
+      !Grow(*e, e->ce_dx_acc, sizes.dx_acc, "cross_entropy: dx accumulator")) {
+    return -1;
+  }
+  e->ce_chunk = chunk;
+  kc::CeProblem p;
+  p.m = m;
+  p.v = v;
+  p.k = k;
+  p.chunk = chunk;
+  p.ignore_index = ignore_index;
+  p.z_loss = z_loss;
+  p.logit_softcap = logit_softcap;
+  p.grad_scale = grad_scale;
+  kc::CeBuffers b;
+  b.x = x;
+  b.w = w;
+  b.targets = targets;
+  b.loss = loss;
+  b.lse = lse;
+  b.dx = dx;
+  b.dx_bf16 = dx_bf16 != 0;
+  b.logits = e->ce_logits.as<float>();
+  b.g = e->ce_g.as<std::uint16_t>();
+  b.rows = e->ce_rows.get();
+  b.dx_acc = e->ce_dx_acc.as<float>();
+  kc::DeviceDwSink sink(dw, k, dw_beta);
+  const kc::GemmStream s{e->handle.get(), static_cast<cudaStream_t>(stream), e->workspace.get(),
+                         e->workspace.size()};
+  const absl::Status st = kc::RunCrossEntropy(*e->engine, s, p, b, dw != nullptr ? &sink : nullptr);
+  if (!st.ok()) {
+    last_error = std::string(st.message());
+    return -1;
+  }
+  return 0;
+}
+
+// The chunk the last cross-entropy call used.
+std::int64_t logitd_bench_ce_chunk(void* engine) { return static_cast<Engine*>(engine)->ce_chunk; }
+
+// Device bytes the engine holds: the cuBLASLt workspace and the
+// cross-entropy's scratch (its inputs and outputs are the caller's).
+std::uint64_t logitd_bench_device_bytes(void* engine) {
+  return static_cast<Engine*>(engine)->memory->bytes_in_use();
 }
 
 const char* logitd_bench_last_error(void) { return last_error.c_str(); }

@@ -9,14 +9,22 @@
 # Environment:
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
-#   GPU_CHECK_SKIP     any of: tests validate bench torch
+#   GPU_CHECK_SKIP     any of: tests validate bench torch gemm ce ("bench" skips every
+#                      benchmark, "gemm" the GEMM ones, "ce" the cross-entropy one)
 #   GPU_CHECK_CTEST    extra ctest arguments (default: -L gpu)
 #   VALIDATE_TIMEOUT   seconds allowed for `logitctl validate` (default 300; a device
 #                      call is limited to 600 s in all)
 #   BENCH_SHAPES       seed | train | all (default all)
 #   BENCH_REPS         samples per variant (default 30)
-# Writes at most eight files to OUT_DIR: build.log tests.log validate.log
-# validate.json bench_logitd.json bench_torch.json bench.log summary.txt.
+#   CE_BENCH           1 (default) runs bench/ce_bench.py, the fused cross-entropy
+#                      against eager PyTorch; 0 skips it
+#   CE_BENCH_SHAPES    MxKxV[,MxKxV...] (default 4096x4096x128256,8192x2304x256000)
+#   CE_BENCH_REPS      timed calls per variant (default 10)
+#   CE_BENCH_COMPILE   1 adds torch.compile of the same (compiling takes minutes)
+#   CE_BENCH_TIMEOUT   seconds allowed for it (default 240; 600 with CE_BENCH_COMPILE=1)
+# Writes at most eleven files to OUT_DIR: build.log tests.log validate.log
+# validate.json bench_logitd.json bench_torch.json bench.log bench_ce.json
+# bench_ce.md bench_ce.log summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
@@ -141,7 +149,8 @@ python=""
 for p in /opt/torch/.venv/bin/python3 python3; do
   if command -v "$p" >/dev/null && "$p" -c "import torch" 2>/dev/null; then python=$p; break; fi
 done
-if ! skipped bench; then
+capi=$(find "$build" -name liblogitd_bench_capi.so 2>/dev/null | head -1)
+if ! skipped bench && ! skipped gemm; then
   bench_bin=$(find_bin logitd_kernel_bench)
   if [ -z "$bench_bin" ]; then
     note bench FAIL "logitd_kernel_bench was not built"
@@ -158,7 +167,6 @@ if ! skipped bench; then
   else
     # logitd's engine joins the PyTorch process when its C library was built,
     # so that the ratios against PyTorch come from one process.
-    capi=$(find "$build" -name liblogitd_bench_capi.so 2>/dev/null | head -1)
     capi_args=()
     [ -n "$capi" ] && capi_args=(--logitd-lib "$capi")
     if PYTHONUNBUFFERED=1 "$python" bench/torch_baseline.py --json "$out/bench_torch.json" \
@@ -171,6 +179,31 @@ else
   note bench skip "GPU_CHECK_SKIP"
 fi
 
+# --- fused cross-entropy against PyTorch (same process, same tensors) ----------
+if skipped bench || skipped ce || [ "${CE_BENCH:-1}" = 0 ]; then
+  note ce skip "GPU_CHECK_SKIP or CE_BENCH=0"
+elif [ -z "$python" ]; then
+  note ce skip "no python3 with torch"
+elif [ -z "$capi" ]; then
+  note ce FAIL "liblogitd_bench_capi.so was not built"
+else
+  ce_args=(--json "$out/bench_ce.json" --markdown "$out/bench_ce.md"
+           --reps "${CE_BENCH_REPS:-10}" --logitd-lib "$capi")
+  [ -n "${CE_BENCH_SHAPES:-}" ] && ce_args+=(--shapes "$CE_BENCH_SHAPES")
+  ce_timeout=${CE_BENCH_TIMEOUT:-240}
+  if [ "${CE_BENCH_COMPILE:-0}" = 1 ]; then
+    ce_args+=(--compile)
+    ce_timeout=${CE_BENCH_TIMEOUT:-600}
+  fi
+  if PYTHONUNBUFFERED=1 timeout "$ce_timeout" "$python" bench/ce_bench.py "${ce_args[@]}" \
+    >"$out/bench_ce.log" 2>&1; then
+    note ce ok "bench_ce.json, bench_ce.md"
+  else
+    note ce FAIL "see bench_ce.log"
+    tail -5 "$out/bench_ce.log"
+  fi
+fi
+
 # --- summary ----------------------------------------------------------------
 {
   echo
@@ -180,6 +213,10 @@ fi
     py=${python:-python3}
     echo
     "$py" bench/compare.py "$out/bench_logitd.json" "$out/bench_torch.json" 2>&1
+  fi
+  if [ -s "$out/bench_ce.md" ]; then
+    echo
+    cat "$out/bench_ce.md"
   fi
 } | tee "$out/summary.txt"
 grep -q " FAIL " "$out/summary.txt" && exit 1

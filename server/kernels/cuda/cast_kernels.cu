@@ -2,6 +2,7 @@
 // in and 16 bytes out per thread per step, with coalesced 16-byte accesses.
 #include <cstdint>
 
+#include "server/kernels/cuda/bf16_device.cuh"
 #include "server/kernels/cuda/cast_kernels.h"
 
 namespace logitd::kernels::cuda {
@@ -11,16 +12,6 @@ constexpr int kThreads = 256;
 // Enough resident blocks to keep every SM's memory pipeline busy; the loops
 // stride over the rest.
 constexpr std::int64_t kMaxBlocks = 4096;
-
-// Same bit operations as logitd::FloatToBf16 (include/logitd/bf16.h), so the
-// two agree on all 2^32 inputs. The hardware cvt.rn.bf16.f32 would return a
-// canonical NaN instead of keeping the payload's sign and top bits.
-__device__ __forceinline__ std::uint32_t ToBf16Bits(float f) {
-  std::uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x0040u;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return u >> 16;
-}
 
 __device__ __forceinline__ std::uint32_t Pack(float lo, float hi) {
   return ToBf16Bits(lo) | (ToBf16Bits(hi) << 16);

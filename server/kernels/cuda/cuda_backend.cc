@@ -11,11 +11,15 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,6 +29,7 @@
 #include "logitd/bf16.h"
 #include "logitd/tensor.h"
 #include "server/kernels/cuda/cast_kernels.h"
+#include "server/kernels/cuda/cross_entropy.h"
 #include "server/kernels/cuda/cuda_handles.h"
 #include "server/kernels/cuda/cuda_status.h"
 #include "server/kernels/cuda/lt_gemm.h"
@@ -115,7 +120,10 @@ class CudaWeight final : public Weight {
   std::atomic<std::uint64_t> gradient_bytes_{0};
 };
 
-enum Slot { kX, kY0, kY1, kAcc, kG, kStaging, kDx, kDw, kCastIn, kCastOut, kSlotCount };
+// Scratch slots of a context. The cross-entropy uses kX (x), kY0 (a logits
+// chunk), kG (a G chunk), kAcc (the fp32 dX), kDx (dX out), kDw and kY1 (dW
+// staging) and kRows (targets, per-row state, loss and lse).
+enum Slot { kX, kY0, kY1, kAcc, kG, kStaging, kDx, kDw, kCastIn, kCastOut, kRows, kSlotCount };
 
 struct Context {
   Stream compute;
@@ -172,6 +180,7 @@ class CudaBackend final : public Backend {
                                               bool zero_after_fetch) override;
   absl::Status ZeroGradient(Weight& w) override;
   absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) override;
+  absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) override;
 
   void Return(Context* context);
 
@@ -719,6 +728,291 @@ absl::Status CudaBackend::CastToBf16(const float* in, std::int64_t n, Bf16Bits* 
     total.d2h_us += MicrosBetween(c.timing[2].get(), c.timing[3].get());
   }
   if (timing != nullptr) *timing = total;
+  return absl::OkStatus();
+}
+
+// dW rows on their way to the host: two staging chunks on the device, each
+// copied home on the copy stream while the next chunk computes. A chunk's
+// copy is enqueued only after the next chunk's work, so the two overlap even
+// when the host buffer is pageable (such a copy returns only when done).
+class HostDwSink final : public cuda::CeDwSink {
+ public:
+  HostDwSink(Context& c, std::array<void*, 2> staging, float* host, std::int64_t v, std::int64_t k)
+      : c_(c), staging_(staging), host_(host), v_(v), k_(k) {}
+
+  absl::StatusOr<float*> Begin(std::int64_t /*c0*/, std::int64_t /*n*/) override {
+    const std::size_t slot = count_ % 2;
+    if (count_ >= 2) {
+      // The slot's previous rows must have reached the host.
+      RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(c_.compute.get(), c_.block_copied[slot].get(), 0),
+                           "cross_entropy: cudaStreamWaitEvent");
+    }
+    return static_cast<float*>(staging_[slot]);
+  }
+  float beta() const override { return 0.0f; }
+  absl::Status End(std::int64_t c0, std::int64_t n) override {
+    const std::size_t slot = count_ % 2;
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c_.block_done[slot].get(), c_.compute.get()),
+                         "cross_entropy: cudaEventRecord");
+    RETURN_IF_ERROR_(Flush());
+    pending_ = Pending{true, slot, c0, n};
+    ++count_;
+    return absl::OkStatus();
+  }
+  // Enqueues the copy still held back, if any.
+  absl::Status Flush() {
+    if (!pending_.valid) return absl::OkStatus();
+    const Pending p = pending_;
+    pending_.valid = false;
+    cudaStream_t ss = c_.copy.get();
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(ss, c_.block_done[p.slot].get(), 0),
+                         "cross_entropy: cudaStreamWaitEvent");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(host_ + p.c0 * k_, staging_[p.slot], static_cast<std::size_t>(p.n * k_) * 4,
+                        cudaMemcpyDeviceToHost, ss),
+        "cross_entropy: copy dw rows [", p.c0, ", ", p.c0 + p.n, ") of [", v_, ", ", k_,
+        "] to the host");
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c_.block_copied[p.slot].get(), ss),
+                         "cross_entropy: cudaEventRecord");
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Pending {
+    bool valid = false;
+    std::size_t slot = 0;
+    std::int64_t c0 = 0;
+    std::int64_t n = 0;
+  };
+  Context& c_;
+  std::array<void*, 2> staging_;
+  float* host_;
+  std::int64_t v_;
+  std::int64_t k_;
+  std::size_t count_ = 0;
+  Pending pending_;
+};
+
+absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& args,
+                                       Timing* timing) {
+  auto* w = dynamic_cast<CudaWeight*>(&weight);
+  if (w == nullptr) {
+    return absl::InvalidArgumentError(
+        "cross_entropy: the weight was not created by the cuda backend");
+  }
+  const std::int64_t m = args.m;
+  const std::int64_t v = w->v();
+  const std::int64_t k = w->k();
+  auto x_bytes = CheckedByteCount({m, k}, DType::kBf16);
+  if (!x_bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross_entropy: x ", ShapeString({m, k}), ": ", x_bytes.status().message()));
+  }
+  if (args.x == nullptr || args.targets == nullptr || args.loss == nullptr) {
+    return absl::InvalidArgumentError("cross_entropy: x, targets and loss must be given");
+  }
+  const bool want_dx = args.dx != nullptr;
+  if (want_dx && args.dx_dtype != DType::kBf16 && args.dx_dtype != DType::kFp32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cross_entropy: expected dx dtype bf16 or fp32, got ", DTypeName(args.dx_dtype)));
+  }
+  for (auto [name, value, non_negative] : {std::tuple{"z_loss", args.z_loss, true},
+                                           std::tuple{"logit_softcap", args.logit_softcap, true},
+                                           std::tuple{"grad_scale", args.grad_scale, false}}) {
+    if (!std::isfinite(value) || (non_negative && value < 0.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat("cross_entropy: expected ", name, " finite",
+                                                     non_negative ? " and >= 0" : "", ", got ",
+                                                     value));
+    }
+  }
+  for (std::int64_t i = 0; i < m; ++i) {
+    const std::int64_t t = args.targets[i];
+    if (t != args.ignore_index && (t < 0 || t >= v)) {
+      return absl::InvalidArgumentError(absl::StrCat("cross_entropy: targets[", i, "] = ", t,
+                                                     ": expected a token id in [0, ", v,
+                                                     ") or ignore_index ", args.ignore_index));
+    }
+  }
+  const bool want_dw = args.accumulate_dw || args.dw != nullptr;
+  const bool staged_dw = want_dw && !args.accumulate_dw;
+  const bool grads = want_dx || want_dw;
+  const bool dx_bf16 = want_dx && args.dx_dtype == DType::kBf16;
+  const std::size_t dx_bytes =
+      want_dx ? static_cast<std::size_t>(m * k) * ElementSize(args.dx_dtype) : 0;
+  const std::size_t row_bytes = static_cast<std::size_t>(m) * 4;
+  // kRows holds the targets (int64), loss and lse, then the per-row state.
+  auto align = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const std::size_t loss_at = align(static_cast<std::size_t>(m) * 8);
+  const std::size_t lse_at = loss_at + align(row_bytes);
+  const std::size_t state_at = lse_at + align(row_bytes);
+
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  Lease lease = Acquire();
+  Context& c = *lease;
+  cudaStream_t cs = c.compute.get();
+  cudaStream_t ss = c.copy.get();
+
+  // Accumulations into the weight's buffer go one at a time. The lock is
+  // taken before any scratch, so that the buffer's first allocation is not
+  // crowded out by this call's own workspace, and held until the call's work
+  // has left the streams, on failure too.
+  std::unique_lock<std::mutex> gradient_lock(w->gradient_mu, std::defer_lock);
+  if (args.accumulate_dw) {
+    gradient_lock.lock();
+    if (w->gradient.get() == nullptr) {
+      auto buffer =
+          memory_->Allocate(static_cast<std::size_t>(v * k) * 4,
+                            absl::StrCat("cross_entropy: gradient ", ShapeString({v, k}), " fp32"));
+      if (!buffer.ok()) return buffer.status();
+      RETURN_IF_CUDA_ERROR(cudaMemsetAsync(buffer->get(), 0, buffer->size(), cs),
+                           "cross_entropy: zero the gradient buffer");
+      RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "cross_entropy: zero the gradient buffer");
+      w->SetGradient(*std::move(buffer));
+      w->accumulations = 0;
+    }
+  }
+
+  // The chunk: the caller's (whole quanta), or a pure function of the shape
+  // and the configured budget, so the same request gets the same chunk. Only
+  // when the device cannot hold that workspace does an automatic chunk
+  // shrink, halving the workspace until it fits.
+  std::uint64_t workspace = cuda::kCeWorkspaceBytes;
+  if (options_.device_memory_budget != 0) {
+    workspace = std::min<std::uint64_t>(workspace, options_.device_memory_budget / 4);
+  }
+  const std::uint64_t staging_per_row = staged_dw ? static_cast<std::uint64_t>(2 * k) * 4 : 0;
+  const std::array<Slot, 8> ce_slots = {kX, kRows, kY0, kG, kAcc, kDx, kDw, kY1};
+  std::int64_t chunk = 0;
+  cuda::CeBuffers b;
+  std::array<void*, 2> staging{};
+  std::byte* row_base = nullptr;
+  void* x_device = nullptr;
+  for (;;) {
+    chunk = args.vocab_chunk > 0 ? cuda::RoundCeChunk(args.vocab_chunk, v)
+                                 : cuda::ChooseCeChunk(m, v, grads, staging_per_row, workspace);
+    const cuda::CeScratchSizes sizes = cuda::CeScratch(m, k, chunk, grads, dx_bf16);
+    auto allocate = [&]() -> absl::Status {
+      auto x = Scratch(c, kX, static_cast<std::size_t>(*x_bytes), "cross_entropy: device x");
+      if (!x.ok()) return x.status();
+      auto rows = Scratch(c, kRows, state_at + sizes.rows, "cross_entropy: device per-row state");
+      if (!rows.ok()) return rows.status();
+      auto logits = Scratch(c, kY0, sizes.logits, "cross_entropy: device logits chunk");
+      if (!logits.ok()) return logits.status();
+      row_base = static_cast<std::byte*>(*rows);
+      x_device = *x;
+      b = cuda::CeBuffers{};
+      b.x = *x;
+      b.w = w->data();
+      b.targets = reinterpret_cast<const std::int64_t*>(row_base);
+      b.loss = reinterpret_cast<float*>(row_base + loss_at);
+      b.lse = args.lse != nullptr ? reinterpret_cast<float*>(row_base + lse_at) : nullptr;
+      b.dx_bf16 = dx_bf16;
+      b.logits = static_cast<float*>(*logits);
+      b.rows = row_base + state_at;
+      if (grads) {
+        auto g = Scratch(c, kG, sizes.g, "cross_entropy: device G chunk");
+        if (!g.ok()) return g.status();
+        b.g = static_cast<std::uint16_t*>(*g);
+      }
+      if (dx_bf16) {
+        auto acc = Scratch(c, kAcc, sizes.dx_acc, "cross_entropy: device fp32 dx accumulator");
+        if (!acc.ok()) return acc.status();
+        b.dx_acc = static_cast<float*>(*acc);
+      }
+      if (want_dx) {
+        auto dx = Scratch(c, kDx, dx_bytes, "cross_entropy: device dx");
+        if (!dx.ok()) return dx.status();
+        b.dx = *dx;
+      }
+      if (staged_dw) {
+        const std::size_t bytes = static_cast<std::size_t>(chunk * k) * 4;
+        for (std::size_t i = 0; i < 2; ++i) {
+          auto buffer = Scratch(c, i == 0 ? kDw : kY1, bytes, "cross_entropy: device dw staging");
+          if (!buffer.ok()) return buffer.status();
+          staging[i] = *buffer;
+        }
+      }
+      return absl::OkStatus();
+    };
+    absl::Status allocated = allocate();
+    if (allocated.ok()) break;
+    if (allocated.code() != absl::StatusCode::kResourceExhausted || args.vocab_chunk > 0 ||
+        chunk <= cuda::kCeChunkQuantum) {
+      return allocated;
+    }
+    // Nothing is enqueued yet: the context's buffers can go.
+    for (Slot slot : ce_slots) c.scratch[slot].Reset();
+    workspace /= 2;
+  }
+  const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k, ",chunk=", chunk);
+
+  auto enqueue = [&]() -> absl::Status {
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "cross_entropy: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(x_device, args.x, static_cast<std::size_t>(*x_bytes),
+                                         cudaMemcpyHostToDevice, cs),
+                         "cross_entropy: copy x [", m, ", ", k, "] to the device");
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(row_base, args.targets, static_cast<std::size_t>(m) * 8,
+                                         cudaMemcpyHostToDevice, cs),
+                         "cross_entropy: copy targets [", m, "] to the device");
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "cross_entropy: cudaEventRecord");
+
+    cuda::CeProblem p;
+    p.m = m;
+    p.v = v;
+    p.k = k;
+    p.chunk = chunk;
+    p.ignore_index = args.ignore_index;
+    p.z_loss = args.z_loss;
+    p.logit_softcap = args.logit_softcap;
+    p.grad_scale = args.grad_scale;
+    HostDwSink host_sink(c, staging, args.dw, v, k);
+    std::optional<cuda::DeviceDwSink> gradient_sink;
+    cuda::CeDwSink* sink = nullptr;
+    if (args.accumulate_dw) {
+      gradient_sink.emplace(w->gradient.as<float>(), k, 1.0f);  // under gradient_lock
+      sink = &*gradient_sink;
+    } else if (staged_dw) {
+      sink = &host_sink;
+    }
+    RETURN_IF_ERROR_(cuda::RunCrossEntropy(engine_, c.gemm(), p, b, sink));
+    RETURN_IF_ERROR_(host_sink.Flush());
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "cross_entropy: cudaEventRecord");
+
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.loss, b.loss, row_bytes, cudaMemcpyDeviceToHost, cs),
+                         "cross_entropy: copy loss [", m, "] to the host");
+    if (args.lse != nullptr) {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.lse, b.lse, row_bytes, cudaMemcpyDeviceToHost, cs),
+                           "cross_entropy: copy lse [", m, "] to the host");
+    }
+    if (want_dx) {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.dx, b.dx, dx_bytes, cudaMemcpyDeviceToHost, cs),
+                           "cross_entropy: copy dx [", m, ", ", k, "] to the host");
+    }
+    // The end is when both streams are done.
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[0].get(), ss),
+                         "cross_entropy: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(cs, c.block_copied[0].get(), 0),
+                         "cross_entropy: cudaStreamWaitEvent");
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[3].get(), cs), "cross_entropy: cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(c.timing[3].get()), "cross_entropy(", shape, ")");
+    // A failed kernel surfaces here if not before.
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "cross_entropy(", shape, ")");
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(ss), "cross_entropy(", shape, ")");
+    return absl::OkStatus();
+  };
+  absl::Status status = enqueue();
+  if (!status.ok()) {
+    // Nothing of this call may still write the gradient once the lock goes.
+    if (cudaStreamSynchronize(cs) != cudaSuccess) (void)cudaGetLastError();
+    if (cudaStreamSynchronize(ss) != cudaSuccess) (void)cudaGetLastError();
+    return status;
+  }
+  if (args.accumulate_dw) ++w->accumulations;
+  if (timing != nullptr) {
+    timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
+    timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
+    timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
+  }
   return absl::OkStatus();
 }
 

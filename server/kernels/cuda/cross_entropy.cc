@@ -1,0 +1,193 @@
+#include "server/kernels/cuda/cross_entropy.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "server/kernels/cuda/cast_kernels.h"
+#include "server/kernels/cuda/cross_entropy_kernels.h"
+#include "server/kernels/cuda/cuda_status.h"
+
+namespace logitd::kernels::cuda {
+namespace {
+
+static_assert(kCeChunkQuantum % kCeSegmentColumns == 0,
+              "chunks must hold whole segments for lse to be chunk-independent");
+
+constexpr std::size_t kRowAlignment = 256;
+
+std::size_t AlignUp(std::size_t bytes) {
+  return (bytes + kRowAlignment - 1) / kRowAlignment * kRowAlignment;
+}
+
+// Byte offsets of CeRowState's arrays inside the rows buffer.
+struct RowLayout {
+  std::size_t run_max = 0;
+  std::size_t run_sum = 0;
+  std::size_t target_z = 0;
+  std::size_t lse = 0;
+  std::size_t coef = 0;
+  std::size_t seg_max = 0;
+  std::size_t seg_sum = 0;
+  std::size_t total = 0;
+};
+
+RowLayout Layout(std::int64_t m, std::int64_t segments) {
+  const auto rows = static_cast<std::size_t>(m);
+  const std::size_t partials = rows * static_cast<std::size_t>(segments);
+  RowLayout l;
+  std::size_t at = 0;
+  auto take = [&at](std::size_t bytes) {
+    const std::size_t here = at;
+    at += AlignUp(bytes);
+    return here;
+  };
+  l.run_max = take(rows * sizeof(float));
+  l.run_sum = take(rows * sizeof(double));
+  l.target_z = take(rows * sizeof(float));
+  l.lse = take(rows * sizeof(float));
+  l.coef = take(rows * sizeof(float));
+  l.seg_max = take(partials * sizeof(float));
+  l.seg_sum = take(partials * sizeof(double));
+  l.total = at;
+  return l;
+}
+
+CeRowState Carve(void* rows, const RowLayout& l) {
+  auto* base = static_cast<std::byte*>(rows);
+  CeRowState s;
+  s.run_max = reinterpret_cast<float*>(base + l.run_max);
+  s.run_sum = reinterpret_cast<double*>(base + l.run_sum);
+  s.target_z = reinterpret_cast<float*>(base + l.target_z);
+  s.lse = reinterpret_cast<float*>(base + l.lse);
+  s.coef = reinterpret_cast<float*>(base + l.coef);
+  s.seg_max = reinterpret_cast<float*>(base + l.seg_max);
+  s.seg_sum = reinterpret_cast<double*>(base + l.seg_sum);
+  return s;
+}
+
+}  // namespace
+
+CeScratchSizes CeScratch(std::int64_t m, std::int64_t k, std::int64_t chunk, bool grads,
+                         bool dx_bf16) {
+  CeScratchSizes s;
+  const auto cells = static_cast<std::size_t>(m) * static_cast<std::size_t>(chunk);
+  s.logits = cells * sizeof(float);
+  s.g = grads ? cells * sizeof(std::uint16_t) : 0;
+  s.rows = Layout(m, CeSegments(chunk)).total;
+  s.dx_acc =
+      dx_bf16 ? static_cast<std::size_t>(m) * static_cast<std::size_t>(k) * sizeof(float) : 0;
+  return s;
+}
+
+std::int64_t ChooseCeChunk(std::int64_t m, std::int64_t v, bool grads,
+                           std::uint64_t extra_per_vocab_row, std::uint64_t workspace_bytes) {
+  if (v <= kCeChunkQuantum) return v;
+  const std::uint64_t per_row =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(m, 1)) * (grads ? 6u : 4u) +
+      extra_per_vocab_row;
+  const std::uint64_t fits = workspace_bytes / per_row;
+  if (fits >= static_cast<std::uint64_t>(v)) return v;
+  std::int64_t chunk = static_cast<std::int64_t>(fits) / kCeChunkQuantum * kCeChunkQuantum;
+  chunk = std::max(chunk, kCeChunkQuantum);
+  if (chunk >= v) return v;
+  // Same number of chunks, sizes as equal as the quantum allows.
+  const std::int64_t chunks = (v + chunk - 1) / chunk;
+  std::int64_t even = (v + chunks - 1) / chunks;
+  even = (even + kCeChunkQuantum - 1) / kCeChunkQuantum * kCeChunkQuantum;
+  return std::min(even, v);
+}
+
+std::int64_t RoundCeChunk(std::int64_t requested, std::int64_t v) {
+  if (requested >= v) return v;
+  const std::int64_t rounded =
+      (requested + kCeChunkQuantum - 1) / kCeChunkQuantum * kCeChunkQuantum;
+  return std::min(rounded, v);
+}
+
+absl::Status RunCrossEntropy(GemmEngine& engine, const GemmStream& s, const CeProblem& p,
+                             const CeBuffers& b, CeDwSink* dw) {
+  const std::string shape = absl::StrCat("M=", p.m, ",V=", p.v, ",K=", p.k, ",chunk=", p.chunk);
+  if (p.m <= 0 || p.v <= 0 || p.k <= 0 || p.chunk <= 0 || p.chunk > p.v) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cross_entropy: expected positive M, V, K and a chunk in [1, V], got ", shape));
+  }
+  const bool want_dx = b.dx != nullptr;
+  const bool want_dw = dw != nullptr;
+  const bool grads = want_dx || want_dw;
+  if (b.x == nullptr || b.w == nullptr || b.targets == nullptr || b.loss == nullptr ||
+      b.logits == nullptr || b.rows == nullptr || (grads && b.g == nullptr) ||
+      (want_dx && b.dx_bf16 && b.dx_acc == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross_entropy: a device buffer is missing (", shape, ")"));
+  }
+  const std::int64_t segments = CeSegments(p.chunk);
+  if (p.m > std::numeric_limits<std::int32_t>::max() / segments) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cross_entropy: ", shape, " needs more than 2^31 row segments; use a smaller chunk"));
+  }
+  const CeRowState state = Carve(b.rows, Layout(p.m, segments));
+  CeRowParams params;
+  params.targets = b.targets;
+  params.ignore_index = p.ignore_index;
+  params.logit_softcap = p.logit_softcap;
+  params.z_loss = p.z_loss;
+  params.grad_scale = p.grad_scale;
+
+  const std::int64_t m = p.m;
+  const std::int64_t k = p.k;
+  const std::int64_t chunks = (p.v + p.chunk - 1) / p.chunk;
+  const auto* w = static_cast<const std::uint16_t*>(b.w);
+  auto columns = [&](std::int64_t c) { return std::min(p.chunk, p.v - c * p.chunk); };
+  // The same product, operands and alignment as the forward Logits path.
+  auto logits = [&](std::int64_t c) {
+    const std::int64_t c0 = c * p.chunk;
+    return engine.Run(LogitsShape(m, columns(c), k, CUDA_R_32F),
+                      GemmOperands{b.x, w + c0 * k, b.logits, 1.0f, 0.0f}, s);
+  };
+
+  RETURN_IF_CUDA_ERROR(LaunchCeInit(state, m, s.stream), "cross_entropy: init kernel (", shape,
+                       ")");
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    LOGITD_CUDA_RETURN_IF_ERROR(logits(c));
+    RETURN_IF_CUDA_ERROR(
+        LaunchCeChunkStats(b.logits, m, columns(c), c * p.chunk, params, state, s.stream),
+        "cross_entropy: row statistics kernel (chunk ", c, " of ", chunks, ", ", shape, ")");
+  }
+  RETURN_IF_CUDA_ERROR(LaunchCeFinalize(m, params, state, b.loss, b.lse, s.stream),
+                       "cross_entropy: loss kernel (", shape, ")");
+  if (!grads) return absl::OkStatus();
+
+  float* dx_acc = !want_dx ? nullptr : b.dx_bf16 ? b.dx_acc : static_cast<float*>(b.dx);
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    // Backwards: the last chunk's logits are still in the buffer.
+    const std::int64_t c = chunks - 1 - i;
+    const std::int64_t c0 = c * p.chunk;
+    const std::int64_t n = columns(c);
+    if (i > 0) LOGITD_CUDA_RETURN_IF_ERROR(logits(c));
+    RETURN_IF_CUDA_ERROR(LaunchCeGradient(b.logits, m, n, c0, params, state, b.g, s.stream),
+                         "cross_entropy: gradient kernel (chunk ", c, " of ", chunks, ", ", shape,
+                         ")");
+    if (want_dx) {
+      LOGITD_CUDA_RETURN_IF_ERROR(
+          engine.Run(GradInputShape(m, n, k, CUDA_R_32F),
+                     GemmOperands{b.g, w + c0 * k, dx_acc, 1.0f, i == 0 ? 0.0f : 1.0f}, s));
+    }
+    if (want_dw) {
+      absl::StatusOr<float*> target = dw->Begin(c0, n);
+      if (!target.ok()) return target.status();
+      LOGITD_CUDA_RETURN_IF_ERROR(engine.Run(GradWeightShape(m, n, k, CUDA_R_32F),
+                                             GemmOperands{b.g, b.x, *target, 1.0f, dw->beta()}, s));
+      LOGITD_CUDA_RETURN_IF_ERROR(dw->End(c0, n));
+    }
+  }
+  if (want_dx && b.dx_bf16) {
+    RETURN_IF_CUDA_ERROR(
+        LaunchCastFp32ToBf16(b.dx_acc, m * k, static_cast<std::uint16_t*>(b.dx), s.stream),
+        "cross_entropy: dx cast kernel (", shape, ")");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace logitd::kernels::cuda

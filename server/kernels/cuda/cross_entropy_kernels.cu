@@ -1,0 +1,245 @@
+// Device side of cross_entropy_kernels.h. The chunk kernels are
+// memory-bound: one block per (row, segment of 1024 columns), each thread
+// holding four of the segment's values in registers between the max and the
+// sum, with coalesced accesses. Arithmetic that both passes share uses
+// explicitly rounded operations, so no contraction differs between them.
+#include <cstdint>
+
+#include "server/kernels/cuda/bf16_device.cuh"
+#include "server/kernels/cuda/cross_entropy_kernels.h"
+
+namespace logitd::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kPerThread = static_cast<int>(kCeSegmentColumns / kThreads);
+static_assert(kPerThread * kThreads == kCeSegmentColumns, "a segment is a whole block's worth");
+constexpr int kRowThreads = 256;
+
+__device__ __forceinline__ float NegativeInfinity() { return __uint_as_float(0xff800000u); }
+
+// z = cap * tanh(y / cap) under soft-capping (th = tanh(y / cap)), else y.
+__device__ __forceinline__ float Capped(float y, float cap, float* th) {
+  if (cap > 0.0f) {
+    const float t = tanhf(__fdiv_rn(y, cap));
+    *th = t;
+    return __fmul_rn(cap, t);
+  }
+  *th = 0.0f;
+  return y;
+}
+
+// exp(from - to) for from <= to, with equal values (both infinite included)
+// giving 1: a segment whose every z is -Inf then sums to its count and weighs
+// nothing once a finite max appears, and an all -Inf row gets lse = -Inf.
+__device__ __forceinline__ double Rescale(float from, float to) {
+  return from == to ? 1.0 : exp(static_cast<double>(from) - static_cast<double>(to));
+}
+
+// fmaxf drops NaN, so a NaN logit never becomes the max; it reaches the sum
+// (exp(NaN) = NaN) and from there lse, loss and G.
+__device__ __forceinline__ float BlockMax(float v, float* shared) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = shared[0];
+#pragma unroll
+  for (int i = 1; i < kWarps; ++i) r = fmaxf(r, shared[i]);
+  return r;
+}
+
+// A fixed tree within each warp, then the warps in index order: the same
+// inputs give the same bits. The result is valid in thread 0.
+__device__ __forceinline__ double BlockSum(double v, double* shared) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v += __shfl_down_sync(0xffffffffu, v, offset);
+  }
+  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
+  __syncthreads();
+  double r = 0.0;
+  if (threadIdx.x == 0) {
+    r = shared[0];
+#pragma unroll
+    for (int i = 1; i < kWarps; ++i) r += shared[i];
+  }
+  return r;
+}
+
+__global__ void InitKernel(CeRowState s, std::int64_t m) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= m) return;
+  s.run_max[row] = NegativeInfinity();
+  s.run_sum[row] = 0.0;
+  s.target_z[row] = 0.0f;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    ChunkStatsKernel(const float* __restrict__ y, std::int64_t n, int segments, std::int64_t c0,
+                     CeRowParams p, CeRowState s) {
+  __shared__ float shared_max[kWarps];
+  __shared__ double shared_sum[kWarps];
+  const std::int64_t row = blockIdx.x / segments;
+  const int seg = static_cast<int>(blockIdx.x % segments);
+  const float* yr = y + row * n;
+  const std::int64_t first = static_cast<std::int64_t>(seg) * kCeSegmentColumns + threadIdx.x;
+  const std::int64_t target = p.targets[row];
+  const bool counted = target != p.ignore_index;
+
+  float z[kPerThread];
+  float mx = NegativeInfinity();
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) {
+    const std::int64_t col = first + static_cast<std::int64_t>(r) * kThreads;
+    z[r] = 0.0f;
+    if (col < n) {
+      float th;
+      z[r] = Capped(yr[col], p.logit_softcap, &th);
+      mx = fmaxf(mx, z[r]);
+      // Exactly one thread of one chunk sees the target column.
+      if (counted && c0 + col == target) s.target_z[row] = z[r];
+    }
+  }
+  mx = BlockMax(mx, shared_max);
+  float local = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) {
+    const std::int64_t col = first + static_cast<std::int64_t>(r) * kThreads;
+    if (col < n) local += z[r] == mx ? 1.0f : expf(__fsub_rn(z[r], mx));
+  }
+  const double sum = BlockSum(static_cast<double>(local), shared_sum);
+  if (threadIdx.x == 0) {
+    const std::int64_t at = row * segments + seg;
+    s.seg_max[at] = mx;
+    s.seg_sum[at] = sum;
+  }
+}
+
+// One thread per row folds the chunk's segments in order.
+__global__ void CombineKernel(std::int64_t m, int segments, CeRowState s) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= m) return;
+  float run_max = s.run_max[row];
+  double run_sum = s.run_sum[row];
+  for (int seg = 0; seg < segments; ++seg) {
+    const std::int64_t at = row * segments + seg;
+    const float seg_max = s.seg_max[at];
+    const float next = fmaxf(run_max, seg_max);
+    run_sum = run_sum * Rescale(run_max, next) + s.seg_sum[at] * Rescale(seg_max, next);
+    run_max = next;
+  }
+  s.run_max[row] = run_max;
+  s.run_sum[row] = run_sum;
+}
+
+__global__ void FinalizeKernel(std::int64_t m, CeRowParams p, CeRowState s, float* loss,
+                               float* lse_out) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= m) return;
+  const double lse = static_cast<double>(s.run_max[row]) + log(s.run_sum[row]);
+  const double z_loss = static_cast<double>(p.z_loss);
+  double value = 0.0;
+  if (p.targets[row] != p.ignore_index) {
+    value = lse - static_cast<double>(s.target_z[row]);
+    // Only when asked: 0 * Inf would turn an infinite lse into NaN.
+    if (p.z_loss != 0.0f) value += z_loss * lse * lse;
+  }
+  loss[row] = static_cast<float>(value);
+  if (lse_out != nullptr) lse_out[row] = static_cast<float>(lse);
+  const float lse_f = static_cast<float>(lse);
+  s.lse[row] = lse_f;
+  s.coef[row] = p.z_loss != 0.0f ? __fadd_rn(1.0f, __fmul_rn(2.0f * p.z_loss, lse_f)) : 1.0f;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    GradientKernel(const float* __restrict__ y, std::int64_t n, int segments, std::int64_t c0,
+                   CeRowParams p, CeRowState s, std::uint16_t* __restrict__ g) {
+  const std::int64_t row = blockIdx.x / segments;
+  const int seg = static_cast<int>(blockIdx.x % segments);
+  const float* yr = y + row * n;
+  std::uint16_t* gr = g + row * n;
+  const std::int64_t first = static_cast<std::int64_t>(seg) * kCeSegmentColumns + threadIdx.x;
+  const std::int64_t target = p.targets[row];
+  if (target == p.ignore_index) {
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const std::int64_t col = first + static_cast<std::int64_t>(r) * kThreads;
+      if (col < n) gr[col] = 0;
+    }
+    return;
+  }
+  const float lse = s.lse[row];
+  const float coef = s.coef[row];
+  const float cap = p.logit_softcap;
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) {
+    const std::int64_t col = first + static_cast<std::int64_t>(r) * kThreads;
+    if (col < n) {
+      float th;
+      const float z = Capped(yr[col], cap, &th);
+      const float prob = expf(__fsub_rn(z, lse));
+      float d = __fsub_rn(__fmul_rn(prob, coef), c0 + col == target ? 1.0f : 0.0f);
+      if (cap > 0.0f) d = __fmul_rn(d, __fmul_rn(__fsub_rn(1.0f, th), __fadd_rn(1.0f, th)));
+      gr[col] = static_cast<std::uint16_t>(ToBf16Bits(__fmul_rn(d, p.grad_scale)));
+    }
+  }
+}
+
+unsigned int RowBlocks(std::int64_t m) {
+  return static_cast<unsigned int>((m + kRowThreads - 1) / kRowThreads);
+}
+
+// One block per (row, segment); the grid is one-dimensional (rows may exceed
+// the 65535 of gridDim.y).
+bool ChunkGrid(std::int64_t m, std::int64_t n, int* segments, unsigned int* blocks) {
+  const std::int64_t segs = CeSegments(n);
+  const std::int64_t total = m * segs;
+  if (m <= 0 || n <= 0 || total > 0x7fffffff) return false;
+  *segments = static_cast<int>(segs);
+  *blocks = static_cast<unsigned int>(total);
+  return true;
+}
+
+}  // namespace
+
+cudaError_t LaunchCeInit(const CeRowState& state, std::int64_t m, cudaStream_t stream) {
+  if (m <= 0) return cudaSuccess;
+  InitKernel<<<RowBlocks(m), kRowThreads, 0, stream>>>(state, m);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCeChunkStats(const float* y, std::int64_t m, std::int64_t n, std::int64_t c0,
+                               const CeRowParams& params, const CeRowState& state,
+                               cudaStream_t stream) {
+  int segments = 0;
+  unsigned int blocks = 0;
+  if (!ChunkGrid(m, n, &segments, &blocks)) return cudaErrorInvalidConfiguration;
+  ChunkStatsKernel<<<blocks, kThreads, 0, stream>>>(y, n, segments, c0, params, state);
+  cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) return error;
+  CombineKernel<<<RowBlocks(m), kRowThreads, 0, stream>>>(m, segments, state);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCeFinalize(std::int64_t m, const CeRowParams& params, const CeRowState& state,
+                             float* loss, float* lse_out, cudaStream_t stream) {
+  if (m <= 0) return cudaSuccess;
+  FinalizeKernel<<<RowBlocks(m), kRowThreads, 0, stream>>>(m, params, state, loss, lse_out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCeGradient(const float* y, std::int64_t m, std::int64_t n, std::int64_t c0,
+                             const CeRowParams& params, const CeRowState& state, std::uint16_t* g,
+                             cudaStream_t stream) {
+  int segments = 0;
+  unsigned int blocks = 0;
+  if (!ChunkGrid(m, n, &segments, &blocks)) return cudaErrorInvalidConfiguration;
+  GradientKernel<<<blocks, kThreads, 0, stream>>>(y, n, segments, c0, params, state, g);
+  return cudaGetLastError();
+}
+
+}  // namespace logitd::kernels::cuda
