@@ -1040,8 +1040,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
         "cuda backend: no CUDA device is visible (cudaGetDeviceCount returned 0)");
   }
   if (options.device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cuda backend: device ", options.device, " requested, ", count, " visible"));
+    // A flag error, not a missing GPU: --backend=auto must not hide it by
+    // falling back to the cpu backend.
+    return absl::InvalidArgumentError(absl::StrCat("cuda backend: --device=", options.device,
+                                                   " requested, but only ", count,
+                                                   " device(s) are visible (ordinals 0..",
+                                                   count - 1, ")"));
   }
   auto backend = std::make_unique<CudaBackend>(options, *policy);
   absl::Status status = backend->Init();
