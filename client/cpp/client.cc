@@ -456,4 +456,95 @@ absl::StatusOr<Tensor> Client::CastToBf16(const Tensor& input) {
   return tensors.Take(result.output());
 }
 
+absl::StatusOr<CrossEntropyResult> Client::CrossEntropy(const Tensor& x, const Tensor& targets,
+                                                        const std::string& handle,
+                                                        const CrossEntropyOptions& options) {
+  if (absl::Status s = CheckNotEmpty("x", x); !s.ok()) return s;
+  if (absl::Status s = CheckNotEmpty("targets", targets); !s.ok()) return s;
+  // As for alpha: proto3 reads 0 as "unset", which the server takes as 1.
+  if (options.grad_scale == 0.0f) {
+    return absl::InvalidArgumentError(
+        "grad_scale: expected a non-zero loss gradient (0 on the wire means the default 1), "
+        "got 0");
+  }
+  v1::Reduction reduction = v1::REDUCTION_MEAN;
+  switch (options.reduction) {
+    case Reduction::kNone:
+      reduction = v1::REDUCTION_NONE;
+      break;
+    case Reduction::kSum:
+      reduction = v1::REDUCTION_SUM;
+      break;
+    case Reduction::kMean:
+      reduction = v1::REDUCTION_MEAN;
+      break;
+  }
+  grpc::ClientContext context;
+  impl_->Prepare(context);
+  std::unique_ptr<grpc::ClientReaderWriter<v1::CrossEntropyRequest, v1::CrossEntropyResponse>>
+      stream = impl_->stub->CrossEntropy(&context);
+
+  v1::CrossEntropyRequest header;
+  v1::CrossEntropyHeader* h = header.mutable_header();
+  h->set_weight_handle(handle);
+  *h->mutable_x() = wire::MakeSpec("x", x);
+  *h->mutable_targets() = wire::MakeSpec("targets", targets);
+  // Always sent: the default lives in CrossEntropyOptions, not on the wire.
+  h->set_ignore_index(options.ignore_index);
+  h->set_reduction(reduction);
+  h->set_z_loss(options.z_loss);
+  h->set_logit_softcap(options.logit_softcap);
+  h->set_grad_scale(options.grad_scale);
+  h->set_want_lse(options.want_lse);
+  h->set_want_dx(options.want_dx);
+  h->set_want_dw(options.want_dw);
+  h->set_dx_dtype(wire::ToProto(options.dx_dtype));
+  h->set_accumulate_dw(options.accumulate_dw);
+  if (stream->Write(header) &&
+      WriteTensor<v1::CrossEntropyRequest>(*stream, "x", x, impl_->options.chunk_bytes) &&
+      WriteTensor<v1::CrossEntropyRequest>(*stream, "targets", targets,
+                                           impl_->options.chunk_bytes)) {
+    stream->WritesDone();
+  }
+
+  v1::CrossEntropyResult result;
+  ResponseTensors tensors;
+  absl::Status s = ReceiveResponse<v1::CrossEntropyResponse>(
+      *stream, context, &result, &tensors, [](const v1::CrossEntropyResult& r) {
+        std::vector<const v1::TensorSpec*> specs;
+        if (r.has_loss()) specs.push_back(&r.loss());
+        if (r.has_lse()) specs.push_back(&r.lse());
+        if (r.has_dx()) specs.push_back(&r.dx());
+        if (r.has_dw()) specs.push_back(&r.dw());
+        return specs;
+      });
+  if (!s.ok()) return s;
+  if (!result.has_loss()) {
+    return absl::DataLossError("response from server: the cross-entropy result has no loss");
+  }
+
+  CrossEntropyResult out;
+  out.counted_tokens = result.counted_tokens();
+  out.timing = FromProto(result.timing());
+  absl::StatusOr<Tensor> loss = tensors.Take(result.loss());
+  if (!loss.ok()) return loss.status();
+  out.loss = std::move(*loss);
+  if (result.has_lse()) {
+    absl::StatusOr<Tensor> lse = tensors.Take(result.lse());
+    if (!lse.ok()) return lse.status();
+    out.lse = std::move(*lse);
+  }
+  if (result.has_dx()) {
+    absl::StatusOr<Tensor> dx = tensors.Take(result.dx());
+    if (!dx.ok()) return dx.status();
+    out.dx = std::move(*dx);
+  }
+  if (result.has_dw()) {
+    absl::StatusOr<Tensor> dw = tensors.Take(result.dw());
+    if (!dw.ok()) return dw.status();
+    out.dw = std::move(*dw);
+  }
+  return out;
+}
+
 }  // namespace logitd::client

@@ -167,13 +167,19 @@ suites (default: all; golden is compared only with --baseline or --record):
                      exact integer gradients; dX, dW within their fp32 bounds
   special_values     NaN, ±Inf, subnormals and bf16 max reach the outputs IEEE
                      754 says, and no others
+  cross_entropy      fused loss, lse, dX, dW within fp32 bounds of an fp64
+                     reference; the bf16 gradient cast bitwise on integer
+                     data; ignore_index, z-loss, soft-capping, reductions,
+                     int32/int64 targets, invalid targets refused
   golden             fixed inputs compared bit for bit with a baseline file
   determinism        every other suite's first request, and a few more, sent
                      twice give the same bits
 
 options:
   --suite=A,B         suites to run (also as words after `validate`)
-  --quick             V=4096 and K in {512, 4096} (default V=32768, K=512...16384)
+  --quick             V=4096 and K in {512, 4096} (default V=32768, K=512...16384);
+                      cross_entropy: M=32, K=256, V=4096 (default M=64, K=1024,
+                      V=32768)
   --seed=N            seed of the generated data (default 1234; golden is fixed)
   --json=FILE         write the report as JSON (server info, every case)
   --junit=FILE        write the report as JUnit XML

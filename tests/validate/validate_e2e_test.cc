@@ -223,13 +223,16 @@ TEST_F(ValidateE2eTest, QuickRunOfEverySuitePassesOnACleanCpuServer) {
     ++per_suite[c["suite"].get<std::string>()];
   }
   for (const char* suite : {"integer_exact", "rounding_error", "backward_contract",
-                            "special_values", "golden", "determinism"}) {
+                            "special_values", "cross_entropy", "golden", "determinism"}) {
     EXPECT_GT(per_suite[suite], 0) << suite;
   }
+  // The determinism suite replays the cross_entropy suite's first request.
+  EXPECT_EQ(Verdicts().at("determinism/replay_cross_entropy"), "passed");
   EXPECT_EQ(j["totals"]["failed"], 0);
   EXPECT_EQ(j["totals"]["passed"], j["cases"].size());
   // The seed's table and the summary are printed.
   EXPECT_NE(r.out.find("fp32 rel Frob"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cross_entropy: X ["), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("0 FAILED"), std::string::npos) << r.out;
 
   const std::string x = JUnit();
@@ -379,6 +382,21 @@ INSTANTIATE_TEST_SUITE_P(
         // A corrupted transfer is an error the client catches, never a pass.
         FaultCase{"digest", "integer_exact", "K=512", "DATA_LOSS"}),
     [](const ::testing::TestParamInfo<FaultCase>& info) { return std::string(info.param.fault); });
+
+// The faults on dX and dW reach the fused cross-entropy's gradients too; its
+// bitwise cases must see one flipped bit, and the all-ignored case a
+// gradient that should be zero.
+INSTANTIATE_TEST_SUITE_P(CrossEntropyFaults, FaultTest,
+                         ::testing::Values(FaultCase{"dx_bit", "cross_entropy", "exact_grads",
+                                                     "dX fp32 differs from the exact"},
+                                           FaultCase{"dw_bit", "cross_entropy",
+                                                     "exact_grads_mean_softcap_z_loss",
+                                                     "dW fp32 differs from the exact"},
+                                           FaultCase{"dw_bit", "cross_entropy", "ignore_index",
+                                                     "gradient elements are not zero"}),
+                         [](const ::testing::TestParamInfo<FaultCase>& info) {
+                           return absl::StrCat(info.param.fault, "_", info.param.failing_case);
+                         });
 
 }  // namespace
 }  // namespace logitd
