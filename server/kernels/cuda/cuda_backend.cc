@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -81,13 +82,16 @@ std::string VersionString(int v) {  // 13000 -> "13.0"
 
 // The kernel driver's release ("580.159.04"), when the system exposes it.
 std::string DriverRelease() {
+  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>", or
+  // "... UNIX Open Kernel Module for x86_64  580.159.04  Release Build ...":
+  // the release is the first word made of digits and dots with a dot in it.
   std::ifstream in("/proc/driver/nvidia/version");
   std::string word;
-  std::string previous;
   while (in >> word) {
-    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>"
-    if (previous == "Module" && !word.empty()) return word;
-    previous = word;
+    const bool version_like = word.find('.') != std::string::npos &&
+                              std::isdigit(static_cast<unsigned char>(word[0])) &&
+                              word.find_first_not_of("0123456789.") == std::string::npos;
+    if (version_like) return word;
   }
   return "";
 }
@@ -1042,10 +1046,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
   if (options.device >= count) {
     // A flag error, not a missing GPU: --backend=auto must not hide it by
     // falling back to the cpu backend.
-    return absl::InvalidArgumentError(absl::StrCat("cuda backend: --device=", options.device,
-                                                   " requested, but only ", count,
-                                                   " device(s) are visible (ordinals 0..",
-                                                   count - 1, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: --device=", options.device, " requested, but only ", count,
+                     " device(s) are visible (ordinals 0..", count - 1, ")"));
   }
   auto backend = std::make_unique<CudaBackend>(options, *policy);
   absl::Status status = backend->Init();
