@@ -4,7 +4,7 @@
 # `logitctl validate` against `logitd --backend=cuda` on a loopback port, run
 # the kernel benchmark and the PyTorch baseline, and print a summary last.
 #
-#   usage: scripts/gpu-check.sh [OUT_DIR]        (default: $OUT, else out/gpu-check)
+#   usage: scripts/gpu-check.sh [OUT_DIR]        (default: out/gpu-check)
 #
 # Environment:
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
@@ -28,7 +28,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
-out=${1:-${OUT:-$root/out/gpu-check}}
+out=${1:-$root/out/gpu-check}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 build=${GPU_CHECK_BUILD:-/tmp/logitd-gpu-build}
@@ -81,7 +81,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOGITD_ENABLE_
   exit 1
 fi
 start=$(date +%s)
-# -k 0: parts being written by others must not stop the rest from building.
+# -k 0: one target that fails to build must not stop the others (the summary says which).
 # shellcheck disable=SC2086
 ninja -C "$build" -k 0 -j "$jobs" ${GPU_CHECK_TARGETS:-} >>"$out/build.log" 2>&1
 build_rc=$?
@@ -113,7 +113,7 @@ if ! skipped validate; then
   logitd_bin=$(find_bin logitd)
   logitctl_bin=$(find_bin logitctl)
   if [ -z "$logitd_bin" ] || [ -z "$logitctl_bin" ]; then
-    note validate skip "logitd or logitctl was not built (not written yet?)"
+    note validate skip "logitd or logitctl was not built (see build.log)"
   else
     port_file=$(mktemp)
     rm -f "$port_file"
