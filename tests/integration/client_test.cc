@@ -22,40 +22,7 @@ namespace {
 using client::BackwardOptions;
 using client::LogitsOptions;
 
-class ClientTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start({});
-    if (s.ok()) {
-      server_ = std::move(*s).release();
-    } else {
-      start_error_ = new absl::Status(s.status());
-    }
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr) << "logitd did not start: " << *start_error_;
-  }
-  void TearDown() override {
-    if (server_ != nullptr) {
-      EXPECT_TRUE(ServerAnswers(client())) << server_->process.Log();
-    }
-  }
-  static client::Client& client() { return *server_->client; }
-
-  // Registers `w` and returns its handle (fails the test otherwise).
-  static std::string Register(const Tensor& w, const std::string& name) {
-    absl::StatusOr<client::WeightInfo> info = client().RegisterWeight(w, name);
-    EXPECT_TRUE(info.ok()) << info.status();
-    return info.ok() ? info->handle : "";
-  }
-
-  static inline SharedServer* server_ = nullptr;
-  static inline absl::Status* start_error_ = nullptr;
-};
+using ClientTest = SharedServerTest;
 
 TEST_F(ClientTest, InfoDescribesTheCpuBackend) {
   absl::StatusOr<client::ServerInfo> info = client().Info();

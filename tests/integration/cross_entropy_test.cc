@@ -204,36 +204,8 @@ Reference ComputeReference(const Problem& p) {
          << bad << " of " << got.numel() << " outside; first " << first;
 }
 
-class CrossEntropyTest : public ::testing::Test {
+class CrossEntropyTest : public SharedServerTest {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start({});
-    if (s.ok()) {
-      server_ = std::move(*s).release();
-    } else {
-      start_error_ = new absl::Status(s.status());
-    }
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr) << "logitd did not start: " << *start_error_;
-  }
-  void TearDown() override {
-    if (server_ != nullptr) {
-      EXPECT_TRUE(ServerAnswers(client())) << server_->process.Log();
-    }
-  }
-  static client::Client& client() { return *server_->client; }
-
-  static std::string Register(const Tensor& w, const std::string& name) {
-    absl::StatusOr<client::WeightInfo> info = client().RegisterWeight(w, name);
-    EXPECT_TRUE(info.ok()) << info.status();
-    return info.ok() ? info->handle : "";
-  }
-
   static absl::StatusOr<CrossEntropyResult> Call(const Problem& p, const std::string& handle,
                                                  DType targets_dtype = DType::kInt64) {
     return client().CrossEntropy(*p.x, Targets(p.targets, targets_dtype), handle, p.options);
@@ -289,9 +261,6 @@ class CrossEntropyTest : public ::testing::Test {
       EXPECT_TRUE(Within(*got.dw, ref.dw, ref.dw_tol));
     }
   }
-
-  static inline SharedServer* server_ = nullptr;
-  static inline absl::Status* start_error_ = nullptr;
 };
 
 constexpr std::int64_t kM = 24, kK = 64, kV = 320;  // V not a multiple of 64

@@ -38,6 +38,46 @@ struct SharedServer {
       client::ClientOptions options = {}) const;
 };
 
+// The server still answers (GetServerInfo) after whatever the test did to it.
+::testing::AssertionResult ServerAnswers(client::Client& client);
+
+// A test suite that shares one cpu-backend server among its tests and checks
+// after each test that the server still answers.
+class SharedServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start({});
+    if (s.ok()) {
+      server_ = std::move(*s).release();
+    } else {
+      start_error_ = new absl::Status(s.status());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr) << "logitd did not start: " << *start_error_;
+  }
+  void TearDown() override {
+    if (server_ != nullptr) {
+      EXPECT_TRUE(ServerAnswers(client())) << server_->process.Log();
+    }
+  }
+  static client::Client& client() { return *server_->client; }
+
+  // Registers `w` and returns its handle (fails the test otherwise).
+  static std::string Register(const Tensor& w, const std::string& name) {
+    absl::StatusOr<client::WeightInfo> info = client().RegisterWeight(w, name);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->handle : "";
+  }
+
+  static inline SharedServer* server_ = nullptr;
+  static inline absl::Status* start_error_ = nullptr;
+};
+
 // bf16 tensor of integers drawn uniformly from [lo, hi] (exact in bf16).
 Tensor IntBf16(std::vector<std::int64_t> shape, std::uint32_t seed, int lo = -8, int hi = 8);
 // fp32 tensor of the same kind of integers.
@@ -67,8 +107,5 @@ std::vector<std::int64_t> ExactTN(const Tensor& a, const Tensor& b);
                                                   const std::vector<std::int64_t>& shape);
 // Same dtype, shape and bytes.
 ::testing::AssertionResult BitwiseEqual(const Tensor& got, const Tensor& want);
-
-// The server still answers after whatever the test did to it.
-::testing::AssertionResult ServerAnswers(client::Client& client);
 
 }  // namespace logitd::testing
