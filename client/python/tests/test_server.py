@@ -401,3 +401,64 @@ def test_dns_target_with_round_robin(server):
 def test_token_is_accepted_by_a_server_without_auth(server):
     with logitd.Client(server, token="unused") as c:
         assert c.info().backend == "cpu"
+
+
+# ---------------------------------------------------------------------------
+# Fused cross-entropy
+
+
+def _ce_reference(x, w, targets, ignore_index=-100):
+    """fp64 per-token loss, lse and dL/dlogits (unscaled) of softmax cross-entropy."""
+    logits = x.astype(np.float64) @ w.astype(np.float64).T
+    mx = logits.max(axis=1, keepdims=True)
+    lse = (mx + np.log(np.exp(logits - mx).sum(axis=1, keepdims=True)))[:, 0]
+    counted = targets != ignore_index
+    safe = np.where(counted, targets, 0)
+    loss = np.where(counted, lse - logits[np.arange(len(targets)), safe], 0.0)
+    g = np.exp(logits - lse[:, None])
+    g[np.arange(len(targets)), safe] -= 1.0
+    g[~counted] = 0.0
+    return loss, lse, g
+
+
+def test_cross_entropy_matches_fp64_reference(client, weights):
+    rng = rng_for(77)
+    M, V, K = 24, 1000, 256
+    x = to_bf16(rng.standard_normal((M, K)))
+    w = to_bf16(rng.standard_normal((V, K)) * 0.25)
+    targets = rng.integers(0, V, size=M).astype(np.int64)
+    targets[[3, 11]] = -100
+    h = weights(w).handle
+    loss_ref, lse_ref, g_ref = _ce_reference(x, w, targets)
+    counted = int(np.sum(targets != -100))
+
+    per_token = client.cross_entropy(x, targets, h, reduction="none", want_lse=True)
+    assert per_token.counted_tokens == counted
+    assert per_token.loss.dtype == np.float32 and per_token.loss.shape == (M,)
+    assert per_token.dx is None and per_token.dw is None
+    np.testing.assert_allclose(per_token.loss, loss_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(per_token.lse, lse_ref, rtol=1e-6)
+    assert np.all(per_token.loss[[3, 11]] == 0)
+
+    mean = client.cross_entropy(
+        x, targets.astype(np.int32), h, want_dx=True, want_dw=True, dx_dtype="fp32"
+    )
+    assert mean.loss.shape == (1,)
+    np.testing.assert_allclose(mean.loss[0], loss_ref.sum() / counted, rtol=1e-5)
+    # Gradients of the mean: G = bf16(g / counted); the bf16 cast bounds the error.
+    dx_ref = (g_ref / counted) @ w.astype(np.float64)
+    dw_ref = (g_ref / counted).T @ x.astype(np.float64)
+    assert np.linalg.norm(mean.dx - dx_ref) <= 2 ** -7 * np.linalg.norm(dx_ref)
+    assert np.linalg.norm(mean.dw - dw_ref) <= 2 ** -7 * np.linalg.norm(dw_ref)
+    assert np.all(mean.dx[[3, 11]] == 0)
+
+
+def test_cross_entropy_refuses_out_of_range_targets(client, weights):
+    rng = rng_for(78)
+    x = to_bf16(rng.standard_normal((4, 64)))
+    h = weights(to_bf16(rng.standard_normal((50, 64)))).handle
+    with pytest.raises(logitd.InvalidArgumentError, match="targets"):
+        client.cross_entropy(x, np.array([0, 1, 50, 2], dtype=np.int64), h)
+    with pytest.raises(logitd.InvalidArgumentError):
+        client.cross_entropy(x, np.array([0, 1, 2, 3], dtype=np.int64), h, grad_scale=0)
+    assert client.info().backend == "cpu"

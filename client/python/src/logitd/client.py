@@ -75,6 +75,20 @@ class ReleaseResult:
     registrations_left: int
 
 
+class CrossEntropyResult(NamedTuple):
+    """Fused cross-entropy outputs: loss (fp32, [M] for reduction "none", else
+    [1]); lse, dx, dw when asked for (else None); tokens not ignored."""
+
+    loss: Any
+    lse: Any
+    dx: Any
+    dw: Any
+    counted_tokens: int
+
+
+_REDUCTIONS = {"none": pb.REDUCTION_NONE, "sum": pb.REDUCTION_SUM, "mean": pb.REDUCTION_MEAN}
+
+
 class Gradient(NamedTuple):
     """The server-held fp32 dW of a weight and how many Backward calls it sums."""
 
@@ -370,6 +384,68 @@ class Client:
         dx = tensors[result.dx.name].result(as_torch) if result.HasField("dx") else None
         dw = tensors[result.dw.name].result(as_torch) if result.HasField("dw") else None
         return dx, dw
+
+    # -- fused cross-entropy ------------------------------------------------------------------
+
+    def cross_entropy(
+        self,
+        x: Any,
+        targets: Any,
+        handle: Union[str, WeightInfo],
+        reduction: str = "mean",
+        ignore_index: int = -100,
+        z_loss: float = 0.0,
+        logit_softcap: float = 0.0,
+        grad_scale: float = 1.0,
+        want_lse: bool = False,
+        want_dx: bool = False,
+        want_dw: bool = False,
+        dx_dtype: Any = "bf16",
+        accumulate_dw: bool = False,
+    ) -> CrossEntropyResult:
+        """Cross-entropy of the logits x . W^T against int32/int64 targets [M],
+        computed by the server chunk by chunk over the vocabulary (the logits
+        never travel). Gradients follow the backward contract: G = bf16(dL/dY)
+        rounded to nearest even once, dX = G.W, dW = G^T.X (fp32 accumulation).
+        """
+        if reduction not in _REDUCTIONS:
+            raise InvalidArgumentError(
+                "reduction: expected one of %s, got %r" % (", ".join(sorted(_REDUCTIONS)), reduction)
+            )
+        if grad_scale == 0:
+            # proto3 cannot tell 0 from unset, which the server reads as 1.
+            raise InvalidArgumentError("grad_scale: expected a non-zero loss gradient, got 0")
+        dxt = T.dtype_enum("dx_dtype", dx_dtype, (pb.DTYPE_BF16, pb.DTYPE_FP32))
+        xt = T.Outgoing("x", x, (pb.DTYPE_BF16,))
+        tt = T.Outgoing("targets", targets, (pb.DTYPE_INT32, pb.DTYPE_INT64))
+        header = pb.CrossEntropyHeader(
+            weight_handle=_handle(handle),
+            x=xt.spec,
+            targets=tt.spec,
+            ignore_index=int(ignore_index),
+            reduction=_REDUCTIONS[reduction],
+            z_loss=float(z_loss),
+            logit_softcap=float(logit_softcap),
+            grad_scale=float(grad_scale),
+            want_lse=bool(want_lse),
+            want_dx=bool(want_dx),
+            want_dw=bool(want_dw),
+            dx_dtype=dxt,
+            accumulate_dw=bool(accumulate_dw),
+        )
+
+        def specs_of(r):
+            return [spec for field, spec in ((f, getattr(r, f)) for f in ("loss", "lse", "dx", "dw")) if r.HasField(field)]
+
+        result, tensors = self._stream(
+            self._stub.CrossEntropy, pb.CrossEntropyRequest, "header", header, [xt, tt], specs_of
+        )
+        as_torch = T.is_torch(x)
+
+        def get(field):
+            return tensors[getattr(result, field).name].result(as_torch) if result.HasField(field) else None
+
+        return CrossEntropyResult(get("loss"), get("lse"), get("dx"), get("dw"), int(result.counted_tokens))
 
     # -- server-held gradient buffers -----------------------------------------------------
 
