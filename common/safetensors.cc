@@ -231,6 +231,21 @@ absl::Status ReadBytes(const std::string& path, std::ifstream& in, std::uint64_t
   return absl::OkStatus();
 }
 
+// The entry named `name`; NotFound listing some of the file's tensors.
+absl::StatusOr<const Entry*> FindEntry(const std::string& path, const Header& h,
+                                       const std::string& name) {
+  auto it = std::find_if(h.entries.begin(), h.entries.end(),
+                         [&](const Entry& e) { return e.name == name; });
+  if (it != h.entries.end()) return &*it;
+  std::vector<absl::string_view> some;
+  for (std::size_t i = 0; i < h.entries.size() && i < kNamesInMessage; ++i) {
+    some.push_back(h.entries[i].name);
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "%s: no tensor '%s'; the file has %d tensor(s): %s%s", path, name, h.entries.size(),
+      absl::StrJoin(some, ", "), h.entries.size() > kNamesInMessage ? ", ..." : ""));
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ListSafetensors(const std::string& path) {
@@ -251,22 +266,26 @@ absl::StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(
   return std::move(h->metadata);
 }
 
+absl::StatusOr<SafetensorsTensorInfo> StatSafetensorsTensor(const std::string& path,
+                                                            const std::string& name) {
+  std::ifstream in;
+  absl::StatusOr<Header> h = ReadHeader(path, in);
+  if (!h.ok()) return h.status();
+  absl::StatusOr<const Entry*> found = FindEntry(path, *h, name);
+  if (!found.ok()) return found.status();
+  SafetensorsTensorInfo info;
+  info.dtype = (*found)->dtype;
+  info.shape = (*found)->shape;
+  return info;
+}
+
 absl::StatusOr<Tensor> ReadSafetensorsTensor(const std::string& path, const std::string& name) {
   std::ifstream in;
   absl::StatusOr<Header> h = ReadHeader(path, in);
   if (!h.ok()) return h.status();
-  auto it = std::find_if(h->entries.begin(), h->entries.end(),
-                         [&](const Entry& e) { return e.name == name; });
-  if (it == h->entries.end()) {
-    std::vector<absl::string_view> some;
-    for (std::size_t i = 0; i < h->entries.size() && i < kNamesInMessage; ++i) {
-      some.push_back(h->entries[i].name);
-    }
-    return absl::NotFoundError(absl::StrFormat(
-        "%s: no tensor '%s'; the file has %d tensor(s): %s%s", path, name, h->entries.size(),
-        absl::StrJoin(some, ", "), h->entries.size() > kNamesInMessage ? ", ..." : ""));
-  }
-  const Entry& e = *it;
+  absl::StatusOr<const Entry*> found = FindEntry(path, *h, name);
+  if (!found.ok()) return found.status();
+  const Entry& e = **found;
   const std::uint64_t offset = h->data_start + e.begin;
   const std::uint64_t size = e.end - e.begin;
 

@@ -68,6 +68,9 @@ ABSL_FLAG(std::uint64_t, max_request_bytes, (std::uint64_t{4} << 30) + 1,
 ABSL_FLAG(std::uint64_t, chunk_bytes, std::uint64_t{4} << 20,
           "Bytes per chunk of streamed responses, 65536 (64 KiB) to 67108864 (64 MiB). "
           "Default 4 MiB.");
+ABSL_FLAG(std::string, weights_dir, "",
+          "Directory LoadWeight reads safetensors files from (paths relative to it, confined "
+          "to it); empty = LoadWeight is refused.");
 ABSL_FLAG(std::string, log_level, "info", "error|warning|info|debug.");
 ABSL_FLAG(std::string, test_fault, "",
           "Testing only, in builds with LOGITD_ENABLE_TEST_FAULTS=ON: comma-separated faults "
@@ -317,6 +320,17 @@ int Main(int argc, char** argv) {
   absl::StatusOr<service::FaultSet> faults = service::ParseFaults(absl::GetFlag(FLAGS_test_fault));
   if (!faults.ok()) return BadFlags(faults.status().message());
   options.faults = *faults;
+  const std::string weights_dir = absl::GetFlag(FLAGS_weights_dir);
+  if (!weights_dir.empty()) {
+    std::error_code ec;
+    const std::filesystem::path dir = std::filesystem::canonical(weights_dir, ec);
+    if (ec || !std::filesystem::is_directory(dir)) {
+      return BadFlags(absl::StrCat("--weights_dir: expected an existing directory, got '",
+                                   weights_dir, "'",
+                                   ec ? absl::StrCat(" (", ec.message(), ")") : ""));
+    }
+    options.weights_dir = dir;
+  }
 
   // --- Backend -------------------------------------------------------------
   std::string why;
@@ -390,11 +404,12 @@ int Main(int argc, char** argv) {
       return kExitRuntimeError;
     }
   }
-  LogInfo(absl::StrCat("logitd ", service::Version(), " (", service::BuildId(), ") listening on ",
-                       bound, " backend=", info.backend, " device=\"", info.device_name,
-                       "\" weight_budget_bytes=", options.weight_budget_bytes,
-                       " max_request_bytes=", options.max_request_bytes,
-                       " chunk_bytes=", options.chunk_bytes));
+  LogInfo(absl::StrCat(
+      "logitd ", service::Version(), " (", service::BuildId(), ") listening on ", bound,
+      " backend=", info.backend, " device=\"", info.device_name,
+      "\" weight_budget_bytes=", options.weight_budget_bytes,
+      " max_request_bytes=", options.max_request_bytes, " chunk_bytes=", options.chunk_bytes,
+      " weights_dir=", options.weights_dir.empty() ? "(none)" : options.weights_dir.string()));
 
   std::thread waiter([&] {
     const int signal_number = WaitForStopSignal();

@@ -51,6 +51,7 @@ WeightInfo FromProto(const v1::WeightInfo& w) {
   out.has_gradient = w.has_gradient();
   out.already_registered = w.already_registered();
   out.registrations = w.registrations();
+  out.converted_from = w.converted_from();
   return out;
 }
 
@@ -284,6 +285,21 @@ absl::StatusOr<WeightInfo> Client::RegisterWeight(const Tensor& weight, const st
   }
   if (absl::Status s = FromGrpc(stream->Finish()); !s.ok()) return s;
   return FromProto(info);
+}
+
+absl::StatusOr<WeightInfo> Client::LoadWeight(const std::string& path, const std::string& tensor,
+                                              const std::string& name) {
+  grpc::ClientContext context;
+  impl_->Prepare(context);
+  v1::LoadWeightRequest request;
+  request.set_path(path);
+  request.set_tensor(tensor);
+  request.set_name(name);
+  v1::WeightInfo response;
+  if (absl::Status s = FromGrpc(impl_->stub->LoadWeight(&context, request, &response)); !s.ok()) {
+    return s;
+  }
+  return FromProto(response);
 }
 
 absl::StatusOr<std::vector<WeightInfo>> Client::ListWeights() {

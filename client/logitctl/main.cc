@@ -52,8 +52,8 @@ ABSL_FLAG(std::string, key, "", "PEM private key of --cert");
 
 // Subcommand options.
 ABSL_FLAG(bool, json, false, "info: print JSON instead of a table");
-ABSL_FLAG(std::string, tensor, "", "weights register: tensor to read from the file");
-ABSL_FLAG(std::string, name, "", "weights register: weight name (default: the tensor's name)");
+ABSL_FLAG(std::string, tensor, "", "weights register/load: tensor to read from the file");
+ABSL_FLAG(std::string, name, "", "weights register/load: weight name (default: the tensor's name)");
 ABSL_FLAG(std::string, x, "", "activations X as FILE[:TENSOR], bf16 [M, K]");
 ABSL_FLAG(std::string, dy, "", "backward: logit gradient dY as FILE[:TENSOR], fp32 or bf16 [M, V]");
 ABSL_FLAG(std::string, weight, "", "weight handle from `weights register`");
@@ -101,6 +101,9 @@ commands:
   info [--json]                      server backend, device, versions and limits
   weights register FILE --tensor=NAME [--name=NAME]
                                      upload a [V, K] weight (fp32 is rounded to bf16)
+  weights load PATH --tensor=NAME [--name=NAME]
+                                     the server reads a [V, K] weight from PATH, relative
+                                     to its --weights_dir (fp32/fp16 rounded to bf16)
   weights list                       weights the server holds
   weights release HANDLE [--force]   release one registration; the weight and its
                                      gradient buffer go with the last
@@ -513,6 +516,30 @@ int CmdWeightsRegister(const std::vector<std::string>& words) {
   });
 }
 
+int CmdWeightsLoad(const std::vector<std::string>& words) {
+  const std::string tensor = absl::GetFlag(FLAGS_tensor);
+  if (words.size() != 3 || tensor.empty()) {
+    return UsageError("usage: weights load PATH --tensor=NAME [--name=NAME]");
+  }
+  return WithClient([&](client::Client& c) {
+    absl::StatusOr<client::WeightInfo> info =
+        c.LoadWeight(words[2], tensor, absl::GetFlag(FLAGS_name));
+    if (!info.ok()) return ServerError(info.status());
+    PrintRows({{"handle", info->handle},
+               {"name", info->name},
+               {"shape", ShapeString(info->shape)},
+               {"xxh3", Hex64(info->xxh3)},
+               {"bytes", Bytes(info->bytes)},
+               {"converted",
+                info->converted_from.empty()
+                    ? "no (bf16 in the file)"
+                    : absl::StrCat(info->converted_from, " -> bf16 (round to nearest even)")},
+               {"already_registered", info->already_registered ? "true" : "false"},
+               {"registrations", absl::StrCat(info->registrations)}});
+    return kExitOk;
+  });
+}
+
 int CmdWeightsList(const std::vector<std::string>& words) {
   if (words.size() != 2) return UsageError("weights list takes no arguments");
   return WithClient([](client::Client& c) {
@@ -860,9 +887,10 @@ int Main(int argc, char** argv) {
   if (cmd == "weights") {
     const std::string sub = w.size() > 1 ? w[1] : "";
     if (sub == "register") return CmdWeightsRegister(w);
+    if (sub == "load") return CmdWeightsLoad(w);
     if (sub == "list") return CmdWeightsList(w);
     if (sub == "release") return CmdWeightsRelease(w);
-    return UsageError("usage: weights register|list|release ...");
+    return UsageError("usage: weights register|load|list|release ...");
   }
   if (cmd == "logits") return CmdLogits(w);
   if (cmd == "backward") return CmdBackward(w);

@@ -60,6 +60,9 @@ struct WeightInfo {
   // Outstanding registrations of these bytes; the weight goes when the last
   // is released.
   std::uint32_t registrations = 0;
+  // LoadWeight only: "F32" or "F16" when the file's tensor was rounded to
+  // bf16 (round to nearest even); empty when it was bf16 already.
+  std::string converted_from;
 };
 
 // Server-side time split of one call, microseconds.
@@ -139,6 +142,11 @@ class Client {
 
   // weight: bf16 [V, K].
   absl::StatusOr<WeightInfo> RegisterWeight(const Tensor& weight, const std::string& name);
+  // Has the server read tensor `tensor` (rank 2; BF16, or F32/F16 rounded to
+  // bf16) from the safetensors file `path`, relative to the server's
+  // --weights_dir. An empty name means the tensor's name.
+  absl::StatusOr<WeightInfo> LoadWeight(const std::string& path, const std::string& tensor,
+                                        const std::string& name = "");
   absl::StatusOr<std::vector<WeightInfo>> ListWeights();
   // Releases one registration (every one with `force`). Returns the bytes
   // freed: 0 while other registrations of the same bytes remain.

@@ -3,6 +3,7 @@
 // giving each tensor's dtype, shape and byte range, then the raw data.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -26,6 +27,18 @@ absl::StatusOr<std::vector<std::string>> ListSafetensors(const std::string& path
 
 // The header's "__metadata__" string map (empty when there is none).
 absl::StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::string& path);
+
+// What the header says of one tensor, without its data.
+struct SafetensorsTensorInfo {
+  // The file's dtype string: "BF16", "F32", "F16", "I64", ...
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+};
+
+// Reads only the header (the file's data is not touched), so a caller can
+// check a tensor's dtype and shape, and charge for its size, before reading it.
+absl::StatusOr<SafetensorsTensorInfo> StatSafetensorsTensor(const std::string& path,
+                                                            const std::string& name);
 
 // Reads one tensor, seeking to its bytes so a large checkpoint is never read
 // whole. BF16, F32, I32 and I64 come back as stored; F16 is widened to fp32

@@ -1,5 +1,6 @@
 #include "server/service/service.h"
 
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +10,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/wire.h"
+#include "logitd/bf16.h"
+#include "logitd/safetensors.h"
 #include "logitd/tensor.h"
 #include "server/service/build_info.h"
 #include "server/service/logging.h"
@@ -239,6 +242,111 @@ absl::Status LogitdService::DoRegisterWeight(grpc::ServerContext* context,
   LogInfo(absl::StrCat(
       inserted.already_registered ? "weight already registered: " : "weight registered: ", handle,
       " ", inserted.record.Label(), " bytes=", inserted.record.bytes,
+      " in_use=", registry_.bytes_in_use(), "/", registry_.budget_bytes()));
+  return absl::OkStatus();
+}
+
+grpc::Status LogitdService::LoadWeight(grpc::ServerContext* context,
+                                       const v1::LoadWeightRequest* request,
+                                       v1::WeightInfo* response) {
+  return Run("LoadWeight", context, [&](CallStats* stats) {
+    stats->bytes_in = request->ByteSizeLong();
+    return DoLoadWeight(*request, response, stats);
+  });
+}
+
+absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
+                                         v1::WeightInfo* response, CallStats* stats) {
+  LOGITD_ASSIGN_OR_RETURN(const std::filesystem::path file,
+                          ResolveWeightPath(options_.weights_dir, request.path()));
+  const std::string where =
+      absl::StrCat("path '", request.path(), "' tensor '", request.tensor(), "'");
+  if (request.tensor().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected the name of a tensor in the file, got an empty one"));
+  }
+  // The header alone: dtype and shape are checked, and the budget charged,
+  // before any of the tensor's bytes are read.
+  LOGITD_ASSIGN_OR_RETURN(const SafetensorsTensorInfo stat,
+                          StatSafetensorsTensor(file.string(), request.tensor()));
+  if (stat.dtype != "BF16" && stat.dtype != "F32" && stat.dtype != "F16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": expected dtype BF16, F32 or F16 (rounded to bf16), got ", stat.dtype));
+  }
+  v1::RegisterWeightHeader header;
+  header.set_name(request.name().empty() ? request.tensor() : request.name());
+  header.mutable_weight()->set_name("weight");
+  header.mutable_weight()->set_dtype(v1::DTYPE_BF16);
+  for (std::int64_t d : stat.shape) header.mutable_weight()->add_shape(d);
+  absl::StatusOr<WeightPlan> checked = ValidateRegisterWeight(header);
+  if (!checked.ok()) {
+    return absl::Status(checked.status().code(),
+                        absl::StrCat(where, ": ", checked.status().message()));
+  }
+  const WeightPlan plan = *checked;
+  const std::string label = absl::StrCat("'", header.name(), "' ",
+                                         ShapeString(std::vector<std::int64_t>{plan.v, plan.k}));
+
+  // The handle needs the bytes' digest, so the budget is charged first. A
+  // full budget may still take a weight it already holds: the file is read
+  // only when a held weight has the same shape, and its copy is not kept.
+  BudgetReservation reservation;
+  absl::StatusOr<BudgetReservation> reserved = registry_.ReserveWeight(label, plan.v, plan.k);
+  if (reserved.ok()) {
+    reservation = std::move(*reserved);
+  } else {
+    bool same_shape = false;
+    for (const WeightRecord& w : registry_.List()) {
+      same_shape = same_shape || (w.v == plan.v && w.k == plan.k);
+    }
+    if (!same_shape) return reserved.status();
+  }
+
+  LOGITD_ASSIGN_OR_RETURN(Tensor read, ReadSafetensorsTensor(file.string(), request.tensor()));
+  Tensor w;
+  std::string converted;
+  if (read.dtype() == DType::kBf16) {
+    w = std::move(read);
+  } else {
+    // F32 as stored, or F16 widened exactly to fp32 by the reader.
+    converted = stat.dtype;
+    w = Tensor(DType::kBf16, read.shape());
+    const float* src = read.data<float>();
+    Bf16Bits* dst = w.data<Bf16Bits>();
+    for (std::int64_t i = 0; i < read.numel(); ++i) dst[i] = FloatToBf16(src[i]);
+    read = Tensor();
+  }
+  const std::uint64_t digest = Xxh3(w.bytes(), static_cast<std::size_t>(w.nbytes()));
+  const std::string handle = WeightRegistry::MakeHandle(digest, plan.v, plan.k);
+  const std::string how =
+      converted.empty()
+          ? "bf16 as stored"
+          : absl::StrCat("converted ", converted == "F16" ? "fp16" : "fp32", " -> bf16 (RNE)");
+
+  if (absl::StatusOr<WeightRecord> existing = registry_.AddRegistration(handle); existing.ok()) {
+    FillWeightInfo(*existing, /*already_registered=*/true, response);
+    response->set_converted_from(converted);
+    stats->bytes_out = response->ByteSizeLong();
+    LogInfo(absl::StrCat("weight already registered: ", handle, " ", existing->Label(),
+                         " loaded from file:", request.path(), " tensor=", request.tensor(), " ",
+                         how));
+    return absl::OkStatus();
+  }
+  if (!reservation.active()) {
+    LOGITD_ASSIGN_OR_RETURN(reservation, registry_.ReserveWeight(label, plan.v, plan.k));
+  }
+  LOGITD_ASSIGN_OR_RETURN(std::shared_ptr<kernels::Weight> weight,
+                          backend_->LoadWeight(w.data<Bf16Bits>(), plan.v, plan.k));
+  w = Tensor();
+  InsertResult inserted = registry_.Insert(std::move(reservation), handle, header.name(), plan.v,
+                                           plan.k, digest, std::move(weight));
+  FillWeightInfo(inserted.record, inserted.already_registered, response);
+  response->set_converted_from(converted);
+  stats->bytes_out = response->ByteSizeLong();
+  LogInfo(absl::StrCat(
+      inserted.already_registered ? "weight already registered: " : "weight registered: ", handle,
+      " ", inserted.record.Label(), " loaded from file:", request.path(),
+      " tensor=", request.tensor(), " ", how, " bytes=", inserted.record.bytes,
       " in_use=", registry_.bytes_in_use(), "/", registry_.budget_bytes()));
   return absl::OkStatus();
 }

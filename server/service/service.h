@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -26,6 +27,8 @@ struct ServiceOptions {
   std::uint64_t max_request_bytes = (4ull << 30) + 1;
   // Size of the chunks responses are streamed in, bytes.
   std::size_t chunk_bytes = 4u << 20;
+  // Directory LoadWeight reads safetensors files from; empty refuses LoadWeight.
+  std::filesystem::path weights_dir;
   FaultSet faults;
 };
 
@@ -41,6 +44,8 @@ class LogitdService final : public v1::Logitd::Service {
   grpc::Status RegisterWeight(grpc::ServerContext* context,
                               grpc::ServerReader<v1::RegisterWeightRequest>* reader,
                               v1::WeightInfo* response) override;
+  grpc::Status LoadWeight(grpc::ServerContext* context, const v1::LoadWeightRequest* request,
+                          v1::WeightInfo* response) override;
   grpc::Status ListWeights(grpc::ServerContext* context, const v1::ListWeightsRequest* request,
                            v1::ListWeightsResponse* response) override;
   grpc::Status ReleaseWeight(grpc::ServerContext* context, const v1::ReleaseWeightRequest* request,
@@ -78,6 +83,8 @@ class LogitdService final : public v1::Logitd::Service {
   absl::Status DoRegisterWeight(grpc::ServerContext* context,
                                 grpc::ServerReader<v1::RegisterWeightRequest>* reader,
                                 v1::WeightInfo* response, CallStats* stats);
+  absl::Status DoLoadWeight(const v1::LoadWeightRequest& request, v1::WeightInfo* response,
+                            CallStats* stats);
   absl::Status DoLogits(grpc::ServerContext* context,
                         grpc::ServerReaderWriter<v1::LogitsResponse, v1::LogitsRequest>* stream,
                         CallStats* stats);

@@ -137,6 +137,69 @@ absl::StatusOr<std::uint64_t> CheckActivations(bool present, const v1::TensorSpe
 
 }  // namespace
 
+absl::StatusOr<std::filesystem::path> ResolveWeightPath(const std::filesystem::path& dir,
+                                                        absl::string_view relative) {
+  namespace fs = std::filesystem;
+  if (dir.empty()) {
+    return absl::FailedPreconditionError(
+        "this server was started without --weights_dir, so it loads no weights from files");
+  }
+  if (relative.empty()) {
+    return absl::InvalidArgumentError(
+        "path: expected a file relative to the server's --weights_dir, got an empty path");
+  }
+  if (relative.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError("path: expected a file name, got one with a NUL byte");
+  }
+  const fs::path rel{std::string(relative)};
+  if (rel.is_absolute() || rel.has_root_name() || rel.has_root_directory()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("path '", relative,
+                     "': expected a path relative to the server's --weights_dir, got an "
+                     "absolute one"));
+  }
+  for (const fs::path& part : rel) {
+    if (part == "..") {
+      return absl::PermissionDeniedError(
+          absl::StrCat("path '", relative,
+                       "': expected a path inside the server's --weights_dir, got one "
+                       "with a '..' component"));
+    }
+  }
+  std::error_code ec;
+  const fs::path root = fs::canonical(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--weights_dir '", dir.string(), "' cannot be resolved: ", ec.message()));
+  }
+  const fs::path resolved = fs::weakly_canonical(root / rel, ec);
+  if (ec) {
+    return absl::NotFoundError(
+        absl::StrCat("path '", relative, "' cannot be resolved: ", ec.message()));
+  }
+  // Inside means: every component of root, then at least one more.
+  auto r = root.begin();
+  auto p = resolved.begin();
+  for (; r != root.end() && p != resolved.end(); ++r, ++p) {
+    if (*r != *p) break;
+  }
+  if (r != root.end() || p == resolved.end()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "path '", relative, "' resolves to '", resolved.string(),
+        "', outside the server's --weights_dir '", root.string(), "' (symbolic links count)"));
+  }
+  const fs::file_status status = fs::status(resolved, ec);
+  if (ec || !fs::exists(status)) {
+    return absl::NotFoundError(
+        absl::StrCat("path '", relative, "': no such file in the server's --weights_dir"));
+  }
+  if (!fs::is_regular_file(status)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "path '", relative, "': expected a safetensors file, got a directory or special file"));
+  }
+  return resolved;
+}
+
 absl::Status ValidateHandle(absl::string_view handle) {
   if (handle.empty()) {
     return absl::InvalidArgumentError(

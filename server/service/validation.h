@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,19 @@ float CrossEntropyGradScale(const CrossEntropyPlan& plan, std::int64_t counted);
 // for the same per-token losses.
 float ReduceLoss(const CrossEntropyPlan& plan, const float* loss, std::int64_t m,
                  std::int64_t counted);
+
+// The file a LoadWeight request names, confined to the server's weights
+// directory `dir`: `relative` is resolved against the canonical `dir`, with
+// symbolic links followed, and the result must lie inside it. Returns the
+// resolved path of an existing regular file.
+//   FailedPrecondition: `dir` is empty (no --weights_dir) or cannot be resolved.
+//   InvalidArgument: `relative` is empty, holds a NUL byte or names a
+//     directory or other non-regular file.
+//   PermissionDenied: `relative` is absolute, has a ".." component, or
+//     resolves (through symbolic links) outside `dir`.
+//   NotFound: nothing exists at the resolved path.
+absl::StatusOr<std::filesystem::path> ResolveWeightPath(const std::filesystem::path& dir,
+                                                        absl::string_view relative);
 
 // A weight_handle/handle field: InvalidArgument when empty (a missing field,
 // not an unknown handle, which the registry reports as NotFound).

@@ -116,6 +116,32 @@ TEST(Safetensors, RoundTripBf16F32I64WithMetadata) {
   EXPECT_EQ(*got_meta, meta);
 }
 
+TEST(Safetensors, StatGivesDtypeAndShapeWithoutData) {
+  TempFile file;
+  const Tensor w = RandomBf16({3, 5}, 7);
+  const Tensor b = RandomFp32({4}, 8);
+  ASSERT_TRUE(WriteSafetensors(file.path(), {{"w", &w}, {"b", &b}}).ok());
+  absl::StatusOr<SafetensorsTensorInfo> info = StatSafetensorsTensor(file.path(), "w");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->dtype, "BF16");
+  EXPECT_EQ(info->shape, (std::vector<std::int64_t>{3, 5}));
+  info = StatSafetensorsTensor(file.path(), "b");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->dtype, "F32");
+  EXPECT_EQ(info->shape, (std::vector<std::int64_t>{4}));
+
+  // A dtype the reader refuses is still described.
+  WriteAll(file.path(),
+           HandMade(R"({"u":{"dtype":"U8","shape":[2,2],"data_offsets":[0,4]}})", "abcd"));
+  info = StatSafetensorsTensor(file.path(), "u");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->dtype, "U8");
+
+  info = StatSafetensorsTensor(file.path(), "missing");
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(info.status().message().find("u"), absl::string_view::npos) << info.status();
+}
+
 TEST(Safetensors, FileLayoutMatchesTheFormat) {
   TempFile f;
   const Tensor w = RandomBf16({3, 5}, 3);  // 30 bytes: the next tensor starts unaligned

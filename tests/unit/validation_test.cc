@@ -2,14 +2,19 @@
 // defaults for unspecified fields, and the per-call byte limit.
 #include "server/service/validation.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -669,6 +674,99 @@ TEST(ValidateHandle, EmptyIsAMissingField) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(s), HasSubstr("weight_handle"));
   EXPECT_TRUE(ValidateHandle("w-0000000000000001-2x3").ok());
+}
+
+// A scratch directory with weights/ (the --weights_dir) and a file outside it.
+class ResolveWeightPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = std::filesystem::path(::testing::TempDir()) /
+            absl::StrCat("logitd_resolve_", getpid(), "_",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(base_);
+    std::filesystem::create_directories(base_ / "weights" / "sub");
+    Touch(base_ / "weights" / "sub" / "a.safetensors");
+    Touch(base_ / "secret.safetensors");
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(base_, ec);
+  }
+  static void Touch(const std::filesystem::path& p) { std::ofstream(p) << "x"; }
+  std::filesystem::path dir() const { return base_ / "weights"; }
+
+  std::filesystem::path base_;
+};
+
+TEST_F(ResolveWeightPathTest, AcceptsAFileInside) {
+  absl::StatusOr<std::filesystem::path> p = ResolveWeightPath(dir(), "sub/a.safetensors");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, std::filesystem::canonical(dir() / "sub" / "a.safetensors"));
+  // Redundant "." components and a link that stays inside are fine.
+  std::filesystem::create_symlink("sub", dir() / "alias");
+  p = ResolveWeightPath(dir(), "./alias/./a.safetensors");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(*p, std::filesystem::canonical(dir() / "sub" / "a.safetensors"));
+}
+
+TEST_F(ResolveWeightPathTest, RefusesDotDotAndAbsolutePaths) {
+  for (const char* bad :
+       {"../secret.safetensors", "sub/../../secret.safetensors", "sub/../a.safetensors", ".."}) {
+    absl::StatusOr<std::filesystem::path> p = ResolveWeightPath(dir(), bad);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kPermissionDenied) << bad;
+    EXPECT_THAT(p.status().message(), HasSubstr(bad));
+  }
+  const std::string absolute = (base_ / "secret.safetensors").string();
+  absl::StatusOr<std::filesystem::path> p = ResolveWeightPath(dir(), absolute);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kPermissionDenied) << p.status();
+  EXPECT_THAT(p.status().message(), HasSubstr("absolute"));
+  // Even an absolute path that points inside.
+  p = ResolveWeightPath(dir(), (dir() / "sub" / "a.safetensors").string());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kPermissionDenied) << p.status();
+}
+
+TEST_F(ResolveWeightPathTest, RefusesSymbolicLinksThatEscape) {
+  std::filesystem::create_symlink(base_ / "secret.safetensors", dir() / "file_link");
+  std::filesystem::create_symlink(base_, dir() / "dir_link");
+  std::filesystem::create_symlink("/", dir() / "root_link");
+  for (const char* bad : {"file_link", "dir_link/secret.safetensors", "root_link/etc/passwd",
+                          "dir_link/no_such.safetensors"}) {
+    absl::StatusOr<std::filesystem::path> p = ResolveWeightPath(dir(), bad);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kPermissionDenied) << bad << ": " << p.status();
+    EXPECT_THAT(p.status().message(), HasSubstr("outside"));
+  }
+  // What counts is where the path ends: out through a link and back in is
+  // a file inside.
+  absl::StatusOr<std::filesystem::path> back =
+      ResolveWeightPath(dir(), "dir_link/weights/sub/a.safetensors");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, std::filesystem::canonical(dir() / "sub" / "a.safetensors"));
+  // The directory itself is not a file inside it.
+  std::filesystem::create_symlink(".", dir() / "self");
+  EXPECT_EQ(ResolveWeightPath(dir(), "self").status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(ResolveWeightPathTest, MissingEmptyAndNonFiles) {
+  absl::StatusOr<std::filesystem::path> p = ResolveWeightPath(dir(), "sub/none.safetensors");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound) << p.status();
+  EXPECT_THAT(p.status().message(), HasSubstr("sub/none.safetensors"));
+  p = ResolveWeightPath(dir(), "no_dir/none.safetensors");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound) << p.status();
+  EXPECT_EQ(ResolveWeightPath(dir(), "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveWeightPath(dir(), "sub").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveWeightPath(dir(), absl::string_view("a\0b", 3)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A dangling link inside is simply missing.
+  std::filesystem::create_symlink("gone.safetensors", dir() / "dangling");
+  EXPECT_EQ(ResolveWeightPath(dir(), "dangling").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ResolveWeightPathTest, NoDirectoryIsFailedPrecondition) {
+  absl::StatusOr<std::filesystem::path> p = ResolveWeightPath("", "sub/a.safetensors");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(p.status().message(), HasSubstr("--weights_dir"));
+  p = ResolveWeightPath(base_ / "no_such_dir", "a.safetensors");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -462,3 +462,9 @@ def test_cross_entropy_refuses_out_of_range_targets(client, weights):
     with pytest.raises(logitd.InvalidArgumentError):
         client.cross_entropy(x, np.array([0, 1, 2, 3], dtype=np.int64), h, grad_scale=0)
     assert client.info().backend == "cpu"
+
+
+def test_load_weight_needs_a_weights_dir(client):
+    # The test server runs without --weights_dir: the server refuses, and says why.
+    with pytest.raises(logitd.FailedPreconditionError, match="weights_dir"):
+        client.load_weight("lm_head.safetensors", "lm_head.weight")

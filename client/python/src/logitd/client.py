@@ -65,6 +65,8 @@ class WeightInfo:
     has_gradient: bool
     already_registered: bool
     registrations: int
+    # "F32" or "F16" when load_weight rounded the file's tensor to bf16, else "".
+    converted_from: str = ""
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,12 @@ class Client:
         return _from_proto(WeightInfo, info)
 
     register_weight = register_weights
+
+    def load_weight(self, path: str, tensor: str, name: str = "") -> WeightInfo:
+        """Registers a weight the server reads from a safetensors file under its
+        --weights_dir (path relative to it); F32/F16 tensors are rounded to bf16."""
+        request = pb.LoadWeightRequest(path=path, tensor=tensor, name=name)
+        return _from_proto(WeightInfo, self._unary(self._stub.LoadWeight, request))
 
     def list_weights(self) -> List[WeightInfo]:
         response = self._unary(self._stub.ListWeights, pb.ListWeightsRequest())
