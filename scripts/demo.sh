@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 bash scripts/bootstrap.sh
 cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc)"
+cmake --build --preset default -j "$(nproc)" --target logitd logitctl
 
 bin=build/default
 work=$(mktemp -d)
