@@ -5,6 +5,7 @@
 // carries no between-process drift.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -30,6 +31,7 @@ struct Engine {
   // the backend's stream contexts keep theirs.
   kc::DeviceBuffer ce_logits, ce_g, ce_rows, ce_dx_acc;
   std::int64_t ce_chunk = 0;
+  int ce_walk = 0;
 };
 
 // Grows `buffer` to at least `bytes`; false (with last_error) on failure.
@@ -117,20 +119,37 @@ const char* logitd_bench_choice(void* engine, int op, std::int64_t m, std::int64
 // Fused cross-entropy on device tensors, enqueued on `stream` (no
 // synchronization): x [m, k] bf16, w [v, k] bf16, targets [m] int64, loss [m]
 // fp32, lse [m] fp32 or null, dx [m, k] (bf16 when dx_bf16, else fp32) or
-// null, dw [v, k] fp32 or null (dw_beta 0 overwrites, 1 accumulates). chunk 0
-// chooses it as the backend does without a memory budget. Returns 0, or -1
-// with last_error set.
+// null, dw [v, k] fp32 or null (dw_beta 0 overwrites, 1 accumulates). walk:
+// 0 as the backend chooses without a memory budget, 1 the vocabulary walk, 2
+// the token walk; chunk 0 chooses the chunk as the backend does (vocabulary
+// rows or tokens, by walk). Returns 0, or -1 with last_error set.
 int logitd_bench_cross_entropy(void* engine, std::int64_t m, std::int64_t v, std::int64_t k,
                                const void* x, const void* w, const std::int64_t* targets,
                                std::int64_t ignore_index, float z_loss, float logit_softcap,
                                float grad_scale, float* loss, float* lse, void* dx, int dx_bf16,
-                               float* dw, float dw_beta, std::int64_t chunk, void* stream) {
+                               float* dw, float dw_beta, std::int64_t chunk, int walk,
+                               void* stream) {
   auto* e = static_cast<Engine*>(engine);
   const bool grads = dx != nullptr || dw != nullptr;
   const bool acc = dx != nullptr && dx_bf16 != 0;
-  chunk = chunk > 0 ? kc::RoundCeChunk(chunk, v)
-                    : kc::ChooseCeChunk(m, v, grads, 0, kc::kCeWorkspaceBytes);
-  const kc::CeScratchSizes sizes = kc::CeScratch(m, k, chunk, grads, acc);
+  const std::uint64_t outputs =
+      (dx != nullptr ? static_cast<std::uint64_t>(m * k) * (dx_bf16 ? 2 : 4) : 0) +
+      (dw != nullptr ? static_cast<std::uint64_t>(v * k) * 4 : 0);
+  const std::uint64_t token_workspace = kc::CeTokenWorkspace(outputs);
+  if (walk == 0) {
+    walk = grads && kc::ChooseCeTokenChunk(m, v, k, acc, token_workspace) > 0 ? 2 : 1;
+  }
+  kc::CeScratchSizes sizes;
+  if (walk == 2) {
+    if (chunk <= 0) chunk = kc::ChooseCeTokenChunk(m, v, k, acc, token_workspace);
+    if (chunk <= 0) chunk = std::min<std::int64_t>(m, kc::kCeMinTokenChunk);
+    chunk = std::min(chunk, m);
+    sizes = kc::CeTokenScratch(chunk, v, k, acc);
+  } else {
+    chunk = chunk > 0 ? kc::RoundCeChunk(chunk, v)
+                      : kc::ChooseCeChunk(m, v, grads, 0, kc::kCeWorkspaceBytes);
+    sizes = kc::CeScratch(m, k, chunk, grads, acc);
+  }
   if (!Grow(*e, e->ce_logits, sizes.logits, "cross_entropy: logits chunk") ||
       !Grow(*e, e->ce_g, sizes.g, "cross_entropy: G chunk") ||
       !Grow(*e, e->ce_rows, sizes.rows, "cross_entropy: per-row state") ||
@@ -138,7 +157,9 @@ int logitd_bench_cross_entropy(void* engine, std::int64_t m, std::int64_t v, std
     return -1;
   }
   e->ce_chunk = chunk;
+  e->ce_walk = walk;
   kc::CeProblem p;
+  p.walk = walk == 2 ? kc::CeWalk::kTokens : kc::CeWalk::kVocabulary;
   p.m = m;
   p.v = v;
   p.k = k;
@@ -170,8 +191,10 @@ int logitd_bench_cross_entropy(void* engine, std::int64_t m, std::int64_t v, std
   return 0;
 }
 
-// The chunk the last cross-entropy call used.
+// The chunk and the walk (1 vocabulary, 2 tokens) the last cross-entropy
+// call used.
 std::int64_t logitd_bench_ce_chunk(void* engine) { return static_cast<Engine*>(engine)->ce_chunk; }
+int logitd_bench_ce_walk(void* engine) { return static_cast<Engine*>(engine)->ce_walk; }
 
 // Device bytes the engine holds: the cuBLASLt workspace and the
 // cross-entropy's scratch (its inputs and outputs are the caller's).

@@ -5,6 +5,10 @@ One process, the same tensors, the same stream. Variants:
   logitd        the cuda backend's fused walk (bench/bench_capi.cc ->
                 kernels::cuda::RunCrossEntropy): fp32 logits chunk by chunk,
                 per-token loss, G = bf16(dL/dz * scale), dX bf16, dW fp32
+                (the walk it picks: by tokens when a chunk of tokens fits)
+  logitd_vocab_walk the same by vocabulary chunks, recomputing each chunk's
+                logits for the gradients (the other walk, for comparison)
+  logitd_tokens_N (--token-chunks N,...) the token walk at N tokens per chunk
   logitd_loss_only  its first pass alone: per-token loss, no gradients
   torch_eager   y = torch.mm(x, w.t(), out_dtype=float32); F.cross_entropy
                 (mean over counted tokens) and autograd to dL/dy; G = bf16(dL/dy);
@@ -64,8 +68,11 @@ def load_logitd(path):
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                    ctypes.c_float, ctypes.c_float, ctypes.c_float, ctypes.c_void_p,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                   ctypes.c_float, ctypes.c_int64, ctypes.c_void_p]
+                   ctypes.c_float, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     lib.logitd_bench_ce_chunk.restype = ctypes.c_int64
+    lib.logitd_bench_engine_destroy.argtypes = [ctypes.c_void_p]
+    lib.logitd_bench_ce_walk.restype = ctypes.c_int
+    lib.logitd_bench_ce_walk.argtypes = [ctypes.c_void_p]
     lib.logitd_bench_ce_chunk.argtypes = [ctypes.c_void_p]
     lib.logitd_bench_device_bytes.restype = ctypes.c_uint64
     lib.logitd_bench_device_bytes.argtypes = [ctypes.c_void_p]
@@ -148,7 +155,11 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--ignore-fraction", type=float, default=0.05)
-    ap.add_argument("--chunk", type=int, default=0, help="logitd vocab chunk (0: automatic)")
+    ap.add_argument("--chunk", type=int, default=0, help="logitd chunk (0: automatic)")
+    ap.add_argument("--token-chunks", default="",
+                    help="also time the token walk at these tokens per chunk (N[,N...])")
+    ap.add_argument("--no-vocab-walk", action="store_true",
+                    help="leave out the vocabulary-walk variant")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (slow)")
     ap.add_argument("--logitd-lib", help="liblogitd_bench_capi.so")
     args = ap.parse_args()
@@ -204,7 +215,10 @@ def main():
         variants["torch_eager"] = run_eager
 
         if logitd is not None:
-            lib, engine = logitd
+            # Fresh engines per shape, each variant its own, so that the device
+            # bytes a variant reports are its own for this shape.
+            lib = logitd[0]
+            engine = lib.logitd_bench_engine_create(1, 1)
             loss_l = torch.empty((m,), device="cuda", dtype=torch.float32)
             dx_l = torch.empty((m, k), device="cuda", dtype=torch.bfloat16)
             dw_l = torch.empty((v, k), device="cuda", dtype=torch.float32)
@@ -212,23 +226,32 @@ def main():
                     dx_l.data_ptr(), dw_l.data_ptr())
             scale = 1.0 / max(count, 1)
             ce = lib.logitd_bench_cross_entropy
+            # Each variant has its own engine, so that its device bytes are its own.
+            engines = {"logitd": engine}
 
-            def run_logitd():
-                xp, wp, tp, lp, dxp, dwp = ptrs
-                if ce(engine, m, v, k, xp, wp, tp, IGNORE, 0.0, 0.0, scale, lp, None, dxp, 1,
-                      dwp, 0.0, args.chunk, stream) != 0:
-                    raise RuntimeError(lib.logitd_bench_last_error().decode())
+            def logitd_variant(eng, walk, chunk, grads=True):
+                def run():
+                    xp, wp, tp, lp, dxp, dwp = ptrs
+                    if ce(eng, m, v, k, xp, wp, tp, IGNORE, 0.0, 0.0, scale, lp, None,
+                          dxp if grads else None, 1, dwp if grads else None, 0.0, chunk, walk,
+                          stream) != 0:
+                        raise RuntimeError(lib.logitd_bench_last_error().decode())
+                return run
 
+            run_logitd = logitd_variant(engine, 0, args.chunk)
             variants["logitd"] = run_logitd
-
-            def run_logitd_loss_only():
-                xp, wp, tp, lp, _, _ = ptrs
-                if ce(engine, m, v, k, xp, wp, tp, IGNORE, 0.0, 0.0, scale, lp, None, None, 1,
-                      None, 0.0, args.chunk, stream) != 0:
+            extra = [] if args.no_vocab_walk else [("logitd_vocab_walk", 1, 0)]
+            extra += [(f"logitd_tokens_{int(c)}", 2, int(c))
+                      for c in args.token_chunks.split(",") if c.strip()]
+            for name, walk, chunk in extra:
+                engines[name] = lib.logitd_bench_engine_create(1, 1)
+                if not engines[name]:
                     raise RuntimeError(lib.logitd_bench_last_error().decode())
-
+                variants[name] = logitd_variant(engines[name], walk, chunk)
             # Pass 1 alone (2*M*K*V): how the time splits between the passes.
-            variants["logitd_loss_only"] = run_logitd_loss_only
+            engines["logitd_loss_only"] = lib.logitd_bench_engine_create(1, 1)
+            variants["logitd_loss_only"] = logitd_variant(engines["logitd_loss_only"], 1, 0,
+                                                          grads=False)
 
         if args.compile:
             try:
@@ -260,11 +283,11 @@ def main():
             fn()
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - base
-            if name == "logitd":
+            if name == "logitd_loss_only":
+                peak += 4 * m + lib.logitd_bench_device_bytes(engines[name])
+            elif name.startswith("logitd"):
                 # The outputs are PyTorch's (allocated above, before `base`).
-                peak += out_bytes + lib.logitd_bench_device_bytes(engine)
-            elif name == "logitd_loss_only":
-                peak += 4 * m + lib.logitd_bench_device_bytes(engine)
+                peak += out_bytes + lib.logitd_bench_device_bytes(engines[name])
             peaks[name] = peak
         outputs.clear()
 
@@ -290,10 +313,13 @@ def main():
                                        "peak_bytes": peaks[name], "samples": len(samples[name])}
 
         if logitd is not None:
-            entry["logitd_chunk"] = lib.logitd_bench_ce_chunk(engine)
-            entry["logitd_device_bytes"] = lib.logitd_bench_device_bytes(engine)
             # Cross-check against eager on the same data.
             run_logitd()
+            torch.cuda.synchronize()
+            entry["logitd_chunk"] = lib.logitd_bench_ce_chunk(engine)
+            entry["logitd_walk"] = {1: "vocabulary", 2: "tokens"}.get(
+                lib.logitd_bench_ce_walk(engine), "?")
+            entry["logitd_device_bytes"] = lib.logitd_bench_device_bytes(engine)
             loss_e, dx_e, dw_e = eager(x, w, t)
             with torch.no_grad():
                 y = mm_fp32(x, w.t())
@@ -321,7 +347,9 @@ def main():
                                                    entry["check"].items()), flush=True)
         del x, w, t, variants, outputs
         if logitd is not None:
-            del loss_l, dx_l, dw_l, run_logitd, run_logitd_loss_only
+            del loss_l, dx_l, dw_l, run_logitd
+            for eng in set(engines.values()):
+                lib.logitd_bench_engine_destroy(eng)
         torch.cuda.empty_cache()
 
     report["mm_out_dtype"] = _MM_OUT_DTYPE
@@ -371,7 +399,7 @@ def render(report):
                          f"4096x4096x128256), peak {lo['peak_bytes'] / grads:.2f}x the gradient "
                          f"outputs (target <= 1.25), peak {ea['peak_bytes'] / lo['peak_bytes']:.1f}x "
                          f"and working memory {work_ea / work_lo:.1f}x below eager (target >= 10); "
-                         f"chunk {e.get('logitd_chunk')}")
+                         f"{e.get('logitd_walk')} walk, chunk {e.get('logitd_chunk')}")
         if "check" in e:
             c = e["check"]
             notes.append(f"{where}: vs eager, per-token loss max rel diff "

@@ -9,7 +9,7 @@
 # Environment:
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
-#   GPU_CHECK_SKIP     any of: tests validate bench torch gemm ce ("bench" skips every
+#   GPU_CHECK_SKIP     any of: tests validate example bench torch gemm ce ("bench" skips every
 #                      benchmark, "gemm" the GEMM ones, "ce" the cross-entropy one)
 #   GPU_CHECK_CTEST    extra ctest arguments (default: -L gpu)
 #   VALIDATE_TIMEOUT   seconds allowed for `logitctl validate` (default 300; a device
@@ -21,8 +21,9 @@
 #   CE_BENCH_SHAPES    MxKxV[,MxKxV...] (default 4096x4096x128256,8192x2304x256000)
 #   CE_BENCH_REPS      timed calls per variant (default 10)
 #   CE_BENCH_COMPILE   1 adds torch.compile of the same (compiling takes minutes)
+#   CE_BENCH_TOKEN_CHUNKS  N[,N...]: also time the token walk at these chunk sizes
 #   CE_BENCH_TIMEOUT   seconds allowed for it (default 240; 600 with CE_BENCH_COMPILE=1)
-# Writes at most eleven files to OUT_DIR: build.log tests.log validate.log
+# Writes at most twelve files to OUT_DIR: build.log tests.log validate.log example.log
 # validate.json bench_logitd.json bench_torch.json bench.log bench_ce.json
 # bench_ce.md bench_ce.log summary.txt.
 set -uo pipefail
@@ -144,11 +145,74 @@ else
   note validate skip "GPU_CHECK_SKIP"
 fi
 
-# --- benchmarks -------------------------------------------------------------
+# The python with torch (the example and the benchmarks need it).
 python=""
 for p in /opt/torch/.venv/bin/python3 python3; do
   if command -v "$p" >/dev/null && "$p" -c "import torch" 2>/dev/null; then python=$p; break; fi
 done
+
+# --- the Python client's autograd example against the cuda backend --------
+# torch.autograd.Function over Logits/Backward (client/python/examples),
+# checked against torch's own result. The client's stubs are generated from
+# proto/ with grpcio-tools; without it (or grpcio) the step is skipped.
+if skipped example; then
+  note example skip "GPU_CHECK_SKIP"
+elif [ -z "$python" ]; then
+  note example skip "no python3 with torch"
+else
+  pydir=$(mktemp -d)
+  # Wheels brought along for what the image lacks (GPU_CHECK_WHEELS: a
+  # directory of wheels; the machine has no registry).
+  if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
+    for pair in xxhash:xxhash ml_dtypes:ml_dtypes grpc_tools:grpcio-tools; do
+      "$python" -c "import ${pair%%:*}" 2>/dev/null && continue
+      "$python" -m pip install -q --no-index --no-deps --find-links "$GPU_CHECK_WHEELS" \
+        --target "$pydir" "${pair#*:}" >>"$out/example.log" 2>&1 || true
+    done
+  fi
+  cp -r client/python/src/logitd "$pydir/"
+  export PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if [ -n "${pydir:-}" ] && ! "$python" -c "import sys, grpc, grpc_tools, google.protobuf as pb, numpy, ml_dtypes, xxhash; print('python', sys.version.split()[0], 'grpcio', grpc.__version__, 'protobuf', pb.__version__)" \
+  >>"$out/example.log" 2>&1; then
+  note example skip "$python lacks one of grpcio, grpcio-tools, numpy, ml_dtypes, xxhash"
+elif [ -n "${pydir:-}" ]; then
+  if ! "$python" -m grpc_tools.protoc -Iproto --python_out="$pydir" --grpc_python_out="$pydir" \
+    logitd/v1/logitd.proto >>"$out/example.log" 2>&1; then
+    note example FAIL "stub generation failed (see example.log)"
+  else
+    port_file=$(mktemp)
+    rm -f "$port_file"
+    "$(find_bin logitd)" --backend=cuda --address=127.0.0.1:0 --port_file="$port_file" \
+      >>"$out/example.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 1 120); do
+      [ -s "$port_file" ] && break
+      kill -0 "$server_pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    if [ -s "$port_file" ]; then
+      port=$(tr -dc '0-9' <"$port_file")
+      example_rc=0
+      for shape in "--tokens 16 --hidden 1024 --vocab 8192" "--tokens 512 --hidden 4096 --vocab 32768"; do
+        echo "=== autograd_lm_head.py 127.0.0.1:$port $shape" >>"$out/example.log"
+        # shellcheck disable=SC2086
+        timeout 300 "$python" client/python/examples/autograd_lm_head.py \
+          "127.0.0.1:$port" $shape >>"$out/example.log" 2>&1 || example_rc=$?
+      done
+      if [ $example_rc -eq 0 ]; then note example ok "autograd example inside its bounds (example.log)"
+      else note example FAIL "exit $example_rc (see example.log)"; fi
+    else
+      note example FAIL "logitd --backend=cuda did not start (see example.log)"
+    fi
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    rm -f "$port_file"
+  fi
+  rm -rf "$pydir"
+fi
+
+# --- benchmarks -------------------------------------------------------------
 capi=$(find "$build" -name liblogitd_bench_capi.so 2>/dev/null | head -1)
 if ! skipped bench && ! skipped gemm; then
   bench_bin=$(find_bin logitd_kernel_bench)
@@ -190,6 +254,7 @@ else
   ce_args=(--json "$out/bench_ce.json" --markdown "$out/bench_ce.md"
            --reps "${CE_BENCH_REPS:-10}" --logitd-lib "$capi")
   [ -n "${CE_BENCH_SHAPES:-}" ] && ce_args+=(--shapes "$CE_BENCH_SHAPES")
+  [ -n "${CE_BENCH_TOKEN_CHUNKS:-}" ] && ce_args+=(--token-chunks "$CE_BENCH_TOKEN_CHUNKS")
   ce_timeout=${CE_BENCH_TIMEOUT:-240}
   if [ "${CE_BENCH_COMPILE:-0}" = 1 ]; then
     ce_args+=(--compile)

@@ -666,6 +666,65 @@ TEST_F(CrossEntropyTest, LargeVocabularyRunsInAWorkspaceFarBelowMTimesV) {
   EXPECT_LE(RelativeFrobenius([&](std::size_t i) { return g_small[i]; }, dw_ref), 1e-6);
 }
 
+// The token walk in several chunks (a budget that holds about half the
+// tokens' logits) against the vocabulary walk: exact logits give the same
+// lse and loss bits, and dX and dW agree to their fp32 rounding (the
+// vocabulary walk is held to the fp64 reference above).
+TEST_F(CrossEntropyTest, TokenWalkInChunksAgreesWithTheVocabularyWalk) {
+  const std::int64_t m = 2500, v = 8192, k = 256;
+  BackendOptions options;
+  options.device_memory_budget = 200u << 20;
+  auto created = CreateCudaBackend(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Backend* tight = created->get();
+
+  const auto x = SixteenthsBf16(m * k, 201);
+  const auto w = SixteenthsBf16(v * k, 202);
+  const auto t = Targets(m, v, 0.05, 203);
+  auto tight_weight = Load(tight, w, v, k);
+  ASSERT_NE(tight_weight, nullptr);
+  Options o = With(1e-3f, 0, 1.0f / m, DType::kFp32, 0);
+  Outputs tokens;
+  const absl::Status st = RunCe(tight, *tight_weight, x, t, o, &tokens);
+  ASSERT_TRUE(st.ok()) << st;
+  // Two or more chunks of whole quanta, fewer tokens each than m.
+  ASSERT_EQ(tokens.timing.plan.rfind("tokens walk, chunk ", 0), 0u) << tokens.timing.plan;
+  const std::int64_t chunk = std::stoll(tokens.timing.plan.substr(19));
+  EXPECT_LT(chunk, m);
+  EXPECT_EQ(chunk % cuda::kCeTokenQuantum, 0);
+
+  auto weight = Load(backend(), w, v, k);
+  ASSERT_NE(weight, nullptr);
+  o.chunk = 1024;  // a vocabulary chunk: the vocabulary walk
+  Outputs vocab;
+  ASSERT_TRUE(RunCe(backend(), *weight, x, t, o, &vocab).ok());
+  EXPECT_EQ(vocab.timing.plan.rfind("vocabulary walk", 0), 0u) << vocab.timing.plan;
+  EXPECT_EQ(std::memcmp(tokens.loss.data(), vocab.loss.data(), m * 4), 0);
+  EXPECT_EQ(std::memcmp(tokens.lse.data(), vocab.lse.data(), m * 4), 0);
+  std::vector<double> dx_ref(vocab.dx32.begin(), vocab.dx32.end());
+  EXPECT_LE(RelativeFrobenius([&](std::size_t i) { return tokens.dx32[i]; }, dx_ref), 1e-5);
+  std::vector<double> dw_ref(vocab.dw.begin(), vocab.dw.end());
+  EXPECT_LE(RelativeFrobenius([&](std::size_t i) { return tokens.dw[i]; }, dw_ref), 1e-5);
+
+  // Accumulating into the weight's gradient buffer, with a bf16 dX: every
+  // token chunk adds to the buffer, so it ends with the same values as the
+  // staged dW, and dX is the fp32 one rounded once.
+  o.chunk = 0;
+  o.dx_dtype = DType::kBf16;
+  o.accumulate = true;
+  Outputs accumulated;
+  ASSERT_TRUE(RunCe(tight, *tight_weight, x, t, o, &accumulated).ok());
+  EXPECT_EQ(accumulated.timing.plan, tokens.timing.plan);
+  std::vector<float> gradient(static_cast<std::size_t>(v * k));
+  ASSERT_TRUE(tight->FetchGradient(*tight_weight, gradient.data(), true).ok());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < gradient.size(); ++i) differ += gradient[i] != tokens.dw[i];
+  EXPECT_EQ(differ, 0u);
+  for (std::size_t i = 0; i < accumulated.dx16.size(); ++i) {
+    ASSERT_EQ(accumulated.dx16[i], FloatToBf16(tokens.dx32[i])) << i;
+  }
+}
+
 // --- against the cpu backend ------------------------------------------------
 
 class CrossEntropyVsCpuTest : public ::testing::Test {

@@ -99,6 +99,38 @@ std::int64_t ChooseCeChunk(std::int64_t m, std::int64_t v, bool grads,
   return std::min(even, v);
 }
 
+const char* CeWalkName(CeWalk walk) { return walk == CeWalk::kTokens ? "tokens" : "vocabulary"; }
+
+CeScratchSizes CeTokenScratch(std::int64_t chunk, std::int64_t v, std::int64_t k, bool dx_bf16) {
+  CeScratchSizes s;
+  s.logits = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(v) * sizeof(float);
+  s.rows = Layout(chunk, CeSegments(v)).total;
+  s.dx_acc = dx_bf16 ? static_cast<std::size_t>(chunk) * static_cast<std::size_t>(k) * 4 : 0;
+  return s;
+}
+
+std::uint64_t CeTokenWorkspace(std::uint64_t gradient_output_bytes) {
+  return std::max<std::uint64_t>(kCeWorkspaceBytes, gradient_output_bytes / 100 * 22);
+}
+
+std::int64_t ChooseCeTokenChunk(std::int64_t m, std::int64_t v, std::int64_t k, bool dx_bf16,
+                                std::uint64_t workspace_bytes) {
+  if (m <= 0 || v <= 0 || k <= 0) return 0;
+  // Per token: its logits row, its row state (rounded up generously for the
+  // layout's alignment), its dX staging row.
+  const std::uint64_t per_token = static_cast<std::uint64_t>(v) * 4 +
+                                  static_cast<std::uint64_t>(CeSegments(v)) * 12 + 64 +
+                                  (dx_bf16 ? static_cast<std::uint64_t>(k) * 4 : 0);
+  const std::uint64_t fits = workspace_bytes / per_token;
+  if (fits >= static_cast<std::uint64_t>(m)) return m;
+  std::int64_t chunk = static_cast<std::int64_t>(fits) / kCeTokenQuantum * kCeTokenQuantum;
+  if (chunk < kCeMinTokenChunk) return 0;
+  const std::int64_t chunks = (m + chunk - 1) / chunk;
+  std::int64_t even = (m + chunks - 1) / chunks;
+  even = (even + kCeTokenQuantum - 1) / kCeTokenQuantum * kCeTokenQuantum;
+  return std::min(even, chunk);
+}
+
 std::int64_t RoundCeChunk(std::int64_t requested, std::int64_t v) {
   if (requested >= v) return v;
   const std::int64_t rounded =
@@ -106,34 +138,106 @@ std::int64_t RoundCeChunk(std::int64_t requested, std::int64_t v) {
   return std::min(rounded, v);
 }
 
+namespace {
+
+// The token walk; see RunCrossEntropy.
+absl::Status RunTokenWalk(GemmEngine& engine, const GemmStream& s, const CeProblem& p,
+                          const CeBuffers& b, CeDwSink* dw, const CeRowParams& params,
+                          const std::string& shape) {
+  const std::int64_t m = p.m;
+  const std::int64_t v = p.v;
+  const std::int64_t k = p.k;
+  const std::int64_t segments = CeSegments(v);
+  if (p.chunk > std::numeric_limits<std::int32_t>::max() / segments) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cross_entropy: ", shape, " needs more than 2^31 row segments; use a smaller chunk"));
+  }
+  const CeRowState state = Carve(b.rows, Layout(p.chunk, segments));
+  const bool want_dx = b.dx != nullptr;
+  const auto* x_all = static_cast<const std::uint16_t*>(b.x);
+  const std::int64_t chunks = (m + p.chunk - 1) / p.chunk;
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const std::int64_t r0 = c * p.chunk;
+    const std::int64_t rows = std::min(p.chunk, m - r0);
+    const std::uint16_t* x = x_all + r0 * k;
+    CeRowParams rp = params;
+    rp.targets = params.targets + r0;
+    RETURN_IF_CUDA_ERROR(LaunchCeInit(state, rows, s.stream), "cross_entropy: init kernel (", shape,
+                         ")");
+    LOGITD_CUDA_RETURN_IF_ERROR(engine.Run(LogitsShape(rows, v, k, CUDA_R_32F),
+                                           GemmOperands{x, b.w, b.logits, 1.0f, 0.0f}, s));
+    RETURN_IF_CUDA_ERROR(LaunchCeChunkStats(b.logits, rows, v, 0, rp, state, s.stream),
+                         "cross_entropy: row statistics kernel (tokens ", r0, "+", rows, ", ",
+                         shape, ")");
+    RETURN_IF_CUDA_ERROR(LaunchCeFinalize(rows, rp, state, b.loss + r0,
+                                          b.lse != nullptr ? b.lse + r0 : nullptr, s.stream),
+                         "cross_entropy: loss kernel (", shape, ")");
+    if (!want_dx && dw == nullptr) continue;
+    RETURN_IF_CUDA_ERROR(LaunchCeGradientInPlace(b.logits, rows, v, rp, state, s.stream),
+                         "cross_entropy: gradient kernel (tokens ", r0, "+", rows, ", ", shape,
+                         ")");
+    // G [rows, v] bf16 over the logits, row stride 2v.
+    const void* g = b.logits;
+    if (want_dx) {
+      GemmShape dx_shape = GradInputShape(rows, v, k, CUDA_R_32F);
+      dx_shape.p_ld = 2 * v;
+      float* out = b.dx_bf16 ? b.dx_acc : static_cast<float*>(b.dx) + r0 * k;
+      LOGITD_CUDA_RETURN_IF_ERROR(engine.Run(dx_shape, GemmOperands{g, b.w, out, 1.0f, 0.0f}, s));
+      if (b.dx_bf16) {
+        RETURN_IF_CUDA_ERROR(
+            LaunchCastFp32ToBf16(b.dx_acc, rows * k, static_cast<std::uint16_t*>(b.dx) + r0 * k,
+                                 s.stream),
+            "cross_entropy: dx cast kernel (", shape, ")");
+      }
+    }
+    if (dw != nullptr) {
+      absl::StatusOr<float*> target = dw->Begin(0, v);
+      if (!target.ok()) return target.status();
+      GemmShape dw_shape = GradWeightShape(rows, v, k, CUDA_R_32F);
+      dw_shape.p_ld = 2 * v;
+      LOGITD_CUDA_RETURN_IF_ERROR(
+          engine.Run(dw_shape, GemmOperands{g, x, *target, 1.0f, c == 0 ? dw->beta() : 1.0f}, s));
+      LOGITD_CUDA_RETURN_IF_ERROR(dw->End(0, v));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RunCrossEntropy(GemmEngine& engine, const GemmStream& s, const CeProblem& p,
                              const CeBuffers& b, CeDwSink* dw) {
-  const std::string shape = absl::StrCat("M=", p.m, ",V=", p.v, ",K=", p.k, ",chunk=", p.chunk);
-  if (p.m <= 0 || p.v <= 0 || p.k <= 0 || p.chunk <= 0 || p.chunk > p.v) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cross_entropy: expected positive M, V, K and a chunk in [1, V], got ", shape));
+  const bool tokens = p.walk == CeWalk::kTokens;
+  const std::string shape =
+      absl::StrCat("M=", p.m, ",V=", p.v, ",K=", p.k, ",", CeWalkName(p.walk), " chunk=", p.chunk);
+  if (p.m <= 0 || p.v <= 0 || p.k <= 0 || p.chunk <= 0 || p.chunk > (tokens ? p.m : p.v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross_entropy: expected positive M, V, K and a chunk in [1, ",
+                     tokens ? "M" : "V", "], got ", shape));
   }
   const bool want_dx = b.dx != nullptr;
   const bool want_dw = dw != nullptr;
   const bool grads = want_dx || want_dw;
   if (b.x == nullptr || b.w == nullptr || b.targets == nullptr || b.loss == nullptr ||
-      b.logits == nullptr || b.rows == nullptr || (grads && b.g == nullptr) ||
+      b.logits == nullptr || b.rows == nullptr || (grads && !tokens && b.g == nullptr) ||
       (want_dx && b.dx_bf16 && b.dx_acc == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat("cross_entropy: a device buffer is missing (", shape, ")"));
   }
-  const std::int64_t segments = CeSegments(p.chunk);
-  if (p.m > std::numeric_limits<std::int32_t>::max() / segments) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cross_entropy: ", shape, " needs more than 2^31 row segments; use a smaller chunk"));
-  }
-  const CeRowState state = Carve(b.rows, Layout(p.m, segments));
   CeRowParams params;
   params.targets = b.targets;
   params.ignore_index = p.ignore_index;
   params.logit_softcap = p.logit_softcap;
   params.z_loss = p.z_loss;
   params.grad_scale = p.grad_scale;
+  if (tokens) return RunTokenWalk(engine, s, p, b, dw, params, shape);
+
+  const std::int64_t segments = CeSegments(p.chunk);
+  if (p.m > std::numeric_limits<std::int32_t>::max() / segments) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cross_entropy: ", shape, " needs more than 2^31 row segments; use a smaller chunk"));
+  }
+  const CeRowState state = Carve(b.rows, Layout(p.m, segments));
 
   const std::int64_t m = p.m;
   const std::int64_t k = p.k;

@@ -1,8 +1,16 @@
-// The fused cross-entropy over device buffers: the walk over the vocabulary
-// in chunks (cuBLASLt fp32 logits, our row reductions, G, then dX and dW per
+// The fused cross-entropy over device buffers: a walk over the logits in
+// chunks (cuBLASLt fp32 logits, our row reductions, G, then dX and dW per
 // chunk) that the backend runs behind Backend::CrossEntropy and the benchmark
 // runs on PyTorch's tensors. Everything is enqueued on one stream; no host
 // copies and no synchronization here.
+//
+// Two walks. The vocabulary walk takes chunks of vocabulary rows over every
+// token: one pass for loss and lse, then, with gradients, a second that
+// recomputes each chunk's logits (8·M·K·V of GEMM work). The token walk takes
+// chunks of tokens over the whole vocabulary: each chunk's logits once, G
+// written over them in place, dX rows, and dW += Gᵀ·X (6·M·K·V, plus one
+// read-modify-write of dW per chunk). Both fold the same segments in the same
+// order, so given the same logits they give the same lse, loss and G bits.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +32,17 @@ inline constexpr std::uint64_t kCeWorkspaceBytes = 256u << 20;
 // as W itself.
 inline constexpr std::int64_t kCeChunkQuantum = 1024;
 
+// Token-walk chunks are multiples of this many tokens (the last one excepted).
+inline constexpr std::int64_t kCeTokenQuantum = 64;
+// Below this many tokens per chunk the token walk's dW passes (one
+// read-modify-write of the fp32 dW per chunk) cost more than the vocabulary
+// walk's recomputation, and the vocabulary walk is chosen (on the H200 the
+// two tie at 512 tokens: docs/BENCHMARKS.md).
+inline constexpr std::int64_t kCeMinTokenChunk = 512;
+
+enum class CeWalk { kVocabulary, kTokens };
+const char* CeWalkName(CeWalk walk);
+
 // Device bytes one call needs besides its inputs and outputs.
 struct CeScratchSizes {
   std::size_t logits = 0;  // [m, chunk] fp32
@@ -34,6 +53,22 @@ struct CeScratchSizes {
 };
 CeScratchSizes CeScratch(std::int64_t m, std::int64_t k, std::int64_t chunk, bool grads,
                          bool dx_bf16);
+// The token walk's scratch for chunks of `chunk` tokens: [chunk, v] fp32
+// logits (G goes over them), the per-row state, and a [chunk, k] fp32 dX
+// staging when dX is bf16.
+CeScratchSizes CeTokenScratch(std::int64_t chunk, std::int64_t v, std::int64_t k, bool dx_bf16);
+
+// The token walk's workspace allowance: 22% of the gradient outputs it
+// writes (dX and dW), which leaves room for x, the dX staging, the per-row
+// state and the cuBLASLt workspace within 1.25 times them; never less than
+// kCeWorkspaceBytes.
+std::uint64_t CeTokenWorkspace(std::uint64_t gradient_output_bytes);
+// Tokens per chunk for the token walk: the largest multiple of
+// kCeTokenQuantum whose CeTokenScratch fits in workspace_bytes, all of m
+// when it fits, evened out; 0 when fewer than kCeMinTokenChunk tokens (and
+// fewer than m) fit, which means: take the vocabulary walk.
+std::int64_t ChooseCeTokenChunk(std::int64_t m, std::int64_t v, std::int64_t k, bool dx_bf16,
+                                std::uint64_t workspace_bytes);
 
 // The chunk chosen when the caller leaves it open, a pure function of its
 // arguments (so the same request gets the same chunk): the largest multiple
@@ -50,8 +85,10 @@ struct CeProblem {
   std::int64_t m = 0;
   std::int64_t v = 0;
   std::int64_t k = 0;
-  // Vocabulary rows per chunk, in [1, v]; a multiple of kCeChunkQuantum
-  // keeps lse and loss independent of it.
+  CeWalk walk = CeWalk::kVocabulary;
+  // Vocabulary walk: vocabulary rows per chunk, in [1, v]; a multiple of
+  // kCeChunkQuantum keeps lse and loss independent of it. Token walk: tokens
+  // per chunk, in [1, m].
   std::int64_t chunk = 0;
   std::int64_t ignore_index = -100;
   float z_loss = 0.0f;
@@ -68,8 +105,9 @@ struct CeBuffers {
   float* lse = nullptr;                   // [m] or null
   void* dx = nullptr;                     // [m, k] or null
   bool dx_bf16 = true;
-  // Scratch of CeScratch's sizes; g only with gradients, dx_acc only for a
-  // bf16 dX (an fp32 dX accumulates in place).
+  // Scratch of CeScratch's (or CeTokenScratch's) sizes; g only with
+  // gradients in the vocabulary walk, dx_acc only for a bf16 dX (an fp32 dX
+  // accumulates in place).
   float* logits = nullptr;
   std::uint16_t* g = nullptr;
   void* rows = nullptr;
@@ -105,12 +143,19 @@ class DeviceDwSink final : public CeDwSink {
   float beta_;
 };
 
-// Enqueues the whole computation on s.stream. Pass 1 walks the chunks in
-// order: logits, then per-row max/sum-exp folded into running values and the
-// target logit; then loss and lse. Pass 2, when dX or dW is wanted, walks the
-// chunks backwards, starting with the last chunk's logits still in the buffer
-// and recomputing the others: G, dX += G.W_chunk (fp32, rounded once at the
-// end when bf16) and dW rows = G^T.X into the sink. dw may be null.
+// Enqueues the whole computation on s.stream. dw may be null.
+//
+// Vocabulary walk: pass 1 walks the chunks in order: logits, then per-row
+// max/sum-exp folded into running values and the target logit; then loss
+// and lse. Pass 2, when dX or dW is wanted, walks the chunks backwards,
+// starting with the last chunk's logits still in the buffer and recomputing
+// the others: G, dX += G.W_chunk (fp32, rounded once at the end when bf16)
+// and dW rows = G^T.X into the sink.
+//
+// Token walk: per chunk of tokens, in order: logits [chunk, v], the same row
+// reductions over all of v, loss and lse, G in place, dX rows = G.W (fp32,
+// rounded once when bf16), then dW += G^T.X_chunk, the first chunk with the
+// sink's beta. The sink must give all of dW at Begin(0, v).
 absl::Status RunCrossEntropy(GemmEngine& engine, const GemmStream& s, const CeProblem& p,
                              const CeBuffers& b, CeDwSink* dw);
 

@@ -155,6 +155,18 @@ __global__ void FinalizeKernel(std::int64_t m, CeRowParams p, CeRowState s, floa
   s.coef[row] = p.z_loss != 0.0f ? __fadd_rn(1.0f, __fmul_rn(2.0f * p.z_loss, lse_f)) : 1.0f;
 }
 
+// The gradient of one capped logit, in this order: d = exp(z - lse) * coef
+// - onehot; d *= (1 - t) * (1 + t) under soft-capping; d *= scale.
+__device__ __forceinline__ std::uint16_t GradientBits(float y, bool is_target, float lse,
+                                                      float coef, float cap, float scale) {
+  float th;
+  const float z = Capped(y, cap, &th);
+  const float prob = expf(__fsub_rn(z, lse));
+  float d = __fsub_rn(__fmul_rn(prob, coef), is_target ? 1.0f : 0.0f);
+  if (cap > 0.0f) d = __fmul_rn(d, __fmul_rn(__fsub_rn(1.0f, th), __fadd_rn(1.0f, th)));
+  return static_cast<std::uint16_t>(ToBf16Bits(__fmul_rn(d, scale)));
+}
+
 __global__ void __launch_bounds__(kThreads)
     GradientKernel(const float* __restrict__ y, std::int64_t n, int segments, std::int64_t c0,
                    CeRowParams p, CeRowState s, std::uint16_t* __restrict__ g) {
@@ -174,17 +186,47 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float lse = s.lse[row];
   const float coef = s.coef[row];
-  const float cap = p.logit_softcap;
 #pragma unroll
   for (int r = 0; r < kPerThread; ++r) {
     const std::int64_t col = first + static_cast<std::int64_t>(r) * kThreads;
     if (col < n) {
-      float th;
-      const float z = Capped(yr[col], cap, &th);
-      const float prob = expf(__fsub_rn(z, lse));
-      float d = __fsub_rn(__fmul_rn(prob, coef), c0 + col == target ? 1.0f : 0.0f);
-      if (cap > 0.0f) d = __fmul_rn(d, __fmul_rn(__fsub_rn(1.0f, th), __fadd_rn(1.0f, th)));
-      gr[col] = static_cast<std::uint16_t>(ToBf16Bits(__fmul_rn(d, p.grad_scale)));
+      gr[col] = GradientBits(yr[col], c0 + col == target, lse, coef, p.logit_softcap, p.grad_scale);
+    }
+  }
+}
+
+// One block per row. Segment j's G lands on fp32 elements [512 j, 512 j +
+// 512) of the row, which belong to segment j / 2 <= j: read before the
+// barrier of iteration j.
+__global__ void __launch_bounds__(kThreads)
+    GradientInPlaceKernel(float* y, std::int64_t n, CeRowParams p, CeRowState s) {
+  const std::int64_t row = blockIdx.x;
+  float* yr = y + row * n;
+  std::uint16_t* gr = reinterpret_cast<std::uint16_t*>(yr);
+  const std::int64_t target = p.targets[row];
+  const int segments = static_cast<int>((n + kCeSegmentColumns - 1) / kCeSegmentColumns);
+  if (target == p.ignore_index) {
+    // Nothing is read: zeros can go anywhere in the row's first half.
+    for (std::int64_t col = threadIdx.x; col < n; col += kThreads) gr[col] = 0;
+    return;
+  }
+  const float lse = s.lse[row];
+  const float coef = s.coef[row];
+  for (int seg = 0; seg < segments; ++seg) {
+    const std::int64_t first = static_cast<std::int64_t>(seg) * kCeSegmentColumns + threadIdx.x;
+    float v[kPerThread];
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const std::int64_t col = first + static_cast<std::int64_t>(r) * kThreads;
+      v[r] = col < n ? yr[col] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const std::int64_t col = first + static_cast<std::int64_t>(r) * kThreads;
+      if (col < n) {
+        gr[col] = GradientBits(v[r], col == target, lse, coef, p.logit_softcap, p.grad_scale);
+      }
     }
   }
 }
@@ -239,6 +281,14 @@ cudaError_t LaunchCeGradient(const float* y, std::int64_t m, std::int64_t n, std
   unsigned int blocks = 0;
   if (!ChunkGrid(m, n, &segments, &blocks)) return cudaErrorInvalidConfiguration;
   GradientKernel<<<blocks, kThreads, 0, stream>>>(y, n, segments, c0, params, state, g);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCeGradientInPlace(float* y, std::int64_t m, std::int64_t n,
+                                    const CeRowParams& params, const CeRowState& state,
+                                    cudaStream_t stream) {
+  if (m <= 0 || n <= 0 || m > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  GradientInPlaceKernel<<<static_cast<unsigned int>(m), kThreads, 0, stream>>>(y, n, params, state);
   return cudaGetLastError();
 }
 

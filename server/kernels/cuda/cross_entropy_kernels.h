@@ -70,4 +70,13 @@ cudaError_t LaunchCeGradient(const float* y, std::int64_t m, std::int64_t n, std
                              const CeRowParams& params, const CeRowState& state, std::uint16_t* g,
                              cudaStream_t stream);
 
+// LaunchCeGradient over whole rows (columns [0, n)), written in place: row
+// i's G goes to the first 2n bytes of its own fp32 row, that is to g =
+// (uint16_t*)y with row stride 2n. One block walks a row's segments in order
+// and stores a segment's G only after every thread has read that segment, so
+// no store reaches a value not yet read. Same arithmetic as LaunchCeGradient.
+cudaError_t LaunchCeGradientInPlace(float* y, std::int64_t m, std::int64_t n,
+                                    const CeRowParams& params, const CeRowState& state,
+                                    cudaStream_t stream);
+
 }  // namespace logitd::kernels::cuda

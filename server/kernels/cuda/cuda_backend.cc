@@ -175,6 +175,7 @@ class CudaBackend final : public Backend {
 
   BackendInfo Info() const override { return info_; }
   std::uint64_t DeviceBytesInUse() const override { return memory_->bytes_in_use(); }
+  std::uint64_t DeviceBytesTotal() const override { return device_bytes_total_; }
   absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) override;
   absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
                                                      std::int64_t k) override;
@@ -199,6 +200,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<DeviceMemory> memory_;
   GemmEngine engine_;
   BackendInfo info_;
+  std::uint64_t device_bytes_total_ = 0;
 
   std::vector<std::unique_ptr<Context>> contexts_;
   std::mutex pool_mu_;
@@ -262,6 +264,7 @@ absl::Status CudaBackend::Init() {
   info_.device_name = prop.name;
   info_.compute_capability = absl::StrCat(prop.major, ".", prop.minor);
   info_.multiprocessor_count = prop.multiProcessorCount;
+  device_bytes_total_ = static_cast<std::uint64_t>(prop.totalGlobalMem);
   const std::string release = DriverRelease();
   info_.driver_version = release.empty()
                              ? VersionString(driver)
@@ -490,6 +493,7 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
     timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
     timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
     timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
+    timing->transfers_measured = true;
   }
   return absl::OkStatus();
 }
@@ -646,6 +650,7 @@ absl::Status CudaBackend::Backward(Weight& weight, const BackwardArgs& args, Tim
     timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
     timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
     timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
+    timing->transfers_measured = true;
   }
   return absl::OkStatus();
 }
@@ -730,6 +735,7 @@ absl::Status CudaBackend::CastToBf16(const float* in, std::int64_t n, Bf16Bits* 
     total.h2d_us += MicrosBetween(c.timing[0].get(), c.timing[1].get());
     total.compute_us += MicrosBetween(c.timing[1].get(), c.timing[2].get());
     total.d2h_us += MicrosBetween(c.timing[2].get(), c.timing[3].get());
+    total.transfers_measured = true;
   }
   if (timing != nullptr) *timing = total;
   return absl::OkStatus();
@@ -876,13 +882,28 @@ absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& a
     }
   }
 
-  // The chunk: the caller's (whole quanta), or a pure function of the shape
-  // and the configured budget, so the same request gets the same chunk. Only
-  // when the device cannot hold that workspace does an automatic chunk
-  // shrink, halving the workspace until it fits.
-  std::uint64_t workspace = cuda::kCeWorkspaceBytes;
-  if (options_.device_memory_budget != 0) {
-    workspace = std::min<std::uint64_t>(workspace, options_.device_memory_budget / 4);
+  // The walk and its chunk, a pure function of the request and the
+  // configured budget, so the same request gets the same chunk: by tokens
+  // (each logit computed once) when gradients are wanted, the caller did not
+  // ask for a vocabulary chunk and enough tokens fit in the token walk's
+  // allowance; otherwise by vocabulary, in the caller's chunk (whole quanta)
+  // or one chosen from kCeWorkspaceBytes. Only when the device cannot hold
+  // that workspace does an automatic chunk shrink, halving the workspace
+  // until it fits (the token walk gives way to the vocabulary walk).
+  const std::uint64_t budget_cap =
+      options_.device_memory_budget != 0 ? options_.device_memory_budget / 4 : ~std::uint64_t{0};
+  const std::uint64_t configured = options_.ce_workspace_bytes;
+  std::uint64_t workspace =
+      std::min<std::uint64_t>(configured != 0 ? configured : cuda::kCeWorkspaceBytes, budget_cap);
+  std::uint64_t token_workspace = 0;
+  cuda::CeWalk walk = cuda::CeWalk::kVocabulary;
+  if (grads && args.vocab_chunk <= 0) {
+    const std::uint64_t outputs = dx_bytes + (want_dw ? static_cast<std::uint64_t>(v * k) * 4 : 0);
+    token_workspace =
+        std::min(configured != 0 ? configured : cuda::CeTokenWorkspace(outputs), budget_cap);
+    if (cuda::ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace) > 0) {
+      walk = cuda::CeWalk::kTokens;
+    }
   }
   const std::uint64_t staging_per_row = staged_dw ? static_cast<std::uint64_t>(2 * k) * 4 : 0;
   const std::array<Slot, 8> ce_slots = {kX, kRows, kY0, kG, kAcc, kDx, kDw, kY1};
@@ -892,9 +913,16 @@ absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& a
   std::byte* row_base = nullptr;
   void* x_device = nullptr;
   for (;;) {
-    chunk = args.vocab_chunk > 0 ? cuda::RoundCeChunk(args.vocab_chunk, v)
-                                 : cuda::ChooseCeChunk(m, v, grads, staging_per_row, workspace);
-    const cuda::CeScratchSizes sizes = cuda::CeScratch(m, k, chunk, grads, dx_bf16);
+    const bool tokens = walk == cuda::CeWalk::kTokens;
+    cuda::CeScratchSizes sizes;
+    if (tokens) {
+      chunk = cuda::ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace);
+      sizes = cuda::CeTokenScratch(chunk, v, k, dx_bf16);
+    } else {
+      chunk = args.vocab_chunk > 0 ? cuda::RoundCeChunk(args.vocab_chunk, v)
+                                   : cuda::ChooseCeChunk(m, v, grads, staging_per_row, workspace);
+      sizes = cuda::CeScratch(m, k, chunk, grads, dx_bf16);
+    }
     auto allocate = [&]() -> absl::Status {
       auto x = Scratch(c, kX, static_cast<std::size_t>(*x_bytes), "cross_entropy: device x");
       if (!x.ok()) return x.status();
@@ -913,13 +941,13 @@ absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& a
       b.dx_bf16 = dx_bf16;
       b.logits = static_cast<float*>(*logits);
       b.rows = row_base + state_at;
-      if (grads) {
+      if (sizes.g > 0) {
         auto g = Scratch(c, kG, sizes.g, "cross_entropy: device G chunk");
         if (!g.ok()) return g.status();
         b.g = static_cast<std::uint16_t*>(*g);
       }
       if (dx_bf16) {
-        auto acc = Scratch(c, kAcc, sizes.dx_acc, "cross_entropy: device fp32 dx accumulator");
+        auto acc = Scratch(c, kAcc, sizes.dx_acc, "cross_entropy: device fp32 dx staging");
         if (!acc.ok()) return acc.status();
         b.dx_acc = static_cast<float*>(*acc);
       }
@@ -928,7 +956,13 @@ absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& a
         if (!dx.ok()) return dx.status();
         b.dx = *dx;
       }
-      if (staged_dw) {
+      if (staged_dw && tokens) {
+        // Every token chunk adds to all of dW: it is whole on the device.
+        auto buffer =
+            Scratch(c, kDw, static_cast<std::size_t>(v * k) * 4, "cross_entropy: device dw");
+        if (!buffer.ok()) return buffer.status();
+        staging[0] = *buffer;
+      } else if (staged_dw) {
         const std::size_t bytes = static_cast<std::size_t>(chunk * k) * 4;
         for (std::size_t i = 0; i < 2; ++i) {
           auto buffer = Scratch(c, i == 0 ? kDw : kY1, bytes, "cross_entropy: device dw staging");
@@ -940,15 +974,22 @@ absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& a
     };
     absl::Status allocated = allocate();
     if (allocated.ok()) break;
-    if (allocated.code() != absl::StatusCode::kResourceExhausted || args.vocab_chunk > 0 ||
-        chunk <= cuda::kCeChunkQuantum) {
-      return allocated;
+    if (allocated.code() != absl::StatusCode::kResourceExhausted) return allocated;
+    if (tokens) {
+      // Nothing is enqueued yet: the context's buffers can go.
+      for (Slot slot : ce_slots) c.scratch[slot].Reset();
+      token_workspace /= 2;
+      if (cuda::ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace) == 0) {
+        walk = cuda::CeWalk::kVocabulary;
+      }
+      continue;
     }
-    // Nothing is enqueued yet: the context's buffers can go.
+    if (args.vocab_chunk > 0 || chunk <= cuda::kCeChunkQuantum) return allocated;
     for (Slot slot : ce_slots) c.scratch[slot].Reset();
     workspace /= 2;
   }
-  const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k, ",chunk=", chunk);
+  const std::string shape =
+      absl::StrCat("M=", m, ",V=", v, ",K=", k, ",", cuda::CeWalkName(walk), " chunk=", chunk);
 
   auto enqueue = [&]() -> absl::Status {
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "cross_entropy: cudaEventRecord");
@@ -964,22 +1005,31 @@ absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& a
     p.m = m;
     p.v = v;
     p.k = k;
+    p.walk = walk;
     p.chunk = chunk;
     p.ignore_index = args.ignore_index;
     p.z_loss = args.z_loss;
     p.logit_softcap = args.logit_softcap;
     p.grad_scale = args.grad_scale;
     HostDwSink host_sink(c, staging, args.dw, v, k);
-    std::optional<cuda::DeviceDwSink> gradient_sink;
+    std::optional<cuda::DeviceDwSink> device_sink;
     cuda::CeDwSink* sink = nullptr;
     if (args.accumulate_dw) {
-      gradient_sink.emplace(w->gradient.as<float>(), k, 1.0f);  // under gradient_lock
-      sink = &*gradient_sink;
+      device_sink.emplace(w->gradient.as<float>(), k, 1.0f);  // under gradient_lock
+      sink = &*device_sink;
+    } else if (staged_dw && walk == cuda::CeWalk::kTokens) {
+      device_sink.emplace(static_cast<float*>(staging[0]), k, 0.0f);
+      sink = &*device_sink;
     } else if (staged_dw) {
       sink = &host_sink;
     }
     RETURN_IF_ERROR_(cuda::RunCrossEntropy(engine_, c.gemm(), p, b, sink));
     RETURN_IF_ERROR_(host_sink.Flush());
+    if (staged_dw && walk == cuda::CeWalk::kTokens) {
+      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.dw, staging[0], static_cast<std::size_t>(v * k) * 4,
+                                           cudaMemcpyDeviceToHost, cs),
+                           "cross_entropy: copy dw [", v, ", ", k, "] to the host");
+    }
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "cross_entropy: cudaEventRecord");
 
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.loss, b.loss, row_bytes, cudaMemcpyDeviceToHost, cs),
@@ -1016,6 +1066,8 @@ absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& a
     timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
     timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
     timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
+    timing->transfers_measured = true;
+    timing->plan = absl::StrCat(cuda::CeWalkName(walk), " walk, chunk ", chunk);
   }
   return absl::OkStatus();
 }

@@ -35,7 +35,8 @@ const char* TypeName(cudaDataType_t t) {
 std::size_t TypeSize(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
 std::string Dims(const GemmShape& s) {
-  return absl::StrCat("M=", s.m, ",N=", s.n, ",K=", s.k, ",", TypeName(s.c_type), " out");
+  return absl::StrCat("M=", s.m, ",N=", s.n, ",K=", s.k, ",", TypeName(s.c_type), " out",
+                      s.p_ld > 0 ? absl::StrCat(",ldP=", s.p_ld) : "");
 }
 
 template <typename T>
@@ -146,8 +147,12 @@ absl::StatusOr<Descriptors> MakeDescriptors(const GemmShape& s) {
                                                     static_cast<std::int64_t>(a_rows)),
                          what, "cublasLtMatrixLayoutCreate(A, ", Dims(s), ")");
   d.a = LtLayout(layout);
-  RETURN_IF_CUBLAS_ERROR(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, b_rows, b_cols,
-                                                    static_cast<std::int64_t>(b_rows)),
+  const std::int64_t b_ld = s.p_ld > 0 ? s.p_ld : static_cast<std::int64_t>(b_rows);
+  if (b_ld < static_cast<std::int64_t>(b_rows)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "P's row stride ", s.p_ld, " is shorter than its rows (", Dims(s), ")"));
+  }
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, b_rows, b_cols, b_ld),
                          what, "cublasLtMatrixLayoutCreate(B, ", Dims(s), ")");
   d.b = LtLayout(layout);
   RETURN_IF_CUBLAS_ERROR(
@@ -235,9 +240,9 @@ GemmEngine::GemmEngine(GemmEngineOptions options, std::shared_ptr<DeviceMemory> 
 
 GemmEngine::Key GemmEngine::MakeKey(const GemmShape& s, const GemmOperands& o,
                                     std::size_t workspace_bytes) const {
-  return Key(s.op, s.m, s.n, s.k, s.p_transposed, s.q_transposed, static_cast<int>(s.c_type),
-             Alignment(o.p), Alignment(o.q), Alignment(o.c), static_cast<int>(options_.split_k),
-             workspace_bytes);
+  return Key(s.op, s.m, s.n, s.k, s.p_ld, s.p_transposed, s.q_transposed,
+             static_cast<int>(s.c_type), Alignment(o.p), Alignment(o.q), Alignment(o.c),
+             static_cast<int>(options_.split_k), workspace_bytes);
 }
 
 std::optional<AlgoChoice> GemmEngine::Cached(const GemmShape& shape, const GemmOperands& operands,

@@ -42,6 +42,10 @@ struct GemmShape {
   bool p_transposed = false;
   bool q_transposed = false;
   cudaDataType_t c_type = CUDA_R_32F;  // CUDA_R_32F or CUDA_R_16BF
+  // P's row stride in elements as stored; 0 means packed (its stored row
+  // length). Larger strides let P be a strided view, such as G written over
+  // the first half of each fp32 logits row.
+  std::int64_t p_ld = 0;
 
   std::string ToString() const;  // "logits(M=16,N=32768,K=4096,fp32)"
 };
@@ -144,8 +148,8 @@ class GemmEngine {
                        const AlgoChoice& choice) const;
 
  private:
-  using Key = std::tuple<std::string, std::int64_t, std::int64_t, std::int64_t, bool, bool, int,
-                         int, int, int, int, std::size_t>;
+  using Key = std::tuple<std::string, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool,
+                         bool, int, int, int, int, int, std::size_t>;
   Key MakeKey(const GemmShape& shape, const GemmOperands& operands,
               std::size_t workspace_bytes) const;
   absl::StatusOr<std::vector<AlgoChoice>> Heuristic(const GemmShape& shape,
