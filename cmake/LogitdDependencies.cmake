@@ -4,6 +4,10 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(absl CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
+# Metrics: prometheus-cpp's core (metric types and the text format) and
+# civetweb for the HTTP endpoint; both ship CMake packages on Debian.
+find_package(prometheus-cpp CONFIG REQUIRED)
+find_package(civetweb CONFIG REQUIRED)
 
 # xxHash: Debian ships a library and a header, no CMake package.
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)

@@ -3,6 +3,7 @@
 // standard health and reflection services, and shuts down gracefully on
 // SIGTERM/SIGINT so that in-flight calls finish.
 #include <fcntl.h>
+#include <google/protobuf/descriptor.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -19,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -38,13 +40,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/wire.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/kernels/backend.h"
 #include "server/service/build_info.h"
 #include "server/service/faults.h"
 #include "server/service/logging.h"
+#include "server/service/metrics.h"
 #include "server/service/service.h"
+#include "server/service/status.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051",
           "HOST:PORT to listen on. PORT 0 picks a free port (see --port_file). The default "
@@ -52,6 +57,12 @@ ABSL_FLAG(std::string, address, "127.0.0.1:50051",
 ABSL_FLAG(std::string, port_file, "",
           "When set, the bound port followed by a newline is written to this file once the "
           "server accepts calls (useful with --address=HOST:0).");
+ABSL_FLAG(std::string, metrics_address, "",
+          "HOST:PORT to serve Prometheus metrics on (HTTP, GET /metrics), HOST an IP address; "
+          "PORT 0 picks a free port (see --metrics_port_file). Empty: no metrics endpoint.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "When set, the port of the metrics endpoint followed by a newline is written to this "
+          "file once it listens (useful with --metrics_address=HOST:0).");
 ABSL_FLAG(std::string, backend, "auto",
           "auto|cuda|cpu. auto picks cuda when a device is visible, else cpu.");
 ABSL_FLAG(int, device, 0, "CUDA device ordinal (cuda backend).");
@@ -65,12 +76,50 @@ ABSL_FLAG(std::uint64_t, weight_budget_bytes, std::uint64_t{16} << 30,
 ABSL_FLAG(std::uint64_t, max_request_bytes, (std::uint64_t{4} << 30) + 1,
           "Bytes of tensors one call may move, request and response together (e.g. x plus "
           "logits). Default 4 GiB + 1 byte.");
+ABSL_FLAG(std::uint64_t, request_memory_bytes, 0,
+          "Bytes the tensor calls in flight may hold together (received tensors, outputs, "
+          "scratch); a call that does not fit waits for memory, up to its deadline or "
+          "--admission_wait, then gets RESOURCE_EXHAUSTED. 0 (default) = three quarters of "
+          "physical memory.");
+ABSL_FLAG(std::uint32_t, max_concurrent_requests, 64,
+          "Tensor calls (and weight uploads) running at once; further calls wait as for "
+          "memory. 0 = no cap. Default 64.");
+ABSL_FLAG(absl::Duration, admission_wait, absl::Seconds(30),
+          "Longest a call waits for request memory or a request slot when its deadline is "
+          "later (or it has none), e.g. 30s, 500ms. Default 30s.");
 ABSL_FLAG(std::uint64_t, chunk_bytes, std::uint64_t{4} << 20,
           "Bytes per chunk of streamed responses, 65536 (64 KiB) to 67108864 (64 MiB). "
           "Default 4 MiB.");
+ABSL_FLAG(std::uint64_t, ce_workspace_bytes, 0,
+          "cuda: device bytes a CrossEntropy call may use for its chunk of fp32 logits; more "
+          "means larger chunks and a faster call, 0 lets the backend keep peak memory within "
+          "1.25x the gradients it returns.");
 ABSL_FLAG(std::string, weights_dir, "",
           "Directory LoadWeight reads safetensors files from (paths relative to it, confined "
           "to it); empty = LoadWeight is refused.");
+ABSL_FLAG(bool, allow_shm, false,
+          "Let same-host clients register POSIX shared-memory objects (RegisterShm) that tensor "
+          "calls read inputs from and write outputs to; the objects must belong to the server's "
+          "user. Off: every shared-memory request is FAILED_PRECONDITION.");
+ABSL_FLAG(std::uint64_t, shm_max_region_bytes, std::uint64_t{16} << 30,
+          "Largest shared-memory region RegisterShm maps, bytes (with --allow_shm).");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "File of 'TOKEN TENANT [QUOTA_BYTES]' lines: every logitd.v1 call must then carry "
+          "'authorization: Bearer TOKEN', and sees only its tenant's weights. Reloaded on SIGHUP. "
+          "Empty: no tokens, one default tenant, loopback callers only (see "
+          "--insecure_allow_remote).");
+ABSL_FLAG(std::uint64_t, tenant_quota_bytes, 0,
+          "Bytes of weights and gradient buffers one tenant may hold at most, unless its line "
+          "in --auth_tokens gives its own; 0 = only --weight_budget_bytes applies.");
+ABSL_FLAG(bool, insecure_allow_remote, false,
+          "Without --auth_tokens, serve callers on other machines too (anyone who can reach the "
+          "port can use and release every weight).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the server; with --tls_key, the server speaks TLS only.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates for mutual TLS: clients must present a certificate signed by one "
+          "of them. Needs --tls_cert and --tls_key.");
 ABSL_FLAG(std::string, log_level, "info", "error|warning|info|debug.");
 ABSL_FLAG(std::string, test_fault, "",
           "Testing only, in builds with LOGITD_ENABLE_TEST_FAULTS=ON: comma-separated faults "
@@ -115,7 +164,7 @@ absl::Status InstallStopSignalHandlers() {
   action.sa_handler = OnStopSignal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (int sig : {SIGTERM, SIGINT}) {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     if (sigaction(sig, &action, nullptr) != 0) {
       return absl::InternalError(absl::StrCat("sigaction: ", std::strerror(errno)));
     }
@@ -123,8 +172,8 @@ absl::Status InstallStopSignalHandlers() {
   return absl::OkStatus();
 }
 
-// Blocks until SIGTERM or SIGINT; returns its number.
-int WaitForStopSignal() {
+// Blocks until SIGTERM, SIGINT or SIGHUP; returns its number.
+int WaitForSignal() {
   unsigned char b = 0;
   while (read(g_signal_pipe[0], &b, 1) < 0 && errno == EINTR) {
   }
@@ -231,24 +280,86 @@ absl::StatusOr<ListenAddress> ParseAddress(absl::string_view address) {
   return out;
 }
 
+// A PEM file named by a TLS flag, read whole at start.
+absl::StatusOr<std::string> ReadPemFlag(absl::string_view flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": cannot read '", path, "': ", std::strerror(errno)));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string pem = ss.str();
+  if (!absl::StrContains(pem, "-----BEGIN ")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": '", path, "' is not a PEM file (no '-----BEGIN' line)"));
+  }
+  return pem;
+}
+
+// Server credentials from the TLS flags: plaintext without --tls_cert, TLS
+// with it, mutual TLS (client certificates required and verified) with
+// --tls_client_ca. `mode` says which, for the log.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFlags(
+    std::string* mode) {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_tls_key);
+  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together: give both (TLS) or neither (plaintext)");
+  }
+  if (cert.empty()) {
+    if (!client_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls_client_ca needs --tls_cert and --tls_key (mutual TLS is TLS first)");
+    }
+    *mode = "off";
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  LOGITD_ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFlag("tls_cert", cert));
+  LOGITD_ASSIGN_OR_RETURN(pair.private_key, ReadPemFlag("tls_key", key));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  *mode = "on";
+  if (!client_ca.empty()) {
+    LOGITD_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFlag("tls_client_ca", client_ca));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    *mode = "mutual";
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 // Written whole under another name and renamed, so a reader never sees half.
-absl::Status WritePortFile(const std::string& path, int port) {
+absl::Status WritePortFile(absl::string_view flag, const std::string& path, int port) {
   const std::string tmp = absl::StrCat(path, ".tmp");
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << port << "\n";
     out.close();
     if (!out) {
-      return absl::PermissionDeniedError(absl::StrCat("--port_file: cannot write '", tmp, "'"));
+      return absl::PermissionDeniedError(absl::StrCat("--", flag, ": cannot write '", tmp, "'"));
     }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     return absl::PermissionDeniedError(
-        absl::StrCat("--port_file: cannot rename '", tmp, "' to '", path, "': ", ec.message()));
+        absl::StrCat("--", flag, ": cannot rename '", tmp, "' to '", path, "': ", ec.message()));
   }
   return absl::OkStatus();
+}
+
+// The methods of logitd.v1.Logitd, for the metrics' initial series.
+std::vector<std::string> RpcNames() {
+  std::vector<std::string> names;
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::Logitd::service_full_name());
+  if (service == nullptr) return names;
+  for (int i = 0; i < service->method_count(); ++i) names.push_back(service->method(i)->name());
+  return names;
 }
 
 int Main(int argc, char** argv) {
@@ -279,6 +390,12 @@ int Main(int argc, char** argv) {
   const std::string address = absl::GetFlag(FLAGS_address);
   absl::StatusOr<ListenAddress> listen = ParseAddress(address);
   if (!listen.ok()) return BadFlags(listen.status().message());
+  const std::string metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  if (!metrics_address.empty()) {
+    if (absl::Status s = service::CheckMetricsAddress(metrics_address); !s.ok()) {
+      return BadFlags(s.message());
+    }
+  }
 
   kernels::BackendOptions backend_options;
   absl::StatusOr<kernels::BackendKind> kind =
@@ -299,6 +416,7 @@ int Main(int argc, char** argv) {
     return BadFlags(absl::StrCat("--split_k: expected off, fp32 or any, got '",
                                  absl::GetFlag(FLAGS_split_k), "'"));
   }
+  backend_options.ce_workspace_bytes = absl::GetFlag(FLAGS_ce_workspace_bytes);
   backend_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   if (backend_options.cpu_threads < 0 || backend_options.cpu_threads > 4096) {
     return BadFlags(absl::StrCat("--cpu_threads: expected 0 (library default) to 4096, got ",
@@ -317,6 +435,20 @@ int Main(int argc, char** argv) {
                                  kMaxChunkBytes, " (64 MiB) bytes, got ", chunk_bytes));
   }
   options.chunk_bytes = static_cast<std::size_t>(chunk_bytes);
+  options.admission.memory_bytes = absl::GetFlag(FLAGS_request_memory_bytes);
+  if (options.admission.memory_bytes == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    options.admission.memory_bytes =
+        pages > 0 && page_size > 0
+            ? static_cast<std::uint64_t>(pages) / 4 * 3 * static_cast<std::uint64_t>(page_size)
+            : std::uint64_t{16} << 30;
+  }
+  options.admission.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  options.admission.max_wait = absl::GetFlag(FLAGS_admission_wait);
+  if (options.admission.max_wait < absl::ZeroDuration()) {
+    return BadFlags("--admission_wait: expected a duration >= 0, e.g. 30s");
+  }
   absl::StatusOr<service::FaultSet> faults = service::ParseFaults(absl::GetFlag(FLAGS_test_fault));
   if (!faults.ok()) return BadFlags(faults.status().message());
   options.faults = *faults;
@@ -330,6 +462,42 @@ int Main(int argc, char** argv) {
                                    ec ? absl::StrCat(" (", ec.message(), ")") : ""));
     }
     options.weights_dir = dir;
+  }
+  options.shm.allowed = absl::GetFlag(FLAGS_allow_shm);
+  options.shm.max_region_bytes = absl::GetFlag(FLAGS_shm_max_region_bytes);
+  if (options.shm.max_region_bytes == 0) {
+    return BadFlags("--shm_max_region_bytes: expected at least 1 byte, got 0");
+  }
+
+  // --- Authentication and TLS ------------------------------------------------
+  service::AuthOptions auth_options;
+  auth_options.tokens_path = absl::GetFlag(FLAGS_auth_tokens);
+  auth_options.default_quota_bytes = absl::GetFlag(FLAGS_tenant_quota_bytes);
+  auth_options.allow_remote = absl::GetFlag(FLAGS_insecure_allow_remote);
+  absl::StatusOr<std::unique_ptr<service::Authenticator>> auth =
+      service::Authenticator::Create(auth_options);
+  if (!auth.ok()) return BadFlags(auth.status().message());
+  options.auth = std::shared_ptr<service::Authenticator>(std::move(*auth));
+  std::string tls_mode;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentialsFromFlags(&tls_mode);
+  if (!credentials.ok()) return BadFlags(credentials.status().message());
+  std::string auth_mode = "loopback-only";
+  if (options.auth->tokens_enabled()) {
+    auth_mode = "tokens";
+  } else if (auth_options.allow_remote) {
+    auth_mode = "none";
+    LogWarning(
+        "--insecure_allow_remote: no authentication; anyone who can reach the port can use and "
+        "release every weight");
+  } else if (!listen->unix_socket &&
+             !service::IsLoopbackPeer(absl::StrCat(
+                 absl::StrContains(listen->host, ':') ? "ipv6:" : "ipv4:", listen->host, ":0")) &&
+             listen->host != "localhost") {
+    LogWarning(absl::StrCat("listening on ", address,
+                            " without --auth_tokens: calls from other machines are refused "
+                            "(PERMISSION_DENIED); pass --auth_tokens=FILE to serve them, or "
+                            "--insecure_allow_remote to serve them without authentication"));
   }
 
   // --- Backend -------------------------------------------------------------
@@ -353,14 +521,57 @@ int Main(int argc, char** argv) {
     LogWarning("--weight_budget_bytes=0: no weight can be registered");
   }
 
+  // Declared before the service, which records into it, so that it outlives it.
+  std::unique_ptr<service::Metrics> metrics;
+  if (!metrics_address.empty()) {
+    metrics = std::make_unique<service::Metrics>(
+        service::MetricsBuildInfo{std::string(service::Version()), info.backend, info.device_name},
+        RpcNames());
+    options.metrics = metrics.get();
+  }
+
   service::LogitdService service(std::move(*backend), options);
+
+  // --- Metrics endpoint ----------------------------------------------------
+  // Declared after the service: it stops serving scrapes before the service goes.
+  std::unique_ptr<service::MetricsHttpServer> metrics_http;
+  if (metrics != nullptr) {
+    metrics->SetGaugeSource([&service] {
+      service::MetricsGauges g;
+      g.weight_bytes = service.registry().bytes_in_use();
+      g.weight_budget_bytes = service.registry().budget_bytes();
+      g.weights = service.registry().weight_count();
+      g.device_in_use_bytes = service.backend().DeviceBytesInUse();
+      g.device_total_bytes = service.backend().DeviceBytesTotal();
+      return g;
+    });
+    absl::StatusOr<std::unique_ptr<service::MetricsHttpServer>> started =
+        service::MetricsHttpServer::Start(metrics_address, metrics.get());
+    if (!started.ok()) {
+      LogError(started.status().message());
+      return kExitRuntimeError;
+    }
+    metrics_http = std::move(*started);
+    const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+    if (!metrics_port_file.empty()) {
+      if (absl::Status s =
+              WritePortFile("metrics_port_file", metrics_port_file, metrics_http->port());
+          !s.ok()) {
+        LogError(s.message());
+        return kExitRuntimeError;
+      }
+    }
+    const std::size_t colon = metrics_address.rfind(':');
+    LogInfo(absl::StrCat("metrics: serving http://", metrics_address.substr(0, colon), ":",
+                         metrics_http->port(), "/metrics"));
+  }
 
   // --- gRPC server ---------------------------------------------------------
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int selected_port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected_port);
+  builder.AddListeningPort(address, *credentials, &selected_port);
   builder.RegisterService(&service);
   // gRPC sets SO_REUSEPORT by default: a second server on a busy port would
   // start and quietly share it instead of failing.
@@ -373,8 +584,12 @@ int Main(int argc, char** argv) {
   builder.SetMaxSendMessageSize(static_cast<int>(chunk_bytes + kMessageHeadroom));
   // The sync server runs each call on its own thread; bound them so that a
   // burst of calls is refused (RESOURCE_EXHAUSTED) rather than exhausting memory.
+  // Enough threads for every admitted request plus calls whose client has
+  // gone but which are still finishing; admission control, not the thread
+  // pool, is what refuses excess load.
   const int max_threads =
-      std::max(16, 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+      std::max({16, 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+                2 * static_cast<int>(absl::GetFlag(FLAGS_max_concurrent_requests))});
   grpc::ResourceQuota quota("logitd");
   quota.SetMaxThreads(max_threads);
   builder.SetResourceQuota(quota);
@@ -384,8 +599,9 @@ int Main(int argc, char** argv) {
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || selected_port == 0) {
-    LogError(absl::StrCat("cannot listen on ", address,
-                          " (address in use, not local, or not permitted)"));
+    LogError(
+        absl::StrCat("cannot listen on ", address, " (address in use, not local, or not permitted",
+                     tls_mode == "off" ? "" : "; or --tls_cert and --tls_key do not match", ")"));
     return kExitRuntimeError;
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
@@ -398,7 +614,7 @@ int Main(int argc, char** argv) {
       listen->unix_socket ? listen->host : absl::StrCat(listen->host, ":", selected_port);
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
-    if (absl::Status s = WritePortFile(port_file, selected_port); !s.ok()) {
+    if (absl::Status s = WritePortFile("port_file", port_file, selected_port); !s.ok()) {
       LogError(s.message());
       server->Shutdown();
       return kExitRuntimeError;
@@ -406,13 +622,31 @@ int Main(int argc, char** argv) {
   }
   LogInfo(absl::StrCat(
       "logitd ", service::Version(), " (", service::BuildId(), ") listening on ", bound,
-      " backend=", info.backend, " device=\"", info.device_name,
-      "\" weight_budget_bytes=", options.weight_budget_bytes,
-      " max_request_bytes=", options.max_request_bytes, " chunk_bytes=", options.chunk_bytes,
-      " weights_dir=", options.weights_dir.empty() ? "(none)" : options.weights_dir.string()));
+      " backend=", info.backend, " device=\"", info.device_name, "\" weight_budget_bytes=",
+      options.weight_budget_bytes, " max_request_bytes=", options.max_request_bytes,
+      " request_memory_bytes=", options.admission.memory_bytes,
+      " max_concurrent_requests=", options.admission.max_concurrent_requests, " admission_wait=",
+      absl::FormatDuration(options.admission.max_wait), " chunk_bytes=", options.chunk_bytes,
+      " weights_dir=", options.weights_dir.empty() ? "(none)" : options.weights_dir.string(),
+      " shm=", options.shm.allowed ? "on" : "off", " tls=", tls_mode, " auth=", auth_mode));
 
   std::thread waiter([&] {
-    const int signal_number = WaitForStopSignal();
+    int signal_number = WaitForSignal();
+    for (; signal_number == SIGHUP; signal_number = WaitForSignal()) {
+      // SIGHUP reloads the tokens file; a file that does not parse leaves
+      // the tokens in force as they were.
+      if (!options.auth->tokens_enabled()) {
+        LogInfo("received SIGHUP: no --auth_tokens file to reload");
+        continue;
+      }
+      absl::StatusOr<std::string> reloaded = options.auth->Reload();
+      if (reloaded.ok()) {
+        LogInfo(absl::StrCat("received SIGHUP: reloaded ", *reloaded));
+      } else {
+        LogError(absl::StrCat("received SIGHUP: reload failed, keeping the tokens loaded before: ",
+                              reloaded.status().message()));
+      }
+    }
     LogInfo(absl::StrCat("received ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
                          ": not serving; in-flight calls have ", kShutdownGrace.count(),
                          " s to finish"));

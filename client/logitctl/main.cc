@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <initializer_list>
 #include <iostream>
@@ -31,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "client/logitctl/bench.h"
 #include "logitd/bf16.h"
 #include "logitd/client.h"
 #include "logitd/safetensors.h"
@@ -44,14 +46,21 @@
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "logitd server address (a gRPC target)");
 ABSL_FLAG(double, timeout, 600, "per-call deadline in seconds; 0 for none");
 ABSL_FLAG(std::uint64_t, chunk_bytes, 4u << 20, "chunk size for tensors sent to the server, bytes");
+ABSL_FLAG(std::string, token, "",
+          "bearer token sent with every call (default: $LOGITD_TOKEN); visible to other users "
+          "in the process list, so prefer $LOGITD_TOKEN or --token_file on shared machines");
 ABSL_FLAG(std::string, token_file, "", "file holding a bearer token sent with every call");
 ABSL_FLAG(std::string, ca, "",
           "PEM file of the CA that signed the server's certificate; enables TLS");
 ABSL_FLAG(std::string, cert, "", "PEM client certificate for mutual TLS (needs --ca and --key)");
 ABSL_FLAG(std::string, key, "", "PEM private key of --cert");
+ABSL_FLAG(std::string, lb, "pick_first",
+          "gRPC load-balancing policy: pick_first (one server) or round_robin (calls spread over "
+          "every address of --server, e.g. dns:///HOST:PORT or ipv4:IP:PORT,IP:PORT); not used "
+          "by validate, which stays on one server");
 
 // Subcommand options.
-ABSL_FLAG(bool, json, false, "info: print JSON instead of a table");
+ABSL_FLAG(bool, json, false, "info, bench: print JSON instead of a table");
 ABSL_FLAG(std::string, tensor, "", "weights register/load: tensor to read from the file");
 ABSL_FLAG(std::string, name, "", "weights register/load: weight name (default: the tensor's name)");
 ABSL_FLAG(std::string, x, "", "activations X as FILE[:TENSOR], bf16 [M, K]");
@@ -60,8 +69,12 @@ ABSL_FLAG(std::string, weight, "", "weight handle from `weights register`");
 ABSL_FLAG(std::string, out, "", "output safetensors file");
 ABSL_FLAG(bool, force, false,
           "weights release: drop the weight even if other registrations of it remain");
-ABSL_FLAG(std::string, out_dtype, "fp32", "logits: fp32 (the accumulator) or bf16 (legacy)");
+ABSL_FLAG(std::string, out_dtype, "fp32",
+          "logits, bench: fp32 (the accumulator) or bf16 (legacy); bench: also dY's dtype");
 ABSL_FLAG(double, alpha, 1.0, "logits: scale applied to X.W^T (non-zero)");
+ABSL_FLAG(bool, shm, false,
+          "logits, bench: move X and Y through a shared-memory region instead of gRPC (same "
+          "host and user as a server started with --allow_shm)");
 ABSL_FLAG(std::string, dx_dtype, "bf16", "backward, cross-entropy: dX dtype, bf16 or fp32");
 ABSL_FLAG(std::string, dw_dtype, "fp32", "backward: dW dtype, fp32 or bf16");
 ABSL_FLAG(bool, no_dx, false, "backward: do not compute dX");
@@ -108,7 +121,10 @@ commands:
   weights release HANDLE [--force]   release one registration; the weight and its
                                      gradient buffer go with the last
   logits --x=FILE[:TENSOR] --weight=HANDLE --out=FILE [--out_dtype=fp32|bf16] [--alpha=1]
-                                     Y = alpha * X.W^T, written as tensor "logits"
+         [--shm]
+                                     Y = alpha * X.W^T, written as tensor "logits";
+                                     --shm: X and Y through shared memory (server
+                                     --allow_shm, same host and user)
   backward --dy=FILE[:TENSOR] --x=FILE[:TENSOR] --weight=HANDLE --out=FILE
            [--dx_dtype=bf16|fp32] [--dw_dtype=fp32|bf16] [--no_dx] [--no_dw] [--accumulate]
                                      dX = bf16(dY).W and dW = bf16(dY)^T.X, tensors "dx", "dw"
@@ -122,13 +138,27 @@ commands:
                                      fused loss of the logits X.W^T against int32/int64
                                      targets, without the [M, V] logits; tensors "loss"
                                      ([M] for none, else [1]), "lse", "dx", "dw"
+  bench [--rpc=logits|backward|cross-entropy|baseline] [--m=16 --k=4096 --v=32768]
+        [--out_dtype=fp32|bf16] [--concurrency=1] [--channels=1]
+        [--requests=N | --duration=SECONDS (default 10)] [--warmup=1] [--nobaseline]
+        [--seed=1234] [--json] [--shm]
+                                     load test: registers a random bf16 weight, runs the
+                                     RPC from --concurrency threads and reports requests/s,
+                                     latency p50/p90/p99/max, payload GB/s each way, errors
+                                     by status code and the server's time split; then the
+                                     same bytes over the Probe RPC (plain gRPC) and the
+                                     efficiency ratio. backward takes --no_dx --no_dw
+                                     --accumulate, cross-entropy --dx --dw --accumulate;
+                                     baseline alone moves the bytes of the logits call
   validate [args]                    the validation harness
   help                               this text
 
 common flags:
   --server=HOST:PORT (default 127.0.0.1:50051)  --timeout=SECONDS (default 600, 0 = none)
-  --chunk_bytes=N (default 4194304)  --token_file=FILE
+  --chunk_bytes=N (default 4194304)
+  --token=TOKEN | --token_file=FILE  bearer token (default: $LOGITD_TOKEN)
   --ca=PEM [--cert=PEM --key=PEM]    TLS (mutual with --cert and --key)
+  --lb=pick_first|round_robin        load balancing over the addresses of --server
 
 FILE[:TENSOR] names a tensor in a safetensors file; the tensor may be left out
 when the file holds exactly one.
@@ -150,7 +180,7 @@ struct CommandLine {
 
 bool IsConnectionFlag(absl::string_view name) {
   for (absl::string_view f :
-       {"server", "timeout", "chunk_bytes", "token_file", "ca", "cert", "key"}) {
+       {"server", "timeout", "chunk_bytes", "token", "token_file", "ca", "cert", "key"}) {
     if (name == f) return true;
   }
   return false;
@@ -375,7 +405,7 @@ absl::Status WriteOutput(const std::string& path,
 
 // --- connection ---------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<client::Client>> Connect() {
+absl::StatusOr<client::ClientOptions> ConnectionOptions() {
   client::ClientOptions options;
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   const double timeout = absl::GetFlag(FLAGS_timeout);
@@ -384,6 +414,21 @@ absl::StatusOr<std::unique_ptr<client::Client>> Connect() {
         absl::StrCat("--timeout: expected seconds >= 0, got ", timeout));
   }
   options.timeout = timeout == 0 ? absl::InfiniteDuration() : absl::Seconds(timeout);
+  options.lb_policy = absl::GetFlag(FLAGS_lb);
+  if (options.lb_policy != "pick_first" && options.lb_policy != "round_robin") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lb: expected pick_first or round_robin, got '", options.lb_policy, "'"));
+  }
+  const std::string token_flag = absl::GetFlag(FLAGS_token);
+  if (!token_flag.empty() && !absl::GetFlag(FLAGS_token_file).empty()) {
+    return absl::InvalidArgumentError("--token and --token_file: give one of them, not both");
+  }
+  if (!token_flag.empty()) {
+    options.auth_token = std::string(absl::StripAsciiWhitespace(token_flag));
+  } else if (const char* env = std::getenv("LOGITD_TOKEN");
+             env != nullptr && absl::GetFlag(FLAGS_token_file).empty()) {
+    options.auth_token = std::string(absl::StripAsciiWhitespace(env));
+  }
   if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
     absl::StatusOr<std::string> token = ReadTextFile(path, "--token_file");
     if (!token.ok()) return token.status();
@@ -415,7 +460,13 @@ absl::StatusOr<std::unique_ptr<client::Client>> Connect() {
       options.client_key_pem = *std::move(k);
     }
   }
-  return client::Client::Create(absl::GetFlag(FLAGS_server), std::move(options));
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> Connect() {
+  absl::StatusOr<client::ClientOptions> options = ConnectionOptions();
+  if (!options.ok()) return options.status();
+  return client::Client::Create(absl::GetFlag(FLAGS_server), *std::move(options));
 }
 
 // Runs `body` with a connected client; a local setup problem exits 2.
@@ -467,6 +518,11 @@ int CmdInfo(const std::vector<std::string>& words) {
       j["chunk_bytes"] = i.chunk_bytes;
       j["device_bytes_in_use"] = i.device_bytes_in_use;
       j["split_k"] = i.split_k;
+      j["request_memory_bytes"] = i.request_memory_bytes;
+      j["request_bytes_in_flight"] = i.request_bytes_in_flight;
+      j["request_bytes_high_water"] = i.request_bytes_high_water;
+      j["requests_in_flight"] = i.requests_in_flight;
+      j["max_concurrent_requests"] = i.max_concurrent_requests;
       std::cout << j.dump(2) << "\n";
       return kExitOk;
     }
@@ -486,7 +542,12 @@ int CmdInfo(const std::vector<std::string>& words) {
                {"max_request_bytes", Bytes(i.max_request_bytes)},
                {"chunk_bytes", Bytes(i.chunk_bytes)},
                {"device_bytes_in_use", Bytes(i.device_bytes_in_use)},
-               {"split_k", i.split_k}});
+               {"split_k", i.split_k},
+               {"request_memory_bytes", Bytes(i.request_memory_bytes)},
+               {"request_bytes_in_flight", Bytes(i.request_bytes_in_flight)},
+               {"request_bytes_high_water", Bytes(i.request_bytes_high_water)},
+               {"requests_in_flight", absl::StrCat(i.requests_in_flight)},
+               {"max_concurrent_requests", absl::StrCat(i.max_concurrent_requests)}});
     return kExitOk;
   });
 }
@@ -567,6 +628,46 @@ int CmdWeightsRelease(const std::vector<std::string>& words) {
   });
 }
 
+// Logits with X and Y in one shared-memory region of this process: X is
+// copied in, Y copied out into a tensor; the region is released and
+// unlinked whatever happens.
+absl::StatusOr<Tensor> LogitsViaShm(client::Client& c, const Tensor& x, const std::string& handle,
+                                    const client::LogitsOptions& options, client::Timing* timing) {
+  absl::StatusOr<std::vector<client::WeightInfo>> weights = c.ListWeights();
+  if (!weights.ok()) return weights.status();
+  std::int64_t v = 0;
+  for (const client::WeightInfo& w : *weights) {
+    if (w.handle == handle && w.shape.size() == 2) v = w.shape[0];
+  }
+  if (v == 0) {
+    return absl::NotFoundError(absl::StrCat("weight handle '", handle, "' is not registered"));
+  }
+  absl::StatusOr<std::int64_t> y_bytes = CheckedByteCount({x.dim(0), v}, options.out_dtype);
+  if (!y_bytes.ok()) return y_bytes.status();
+  const std::uint64_t y_offset = (x.nbytes() + 63) / 64 * 64;
+  absl::StatusOr<client::SharedRegion> region =
+      client::SharedRegion::Create(y_offset + static_cast<std::uint64_t>(*y_bytes));
+  if (!region.ok()) return region.status();
+  std::copy_n(x.bytes(), x.nbytes(), region->data());
+  absl::StatusOr<std::string> region_handle = c.RegisterShm(*region);
+  if (!region_handle.ok()) return region_handle.status();
+  client::LogitsShmArgs args;
+  args.x_slot = client::ShmSlot{*region_handle, &*region, 0};
+  args.x_shape = x.shape();
+  args.y_slot = client::ShmSlot{*region_handle, &*region, y_offset};
+  absl::StatusOr<client::LogitsShmResult> r = c.LogitsShm(args, handle, options);
+  const absl::Status released = c.ReleaseShm(*region_handle);
+  if (!r.ok()) return r.status();
+  if (!released.ok()) return released;
+  Tensor y(r->y_dtype, r->y_shape);
+  std::copy_n(region->data() + r->y_offset, y.nbytes(), y.bytes());
+  if (y.Digest() != r->y_xxh3) {
+    return absl::DataLossError("Y changed in shared memory after the server wrote it");
+  }
+  if (timing != nullptr) *timing = r->timing;
+  return y;
+}
+
 int CmdLogits(const std::vector<std::string>& words) {
   if (words.size() != 1) return UsageError("logits takes flags only (--x, --weight, --out)");
   const std::string handle = absl::GetFlag(FLAGS_weight);
@@ -590,7 +691,9 @@ int CmdLogits(const std::vector<std::string>& words) {
     options.out_dtype = *out_dtype;
     options.alpha = static_cast<float>(alpha);
     client::Timing timing;
-    absl::StatusOr<Tensor> y = c.Logits(*x, handle, options, &timing);
+    absl::StatusOr<Tensor> y = absl::GetFlag(FLAGS_shm)
+                                   ? LogitsViaShm(c, *x, handle, options, &timing)
+                                   : c.Logits(*x, handle, options, &timing);
     if (!y.ok()) return ServerError(y.status());
     if (absl::Status s = WriteOutput(out, {{"logits", &*y}},
                                      {{"weight_handle", handle},
@@ -855,6 +958,12 @@ int CmdCrossEntropy(const std::vector<std::string>& words) {
   });
 }
 
+int CmdBench(const std::vector<std::string>& words) {
+  absl::StatusOr<client::ClientOptions> options = ConnectionOptions();
+  if (!options.ok()) return InputError(options.status());
+  return RunBench(words, *options, absl::GetFlag(FLAGS_server));
+}
+
 int CmdValidate(const std::vector<std::string>& args) {
 #ifdef LOGITCTL_HAVE_VALIDATE
   return validate::RunValidateCommand(args);
@@ -897,6 +1006,7 @@ int Main(int argc, char** argv) {
   if (cmd == "grad") return CmdGrad(w);
   if (cmd == "cast") return CmdCast(w);
   if (cmd == "cross-entropy") return CmdCrossEntropy(w);
+  if (cmd == "bench") return CmdBench(w);
   return UsageError(absl::StrCat("unknown command '", cmd, "'"));
 }
 

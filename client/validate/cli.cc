@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -97,8 +98,8 @@ absl::StatusOr<std::vector<std::string>> SelectSuites(const std::vector<std::str
 
 // The flags logitctl applies for every subcommand, validate included: where
 // the server is and how to reach it. The harness connects the same way.
-constexpr absl::string_view kConnectionFlags[] = {"server", "timeout", "chunk_bytes", "token_file",
-                                                  "ca",     "cert",    "key"};
+constexpr absl::string_view kConnectionFlags[] = {"server",     "timeout", "chunk_bytes", "token",
+                                                  "token_file", "ca",      "cert",        "key"};
 
 // Looked up by name rather than declared, so that the harness follows
 // logitctl's connection options without linking against each of them.
@@ -143,10 +144,15 @@ absl::StatusOr<client::ClientOptions> ConnectionOptions() {
     }
     o.chunk_bytes = bytes;
   }
-  if (const std::string path = HostFlagValue("token_file"); !path.empty()) {
+  // As logitctl: --token, else --token_file, else $LOGITD_TOKEN.
+  if (const std::string token = HostFlagValue("token"); !token.empty()) {
+    o.auth_token = std::string(absl::StripAsciiWhitespace(token));
+  } else if (const std::string path = HostFlagValue("token_file"); !path.empty()) {
     absl::StatusOr<std::string> token = ReadFile(path, "--token_file");
     if (!token.ok()) return token.status();
     o.auth_token = std::string(absl::StripAsciiWhitespace(*token));
+  } else if (const char* env = std::getenv("LOGITD_TOKEN"); env != nullptr) {
+    o.auth_token = std::string(absl::StripAsciiWhitespace(env));
   }
   if (const std::string ca = HostFlagValue("ca"); !ca.empty()) {
     o.use_tls = true;

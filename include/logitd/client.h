@@ -11,23 +11,105 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "logitd/shared_region.h"
 #include "logitd/tensor.h"
 
 namespace logitd::client {
+
+// Retrying calls that failed with UNAVAILABLE (server down, restarting or
+// unreachable, connection lost mid-call). Off by default (max_attempts = 1):
+// a caller that wants a job to ride over a server restart turns it on, e.g.
+// `options.retry = RetryPolicy::Enabled();`. Only idempotent calls are ever
+// retried, whatever the policy says:
+//   retried: Info, ListWeights, LoadWeight, RegisterWeight, Logits,
+//            CastToBf16, ZeroGradient, FetchGradient(zero_after_fetch=false),
+//            Backward and CrossEntropy without accumulate_dw;
+//   never:   ReleaseWeight, FetchGradient(zero_after_fetch=true), Backward and
+//            CrossEntropy with accumulate_dw, Probe.
+// RegisterWeight and LoadWeight are retried because the server keys weights by
+// their content: a repeat gives the same handle. If an attempt reached the
+// server but its answer was lost, the repeat adds one registration of the
+// same bytes (WeightInfo::registrations), so the weight then needs one more
+// ReleaseWeight (or force) to go.
+// Status codes other than UNAVAILABLE are never retried. Attempts share the
+// call's deadline (ClientOptions::timeout from the start of the call): the
+// client does not sleep past it, and then returns the last UNAVAILABLE.
+struct RetryPolicy {
+  // Attempts in all, the first included: 1 = no retries; 0 = no limit but
+  // the call's deadline.
+  int max_attempts = 1;
+  // Sleep before the first retry; each further retry sleeps `multiplier`
+  // times longer, up to max_backoff. Each sleep is scaled by a uniform random
+  // factor in [1 - jitter, 1 + jitter] so that many clients do not retry in
+  // step.
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  double multiplier = 2.0;
+  absl::Duration max_backoff = absl::Seconds(5);
+  double jitter = 0.2;
+
+  // The policy above with retries on: 8 attempts (backoffs of about 0.1, 0.2,
+  // 0.4, 0.8, 1.6, 3.2 and 5 s: some 11 s of outage covered).
+  static RetryPolicy Enabled() {
+    RetryPolicy p;
+    p.max_attempts = 8;
+    return p;
+  }
+};
+
+// Counts over a Client's lifetime (all threads), for tests and monitoring.
+struct CallStats {
+  // Calls made through the client (each counted once, however many attempts).
+  std::uint64_t calls = 0;
+  // Attempts sent to the server: calls plus retries.
+  std::uint64_t attempts = 0;
+  // Attempts that were repeats of an attempt that failed with UNAVAILABLE.
+  std::uint64_t retries = 0;
+  // Calls that ended with UNAVAILABLE after retrying (attempts or deadline
+  // used up).
+  std::uint64_t exhausted = 0;
+  // Calls that failed with UNAVAILABLE and were not retried because they are
+  // not idempotent (counted whether retries are on or off).
+  std::uint64_t not_retried = 0;
+  // Calls that ended with DATA_LOSS (a response the client could not verify:
+  // digest mismatch, truncated tensor). Never retried.
+  std::uint64_t data_loss = 0;
+};
 
 struct ClientOptions {
   // Chunk size for tensors sent to the server, bytes.
   std::size_t chunk_bytes = 4u << 20;
   // Per-call deadline; absl::InfiniteDuration() for none.
   absl::Duration timeout = absl::Minutes(10);
-  // Sent as "authorization: Bearer <token>" when non-empty.
+  // Sent as "authorization: Bearer <token>" with every call when non-empty
+  // (servers started with --auth_tokens require it).
   std::string auth_token;
-  // TLS: PEM contents. Plaintext when root_ca_pem is empty and use_tls false.
+  // TLS. The three strings are PEM *contents* (not file paths): read the
+  // files yourself. Plaintext when use_tls is false and root_ca_pem empty;
+  // use_tls with an empty root_ca_pem trusts gRPC's default roots (the
+  // system's). client_cert_pem and client_key_pem (both or neither) are the
+  // client's identity for a server with --tls_client_ca (mutual TLS).
   bool use_tls = false;
   std::string root_ca_pem;
   std::string client_cert_pem;
   std::string client_key_pem;
+  // Open a connection of this Client's own. By default gRPC lets channels to
+  // the same target with the same settings share one connection, so several
+  // Clients would multiplex their calls over a single TCP stream.
+  bool own_connection = false;
+  // gRPC load-balancing policy: "pick_first" (gRPC's default: every call on
+  // one server) or "round_robin" (calls spread over every address the target
+  // resolves to, e.g. "dns:///logitd.example:50051" or
+  // "ipv4:10.0.0.1:50051,10.0.0.2:50051"). Weights are registered per
+  // server, so round_robin suits calls that need none (Info, CastToBf16) or
+  // weights registered on every server.
+  std::string lb_policy = "pick_first";
+  // Retries of idempotent calls on UNAVAILABLE; off unless set (see
+  // RetryPolicy). When on, the channel also tries to reconnect at least every
+  // max_backoff (gRPC's own reconnect backoff grows to 2 minutes), so that a
+  // restarted server is found within the policy's backoffs.
+  RetryPolicy retry;
 };
 
 struct ServerInfo {
@@ -47,6 +129,13 @@ struct ServerInfo {
   std::uint64_t chunk_bytes = 0;
   std::uint64_t device_bytes_in_use = 0;
   std::string split_k;
+  // Request memory (see docs/OPERATIONS.md): the budget, what calls hold
+  // now and at most so far, calls holding it now, and the cap on them.
+  std::uint64_t request_memory_bytes = 0;
+  std::uint64_t request_bytes_in_flight = 0;
+  std::uint64_t request_bytes_high_water = 0;
+  std::uint32_t requests_in_flight = 0;
+  std::uint32_t max_concurrent_requests = 0;
 };
 
 struct WeightInfo {
@@ -65,6 +154,25 @@ struct WeightInfo {
   std::string converted_from;
 };
 
+// A call's "logitd-timing" trailing metadata (microseconds): the server's
+// split of the whole call, including streaming the response out. A field is
+// empty when the server did not measure it (h2d/d2h on the cpu backend, queue
+// for calls that pass no admission).
+struct TimingTrailer {
+  std::optional<std::int64_t> queue_us;
+  std::optional<std::int64_t> receive_us;
+  std::optional<std::int64_t> h2d_us;
+  std::optional<std::int64_t> compute_us;
+  std::optional<std::int64_t> d2h_us;
+  std::optional<std::int64_t> send_us;
+  std::optional<std::int64_t> total_us;
+};
+
+// Parses a "logitd-timing" value ("receive_us=12,compute_us=345,..."); keys it
+// does not know are skipped. InvalidArgument for text that is not key=integer
+// pairs separated by commas.
+absl::StatusOr<TimingTrailer> ParseTimingTrailer(absl::string_view text);
+
 // Server-side time split of one call, microseconds.
 struct Timing {
   std::int64_t queue_us = 0;
@@ -72,6 +180,9 @@ struct Timing {
   std::int64_t h2d_us = 0;
   std::int64_t compute_us = 0;
   std::int64_t d2h_us = 0;
+  // The call's trailer, when the server sent one (it adds send_us and
+  // total_us, and says which of the fields above were measured).
+  std::optional<TimingTrailer> trailer;
 };
 
 struct LogitsOptions {
@@ -128,6 +239,97 @@ struct GradientResult {
   std::uint64_t accumulated_calls = 0;
 };
 
+// A transport probe: the bytes of a tensor call over the same channel, with
+// no tensors and no work on the server.
+struct ProbeOptions {
+  // Sent after the header in messages of ClientOptions::chunk_bytes.
+  std::uint64_t request_bytes = 0;
+  // Streamed back by the server in messages of chunk_bytes.
+  std::uint64_t response_bytes = 0;
+  // 0: the server's --chunk_bytes (what tensor responses use).
+  std::uint64_t chunk_bytes = 0;
+};
+
+struct ProbeResult {
+  std::uint64_t response_bytes = 0;
+  std::optional<TimingTrailer> trailer;
+};
+
+// Same-host shared memory (server started with --allow_shm): a place in a
+// SharedRegion registered with Client::RegisterShm.
+struct ShmSlot {
+  // What RegisterShm returned for `region`.
+  std::string handle;
+  // The region as mapped in this process: the client computes the input's
+  // digest from, and checks the output's digest against, these bytes.
+  const SharedRegion* region = nullptr;
+  std::uint64_t offset = 0;
+};
+
+// Logits with X and/or Y in shared memory instead of on the wire.
+struct LogitsShmArgs {
+  // X, bf16 [M, K]: read by the server from x_slot when set (x_shape gives
+  // [M, K]; the bytes must be in place before the call), else `x` is
+  // streamed.
+  const Tensor* x = nullptr;
+  std::optional<ShmSlot> x_slot;
+  std::vector<std::int64_t> x_shape;
+  // Y: written by the server at y_slot when set (the offset a multiple of
+  // Y's element size), else streamed back into LogitsShmResult::y.
+  std::optional<ShmSlot> y_slot;
+};
+
+struct LogitsShmResult {
+  // Y when it was streamed back (no y_slot).
+  std::optional<Tensor> y;
+  // Y in shared memory (y_slot): its dtype, shape [M, V] and xxh3, which the
+  // client checked against the bytes at y_offset in the region.
+  DType y_dtype = DType::kFp32;
+  std::vector<std::int64_t> y_shape;
+  std::uint64_t y_xxh3 = 0;
+  std::uint64_t y_offset = 0;
+  std::uint64_t y_bytes = 0;
+  Timing timing;
+};
+
+// An output the server wrote into shared memory: what it announced, checked
+// by the client against the bytes at `offset` in the slot's region.
+struct ShmOutput {
+  DType dtype = DType::kFp32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t xxh3 = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
+// Backward with its tensors in shared memory where a slot is given; the rest
+// travel as usual.
+struct BackwardShmArgs {
+  // dY, fp32 or bf16 [M, V]: from dy_slot (dtype dy_dtype, shape dy_shape)
+  // when set, else `dy` is streamed.
+  const Tensor* dy = nullptr;
+  std::optional<ShmSlot> dy_slot;
+  DType dy_dtype = DType::kFp32;
+  std::vector<std::int64_t> dy_shape;
+  // X, bf16 [M, K]: from x_slot (shape x_shape) when set, else `x` is streamed.
+  const Tensor* x = nullptr;
+  std::optional<ShmSlot> x_slot;
+  std::vector<std::int64_t> x_shape;
+  // dX and dW written there when set (only for outputs that are returned).
+  std::optional<ShmSlot> dx_slot;
+  std::optional<ShmSlot> dw_slot;
+};
+
+struct BackwardShmResult {
+  // Outputs streamed back (asked for, no slot).
+  std::optional<Tensor> dx;
+  std::optional<Tensor> dw;
+  // Outputs written into shared memory.
+  std::optional<ShmOutput> dx_shm;
+  std::optional<ShmOutput> dw_shm;
+  Timing timing;
+};
+
 class Client {
  public:
   // Connects lazily: the first call reports an unreachable server as
@@ -172,6 +374,34 @@ class Client {
   absl::StatusOr<CrossEntropyResult> CrossEntropy(const Tensor& x, const Tensor& targets,
                                                   const std::string& handle,
                                                   const CrossEntropyOptions& options = {});
+
+  // Sends options.request_bytes and reads options.response_bytes back through
+  // the Probe RPC; DataLoss when the server returns another byte count.
+  absl::StatusOr<ProbeResult> Probe(const ProbeOptions& options);
+
+  // Has the server map the shared-memory object `name` of `bytes` bytes
+  // (server --allow_shm, same host, same user) and returns its region handle.
+  // Never retried: a lost answer would leave a second mapping behind.
+  absl::StatusOr<std::string> RegisterShm(const std::string& name, std::uint64_t bytes);
+  absl::StatusOr<std::string> RegisterShm(const SharedRegion& region) {
+    return RegisterShm(region.name(), region.size());
+  }
+  // Has the server unmap the region; release before the SharedRegion goes.
+  absl::Status ReleaseShm(const std::string& handle);
+
+  // Y = alpha * X . W^T with X and/or Y in shared memory (see LogitsShmArgs).
+  // InvalidArgument (before any call) for a slot outside its region; DataLoss
+  // when Y's bytes in the region do not match the digest the server sent.
+  absl::StatusOr<LogitsShmResult> LogitsShm(const LogitsShmArgs& args, const std::string& handle,
+                                            const LogitsOptions& options = {});
+  // Backward with dY, X, dX and/or dW in shared memory (see BackwardShmArgs);
+  // errors as LogitsShm.
+  absl::StatusOr<BackwardShmResult> BackwardShm(const BackwardShmArgs& args,
+                                                const std::string& handle,
+                                                const BackwardOptions& options = {});
+
+  // Calls, attempts and retries so far (see CallStats).
+  CallStats call_stats() const;
 
  private:
   struct Impl;

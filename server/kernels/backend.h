@@ -11,11 +11,10 @@
 #include <memory>
 #include <string>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "logitd/bf16.h"
 #include "logitd/tensor.h"
 
@@ -39,6 +38,12 @@ struct Timing {
   std::int64_t h2d_us = 0;
   std::int64_t compute_us = 0;
   std::int64_t d2h_us = 0;
+  // True when h2d_us and d2h_us were measured (a backend with device copies);
+  // false leaves them out of the call's timing trailer.
+  bool transfers_measured = false;
+  // How the backend carried the call out where it had a choice (the fused
+  // cross-entropy's walk and chunk, say), for logs and tests; may be empty.
+  std::string plan;
 };
 
 // A host buffer the backend copies from and to efficiently (page-locked on
@@ -113,19 +118,19 @@ struct LogitsArgs {
 };
 
 struct BackwardArgs {
-  const void* dy = nullptr;  // [m, V]
+  const void* dy = nullptr;       // [m, V]
   DType dy_dtype = DType::kFp32;  // kFp32 or kBf16
   const Bf16Bits* x = nullptr;    // [m, K] bf16
   std::int64_t m = 0;
-  void* dx = nullptr;               // [m, K] of dx_dtype, or null for none
-  DType dx_dtype = DType::kBf16;    // kBf16 or kFp32
-  void* dw = nullptr;               // [V, K] of dw_dtype, or null for none
-  DType dw_dtype = DType::kFp32;    // kFp32 or kBf16
-  bool accumulate_dw = false;       // dW += G^T X into the weight's fp32 buffer; dw unused
+  void* dx = nullptr;             // [m, K] of dx_dtype, or null for none
+  DType dx_dtype = DType::kBf16;  // kBf16 or kFp32
+  void* dw = nullptr;             // [V, K] of dw_dtype, or null for none
+  DType dw_dtype = DType::kFp32;  // kFp32 or kBf16
+  bool accumulate_dw = false;     // dW += G^T X into the weight's fp32 buffer; dw unused
 };
 
 struct CrossEntropyArgs {
-  const Bf16Bits* x = nullptr;           // [m, K] bf16
+  const Bf16Bits* x = nullptr;  // [m, K] bf16
   std::int64_t m = 0;
   const std::int64_t* targets = nullptr;  // [m], each in [0, V) or == ignore_index
   std::int64_t ignore_index = -100;
@@ -140,7 +145,8 @@ struct CrossEntropyArgs {
   DType dx_dtype = DType::kBf16;
   float* dw = nullptr;         // [V, K] fp32, or null
   bool accumulate_dw = false;  // dW += G^T X into the weight's fp32 buffer; dw unused
-  // Vocabulary rows per chunk; 0 lets the backend choose from its memory.
+  // Vocabulary rows per chunk, which asks for a walk over the vocabulary; 0
+  // lets the backend choose the walk and its chunk from its memory.
   std::int64_t vocab_chunk = 0;
 };
 
@@ -154,6 +160,8 @@ class Backend {
   virtual BackendInfo Info() const = 0;
   // Bytes of device memory the backend holds now (0 on cpu).
   virtual std::uint64_t DeviceBytesInUse() const = 0;
+  // Bytes of memory of the device it runs on; 0 when it has none (cpu).
+  virtual std::uint64_t DeviceBytesTotal() const { return 0; }
 
   // A host buffer for inputs or outputs of at least `bytes`.
   virtual absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) = 0;
@@ -184,11 +192,11 @@ class Backend {
 
   // Fused cross-entropy (see logitd.v1.CrossEntropyHeader for the formulas):
   // fp32 logits computed chunk by chunk over V, never all of [m, V] at once;
-  // G = bf16(dL/dz * dz/dy * grad_scale) per chunk (RNE, once), dX
-  // accumulated over chunks in fp32 and rounded once, dW per chunk in fp32.
+  // G = bf16(dL/dz * dz/dy * grad_scale) per chunk (RNE, once), dX in fp32
+  // and rounded once, dW in fp32.
   virtual absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) {
-    return absl::UnimplementedError(absl::StrCat(Info().backend,
-                                                 " backend has no fused cross-entropy yet"));
+    return absl::UnimplementedError(
+        absl::StrCat(Info().backend, " backend has no fused cross-entropy yet"));
   }
 };
 
@@ -197,10 +205,14 @@ absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name);
 
 struct BackendOptions {
   BackendKind kind = BackendKind::kAuto;
-  int device = 0;                    // cuda device ordinal
-  std::string split_k = "fp32";      // cuda: "off" | "fp32" | "any"
-  int cpu_threads = 0;               // cpu: BLAS threads, 0 = library default
+  int device = 0;                          // cuda device ordinal
+  std::string split_k = "fp32";            // cuda: "off" | "fp32" | "any"
+  int cpu_threads = 0;                     // cpu: BLAS threads, 0 = library default
   std::uint64_t device_memory_budget = 0;  // cuda: bytes for workspaces+weights, 0 = all free
+  // cuda: device bytes a fused cross-entropy call may use for its chunk of
+  // logits (more: larger chunks, faster; 0: the backend's choice, which keeps
+  // peak memory within 1.25 times the gradients it returns).
+  std::uint64_t ce_workspace_bytes = 0;
 };
 
 // Creates the backend `options.kind` names. kAuto tries cuda when it was

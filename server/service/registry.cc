@@ -12,6 +12,7 @@ namespace registry_internal {
 
 // All fields are guarded by the owning registry's mutex.
 struct Entry {
+  std::string tenant;
   std::string handle;
   std::string name;
   std::int64_t v = 0;
@@ -33,10 +34,14 @@ struct Entry {
 
 namespace {
 
-absl::Status HandleNotFound(absl::string_view handle) {
-  return absl::NotFoundError(absl::StrCat("weight handle '", handle,
-                                          "' is not registered on this server (see "
-                                          "ListWeights; handles do not survive a restart)"));
+// The same message whether or not another tenant holds the handle, so that
+// a tenant learns nothing about the others' weights.
+absl::Status HandleNotFound(const Tenant& tenant, absl::string_view handle) {
+  return absl::NotFoundError(absl::StrCat(
+      "weight handle '", handle, "' is not registered on this server",
+      tenant.id.empty() ? "" : absl::StrCat(" for tenant '", tenant.id, "'"), " (see ListWeights",
+      tenant.id.empty() ? "" : ", which lists this tenant's weights; handles are per tenant",
+      "; handles do not survive a restart)"));
 }
 
 std::string LabelOf(absl::string_view name, absl::string_view handle, std::int64_t v,
@@ -56,6 +61,7 @@ BudgetReservation& BudgetReservation::operator=(BudgetReservation&& o) noexcept 
   if (this != &o) {
     Reset();
     registry_ = std::exchange(o.registry_, nullptr);
+    tenant_ = std::move(o.tenant_);
     bytes_ = std::exchange(o.bytes_, 0);
   }
   return *this;
@@ -64,8 +70,9 @@ BudgetReservation& BudgetReservation::operator=(BudgetReservation&& o) noexcept 
 BudgetReservation::~BudgetReservation() { Reset(); }
 
 void BudgetReservation::Reset() {
-  if (registry_ != nullptr) registry_->ReturnReservation(bytes_);
+  if (registry_ != nullptr) registry_->ReturnReservation(tenant_, bytes_);
   registry_ = nullptr;
+  tenant_.clear();
   bytes_ = 0;
 }
 
@@ -111,12 +118,37 @@ std::uint64_t WeightRegistry::GradientBytes(std::int64_t v, std::int64_t k) {
   return static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(k) * 4u;
 }
 
+std::size_t WeightRegistry::weight_count() const {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
+}
+
 std::uint64_t WeightRegistry::bytes_in_use() const {
   absl::MutexLock lock(&mu_);
   return in_use_;
 }
 
-absl::Status WeightRegistry::Charge(std::uint64_t bytes, absl::string_view what) {
+std::uint64_t WeightRegistry::tenant_bytes_in_use(absl::string_view tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tenant_in_use_.find(tenant);
+  return it == tenant_in_use_.end() ? 0 : it->second;
+}
+
+absl::Status WeightRegistry::Charge(const Tenant& tenant, std::uint64_t bytes,
+                                    absl::string_view what) {
+  auto it = tenant_in_use_.find(tenant.id);
+  const std::uint64_t tenant_in_use = it == tenant_in_use_.end() ? 0 : it->second;
+  const std::uint64_t quota = tenant.quota_bytes;
+  if (quota > 0 && (bytes > quota || tenant_in_use > quota - bytes)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s needs %d bytes, but %s has a weight quota of %d bytes with %d in use (%d "
+        "free); release this tenant's weights, or ask the server's operator to raise the "
+        "tenant quota (--tenant_quota_bytes, or the third column of the --auth_tokens file)",
+        what, bytes,
+        tenant.id.empty() ? std::string("the default tenant")
+                          : absl::StrCat("tenant '", tenant.id, "'"),
+        quota, tenant_in_use, quota - std::min(tenant_in_use, quota)));
+  }
   if (bytes > budget_bytes_ || in_use_ > budget_bytes_ - bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s needs %d bytes, but the weight budget is %d bytes with %d in use (%d free); "
@@ -124,23 +156,32 @@ absl::Status WeightRegistry::Charge(std::uint64_t bytes, absl::string_view what)
         what, bytes, budget_bytes_, in_use_, budget_bytes_ - std::min(in_use_, budget_bytes_)));
   }
   in_use_ += bytes;
+  if (bytes > 0) tenant_in_use_[tenant.id] += bytes;
   return absl::OkStatus();
 }
 
-void WeightRegistry::Refund(std::uint64_t bytes) { in_use_ -= std::min(bytes, in_use_); }
-
-void WeightRegistry::ReturnReservation(std::uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
-  Refund(bytes);
+void WeightRegistry::Refund(const std::string& tenant, std::uint64_t bytes) {
+  in_use_ -= std::min(bytes, in_use_);
+  auto it = tenant_in_use_.find(tenant);
+  if (it == tenant_in_use_.end()) return;
+  it->second -= std::min(bytes, it->second);
+  if (it->second == 0) tenant_in_use_.erase(it);
 }
 
-absl::StatusOr<BudgetReservation> WeightRegistry::ReserveWeight(absl::string_view label,
+void WeightRegistry::ReturnReservation(const std::string& tenant, std::uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  Refund(tenant, bytes);
+}
+
+absl::StatusOr<BudgetReservation> WeightRegistry::ReserveWeight(const Tenant& tenant,
+                                                                absl::string_view label,
                                                                 std::int64_t v, std::int64_t k) {
   const std::uint64_t bytes = WeightBytes(v, k);
   absl::MutexLock lock(&mu_);
-  absl::Status s = Charge(bytes, absl::StrCat("weight ", label, " bf16 ", ShapeString({v, k})));
+  absl::Status s =
+      Charge(tenant, bytes, absl::StrCat("weight ", label, " bf16 ", ShapeString({v, k})));
   if (!s.ok()) return s;
-  return BudgetReservation(this, bytes);
+  return BudgetReservation(this, tenant.id, bytes);
 }
 
 WeightRecord WeightRegistry::Snapshot(const Entry& e) {
@@ -157,19 +198,22 @@ WeightRecord WeightRegistry::Snapshot(const Entry& e) {
   return r;
 }
 
-InsertResult WeightRegistry::Insert(BudgetReservation reservation, const std::string& handle,
-                                    const std::string& name, std::int64_t v, std::int64_t k,
-                                    std::uint64_t xxh3, std::shared_ptr<kernels::Weight> weight) {
+InsertResult WeightRegistry::Insert(const Tenant& tenant, BudgetReservation reservation,
+                                    const std::string& handle, const std::string& name,
+                                    std::int64_t v, std::int64_t k, std::uint64_t xxh3,
+                                    std::shared_ptr<kernels::Weight> weight) {
   absl::MutexLock lock(&mu_);
-  auto it = entries_.find(handle);
+  Key key(tenant.id, handle);
+  auto it = entries_.find(key);
   if (it != entries_.end()) {
     // The reservation's destructor would take mu_ again: return its bytes here.
-    Refund(reservation.bytes_);
+    Refund(reservation.tenant_, reservation.bytes_);
     reservation.registry_ = nullptr;
     ++it->second->registrations;
     return InsertResult{Snapshot(*it->second), true};
   }
   auto e = std::make_shared<Entry>();
+  e->tenant = tenant.id;
   e->handle = handle;
   e->name = name;
   e->v = v;
@@ -179,46 +223,52 @@ InsertResult WeightRegistry::Insert(BudgetReservation reservation, const std::st
   // The reservation's bytes now belong to the entry.
   e->weight_bytes = reservation.bytes_;
   reservation.registry_ = nullptr;
-  entries_.emplace(handle, e);
+  entries_.emplace(std::move(key), e);
   return InsertResult{Snapshot(*e), false};
 }
 
-absl::StatusOr<WeightRecord> WeightRegistry::Find(absl::string_view handle) const {
+absl::StatusOr<WeightRecord> WeightRegistry::Find(const Tenant& tenant,
+                                                  absl::string_view handle) const {
   absl::MutexLock lock(&mu_);
-  auto it = entries_.find(handle);
+  auto it = entries_.find(Key(tenant.id, handle));
   if (it == entries_.end()) {
-    return HandleNotFound(handle);
+    return HandleNotFound(tenant, handle);
   }
   return Snapshot(*it->second);
 }
 
-absl::StatusOr<WeightRecord> WeightRegistry::AddRegistration(absl::string_view handle) {
+absl::StatusOr<WeightRecord> WeightRegistry::AddRegistration(const Tenant& tenant,
+                                                             absl::string_view handle) {
   absl::MutexLock lock(&mu_);
-  auto it = entries_.find(handle);
+  auto it = entries_.find(Key(tenant.id, handle));
   if (it == entries_.end()) {
-    return HandleNotFound(handle);
+    return HandleNotFound(tenant, handle);
   }
   ++it->second->registrations;
   return Snapshot(*it->second);
 }
 
-std::vector<WeightRecord> WeightRegistry::List() const {
+std::vector<WeightRecord> WeightRegistry::List(const Tenant& tenant) const {
   absl::MutexLock lock(&mu_);
   std::vector<WeightRecord> out;
-  out.reserve(entries_.size());
-  for (const auto& [handle, e] : entries_) out.push_back(Snapshot(*e));
+  // Keys sort by tenant first: the tenant's entries are one run, in handle order.
+  for (auto it = entries_.lower_bound(Key(tenant.id, std::string()));
+       it != entries_.end() && it->first.first == tenant.id; ++it) {
+    out.push_back(Snapshot(*it->second));
+  }
   return out;
 }
 
-absl::StatusOr<WeightRegistry::Released> WeightRegistry::Release(absl::string_view handle,
+absl::StatusOr<WeightRegistry::Released> WeightRegistry::Release(const Tenant& tenant,
+                                                                 absl::string_view handle,
                                                                  bool force) {
   std::shared_ptr<Entry> e;
   std::uint64_t freed = 0;
   {
     absl::MutexLock lock(&mu_);
-    auto it = entries_.find(handle);
+    auto it = entries_.find(Key(tenant.id, handle));
     if (it == entries_.end()) {
-      return HandleNotFound(handle);
+      return HandleNotFound(tenant, handle);
     }
     if (!force && it->second->registrations > 1) {
       --it->second->registrations;
@@ -227,7 +277,7 @@ absl::StatusOr<WeightRegistry::Released> WeightRegistry::Release(absl::string_vi
     e = std::move(it->second);
     entries_.erase(it);
     freed = e->weight_bytes + (e->gradient_charged ? GradientBytes(e->v, e->k) : 0);
-    Refund(freed);
+    Refund(e->tenant, freed);
     e->released = true;
     e->gradient_charged = false;
     // In-flight calls hold their own reference to the backend's weight.
@@ -237,16 +287,17 @@ absl::StatusOr<WeightRegistry::Released> WeightRegistry::Release(absl::string_vi
   return Released{freed, 0};
 }
 
-absl::StatusOr<GradientTicket> WeightRegistry::BeginAccumulate(absl::string_view handle) {
+absl::StatusOr<GradientTicket> WeightRegistry::BeginAccumulate(const Tenant& tenant,
+                                                               absl::string_view handle) {
   absl::MutexLock lock(&mu_);
-  auto it = entries_.find(handle);
+  auto it = entries_.find(Key(tenant.id, handle));
   if (it == entries_.end()) {
-    return HandleNotFound(handle);
+    return HandleNotFound(tenant, handle);
   }
   Entry& e = *it->second;
   if (!e.gradient_charged) {
     absl::Status s = Charge(
-        GradientBytes(e.v, e.k),
+        tenant, GradientBytes(e.v, e.k),
         absl::StrCat("the fp32 gradient buffer of weight ", LabelOf(e.name, e.handle, e.v, e.k)));
     if (!s.ok()) return s;
     e.gradient_charged = true;
@@ -263,7 +314,7 @@ void WeightRegistry::EndAccumulate(Entry& e) {
   // buffer (they all failed), the charge was for nothing.
   if (e.weight == nullptr || e.weight->gradient_bytes() == 0) {
     e.gradient_charged = false;
-    Refund(GradientBytes(e.v, e.k));
+    Refund(e.tenant, GradientBytes(e.v, e.k));
   }
 }
 

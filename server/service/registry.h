@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -17,6 +18,16 @@
 #include "server/kernels/backend.h"
 
 namespace logitd::service {
+
+// Who a call acts for. Weights and their gradient buffers belong to one
+// tenant: another tenant cannot see or use them, even with the right handle.
+struct Tenant {
+  // "" for the single default tenant of a server without --auth_tokens.
+  std::string id;
+  // Bytes of weights and gradient buffers this tenant may hold at most; 0 =
+  // only the server's budget applies.
+  std::uint64_t quota_bytes = 0;
+};
 
 class WeightRegistry;
 namespace registry_internal {
@@ -59,11 +70,12 @@ class BudgetReservation {
 
  private:
   friend class WeightRegistry;
-  BudgetReservation(WeightRegistry* registry, std::uint64_t bytes)
-      : registry_(registry), bytes_(bytes) {}
+  BudgetReservation(WeightRegistry* registry, std::string tenant, std::uint64_t bytes)
+      : registry_(registry), tenant_(std::move(tenant)), bytes_(bytes) {}
   void Reset();
 
   WeightRegistry* registry_ = nullptr;
+  std::string tenant_;
   std::uint64_t bytes_ = 0;
 };
 
@@ -97,9 +109,10 @@ struct InsertResult {
   bool already_registered = false;
 };
 
-// Thread-safe. Entries are keyed by handle alone today; per-tenant tables
-// (issue 6) will key by (tenant, handle) and give each tenant its own budget,
-// which is why the budget arithmetic lives in one place (Charge/Refund).
+// Thread-safe. Entries are keyed by (tenant, handle): every lookup names the
+// tenant, so one tenant's handle is NotFound for another. Bytes are charged
+// to the server's budget and to the tenant's quota in one place
+// (Charge/Refund).
 class WeightRegistry {
  public:
   explicit WeightRegistry(std::uint64_t budget_bytes);
@@ -116,28 +129,34 @@ class WeightRegistry {
   static std::uint64_t GradientBytes(std::int64_t v, std::int64_t k);
 
   std::uint64_t budget_bytes() const { return budget_bytes_; }
+  // All tenants together.
   std::uint64_t bytes_in_use() const;
+  std::uint64_t tenant_bytes_in_use(absl::string_view tenant) const;
+  // Weights held, all tenants together.
+  std::size_t weight_count() const;
 
-  // Charges a weight [v, k] of `label` to the budget before any of its bytes
-  // are received. ResourceExhausted, naming the budget, the bytes in use and
-  // the bytes asked, when it does not fit.
-  absl::StatusOr<BudgetReservation> ReserveWeight(absl::string_view label, std::int64_t v,
-                                                  std::int64_t k);
+  // Charges a weight [v, k] of `label` to the budget and to the tenant's
+  // quota before any of its bytes are received. ResourceExhausted, naming the
+  // quota or the budget, the bytes in use and the bytes asked, when it does
+  // not fit.
+  absl::StatusOr<BudgetReservation> ReserveWeight(const Tenant& tenant, absl::string_view label,
+                                                  std::int64_t v, std::int64_t k);
 
-  // Adds a loaded weight under `handle`, its budget taken from `reservation`.
-  // When the handle exists already (a concurrent registration of the same
-  // bytes won), returns that entry and drops `weight` and the reservation.
-  InsertResult Insert(BudgetReservation reservation, const std::string& handle,
-                      const std::string& name, std::int64_t v, std::int64_t k, std::uint64_t xxh3,
-                      std::shared_ptr<kernels::Weight> weight);
+  // Adds a loaded weight of `tenant` under `handle`, its budget taken from
+  // `reservation` (made for the same tenant). When the tenant holds the
+  // handle already (a concurrent registration of the same bytes won), returns
+  // that entry and drops `weight` and the reservation.
+  InsertResult Insert(const Tenant& tenant, BudgetReservation reservation,
+                      const std::string& handle, const std::string& name, std::int64_t v,
+                      std::int64_t k, std::uint64_t xxh3, std::shared_ptr<kernels::Weight> weight);
 
-  // NotFound naming the handle.
-  absl::StatusOr<WeightRecord> Find(absl::string_view handle) const;
-  // Counts one more registration of a weight already held (its bytes were
-  // sent again and matched). NotFound when it is not held.
-  absl::StatusOr<WeightRecord> AddRegistration(absl::string_view handle);
-  // In handle order.
-  std::vector<WeightRecord> List() const;
+  // NotFound naming the handle, also when another tenant holds it.
+  absl::StatusOr<WeightRecord> Find(const Tenant& tenant, absl::string_view handle) const;
+  // Counts one more registration of a weight the tenant holds already (its
+  // bytes were sent again and matched). NotFound when it is not held.
+  absl::StatusOr<WeightRecord> AddRegistration(const Tenant& tenant, absl::string_view handle);
+  // The tenant's weights, in handle order.
+  std::vector<WeightRecord> List(const Tenant& tenant) const;
   // Takes one registration away (all of them when `force`); when none is
   // left, removes the entry and returns the bytes it had charged to the
   // budget. Calls holding the weight finish normally; its storage goes with
@@ -146,29 +165,35 @@ class WeightRegistry {
     std::uint64_t bytes_freed = 0;
     std::uint32_t registrations_left = 0;
   };
-  absl::StatusOr<Released> Release(absl::string_view handle, bool force = false);
+  absl::StatusOr<Released> Release(const Tenant& tenant, absl::string_view handle,
+                                   bool force = false);
 
-  // Charges the weight's fp32 gradient buffer to the budget unless it is
-  // already charged. ResourceExhausted when it does not fit; NotFound for an
-  // unknown handle. Hold the ticket for the duration of the backend call.
-  absl::StatusOr<GradientTicket> BeginAccumulate(absl::string_view handle);
+  // Charges the weight's fp32 gradient buffer to the budget and the tenant's
+  // quota unless it is already charged. ResourceExhausted when it does not
+  // fit; NotFound for a handle the tenant does not hold. Hold the ticket for
+  // the duration of the backend call.
+  absl::StatusOr<GradientTicket> BeginAccumulate(const Tenant& tenant, absl::string_view handle);
 
  private:
   friend class BudgetReservation;
   friend class GradientTicket;
   using Entry = registry_internal::Entry;
+  // (tenant id, handle).
+  using Key = std::pair<std::string, std::string>;
 
-  absl::Status Charge(std::uint64_t bytes, absl::string_view what)
+  absl::Status Charge(const Tenant& tenant, std::uint64_t bytes, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Refund(std::uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReturnReservation(std::uint64_t bytes);
+  void Refund(const std::string& tenant, std::uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReturnReservation(const std::string& tenant, std::uint64_t bytes);
   void EndAccumulate(Entry& entry);
   static WeightRecord Snapshot(const Entry& entry);
 
   const std::uint64_t budget_bytes_;
   mutable absl::Mutex mu_;
   std::uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_ ABSL_GUARDED_BY(mu_);
+  // Bytes charged per tenant; a tenant with nothing charged has no entry.
+  std::map<std::string, std::uint64_t, std::less<>> tenant_in_use_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace logitd::service

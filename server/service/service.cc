@@ -1,6 +1,10 @@
 #include "server/service/service.h"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +26,8 @@ namespace logitd::service {
 namespace {
 
 constexpr std::size_t kMaxLoggedMessage = 300;
+// Trailing metadata key of a call's server-side time split.
+constexpr absl::string_view kTimingTrailer = "logitd-timing";
 
 // Reads the call's first message, which must be its header.
 template <typename Request, typename Stream>
@@ -39,14 +45,18 @@ absl::Status ReadHeader(Stream* stream, Request* first, std::uint64_t* bytes_in)
 
 // Feeds the rest of the request stream into `assembler` and checks that
 // every announced tensor arrived whole and undamaged.
-template <typename Request, typename Stream>
+template <typename Request, typename Stream, typename Stats>
 absl::Status ReceiveChunks(grpc::ServerContext* context, Stream* stream, wire::Assembler* assembler,
-                           std::uint64_t* bytes_in) {
+                           Stats* stats) {
   Request msg;
   while (stream->Read(&msg)) {
-    *bytes_in += msg.ByteSizeLong();
+    // A client gone mid-stream (or past its deadline) is noticed between
+    // chunks, not only when the stream ends.
+    if (context->IsCancelled()) break;
+    stats->bytes_in += msg.ByteSizeLong();
     switch (msg.part_case()) {
       case Request::kChunk:
+        stats->tensor_bytes_in += msg.chunk().data().size();
         LOGITD_RETURN_IF_ERROR(assembler->Add(msg.chunk()));
         break;
       case Request::kHeader:
@@ -73,38 +83,127 @@ absl::Status WriteMessage(Stream* stream, const Response& response, std::uint64_
 }
 
 // Streams `bytes` of `buffer` as chunks of `name`.
-template <typename Response, typename Stream>
+template <typename Response, typename Stream, typename Stats>
 absl::Status SendTensor(Stream* stream, absl::string_view name, const kernels::HostBuffer& buffer,
-                        std::uint64_t bytes, std::size_t chunk_bytes, std::uint64_t* bytes_out) {
+                        std::uint64_t bytes, std::size_t chunk_bytes, Stats* stats) {
   return wire::SendChunks(name, buffer.data(), static_cast<std::size_t>(bytes), chunk_bytes,
                           [&](v1::TensorChunk&& chunk) {
                             Response r;
                             *r.mutable_chunk() = std::move(chunk);
-                            *bytes_out += r.ByteSizeLong();
+                            stats->bytes_out += r.ByteSizeLong();
+                            stats->tensor_bytes_out += r.chunk().data().size();
                             return stream->Write(r);
                           });
 }
 
 v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
-                          const std::vector<std::int64_t>& shape, const kernels::HostBuffer& buffer,
+                          const std::vector<std::int64_t>& shape, const void* data,
                           std::uint64_t bytes) {
   v1::TensorSpec spec;
   spec.set_name(std::string(name));
   spec.set_dtype(wire::ToProto(dtype));
   for (std::int64_t d : shape) spec.add_shape(d);
-  spec.set_xxh3(Xxh3(buffer.data(), static_cast<std::size_t>(bytes)));
+  spec.set_xxh3(Xxh3(data, static_cast<std::size_t>(bytes)));
   return spec;
+}
+
+v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
+                          const std::vector<std::int64_t>& shape, const kernels::HostBuffer& buffer,
+                          std::uint64_t bytes) {
+  return OutputSpec(name, dtype, shape, static_cast<const void*>(buffer.data()), bytes);
+}
+
+// Where an output written to shared memory lies, for the result message.
+void FillShmRef(const std::string& region, const ShmSlice& slice, std::uint64_t bytes,
+                v1::ShmRef* out) {
+  out->set_region(region);
+  out->set_offset(slice.offset);
+  out->set_bytes(bytes);
+}
+
+// An input tensor read from shared memory: copied out of the region, then
+// its digest checked against the spec (validated already, so its dtype and
+// shape give exactly slice.bytes), as for a streamed tensor: DataLoss when
+// the bytes are not the ones the spec describes.
+absl::StatusOr<Tensor> ReadShmTensor(const v1::TensorSpec& spec, const ShmSlice& slice) {
+  LOGITD_ASSIGN_OR_RETURN(const DType dtype, wire::FromProto(spec.dtype()));
+  LOGITD_ASSIGN_OR_RETURN(
+      Tensor t,
+      Tensor::Create(dtype, std::vector<std::int64_t>(spec.shape().begin(), spec.shape().end())));
+  if (t.nbytes() != slice.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("'", spec.name(), "': shm bytes ", slice.bytes,
+                                                   " is not the ", t.nbytes(),
+                                                   " bytes its spec takes"));
+  }
+  std::memcpy(t.bytes(), slice.data, t.nbytes());
+  const std::uint64_t got = t.Digest();
+  if (got != spec.xxh3()) {
+    return absl::DataLossError(absl::StrFormat(
+        "'%s': xxh3 of the %d bytes read from shared memory (region offset %d) is %016x, the spec "
+        "says %016x: the region was changed after the spec was computed",
+        spec.name(), slice.bytes, slice.offset, got, spec.xxh3()));
+  }
+  return t;
 }
 
 std::int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 
-void FillTiming(std::int64_t receive_us, const kernels::Timing& t, v1::Timing* out) {
-  out->set_queue_us(0);
+// Admits a call that will hold `bytes` of request memory (see admission.h),
+// waiting at most until its deadline; records a wait as its queue time.
+template <typename Stats>
+absl::StatusOr<AdmissionTicket> AdmitCall(RequestAdmission& admission, grpc::ServerContext* context,
+                                          absl::string_view what, std::uint64_t bytes,
+                                          Stats* stats) {
+  LOGITD_ASSIGN_OR_RETURN(AdmissionTicket ticket,
+                          admission.Admit(what, bytes, absl::FromChrono(context->deadline()),
+                                          [context] { return context->IsCancelled(); }));
+  if (ticket.waited() > absl::ZeroDuration()) stats->queue_us = Micros(ticket.waited());
+  return ticket;
+}
+
+// Fills the result's Timing and the call's stats for its trailer, and starts
+// the send clock: called just before the result message is written.
+template <typename Stats>
+void FillTiming(std::int64_t receive_us, const kernels::Timing& t, v1::Timing* out, Stats* stats) {
+  out->set_queue_us(std::max<std::int64_t>(stats->queue_us, 0));
   out->set_receive_us(receive_us);
   out->set_h2d_us(t.h2d_us);
   out->set_compute_us(t.compute_us);
   out->set_d2h_us(t.d2h_us);
+  stats->receive_us = receive_us;
+  stats->compute_us = t.compute_us;
+  if (t.transfers_measured) {
+    stats->h2d_us = t.h2d_us;
+    stats->d2h_us = t.d2h_us;
+  }
+  stats->send_start = absl::Now();
 }
+
+// The "logitd-timing" trailer: the measured parts only, in a fixed order.
+std::string TimingTrailer(std::initializer_list<std::pair<absl::string_view, std::int64_t>> parts) {
+  std::string out;
+  for (const auto& [key, us] : parts) {
+    if (us < 0) continue;
+    absl::StrAppend(&out, out.empty() ? "" : ",", key, "=", us);
+  }
+  return out;
+}
+
+// Counts a call in logitd_inflight_requests while it runs.
+class InflightCall {
+ public:
+  explicit InflightCall(Metrics* metrics) : metrics_(metrics) {
+    if (metrics_ != nullptr) metrics_->CallStarted();
+  }
+  ~InflightCall() {
+    if (metrics_ != nullptr) metrics_->CallFinished();
+  }
+  InflightCall(const InflightCall&) = delete;
+  InflightCall& operator=(const InflightCall&) = delete;
+
+ private:
+  Metrics* metrics_;
+};
 
 WeightDims DimsOf(const WeightRecord& w) { return WeightDims{w.v, w.k, w.Label()}; }
 
@@ -122,9 +221,16 @@ void FillWeightInfo(const WeightRecord& w, bool already_registered, v1::WeightIn
 
 // The weight a call names: a missing handle is InvalidArgument, an unknown
 // one NotFound.
-absl::StatusOr<WeightRecord> FindWeight(const WeightRegistry& registry, absl::string_view handle) {
+absl::StatusOr<WeightRecord> FindWeight(const WeightRegistry& registry, const Tenant& tenant,
+                                        absl::string_view handle) {
   LOGITD_RETURN_IF_ERROR(ValidateHandle(handle));
-  return registry.Find(handle);
+  return registry.Find(tenant, handle);
+}
+
+// Without --auth_tokens: no tokens, loopback peers only.
+std::shared_ptr<Authenticator> DefaultAuthenticator() {
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(AuthOptions{});
+  return auth.ok() ? std::shared_ptr<Authenticator>(std::move(*auth)) : nullptr;
 }
 
 }  // namespace
@@ -132,8 +238,11 @@ absl::StatusOr<WeightRecord> FindWeight(const WeightRegistry& registry, absl::st
 LogitdService::LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceOptions options)
     : backend_(std::move(backend)),
       options_(options),
+      auth_(options.auth != nullptr ? options.auth : DefaultAuthenticator()),
       registry_(options.weight_budget_bytes),
-      faults_(options.faults) {}
+      faults_(options.faults),
+      admission_(options.admission),
+      shm_(options.shm) {}
 
 LogitdService::~LogitdService() = default;
 
@@ -141,19 +250,46 @@ template <typename Body>
 grpc::Status LogitdService::Run(absl::string_view method, grpc::ServerContext* context,
                                 Body&& body) {
   const absl::Time start = absl::Now();
+  const InflightCall inflight(options_.metrics);
   CallStats stats;
-  absl::Status status = body(&stats);
+  // The one authentication step of every logitd.v1 call: the body runs only
+  // for an authenticated caller, and acts for its tenant.
+  absl::Status status;
+  if (absl::StatusOr<Tenant> tenant = auth_->Authenticate(*context); tenant.ok()) {
+    stats.tenant = *std::move(tenant);
+    status = body(&stats);
+  } else {
+    status = tenant.status();
+  }
+  const absl::Time end = absl::Now();
+  const std::int64_t send_us = stats.send_start ? Micros(end - *stats.send_start) : -1;
+  context->AddTrailingMetadata(std::string(kTimingTrailer),
+                               TimingTrailer({{"queue_us", stats.queue_us},
+                                              {"receive_us", stats.receive_us},
+                                              {"h2d_us", stats.h2d_us},
+                                              {"compute_us", stats.compute_us},
+                                              {"d2h_us", stats.d2h_us},
+                                              {"send_us", send_us},
+                                              {"total_us", Micros(end - start)}}));
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled && context->IsCancelled()) {
     // The failure is a consequence of the client going away, not its cause.
     status = absl::CancelledError(
         absl::StrCat("call cancelled by the client or its deadline (", status.message(), ")"));
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordCall(method, absl::StatusCodeToString(status.code()),
+                                 absl::ToDoubleSeconds(end - start), stats.tensor_bytes_in,
+                                 stats.tensor_bytes_out);
   }
   const LogLevel level = status.ok() ? LogLevel::kInfo : LogLevel::kWarning;
   if (LogEnabled(level)) {
     std::string line =
         absl::StrFormat("rpc=%s code=%s in=%d out=%d ms=%.3f peer=%s", method,
                         absl::StatusCodeToString(status.code()), stats.bytes_in, stats.bytes_out,
-                        absl::ToDoubleMilliseconds(absl::Now() - start), context->peer());
+                        absl::ToDoubleMilliseconds(end - start), context->peer());
+    if (auth_->tokens_enabled()) {
+      absl::StrAppend(&line, " tenant=", stats.tenant.id.empty() ? "-" : stats.tenant.id);
+    }
     if (!status.ok()) {
       absl::string_view msg = status.message();
       if (msg.size() > kMaxLoggedMessage) msg = msg.substr(0, kMaxLoggedMessage);
@@ -185,6 +321,12 @@ grpc::Status LogitdService::GetServerInfo(grpc::ServerContext* context,
     response->set_chunk_bytes(options_.chunk_bytes);
     response->set_device_bytes_in_use(backend_->DeviceBytesInUse());
     response->set_split_k(info.split_k);
+    const AdmissionStats admitted = admission_.Stats();
+    response->set_request_memory_bytes(admission_.options().memory_bytes);
+    response->set_request_bytes_in_flight(admitted.bytes_in_flight);
+    response->set_request_bytes_high_water(admitted.bytes_high_water);
+    response->set_requests_in_flight(admitted.requests_in_flight);
+    response->set_max_concurrent_requests(admission_.options().max_concurrent_requests);
     stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();
   });
@@ -213,30 +355,37 @@ absl::Status LogitdService::DoRegisterWeight(grpc::ServerContext* context,
   // Charge the budget on the declared shape before a byte is received. A
   // weight held already costs nothing more: its copy will not be kept.
   BudgetReservation reservation;
-  if (!registry_.Find(handle).ok()) {
-    LOGITD_ASSIGN_OR_RETURN(reservation, registry_.ReserveWeight(label, plan.v, plan.k));
+  if (!registry_.Find(stats->tenant, handle).ok()) {
+    LOGITD_ASSIGN_OR_RETURN(reservation,
+                            registry_.ReserveWeight(stats->tenant, label, plan.v, plan.k));
   }
 
+  // The upload's assembly buffer is request memory until the backend has it.
+  LOGITD_ASSIGN_OR_RETURN(const AdmissionTicket admitted,
+                          AdmitCall(admission_, context, "register weight", plan.bytes, stats));
   wire::Assembler assembler(plan.bytes);
   LOGITD_RETURN_IF_ERROR(assembler.Expect(spec));
   LOGITD_RETURN_IF_ERROR(
-      ReceiveChunks<v1::RegisterWeightRequest>(context, reader, &assembler, &stats->bytes_in));
+      ReceiveChunks<v1::RegisterWeightRequest>(context, reader, &assembler, stats));
   LOGITD_ASSIGN_OR_RETURN(Tensor w, assembler.Take(spec.name()));
 
-  if (absl::StatusOr<WeightRecord> existing = registry_.AddRegistration(handle); existing.ok()) {
+  if (absl::StatusOr<WeightRecord> existing = registry_.AddRegistration(stats->tenant, handle);
+      existing.ok()) {
     FillWeightInfo(*existing, /*already_registered=*/true, response);
     stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();
   }
   if (!reservation.active()) {
     // It was held at the header but released while the bytes arrived.
-    LOGITD_ASSIGN_OR_RETURN(reservation, registry_.ReserveWeight(label, plan.v, plan.k));
+    LOGITD_ASSIGN_OR_RETURN(reservation,
+                            registry_.ReserveWeight(stats->tenant, label, plan.v, plan.k));
   }
   LOGITD_ASSIGN_OR_RETURN(std::shared_ptr<kernels::Weight> weight,
                           backend_->LoadWeight(w.data<Bf16Bits>(), plan.v, plan.k));
   w = Tensor();  // the host copy is not needed once the backend holds the weight
-  InsertResult inserted = registry_.Insert(std::move(reservation), handle, header.name(), plan.v,
-                                           plan.k, spec.xxh3(), std::move(weight));
+  InsertResult inserted =
+      registry_.Insert(stats->tenant, std::move(reservation), handle, header.name(), plan.v, plan.k,
+                       spec.xxh3(), std::move(weight));
   FillWeightInfo(inserted.record, inserted.already_registered, response);
   stats->bytes_out = response->ByteSizeLong();
   LogInfo(absl::StrCat(
@@ -291,12 +440,13 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
   // full budget may still take a weight it already holds: the file is read
   // only when a held weight has the same shape, and its copy is not kept.
   BudgetReservation reservation;
-  absl::StatusOr<BudgetReservation> reserved = registry_.ReserveWeight(label, plan.v, plan.k);
+  absl::StatusOr<BudgetReservation> reserved =
+      registry_.ReserveWeight(stats->tenant, label, plan.v, plan.k);
   if (reserved.ok()) {
     reservation = std::move(*reserved);
   } else {
     bool same_shape = false;
-    for (const WeightRecord& w : registry_.List()) {
+    for (const WeightRecord& w : registry_.List(stats->tenant)) {
       same_shape = same_shape || (w.v == plan.v && w.k == plan.k);
     }
     if (!same_shape) return reserved.status();
@@ -323,7 +473,8 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
           ? "bf16 as stored"
           : absl::StrCat("converted ", converted == "F16" ? "fp16" : "fp32", " -> bf16 (RNE)");
 
-  if (absl::StatusOr<WeightRecord> existing = registry_.AddRegistration(handle); existing.ok()) {
+  if (absl::StatusOr<WeightRecord> existing = registry_.AddRegistration(stats->tenant, handle);
+      existing.ok()) {
     FillWeightInfo(*existing, /*already_registered=*/true, response);
     response->set_converted_from(converted);
     stats->bytes_out = response->ByteSizeLong();
@@ -333,13 +484,15 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
     return absl::OkStatus();
   }
   if (!reservation.active()) {
-    LOGITD_ASSIGN_OR_RETURN(reservation, registry_.ReserveWeight(label, plan.v, plan.k));
+    LOGITD_ASSIGN_OR_RETURN(reservation,
+                            registry_.ReserveWeight(stats->tenant, label, plan.v, plan.k));
   }
   LOGITD_ASSIGN_OR_RETURN(std::shared_ptr<kernels::Weight> weight,
                           backend_->LoadWeight(w.data<Bf16Bits>(), plan.v, plan.k));
   w = Tensor();
-  InsertResult inserted = registry_.Insert(std::move(reservation), handle, header.name(), plan.v,
-                                           plan.k, digest, std::move(weight));
+  InsertResult inserted =
+      registry_.Insert(stats->tenant, std::move(reservation), handle, header.name(), plan.v, plan.k,
+                       digest, std::move(weight));
   FillWeightInfo(inserted.record, inserted.already_registered, response);
   response->set_converted_from(converted);
   stats->bytes_out = response->ByteSizeLong();
@@ -355,7 +508,7 @@ grpc::Status LogitdService::ListWeights(grpc::ServerContext* context,
                                         const v1::ListWeightsRequest* /*request*/,
                                         v1::ListWeightsResponse* response) {
   return Run("ListWeights", context, [&](CallStats* stats) {
-    for (const WeightRecord& w : registry_.List()) {
+    for (const WeightRecord& w : registry_.List(stats->tenant)) {
       FillWeightInfo(w, /*already_registered=*/false, response->add_weights());
     }
     stats->bytes_out = response->ByteSizeLong();
@@ -370,7 +523,7 @@ grpc::Status LogitdService::ReleaseWeight(grpc::ServerContext* context,
     stats->bytes_in = request->ByteSizeLong();
     LOGITD_RETURN_IF_ERROR(ValidateHandle(request->handle()));
     LOGITD_ASSIGN_OR_RETURN(const WeightRegistry::Released released,
-                            registry_.Release(request->handle(), request->force()));
+                            registry_.Release(stats->tenant, request->handle(), request->force()));
     response->set_bytes_freed(released.bytes_freed);
     response->set_registrations_left(released.registrations_left);
     stats->bytes_out = response->ByteSizeLong();
@@ -394,37 +547,68 @@ absl::Status LogitdService::DoLogits(
   v1::LogitsRequest first;
   LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
   const v1::LogitsHeader& header = first.header();
-  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w, FindWeight(registry_, header.weight_handle()));
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                          FindWeight(registry_, stats->tenant, header.weight_handle()));
   LOGITD_ASSIGN_OR_RETURN(const LogitsPlan plan,
                           ValidateLogits(header, DimsOf(w), options_.max_request_bytes));
+  // Shared-memory slices are checked (and the regions held) before any work.
+  std::optional<ShmSlice> x_shm;
+  std::optional<ShmSlice> y_shm;
+  if (header.has_x_shm()) {
+    LOGITD_ASSIGN_OR_RETURN(x_shm, shm_.Resolve(stats->tenant, "x", header.x_shm(), plan.x_bytes,
+                                                /*is_output=*/false, 1));
+  }
+  if (header.has_y_shm()) {
+    LOGITD_ASSIGN_OR_RETURN(y_shm, shm_.Resolve(stats->tenant, "y", header.y_shm(), plan.y_bytes,
+                                                /*is_output=*/true, ElementSize(plan.out_dtype)));
+  }
 
+  LOGITD_ASSIGN_OR_RETURN(
+      const AdmissionTicket admitted,
+      AdmitCall(admission_, context, "logits", plan.x_bytes + plan.y_bytes, stats));
   wire::Assembler assembler(options_.max_request_bytes);
-  LOGITD_RETURN_IF_ERROR(assembler.Expect(header.x()));
-  LOGITD_RETURN_IF_ERROR(
-      ReceiveChunks<v1::LogitsRequest>(context, stream, &assembler, &stats->bytes_in));
-  LOGITD_ASSIGN_OR_RETURN(Tensor x, assembler.Take(header.x().name()));
+  Tensor x;
+  if (x_shm) {
+    // Copied out before its digest is checked: the client can still write
+    // the region, and what is computed must be what was checked.
+    LOGITD_ASSIGN_OR_RETURN(x, ReadShmTensor(header.x(), *x_shm));
+    LOGITD_RETURN_IF_ERROR(ReceiveChunks<v1::LogitsRequest>(context, stream, &assembler, stats));
+  } else {
+    LOGITD_RETURN_IF_ERROR(assembler.Expect(header.x()));
+    LOGITD_RETURN_IF_ERROR(ReceiveChunks<v1::LogitsRequest>(context, stream, &assembler, stats));
+    LOGITD_ASSIGN_OR_RETURN(x, assembler.Take(header.x().name()));
+  }
   const std::int64_t receive_us = Micros(absl::Now() - start);
 
-  LOGITD_ASSIGN_OR_RETURN(kernels::HostBuffer y, backend_->AllocateHost(plan.y_bytes));
+  kernels::HostBuffer y_buffer;
+  std::byte* y = nullptr;
+  if (y_shm) {
+    y = y_shm->data;
+  } else {
+    LOGITD_ASSIGN_OR_RETURN(y_buffer, backend_->AllocateHost(plan.y_bytes));
+    y = y_buffer.data();
+  }
   kernels::LogitsArgs args;
   args.x = x.data<Bf16Bits>();
   args.m = plan.m;
   args.alpha = plan.alpha;
   args.out_dtype = plan.out_dtype;
-  args.y = y.data();
+  args.y = y;
   kernels::Timing timing;
   LOGITD_RETURN_IF_ERROR(backend_->Logits(*w.weight, args, &timing));
   x = Tensor();  // inputs go before the response is streamed
 
-  faults_.OnLogits(plan.out_dtype, y.data(), plan.y_bytes);
+  faults_.OnLogits(plan.out_dtype, y, plan.y_bytes);
   v1::LogitsResponse head;
   v1::LogitsResult* result = head.mutable_result();
   *result->mutable_y() = OutputSpec("y", plan.out_dtype, {plan.m, w.v}, y, plan.y_bytes);
   result->mutable_y()->set_xxh3(faults_.LogitsDigest(result->y().xxh3()));
-  FillTiming(receive_us, timing, result->mutable_timing());
+  if (y_shm) FillShmRef(header.y_shm().region(), *y_shm, plan.y_bytes, result->mutable_y_shm());
+  FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
-  return SendTensor<v1::LogitsResponse>(stream, "y", y, plan.y_bytes, options_.chunk_bytes,
-                                        &stats->bytes_out);
+  if (y_shm) return absl::OkStatus();
+  return SendTensor<v1::LogitsResponse>(stream, "y", y_buffer, plan.y_bytes, options_.chunk_bytes,
+                                        stats);
 }
 
 grpc::Status LogitdService::Backward(
@@ -441,41 +625,94 @@ absl::Status LogitdService::DoBackward(
   v1::BackwardRequest first;
   LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
   const v1::BackwardHeader& header = first.header();
-  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w, FindWeight(registry_, header.weight_handle()));
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                          FindWeight(registry_, stats->tenant, header.weight_handle()));
   LOGITD_ASSIGN_OR_RETURN(const BackwardPlan plan,
                           ValidateBackward(header, DimsOf(w), options_.max_request_bytes));
   // The gradient buffer is charged to the budget before the backend may
   // create it, and before any of the request's bytes are received.
   GradientTicket gradient;
   if (plan.accumulate_dw) {
-    LOGITD_ASSIGN_OR_RETURN(gradient, registry_.BeginAccumulate(w.handle));
+    LOGITD_ASSIGN_OR_RETURN(gradient, registry_.BeginAccumulate(stats->tenant, w.handle));
   }
 
+  // Shared-memory slices are checked (and the regions held) before any work.
+  std::optional<ShmSlice> dy_shm;
+  std::optional<ShmSlice> x_shm;
+  std::optional<ShmSlice> dx_shm;
+  std::optional<ShmSlice> dw_shm;
+  if (header.has_dy_shm()) {
+    LOGITD_ASSIGN_OR_RETURN(dy_shm, shm_.Resolve(stats->tenant, "dy", header.dy_shm(),
+                                                 plan.dy_bytes, /*is_output=*/false, 1));
+  }
+  if (header.has_x_shm()) {
+    LOGITD_ASSIGN_OR_RETURN(x_shm, shm_.Resolve(stats->tenant, "x", header.x_shm(), plan.x_bytes,
+                                                /*is_output=*/false, 1));
+  }
+  if (header.has_dx_shm()) {
+    if (!plan.want_dx) {
+      return absl::InvalidArgumentError("dx_shm: given, but dX is not asked for (want_dx)");
+    }
+    LOGITD_ASSIGN_OR_RETURN(dx_shm,
+                            shm_.Resolve(stats->tenant, "dx", header.dx_shm(), plan.dx_bytes,
+                                         /*is_output=*/true, ElementSize(plan.dx_dtype)));
+  }
+  if (header.has_dw_shm()) {
+    if (!plan.returns_dw()) {
+      return absl::InvalidArgumentError(
+          "dw_shm: given, but dW is not returned (want_dw without accumulate_dw)");
+    }
+    LOGITD_ASSIGN_OR_RETURN(dw_shm,
+                            shm_.Resolve(stats->tenant, "dw", header.dw_shm(), plan.dw_bytes,
+                                         /*is_output=*/true, ElementSize(plan.dw_dtype)));
+  }
+
+  LOGITD_ASSIGN_OR_RETURN(
+      const AdmissionTicket admitted,
+      AdmitCall(admission_, context, "backward",
+                plan.dy_bytes + plan.x_bytes + plan.dx_bytes + plan.dw_bytes, stats));
   wire::Assembler assembler(options_.max_request_bytes);
-  LOGITD_RETURN_IF_ERROR(assembler.Expect(header.dy()));
-  LOGITD_RETURN_IF_ERROR(assembler.Expect(header.x()));
-  LOGITD_RETURN_IF_ERROR(
-      ReceiveChunks<v1::BackwardRequest>(context, stream, &assembler, &stats->bytes_in));
-  LOGITD_ASSIGN_OR_RETURN(Tensor dy, assembler.Take(header.dy().name()));
-  LOGITD_ASSIGN_OR_RETURN(Tensor x, assembler.Take(header.x().name()));
+  Tensor dy;
+  Tensor x;
+  if (dy_shm) {
+    LOGITD_ASSIGN_OR_RETURN(dy, ReadShmTensor(header.dy(), *dy_shm));
+  } else {
+    LOGITD_RETURN_IF_ERROR(assembler.Expect(header.dy()));
+  }
+  if (x_shm) {
+    LOGITD_ASSIGN_OR_RETURN(x, ReadShmTensor(header.x(), *x_shm));
+  } else {
+    LOGITD_RETURN_IF_ERROR(assembler.Expect(header.x()));
+  }
+  LOGITD_RETURN_IF_ERROR(ReceiveChunks<v1::BackwardRequest>(context, stream, &assembler, stats));
+  if (!dy_shm) {
+    LOGITD_ASSIGN_OR_RETURN(dy, assembler.Take(header.dy().name()));
+  }
+  if (!x_shm) {
+    LOGITD_ASSIGN_OR_RETURN(x, assembler.Take(header.x().name()));
+  }
   const std::int64_t receive_us = Micros(absl::Now() - start);
 
-  kernels::HostBuffer dx;
-  kernels::HostBuffer dw;
-  if (plan.want_dx) {
-    LOGITD_ASSIGN_OR_RETURN(dx, backend_->AllocateHost(plan.dx_bytes));
+  kernels::HostBuffer dx_buffer;
+  kernels::HostBuffer dw_buffer;
+  std::byte* dx = dx_shm ? dx_shm->data : nullptr;
+  std::byte* dw = dw_shm ? dw_shm->data : nullptr;
+  if (plan.want_dx && !dx_shm) {
+    LOGITD_ASSIGN_OR_RETURN(dx_buffer, backend_->AllocateHost(plan.dx_bytes));
+    dx = dx_buffer.data();
   }
-  if (plan.returns_dw()) {
-    LOGITD_ASSIGN_OR_RETURN(dw, backend_->AllocateHost(plan.dw_bytes));
+  if (plan.returns_dw() && !dw_shm) {
+    LOGITD_ASSIGN_OR_RETURN(dw_buffer, backend_->AllocateHost(plan.dw_bytes));
+    dw = dw_buffer.data();
   }
   kernels::BackwardArgs args;
   args.dy = dy.bytes();
   args.dy_dtype = plan.dy_dtype;
   args.x = x.data<Bf16Bits>();
   args.m = plan.m;
-  args.dx = plan.want_dx ? dx.data() : nullptr;
+  args.dx = plan.want_dx ? dx : nullptr;
   args.dx_dtype = plan.dx_dtype;
-  args.dw = plan.returns_dw() ? dw.data() : nullptr;
+  args.dw = plan.returns_dw() ? dw : nullptr;
   args.dw_dtype = plan.dw_dtype;
   args.accumulate_dw = plan.accumulate_dw;
   kernels::Timing timing;
@@ -486,22 +723,28 @@ absl::Status LogitdService::DoBackward(
   v1::BackwardResponse head;
   v1::BackwardResult* result = head.mutable_result();
   if (plan.want_dx) {
-    faults_.OnDx(dx.data(), plan.dx_bytes);
+    faults_.OnDx(dx, plan.dx_bytes);
     *result->mutable_dx() = OutputSpec("dx", plan.dx_dtype, {plan.m, w.k}, dx, plan.dx_bytes);
+    if (dx_shm) {
+      FillShmRef(header.dx_shm().region(), *dx_shm, plan.dx_bytes, result->mutable_dx_shm());
+    }
   }
   if (plan.returns_dw()) {
-    faults_.OnDw(dw.data(), plan.dw_bytes);
+    faults_.OnDw(dw, plan.dw_bytes);
     *result->mutable_dw() = OutputSpec("dw", plan.dw_dtype, {w.v, w.k}, dw, plan.dw_bytes);
+    if (dw_shm) {
+      FillShmRef(header.dw_shm().region(), *dw_shm, plan.dw_bytes, result->mutable_dw_shm());
+    }
   }
-  FillTiming(receive_us, timing, result->mutable_timing());
+  FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
-  if (plan.want_dx) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::BackwardResponse>(
-        stream, "dx", dx, plan.dx_bytes, options_.chunk_bytes, &stats->bytes_out));
+  if (plan.want_dx && !dx_shm) {
+    LOGITD_RETURN_IF_ERROR(SendTensor<v1::BackwardResponse>(stream, "dx", dx_buffer, plan.dx_bytes,
+                                                            options_.chunk_bytes, stats));
   }
-  if (plan.returns_dw()) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::BackwardResponse>(
-        stream, "dw", dw, plan.dw_bytes, options_.chunk_bytes, &stats->bytes_out));
+  if (plan.returns_dw() && !dw_shm) {
+    LOGITD_RETURN_IF_ERROR(SendTensor<v1::BackwardResponse>(stream, "dw", dw_buffer, plan.dw_bytes,
+                                                            options_.chunk_bytes, stats));
   }
   return absl::OkStatus();
 }
@@ -517,7 +760,8 @@ absl::Status LogitdService::DoFetchGradient(const v1::FetchGradientRequest& requ
                                             grpc::ServerWriter<v1::FetchGradientResponse>* writer,
                                             CallStats* stats) {
   stats->bytes_in = request.ByteSizeLong();
-  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w, FindWeight(registry_, request.weight_handle()));
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                          FindWeight(registry_, stats->tenant, request.weight_handle()));
   // Not held to --max_request_bytes: the buffer already counts against the
   // weight budget, and refusing here would strand an accumulated gradient.
   const std::uint64_t bytes = WeightRegistry::GradientBytes(w.v, w.k);
@@ -531,9 +775,10 @@ absl::Status LogitdService::DoFetchGradient(const v1::FetchGradientRequest& requ
   v1::FetchGradientResult* result = head.mutable_result();
   *result->mutable_dw() = OutputSpec("dw", DType::kFp32, {w.v, w.k}, dw, bytes);
   result->set_accumulated_calls(calls);
+  stats->send_start = absl::Now();
   LOGITD_RETURN_IF_ERROR(WriteMessage(writer, head, &stats->bytes_out));
   return SendTensor<v1::FetchGradientResponse>(writer, "dw", dw, bytes, options_.chunk_bytes,
-                                               &stats->bytes_out);
+                                               stats);
 }
 
 grpc::Status LogitdService::ZeroGradient(grpc::ServerContext* context,
@@ -541,7 +786,8 @@ grpc::Status LogitdService::ZeroGradient(grpc::ServerContext* context,
                                          v1::ZeroGradientResponse* /*response*/) {
   return Run("ZeroGradient", context, [&](CallStats* stats) -> absl::Status {
     stats->bytes_in = request->ByteSizeLong();
-    LOGITD_ASSIGN_OR_RETURN(const WeightRecord w, FindWeight(registry_, request->weight_handle()));
+    LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                            FindWeight(registry_, stats->tenant, request->weight_handle()));
     return backend_->ZeroGradient(*w.weight);
   });
 }
@@ -561,10 +807,12 @@ absl::Status LogitdService::DoCast(
   const v1::CastHeader& header = first.header();
   LOGITD_ASSIGN_OR_RETURN(const CastPlan plan, ValidateCast(header, options_.max_request_bytes));
 
+  LOGITD_ASSIGN_OR_RETURN(
+      const AdmissionTicket admitted,
+      AdmitCall(admission_, context, "cast", plan.in_bytes + plan.out_bytes, stats));
   wire::Assembler assembler(options_.max_request_bytes);
   LOGITD_RETURN_IF_ERROR(assembler.Expect(header.input()));
-  LOGITD_RETURN_IF_ERROR(
-      ReceiveChunks<v1::CastRequest>(context, stream, &assembler, &stats->bytes_in));
+  LOGITD_RETURN_IF_ERROR(ReceiveChunks<v1::CastRequest>(context, stream, &assembler, stats));
   LOGITD_ASSIGN_OR_RETURN(Tensor in, assembler.Take(header.input().name()));
   const std::int64_t receive_us = Micros(absl::Now() - start);
 
@@ -578,10 +826,10 @@ absl::Status LogitdService::DoCast(
   v1::CastResponse head;
   v1::CastResult* result = head.mutable_result();
   *result->mutable_output() = OutputSpec("output", DType::kBf16, plan.shape, out, plan.out_bytes);
-  FillTiming(receive_us, timing, result->mutable_timing());
+  FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
   return SendTensor<v1::CastResponse>(stream, "output", out, plan.out_bytes, options_.chunk_bytes,
-                                      &stats->bytes_out);
+                                      stats);
 }
 
 grpc::Status LogitdService::CrossEntropy(
@@ -599,21 +847,31 @@ absl::Status LogitdService::DoCrossEntropy(
   v1::CrossEntropyRequest first;
   LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
   const v1::CrossEntropyHeader& header = first.header();
-  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w, FindWeight(registry_, header.weight_handle()));
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                          FindWeight(registry_, stats->tenant, header.weight_handle()));
   LOGITD_ASSIGN_OR_RETURN(const CrossEntropyPlan plan,
                           ValidateCrossEntropy(header, DimsOf(w), options_.max_request_bytes));
   // As in Backward: the buffer is charged before the backend may create it
   // and before any of the request's bytes are received.
   GradientTicket gradient;
   if (plan.accumulate_dw) {
-    LOGITD_ASSIGN_OR_RETURN(gradient, registry_.BeginAccumulate(w.handle));
+    LOGITD_ASSIGN_OR_RETURN(gradient, registry_.BeginAccumulate(stats->tenant, w.handle));
   }
 
+  // Besides the tensors that travel: the targets widened to int64 and the
+  // per-token losses the backend always writes.
+  const std::uint64_t m = static_cast<std::uint64_t>(plan.m);
+  LOGITD_ASSIGN_OR_RETURN(
+      const AdmissionTicket admitted,
+      AdmitCall(admission_, context, "cross entropy",
+                plan.x_bytes + plan.targets_bytes + plan.loss_bytes + plan.lse_bytes +
+                    plan.dx_bytes + plan.dw_bytes + m * sizeof(std::int64_t) + m * sizeof(float),
+                stats));
   wire::Assembler assembler(options_.max_request_bytes);
   LOGITD_RETURN_IF_ERROR(assembler.Expect(header.x()));
   LOGITD_RETURN_IF_ERROR(assembler.Expect(header.targets()));
   LOGITD_RETURN_IF_ERROR(
-      ReceiveChunks<v1::CrossEntropyRequest>(context, stream, &assembler, &stats->bytes_in));
+      ReceiveChunks<v1::CrossEntropyRequest>(context, stream, &assembler, stats));
   LOGITD_ASSIGN_OR_RETURN(Tensor x, assembler.Take(header.x().name()));
   std::vector<std::int64_t> targets;
   std::int64_t counted = 0;
@@ -681,23 +939,108 @@ absl::Status LogitdService::DoCrossEntropy(
     *result->mutable_dw() = OutputSpec("dw", DType::kFp32, {w.v, w.k}, dw, plan.dw_bytes);
   }
   result->set_counted_tokens(counted);
-  FillTiming(receive_us, timing, result->mutable_timing());
+  FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
-  LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(
-      stream, "loss", loss, plan.loss_bytes, options_.chunk_bytes, &stats->bytes_out));
+  LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(stream, "loss", loss, plan.loss_bytes,
+                                                              options_.chunk_bytes, stats));
   if (plan.want_lse) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(
-        stream, "lse", lse, plan.lse_bytes, options_.chunk_bytes, &stats->bytes_out));
+    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(stream, "lse", lse, plan.lse_bytes,
+                                                                options_.chunk_bytes, stats));
   }
   if (plan.want_dx) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(
-        stream, "dx", dx, plan.dx_bytes, options_.chunk_bytes, &stats->bytes_out));
+    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(stream, "dx", dx, plan.dx_bytes,
+                                                                options_.chunk_bytes, stats));
   }
   if (plan.returns_dw()) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(
-        stream, "dw", dw, plan.dw_bytes, options_.chunk_bytes, &stats->bytes_out));
+    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(stream, "dw", dw, plan.dw_bytes,
+                                                                options_.chunk_bytes, stats));
   }
   return absl::OkStatus();
+}
+
+grpc::Status LogitdService::Probe(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) {
+  return Run("Probe", context, [&](CallStats* stats) { return DoProbe(context, stream, stats); });
+}
+
+// The transport floor a tensor call is measured against: the same framing
+// and chunking, no tensors (no reassembly, digests or copies into chunk
+// messages) and no compute. One chunk message is built once and written
+// again and again.
+absl::Status LogitdService::DoProbe(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream, CallStats* stats) {
+  const absl::Time start = absl::Now();
+  v1::ProbeRequest first;
+  LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
+  LOGITD_ASSIGN_OR_RETURN(const ProbePlan plan, ValidateProbe(first.header(), options_.chunk_bytes,
+                                                              options_.max_request_bytes));
+
+  std::uint64_t received = 0;
+  v1::ProbeRequest msg;
+  while (stream->Read(&msg)) {
+    stats->bytes_in += msg.ByteSizeLong();
+    if (msg.part_case() != v1::ProbeRequest::kData) {
+      return absl::InvalidArgumentError(
+          "probe: expected data after the header, got a second header or an empty message");
+    }
+    received += msg.data().size();
+    if (received > plan.request_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("probe: the request carries more than the %d bytes its header announced",
+                          plan.request_bytes));
+    }
+  }
+  if (context->IsCancelled()) {
+    return absl::CancelledError("the client cancelled the call while sending its bytes");
+  }
+  if (received != plan.request_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("probe: the header announced %d request bytes, the stream carried %d",
+                        plan.request_bytes, received));
+  }
+  stats->receive_us = Micros(absl::Now() - start);
+
+  stats->send_start = absl::Now();
+  v1::ProbeChunk chunk;
+  chunk.mutable_data()->assign(
+      static_cast<std::size_t>(std::min<std::uint64_t>(plan.chunk_bytes, plan.response_bytes)),
+      '\0');
+  for (std::uint64_t sent = 0; sent < plan.response_bytes;) {
+    const std::uint64_t n = std::min<std::uint64_t>(plan.chunk_bytes, plan.response_bytes - sent);
+    if (n < chunk.data().size()) chunk.mutable_data()->resize(static_cast<std::size_t>(n));
+    LOGITD_RETURN_IF_ERROR(WriteMessage(stream, chunk, &stats->bytes_out));
+    sent += n;
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status LogitdService::RegisterShm(grpc::ServerContext* context,
+                                        const v1::RegisterShmRequest* request,
+                                        v1::ShmRegion* response) {
+  return Run("RegisterShm", context, [&](CallStats* stats) -> absl::Status {
+    stats->bytes_in = request->ByteSizeLong();
+    LOGITD_ASSIGN_OR_RETURN(const ShmRecord r,
+                            shm_.Register(stats->tenant, request->name(), request->bytes()));
+    response->set_handle(r.handle);
+    response->set_name(r.mapping->name());
+    response->set_bytes(r.mapping->bytes());
+    stats->bytes_out = response->ByteSizeLong();
+    Log(LogLevel::kInfo, absl::StrCat("shm region ", r.handle, " mapped: '", r.mapping->name(),
+                                      "', ", r.mapping->bytes(), " bytes"));
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status LogitdService::ReleaseShm(grpc::ServerContext* context,
+                                       const v1::ReleaseShmRequest* request,
+                                       v1::ReleaseShmResponse* response) {
+  return Run("ReleaseShm", context, [&](CallStats* stats) -> absl::Status {
+    stats->bytes_in = request->ByteSizeLong();
+    LOGITD_RETURN_IF_ERROR(ValidateHandle(request->handle()));
+    return shm_.Release(stats->tenant, request->handle());
+  });
 }
 
 }  // namespace logitd::service

@@ -10,13 +10,19 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/kernels/backend.h"
+#include "server/service/admission.h"
+#include "server/service/auth.h"
 #include "server/service/faults.h"
+#include "server/service/metrics.h"
 #include "server/service/registry.h"
+#include "server/service/shm.h"
 
 namespace logitd::service {
 
@@ -30,6 +36,15 @@ struct ServiceOptions {
   // Directory LoadWeight reads safetensors files from; empty refuses LoadWeight.
   std::filesystem::path weights_dir;
   FaultSet faults;
+  // Who may call and as which tenant; null = no tokens, loopback peers only,
+  // every caller the default tenant.
+  std::shared_ptr<Authenticator> auth;
+  // Where each call is recorded (not owned; must outlive the service). Null:
+  // no metrics.
+  Metrics* metrics = nullptr;  // Request memory budget and concurrency cap for tensor calls.
+  AdmissionOptions admission;
+  // Same-host shared memory (--allow_shm, --shm_max_region_bytes).
+  ShmOptions shm;
 };
 
 class LogitdService final : public v1::Logitd::Service {
@@ -65,15 +80,39 @@ class LogitdService final : public v1::Logitd::Service {
   grpc::Status CrossEntropy(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream) override;
+  grpc::Status Probe(grpc::ServerContext* context,
+                     grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
+  grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,
+                           v1::ShmRegion* response) override;
+  grpc::Status ReleaseShm(grpc::ServerContext* context, const v1::ReleaseShmRequest* request,
+                          v1::ReleaseShmResponse* response) override;
 
   const kernels::Backend& backend() const { return *backend_; }
   const WeightRegistry& registry() const { return registry_; }
+  const RequestAdmission& admission() const { return admission_; }
+  const ShmRegistry& shm() const { return shm_; }
+  Authenticator& authenticator() const { return *auth_; }
 
  private:
-  // Bytes moved by one call, for its log line.
+  // Bytes moved by one call, for its log line, and where its time went, for
+  // its "logitd-timing" trailer (see logitd.proto). -1: not measured for this
+  // call, left out of the trailer.
   struct CallStats {
+    // Who the call acts for: set by Run, before the handler body runs.
+    Tenant tenant;
     std::uint64_t bytes_in = 0;
     std::uint64_t bytes_out = 0;
+    // Tensor payload bytes (chunk data) received and sent, for the metrics.
+    std::uint64_t tensor_bytes_in = 0;
+    std::uint64_t tensor_bytes_out = 0;
+    std::int64_t queue_us = -1;
+    std::int64_t receive_us = -1;
+    std::int64_t h2d_us = -1;
+    std::int64_t compute_us = -1;
+    std::int64_t d2h_us = -1;
+    // When the response started streaming out: send_us runs from here to the
+    // end of the handler.
+    std::optional<absl::Time> send_start;
   };
 
   // Runs a handler body, maps its status and writes the call's log line.
@@ -102,13 +141,20 @@ class LogitdService final : public v1::Logitd::Service {
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream,
       CallStats* stats);
+  absl::Status DoProbe(grpc::ServerContext* context,
+                       grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
+                       CallStats* stats);
 
   // Declared before registry_ so that registered weights (backend objects)
   // are destroyed before the backend that made them.
   std::unique_ptr<kernels::Backend> backend_;
   const ServiceOptions options_;
+  std::shared_ptr<Authenticator> auth_;
   WeightRegistry registry_;
   FaultInjector faults_;
+  RequestAdmission admission_;
+  // Mapped regions; unmapped when the service goes (at shutdown).
+  ShmRegistry shm_;
 };
 
 }  // namespace logitd::service

@@ -531,4 +531,30 @@ absl::StatusOr<CastPlan> ValidateCast(const v1::CastHeader& header,
   return plan;
 }
 
+absl::StatusOr<ProbePlan> ValidateProbe(const v1::ProbeHeader& header, std::size_t chunk_bytes,
+                                        std::uint64_t max_request_bytes) {
+  ProbePlan plan;
+  plan.request_bytes = header.request_bytes();
+  plan.response_bytes = header.response_bytes();
+  if (header.chunk_bytes() > chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "probe: chunk_bytes: expected 1 to %d (the server's --chunk_bytes) or 0 for that, got %d",
+        chunk_bytes, header.chunk_bytes()));
+  }
+  plan.chunk_bytes =
+      header.chunk_bytes() == 0 ? chunk_bytes : static_cast<std::size_t>(header.chunk_bytes());
+  const bool overflow =
+      plan.request_bytes > std::numeric_limits<std::uint64_t>::max() - plan.response_bytes;
+  if (overflow || plan.request_bytes + plan.response_bytes > max_request_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "probe: request_bytes %d and response_bytes %d need %s bytes in one call, over the limit "
+        "of %d bytes per call (server flag --max_request_bytes)",
+        plan.request_bytes, plan.response_bytes,
+        overflow ? std::string("more than 2^64")
+                 : absl::StrCat(plan.request_bytes + plan.response_bytes),
+        max_request_bytes));
+  }
+  return plan;
+}
+
 }  // namespace logitd::service

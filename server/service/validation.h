@@ -4,6 +4,7 @@
 // and the defaults for unspecified output dtypes and alpha.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -140,6 +141,18 @@ float ReduceLoss(const CrossEntropyPlan& plan, const float* loss, std::int64_t m
 //   NotFound: nothing exists at the resolved path.
 absl::StatusOr<std::filesystem::path> ResolveWeightPath(const std::filesystem::path& dir,
                                                         absl::string_view relative);
+
+// A Probe call's header, checked.
+struct ProbePlan {
+  std::uint64_t request_bytes = 0;
+  std::uint64_t response_bytes = 0;
+  std::size_t chunk_bytes = 0;
+};
+// chunk_bytes 0 becomes the server's `chunk_bytes`; more than that is
+// InvalidArgument. ResourceExhausted when request and response bytes together
+// exceed max_request_bytes (or overflow).
+absl::StatusOr<ProbePlan> ValidateProbe(const v1::ProbeHeader& header, std::size_t chunk_bytes,
+                                        std::uint64_t max_request_bytes);
 
 // A weight_handle/handle field: InvalidArgument when empty (a missing field,
 // not an unknown handle, which the registry reports as NotFound).

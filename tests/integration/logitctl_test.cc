@@ -157,6 +157,18 @@ TEST_F(LogitctlTest, InfoAsTableAndJson) {
   EXPECT_EQ(j["chunk_bytes"].get<std::uint64_t>(), 4u << 20);
 }
 
+TEST_F(LogitctlTest, LoadBalancingPolicy) {
+  // A one-address list is still a list: round_robin over it works.
+  RunResult r =
+      Run({"--server=ipv4:" + server_->process.address(), "--lb=round_robin", "info"}, false);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Field(r.out, "backend"), "cpu");
+  EXPECT_EQ(Run({"--lb=pick_first", "info"}).exit_code, 0);
+  r = Run({"--lb=least_request", "info"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--lb: expected pick_first or round_robin"));
+}
+
 TEST_F(LogitctlTest, RegisterListLogitsRelease) {
   const std::int64_t m = 8, v = 96, k = 4096;
   const Tensor w = IntBf16({v, k}, 1001);

@@ -16,6 +16,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// The default tenant (a server without --auth_tokens).
+const Tenant kTenant;
+
 // Stands in for a backend's weight; counts live instances so tests can see
 // when the storage goes.
 class FakeWeight final : public kernels::Weight {
@@ -39,11 +42,11 @@ class RegistryTest : public ::testing::Test {
     return std::make_shared<FakeWeight>(v, k, &live_);
   }
   InsertResult Register(WeightRegistry& r, std::uint64_t xxh3, std::int64_t v, std::int64_t k,
-                        const std::string& name = "lm_head") {
-    absl::StatusOr<BudgetReservation> res = r.ReserveWeight("'lm_head'", v, k);
+                        const std::string& name = "lm_head", const Tenant& tenant = kTenant) {
+    absl::StatusOr<BudgetReservation> res = r.ReserveWeight(tenant, "'lm_head'", v, k);
     EXPECT_TRUE(res.ok()) << res.status();
-    return r.Insert(std::move(*res), WeightRegistry::MakeHandle(xxh3, v, k), name, v, k, xxh3,
-                    MakeWeight(v, k));
+    return r.Insert(tenant, std::move(*res), WeightRegistry::MakeHandle(xxh3, v, k), name, v, k,
+                    xxh3, MakeWeight(v, k));
   }
   std::atomic<int> live_{0};
 };
@@ -67,7 +70,7 @@ TEST_F(RegistryTest, SameBytesSameHandleNoSecondCopy) {
   EXPECT_EQ(b.record.name, "lm_head");
   EXPECT_EQ(b.record.weight, a.record.weight);
   EXPECT_EQ(r.bytes_in_use(), 16u * 8 * 2);
-  EXPECT_EQ(r.List().size(), 1u);
+  EXPECT_EQ(r.List(kTenant).size(), 1u);
   a = {};
   b = {};
   EXPECT_EQ(live_.load(), 1);
@@ -79,7 +82,7 @@ TEST_F(RegistryTest, DifferentShapeIsDifferentWeight) {
   InsertResult b = Register(r, 42, 8, 16);
   EXPECT_FALSE(b.already_registered);
   EXPECT_NE(a.record.handle, b.record.handle);
-  EXPECT_EQ(r.List().size(), 2u);
+  EXPECT_EQ(r.List(kTenant).size(), 2u);
 }
 
 TEST_F(RegistryTest, BudgetRefusedBeforeAllocationWithNumbersInMessage) {
@@ -87,7 +90,7 @@ TEST_F(RegistryTest, BudgetRefusedBeforeAllocationWithNumbersInMessage) {
   InsertResult a = Register(r, 1, 10, 20);  // 400 bytes
   ASSERT_EQ(r.bytes_in_use(), 400u);
   const int live_before = live_.load();
-  absl::StatusOr<BudgetReservation> res = r.ReserveWeight("'big'", 20, 20);  // 800 bytes
+  absl::StatusOr<BudgetReservation> res = r.ReserveWeight(kTenant, "'big'", 20, 20);  // 800 bytes
   ASSERT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted);
   const std::string msg(res.status().message());
   EXPECT_THAT(msg, HasSubstr("'big'"));
@@ -103,25 +106,25 @@ TEST_F(RegistryTest, BudgetRefusedBeforeAllocationWithNumbersInMessage) {
 TEST_F(RegistryTest, ReservationReturnsBudgetWhenDropped) {
   WeightRegistry r(1000);
   {
-    absl::StatusOr<BudgetReservation> res = r.ReserveWeight("'w'", 10, 40);  // 800
+    absl::StatusOr<BudgetReservation> res = r.ReserveWeight(kTenant, "'w'", 10, 40);  // 800
     ASSERT_TRUE(res.ok());
     EXPECT_EQ(r.bytes_in_use(), 800u);
     // A second upload cannot fit while the first is in flight.
-    EXPECT_EQ(r.ReserveWeight("'w2'", 10, 40).status().code(),
+    EXPECT_EQ(r.ReserveWeight(kTenant, "'w2'", 10, 40).status().code(),
               absl::StatusCode::kResourceExhausted);
   }
   EXPECT_EQ(r.bytes_in_use(), 0u);
-  EXPECT_TRUE(r.ReserveWeight("'w2'", 10, 40).ok());
+  EXPECT_TRUE(r.ReserveWeight(kTenant, "'w2'", 10, 40).ok());
 }
 
 TEST_F(RegistryTest, DuplicateInsertReturnsReservation) {
   WeightRegistry r(10000);
   InsertResult a = Register(r, 7, 10, 10);  // 200
-  absl::StatusOr<BudgetReservation> res = r.ReserveWeight("'again'", 10, 10);
+  absl::StatusOr<BudgetReservation> res = r.ReserveWeight(kTenant, "'again'", 10, 10);
   ASSERT_TRUE(res.ok());
   EXPECT_EQ(r.bytes_in_use(), 400u);
   InsertResult b =
-      r.Insert(std::move(*res), a.record.handle, "again", 10, 10, 7, MakeWeight(10, 10));
+      r.Insert(kTenant, std::move(*res), a.record.handle, "again", 10, 10, 7, MakeWeight(10, 10));
   EXPECT_TRUE(b.already_registered);
   EXPECT_EQ(r.bytes_in_use(), 200u);
 }
@@ -129,15 +132,15 @@ TEST_F(RegistryTest, DuplicateInsertReturnsReservation) {
 TEST_F(RegistryTest, ReleaseFreesBytesAndKeepsInFlightWeightAlive) {
   WeightRegistry r(1 << 20);
   InsertResult a = Register(r, 9, 16, 8);
-  absl::StatusOr<WeightRecord> in_flight = r.Find(a.record.handle);
+  absl::StatusOr<WeightRecord> in_flight = r.Find(kTenant, a.record.handle);
   ASSERT_TRUE(in_flight.ok());
   a = {};
-  absl::StatusOr<WeightRegistry::Released> freed = r.Release(in_flight->handle);
+  absl::StatusOr<WeightRegistry::Released> freed = r.Release(kTenant, in_flight->handle);
   ASSERT_TRUE(freed.ok());
   EXPECT_EQ(freed->bytes_freed, 16u * 8 * 2);
   EXPECT_EQ(freed->registrations_left, 0u);
   EXPECT_EQ(r.bytes_in_use(), 0u);
-  EXPECT_TRUE(r.List().empty());
+  EXPECT_TRUE(r.List(kTenant).empty());
   // A call still holding the weight keeps the storage until it ends.
   EXPECT_EQ(live_.load(), 1);
   in_flight = absl::NotFoundError("");
@@ -146,20 +149,20 @@ TEST_F(RegistryTest, ReleaseFreesBytesAndKeepsInFlightWeightAlive) {
 
 TEST_F(RegistryTest, UnknownHandleIsNotFoundNamingTheHandle) {
   WeightRegistry r(1 << 20);
-  absl::StatusOr<WeightRecord> f = r.Find("w-nope");
+  absl::StatusOr<WeightRecord> f = r.Find(kTenant, "w-nope");
   EXPECT_EQ(f.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(f.status().message()), HasSubstr("'w-nope'"));
-  absl::StatusOr<WeightRegistry::Released> rel = r.Release("w-nope");
+  absl::StatusOr<WeightRegistry::Released> rel = r.Release(kTenant, "w-nope");
   EXPECT_EQ(rel.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(rel.status().message()), HasSubstr("'w-nope'"));
-  EXPECT_EQ(r.BeginAccumulate("w-nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.BeginAccumulate(kTenant, "w-nope").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(RegistryTest, ReleaseTwiceIsNotFound) {
   WeightRegistry r(1 << 20);
   InsertResult a = Register(r, 3, 4, 4);
-  ASSERT_TRUE(r.Release(a.record.handle).ok());
-  EXPECT_EQ(r.Release(a.record.handle).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(r.Release(kTenant, a.record.handle).ok());
+  EXPECT_EQ(r.Release(kTenant, a.record.handle).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(RegistryTest, EachRegistrationNeedsItsRelease) {
@@ -170,23 +173,23 @@ TEST_F(RegistryTest, EachRegistrationNeedsItsRelease) {
   InsertResult b = Register(r, 11, 16, 8);
   ASSERT_TRUE(b.already_registered);
   EXPECT_EQ(b.record.registrations, 2u);
-  absl::StatusOr<WeightRegistry::Released> first = r.Release(a.record.handle);
+  absl::StatusOr<WeightRegistry::Released> first = r.Release(kTenant, a.record.handle);
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->bytes_freed, 0u);
   EXPECT_EQ(first->registrations_left, 1u);
   EXPECT_EQ(r.bytes_in_use(), 16u * 8 * 2);
-  absl::StatusOr<WeightRecord> again = r.AddRegistration(a.record.handle);
+  absl::StatusOr<WeightRecord> again = r.AddRegistration(kTenant, a.record.handle);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->registrations, 2u);
-  ASSERT_TRUE(r.Release(a.record.handle).ok());
-  EXPECT_EQ(r.AddRegistration("w-nope").status().code(), absl::StatusCode::kNotFound);
-  absl::StatusOr<WeightRecord> still = r.Find(a.record.handle);
+  ASSERT_TRUE(r.Release(kTenant, a.record.handle).ok());
+  EXPECT_EQ(r.AddRegistration(kTenant, "w-nope").status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<WeightRecord> still = r.Find(kTenant, a.record.handle);
   ASSERT_TRUE(still.ok());
   EXPECT_EQ(still->registrations, 1u);
-  absl::StatusOr<WeightRegistry::Released> last = r.Release(a.record.handle);
+  absl::StatusOr<WeightRegistry::Released> last = r.Release(kTenant, a.record.handle);
   ASSERT_TRUE(last.ok());
   EXPECT_EQ(last->bytes_freed, 16u * 8 * 2);
-  EXPECT_EQ(r.Find(a.record.handle).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.Find(kTenant, a.record.handle).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(RegistryTest, ForcedReleaseDropsEveryRegistration) {
@@ -194,19 +197,20 @@ TEST_F(RegistryTest, ForcedReleaseDropsEveryRegistration) {
   InsertResult a = Register(r, 12, 16, 8);
   Register(r, 12, 16, 8);
   Register(r, 12, 16, 8);
-  absl::StatusOr<WeightRegistry::Released> rel = r.Release(a.record.handle, /*force=*/true);
+  absl::StatusOr<WeightRegistry::Released> rel =
+      r.Release(kTenant, a.record.handle, /*force=*/true);
   ASSERT_TRUE(rel.ok());
   EXPECT_EQ(rel->bytes_freed, 16u * 8 * 2);
   EXPECT_EQ(rel->registrations_left, 0u);
   EXPECT_EQ(r.bytes_in_use(), 0u);
-  EXPECT_EQ(r.Find(a.record.handle).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.Find(kTenant, a.record.handle).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(RegistryTest, GradientBufferCountsAgainstBudget) {
   // Weight 10x10 bf16 = 200 bytes; its fp32 gradient = 400 bytes.
   WeightRegistry r(500);
   InsertResult a = Register(r, 5, 10, 10);
-  absl::StatusOr<GradientTicket> t = r.BeginAccumulate(a.record.handle);
+  absl::StatusOr<GradientTicket> t = r.BeginAccumulate(kTenant, a.record.handle);
   ASSERT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("gradient"));
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("400 bytes"));
@@ -216,23 +220,23 @@ TEST_F(RegistryTest, GradientBufferCountsAgainstBudget) {
   InsertResult b = Register(big, 5, 10, 10);
   auto* fake = static_cast<FakeWeight*>(b.record.weight.get());
   {
-    absl::StatusOr<GradientTicket> t1 = big.BeginAccumulate(b.record.handle);
+    absl::StatusOr<GradientTicket> t1 = big.BeginAccumulate(kTenant, b.record.handle);
     ASSERT_TRUE(t1.ok()) << t1.status();
     EXPECT_EQ(big.bytes_in_use(), 600u);
     // A concurrent accumulate is not charged twice.
-    absl::StatusOr<GradientTicket> t2 = big.BeginAccumulate(b.record.handle);
+    absl::StatusOr<GradientTicket> t2 = big.BeginAccumulate(kTenant, b.record.handle);
     ASSERT_TRUE(t2.ok()) << t2.status();
     EXPECT_EQ(big.bytes_in_use(), 600u);
     fake->CreateGradient();
   }
   // The buffer exists now: the charge stays, and later accumulates are free.
   EXPECT_EQ(big.bytes_in_use(), 600u);
-  absl::StatusOr<WeightRecord> rec = big.Find(b.record.handle);
+  absl::StatusOr<WeightRecord> rec = big.Find(kTenant, b.record.handle);
   ASSERT_TRUE(rec.ok());
   EXPECT_TRUE(rec->has_gradient);
   EXPECT_EQ(rec->bytes, 600u);
-  EXPECT_TRUE(big.BeginAccumulate(b.record.handle).ok());
-  absl::StatusOr<WeightRegistry::Released> freed = big.Release(b.record.handle);
+  EXPECT_TRUE(big.BeginAccumulate(kTenant, b.record.handle).ok());
+  absl::StatusOr<WeightRegistry::Released> freed = big.Release(kTenant, b.record.handle);
   ASSERT_TRUE(freed.ok());
   EXPECT_EQ(freed->bytes_freed, 600u);
   EXPECT_EQ(big.bytes_in_use(), 0u);
@@ -242,7 +246,7 @@ TEST_F(RegistryTest, FailedAccumulateReturnsGradientCharge) {
   WeightRegistry r(600);
   InsertResult a = Register(r, 5, 10, 10);
   {
-    absl::StatusOr<GradientTicket> t = r.BeginAccumulate(a.record.handle);
+    absl::StatusOr<GradientTicket> t = r.BeginAccumulate(kTenant, a.record.handle);
     ASSERT_TRUE(t.ok());
     EXPECT_EQ(r.bytes_in_use(), 600u);
     // The backend call fails without creating the buffer.
@@ -253,9 +257,9 @@ TEST_F(RegistryTest, FailedAccumulateReturnsGradientCharge) {
 TEST_F(RegistryTest, TicketOutlivingReleaseDoesNotTouchBudget) {
   WeightRegistry r(600);
   InsertResult a = Register(r, 5, 10, 10);
-  absl::StatusOr<GradientTicket> t = r.BeginAccumulate(a.record.handle);
+  absl::StatusOr<GradientTicket> t = r.BeginAccumulate(kTenant, a.record.handle);
   ASSERT_TRUE(t.ok());
-  ASSERT_TRUE(r.Release(a.record.handle).ok());
+  ASSERT_TRUE(r.Release(kTenant, a.record.handle).ok());
   EXPECT_EQ(r.bytes_in_use(), 0u);
   t = absl::CancelledError("");
   EXPECT_EQ(r.bytes_in_use(), 0u);
@@ -269,6 +273,57 @@ TEST_F(RegistryTest, LabelUsesNameOrHandle) {
   EXPECT_EQ(w.Label(), "'w-1-2x3' [2, 3]");
   w.name = "lm_head";
   EXPECT_EQ(w.Label(), "'lm_head' [2, 3]");
+}
+
+TEST_F(RegistryTest, TenantsSeeOnlyTheirOwnWeights) {
+  WeightRegistry r(1 << 20);
+  const Tenant a{"team-a", 0};
+  const Tenant b{"team-b", 0};
+  const std::string handle = Register(r, 42, 16, 8, "w", a).record.handle;
+  EXPECT_TRUE(r.Find(a, handle).ok());
+  absl::StatusOr<WeightRecord> other = r.Find(b, handle);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(other.status().message(), HasSubstr("for tenant 'team-b'"));
+  EXPECT_EQ(r.AddRegistration(b, handle).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.BeginAccumulate(b, handle).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.Release(b, handle).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.List(a).size(), 1u);
+  EXPECT_TRUE(r.List(b).empty());
+  EXPECT_TRUE(r.List(kTenant).empty());
+
+  // The same bytes registered by b are b's own entry, charged to b.
+  InsertResult mine = Register(r, 42, 16, 8, "w", b);
+  EXPECT_FALSE(mine.already_registered);
+  EXPECT_EQ(mine.record.handle, handle);
+  EXPECT_EQ(r.tenant_bytes_in_use("team-a"), 256u);
+  EXPECT_EQ(r.tenant_bytes_in_use("team-b"), 256u);
+  EXPECT_EQ(r.bytes_in_use(), 512u);
+  ASSERT_TRUE(r.Release(a, handle).ok());
+  EXPECT_TRUE(r.Find(b, handle).ok());
+  EXPECT_EQ(r.tenant_bytes_in_use("team-a"), 0u);
+  EXPECT_EQ(r.bytes_in_use(), 256u);
+}
+
+TEST_F(RegistryTest, TenantQuotaIsCheckedBeforeTheBudget) {
+  WeightRegistry r(1 << 20);
+  const Tenant small{"small", 1000};
+  {
+    absl::StatusOr<BudgetReservation> res = r.ReserveWeight(small, "'w'", 10, 40);  // 800
+    ASSERT_TRUE(res.ok()) << res.status();
+    absl::StatusOr<BudgetReservation> more = r.ReserveWeight(small, "'w2'", 10, 40);
+    EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_THAT(more.status().message(), HasSubstr("tenant 'small' has a weight quota of 1000"));
+    EXPECT_THAT(more.status().message(), HasSubstr("--tenant_quota_bytes"));
+    // Another tenant is not held to small's quota.
+    EXPECT_TRUE(r.ReserveWeight(Tenant{"big", 0}, "'w3'", 10, 40).ok());
+  }
+  EXPECT_EQ(r.bytes_in_use(), 0u);
+  EXPECT_EQ(r.tenant_bytes_in_use("small"), 0u);
+  // The gradient buffer counts against the quota too.
+  const std::string handle = Register(r, 7, 10, 20, "w", small).record.handle;  // 400
+  absl::StatusOr<GradientTicket> t = r.BeginAccumulate(small, handle);          // +800
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(r.tenant_bytes_in_use("small"), 400u);
 }
 
 }  // namespace

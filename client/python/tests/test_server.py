@@ -393,7 +393,7 @@ def test_local_argument_errors(client, weights):
 
 def test_dns_target_with_round_robin(server):
     port = server.rsplit(":", 1)[1]
-    with logitd.Client("dns:///localhost:%s" % port, timeout=30) as c:
+    with logitd.Client("dns:///localhost:%s" % port, timeout=30, lb_policy="round_robin") as c:
         for _ in range(3):
             assert c.info().backend == "cpu"
 

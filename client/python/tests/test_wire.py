@@ -173,6 +173,11 @@ def test_client_arguments():
     with pytest.raises(logitd.InvalidArgumentError, match="both"):
         logitd.Client("127.0.0.1:1", tls={"cert": b"x"})
     with pytest.raises(logitd.InvalidArgumentError, match="unknown keys"):
-        logitd.Client("127.0.0.1:1", tls={"ca": b"x"})
+        logitd.Client("127.0.0.1:1", tls={"root_cert": b"x"})
+    with pytest.raises(logitd.InvalidArgumentError, match="not both"):
+        logitd.Client("127.0.0.1:1", tls={"ca": b"x", "root_ca": b"x"})
     logitd.Client("127.0.0.1:1", tls=True).close()
     logitd.Client("dns:///localhost:1").close()
+    logitd.Client("ipv4:127.0.0.1:1,127.0.0.1:2", lb_policy="round_robin").close()
+    with pytest.raises(logitd.InvalidArgumentError, match="lb_policy"):
+        logitd.Client("127.0.0.1:1", lb_policy="least_request")

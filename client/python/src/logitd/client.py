@@ -100,10 +100,12 @@ class Gradient(NamedTuple):
 
 @dataclass
 class TLS:
-    """TLS settings. PEM contents as bytes or str, or a path (os.PathLike) to a PEM file.
+    """TLS settings. Each is a path to a PEM file (str or os.PathLike), or PEM
+    contents (bytes, or a str holding a ``-----BEGIN`` line).
 
     ``root_ca`` None uses the system's roots; ``cert`` and ``key`` (both or
-    neither) give the client's identity for mutual TLS.
+    neither) give the client's identity for mutual TLS (a server started with
+    ``--tls_client_ca``). As a dict, ``ca`` may be written for ``root_ca``.
     """
 
     root_ca: Optional[Any] = None
@@ -116,12 +118,15 @@ def _pem(what: str, value: Any) -> Optional[bytes]:
         return None
     if isinstance(value, bytes):
         return value
-    if isinstance(value, os.PathLike):
-        with open(value, "rb") as f:
-            return f.read()
-    if isinstance(value, str):
+    if isinstance(value, str) and "-----BEGIN" in value:
         return value.encode()
-    raise InvalidArgumentError("tls %s: expected PEM bytes or str, or a path, got %s" % (what, type(value).__name__))
+    if isinstance(value, (str, os.PathLike)):
+        try:
+            with open(value, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise InvalidArgumentError("tls %s: cannot read %s: %s" % (what, os.fspath(value), e.strerror)) from e
+    raise InvalidArgumentError("tls %s: expected a PEM file path or PEM contents, got %s" % (what, type(value).__name__))
 
 
 def _tls_credentials(tls: Any) -> Optional[grpc.ChannelCredentials]:
@@ -130,9 +135,14 @@ def _tls_credentials(tls: Any) -> Optional[grpc.ChannelCredentials]:
     if tls is True:
         tls = TLS()
     elif isinstance(tls, dict):
-        unknown = set(tls) - {"root_ca", "cert", "key"}
+        unknown = set(tls) - {"root_ca", "ca", "cert", "key"}
         if unknown:
-            raise InvalidArgumentError("tls: unknown keys %s (expected root_ca, cert, key)" % sorted(unknown))
+            raise InvalidArgumentError("tls: unknown keys %s (expected ca or root_ca, cert, key)" % sorted(unknown))
+        if "ca" in tls and "root_ca" in tls:
+            raise InvalidArgumentError("tls: give ca or root_ca, not both")
+        tls = dict(tls)
+        if "ca" in tls:
+            tls["root_ca"] = tls.pop("ca")
         tls = TLS(**tls)
     root_ca = _pem("root_ca", getattr(tls, "root_ca", None))
     cert = _pem("cert", getattr(tls, "cert", None))
@@ -156,14 +166,19 @@ class Client:
     """A connection to a logitd server.
 
     Args:
-      address: gRPC target, e.g. ``"127.0.0.1:50051"`` or ``"dns:///logitd.ns.svc:50051"``
-        (``dns:`` targets balance over every address with round_robin).
+      address: gRPC target, e.g. ``"127.0.0.1:50051"``, ``"dns:///logitd.ns.svc:50051"`` or
+        ``"ipv4:10.0.0.1:50051,10.0.0.2:50051"``.
       token: bearer token sent as ``authorization: Bearer TOKEN`` on every call.
       tls: None/False for plaintext; True for TLS with the system's roots; or a
-        ``logitd.TLS``, a dict or any object with ``root_ca``/``cert``/``key``.
+        ``logitd.TLS``, a dict (``ca`` or ``root_ca``, ``cert``, ``key``) or any object
+        with ``root_ca``/``cert``/``key``: each a PEM file path or PEM contents.
       timeout: deadline of each call in seconds (None: no deadline).
       chunk_bytes: size of the chunks request tensors are streamed in.
       options: extra gRPC channel options, ``[(name, value), ...]``.
+      lb_policy: ``"pick_first"`` (every call on one of the target's servers) or
+        ``"round_robin"`` (calls spread over all of them). Weights are registered per
+        server, so round_robin suits calls that need none (``info``, ``cast``) or weights
+        registered on every server.
     """
 
     def __init__(
@@ -174,6 +189,7 @@ class Client:
         timeout: Optional[float] = 600,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         options: Optional[Sequence[Tuple[str, Any]]] = None,
+        lb_policy: str = "pick_first",
     ):
         if not address:
             raise InvalidArgumentError("address: expected a gRPC target such as 127.0.0.1:50051, got an empty string")
@@ -181,6 +197,8 @@ class Client:
             raise InvalidArgumentError("chunk_bytes: expected 1 to %d bytes, got %r" % (_MAX_CHUNK_BYTES, chunk_bytes))
         if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
             raise InvalidArgumentError("timeout: expected a positive number of seconds or None, got %r" % (timeout,))
+        if lb_policy not in ("pick_first", "round_robin"):
+            raise InvalidArgumentError("lb_policy: expected pick_first or round_robin, got %r" % (lb_policy,))
         self.address = address
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
@@ -189,9 +207,8 @@ class Client:
             ("grpc.max_send_message_length", chunk_bytes + _MESSAGE_HEADROOM),
             # The server picks its own chunk size; each tensor is bounded by the size it announced.
             ("grpc.max_receive_message_length", -1),
+            ("grpc.lb_policy_name", lb_policy),
         ]
-        if address.startswith("dns:"):
-            channel_options.append(("grpc.lb_policy_name", "round_robin"))
         if options:
             channel_options.extend(options)
         credentials = _tls_credentials(tls)

@@ -1,0 +1,702 @@
+#include "client/logitctl/bench.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "logitd/bf16.h"
+#include "logitd/tensor.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, rpc, "logits",
+          "bench: logits, backward, cross-entropy, or baseline (the Probe RPC moving the bytes "
+          "of the logits call of this shape)");
+ABSL_FLAG(std::int64_t, m, 16, "bench: rows M of X (tokens per request)");
+ABSL_FLAG(std::int64_t, k, 4096, "bench: hidden size K");
+ABSL_FLAG(std::int64_t, v, 32768, "bench: vocabulary size V (rows of the weight)");
+ABSL_FLAG(std::int32_t, concurrency, 1, "bench: worker threads, each with one call in flight");
+ABSL_FLAG(std::int32_t, channels, 1,
+          "bench: connections the workers share round-robin (each its own Client)");
+ABSL_FLAG(double, duration, 0, "bench: seconds to measure (10 when --requests is not given)");
+ABSL_FLAG(std::int64_t, requests, 0, "bench: requests to measure, over all workers");
+ABSL_FLAG(std::int64_t, warmup, 1, "bench: requests run and discarded before each measurement");
+ABSL_FLAG(bool, baseline, true,
+          "bench: after a tensor RPC, measure the Probe RPC with the same bytes per request "
+          "(--nobaseline skips it)");
+ABSL_FLAG(std::uint64_t, seed, 1234, "bench: seed of the random weight and inputs");
+
+ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(bool, shm);
+ABSL_DECLARE_FLAG(std::string, out_dtype);
+ABSL_DECLARE_FLAG(bool, no_dx);
+ABSL_DECLARE_FLAG(bool, no_dw);
+ABSL_DECLARE_FLAG(bool, accumulate);
+ABSL_DECLARE_FLAG(bool, dx);
+ABSL_DECLARE_FLAG(bool, dw);
+
+namespace logitd::logitctl {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+
+using client::Client;
+using client::TimingTrailer;
+
+enum class Rpc { kLogits, kBackward, kCrossEntropy, kBaseline };
+
+absl::string_view RpcName(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kLogits:
+      return "logits";
+    case Rpc::kBackward:
+      return "backward";
+    case Rpc::kCrossEntropy:
+      return "cross-entropy";
+    case Rpc::kBaseline:
+      return "baseline";
+  }
+  return "?";
+}
+
+struct Config {
+  Rpc rpc = Rpc::kLogits;
+  std::int64_t m = 0;
+  std::int64_t k = 0;
+  std::int64_t v = 0;
+  DType out_dtype = DType::kFp32;
+  int concurrency = 1;
+  int channels = 1;
+  std::int64_t requests = 0;  // 0: run for `duration`
+  absl::Duration duration;
+  std::int64_t warmup = 0;
+  bool baseline = true;
+  std::uint64_t seed = 0;
+  bool json = false;
+  // X and Y through a same-host shared-memory region per worker (logits).
+  bool shm = false;
+  client::BackwardOptions backward;
+  client::CrossEntropyOptions cross_entropy;
+  // Tensor bytes one request sends and receives.
+  std::uint64_t up_bytes = 0;
+  std::uint64_t down_bytes = 0;
+};
+
+absl::Status PositiveDim(absl::string_view flag, std::int64_t value) {
+  if (value >= 1 && value <= (std::int64_t{1} << 31)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected 1 to 2^31, got ", value));
+}
+
+absl::StatusOr<Config> ReadConfig() {
+  Config c;
+  const std::string rpc = absl::GetFlag(FLAGS_rpc);
+  if (rpc == "logits") {
+    c.rpc = Rpc::kLogits;
+  } else if (rpc == "backward") {
+    c.rpc = Rpc::kBackward;
+  } else if (rpc == "cross-entropy" || rpc == "cross_entropy") {
+    c.rpc = Rpc::kCrossEntropy;
+  } else if (rpc == "baseline") {
+    c.rpc = Rpc::kBaseline;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rpc: expected logits, backward, cross-entropy or baseline, got '", rpc, "'"));
+  }
+  c.m = absl::GetFlag(FLAGS_m);
+  c.k = absl::GetFlag(FLAGS_k);
+  c.v = absl::GetFlag(FLAGS_v);
+  for (const auto& [flag, value] :
+       {std::pair<absl::string_view, std::int64_t>{"m", c.m}, {"k", c.k}, {"v", c.v}}) {
+    if (absl::Status s = PositiveDim(flag, value); !s.ok()) return s;
+  }
+  const std::string out = absl::GetFlag(FLAGS_out_dtype);
+  if (out == "fp32") {
+    c.out_dtype = DType::kFp32;
+  } else if (out == "bf16") {
+    c.out_dtype = DType::kBf16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--out_dtype: expected fp32 or bf16, got '", out, "'"));
+  }
+  c.concurrency = absl::GetFlag(FLAGS_concurrency);
+  if (c.concurrency < 1 || c.concurrency > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--concurrency: expected 1 to 1024, got ", c.concurrency));
+  }
+  c.channels = absl::GetFlag(FLAGS_channels);
+  if (c.channels < 1 || c.channels > c.concurrency) {
+    return absl::InvalidArgumentError(absl::StrCat("--channels: expected 1 to --concurrency (",
+                                                   c.concurrency, "), got ", c.channels));
+  }
+  c.requests = absl::GetFlag(FLAGS_requests);
+  const double duration = absl::GetFlag(FLAGS_duration);
+  if (c.requests < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--requests: expected a count >= 1, got ", c.requests));
+  }
+  if (!(duration >= 0) || duration > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--duration: expected 0 to 86400 seconds, got ", duration));
+  }
+  if (c.requests > 0 && duration > 0) {
+    return absl::InvalidArgumentError("--requests and --duration: give one of them, not both");
+  }
+  c.duration = absl::Seconds(c.requests == 0 && duration == 0 ? 10.0 : duration);
+  c.warmup = absl::GetFlag(FLAGS_warmup);
+  if (c.warmup < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--warmup: expected a count >= 0, got ", c.warmup));
+  }
+  c.baseline = absl::GetFlag(FLAGS_baseline);
+  c.seed = absl::GetFlag(FLAGS_seed);
+  c.json = absl::GetFlag(FLAGS_json);
+  c.shm = absl::GetFlag(FLAGS_shm);
+  if (c.shm && c.rpc != Rpc::kLogits) {
+    return absl::InvalidArgumentError("--shm: only --rpc=logits uses shared memory so far");
+  }
+
+  const std::uint64_t m = static_cast<std::uint64_t>(c.m);
+  const std::uint64_t k = static_cast<std::uint64_t>(c.k);
+  const std::uint64_t v = static_cast<std::uint64_t>(c.v);
+  const std::uint64_t out_size = c.out_dtype == DType::kFp32 ? 4 : 2;
+  switch (c.rpc) {
+    case Rpc::kLogits:
+    case Rpc::kBaseline:
+      c.up_bytes = m * k * 2;
+      c.down_bytes = m * v * out_size;
+      break;
+    case Rpc::kBackward:
+      // dY in the logits' dtype, as training hands it back.
+      c.backward.want_dx = !absl::GetFlag(FLAGS_no_dx);
+      c.backward.want_dw = !absl::GetFlag(FLAGS_no_dw);
+      c.backward.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
+      if (!c.backward.want_dx && !c.backward.want_dw) {
+        return absl::InvalidArgumentError("--no_dx and --no_dw: nothing left to compute");
+      }
+      c.up_bytes = m * v * out_size + m * k * 2;
+      c.down_bytes = (c.backward.want_dx ? m * k * 2 : 0) +
+                     (c.backward.want_dw && !c.backward.accumulate_dw ? v * k * 4 : 0);
+      break;
+    case Rpc::kCrossEntropy:
+      c.cross_entropy.want_dx = absl::GetFlag(FLAGS_dx);
+      c.cross_entropy.want_dw = absl::GetFlag(FLAGS_dw);
+      c.cross_entropy.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
+      // x, then int64 targets; the mean loss, dX and dW back.
+      c.up_bytes = m * k * 2 + m * 8;
+      c.down_bytes = 4 + (c.cross_entropy.want_dx ? m * k * 2 : 0) +
+                     (c.cross_entropy.want_dw && !c.cross_entropy.accumulate_dw ? v * k * 4 : 0);
+      break;
+  }
+  return c;
+}
+
+// --- inputs -----------------------------------------------------------------
+
+std::uint64_t SplitMix64(std::uint64_t* state) {
+  std::uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [-1, 1) on a 2^-23 grid.
+float Uniform(std::uint64_t* state) {
+  const std::int64_t r = static_cast<std::int64_t>(SplitMix64(state) >> 40) - (1 << 23);
+  return static_cast<float>(r) * 0x1p-23f;
+}
+
+Tensor RandomTensor(DType dtype, std::vector<std::int64_t> shape, std::uint64_t seed) {
+  Tensor t(dtype, std::move(shape));
+  std::uint64_t state = seed;
+  if (dtype == DType::kBf16) {
+    Bf16Bits* p = t.data<Bf16Bits>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = FloatToBf16(Uniform(&state));
+  } else {
+    float* p = t.data<float>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = Uniform(&state);
+  }
+  return t;
+}
+
+// One worker's request tensors, sent again with every request.
+struct Inputs {
+  Tensor x;
+  Tensor dy;
+  Tensor targets;
+  // --shm: X at offset 0 of the worker's region, Y at y_offset.
+  std::shared_ptr<client::SharedRegion> region;
+  std::string region_handle;
+  std::uint64_t y_offset = 0;
+};
+
+Inputs MakeInputs(const Config& c, int worker) {
+  const std::uint64_t seed = c.seed + 1000003ull * static_cast<std::uint64_t>(worker + 1);
+  Inputs in;
+  if (c.rpc == Rpc::kBaseline) return in;
+  in.x = RandomTensor(DType::kBf16, {c.m, c.k}, seed);
+  if (c.rpc == Rpc::kBackward) in.dy = RandomTensor(c.out_dtype, {c.m, c.v}, seed + 1);
+  if (c.rpc == Rpc::kCrossEntropy) {
+    in.targets = Tensor(DType::kInt64, {c.m});
+    std::uint64_t state = seed + 2;
+    std::int64_t* t = in.targets.data<std::int64_t>();
+    for (std::int64_t i = 0; i < c.m; ++i) {
+      t[i] = static_cast<std::int64_t>(SplitMix64(&state) % static_cast<std::uint64_t>(c.v));
+    }
+  }
+  return in;
+}
+
+// --- measuring ----------------------------------------------------------------
+
+// The trailer's fields, in report order.
+constexpr std::array<absl::string_view, 7> kParts = {"queue", "receive", "h2d",  "compute",
+                                                     "d2h",   "send",    "total"};
+
+std::array<std::optional<std::int64_t>, 7> PartsOf(const TimingTrailer& t) {
+  return {t.queue_us, t.receive_us, t.h2d_us, t.compute_us, t.d2h_us, t.send_us, t.total_us};
+}
+
+struct Tally {
+  std::vector<double> latency_s;
+  std::map<absl::StatusCode, std::int64_t> errors;
+  std::map<absl::StatusCode, std::string> first_message;
+  std::array<double, 7> part_sum{};
+  std::array<std::int64_t, 7> part_count{};
+  // total_us minus the parts, for requests whose trailer has a total.
+  double unaccounted_sum = 0;
+  std::int64_t unaccounted_count = 0;
+
+  void Add(const absl::Status& status, double seconds, const std::optional<TimingTrailer>& t) {
+    if (!status.ok()) {
+      ++errors[status.code()];
+      first_message.emplace(status.code(), std::string(status.message()));
+      return;
+    }
+    latency_s.push_back(seconds);
+    if (!t.has_value()) return;
+    const auto parts = PartsOf(*t);
+    double accounted = 0;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (!parts[i].has_value()) continue;
+      part_sum[i] += static_cast<double>(*parts[i]);
+      ++part_count[i];
+      if (i + 1 < parts.size()) accounted += static_cast<double>(*parts[i]);
+    }
+    if (t->total_us.has_value()) {
+      unaccounted_sum += static_cast<double>(*t->total_us) - accounted;
+      ++unaccounted_count;
+    }
+  }
+
+  void Merge(Tally&& o) {
+    latency_s.insert(latency_s.end(), o.latency_s.begin(), o.latency_s.end());
+    for (const auto& [code, n] : o.errors) errors[code] += n;
+    for (auto& [code, msg] : o.first_message) first_message.emplace(code, std::move(msg));
+    for (std::size_t i = 0; i < part_sum.size(); ++i) {
+      part_sum[i] += o.part_sum[i];
+      part_count[i] += o.part_count[i];
+    }
+    unaccounted_sum += o.unaccounted_sum;
+    unaccounted_count += o.unaccounted_count;
+  }
+
+  std::int64_t error_count() const {
+    std::int64_t n = 0;
+    for (const auto& [code, count] : errors) n += count;
+    return n;
+  }
+};
+
+// One call of the benchmarked RPC; fills the call's trailer when it has one.
+using CallFn = std::function<absl::Status(Client&, const Inputs&, std::optional<TimingTrailer>*)>;
+
+CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
+  switch (rpc) {
+    case Rpc::kLogits:
+      return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
+        client::LogitsOptions options;
+        options.out_dtype = c.out_dtype;
+        if (c.shm) {
+          client::LogitsShmArgs args;
+          args.x_slot = client::ShmSlot{in.region_handle, in.region.get(), 0};
+          args.x_shape = in.x.shape();
+          args.y_slot = client::ShmSlot{in.region_handle, in.region.get(), in.y_offset};
+          absl::StatusOr<client::LogitsShmResult> r = cl.LogitsShm(args, handle, options);
+          if (!r.ok()) return r.status();
+          *trailer = r->timing.trailer;
+          return absl::OkStatus();
+        }
+        client::Timing timing;
+        absl::StatusOr<Tensor> y = cl.Logits(in.x, handle, options, &timing);
+        if (!y.ok()) return y.status();
+        *trailer = timing.trailer;
+        return absl::OkStatus();
+      };
+    case Rpc::kBackward:
+      return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
+        absl::StatusOr<client::BackwardResult> r = cl.Backward(in.dy, in.x, handle, c.backward);
+        if (!r.ok()) return r.status();
+        *trailer = r->timing.trailer;
+        return absl::OkStatus();
+      };
+    case Rpc::kCrossEntropy:
+      return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
+        absl::StatusOr<client::CrossEntropyResult> r =
+            cl.CrossEntropy(in.x, in.targets, handle, c.cross_entropy);
+        if (!r.ok()) return r.status();
+        *trailer = r->timing.trailer;
+        return absl::OkStatus();
+      };
+    case Rpc::kBaseline:
+      break;
+  }
+  // The transport floor: the same bytes each way, the server's chunk size.
+  return [&c](Client& cl, const Inputs& /*in*/, std::optional<TimingTrailer>* trailer) {
+    client::ProbeOptions options;
+    options.request_bytes = c.up_bytes;
+    options.response_bytes = c.down_bytes;
+    options.chunk_bytes = 0;
+    absl::StatusOr<client::ProbeResult> r = cl.Probe(options);
+    if (!r.ok()) return r.status();
+    *trailer = r->trailer;
+    return absl::OkStatus();
+  };
+}
+
+struct Phase {
+  std::string name;  // "logits", "baseline", ...
+  Tally tally;
+  double wall_s = 0;
+};
+
+// Runs `requests` calls (or calls for `duration` when requests is 0) from
+// c.concurrency workers, worker i on clients[i % clients.size()].
+Phase RunPhase(const Config& c, absl::string_view name, const CallFn& call,
+               const std::vector<std::unique_ptr<Client>>& clients,
+               const std::vector<Inputs>& inputs, std::int64_t requests, absl::Duration duration) {
+  std::atomic<std::int64_t> next{0};
+  std::atomic<bool> go{false};
+  std::vector<Tally> tallies(static_cast<std::size_t>(c.concurrency));
+  std::vector<std::thread> workers;
+  absl::Time deadline = absl::InfiniteFuture();
+  for (int i = 0; i < c.concurrency; ++i) {
+    workers.emplace_back([&, i] {
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      Client& cl = *clients[static_cast<std::size_t>(i) % clients.size()];
+      const Inputs& in = inputs[static_cast<std::size_t>(i)];
+      Tally& tally = tallies[static_cast<std::size_t>(i)];
+      while (true) {
+        if (requests > 0) {
+          if (next.fetch_add(1) >= requests) break;
+        } else if (absl::Now() >= deadline) {
+          break;
+        }
+        std::optional<TimingTrailer> trailer;
+        const absl::Time t0 = absl::Now();
+        const absl::Status s = call(cl, in, &trailer);
+        tally.Add(s, absl::ToDoubleSeconds(absl::Now() - t0), trailer);
+      }
+    });
+  }
+  const absl::Time start = absl::Now();
+  deadline = start + duration;
+  go.store(true, std::memory_order_release);
+  for (std::thread& t : workers) t.join();
+  Phase phase;
+  phase.name = std::string(name);
+  phase.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
+  for (Tally& t : tallies) phase.tally.Merge(std::move(t));
+  return phase;
+}
+
+// Nearest-rank percentile of sorted values.
+double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const std::size_t rank =
+      static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
+  return sorted[std::min(sorted.size(), std::max<std::size_t>(rank, 1)) - 1];
+}
+
+nlohmann::json Summary(const Config& c, Phase& p) {
+  std::vector<double>& lat = p.tally.latency_s;
+  std::sort(lat.begin(), lat.end());
+  const double completed = static_cast<double>(lat.size());
+  const double wall = p.wall_s > 0 ? p.wall_s : 1e-9;
+  nlohmann::json j;
+  j["rpc"] = p.name;
+  j["requests"] = static_cast<std::int64_t>(lat.size()) + p.tally.error_count();
+  j["completed"] = lat.size();
+  j["error_count"] = p.tally.error_count();
+  nlohmann::json errors = nlohmann::json::object();
+  for (const auto& [code, n] : p.tally.errors) {
+    errors[absl::StatusCodeToString(code)] = {{"count", n},
+                                              {"first_message", p.tally.first_message[code]}};
+  }
+  j["errors"] = errors;
+  j["wall_s"] = p.wall_s;
+  j["requests_per_s"] = completed / wall;
+  double mean = 0;
+  for (double s : lat) mean += s;
+  if (!lat.empty()) mean /= completed;
+  j["latency_ms"] = {{"p50", Percentile(lat, 0.50) * 1e3},
+                     {"p90", Percentile(lat, 0.90) * 1e3},
+                     {"p99", Percentile(lat, 0.99) * 1e3},
+                     {"max", lat.empty() ? 0 : lat.back() * 1e3},
+                     {"mean", mean * 1e3}};
+  j["request_bytes"] = c.up_bytes;
+  j["response_bytes"] = c.down_bytes;
+  j["up_gb_s"] = completed * static_cast<double>(c.up_bytes) / wall / 1e9;
+  j["down_gb_s"] = completed * static_cast<double>(c.down_bytes) / wall / 1e9;
+  j["total_gb_s"] = completed * static_cast<double>(c.up_bytes + c.down_bytes) / wall / 1e9;
+  nlohmann::json server = nlohmann::json::object();
+  for (std::size_t i = 0; i < kParts.size(); ++i) {
+    const std::string key = absl::StrCat(kParts[i], "_us");
+    if (p.tally.part_count[i] == 0) {
+      server[key] = nullptr;  // not measured by this server for this call
+    } else {
+      server[key] = p.tally.part_sum[i] / static_cast<double>(p.tally.part_count[i]);
+    }
+  }
+  server["unaccounted_us"] = p.tally.unaccounted_count == 0
+                                 ? nlohmann::json(nullptr)
+                                 : nlohmann::json(p.tally.unaccounted_sum /
+                                                  static_cast<double>(p.tally.unaccounted_count));
+  j["server_avg"] = server;
+  return j;
+}
+
+std::string Cell(const nlohmann::json& v, const char* format) {
+  if (v.is_null()) return "absent";
+  return absl::StrFormat(format, v.get<double>());
+}
+
+void PrintText(const nlohmann::json& report) {
+  const nlohmann::json& cfg = report["config"];
+  const nlohmann::json& info = report["server_info"];
+  std::cout << absl::StrFormat(
+      "logitctl bench: %s M=%d K=%d V=%d out=%s; concurrency %d, channels %d, %s, warmup %d\n",
+      cfg["rpc"].get<std::string>(), cfg["m"].get<std::int64_t>(), cfg["k"].get<std::int64_t>(),
+      cfg["v"].get<std::int64_t>(), cfg["out_dtype"].get<std::string>(),
+      cfg["concurrency"].get<int>(), cfg["channels"].get<int>(),
+      cfg["requests"].get<std::int64_t>() > 0
+          ? absl::StrCat(cfg["requests"].get<std::int64_t>(), " requests")
+          : absl::StrFormat("%.1f s", cfg["duration_s"].get<double>()),
+      cfg["warmup"].get<std::int64_t>());
+  std::cout << absl::StrFormat(
+      "server: %s on %s (%s), response chunks %d B; client request chunks %d B\n",
+      info["backend"].get<std::string>(), info["device_name"].get<std::string>(),
+      info["build_id"].get<std::string>(), info["chunk_bytes"].get<std::uint64_t>(),
+      cfg["client_chunk_bytes"].get<std::uint64_t>());
+  std::vector<const nlohmann::json*> phases;
+  for (const nlohmann::json& p : report["phases"]) phases.push_back(&p);
+
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> head = {""};
+  for (const nlohmann::json* p : phases) {
+    head.push_back(p->at("rpc").get<std::string>() == "baseline" ? "baseline (Probe)"
+                                                                 : p->at("rpc").get<std::string>());
+  }
+  rows.push_back(head);
+  auto row = [&](const std::string& label,
+                 const std::function<std::string(const nlohmann::json&)>& f) {
+    std::vector<std::string> r = {label};
+    for (const nlohmann::json* p : phases) r.push_back(f(*p));
+    rows.push_back(std::move(r));
+  };
+  row("requests ok",
+      [](const nlohmann::json& p) { return absl::StrCat(p["completed"].get<std::int64_t>()); });
+  row("errors", [](const nlohmann::json& p) {
+    std::string s = absl::StrCat(p["error_count"].get<std::int64_t>());
+    for (const auto& [code, e] : p["errors"].items()) {
+      absl::StrAppend(&s, " ", code, "=", e["count"].get<std::int64_t>());
+    }
+    return s;
+  });
+  row("requests/s", [](const nlohmann::json& p) { return Cell(p["requests_per_s"], "%.2f"); });
+  for (const char* q : {"p50", "p90", "p99", "max"}) {
+    row(absl::StrCat("latency ", q, " ms"),
+        [q](const nlohmann::json& p) { return Cell(p["latency_ms"][q], "%.2f"); });
+  }
+  row("up GB/s", [](const nlohmann::json& p) { return Cell(p["up_gb_s"], "%.3f"); });
+  row("down GB/s", [](const nlohmann::json& p) { return Cell(p["down_gb_s"], "%.3f"); });
+  for (absl::string_view part : kParts) {
+    const std::string key = absl::StrCat(part, "_us");
+    row(absl::StrCat("server ", key, " (avg)"),
+        [key](const nlohmann::json& p) { return Cell(p["server_avg"][key], "%.0f"); });
+  }
+  row("server unaccounted_us (avg)",
+      [](const nlohmann::json& p) { return Cell(p["server_avg"]["unaccounted_us"], "%.0f"); });
+
+  std::vector<std::size_t> widths;
+  for (const auto& r : rows) {
+    if (widths.size() < r.size()) widths.resize(r.size(), 0);
+    for (std::size_t i = 0; i < r.size(); ++i) widths[i] = std::max(widths[i], r[i].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(widths[i] - r[i].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+  std::cout << absl::StrFormat(
+      "payload per request: %d B up, %d B down (tensor bytes; GB = 1e9 B)\n",
+      cfg["request_bytes"].get<std::uint64_t>(), cfg["response_bytes"].get<std::uint64_t>());
+  if (report.contains("efficiency") && !report["efficiency"].is_null()) {
+    std::cout << absl::StrFormat(
+        "efficiency: %.3f (%s payload GB/s / raw gRPC Probe GB/s, same bytes, same run)\n",
+        report["efficiency"].get<double>(), cfg["rpc"].get<std::string>());
+  }
+}
+
+}  // namespace
+
+int RunBench(const std::vector<std::string>& words, const client::ClientOptions& options,
+             const std::string& server) {
+  if (words.size() != 1) {
+    std::cerr << "logitctl: bench takes no arguments, got '" << words[1]
+              << "'\nrun 'logitctl help' for usage\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<Config> config = ReadConfig();
+  if (!config.ok()) {
+    std::cerr << "logitctl: bench: " << config.status().message()
+              << "\nrun 'logitctl help' for usage\n";
+    return kExitUsage;
+  }
+  const Config& c = *config;
+
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < c.channels; ++i) {
+    client::ClientOptions o = options;
+    o.own_connection = c.channels > 1;
+    absl::StatusOr<std::unique_ptr<Client>> cl = Client::Create(server, std::move(o));
+    if (!cl.ok()) {
+      std::cerr << "logitctl: bench: " << cl.status().message() << "\n";
+      return kExitUsage;
+    }
+    clients.push_back(*std::move(cl));
+  }
+  auto server_error = [](absl::string_view what, const absl::Status& s) {
+    std::cerr << "logitctl: bench: " << what << ": " << absl::StatusCodeToString(s.code()) << ": "
+              << s.message() << "\n";
+    return s.code() == absl::StatusCode::kUnavailable ? kExitUsage : kExitFailed;
+  };
+  absl::StatusOr<client::ServerInfo> info = clients[0]->Info();
+  if (!info.ok()) return server_error("server info", info.status());
+
+  std::string handle;
+  if (c.rpc != Rpc::kBaseline) {
+    std::cerr << "logitctl: bench: registering a random bf16 weight [" << c.v << ", " << c.k
+              << "] (seed " << c.seed << ")\n";
+    const Tensor w = RandomTensor(DType::kBf16, {c.v, c.k}, c.seed);
+    absl::StatusOr<client::WeightInfo> reg = clients[0]->RegisterWeight(w, "logitctl-bench");
+    if (!reg.ok()) return server_error("register weight", reg.status());
+    handle = reg->handle;
+  }
+  std::vector<Inputs> inputs;
+  for (int i = 0; i < c.concurrency; ++i) inputs.push_back(MakeInputs(c, i));
+  if (c.shm) {
+    // One region per worker, X written into it once, registered once.
+    for (Inputs& in : inputs) {
+      in.y_offset = (in.x.nbytes() + 63) / 64 * 64;
+      absl::StatusOr<client::SharedRegion> region =
+          client::SharedRegion::Create(in.y_offset + c.down_bytes);
+      if (!region.ok()) return server_error("shared-memory region", region.status());
+      in.region = std::make_shared<client::SharedRegion>(*std::move(region));
+      std::copy_n(in.x.bytes(), in.x.nbytes(), in.region->data());
+      absl::StatusOr<std::string> h = clients[0]->RegisterShm(*in.region);
+      if (!h.ok()) return server_error("register shared memory", h.status());
+      in.region_handle = *h;
+    }
+  }
+
+  std::vector<Rpc> rpcs = {c.rpc};
+  if (c.rpc != Rpc::kBaseline && c.baseline) rpcs.push_back(Rpc::kBaseline);
+  nlohmann::json phases = nlohmann::json::array();
+  std::int64_t errors = 0;
+  for (Rpc rpc : rpcs) {
+    const CallFn call = MakeCall(c, rpc, handle);
+    if (c.warmup > 0) {
+      std::cerr << "logitctl: bench: " << RpcName(rpc) << ": warm-up, " << c.warmup
+                << " requests\n";
+      RunPhase(c, RpcName(rpc), call, clients, inputs, c.warmup, absl::ZeroDuration());
+    }
+    std::cerr << "logitctl: bench: " << RpcName(rpc) << ": measuring\n";
+    Phase p = RunPhase(c, RpcName(rpc), call, clients, inputs, c.requests, c.duration);
+    errors += p.tally.error_count();
+    phases.push_back(Summary(c, p));
+  }
+  for (const Inputs& in : inputs) {
+    if (in.region_handle.empty()) continue;
+    if (absl::Status s = clients[0]->ReleaseShm(in.region_handle); !s.ok()) {
+      std::cerr << "logitctl: bench: releasing shared memory: " << s.message() << "\n";
+    }
+  }
+  if (!handle.empty()) {
+    if (absl::StatusOr<std::uint64_t> r = clients[0]->ReleaseWeight(handle); !r.ok()) {
+      std::cerr << "logitctl: bench: releasing the weight: " << r.status().message() << "\n";
+    }
+  }
+
+  nlohmann::json report;
+  report["config"] = {{"rpc", std::string(RpcName(c.rpc))},
+                      {"m", c.m},
+                      {"k", c.k},
+                      {"v", c.v},
+                      {"out_dtype", c.out_dtype == DType::kFp32 ? "fp32" : "bf16"},
+                      {"concurrency", c.concurrency},
+                      {"channels", c.channels},
+                      {"requests", c.requests},
+                      {"duration_s", c.requests > 0 ? 0.0 : absl::ToDoubleSeconds(c.duration)},
+                      {"warmup", c.warmup},
+                      {"seed", c.seed},
+                      {"shm", c.shm},
+                      {"request_bytes", c.up_bytes},
+                      {"response_bytes", c.down_bytes},
+                      {"client_chunk_bytes", options.chunk_bytes},
+                      {"server", server}};
+  report["server_info"] = {{"version", info->version},
+                           {"build_id", info->build_id},
+                           {"backend", info->backend},
+                           {"device_name", info->device_name},
+                           {"blas_version", info->blas_version},
+                           {"chunk_bytes", info->chunk_bytes},
+                           {"max_request_bytes", info->max_request_bytes}};
+  report["phases"] = phases;
+  report["efficiency"] = nullptr;
+  if (phases.size() == 2 && phases[1]["total_gb_s"].get<double>() > 0) {
+    report["efficiency"] =
+        phases[0]["total_gb_s"].get<double>() / phases[1]["total_gb_s"].get<double>();
+  }
+  if (c.json) {
+    std::cout << report.dump(2) << "\n";
+  } else {
+    PrintText(report);
+  }
+  return errors == 0 ? kExitOk : kExitFailed;
+}
+
+}  // namespace logitd::logitctl

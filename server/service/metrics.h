@@ -1,0 +1,133 @@
+// Prometheus metrics of the server: per-RPC counters and latency histograms,
+// recorded at the one place every logitd.v1.Logitd call ends
+// (LogitdService::Run), gauges read when scraped, and an HTTP endpoint that
+// serves them in the text exposition format (version 0.0.4).
+//
+// Metric types and the text format come from prometheus-cpp's core library;
+// the HTTP endpoint is civetweb.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+struct mg_connection;
+struct mg_context;
+
+namespace logitd::service {
+
+// The content type of the text exposition format.
+inline constexpr absl::string_view kMetricsContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+// Upper bounds of the request duration histogram, seconds: 100 us to 60 s.
+const std::vector<double>& RequestDurationBuckets();
+
+// Values read at scrape time.
+struct MetricsGauges {
+  std::uint64_t weight_bytes = 0;         // registry: weights plus gradient buffers
+  std::uint64_t weight_budget_bytes = 0;  // --weight_budget_bytes
+  std::uint64_t weights = 0;              // distinct weights held
+  // Device memory; exported only when device_total_bytes > 0 (a backend
+  // with a device that says how large it is).
+  std::uint64_t device_in_use_bytes = 0;
+  std::uint64_t device_total_bytes = 0;
+};
+
+struct MetricsBuildInfo {
+  std::string version;
+  std::string backend;
+  std::string device;
+};
+
+// Thread-safe: calls may be recorded from any thread while another scrapes.
+class Metrics {
+ public:
+  // `rpcs` are the method names whose series exist from the start (with
+  // code="OK"), so that rates are defined before the first call.
+  Metrics(const MetricsBuildInfo& build, const std::vector<std::string>& rpcs);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Sets the function that supplies the gauges at each scrape.
+  void SetGaugeSource(std::function<MetricsGauges()> source);
+
+  // One finished call: its status code (e.g. "OK", "INVALID_ARGUMENT"),
+  // duration and the tensor payload bytes it received and sent.
+  void RecordCall(absl::string_view rpc, absl::string_view code, double seconds,
+                  std::uint64_t tensor_bytes_in, std::uint64_t tensor_bytes_out);
+  void CallStarted();
+  void CallFinished();
+
+  // Every metric in the text exposition format.
+  std::string Expose();
+
+ private:
+  struct PerRpc {
+    prometheus::Histogram* duration = nullptr;
+    prometheus::Counter* bytes_received = nullptr;
+    prometheus::Counter* bytes_sent = nullptr;
+  };
+  PerRpc& ForRpc(absl::string_view rpc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void UpdateGauges();
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* duration_ = nullptr;
+  prometheus::Family<prometheus::Counter>* bytes_received_ = nullptr;
+  prometheus::Family<prometheus::Counter>* bytes_sent_ = nullptr;
+  prometheus::Gauge* weight_bytes_ = nullptr;
+  prometheus::Gauge* weight_budget_bytes_ = nullptr;
+  prometheus::Gauge* weights_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* device_memory_ = nullptr;
+  prometheus::Gauge* inflight_ = nullptr;
+
+  absl::Mutex mutex_;
+  std::map<std::string, PerRpc, std::less<>> rpcs_ ABSL_GUARDED_BY(mutex_);
+  std::function<MetricsGauges()> gauge_source_ ABSL_GUARDED_BY(mutex_);
+  prometheus::Gauge* device_in_use_ ABSL_GUARDED_BY(mutex_) = nullptr;
+  prometheus::Gauge* device_total_ ABSL_GUARDED_BY(mutex_) = nullptr;
+};
+
+// OK when `address` is HOST:PORT with PORT in 0..65535; InvalidArgument
+// naming --metrics_address otherwise.
+absl::Status CheckMetricsAddress(absl::string_view address);
+
+// Serves GET /metrics over plain HTTP. Stops (and joins its threads) when
+// destroyed.
+class MetricsHttpServer {
+ public:
+  // Listens on HOST:PORT (HOST an IPv4 address, or an IPv6 one in brackets;
+  // PORT 0 picks a free port). Fails when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(absl::string_view address,
+                                                                  Metrics* metrics);
+  ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  // The port bound (the one chosen when 0 was asked for).
+  int port() const { return port_; }
+
+ private:
+  MetricsHttpServer() = default;
+  static int HandleMetrics(struct mg_connection* conn, void* self);
+
+  Metrics* metrics_ = nullptr;
+  mg_context* context_ = nullptr;
+  int port_ = 0;
+};
+
+}  // namespace logitd::service

@@ -1,0 +1,282 @@
+// `logitctl bench` and the Probe RPC against a real cpu-backend server: the
+// CI smoke test of the benchmark (a short --requests run of a tensor RPC and
+// of the raw gRPC baseline, checked for complete, error-free, sane reports),
+// the "logitd-timing" trailer through the client library, and the exact
+// status codes of bad Probe requests.
+#include <grpcpp/grpcpp.h>
+#include <stdio.h>
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "logitd/client.h"
+#include "logitd/v1/logitd.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/integration_util.h"
+
+namespace logitd::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Small enough that a logits call of M=4096, K=64, V=1024 (16 MiB of fp32
+// logits) is refused, and a Probe of more than this too.
+constexpr std::uint64_t kMaxRequestBytes = 8u << 20;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+class BenchTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<SharedServer>> s =
+        SharedServer::Start({absl::StrCat("--max_request_bytes=", kMaxRequestBytes)});
+    if (s.ok()) {
+      server_ = std::move(*s).release();
+    } else {
+      start_error_ = new absl::Status(s.status());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr) << "logitd did not start: " << *start_error_;
+  }
+  void TearDown() override {
+    if (server_ != nullptr) {
+      EXPECT_TRUE(ServerAnswers(*server_->client)) << server_->process.Log();
+    }
+  }
+
+  // Runs logitctl against the suite's server; stderr goes to the test log.
+  static RunResult Run(const std::vector<std::string>& args) {
+    std::string cmd = Quote(LogitctlBinary()) + " --server=" + Quote(server_->process.address());
+    for (const std::string& a : args) cmd += " " + Quote(a);
+    RunResult r;
+    FILE* pipe = popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return r;
+    char buf[4096];
+    std::size_t n;
+    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+    const int status = pclose(pipe);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  }
+
+  static client::Client& client() { return *server_->client; }
+
+  static inline SharedServer* server_ = nullptr;
+  static inline absl::Status* start_error_ = nullptr;
+};
+
+// One measured phase of a report: complete, error-free and ordered.
+void ExpectSanePhase(const nlohmann::json& p, const std::string& rpc, std::int64_t requests) {
+  SCOPED_TRACE(p.dump(2));
+  EXPECT_EQ(p.at("rpc").get<std::string>(), rpc);
+  EXPECT_EQ(p.at("requests").get<std::int64_t>(), requests);
+  EXPECT_EQ(p.at("completed").get<std::int64_t>(), requests);
+  EXPECT_EQ(p.at("error_count").get<std::int64_t>(), 0);
+  EXPECT_TRUE(p.at("errors").empty());
+  const nlohmann::json& lat = p.at("latency_ms");
+  const double p50 = lat.at("p50").get<double>();
+  const double p90 = lat.at("p90").get<double>();
+  const double p99 = lat.at("p99").get<double>();
+  const double max = lat.at("max").get<double>();
+  EXPECT_GT(p50, 0);
+  EXPECT_LE(p50, p90);
+  EXPECT_LE(p90, p99);
+  EXPECT_LE(p99, max);
+  EXPECT_GT(p.at("requests_per_s").get<double>(), 0);
+  EXPECT_GT(p.at("wall_s").get<double>(), 0);
+  EXPECT_GT(p.at("up_gb_s").get<double>(), 0);
+  EXPECT_GT(p.at("down_gb_s").get<double>(), 0);
+  // Every call carried a trailer with the server's whole time and its send.
+  const nlohmann::json& server = p.at("server_avg");
+  EXPECT_GT(server.at("total_us").get<double>(), 0);
+  EXPECT_FALSE(server.at("send_us").is_null());
+  EXPECT_FALSE(server.at("receive_us").is_null());
+  // The cpu backend has no device copies: reported absent, not as 0.
+  EXPECT_TRUE(server.at("h2d_us").is_null());
+  EXPECT_TRUE(server.at("d2h_us").is_null());
+}
+
+TEST_F(BenchTest, LogitsReportsAndComparesWithTheBaseline) {
+  const RunResult r = Run({"bench", "--rpc=logits", "--m=4", "--k=64", "--v=256", "--requests",
+                           "20", "--concurrency", "4", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(report.is_discarded()) << r.out;
+  EXPECT_EQ(report.at("config").at("request_bytes").get<std::uint64_t>(), 4u * 64 * 2);
+  EXPECT_EQ(report.at("config").at("response_bytes").get<std::uint64_t>(), 4u * 256 * 4);
+  EXPECT_EQ(report.at("server_info").at("backend").get<std::string>(), "cpu");
+  const nlohmann::json& phases = report.at("phases");
+  ASSERT_EQ(phases.size(), 2u);
+  ExpectSanePhase(phases[0], "logits", 20);
+  ExpectSanePhase(phases[1], "baseline", 20);
+  EXPECT_FALSE(phases[0].at("server_avg").at("compute_us").is_null());
+  // The Probe does no tensor work.
+  EXPECT_TRUE(phases[1].at("server_avg").at("compute_us").is_null());
+  EXPECT_GT(report.at("efficiency").get<double>(), 0);
+}
+
+TEST_F(BenchTest, BaselineAloneOverSeveralConnections) {
+  const RunResult r = Run({"bench", "--rpc=baseline", "--m=4", "--k=64", "--v=256", "--requests",
+                           "20", "--concurrency", "4", "--channels", "2", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << r.out;
+  ASSERT_EQ(report.at("phases").size(), 1u);
+  ExpectSanePhase(report.at("phases")[0], "baseline", 20);
+  EXPECT_TRUE(report.at("efficiency").is_null());
+}
+
+TEST_F(BenchTest, BackwardAndCrossEntropyRun) {
+  for (const char* rpc : {"--rpc=backward", "--rpc=cross-entropy"}) {
+    const RunResult r = Run({"bench", rpc, "--m=4", "--k=64", "--v=256", "--requests=4",
+                             "--concurrency=2", "--nobaseline", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << rpc << "\n" << r.out;
+    const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(report.is_discarded()) << r.out;
+    ASSERT_EQ(report.at("phases").size(), 1u);
+    EXPECT_EQ(report.at("phases")[0].at("completed").get<std::int64_t>(), 4) << rpc;
+  }
+}
+
+TEST_F(BenchTest, FailedRequestsAreCountedByCodeAndExitOne) {
+  // 16 MiB of logits per call, over the server's 8 MiB per call.
+  const RunResult r = Run({"bench", "--m=4096", "--k=64", "--v=1024", "--requests=3", "--warmup=0",
+                           "--nobaseline", "--json"});
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << r.out;
+  const nlohmann::json& p = report.at("phases")[0];
+  EXPECT_EQ(p.at("completed").get<std::int64_t>(), 0);
+  EXPECT_EQ(p.at("error_count").get<std::int64_t>(), 3);
+  EXPECT_EQ(p.at("errors").at("RESOURCE_EXHAUSTED").at("count").get<std::int64_t>(), 3);
+}
+
+TEST_F(BenchTest, UsageErrorsExitTwo) {
+  EXPECT_EQ(Run({"bench", "--rpc=gemm"}).exit_code, 2);
+  EXPECT_EQ(Run({"bench", "--requests=5", "--duration=1"}).exit_code, 2);
+  EXPECT_EQ(Run({"bench", "--concurrency=0"}).exit_code, 2);
+  EXPECT_EQ(Run({"bench", "--out_dtype=fp16"}).exit_code, 2);
+}
+
+TEST_F(BenchTest, TimingTrailerThroughTheClientLibrary) {
+  const Tensor w = IntBf16({256, 64}, 1);
+  absl::StatusOr<client::WeightInfo> reg = client().RegisterWeight(w, "trailer");
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  client::Timing timing;
+  absl::StatusOr<Tensor> y = client().Logits(IntBf16({4, 64}, 2), reg->handle, {}, &timing);
+  ASSERT_TRUE(y.ok()) << y.status();
+  ASSERT_TRUE(timing.trailer.has_value());
+  EXPECT_TRUE(timing.trailer->compute_us.has_value());
+  EXPECT_TRUE(timing.trailer->receive_us.has_value());
+  EXPECT_TRUE(timing.trailer->send_us.has_value());
+  ASSERT_TRUE(timing.trailer->total_us.has_value());
+  EXPECT_GE(*timing.trailer->total_us, *timing.trailer->compute_us);
+  EXPECT_FALSE(timing.trailer->h2d_us.has_value());
+  EXPECT_FALSE(timing.trailer->d2h_us.has_value());
+  // Existing callers without a Timing still work.
+  EXPECT_TRUE(client().Logits(IntBf16({4, 64}, 2), reg->handle).ok());
+  EXPECT_TRUE(client().ReleaseWeight(reg->handle).ok());
+}
+
+TEST(TimingTrailerParse, KnownKeysUnknownKeysAndMalformedText) {
+  absl::StatusOr<client::TimingTrailer> t =
+      client::ParseTimingTrailer("receive_us=5,compute_us=17,future_us=3,total_us=40");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->receive_us, 5);
+  EXPECT_EQ(t->compute_us, 17);
+  EXPECT_EQ(t->total_us, 40);
+  EXPECT_FALSE(t->send_us.has_value());
+  EXPECT_EQ(client::ParseTimingTrailer("compute_us").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client::ParseTimingTrailer("compute_us=x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(BenchTest, ProbeMovesTheAskedBytes) {
+  client::ProbeOptions options;
+  options.request_bytes = 3u << 20;
+  options.response_bytes = (4u << 20) + 7;  // not a multiple of the chunk size
+  options.chunk_bytes = 1u << 20;
+  absl::StatusOr<client::ProbeResult> r = client().Probe(options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->response_bytes, options.response_bytes);
+  ASSERT_TRUE(r->trailer.has_value());
+  EXPECT_TRUE(r->trailer->send_us.has_value());
+  EXPECT_FALSE(r->trailer->compute_us.has_value());
+  // Nothing either way is a valid probe too (the call's own latency).
+  EXPECT_TRUE(client().Probe({}).ok());
+}
+
+TEST_F(BenchTest, ProbeOverTheRequestLimitIsResourceExhausted) {
+  client::ProbeOptions options;
+  options.request_bytes = 1u << 20;
+  options.response_bytes = kMaxRequestBytes;  // together one MiB over
+  absl::StatusOr<client::ProbeResult> r = client().Probe(options);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("--max_request_bytes"));
+  // Sums that overflow 64 bits are refused the same way, not wrapped.
+  options.request_bytes = ~std::uint64_t{0};
+  options.response_bytes = 2;
+  r = client().Probe(options);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  // Exactly at the limit is fine.
+  options.request_bytes = 0;
+  options.response_bytes = kMaxRequestBytes;
+  EXPECT_TRUE(client().Probe(options).ok());
+}
+
+TEST_F(BenchTest, ProbeChunkLargerThanTheServersIsInvalidArgument) {
+  client::ProbeOptions options;
+  options.response_bytes = 1;
+  options.chunk_bytes = (4u << 20) + 1;  // the server streams 4 MiB chunks
+  absl::StatusOr<client::ProbeResult> r = client().Probe(options);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("chunk_bytes"));
+}
+
+TEST_F(BenchTest, ProbeWithOtherBytesThanAnnouncedIsInvalidArgument) {
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(server_->process.address(), grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::Logitd::Stub> stub = v1::Logitd::NewStub(channel);
+  for (const std::string& data : {std::string(5, 'x'), std::string(11, 'x')}) {
+    grpc::ClientContext context;
+    auto stream = stub->Probe(&context);
+    v1::ProbeRequest header;
+    header.mutable_header()->set_request_bytes(10);
+    v1::ProbeRequest body;
+    body.set_data(data);
+    stream->Write(header);
+    stream->Write(body);
+    stream->WritesDone();
+    v1::ProbeChunk chunk;
+    while (stream->Read(&chunk)) {
+    }
+    const grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << data.size();
+    EXPECT_THAT(s.error_message(), HasSubstr("probe")) << s.error_message();
+  }
+}
+
+}  // namespace
+}  // namespace logitd::testing

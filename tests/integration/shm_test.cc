@@ -1,0 +1,475 @@
+// The same-host shared-memory path against the real server (cpu backend):
+// results through shared memory equal the streamed ones bitwise, and every
+// refusal (flag off, bounds, names, sizes, tenants, released regions, input
+// bytes that do not match their digest) has its status. Faults the client
+// library never produces go through the generated stub directly.
+#include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/wire.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "logitd/client.h"
+#include "logitd/safetensors.h"
+#include "logitd/shared_region.h"
+#include "logitd/v1/logitd.grpc.pb.h"
+#include "tests/integration/integration_util.h"
+
+namespace logitd::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::int64_t kV = 96;
+constexpr std::int64_t kK = 64;
+
+client::ClientOptions WithToken(const std::string& token) {
+  client::ClientOptions o;
+  o.timeout = absl::Seconds(60);
+  o.auth_token = token;
+  return o;
+}
+
+// The server's mappings of shared-memory objects, from /proc.
+bool ServerMaps(pid_t pid, const std::string& shm_name) {
+  std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
+  std::stringstream text;
+  text << maps.rdbuf();
+  return absl::StrContains(text.str(), absl::StrCat("/dev/shm", shm_name));
+}
+
+class ShmTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char dir[] = "/tmp/logitd-shm-XXXXXX";
+    if (mkdtemp(dir) == nullptr) {
+      start_error_ = new absl::Status(absl::InternalError("mkdtemp"));
+      return;
+    }
+    dir_ = new std::string(dir);
+    tokens_ = new std::string(*dir_ + "/tokens");
+    std::ofstream(*tokens_) << "tok-a team-a\ntok-b team-b\n";
+    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start(
+        {"--allow_shm", "--shm_max_region_bytes=4194304", "--auth_tokens=" + *tokens_},
+        WithToken("tok-a"));
+    if (!s.ok()) {
+      start_error_ = new absl::Status(s.status());
+      return;
+    }
+    server_ = std::move(*s).release();
+    weight_ = new Tensor(NormalBf16({kV, kK}, 7));
+    absl::StatusOr<client::WeightInfo> info = server_->client->RegisterWeight(*weight_, "w");
+    if (!info.ok()) {
+      start_error_ = new absl::Status(info.status());
+      return;
+    }
+    handle_ = new std::string(info->handle);
+  }
+  static void TearDownTestSuite() {
+    delete handle_;
+    delete weight_;
+    delete server_;
+    if (tokens_ != nullptr) std::remove(tokens_->c_str());
+    if (dir_ != nullptr) std::remove(dir_->c_str());
+    delete tokens_;
+    delete dir_;
+  }
+  void SetUp() override { ASSERT_EQ(start_error_, nullptr) << *start_error_; }
+  void TearDown() override { EXPECT_TRUE(ServerAnswers(a())) << server_->process.Log(); }
+
+  static client::Client& a() { return *server_->client; }
+  static std::unique_ptr<client::Client> As(const std::string& token) {
+    absl::StatusOr<std::unique_ptr<client::Client>> c =
+        client::Client::Create(server_->process.address(), WithToken(token));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  static const std::string& handle() { return *handle_; }
+
+  // A region of `bytes` registered by tenant a.
+  struct Registered {
+    client::SharedRegion region;
+    std::string handle;
+  };
+  static Registered Register(std::uint64_t bytes) {
+    Registered r;
+    absl::StatusOr<client::SharedRegion> region = client::SharedRegion::Create(bytes);
+    EXPECT_TRUE(region.ok()) << region.status();
+    if (!region.ok()) return r;
+    r.region = *std::move(region);
+    absl::StatusOr<std::string> h = a().RegisterShm(r.region);
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (h.ok()) r.handle = *h;
+    return r;
+  }
+
+  // A raw Logits call with the given header and no chunks.
+  static grpc::Status RawLogits(const v1::LogitsHeader& header, v1::LogitsResult* result) {
+    auto channel =
+        grpc::CreateChannel(server_->process.address(), grpc::InsecureChannelCredentials());
+    auto stub = v1::Logitd::NewStub(channel);
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer tok-a");
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto stream = stub->Logits(&context);
+    v1::LogitsRequest request;
+    *request.mutable_header() = header;
+    stream->Write(request);
+    stream->WritesDone();
+    v1::LogitsResponse response;
+    while (stream->Read(&response)) {
+      if (response.has_result()) *result = response.result();
+    }
+    return stream->Finish();
+  }
+
+  static inline std::string* dir_ = nullptr;
+  static inline std::string* tokens_ = nullptr;
+  static inline SharedServer* server_ = nullptr;
+  static inline absl::Status* start_error_ = nullptr;
+  static inline Tensor* weight_ = nullptr;
+  static inline std::string* handle_ = nullptr;
+};
+
+TEST_F(ShmTest, RoundTripEqualsStreamedBitwise) {
+  const Tensor x = NormalBf16({13, kK}, 21);
+  for (DType out : {DType::kFp32, DType::kBf16}) {
+    SCOPED_TRACE(DTypeName(out));
+    client::LogitsOptions options;
+    options.out_dtype = out;
+    options.alpha = 0.375f;
+    absl::StatusOr<Tensor> streamed = a().Logits(x, handle(), options);
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+
+    // X at 8 (any offset will do for an input), Y after it at a multiple of 64.
+    const std::uint64_t y_at = (8 + x.nbytes() + 63) / 64 * 64;
+    Registered r = Register(y_at + streamed->nbytes() + 100);
+    std::copy_n(x.bytes(), x.nbytes(), r.region.data() + 8);
+    client::LogitsShmArgs args;
+    args.x_slot = client::ShmSlot{r.handle, &r.region, 8};
+    args.x_shape = x.shape();
+    args.y_slot = client::ShmSlot{r.handle, &r.region, y_at};
+    absl::StatusOr<client::LogitsShmResult> got = a().LogitsShm(args, handle(), options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_FALSE(got->y.has_value());
+    EXPECT_EQ(got->y_dtype, out);
+    EXPECT_EQ(got->y_shape, streamed->shape());
+    EXPECT_EQ(got->y_offset, y_at);
+    EXPECT_EQ(got->y_bytes, streamed->nbytes());
+    EXPECT_EQ(got->y_xxh3, streamed->Digest());
+    EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
+                           r.region.data() + y_at));
+
+    // Only X in shared memory: Y streamed back.
+    client::LogitsShmArgs x_only = args;
+    x_only.y_slot.reset();
+    absl::StatusOr<client::LogitsShmResult> y_streamed = a().LogitsShm(x_only, handle(), options);
+    ASSERT_TRUE(y_streamed.ok()) << y_streamed.status();
+    ASSERT_TRUE(y_streamed->y.has_value());
+    EXPECT_TRUE(BitwiseEqual(*y_streamed->y, *streamed));
+
+    // Only Y in shared memory: X streamed.
+    std::fill_n(r.region.data() + y_at, streamed->nbytes(), std::byte{0});
+    client::LogitsShmArgs y_only;
+    y_only.x = &x;
+    y_only.y_slot = args.y_slot;
+    absl::StatusOr<client::LogitsShmResult> x_streamed = a().LogitsShm(y_only, handle(), options);
+    ASSERT_TRUE(x_streamed.ok()) << x_streamed.status();
+    EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
+                           r.region.data() + y_at));
+    EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
+  }
+}
+
+TEST_F(ShmTest, BackwardRoundTripEqualsStreamedBitwise) {
+  const std::int64_t m = 11;
+  const Tensor dy = NormalFp32({m, kV}, 31, 0.01f);
+  const Tensor x = NormalBf16({m, kK}, 32);
+  client::BackwardOptions options;
+  options.dx_dtype = DType::kFp32;
+  absl::StatusOr<client::BackwardResult> streamed = a().Backward(dy, x, handle(), options);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  ASSERT_TRUE(streamed->dx.has_value() && streamed->dw.has_value());
+
+  // dY, X, dX and dW one after the other, each at a multiple of 64.
+  const auto up = [](std::uint64_t n) { return (n + 63) / 64 * 64; };
+  const std::uint64_t x_at = up(dy.nbytes());
+  const std::uint64_t dx_at = x_at + up(x.nbytes());
+  const std::uint64_t dw_at = dx_at + up(streamed->dx->nbytes());
+  Registered r = Register(dw_at + streamed->dw->nbytes());
+  std::copy_n(dy.bytes(), dy.nbytes(), r.region.data());
+  std::copy_n(x.bytes(), x.nbytes(), r.region.data() + x_at);
+  client::BackwardShmArgs args;
+  args.dy_slot = client::ShmSlot{r.handle, &r.region, 0};
+  args.dy_dtype = DType::kFp32;
+  args.dy_shape = dy.shape();
+  args.x_slot = client::ShmSlot{r.handle, &r.region, x_at};
+  args.x_shape = x.shape();
+  args.dx_slot = client::ShmSlot{r.handle, &r.region, dx_at};
+  args.dw_slot = client::ShmSlot{r.handle, &r.region, dw_at};
+  absl::StatusOr<client::BackwardShmResult> got = a().BackwardShm(args, handle(), options);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->dx_shm.has_value() && got->dw_shm.has_value());
+  EXPECT_FALSE(got->dx.has_value() || got->dw.has_value());
+  EXPECT_EQ(got->dx_shm->xxh3, streamed->dx->Digest());
+  EXPECT_EQ(got->dw_shm->xxh3, streamed->dw->Digest());
+  EXPECT_TRUE(std::equal(streamed->dx->bytes(), streamed->dx->bytes() + streamed->dx->nbytes(),
+                         r.region.data() + dx_at));
+  EXPECT_TRUE(std::equal(streamed->dw->bytes(), streamed->dw->bytes() + streamed->dw->nbytes(),
+                         r.region.data() + dw_at));
+
+  // Inputs streamed, dW in shared memory, dX streamed back.
+  client::BackwardShmArgs mixed;
+  mixed.dy = &dy;
+  mixed.x = &x;
+  mixed.dw_slot = args.dw_slot;
+  got = a().BackwardShm(mixed, handle(), options);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->dx.has_value());
+  EXPECT_TRUE(BitwiseEqual(*got->dx, *streamed->dx));
+  EXPECT_TRUE(got->dw_shm.has_value());
+
+  // A slot for an output that is not returned.
+  client::BackwardOptions no_dx = options;
+  no_dx.want_dx = false;
+  args.dw_slot.reset();
+  got = a().BackwardShm(args, handle(), no_dx);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(), HasSubstr("dx_shm"));
+  EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
+}
+
+TEST_F(ShmTest, RegionIsMappedUntilReleased) {
+  Registered r = Register(4096);
+  EXPECT_TRUE(ServerMaps(server_->process.pid(), r.region.name()));
+  ASSERT_TRUE(a().ReleaseShm(r.handle).ok());
+  EXPECT_FALSE(ServerMaps(server_->process.pid(), r.region.name()));
+}
+
+TEST_F(ShmTest, BoundsViolationsAreInvalidArgument) {
+  const Tensor x = NormalBf16({4, kK}, 22);
+  const std::uint64_t y_bytes = 4 * kV * 4;
+  Registered r = Register(1024 + y_bytes);
+  std::copy_n(x.bytes(), x.nbytes(), r.region.data());
+
+  // Y does not fit after its offset: the server refuses, with the numbers.
+  client::LogitsShmArgs args;
+  args.x_slot = client::ShmSlot{r.handle, &r.region, 0};
+  args.x_shape = x.shape();
+  args.y_slot = client::ShmSlot{r.handle, &r.region, 1024 + 64};
+  absl::StatusOr<client::LogitsShmResult> got = a().LogitsShm(args, handle());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(),
+              HasSubstr(absl::StrCat("is less than the ", y_bytes, " bytes")));
+
+  // Y's offset not a multiple of fp32's 4 bytes.
+  args.y_slot = client::ShmSlot{r.handle, &r.region, 1022};
+  got = a().LogitsShm(args, handle());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(got.status().message(), HasSubstr("not a multiple of 4"));
+
+  // The client library checks its own slots before any call.
+  args.y_slot = client::ShmSlot{r.handle, &r.region, 1024 + y_bytes + 1};
+  EXPECT_EQ(a().LogitsShm(args, handle()).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Raw refs past the region's end, and an offset that would overflow.
+  v1::LogitsHeader h;
+  h.set_weight_handle(handle());
+  *h.mutable_x() = wire::MakeSpec("x", x);
+  h.mutable_x_shm()->set_region(r.handle);
+  h.mutable_x_shm()->set_offset(r.region.size() - 16);
+  h.mutable_x_shm()->set_bytes(x.nbytes());
+  v1::LogitsResult result;
+  grpc::Status s = RawLogits(h, &result);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(
+      s.error_message(),
+      HasSubstr(absl::StrCat("shm offset ", r.region.size() - 16, " + bytes ", x.nbytes(),
+                             " exceeds region '", r.handle, "' of ", r.region.size(), " bytes")));
+  h.mutable_x_shm()->set_offset(std::numeric_limits<std::uint64_t>::max() - 8);
+  s = RawLogits(h, &result);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("exceeds region"));
+  // An input ref whose bytes are not X's size.
+  h.mutable_x_shm()->set_offset(0);
+  h.mutable_x_shm()->set_bytes(x.nbytes() - 2);
+  s = RawLogits(h, &result);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("is not the ", x.nbytes(), " bytes")));
+  EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
+}
+
+TEST_F(ShmTest, ScribbledInputIsDataLoss) {
+  const Tensor x = NormalBf16({4, kK}, 23);
+  Registered r = Register(x.nbytes() + 4 * kV * 4);
+  std::copy_n(x.bytes(), x.nbytes(), r.region.data());
+  v1::LogitsHeader h;
+  h.set_weight_handle(handle());
+  *h.mutable_x() = wire::MakeSpec("x", x);  // the spec of the bytes as they were
+  h.mutable_x_shm()->set_region(r.handle);
+  h.mutable_x_shm()->set_bytes(x.nbytes());
+  h.mutable_y_shm()->set_region(r.handle);
+  h.mutable_y_shm()->set_offset(x.nbytes());
+  h.mutable_y_shm()->set_bytes(4 * kV * 4);
+  r.region.data()[5] ^= std::byte{0x40};  // then the client scribbles
+  v1::LogitsResult result;
+  const grpc::Status s = RawLogits(h, &result);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(s.error_message(), HasSubstr("read from shared memory"));
+  // Restored, the same header works and says where Y went.
+  r.region.data()[5] ^= std::byte{0x40};
+  ASSERT_TRUE(RawLogits(h, &result).ok());
+  EXPECT_EQ(result.y_shm().offset(), x.nbytes());
+  EXPECT_EQ(result.y_shm().bytes(), 4u * kV * 4);
+  EXPECT_EQ(result.y().xxh3(), Xxh3(r.region.data() + x.nbytes(), 4 * kV * 4));
+  EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
+}
+
+TEST_F(ShmTest, UnknownAndOtherTenantsRegionsAreNotFound) {
+  const Tensor x = NormalBf16({2, kK}, 24);
+  Registered r = Register(64 + 2 * kV * 4);
+  std::unique_ptr<client::Client> b = As("tok-b");
+  ASSERT_NE(b, nullptr);
+  // b's own weight, so that only the region is foreign.
+  absl::StatusOr<client::WeightInfo> wb = b->RegisterWeight(*weight_, "b's head");
+  ASSERT_TRUE(wb.ok()) << wb.status();
+
+  client::LogitsShmArgs args;
+  args.x = &x;
+  args.y_slot = client::ShmSlot{r.handle, &r.region, 0};
+  absl::StatusOr<client::LogitsShmResult> got = b->LogitsShm(args, wb->handle);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(got.status().message(), HasSubstr("for tenant 'team-b'"));
+  EXPECT_EQ(b->ReleaseShm(r.handle).code(), absl::StatusCode::kNotFound);
+  // Still a's.
+  ASSERT_TRUE(a().LogitsShm(args, handle()).ok());
+
+  args.y_slot->handle = "shm-999999";
+  got = a().LogitsShm(args, handle());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(got.status().message(), HasSubstr("'shm-999999' is not registered"));
+  EXPECT_EQ(a().ReleaseShm("shm-999999").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
+  EXPECT_TRUE(b->ReleaseWeight(wb->handle).ok());
+}
+
+TEST_F(ShmTest, ReleasedRegionIsNotFound) {
+  const Tensor x = NormalBf16({2, kK}, 25);
+  Registered r = Register(2 * kV * 4);
+  ASSERT_TRUE(a().ReleaseShm(r.handle).ok());
+  client::LogitsShmArgs args;
+  args.x = &x;
+  args.y_slot = client::ShmSlot{r.handle, &r.region, 0};
+  EXPECT_EQ(a().LogitsShm(args, handle()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(a().ReleaseShm(r.handle).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ShmTest, RegisterRefusesBadNamesSizesAndObjects) {
+  absl::StatusOr<client::SharedRegion> region = client::SharedRegion::Create(4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  for (const char* name : {"no-slash", "/a/b", "/..", "/x..y", "/", ""}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(a().RegisterShm(name, 4096).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  absl::StatusOr<std::string> h = a().RegisterShm(region->name(), 8192);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(h.status().message(), HasSubstr("registered as 8192 bytes, but the object has 4096"));
+  EXPECT_EQ(a().RegisterShm(region->name(), 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a().RegisterShm("/logitd-test-does-not-exist", 4096).status().code(),
+            absl::StatusCode::kNotFound);
+
+  // Over --shm_max_region_bytes (4 MiB here).
+  absl::StatusOr<client::SharedRegion> big = client::SharedRegion::Create(8u << 20);
+  ASSERT_TRUE(big.ok()) << big.status();
+  h = a().RegisterShm(*big);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(h.status().message(), HasSubstr("--shm_max_region_bytes"));
+}
+
+// Runs a shell command; returns its exit code and stdout.
+int RunCommand(const std::string& cmd, std::string* out) {
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out->append(buf, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(ShmTest, LogitctlLogitsAndBenchWithShm) {
+  const Tensor x = NormalBf16({9, kK}, 27);
+  const std::string x_path = *dir_ + "/x.safetensors";
+  const std::string y_path = *dir_ + "/y.safetensors";
+  ASSERT_TRUE(WriteSafetensors(x_path, {{"x", &x}}).ok());
+  absl::StatusOr<Tensor> streamed = a().Logits(x, handle());
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+
+  const std::string base =
+      absl::StrCat(LogitctlBinary(), " --server=", server_->process.address(), " --token=tok-a ");
+  std::string out;
+  ASSERT_EQ(RunCommand(base + "logits --shm --x=" + x_path + " --weight=" + handle() +
+                           " --out=" + y_path + " 2>&1",
+                       &out),
+            0)
+      << out;
+  absl::StatusOr<Tensor> y = ReadSafetensorsTensor(y_path, "logits");
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_TRUE(BitwiseEqual(*y, *streamed));
+  std::remove(x_path.c_str());
+  std::remove(y_path.c_str());
+
+  out.clear();
+  ASSERT_EQ(RunCommand(base + "bench --rpc=logits --shm --m=8 --k=64 --v=96 --requests=3 "
+                              "--nobaseline --json 2>/dev/null",
+                       &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("\"shm\": true"));
+  EXPECT_THAT(out, HasSubstr("\"error_count\": 0"));
+}
+
+TEST(ShmOffTest, EveryShmRequestIsFailedPreconditionWithoutTheFlag) {
+  absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start({});
+  ASSERT_TRUE(s.ok()) << s.status();
+  client::Client& c = *(*s)->client;
+  absl::StatusOr<client::SharedRegion> region = client::SharedRegion::Create(4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+
+  absl::StatusOr<std::string> h = c.RegisterShm(*region);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(h.status().message(), HasSubstr("--allow_shm"));
+  EXPECT_FALSE(ServerMaps((*s)->process.pid(), region->name()));
+  EXPECT_EQ(c.ReleaseShm("shm-1").code(), absl::StatusCode::kFailedPrecondition);
+
+  const Tensor w = NormalBf16({kV, kK}, 7);
+  absl::StatusOr<client::WeightInfo> reg = c.RegisterWeight(w, "w");
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  const Tensor x = NormalBf16({2, kK}, 26);
+  client::LogitsShmArgs args;
+  args.x = &x;
+  args.y_slot = client::ShmSlot{"shm-1", &*region, 0};
+  absl::StatusOr<client::LogitsShmResult> got = c.LogitsShm(args, reg->handle);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(got.status().message(), HasSubstr("--allow_shm"));
+  // The streamed path is unaffected.
+  EXPECT_TRUE(c.Logits(x, reg->handle).ok());
+}
+
+}  // namespace
+}  // namespace logitd::testing
