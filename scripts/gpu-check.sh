@@ -9,7 +9,7 @@
 # Environment:
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
-#   GPU_CHECK_SKIP     any of: tests validate example bench torch gemm ce ("bench" skips every
+#   GPU_CHECK_SKIP     any of: tests validate rpc example bench torch gemm ce ("bench" skips every
 #                      benchmark, "gemm" the GEMM ones, "ce" the cross-entropy one)
 #   GPU_CHECK_CTEST    extra ctest arguments (default: -L gpu)
 #   VALIDATE_TIMEOUT   seconds allowed for `logitctl validate` (default 300; a device
@@ -23,9 +23,11 @@
 #   CE_BENCH_COMPILE   1 adds torch.compile of the same (compiling takes minutes)
 #   CE_BENCH_TOKEN_CHUNKS  N[,N...]: also time the token walk at these chunk sizes
 #   CE_BENCH_TIMEOUT   seconds allowed for it (default 240; 600 with CE_BENCH_COMPILE=1)
-# Writes at most twelve files to OUT_DIR: build.log tests.log validate.log example.log
-# validate.json bench_logitd.json bench_torch.json bench.log bench_ce.json
-# bench_ce.md bench_ce.log summary.txt.
+#   RPC_BENCH_REQUESTS requests per M=1024 logitctl bench run (default 30)
+#   RPC_BENCH_TIMEOUT  seconds allowed per logitctl bench run (default 120)
+# Writes to OUT_DIR: build.log tests.log validate.log example.log validate.json
+# rpc.log rpc_*.json rpc_server.log rpc_util.txt rpc_metrics.txt bench_logitd.json
+# bench_torch.json bench.log bench_ce.json bench_ce.md bench_ce.log summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
@@ -143,6 +145,82 @@ if ! skipped validate; then
   fi
 else
   note validate skip "GPU_CHECK_SKIP"
+fi
+
+# --- the service at the RPC level: logitctl bench against the cuda backend ----
+# Issue 8's shapes, server and client on this machine over loopback; every run
+# ends with the Probe RPC (plain gRPC, same bytes) so the ratios come from one
+# run. nvidia-smi samples GPU utilisation during the 16-client run. Also
+# scrapes the metrics endpoint of this (cuda-enabled) build.
+if skipped rpc; then
+  note rpc skip "GPU_CHECK_SKIP"
+elif [ -z "$(find_bin logitd)" ] || [ -z "$(find_bin logitctl)" ]; then
+  note rpc skip "logitd or logitctl was not built (see build.log)"
+else
+  logitctl_bin=$(find_bin logitctl)
+  port_file=$(mktemp); metrics_port_file=$(mktemp)
+  rm -f "$port_file" "$metrics_port_file"
+  "$(find_bin logitd)" --backend=cuda --allow_shm --address=127.0.0.1:0 --port_file="$port_file" \
+    --metrics_address=127.0.0.1:0 --metrics_port_file="$metrics_port_file" \
+    >"$out/rpc_server.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 1 120); do
+    [ -s "$port_file" ] && break
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  if [ -s "$port_file" ]; then
+    port=$(tr -dc '0-9' <"$port_file")
+    rpc_rc=0
+    bench() {  # bench NAME ARGS...: one logitctl bench run, its JSON to rpc_NAME.json
+      local name=$1; shift
+      echo "=== bench $name: $*" >>"$out/rpc.log"
+      timeout "${RPC_BENCH_TIMEOUT:-120}" "$logitctl_bin" --server="127.0.0.1:$port" bench "$@" \
+        --json >"$out/rpc_$name.json" 2>>"$out/rpc.log" || { rpc_rc=1; echo "exit $?" >>"$out/rpc.log"; }
+      python3 -c 'import json,sys
+for p in json.load(open(sys.argv[1]))["phases"]:
+  s=p.get("server_avg",{})
+  print("  %-9s req/s %8.2f p50 %9.3f p99 %9.3f ms  down %7.3f GB/s  server compute %s send %s total %s us" % (
+    p["rpc"], p["requests_per_s"], p["latency_ms"]["p50"], p["latency_ms"]["p99"], p["down_gb_s"],
+    s.get("compute_us"), s.get("send_us"), s.get("total_us")))' "$out/rpc_$name.json" \
+        >>"$out/rpc.log" 2>&1 || true
+    }
+    r=${RPC_BENCH_REQUESTS:-30}
+    bench m1024_c1 --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r"
+    bench m1024_c4 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=4 --channels=4 --requests="$r"
+    bench m16_c1 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5
+    if command -v nvidia-smi >/dev/null; then
+      nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 \
+        >"$out/rpc_util.txt" 2>/dev/null &
+      smi_pid=$!
+    fi
+    bench m1024_c16 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 --duration=10
+    if [ -n "${smi_pid:-}" ]; then
+      kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
+      echo "  GPU utilisation during m1024_c16 (nvidia-smi, 100 ms samples): $(sort -n "$out/rpc_util.txt" | awk '{s+=$1; a[NR]=$1} END {if (NR) printf "mean %.1f%% median %s%% over %d samples", s/NR, a[int((NR+1)/2)], NR}')" >>"$out/rpc.log"
+    fi
+    df -h /dev/shm >>"$out/rpc.log" 2>&1
+    bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
+    bench m8192_shm --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm --baseline=false
+    bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=10
+    metrics_port=$(tr -dc '0-9' <"$metrics_port_file" 2>/dev/null)
+    if [ -n "$metrics_port" ] && python3 -c 'import sys,urllib.request
+body=urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
+lines=[l for l in body.splitlines() if l.startswith("logitd_requests_total")]
+print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out/rpc_metrics.txt" 2>&1; then
+      echo "  metrics endpoint: served ($(wc -l <"$out/rpc_metrics.txt") request counters)" >>"$out/rpc.log"
+    else
+      rpc_rc=1
+      echo "  metrics endpoint: FAILED (port '$metrics_port'; see rpc_metrics.txt, rpc_server.log)" >>"$out/rpc.log"
+    fi
+    if [ $rpc_rc -eq 0 ]; then note rpc ok "rpc.log, rpc_*.json"
+    else note rpc FAIL "see rpc.log"; fi
+  else
+    note rpc FAIL "logitd --backend=cuda --allow_shm did not start (see rpc_server.log)"
+  fi
+  kill "$server_pid" 2>/dev/null
+  wait "$server_pid" 2>/dev/null
+  rm -f "$port_file" "$metrics_port_file"
 fi
 
 # The python with torch (the example and the benchmarks need it).
@@ -282,6 +360,10 @@ fi
   if [ -s "$out/bench_ce.md" ]; then
     echo
     cat "$out/bench_ce.md"
+  fi
+  if [ -s "$out/rpc.log" ]; then
+    echo
+    grep -v "^===" "$out/rpc.log" | head -60
   fi
 } | tee "$out/summary.txt"
 grep -q " FAIL " "$out/summary.txt" && exit 1
