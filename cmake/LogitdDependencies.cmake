@@ -4,10 +4,18 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(absl CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
-# Metrics: prometheus-cpp's core (metric types and the text format) and
-# civetweb for the HTTP endpoint; both ship CMake packages on Debian.
+# Metrics: prometheus-cpp's core (metric types and the text format; its CMake
+# package also looks for civetweb and curl, which logitd does not link) and
+# GNU libmicrohttpd for the HTTP endpoint (a header and a library, no CMake
+# package).
 find_package(prometheus-cpp CONFIG REQUIRED)
-find_package(civetweb CONFIG REQUIRED)
+find_path(MICROHTTPD_INCLUDE_DIR microhttpd.h REQUIRED)
+find_library(MICROHTTPD_LIBRARY NAMES microhttpd REQUIRED)
+if(NOT TARGET logitd_microhttpd)
+  add_library(logitd_microhttpd UNKNOWN IMPORTED)
+  set_target_properties(logitd_microhttpd PROPERTIES IMPORTED_LOCATION "${MICROHTTPD_LIBRARY}"
+                        INTERFACE_INCLUDE_DIRECTORIES "${MICROHTTPD_INCLUDE_DIR}")
+endif()
 
 # xxHash: Debian ships a library and a header, no CMake package.
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)

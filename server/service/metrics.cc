@@ -1,7 +1,11 @@
 #include "server/service/metrics.h"
 
-#include <civetweb.h>
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -142,16 +146,6 @@ std::string Metrics::Expose() {
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 
-namespace {
-
-// civetweb's own messages (a failed bind, a broken connection) go to the log.
-int LogCivetwebMessage(const struct mg_connection* /*conn*/, const char* message) {
-  LogWarning(absl::StrCat("metrics endpoint: ", message != nullptr ? message : "(no message)"));
-  return 1;
-}
-
-}  // namespace
-
 absl::Status CheckMetricsAddress(absl::string_view address) {
   const std::size_t colon = address.rfind(':');
   int port = -1;
@@ -166,69 +160,123 @@ absl::Status CheckMetricsAddress(absl::string_view address) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The one URL served; anything else is 404, any method but GET/HEAD 405.
+MHD_Result HandleRequest(void* cls, MHD_Connection* connection, const char* url, const char* method,
+                         const char* /*version*/, const char* /*upload_data*/,
+                         std::size_t* /*upload_data_size*/, void** /*con_cls*/) {
+  auto* metrics = static_cast<Metrics*>(cls);
+  unsigned status = MHD_HTTP_OK;
+  std::string body;
+  std::string content_type(kMetricsContentType);
+  const absl::string_view m = method != nullptr ? method : "";
+  if (m != "GET" && m != "HEAD") {
+    status = MHD_HTTP_METHOD_NOT_ALLOWED;
+    body = "only GET and HEAD are served here\n";
+    content_type = "text/plain; charset=utf-8";
+  } else if (url == nullptr || absl::string_view(url) != "/metrics") {
+    status = MHD_HTTP_NOT_FOUND;
+    body = "not found: metrics are served at /metrics\n";
+    content_type = "text/plain; charset=utf-8";
+  } else {
+    body = metrics->Expose();
+  }
+  MHD_Response* response = MHD_create_response_from_buffer(
+      body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
+  if (response == nullptr) return MHD_NO;
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type.c_str());
+  if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
+    MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  }
+  const MHD_Result queued = MHD_queue_response(connection, status, response);
+  MHD_destroy_response(response);
+  return queued;
+}
+
+}  // namespace
+
+void MetricsHttpServer::Log(void* self, const char* format, va_list args) {
+  char text[512];
+  std::vsnprintf(text, sizeof(text), format, args);
+  std::string message(text);
+  while (!message.empty() && (message.back() == '\n' || message.back() == '\r')) {
+    message.pop_back();
+  }
+  auto* server = static_cast<MetricsHttpServer*>(self);
+  {
+    absl::MutexLock lock(&server->log_mutex_);
+    if (!server->started_) {
+      // Said once, in the error Start returns.
+      if (server->first_error_.empty()) server->first_error_ = message;
+      return;
+    }
+  }
+  LogWarning(absl::StrCat("metrics endpoint: ", message));
+}
+
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     absl::string_view address, Metrics* metrics) {
   if (absl::Status s = CheckMetricsAddress(address); !s.ok()) return s;
-  static const unsigned init = mg_init_library(0);
-  (void)init;
+  const std::size_t colon = address.rfind(':');
+  absl::string_view host = address.substr(0, colon);
+  int port = 0;
+  (void)absl::SimpleAtoi(address.substr(colon + 1), &port);  // checked above
+
+  sockaddr_storage storage;
+  std::memset(&storage, 0, sizeof(storage));
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<std::uint16_t>(port));
+    const std::string h(host.substr(1, host.size() - 2));
+    if (inet_pton(AF_INET6, h.c_str(), &in6->sin6_addr) != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_address: '", host, "' is not an IPv6 address (e.g. [::1]:9464)"));
+    }
+    flags |= MHD_USE_IPv6;
+  } else {
+    auto* in4 = reinterpret_cast<sockaddr_in*>(&storage);
+    in4->sin_family = AF_INET;
+    in4->sin_port = htons(static_cast<std::uint16_t>(port));
+    const std::string h(host);
+    if (inet_pton(AF_INET, h.c_str(), &in4->sin_addr) != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_address: '", host,
+                       "' is not an IPv4 address (e.g. 127.0.0.1:9464, 0.0.0.0:9464, [::1]:9464)"));
+    }
+  }
 
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   server->metrics_ = metrics;
-  const std::string ports(address);
-  const char* options[] = {
-      "listening_ports", ports.c_str(),       "num_threads", "2",    "request_timeout_ms",
-      "10000",           "enable_keep_alive", "no",          nullptr};
-  struct mg_callbacks callbacks;
-  std::memset(&callbacks, 0, sizeof(callbacks));
-  callbacks.log_message = LogCivetwebMessage;
-  struct mg_init_data init_data;
-  std::memset(&init_data, 0, sizeof(init_data));
-  init_data.callbacks = &callbacks;
-  init_data.user_data = server.get();
-  init_data.configuration_options = options;
-  unsigned error_code = 0;
-  char error_text[256] = {0};
-  struct mg_error_data error;
-  std::memset(&error, 0, sizeof(error));
-  error.code = &error_code;
-  error.text = error_text;
-  error.text_buffer_size = sizeof(error_text);
-  server->context_ = mg_start2(&init_data, &error);
-  if (server->context_ == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_address: cannot listen on ", address, ": ",
-                     error_text[0] != '\0' ? error_text : "civetweb failed to start",
-                     " (address in use, not local, or not permitted)"));
+  server->daemon_ = MHD_start_daemon(
+      flags, static_cast<std::uint16_t>(port), nullptr, nullptr, &HandleRequest, metrics,
+      MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&storage), MHD_OPTION_CONNECTION_TIMEOUT,
+      static_cast<unsigned>(10), MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned>(64),
+      MHD_OPTION_EXTERNAL_LOGGER, &MetricsHttpServer::Log, server.get(), MHD_OPTION_END);
+  if (server->daemon_ == nullptr) {
+    absl::MutexLock lock(&server->log_mutex_);
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics_address: cannot listen on ", address, ": ",
+        server->first_error_.empty() ? "the HTTP server did not start" : server->first_error_,
+        " (address in use, not local, or not permitted)"));
   }
-  struct mg_server_port bound;
-  std::memset(&bound, 0, sizeof(bound));
-  if (mg_get_server_ports(server->context_, 1, &bound) != 1 || bound.port <= 0) {
+  {
+    absl::MutexLock lock(&server->log_mutex_);
+    server->started_ = true;
+  }
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
+  if (info == nullptr || info->port == 0) {
     return absl::InternalError(
         absl::StrCat("--metrics_address: listening on ", address, " but the port is unknown"));
   }
-  server->port_ = bound.port;
-  mg_set_request_handler(server->context_, "/metrics$", &MetricsHttpServer::HandleMetrics,
-                         server.get());
+  server->port_ = info->port;
   return server;
 }
 
 MetricsHttpServer::~MetricsHttpServer() {
-  if (context_ != nullptr) mg_stop(context_);
-}
-
-int MetricsHttpServer::HandleMetrics(struct mg_connection* conn, void* self) {
-  const struct mg_request_info* request = mg_get_request_info(conn);
-  const absl::string_view method =
-      request != nullptr && request->request_method != nullptr ? request->request_method : "";
-  if (method != "GET" && method != "HEAD") {
-    mg_send_http_error(conn, 405, "%s", "only GET and HEAD are served here\n");
-    return 405;
-  }
-  const std::string body = static_cast<MetricsHttpServer*>(self)->metrics_->Expose();
-  const std::string content_type(kMetricsContentType);
-  mg_send_http_ok(conn, content_type.c_str(), static_cast<long long>(body.size()));
-  if (method == "GET") mg_write(conn, body.data(), body.size());
-  return 200;
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
 }
 
 }  // namespace logitd::service

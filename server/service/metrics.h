@@ -4,9 +4,12 @@
 // serves them in the text exposition format (version 0.0.4).
 //
 // Metric types and the text format come from prometheus-cpp's core library;
-// the HTTP endpoint is civetweb.
+// the HTTP endpoint is GNU libmicrohttpd. (Not civetweb: its worker threads
+// get a fixed 100 KiB stack, less than the static TLS of a process that links
+// cuBLASLt, so it cannot start in a cuda-enabled build.)
 #pragma once
 
+#include <cstdarg>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -24,8 +27,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
-struct mg_connection;
-struct mg_context;
+struct MHD_Daemon;
 
 namespace logitd::service {
 
@@ -92,7 +94,6 @@ class Metrics {
   prometheus::Gauge* weight_bytes_ = nullptr;
   prometheus::Gauge* weight_budget_bytes_ = nullptr;
   prometheus::Gauge* weights_ = nullptr;
-  prometheus::Family<prometheus::Gauge>* device_memory_ = nullptr;
   prometheus::Gauge* inflight_ = nullptr;
 
   absl::Mutex mutex_;
@@ -106,8 +107,8 @@ class Metrics {
 // naming --metrics_address otherwise.
 absl::Status CheckMetricsAddress(absl::string_view address);
 
-// Serves GET /metrics over plain HTTP. Stops (and joins its threads) when
-// destroyed.
+// Serves GET (and HEAD) /metrics over plain HTTP from one polling thread.
+// Stops (and joins its thread) when destroyed.
 class MetricsHttpServer {
  public:
   // Listens on HOST:PORT (HOST an IPv4 address, or an IPv6 one in brackets;
@@ -123,11 +124,14 @@ class MetricsHttpServer {
 
  private:
   MetricsHttpServer() = default;
-  static int HandleMetrics(struct mg_connection* conn, void* self);
+  static void Log(void* self, const char* format, va_list args);
 
   Metrics* metrics_ = nullptr;
-  mg_context* context_ = nullptr;
+  MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;
+  absl::Mutex log_mutex_;
+  std::string first_error_ ABSL_GUARDED_BY(log_mutex_);  // the first message while starting
+  bool started_ ABSL_GUARDED_BY(log_mutex_) = false;
 };
 
 }  // namespace logitd::service
