@@ -158,14 +158,21 @@ absl::StatusOr<Tensor> Assembler::Take(absl::string_view name) {
 absl::Status SendChunks(absl::string_view name, const std::byte* data, std::size_t size,
                         std::size_t chunk_bytes,
                         const std::function<bool(v1::TensorChunk&&)>& write) {
+  v1::TensorChunk chunk;
+  return SendChunksInPlace(name, data, size, chunk_bytes, &chunk,
+                           [&] { return write(std::move(chunk)); });
+}
+
+absl::Status SendChunksInPlace(absl::string_view name, const std::byte* data, std::size_t size,
+                               std::size_t chunk_bytes, v1::TensorChunk* chunk,
+                               const std::function<bool()>& write) {
   if (chunk_bytes == 0) chunk_bytes = kDefaultChunkBytes;
   for (std::size_t off = 0; off < size; off += chunk_bytes) {
     const std::size_t len = std::min(chunk_bytes, size - off);
-    v1::TensorChunk chunk;
-    chunk.set_name(std::string(name));
-    chunk.set_offset(off);
-    chunk.set_data(reinterpret_cast<const char*>(data + off), len);
-    if (!write(std::move(chunk))) {
+    chunk->set_name(name.data(), name.size());
+    chunk->set_offset(off);
+    chunk->mutable_data()->assign(reinterpret_cast<const char*>(data + off), len);
+    if (!write()) {
       return absl::UnavailableError(
           absl::StrFormat("%s: the peer stopped reading at byte %d of %d", name, off, size));
     }

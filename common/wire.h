@@ -64,4 +64,13 @@ absl::Status SendChunks(absl::string_view name, const std::byte* data, std::size
                         std::size_t chunk_bytes,
                         const std::function<bool(v1::TensorChunk&&)>& write);
 
+// The same split, filling one caller-owned `chunk` (typically the chunk field of
+// a response message the caller reuses) and calling `write` after each fill.
+// The chunk's data buffer is allocated once and overwritten in place, so a
+// large tensor costs one copy per byte into the message instead of a fresh
+// allocation (and its page faults) per chunk.
+absl::Status SendChunksInPlace(absl::string_view name, const std::byte* data, std::size_t size,
+                               std::size_t chunk_bytes, v1::TensorChunk* chunk,
+                               const std::function<bool()>& write);
+
 }  // namespace logitd::wire

@@ -119,12 +119,10 @@ absl::Status CheckNotEmpty(absl::string_view what, const Tensor& t) {
 // false when the server stopped reading; the call's status then says why.
 template <typename Request, typename Stream>
 bool WriteTensor(Stream& stream, absl::string_view name, const Tensor& t, std::size_t chunk_bytes) {
+  Request request;
   const absl::Status s =
-      wire::SendChunks(name, t.bytes(), t.nbytes(), chunk_bytes, [&](v1::TensorChunk&& chunk) {
-        Request request;
-        *request.mutable_chunk() = std::move(chunk);
-        return stream.Write(request);
-      });
+      wire::SendChunksInPlace(name, t.bytes(), t.nbytes(), chunk_bytes, request.mutable_chunk(),
+                              [&] { return stream.Write(request); });
   return s.ok();
 }
 

@@ -86,14 +86,13 @@ absl::Status WriteMessage(Stream* stream, const Response& response, std::uint64_
 template <typename Response, typename Stream, typename Stats>
 absl::Status SendTensor(Stream* stream, absl::string_view name, const kernels::HostBuffer& buffer,
                         std::uint64_t bytes, std::size_t chunk_bytes, Stats* stats) {
-  return wire::SendChunks(name, buffer.data(), static_cast<std::size_t>(bytes), chunk_bytes,
-                          [&](v1::TensorChunk&& chunk) {
-                            Response r;
-                            *r.mutable_chunk() = std::move(chunk);
-                            stats->bytes_out += r.ByteSizeLong();
-                            stats->tensor_bytes_out += r.chunk().data().size();
-                            return stream->Write(r);
-                          });
+  Response r;
+  return wire::SendChunksInPlace(name, buffer.data(), static_cast<std::size_t>(bytes), chunk_bytes,
+                                 r.mutable_chunk(), [&] {
+                                   stats->bytes_out += r.ByteSizeLong();
+                                   stats->tensor_bytes_out += r.chunk().data().size();
+                                   return stream->Write(r);
+                                 });
 }
 
 v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,

@@ -220,6 +220,33 @@ TEST(Wire, SendChunksSplitsIntoCeilNOverChunkPieces) {
   }
 }
 
+TEST(Wire, SendChunksInPlaceFillsOneMessageAndReusesItsBuffer) {
+  std::vector<std::byte> data(10000);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 13 + 5);
+  v1::TensorChunk chunk;
+  std::string joined;
+  std::vector<const char*> buffers;
+  absl::Status s = SendChunksInPlace("y", data.data(), data.size(), 4096, &chunk, [&] {
+    EXPECT_EQ(chunk.name(), "y");
+    EXPECT_EQ(chunk.offset(), joined.size());
+    joined += chunk.data();
+    buffers.push_back(chunk.data().data());
+    return true;
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(buffers.size(), 3u);  // 4096 + 4096 + 1808
+  ASSERT_EQ(joined.size(), data.size());
+  EXPECT_EQ(std::memcmp(joined.data(), data.data(), data.size()), 0);
+  // Every chunk was written into the storage the first one allocated.
+  EXPECT_EQ(buffers[1], buffers[0]);
+  EXPECT_EQ(buffers[2], buffers[0]);
+
+  int calls = 0;
+  s = SendChunksInPlace("y", data.data(), data.size(), 1000, &chunk, [&] { return ++calls < 2; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(calls, 2);
+}
+
 TEST(Wire, SendChunksStopsWhenThePeerIsGone) {
   std::vector<std::byte> data(10000, std::byte{1});
   int calls = 0;
