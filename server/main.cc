@@ -94,6 +94,10 @@ ABSL_FLAG(std::uint64_t, ce_workspace_bytes, 0,
           "cuda: device bytes a CrossEntropy call may use for its chunk of fp32 logits; more "
           "means larger chunks and a faster call, 0 lets the backend keep peak memory within "
           "1.25x the gradients it returns.");
+ABSL_FLAG(std::uint64_t, pinned_cache_bytes, std::uint64_t{2} << 30,
+          "cuda: bytes of page-locked host memory kept between calls for response buffers "
+          "(allocating and freeing it per call costs milliseconds for large outputs); 0 frees "
+          "each buffer after its call. Default 2 GiB.");
 ABSL_FLAG(std::string, weights_dir, "",
           "Directory LoadWeight reads safetensors files from (paths relative to it, confined "
           "to it); empty = LoadWeight is refused.");
@@ -417,6 +421,7 @@ int Main(int argc, char** argv) {
                                  absl::GetFlag(FLAGS_split_k), "'"));
   }
   backend_options.ce_workspace_bytes = absl::GetFlag(FLAGS_ce_workspace_bytes);
+  backend_options.pinned_cache_bytes = absl::GetFlag(FLAGS_pinned_cache_bytes);
   backend_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   if (backend_options.cpu_threads < 0 || backend_options.cpu_threads > 4096) {
     return BadFlags(absl::StrCat("--cpu_threads: expected 0 (library default) to 4096, got ",

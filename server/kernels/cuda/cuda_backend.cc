@@ -34,6 +34,7 @@
 #include "server/kernels/cuda/cuda_handles.h"
 #include "server/kernels/cuda/cuda_status.h"
 #include "server/kernels/cuda/lt_gemm.h"
+#include "server/kernels/host_pool.h"
 
 namespace logitd::kernels {
 namespace {
@@ -169,7 +170,17 @@ class CudaBackend final : public Backend {
       : options_(options),
         policy_(policy),
         memory_(DeviceMemory::Create(options.device, options.device_memory_budget)),
-        engine_(cuda::GemmEngineOptions{policy}, memory_) {}
+        engine_(cuda::GemmEngineOptions{policy}, memory_),
+        // Page-locked response buffers are reused across calls: allocating
+        // and freeing them costs more than the GEMM for large outputs.
+        host_pool_(HostBufferPool::Create(
+            options.pinned_cache_bytes,
+            [](std::size_t bytes) -> absl::StatusOr<std::byte*> {
+              auto pinned = cuda::PinnedBuffer::Allocate(bytes, "cuda backend: host buffer");
+              if (!pinned.ok()) return pinned.status();
+              return static_cast<std::byte*>(pinned->Release());
+            },
+            [](std::byte* p) { (void)cudaFreeHost(p); })) {}
 
   absl::Status Init();
 
@@ -199,6 +210,7 @@ class CudaBackend final : public Backend {
   cuda::SplitKPolicy policy_;
   std::shared_ptr<DeviceMemory> memory_;
   GemmEngine engine_;
+  std::shared_ptr<HostBufferPool> host_pool_;
   BackendInfo info_;
   std::uint64_t device_bytes_total_ = 0;
 
@@ -333,11 +345,7 @@ absl::Status CudaBackend::Init() {
 
 absl::StatusOr<HostBuffer> CudaBackend::AllocateHost(std::size_t bytes) {
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
-  auto pinned = cuda::PinnedBuffer::Allocate(bytes, "cuda backend: host buffer");
-  if (!pinned.ok()) return pinned.status();
-  const std::size_t size = pinned->size();
-  auto* data = static_cast<std::byte*>(pinned->Release());
-  return HostBuffer(data, size, [](std::byte* p) { (void)cudaFreeHost(p); });
+  return host_pool_->Get(bytes);
 }
 
 absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::LoadWeight(const Bf16Bits* w, std::int64_t v,
