@@ -65,7 +65,7 @@ struct Assembler::Pending {
 Assembler::Assembler(std::uint64_t max_total_bytes) : max_total_bytes_(max_total_bytes) {}
 Assembler::~Assembler() = default;
 
-absl::Status Assembler::Expect(const v1::TensorSpec& spec) {
+absl::Status Assembler::Expect(const v1::TensorSpec& spec, Tensor* recycle) {
   if (spec.name().empty()) return absl::InvalidArgumentError("tensor spec without a name");
   if (pending_.count(spec.name()) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "' announced twice"));
@@ -90,9 +90,14 @@ absl::Status Assembler::Expect(const v1::TensorSpec& spec) {
         spec.name(), DTypeName(*dtype), ShapeString(shape), n, total_bytes_, max_total_bytes_));
   }
   auto p = std::make_unique<Pending>();
-  absl::StatusOr<Tensor> t = Tensor::Create(*dtype, std::move(shape));
-  if (!t.ok()) return t.status();
-  p->tensor = std::move(*t);
+  // Every byte is written by Add before Take hands the tensor out.
+  if (recycle != nullptr && recycle->dtype() == *dtype && recycle->shape() == shape) {
+    p->tensor = std::move(*recycle);
+  } else {
+    absl::StatusOr<Tensor> t = Tensor::CreateUninitialized(*dtype, std::move(shape));
+    if (!t.ok()) return t.status();
+    p->tensor = std::move(*t);
+  }
   p->expected_digest = spec.xxh3();
   p->state = XXH3_createState();
   if (p->state == nullptr || XXH3_64bits_reset(p->state) != XXH_OK) {
@@ -150,6 +155,11 @@ absl::StatusOr<Tensor> Assembler::Take(absl::string_view name) {
   auto it = pending_.find(name);
   if (it == pending_.end() || it->second->taken) {
     return absl::NotFoundError(absl::StrCat("no tensor '", name, "' was received"));
+  }
+  if (it->second->received != it->second->tensor.nbytes()) {
+    return absl::DataLossError(absl::StrFormat("%s: received %d of %d bytes (truncated stream)",
+                                               name, it->second->received,
+                                               it->second->tensor.nbytes()));
   }
   it->second->taken = true;
   return std::move(it->second->tensor);

@@ -38,8 +38,10 @@ class Assembler {
 
   // Announces a tensor and allocates its buffer. InvalidArgument for an
   // unknown dtype, a bad shape or a duplicate name; ResourceExhausted when
-  // the tensors together would exceed max_total_bytes.
-  absl::Status Expect(const v1::TensorSpec& spec);
+  // the tensors together would exceed max_total_bytes. When `recycle` has the
+  // announced dtype and shape, its buffer is taken over instead of a new one
+  // (no allocation, no page faults); otherwise it is left alone.
+  absl::Status Expect(const v1::TensorSpec& spec, Tensor* recycle = nullptr);
   // Stores one chunk. InvalidArgument for an unknown tensor, an offset other
   // than the next expected byte, or data past the tensor's end.
   absl::Status Add(const v1::TensorChunk& chunk);

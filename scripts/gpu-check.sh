@@ -26,7 +26,7 @@
 #   RPC_BENCH_REQUESTS requests per M=1024 logitctl bench run (default 30)
 #   RPC_BENCH_TIMEOUT  seconds allowed per logitctl bench run (default 120)
 # Writes to OUT_DIR: build.log tests.log validate.log example.log validate.json
-# rpc.log rpc_*.json rpc_server.log rpc_util.txt rpc_metrics.txt bench_logitd.json
+# rpc.log rpc_*.json rpc_server.log rpc_util_*.txt rpc_metrics.txt bench_logitd.json
 # bench_torch.json bench.log bench_ce.json bench_ce.md bench_ce.log summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -189,20 +189,26 @@ for p in json.load(open(sys.argv[1]))["phases"]:
     bench m1024_c1 --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r"
     bench m1024_c4 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=4 --channels=4 --requests="$r"
     bench m16_c1 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5
-    if command -v nvidia-smi >/dev/null; then
-      nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 \
-        >"$out/rpc_util.txt" 2>/dev/null &
-      smi_pid=$!
-    fi
-    bench m1024_c16 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 --duration=10
-    if [ -n "${smi_pid:-}" ]; then
-      kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
-      echo "  GPU utilisation during m1024_c16 (nvidia-smi, 100 ms samples): $(sort -n "$out/rpc_util.txt" | awk '{s+=$1; a[NR]=$1} END {if (NR) printf "mean %.1f%% median %s%% over %d samples", s/NR, a[int((NR+1)/2)], NR}')" >>"$out/rpc.log"
-    fi
+    busy() {  # busy NAME ARGS...: a bench run with nvidia-smi sampling GPU utilisation
+      local name=$1 smi_pid=""
+      if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 \
+          >"$out/rpc_util_$name.txt" 2>/dev/null &
+        smi_pid=$!
+      fi
+      bench "$@"
+      if [ -n "$smi_pid" ]; then
+        kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
+        echo "  GPU utilisation during $name (nvidia-smi, 100 ms samples): $(sort -n "$out/rpc_util_$name.txt" | awk '{s+=$1; a[NR]=$1} END {if (NR) printf "mean %.1f%% median %s%% over %d samples", s/NR, a[int((NR+1)/2)], NR}')" >>"$out/rpc.log"
+      fi
+    }
+    busy m1024_c16 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 --duration=10
+    busy m1024_c16_shm --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 \
+      --duration=10 --shm --baseline=false
     df -h /dev/shm >>"$out/rpc.log" 2>&1
     bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
     bench m8192_shm --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm --baseline=false
-    bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=10
+    bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=6
     metrics_port=$(tr -dc '0-9' <"$metrics_port_file" 2>/dev/null)
     if [ -n "$metrics_port" ] && python3 -c 'import sys,urllib.request
 body=urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()

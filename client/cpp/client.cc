@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -146,10 +147,16 @@ class ResponseTensors {
     }
     assembler_ = std::make_unique<wire::Assembler>(total);
     for (const v1::TensorSpec* spec : specs) {
-      if (absl::Status s = assembler_->Expect(*spec); !s.ok()) return Corrupt(s);
+      auto it = recycle_.find(spec->name());
+      Tensor* recycle = it != recycle_.end() ? it->second : nullptr;
+      if (absl::Status s = assembler_->Expect(*spec, recycle); !s.ok()) return Corrupt(s);
     }
     return absl::OkStatus();
   }
+
+  // Offers `t`'s memory for the tensor called `name` (taken when the dtype
+  // and shape match what the server announces).
+  void Recycle(const std::string& name, Tensor* t) { recycle_[name] = t; }
 
   absl::Status Add(const v1::TensorChunk& chunk) {
     if (assembler_ == nullptr) {
@@ -179,6 +186,7 @@ class ResponseTensors {
   }
 
   std::unique_ptr<wire::Assembler> assembler_;
+  std::map<std::string, Tensor*> recycle_;
 };
 
 // Reads a response stream (one result message, then the chunks of the tensors
@@ -499,14 +507,22 @@ absl::StatusOr<std::uint64_t> Client::ReleaseWeight(const std::string& handle, b
 
 absl::StatusOr<Tensor> Client::Logits(const Tensor& x, const std::string& handle,
                                       const LogitsOptions& options, Timing* timing) {
+  Tensor y;
+  if (absl::Status s = LogitsInto(x, handle, &y, options, timing); !s.ok()) return s;
+  return y;
+}
+
+absl::Status Client::LogitsInto(const Tensor& x, const std::string& handle, Tensor* y,
+                                const LogitsOptions& options, Timing* timing) {
   if (absl::Status s = CheckNotEmpty("x", x); !s.ok()) return s;
+  if (y == nullptr) return absl::InvalidArgumentError("y: expected a tensor to receive into");
   // proto3 cannot tell 0 from "unset", and the server reads unset as 1: a
   // zero alpha would silently become 1.
   if (options.alpha == 0.0f) {
     return absl::InvalidArgumentError(
         "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
   }
-  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<Tensor> {
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::Status {
     std::unique_ptr<grpc::ClientReaderWriter<v1::LogitsRequest, v1::LogitsResponse>> stream =
         impl_->stub->Logits(&context);
 
@@ -523,6 +539,7 @@ absl::StatusOr<Tensor> Client::Logits(const Tensor& x, const std::string& handle
 
     v1::LogitsResult result;
     ResponseTensors tensors;
+    tensors.Recycle("y", y);
     absl::Status s = ReceiveResponse<v1::LogitsResponse>(
         *stream, context, &result, &tensors,
         [](const v1::LogitsResult& r) { return std::vector<const v1::TensorSpec*>{&r.y()}; });
@@ -531,7 +548,10 @@ absl::StatusOr<Tensor> Client::Logits(const Tensor& x, const std::string& handle
       *timing = FromProto(result.timing());
       timing->trailer = TrailerOf(context);
     }
-    return tensors.Take(result.y());
+    absl::StatusOr<Tensor> got = tensors.Take(result.y());
+    if (!got.ok()) return got.status();
+    *y = *std::move(got);
+    return absl::OkStatus();
   });
 }
 

@@ -357,6 +357,13 @@ class Client {
   // x: bf16 [M, K]. Returns [M, V] in options.out_dtype.
   absl::StatusOr<Tensor> Logits(const Tensor& x, const std::string& handle,
                                 const LogitsOptions& options = {}, Timing* timing = nullptr);
+  // The same call, receiving Y into *y: when *y already has Y's dtype and
+  // shape (the previous call's result, say) its memory is reused, else it is
+  // replaced by a new tensor. For callers that repeat a call and want no
+  // fresh allocation (and page faults) per result. On error *y is left empty
+  // or as it was.
+  absl::Status LogitsInto(const Tensor& x, const std::string& handle, Tensor* y,
+                          const LogitsOptions& options = {}, Timing* timing = nullptr);
 
   // dy: fp32 or bf16 [M, V]; x: bf16 [M, K].
   absl::StatusOr<BackwardResult> Backward(const Tensor& dy, const Tensor& x,

@@ -40,9 +40,14 @@ class Tensor {
   // Zero-filled tensor. Use Create() for shapes from untrusted input.
   Tensor(DType dtype, std::vector<std::int64_t> shape);
   static absl::StatusOr<Tensor> Create(DType dtype, std::vector<std::int64_t> shape);
+  // Like Create, but the bytes are left as the allocator returns them: for a
+  // tensor that is about to be overwritten in full (received, computed), so
+  // that gigabytes are not zeroed first for nothing.
+  static absl::StatusOr<Tensor> CreateUninitialized(DType dtype, std::vector<std::int64_t> shape);
 
-  Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  // A moved-from tensor is empty: no shape, no bytes.
+  Tensor(Tensor&& o) noexcept;
+  Tensor& operator=(Tensor&& o) noexcept;
   // Copies are explicit: tensors can be gigabytes.
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
@@ -53,29 +58,35 @@ class Tensor {
   std::int64_t dim(int i) const { return shape_[static_cast<std::size_t>(i)]; }
   int rank() const { return static_cast<int>(shape_.size()); }
   std::int64_t numel() const { return numel_; }
-  std::size_t nbytes() const { return bytes_.size(); }
+  std::size_t nbytes() const { return nbytes_; }
 
-  std::byte* bytes() { return bytes_.data(); }
-  const std::byte* bytes() const { return bytes_.data(); }
+  std::byte* bytes() { return bytes_.get(); }
+  const std::byte* bytes() const { return bytes_.get(); }
   template <typename T>
   T* data() {
-    return reinterpret_cast<T*>(bytes_.data());
+    return reinterpret_cast<T*>(bytes_.get());
   }
   template <typename T>
   const T* data() const {
-    return reinterpret_cast<const T*>(bytes_.data());
+    return reinterpret_cast<const T*>(bytes_.get());
   }
 
-  std::uint64_t Digest() const { return Xxh3(bytes_.data(), bytes_.size()); }
+  std::uint64_t Digest() const { return Xxh3(bytes_.get(), nbytes_); }
 
   // Element i widened to double (bf16/fp32 exactly; integers exactly below 2^53).
   double At(std::int64_t i) const;
 
  private:
+  struct FreeBytes {
+    void operator()(std::byte* p) const noexcept;
+  };
+  Tensor(DType dtype, std::vector<std::int64_t> shape, bool zero);
+
   DType dtype_ = DType::kFp32;
   std::vector<std::int64_t> shape_;
   std::int64_t numel_ = 0;
-  std::vector<std::byte> bytes_;
+  std::size_t nbytes_ = 0;
+  std::unique_ptr<std::byte[], FreeBytes> bytes_;
 };
 
 }  // namespace logitd

@@ -127,6 +127,31 @@ TEST_F(ClientTest, Bf16Bf16F32_NT_IntegerLogitsAreExact) {
   EXPECT_TRUE(Bf16EqualsRoundedExact(*yb, exact, {m, v}));
 }
 
+TEST_F(ClientTest, LogitsIntoReusesAMatchingTensorAndReplacesAnotherOne) {
+  const std::int64_t m = 8, v = 2048, k = 256;  // 64 KiB of fp32 Y
+  const Tensor w = IntBf16({v, k}, 121);
+  const std::string handle = Register(w, "into_w");
+
+  Tensor y(DType::kBf16, {3, 3});  // wrong dtype and shape: replaced
+  const Tensor x1 = IntBf16({m, k}, 122);
+  absl::Status s = client().LogitsInto(x1, handle, &y);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(Fp32EqualsExact(y, ExactNT(x1, w), {m, v}));
+
+  // Same dtype and shape: received into the same memory, every byte rewritten.
+  const std::byte* memory = y.bytes();
+  const Tensor x2 = IntBf16({m, k}, 123);
+  s = client().LogitsInto(x2, handle, &y);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(y.bytes(), memory);
+  EXPECT_TRUE(Fp32EqualsExact(y, ExactNT(x2, w), {m, v}));
+
+  // An error leaves the call's tensor usable and says why.
+  EXPECT_EQ(client().LogitsInto(x2, "w-0000000000000000-1x1", &y).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client().LogitsInto(x2, handle, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ClientTest, AlphaScalesExactly) {
   const std::int64_t m = 8, v = 256, k = 512;
   const Tensor x = IntBf16({m, k}, 111);

@@ -122,6 +122,36 @@ TEST(Tensor, CloneIsADeepCopy) {
   EXPECT_NE(b.Digest(), a.Digest());
 }
 
+TEST(Tensor, ZeroFilledAtEverySizeAndMovedFromIsEmpty) {
+  // Small buffers and the huge-page-aligned ones (8 MiB and up).
+  for (std::int64_t n : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{3} << 20}) {
+    Tensor t(DType::kFp32, {n});
+    ASSERT_EQ(t.nbytes(), static_cast<std::size_t>(n) * 4);
+    std::size_t nonzero = 0;
+    for (std::int64_t i = 0; i < n; ++i) nonzero += t.data<float>()[i] != 0.0f;
+    EXPECT_EQ(nonzero, 0u) << n;
+    t.data<float>()[n - 1] = 7.0f;  // the whole size is writable
+
+    Tensor moved = std::move(t);
+    EXPECT_EQ(moved.nbytes(), static_cast<std::size_t>(n) * 4);
+    EXPECT_EQ(moved.data<float>()[n - 1], 7.0f);
+    EXPECT_EQ(t.nbytes(), 0u);  // NOLINT(bugprone-use-after-move): the documented state
+    EXPECT_EQ(t.rank(), 0);
+    EXPECT_EQ(t.numel(), 0);
+    EXPECT_EQ(t.bytes(), nullptr);
+  }
+}
+
+TEST(Tensor, CreateUninitializedHasTheShapeAndChecksItLikeCreate) {
+  absl::StatusOr<Tensor> t = Tensor::CreateUninitialized(DType::kBf16, {4096, 1024});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->nbytes(), std::size_t{4096} * 1024 * 2);
+  std::memset(t->bytes(), 0xab, t->nbytes());
+  EXPECT_EQ(t->data<std::uint16_t>()[4096 * 1024 - 1], 0xabab);
+  EXPECT_EQ(Tensor::CreateUninitialized(DType::kFp32, {3, 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Tensor, DigestIsXxh3OfTheBytes) {
   Tensor t(DType::kBf16, {3, 333});
   std::mt19937 rng(99);

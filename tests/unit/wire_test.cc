@@ -220,6 +220,35 @@ TEST(Wire, SendChunksSplitsIntoCeilNOverChunkPieces) {
   }
 }
 
+TEST(Wire, ExpectTakesOverAMatchingRecycledTensorOnly) {
+  const Tensor x = RandomFp32({3, 1000}, 1);
+  Tensor recycle(DType::kFp32, {3, 1000});
+  const std::byte* memory = recycle.bytes();
+  Tensor other(DType::kFp32, {1000, 3});  // same bytes, other shape: not taken
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", x), &recycle).ok());
+  ASSERT_TRUE(a.Expect(MakeSpec("y", x), &other).ok());
+  EXPECT_EQ(recycle.nbytes(), 0u);  // moved into the assembler
+  EXPECT_EQ(other.nbytes(), x.nbytes());
+  for (const v1::TensorChunk& c : Split("x", x, 4096)) ASSERT_TRUE(a.Add(c).ok());
+  for (const v1::TensorChunk& c : Split("y", x, 4096)) ASSERT_TRUE(a.Add(c).ok());
+  ASSERT_TRUE(a.Finish().ok());
+  absl::StatusOr<Tensor> got = a.Take("x");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->bytes(), memory);
+  EXPECT_EQ(std::memcmp(got->bytes(), x.bytes(), x.nbytes()), 0);
+}
+
+TEST(Wire, TakeRefusesATensorNotFullyReceived) {
+  const Tensor x = RandomFp32({3, 1000}, 1);
+  Assembler a(1u << 20);
+  ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
+  const std::vector<v1::TensorChunk> xc = Split("x", x, 4096);
+  ASSERT_TRUE(a.Add(xc[0]).ok());
+  // Half a tensor is never handed out, Finish or not.
+  EXPECT_EQ(a.Take("x").status().code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(Wire, SendChunksInPlaceFillsOneMessageAndReusesItsBuffer) {
   std::vector<std::byte> data(10000);
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 13 + 5);
