@@ -32,6 +32,7 @@ from .errors import (
     UnavailableError,
     UnimplementedError,
 )
+from .shm import SharedRegion
 
 __version__ = "0.1.0"
 
@@ -53,6 +54,7 @@ __all__ = [
     "ReleaseResult",
     "ResourceExhaustedError",
     "ServerInfo",
+    "SharedRegion",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",

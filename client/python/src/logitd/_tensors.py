@@ -198,12 +198,17 @@ class Incoming:
 
     def result(self, as_torch: bool):
         arr = np.frombuffer(self.buf, dtype=self.dtype).reshape(tuple(int(d) for d in self.spec.shape))
-        if not as_torch:
-            return arr
-        torch = import_torch()
-        if self.dtype == BF16:
-            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(arr)
+        return as_result(arr, as_torch)
+
+
+def as_result(arr: np.ndarray, as_torch: bool):
+    """The array itself, or a CPU torch tensor sharing its memory."""
+    if not as_torch:
+        return arr
+    torch = import_torch()
+    if arr.dtype == BF16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
 
 
 def digest(value: Any) -> int:

@@ -18,9 +18,13 @@ from dataclasses import dataclass, fields
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import grpc
+import numpy as np
+import xxhash
 
 from . import _tensors as T
 from .errors import DataLossError, InvalidArgumentError, LogitdError, from_rpc_error
+from .shm import SharedRegion
+from .shm import _align as _shm_align
 from .v1 import logitd_pb2 as pb
 from .v1 import logitd_pb2_grpc as pb_grpc
 
@@ -345,11 +349,24 @@ class Client:
 
     # -- GEMMs ------------------------------------------------------------------------------
 
-    def logits(self, x: Any, handle: Union[str, WeightInfo], out_dtype: Any = "fp32", alpha: float = 1.0):
+    def logits(
+        self,
+        x: Any,
+        handle: Union[str, WeightInfo],
+        out_dtype: Any = "fp32",
+        alpha: float = 1.0,
+        shm: Optional[SharedRegion] = None,
+    ):
         """Y[M, V] = alpha * X[M, K] . W[V, K]^T with fp32 accumulation.
 
         out_dtype "fp32" (default) returns the accumulator; "bf16" is the legacy
         path, the accumulator rounded to bf16 once.
+
+        shm: a registered SharedRegion (same host, server --allow_shm): X is
+        copied to its start and the server writes Y right after it (64-byte
+        aligned); no tensor bytes travel over gRPC. The result is then a view
+        of the region, overwritten by the next call that uses it: copy it to
+        keep it.
         """
         alpha = float(alpha)
         if alpha == 0.0:
@@ -359,10 +376,69 @@ class Client:
         out = T.dtype_enum("out_dtype", out_dtype, (pb.DTYPE_FP32, pb.DTYPE_BF16))
         xt = T.Outgoing("x", x, (pb.DTYPE_BF16,))
         header = pb.LogitsHeader(weight_handle=_handle(handle), x=xt.spec, out_dtype=out, alpha=alpha)
+        if shm is not None:
+            return self._logits_shm(header, xt, shm, T.is_torch(x))
         result, tensors = self._stream(
             self._stub.Logits, pb.LogitsRequest, "header", header, [xt], lambda r: [r.y]
         )
         return tensors[result.y.name].result(T.is_torch(x))
+
+    def _logits_shm(self, header, xt: T.Outgoing, region: SharedRegion, as_torch: bool):
+        """Logits with X copied into the region at offset 0 and Y written by the server after it."""
+        if not isinstance(region, SharedRegion):
+            raise InvalidArgumentError("shm: expected a logitd.SharedRegion, got %s" % type(region).__name__)
+        if region.handle is None or region.closed:
+            raise InvalidArgumentError("shm: region %s is not registered (Client.register_shm)" % region.name)
+        x_bytes = len(xt.data)
+        m = int(xt.spec.shape[0])
+        # V comes from the server's answer; size the slice from what is left,
+        # and let the server say when it is too small.
+        y_offset = _shm_align(x_bytes)
+        if y_offset >= region.nbytes:
+            raise InvalidArgumentError(
+                "shm: region %s has %d bytes, X alone needs %d and Y follows it"
+                % (region.name, region.nbytes, x_bytes)
+            )
+        region.array(0, np.uint8, (x_bytes,))[:] = np.frombuffer(xt.data, dtype=np.uint8)
+        header.x_shm.CopyFrom(pb.ShmRef(region=region.handle, offset=0, bytes=x_bytes))
+        header.y_shm.CopyFrom(pb.ShmRef(region=region.handle, offset=y_offset, bytes=region.nbytes - y_offset))
+        result, tensors = self._stream(self._stub.Logits, pb.LogitsRequest, "header", header, [], lambda r: [])
+        spec = result.y
+        if spec.dtype not in T.NUMPY_DTYPE or len(spec.shape) != 2 or int(spec.shape[0]) != m:
+            raise DataLossError("response from server: y has dtype %d shape %s" % (spec.dtype, list(spec.shape)))
+        dtype = T.NUMPY_DTYPE[spec.dtype]
+        y_bytes = m * int(spec.shape[1]) * dtype.itemsize
+        ref = result.y_shm
+        if ref.region != region.handle or ref.offset != y_offset or ref.bytes != y_bytes:
+            raise DataLossError(
+                "response from server: y was written to %s [%d, +%d), asked for %s [%d, +%d)"
+                % (ref.region, ref.offset, ref.bytes, region.handle, y_offset, y_bytes)
+            )
+        y = region.array(y_offset, dtype, T.shape_of(spec))
+        got = xxhash.xxh3_64_intdigest(memoryview(y.reshape(-1).view(np.uint8)))
+        if got != spec.xxh3:
+            raise DataLossError(
+                "response from server: y: xxh3 digest of the shared-memory bytes is %016x, the server "
+                "announced %016x (the region was written during the call?)" % (got, spec.xxh3)
+            )
+        return T.as_result(y, as_torch)
+
+    # -- shared memory -----------------------------------------------------------------------
+
+    def register_shm(self, region_or_bytes: Union[SharedRegion, int]) -> SharedRegion:
+        """Registers a SharedRegion (or creates one of that many bytes) with a server started with
+        --allow_shm; FailedPreconditionError otherwise. Pass it as ``shm=`` to calls."""
+        region = region_or_bytes if isinstance(region_or_bytes, SharedRegion) else SharedRegion(region_or_bytes)
+        response = self._unary(self._stub.RegisterShm, pb.RegisterShmRequest(name=region.name, bytes=region.nbytes))
+        region.handle = response.handle
+        return region
+
+    def release_shm(self, region: SharedRegion) -> None:
+        """Ends the registration (the object itself stays until region.close())."""
+        if region.handle is None:
+            return
+        self._unary(self._stub.ReleaseShm, pb.ReleaseShmRequest(handle=region.handle))
+        region.handle = None
 
     def backward(
         self,
