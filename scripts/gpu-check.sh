@@ -97,6 +97,29 @@ fi
 
 find_bin() { find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -1; }
 
+# start_server LOG ARGS...: starts `logitd --backend=cuda` on a free loopback
+# port with ARGS, its output appended to LOG; sets server_pid, and port once it
+# listens. Fails (port empty) when it does not start within 60 s.
+start_server() {
+  local log=$1 port_file
+  shift
+  port_file=$(mktemp)
+  rm -f "$port_file"
+  port=""
+  "$(find_bin logitd)" --backend=cuda --address=127.0.0.1:0 --port_file="$port_file" "$@" \
+    >>"$log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 1 120); do
+    [ -s "$port_file" ] && break
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  [ -s "$port_file" ] && port=$(tr -dc '0-9' <"$port_file")
+  rm -f "$port_file"
+  [ -n "$port" ]
+}
+stop_server() { kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; }
+
 # --- GPU tests ------------------------------------------------------------
 if ! skipped tests; then
   # shellcheck disable=SC2086
@@ -118,18 +141,8 @@ if ! skipped validate; then
   if [ -z "$logitd_bin" ] || [ -z "$logitctl_bin" ]; then
     note validate skip "logitd or logitctl was not built (see build.log)"
   else
-    port_file=$(mktemp)
-    rm -f "$port_file"
-    "$logitd_bin" --backend=cuda --address=127.0.0.1:0 --port_file="$port_file" \
-      >"$out/validate.log" 2>&1 &
-    server_pid=$!
-    for _ in $(seq 1 120); do
-      [ -s "$port_file" ] && break
-      kill -0 "$server_pid" 2>/dev/null || break
-      sleep 0.5
-    done
-    if [ -s "$port_file" ]; then
-      port=$(tr -dc '0-9' <"$port_file")
+    : >"$out/validate.log"
+    if start_server "$out/validate.log"; then
       echo "=== logitctl validate --server=127.0.0.1:$port" >>"$out/validate.log"
       timeout "${VALIDATE_TIMEOUT:-300}" "$logitctl_bin" validate --server="127.0.0.1:$port" \
         --json "$out/validate.json" >>"$out/validate.log" 2>&1
@@ -139,9 +152,7 @@ if ! skipped validate; then
     else
       note validate FAIL "logitd --backend=cuda did not start (see validate.log)"
     fi
-    kill "$server_pid" 2>/dev/null
-    wait "$server_pid" 2>/dev/null
-    rm -f "$port_file"
+    stop_server
   fi
 else
   note validate skip "GPU_CHECK_SKIP"
@@ -158,19 +169,11 @@ elif [ -z "$(find_bin logitd)" ] || [ -z "$(find_bin logitctl)" ]; then
   note rpc skip "logitd or logitctl was not built (see build.log)"
 else
   logitctl_bin=$(find_bin logitctl)
-  port_file=$(mktemp); metrics_port_file=$(mktemp)
-  rm -f "$port_file" "$metrics_port_file"
-  "$(find_bin logitd)" --backend=cuda --allow_shm --address=127.0.0.1:0 --port_file="$port_file" \
-    --metrics_address=127.0.0.1:0 --metrics_port_file="$metrics_port_file" \
-    >"$out/rpc_server.log" 2>&1 &
-  server_pid=$!
-  for _ in $(seq 1 120); do
-    [ -s "$port_file" ] && break
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  if [ -s "$port_file" ]; then
-    port=$(tr -dc '0-9' <"$port_file")
+  metrics_port_file=$(mktemp)
+  rm -f "$metrics_port_file"
+  : >"$out/rpc_server.log"
+  if start_server "$out/rpc_server.log" --allow_shm --metrics_address=127.0.0.1:0 \
+    --metrics_port_file="$metrics_port_file"; then
     rpc_rc=0
     bench() {  # bench NAME ARGS...: one logitctl bench run, its JSON to rpc_NAME.json
       local name=$1; shift
@@ -224,9 +227,8 @@ print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out
   else
     note rpc FAIL "logitd --backend=cuda --allow_shm did not start (see rpc_server.log)"
   fi
-  kill "$server_pid" 2>/dev/null
-  wait "$server_pid" 2>/dev/null
-  rm -f "$port_file" "$metrics_port_file"
+  stop_server
+  rm -f "$metrics_port_file"
 fi
 
 # The python with torch (the example and the benchmarks need it).
@@ -265,18 +267,7 @@ elif [ -n "${pydir:-}" ]; then
     logitd/v1/logitd.proto >>"$out/example.log" 2>&1; then
     note example FAIL "stub generation failed (see example.log)"
   else
-    port_file=$(mktemp)
-    rm -f "$port_file"
-    "$(find_bin logitd)" --backend=cuda --address=127.0.0.1:0 --port_file="$port_file" \
-      >>"$out/example.log" 2>&1 &
-    server_pid=$!
-    for _ in $(seq 1 120); do
-      [ -s "$port_file" ] && break
-      kill -0 "$server_pid" 2>/dev/null || break
-      sleep 0.5
-    done
-    if [ -s "$port_file" ]; then
-      port=$(tr -dc '0-9' <"$port_file")
+    if start_server "$out/example.log"; then
       example_rc=0
       for shape in "--tokens 16 --hidden 1024 --vocab 8192" "--tokens 512 --hidden 4096 --vocab 32768"; do
         echo "=== autograd_lm_head.py 127.0.0.1:$port $shape" >>"$out/example.log"
@@ -289,9 +280,7 @@ elif [ -n "${pydir:-}" ]; then
     else
       note example FAIL "logitd --backend=cuda did not start (see example.log)"
     fi
-    kill "$server_pid" 2>/dev/null
-    wait "$server_pid" 2>/dev/null
-    rm -f "$port_file"
+    stop_server
   fi
   rm -rf "$pydir"
 fi
