@@ -203,42 +203,25 @@ constexpr char kTokens[] =
 
 // --- tokens and tenants --------------------------------------------------------
 
-class AuthTest : public ::testing::Test {
+class AuthTest : public SharedServerTest {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     WriteFile(*dir_ / "tokens", kTokens);
     // team-a and team-b get the default quota: 1 MB.
-    absl::StatusOr<std::unique_ptr<SharedServer>> s =
-        SharedServer::Start({"--auth_tokens=" + (*dir_ / "tokens"), "--tenant_quota_bytes=1000000"},
-                            WithToken("tok-a"));
-    if (s.ok()) {
-      server_ = std::move(*s).release();
-    } else {
-      start_error_ = new absl::Status(s.status());
-    }
+    StartSharedServer({"--auth_tokens=" + (*dir_ / "tokens"), "--tenant_quota_bytes=1000000"},
+                      WithToken("tok-a"));
   }
   static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
+    SharedServerTest::TearDownTestSuite();
     delete dir_;
     dir_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr) << "logitd did not start: " << *start_error_;
-  }
-  void TearDown() override {
-    if (server_ != nullptr) {
-      EXPECT_TRUE(ServerAnswers(*server_->client)) << server_->process.Log();
-    }
   }
   static std::unique_ptr<client::Client> As(const std::string& token) {
     return Connect(server_->process.address(), WithToken(token));
   }
 
   static inline TempDir* dir_ = nullptr;
-  static inline SharedServer* server_ = nullptr;
-  static inline absl::Status* start_error_ = nullptr;
 };
 
 TEST_F(AuthTest, MissingTokenIsUnauthenticatedOnEveryCall) {

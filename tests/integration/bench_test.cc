@@ -41,28 +41,10 @@ std::string Quote(const std::string& s) {
   return q + "'";
 }
 
-class BenchTest : public ::testing::Test {
+class BenchTest : public SharedServerTest {
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<SharedServer>> s =
-        SharedServer::Start({absl::StrCat("--max_request_bytes=", kMaxRequestBytes)});
-    if (s.ok()) {
-      server_ = std::move(*s).release();
-    } else {
-      start_error_ = new absl::Status(s.status());
-    }
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_NE(server_, nullptr) << "logitd did not start: " << *start_error_;
-  }
-  void TearDown() override {
-    if (server_ != nullptr) {
-      EXPECT_TRUE(ServerAnswers(*server_->client)) << server_->process.Log();
-    }
+    StartSharedServer({absl::StrCat("--max_request_bytes=", kMaxRequestBytes)});
   }
 
   // Runs logitctl against the suite's server; stderr goes to the test log.
@@ -79,11 +61,6 @@ class BenchTest : public ::testing::Test {
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return r;
   }
-
-  static client::Client& client() { return *server_->client; }
-
-  static inline SharedServer* server_ = nullptr;
-  static inline absl::Status* start_error_ = nullptr;
 };
 
 // One measured phase of a report: complete, error-free and ordered.

@@ -42,11 +42,15 @@ struct SharedServer {
 ::testing::AssertionResult ServerAnswers(client::Client& client);
 
 // A test suite that shares one cpu-backend server among its tests and checks
-// after each test that the server still answers.
+// after each test that the server still answers. A suite that needs server
+// flags or client options derives from it and defines its own
+// SetUpTestSuite() calling StartSharedServer(flags, options).
 class SharedServerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start({});
+  static void SetUpTestSuite() { StartSharedServer({}); }
+  static void StartSharedServer(const std::vector<std::string>& args,
+                                client::ClientOptions options = {}) {
+    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start(args, std::move(options));
     if (s.ok()) {
       server_ = std::move(*s).release();
     } else {
