@@ -28,6 +28,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.pb.h"
+#include "server/service/request_stream.h"
 #include "server/service/validation.h"
 
 namespace logitd::fuzz {
@@ -60,36 +61,18 @@ class FakeStream {
   std::size_t next_ = 0;
 };
 
-// service.cc ReadHeader.
+// The handlers' header and chunk reading (server/service/request_stream.h);
+// the client cannot cancel here.
 template <typename Request>
 absl::Status ReadHeader(FakeStream<Request>* stream, Request* first) {
-  if (!stream->Read(first)) {
-    return absl::InvalidArgumentError("expected a header first, got an empty request stream");
-  }
-  if (first->part_case() != Request::kHeader) {
-    return absl::InvalidArgumentError("expected a header first, got a chunk");
-  }
-  return absl::OkStatus();
+  std::uint64_t bytes_in = 0;
+  return service::ReadHeader(stream, first, &bytes_in);
 }
 
-// service.cc ReceiveChunks (the client cannot cancel here).
 template <typename Request>
 absl::Status ReceiveChunks(FakeStream<Request>* stream, wire::Assembler* assembler) {
-  Request msg;
-  while (stream->Read(&msg)) {
-    switch (msg.part_case()) {
-      case Request::kChunk: {
-        const absl::Status s = assembler->Add(msg.chunk());
-        if (!s.ok()) return s;
-        break;
-      }
-      case Request::kHeader:
-        return absl::InvalidArgumentError("expected chunks after the header, got a second header");
-      default:
-        return absl::InvalidArgumentError("expected a chunk, got neither header nor chunk");
-    }
-  }
-  return assembler->Finish();
+  service::StreamBytes bytes;
+  return service::ReceiveChunks<Request>(stream, assembler, &bytes, [] { return false; });
 }
 
 // A reassembled tensor against its spec and the plan's byte count.

@@ -19,6 +19,7 @@
 #include "logitd/tensor.h"
 #include "server/service/build_info.h"
 #include "server/service/logging.h"
+#include "server/service/request_stream.h"
 #include "server/service/status.h"
 #include "server/service/validation.h"
 
@@ -29,48 +30,13 @@ constexpr std::size_t kMaxLoggedMessage = 300;
 // Trailing metadata key of a call's server-side time split.
 constexpr absl::string_view kTimingTrailer = "logitd-timing";
 
-// Reads the call's first message, which must be its header.
-template <typename Request, typename Stream>
-absl::Status ReadHeader(Stream* stream, Request* first, std::uint64_t* bytes_in) {
-  if (!stream->Read(first)) {
-    return absl::InvalidArgumentError("expected a header first, got an empty request stream");
-  }
-  *bytes_in += first->ByteSizeLong();
-  if (first->part_case() != Request::kHeader) {
-    return absl::InvalidArgumentError(
-        "expected a header first, got a chunk (or a message with neither) as the first message");
-  }
-  return absl::OkStatus();
-}
-
-// Feeds the rest of the request stream into `assembler` and checks that
-// every announced tensor arrived whole and undamaged.
+// The handlers' ReceiveChunks: the shared one, asking the call's context
+// whether the client is gone.
 template <typename Request, typename Stream, typename Stats>
 absl::Status ReceiveChunks(grpc::ServerContext* context, Stream* stream, wire::Assembler* assembler,
                            Stats* stats) {
-  Request msg;
-  while (stream->Read(&msg)) {
-    // A client gone mid-stream (or past its deadline) is noticed between
-    // chunks, not only when the stream ends.
-    if (context->IsCancelled()) break;
-    stats->bytes_in += msg.ByteSizeLong();
-    switch (msg.part_case()) {
-      case Request::kChunk:
-        stats->tensor_bytes_in += msg.chunk().data().size();
-        LOGITD_RETURN_IF_ERROR(assembler->Add(msg.chunk()));
-        break;
-      case Request::kHeader:
-        return absl::InvalidArgumentError(
-            "expected chunks after the header, got a second header (one call carries one header)");
-      default:
-        return absl::InvalidArgumentError(
-            "expected a chunk, got a request message with neither header nor chunk");
-    }
-  }
-  if (context->IsCancelled()) {
-    return absl::CancelledError("the client cancelled the call while sending its tensors");
-  }
-  return assembler->Finish();
+  return service::ReceiveChunks<Request>(stream, assembler, stats,
+                                         [context] { return context->IsCancelled(); });
 }
 
 template <typename Response, typename Stream>

@@ -1,0 +1,65 @@
+// Reading a request stream: one header message, then the chunks of the
+// tensors it announces (logitd.v1's client-streaming and bidi calls). Shared by
+// the handlers (server/service/service.cc) and the request fuzzer, so that the
+// fuzzer exercises the code that serves.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/wire.h"
+
+namespace logitd::service {
+
+// Byte counts of what a call received; the handlers' CallStats has these.
+struct StreamBytes {
+  std::uint64_t bytes_in = 0;
+  std::uint64_t tensor_bytes_in = 0;
+};
+
+// Reads the call's first message, which must be its header.
+template <typename Request, typename Stream>
+absl::Status ReadHeader(Stream* stream, Request* first, std::uint64_t* bytes_in) {
+  if (!stream->Read(first)) {
+    return absl::InvalidArgumentError("expected a header first, got an empty request stream");
+  }
+  *bytes_in += first->ByteSizeLong();
+  if (first->part_case() != Request::kHeader) {
+    return absl::InvalidArgumentError(
+        "expected a header first, got a chunk (or a message with neither) as the first message");
+  }
+  return absl::OkStatus();
+}
+
+// Feeds the rest of the request stream into `assembler` and checks that every
+// announced tensor arrived whole and undamaged. `cancelled()` is asked between
+// messages: a client gone mid-stream (or past its deadline) is noticed between
+// chunks, not only when the stream ends.
+template <typename Request, typename Stream, typename Stats, typename Cancelled>
+absl::Status ReceiveChunks(Stream* stream, wire::Assembler* assembler, Stats* stats,
+                           Cancelled cancelled) {
+  Request msg;
+  while (stream->Read(&msg)) {
+    if (cancelled()) break;
+    stats->bytes_in += msg.ByteSizeLong();
+    switch (msg.part_case()) {
+      case Request::kChunk: {
+        stats->tensor_bytes_in += msg.chunk().data().size();
+        if (absl::Status s = assembler->Add(msg.chunk()); !s.ok()) return s;
+        break;
+      }
+      case Request::kHeader:
+        return absl::InvalidArgumentError(
+            "expected chunks after the header, got a second header (one call carries one header)");
+      default:
+        return absl::InvalidArgumentError(
+            "expected a chunk, got a request message with neither header nor chunk");
+    }
+  }
+  if (cancelled()) {
+    return absl::CancelledError("the client cancelled the call while sending its tensors");
+  }
+  return assembler->Finish();
+}
+
+}  // namespace logitd::service
