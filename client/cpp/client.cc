@@ -558,55 +558,17 @@ absl::Status Client::LogitsInto(const Tensor& x, const std::string& handle, Tens
 absl::StatusOr<BackwardResult> Client::Backward(const Tensor& dy, const Tensor& x,
                                                 const std::string& handle,
                                                 const BackwardOptions& options) {
-  if (absl::Status s = CheckNotEmpty("dy", dy); !s.ok()) return s;
-  if (absl::Status s = CheckNotEmpty("x", x); !s.ok()) return s;
-  return impl_->Call(
-      !options.accumulate_dw, [&](grpc::ClientContext& context) -> absl::StatusOr<BackwardResult> {
-        std::unique_ptr<grpc::ClientReaderWriter<v1::BackwardRequest, v1::BackwardResponse>>
-            stream = impl_->stub->Backward(&context);
-
-        v1::BackwardRequest header;
-        v1::BackwardHeader* h = header.mutable_header();
-        h->set_weight_handle(handle);
-        *h->mutable_dy() = wire::MakeSpec("dy", dy);
-        *h->mutable_x() = wire::MakeSpec("x", x);
-        h->set_want_dx(options.want_dx);
-        h->set_want_dw(options.want_dw);
-        h->set_dx_dtype(wire::ToProto(options.dx_dtype));
-        h->set_dw_dtype(wire::ToProto(options.dw_dtype));
-        h->set_accumulate_dw(options.accumulate_dw);
-        if (stream->Write(header) &&
-            WriteTensor<v1::BackwardRequest>(*stream, "dy", dy, impl_->options.chunk_bytes) &&
-            WriteTensor<v1::BackwardRequest>(*stream, "x", x, impl_->options.chunk_bytes)) {
-          stream->WritesDone();
-        }
-
-        v1::BackwardResult result;
-        ResponseTensors tensors;
-        absl::Status s = ReceiveResponse<v1::BackwardResponse>(
-            *stream, context, &result, &tensors, [](const v1::BackwardResult& r) {
-              std::vector<const v1::TensorSpec*> specs;
-              if (r.has_dx()) specs.push_back(&r.dx());
-              if (r.has_dw()) specs.push_back(&r.dw());
-              return specs;
-            });
-        if (!s.ok()) return s;
-
-        BackwardResult out;
-        out.timing = FromProto(result.timing());
-        out.timing.trailer = TrailerOf(context);
-        if (result.has_dx()) {
-          absl::StatusOr<Tensor> dx = tensors.Take(result.dx());
-          if (!dx.ok()) return dx.status();
-          out.dx = std::move(*dx);
-        }
-        if (result.has_dw()) {
-          absl::StatusOr<Tensor> dw = tensors.Take(result.dw());
-          if (!dw.ok()) return dw.status();
-          out.dw = std::move(*dw);
-        }
-        return out;
-      });
+  // BackwardShm without slots streams every tensor both ways.
+  BackwardShmArgs args;
+  args.dy = &dy;
+  args.x = &x;
+  absl::StatusOr<BackwardShmResult> r = BackwardShm(args, handle, options);
+  if (!r.ok()) return r.status();
+  BackwardResult out;
+  out.dx = std::move(r->dx);
+  out.dw = std::move(r->dw);
+  out.timing = std::move(r->timing);
+  return out;
 }
 
 absl::StatusOr<GradientResult> Client::FetchGradient(const std::string& handle,
