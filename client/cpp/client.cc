@@ -809,122 +809,6 @@ absl::StatusOr<const std::byte*> SlotBytes(absl::string_view what, const ShmSlot
   return slot.region->data() + slot.offset;
 }
 
-}  // namespace
-
-absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
-                                                  const std::string& handle,
-                                                  const LogitsOptions& options) {
-  if (options.alpha == 0.0f) {
-    return absl::InvalidArgumentError(
-        "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
-  }
-  // X's spec: from the tensor, or computed here from the region's bytes.
-  v1::TensorSpec x_spec;
-  std::uint64_t x_shm_bytes = 0;
-  if (args.x_slot) {
-    absl::StatusOr<std::int64_t> n = CheckedByteCount(args.x_shape, DType::kBf16);
-    if (!n.ok()) return n.status();
-    x_shm_bytes = static_cast<std::uint64_t>(*n);
-    absl::StatusOr<const std::byte*> bytes =
-        SlotBytes("x", *args.x_slot, static_cast<std::uint64_t>(*n));
-    if (!bytes.ok()) return bytes.status();
-    x_spec.set_name("x");
-    x_spec.set_dtype(v1::DTYPE_BF16);
-    for (std::int64_t d : args.x_shape) x_spec.add_shape(d);
-    x_spec.set_xxh3(Xxh3(*bytes, static_cast<std::size_t>(*n)));
-  } else {
-    if (args.x == nullptr) {
-      return absl::InvalidArgumentError("x: expected a tensor or a shm slot, got neither");
-    }
-    if (absl::Status s = CheckNotEmpty("x", *args.x); !s.ok()) return s;
-    x_spec = wire::MakeSpec("x", *args.x);
-  }
-  if (args.y_slot) {
-    if (absl::Status s = SlotBytes("y", *args.y_slot, 0).status(); !s.ok()) return s;
-  }
-
-  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<LogitsShmResult> {
-    std::unique_ptr<grpc::ClientReaderWriter<v1::LogitsRequest, v1::LogitsResponse>> stream =
-        impl_->stub->Logits(&context);
-
-    v1::LogitsRequest header;
-    v1::LogitsHeader* h = header.mutable_header();
-    h->set_weight_handle(handle);
-    *h->mutable_x() = x_spec;
-    h->set_out_dtype(wire::ToProto(options.out_dtype));
-    h->set_alpha(options.alpha);
-    if (args.x_slot) {
-      v1::ShmRef* ref = h->mutable_x_shm();
-      ref->set_region(args.x_slot->handle);
-      ref->set_offset(args.x_slot->offset);
-      ref->set_bytes(x_shm_bytes);
-    }
-    if (args.y_slot) {
-      v1::ShmRef* ref = h->mutable_y_shm();
-      ref->set_region(args.y_slot->handle);
-      ref->set_offset(args.y_slot->offset);
-      // The room from the offset to the end of the region.
-      ref->set_bytes(args.y_slot->region->size() - args.y_slot->offset);
-    }
-    if (stream->Write(header) &&
-        (args.x_slot ||
-         WriteTensor<v1::LogitsRequest>(*stream, "x", *args.x, impl_->options.chunk_bytes))) {
-      stream->WritesDone();
-    }
-
-    v1::LogitsResult result;
-    ResponseTensors tensors;
-    absl::Status s = ReceiveResponse<v1::LogitsResponse>(
-        *stream, context, &result, &tensors, [](const v1::LogitsResult& r) {
-          return r.has_y_shm() ? std::vector<const v1::TensorSpec*>{}
-                               : std::vector<const v1::TensorSpec*>{&r.y()};
-        });
-    if (!s.ok()) return s;
-    LogitsShmResult out;
-    out.timing = FromProto(result.timing());
-    out.timing.trailer = TrailerOf(context);
-    if (!args.y_slot) {
-      if (result.has_y_shm()) {
-        return absl::DataLossError("response from server: Y placed in shared memory unasked");
-      }
-      absl::StatusOr<Tensor> y = tensors.Take(result.y());
-      if (!y.ok()) return y.status();
-      out.y = std::move(*y);
-      return out;
-    }
-    // Y in the region: what the server announced must be what is there.
-    if (!result.has_y_shm() || result.y_shm().offset() != args.y_slot->offset) {
-      return absl::DataLossError(
-          "response from server: expected Y at the requested shm slot, got no or another slot");
-    }
-    absl::StatusOr<DType> dtype = wire::FromProto(result.y().dtype());
-    if (!dtype.ok()) return absl::DataLossError(dtype.status().message());
-    const std::vector<std::int64_t> shape(result.y().shape().begin(), result.y().shape().end());
-    absl::StatusOr<std::int64_t> n = CheckedByteCount(shape, *dtype);
-    if (!n.ok() || static_cast<std::uint64_t>(*n) != result.y_shm().bytes()) {
-      return absl::DataLossError("response from server: Y's shape does not match its shm bytes");
-    }
-    absl::StatusOr<const std::byte*> bytes =
-        SlotBytes("y", *args.y_slot, static_cast<std::uint64_t>(*n));
-    if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
-    const std::uint64_t got = Xxh3(*bytes, static_cast<std::size_t>(*n));
-    if (got != result.y().xxh3()) {
-      return absl::DataLossError(absl::StrFormat(
-          "response from server: xxh3 of Y's %d bytes in shared memory is %016x, the server "
-          "announced %016x",
-          *n, got, result.y().xxh3()));
-    }
-    out.y_dtype = *dtype;
-    out.y_shape = shape;
-    out.y_xxh3 = got;
-    out.y_offset = args.y_slot->offset;
-    out.y_bytes = static_cast<std::uint64_t>(*n);
-    return out;
-  });
-}
-
-namespace {
-
 // The spec of an input that is either a tensor (streamed) or the bytes of a
 // shared-memory slot (dtype and shape given); sets *ref for a slot.
 absl::StatusOr<v1::TensorSpec> InputSpec(absl::string_view name, const Tensor* tensor,
@@ -963,6 +847,7 @@ v1::ShmRef OutputRef(const ShmSlot& slot) {
   r.set_region(slot.handle);
   r.set_offset(slot.offset);
   r.set_bytes(slot.region->size() - slot.offset);
+  r.set_skip_digest(slot.skip_digest);
   return r;
 }
 
@@ -986,7 +871,12 @@ absl::StatusOr<ShmOutput> CheckShmOutput(const v1::TensorSpec& spec, const v1::S
   absl::StatusOr<const std::byte*> bytes =
       SlotBytes(spec.name(), slot, static_cast<std::uint64_t>(*n));
   if (!bytes.ok()) return absl::DataLossError(bytes.status().message());
-  const std::uint64_t got = Xxh3(*bytes, static_cast<std::size_t>(*n));
+  if (where.skip_digest() && !slot.skip_digest) {
+    return absl::DataLossError(absl::StrCat("response from server: '", spec.name(),
+                                            "' was written without a digest, which was not asked"));
+  }
+  // A server that hashed anyway (skip_digest unset) is still checked.
+  const std::uint64_t got = where.skip_digest() ? 0 : Xxh3(*bytes, static_cast<std::size_t>(*n));
   if (got != spec.xxh3()) {
     return absl::DataLossError(absl::StrFormat(
         "response from server: xxh3 of '%s' (%d bytes in shared memory) is %016x, the server "
@@ -1003,6 +893,76 @@ absl::StatusOr<ShmOutput> CheckShmOutput(const v1::TensorSpec& spec, const v1::S
 }
 
 }  // namespace
+
+absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
+                                                  const std::string& handle,
+                                                  const LogitsOptions& options) {
+  if (options.alpha == 0.0f) {
+    return absl::InvalidArgumentError(
+        "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
+  }
+  // X's spec: from the tensor, or computed here from the region's bytes.
+  std::optional<v1::ShmRef> x_ref;
+  absl::StatusOr<v1::TensorSpec> x_spec =
+      InputSpec("x", args.x, args.x_slot, DType::kBf16, args.x_shape, &x_ref);
+  if (!x_spec.ok()) return x_spec.status();
+  if (args.y_slot) {
+    if (absl::Status s = SlotBytes("y", *args.y_slot, 0).status(); !s.ok()) return s;
+  }
+
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<LogitsShmResult> {
+    std::unique_ptr<grpc::ClientReaderWriter<v1::LogitsRequest, v1::LogitsResponse>> stream =
+        impl_->stub->Logits(&context);
+
+    v1::LogitsRequest header;
+    v1::LogitsHeader* h = header.mutable_header();
+    h->set_weight_handle(handle);
+    *h->mutable_x() = *x_spec;
+    h->set_out_dtype(wire::ToProto(options.out_dtype));
+    h->set_alpha(options.alpha);
+    if (x_ref) *h->mutable_x_shm() = *x_ref;
+    if (args.y_slot) *h->mutable_y_shm() = OutputRef(*args.y_slot);
+    if (stream->Write(header) &&
+        (x_ref ||
+         WriteTensor<v1::LogitsRequest>(*stream, "x", *args.x, impl_->options.chunk_bytes))) {
+      stream->WritesDone();
+    }
+
+    v1::LogitsResult result;
+    ResponseTensors tensors;
+    absl::Status s = ReceiveResponse<v1::LogitsResponse>(
+        *stream, context, &result, &tensors, [](const v1::LogitsResult& r) {
+          return r.has_y_shm() ? std::vector<const v1::TensorSpec*>{}
+                               : std::vector<const v1::TensorSpec*>{&r.y()};
+        });
+    if (!s.ok()) return s;
+    LogitsShmResult out;
+    out.timing = FromProto(result.timing());
+    out.timing.trailer = TrailerOf(context);
+    if (!args.y_slot) {
+      if (result.has_y_shm()) {
+        return absl::DataLossError("response from server: Y placed in shared memory unasked");
+      }
+      absl::StatusOr<Tensor> y = tensors.Take(result.y());
+      if (!y.ok()) return y.status();
+      out.y = std::move(*y);
+      return out;
+    }
+    // Y in the region: what the server announced must be what is there.
+    if (!result.has_y_shm()) {
+      return absl::DataLossError(
+          "response from server: expected Y at the requested shm slot, got it streamed");
+    }
+    absl::StatusOr<ShmOutput> y = CheckShmOutput(result.y(), result.y_shm(), *args.y_slot);
+    if (!y.ok()) return y.status();
+    out.y_dtype = y->dtype;
+    out.y_shape = std::move(y->shape);
+    out.y_xxh3 = y->xxh3;
+    out.y_offset = y->offset;
+    out.y_bytes = y->bytes;
+    return out;
+  });
+}
 
 absl::StatusOr<BackwardShmResult> Client::BackwardShm(const BackwardShmArgs& args,
                                                       const std::string& handle,

@@ -44,6 +44,9 @@ ABSL_FLAG(bool, baseline, true,
           "bench: after a tensor RPC, measure the Probe RPC with the same bytes per request "
           "(--nobaseline skips it)");
 ABSL_FLAG(std::uint64_t, seed, 1234, "bench: seed of the random weight and inputs");
+ABSL_FLAG(bool, shm_skip_digest, false,
+          "bench --shm: ask the server not to hash Y in the region, and do not check it "
+          "(ShmRef.skip_digest): one pass over Y fewer on each side");
 
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(bool, shm);
@@ -96,6 +99,7 @@ struct Config {
   bool json = false;
   // X and Y through a same-host shared-memory region per worker (logits).
   bool shm = false;
+  bool shm_skip_digest = false;
   client::BackwardOptions backward;
   client::CrossEntropyOptions cross_entropy;
   // Tensor bytes one request sends and receives.
@@ -172,6 +176,10 @@ absl::StatusOr<Config> ReadConfig() {
   c.seed = absl::GetFlag(FLAGS_seed);
   c.json = absl::GetFlag(FLAGS_json);
   c.shm = absl::GetFlag(FLAGS_shm);
+  c.shm_skip_digest = absl::GetFlag(FLAGS_shm_skip_digest);
+  if (c.shm_skip_digest && !c.shm) {
+    return absl::InvalidArgumentError("--shm_skip_digest: only with --shm");
+  }
   if (c.shm && c.rpc != Rpc::kLogits) {
     return absl::InvalidArgumentError("--shm: only --rpc=logits uses shared memory so far");
   }
@@ -343,7 +351,8 @@ CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
           client::LogitsShmArgs args;
           args.x_slot = client::ShmSlot{in.region_handle, in.region.get(), 0};
           args.x_shape = in.x.shape();
-          args.y_slot = client::ShmSlot{in.region_handle, in.region.get(), in.y_offset};
+          args.y_slot =
+              client::ShmSlot{in.region_handle, in.region.get(), in.y_offset, c.shm_skip_digest};
           absl::StatusOr<client::LogitsShmResult> r = cl.LogitsShm(args, handle, options);
           if (!r.ok()) return r.status();
           *trailer = r->timing.trailer;
@@ -680,6 +689,7 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
                       {"warmup", c.warmup},
                       {"seed", c.seed},
                       {"shm", c.shm},
+                      {"shm_skip_digest", c.shm_skip_digest},
                       {"request_bytes", c.up_bytes},
                       {"response_bytes", c.down_bytes},
                       {"client_chunk_bytes", options.chunk_bytes},

@@ -264,6 +264,10 @@ struct ShmSlot {
   // digest from, and checks the output's digest against, these bytes.
   const SharedRegion* region = nullptr;
   std::uint64_t offset = 0;
+  // For an output slot: ask the server not to hash the output, and do not
+  // check it (ShmRef.skip_digest). Saves a pass over the output on each
+  // side; ShmOutput::xxh3 is then 0.
+  bool skip_digest = false;
 };
 
 // Logits with X and/or Y in shared memory instead of on the wire.

@@ -78,12 +78,24 @@ v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
   return OutputSpec(name, dtype, shape, static_cast<const void*>(buffer.data()), bytes);
 }
 
+// The spec of an output: with its digest, or (an output written to shared
+// memory whose slot asked for skip_digest) with xxh3 0.
+v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
+                          const std::vector<std::int64_t>& shape, const void* data,
+                          std::uint64_t bytes, const v1::ShmRef* slot) {
+  if (slot == nullptr || !slot->skip_digest()) return OutputSpec(name, dtype, shape, data, bytes);
+  v1::TensorSpec spec = OutputSpec(name, dtype, shape, data, 0);
+  spec.set_xxh3(0);
+  return spec;
+}
+
 // Where an output written to shared memory lies, for the result message.
-void FillShmRef(const std::string& region, const ShmSlice& slice, std::uint64_t bytes,
+void FillShmRef(const v1::ShmRef& asked, const ShmSlice& slice, std::uint64_t bytes,
                 v1::ShmRef* out) {
-  out->set_region(region);
+  out->set_region(asked.region());
   out->set_offset(slice.offset);
   out->set_bytes(bytes);
+  out->set_skip_digest(asked.skip_digest());
 }
 
 // An input tensor read from shared memory: copied out of the region, then
@@ -566,9 +578,10 @@ absl::Status LogitdService::DoLogits(
   faults_.OnLogits(plan.out_dtype, y, plan.y_bytes);
   v1::LogitsResponse head;
   v1::LogitsResult* result = head.mutable_result();
-  *result->mutable_y() = OutputSpec("y", plan.out_dtype, {plan.m, w.v}, y, plan.y_bytes);
+  *result->mutable_y() = OutputSpec("y", plan.out_dtype, {plan.m, w.v}, y, plan.y_bytes,
+                                    y_shm ? &header.y_shm() : nullptr);
   result->mutable_y()->set_xxh3(faults_.LogitsDigest(result->y().xxh3()));
-  if (y_shm) FillShmRef(header.y_shm().region(), *y_shm, plan.y_bytes, result->mutable_y_shm());
+  if (y_shm) FillShmRef(header.y_shm(), *y_shm, plan.y_bytes, result->mutable_y_shm());
   FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
   if (y_shm) return absl::OkStatus();
@@ -689,17 +702,15 @@ absl::Status LogitdService::DoBackward(
   v1::BackwardResult* result = head.mutable_result();
   if (plan.want_dx) {
     faults_.OnDx(dx, plan.dx_bytes);
-    *result->mutable_dx() = OutputSpec("dx", plan.dx_dtype, {plan.m, w.k}, dx, plan.dx_bytes);
-    if (dx_shm) {
-      FillShmRef(header.dx_shm().region(), *dx_shm, plan.dx_bytes, result->mutable_dx_shm());
-    }
+    *result->mutable_dx() = OutputSpec("dx", plan.dx_dtype, {plan.m, w.k}, dx, plan.dx_bytes,
+                                       dx_shm ? &header.dx_shm() : nullptr);
+    if (dx_shm) FillShmRef(header.dx_shm(), *dx_shm, plan.dx_bytes, result->mutable_dx_shm());
   }
   if (plan.returns_dw()) {
     faults_.OnDw(dw, plan.dw_bytes);
-    *result->mutable_dw() = OutputSpec("dw", plan.dw_dtype, {w.v, w.k}, dw, plan.dw_bytes);
-    if (dw_shm) {
-      FillShmRef(header.dw_shm().region(), *dw_shm, plan.dw_bytes, result->mutable_dw_shm());
-    }
+    *result->mutable_dw() = OutputSpec("dw", plan.dw_dtype, {w.v, w.k}, dw, plan.dw_bytes,
+                                       dw_shm ? &header.dw_shm() : nullptr);
+    if (dw_shm) FillShmRef(header.dw_shm(), *dw_shm, plan.dw_bytes, result->mutable_dw_shm());
   }
   FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));

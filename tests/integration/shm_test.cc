@@ -254,6 +254,66 @@ TEST_F(ShmTest, BackwardRoundTripEqualsStreamedBitwise) {
   EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
 }
 
+TEST_F(ShmTest, SkipDigestWritesTheSameBytesWithoutHashingThem) {
+  const Tensor x = NormalBf16({9, kK}, 41);
+  absl::StatusOr<Tensor> streamed = a().Logits(x, handle());
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  const std::uint64_t y_at = (x.nbytes() + 63) / 64 * 64;
+  Registered r = Register(y_at + streamed->nbytes());
+  std::copy_n(x.bytes(), x.nbytes(), r.region.data());
+  client::LogitsShmArgs args;
+  args.x_slot = client::ShmSlot{r.handle, &r.region, 0};
+  args.x_shape = x.shape();
+  args.y_slot = client::ShmSlot{r.handle, &r.region, y_at};
+  args.y_slot->skip_digest = true;
+  absl::StatusOr<client::LogitsShmResult> got = a().LogitsShm(args, handle());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->y_xxh3, 0u);  // not computed, on either side
+  EXPECT_EQ(got->y_bytes, streamed->nbytes());
+  EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
+                         r.region.data() + y_at));
+
+  // On the wire: the spec carries xxh3 0 and the answer says the digest was skipped.
+  v1::LogitsHeader header;
+  header.set_weight_handle(handle());
+  *header.mutable_x() = wire::MakeSpec("x", x);
+  header.mutable_x_shm()->set_region(r.handle);
+  header.mutable_x_shm()->set_bytes(x.nbytes());
+  header.mutable_x_shm()->set_skip_digest(true);  // ignored on an input: X is still checked
+  header.mutable_y_shm()->set_region(r.handle);
+  header.mutable_y_shm()->set_offset(y_at);
+  header.mutable_y_shm()->set_bytes(streamed->nbytes());
+  header.mutable_y_shm()->set_skip_digest(true);
+  v1::LogitsResult result;
+  ASSERT_TRUE(RawLogits(header, &result).ok());
+  EXPECT_EQ(result.y().xxh3(), 0u);
+  EXPECT_TRUE(result.y_shm().skip_digest());
+  header.mutable_x()->set_xxh3(header.x().xxh3() ^ 1);
+  EXPECT_EQ(RawLogits(header, &result).error_code(), grpc::StatusCode::DATA_LOSS);
+
+  // Backward: dX and dW in the region without digests, the same bytes as streamed.
+  const Tensor dy = NormalFp32({9, kV}, 42, 0.01f);
+  absl::StatusOr<client::BackwardResult> want = a().Backward(dy, x, handle());
+  ASSERT_TRUE(want.ok()) << want.status();
+  Registered g = Register(want->dx->nbytes() + 64 + want->dw->nbytes());
+  client::BackwardShmArgs bargs;
+  bargs.dy = &dy;
+  bargs.x = &x;
+  bargs.dx_slot = client::ShmSlot{g.handle, &g.region, 0, /*skip_digest=*/true};
+  bargs.dw_slot = client::ShmSlot{g.handle, &g.region, (want->dx->nbytes() + 63) / 64 * 64, true};
+  absl::StatusOr<client::BackwardShmResult> b = a().BackwardShm(bargs, handle());
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(b->dx_shm && b->dw_shm);
+  EXPECT_EQ(b->dx_shm->xxh3, 0u);
+  EXPECT_EQ(b->dw_shm->xxh3, 0u);
+  EXPECT_TRUE(std::equal(want->dx->bytes(), want->dx->bytes() + want->dx->nbytes(),
+                         g.region.data() + bargs.dx_slot->offset));
+  EXPECT_TRUE(std::equal(want->dw->bytes(), want->dw->bytes() + want->dw->nbytes(),
+                         g.region.data() + bargs.dw_slot->offset));
+  EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
+  EXPECT_TRUE(a().ReleaseShm(g.handle).ok());
+}
+
 TEST_F(ShmTest, RegionIsMappedUntilReleased) {
   Registered r = Register(4096);
   EXPECT_TRUE(ServerMaps(server_->process.pid(), r.region.name()));
@@ -441,6 +501,15 @@ TEST_F(ShmTest, LogitctlLogitsAndBenchWithShm) {
             0)
       << out;
   EXPECT_THAT(out, HasSubstr("\"shm\": true"));
+  EXPECT_THAT(out, HasSubstr("\"error_count\": 0"));
+
+  out.clear();
+  ASSERT_EQ(RunCommand(base + "bench --rpc=logits --shm --shm_skip_digest --m=8 --k=64 --v=96 "
+                              "--requests=3 --nobaseline --json 2>/dev/null",
+                       &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("\"shm_skip_digest\": true"));
   EXPECT_THAT(out, HasSubstr("\"error_count\": 0"));
 }
 

@@ -35,6 +35,11 @@ def test_logits_through_shared_memory_equal_the_streamed_ones(tmp_path):
                 yb = c.logits(x, handle, out_dtype="bf16", shm=region)
                 assert yb.dtype == logitd.BF16
                 assert np.array_equal(yb.view(np.uint16), c.logits(x, handle, out_dtype="bf16").view(np.uint16))
+                # Without digests on either side: the same bits.
+                unhashed = c.logits(x, handle, shm=region, verify=False)
+                assert np.array_equal(unhashed.view(np.uint32), streamed.view(np.uint32))
+                with pytest.raises(logitd.InvalidArgumentError, match="only with shm"):
+                    c.logits(x, handle, verify=False)
                 # The result is a view of the region: the next call overwrites it.
                 kept = y.copy()
                 c.logits(to_bf16(int_tensor(np.random.default_rng(9), (40, 128))), handle, shm=region)
