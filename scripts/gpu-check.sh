@@ -211,6 +211,8 @@ for p in json.load(open(sys.argv[1]))["phases"]:
     df -h /dev/shm >>"$out/rpc.log" 2>&1
     bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
     bench m8192_shm --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm --baseline=false
+    bench m8192_shm_nodigest --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm \
+      --shm_skip_digest --baseline=false
     bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=6
     metrics_port=$(tr -dc '0-9' <"$metrics_port_file" 2>/dev/null)
     if [ -n "$metrics_port" ] && python3 -c 'import sys,urllib.request
