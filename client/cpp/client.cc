@@ -514,45 +514,15 @@ absl::StatusOr<Tensor> Client::Logits(const Tensor& x, const std::string& handle
 
 absl::Status Client::LogitsInto(const Tensor& x, const std::string& handle, Tensor* y,
                                 const LogitsOptions& options, Timing* timing) {
-  if (absl::Status s = CheckNotEmpty("x", x); !s.ok()) return s;
   if (y == nullptr) return absl::InvalidArgumentError("y: expected a tensor to receive into");
-  // proto3 cannot tell 0 from "unset", and the server reads unset as 1: a
-  // zero alpha would silently become 1.
-  if (options.alpha == 0.0f) {
-    return absl::InvalidArgumentError(
-        "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
-  }
-  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::Status {
-    std::unique_ptr<grpc::ClientReaderWriter<v1::LogitsRequest, v1::LogitsResponse>> stream =
-        impl_->stub->Logits(&context);
-
-    v1::LogitsRequest header;
-    v1::LogitsHeader* h = header.mutable_header();
-    h->set_weight_handle(handle);
-    *h->mutable_x() = wire::MakeSpec("x", x);
-    h->set_out_dtype(wire::ToProto(options.out_dtype));
-    h->set_alpha(options.alpha);
-    if (stream->Write(header) &&
-        WriteTensor<v1::LogitsRequest>(*stream, "x", x, impl_->options.chunk_bytes)) {
-      stream->WritesDone();
-    }
-
-    v1::LogitsResult result;
-    ResponseTensors tensors;
-    tensors.Recycle("y", y);
-    absl::Status s = ReceiveResponse<v1::LogitsResponse>(
-        *stream, context, &result, &tensors,
-        [](const v1::LogitsResult& r) { return std::vector<const v1::TensorSpec*>{&r.y()}; });
-    if (!s.ok()) return s;
-    if (timing != nullptr) {
-      *timing = FromProto(result.timing());
-      timing->trailer = TrailerOf(context);
-    }
-    absl::StatusOr<Tensor> got = tensors.Take(result.y());
-    if (!got.ok()) return got.status();
-    *y = *std::move(got);
-    return absl::OkStatus();
-  });
+  // LogitsShm without slots streams X up and Y back.
+  LogitsShmArgs args;
+  args.x = &x;
+  args.y_into = y;
+  absl::StatusOr<LogitsShmResult> r = LogitsShm(args, handle, options);
+  if (!r.ok()) return r.status();
+  if (timing != nullptr) *timing = std::move(r->timing);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<BackwardResult> Client::Backward(const Tensor& dy, const Tensor& x,
@@ -930,6 +900,7 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
 
     v1::LogitsResult result;
     ResponseTensors tensors;
+    if (args.y_into != nullptr) tensors.Recycle("y", args.y_into);
     absl::Status s = ReceiveResponse<v1::LogitsResponse>(
         *stream, context, &result, &tensors, [](const v1::LogitsResult& r) {
           return r.has_y_shm() ? std::vector<const v1::TensorSpec*>{}
@@ -945,7 +916,11 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
       }
       absl::StatusOr<Tensor> y = tensors.Take(result.y());
       if (!y.ok()) return y.status();
-      out.y = std::move(*y);
+      if (args.y_into != nullptr) {
+        *args.y_into = std::move(*y);
+      } else {
+        out.y = std::move(*y);
+      }
       return out;
     }
     // Y in the region: what the server announced must be what is there.

@@ -279,8 +279,10 @@ struct LogitsShmArgs {
   std::optional<ShmSlot> x_slot;
   std::vector<std::int64_t> x_shape;
   // Y: written by the server at y_slot when set (the offset a multiple of
-  // Y's element size), else streamed back into LogitsShmResult::y.
+  // Y's element size), else streamed back into LogitsShmResult::y, or into
+  // *y_into when given (as Client::LogitsInto does).
   std::optional<ShmSlot> y_slot;
+  Tensor* y_into = nullptr;
 };
 
 struct LogitsShmResult {
