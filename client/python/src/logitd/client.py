@@ -11,9 +11,13 @@ device). Results are numpy arrays, or CPU torch tensors when the inputs were
 torch tensors.
 """
 
+import functools
+import inspect
 import math
 import os
+import random
 import threading
+import time
 from dataclasses import dataclass, fields
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -22,7 +26,7 @@ import numpy as np
 import xxhash
 
 from . import _tensors as T
-from .errors import DataLossError, InvalidArgumentError, LogitdError, from_rpc_error
+from .errors import DataLossError, InvalidArgumentError, LogitdError, UnavailableError, from_rpc_error
 from .shm import SharedRegion
 from .shm import _align as _shm_align
 from .v1 import logitd_pb2 as pb
@@ -166,6 +170,63 @@ def _from_proto(cls, msg):
     return cls(**values)
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retrying calls that failed with UNAVAILABLE (server down, restarting or unreachable,
+    connection lost mid-call), as the C++ client's RetryPolicy. A Client without one makes
+    each call once. Only idempotent calls are ever retried: info, list_weights,
+    load_weight, register_weights, logits, cast_to_bf16, zero_gradient,
+    fetch_gradient(zero_after=False), backward and cross_entropy without accumulate_dw;
+    never release_weights, register_shm, release_shm, fetch_gradient(zero_after=True),
+    nor backward/cross_entropy with accumulate_dw. Attempts share the call's deadline
+    (the Client's timeout, from the start of the call).
+
+    max_attempts: attempts in all, the first included (0: no limit but the deadline).
+    initial_backoff, max_backoff: seconds before the first retry, and at most; each
+    further retry waits ``multiplier`` times longer, scaled by a random factor in
+    [1 - jitter, 1 + jitter]. The defaults cover some 11 s of outage.
+    """
+
+    max_attempts: int = 8
+    initial_backoff: float = 0.1
+    multiplier: float = 2.0
+    max_backoff: float = 5.0
+    jitter: float = 0.2
+
+    def __post_init__(self):
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 0:
+            raise InvalidArgumentError("max_attempts: expected 0 (no limit) or more, got %r" % (self.max_attempts,))
+        for name in ("initial_backoff", "max_backoff"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise InvalidArgumentError("%s: expected a positive number of seconds, got %r" % (name, v))
+        if not (math.isfinite(self.multiplier) and self.multiplier >= 1):
+            raise InvalidArgumentError("multiplier: expected 1 or more, got %r" % (self.multiplier,))
+        if not 0 <= self.jitter < 1:
+            raise InvalidArgumentError("jitter: expected 0 <= jitter < 1, got %r" % (self.jitter,))
+
+
+def _retried(unless: Optional[str] = None):
+    """Marks a call as idempotent: retried on UNAVAILABLE under the client's RetryPolicy.
+    With ``unless``, only when that argument of the call is false."""
+
+    def wrap(method):
+        signature = inspect.signature(method)
+
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            idempotent = True
+            if unless is not None:
+                bound = signature.bind(self, *args, **kwargs)
+                bound.apply_defaults()
+                idempotent = not bound.arguments[unless]
+            return self._retrying(idempotent, lambda: method(self, *args, **kwargs))
+
+        return call
+
+    return wrap
+
+
 class Client:
     """A connection to a logitd server.
 
@@ -183,6 +244,8 @@ class Client:
         ``"round_robin"`` (calls spread over all of them). Weights are registered per
         server, so round_robin suits calls that need none (``info``, ``cast``) or weights
         registered on every server.
+      retry: a ``logitd.RetryPolicy`` to ride over a server restart or a lost
+        connection (idempotent calls only); None (default): each call once.
     """
 
     def __init__(
@@ -194,6 +257,7 @@ class Client:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         options: Optional[Sequence[Tuple[str, Any]]] = None,
         lb_policy: str = "pick_first",
+        retry: Optional[RetryPolicy] = None,
     ):
         if not address:
             raise InvalidArgumentError("address: expected a gRPC target such as 127.0.0.1:50051, got an empty string")
@@ -203,8 +267,14 @@ class Client:
             raise InvalidArgumentError("timeout: expected a positive number of seconds or None, got %r" % (timeout,))
         if lb_policy not in ("pick_first", "round_robin"):
             raise InvalidArgumentError("lb_policy: expected pick_first or round_robin, got %r" % (lb_policy,))
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgumentError("retry: expected a logitd.RetryPolicy or None, got %s" % type(retry).__name__)
         self.address = address
         self.timeout = timeout
+        self.retry = retry
+        # Attempts repeated after UNAVAILABLE, over the client's lifetime.
+        self.retries = 0
+        self._attempt = threading.local()
         self.chunk_bytes = chunk_bytes
         self._metadata = (("authorization", "Bearer " + token),) if token else None
         channel_options = [
@@ -213,6 +283,12 @@ class Client:
             ("grpc.max_receive_message_length", -1),
             ("grpc.lb_policy_name", lb_policy),
         ]
+        if retry is not None:
+            channel_options += [
+                ("grpc.initial_reconnect_backoff_ms", max(1, int(retry.initial_backoff * 1000))),
+                ("grpc.min_reconnect_backoff_ms", max(1, int(retry.initial_backoff * 1000))),
+                ("grpc.max_reconnect_backoff_ms", max(1, int(retry.max_backoff * 1000))),
+            ]
         if options:
             channel_options.extend(options)
         credentials = _tls_credentials(tls)
@@ -243,9 +319,50 @@ class Client:
 
     # -- plumbing -----------------------------------------------------------------
 
+    def _timeout(self) -> Optional[float]:
+        """The time left to the current call (its attempts share one deadline)."""
+        deadline = getattr(self._attempt, "deadline", None)
+        if deadline is None:
+            return self.timeout
+        return max(deadline - time.monotonic(), 0.001)
+
+    def _retrying(self, idempotent: bool, attempt):
+        policy = self.retry
+        if policy is None or not idempotent or policy.max_attempts == 1:
+            return attempt()
+        start = time.monotonic()
+        deadline = None if self.timeout is None else start + self.timeout
+        backoff = policy.initial_backoff
+        n = 0
+        while True:
+            n += 1
+            self._attempt.deadline = deadline
+            try:
+                return attempt()
+            except UnavailableError as e:
+                wait = min(backoff, policy.max_backoff) * random.uniform(1 - policy.jitter, 1 + policy.jitter)
+                if (policy.max_attempts > 0 and n >= policy.max_attempts) or (
+                    deadline is not None and time.monotonic() + wait >= deadline
+                ):
+                    raise UnavailableError(
+                        "%s (gave up after %d attempts in %.1f s)" % (e.message, n, time.monotonic() - start),
+                        e.code,
+                    ) from None
+            finally:
+                self._attempt.deadline = None
+            # Wait on the channel, not only the clock: that makes gRPC try to
+            # reconnect (and notice that it can) while the client waits.
+            # The channel reconnects on the policy's schedule too (see __init__),
+            # so the next attempt finds it trying again rather than in a long
+            # reconnect backoff of its own.
+            time.sleep(wait)
+            backoff *= policy.multiplier
+            with self._lock:
+                self.retries += 1
+
     def _unary(self, method, request):
         try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
+            return method(request, timeout=self._timeout(), metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
@@ -300,19 +417,21 @@ class Client:
     def _stream(self, method, request_cls, header_field, header, tensors, specs_of):
         call = method(
             self._requests(request_cls, header_field, header, tensors),
-            timeout=self.timeout,
+            timeout=self._timeout(),
             metadata=self._metadata,
         )
         return self._receive(call, specs_of)
 
     # -- server info ----------------------------------------------------------------
 
+    @_retried()
     def info(self) -> ServerInfo:
         """Backend, device, library versions and limits of the server."""
         return _from_proto(ServerInfo, self._unary(self._stub.GetServerInfo, pb.GetServerInfoRequest()))
 
     # -- weights ------------------------------------------------------------------------
 
+    @_retried()
     def register_weights(self, tensor: Any, name: str = "") -> WeightInfo:
         """Uploads a bf16 weight [V, K]; identical bytes return the existing handle."""
         w = T.Outgoing("weight", tensor, (pb.DTYPE_BF16,))
@@ -320,7 +439,7 @@ class Client:
         try:
             info = self._stub.RegisterWeight(
                 self._requests(pb.RegisterWeightRequest, "header", header, [w]),
-                timeout=self.timeout,
+                timeout=self._timeout(),
                 metadata=self._metadata,
             )
         except grpc.RpcError as e:
@@ -329,12 +448,14 @@ class Client:
 
     register_weight = register_weights
 
+    @_retried()
     def load_weight(self, path: str, tensor: str, name: str = "") -> WeightInfo:
         """Registers a weight the server reads from a safetensors file under its
         --weights_dir (path relative to it); F32/F16 tensors are rounded to bf16."""
         request = pb.LoadWeightRequest(path=path, tensor=tensor, name=name)
         return _from_proto(WeightInfo, self._unary(self._stub.LoadWeight, request))
 
+    @_retried()
     def list_weights(self) -> List[WeightInfo]:
         response = self._unary(self._stub.ListWeights, pb.ListWeightsRequest())
         return [_from_proto(WeightInfo, w) for w in response.weights]
@@ -349,6 +470,7 @@ class Client:
 
     # -- GEMMs ------------------------------------------------------------------------------
 
+    @_retried()
     def logits(
         self,
         x: Any,
@@ -449,6 +571,7 @@ class Client:
         self._unary(self._stub.ReleaseShm, pb.ReleaseShmRequest(handle=region.handle))
         region.handle = None
 
+    @_retried(unless="accumulate_dw")
     def backward(
         self,
         dy: Any,
@@ -497,6 +620,7 @@ class Client:
 
     # -- fused cross-entropy ------------------------------------------------------------------
 
+    @_retried(unless="accumulate_dw")
     def cross_entropy(
         self,
         x: Any,
@@ -559,21 +683,24 @@ class Client:
 
     # -- server-held gradient buffers -----------------------------------------------------
 
+    @_retried(unless="zero_after")
     def fetch_gradient(self, handle: Union[str, WeightInfo], zero_after: bool = False, as_torch: bool = False) -> Gradient:
         """Reads the fp32 dW accumulated by backward(accumulate_dw=True); optionally zeroes it."""
         request = pb.FetchGradientRequest(weight_handle=_handle(handle), zero_after_fetch=zero_after)
         try:
-            call = self._stub.FetchGradient(request, timeout=self.timeout, metadata=self._metadata)
+            call = self._stub.FetchGradient(request, timeout=self._timeout(), metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         result, tensors = self._receive(call, lambda r: [r.dw])
         return Gradient(tensors[result.dw.name].result(as_torch), int(result.accumulated_calls))
 
+    @_retried()
     def zero_gradient(self, handle: Union[str, WeightInfo]) -> None:
         self._unary(self._stub.ZeroGradient, pb.ZeroGradientRequest(weight_handle=_handle(handle)))
 
     # -- cast ---------------------------------------------------------------------------------
 
+    @_retried()
     def cast_to_bf16(self, x: Any):
         """The server's fp32 -> bf16 conversion (round to nearest even), the one backward applies to dY."""
         xt = T.Outgoing("input", x, (pb.DTYPE_FP32,))
