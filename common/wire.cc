@@ -109,28 +109,51 @@ absl::Status Assembler::Expect(const v1::TensorSpec& spec, Tensor* recycle) {
 }
 
 absl::Status Assembler::Add(const v1::TensorChunk& chunk) {
-  auto it = pending_.find(chunk.name());
+  const absl::Span<const std::byte> data(reinterpret_cast<const std::byte*>(chunk.data().data()),
+                                         chunk.data().size());
+  return AddPieces(chunk.name(), chunk.offset(), data.size(), {&data, 1});
+}
+
+absl::Status Assembler::Add(const ChunkView& chunk) {
+  return AddPieces(chunk.name, chunk.offset, chunk.size, chunk.pieces);
+}
+
+absl::Status Assembler::AddPieces(absl::string_view name, std::uint64_t offset, std::uint64_t len,
+                                  absl::Span<const absl::Span<const std::byte>> pieces) {
+  auto it = pending_.find(name);
   if (it == pending_.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk for tensor '", chunk.name(), "', which this call did not announce"));
+        absl::StrCat("chunk for tensor '", name, "', which this call did not announce"));
   }
   Pending& p = *it->second;
   const std::uint64_t size = p.tensor.nbytes();
-  if (chunk.offset() != p.received) {
+  if (offset != p.received) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: chunk at offset %d, expected offset %d (chunks must arrive in order)",
-                        chunk.name(), chunk.offset(), p.received));
+                        name, offset, p.received));
   }
-  const std::uint64_t len = chunk.data().size();
   if (len > size - p.received) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s: chunk [%d, %d) runs past the tensor's end at %d bytes", chunk.name(),
-                        chunk.offset(), chunk.offset() + len, size));
+        absl::StrFormat("%s: chunk [%d, %d) runs past the tensor's end at %d bytes", name, offset,
+                        offset + len, size));
   }
-  if (len == 0) return absl::OkStatus();
-  std::memcpy(p.tensor.bytes() + p.received, chunk.data().data(), len);
-  XXH3_64bits_update(p.state, chunk.data().data(), len);
-  p.received += len;
+  // Each piece is copied, then hashed while it is still in cache.
+  for (const absl::Span<const std::byte> piece : pieces) {
+    if (piece.empty()) continue;
+    std::byte* dst = p.tensor.bytes() + p.received;
+    std::memcpy(dst, piece.data(), piece.size());
+    XXH3_64bits_update(p.state, dst, piece.size());
+    p.received += piece.size();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Assembler::SetExpectedDigest(absl::string_view name, std::uint64_t xxh3) {
+  auto it = pending_.find(name);
+  if (it == pending_.end()) {
+    return absl::NotFoundError(absl::StrCat("no tensor '", name, "' was announced"));
+  }
+  it->second->expected_digest = xxh3;
   return absl::OkStatus();
 }
 

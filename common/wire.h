@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/chunk_message.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.pb.h"
 
@@ -45,6 +47,12 @@ class Assembler {
   // Stores one chunk. InvalidArgument for an unknown tensor, an offset other
   // than the next expected byte, or data past the tensor's end.
   absl::Status Add(const v1::TensorChunk& chunk);
+  // The same for a chunk read straight from a raw message's slices.
+  absl::Status Add(const ChunkView& chunk);
+  // Sets the digest a tensor's bytes must have, for a sender that announces
+  // it after the bytes (Expect() was given the spec without it). NotFound
+  // when no tensor `name` was announced.
+  absl::Status SetExpectedDigest(absl::string_view name, std::uint64_t xxh3);
   // DataLoss when any tensor is incomplete or its digest does not match.
   absl::Status Finish();
   // Moves a finished tensor out. NotFound when it was never announced.
@@ -54,6 +62,8 @@ class Assembler {
 
  private:
   struct Pending;
+  absl::Status AddPieces(absl::string_view name, std::uint64_t offset, std::uint64_t size,
+                         absl::Span<const absl::Span<const std::byte>> pieces);
   std::uint64_t max_total_bytes_;
   std::uint64_t total_bytes_ = 0;
   std::map<std::string, std::unique_ptr<Pending>, std::less<>> pending_;

@@ -192,6 +192,7 @@ for p in json.load(open(sys.argv[1]))["phases"]:
     bench m1024_c1 --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r"
     bench m1024_c4 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=4 --channels=4 --requests="$r"
     bench m16_c1 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5
+    bench m16_c1_shm --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm --baseline=false
     busy() {  # busy NAME ARGS...: a bench run with nvidia-smi sampling GPU utilisation
       local name=$1 smi_pid=""
       if command -v nvidia-smi >/dev/null; then

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -158,9 +159,11 @@ class ResponseTensors {
   // and shape match what the server announces).
   void Recycle(const std::string& name, Tensor* t) { recycle_[name] = t; }
 
-  absl::Status Add(const v1::TensorChunk& chunk) {
+  // A chunk, as a message or read straight from the received bytes.
+  template <typename Chunk>
+  absl::Status Add(const Chunk& chunk) {
     if (assembler_ == nullptr) {
-      return absl::DataLossError(absl::StrCat("response from server: chunk of '", chunk.name(),
+      return absl::DataLossError(absl::StrCat("response from server: chunk of '", NameOf(chunk),
                                               "' arrived before the result that announces it"));
     }
     if (absl::Status s = assembler_->Add(chunk); !s.ok()) return Corrupt(s);
@@ -178,6 +181,18 @@ class ResponseTensors {
 
   absl::StatusOr<Tensor> Take(const v1::TensorSpec& spec) { return assembler_->Take(spec.name()); }
 
+  // The digest of a tensor announced without one, sent after its chunks.
+  absl::Status SetDigest(const v1::TensorDigest& digest) {
+    if (assembler_ == nullptr) {
+      return absl::DataLossError(absl::StrCat("response from server: digest of '", digest.name(),
+                                              "' arrived before the result that announces it"));
+    }
+    if (absl::Status s = assembler_->SetExpectedDigest(digest.name(), digest.xxh3()); !s.ok()) {
+      return Corrupt(s);
+    }
+    return absl::OkStatus();
+  }
+
  private:
   // Whatever the server sent that does not add up is data loss to the caller:
   // the request was fine, the answer cannot be trusted.
@@ -185,21 +200,83 @@ class ResponseTensors {
     return absl::DataLossError(absl::StrCat("response from server: ", s.message()));
   }
 
+  static const std::string& NameOf(const v1::TensorChunk& chunk) { return chunk.name(); }
+  static const std::string& NameOf(const wire::ChunkView& chunk) { return chunk.name; }
+
   std::unique_ptr<wire::Assembler> assembler_;
   std::map<std::string, Tensor*> recycle_;
 };
 
-// Reads a response stream (one result message, then the chunks of the tensors
-// it announces) and finishes the call. A local error cancels the call first:
+// What reading a response stream produced.
+enum class Next { kEnd, kMessage, kChunk, kMalformed };
+
+// A tensor call's stream as raw messages (see common/chunk_message.h):
+// requests and results travel as their message types, while a response
+// chunk's bytes are read straight from gRPC's buffers into the tensor they
+// belong to, without a copy into a message first.
+template <typename Request, typename Response>
+class RawCall {
+ public:
+  RawCall(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method,
+          grpc::ClientContext* context)
+      : stream_(
+            grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+                channel, method, context)) {}
+
+  bool Write(const Request& request) { return stream_->Write(wire::SerializeMessage(request)); }
+  bool WritesDone() { return stream_->WritesDone(); }
+  grpc::Status Finish() { return stream_->Finish(); }
+
+  Next Read(Response* message, wire::ChunkView* chunk) {
+    grpc::ByteBuffer buffer;
+    if (!stream_->Read(&buffer)) return Next::kEnd;
+    if (wire::ReadChunkMessage(buffer, chunk)) return Next::kChunk;
+    return wire::ParseMessage(&buffer, message) ? Next::kMessage : Next::kMalformed;
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
+};
+
+// The generated streams: every message is parsed.
+template <typename Stream, typename Response>
+Next ReadNext(Stream& stream, Response* message, wire::ChunkView* /*chunk*/) {
+  return stream.Read(message) ? Next::kMessage : Next::kEnd;
+}
+template <typename Request, typename Response>
+Next ReadNext(RawCall<Request, Response>& stream, Response* message, wire::ChunkView* chunk) {
+  return stream.Read(message, chunk);
+}
+
+// The digest message of a response stream that has one (Logits).
+template <typename Response>
+const v1::TensorDigest* DigestOf(const Response& /*response*/) {
+  return nullptr;
+}
+const v1::TensorDigest* DigestOf(const v1::LogitsResponse& response) {
+  return response.has_digest() ? &response.digest() : nullptr;
+}
+
+// Reads a response stream (one result message, then the chunks of the
+// tensors it announces, and for a tensor announced without its digest the
+// digest after its chunks) and finishes the call. A local error cancels the call first:
 // Finish() would otherwise wait for chunks nobody reads.
 template <typename Response, typename Stream, typename Result, typename SpecsOf>
 absl::Status ReceiveResponse(Stream& stream, grpc::ClientContext& context, Result* result,
                              ResponseTensors* tensors, SpecsOf specs_of) {
   Response response;
+  wire::ChunkView chunk;
   bool have_result = false;
   absl::Status local;
-  while (local.ok() && stream.Read(&response)) {
-    if (response.has_result()) {
+  while (local.ok()) {
+    const Next next = ReadNext(stream, &response, &chunk);
+    if (next == Next::kEnd) break;
+    if (next == Next::kChunk) {
+      local = tensors->Add(chunk);
+    } else if (next == Next::kMalformed) {
+      local = absl::DataLossError(absl::StrCat("response from server: a message that is not a ",
+                                               Response::descriptor()->full_name()));
+    } else if (response.has_result()) {
       if (have_result) {
         local = absl::DataLossError("response from server: a second result message");
         break;
@@ -209,6 +286,8 @@ absl::Status ReceiveResponse(Stream& stream, grpc::ClientContext& context, Resul
       local = tensors->Announce(specs_of(*result));
     } else if (response.has_chunk()) {
       local = tensors->Add(response.chunk());
+    } else if (const v1::TensorDigest* digest = DigestOf(response); digest != nullptr) {
+      local = tensors->SetDigest(*digest);
     } else {
       local = absl::DataLossError("response from server: a message with neither result nor chunk");
     }
@@ -219,6 +298,9 @@ absl::Status ReceiveResponse(Stream& stream, grpc::ClientContext& context, Resul
     return local;
   }
   if (absl::Status s = FromGrpc(stream.Finish()); !s.ok()) return s;
+  if (!have_result) {
+    return absl::DataLossError("response from server: the call ended without a result");
+  }
   return tensors->Finish();
 }
 
@@ -254,10 +336,36 @@ absl::StatusOr<TimingTrailer> ParseTimingTrailer(absl::string_view text) {
   return out;
 }
 
+// A logitd.v1.Logitd method's path, e.g. "/logitd.v1.Logitd/Logits"; the
+// string lives as long as the program (gRPC keeps the pointer).
+const char* MethodPath(absl::string_view method) {
+  static auto* paths = new std::map<std::string, std::string, std::less<>>();
+  static auto* mu = new std::mutex();
+  std::lock_guard<std::mutex> lock(*mu);
+  auto it = paths->find(method);
+  if (it == paths->end()) {
+    it = paths
+             ->emplace(std::string(method),
+                       absl::StrCat("/", v1::Logitd::service_full_name(), "/", method))
+             .first;
+  }
+  return it->second.c_str();
+}
+
 struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Logitd::Stub> stub;
+  // The tensor calls, made as raw streams (RawCall); registered with the
+  // channel once, as the stub does for its methods.
+  std::unique_ptr<grpc::internal::RpcMethod> logits_method;
+  std::unique_ptr<grpc::internal::RpcMethod> backward_method;
+  std::unique_ptr<grpc::internal::RpcMethod> cross_entropy_method;
+
+  std::unique_ptr<grpc::internal::RpcMethod> RawMethod(absl::string_view name) const {
+    return std::make_unique<grpc::internal::RpcMethod>(
+        MethodPath(name), grpc::internal::RpcMethod::BIDI_STREAMING, channel);
+  }
 
   std::atomic<std::uint64_t> calls{0};
   std::atomic<std::uint64_t> attempts{0};
@@ -414,6 +522,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addres
         absl::StrCat("server address: cannot create a channel to '", address, "'"));
   }
   impl->stub = v1::Logitd::NewStub(impl->channel);
+  impl->logits_method = impl->RawMethod("Logits");
+  impl->backward_method = impl->RawMethod("Backward");
+  impl->cross_entropy_method = impl->RawMethod("CrossEntropy");
   impl->options = std::move(options);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -625,8 +736,8 @@ absl::StatusOr<CrossEntropyResult> Client::CrossEntropy(const Tensor& x, const T
   return impl_->Call(
       !options.accumulate_dw,
       [&](grpc::ClientContext& context) -> absl::StatusOr<CrossEntropyResult> {
-        std::unique_ptr<grpc::ClientReaderWriter<v1::CrossEntropyRequest, v1::CrossEntropyResponse>>
-            stream = impl_->stub->CrossEntropy(&context);
+        auto stream = std::make_unique<RawCall<v1::CrossEntropyRequest, v1::CrossEntropyResponse>>(
+            impl_->channel.get(), *impl_->cross_entropy_method, &context);
 
         v1::CrossEntropyRequest header;
         v1::CrossEntropyHeader* h = header.mutable_header();
@@ -881,8 +992,8 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
   }
 
   return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<LogitsShmResult> {
-    std::unique_ptr<grpc::ClientReaderWriter<v1::LogitsRequest, v1::LogitsResponse>> stream =
-        impl_->stub->Logits(&context);
+    auto stream = std::make_unique<RawCall<v1::LogitsRequest, v1::LogitsResponse>>(
+        impl_->channel.get(), *impl_->logits_method, &context);
 
     v1::LogitsRequest header;
     v1::LogitsHeader* h = header.mutable_header();
@@ -892,6 +1003,8 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
     h->set_alpha(options.alpha);
     if (x_ref) *h->mutable_x_shm() = *x_ref;
     if (args.y_slot) *h->mutable_y_shm() = OutputRef(*args.y_slot);
+    // The server hashes a streamed Y while its chunks travel.
+    if (!args.y_slot) h->set_digest_last(true);
     if (stream->Write(header) &&
         (x_ref ||
          WriteTensor<v1::LogitsRequest>(*stream, "x", *args.x, impl_->options.chunk_bytes))) {
@@ -961,8 +1074,8 @@ absl::StatusOr<BackwardShmResult> Client::BackwardShm(const BackwardShmArgs& arg
   return impl_->Call(
       !options.accumulate_dw,
       [&](grpc::ClientContext& context) -> absl::StatusOr<BackwardShmResult> {
-        std::unique_ptr<grpc::ClientReaderWriter<v1::BackwardRequest, v1::BackwardResponse>>
-            stream = impl_->stub->Backward(&context);
+        auto stream = std::make_unique<RawCall<v1::BackwardRequest, v1::BackwardResponse>>(
+            impl_->channel.get(), *impl_->backward_method, &context);
         v1::BackwardRequest header;
         v1::BackwardHeader* h = header.mutable_header();
         h->set_weight_handle(handle);

@@ -166,6 +166,16 @@ class Backend {
   // A host buffer for inputs or outputs of at least `bytes`.
   virtual absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) = 0;
 
+  // Makes [data, data + bytes) of host memory the caller keeps mapped (a
+  // shared-memory region) faster for the device's copies: page-locked and
+  // registered with the device on cuda. The memory stays so until the
+  // returned token goes, which must be before the memory is unmapped. Null
+  // where there is nothing to gain (cpu).
+  virtual absl::StatusOr<std::shared_ptr<void>> PinHostMemory(void* /*data*/,
+                                                              std::size_t /*bytes*/) {
+    return nullptr;
+  }
+
   // Copies W [v, k] bf16 into backend storage (device memory on cuda).
   // ResourceExhausted when the device cannot hold it.
   virtual absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,

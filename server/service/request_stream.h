@@ -17,10 +17,19 @@ struct StreamBytes {
   std::uint64_t tensor_bytes_in = 0;
 };
 
+// Why a stream's Read() returned false when that was not the end of the
+// stream. A stream type that parses its messages itself overloads this to
+// report the message it could not parse (see message_stream.h).
+template <typename Stream>
+absl::Status ReadError(const Stream& /*stream*/) {
+  return absl::OkStatus();
+}
+
 // Reads the call's first message, which must be its header.
 template <typename Request, typename Stream>
 absl::Status ReadHeader(Stream* stream, Request* first, std::uint64_t* bytes_in) {
   if (!stream->Read(first)) {
+    if (absl::Status s = ReadError(*stream); !s.ok()) return s;
     return absl::InvalidArgumentError("expected a header first, got an empty request stream");
   }
   *bytes_in += first->ByteSizeLong();
@@ -59,6 +68,7 @@ absl::Status ReceiveChunks(Stream* stream, wire::Assembler* assembler, Stats* st
   if (cancelled()) {
     return absl::CancelledError("the client cancelled the call while sending its tensors");
   }
+  if (absl::Status s = ReadError(*stream); !s.ok()) return s;
   return assembler->Finish();
 }
 

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/chunk_message.h"
 #include "common/wire.h"
 #include "logitd/bf16.h"
 #include "logitd/safetensors.h"
@@ -29,6 +31,9 @@ namespace {
 constexpr std::size_t kMaxLoggedMessage = 300;
 // Trailing metadata key of a call's server-side time split.
 constexpr absl::string_view kTimingTrailer = "logitd-timing";
+// Outputs from this size on are hashed on a thread of their own while their
+// chunks go out (LogitsHeader.digest_last); smaller ones inline.
+constexpr std::uint64_t kHashAsideBytes = 8u << 20;
 
 // The handlers' ReceiveChunks: the shared one, asking the call's context
 // whether the client is gone.
@@ -219,9 +224,59 @@ LogitdService::LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceO
       registry_(options.weight_budget_bytes),
       faults_(options.faults),
       admission_(options.admission),
-      shm_(options.shm) {}
+      shm_(options.shm) {
+  ServeRaw("Logits", &LogitdService::Logits);
+  ServeRaw("Backward", &LogitdService::Backward);
+  ServeRaw("CrossEntropy", &LogitdService::CrossEntropy);
+}
 
-LogitdService::~LogitdService() = default;
+LogitdService::~LogitdService() {
+  // gRPC lets go of the last chunks' slices when their bytes are written,
+  // which can be after the calls ended; the backend must outlive them.
+  if (!sending_.WaitIdle(absl::Seconds(10))) {
+    LogWarning(absl::StrCat(sending_.held(),
+                            " response buffers were still held by gRPC 10 s after shutdown"));
+  }
+}
+
+namespace {
+
+// The index of a logitd.v1.Logitd method, as the generated service numbers
+// them (the order of the proto's service declaration).
+int MethodIndex(absl::string_view name) {
+  const google::protobuf::ServiceDescriptor* service =
+      v1::LogitsRequest::descriptor()->file()->FindServiceByName("Logitd");
+  const google::protobuf::MethodDescriptor* method = service->FindMethodByName(std::string(name));
+  return method->index();
+}
+
+}  // namespace
+
+void LogitdService::ServeRaw(absl::string_view method,
+                             grpc::Status (LogitdService::*handler)(grpc::ServerContext*,
+                                                                    RawStream*)) {
+  MarkMethodStreamed(
+      MethodIndex(method),
+      new grpc::internal::BidiStreamingHandler<LogitdService, grpc::ByteBuffer, grpc::ByteBuffer>(
+          [handler](LogitdService* service, grpc::ServerContext* context, RawStream* stream) {
+            return (service->*handler)(context, stream);
+          },
+          this));
+}
+
+template <typename Stream>
+absl::Status LogitdService::SendBuffer(Stream* stream, absl::string_view name,
+                                       kernels::HostBuffer buffer, std::uint64_t bytes,
+                                       CallStats* stats) {
+  const std::byte* data = buffer.data();
+  return wire::SendChunkMessages(name, data, static_cast<std::size_t>(bytes), options_.chunk_bytes,
+                                 sending_.Hold(std::move(buffer)),
+                                 [&](const grpc::ByteBuffer& message, std::size_t payload) {
+                                   stats->bytes_out += message.Length();
+                                   stats->tensor_bytes_out += payload;
+                                   return stream->Write(message);
+                                 });
+}
 
 template <typename Body>
 grpc::Status LogitdService::Run(absl::string_view method, grpc::ServerContext* context,
@@ -511,15 +566,15 @@ grpc::Status LogitdService::ReleaseWeight(grpc::ServerContext* context,
   });
 }
 
-grpc::Status LogitdService::Logits(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::LogitsResponse, v1::LogitsRequest>* stream) {
-  return Run("Logits", context, [&](CallStats* stats) { return DoLogits(context, stream, stats); });
+grpc::Status LogitdService::Logits(grpc::ServerContext* context, RawStream* raw) {
+  MessageStream<v1::LogitsResponse, v1::LogitsRequest> stream(raw);
+  return Run("Logits", context,
+             [&](CallStats* stats) { return DoLogits(context, &stream, stats); });
 }
 
-absl::Status LogitdService::DoLogits(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::LogitsResponse, v1::LogitsRequest>* stream, CallStats* stats) {
+absl::Status LogitdService::DoLogits(grpc::ServerContext* context,
+                                     MessageStream<v1::LogitsResponse, v1::LogitsRequest>* stream,
+                                     CallStats* stats) {
   const absl::Time start = absl::Now();
   v1::LogitsRequest first;
   LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
@@ -578,6 +633,28 @@ absl::Status LogitdService::DoLogits(
   faults_.OnLogits(plan.out_dtype, y, plan.y_bytes);
   v1::LogitsResponse head;
   v1::LogitsResult* result = head.mutable_result();
+  if (!y_shm && header.digest_last()) {
+    // Y's spec without its digest, Y's chunks (hashed on another thread
+    // meanwhile), then the digest.
+    *result->mutable_y() = OutputSpec("y", plan.out_dtype, {plan.m, w.v}, nullptr, 0);
+    result->mutable_y()->set_xxh3(0);
+    FillTiming(receive_us, timing, result->mutable_timing(), stats);
+    LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
+    std::uint64_t digest = 0;
+    std::thread hasher;
+    if (plan.y_bytes >= kHashAsideBytes) {
+      hasher = std::thread([&digest, y, n = plan.y_bytes] { digest = Xxh3(y, n); });
+    } else {
+      digest = Xxh3(y, static_cast<std::size_t>(plan.y_bytes));
+    }
+    const absl::Status sent = SendBuffer(stream, "y", std::move(y_buffer), plan.y_bytes, stats);
+    if (hasher.joinable()) hasher.join();
+    LOGITD_RETURN_IF_ERROR(sent);
+    v1::LogitsResponse tail;
+    tail.mutable_digest()->set_name("y");
+    tail.mutable_digest()->set_xxh3(faults_.LogitsDigest(digest));
+    return WriteMessage(stream, tail, &stats->bytes_out);
+  }
   *result->mutable_y() = OutputSpec("y", plan.out_dtype, {plan.m, w.v}, y, plan.y_bytes,
                                     y_shm ? &header.y_shm() : nullptr);
   result->mutable_y()->set_xxh3(faults_.LogitsDigest(result->y().xxh3()));
@@ -585,20 +662,18 @@ absl::Status LogitdService::DoLogits(
   FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
   if (y_shm) return absl::OkStatus();
-  return SendTensor<v1::LogitsResponse>(stream, "y", y_buffer, plan.y_bytes, options_.chunk_bytes,
-                                        stats);
+  return SendBuffer(stream, "y", std::move(y_buffer), plan.y_bytes, stats);
 }
 
-grpc::Status LogitdService::Backward(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::BackwardResponse, v1::BackwardRequest>* stream) {
+grpc::Status LogitdService::Backward(grpc::ServerContext* context, RawStream* raw) {
+  MessageStream<v1::BackwardResponse, v1::BackwardRequest> stream(raw);
   return Run("Backward", context,
-             [&](CallStats* stats) { return DoBackward(context, stream, stats); });
+             [&](CallStats* stats) { return DoBackward(context, &stream, stats); });
 }
 
 absl::Status LogitdService::DoBackward(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::BackwardResponse, v1::BackwardRequest>* stream, CallStats* stats) {
+    grpc::ServerContext* context, MessageStream<v1::BackwardResponse, v1::BackwardRequest>* stream,
+    CallStats* stats) {
   const absl::Time start = absl::Now();
   v1::BackwardRequest first;
   LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
@@ -715,12 +790,10 @@ absl::Status LogitdService::DoBackward(
   FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
   if (plan.want_dx && !dx_shm) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::BackwardResponse>(stream, "dx", dx_buffer, plan.dx_bytes,
-                                                            options_.chunk_bytes, stats));
+    LOGITD_RETURN_IF_ERROR(SendBuffer(stream, "dx", std::move(dx_buffer), plan.dx_bytes, stats));
   }
   if (plan.returns_dw() && !dw_shm) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::BackwardResponse>(stream, "dw", dw_buffer, plan.dw_bytes,
-                                                            options_.chunk_bytes, stats));
+    LOGITD_RETURN_IF_ERROR(SendBuffer(stream, "dw", std::move(dw_buffer), plan.dw_bytes, stats));
   }
   return absl::OkStatus();
 }
@@ -808,17 +881,15 @@ absl::Status LogitdService::DoCast(
                                       stats);
 }
 
-grpc::Status LogitdService::CrossEntropy(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream) {
+grpc::Status LogitdService::CrossEntropy(grpc::ServerContext* context, RawStream* raw) {
+  MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest> stream(raw);
   return Run("CrossEntropy", context,
-             [&](CallStats* stats) { return DoCrossEntropy(context, stream, stats); });
+             [&](CallStats* stats) { return DoCrossEntropy(context, &stream, stats); });
 }
 
 absl::Status LogitdService::DoCrossEntropy(
     grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream,
-    CallStats* stats) {
+    MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream, CallStats* stats) {
   const absl::Time start = absl::Now();
   v1::CrossEntropyRequest first;
   LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
@@ -924,12 +995,10 @@ absl::Status LogitdService::DoCrossEntropy(
                                                                 options_.chunk_bytes, stats));
   }
   if (plan.want_dx) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(stream, "dx", dx, plan.dx_bytes,
-                                                                options_.chunk_bytes, stats));
+    LOGITD_RETURN_IF_ERROR(SendBuffer(stream, "dx", std::move(dx), plan.dx_bytes, stats));
   }
   if (plan.returns_dw()) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(stream, "dw", dw, plan.dw_bytes,
-                                                                options_.chunk_bytes, stats));
+    LOGITD_RETURN_IF_ERROR(SendBuffer(stream, "dw", std::move(dw), plan.dw_bytes, stats));
   }
   return absl::OkStatus();
 }
@@ -999,12 +1068,25 @@ grpc::Status LogitdService::RegisterShm(grpc::ServerContext* context,
     stats->bytes_in = request->ByteSizeLong();
     LOGITD_ASSIGN_OR_RETURN(const ShmRecord r,
                             shm_.Register(stats->tenant, request->name(), request->bytes()));
+    // Page-locked, the device copies to and from the region at full speed;
+    // a region that cannot be stays usable at the pageable rate.
+    const absl::Time pin_start = absl::Now();
+    absl::StatusOr<std::shared_ptr<void>> pin =
+        backend_->PinHostMemory(r.mapping->base(), static_cast<std::size_t>(r.mapping->bytes()));
+    std::string pinned = "not page-locked (the backend has no device)";
+    if (!pin.ok()) {
+      pinned = absl::StrCat("not page-locked (", pin.status().message(),
+                            "): device copies use the pageable path");
+    } else if (*pin != nullptr) {
+      r.mapping->set_pin(*std::move(pin));
+      pinned = absl::StrCat("page-locked in ", absl::FormatDuration(absl::Now() - pin_start));
+    }
     response->set_handle(r.handle);
     response->set_name(r.mapping->name());
     response->set_bytes(r.mapping->bytes());
     stats->bytes_out = response->ByteSizeLong();
     Log(LogLevel::kInfo, absl::StrCat("shm region ", r.handle, " mapped: '", r.mapping->name(),
-                                      "', ", r.mapping->bytes(), " bytes"));
+                                      "', ", r.mapping->bytes(), " bytes, ", pinned));
     return absl::OkStatus();
   });
 }

@@ -20,6 +20,7 @@
 #include "server/service/admission.h"
 #include "server/service/auth.h"
 #include "server/service/faults.h"
+#include "server/service/message_stream.h"
 #include "server/service/metrics.h"
 #include "server/service/registry.h"
 #include "server/service/shm.h"
@@ -65,21 +66,17 @@ class LogitdService final : public v1::Logitd::Service {
                            v1::ListWeightsResponse* response) override;
   grpc::Status ReleaseWeight(grpc::ServerContext* context, const v1::ReleaseWeightRequest* request,
                              v1::ReleaseWeightResponse* response) override;
-  grpc::Status Logits(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::LogitsResponse, v1::LogitsRequest>* stream) override;
-  grpc::Status Backward(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::BackwardResponse, v1::BackwardRequest>* stream) override;
+  // Logits, Backward and CrossEntropy are served as raw streams (see
+  // message_stream.h); the constructor puts these in the generated methods' place.
+  grpc::Status Logits(grpc::ServerContext* context, RawStream* stream);
+  grpc::Status Backward(grpc::ServerContext* context, RawStream* stream);
   grpc::Status FetchGradient(grpc::ServerContext* context, const v1::FetchGradientRequest* request,
                              grpc::ServerWriter<v1::FetchGradientResponse>* writer) override;
   grpc::Status ZeroGradient(grpc::ServerContext* context, const v1::ZeroGradientRequest* request,
                             v1::ZeroGradientResponse* response) override;
   grpc::Status Cast(grpc::ServerContext* context,
                     grpc::ServerReaderWriter<v1::CastResponse, v1::CastRequest>* stream) override;
-  grpc::Status CrossEntropy(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream) override;
+  grpc::Status CrossEntropy(grpc::ServerContext* context, RawStream* stream);
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
   grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,
@@ -125,12 +122,11 @@ class LogitdService final : public v1::Logitd::Service {
   absl::Status DoLoadWeight(const v1::LoadWeightRequest& request, v1::WeightInfo* response,
                             CallStats* stats);
   absl::Status DoLogits(grpc::ServerContext* context,
-                        grpc::ServerReaderWriter<v1::LogitsResponse, v1::LogitsRequest>* stream,
+                        MessageStream<v1::LogitsResponse, v1::LogitsRequest>* stream,
                         CallStats* stats);
-  absl::Status DoBackward(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::BackwardResponse, v1::BackwardRequest>* stream,
-      CallStats* stats);
+  absl::Status DoBackward(grpc::ServerContext* context,
+                          MessageStream<v1::BackwardResponse, v1::BackwardRequest>* stream,
+                          CallStats* stats);
   absl::Status DoFetchGradient(const v1::FetchGradientRequest& request,
                                grpc::ServerWriter<v1::FetchGradientResponse>* writer,
                                CallStats* stats);
@@ -139,8 +135,15 @@ class LogitdService final : public v1::Logitd::Service {
                       CallStats* stats);
   absl::Status DoCrossEntropy(
       grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream,
-      CallStats* stats);
+      MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream, CallStats* stats);
+  // Serves `method` through `handler` as a raw stream (constructor only).
+  void ServeRaw(absl::string_view method,
+                grpc::Status (LogitdService::*handler)(grpc::ServerContext*, RawStream*));
+  // Streams an output tensor's chunks straight from `buffer`, which is held
+  // (see SendingBuffers) until gRPC has sent them.
+  template <typename Stream>
+  absl::Status SendBuffer(Stream* stream, absl::string_view name, kernels::HostBuffer buffer,
+                          std::uint64_t bytes, CallStats* stats);
   absl::Status DoProbe(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
                        CallStats* stats);
@@ -155,6 +158,8 @@ class LogitdService final : public v1::Logitd::Service {
   RequestAdmission admission_;
   // Mapped regions; unmapped when the service goes (at shutdown).
   ShmRegistry shm_;
+  // Output buffers gRPC still sends from; waited for before the backend goes.
+  SendingBuffers sending_;
 };
 
 }  // namespace logitd::service

@@ -34,6 +34,7 @@ ShmMapping::ShmMapping(int fd, std::byte* base, std::uint64_t bytes, std::string
     : fd_(fd), base_(base), bytes_(bytes), name_(std::move(name)) {}
 
 ShmMapping::~ShmMapping() {
+  pin_.reset();  // unpinned while still mapped
   munmap(base_, static_cast<std::size_t>(bytes_));
   close(fd_);
 }

@@ -50,12 +50,15 @@ class ShmMapping {
   // FailedPrecondition when the object was shrunk below the registered size
   // since registration (touching the lost pages would fault).
   absl::Status CheckStillSized() const;
+  // Keeps `pin` (Backend::PinHostMemory's token) until just before unmapping.
+  void set_pin(std::shared_ptr<void> pin) { pin_ = std::move(pin); }
 
  private:
   int fd_;
   std::byte* base_;
   std::uint64_t bytes_;
   std::string name_;
+  std::shared_ptr<void> pin_;
 };
 
 // A region as a call sees it.

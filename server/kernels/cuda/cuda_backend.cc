@@ -188,6 +188,7 @@ class CudaBackend final : public Backend {
   std::uint64_t DeviceBytesInUse() const override { return memory_->bytes_in_use(); }
   std::uint64_t DeviceBytesTotal() const override { return device_bytes_total_; }
   absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) override;
+  absl::StatusOr<std::shared_ptr<void>> PinHostMemory(void* data, std::size_t bytes) override;
   absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
                                                      std::int64_t k) override;
   absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) override;
@@ -346,6 +347,17 @@ absl::Status CudaBackend::Init() {
 absl::StatusOr<HostBuffer> CudaBackend::AllocateHost(std::size_t bytes) {
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   return host_pool_->Get(bytes);
+}
+
+absl::StatusOr<std::shared_ptr<void>> CudaBackend::PinHostMemory(void* data, std::size_t bytes) {
+  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_CUDA_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterDefault), "page-lock ", bytes,
+                       " bytes of host memory");
+  const int device = options_.device;
+  return std::shared_ptr<void>(data, [device](void* p) {
+    // Nothing to tell anyone at this point: the memory is being unmapped.
+    if (cuda::UseDevice(device).ok()) (void)cudaHostUnregister(p);
+  });
 }
 
 absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::LoadWeight(const Bf16Bits* w, std::int64_t v,

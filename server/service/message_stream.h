@@ -1,0 +1,107 @@
+// The tensor calls (Logits, Backward, CrossEntropy) are served as raw gRPC
+// streams of ByteBuffers: headers and results still travel as their message
+// types, but an output tensor's chunks are sent from the host buffer the
+// backend wrote, without being copied into chunk messages first (see
+// common/chunk_message.h).
+#pragma once
+
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/chunk_message.h"
+#include "server/kernels/backend.h"
+
+namespace logitd::service {
+
+using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// A raw stream read and written as a call's message types, plus chunks
+// written from host buffers.
+template <typename Response, typename Request>
+class MessageStream {
+ public:
+  explicit MessageStream(RawStream* raw) : raw_(raw) {}
+
+  // False at the end of the stream, or for a message that is not a Request
+  // (then malformed() is true).
+  bool Read(Request* message) {
+    grpc::ByteBuffer buffer;
+    if (!raw_->Read(&buffer)) return false;
+    if (wire::ParseMessage(&buffer, message)) return true;
+    malformed_ = true;
+    return false;
+  }
+  bool Write(const Response& message) { return raw_->Write(wire::SerializeMessage(message)); }
+  bool Write(const grpc::ByteBuffer& message) { return raw_->Write(message); }
+  bool malformed() const { return malformed_; }
+
+ private:
+  RawStream* raw_;
+  bool malformed_ = false;
+};
+
+// Why Read() returned false, when it was not the end of the stream (see
+// ReadError in request_stream.h).
+template <typename Response, typename Request>
+absl::Status ReadError(const MessageStream<Response, Request>& stream) {
+  if (!stream.malformed()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("a request message could not be parsed as ",
+                                                 Request::descriptor()->full_name()));
+}
+
+// Host buffers that gRPC may still send from after their call has returned
+// (it lets go of a slice once the bytes are on the socket). Their memory goes
+// back to the backend's pool, so the service waits for them before the
+// backend goes.
+class SendingBuffers {
+ public:
+  SendingBuffers() : state_(std::make_shared<State>()) {}
+  SendingBuffers(const SendingBuffers&) = delete;
+  SendingBuffers& operator=(const SendingBuffers&) = delete;
+
+  // Takes `buffer` over; it is freed when the last holder lets go.
+  std::shared_ptr<const void> Hold(kernels::HostBuffer buffer) {
+    auto* owned = new kernels::HostBuffer(std::move(buffer));
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      ++state_->count;
+    }
+    return std::shared_ptr<const void>(owned->data(), [state = state_, owned](const void*) {
+      delete owned;
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (--state->count == 0) state->idle.notify_all();
+    });
+  }
+
+  // True when none is held any more; false when `timeout` passed first.
+  bool WaitIdle(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    return state_->idle.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                                 [this] { return state_->count == 0; });
+  }
+
+  int held() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->count;
+  }
+
+ private:
+  // Shared with the holders' deleters, which may run after this is gone.
+  struct State {
+    std::mutex mu;
+    std::condition_variable idle;
+    int count = 0;
+  };
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace logitd::service
