@@ -103,9 +103,11 @@ bool ReadChunkMessage(const grpc::ByteBuffer& message, ChunkView* view) {
   view->offset = 0;
   view->pieces.clear();
   view->size = 0;
+  view->message_bytes = 0;
   view->slices.clear();
   if (!message.Dump(&view->slices).ok()) return false;
   Cursor c(view->slices);
+  view->message_bytes = c.left();
   std::uint8_t tag = 0;
   std::uint64_t len = 0;
   // The whole message is the one chunk field, nothing before or after it.

@@ -34,6 +34,8 @@ struct ChunkView {
   std::uint64_t offset = 0;
   std::vector<absl::Span<const std::byte>> pieces;
   std::uint64_t size = 0;
+  // The whole message's size, framing included.
+  std::uint64_t message_bytes = 0;
   std::vector<grpc::Slice> slices;
 };
 

@@ -3,7 +3,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -50,6 +53,9 @@ v1::TensorSpec MakeSpec(absl::string_view name, const Tensor& tensor) {
   return spec;
 }
 
+// A tensor being received. Large ones are hashed on a thread of their own
+// that follows the copies (the bytes up to `copied`), so that the receiving
+// thread only copies; small ones are hashed piece by piece as they land.
 struct Assembler::Pending {
   Tensor tensor;
   std::uint64_t expected_digest = 0;
@@ -57,8 +63,53 @@ struct Assembler::Pending {
   XXH3_state_t* state = nullptr;
   bool taken = false;
 
+  std::thread hasher;
+  std::mutex mu;
+  std::condition_variable more;
+  std::uint64_t copied = 0;  // guarded by mu
+  bool closed = false;       // guarded by mu
+
   ~Pending() {
+    StopHashing();
     if (state != nullptr) XXH3_freeState(state);
+  }
+
+  void StartHashing() {
+    hasher = std::thread([this] {
+      std::uint64_t hashed = 0;
+      for (;;) {
+        std::uint64_t upto = 0;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          more.wait(lock, [&] { return copied > hashed || closed; });
+          if (copied == hashed) return;  // closed, and everything hashed
+          upto = copied;
+        }
+        XXH3_64bits_update(state, tensor.bytes() + hashed, upto - hashed);
+        hashed = upto;
+      }
+    });
+  }
+
+  // Hands the bytes copied so far to the hasher.
+  void Copied() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      copied = received;
+    }
+    more.notify_one();
+  }
+
+  // Waits until the hasher has taken in every copied byte; then `state` is
+  // this thread's again.
+  void StopHashing() {
+    if (!hasher.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      closed = true;
+    }
+    more.notify_one();
+    hasher.join();
   }
 };
 
@@ -103,6 +154,7 @@ absl::Status Assembler::Expect(const v1::TensorSpec& spec, Tensor* recycle) {
   if (p->state == nullptr || XXH3_64bits_reset(p->state) != XXH_OK) {
     return absl::ResourceExhaustedError("cannot allocate a digest state");
   }
+  if (n >= kHashAsideBytes) p->StartHashing();
   total_bytes_ += n;
   pending_.emplace(spec.name(), std::move(p));
   return absl::OkStatus();
@@ -137,14 +189,17 @@ absl::Status Assembler::AddPieces(absl::string_view name, std::uint64_t offset, 
         absl::StrFormat("%s: chunk [%d, %d) runs past the tensor's end at %d bytes", name, offset,
                         offset + len, size));
   }
-  // Each piece is copied, then hashed while it is still in cache.
+  // Each piece is copied, then hashed while it is still in cache, unless
+  // the hasher thread does that.
+  const bool aside = p.hasher.joinable();
   for (const absl::Span<const std::byte> piece : pieces) {
     if (piece.empty()) continue;
     std::byte* dst = p.tensor.bytes() + p.received;
     std::memcpy(dst, piece.data(), piece.size());
-    XXH3_64bits_update(p.state, dst, piece.size());
+    if (!aside) XXH3_64bits_update(p.state, dst, piece.size());
     p.received += piece.size();
   }
+  if (aside) p.Copied();
   return absl::OkStatus();
 }
 
@@ -163,6 +218,7 @@ absl::Status Assembler::Finish() {
       return absl::DataLossError(absl::StrFormat("%s: received %d of %d bytes (truncated stream)",
                                                  name, p->received, p->tensor.nbytes()));
     }
+    p->StopHashing();
     const std::uint64_t got = XXH3_64bits_digest(p->state);
     if (got != p->expected_digest) {
       return absl::DataLossError(
@@ -184,6 +240,7 @@ absl::StatusOr<Tensor> Assembler::Take(absl::string_view name) {
                                                name, it->second->received,
                                                it->second->tensor.nbytes()));
   }
+  it->second->StopHashing();
   it->second->taken = true;
   return std::move(it->second->tensor);
 }

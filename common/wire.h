@@ -21,6 +21,9 @@
 namespace logitd::wire {
 
 inline constexpr std::size_t kDefaultChunkBytes = 4u << 20;
+// An Assembler hashes tensors from this size on on a thread of their own,
+// following the copies, instead of on the receiving thread.
+inline constexpr std::uint64_t kHashAsideBytes = 8u << 20;
 
 absl::StatusOr<DType> FromProto(v1::DType dtype);
 v1::DType ToProto(DType dtype);

@@ -193,6 +193,8 @@ for p in json.load(open(sys.argv[1]))["phases"]:
     bench m1024_c4 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=4 --channels=4 --requests="$r"
     bench m16_c1 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5
     bench m16_c1_shm --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm --baseline=false
+    bench m16_c1_shm_nodigest --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm \
+      --shm_skip_digest --baseline=false
     busy() {  # busy NAME ARGS...: a bench run with nvidia-smi sampling GPU utilisation
       local name=$1 smi_pid=""
       if command -v nvidia-smi >/dev/null; then
@@ -209,6 +211,8 @@ for p in json.load(open(sys.argv[1]))["phases"]:
     busy m1024_c16 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 --duration=10
     busy m1024_c16_shm --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 \
       --duration=10 --shm --baseline=false
+    busy m1024_c16_shm_nodigest --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 \
+      --channels=16 --duration=10 --shm --shm_skip_digest --baseline=false
     df -h /dev/shm >>"$out/rpc.log" 2>&1
     bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
     bench m8192_shm --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm --baseline=false

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "common/chunk_message.h"
 #include "server/kernels/backend.h"
+#include "server/service/request_stream.h"
 
 namespace logitd::service {
 
@@ -40,6 +41,16 @@ class MessageStream {
     malformed_ = true;
     return false;
   }
+  // The next message: a chunk read straight from gRPC's slices, or any
+  // other message parsed as a Request.
+  RequestPart ReadPart(Request* message, wire::ChunkView* chunk) {
+    grpc::ByteBuffer buffer;
+    if (!raw_->Read(&buffer)) return RequestPart::kEnd;
+    if (wire::ReadChunkMessage(buffer, chunk)) return RequestPart::kChunk;
+    if (wire::ParseMessage(&buffer, message)) return RequestPart::kMessage;
+    malformed_ = true;
+    return RequestPart::kEnd;
+  }
   bool Write(const Response& message) { return raw_->Write(wire::SerializeMessage(message)); }
   bool Write(const grpc::ByteBuffer& message) { return raw_->Write(message); }
   bool malformed() const { return malformed_; }
@@ -48,6 +59,13 @@ class MessageStream {
   RawStream* raw_;
   bool malformed_ = false;
 };
+
+// Request chunks are copied from gRPC's slices into their tensors directly.
+template <typename Response, typename Request>
+RequestPart ReadRequest(MessageStream<Response, Request>* stream, Request* message,
+                        wire::ChunkView* chunk) {
+  return stream->ReadPart(message, chunk);
+}
 
 // Why Read() returned false, when it was not the end of the stream (see
 // ReadError in request_stream.h).

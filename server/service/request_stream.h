@@ -25,6 +25,17 @@ absl::Status ReadError(const Stream& /*stream*/) {
   return absl::OkStatus();
 }
 
+// What ReadRequest found.
+enum class RequestPart { kEnd, kMessage, kChunk };
+
+// The next message of a request stream, parsed as a Request. A stream type
+// that can hand over a chunk's bytes without parsing them into a message
+// overloads this (message_stream.h) and returns kChunk with *chunk filled.
+template <typename Stream, typename Request>
+RequestPart ReadRequest(Stream* stream, Request* message, wire::ChunkView* /*chunk*/) {
+  return stream->Read(message) ? RequestPart::kMessage : RequestPart::kEnd;
+}
+
 // Reads the call's first message, which must be its header.
 template <typename Request, typename Stream>
 absl::Status ReadHeader(Stream* stream, Request* first, std::uint64_t* bytes_in) {
@@ -48,8 +59,16 @@ template <typename Request, typename Stream, typename Stats, typename Cancelled>
 absl::Status ReceiveChunks(Stream* stream, wire::Assembler* assembler, Stats* stats,
                            Cancelled cancelled) {
   Request msg;
-  while (stream->Read(&msg)) {
-    if (cancelled()) break;
+  wire::ChunkView chunk;
+  for (;;) {
+    const RequestPart part = ReadRequest(stream, &msg, &chunk);
+    if (part == RequestPart::kEnd || cancelled()) break;
+    if (part == RequestPart::kChunk) {
+      stats->bytes_in += chunk.message_bytes;
+      stats->tensor_bytes_in += chunk.size;
+      if (absl::Status s = assembler->Add(chunk); !s.ok()) return s;
+      continue;
+    }
     stats->bytes_in += msg.ByteSizeLong();
     switch (msg.part_case()) {
       case Request::kChunk: {

@@ -31,9 +31,6 @@ namespace {
 constexpr std::size_t kMaxLoggedMessage = 300;
 // Trailing metadata key of a call's server-side time split.
 constexpr absl::string_view kTimingTrailer = "logitd-timing";
-// Outputs from this size on are hashed on a thread of their own while their
-// chunks go out (LogitsHeader.digest_last); smaller ones inline.
-constexpr std::uint64_t kHashAsideBytes = 8u << 20;
 
 // The handlers' ReceiveChunks: the shared one, asking the call's context
 // whether the client is gone.
@@ -642,7 +639,7 @@ absl::Status LogitdService::DoLogits(grpc::ServerContext* context,
     LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
     std::uint64_t digest = 0;
     std::thread hasher;
-    if (plan.y_bytes >= kHashAsideBytes) {
+    if (plan.y_bytes >= wire::kHashAsideBytes) {
       hasher = std::thread([&digest, y, n = plan.y_bytes] { digest = Xxh3(y, n); });
     } else {
       digest = Xxh3(y, static_cast<std::size_t>(plan.y_bytes));

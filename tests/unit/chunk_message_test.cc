@@ -59,8 +59,7 @@ std::string Joined(const ChunkView& view) {
 
 TEST(ChunkMessage, IsTheMessageProtobufParses) {
   const std::vector<std::byte> data = RandomBytes(300000, 1);
-  for (const std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{5},
-                                     std::uint64_t{1} << 40}) {
+  for (const std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{5}, std::uint64_t{1} << 40}) {
     const grpc::ByteBuffer message = ChunkMessage("y", offset, data.data(), data.size(), nullptr);
     v1::LogitsResponse parsed;
     ASSERT_TRUE(parsed.ParseFromString(Flatten(message)));
@@ -77,15 +76,13 @@ TEST(ChunkMessage, IsTheMessageProtobufParses) {
 TEST(ChunkMessage, SendsFromTheCallersBytesAndHoldsTheirOwnerUntilReleased) {
   auto owner = std::make_shared<std::vector<std::byte>>(RandomBytes(1 << 20, 2));
   {
-    const grpc::ByteBuffer message =
-        ChunkMessage("dw", 7, owner->data(), owner->size(), owner);
+    const grpc::ByteBuffer message = ChunkMessage("dw", 7, owner->data(), owner->size(), owner);
     EXPECT_EQ(owner.use_count(), 2);
     std::vector<grpc::Slice> slices;
     ASSERT_TRUE(message.Dump(&slices).ok());
     ASSERT_EQ(slices.size(), 2u);
     // The payload slice is the owner's memory itself, not a copy.
-    EXPECT_EQ(static_cast<const void*>(slices[1].begin()),
-              static_cast<const void*>(owner->data()));
+    EXPECT_EQ(static_cast<const void*>(slices[1].begin()), static_cast<const void*>(owner->data()));
     grpc::ByteBuffer copy = message;  // gRPC copies buffers by reference
     EXPECT_EQ(owner.use_count(), 2);
   }
@@ -213,9 +210,9 @@ TEST(ChunkMessage, SendChunkMessagesCoversTheTensorInOrderAndStopsWhenThePeerGoe
   EXPECT_EQ(offsets, (std::vector<std::uint64_t>{0, 4096, 8192}));
   EXPECT_EQ(joined, std::string(reinterpret_cast<const char*>(data.data()), data.size()));
   int writes = 0;
-  const absl::Status gone = SendChunkMessages(
-      "x", data.data(), data.size(), 4096, nullptr,
-      [&](const grpc::ByteBuffer&, std::size_t) { return ++writes < 2; });
+  const absl::Status gone =
+      SendChunkMessages("x", data.data(), data.size(), 4096, nullptr,
+                        [&](const grpc::ByteBuffer&, std::size_t) { return ++writes < 2; });
   EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(writes, 2);
 }

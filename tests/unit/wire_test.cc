@@ -307,5 +307,46 @@ TEST(Wire, DTypeProtoRoundTripAndSpec) {
   EXPECT_EQ(spec.xxh3(), t.Digest());
 }
 
+// Tensors of kHashAsideBytes and more are hashed on a thread that follows
+// the copies: the digest must be the same, a damaged byte must still be
+// caught, and a tensor taken or dropped early must not leave the thread
+// reading freed memory.
+TEST(Wire, LargeTensorsAreHashedAsideWithTheSameVerdicts) {
+  const Tensor y = RandomFp32({static_cast<std::int64_t>(kHashAsideBytes / 4) + 1000}, 7);
+  ASSERT_GE(y.nbytes(), kHashAsideBytes);
+  const std::vector<v1::TensorChunk> chunks = Split("y", y, 1 << 20);
+  for (const bool damage : {false, true}) {
+    Assembler a(y.nbytes());
+    ASSERT_TRUE(a.Expect(MakeSpec("y", y)).ok());
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      v1::TensorChunk c = chunks[i];
+      if (damage && i == chunks.size() / 2) (*c.mutable_data())[12345] ^= 1;
+      ASSERT_TRUE(a.Add(c).ok());
+    }
+    const absl::Status s = a.Finish();
+    if (!damage) {
+      ASSERT_TRUE(s.ok()) << s;
+      absl::StatusOr<Tensor> got = a.Take("y");
+      ASSERT_TRUE(got.ok());
+      EXPECT_EQ(got->Digest(), y.Digest());
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    }
+  }
+  {
+    // Taken before Finish, then the assembler goes; and one dropped half-way.
+    Assembler a(2 * y.nbytes());
+    ASSERT_TRUE(a.Expect(MakeSpec("y", y)).ok());
+    ASSERT_TRUE(a.Expect(MakeSpec("z", y)).ok());
+    for (const v1::TensorChunk& c : chunks) ASSERT_TRUE(a.Add(c).ok());
+    v1::TensorChunk first = chunks[0];
+    first.set_name("z");
+    ASSERT_TRUE(a.Add(first).ok());
+    absl::StatusOr<Tensor> got = a.Take("y");
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->Digest(), y.Digest());
+  }
+}
+
 }  // namespace
 }  // namespace logitd::wire
