@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -53,63 +54,81 @@ v1::TensorSpec MakeSpec(absl::string_view name, const Tensor& tensor) {
   return spec;
 }
 
-// A tensor being received. Large ones are hashed on a thread of their own
-// that follows the copies (the bytes up to `copied`), so that the receiving
-// thread only copies; small ones are hashed piece by piece as they land.
+// A tensor being received. Large ones are filled and hashed by a thread of
+// their own: the receiving thread checks each chunk and queues it (a chunk
+// read from gRPC's slices is queued with the slices themselves, so its bytes
+// are copied by the worker; a parsed chunk is copied first and queued for
+// hashing only), and goes back to reading the socket while the worker copies
+// and then hashes the chunk while it is still in cache. Small tensors are
+// copied and hashed piece by piece on the receiving thread.
 struct Assembler::Pending {
   Tensor tensor;
   std::uint64_t expected_digest = 0;
-  std::uint64_t received = 0;
+  std::uint64_t received = 0;  // bytes accepted (checked and queued or copied)
   XXH3_state_t* state = nullptr;
   bool taken = false;
 
-  std::thread hasher;
+  struct Work {
+    std::uint64_t offset = 0;
+    std::uint64_t size = 0;
+    ChunkView view;  // pieces to copy first; none when already copied
+  };
+  // At most this many chunks wait for the worker; the receiver waits beyond.
+  static constexpr std::size_t kMaxQueued = 8;
+
+  std::thread worker;
   std::mutex mu;
-  std::condition_variable more;
-  std::uint64_t copied = 0;  // guarded by mu
-  bool closed = false;       // guarded by mu
+  std::condition_variable more;   // work queued, or closed
+  std::condition_variable space;  // the queue shrank
+  std::deque<Work> queue;         // guarded by mu
+  bool closed = false;            // guarded by mu
 
   ~Pending() {
-    StopHashing();
+    StopWorker();
     if (state != nullptr) XXH3_freeState(state);
   }
 
-  void StartHashing() {
-    hasher = std::thread([this] {
-      std::uint64_t hashed = 0;
+  void StartWorker() {
+    worker = std::thread([this] {
       for (;;) {
-        std::uint64_t upto = 0;
+        Work w;
         {
           std::unique_lock<std::mutex> lock(mu);
-          more.wait(lock, [&] { return copied > hashed || closed; });
-          if (copied == hashed) return;  // closed, and everything hashed
-          upto = copied;
+          more.wait(lock, [&] { return !queue.empty() || closed; });
+          if (queue.empty()) return;  // closed, and everything done
+          w = std::move(queue.front());
+          queue.pop_front();
         }
-        XXH3_64bits_update(state, tensor.bytes() + hashed, upto - hashed);
-        hashed = upto;
+        space.notify_one();
+        std::byte* dst = tensor.bytes() + w.offset;
+        for (const absl::Span<const std::byte> piece : w.view.pieces) {
+          std::memcpy(dst, piece.data(), piece.size());
+          dst += piece.size();
+        }
+        XXH3_64bits_update(state, tensor.bytes() + w.offset, w.size);
       }
     });
   }
 
-  // Hands the bytes copied so far to the hasher.
-  void Copied() {
+  void Queue(Work w) {
     {
-      std::lock_guard<std::mutex> lock(mu);
-      copied = received;
+      std::unique_lock<std::mutex> lock(mu);
+      space.wait(lock, [&] { return queue.size() < kMaxQueued; });
+      queue.push_back(std::move(w));
     }
     more.notify_one();
   }
 
-  // Waits until the hasher has taken in every copied byte; then `state` is
-  // this thread's again.
-  void StopHashing() {
-    if (!hasher.joinable()) return;
+  // Waits until the worker has done every queued chunk; then the tensor and
+  // `state` are this thread's again.
+  void StopWorker() {
+    if (!worker.joinable()) return;
     {
       std::lock_guard<std::mutex> lock(mu);
       closed = true;
     }
     more.notify_one();
-    hasher.join();
+    worker.join();
   }
 };
 
@@ -154,7 +173,7 @@ absl::Status Assembler::Expect(const v1::TensorSpec& spec, Tensor* recycle) {
   if (p->state == nullptr || XXH3_64bits_reset(p->state) != XXH_OK) {
     return absl::ResourceExhaustedError("cannot allocate a digest state");
   }
-  if (n >= kHashAsideBytes) p->StartHashing();
+  if (n >= kHashAsideBytes) p->StartWorker();
   total_bytes_ += n;
   pending_.emplace(spec.name(), std::move(p));
   return absl::OkStatus();
@@ -163,15 +182,16 @@ absl::Status Assembler::Expect(const v1::TensorSpec& spec, Tensor* recycle) {
 absl::Status Assembler::Add(const v1::TensorChunk& chunk) {
   const absl::Span<const std::byte> data(reinterpret_cast<const std::byte*>(chunk.data().data()),
                                          chunk.data().size());
-  return AddPieces(chunk.name(), chunk.offset(), data.size(), {&data, 1});
+  return AddPieces(chunk.name(), chunk.offset(), data.size(), {&data, 1}, nullptr);
 }
 
-absl::Status Assembler::Add(const ChunkView& chunk) {
-  return AddPieces(chunk.name, chunk.offset, chunk.size, chunk.pieces);
+absl::Status Assembler::Add(ChunkView&& chunk) {
+  return AddPieces(chunk.name, chunk.offset, chunk.size, chunk.pieces, &chunk);
 }
 
 absl::Status Assembler::AddPieces(absl::string_view name, std::uint64_t offset, std::uint64_t len,
-                                  absl::Span<const absl::Span<const std::byte>> pieces) {
+                                  absl::Span<const absl::Span<const std::byte>> pieces,
+                                  ChunkView* view) {
   auto it = pending_.find(name);
   if (it == pending_.end()) {
     return absl::InvalidArgumentError(
@@ -189,17 +209,32 @@ absl::Status Assembler::AddPieces(absl::string_view name, std::uint64_t offset, 
         absl::StrFormat("%s: chunk [%d, %d) runs past the tensor's end at %d bytes", name, offset,
                         offset + len, size));
   }
-  // Each piece is copied, then hashed while it is still in cache, unless
-  // the hasher thread does that.
-  const bool aside = p.hasher.joinable();
+  if (len == 0) return absl::OkStatus();
+  if (p.worker.joinable()) {
+    Pending::Work w;
+    w.offset = offset;
+    w.size = len;
+    if (view != nullptr) {
+      w.view = std::move(*view);  // the worker copies from gRPC's slices
+    } else {
+      std::byte* dst = p.tensor.bytes() + offset;
+      for (const absl::Span<const std::byte> piece : pieces) {
+        std::memcpy(dst, piece.data(), piece.size());
+        dst += piece.size();
+      }
+    }
+    p.received += len;
+    p.Queue(std::move(w));
+    return absl::OkStatus();
+  }
+  // Each piece is copied, then hashed while it is still in cache.
   for (const absl::Span<const std::byte> piece : pieces) {
     if (piece.empty()) continue;
     std::byte* dst = p.tensor.bytes() + p.received;
     std::memcpy(dst, piece.data(), piece.size());
-    if (!aside) XXH3_64bits_update(p.state, dst, piece.size());
+    XXH3_64bits_update(p.state, dst, piece.size());
     p.received += piece.size();
   }
-  if (aside) p.Copied();
   return absl::OkStatus();
 }
 
@@ -218,7 +253,7 @@ absl::Status Assembler::Finish() {
       return absl::DataLossError(absl::StrFormat("%s: received %d of %d bytes (truncated stream)",
                                                  name, p->received, p->tensor.nbytes()));
     }
-    p->StopHashing();
+    p->StopWorker();
     const std::uint64_t got = XXH3_64bits_digest(p->state);
     if (got != p->expected_digest) {
       return absl::DataLossError(
@@ -240,7 +275,7 @@ absl::StatusOr<Tensor> Assembler::Take(absl::string_view name) {
                                                name, it->second->received,
                                                it->second->tensor.nbytes()));
   }
-  it->second->StopHashing();
+  it->second->StopWorker();
   it->second->taken = true;
   return std::move(it->second->tensor);
 }

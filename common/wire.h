@@ -21,8 +21,8 @@
 namespace logitd::wire {
 
 inline constexpr std::size_t kDefaultChunkBytes = 4u << 20;
-// An Assembler hashes tensors from this size on on a thread of their own,
-// following the copies, instead of on the receiving thread.
+// An Assembler fills and hashes tensors from this size on on a thread of
+// their own, following the receiving thread, instead of on it.
 inline constexpr std::uint64_t kHashAsideBytes = 8u << 20;
 
 absl::StatusOr<DType> FromProto(v1::DType dtype);
@@ -50,8 +50,10 @@ class Assembler {
   // Stores one chunk. InvalidArgument for an unknown tensor, an offset other
   // than the next expected byte, or data past the tensor's end.
   absl::Status Add(const v1::TensorChunk& chunk);
-  // The same for a chunk read straight from a raw message's slices.
-  absl::Status Add(const ChunkView& chunk);
+  // The same for a chunk read straight from a raw message's slices. A large
+  // tensor's chunk is taken over (its slices are copied from later, on the
+  // tensor's own thread), so `chunk` is left empty.
+  absl::Status Add(ChunkView&& chunk);
   // Sets the digest a tensor's bytes must have, for a sender that announces
   // it after the bytes (Expect() was given the spec without it). NotFound
   // when no tensor `name` was announced.
@@ -66,7 +68,7 @@ class Assembler {
  private:
   struct Pending;
   absl::Status AddPieces(absl::string_view name, std::uint64_t offset, std::uint64_t size,
-                         absl::Span<const absl::Span<const std::byte>> pieces);
+                         absl::Span<const absl::Span<const std::byte>> pieces, ChunkView* view);
   std::uint64_t max_total_bytes_;
   std::uint64_t total_bytes_ = 0;
   std::map<std::string, std::unique_ptr<Pending>, std::less<>> pending_;

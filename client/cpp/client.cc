@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -159,15 +160,12 @@ class ResponseTensors {
   // and shape match what the server announces).
   void Recycle(const std::string& name, Tensor* t) { recycle_[name] = t; }
 
-  // A chunk, as a message or read straight from the received bytes.
-  template <typename Chunk>
-  absl::Status Add(const Chunk& chunk) {
-    if (assembler_ == nullptr) {
-      return absl::DataLossError(absl::StrCat("response from server: chunk of '", NameOf(chunk),
-                                              "' arrived before the result that announces it"));
-    }
-    if (absl::Status s = assembler_->Add(chunk); !s.ok()) return Corrupt(s);
-    return absl::OkStatus();
+  // A chunk, as a message or read straight from the received bytes (then
+  // taken over).
+  absl::Status Add(const v1::TensorChunk& chunk) { return AddChunk(chunk.name(), chunk); }
+  absl::Status Add(wire::ChunkView&& chunk) {
+    const std::string name = chunk.name;
+    return AddChunk(name, std::move(chunk));
   }
 
   // DataLoss for a truncated tensor or a digest mismatch (from the Assembler).
@@ -200,8 +198,15 @@ class ResponseTensors {
     return absl::DataLossError(absl::StrCat("response from server: ", s.message()));
   }
 
-  static const std::string& NameOf(const v1::TensorChunk& chunk) { return chunk.name(); }
-  static const std::string& NameOf(const wire::ChunkView& chunk) { return chunk.name; }
+  template <typename Chunk>
+  absl::Status AddChunk(const std::string& name, Chunk&& chunk) {
+    if (assembler_ == nullptr) {
+      return absl::DataLossError(absl::StrCat("response from server: chunk of '", name,
+                                              "' arrived before the result that announces it"));
+    }
+    if (absl::Status s = assembler_->Add(std::forward<Chunk>(chunk)); !s.ok()) return Corrupt(s);
+    return absl::OkStatus();
+  }
 
   std::unique_ptr<wire::Assembler> assembler_;
   std::map<std::string, Tensor*> recycle_;
@@ -224,6 +229,7 @@ class RawCall {
                 channel, method, context)) {}
 
   bool Write(const Request& request) { return stream_->Write(wire::SerializeMessage(request)); }
+  bool Write(const grpc::ByteBuffer& message) { return stream_->Write(message); }
   bool WritesDone() { return stream_->WritesDone(); }
   grpc::Status Finish() { return stream_->Finish(); }
 
@@ -237,6 +243,22 @@ class RawCall {
  private:
   std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
 };
+
+// Into a raw stream, each chunk is copied once, into a buffer its message
+// owns (gRPC sends from it and frees it once sent), instead of into a chunk
+// message and again into gRPC's buffer when that is serialized.
+template <typename Request, typename Response>
+bool WriteTensor(RawCall<Request, Response>& stream, absl::string_view name, const Tensor& t,
+                 std::size_t chunk_bytes) {
+  if (chunk_bytes == 0) chunk_bytes = wire::kDefaultChunkBytes;
+  for (std::size_t off = 0; off < t.nbytes(); off += chunk_bytes) {
+    const std::size_t len = std::min(chunk_bytes, t.nbytes() - off);
+    std::shared_ptr<std::byte> copy(new std::byte[len], std::default_delete<std::byte[]>());
+    std::memcpy(copy.get(), t.bytes() + off, len);
+    if (!stream.Write(wire::ChunkMessage(name, off, copy.get(), len, copy))) return false;
+  }
+  return true;
+}
 
 // The generated streams: every message is parsed.
 template <typename Stream, typename Response>
@@ -272,7 +294,7 @@ absl::Status ReceiveResponse(Stream& stream, grpc::ClientContext& context, Resul
     const Next next = ReadNext(stream, &response, &chunk);
     if (next == Next::kEnd) break;
     if (next == Next::kChunk) {
-      local = tensors->Add(chunk);
+      local = tensors->Add(std::move(chunk));
     } else if (next == Next::kMalformed) {
       local = absl::DataLossError(absl::StrCat("response from server: a message that is not a ",
                                                Response::descriptor()->full_name()));

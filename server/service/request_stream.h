@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "common/wire.h"
@@ -66,7 +67,7 @@ absl::Status ReceiveChunks(Stream* stream, wire::Assembler* assembler, Stats* st
     if (part == RequestPart::kChunk) {
       stats->bytes_in += chunk.message_bytes;
       stats->tensor_bytes_in += chunk.size;
-      if (absl::Status s = assembler->Add(chunk); !s.ok()) return s;
+      if (absl::Status s = assembler->Add(std::move(chunk)); !s.ok()) return s;
       continue;
     }
     stats->bytes_in += msg.ByteSizeLong();
