@@ -165,6 +165,9 @@ class Incoming:
         self.view = memoryview(self.buf)
         self.received = 0
         self.hasher = xxhash.xxh3_64()
+        # The digest to check: the spec's, or one sent after the chunks
+        # (LogitsHeader.digest_last: the spec then carries 0).
+        self.expected = spec.xxh3
 
     def add(self, chunk: pb.TensorChunk) -> None:
         if chunk.offset != self.received:
@@ -190,10 +193,10 @@ class Incoming:
                 % (self.spec.name, self.received, self.nbytes)
             )
         got = self.hasher.intdigest()
-        if got != self.spec.xxh3:
+        if got != self.expected:
             raise DataLossError(
                 "response from server: %s: xxh3 digest of the received bytes is %016x, the server "
-                "announced %016x (data corrupted in transit)" % (self.spec.name, got, self.spec.xxh3)
+                "announced %016x (data corrupted in transit)" % (self.spec.name, got, self.expected)
             )
 
     def result(self, as_torch: bool):

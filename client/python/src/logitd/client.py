@@ -373,7 +373,8 @@ class Client:
                 yield request_cls(chunk=chunk)
 
     def _receive(self, call, specs_of):
-        """Reads a response stream: one result message, then the chunks of the tensors it announces."""
+        """Reads a response stream: one result message, then the chunks of the tensors it announces
+        (and, for a tensor announced without its digest, the digest after its chunks)."""
         result = None
         incoming = {}
         try:
@@ -401,6 +402,14 @@ class Client:
                                 % msg.chunk.name
                             )
                         target.add(msg.chunk)
+                    elif part == "digest":
+                        target = incoming.get(msg.digest.name)
+                        if target is None:
+                            raise DataLossError(
+                                "response from server: digest of tensor %r, which the result did not announce"
+                                % msg.digest.name
+                            )
+                        target.expected = msg.digest.xxh3
                     else:
                         raise DataLossError("response from server: a message with neither result nor chunk")
             except LogitdError:
@@ -504,6 +513,8 @@ class Client:
             return self._logits_shm(header, xt, shm, T.is_torch(x), verify)
         if not verify:
             raise InvalidArgumentError("verify=False: only with shm= (streamed tensors are always checked)")
+        # The server hashes Y while its chunks travel and sends the digest last.
+        header.digest_last = True
         result, tensors = self._stream(
             self._stub.Logits, pb.LogitsRequest, "header", header, [xt], lambda r: [r.y]
         )
