@@ -62,7 +62,10 @@ v1::TensorSpec MakeSpec(absl::string_view name, const Tensor& tensor) {
 // and then hashes the chunk while it is still in cache. Small tensors are
 // copied and hashed piece by piece on the receiving thread.
 struct Assembler::Pending {
-  Tensor tensor;
+  Tensor tensor;              // the tensor received, unless `external`
+  std::byte* data = nullptr;  // where its bytes go: tensor.bytes() or the caller's memory
+  std::uint64_t size = 0;     // its byte count
+  bool external = false;      // announced with ExpectInto
   std::uint64_t expected_digest = 0;
   std::uint64_t received = 0;  // bytes accepted (checked and queued or copied)
   XXH3_state_t* state = nullptr;
@@ -100,12 +103,12 @@ struct Assembler::Pending {
           queue.pop_front();
         }
         space.notify_one();
-        std::byte* dst = tensor.bytes() + w.offset;
+        std::byte* dst = data + w.offset;
         for (const absl::Span<const std::byte> piece : w.view.pieces) {
           std::memcpy(dst, piece.data(), piece.size());
           dst += piece.size();
         }
-        XXH3_64bits_update(state, tensor.bytes() + w.offset, w.size);
+        XXH3_64bits_update(state, data + w.offset, w.size);
       }
     });
   }
@@ -136,6 +139,16 @@ Assembler::Assembler(std::uint64_t max_total_bytes) : max_total_bytes_(max_total
 Assembler::~Assembler() = default;
 
 absl::Status Assembler::Expect(const v1::TensorSpec& spec, Tensor* recycle) {
+  return Announce(spec, recycle, nullptr, 0);
+}
+
+absl::Status Assembler::ExpectInto(const v1::TensorSpec& spec, std::byte* into,
+                                   std::uint64_t capacity) {
+  return Announce(spec, nullptr, into, capacity);
+}
+
+absl::Status Assembler::Announce(const v1::TensorSpec& spec, Tensor* recycle, std::byte* into,
+                                 std::uint64_t capacity) {
   if (spec.name().empty()) return absl::InvalidArgumentError("tensor spec without a name");
   if (pending_.count(spec.name()) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", spec.name(), "' announced twice"));
@@ -160,14 +173,25 @@ absl::Status Assembler::Expect(const v1::TensorSpec& spec, Tensor* recycle) {
         spec.name(), DTypeName(*dtype), ShapeString(shape), n, total_bytes_, max_total_bytes_));
   }
   auto p = std::make_unique<Pending>();
-  // Every byte is written by Add before Take hands the tensor out.
-  if (recycle != nullptr && recycle->dtype() == *dtype && recycle->shape() == shape) {
-    p->tensor = std::move(*recycle);
+  if (into != nullptr) {
+    if (capacity < n) {
+      return absl::InternalError(absl::StrFormat(
+          "%s: %d bytes do not fit the %d-byte buffer given for them", spec.name(), n, capacity));
+    }
+    p->data = into;
+    p->external = true;
   } else {
-    absl::StatusOr<Tensor> t = Tensor::CreateUninitialized(*dtype, std::move(shape));
-    if (!t.ok()) return t.status();
-    p->tensor = std::move(*t);
+    // Every byte is written by Add before Take hands the tensor out.
+    if (recycle != nullptr && recycle->dtype() == *dtype && recycle->shape() == shape) {
+      p->tensor = std::move(*recycle);
+    } else {
+      absl::StatusOr<Tensor> t = Tensor::CreateUninitialized(*dtype, std::move(shape));
+      if (!t.ok()) return t.status();
+      p->tensor = std::move(*t);
+    }
+    p->data = p->tensor.bytes();
   }
+  p->size = n;
   p->expected_digest = spec.xxh3();
   p->state = XXH3_createState();
   if (p->state == nullptr || XXH3_64bits_reset(p->state) != XXH_OK) {
@@ -198,7 +222,7 @@ absl::Status Assembler::AddPieces(absl::string_view name, std::uint64_t offset, 
         absl::StrCat("chunk for tensor '", name, "', which this call did not announce"));
   }
   Pending& p = *it->second;
-  const std::uint64_t size = p.tensor.nbytes();
+  const std::uint64_t size = p.size;
   if (offset != p.received) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: chunk at offset %d, expected offset %d (chunks must arrive in order)",
@@ -217,7 +241,7 @@ absl::Status Assembler::AddPieces(absl::string_view name, std::uint64_t offset, 
     if (view != nullptr) {
       w.view = std::move(*view);  // the worker copies from gRPC's slices
     } else {
-      std::byte* dst = p.tensor.bytes() + offset;
+      std::byte* dst = p.data + offset;
       for (const absl::Span<const std::byte> piece : pieces) {
         std::memcpy(dst, piece.data(), piece.size());
         dst += piece.size();
@@ -230,7 +254,7 @@ absl::Status Assembler::AddPieces(absl::string_view name, std::uint64_t offset, 
   // Each piece is copied, then hashed while it is still in cache.
   for (const absl::Span<const std::byte> piece : pieces) {
     if (piece.empty()) continue;
-    std::byte* dst = p.tensor.bytes() + p.received;
+    std::byte* dst = p.data + p.received;
     std::memcpy(dst, piece.data(), piece.size());
     XXH3_64bits_update(p.state, dst, piece.size());
     p.received += piece.size();
@@ -249,9 +273,9 @@ absl::Status Assembler::SetExpectedDigest(absl::string_view name, std::uint64_t 
 
 absl::Status Assembler::Finish() {
   for (const auto& [name, p] : pending_) {
-    if (p->received != p->tensor.nbytes()) {
+    if (p->received != p->size) {
       return absl::DataLossError(absl::StrFormat("%s: received %d of %d bytes (truncated stream)",
-                                                 name, p->received, p->tensor.nbytes()));
+                                                 name, p->received, p->size));
     }
     p->StopWorker();
     const std::uint64_t got = XXH3_64bits_digest(p->state);
@@ -270,10 +294,13 @@ absl::StatusOr<Tensor> Assembler::Take(absl::string_view name) {
   if (it == pending_.end() || it->second->taken) {
     return absl::NotFoundError(absl::StrCat("no tensor '", name, "' was received"));
   }
-  if (it->second->received != it->second->tensor.nbytes()) {
+  if (it->second->external) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", name, "' was received into the caller's buffer (ExpectInto)"));
+  }
+  if (it->second->received != it->second->size) {
     return absl::DataLossError(absl::StrFormat("%s: received %d of %d bytes (truncated stream)",
-                                               name, it->second->received,
-                                               it->second->tensor.nbytes()));
+                                               name, it->second->received, it->second->size));
   }
   it->second->StopWorker();
   it->second->taken = true;

@@ -47,6 +47,10 @@ class Assembler {
   // announced dtype and shape, its buffer is taken over instead of a new one
   // (no allocation, no page faults); otherwise it is left alone.
   absl::Status Expect(const v1::TensorSpec& spec, Tensor* recycle = nullptr);
+  // Like Expect, but the bytes go to [into, into + the tensor's size), memory
+  // of at least `capacity` bytes that the caller owns and keeps until the
+  // Assembler has finished (Finish) or is gone. Take() refuses such a tensor.
+  absl::Status ExpectInto(const v1::TensorSpec& spec, std::byte* into, std::uint64_t capacity);
   // Stores one chunk. InvalidArgument for an unknown tensor, an offset other
   // than the next expected byte, or data past the tensor's end.
   absl::Status Add(const v1::TensorChunk& chunk);
@@ -67,6 +71,8 @@ class Assembler {
 
  private:
   struct Pending;
+  absl::Status Announce(const v1::TensorSpec& spec, Tensor* recycle, std::byte* into,
+                        std::uint64_t capacity);
   absl::Status AddPieces(absl::string_view name, std::uint64_t offset, std::uint64_t size,
                          absl::Span<const absl::Span<const std::byte>> pieces, ChunkView* view);
   std::uint64_t max_total_bytes_;

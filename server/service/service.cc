@@ -100,29 +100,37 @@ void FillShmRef(const v1::ShmRef& asked, const ShmSlice& slice, std::uint64_t by
   out->set_skip_digest(asked.skip_digest());
 }
 
-// An input tensor read from shared memory: copied out of the region, then
+// An input tensor in a host buffer from the backend (page-locked and pooled
+// on cuda: no page faults while it fills, and the device reads it at full
+// speed). From a shared-memory slice it is copied out of the region, then
 // its digest checked against the spec (validated already, so its dtype and
-// shape give exactly slice.bytes), as for a streamed tensor: DataLoss when
-// the bytes are not the ones the spec describes.
-absl::StatusOr<Tensor> ReadShmTensor(const v1::TensorSpec& spec, const ShmSlice& slice) {
-  LOGITD_ASSIGN_OR_RETURN(const DType dtype, wire::FromProto(spec.dtype()));
-  LOGITD_ASSIGN_OR_RETURN(
-      Tensor t,
-      Tensor::Create(dtype, std::vector<std::int64_t>(spec.shape().begin(), spec.shape().end())));
-  if (t.nbytes() != slice.bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("'", spec.name(), "': shm bytes ", slice.bytes,
-                                                   " is not the ", t.nbytes(),
-                                                   " bytes its spec takes"));
+// shape give exactly `bytes`), as for a streamed tensor: DataLoss when the
+// bytes are not the ones the spec describes; copied first because the client
+// can still write the region, and what is computed must be what was
+// checked. Otherwise it is announced to `assembler`, to be received into it.
+absl::StatusOr<kernels::HostBuffer> InputBuffer(kernels::Backend& backend,
+                                                const v1::TensorSpec& spec, std::uint64_t bytes,
+                                                const std::optional<ShmSlice>& slice,
+                                                wire::Assembler* assembler) {
+  LOGITD_ASSIGN_OR_RETURN(kernels::HostBuffer buffer,
+                          backend.AllocateHost(static_cast<std::size_t>(bytes)));
+  if (!slice) {
+    LOGITD_RETURN_IF_ERROR(assembler->ExpectInto(spec, buffer.data(), bytes));
+    return buffer;
   }
-  std::memcpy(t.bytes(), slice.data, t.nbytes());
-  const std::uint64_t got = t.Digest();
+  if (slice->bytes != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("'", spec.name(), "': shm bytes ", slice->bytes,
+                                                   " is not the ", bytes, " bytes its spec takes"));
+  }
+  std::memcpy(buffer.data(), slice->data, static_cast<std::size_t>(bytes));
+  const std::uint64_t got = Xxh3(buffer.data(), static_cast<std::size_t>(bytes));
   if (got != spec.xxh3()) {
     return absl::DataLossError(absl::StrFormat(
         "'%s': xxh3 of the %d bytes read from shared memory (region offset %d) is %016x, the spec "
         "says %016x: the region was changed after the spec was computed",
-        spec.name(), slice.bytes, slice.offset, got, spec.xxh3()));
+        spec.name(), slice->bytes, slice->offset, got, spec.xxh3()));
   }
-  return t;
+  return buffer;
 }
 
 std::int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
@@ -596,17 +604,10 @@ absl::Status LogitdService::DoLogits(grpc::ServerContext* context,
       const AdmissionTicket admitted,
       AdmitCall(admission_, context, "logits", plan.x_bytes + plan.y_bytes, stats));
   wire::Assembler assembler(options_.max_request_bytes);
-  Tensor x;
-  if (x_shm) {
-    // Copied out before its digest is checked: the client can still write
-    // the region, and what is computed must be what was checked.
-    LOGITD_ASSIGN_OR_RETURN(x, ReadShmTensor(header.x(), *x_shm));
-    LOGITD_RETURN_IF_ERROR(ReceiveChunks<v1::LogitsRequest>(context, stream, &assembler, stats));
-  } else {
-    LOGITD_RETURN_IF_ERROR(assembler.Expect(header.x()));
-    LOGITD_RETURN_IF_ERROR(ReceiveChunks<v1::LogitsRequest>(context, stream, &assembler, stats));
-    LOGITD_ASSIGN_OR_RETURN(x, assembler.Take(header.x().name()));
-  }
+  LOGITD_ASSIGN_OR_RETURN(kernels::HostBuffer x,
+                          InputBuffer(*backend_, header.x(), plan.x_bytes, x_shm, &assembler));
+  // With X in shared memory the stream must carry no chunks: any is refused.
+  LOGITD_RETURN_IF_ERROR(ReceiveChunks<v1::LogitsRequest>(context, stream, &assembler, stats));
   const std::int64_t receive_us = Micros(absl::Now() - start);
 
   kernels::HostBuffer y_buffer;
@@ -618,14 +619,14 @@ absl::Status LogitdService::DoLogits(grpc::ServerContext* context,
     y = y_buffer.data();
   }
   kernels::LogitsArgs args;
-  args.x = x.data<Bf16Bits>();
+  args.x = x.as<Bf16Bits>();
   args.m = plan.m;
   args.alpha = plan.alpha;
   args.out_dtype = plan.out_dtype;
   args.y = y;
   kernels::Timing timing;
   LOGITD_RETURN_IF_ERROR(backend_->Logits(*w.weight, args, &timing));
-  x = Tensor();  // inputs go before the response is streamed
+  x = kernels::HostBuffer();  // inputs go before the response is streamed
 
   faults_.OnLogits(plan.out_dtype, y, plan.y_bytes);
   v1::LogitsResponse head;
@@ -722,25 +723,11 @@ absl::Status LogitdService::DoBackward(
       AdmitCall(admission_, context, "backward",
                 plan.dy_bytes + plan.x_bytes + plan.dx_bytes + plan.dw_bytes, stats));
   wire::Assembler assembler(options_.max_request_bytes);
-  Tensor dy;
-  Tensor x;
-  if (dy_shm) {
-    LOGITD_ASSIGN_OR_RETURN(dy, ReadShmTensor(header.dy(), *dy_shm));
-  } else {
-    LOGITD_RETURN_IF_ERROR(assembler.Expect(header.dy()));
-  }
-  if (x_shm) {
-    LOGITD_ASSIGN_OR_RETURN(x, ReadShmTensor(header.x(), *x_shm));
-  } else {
-    LOGITD_RETURN_IF_ERROR(assembler.Expect(header.x()));
-  }
+  LOGITD_ASSIGN_OR_RETURN(kernels::HostBuffer dy,
+                          InputBuffer(*backend_, header.dy(), plan.dy_bytes, dy_shm, &assembler));
+  LOGITD_ASSIGN_OR_RETURN(kernels::HostBuffer x,
+                          InputBuffer(*backend_, header.x(), plan.x_bytes, x_shm, &assembler));
   LOGITD_RETURN_IF_ERROR(ReceiveChunks<v1::BackwardRequest>(context, stream, &assembler, stats));
-  if (!dy_shm) {
-    LOGITD_ASSIGN_OR_RETURN(dy, assembler.Take(header.dy().name()));
-  }
-  if (!x_shm) {
-    LOGITD_ASSIGN_OR_RETURN(x, assembler.Take(header.x().name()));
-  }
   const std::int64_t receive_us = Micros(absl::Now() - start);
 
   kernels::HostBuffer dx_buffer;
@@ -756,9 +743,9 @@ absl::Status LogitdService::DoBackward(
     dw = dw_buffer.data();
   }
   kernels::BackwardArgs args;
-  args.dy = dy.bytes();
+  args.dy = dy.data();
   args.dy_dtype = plan.dy_dtype;
-  args.x = x.data<Bf16Bits>();
+  args.x = x.as<Bf16Bits>();
   args.m = plan.m;
   args.dx = plan.want_dx ? dx : nullptr;
   args.dx_dtype = plan.dx_dtype;
@@ -767,8 +754,8 @@ absl::Status LogitdService::DoBackward(
   args.accumulate_dw = plan.accumulate_dw;
   kernels::Timing timing;
   LOGITD_RETURN_IF_ERROR(backend_->Backward(*w.weight, args, &timing));
-  dy = Tensor();
-  x = Tensor();
+  dy = kernels::HostBuffer();
+  x = kernels::HostBuffer();
 
   v1::BackwardResponse head;
   v1::BackwardResult* result = head.mutable_result();
@@ -912,11 +899,11 @@ absl::Status LogitdService::DoCrossEntropy(
                     plan.dx_bytes + plan.dw_bytes + m * sizeof(std::int64_t) + m * sizeof(float),
                 stats));
   wire::Assembler assembler(options_.max_request_bytes);
-  LOGITD_RETURN_IF_ERROR(assembler.Expect(header.x()));
+  LOGITD_ASSIGN_OR_RETURN(kernels::HostBuffer x, InputBuffer(*backend_, header.x(), plan.x_bytes,
+                                                             std::nullopt, &assembler));
   LOGITD_RETURN_IF_ERROR(assembler.Expect(header.targets()));
   LOGITD_RETURN_IF_ERROR(
       ReceiveChunks<v1::CrossEntropyRequest>(context, stream, &assembler, stats));
-  LOGITD_ASSIGN_OR_RETURN(Tensor x, assembler.Take(header.x().name()));
   std::vector<std::int64_t> targets;
   std::int64_t counted = 0;
   {
@@ -942,7 +929,7 @@ absl::Status LogitdService::DoCrossEntropy(
     LOGITD_ASSIGN_OR_RETURN(dw, backend_->AllocateHost(plan.dw_bytes));
   }
   kernels::CrossEntropyArgs args;
-  args.x = x.data<Bf16Bits>();
+  args.x = x.as<Bf16Bits>();
   args.m = plan.m;
   args.targets = targets.data();
   args.ignore_index = plan.ignore_index;
@@ -957,7 +944,7 @@ absl::Status LogitdService::DoCrossEntropy(
   args.accumulate_dw = plan.accumulate_dw;
   kernels::Timing timing;
   LOGITD_RETURN_IF_ERROR(backend_->CrossEntropy(*w.weight, args, &timing));
-  x = Tensor();
+  x = kernels::HostBuffer();
   targets = std::vector<std::int64_t>();
 
   kernels::HostBuffer reduced;

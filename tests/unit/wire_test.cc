@@ -348,5 +348,34 @@ TEST(Wire, LargeTensorsAreHashedAsideWithTheSameVerdicts) {
   }
 }
 
+// ExpectInto: the bytes land in the caller's buffer, checked as usual; the
+// tensor cannot be taken, and a buffer too small is refused up front.
+TEST(Wire, ExpectIntoFillsTheCallersBufferSmallOrLarge) {
+  for (const std::int64_t n :
+       {std::int64_t{3000}, static_cast<std::int64_t>(kHashAsideBytes / 4)}) {
+    SCOPED_TRACE(n);
+    const Tensor t = RandomFp32({n}, 11);
+    std::vector<std::byte> buffer(t.nbytes() + 7);
+    for (const bool damage : {false, true}) {
+      Assembler a(t.nbytes());
+      ASSERT_TRUE(a.ExpectInto(MakeSpec("x", t), buffer.data(), buffer.size()).ok());
+      std::vector<v1::TensorChunk> chunks = Split("x", t, 1 << 20);
+      if (damage) (*chunks.back().mutable_data())[0] ^= 1;
+      for (const v1::TensorChunk& c : chunks) ASSERT_TRUE(a.Add(c).ok());
+      const absl::Status s = a.Finish();
+      if (damage) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+        continue;
+      }
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(std::memcmp(buffer.data(), t.bytes(), t.nbytes()), 0);
+      EXPECT_EQ(a.Take("x").status().code(), absl::StatusCode::kFailedPrecondition);
+    }
+    Assembler small(t.nbytes());
+    EXPECT_EQ(small.ExpectInto(MakeSpec("x", t), buffer.data(), t.nbytes() - 1).code(),
+              absl::StatusCode::kInternal);
+  }
+}
+
 }  // namespace
 }  // namespace logitd::wire
