@@ -270,12 +270,19 @@ Next ReadNext(RawCall<Request, Response>& stream, Response* message, wire::Chunk
   return stream.Read(message, chunk);
 }
 
-// The digest message of a response stream that has one (Logits).
+// The digest message of a response stream that has one (the tensor calls,
+// with digest_last).
 template <typename Response>
 const v1::TensorDigest* DigestOf(const Response& /*response*/) {
   return nullptr;
 }
 const v1::TensorDigest* DigestOf(const v1::LogitsResponse& response) {
+  return response.has_digest() ? &response.digest() : nullptr;
+}
+const v1::TensorDigest* DigestOf(const v1::BackwardResponse& response) {
+  return response.has_digest() ? &response.digest() : nullptr;
+}
+const v1::TensorDigest* DigestOf(const v1::CrossEntropyResponse& response) {
   return response.has_digest() ? &response.digest() : nullptr;
 }
 
@@ -777,6 +784,7 @@ absl::StatusOr<CrossEntropyResult> Client::CrossEntropy(const Tensor& x, const T
         h->set_want_dw(options.want_dw);
         h->set_dx_dtype(wire::ToProto(options.dx_dtype));
         h->set_accumulate_dw(options.accumulate_dw);
+        h->set_digest_last(true);  // outputs hashed while they travel
         if (stream->Write(header) &&
             WriteTensor<v1::CrossEntropyRequest>(*stream, "x", x, impl_->options.chunk_bytes) &&
             WriteTensor<v1::CrossEntropyRequest>(*stream, "targets", targets,
@@ -1112,6 +1120,7 @@ absl::StatusOr<BackwardShmResult> Client::BackwardShm(const BackwardShmArgs& arg
         if (x_ref) *h->mutable_x_shm() = *x_ref;
         if (args.dx_slot) *h->mutable_dx_shm() = OutputRef(*args.dx_slot);
         if (args.dw_slot) *h->mutable_dw_shm() = OutputRef(*args.dw_slot);
+        h->set_digest_last(true);  // streamed outputs hashed while they travel
         if (stream->Write(header) &&
             (dy_ref || WriteTensor<v1::BackwardRequest>(*stream, "dy", *args.dy,
                                                         impl_->options.chunk_bytes)) &&

@@ -91,6 +91,18 @@ v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
   return spec;
 }
 
+// The spec of an output in the result message: as above, except that a
+// streamed output's digest is left for after its chunks (xxh3 0) when the
+// call asked for digest_last.
+v1::TensorSpec ResultSpec(absl::string_view name, DType dtype,
+                          const std::vector<std::int64_t>& shape, const void* data,
+                          std::uint64_t bytes, const v1::ShmRef* slot, bool digest_last) {
+  if (slot != nullptr || !digest_last) return OutputSpec(name, dtype, shape, data, bytes, slot);
+  v1::TensorSpec spec = OutputSpec(name, dtype, shape, data, 0);
+  spec.set_xxh3(0);
+  return spec;
+}
+
 // Where an output written to shared memory lies, for the result message.
 void FillShmRef(const v1::ShmRef& asked, const ShmSlice& slice, std::uint64_t bytes,
                 v1::ShmRef* out) {
@@ -269,19 +281,60 @@ void LogitdService::ServeRaw(absl::string_view method,
           this));
 }
 
-template <typename Stream>
-absl::Status LogitdService::SendBuffer(Stream* stream, absl::string_view name,
-                                       kernels::HostBuffer buffer, std::uint64_t bytes,
-                                       CallStats* stats) {
-  const std::byte* data = buffer.data();
-  return wire::SendChunkMessages(name, data, static_cast<std::size_t>(bytes), options_.chunk_bytes,
-                                 sending_.Hold(std::move(buffer)),
-                                 [&](const grpc::ByteBuffer& message, std::size_t payload) {
-                                   stats->bytes_out += message.Length();
-                                   stats->tensor_bytes_out += payload;
-                                   return stream->Write(message);
-                                 });
+template <typename Response, typename Stream>
+absl::Status LogitdService::SendOutputs(Stream* stream, std::vector<StreamedOutput> outputs,
+                                        bool digest_last,
+                                        const std::function<std::uint64_t(std::uint64_t)>& fault,
+                                        CallStats* stats) {
+  // Held here as well as by the slices: the hasher may still read a buffer
+  // after gRPC has let go of all of its chunks.
+  std::vector<std::shared_ptr<const void>> held;
+  std::uint64_t total = 0;
+  for (StreamedOutput& o : outputs) {
+    held.push_back(sending_.Hold(std::move(o.buffer)));
+    total += o.bytes;
+  }
+  std::vector<std::uint64_t> digests(outputs.size());
+  const auto hash_all = [&] {
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      digests[i] = Xxh3(held[i].get(), static_cast<std::size_t>(outputs[i].bytes));
+    }
+  };
+  std::thread hasher;
+  if (digest_last) {
+    if (total >= wire::kHashAsideBytes) {
+      hasher = std::thread(hash_all);
+    } else {
+      hash_all();
+    }
+  }
+  absl::Status sent;
+  for (std::size_t i = 0; i < outputs.size() && sent.ok(); ++i) {
+    sent =
+        wire::SendChunkMessages(outputs[i].name, static_cast<const std::byte*>(held[i].get()),
+                                static_cast<std::size_t>(outputs[i].bytes), options_.chunk_bytes,
+                                held[i], [&](const grpc::ByteBuffer& message, std::size_t payload) {
+                                  stats->bytes_out += message.Length();
+                                  stats->tensor_bytes_out += payload;
+                                  return stream->Write(message);
+                                });
+  }
+  if (hasher.joinable()) hasher.join();
+  LOGITD_RETURN_IF_ERROR(sent);
+  if (!digest_last) return absl::OkStatus();
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    Response tail;
+    tail.mutable_digest()->set_name(outputs[i].name);
+    tail.mutable_digest()->set_xxh3(fault(digests[i]));
+    LOGITD_RETURN_IF_ERROR(WriteMessage(stream, tail, &stats->bytes_out));
+  }
+  return absl::OkStatus();
 }
+
+// The identity: outputs whose digests no test fault touches.
+namespace {
+std::uint64_t Unchanged(std::uint64_t digest) { return digest; }
+}  // namespace
 
 template <typename Body>
 grpc::Status LogitdService::Run(absl::string_view method, grpc::ServerContext* context,
@@ -631,36 +684,20 @@ absl::Status LogitdService::DoLogits(grpc::ServerContext* context,
   faults_.OnLogits(plan.out_dtype, y, plan.y_bytes);
   v1::LogitsResponse head;
   v1::LogitsResult* result = head.mutable_result();
-  if (!y_shm && header.digest_last()) {
-    // Y's spec without its digest, Y's chunks (hashed on another thread
-    // meanwhile), then the digest.
-    *result->mutable_y() = OutputSpec("y", plan.out_dtype, {plan.m, w.v}, nullptr, 0);
-    result->mutable_y()->set_xxh3(0);
-    FillTiming(receive_us, timing, result->mutable_timing(), stats);
-    LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
-    std::uint64_t digest = 0;
-    std::thread hasher;
-    if (plan.y_bytes >= wire::kHashAsideBytes) {
-      hasher = std::thread([&digest, y, n = plan.y_bytes] { digest = Xxh3(y, n); });
-    } else {
-      digest = Xxh3(y, static_cast<std::size_t>(plan.y_bytes));
-    }
-    const absl::Status sent = SendBuffer(stream, "y", std::move(y_buffer), plan.y_bytes, stats);
-    if (hasher.joinable()) hasher.join();
-    LOGITD_RETURN_IF_ERROR(sent);
-    v1::LogitsResponse tail;
-    tail.mutable_digest()->set_name("y");
-    tail.mutable_digest()->set_xxh3(faults_.LogitsDigest(digest));
-    return WriteMessage(stream, tail, &stats->bytes_out);
-  }
-  *result->mutable_y() = OutputSpec("y", plan.out_dtype, {plan.m, w.v}, y, plan.y_bytes,
-                                    y_shm ? &header.y_shm() : nullptr);
-  result->mutable_y()->set_xxh3(faults_.LogitsDigest(result->y().xxh3()));
+  // With digest_last, Y is hashed while its chunks travel.
+  const bool digest_last = !y_shm && header.digest_last();
+  *result->mutable_y() = ResultSpec("y", plan.out_dtype, {plan.m, w.v}, y, plan.y_bytes,
+                                    y_shm ? &header.y_shm() : nullptr, digest_last);
+  if (!digest_last) result->mutable_y()->set_xxh3(faults_.LogitsDigest(result->y().xxh3()));
   if (y_shm) FillShmRef(header.y_shm(), *y_shm, plan.y_bytes, result->mutable_y_shm());
   FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
   if (y_shm) return absl::OkStatus();
-  return SendBuffer(stream, "y", std::move(y_buffer), plan.y_bytes, stats);
+  std::vector<StreamedOutput> outputs;
+  outputs.push_back({"y", std::move(y_buffer), plan.y_bytes});
+  return SendOutputs<v1::LogitsResponse>(
+      stream, std::move(outputs), digest_last,
+      [this](std::uint64_t digest) { return faults_.LogitsDigest(digest); }, stats);
 }
 
 grpc::Status LogitdService::Backward(grpc::ServerContext* context, RawStream* raw) {
@@ -759,27 +796,26 @@ absl::Status LogitdService::DoBackward(
 
   v1::BackwardResponse head;
   v1::BackwardResult* result = head.mutable_result();
+  const bool digest_last = header.digest_last();
   if (plan.want_dx) {
     faults_.OnDx(dx, plan.dx_bytes);
-    *result->mutable_dx() = OutputSpec("dx", plan.dx_dtype, {plan.m, w.k}, dx, plan.dx_bytes,
-                                       dx_shm ? &header.dx_shm() : nullptr);
+    *result->mutable_dx() = ResultSpec("dx", plan.dx_dtype, {plan.m, w.k}, dx, plan.dx_bytes,
+                                       dx_shm ? &header.dx_shm() : nullptr, digest_last);
     if (dx_shm) FillShmRef(header.dx_shm(), *dx_shm, plan.dx_bytes, result->mutable_dx_shm());
   }
   if (plan.returns_dw()) {
     faults_.OnDw(dw, plan.dw_bytes);
-    *result->mutable_dw() = OutputSpec("dw", plan.dw_dtype, {w.v, w.k}, dw, plan.dw_bytes,
-                                       dw_shm ? &header.dw_shm() : nullptr);
+    *result->mutable_dw() = ResultSpec("dw", plan.dw_dtype, {w.v, w.k}, dw, plan.dw_bytes,
+                                       dw_shm ? &header.dw_shm() : nullptr, digest_last);
     if (dw_shm) FillShmRef(header.dw_shm(), *dw_shm, plan.dw_bytes, result->mutable_dw_shm());
   }
   FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
-  if (plan.want_dx && !dx_shm) {
-    LOGITD_RETURN_IF_ERROR(SendBuffer(stream, "dx", std::move(dx_buffer), plan.dx_bytes, stats));
-  }
-  if (plan.returns_dw() && !dw_shm) {
-    LOGITD_RETURN_IF_ERROR(SendBuffer(stream, "dw", std::move(dw_buffer), plan.dw_bytes, stats));
-  }
-  return absl::OkStatus();
+  std::vector<StreamedOutput> outputs;
+  if (plan.want_dx && !dx_shm) outputs.push_back({"dx", std::move(dx_buffer), plan.dx_bytes});
+  if (plan.returns_dw() && !dw_shm) outputs.push_back({"dw", std::move(dw_buffer), plan.dw_bytes});
+  return SendOutputs<v1::BackwardResponse>(stream, std::move(outputs), digest_last, Unchanged,
+                                           stats);
 }
 
 grpc::Status LogitdService::FetchGradient(grpc::ServerContext* context,
@@ -952,39 +988,38 @@ absl::Status LogitdService::DoCrossEntropy(
     LOGITD_ASSIGN_OR_RETURN(reduced, backend_->AllocateHost(plan.loss_bytes));
     *reduced.as<float>() = ReduceLoss(plan, token_loss.as<float>(), plan.m, counted);
   }
-  const kernels::HostBuffer& loss = plan.reduction == v1::REDUCTION_NONE ? token_loss : reduced;
+  kernels::HostBuffer loss =
+      plan.reduction == v1::REDUCTION_NONE ? std::move(token_loss) : std::move(reduced);
 
   v1::CrossEntropyResponse head;
   v1::CrossEntropyResult* result = head.mutable_result();
-  *result->mutable_loss() =
-      OutputSpec("loss", DType::kFp32, plan.loss_shape, loss, plan.loss_bytes);
+  const bool digest_last = header.digest_last();
+  *result->mutable_loss() = ResultSpec("loss", DType::kFp32, plan.loss_shape, loss.data(),
+                                       plan.loss_bytes, nullptr, digest_last);
   if (plan.want_lse) {
-    *result->mutable_lse() = OutputSpec("lse", DType::kFp32, {plan.m}, lse, plan.lse_bytes);
+    *result->mutable_lse() =
+        ResultSpec("lse", DType::kFp32, {plan.m}, lse.data(), plan.lse_bytes, nullptr, digest_last);
   }
   if (plan.want_dx) {
     faults_.OnDx(dx.data(), plan.dx_bytes);
-    *result->mutable_dx() = OutputSpec("dx", plan.dx_dtype, {plan.m, w.k}, dx, plan.dx_bytes);
+    *result->mutable_dx() = ResultSpec("dx", plan.dx_dtype, {plan.m, w.k}, dx.data(), plan.dx_bytes,
+                                       nullptr, digest_last);
   }
   if (plan.returns_dw()) {
     faults_.OnDw(dw.data(), plan.dw_bytes);
-    *result->mutable_dw() = OutputSpec("dw", DType::kFp32, {w.v, w.k}, dw, plan.dw_bytes);
+    *result->mutable_dw() =
+        ResultSpec("dw", DType::kFp32, {w.v, w.k}, dw.data(), plan.dw_bytes, nullptr, digest_last);
   }
   result->set_counted_tokens(counted);
   FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
-  LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(stream, "loss", loss, plan.loss_bytes,
-                                                              options_.chunk_bytes, stats));
-  if (plan.want_lse) {
-    LOGITD_RETURN_IF_ERROR(SendTensor<v1::CrossEntropyResponse>(stream, "lse", lse, plan.lse_bytes,
-                                                                options_.chunk_bytes, stats));
-  }
-  if (plan.want_dx) {
-    LOGITD_RETURN_IF_ERROR(SendBuffer(stream, "dx", std::move(dx), plan.dx_bytes, stats));
-  }
-  if (plan.returns_dw()) {
-    LOGITD_RETURN_IF_ERROR(SendBuffer(stream, "dw", std::move(dw), plan.dw_bytes, stats));
-  }
-  return absl::OkStatus();
+  std::vector<StreamedOutput> outputs;
+  outputs.push_back({"loss", std::move(loss), plan.loss_bytes});
+  if (plan.want_lse) outputs.push_back({"lse", std::move(lse), plan.lse_bytes});
+  if (plan.want_dx) outputs.push_back({"dx", std::move(dx), plan.dx_bytes});
+  if (plan.returns_dw()) outputs.push_back({"dw", std::move(dw), plan.dw_bytes});
+  return SendOutputs<v1::CrossEntropyResponse>(stream, std::move(outputs), digest_last, Unchanged,
+                                               stats);
 }
 
 grpc::Status LogitdService::Probe(

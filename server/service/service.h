@@ -9,8 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -139,11 +142,22 @@ class LogitdService final : public v1::Logitd::Service {
   // Serves `method` through `handler` as a raw stream (constructor only).
   void ServeRaw(absl::string_view method,
                 grpc::Status (LogitdService::*handler)(grpc::ServerContext*, RawStream*));
-  // Streams an output tensor's chunks straight from `buffer`, which is held
-  // (see SendingBuffers) until gRPC has sent them.
-  template <typename Stream>
-  absl::Status SendBuffer(Stream* stream, absl::string_view name, kernels::HostBuffer buffer,
-                          std::uint64_t bytes, CallStats* stats);
+  // An output tensor streamed after the result message.
+  struct StreamedOutput {
+    std::string name;
+    kernels::HostBuffer buffer;
+    std::uint64_t bytes = 0;
+  };
+  // Streams `outputs` in order after the result message, each one's chunks
+  // straight from its buffer, which is held (see SendingBuffers) until gRPC
+  // has sent them. With `digest_last` the specs in the result carry xxh3 0:
+  // the digests are computed on another thread while the chunks travel and
+  // follow as TensorDigest messages, each passed through `fault` (the test
+  // faults' hook; identity otherwise).
+  template <typename Response, typename Stream>
+  absl::Status SendOutputs(Stream* stream, std::vector<StreamedOutput> outputs, bool digest_last,
+                           const std::function<std::uint64_t(std::uint64_t)>& fault,
+                           CallStats* stats);
   absl::Status DoProbe(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
                        CallStats* stats);

@@ -8,7 +8,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/chunk_message.h"
@@ -100,6 +102,76 @@ TEST_F(StreamOrderTest, ResultFirstByDefaultDigestLastOnRequestSameBytes) {
     EXPECT_EQ(std::memcmp(y.data(), want->bytes(), y.size()), 0);
     EXPECT_EQ(result.y().shape(0), 160);
     EXPECT_EQ(result.y().shape(1), 16384);
+  }
+}
+
+// Backward's two streamed outputs: with digest_last both specs carry 0 and
+// both digests follow the last chunk of all, in the outputs' order.
+TEST_F(StreamOrderTest, BackwardDigestsFollowAllChunks) {
+  const Tensor w = IntBf16({4096, 256}, 5);
+  const std::string handle = Register(w, "order-backward");
+  const Tensor dy = IntFp32({64, 4096}, 6);
+  const Tensor x = IntBf16({64, 256}, 7);
+  absl::StatusOr<client::BackwardResult> want = client().Backward(dy, x, handle);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  for (const bool digest_last : {false, true}) {
+    SCOPED_TRACE(digest_last ? "digest_last" : "default");
+    auto stub = v1::Logitd::NewStub(Channel());
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto stream = stub->Backward(&context);
+    v1::BackwardRequest request;
+    v1::BackwardHeader* h = request.mutable_header();
+    h->set_weight_handle(handle);
+    *h->mutable_dy() = wire::MakeSpec("dy", dy);
+    *h->mutable_x() = wire::MakeSpec("x", x);
+    h->set_want_dx(true);
+    h->set_want_dw(true);
+    h->set_digest_last(digest_last);
+    ASSERT_TRUE(stream->Write(request));
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"dy", &dy}, {"x", &x}}) {
+      ASSERT_TRUE(wire::SendChunks(name, t->bytes(), t->nbytes(), wire::kDefaultChunkBytes,
+                                   [&](v1::TensorChunk&& c) {
+                                     v1::BackwardRequest r;
+                                     *r.mutable_chunk() = std::move(c);
+                                     return stream->Write(r);
+                                   })
+                      .ok());
+    }
+    stream->WritesDone();
+
+    std::vector<std::string> order;  // "result", "chunk:NAME", "digest:NAME"
+    v1::BackwardResult result;
+    std::map<std::string, std::uint64_t> digests;
+    v1::BackwardResponse response;
+    while (stream->Read(&response)) {
+      if (response.has_result()) {
+        order.push_back("result");
+        result = response.result();
+      } else if (response.has_chunk()) {
+        if (order.back() != "chunk:" + response.chunk().name()) {
+          order.push_back("chunk:" + response.chunk().name());
+        }
+      } else if (response.has_digest()) {
+        order.push_back("digest:" + response.digest().name());
+        digests[response.digest().name()] = response.digest().xxh3();
+      }
+    }
+    const grpc::Status status = stream->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    if (digest_last) {
+      EXPECT_EQ(order, (std::vector<std::string>{"result", "chunk:dx", "chunk:dw", "digest:dx",
+                                                 "digest:dw"}));
+      EXPECT_EQ(result.dx().xxh3(), 0u);
+      EXPECT_EQ(result.dw().xxh3(), 0u);
+      EXPECT_EQ(digests["dx"], want->dx->Digest());
+      EXPECT_EQ(digests["dw"], want->dw->Digest());
+    } else {
+      EXPECT_EQ(order, (std::vector<std::string>{"result", "chunk:dx", "chunk:dw"}));
+      EXPECT_EQ(result.dx().xxh3(), want->dx->Digest());
+      EXPECT_EQ(result.dw().xxh3(), want->dw->Digest());
+    }
   }
 }
 

@@ -613,6 +613,7 @@ class Client:
             dx_dtype=dxt,
             dw_dtype=dwt,
             accumulate_dw=bool(accumulate_dw),
+            digest_last=True,
         )
 
         def specs_of(r):
@@ -677,6 +678,7 @@ class Client:
             want_dw=bool(want_dw),
             dx_dtype=dxt,
             accumulate_dw=bool(accumulate_dw),
+            digest_last=True,
         )
 
         def specs_of(r):
