@@ -94,10 +94,11 @@ ABSL_FLAG(std::uint64_t, ce_workspace_bytes, 0,
           "cuda: device bytes a CrossEntropy call may use for its chunk of fp32 logits; more "
           "means larger chunks and a faster call, 0 lets the backend keep peak memory within "
           "1.25x the gradients it returns.");
-ABSL_FLAG(std::uint64_t, pinned_cache_bytes, std::uint64_t{2} << 30,
-          "cuda: bytes of page-locked host memory kept between calls for response buffers "
-          "(allocating and freeing it per call costs milliseconds for large outputs); 0 frees "
-          "each buffer after its call. Default 2 GiB.");
+ABSL_FLAG(std::uint64_t, pinned_cache_bytes, std::uint64_t{4} << 30,
+          "cuda: bytes of page-locked host memory kept between calls for the tensor calls' input "
+          "and output buffers (allocating and freeing it per call costs milliseconds for large "
+          "tensors, and freeing stalls the device); 0 frees each buffer after its call. Size it "
+          "for the buffers of the calls that run at once. Default 4 GiB.");
 ABSL_FLAG(std::string, weights_dir, "",
           "Directory LoadWeight reads safetensors files from (paths relative to it, confined "
           "to it); empty = LoadWeight is refused.");

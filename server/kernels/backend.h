@@ -223,9 +223,9 @@ struct BackendOptions {
   // logits (more: larger chunks, faster; 0: the backend's choice, which keeps
   // peak memory within 1.25 times the gradients it returns).
   std::uint64_t ce_workspace_bytes = 0;
-  // cuda: bytes of page-locked host buffers (responses on their way out) kept
-  // for reuse between calls instead of being freed; 0 frees every one.
-  std::uint64_t pinned_cache_bytes = std::uint64_t{2} << 30;
+  // cuda: bytes of page-locked host buffers (the tensor calls' inputs and outputs)
+  // kept for reuse between calls instead of being freed; 0 frees every one.
+  std::uint64_t pinned_cache_bytes = std::uint64_t{4} << 30;
 };
 
 // Creates the backend `options.kind` names. kAuto tries cuda when it was
