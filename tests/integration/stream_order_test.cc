@@ -22,6 +22,23 @@
 namespace logitd::testing {
 namespace {
 
+// Streams `t` as the chunks of a request stream of Request messages.
+template <typename Request, typename Stream>
+bool WriteChunks(Stream& stream, const char* name, const Tensor& t) {
+  return wire::SendChunks(name, t.bytes(), t.nbytes(), wire::kDefaultChunkBytes,
+                          [&](v1::TensorChunk&& c) {
+                            Request r;
+                            *r.mutable_chunk() = std::move(c);
+                            return stream.Write(r);
+                          })
+      .ok();
+}
+
+// A deadline for the raw calls.
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+}
+
 class StreamOrderTest : public SharedServerTest {
  protected:
   // A plain channel, with the receive limit raised above a full chunk plus
@@ -47,7 +64,7 @@ TEST_F(StreamOrderTest, ResultFirstByDefaultDigestLastOnRequestSameBytes) {
     SCOPED_TRACE(digest_last ? "digest_last" : "default");
     auto stub = v1::Logitd::NewStub(Channel());
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    SetDeadline(&context);
     auto stream = stub->Logits(&context);
     v1::LogitsRequest request;
     v1::LogitsHeader* h = request.mutable_header();
@@ -55,13 +72,7 @@ TEST_F(StreamOrderTest, ResultFirstByDefaultDigestLastOnRequestSameBytes) {
     *h->mutable_x() = wire::MakeSpec("x", x);
     h->set_digest_last(digest_last);
     ASSERT_TRUE(stream->Write(request));
-    ASSERT_TRUE(wire::SendChunks("x", x.bytes(), x.nbytes(), wire::kDefaultChunkBytes,
-                                 [&](v1::TensorChunk&& c) {
-                                   v1::LogitsRequest r;
-                                   *r.mutable_chunk() = std::move(c);
-                                   return stream->Write(r);
-                                 })
-                    .ok());
+    ASSERT_TRUE(WriteChunks<v1::LogitsRequest>(*stream, "x", x));
     stream->WritesDone();
 
     std::vector<v1::LogitsResponse::PartCase> order;
@@ -119,7 +130,7 @@ TEST_F(StreamOrderTest, BackwardDigestsFollowAllChunks) {
     SCOPED_TRACE(digest_last ? "digest_last" : "default");
     auto stub = v1::Logitd::NewStub(Channel());
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    SetDeadline(&context);
     auto stream = stub->Backward(&context);
     v1::BackwardRequest request;
     v1::BackwardHeader* h = request.mutable_header();
@@ -130,15 +141,8 @@ TEST_F(StreamOrderTest, BackwardDigestsFollowAllChunks) {
     h->set_want_dw(true);
     h->set_digest_last(digest_last);
     ASSERT_TRUE(stream->Write(request));
-    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"dy", &dy}, {"x", &x}}) {
-      ASSERT_TRUE(wire::SendChunks(name, t->bytes(), t->nbytes(), wire::kDefaultChunkBytes,
-                                   [&](v1::TensorChunk&& c) {
-                                     v1::BackwardRequest r;
-                                     *r.mutable_chunk() = std::move(c);
-                                     return stream->Write(r);
-                                   })
-                      .ok());
-    }
+    ASSERT_TRUE(WriteChunks<v1::BackwardRequest>(*stream, "dy", dy));
+    ASSERT_TRUE(WriteChunks<v1::BackwardRequest>(*stream, "x", x));
     stream->WritesDone();
 
     std::vector<std::string> order;  // "result", "chunk:NAME", "digest:NAME"
@@ -182,7 +186,7 @@ TEST_F(StreamOrderTest, UnparseableRequestMessageIsInvalidArgument) {
   for (const bool after_header : {false, true}) {
     SCOPED_TRACE(after_header ? "after the header" : "first message");
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    SetDeadline(&context);
     std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
         grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
             channel.get(), method, &context));
