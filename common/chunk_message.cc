@@ -3,6 +3,8 @@
 #include <cstring>
 #include <utility>
 
+#include "google/protobuf/stubs/common.h"
+
 namespace logitd::wire {
 namespace {
 
@@ -125,6 +127,11 @@ bool ReadChunkMessage(const grpc::ByteBuffer& message, ChunkView* view) {
       c.Take(n, [&](const std::byte* p, std::size_t k) {
         view->name.append(reinterpret_cast<const char*>(p), k);
       });
+      // A proto3 string: protobuf refuses one that is not UTF-8, so must this.
+      if (!google::protobuf::internal::IsStructurallyValidUTF8(
+              view->name.data(), static_cast<int>(view->name.size()))) {
+        return false;
+      }
     } else if (tag == kOffsetField && !seen_offset) {
       seen_offset = true;
       if (!c.Varint(&view->offset)) return false;

@@ -41,9 +41,10 @@ struct ChunkView {
 
 // True when `message` is exactly a oneof-field-2 TensorChunk with each of its
 // fields at most once, read into *view; false for anything else (a header or
-// result message, unknown or repeated fields, malformed bytes), which the
-// caller then parses as its message type, so that every message either takes
-// this path or gets protobuf's own treatment.
+// result message, unknown or repeated fields, a name that is not UTF-8,
+// malformed bytes), which the caller then parses as its message type, so
+// that every message either takes this path or gets protobuf's own
+// treatment.
 bool ReadChunkMessage(const grpc::ByteBuffer& message, ChunkView* view);
 
 // The message `oneof { ... TensorChunk chunk = 2; }` carrying [data, data +

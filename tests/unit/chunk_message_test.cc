@@ -119,6 +119,12 @@ TEST(ChunkMessage, ReaderTakesProtobufsChunksApartAcrossAnySliceBoundaries) {
   EXPECT_EQ(Joined(view), want);
 }
 
+// Whether protobuf takes `bytes` as a LogitsResponse.
+bool ProtobufParses(const std::string& bytes) {
+  v1::LogitsResponse r;
+  return r.ParseFromString(bytes);
+}
+
 TEST(ChunkMessage, ReaderLeavesEverythingElseToProtobuf) {
   ChunkView view;
   // A result message.
@@ -140,6 +146,14 @@ TEST(ChunkMessage, ReaderLeavesEverythingElseToProtobuf) {
   for (std::size_t n = 0; n < good.size(); ++n) {
     EXPECT_FALSE(ReadChunkMessage(Cut(good.substr(0, n), {}), &view)) << n;
   }
+  // A name that is not UTF-8: protobuf refuses the message, so does the reader.
+  v1::LogitsResponse bad_name;
+  bad_name.mutable_chunk()->set_name("y");
+  bad_name.mutable_chunk()->set_data("abc");
+  std::string bad = bad_name.SerializeAsString();
+  bad[4] = '\xff';  // the name's one byte
+  EXPECT_FALSE(ReadChunkMessage(Cut(bad, {}), &view));
+  EXPECT_FALSE(ProtobufParses(bad));
   // Bytes after the chunk field (a second field of the outer message).
   EXPECT_FALSE(ReadChunkMessage(Cut(good + good, {}), &view));
   // A field TensorChunk does not have (number 9, varint), inside the chunk.
