@@ -63,13 +63,21 @@ absl::Status SendTensor(Stream* stream, absl::string_view name, const kernels::H
                                  });
 }
 
-v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
-                          const std::vector<std::int64_t>& shape, const void* data,
-                          std::uint64_t bytes) {
+// The spec of an output without its digest (xxh3 0).
+v1::TensorSpec UndigestedSpec(absl::string_view name, DType dtype,
+                              const std::vector<std::int64_t>& shape) {
   v1::TensorSpec spec;
   spec.set_name(std::string(name));
   spec.set_dtype(wire::ToProto(dtype));
   for (std::int64_t d : shape) spec.add_shape(d);
+  return spec;
+}
+
+// The spec of an output with the xxh3 of its bytes.
+v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
+                          const std::vector<std::int64_t>& shape, const void* data,
+                          std::uint64_t bytes) {
+  v1::TensorSpec spec = UndigestedSpec(name, dtype, shape);
   spec.set_xxh3(Xxh3(data, static_cast<std::size_t>(bytes)));
   return spec;
 }
@@ -80,27 +88,16 @@ v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
   return OutputSpec(name, dtype, shape, static_cast<const void*>(buffer.data()), bytes);
 }
 
-// The spec of an output: with its digest, or (an output written to shared
-// memory whose slot asked for skip_digest) with xxh3 0.
-v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
-                          const std::vector<std::int64_t>& shape, const void* data,
-                          std::uint64_t bytes, const v1::ShmRef* slot) {
-  if (slot == nullptr || !slot->skip_digest()) return OutputSpec(name, dtype, shape, data, bytes);
-  v1::TensorSpec spec = OutputSpec(name, dtype, shape, data, 0);
-  spec.set_xxh3(0);
-  return spec;
-}
-
-// The spec of an output in the result message: as above, except that a
-// streamed output's digest is left for after its chunks (xxh3 0) when the
-// call asked for digest_last.
+// The spec of an output in the result message: with its digest, except for
+// an output written to shared memory whose slot asked for skip_digest, and a
+// streamed output whose digest follows its chunks (the call asked for
+// digest_last); those carry xxh3 0.
 v1::TensorSpec ResultSpec(absl::string_view name, DType dtype,
                           const std::vector<std::int64_t>& shape, const void* data,
                           std::uint64_t bytes, const v1::ShmRef* slot, bool digest_last) {
-  if (slot != nullptr || !digest_last) return OutputSpec(name, dtype, shape, data, bytes, slot);
-  v1::TensorSpec spec = OutputSpec(name, dtype, shape, data, 0);
-  spec.set_xxh3(0);
-  return spec;
+  const bool later_or_never = slot != nullptr ? slot->skip_digest() : digest_last;
+  if (later_or_never) return UndigestedSpec(name, dtype, shape);
+  return OutputSpec(name, dtype, shape, data, bytes);
 }
 
 // Where an output written to shared memory lies, for the result message.
