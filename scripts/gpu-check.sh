@@ -219,6 +219,7 @@ for p in json.load(open(sys.argv[1]))["phases"]:
     bench m8192_shm_nodigest --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm \
       --shm_skip_digest --baseline=false
     bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=6
+    bench fetch_gradient --rpc=fetch-gradient --m=1024 --k=4096 --v=32768 --requests=6
     metrics_port=$(tr -dc '0-9' <"$metrics_port_file" 2>/dev/null)
     if [ -n "$metrics_port" ] && python3 -c 'import sys,urllib.request
 body=urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()

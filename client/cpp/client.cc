@@ -285,6 +285,12 @@ const v1::TensorDigest* DigestOf(const v1::BackwardResponse& response) {
 const v1::TensorDigest* DigestOf(const v1::CrossEntropyResponse& response) {
   return response.has_digest() ? &response.digest() : nullptr;
 }
+const v1::TensorDigest* DigestOf(const v1::FetchGradientResponse& response) {
+  return response.has_digest() ? &response.digest() : nullptr;
+}
+const v1::TensorDigest* DigestOf(const v1::CastResponse& response) {
+  return response.has_digest() ? &response.digest() : nullptr;
+}
 
 // Reads a response stream (one result message, then the chunks of the
 // tensors it announces, and for a tensor announced without its digest the
@@ -385,10 +391,14 @@ struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Logitd::Stub> stub;
-  // The tensor calls, made as raw streams (RawCall); registered with the
-  // channel once, as the stub does for its methods.
+  // The calls that stream tensors back, made as raw streams (RawCall);
+  // registered with the channel once, as the stub does for its methods.
+  // FetchGradient is server-streaming: made as a bidirectional stream that
+  // writes one request, the same messages on the wire.
   std::unique_ptr<grpc::internal::RpcMethod> logits_method;
   std::unique_ptr<grpc::internal::RpcMethod> backward_method;
+  std::unique_ptr<grpc::internal::RpcMethod> fetch_gradient_method;
+  std::unique_ptr<grpc::internal::RpcMethod> cast_method;
   std::unique_ptr<grpc::internal::RpcMethod> cross_entropy_method;
 
   std::unique_ptr<grpc::internal::RpcMethod> RawMethod(absl::string_view name) const {
@@ -553,6 +563,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addres
   impl->stub = v1::Logitd::NewStub(impl->channel);
   impl->logits_method = impl->RawMethod("Logits");
   impl->backward_method = impl->RawMethod("Backward");
+  impl->fetch_gradient_method = impl->RawMethod("FetchGradient");
+  impl->cast_method = impl->RawMethod("Cast");
   impl->cross_entropy_method = impl->RawMethod("CrossEntropy");
   impl->options = std::move(options);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
@@ -683,16 +695,29 @@ absl::StatusOr<BackwardResult> Client::Backward(const Tensor& dy, const Tensor& 
 
 absl::StatusOr<GradientResult> Client::FetchGradient(const std::string& handle,
                                                      bool zero_after_fetch) {
+  Tensor dw;
+  absl::StatusOr<GradientResult> r = FetchGradientInto(handle, zero_after_fetch, &dw);
+  if (r.ok()) r->dw = std::move(dw);
+  return r;
+}
+
+absl::StatusOr<GradientResult> Client::FetchGradientInto(const std::string& handle,
+                                                         bool zero_after_fetch, Tensor* into) {
+  if (into == nullptr) return absl::InvalidArgumentError("dw: expected a tensor to receive into");
   return impl_->Call(
       !zero_after_fetch, [&](grpc::ClientContext& context) -> absl::StatusOr<GradientResult> {
+        auto stream =
+            std::make_unique<RawCall<v1::FetchGradientRequest, v1::FetchGradientResponse>>(
+                impl_->channel.get(), *impl_->fetch_gradient_method, &context);
         v1::FetchGradientRequest request;
         request.set_weight_handle(handle);
         request.set_zero_after_fetch(zero_after_fetch);
-        std::unique_ptr<grpc::ClientReader<v1::FetchGradientResponse>> stream =
-            impl_->stub->FetchGradient(&context, request);
+        request.set_digest_last(true);  // dW hashed while it travels
+        if (stream->Write(request)) stream->WritesDone();
 
         v1::FetchGradientResult result;
         ResponseTensors tensors;
+        tensors.Recycle("dw", into);
         absl::Status s = ReceiveResponse<v1::FetchGradientResponse>(
             *stream, context, &result, &tensors, [](const v1::FetchGradientResult& r) {
               return std::vector<const v1::TensorSpec*>{&r.dw()};
@@ -700,9 +725,10 @@ absl::StatusOr<GradientResult> Client::FetchGradient(const std::string& handle,
         if (!s.ok()) return s;
         absl::StatusOr<Tensor> dw = tensors.Take(result.dw());
         if (!dw.ok()) return dw.status();
+        *into = std::move(*dw);
         GradientResult out;
-        out.dw = std::move(*dw);
         out.accumulated_calls = result.accumulated_calls();
+        out.trailer = TrailerOf(context);
         return out;
       });
 }
@@ -719,11 +745,12 @@ absl::Status Client::ZeroGradient(const std::string& handle) {
 absl::StatusOr<Tensor> Client::CastToBf16(const Tensor& input) {
   if (absl::Status s = CheckNotEmpty("input", input); !s.ok()) return s;
   return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<Tensor> {
-    std::unique_ptr<grpc::ClientReaderWriter<v1::CastRequest, v1::CastResponse>> stream =
-        impl_->stub->Cast(&context);
+    auto stream = std::make_unique<RawCall<v1::CastRequest, v1::CastResponse>>(
+        impl_->channel.get(), *impl_->cast_method, &context);
 
     v1::CastRequest header;
     *header.mutable_header()->mutable_input() = wire::MakeSpec("input", input);
+    header.mutable_header()->set_digest_last(true);  // the output hashed while it travels
     if (stream->Write(header) &&
         WriteTensor<v1::CastRequest>(*stream, "input", input, impl_->options.chunk_bytes)) {
       stream->WritesDone();

@@ -29,8 +29,9 @@
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, rpc, "logits",
-          "bench: logits, backward, cross-entropy, or baseline (the Probe RPC moving the bytes "
-          "of the logits call of this shape)");
+          "bench: logits, backward, cross-entropy, fetch-gradient (the fp32 dW [V, K] of a "
+          "weight that one accumulating backward call gave a gradient), or baseline (the Probe "
+          "RPC moving the bytes of the logits call of this shape)");
 ABSL_FLAG(std::int64_t, m, 16, "bench: rows M of X (tokens per request)");
 ABSL_FLAG(std::int64_t, k, 4096, "bench: hidden size K");
 ABSL_FLAG(std::int64_t, v, 32768, "bench: vocabulary size V (rows of the weight)");
@@ -67,7 +68,7 @@ constexpr int kExitUsage = 2;
 using client::Client;
 using client::TimingTrailer;
 
-enum class Rpc { kLogits, kBackward, kCrossEntropy, kBaseline };
+enum class Rpc { kLogits, kBackward, kCrossEntropy, kFetchGradient, kBaseline };
 
 absl::string_view RpcName(Rpc rpc) {
   switch (rpc) {
@@ -77,6 +78,8 @@ absl::string_view RpcName(Rpc rpc) {
       return "backward";
     case Rpc::kCrossEntropy:
       return "cross-entropy";
+    case Rpc::kFetchGradient:
+      return "fetch-gradient";
     case Rpc::kBaseline:
       return "baseline";
   }
@@ -121,11 +124,14 @@ absl::StatusOr<Config> ReadConfig() {
     c.rpc = Rpc::kBackward;
   } else if (rpc == "cross-entropy" || rpc == "cross_entropy") {
     c.rpc = Rpc::kCrossEntropy;
+  } else if (rpc == "fetch-gradient" || rpc == "fetch_gradient") {
+    c.rpc = Rpc::kFetchGradient;
   } else if (rpc == "baseline") {
     c.rpc = Rpc::kBaseline;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--rpc: expected logits, backward, cross-entropy or baseline, got '", rpc, "'"));
+        "--rpc: expected logits, backward, cross-entropy, fetch-gradient or baseline, got '", rpc,
+        "'"));
   }
   c.m = absl::GetFlag(FLAGS_m);
   c.k = absl::GetFlag(FLAGS_k);
@@ -215,6 +221,11 @@ absl::StatusOr<Config> ReadConfig() {
       c.down_bytes = 4 + (c.cross_entropy.want_dx ? m * k * 2 : 0) +
                      (c.cross_entropy.want_dw && !c.cross_entropy.accumulate_dw ? v * k * 4 : 0);
       break;
+    case Rpc::kFetchGradient:
+      // A request of a few bytes (a handle); dW back.
+      c.up_bytes = 0;
+      c.down_bytes = v * k * 4;
+      break;
   }
   return c;
 }
@@ -256,14 +267,14 @@ struct Inputs {
   std::shared_ptr<client::SharedRegion> region;
   std::string region_handle;
   std::uint64_t y_offset = 0;
-  // The logits result, received into the same memory call after call.
+  // The logits result (or dW), received into the same memory call after call.
   mutable Tensor y;
 };
 
 Inputs MakeInputs(const Config& c, int worker) {
   const std::uint64_t seed = c.seed + 1000003ull * static_cast<std::uint64_t>(worker + 1);
   Inputs in;
-  if (c.rpc == Rpc::kBaseline) return in;
+  if (c.rpc == Rpc::kBaseline || c.rpc == Rpc::kFetchGradient) return in;
   in.x = RandomTensor(DType::kBf16, {c.m, c.k}, seed);
   if (c.rpc == Rpc::kBackward) in.dy = RandomTensor(c.out_dtype, {c.m, c.v}, seed + 1);
   if (c.rpc == Rpc::kCrossEntropy) {
@@ -381,6 +392,14 @@ CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
             cl.CrossEntropy(in.x, in.targets, handle, c.cross_entropy);
         if (!r.ok()) return r.status();
         *trailer = r->timing.trailer;
+        return absl::OkStatus();
+      };
+    case Rpc::kFetchGradient:
+      return [handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
+        // Into the same tensor every call, as for logits.
+        absl::StatusOr<client::GradientResult> r = cl.FetchGradientInto(handle, false, &in.y);
+        if (!r.ok()) return r.status();
+        *trailer = r->trailer;
         return absl::OkStatus();
       };
     case Rpc::kBaseline:
@@ -630,6 +649,18 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
     absl::StatusOr<client::WeightInfo> reg = clients[0]->RegisterWeight(w, "logitctl-bench");
     if (!reg.ok()) return server_error("register weight", reg.status());
     handle = reg->handle;
+  }
+  if (c.rpc == Rpc::kFetchGradient) {
+    // One accumulating call gives the weight a gradient buffer of random
+    // values, as training would, rather than one never written.
+    std::cerr << "logitctl: bench: accumulating one dW of M=" << c.m << " rows\n";
+    client::BackwardOptions accumulate;
+    accumulate.want_dx = false;
+    accumulate.accumulate_dw = true;
+    absl::StatusOr<client::BackwardResult> r = clients[0]->Backward(
+        RandomTensor(DType::kFp32, {c.m, c.v}, c.seed + 1),
+        RandomTensor(DType::kBf16, {c.m, c.k}, c.seed + 2), handle, accumulate);
+    if (!r.ok()) return server_error("accumulating a gradient", r.status());
   }
   std::vector<Inputs> inputs;
   for (int i = 0; i < c.concurrency; ++i) inputs.push_back(MakeInputs(c, i));

@@ -138,8 +138,8 @@ commands:
                                      fused loss of the logits X.W^T against int32/int64
                                      targets, without the [M, V] logits; tensors "loss"
                                      ([M] for none, else [1]), "lse", "dx", "dw"
-  bench [--rpc=logits|backward|cross-entropy|baseline] [--m=16 --k=4096 --v=32768]
-        [--out_dtype=fp32|bf16] [--concurrency=1] [--channels=1]
+  bench [--rpc=logits|backward|cross-entropy|fetch-gradient|baseline]
+        [--m=16 --k=4096 --v=32768] [--out_dtype=fp32|bf16] [--concurrency=1] [--channels=1]
         [--requests=N | --duration=SECONDS (default 10)] [--warmup=1] [--nobaseline]
         [--seed=1234] [--json] [--shm]
                                      load test: registers a random bf16 weight, runs the
@@ -149,6 +149,7 @@ commands:
                                      same bytes over the Probe RPC (plain gRPC) and the
                                      efficiency ratio. backward takes --no_dx --no_dw
                                      --accumulate, cross-entropy --dx --dw --accumulate;
+                                     fetch-gradient reads the fp32 dW [V, K] back;
                                      baseline alone moves the bytes of the logits call
   validate [args]                    the validation harness
   help                               this text

@@ -237,6 +237,8 @@ struct CrossEntropyResult {
 struct GradientResult {
   Tensor dw;
   std::uint64_t accumulated_calls = 0;
+  // The server's time split (send and total) from the call's trailer.
+  std::optional<TimingTrailer> trailer;
 };
 
 // A transport probe: the bytes of a tensor call over the same channel, with
@@ -376,7 +378,14 @@ class Client {
                                           const std::string& handle,
                                           const BackwardOptions& options = {});
 
+  // The accumulated fp32 dW [V, K] (and the buffer zeroed after it with
+  // zero_after_fetch).
   absl::StatusOr<GradientResult> FetchGradient(const std::string& handle, bool zero_after_fetch);
+  // The same call, receiving dW into *dw (the result's dw is left empty): its
+  // memory is reused when it already has dW's dtype and shape, as LogitsInto
+  // does, so that a caller fetching every step faults no fresh pages in.
+  absl::StatusOr<GradientResult> FetchGradientInto(const std::string& handle, bool zero_after_fetch,
+                                                   Tensor* dw);
   absl::Status ZeroGradient(const std::string& handle);
 
   // The server's fp32 -> bf16 cast of `input` (fp32, any shape).

@@ -50,19 +50,6 @@ absl::Status WriteMessage(Stream* stream, const Response& response, std::uint64_
   return absl::OkStatus();
 }
 
-// Streams `bytes` of `buffer` as chunks of `name`.
-template <typename Response, typename Stream, typename Stats>
-absl::Status SendTensor(Stream* stream, absl::string_view name, const kernels::HostBuffer& buffer,
-                        std::uint64_t bytes, std::size_t chunk_bytes, Stats* stats) {
-  Response r;
-  return wire::SendChunksInPlace(name, buffer.data(), static_cast<std::size_t>(bytes), chunk_bytes,
-                                 r.mutable_chunk(), [&] {
-                                   stats->bytes_out += r.ByteSizeLong();
-                                   stats->tensor_bytes_out += r.chunk().data().size();
-                                   return stream->Write(r);
-                                 });
-}
-
 // The spec of an output without its digest (xxh3 0).
 v1::TensorSpec UndigestedSpec(absl::string_view name, DType dtype,
                               const std::vector<std::int64_t>& shape) {
@@ -80,12 +67,6 @@ v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
   v1::TensorSpec spec = UndigestedSpec(name, dtype, shape);
   spec.set_xxh3(Xxh3(data, static_cast<std::size_t>(bytes)));
   return spec;
-}
-
-v1::TensorSpec OutputSpec(absl::string_view name, DType dtype,
-                          const std::vector<std::int64_t>& shape, const kernels::HostBuffer& buffer,
-                          std::uint64_t bytes) {
-  return OutputSpec(name, dtype, shape, static_cast<const void*>(buffer.data()), bytes);
 }
 
 // The spec of an output in the result message: with its digest, except for
@@ -241,6 +222,8 @@ LogitdService::LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceO
       shm_(options.shm) {
   ServeRaw("Logits", &LogitdService::Logits);
   ServeRaw("Backward", &LogitdService::Backward);
+  ServeRaw("FetchGradient", &LogitdService::FetchGradient);
+  ServeRaw("Cast", &LogitdService::Cast);
   ServeRaw("CrossEntropy", &LogitdService::CrossEntropy);
 }
 
@@ -815,16 +798,20 @@ absl::Status LogitdService::DoBackward(
                                            stats);
 }
 
-grpc::Status LogitdService::FetchGradient(grpc::ServerContext* context,
-                                          const v1::FetchGradientRequest* request,
-                                          grpc::ServerWriter<v1::FetchGradientResponse>* writer) {
+grpc::Status LogitdService::FetchGradient(grpc::ServerContext* context, RawStream* raw) {
+  MessageStream<v1::FetchGradientResponse, v1::FetchGradientRequest> stream(raw);
   return Run("FetchGradient", context,
-             [&](CallStats* stats) { return DoFetchGradient(*request, writer, stats); });
+             [&](CallStats* stats) { return DoFetchGradient(&stream, stats); });
 }
 
-absl::Status LogitdService::DoFetchGradient(const v1::FetchGradientRequest& request,
-                                            grpc::ServerWriter<v1::FetchGradientResponse>* writer,
-                                            CallStats* stats) {
+absl::Status LogitdService::DoFetchGradient(
+    MessageStream<v1::FetchGradientResponse, v1::FetchGradientRequest>* stream, CallStats* stats) {
+  // One request message; the client's half-close after it is not waited for.
+  v1::FetchGradientRequest request;
+  if (!stream->Read(&request)) {
+    LOGITD_RETURN_IF_ERROR(ReadError(*stream));
+    return absl::InvalidArgumentError("expected a FetchGradientRequest, got an empty stream");
+  }
   stats->bytes_in = request.ByteSizeLong();
   LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
                           FindWeight(registry_, stats->tenant, request.weight_handle()));
@@ -832,19 +819,26 @@ absl::Status LogitdService::DoFetchGradient(const v1::FetchGradientRequest& requ
   // weight budget, and refusing here would strand an accumulated gradient.
   const std::uint64_t bytes = WeightRegistry::GradientBytes(w.v, w.k);
   LOGITD_ASSIGN_OR_RETURN(kernels::HostBuffer dw, backend_->AllocateHost(bytes));
+  const absl::Time fetch_start = absl::Now();
   LOGITD_ASSIGN_OR_RETURN(
       const std::uint64_t calls,
       backend_->FetchGradient(*w.weight, dw.as<float>(), request.zero_after_fetch()));
+  // The copy out of the gradient buffer (device to host on cuda): the
+  // trailer's d2h.
+  stats->d2h_us = Micros(absl::Now() - fetch_start);
   faults_.OnDw(dw.data(), bytes);
 
   v1::FetchGradientResponse head;
   v1::FetchGradientResult* result = head.mutable_result();
-  *result->mutable_dw() = OutputSpec("dw", DType::kFp32, {w.v, w.k}, dw, bytes);
+  *result->mutable_dw() =
+      ResultSpec("dw", DType::kFp32, {w.v, w.k}, dw.data(), bytes, nullptr, request.digest_last());
   result->set_accumulated_calls(calls);
   stats->send_start = absl::Now();
-  LOGITD_RETURN_IF_ERROR(WriteMessage(writer, head, &stats->bytes_out));
-  return SendTensor<v1::FetchGradientResponse>(writer, "dw", dw, bytes, options_.chunk_bytes,
-                                               stats);
+  LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
+  std::vector<StreamedOutput> outputs;
+  outputs.push_back({"dw", std::move(dw), bytes});
+  return SendOutputs<v1::FetchGradientResponse>(stream, std::move(outputs), request.digest_last(),
+                                                Unchanged, stats);
 }
 
 grpc::Status LogitdService::ZeroGradient(grpc::ServerContext* context,
@@ -858,15 +852,14 @@ grpc::Status LogitdService::ZeroGradient(grpc::ServerContext* context,
   });
 }
 
-grpc::Status LogitdService::Cast(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::CastResponse, v1::CastRequest>* stream) {
-  return Run("Cast", context, [&](CallStats* stats) { return DoCast(context, stream, stats); });
+grpc::Status LogitdService::Cast(grpc::ServerContext* context, RawStream* raw) {
+  MessageStream<v1::CastResponse, v1::CastRequest> stream(raw);
+  return Run("Cast", context, [&](CallStats* stats) { return DoCast(context, &stream, stats); });
 }
 
-absl::Status LogitdService::DoCast(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::CastResponse, v1::CastRequest>* stream, CallStats* stats) {
+absl::Status LogitdService::DoCast(grpc::ServerContext* context,
+                                   MessageStream<v1::CastResponse, v1::CastRequest>* stream,
+                                   CallStats* stats) {
   const absl::Time start = absl::Now();
   v1::CastRequest first;
   LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
@@ -877,25 +870,28 @@ absl::Status LogitdService::DoCast(
       const AdmissionTicket admitted,
       AdmitCall(admission_, context, "cast", plan.in_bytes + plan.out_bytes, stats));
   wire::Assembler assembler(options_.max_request_bytes);
-  LOGITD_RETURN_IF_ERROR(assembler.Expect(header.input()));
+  LOGITD_ASSIGN_OR_RETURN(
+      kernels::HostBuffer in,
+      InputBuffer(*backend_, header.input(), plan.in_bytes, std::nullopt, &assembler));
   LOGITD_RETURN_IF_ERROR(ReceiveChunks<v1::CastRequest>(context, stream, &assembler, stats));
-  LOGITD_ASSIGN_OR_RETURN(Tensor in, assembler.Take(header.input().name()));
   const std::int64_t receive_us = Micros(absl::Now() - start);
 
   LOGITD_ASSIGN_OR_RETURN(kernels::HostBuffer out, backend_->AllocateHost(plan.out_bytes));
   kernels::Timing timing;
-  LOGITD_RETURN_IF_ERROR(
-      backend_->CastToBf16(in.data<float>(), plan.n, out.as<Bf16Bits>(), &timing));
-  in = Tensor();
+  LOGITD_RETURN_IF_ERROR(backend_->CastToBf16(in.as<float>(), plan.n, out.as<Bf16Bits>(), &timing));
+  in = kernels::HostBuffer();
   faults_.OnCast(out.data(), plan.out_bytes);
 
   v1::CastResponse head;
   v1::CastResult* result = head.mutable_result();
-  *result->mutable_output() = OutputSpec("output", DType::kBf16, plan.shape, out, plan.out_bytes);
+  *result->mutable_output() = ResultSpec("output", DType::kBf16, plan.shape, out.data(),
+                                         plan.out_bytes, nullptr, header.digest_last());
   FillTiming(receive_us, timing, result->mutable_timing(), stats);
   LOGITD_RETURN_IF_ERROR(WriteMessage(stream, head, &stats->bytes_out));
-  return SendTensor<v1::CastResponse>(stream, "output", out, plan.out_bytes, options_.chunk_bytes,
-                                      stats);
+  std::vector<StreamedOutput> outputs;
+  outputs.push_back({"output", std::move(out), plan.out_bytes});
+  return SendOutputs<v1::CastResponse>(stream, std::move(outputs), header.digest_last(), Unchanged,
+                                       stats);
 }
 
 grpc::Status LogitdService::CrossEntropy(grpc::ServerContext* context, RawStream* raw) {

@@ -69,16 +69,17 @@ class LogitdService final : public v1::Logitd::Service {
                            v1::ListWeightsResponse* response) override;
   grpc::Status ReleaseWeight(grpc::ServerContext* context, const v1::ReleaseWeightRequest* request,
                              v1::ReleaseWeightResponse* response) override;
-  // Logits, Backward and CrossEntropy are served as raw streams (see
-  // message_stream.h); the constructor puts these in the generated methods' place.
+  // The calls that stream tensors back (Logits, Backward, FetchGradient,
+  // Cast, CrossEntropy) are served as raw streams (see message_stream.h); the
+  // constructor puts these in the generated methods' place. FetchGradient, a
+  // server-streaming call, is served as a raw bidirectional stream that reads
+  // one request: the same messages on the wire.
   grpc::Status Logits(grpc::ServerContext* context, RawStream* stream);
   grpc::Status Backward(grpc::ServerContext* context, RawStream* stream);
-  grpc::Status FetchGradient(grpc::ServerContext* context, const v1::FetchGradientRequest* request,
-                             grpc::ServerWriter<v1::FetchGradientResponse>* writer) override;
+  grpc::Status FetchGradient(grpc::ServerContext* context, RawStream* stream);
   grpc::Status ZeroGradient(grpc::ServerContext* context, const v1::ZeroGradientRequest* request,
                             v1::ZeroGradientResponse* response) override;
-  grpc::Status Cast(grpc::ServerContext* context,
-                    grpc::ServerReaderWriter<v1::CastResponse, v1::CastRequest>* stream) override;
+  grpc::Status Cast(grpc::ServerContext* context, RawStream* stream);
   grpc::Status CrossEntropy(grpc::ServerContext* context, RawStream* stream);
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
@@ -130,12 +131,10 @@ class LogitdService final : public v1::Logitd::Service {
   absl::Status DoBackward(grpc::ServerContext* context,
                           MessageStream<v1::BackwardResponse, v1::BackwardRequest>* stream,
                           CallStats* stats);
-  absl::Status DoFetchGradient(const v1::FetchGradientRequest& request,
-                               grpc::ServerWriter<v1::FetchGradientResponse>* writer,
-                               CallStats* stats);
+  absl::Status DoFetchGradient(
+      MessageStream<v1::FetchGradientResponse, v1::FetchGradientRequest>* stream, CallStats* stats);
   absl::Status DoCast(grpc::ServerContext* context,
-                      grpc::ServerReaderWriter<v1::CastResponse, v1::CastRequest>* stream,
-                      CallStats* stats);
+                      MessageStream<v1::CastResponse, v1::CastRequest>* stream, CallStats* stats);
   absl::Status DoCrossEntropy(
       grpc::ServerContext* context,
       MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream, CallStats* stats);

@@ -322,6 +322,44 @@ TEST_F(ClientTest, AccumulateFetchAndZeroGradient) {
   EXPECT_TRUE(Fp32EqualsExact(g->dw, std::vector<std::int64_t>(sum.size(), 0), {v, k}));
 }
 
+TEST_F(ClientTest, FetchGradientIntoReusesAMatchingTensor) {
+  const std::int64_t m = 8, v = 512, k = 128;
+  const Tensor w = IntBf16({v, k}, 440);
+  const std::string handle = Register(w, "fetch_into_w");
+  client::BackwardOptions accumulate;
+  accumulate.want_dx = false;
+  accumulate.accumulate_dw = true;
+  const Tensor x1 = IntBf16({m, k}, 441);
+  const Tensor dy1 = IntBf16({m, v}, 442);
+  ASSERT_TRUE(client().Backward(dy1, x1, handle, accumulate).ok());
+
+  Tensor dw(DType::kBf16, {2, 2});  // wrong dtype and shape: replaced
+  absl::StatusOr<client::GradientResult> g = client().FetchGradientInto(handle, false, &dw);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->accumulated_calls, 1u);
+  EXPECT_EQ(g->dw.nbytes(), 0u) << "the result's dw stays empty; dW is in *dw";
+  std::vector<std::int64_t> sum = ExactTN(dy1, x1);
+  EXPECT_TRUE(Fp32EqualsExact(dw, sum, {v, k}));
+
+  // Same dtype and shape: received into the same memory.
+  const std::byte* memory = dw.bytes();
+  const Tensor x2 = IntBf16({m, k}, 443);
+  const Tensor dy2 = IntBf16({m, v}, 444);
+  ASSERT_TRUE(client().Backward(dy2, x2, handle, accumulate).ok());
+  g = client().FetchGradientInto(handle, /*zero_after_fetch=*/true, &dw);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->accumulated_calls, 2u);
+  EXPECT_EQ(dw.bytes(), memory);
+  const std::vector<std::int64_t> second = ExactTN(dy2, x2);
+  for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += second[i];
+  EXPECT_TRUE(Fp32EqualsExact(dw, sum, {v, k}));
+
+  EXPECT_EQ(client().FetchGradientInto("w-0000000000000000-1x1", false, &dw).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client().FetchGradientInto(handle, false, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ClientTest, CastMatchesFloatToBf16OnEdgeValues) {
   const std::vector<std::uint32_t> edge_bits = {
       0x00000000u, 0x80000000u,               // +-0

@@ -2,8 +2,10 @@
 // library sees it through the generated stub: by default the result (Y's spec
 // with its digest) and then Y's chunks; with LogitsHeader.digest_last the
 // result with xxh3 0, the chunks, and a TensorDigest last. Both must carry
-// the bytes the C++ client gets. Also: a request message that is not a
-// LogitsRequest is INVALID_ARGUMENT, not a hang or a crash.
+// the bytes the C++ client gets. The same for Backward, FetchGradient (a
+// server-streaming call the server serves as a raw stream) and Cast. Also: a
+// request message that cannot be parsed is INVALID_ARGUMENT, not a hang or a
+// crash.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -16,6 +18,7 @@
 #include "common/chunk_message.h"
 #include "common/wire.h"
 #include "gtest/gtest.h"
+#include "logitd/bf16.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "tests/integration/integration_util.h"
 
@@ -116,6 +119,50 @@ TEST_F(StreamOrderTest, ResultFirstByDefaultDigestLastOnRequestSameBytes) {
   }
 }
 
+// What a response stream carried: its parts in order ("result",
+// "chunk:NAME" once per run of a tensor's chunks, "digest:NAME"), the result
+// message, each tensor's bytes and each trailing digest.
+template <typename Response>
+struct Received {
+  std::vector<std::string> order;
+  Response result;
+  std::map<std::string, std::string> bytes;
+  std::map<std::string, std::uint64_t> digests;
+};
+
+template <typename Response, typename Stream>
+Received<Response> ReadAll(Stream& stream) {
+  Received<Response> r;
+  Response response;
+  while (stream.Read(&response)) {
+    if (response.has_result()) {
+      r.order.push_back("result");
+      r.result = response;
+    } else if (response.has_chunk()) {
+      const std::string& name = response.chunk().name();
+      if (r.order.empty() || r.order.back() != "chunk:" + name) r.order.push_back("chunk:" + name);
+      std::string& bytes = r.bytes[name];
+      EXPECT_EQ(response.chunk().offset(), bytes.size()) << name;
+      bytes += response.chunk().data();
+    } else if (response.has_digest()) {
+      r.order.push_back("digest:" + response.digest().name());
+      r.digests[response.digest().name()] = response.digest().xxh3();
+    }
+  }
+  return r;
+}
+
+// The expected parts of a stream with one output, `name`.
+std::vector<std::string> OneOutputOrder(const std::string& name, bool digest_last) {
+  std::vector<std::string> order = {"result", "chunk:" + name};
+  if (digest_last) order.push_back("digest:" + name);
+  return order;
+}
+
+std::string BytesOf(const Tensor& t) {
+  return std::string(reinterpret_cast<const char*>(t.bytes()), t.nbytes());
+}
+
 // Backward's two streamed outputs: with digest_last both specs carry 0 and
 // both digests follow the last chunk of all, in the outputs' order.
 TEST_F(StreamOrderTest, BackwardDigestsFollowAllChunks) {
@@ -145,32 +192,21 @@ TEST_F(StreamOrderTest, BackwardDigestsFollowAllChunks) {
     ASSERT_TRUE(WriteChunks<v1::BackwardRequest>(*stream, "x", x));
     stream->WritesDone();
 
-    std::vector<std::string> order;  // "result", "chunk:NAME", "digest:NAME"
-    v1::BackwardResult result;
-    std::map<std::string, std::uint64_t> digests;
-    v1::BackwardResponse response;
-    while (stream->Read(&response)) {
-      if (response.has_result()) {
-        order.push_back("result");
-        result = response.result();
-      } else if (response.has_chunk()) {
-        if (order.back() != "chunk:" + response.chunk().name()) {
-          order.push_back("chunk:" + response.chunk().name());
-        }
-      } else if (response.has_digest()) {
-        order.push_back("digest:" + response.digest().name());
-        digests[response.digest().name()] = response.digest().xxh3();
-      }
-    }
+    const Received<v1::BackwardResponse> got = ReadAll<v1::BackwardResponse>(*stream);
     const grpc::Status status = stream->Finish();
     ASSERT_TRUE(status.ok()) << status.error_message();
+    const std::vector<std::string>& order = got.order;
+    const v1::BackwardResult& result = got.result.result();
+    const std::map<std::string, std::uint64_t>& digests = got.digests;
+    EXPECT_TRUE(got.bytes.at("dx") == BytesOf(*want->dx));
+    EXPECT_TRUE(got.bytes.at("dw") == BytesOf(*want->dw));
     if (digest_last) {
       EXPECT_EQ(order, (std::vector<std::string>{"result", "chunk:dx", "chunk:dw", "digest:dx",
                                                  "digest:dw"}));
       EXPECT_EQ(result.dx().xxh3(), 0u);
       EXPECT_EQ(result.dw().xxh3(), 0u);
-      EXPECT_EQ(digests["dx"], want->dx->Digest());
-      EXPECT_EQ(digests["dw"], want->dw->Digest());
+      EXPECT_EQ(digests.at("dx"), want->dx->Digest());
+      EXPECT_EQ(digests.at("dw"), want->dw->Digest());
     } else {
       EXPECT_EQ(order, (std::vector<std::string>{"result", "chunk:dx", "chunk:dw"}));
       EXPECT_EQ(result.dx().xxh3(), want->dx->Digest());
@@ -179,17 +215,136 @@ TEST_F(StreamOrderTest, BackwardDigestsFollowAllChunks) {
   }
 }
 
+TEST_F(StreamOrderTest, FetchGradientThroughTheGeneratedStubBothOrders) {
+  const Tensor w = IntBf16({8192, 256}, 11);
+  const std::string handle = Register(w, "order-fetch");
+  client::BackwardOptions accumulate;
+  accumulate.want_dx = false;
+  accumulate.accumulate_dw = true;
+  ASSERT_TRUE(
+      client().Backward(IntFp32({32, 8192}, 12), IntBf16({32, 256}, 13), handle, accumulate).ok());
+  // Through the C++ client (a raw stream, digest last).
+  absl::StatusOr<client::GradientResult> want = client().FetchGradient(handle, false);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_EQ(want->accumulated_calls, 1u);
+
+  for (const bool digest_last : {false, true}) {
+    SCOPED_TRACE(digest_last ? "digest_last" : "default");
+    auto stub = v1::Logitd::NewStub(Channel());
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::FetchGradientRequest request;
+    request.set_weight_handle(handle);
+    request.set_digest_last(digest_last);
+    auto stream = stub->FetchGradient(&context, request);
+    const Received<v1::FetchGradientResponse> got = ReadAll<v1::FetchGradientResponse>(*stream);
+    const grpc::Status status = stream->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+
+    EXPECT_EQ(got.order, OneOutputOrder("dw", digest_last));
+    const v1::FetchGradientResult& result = got.result.result();
+    EXPECT_EQ(result.accumulated_calls(), 1u);
+    EXPECT_EQ(result.dw().shape(0), 8192);
+    EXPECT_EQ(result.dw().shape(1), 256);
+    EXPECT_EQ(result.dw().xxh3(), digest_last ? 0u : want->dw.Digest());
+    if (digest_last) {
+      EXPECT_EQ(got.digests.at("dw"), want->dw.Digest());
+    }
+    ASSERT_EQ(got.bytes.at("dw").size(), 8192u * 256 * 4);  // two chunks of 4 MiB
+    EXPECT_TRUE(got.bytes.at("dw") == BytesOf(want->dw));
+  }
+}
+
+TEST_F(StreamOrderTest, CastThroughTheGeneratedStubBothOrders) {
+  const Tensor in = IntFp32({3000, 1000}, 21);  // bf16 out: 6 MB, two chunks
+  absl::StatusOr<Tensor> want = client().CastToBf16(in);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  for (const bool digest_last : {false, true}) {
+    SCOPED_TRACE(digest_last ? "digest_last" : "default");
+    auto stub = v1::Logitd::NewStub(Channel());
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    auto stream = stub->Cast(&context);
+    v1::CastRequest request;
+    *request.mutable_header()->mutable_input() = wire::MakeSpec("input", in);
+    request.mutable_header()->set_digest_last(digest_last);
+    ASSERT_TRUE(stream->Write(request));
+    ASSERT_TRUE(WriteChunks<v1::CastRequest>(*stream, "input", in));
+    stream->WritesDone();
+    const Received<v1::CastResponse> got = ReadAll<v1::CastResponse>(*stream);
+    const grpc::Status status = stream->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+
+    EXPECT_EQ(got.order, OneOutputOrder("output", digest_last));
+    const v1::CastResult& result = got.result.result();
+    EXPECT_EQ(result.output().xxh3(), digest_last ? 0u : want->Digest());
+    if (digest_last) {
+      EXPECT_EQ(got.digests.at("output"), want->Digest());
+    }
+    ASSERT_EQ(got.bytes.at("output").size(), want->nbytes());
+    EXPECT_TRUE(got.bytes.at("output") == BytesOf(*want));
+    // Integer values: bf16 holds them exactly.
+    for (std::int64_t i = 0; i < in.numel(); ++i) {
+      ASSERT_EQ(Bf16ToFloat(want->data<Bf16Bits>()[i]), in.data<float>()[i]) << i;
+    }
+  }
+}
+
+using RawStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// A call of `method` ("Logits", ...) as a raw bidirectional stream.
+std::unique_ptr<RawStream> StartRaw(grpc::Channel* channel, const char* path,
+                                    grpc::ClientContext* context) {
+  const grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::BIDI_STREAMING);
+  return std::unique_ptr<RawStream>(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel, method, context));
+}
+
+// Bytes no protobuf message parses from: field 0 does not exist.
+grpc::ByteBuffer Garbage() {
+  const char bytes[] = "\x07\xff\xff\xff";
+  grpc::Slice slice(bytes, sizeof bytes - 1);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Ends the requests, reads whatever comes back, and expects INVALID_ARGUMENT
+// saying `why`.
+void ExpectInvalidArgument(RawStream& stream, const std::string& why) {
+  stream.WritesDone();
+  grpc::ByteBuffer ignored;
+  while (stream.Read(&ignored)) {
+  }
+  const grpc::Status status = stream.Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find(why), std::string::npos) << status.error_message();
+}
+
+// FetchGradient is served as a raw stream that reads one request: none, or
+// bytes that are not a FetchGradientRequest, is INVALID_ARGUMENT.
+TEST_F(StreamOrderTest, FetchGradientWithoutAReadableRequestIsInvalidArgument) {
+  std::shared_ptr<grpc::Channel> channel = Channel();
+  for (const bool garbage : {false, true}) {
+    SCOPED_TRACE(garbage ? "garbage" : "no request");
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    std::unique_ptr<RawStream> stream =
+        StartRaw(channel.get(), "/logitd.v1.Logitd/FetchGradient", &context);
+    if (garbage) stream->Write(Garbage());
+    ExpectInvalidArgument(*stream, garbage ? "could not be parsed as logitd.v1.FetchGradientRequest"
+                                           : "expected a FetchGradientRequest");
+  }
+}
+
 TEST_F(StreamOrderTest, UnparseableRequestMessageIsInvalidArgument) {
   std::shared_ptr<grpc::Channel> channel = Channel();
-  const grpc::internal::RpcMethod method("/logitd.v1.Logitd/Logits",
-                                         grpc::internal::RpcMethod::BIDI_STREAMING, channel);
   for (const bool after_header : {false, true}) {
     SCOPED_TRACE(after_header ? "after the header" : "first message");
     grpc::ClientContext context;
     SetDeadline(&context);
-    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-            channel.get(), method, &context));
+    std::unique_ptr<RawStream> stream =
+        StartRaw(channel.get(), "/logitd.v1.Logitd/Logits", &context);
     if (after_header) {
       const Tensor w = IntBf16({8, 16}, 3);
       v1::LogitsRequest request;
@@ -197,19 +352,8 @@ TEST_F(StreamOrderTest, UnparseableRequestMessageIsInvalidArgument) {
       *request.mutable_header()->mutable_x() = wire::MakeSpec("x", IntBf16({2, 16}, 4));
       stream->Write(wire::SerializeMessage(request));
     }
-    // Field 0 does not exist in protobuf: no message parses from these bytes.
-    const char garbage[] = "\x07\xff\xff\xff";
-    grpc::Slice slice(garbage, sizeof garbage - 1);
-    stream->Write(grpc::ByteBuffer(&slice, 1));
-    stream->WritesDone();
-    grpc::ByteBuffer ignored;
-    while (stream->Read(&ignored)) {
-    }
-    const grpc::Status status = stream->Finish();
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
-    EXPECT_NE(status.error_message().find("could not be parsed as logitd.v1.LogitsRequest"),
-              std::string::npos)
-        << status.error_message();
+    stream->Write(Garbage());
+    ExpectInvalidArgument(*stream, "could not be parsed as logitd.v1.LogitsRequest");
   }
 }
 

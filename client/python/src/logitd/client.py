@@ -699,7 +699,7 @@ class Client:
     @_retried(unless="zero_after")
     def fetch_gradient(self, handle: Union[str, WeightInfo], zero_after: bool = False, as_torch: bool = False) -> Gradient:
         """Reads the fp32 dW accumulated by backward(accumulate_dw=True); optionally zeroes it."""
-        request = pb.FetchGradientRequest(weight_handle=_handle(handle), zero_after_fetch=zero_after)
+        request = pb.FetchGradientRequest(weight_handle=_handle(handle), zero_after_fetch=zero_after, digest_last=True)
         try:
             call = self._stub.FetchGradient(request, timeout=self._timeout(), metadata=self._metadata)
         except grpc.RpcError as e:
@@ -717,7 +717,7 @@ class Client:
     def cast_to_bf16(self, x: Any):
         """The server's fp32 -> bf16 conversion (round to nearest even), the one backward applies to dY."""
         xt = T.Outgoing("input", x, (pb.DTYPE_FP32,))
-        header = pb.CastHeader(input=xt.spec)
+        header = pb.CastHeader(input=xt.spec, digest_last=True)
         result, tensors = self._stream(self._stub.Cast, pb.CastRequest, "header", header, [xt], lambda r: [r.output])
         return tensors[result.output.name].result(T.is_torch(x))
 
