@@ -136,6 +136,32 @@ TEST_F(BenchTest, BackwardAndCrossEntropyRun) {
   }
 }
 
+TEST_F(BenchTest, FetchGradientMovesDwAgainstAProbeOfTheSameBytes) {
+  const RunResult r = Run({"bench", "--rpc=fetch-gradient", "--m=4", "--k=64", "--v=256",
+                           "--requests=6", "--concurrency=2", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << r.out;
+  SCOPED_TRACE(report.dump(2));
+  EXPECT_EQ(report.at("config").at("request_bytes").get<std::uint64_t>(), 0u);
+  EXPECT_EQ(report.at("config").at("response_bytes").get<std::uint64_t>(), 256u * 64 * 4);
+  const nlohmann::json& phases = report.at("phases");
+  ASSERT_EQ(phases.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(phases[i].at("completed").get<std::int64_t>(), 6);
+    EXPECT_EQ(phases[i].at("error_count").get<std::int64_t>(), 0);
+    EXPECT_GT(phases[i].at("down_gb_s").get<double>(), 0);
+  }
+  EXPECT_EQ(phases[0].at("rpc").get<std::string>(), "fetch-gradient");
+  EXPECT_EQ(phases[1].at("rpc").get<std::string>(), "baseline");
+  // The trailer: the copy out of the gradient buffer, then the send.
+  const nlohmann::json& server = phases[0].at("server_avg");
+  EXPECT_FALSE(server.at("d2h_us").is_null());
+  EXPECT_FALSE(server.at("send_us").is_null());
+  EXPECT_GT(server.at("total_us").get<double>(), 0);
+  EXPECT_GT(report.at("efficiency").get<double>(), 0);
+}
+
 TEST_F(BenchTest, FailedRequestsAreCountedByCodeAndExitOne) {
   // 16 MiB of logits per call, over the server's 8 MiB per call.
   const RunResult r = Run({"bench", "--m=4096", "--k=64", "--v=1024", "--requests=3", "--warmup=0",
