@@ -101,7 +101,9 @@ ABSL_FLAG(std::uint64_t, pinned_cache_bytes, std::uint64_t{4} << 30,
           "cuda: bytes of page-locked host memory kept between calls for the tensor calls' input "
           "and output buffers (allocating and freeing it per call costs milliseconds for large "
           "tensors, and freeing stalls the device); 0 frees each buffer after its call. Size it "
-          "for the buffers of the calls that run at once. Default 4 GiB.");
+          "for the buffers of the calls that run at once. Default 4 GiB. cpu: the same cap for "
+          "host buffers of 8 MiB and more (ordinary memory, kept so that a repeated call does "
+          "not fault a fresh buffer's pages in).");
 ABSL_FLAG(std::string, weights_dir, "",
           "Directory LoadWeight reads safetensors files from (paths relative to it, confined "
           "to it); empty = LoadWeight is refused.");

@@ -225,6 +225,7 @@ struct BackendOptions {
   std::uint64_t ce_workspace_bytes = 0;
   // cuda: bytes of page-locked host buffers (the tensor calls' inputs and outputs)
   // kept for reuse between calls instead of being freed; 0 frees every one.
+  // cpu: the same cap for host buffers of 8 MiB and more.
   std::uint64_t pinned_cache_bytes = std::uint64_t{4} << 30;
 };
 

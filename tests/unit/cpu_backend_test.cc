@@ -756,6 +756,30 @@ TEST_F(CpuBackend, AllocateHostIsAlignedAndWritable) {
   }
 }
 
+TEST_F(CpuBackend, LargeHostBuffersAreReusedWithinTheCacheCap) {
+  // 8 MiB and more come from the cache: the same memory again once freed
+  // (no page faults for a repeated call), and still aligned and writable.
+  const std::size_t bytes = (std::size_t{8} << 20) + 12345;
+  std::byte* first = nullptr;
+  {
+    absl::StatusOr<HostBuffer> buf = backend_->AllocateHost(bytes);
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    EXPECT_EQ(buf->size(), bytes);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buf->data()) % 64, 0u);
+    std::memset(buf->data(), 0xcd, bytes);
+    first = buf->data();
+  }
+  absl::StatusOr<HostBuffer> again = backend_->AllocateHost(bytes - 1000);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data(), first);
+  // Two at once: the second is other memory.
+  absl::StatusOr<HostBuffer> other = backend_->AllocateHost(bytes);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(other->data(), first);
+  std::memset(other->data(), 0xef, bytes);
+  EXPECT_EQ(again->data()[0], std::byte{0xcd}) << "buffers handed out at once overlap";
+}
+
 TEST_F(CpuBackend, LogitsTimingAndConcurrentCallsAreDeterministic) {
   const std::int64_t m = 16, v = 1024, k = 1024;
   const Bf16Matrix x = RandomNormalBf16(m * k, 601);
