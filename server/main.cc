@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -21,7 +22,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -677,33 +677,26 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace logitd
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LOGITD_LEAK_CHECK_AT_EXIT 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define LOGITD_LEAK_CHECK_AT_EXIT 1
-#endif
-#ifdef LOGITD_LEAK_CHECK_AT_EXIT
-#include <sanitizer/lsan_interface.h>
-#endif
-
 int main(int argc, char** argv) {
   // gRPC's shutdown joins its executor threads, and one of them can sit in
-  // the TCP backup poller's 10 s poll (started when a large response filled a
-  // socket buffer): the process would linger up to 10 s after "logitd
-  // stopped". This reference keeps gRPC up while Main's objects go; by the
-  // time Main returns everything logitd owns is released (calls finished,
-  // buffers freed, regions unmapped), and the process exits without waiting
-  // for gRPC's threads.
+  // the TCP backup poller's 10 s poll (started when a large response filled
+  // a socket buffer): the process would linger up to 10 s after "logitd
+  // stopped". This reference keeps gRPC up while Main's objects go, and the
+  // shutdown below gets a few seconds (connections closed in order, the
+  // last responses on their way) before the process ends without waiting for
+  // the rest of it. Exiting at once would close sockets that still hold a
+  // response's last bytes.
   grpc_init();
   const int code = logitd::Main(argc, argv);
-  std::cout.flush();
-  std::cerr.flush();
   std::fflush(nullptr);
-#ifdef LOGITD_LEAK_CHECK_AT_EXIT
-  __lsan_do_leak_check();  // what exit() would have run
-#endif
-  std::_Exit(code);
+  auto shut_down = std::make_shared<std::atomic<bool>>(false);
+  std::thread([code, shut_down] {
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    if (shut_down->load()) return;  // exit() is under way
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }).detach();
+  grpc_shutdown();
+  shut_down->store(true);
+  return code;
 }

@@ -51,6 +51,17 @@ TEST(ShutdownTest, InFlightCallFinishesAfterSigterm) {
   header.mutable_header()->set_weight_handle(info->handle);
   *header.mutable_header()->mutable_x() = wire::MakeSpec("x", x);
   ASSERT_TRUE(stream->Write(header));
+  // The header written is not yet the call started: wait until the server has
+  // admitted it (it then waits for X), or SIGTERM may come first and the
+  // call never start.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (;;) {
+    absl::StatusOr<client::ServerInfo> info = (*server)->client->Info();
+    ASSERT_TRUE(info.ok()) << info.status();
+    if (info->requests_in_flight == 1) break;
+    ASSERT_LT(absl::Now(), deadline) << "the Logits call was not admitted within 30 s";
+    absl::SleepFor(absl::Milliseconds(5));
+  }
 
   // Stop() sends SIGTERM and waits; it cannot return before the call ends.
   int status = -1;
@@ -75,8 +86,9 @@ TEST(ShutdownTest, InFlightCallFinishesAfterSigterm) {
     }
   }
   grpc::Status s = stream->Finish();
-  EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
   stopper.join();
+  EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message() << "\nserver log:\n"
+                      << (*server)->process.Log();
   ExpectCleanExit(status, (*server)->process.Log());
   if (s.ok()) {
     ASSERT_TRUE(assembler.Finish().ok());
