@@ -6,9 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gpu_test_util.h"
 #include "server/kernels/cuda/cuda_handles.h"
 
@@ -280,6 +286,106 @@ TEST_F(LtGemmTest, EveryOfferedConfigurationIsAccurate) {
       std::cout << "  tuned (split_k=fp32): " << choice->ToString() << "\n";
     }
   }
+}
+
+}  // namespace
+}  // namespace logitd::kernels::testing
+
+namespace logitd::kernels::testing {
+namespace {
+
+// Every configuration the tuner would time, for small and odd shapes (the
+// LM head of a small model, token counts from 1 to 300), runs to completion
+// on its own and gives the exact sums of integer operands. A configuration
+// that does not finish within 10 s fails the test and ends the process: a
+// hung kernel cannot be stopped.
+TEST_F(LtGemmTest, EveryTuningCandidateFinishesExactlyOnOddShapes) {
+  auto done = cuda::CreateEvent(false);
+  ASSERT_TRUE(done.ok());
+  int runs = 0;
+  for (const auto& [v, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {256, 128}, {384, 200}, {130, 257}, {77, 333}}) {
+    for (std::int64_t m : {1, 4, 5, 300}) {
+      const auto x = IntegerBf16(m * k, 31);
+      const auto w = IntegerBf16(v * k, 32);
+      const auto gf = IntegerFp32(m * v, 33);
+      std::vector<Bf16Bits> g(gf.size());
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = FloatToBf16(gf[i]);
+      auto dx = Upload(x.data(), x.size() * 2);
+      auto dw = Upload(w.data(), w.size() * 2);
+      auto dg = Upload(g.data(), g.size() * 2);
+      for (const std::string op : {"logits", "dx", "dw"}) {
+        Reference ref;
+        if (op == "logits") ref = LogitsReference(Widen(x), Widen(w), m, v, k);
+        if (op == "dx") ref = GradInputReference(gf, Widen(w), m, v, k);
+        if (op == "dw") ref = GradWeightReference(gf, Widen(x), m, v, k);
+        for (cudaDataType_t out : {CUDA_R_32F, CUDA_R_16BF}) {
+          GemmShape shape;
+          cuda::GemmOperands ops;
+          if (op == "logits") {
+            shape = cuda::LogitsShape(m, v, k, out);
+            ops = {dx.get(), dw.get(), nullptr};
+          } else if (op == "dx") {
+            shape = cuda::GradInputShape(m, v, k, out);
+            ops = {dg.get(), dw.get(), nullptr};
+          } else {
+            shape = cuda::GradWeightShape(m, v, k, out);
+            ops = {dg.get(), dx.get(), nullptr};
+          }
+          const std::size_t elt = out == CUDA_R_32F ? 4 : 2;
+          auto dc = device_.memory->Allocate(ref.value.size() * elt, "c");
+          ASSERT_TRUE(dc.ok());
+          ops.c = dc->get();
+          cuda::GemmEngine engine(cuda::GemmEngineOptions{}, device_.memory);
+          auto candidates = engine.TuningCandidates(shape, ops, device_.gemm());
+          ASSERT_TRUE(candidates.ok()) << shape.ToString() << ": " << candidates.status();
+          std::vector<std::byte> host(dc->size());
+          for (const auto& cand : *candidates) {
+            ++runs;
+            // On the GEMM's stream: a plain cudaMemset could still be
+            // running when the GEMM writes.
+            ASSERT_EQ(cudaMemsetAsync(dc->get(), 0xff, dc->size(), device_.stream.get()),
+                      cudaSuccess);
+            const absl::Status st = engine.RunWith(shape, ops, device_.gemm(), cand);
+            ASSERT_TRUE(st.ok()) << shape.ToString() << " " << cand.ToString() << ": " << st;
+            ASSERT_EQ(cudaEventRecord(done->get(), device_.stream.get()), cudaSuccess);
+            const auto t0 = std::chrono::steady_clock::now();
+            cudaError_t q;
+            while ((q = cudaEventQuery(done->get())) == cudaErrorNotReady) {
+              if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(10)) {
+                std::fprintf(stderr, "FAILED: %s %s did not finish within 10 s\n",
+                             shape.ToString().c_str(), cand.ToString().c_str());
+                std::fflush(nullptr);
+                std::_Exit(1);
+              }
+              std::this_thread::sleep_for(std::chrono::microseconds(100));
+            }
+            ASSERT_EQ(q, cudaSuccess)
+                << shape.ToString() << " " << cand.ToString() << ": " << cudaGetErrorName(q);
+            ASSERT_EQ(cudaMemcpy(host.data(), dc->get(), host.size(), cudaMemcpyDeviceToHost),
+                      cudaSuccess);
+            // Bitwise, except that a zero sum may be -0: a sum of one
+            // product (K = 1) of a negative and a zero is -0 in IEEE 754,
+            // where the fp64 reference, which starts from +0, says +0.
+            std::int64_t bad = 0;
+            std::string first;
+            for (std::size_t i = 0; i < ref.value.size(); ++i) {
+              const float exact = static_cast<float>(ref.value[i]);
+              const float got =
+                  out == CUDA_R_32F
+                      ? reinterpret_cast<const float*>(host.data())[i]
+                      : Bf16ToFloat(reinterpret_cast<const Bf16Bits*>(host.data())[i]);
+              const float want = out == CUDA_R_32F ? exact : Bf16ToFloat(FloatToBf16(exact));
+              const bool ok = FloatBits(got) == FloatBits(want) || (got == 0.0f && want == 0.0f);
+              if (!ok && bad++ == 0) first = absl::StrCat(" first at ", i, ": ", got, " vs ", want);
+            }
+            EXPECT_EQ(bad, 0) << shape.ToString() << " " << cand.ToString() << first;
+          }
+        }
+      }
+    }
+  }
+  std::cout << runs << " configurations run\n";
 }
 
 }  // namespace

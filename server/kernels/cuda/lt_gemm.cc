@@ -1,11 +1,22 @@
 #include "server/kernels/cuda/lt_gemm.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 #include "server/kernels/cuda/cuda_status.h"
 
 namespace logitd::kernels::cuda {
@@ -100,6 +111,18 @@ std::uint32_t ReductionMask(SplitKPolicy policy, cudaDataType_t c_type) {
                                   : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   }
   return CUBLASLT_REDUCTION_SCHEME_NONE;
+}
+
+template <typename T>
+std::optional<T> CapValue(const cublasLtMatmulAlgo_t& algo,
+                          cublasLtMatmulAlgoCapAttributes_t attr) {
+  T value{};
+  std::size_t written = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &value, sizeof value, &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return std::nullopt;
+  }
+  return value;
 }
 
 bool SameConfig(const AlgoChoice& a, const AlgoChoice& b) {
@@ -228,11 +251,24 @@ GemmShape GradWeightShape(std::int64_t m, std::int64_t v, std::int64_t k, cudaDa
 }
 
 std::string AlgoChoice::ToString() const {
+  return absl::StrFormat("%s ws=%d rank=%d/%d timed=%d t=%.1fus%s", Brief(),
+                         static_cast<long long>(workspace_bytes), rank, candidates, timed, time_us,
+                         from_file ? " (from the cache file)" : "");
+}
+
+std::string AlgoChoice::Brief() const {
   return absl::StrFormat(
-      "algo=%d tile=%d stages=%d cluster=%d splitk=%d red=%d swizzle=%d custom=%d ws=%d "
-      "rank=%d/%d timed=%d t=%.1fus",
-      algo_id, tile_id, stages_id, cluster_id, split_k, reduction, swizzle, custom,
-      static_cast<long long>(workspace_bytes), rank, candidates, timed, time_us);
+      "algo=%d tile=%d stages=%d cluster=%d splitk=%d red=%d swizzle=%d custom=%d", algo_id,
+      tile_id, stages_id, cluster_id, split_k, reduction, swizzle, custom);
+}
+
+std::string AlgoCachePlatform(const std::string& device_name, int multiprocessors,
+                              const std::string& driver, const std::string& runtime,
+                              const std::string& cublaslt, std::size_t workspace_bytes,
+                              SplitKPolicy policy) {
+  return absl::StrCat(device_name, "; ", multiprocessors, " SMs; driver ", driver, "; CUDA ",
+                      runtime, "; cuBLASLt ", cublaslt, "; workspace ", workspace_bytes,
+                      "; split_k=", SplitKPolicyName(policy));
 }
 
 GemmEngine::GemmEngine(GemmEngineOptions options, std::shared_ptr<DeviceMemory> memory)
@@ -331,6 +367,32 @@ absl::StatusOr<std::vector<AlgoChoice>> GemmEngine::Candidates(const GemmShape& 
                    RawHandles{d->desc.get(), d->a.get(), d->b.get(), d->c.get()});
 }
 
+absl::StatusOr<std::vector<AlgoChoice>> GemmEngine::TuningCandidates(const GemmShape& shape,
+                                                                     const GemmOperands& operands,
+                                                                     const GemmStream& s) const {
+  auto d = MakeDescriptors(shape);
+  if (!d.ok()) return d.status();
+  return ListCandidates(shape, operands, s,
+                        RawHandles{d->desc.get(), d->a.get(), d->b.get(), d->c.get()});
+}
+
+absl::StatusOr<AlgoChoice> GemmEngine::Check(const GemmShape& shape, const GemmStream& s,
+                                             const cublasLtMatmulAlgo_t& algo) const {
+  auto d = MakeDescriptors(shape);
+  if (!d.ok()) return d.status();
+  cublasLtMatmulHeuristicResult_t check{};
+  RETURN_IF_CUBLAS_ERROR(cublasLtMatmulAlgoCheck(s.handle, d->desc.get(), d->a.get(), d->b.get(),
+                                                 d->c.get(), d->c.get(), &algo, &check),
+                         shape.op, ": cublasLtMatmulAlgoCheck(", Dims(shape), ")");
+  if (check.workspaceSize > s.workspace_bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(shape.op, ": the configuration needs ", check.workspaceSize,
+                     " bytes of workspace, more than the ", s.workspace_bytes, " available"));
+  }
+  check.algo = algo;
+  return Describe(check);
+}
+
 absl::Status GemmEngine::RunWith(const GemmShape& shape, const GemmOperands& operands,
                                  const GemmStream& s, const AlgoChoice& choice) const {
   auto d = MakeDescriptors(shape);
@@ -339,27 +401,45 @@ absl::Status GemmEngine::RunWith(const GemmShape& shape, const GemmOperands& ope
                 operands.p, operands.q, operands.c, operands.alpha, operands.beta, s);
 }
 
-absl::StatusOr<AlgoChoice> GemmEngine::Choose(const GemmShape& shape, const GemmOperands& o,
-                                              const GemmStream& s, const RawHandles& h) {
+absl::StatusOr<std::vector<AlgoChoice>> GemmEngine::ListCandidates(const GemmShape& shape,
+                                                                   const GemmOperands& o,
+                                                                   const GemmStream& s,
+                                                                   const RawHandles& h) const {
   auto listed = Heuristic(shape, o, s, h);
   if (!listed.ok()) return listed.status();
-  std::vector<AlgoChoice>& candidates = *listed;
-  if (!options_.autotune) return candidates.front();
-  const std::string what = absl::StrCat(shape.op, ": ");
-  // The heuristic's list keeps each kernel at one split count. Products with
-  // few output tiles and a long reduction are often faster with another
-  // count, so the leading kernels are also offered split differently, always
-  // with fp32 partial sums in the workspace.
+  std::vector<AlgoChoice> candidates = *std::move(listed);
+  if (!options_.autotune) {
+    candidates.resize(1);
+    return candidates;
+  }
   const int listed_count =
       std::min(static_cast<int>(candidates.size()), std::max(1, options_.tune_candidates));
   candidates.resize(static_cast<std::size_t>(listed_count));
-  if (options_.split_variants > 0 && static_cast<double>(shape.m) * static_cast<double>(shape.n) <=
-                                         options_.split_variants_max_outputs) {
+  // The heuristic's list keeps each kernel at one split count. Products with
+  // few output tiles and a long reduction are often faster with another
+  // count, so the leading kernels are also offered split differently, with
+  // fp32 partial sums in the workspace. Only kernels that declare split-K
+  // support and the compute-type reduction are split, only so that every
+  // split keeps a real share of the reduction (a split with nothing to sum
+  // is where a kernel's bookkeeping goes wrong), and only configurations that
+  // cublasLtMatmulAlgoCheck accepts as given.
+  const bool small_output = static_cast<double>(shape.m) * static_cast<double>(shape.n) <=
+                            options_.split_variants_max_outputs;
+  if (options_.split_k != SplitKPolicy::kOff && options_.split_variants > 0 && small_output) {
     const int base_count = std::min(listed_count, options_.split_variants);
     for (int i = 0; i < base_count; ++i) {
+      const AlgoChoice& base = candidates[static_cast<std::size_t>(i)];
+      const auto supports_split =
+          CapValue<std::int32_t>(base.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT);
+      const auto schemes =
+          CapValue<std::uint32_t>(base.algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+      if (!supports_split || *supports_split == 0 || !schemes ||
+          (*schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) == 0) {
+        continue;
+      }
       for (std::int32_t split : {1, 2, 3, 4, 6, 8, 12, 16}) {
-        if (split > 1 && options_.split_k == SplitKPolicy::kOff) continue;
-        AlgoChoice variant = candidates[static_cast<std::size_t>(i)];
+        if (split > 1 && shape.k / split < options_.min_split_reduction) break;
+        AlgoChoice variant = base;
         const std::uint32_t scheme =
             split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
         if (cublasLtMatmulAlgoConfigSetAttribute(&variant.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
@@ -372,11 +452,17 @@ absl::StatusOr<AlgoChoice> GemmEngine::Choose(const GemmShape& shape, const Gemm
         cublasLtMatmulHeuristicResult_t check{};
         if (cublasLtMatmulAlgoCheck(s.handle, h.desc, h.a, h.b, h.c, h.c, &variant.algo, &check) !=
                 CUBLAS_STATUS_SUCCESS ||
-            check.workspaceSize > s.workspace_bytes) {
+            check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > s.workspace_bytes) {
           continue;
         }
         check.algo = variant.algo;
         AlgoChoice described = Describe(check);
+        // The library must run what was asked for, not something it
+        // substituted.
+        if (described.split_k != split ||
+            (split > 1 && described.reduction != static_cast<int>(scheme))) {
+          continue;
+        }
         described.rank = 100 + i;  // derived from the heuristic's choice i
         if (!Allowed(options_.split_k, shape.c_type, described)) continue;
         bool seen = false;
@@ -385,9 +471,18 @@ absl::StatusOr<AlgoChoice> GemmEngine::Choose(const GemmShape& shape, const Gemm
       }
     }
   }
+  for (auto& cand : candidates) cand.candidates = static_cast<int>(candidates.size());
+  return candidates;
+}
+
+absl::StatusOr<AlgoChoice> GemmEngine::Choose(const GemmShape& shape, const GemmOperands& o,
+                                              const GemmStream& s, const RawHandles& h) {
+  auto listed = ListCandidates(shape, o, s, h);
+  if (!listed.ok()) return listed.status();
+  std::vector<AlgoChoice>& candidates = *listed;
   const int count = static_cast<int>(candidates.size());
-  for (auto& cand : candidates) cand.candidates = count;
   if (count == 1) return candidates.front();
+  const std::string what = absl::StrCat(shape.op, ": ");
 
   // Timing runs write C. When the call accumulates, C holds state that must
   // survive, so the runs go to scratch; if none can be had, the heuristic's
@@ -403,12 +498,11 @@ absl::StatusOr<AlgoChoice> GemmEngine::Choose(const GemmShape& shape, const Gemm
     target = scratch.get();
   }
 
-  const int limit = count;
   const int repeats = std::max(1, options_.tune_repeats);
   // One warm-up run each; a candidate the library then refuses is dropped.
   std::vector<int> live;
   absl::Status first_error;
-  for (int i = 0; i < limit; ++i) {
+  for (int i = 0; i < count; ++i) {
     absl::Status st = Matmul(shape, h, candidates[static_cast<std::size_t>(i)].algo, o.p, o.q,
                              target, o.alpha, 0.0f, s);
     if (st.ok()) {
@@ -475,13 +569,13 @@ absl::Status GemmEngine::Run(const GemmShape& shape, const GemmOperands& operand
   const RawHandles h{descriptors->desc.get(), descriptors->a.get(), descriptors->b.get(),
                      descriptors->c.get()};
   const Key key = MakeKey(shape, operands, s.workspace_bytes);
-  cublasLtMatmulAlgo_t algo{};
+  AlgoChoice chosen;
   bool found = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) {
-      algo = it->second.algo;
+      chosen = it->second;
       found = true;
     }
   }
@@ -491,11 +585,186 @@ absl::Status GemmEngine::Run(const GemmShape& shape, const GemmOperands& operand
     // shape uses one algorithm for the life of the process.
     auto choice = Choose(shape, operands, s, h);
     if (!choice.ok()) return choice.status();
-    std::lock_guard<std::mutex> lock(mu_);
-    algo = cache_.emplace(key, *choice).first->second.algo;
+    bool inserted = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto [it, fresh] = cache_.emplace(key, *choice);
+      chosen = it->second;
+      inserted = fresh;
+    }
+    if (inserted) SaveCacheFile();
   }
-  return Matmul(shape, h, algo, operands.p, operands.q, operands.c, operands.alpha, operands.beta,
-                s);
+  if (s.record != nullptr) {
+    std::string line = absl::StrCat(shape.ToString(), ": ", chosen.Brief());
+    if (std::find(s.record->begin(), s.record->end(), line) == s.record->end()) {
+      s.record->push_back(std::move(line));
+    }
+  }
+  return Matmul(shape, h, chosen.algo, operands.p, operands.q, operands.c, operands.alpha,
+                operands.beta, s);
+}
+
+// --- The algorithm cache file -------------------------------------------------
+
+namespace {
+
+constexpr char kCacheFormat[] = "logitd-algo-cache";
+constexpr int kCacheFormatVersion = 1;
+
+const char* InternOp(const std::string& op) {
+  for (const char* known : {"logits", "dx", "dw"}) {
+    if (op == known) return known;
+  }
+  return nullptr;
+}
+
+std::string AlgoHex(const cublasLtMatmulAlgo_t& algo) {
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(&algo), sizeof algo));
+}
+
+bool AlgoFromHex(const std::string& hex, cublasLtMatmulAlgo_t* algo) {
+  if (hex.size() != 2 * sizeof *algo || hex.find_first_not_of("0123456789abcdef") != hex.npos) {
+    return false;
+  }
+  const std::string bytes = absl::HexStringToBytes(hex);
+  std::memcpy(algo, bytes.data(), sizeof *algo);
+  return true;
+}
+
+}  // namespace
+
+absl::Status GemmEngine::UseCacheFile(const std::string& path, const std::string& platform,
+                                      const GemmStream& s, std::string* summary) {
+  cache_path_ = path;
+  cache_platform_ = platform;
+  std::ifstream in(path);
+  if (!in) {
+    if (summary != nullptr) *summary = absl::StrCat("algorithm cache ", path, ": new file");
+    return absl::OkStatus();
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", std::string()) != kCacheFormat) {
+    if (summary != nullptr) {
+      *summary = absl::StrCat("algorithm cache ", path,
+                              " is not a logitd algorithm cache: ignored, and replaced once an "
+                              "algorithm is chosen");
+    }
+    return absl::OkStatus();
+  }
+  const std::string recorded = j.value("platform", std::string());
+  if (j.value("format_version", 0) != kCacheFormatVersion || recorded != platform) {
+    if (summary != nullptr) {
+      *summary = absl::StrCat("algorithm cache ", path, " was made for another platform ('",
+                              recorded, "'; this one is '", platform,
+                              "'): ignored, and replaced once an algorithm is chosen");
+    }
+    return absl::OkStatus();
+  }
+  int loaded = 0;
+  int refused = 0;
+  std::string first_refusal;
+  const nlohmann::json entries = j.value("entries", nlohmann::json::array());
+  for (const nlohmann::json& e : entries) {
+    GemmShape shape;
+    const char* op = e.is_object() ? InternOp(e.value("op", std::string())) : nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    const std::string c_type = e.is_object() ? e.value("c_type", std::string()) : "";
+    if (op == nullptr || !AlgoFromHex(e.value("algo", std::string()), &algo) ||
+        (c_type != "fp32" && c_type != "bf16") || !e.contains("align") || !e["align"].is_array() ||
+        e["align"].size() != 3) {
+      ++refused;
+      if (first_refusal.empty()) first_refusal = "an entry does not parse";
+      continue;
+    }
+    shape.op = op;
+    shape.m = e.value("m", std::int64_t{0});
+    shape.n = e.value("n", std::int64_t{0});
+    shape.k = e.value("k", std::int64_t{0});
+    shape.p_ld = e.value("p_ld", std::int64_t{0});
+    shape.p_transposed = e.value("p_transposed", false);
+    shape.q_transposed = e.value("q_transposed", false);
+    shape.c_type = c_type == "fp32" ? CUDA_R_32F : CUDA_R_16BF;
+    absl::StatusOr<AlgoChoice> checked = Check(shape, s, algo);
+    if (!checked.ok() || checked->Brief() != e.value("config", std::string())) {
+      ++refused;
+      if (first_refusal.empty()) {
+        first_refusal =
+            checked.ok()
+                ? absl::StrCat(shape.ToString(), ": the library describes it as ", checked->Brief())
+                : std::string(checked.status().message());
+      }
+      continue;
+    }
+    checked->from_file = true;
+    const Key key(shape.op, shape.m, shape.n, shape.k, shape.p_ld, shape.p_transposed,
+                  shape.q_transposed, static_cast<int>(shape.c_type), e["align"][0].get<int>(),
+                  e["align"][1].get<int>(), e["align"][2].get<int>(),
+                  static_cast<int>(options_.split_k), s.workspace_bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_.emplace(key, *checked);
+    ++loaded;
+  }
+  if (summary != nullptr) {
+    *summary = absl::StrCat("algorithm cache ", path, ": ", loaded, " choices loaded");
+    if (refused > 0) {
+      absl::StrAppend(summary, ", ", refused, " refused (", first_refusal,
+                      ") and to be chosen again");
+    }
+  }
+  return absl::OkStatus();
+}
+
+void GemmEngine::SaveCacheFile() {
+  if (cache_path_.empty()) return;
+  // Held from the snapshot to the rename, so that files replace each other
+  // in the order of their snapshots.
+  std::lock_guard<std::mutex> file_lock(file_mu_);
+  nlohmann::ordered_json j;
+  j["format"] = kCacheFormat;
+  j["format_version"] = kCacheFormatVersion;
+  j["platform"] = cache_platform_;
+  nlohmann::ordered_json entries = nlohmann::ordered_json::array();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, choice] : cache_) {
+      nlohmann::ordered_json e;
+      e["op"] = std::get<0>(key);
+      e["m"] = std::get<1>(key);
+      e["n"] = std::get<2>(key);
+      e["k"] = std::get<3>(key);
+      e["p_ld"] = std::get<4>(key);
+      e["p_transposed"] = std::get<5>(key);
+      e["q_transposed"] = std::get<6>(key);
+      e["c_type"] = std::get<7>(key) == static_cast<int>(CUDA_R_32F) ? "fp32" : "bf16";
+      e["align"] = {std::get<8>(key), std::get<9>(key), std::get<10>(key)};
+      e["config"] = choice.Brief();
+      e["algo"] = AlgoHex(choice.algo);
+      entries.push_back(std::move(e));
+    }
+  }
+  j["entries"] = std::move(entries);
+  const std::string text = j.dump(1);
+  // Written beside the file and renamed over it: a reader (or a crash) sees
+  // the old file or the new one, never half of one.
+  const std::string tmp = absl::StrCat(cache_path_, ".tmp.", getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  bool saved = false;
+  if (f != nullptr) {
+    const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
+                         std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+    const bool closed = std::fclose(f) == 0;
+    saved = written && closed && std::rename(tmp.c_str(), cache_path_.c_str()) == 0;
+    if (!saved) std::remove(tmp.c_str());
+  }
+  if (!saved && !save_failure_reported_ && options_.warn) {
+    save_failure_reported_ = true;
+    options_.warn(absl::StrCat("algorithm cache ", cache_path_, ": cannot write '", tmp, "' (",
+                               std::strerror(errno),
+                               "); choices are kept in memory only (reported once)"));
+  }
 }
 
 }  // namespace logitd::kernels::cuda

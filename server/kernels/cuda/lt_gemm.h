@@ -1,7 +1,9 @@
 // cuBLASLt GEMMs for the LM head: the three products (logits, dX, dW) in
 // row-major terms, the split-K policy that keeps partial sums in fp32, and a
-// per-shape algorithm cache filled by timing the top heuristic candidates.
-// Used by the backend and by the kernel benchmark alike.
+// per-shape algorithm cache filled by timing the top heuristic candidates,
+// optionally kept in a file so that a restarted server runs the same
+// algorithms (and so gives the same bits). Used by the backend and by the
+// kernel benchmark alike.
 #pragma once
 
 #include <cublasLt.h>
@@ -9,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +76,9 @@ struct GemmStream {
   cudaStream_t stream = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // When set, Run appends "shape: configuration" for each distinct product it
+  // runs (what a call reports of its GEMMs, see AlgoChoice::Brief).
+  std::vector<std::string>* record = nullptr;
 };
 
 // The configuration chosen for a shape, for reports and the benchmark.
@@ -87,12 +93,16 @@ struct AlgoChoice {
   int reduction = 0;  // cublasLtReductionScheme_t
   int swizzle = 0;
   int custom = 0;
-  int rank = 0;        // position in the heuristic's list; 100 + i: choice i split differently
-  int candidates = 0;  // how many passed the split-K filter
-  int timed = 0;       // how many were timed (0: not tuned)
-  double time_us = 0;  // median of the winner while tuning
+  int rank = 0;            // position in the heuristic's list; 100 + i: choice i split differently
+  int candidates = 0;      // how many passed the split-K filter
+  int timed = 0;           // how many were timed (0: not tuned)
+  double time_us = 0;      // median of the winner while tuning
+  bool from_file = false;  // loaded from the algorithm cache file
 
   std::string ToString() const;
+  // The configuration alone, the same in every process that runs it:
+  // "algo=21 tile=18 stages=35 cluster=0 splitk=1 red=0 swizzle=0 custom=0".
+  std::string Brief() const;
 };
 
 // Borrowed descriptor handles for one product.
@@ -111,13 +121,19 @@ struct GemmEngineOptions {
   int heuristic_candidates = 16;
   int tune_candidates = 8;
   // The first this many heuristic choices are also tried at other split
-  // counts (fp32 partials only), for outputs of at most this many elements.
+  // counts (fp32 partials only), for outputs of at most this many elements;
+  // only kernels whose capabilities say they split K, and only counts that
+  // leave every split at least min_split_reduction elements of the reduction.
   int split_variants = 3;
   double split_variants_max_outputs = 32.0 * 1024 * 1024;
+  std::int64_t min_split_reduction = 256;
   int tune_repeats = 5;
   // A candidate replaces an earlier-ranked one only when faster by more than
   // this fraction, so timing noise rarely changes the choice between runs.
   double tune_margin = 0.02;
+  // Where the engine reports what an operator should see (a cache file it
+  // cannot write); may be empty.
+  std::function<void(const std::string&)> warn = nullptr;
 };
 
 class GemmEngine {
@@ -132,6 +148,15 @@ class GemmEngine {
   // path). Operands are device pointers.
   absl::Status Run(const GemmShape& shape, const GemmOperands& operands, const GemmStream& s);
 
+  // Keeps the chosen algorithms in `path` (see docs/OPERATIONS.md): loads the
+  // entries recorded for `platform` (a file made for another platform is
+  // ignored and later replaced), checks each with cublasLtMatmulAlgoCheck on
+  // `s` and drops those the library refuses; every later choice rewrites the
+  // file atomically. `summary` receives one line for the log, which says
+  // when a file was ignored (another platform, or not a cache file).
+  absl::Status UseCacheFile(const std::string& path, const std::string& platform,
+                            const GemmStream& s, std::string* summary);
+
   // The cached choice for this shape with these operands' alignment.
   std::optional<AlgoChoice> Cached(const GemmShape& shape, const GemmOperands& operands,
                                    std::size_t workspace_bytes) const;
@@ -143,6 +168,16 @@ class GemmEngine {
   absl::StatusOr<std::vector<AlgoChoice>> Candidates(const GemmShape& shape,
                                                      const GemmOperands& operands,
                                                      const GemmStream& s) const;
+  // Every configuration the tuner would time for this shape: the
+  // heuristic's first tune_candidates plus their split-count variants.
+  absl::StatusOr<std::vector<AlgoChoice>> TuningCandidates(const GemmShape& shape,
+                                                           const GemmOperands& operands,
+                                                           const GemmStream& s) const;
+  // cublasLtMatmulAlgoCheck of `algo` for this shape: the configuration as
+  // the library will run it, or the reason it will not (including a
+  // workspace larger than s's).
+  absl::StatusOr<AlgoChoice> Check(const GemmShape& shape, const GemmStream& s,
+                                   const cublasLtMatmulAlgo_t& algo) const;
   // Runs one given configuration, bypassing the cache.
   absl::Status RunWith(const GemmShape& shape, const GemmOperands& operands, const GemmStream& s,
                        const AlgoChoice& choice) const;
@@ -155,13 +190,33 @@ class GemmEngine {
   absl::StatusOr<std::vector<AlgoChoice>> Heuristic(const GemmShape& shape,
                                                     const GemmOperands& operands,
                                                     const GemmStream& s, const RawHandles& h) const;
+  absl::StatusOr<std::vector<AlgoChoice>> ListCandidates(const GemmShape& shape,
+                                                         const GemmOperands& operands,
+                                                         const GemmStream& s,
+                                                         const RawHandles& h) const;
   absl::StatusOr<AlgoChoice> Choose(const GemmShape& shape, const GemmOperands& operands,
                                     const GemmStream& s, const RawHandles& h);
+  // Rewrites the cache file with every cached choice (no-op without one).
+  void SaveCacheFile();
 
   GemmEngineOptions options_;
   std::shared_ptr<DeviceMemory> memory_;
   mutable std::mutex mu_;
   std::map<Key, AlgoChoice> cache_;
+  // The algorithm cache file, and the platform its entries belong to.
+  std::string cache_path_;
+  std::string cache_platform_;
+  std::mutex file_mu_;                  // one writer of the file at a time
+  bool save_failure_reported_ = false;  // under file_mu_
 };
+
+// The key a cache file's entries are valid for: the device (name, SMs), the
+// driver, CUDA runtime and cuBLASLt versions, the workspace size and the
+// split-K policy. Any difference can change which algorithm is best or how
+// it sums.
+std::string AlgoCachePlatform(const std::string& device_name, int multiprocessors,
+                              const std::string& driver, const std::string& runtime,
+                              const std::string& cublaslt, std::size_t workspace_bytes,
+                              SplitKPolicy policy);
 
 }  // namespace logitd::kernels::cuda
