@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -130,11 +131,22 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificates for mutual TLS: clients must present a certificate signed by one "
           "of them. Needs --tls_cert and --tls_key.");
+ABSL_FLAG(absl::Duration, device_timeout, absl::Seconds(60),
+          "Device work of one call that has not finished after this long means a hung device: "
+          "the server then stops serving and exits with status 75 for its supervisor to restart "
+          "it (as after an error that poisons the device). 0 turns the watchdog off. Default 60s.");
+ABSL_FLAG(std::string, algo_cache, "",
+          "cuda: file the chosen cuBLASLt algorithms are kept in (JSON, written atomically, keyed "
+          "by device, SM count, driver, CUDA and cuBLASLt versions, workspace and --split_k), so "
+          "that a restarted server runs the same algorithms and gives the same bits. A file "
+          "made for another platform is ignored (and replaced). Empty: chosen anew by timing in "
+          "every process.");
 ABSL_FLAG(std::string, log_level, "info", "error|warning|info|debug.");
 ABSL_FLAG(std::string, test_fault, "",
           "Testing only, in builds with LOGITD_ENABLE_TEST_FAULTS=ON: comma-separated faults "
           "that make results deliberately wrong (logits_bit, fp32_as_bf16, nan_to_zero, dx_bit, "
-          "dw_bit, cast_bit, flaky_bit, digest).");
+          "dw_bit, cast_bit, flaky_bit, digest), or fault the device on request "
+          "(device_faults).");
 
 namespace logitd {
 namespace {
@@ -145,6 +157,15 @@ using service::LogWarning;
 
 constexpr int kExitRuntimeError = 1;
 constexpr int kExitBadFlags = 2;
+// The device was lost (a context-poisoning fault or a hung call): EX_TEMPFAIL,
+// a temporary failure that a restart cures. Nothing else exits with it.
+constexpr int kExitDeviceLost = 75;
+// After the device is lost: the server says NOT_SERVING for at least this
+// long, and waits at most this much longer for the calls in flight.
+constexpr auto kDeviceLostNotice = std::chrono::seconds(1);
+constexpr auto kDeviceLostDrain = std::chrono::seconds(10);
+// What a stop pipe carries besides signal numbers: the device was lost.
+constexpr unsigned char kDeviceLostMessage = 0xfe;
 constexpr std::uint64_t kMinChunkBytes = std::uint64_t{64} << 10;
 constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{64} << 20;
 // Room for a chunk message's other fields and framing.
@@ -182,7 +203,24 @@ absl::Status InstallStopSignalHandlers() {
   return absl::OkStatus();
 }
 
-// Blocks until SIGTERM, SIGINT or SIGHUP; returns its number.
+// The device's loss, as the backend reported it; the waiter thread is told
+// through the stop pipe.
+std::mutex g_device_lost_mu;
+absl::Status g_device_lost;
+
+void OnDeviceLost(const absl::Status& cause) {
+  {
+    std::lock_guard<std::mutex> lock(g_device_lost_mu);
+    g_device_lost = cause;
+  }
+  const unsigned char b = kDeviceLostMessage;
+  if (write(g_signal_pipe[1], &b, 1) < 0) {
+    // The pipe is never full in practice; the failed calls still say why.
+  }
+}
+
+// Blocks until SIGTERM, SIGINT, SIGHUP or a device loss; returns the signal
+// number or kDeviceLostMessage.
 int WaitForSignal() {
   unsigned char b = 0;
   while (read(g_signal_pipe[0], &b, 1) < 0 && errno == EINTR) {
@@ -428,6 +466,14 @@ int Main(int argc, char** argv) {
   }
   backend_options.ce_workspace_bytes = absl::GetFlag(FLAGS_ce_workspace_bytes);
   backend_options.pinned_cache_bytes = absl::GetFlag(FLAGS_pinned_cache_bytes);
+  backend_options.device_timeout = absl::GetFlag(FLAGS_device_timeout);
+  if (backend_options.device_timeout < absl::ZeroDuration()) {
+    return BadFlags("--device_timeout: expected a duration >= 0 (0 = off), e.g. 60s");
+  }
+  backend_options.algo_cache = absl::GetFlag(FLAGS_algo_cache);
+  backend_options.events.info = [](const std::string& line) { LogInfo(line); };
+  backend_options.events.warning = [](const std::string& line) { LogWarning(line); };
+  backend_options.events.device_lost = OnDeviceLost;
   backend_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   if (backend_options.cpu_threads < 0 || backend_options.cpu_threads > 4096) {
     return BadFlags(absl::StrCat("--cpu_threads: expected 0 (library default) to 4096, got ",
@@ -463,6 +509,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<service::FaultSet> faults = service::ParseFaults(absl::GetFlag(FLAGS_test_fault));
   if (!faults.ok()) return BadFlags(faults.status().message());
   options.faults = *faults;
+  backend_options.test_device_faults = faults->has(service::FaultSet::kDeviceFaults);
   const std::string weights_dir = absl::GetFlag(FLAGS_weights_dir);
   if (!weights_dir.empty()) {
     std::error_code ec;
@@ -657,6 +704,43 @@ int Main(int argc, char** argv) {
         LogError(absl::StrCat("received SIGHUP: reload failed, keeping the tokens loaded before: ",
                               reloaded.status().message()));
       }
+    }
+    if (signal_number == kDeviceLostMessage) {
+      // Said once, here: the calls that fail say it again only to their callers.
+      absl::Status cause;
+      {
+        std::lock_guard<std::mutex> lock(g_device_lost_mu);
+        cause = g_device_lost;
+      }
+      LogError(absl::StrCat(cause.message(), ". Not serving; in-flight calls have ",
+                            kDeviceLostDrain.count(), " s, then logitd exits with status ",
+                            kExitDeviceLost, " to be restarted"));
+      if (options.metrics != nullptr) {
+        options.metrics->RecordDeviceLost(
+            absl::StrContains(cause.message(), "presumed hung") ? "hang" : "fault");
+      }
+      if (health != nullptr) health->SetServingStatus(false);
+      // The server keeps answering (NOT_SERVING to probes, UNAVAILABLE with
+      // the cause to every call that needs the device) until the calls in
+      // flight are done, then the process ends without gRPC's orderly
+      // shutdown, which would cancel calls arriving meanwhile (CANCELLED is
+      // not retried; the connection refused after the exit is, as
+      // UNAVAILABLE). A call stuck on a hung device never finishes: the
+      // drain has a limit.
+      const auto start = std::chrono::steady_clock::now();
+      std::this_thread::sleep_for(kDeviceLostNotice);
+      while (service.admission().Stats().requests_in_flight > 0 &&
+             std::chrono::steady_clock::now() - start < kDeviceLostNotice + kDeviceLostDrain) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      const std::uint32_t stuck = service.admission().Stats().requests_in_flight;
+      // A moment for the last responses' bytes to leave the sockets.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      LogError(absl::StrCat("exiting with status ", kExitDeviceLost, " (device lost",
+                            stuck > 0 ? absl::StrCat("; ", stuck, " calls still stuck on it") : "",
+                            ")"));
+      std::fflush(nullptr);
+      std::_Exit(kExitDeviceLost);
     }
     LogInfo(absl::StrCat("received ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
                          ": not serving; in-flight calls have ", kShutdownGrace.count(),

@@ -10,11 +10,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "logitd/bf16.h"
 #include "logitd/tensor.h"
 
@@ -44,6 +46,10 @@ struct Timing {
   // How the backend carried the call out where it had a choice (the fused
   // cross-entropy's walk and chunk, say), for logs and tests; may be empty.
   std::string plan;
+  // The GEMMs the call ran, one "shape: configuration" line per distinct
+  // product (cuda: the cuBLASLt algorithm), so that a result that changed
+  // between runs can be traced to an algorithm that changed; may be empty.
+  std::vector<std::string> gemms;
 };
 
 // A host buffer the backend copies from and to efficiently (page-locked on
@@ -158,6 +164,11 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual BackendInfo Info() const = 0;
+  // OK while the device can serve calls. Once it cannot (an error that
+  // poisons the device context, or device work that did not finish within
+  // BackendOptions::device_timeout): Unavailable naming the cause, for good;
+  // every call then fails with that status at once.
+  virtual absl::Status Health() const { return absl::OkStatus(); }
   // Bytes of device memory the backend holds now (0 on cpu).
   virtual std::uint64_t DeviceBytesInUse() const = 0;
   // Bytes of memory of the device it runs on; 0 when it has none (cpu).
@@ -211,6 +222,27 @@ class Backend {
 };
 
 enum class BackendKind { kAuto, kCuda, kCpu };
+
+// What a backend tells the process, from any of its threads. Unset members
+// are skipped.
+struct BackendEvents {
+  // Lines for the operator's log.
+  std::function<void(const std::string&)> info;
+  std::function<void(const std::string&)> warning;
+  // The device can no longer be used (see Backend::Health); called once,
+  // with the cause.
+  std::function<void(const absl::Status&)> device_lost;
+};
+
+// Test-only device faults (BackendOptions::test_device_faults): a Cast whose
+// first input value has one of these bit patterns (NaNs no real input uses
+// by accident) makes the device fail instead of casting. kTestDeviceTrap runs
+// a kernel that traps, which poisons the CUDA context as a real fault would
+// (the cpu backend marks itself lost); kTestDeviceHang runs a kernel that
+// does not finish for 30 s (the cpu backend sleeps as long), for the
+// device_timeout watchdog.
+inline constexpr std::uint32_t kTestDeviceTrap = 0x7fbadbadu;
+inline constexpr std::uint32_t kTestDeviceHang = 0x7fbadbacu;
 absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name);
 
 struct BackendOptions {
@@ -227,6 +259,16 @@ struct BackendOptions {
   // kept for reuse between calls instead of being freed; 0 frees every one.
   // cpu: the same cap for host buffers of 8 MiB and more.
   std::uint64_t pinned_cache_bytes = std::uint64_t{4} << 30;
+  // Device work of one call that has not finished after this long means a
+  // hung device: the backend reports it lost. Zero turns the watchdog off.
+  absl::Duration device_timeout = absl::Seconds(60);
+  // cuda: file the GEMM engine keeps its chosen algorithms in (see
+  // GemmEngine::UseCacheFile), so that a restarted server gives the same
+  // bits; empty keeps them in memory only.
+  std::string algo_cache;
+  // Honour the kTestDevice* triggers (builds with test faults only).
+  bool test_device_faults = false;
+  BackendEvents events;
 };
 
 // Creates the backend `options.kind` names. kAuto tries cuda when it was

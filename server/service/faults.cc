@@ -15,10 +15,15 @@ namespace logitd::service {
 namespace {
 
 constexpr std::pair<const char*, FaultSet::Bit> kNames[] = {
-    {"logits_bit", FaultSet::kLogitsBit},  {"fp32_as_bf16", FaultSet::kFp32AsBf16},
-    {"nan_to_zero", FaultSet::kNanToZero}, {"dx_bit", FaultSet::kDxBit},
-    {"dw_bit", FaultSet::kDwBit},          {"cast_bit", FaultSet::kCastBit},
-    {"flaky_bit", FaultSet::kFlakyBit},    {"digest", FaultSet::kDigest},
+    {"logits_bit", FaultSet::kLogitsBit},
+    {"fp32_as_bf16", FaultSet::kFp32AsBf16},
+    {"nan_to_zero", FaultSet::kNanToZero},
+    {"dx_bit", FaultSet::kDxBit},
+    {"dw_bit", FaultSet::kDwBit},
+    {"cast_bit", FaultSet::kCastBit},
+    {"flaky_bit", FaultSet::kFlakyBit},
+    {"digest", FaultSet::kDigest},
+    {"device_faults", FaultSet::kDeviceFaults},
 };
 
 #ifdef LOGITD_TEST_FAULTS

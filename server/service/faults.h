@@ -26,6 +26,10 @@ struct FaultSet {
     kCastBit = 1u << 5,     // "cast_bit": flip bit 0 of element 0 of Cast output
     kFlakyBit = 1u << 6,    // "flaky_bit": logits_bit on every second Logits call
     kDigest = 1u << 7,      // "digest": announce a wrong xxh3 for Logits outputs
+    // "device_faults": a Cast whose first value has the bits
+    // kernels::kTestDeviceTrap traps on the device (a sticky fault), one with
+    // kernels::kTestDeviceHang hangs it for 30 s (see backend.h)
+    kDeviceFaults = 1u << 8,
   };
   std::uint32_t bits = 0;
 

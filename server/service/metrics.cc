@@ -66,6 +66,20 @@ Metrics::Metrics(const MetricsBuildInfo& build, const std::vector<std::string>& 
                    .Help("logitd.v1.Logitd calls running now.")
                    .Register(*registry_)
                    .Add({});
+  device_lost_ =
+      &prometheus::BuildCounter()
+           .Name("logitd_device_lost_total")
+           .Help(
+               "Times the device was found unusable (cause=fault: an error that poisoned the "
+               "CUDA context; cause=hang: device work outlived --device_timeout). The server "
+               "then stops serving and exits for its supervisor to restart it.")
+           .Register(*registry_);
+  device_healthy_ = &prometheus::BuildGauge()
+                         .Name("logitd_device_healthy")
+                         .Help("1 while the backend's device can serve calls, 0 once it is lost.")
+                         .Register(*registry_)
+                         .Add({});
+  device_healthy_->Set(1);
   prometheus::BuildGauge()
       .Name("logitd_build_info")
       .Help("Always 1; the labels say which logitd, backend and device serve.")
@@ -123,6 +137,11 @@ void Metrics::RecordCall(absl::string_view rpc, absl::string_view code, double s
   per.duration->Observe(seconds);
   per.bytes_received->Increment(static_cast<double>(tensor_bytes_in));
   per.bytes_sent->Increment(static_cast<double>(tensor_bytes_out));
+}
+
+void Metrics::RecordDeviceLost(absl::string_view cause) {
+  device_lost_->Add({{"cause", std::string(cause)}}).Increment();
+  device_healthy_->Set(0);
 }
 
 void Metrics::CallStarted() { inflight_->Increment(); }

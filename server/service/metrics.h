@@ -73,6 +73,8 @@ class Metrics {
                   std::uint64_t tensor_bytes_in, std::uint64_t tensor_bytes_out);
   void CallStarted();
   void CallFinished();
+  // The device was lost; `cause` is "fault" or "hang".
+  void RecordDeviceLost(absl::string_view cause);
 
   // Every metric in the text exposition format.
   std::string Expose();
@@ -95,6 +97,8 @@ class Metrics {
   prometheus::Gauge* weight_budget_bytes_ = nullptr;
   prometheus::Gauge* weights_ = nullptr;
   prometheus::Gauge* inflight_ = nullptr;
+  prometheus::Family<prometheus::Counter>* device_lost_ = nullptr;
+  prometheus::Gauge* device_healthy_ = nullptr;
 
   absl::Mutex mutex_;
   std::map<std::string, PerRpc, std::less<>> rpcs_ ABSL_GUARDED_BY(mutex_);

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/chunk_message.h"
@@ -31,6 +32,9 @@ namespace {
 constexpr std::size_t kMaxLoggedMessage = 300;
 // Trailing metadata key of a call's server-side time split.
 constexpr absl::string_view kTimingTrailer = "logitd-timing";
+// Trailing metadata key of the GEMM configurations a call ran ("; "-separated
+// "shape: configuration" entries; cuda only).
+constexpr absl::string_view kGemmTrailer = "logitd-gemm";
 
 // The handlers' ReceiveChunks: the shared one, asking the call's context
 // whether the client is gone.
@@ -149,6 +153,7 @@ void FillTiming(std::int64_t receive_us, const kernels::Timing& t, v1::Timing* o
   out->set_d2h_us(t.d2h_us);
   stats->receive_us = receive_us;
   stats->compute_us = t.compute_us;
+  stats->gemms = absl::StrJoin(t.gemms, "; ");
   if (t.transfers_measured) {
     stats->h2d_us = t.h2d_us;
     stats->d2h_us = t.d2h_us;
@@ -164,6 +169,15 @@ std::string TimingTrailer(std::initializer_list<std::pair<absl::string_view, std
     absl::StrAppend(&out, out.empty() ? "" : ",", key, "=", us);
   }
   return out;
+}
+
+// The calls that need the backend's device (refused once it is lost).
+bool UsesDevice(absl::string_view method) {
+  for (absl::string_view m : {"RegisterWeight", "LoadWeight", "Logits", "Backward", "FetchGradient",
+                              "ZeroGradient", "Cast", "CrossEntropy"}) {
+    if (method == m) return true;
+  }
+  return false;
 }
 
 // Counts a call in logitd_inflight_requests while it runs.
@@ -325,11 +339,16 @@ grpc::Status LogitdService::Run(absl::string_view method, grpc::ServerContext* c
   // The one authentication step of every logitd.v1 call: the body runs only
   // for an authenticated caller, and acts for its tenant.
   absl::Status status;
-  if (absl::StatusOr<Tenant> tenant = auth_->Authenticate(*context); tenant.ok()) {
+  if (absl::StatusOr<Tenant> tenant = auth_->Authenticate(*context); !tenant.ok()) {
+    status = tenant.status();
+  } else if (absl::Status health = backend_->Health(); !health.ok() && UsesDevice(method)) {
+    // A lost device fails every call that needs it at once, with the cause;
+    // UNAVAILABLE tells clients to retry (another replica, or this one
+    // after its restart).
+    status = health;
+  } else {
     stats.tenant = *std::move(tenant);
     status = body(&stats);
-  } else {
-    status = tenant.status();
   }
   const absl::Time end = absl::Now();
   const std::int64_t send_us = stats.send_start ? Micros(end - *stats.send_start) : -1;
@@ -341,6 +360,7 @@ grpc::Status LogitdService::Run(absl::string_view method, grpc::ServerContext* c
                                               {"d2h_us", stats.d2h_us},
                                               {"send_us", send_us},
                                               {"total_us", Micros(end - start)}}));
+  if (!stats.gemms.empty()) context->AddTrailingMetadata(std::string(kGemmTrailer), stats.gemms);
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled && context->IsCancelled()) {
     // The failure is a consequence of the client going away, not its cause.
     status = absl::CancelledError(

@@ -111,6 +111,8 @@ class LogitdService final : public v1::Logitd::Service {
     std::int64_t h2d_us = -1;
     std::int64_t compute_us = -1;
     std::int64_t d2h_us = -1;
+    // The GEMMs the backend ran, for the "logitd-gemm" trailer.
+    std::string gemms;
     // When the response started streaming out: send_us runs from here to the
     // end of the handler.
     std::optional<absl::Time> send_start;

@@ -86,6 +86,7 @@ ServerProcess& ServerProcess::operator=(ServerProcess&& o) noexcept {
   if (this != &o) {
     Stop();
     pid_ = o.pid_;
+    exit_status_ = o.exit_status_;
     address_ = std::move(o.address_);
     dir_ = std::move(o.dir_);
     o.pid_ = -1;
@@ -107,9 +108,19 @@ bool ServerProcess::Running() {
   int status = 0;
   if (waitpid(pid_, &status, WNOHANG) == pid_) {
     pid_ = -1;
+    exit_status_ = status;
     return false;
   }
   return true;
+}
+
+std::optional<int> ServerProcess::WaitExit(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (Running()) {
+    if (absl::Now() >= deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return exit_status_;
 }
 
 int ServerProcess::Stop(absl::Duration grace) {

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,12 +32,16 @@ class ServerProcess {
   bool Running();
   // Sends SIGTERM and waits; returns the exit status (as from waitpid), or -1.
   int Stop(absl::Duration grace = absl::Seconds(20));
+  // Waits up to `timeout` for the process to exit by itself; its exit status
+  // (as from waitpid), or nullopt while it still runs.
+  std::optional<int> WaitExit(absl::Duration timeout);
   // Everything the server wrote to stderr/stdout so far.
   std::string Log() const;
 
  private:
   ServerProcess() = default;
   pid_t pid_ = -1;
+  std::optional<int> exit_status_;  // once reaped
   std::string address_;
   std::string dir_;
 };

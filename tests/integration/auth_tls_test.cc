@@ -144,45 +144,6 @@ std::unique_ptr<client::Client> Connect(const std::string& address, client::Clie
   return c.ok() ? *std::move(c) : nullptr;
 }
 
-// grpc.health.v1.Health/Check for `service`, without any credentials beyond
-// the channel's; returns the status code and the serving status (1 = SERVING).
-grpc::StatusCode HealthCheck(const std::string& address, const std::string& service, int* serving) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  // HealthCheckRequest { string service = 1; } encoded by hand.
-  std::string request = "\x0a";
-  request.push_back(static_cast<char>(service.size()));
-  request += service;
-  grpc::Slice slice(request);
-  grpc::ByteBuffer send(&slice, 1);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  grpc::CompletionQueue cq;
-  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
-      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", send, &cq);
-  call->StartCall();
-  grpc::ByteBuffer received;
-  grpc::Status status;
-  call->Finish(&received, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  *serving = -1;
-  std::vector<grpc::Slice> slices;
-  if (status.ok() && received.Dump(&slices).ok()) {
-    std::string bytes;
-    for (const grpc::Slice& s : slices) {
-      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-    // HealthCheckResponse { ServingStatus status = 1; }: 0x08 then the value.
-    *serving = bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
-  }
-  return status.error_code();
-}
-
 // Waits until `probe` returns true (up to 20 s).
 template <typename Probe>
 bool Eventually(Probe probe) {

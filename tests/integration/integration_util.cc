@@ -1,16 +1,21 @@
 #include "tests/integration/integration_util.h"
 
 #include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "logitd/bf16.h"
 
 namespace logitd::testing {
@@ -230,6 +235,59 @@ namespace {
   absl::StatusOr<client::ServerInfo> info = client.Info();
   if (!info.ok()) return ::testing::AssertionFailure() << "Info() failed: " << info.status();
   return ::testing::AssertionSuccess();
+}
+
+absl::StatusOr<ServerProcess> StartServerOnPort(int port, const std::vector<std::string>& args) {
+  std::vector<std::string> all = {absl::StrCat("--address=127.0.0.1:", port)};
+  all.insert(all.end(), args.begin(), args.end());
+  absl::Status last;
+  for (int i = 0; i < 10; ++i) {
+    absl::StatusOr<ServerProcess> p = ServerProcess::Start(ServerBinary(), all);
+    if (p.ok()) return p;
+    last = p.status();
+    std::printf("start failed: %s\n", last.ToString().c_str());
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return last;
+}
+
+// grpc.health.v1.Health/Check for `service`, without any credentials beyond
+// the channel's; returns the status code and the serving status (1 = SERVING).
+grpc::StatusCode HealthCheck(const std::string& address, const std::string& service, int* serving) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  // HealthCheckRequest { string service = 1; } encoded by hand.
+  std::string request = "\x0a";
+  request.push_back(static_cast<char>(service.size()));
+  request += service;
+  grpc::Slice slice(request);
+  grpc::ByteBuffer send(&slice, 1);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", send, &cq);
+  call->StartCall();
+  grpc::ByteBuffer received;
+  grpc::Status status;
+  call->Finish(&received, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  *serving = -1;
+  std::vector<grpc::Slice> slices;
+  if (status.ok() && received.Dump(&slices).ok()) {
+    std::string bytes;
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    // HealthCheckResponse { ServingStatus status = 1; }: 0x08 then the value.
+    *serving = bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
+  }
+  return status.error_code();
 }
 
 }  // namespace logitd::testing

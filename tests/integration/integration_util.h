@@ -3,6 +3,8 @@
 // that the service's fp32 results must equal bitwise.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -24,6 +26,16 @@ std::string LogitctlBinary();
 
 // A loopback port with nothing listening on it (bound, then released).
 int UnusedPort();
+
+// Starts logitd on 127.0.0.1:`port` with `args`. The port was free a moment
+// ago and a killed server's socket may linger for a moment, so binding is
+// tried a few times.
+absl::StatusOr<ServerProcess> StartServerOnPort(int port, const std::vector<std::string>& args);
+
+// grpc.health.v1.Health/Check for `service` ("" for the server), without any
+// credentials beyond the channel's; returns the status code and the serving
+// status in *serving (1 = SERVING, 2 = NOT_SERVING).
+grpc::StatusCode HealthCheck(const std::string& address, const std::string& service, int* serving);
 
 // One logitd process and a client for it, shared by the tests of a suite.
 struct SharedServer {

@@ -50,20 +50,10 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-// Starts logitd on `port`. The port was free a moment ago and a killed
-// server's socket may linger for a moment, so binding is tried a few times.
 absl::StatusOr<ServerProcess> StartOnPort(int port, const std::vector<std::string>& args) {
-  std::vector<std::string> all = {"--backend=cpu", absl::StrCat("--address=127.0.0.1:", port)};
+  std::vector<std::string> all = {"--backend=cpu"};
   all.insert(all.end(), args.begin(), args.end());
-  absl::Status last;
-  for (int i = 0; i < 10; ++i) {
-    absl::StatusOr<ServerProcess> p = ServerProcess::Start(ServerBinary(), all);
-    if (p.ok()) return p;
-    last = p.status();
-    std::printf("start failed: %s\n", last.ToString().c_str());
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  return last;
+  return StartServerOnPort(port, all);
 }
 
 client::ClientOptions RetryingOptions() {

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "server/kernels/device_health.h"
 #include "server/kernels/host_pool.h"
 
 namespace logitd::kernels {
@@ -332,7 +333,9 @@ class CpuBackend final : public Backend {
 
   explicit CpuBackend(const BackendOptions& options)
       : host_pool_(HostBufferPool::Create(options.pinned_cache_bytes, AllocateAligned,
-                                          [](std::byte* p) { std::free(p); })) {
+                                          [](std::byte* p) { std::free(p); })),
+        test_device_faults_(options.test_device_faults),
+        health_(options.device_timeout, options.events.device_lost) {
     if (options.cpu_threads > 0) {
       std::lock_guard<std::mutex> lock(BlasMutex());
       openblas_set_num_threads(options.cpu_threads);
@@ -351,6 +354,8 @@ class CpuBackend final : public Backend {
                                      "; threads=", openblas_get_num_threads());
     return info;
   }
+
+  absl::Status Health() const override { return health_.status(); }
 
   std::uint64_t DeviceBytesInUse() const override { return 0; }
 
@@ -555,6 +560,10 @@ class CpuBackend final : public Backend {
     if (n > 0 && (in == nullptr || out == nullptr)) {
       return absl::InvalidArgumentError("cast to bf16: in or out is null");
     }
+    if (test_device_faults_ && n > 0) {
+      const std::uint32_t first = FloatBits(in[0]);
+      if (first == kTestDeviceTrap || first == kTestDeviceHang) return TestDeviceFault(first, n);
+    }
     Narrow(in, n, out);
     SetTiming(timing, start);
     return absl::OkStatus();
@@ -725,8 +734,35 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // The test-only device faults on a machine without one: a trap marks the
+  // backend lost as a sticky CUDA error would; a hang sleeps 30 s (or until
+  // the watchdog has marked the backend lost and 1 s more has passed).
+  absl::Status TestDeviceFault(std::uint32_t trigger, std::int64_t n) {
+    if (trigger == kTestDeviceTrap) {
+      health_.MarkLost(absl::InternalError(
+          absl::StrCat("cast(", n,
+                       " values): test fault device_trap (simulated device fault "
+                       "on the cpu backend)")));
+      return health_.status();
+    }
+    DeviceHealth::Watch watch = health_.Begin(absl::StrCat("cast(", n, " values)"));
+    const auto start = std::chrono::steady_clock::now();
+    auto lost_at = std::chrono::steady_clock::time_point::max();
+    while (std::chrono::steady_clock::now() - start < std::chrono::seconds(30) &&
+           std::chrono::steady_clock::now() - lost_at < std::chrono::seconds(1)) {
+      if (lost_at == std::chrono::steady_clock::time_point::max() && health_.lost()) {
+        lost_at = std::chrono::steady_clock::now();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    absl::Status health = health_.status();
+    return health.ok() ? absl::InternalError("test fault device_hang: 30 s passed") : health;
+  }
+
   BackendInfo info_;
   std::shared_ptr<HostBufferPool> host_pool_;
+  const bool test_device_faults_;
+  DeviceHealth health_;
 };
 
 }  // namespace

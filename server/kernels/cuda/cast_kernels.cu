@@ -57,6 +57,18 @@ __global__ void ScaleKernel(const float* in, std::int64_t n, float scale, void* 
   }
 }
 
+__global__ void TrapKernel() { __trap(); }
+
+__global__ void SpinKernel(std::uint64_t nanoseconds) {
+  std::uint64_t start = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  std::uint64_t now = start;
+  while (now - start < nanoseconds) {
+    __nanosleep(1000000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  }
+}
+
 unsigned int Blocks(std::int64_t items) {
   std::int64_t blocks = (items + kThreads - 1) / kThreads;
   if (blocks > kMaxBlocks) blocks = kMaxBlocks;
@@ -93,6 +105,16 @@ cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out,
                         cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, scale, out, out_bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTestTrap(cudaStream_t stream) {
+  TrapKernel<<<1, 1, 0, stream>>>();
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTestSpin(double seconds, cudaStream_t stream) {
+  SpinKernel<<<1, 1, 0, stream>>>(static_cast<std::uint64_t>(seconds * 1e9));
   return cudaGetLastError();
 }
 

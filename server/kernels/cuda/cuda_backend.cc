@@ -2,7 +2,9 @@
 // backend's own cast kernel for G = bf16(dY). A request takes one stream
 // context (two streams, a cuBLASLt handle, a workspace and scratch buffers)
 // from a pool, so concurrent requests run side by side and each result
-// depends only on its inputs.
+// depends only on its inputs. An error that poisons the CUDA context, or a
+// request whose device work outlives --device_timeout, marks the device lost
+// (DeviceHealth): from then on every call fails at once with Unavailable.
 #include "server/kernels/cuda/cuda_backend.h"
 
 #include <cublasLt.h>
@@ -34,6 +36,7 @@
 #include "server/kernels/cuda/cuda_handles.h"
 #include "server/kernels/cuda/cuda_status.h"
 #include "server/kernels/cuda/lt_gemm.h"
+#include "server/kernels/device_health.h"
 #include "server/kernels/host_pool.h"
 
 namespace logitd::kernels {
@@ -67,6 +70,11 @@ constexpr std::size_t kStagingBytes = 64u << 20;
 constexpr std::size_t kRetainBytes = 256u << 20;
 
 #define RETURN_IF_ERROR_(expr) LOGITD_CUDA_RETURN_IF_ERROR(expr)
+// Lease& NAME = a context for the call `what`, or return why there is none.
+#define ACQUIRE_OR_RETURN_(name, what)                          \
+  absl::StatusOr<Lease> name##_acquired_ = Acquire(what);       \
+  if (!name##_acquired_.ok()) return name##_acquired_.status(); \
+  Lease& name = *name##_acquired_
 
 std::int64_t MicrosBetween(cudaEvent_t a, cudaEvent_t b) {
   float ms = 0;
@@ -140,21 +148,34 @@ struct Context {
   std::array<Event, 2> block_copied;
   std::array<DeviceBuffer, kSlotCount> scratch;
 
-  GemmStream gemm() const {
-    return GemmStream{handle.get(), compute.get(), workspace.get(), workspace.size()};
+  // `record` (may be null) collects the GEMM configurations run.
+  GemmStream gemm(std::vector<std::string>* record = nullptr) const {
+    return GemmStream{handle.get(), compute.get(), workspace.get(), workspace.size(), record};
   }
 };
 
+// Where a call's GEMM configurations are reported, if it asked for timing.
+std::vector<std::string>* GemmRecord(Timing* timing) {
+  return timing != nullptr ? &timing->gemms : nullptr;
+}
+
 class CudaBackend;
 
-// A context taken from the pool. Returning it waits for its streams, so no
-// work of a finished (or failed) request can still touch its buffers or the
-// caller's host memory.
+// A context taken from the pool, and the watchdog's watch over the call's
+// device work. Returning it waits for its streams, so no work of a finished
+// (or failed) request can still touch its buffers or the caller's host
+// memory.
 class Lease {
  public:
-  Lease(CudaBackend* backend, Context* context) : backend_(backend), context_(context) {}
+  Lease(CudaBackend* backend, Context* context, DeviceHealth::Watch watch)
+      : backend_(backend), context_(context), watch_(std::move(watch)) {}
+  Lease(Lease&& o) noexcept
+      : backend_(o.backend_), context_(o.context_), watch_(std::move(o.watch_)) {
+    o.backend_ = nullptr;
+  }
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
+  Lease& operator=(Lease&&) = delete;
   ~Lease();
   Context& operator*() const { return *context_; }
   Context* operator->() const { return context_; }
@@ -162,6 +183,7 @@ class Lease {
  private:
   CudaBackend* backend_;
   Context* context_;
+  DeviceHealth::Watch watch_;
 };
 
 class CudaBackend final : public Backend {
@@ -169,8 +191,9 @@ class CudaBackend final : public Backend {
   CudaBackend(const BackendOptions& options, cuda::SplitKPolicy policy)
       : options_(options),
         policy_(policy),
+        health_(options.device_timeout, options.events.device_lost),
         memory_(DeviceMemory::Create(options.device, options.device_memory_budget)),
-        engine_(cuda::GemmEngineOptions{policy}, memory_),
+        engine_(EngineOptions(policy, options.events), memory_),
         // Page-locked response buffers are reused across calls: allocating
         // and freeing them costs more than the GEMM for large outputs.
         host_pool_(HostBufferPool::Create(
@@ -185,30 +208,84 @@ class CudaBackend final : public Backend {
   absl::Status Init();
 
   BackendInfo Info() const override { return info_; }
+  absl::Status Health() const override { return health_.status(); }
   std::uint64_t DeviceBytesInUse() const override { return memory_->bytes_in_use(); }
   std::uint64_t DeviceBytesTotal() const override { return device_bytes_total_; }
-  absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) override;
-  absl::StatusOr<std::shared_ptr<void>> PinHostMemory(void* data, std::size_t bytes) override;
+  // Every entry point goes through Guard, which turns a failure into the
+  // device's lost status once the device is lost (marking it so first when
+  // the failure is a sticky error).
+  absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) override {
+    return Guard(DoAllocateHost(bytes));
+  }
+  absl::StatusOr<std::shared_ptr<void>> PinHostMemory(void* data, std::size_t bytes) override {
+    return Guard(DoPinHostMemory(data, bytes));
+  }
   absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
-                                                     std::int64_t k) override;
-  absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) override;
-  absl::Status Backward(Weight& w, const BackwardArgs& args, Timing* timing) override;
+                                                     std::int64_t k) override {
+    return Guard(DoLoadWeight(w, v, k));
+  }
+  absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) override {
+    return Guard(DoLogits(w, args, timing));
+  }
+  absl::Status Backward(Weight& w, const BackwardArgs& args, Timing* timing) override {
+    return Guard(DoBackward(w, args, timing));
+  }
   absl::StatusOr<std::uint64_t> FetchGradient(Weight& w, float* out,
-                                              bool zero_after_fetch) override;
-  absl::Status ZeroGradient(Weight& w) override;
-  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) override;
-  absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) override;
+                                              bool zero_after_fetch) override {
+    return Guard(DoFetchGradient(w, out, zero_after_fetch));
+  }
+  absl::Status ZeroGradient(Weight& w) override { return Guard(DoZeroGradient(w)); }
+  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) override {
+    return Guard(DoCastToBf16(in, n, out, timing));
+  }
+  absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) override {
+    return Guard(DoCrossEntropy(w, args, timing));
+  }
 
   void Return(Context* context);
 
  private:
-  Lease Acquire();
+  static cuda::GemmEngineOptions EngineOptions(cuda::SplitKPolicy policy,
+                                               const BackendEvents& events) {
+    cuda::GemmEngineOptions o;
+    o.split_k = policy;
+    o.warn = events.warning;
+    return o;
+  }
+  absl::Status Guard(absl::Status status) {
+    if (status.ok()) return status;
+    if (cuda::IsDeviceLost(status)) health_.MarkLost(status);
+    absl::Status lost = health_.status();
+    return lost.ok() ? status : lost;
+  }
+  template <typename T>
+  absl::StatusOr<T> Guard(absl::StatusOr<T> result) {
+    if (result.ok()) return result;
+    return Guard(result.status());
+  }
+  absl::StatusOr<HostBuffer> DoAllocateHost(std::size_t bytes);
+  absl::StatusOr<std::shared_ptr<void>> DoPinHostMemory(void* data, std::size_t bytes);
+  absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                       std::int64_t k);
+  absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing);
+  absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing);
+  absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out, bool zero_after_fetch);
+  absl::Status DoZeroGradient(Weight& w);
+  absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing);
+  absl::Status DoCrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing);
+  // The test-only device faults (see kTestDeviceTrap) on context c.
+  absl::Status TestDeviceFault(std::uint32_t trigger, Context& c);
+
+  // A free context, once one is; Unavailable when the device is lost
+  // (before or while waiting). `what` names the call for the watchdog.
+  absl::StatusOr<Lease> Acquire(std::string what);
   absl::StatusOr<void*> Scratch(Context& c, Slot slot, std::size_t bytes, const char* what);
   absl::Status LogitsBlocks(const CudaWeight& w, const LogitsArgs& args, Context& c,
                             Timing* timing);
 
   BackendOptions options_;
   cuda::SplitKPolicy policy_;
+  DeviceHealth health_;
   std::shared_ptr<DeviceMemory> memory_;
   GemmEngine engine_;
   std::shared_ptr<HostBufferPool> host_pool_;
@@ -221,21 +298,36 @@ class CudaBackend final : public Backend {
   std::vector<Context*> free_;
 };
 
-Lease::~Lease() { backend_->Return(context_); }
+Lease::~Lease() {
+  if (backend_ != nullptr) backend_->Return(context_);
+}
 
-Lease CudaBackend::Acquire() {
+absl::StatusOr<Lease> CudaBackend::Acquire(std::string what) {
   std::unique_lock<std::mutex> lock(pool_mu_);
-  pool_cv_.wait(lock, [this] { return !free_.empty(); });
+  // Looks at the device's health every 100 ms while it waits: a call queued
+  // behind a hung one must not wait for it forever.
+  for (;;) {
+    absl::Status health = health_.status();
+    if (!health.ok()) return health;
+    if (!free_.empty()) break;
+    pool_cv_.wait_for(lock, std::chrono::milliseconds(100));
+  }
   Context* c = free_.back();
   free_.pop_back();
-  return Lease(this, c);
+  return Lease(this, c, health_.Begin(std::move(what)));
 }
 
 void CudaBackend::Return(Context* c) {
-  // Errors here are sticky ones the failed request already reported.
+  // A failed request has reported its own error; what is found here is a
+  // fault it did not see (a kernel that failed after its last check), which
+  // a sticky error makes the device's.
   (void)cuda::UseDevice(options_.device);
-  if (cudaStreamSynchronize(c->compute.get()) != cudaSuccess) (void)cudaGetLastError();
-  if (cudaStreamSynchronize(c->copy.get()) != cudaSuccess) (void)cudaGetLastError();
+  for (cudaStream_t stream : {c->compute.get(), c->copy.get()}) {
+    const cudaError_t error = cudaStreamSynchronize(stream);
+    if (error == cudaSuccess) continue;
+    const absl::Status status = CudaErrorToStatus(error, "after a call: cudaStreamSynchronize");
+    if (cuda::IsDeviceLost(status)) health_.MarkLost(status);
+  }
   for (auto& buffer : c->scratch) {
     if (buffer.size() > kRetainBytes) buffer.Reset();
   }
@@ -316,6 +408,16 @@ absl::Status CudaBackend::Init() {
     free_.push_back(c.get());
     contexts_.push_back(std::move(c));
   }
+  if (!options_.algo_cache.empty()) {
+    std::string summary;
+    RETURN_IF_ERROR_(engine_.UseCacheFile(
+        options_.algo_cache,
+        cuda::AlgoCachePlatform(info_.device_name, info_.multiprocessor_count, info_.driver_version,
+                                info_.cuda_runtime_version, info_.cublaslt_version, kWorkspaceBytes,
+                                policy_),
+        contexts_.front()->gemm(), &summary));
+    if (options_.events.info) options_.events.info(summary);
+  }
 
   // A device whose architecture the build has no code for fails here, at
   // start, rather than on the first request; the values cover rounding, ties,
@@ -344,12 +446,12 @@ absl::Status CudaBackend::Init() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<HostBuffer> CudaBackend::AllocateHost(std::size_t bytes) {
+absl::StatusOr<HostBuffer> CudaBackend::DoAllocateHost(std::size_t bytes) {
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   return host_pool_->Get(bytes);
 }
 
-absl::StatusOr<std::shared_ptr<void>> CudaBackend::PinHostMemory(void* data, std::size_t bytes) {
+absl::StatusOr<std::shared_ptr<void>> CudaBackend::DoPinHostMemory(void* data, std::size_t bytes) {
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   RETURN_IF_CUDA_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterDefault), "page-lock ", bytes,
                        " bytes of host memory");
@@ -360,8 +462,8 @@ absl::StatusOr<std::shared_ptr<void>> CudaBackend::PinHostMemory(void* data, std
   });
 }
 
-absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::LoadWeight(const Bf16Bits* w, std::int64_t v,
-                                                                std::int64_t k) {
+absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::DoLoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                                  std::int64_t k) {
   auto bytes = CheckedByteCount({v, k}, DType::kBf16);
   if (!bytes.ok()) {
     return absl::InvalidArgumentError(
@@ -375,7 +477,7 @@ absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::LoadWeight(const Bf16Bits* 
                                   absl::StrCat("weight ", ShapeString({v, k}), " bf16"));
   if (!buffer.ok()) return buffer.status();
   {
-    Lease c = Acquire();
+    ACQUIRE_OR_RETURN_(c, absl::StrCat("weight upload ", ShapeString({v, k})));
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(buffer->get(), w, static_cast<std::size_t>(*bytes),
                                          cudaMemcpyHostToDevice, c->copy.get()),
                          "weight: copy ", ShapeString({v, k}), " to the device");
@@ -385,7 +487,7 @@ absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::LoadWeight(const Bf16Bits* 
   return std::make_shared<CudaWeight>(v, k, *std::move(buffer));
 }
 
-absl::Status CudaBackend::Logits(const Weight& weight, const LogitsArgs& args, Timing* timing) {
+absl::Status CudaBackend::DoLogits(const Weight& weight, const LogitsArgs& args, Timing* timing) {
   const auto* w = dynamic_cast<const CudaWeight*>(&weight);
   if (w == nullptr) {
     return absl::InvalidArgumentError("logits: the weight was not created by the cuda backend");
@@ -408,7 +510,7 @@ absl::Status CudaBackend::Logits(const Weight& weight, const LogitsArgs& args, T
                                                    ": ", y_bytes.status().message()));
   }
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
-  Lease c = Acquire();
+  ACQUIRE_OR_RETURN_(c, absl::StrCat("logits(M=", args.m, ",V=", w->v(), ",K=", w->k(), ")"));
   return LogitsBlocks(*w, args, *c, timing);
 }
 
@@ -457,7 +559,7 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
       "logits: copy x [", m, ", ", k, "] to the device");
   RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "logits: cudaEventRecord");
 
-  const GemmStream gs = c.gemm();
+  const GemmStream gs = c.gemm(GemmRecord(timing));
   auto enqueue_gemm = [&](std::int64_t b) -> absl::Status {
     const std::size_t slot = static_cast<std::size_t>(b % 2);
     const std::int64_t row0 = b * rows;
@@ -518,7 +620,7 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Backward(Weight& weight, const BackwardArgs& args, Timing* timing) {
+absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) {
     return absl::InvalidArgumentError("backward: the weight was not created by the cuda backend");
@@ -549,11 +651,11 @@ absl::Status CudaBackend::Backward(Weight& weight, const BackwardArgs& args, Tim
   }
   if (!want_dx && !want_dw) return absl::OkStatus();
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
-  Lease lease = Acquire();
+  const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k);
+  ACQUIRE_OR_RETURN_(lease, absl::StrCat("backward(", shape, ")"));
   Context& c = *lease;
   cudaStream_t cs = c.compute.get();
   cudaStream_t ss = c.copy.get();
-  const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k);
 
   auto g = Scratch(c, kG, static_cast<std::size_t>(m * v) * 2, "backward: device G");
   if (!g.ok()) return g.status();
@@ -617,7 +719,7 @@ absl::Status CudaBackend::Backward(Weight& weight, const BackwardArgs& args, Tim
   }
   RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "backward: cudaEventRecord");
 
-  const GemmStream gs = c.gemm();
+  const GemmStream gs = c.gemm(GemmRecord(timing));
   if (want_dx) {
     RETURN_IF_ERROR_(engine_.Run(cuda::GradInputShape(m, v, k, CudaType(args.dx_dtype)),
                                  GemmOperands{*g, w->data(), dx, 1.0f, 0.0f}, gs));
@@ -675,8 +777,8 @@ absl::Status CudaBackend::Backward(Weight& weight, const BackwardArgs& args, Tim
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::uint64_t> CudaBackend::FetchGradient(Weight& weight, float* out,
-                                                         bool zero_after_fetch) {
+absl::StatusOr<std::uint64_t> CudaBackend::DoFetchGradient(Weight& weight, float* out,
+                                                           bool zero_after_fetch) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) {
     return absl::InvalidArgumentError("gradient: the weight was not created by the cuda backend");
@@ -684,7 +786,8 @@ absl::StatusOr<std::uint64_t> CudaBackend::FetchGradient(Weight& weight, float* 
   if (out == nullptr) return absl::InvalidArgumentError("gradient: no output buffer");
   const std::size_t bytes = static_cast<std::size_t>(w->v() * w->k()) * 4;
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
-  Lease c = Acquire();  // lease before the gradient lock, as Backward does
+  // Lease before the gradient lock, as Backward does.
+  ACQUIRE_OR_RETURN_(c, absl::StrCat("gradient fetch [", w->v(), ", ", w->k(), "]"));
   std::lock_guard<std::mutex> lock(w->gradient_mu);
   const std::uint64_t count = w->accumulations;
   if (w->gradient.get() == nullptr) {
@@ -703,13 +806,13 @@ absl::StatusOr<std::uint64_t> CudaBackend::FetchGradient(Weight& weight, float* 
   return count;
 }
 
-absl::Status CudaBackend::ZeroGradient(Weight& weight) {
+absl::Status CudaBackend::DoZeroGradient(Weight& weight) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) {
     return absl::InvalidArgumentError("gradient: the weight was not created by the cuda backend");
   }
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
-  Lease c = Acquire();
+  ACQUIRE_OR_RETURN_(c, absl::StrCat("gradient zero [", w->v(), ", ", w->k(), "]"));
   std::lock_guard<std::mutex> lock(w->gradient_mu);
   if (w->gradient.get() != nullptr) {
     RETURN_IF_CUDA_ERROR(
@@ -721,15 +824,19 @@ absl::Status CudaBackend::ZeroGradient(Weight& weight) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                                     Timing* timing) {
+absl::Status CudaBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                                       Timing* timing) {
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("cast: negative count ", n));
   if (n == 0) return absl::OkStatus();
   if (in == nullptr || out == nullptr) return absl::InvalidArgumentError("cast: no data");
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
-  Lease lease = Acquire();
+  ACQUIRE_OR_RETURN_(lease, absl::StrCat("cast(", n, " values)"));
   Context& c = *lease;
   cudaStream_t cs = c.compute.get();
+  if (options_.test_device_faults) {
+    const std::uint32_t first = FloatBits(in[0]);
+    if (first == kTestDeviceTrap || first == kTestDeviceHang) return TestDeviceFault(first, c);
+  }
   const std::int64_t block = std::min<std::int64_t>(n, kStagingBytes / 4 * 2);
   auto din = Scratch(c, kCastIn, static_cast<std::size_t>(block) * 4, "cast: device input");
   if (!din.ok()) return din.status();
@@ -758,6 +865,18 @@ absl::Status CudaBackend::CastToBf16(const float* in, std::int64_t n, Bf16Bits* 
     total.transfers_measured = true;
   }
   if (timing != nullptr) *timing = total;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::TestDeviceFault(std::uint32_t trigger, Context& c) {
+  cudaStream_t cs = c.compute.get();
+  if (trigger == kTestDeviceTrap) {
+    RETURN_IF_CUDA_ERROR(cuda::LaunchTestTrap(cs), "test fault device_trap: launch");
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "test fault device_trap");
+    return absl::InternalError("test fault device_trap: the trapping kernel returned");
+  }
+  RETURN_IF_CUDA_ERROR(cuda::LaunchTestSpin(30.0, cs), "test fault device_hang: launch");
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "test fault device_hang");
   return absl::OkStatus();
 }
 
@@ -823,8 +942,8 @@ class HostDwSink final : public cuda::CeDwSink {
   Pending pending_;
 };
 
-absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& args,
-                                       Timing* timing) {
+absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs& args,
+                                         Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) {
     return absl::InvalidArgumentError(
@@ -877,7 +996,7 @@ absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& a
   const std::size_t state_at = lse_at + align(row_bytes);
 
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
-  Lease lease = Acquire();
+  ACQUIRE_OR_RETURN_(lease, absl::StrCat("cross_entropy(M=", m, ",V=", v, ",K=", k, ")"));
   Context& c = *lease;
   cudaStream_t cs = c.compute.get();
   cudaStream_t ss = c.copy.get();
@@ -1043,7 +1162,7 @@ absl::Status CudaBackend::CrossEntropy(Weight& weight, const CrossEntropyArgs& a
     } else if (staged_dw) {
       sink = &host_sink;
     }
-    RETURN_IF_ERROR_(cuda::RunCrossEntropy(engine_, c.gemm(), p, b, sink));
+    RETURN_IF_ERROR_(cuda::RunCrossEntropy(engine_, c.gemm(GemmRecord(timing)), p, b, sink));
     RETURN_IF_ERROR_(host_sink.Flush());
     if (staged_dw && walk == cuda::CeWalk::kTokens) {
       RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.dw, staging[0], static_cast<std::size_t>(v * k) * 4,

@@ -7,11 +7,22 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace logitd::kernels::cuda {
 
+// An error after which the CUDA context cannot be used again (a kernel
+// fault, an uncorrectable ECC error, ...): every later call returns it too.
+bool IsStickyError(cudaError_t error);
+
+// The payload that marks a Status made from a sticky error.
+inline constexpr char kDeviceLostPayload[] = "logitd.kernels/device-lost";
+// True for a Status CudaErrorToStatus made from a sticky error.
+bool IsDeviceLost(const absl::Status& status);
+
+// A sticky error -> Unavailable carrying kDeviceLostPayload;
 // cudaErrorMemoryAllocation -> ResourceExhausted; no device or no driver ->
 // FailedPrecondition; anything else -> Internal. Clears the thread's
 // non-sticky error so the next call starts clean.
