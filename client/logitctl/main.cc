@@ -33,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/logitctl/bench.h"
+#include "client/logitctl/stress.h"
 #include "logitd/bf16.h"
 #include "logitd/client.h"
 #include "logitd/safetensors.h"
@@ -138,6 +139,14 @@ commands:
                                      fused loss of the logits X.W^T against int32/int64
                                      targets, without the [M, V] logits; tensors "loss"
                                      ([M] for none, else [1]), "lse", "dx", "dw"
+  stress [--clients=16] [--duration=SECONDS (default 60)] [--stress_max_m=4096]
+         [--stress_max_v=128256] [--stress_max_k=4096] [--stress_max_output_bytes=1GiB]
+         [--stress_slow_call=120] [--seed=1234] [--json]
+                                     correctness soak: every tensor RPC from --clients
+                                     connections with random and odd shapes, every result
+                                     checked (exact on integer inputs, else inside the fp32
+                                     bound); reports calls, errors, wrong results, hung calls
+                                     and device memory before/after; exit 1 on any of them
   bench [--rpc=logits|backward|cross-entropy|fetch-gradient|baseline]
         [--m=16 --k=4096 --v=32768] [--out_dtype=fp32|bf16] [--concurrency=1] [--channels=1]
         [--requests=N | --duration=SECONDS (default 10)] [--warmup=1] [--nobaseline]
@@ -965,6 +974,12 @@ int CmdBench(const std::vector<std::string>& words) {
   return RunBench(words, *options, absl::GetFlag(FLAGS_server));
 }
 
+int CmdStress(const std::vector<std::string>& words) {
+  absl::StatusOr<client::ClientOptions> options = ConnectionOptions();
+  if (!options.ok()) return InputError(options.status());
+  return RunStress(words, *options, absl::GetFlag(FLAGS_server));
+}
+
 int CmdValidate(const std::vector<std::string>& args) {
 #ifdef LOGITCTL_HAVE_VALIDATE
   return validate::RunValidateCommand(args);
@@ -1008,6 +1023,7 @@ int Main(int argc, char** argv) {
   if (cmd == "cast") return CmdCast(w);
   if (cmd == "cross-entropy") return CmdCrossEntropy(w);
   if (cmd == "bench") return CmdBench(w);
+  if (cmd == "stress") return CmdStress(w);
   return UsageError(absl::StrCat("unknown command '", cmd, "'"));
 }
 

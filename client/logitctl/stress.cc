@@ -1,0 +1,617 @@
+#include "client/logitctl/stress.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "logitd/bf16.h"
+#include "logitd/tensor.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::int32_t, clients, 16, "stress: worker threads, each on its own connection");
+ABSL_FLAG(std::int64_t, stress_max_m, 4096, "stress: largest M (tokens) of a call");
+ABSL_FLAG(std::int64_t, stress_max_v, 128256, "stress: largest vocabulary V of the weights used");
+ABSL_FLAG(std::int64_t, stress_max_k, 4096, "stress: largest hidden size K of the weights used");
+ABSL_FLAG(std::uint64_t, stress_max_output_bytes, std::uint64_t{1} << 30,
+          "stress: largest tensor one call returns, bytes (M is cut to fit)");
+ABSL_FLAG(double, stress_slow_call, 120,
+          "stress: a call that takes longer than this many seconds counts as hung");
+
+ABSL_DECLARE_FLAG(double, duration);
+ABSL_DECLARE_FLAG(std::uint64_t, seed);
+ABSL_DECLARE_FLAG(bool, json);
+
+namespace logitd::logitctl {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+// fp32's unit roundoff.
+constexpr double kU = 1.0 / 16777216.0;
+
+using client::Client;
+
+double Gamma(std::int64_t n) { return n * kU / (1.0 - n * kU); }
+
+// A weight of the run, on the server and here.
+struct StressWeight {
+  std::int64_t v = 0;
+  std::int64_t k = 0;
+  bool integer = false;  // integer values in [-8, 8]: exact results
+  std::string handle;
+  Tensor w;  // bf16 [v, k]
+};
+
+Tensor RandomTensor(DType dtype, std::vector<std::int64_t> shape, bool integer,
+                    std::mt19937_64& rng) {
+  Tensor t(dtype, std::move(shape));
+  std::uniform_int_distribution<int> ints(-8, 8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const float f = integer ? static_cast<float>(ints(rng)) : normal(rng);
+    if (dtype == DType::kBf16) {
+      t.data<Bf16Bits>()[i] = FloatToBf16(f);
+    } else {
+      t.data<float>()[i] = f;
+    }
+  }
+  return t;
+}
+
+double Value(const Tensor& t, std::int64_t i) { return t.At(i); }
+
+// got (element i of an fp32 or bf16 tensor) against an fp64 reference whose
+// terms' magnitudes sum to `abs_sum` over n terms: bitwise for exact
+// problems (a zero may be -0), else within the fp32 accumulation bound, plus
+// the final bf16 rounding for bf16 outputs.
+bool Agrees(const Tensor& got, std::int64_t i, double ref, double abs_sum, std::int64_t n,
+            bool exact) {
+  const double g = Value(got, i);
+  if (exact) {
+    const float want = static_cast<float>(ref);
+    if (got.dtype() == DType::kFp32) {
+      const float f = got.data<float>()[i];
+      return FloatBits(f) == FloatBits(want) || (f == 0.0f && want == 0.0f);
+    }
+    const Bf16Bits b = got.data<Bf16Bits>()[i];
+    return b == FloatToBf16(want) || (g == 0.0 && want == 0.0f);
+  }
+  double bound = Gamma(n) * abs_sum + 1e-30;
+  if (got.dtype() == DType::kBf16) bound += std::ldexp(std::fabs(ref) + bound, -8);
+  return std::isfinite(g) && std::fabs(g - ref) <= bound;
+}
+
+struct Sample {
+  std::int64_t i, j;
+};
+std::vector<Sample> Samples(std::int64_t rows, std::int64_t cols, std::mt19937_64& rng) {
+  std::vector<Sample> s = {{0, 0}, {rows - 1, cols - 1}, {rows - 1, 0}, {0, cols - 1}};
+  for (int n = 0; n < 44; ++n) {
+    s.push_back({static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(rows)),
+                 static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(cols))});
+  }
+  return s;
+}
+
+struct Outcome {
+  std::int64_t calls = 0;
+  std::int64_t wrong = 0;
+  std::int64_t slow = 0;
+  std::map<std::string, std::int64_t> errors;  // by status code
+  std::vector<double> seconds;
+  std::string first_problem;
+};
+
+class Stress {
+ public:
+  Stress(std::vector<std::unique_ptr<Client>> clients, std::vector<StressWeight> weights)
+      : clients_(std::move(clients)), weights_(std::move(weights)) {}
+
+  void Worker(int index, absl::Time until);
+  std::map<std::string, Outcome> Totals() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return totals_;
+  }
+
+ private:
+  // Records one call of `rpc`; `problem` empty when its result was right.
+  void Record(const std::string& rpc, const absl::Status& status, double seconds,
+              const std::string& problem);
+
+  std::int64_t PickM(std::mt19937_64& rng, std::int64_t bytes_per_row) const {
+    const std::int64_t max_m = absl::GetFlag(FLAGS_stress_max_m);
+    const auto max_out = static_cast<std::int64_t>(absl::GetFlag(FLAGS_stress_max_output_bytes));
+    const std::int64_t cap = std::max<std::int64_t>(1, std::min(max_m, max_out / bytes_per_row));
+    // Log-uniform: small M (decode steps) as often as large (prefill, training).
+    const double u = std::uniform_real_distribution<double>(0.0, std::log(cap + 1.0))(rng);
+    return std::clamp<std::int64_t>(static_cast<std::int64_t>(std::exp(u)), 1, cap);
+  }
+
+  std::string DoLogits(Client& c, const StressWeight& w, DType out, std::mt19937_64& rng,
+                       absl::Status* status);
+  std::string DoBackward(Client& c, const StressWeight& w, std::mt19937_64& rng,
+                         absl::Status* status);
+  std::string DoCast(Client& c, std::mt19937_64& rng, absl::Status* status);
+  std::string DoCrossEntropy(Client& c, const StressWeight& w, std::mt19937_64& rng,
+                             absl::Status* status);
+
+  std::vector<std::unique_ptr<Client>> clients_;
+  std::vector<StressWeight> weights_;
+  std::mutex mu_;
+  std::map<std::string, Outcome> totals_;
+};
+
+void Stress::Record(const std::string& rpc, const absl::Status& status, double seconds,
+                    const std::string& problem) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Outcome& o = totals_[rpc];
+  ++o.calls;
+  o.seconds.push_back(seconds);
+  if (seconds > absl::GetFlag(FLAGS_stress_slow_call)) ++o.slow;
+  std::string described;
+  if (!status.ok()) {
+    ++o.errors[absl::StatusCodeToString(status.code())];
+    described = absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+  } else if (!problem.empty()) {
+    ++o.wrong;
+    described = problem;
+  }
+  if (!described.empty()) {
+    if (o.first_problem.empty()) o.first_problem = described;
+    std::cerr << "stress: " << rpc << ": " << described << "\n";
+  }
+}
+
+std::string Stress::DoLogits(Client& c, const StressWeight& w, DType out, std::mt19937_64& rng,
+                             absl::Status* status) {
+  const std::int64_t m = PickM(rng, w.v * static_cast<std::int64_t>(ElementSize(out)));
+  const Tensor x = RandomTensor(DType::kBf16, {m, w.k}, w.integer, rng);
+  client::LogitsOptions o;
+  o.out_dtype = out;
+  absl::StatusOr<Tensor> y = c.Logits(x, w.handle, o);
+  if (!y.ok()) {
+    *status = y.status();
+    return "";
+  }
+  if (y->shape() != std::vector<std::int64_t>{m, w.v} || y->dtype() != out) {
+    return absl::StrCat("y has shape ", ShapeString(y->shape()), ", expected [", m, ", ", w.v, "]");
+  }
+  for (const Sample& s : Samples(m, w.v, rng)) {
+    double ref = 0, abs_sum = 0;
+    for (std::int64_t l = 0; l < w.k; ++l) {
+      const double t = Value(x, s.i * w.k + l) * Value(w.w, s.j * w.k + l);
+      ref += t;
+      abs_sum += std::fabs(t);
+    }
+    if (!Agrees(*y, s.i * w.v + s.j, ref, abs_sum, w.k, w.integer)) {
+      return absl::StrFormat("y[%d, %d] = %.9g, reference %.9g (M=%d, V=%d, K=%d, %s out)", s.i,
+                             s.j, Value(*y, s.i * w.v + s.j), ref, m, w.v, w.k, DTypeName(out));
+    }
+  }
+  return "";
+}
+
+std::string Stress::DoBackward(Client& c, const StressWeight& w, std::mt19937_64& rng,
+                               absl::Status* status) {
+  const std::int64_t m = PickM(rng, w.v * 4);
+  const bool dy_bf16 = rng() % 2 == 0;
+  const Tensor dy = RandomTensor(dy_bf16 ? DType::kBf16 : DType::kFp32, {m, w.v}, w.integer, rng);
+  const Tensor x = RandomTensor(DType::kBf16, {m, w.k}, w.integer, rng);
+  client::BackwardOptions o;
+  o.dx_dtype = rng() % 2 == 0 ? DType::kBf16 : DType::kFp32;
+  o.dw_dtype = rng() % 3 == 0 ? DType::kBf16 : DType::kFp32;
+  o.want_dw =
+      static_cast<std::uint64_t>(w.v * w.k) * 4 <= absl::GetFlag(FLAGS_stress_max_output_bytes);
+  absl::StatusOr<client::BackwardResult> r = c.Backward(dy, x, w.handle, o);
+  if (!r.ok()) {
+    *status = r.status();
+    return "";
+  }
+  if (!r->dx.has_value() || (o.want_dw && !r->dw.has_value()))
+    return "an asked-for output is missing";
+  // G = bf16(dY), the contract's one cast.
+  auto g = [&](std::int64_t i, std::int64_t j) {
+    const double d = Value(dy, i * w.v + j);
+    return static_cast<double>(Bf16ToFloat(FloatToBf16(static_cast<float>(d))));
+  };
+  for (const Sample& s : Samples(m, w.k, rng)) {
+    double ref = 0, abs_sum = 0;
+    for (std::int64_t r2 = 0; r2 < w.v; ++r2) {
+      const double t = g(s.i, r2) * Value(w.w, r2 * w.k + s.j);
+      ref += t;
+      abs_sum += std::fabs(t);
+    }
+    if (!Agrees(*r->dx, s.i * w.k + s.j, ref, abs_sum, w.v, w.integer)) {
+      return absl::StrFormat("dx[%d, %d] = %.9g, reference %.9g (M=%d, V=%d, K=%d)", s.i, s.j,
+                             Value(*r->dx, s.i * w.k + s.j), ref, m, w.v, w.k);
+    }
+  }
+  if (o.want_dw) {
+    for (const Sample& s : Samples(w.v, w.k, rng)) {
+      double ref = 0, abs_sum = 0;
+      for (std::int64_t i = 0; i < m; ++i) {
+        const double t = g(i, s.i) * Value(x, i * w.k + s.j);
+        ref += t;
+        abs_sum += std::fabs(t);
+      }
+      if (!Agrees(*r->dw, s.i * w.k + s.j, ref, abs_sum, m, w.integer)) {
+        return absl::StrFormat("dw[%d, %d] = %.9g, reference %.9g (M=%d, V=%d, K=%d)", s.i, s.j,
+                               Value(*r->dw, s.i * w.k + s.j), ref, m, w.v, w.k);
+      }
+    }
+  }
+  return "";
+}
+
+std::string Stress::DoCast(Client& c, std::mt19937_64& rng, absl::Status* status) {
+  const std::int64_t n = 1 + static_cast<std::int64_t>(rng() % (1u << 20));
+  Tensor in(DType::kFp32, {n});
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (std::int64_t i = 0; i < n; ++i) {
+    // Any bit pattern but the test-only device-fault triggers.
+    std::uint32_t b = bits(rng);
+    if ((b & 0x7fffffffu) == 0x7fbadbadu || (b & 0x7fffffffu) == 0x7fbadbacu) b ^= 1;
+    in.data<float>()[i] = BitsToFloat(b);
+  }
+  absl::StatusOr<Tensor> out = c.CastToBf16(in);
+  if (!out.ok()) {
+    *status = out.status();
+    return "";
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (out->data<Bf16Bits>()[i] != FloatToBf16(in.data<float>()[i])) {
+      return absl::StrFormat("cast[%d] of 0x%08x gave 0x%04x, expected 0x%04x", i,
+                             FloatBits(in.data<float>()[i]), out->data<Bf16Bits>()[i],
+                             FloatToBf16(in.data<float>()[i]));
+    }
+  }
+  return "";
+}
+
+std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt19937_64& rng,
+                                   absl::Status* status) {
+  const std::int64_t m = std::min<std::int64_t>(PickM(rng, w.k * 4), 4096);
+  const Tensor x = RandomTensor(DType::kBf16, {m, w.k}, w.integer, rng);
+  Tensor targets(DType::kInt64, {m});
+  for (std::int64_t i = 0; i < m; ++i) {
+    targets.data<std::int64_t>()[i] =
+        rng() % 20 == 0 ? -100 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(w.v));
+  }
+  client::CrossEntropyOptions o;
+  o.reduction = client::Reduction::kNone;
+  o.want_lse = true;
+  o.want_dx = rng() % 2 == 0;
+  o.want_dw = rng() % 4 == 0 && static_cast<std::uint64_t>(w.v * w.k) * 4 <=
+                                    absl::GetFlag(FLAGS_stress_max_output_bytes);
+  absl::StatusOr<client::CrossEntropyResult> r = c.CrossEntropy(x, targets, w.handle, o);
+  if (!r.ok()) {
+    *status = r.status();
+    return "";
+  }
+  if (r->loss.numel() != m || !r->lse.has_value() || (o.want_dx && !r->dx.has_value()) ||
+      (o.want_dw && !r->dw.has_value())) {
+    return "an asked-for output is missing or has the wrong size";
+  }
+  // A few whole rows of logits in fp64: loss and lse within a few fp32
+  // roundings of lse; dX within bf16 rounding of G.
+  std::vector<double> z(static_cast<std::size_t>(w.v));
+  for (int n = 0; n < 3; ++n) {
+    const std::int64_t i =
+        n == 0 ? 0 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(m));
+    double z_max = -INFINITY, err = 0;
+    for (std::int64_t j = 0; j < w.v; ++j) {
+      double s = 0, a = 0;
+      for (std::int64_t l = 0; l < w.k; ++l) {
+        const double t = Value(x, i * w.k + l) * Value(w.w, j * w.k + l);
+        s += t;
+        a += std::fabs(t);
+      }
+      z[static_cast<std::size_t>(j)] = s;
+      z_max = std::max(z_max, s);
+      err = std::max(err, Gamma(w.k) * a);
+    }
+    double sum = 0;
+    for (double zj : z) sum += std::exp(zj - z_max);
+    const double lse = z_max + std::log(sum);
+    const std::int64_t t = targets.data<std::int64_t>()[i];
+    const double loss = t == -100 ? 0.0 : lse - z[static_cast<std::size_t>(t)];
+    const double tol = 2 * err + 8 * kU * (std::fabs(lse) + std::fabs(loss) + 1);
+    const double got_lse = r->lse->data<float>()[i];
+    const double got_loss = r->loss.data<float>()[i];
+    if (!(std::fabs(got_lse - lse) <= tol) || !(std::fabs(got_loss - loss) <= tol)) {
+      return absl::StrFormat(
+          "token %d: loss %.9g lse %.9g, reference %.9g and %.9g (M=%d, V=%d, K=%d)", i, got_loss,
+          got_lse, loss, lse, m, w.v, w.k);
+    }
+    if (o.want_dx) {
+      for (std::int64_t j = 0; j < w.k; j += std::max<std::int64_t>(1, w.k / 16)) {
+        // Each G = bf16(p - onehot) carries its bf16 rounding, the fp32
+        // rounding of p and of p - 1 (which cancels when p is near 1), and
+        // the logits' own error carried into p.
+        double ref = 0, bound = 0;
+        for (std::int64_t r2 = 0; r2 < w.v; ++r2) {
+          const double p = t == -100 ? 0.0 : std::exp(z[static_cast<std::size_t>(r2)] - lse);
+          const double gr = p - (r2 == t ? 1.0 : 0.0);
+          const double wv = std::fabs(Value(w.w, r2 * w.k + j));
+          ref += gr * Value(w.w, r2 * w.k + j);
+          bound += wv * (std::ldexp(std::fabs(gr), -8) + 8 * kU * (p + (r2 == t ? 1.0 : 0.0)) +
+                         4 * err * p);
+        }
+        const double got = Value(*r->dx, i * w.k + j);
+        // dX in bf16 (the default) is rounded once more at the end.
+        const double out_rounding =
+            r->dx->dtype() == DType::kBf16 ? std::ldexp(std::fabs(ref) + bound, -8) : 0.0;
+        if (!(std::fabs(got - ref) <= bound + Gamma(w.v) * bound + out_rounding + 1e-30)) {
+          return absl::StrFormat("dx[%d, %d] = %.9g, reference %.9g (M=%d, V=%d, K=%d)", i, j, got,
+                                 ref, m, w.v, w.k);
+        }
+      }
+    }
+  }
+  if (o.want_dw) {
+    for (std::int64_t i = 0; i < r->dw->numel();
+         i += std::max<std::int64_t>(1, r->dw->numel() / 64)) {
+      if (!std::isfinite(r->dw->data<float>()[i])) return absl::StrCat("dw[", i, "] is not finite");
+    }
+  }
+  return "";
+}
+
+void Stress::Worker(int index, absl::Time until) {
+  Client& c = *clients_[static_cast<std::size_t>(index)];
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 7919 + static_cast<std::uint64_t>(index));
+  // A weight of this worker's own for accumulation: its expected gradient is
+  // known here exactly.
+  StressWeight own;
+  own.v = 257 + index * 13;
+  own.k = 96 + index * 7;
+  own.integer = true;
+  own.w = RandomTensor(DType::kBf16, {own.v, own.k}, true, rng);
+  {
+    const absl::Time t0 = absl::Now();
+    absl::StatusOr<client::WeightInfo> info =
+        c.RegisterWeight(own.w, absl::StrCat("stress-own-", index));
+    Record("RegisterWeight", info.status(), absl::ToDoubleSeconds(absl::Now() - t0), "");
+    if (!info.ok()) return;
+    own.handle = info->handle;
+  }
+  std::vector<double> expected(static_cast<std::size_t>(own.v * own.k), 0.0);
+  std::uint64_t accumulated = 0;
+
+  while (absl::Now() < until) {
+    const int pick = static_cast<int>(rng() % 100);
+    const StressWeight& w = weights_[rng() % weights_.size()];
+    absl::Status status;
+    std::string problem;
+    std::string rpc;
+    const absl::Time t0 = absl::Now();
+    if (pick < 25) {
+      rpc = "Logits(fp32)";
+      problem = DoLogits(c, w, DType::kFp32, rng, &status);
+    } else if (pick < 35) {
+      rpc = "Logits(bf16)";
+      problem = DoLogits(c, w, DType::kBf16, rng, &status);
+    } else if (pick < 55) {
+      rpc = "Backward";
+      problem = DoBackward(c, w, rng, &status);
+    } else if (pick < 65) {
+      rpc = "Backward(accumulate)";
+      const std::int64_t m = 1 + static_cast<std::int64_t>(rng() % 64);
+      const Tensor dy = RandomTensor(DType::kFp32, {m, own.v}, true, rng);
+      const Tensor x = RandomTensor(DType::kBf16, {m, own.k}, true, rng);
+      client::BackwardOptions o;
+      o.accumulate_dw = true;
+      o.want_dx = rng() % 2 == 0;
+      absl::StatusOr<client::BackwardResult> r = c.Backward(dy, x, own.handle, o);
+      if (!r.ok()) {
+        status = r.status();
+      } else {
+        ++accumulated;
+        for (std::int64_t i = 0; i < m; ++i) {
+          for (std::int64_t v = 0; v < own.v; ++v) {
+            const double gv = Value(dy, i * own.v + v);
+            if (gv == 0) continue;
+            for (std::int64_t j = 0; j < own.k; ++j) {
+              expected[static_cast<std::size_t>(v * own.k + j)] += gv * Value(x, i * own.k + j);
+            }
+          }
+        }
+      }
+    } else if (pick < 70) {
+      rpc = "FetchGradient";
+      absl::StatusOr<client::GradientResult> r = c.FetchGradient(own.handle, true);
+      if (!r.ok()) {
+        status = r.status();
+      } else {
+        if (r->accumulated_calls != accumulated) {
+          problem =
+              absl::StrCat("counted ", r->accumulated_calls, " accumulations, made ", accumulated);
+        }
+        for (std::int64_t i = 0; i < r->dw.numel() && problem.empty(); ++i) {
+          const float want = static_cast<float>(expected[static_cast<std::size_t>(i)]);
+          const float got = r->dw.data<float>()[i];
+          if (FloatBits(got) != FloatBits(want) && !(got == 0.0f && want == 0.0f)) {
+            problem = absl::StrFormat("gradient[%d] = %.9g, exact sum %.9g", i, got, want);
+          }
+        }
+        std::fill(expected.begin(), expected.end(), 0.0);
+        accumulated = 0;
+      }
+    } else if (pick < 80) {
+      rpc = "Cast";
+      problem = DoCast(c, rng, &status);
+    } else {
+      rpc = "CrossEntropy";
+      problem = DoCrossEntropy(c, w, rng, &status);
+    }
+    Record(rpc, status, absl::ToDoubleSeconds(absl::Now() - t0), problem);
+  }
+  (void)c.ReleaseWeight(own.handle, /*force=*/true);
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
+}
+
+}  // namespace
+
+int RunStress(const std::vector<std::string>& words, const client::ClientOptions& options,
+              const std::string& server) {
+  if (words.size() != 1) {
+    std::cerr << "logitctl: stress takes no arguments, got '" << words[1]
+              << "'\nrun 'logitctl help' for usage\n";
+    return kExitUsage;
+  }
+  const int clients = absl::GetFlag(FLAGS_clients);
+  const double duration = absl::GetFlag(FLAGS_duration) > 0 ? absl::GetFlag(FLAGS_duration) : 60;
+  const std::int64_t max_v = absl::GetFlag(FLAGS_stress_max_v);
+  const std::int64_t max_k = absl::GetFlag(FLAGS_stress_max_k);
+  if (clients < 1 || clients > 1024 || absl::GetFlag(FLAGS_stress_max_m) < 1 || max_v < 1 ||
+      max_k < 1) {
+    std::cerr << "logitctl: stress: --clients must be in [1, 1024] and --stress_max_m, "
+                 "--stress_max_v, --stress_max_k at least 1\n";
+    return kExitUsage;
+  }
+  std::vector<std::unique_ptr<Client>> conns;
+  for (int i = 0; i < clients; ++i) {
+    client::ClientOptions o = options;
+    o.own_connection = true;
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(server, std::move(o));
+    if (!c.ok()) {
+      std::cerr << "logitctl: stress: " << c.status().message() << "\n";
+      return kExitUsage;
+    }
+    conns.push_back(*std::move(c));
+  }
+  absl::StatusOr<client::ServerInfo> before = conns[0]->Info();
+  if (!before.ok()) {
+    std::cerr << "logitctl: stress: " << absl::StatusCodeToString(before.status().code()) << ": "
+              << before.status().message() << "\n";
+    return kExitUsage;
+  }
+
+  // The shared weights: odd and round sizes, small and large, half of them
+  // integer-valued (exact results), as many as the limits allow.
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  std::vector<StressWeight> weights;
+  const std::vector<std::tuple<std::int64_t, std::int64_t, bool>> shapes = {
+      {130, 257, true},    {384, 200, false},     {1000, 96, true},    {77, 333, false},
+      {4097, 1000, true},  {2048, 40, false},     {32000, 4096, true}, {50257, 63, false},
+      {32768, 2048, true}, {128256, 4096, false}, {7, 4097, true},     {151936, 1000, true}};
+  for (const auto& [v, k, integer] : shapes) {
+    if (v > max_v || k > max_k) continue;
+    StressWeight w;
+    w.v = v;
+    w.k = k;
+    w.integer = integer;
+    w.w = RandomTensor(DType::kBf16, {v, k}, integer, rng);
+    absl::StatusOr<client::WeightInfo> info =
+        conns[0]->RegisterWeight(w.w, absl::StrCat("stress-", v, "x", k));
+    if (!info.ok()) {
+      std::cerr << "logitctl: stress: registering [" << v << ", " << k
+                << "]: " << absl::StatusCodeToString(info.status().code()) << ": "
+                << info.status().message() << "\n";
+      return kExitFailed;
+    }
+    w.handle = info->handle;
+    weights.push_back(std::move(w));
+  }
+  if (weights.empty()) {
+    std::cerr << "logitctl: stress: no weight fits --stress_max_v and --stress_max_k\n";
+    return kExitUsage;
+  }
+  std::vector<std::string> handles;
+  for (const auto& w : weights) handles.push_back(w.handle);
+  std::cerr << "stress: " << clients << " clients, " << weights.size() << " weights, " << duration
+            << " s against " << server << " (" << before->backend << ", " << before->device_name
+            << ")\n";
+
+  Stress stress(std::move(conns), std::move(weights));
+  const absl::Time start = absl::Now();
+  const absl::Time until = start + absl::Seconds(duration);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i) threads.emplace_back([&, i] { stress.Worker(i, until); });
+  for (auto& t : threads) t.join();
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+
+  absl::StatusOr<std::unique_ptr<Client>> last = Client::Create(server, options);
+  std::optional<client::ServerInfo> after;
+  if (last.ok()) {
+    for (const std::string& h : handles) (void)(*last)->ReleaseWeight(h, /*force=*/true);
+    absl::StatusOr<client::ServerInfo> info = (*last)->Info();
+    if (info.ok()) after = *info;
+  }
+
+  std::int64_t calls = 0, errors = 0, wrong = 0, slow = 0;
+  const std::map<std::string, Outcome> totals = stress.Totals();
+  nlohmann::ordered_json report;
+  report["clients"] = clients;
+  report["seconds"] = elapsed;
+  report["backend"] = before->backend;
+  report["device"] = before->device_name;
+  nlohmann::ordered_json per = nlohmann::ordered_json::object();
+  std::printf("%-22s %8s %7s %7s %6s %10s %10s\n", "rpc", "calls", "errors", "wrong", "hung",
+              "p50 ms", "max ms");
+  for (const auto& [rpc, o] : totals) {
+    std::int64_t e = 0;
+    for (const auto& [code, n] : o.errors) e += n;
+    calls += o.calls;
+    errors += e;
+    wrong += o.wrong;
+    slow += o.slow;
+    std::printf("%-22s %8lld %7lld %7lld %6lld %10.2f %10.2f\n", rpc.c_str(),
+                static_cast<long long>(o.calls), static_cast<long long>(e),
+                static_cast<long long>(o.wrong), static_cast<long long>(o.slow),
+                1000 * Percentile(o.seconds, 0.5), 1000 * Percentile(o.seconds, 1.0));
+    nlohmann::ordered_json r;
+    r["calls"] = o.calls;
+    r["errors"] = o.errors;
+    r["wrong"] = o.wrong;
+    r["hung"] = o.slow;
+    r["p50_ms"] = 1000 * Percentile(o.seconds, 0.5);
+    r["max_ms"] = 1000 * Percentile(o.seconds, 1.0);
+    if (!o.first_problem.empty()) r["first_problem"] = o.first_problem;
+    per[rpc] = std::move(r);
+  }
+  report["rpcs"] = std::move(per);
+  report["calls"] = calls;
+  report["errors"] = errors;
+  report["wrong"] = wrong;
+  report["hung"] = slow;
+  report["device_bytes_in_use_before"] = before->device_bytes_in_use;
+  if (after) report["device_bytes_in_use_after"] = after->device_bytes_in_use;
+  std::printf(
+      "stress: %lld calls in %.1f s from %d clients: %lld errors, %lld wrong results, %lld hung "
+      "(over %.0f s); device memory in use %.1f MiB before, %s after\n",
+      static_cast<long long>(calls), elapsed, clients, static_cast<long long>(errors),
+      static_cast<long long>(wrong), static_cast<long long>(slow),
+      absl::GetFlag(FLAGS_stress_slow_call), before->device_bytes_in_use / 1048576.0,
+      after ? absl::StrFormat("%.1f MiB", after->device_bytes_in_use / 1048576.0).c_str()
+            : "unknown (the server did not answer)");
+  if (absl::GetFlag(FLAGS_json)) std::cout << report.dump(1) << "\n";
+  const bool ok = errors == 0 && wrong == 0 && slow == 0 && after.has_value() && calls > 0;
+  return ok ? kExitOk : kExitFailed;
+}
+
+}  // namespace logitd::logitctl
