@@ -44,16 +44,27 @@ absl::Status FromGrpc(const grpc::Status& status) {
 // Trailing metadata key of the server's time split of a call.
 constexpr absl::string_view kTimingTrailer = "logitd-timing";
 
-// The call's parsed timing trailer; empty when absent or malformed (timing
-// is an observation, never a reason to fail a call that succeeded).
+// Trailing metadata key of the GEMM configurations a call ran.
+constexpr absl::string_view kGemmTrailer = "logitd-gemm";
+
+// The call's parsed timing trailer and GEMM trailer; empty when both are
+// absent, the times empty when malformed (timing is an observation, never a
+// reason to fail a call that succeeded).
 std::optional<TimingTrailer> TrailerOf(const grpc::ClientContext& context) {
   const auto& trailers = context.GetServerTrailingMetadata();
+  std::optional<TimingTrailer> out;
   const auto it = trailers.find(grpc::string_ref(kTimingTrailer.data(), kTimingTrailer.size()));
-  if (it == trailers.end()) return std::nullopt;
-  absl::StatusOr<TimingTrailer> t =
-      ParseTimingTrailer(absl::string_view(it->second.data(), it->second.size()));
-  if (!t.ok()) return std::nullopt;
-  return *std::move(t);
+  if (it != trailers.end()) {
+    absl::StatusOr<TimingTrailer> t =
+        ParseTimingTrailer(absl::string_view(it->second.data(), it->second.size()));
+    if (t.ok()) out = *std::move(t);
+  }
+  const auto gemm = trailers.find(grpc::string_ref(kGemmTrailer.data(), kGemmTrailer.size()));
+  if (gemm != trailers.end()) {
+    if (!out.has_value()) out.emplace();
+    out->gemms.assign(gemm->second.data(), gemm->second.size());
+  }
+  return out;
 }
 
 Timing FromProto(const v1::Timing& t) {

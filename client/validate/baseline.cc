@@ -19,7 +19,9 @@ namespace logitd::validate {
 namespace {
 
 constexpr char kFormat[] = "logitd-golden-baseline";
-constexpr int kFormatVersion = 1;
+// 2 added the platform's SMs and driver and each case's GEMM configurations;
+// format 1 files are still read.
+constexpr int kFormatVersion = 2;
 
 std::string Hex64(std::uint64_t v) { return absl::StrFormat("%016x", v); }
 
@@ -54,6 +56,8 @@ nlohmann::ordered_json PlatformJson(const Platform& p) {
   j["backend"] = p.backend;
   j["device_name"] = p.device_name;
   j["compute_capability"] = p.compute_capability;
+  j["multiprocessors"] = p.multiprocessors;
+  j["driver_version"] = p.driver_version;
   j["cuda_runtime_version"] = p.cuda_runtime_version;
   j["cublaslt_version"] = p.cublaslt_version;
   j["blas_version"] = p.blas_version;
@@ -159,6 +163,8 @@ Platform PlatformOf(const client::ServerInfo& info) {
   p.backend = info.backend;
   p.device_name = info.device_name;
   p.compute_capability = info.compute_capability;
+  p.multiprocessors = info.multiprocessor_count > 0 ? absl::StrCat(info.multiprocessor_count) : "";
+  p.driver_version = info.driver_version;
   p.cuda_runtime_version = info.cuda_runtime_version;
   p.cublaslt_version = info.cublaslt_version;
   p.blas_version = info.blas_version;
@@ -173,6 +179,9 @@ std::string PlatformDifference(const Platform& a, const Platform& b) {
   cmp("backend", a.backend, b.backend);
   cmp("device", a.device_name, b.device_name);
   cmp("compute capability", a.compute_capability, b.compute_capability);
+  // Not recorded by format 1: compared only when the baseline has them.
+  if (!a.multiprocessors.empty()) cmp("SMs", a.multiprocessors, b.multiprocessors);
+  if (!a.driver_version.empty()) cmp("driver", a.driver_version, b.driver_version);
   cmp("CUDA runtime", a.cuda_runtime_version, b.cuda_runtime_version);
   cmp("cuBLASLt", a.cublaslt_version, b.cublaslt_version);
   cmp("BLAS", a.blas_version, b.blas_version);
@@ -182,6 +191,10 @@ std::string PlatformDifference(const Platform& a, const Platform& b) {
 std::string PlatformString(const Platform& p) {
   std::string s = absl::StrCat("backend ", p.backend, ", device '", p.device_name, "'");
   if (!p.compute_capability.empty()) absl::StrAppend(&s, " (sm ", p.compute_capability, ")");
+  if (!p.multiprocessors.empty() && p.backend == "cuda") {
+    absl::StrAppend(&s, ", ", p.multiprocessors, " SMs");
+  }
+  if (!p.driver_version.empty()) absl::StrAppend(&s, ", driver ", p.driver_version);
   if (!p.cuda_runtime_version.empty()) absl::StrAppend(&s, ", CUDA ", p.cuda_runtime_version);
   if (!p.cublaslt_version.empty()) absl::StrAppend(&s, ", cuBLASLt ", p.cublaslt_version);
   if (!p.blas_version.empty()) absl::StrAppend(&s, ", ", p.blas_version);
@@ -228,6 +241,7 @@ nlohmann::ordered_json BaselineToJson(const Baseline& baseline) {
     nlohmann::ordered_json cj;
     cj["name"] = c.name;
     cj["inputs_xxh3"] = Hex64(c.inputs_xxh3);
+    if (!c.gemms.empty()) cj["gemms"] = c.gemms;
     nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
     for (const OutputRecord& o : c.outputs) {
       nlohmann::ordered_json oj;
@@ -258,9 +272,10 @@ absl::StatusOr<Baseline> BaselineFromJson(const nlohmann::json& j) {
         absl::StrCat("not a logitd golden baseline (expected \"format\": \"", kFormat, "\")"));
   }
   const int version = j.value("format_version", 0);
-  if (version != kFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "baseline format_version ", version, " is not supported (expected ", kFormatVersion, ")"));
+  if (version != kFormatVersion && version != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("baseline format_version ", version,
+                                                   " is not supported (expected 1 or ",
+                                                   kFormatVersion, ")"));
   }
   Baseline b;
   b.recorded_at = StringField(j, "recorded_at");
@@ -269,6 +284,8 @@ absl::StatusOr<Baseline> BaselineFromJson(const nlohmann::json& j) {
   b.platform.backend = StringField(p, "backend");
   b.platform.device_name = StringField(p, "device_name");
   b.platform.compute_capability = StringField(p, "compute_capability");
+  b.platform.multiprocessors = StringField(p, "multiprocessors");
+  b.platform.driver_version = StringField(p, "driver_version");
   b.platform.cuda_runtime_version = StringField(p, "cuda_runtime_version");
   b.platform.cublaslt_version = StringField(p, "cublaslt_version");
   b.platform.blas_version = StringField(p, "blas_version");
@@ -283,6 +300,7 @@ absl::StatusOr<Baseline> BaselineFromJson(const nlohmann::json& j) {
         ParseHex64(cj.value("inputs_xxh3", nlohmann::json()), where + ".inputs_xxh3");
     if (!inputs.ok()) return inputs.status();
     c.inputs_xxh3 = *inputs;
+    c.gemms = StringField(cj, "gemms");
     if (!cj.contains("outputs") || !cj["outputs"].is_array()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": no outputs"));
     }

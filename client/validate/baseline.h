@@ -43,6 +43,9 @@ struct CaseRecord {
   // inputs (another harness version) is reported as such.
   std::uint64_t inputs_xxh3 = 0;
   std::vector<OutputRecord> outputs;
+  // The GEMM configurations the server ran for the case (its calls'
+  // "logitd-gemm" trailers); empty when the server sent none.
+  std::string gemms;
 };
 
 // What makes bitwise results comparable: backend, device and the libraries
@@ -52,6 +55,11 @@ struct Platform {
   std::string backend;
   std::string device_name;
   std::string compute_capability;
+  // SMs (cuda) or hardware threads (cpu), and the driver: cuBLASLt's
+  // heuristics depend on both. Empty in baselines of format 1, which did not
+  // record them (then not compared).
+  std::string multiprocessors;
+  std::string driver_version;
   std::string cuda_runtime_version;
   std::string cublaslt_version;
   std::string blas_version;

@@ -30,7 +30,13 @@ constexpr std::uint64_t kGoldenSeed = 0x676f6c64656e0001ull;
 struct Produced {
   std::uint64_t inputs_xxh3 = 0;
   std::vector<std::pair<std::string, Tensor>> outputs;
+  // The GEMM configurations the server reported for the case's call.
+  std::string gemms;
 };
+
+std::string GemmsOf(const client::Timing& t) {
+  return t.trailer.has_value() ? t.trailer->gemms : std::string();
+}
 
 std::uint64_t InputsDigest(absl::string_view what, std::initializer_list<const Tensor*> inputs) {
   std::string buf(what);
@@ -46,12 +52,14 @@ std::shared_ptr<Tensor> Bell(DType dtype, std::vector<std::int64_t> shape, absl:
 }
 
 absl::StatusOr<std::vector<Tensor>> SendLogits(client::Client& c, const Tensor& x, const Tensor& w,
-                                               DType out_dtype) {
+                                               DType out_dtype, std::string* gemms = nullptr) {
   absl::StatusOr<ScopedWeight> weight = ScopedWeight::Register(c, w, "golden");
   if (!weight.ok()) return weight.status();
   client::LogitsOptions o;
   o.out_dtype = out_dtype;
-  absl::StatusOr<Tensor> y = c.Logits(x, weight->handle(), o);
+  client::Timing timing;
+  absl::StatusOr<Tensor> y = c.Logits(x, weight->handle(), o, &timing);
+  if (gemms != nullptr) *gemms = GemmsOf(timing);
   if (!y.ok()) return Annotate(y.status(), absl::StrCat("Logits(", DTypeName(out_dtype), " out)"));
   std::vector<Tensor> out;
   out.push_back(*std::move(y));
@@ -67,7 +75,9 @@ GoldenCase LogitsCase(std::string name, std::int64_t v, std::int64_t k, DType ou
   return {name, [name, v, k, out_dtype](RunContext& ctx) -> absl::StatusOr<Produced> {
             auto x = Bell(DType::kBf16, {16, k}, absl::StrCat("x", k));
             auto w = Bell(DType::kBf16, {v, k}, absl::StrCat("w", v, "x", k));
-            absl::StatusOr<std::vector<Tensor>> out = SendLogits(ctx.client(), *x, *w, out_dtype);
+            std::string gemms;
+            absl::StatusOr<std::vector<Tensor>> out =
+                SendLogits(ctx.client(), *x, *w, out_dtype, &gemms);
             if (!out.ok()) return out.status();
             if (ctx.WantsReplay(kSuite)) {
               Replay replay;
@@ -83,6 +93,7 @@ GoldenCase LogitsCase(std::string name, std::int64_t v, std::int64_t k, DType ou
             p.inputs_xxh3 =
                 InputsDigest(absl::StrCat("logits ", DTypeName(out_dtype)), {x.get(), w.get()});
             p.outputs.emplace_back("y", std::move((*out)[0]));
+            p.gemms = std::move(gemms);
             return p;
           }};
 }
@@ -107,6 +118,7 @@ GoldenCase BackwardCase() {
             p.inputs_xxh3 = InputsDigest("backward", {dy.get(), x.get(), w.get()});
             p.outputs.emplace_back("dx", *std::move(res->dx));
             p.outputs.emplace_back("dw", *std::move(res->dw));
+            p.gemms = GemmsOf(res->timing);
             return p;
           }};
 }
@@ -181,6 +193,7 @@ class GoldenSuite final : public Suite {
       CaseRecord rec;
       rec.name = g.name;
       rec.inputs_xxh3 = produced->inputs_xxh3;
+      rec.gemms = produced->gemms;
       for (const auto& [name, t] : produced->outputs) rec.outputs.push_back(RecordOutput(name, t));
       recorded_.push_back(std::move(rec));
       r.summary = absl::StrCat("recorded to ", o.record_path);
@@ -228,6 +241,20 @@ class GoldenSuite final : public Suite {
                                  g.name, rec->inputs_xxh3, produced->inputs_xxh3))) {
       return absl::OkStatus();
     }
+    // When the bits moved, whether the server ran other GEMM algorithms than
+    // at recording is what an operator needs to know first.
+    const bool other_gemms =
+        !rec->gemms.empty() && !produced->gemms.empty() && rec->gemms != produced->gemms;
+    if (!produced->gemms.empty()) r.figures["gemms"] = produced->gemms;
+    const std::string gemm_note =
+        other_gemms ? absl::StrCat(
+                          "; the server ran other GEMM algorithms than when the baseline "
+                          "was recorded (recorded: ",
+                          rec->gemms, "; now: ", produced->gemms,
+                          "): keep the chosen algorithms across restarts with logitd "
+                          "--algo_cache=FILE")
+        : rec->gemms.empty() ? std::string()
+                             : std::string("; the same GEMM algorithms ran");
     std::vector<std::string> parts;
     for (const auto& [name, t] : produced->outputs) {
       const OutputRecord* out = nullptr;
@@ -246,7 +273,7 @@ class GoldenSuite final : public Suite {
                                                       {"sampled", c.sampled},
                                                       {"sampled_differing", c.sampled_differing},
                                                       {"max_ulp", c.max_ulp}};
-      r.Check(c.equal, absl::StrCat("case '", g.name, "': ", c.message));
+      r.Check(c.equal, absl::StrCat("case '", g.name, "': ", c.message, gemm_note));
       if (c.equal) {
         parts.push_back(absl::StrCat(name, " equal"));
       } else if (c.differing_elements >= 0) {

@@ -166,6 +166,11 @@ struct TimingTrailer {
   std::optional<std::int64_t> d2h_us;
   std::optional<std::int64_t> send_us;
   std::optional<std::int64_t> total_us;
+  // The GEMM configurations the server ran for the call, from its
+  // "logitd-gemm" trailer ("shape: configuration" entries separated by "; ";
+  // the cuda backend's cuBLASLt algorithms), empty when not sent. Two runs
+  // that give different bits on one platform differ here.
+  std::string gemms;
 };
 
 // Parses a "logitd-timing" value ("receive_us=12,compute_us=345,..."); keys it

@@ -28,7 +28,12 @@ Baseline OneCase(const Tensor& t) {
   Baseline b;
   b.platform.backend = "cpu";
   b.platform.device_name = "test cpu";
-  b.cases.push_back(CaseRecord{"case", 0x1234, {RecordOutput("y", t)}});
+  CaseRecord c;
+  c.name = "case";
+  c.inputs_xxh3 = 0x1234;
+  c.outputs.push_back(RecordOutput("y", t));
+  c.gemms = "logits(M=16,N=2048,K=1024,fp32 out): algo=66 tile=10";
+  b.cases.push_back(std::move(c));
   return b;
 }
 
@@ -107,11 +112,52 @@ TEST(BaselineTest, RejectsMalformedFiles) {
 }
 
 TEST(PlatformTest, DifferencesAreNamed) {
-  Platform a{"cuda", "NVIDIA H100", "9.0", "12.4", "12.4.5", ""};
+  Platform a;
+  a.backend = "cuda";
+  a.device_name = "NVIDIA H100";
+  a.compute_capability = "9.0";
+  a.multiprocessors = "132";
+  a.driver_version = "580.159.04 (CUDA 13.0)";
+  a.cuda_runtime_version = "12.4";
+  a.cublaslt_version = "12.4.5";
   Platform b = a;
   EXPECT_EQ(PlatformDifference(a, b), "");
   b.cublaslt_version = "12.6.1";
   EXPECT_EQ(PlatformDifference(a, b), "cuBLASLt: '12.4.5' vs '12.6.1'");
+  b = a;
+  b.multiprocessors = "114";
+  b.driver_version = "575.57.08 (CUDA 12.9)";
+  EXPECT_EQ(PlatformDifference(a, b),
+            "SMs: '132' vs '114'; driver: '580.159.04 (CUDA 13.0)' vs '575.57.08 (CUDA 12.9)'");
+  // A baseline of format 1 recorded neither: they are not compared.
+  Platform old = a;
+  old.multiprocessors.clear();
+  old.driver_version.clear();
+  EXPECT_EQ(PlatformDifference(old, b), "");
+}
+
+TEST(BaselineTest, GemmsAndPlatformSurviveTheFileAndFormatOneStillReads) {
+  Baseline b = OneCase(Ramp(DType::kFp32, {4}));
+  b.platform.backend = "cuda";
+  b.platform.multiprocessors = "132";
+  b.platform.driver_version = "580.159.04";
+  nlohmann::json j = nlohmann::json::parse(BaselineToJson(b).dump());
+  EXPECT_EQ(j["format_version"], 2);
+  absl::StatusOr<Baseline> back = BaselineFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->cases[0].gemms, b.cases[0].gemms);
+  EXPECT_EQ(back->platform.multiprocessors, "132");
+  EXPECT_EQ(back->platform.driver_version, "580.159.04");
+  j["format_version"] = 1;
+  j["platform"].erase("multiprocessors");
+  j["platform"].erase("driver_version");
+  j["cases"][0].erase("gemms");
+  back = BaselineFromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->platform.multiprocessors.empty());
+  EXPECT_TRUE(back->cases[0].gemms.empty());
+  j["format_version"] = 3;
+  EXPECT_EQ(BaselineFromJson(j).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
