@@ -9,8 +9,10 @@
 # Environment:
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
-#   GPU_CHECK_SKIP     any of: tests validate rpc chunks example bench torch gemm ce ("bench" skips every
-#                      benchmark, "gemm" the GEMM ones, "ce" the cross-entropy one)
+#   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate rpc chunks example bench
+#                      torch gemm ce
+#                      ("bench" skips every benchmark, "gemm" the GEMM ones, "ce" the
+#                      cross-entropy one)
 #   GPU_CHECK_CTEST    extra ctest arguments (default: -L gpu)
 #   VALIDATE_TIMEOUT   seconds allowed for `logitctl validate` (default 300; a device
 #                      call is limited to 600 s in all)
@@ -25,7 +27,13 @@
 #   CE_BENCH_TIMEOUT   seconds allowed for it (default 240; 600 with CE_BENCH_COMPILE=1)
 #   RPC_BENCH_REQUESTS requests per M=1024 logitctl bench run (default 30)
 #   RPC_BENCH_TIMEOUT  seconds allowed per logitctl bench run (default 120)
-# Writes to OUT_DIR: build.log tests.log validate.log example.log validate.json
+#   SANITIZE_TIMEOUT   seconds allowed per compute-sanitizer run (default 240)
+#   GOLDEN_RESTARTS    server restarts compared against a golden baseline (default 5), with the
+#                      algorithm cache file kept and again without one
+#   STRESS_SECONDS     length of the 16-client stress run (default 300)
+#   STRESS_SANITIZER_SECONDS  length of its subset under compute-sanitizer memcheck (default 60)
+# Writes to OUT_DIR: build.log sweep.log tests.log sanitize.log golden.log stress.log
+# stress.txt (table and JSON) stress_sanitizer.log validate.log example.log validate.json
 # rpc.log rpc_*.json rpc_server.log rpc_util_*.txt rpc_metrics.txt bench_logitd.json
 # bench_torch.json bench.log bench_ce.json bench_ce.md bench_ce.log summary.txt.
 set -uo pipefail
@@ -100,14 +108,16 @@ find_bin() { find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -1; 
 # start_server LOG ARGS...: starts `logitd --backend=cuda` on a free loopback
 # port with ARGS, its output appended to LOG; sets server_pid, and port once it
 # listens. Fails (port empty) when it does not start within 60 s.
+# With server_wrapper set (an array), the server runs under it.
+server_wrapper=()
 start_server() {
   local log=$1 port_file
   shift
   port_file=$(mktemp)
   rm -f "$port_file"
   port=""
-  "$(find_bin logitd)" --backend=cuda --address=127.0.0.1:0 --port_file="$port_file" "$@" \
-    >>"$log" 2>&1 &
+  "${server_wrapper[@]}" "$(find_bin logitd)" --backend=cuda --address=127.0.0.1:0 \
+    --port_file="$port_file" "$@" >>"$log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 120); do
     [ -s "$port_file" ] && break
@@ -118,7 +128,34 @@ start_server() {
   rm -f "$port_file"
   [ -n "$port" ]
 }
-stop_server() { kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; }
+# Stops the server (under a wrapper: the wrapper's children); server_rc is its
+# exit status.
+stop_server() {
+  if [ ${#server_wrapper[@]} -gt 0 ]; then pkill -TERM -P "$server_pid" 2>/dev/null
+  else kill "$server_pid" 2>/dev/null; fi
+  wait "$server_pid" 2>/dev/null
+  server_rc=$?
+}
+gpu_memory() { nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | head -1; }
+
+# --- every GEMM configuration the tuner may pick, alone, on odd shapes -----
+# logitd_gemm_sweep runs each in a child process with a hang watchdog; it
+# exits non-zero when a configuration the tuner lists hangs, faults, fails
+# or gives a wrong result (the "offered" and "forced" sets are for evidence).
+if ! skipped sweep; then
+  sweep_bin=$(find_bin logitd_gemm_sweep)
+  if [ -z "$sweep_bin" ]; then
+    note sweep FAIL "logitd_gemm_sweep was not built"
+  elif timeout $((${SWEEP_SECONDS:-120} + 60)) "$sweep_bin" --max_seconds="${SWEEP_SECONDS:-120}" \
+    --timeout_ms=2000 >"$out/sweep.log" 2>&1; then
+    note sweep ok "$(grep -E '^tuner ' "$out/sweep.log" | tr -s ' ')"
+  else
+    note sweep FAIL "exit $? (see sweep.log)"
+  fi
+  sed -n '/^sweep summary/,$p' "$out/sweep.log" 2>/dev/null
+else
+  note sweep skip "GPU_CHECK_SKIP"
+fi
 
 # --- GPU tests ------------------------------------------------------------
 if ! skipped tests; then
@@ -132,6 +169,142 @@ if ! skipped tests; then
   else note tests FAIL "$line"; grep -E "\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Not Run" "$out/tests.log" | head -20; fi
 else
   note tests skip "GPU_CHECK_SKIP"
+fi
+
+# --- compute-sanitizer over the GPU paths -----------------------------------
+# memcheck over the backend under mixed small and odd shapes; racecheck and
+# synccheck over the backend's own kernels (cast, cross-entropy).
+if ! skipped sanitize; then
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  if [ -z "$sanitizer" ]; then
+    note sanitize skip "no compute-sanitizer"
+  else
+    : >"$out/sanitize.log"
+    sanitize_rc=0
+    sanitize() {  # sanitize TOOL TEST FILTER
+      local bin
+      bin=$(find_bin "$2")
+      [ -n "$bin" ] || { echo "=== $2 not built" >>"$out/sanitize.log"; sanitize_rc=1; return; }
+      echo "=== compute-sanitizer --tool $1 $2 --gtest_filter=$3" >>"$out/sanitize.log"
+      timeout "${SANITIZE_TIMEOUT:-240}" "$sanitizer" --tool "$1" --error-exitcode 99 \
+        --print-limit 20 "$bin" --gtest_filter="$3" >>"$out/sanitize.log" 2>&1
+      local rc=$?
+      echo "=== exit $rc" >>"$out/sanitize.log"
+      [ $rc -eq 0 ] || sanitize_rc=1
+    }
+    sanitize memcheck cuda_device_trust_test '*DeviceTrust*'
+    sanitize memcheck cuda_backend_test 'IntegerBackwardTest.*:CudaBackendTest.Cast*'
+    sanitize racecheck cuda_cast_kernel_test '*Misalignment*'
+    sanitize synccheck cuda_cross_entropy_test 'CrossEntropyTest.ChunkedAgreesWithOneChunk'
+    sanitize racecheck cuda_cross_entropy_test 'CrossEntropyTest.ChunkedAgreesWithOneChunk'
+    summary_line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+    if [ $sanitize_rc -eq 0 ]; then note sanitize ok "$summary_line"
+    else note sanitize FAIL "$summary_line (see sanitize.log)"; fi
+  fi
+else
+  note sanitize skip "GPU_CHECK_SKIP"
+fi
+
+# --- golden baselines across server restarts ---------------------------------
+# A baseline recorded against a fresh server is compared after each of
+# GOLDEN_RESTARTS restarts, with --algo_cache kept (every one must pass), then
+# the same without a cache file (the count that differ is reported). Then
+# every suite once with --baseline after a restart with the cache.
+if ! skipped golden && [ -n "$(find_bin logitd)" ] && [ -n "$(find_bin logitctl)" ]; then
+  gdir=$(mktemp -d)
+  : >"$out/golden.log"
+  golden_rc=0
+  restarts=${GOLDEN_RESTARTS:-5}
+  golden_round() {  # golden_round LABEL VALIDATE_ARGS...; SERVER_ARGS in golden_server_args
+    if start_server "$out/golden_server.log" "${golden_server_args[@]}"; then
+      echo "=== $1: logitctl validate $*" >>"$out/golden.log"
+      timeout "${VALIDATE_TIMEOUT:-300}" "$(find_bin logitctl)" validate --server="127.0.0.1:$port" \
+        "${@:2}" >>"$out/golden.log" 2>&1
+      round_rc=$?
+    else
+      round_rc=2
+    fi
+    stop_server
+    echo "=== $1: exit $round_rc" >>"$out/golden.log"
+    return $round_rc
+  }
+  for mode in cache nocache; do
+    golden_server_args=()
+    [ "$mode" = cache ] && golden_server_args=(--algo_cache="$gdir/algo_cache.json")
+    golden_round "$mode record" --suite=golden --record="$gdir/golden_$mode.json" || golden_rc=1
+    differ=0
+    for i in $(seq 1 "$restarts"); do
+      golden_round "$mode restart $i" --suite=golden --baseline="$gdir/golden_$mode.json" \
+        || differ=$((differ + 1))
+    done
+    echo "golden ($mode): $differ of $restarts restarts differ from the baseline" >>"$out/golden.log"
+    eval "differ_$mode=$differ"
+  done
+  golden_server_args=(--algo_cache="$gdir/algo_cache.json")
+  golden_round "all suites" --baseline="$gdir/golden_cache.json" --json "$out/validate_baseline.json" \
+    || golden_rc=1
+  cp "$gdir/algo_cache.json" "$out/algo_cache.json" 2>/dev/null
+  if [ "$golden_rc" -eq 0 ] && [ "$differ_cache" -eq 0 ]; then
+    note golden ok "with --algo_cache 0 of $restarts restarts differ; without it $differ_nocache of $restarts; all suites pass with --baseline"
+  else
+    note golden FAIL "with --algo_cache $differ_cache of $restarts restarts differ; without $differ_nocache; see golden.log"
+  fi
+  grep -E "^golden|FAILED|differ" "$out/golden.log" | head -20
+  rm -rf "$gdir"
+elif ! skipped golden; then
+  note golden skip "logitd or logitctl was not built"
+else
+  note golden skip "GPU_CHECK_SKIP"
+fi
+
+# --- stress: many clients, every tensor RPC, random and odd shapes ------------
+# `logitctl stress` with 16 clients for STRESS_SECONDS: every result checked,
+# 0 errors, wrong results and hung calls required. Then a subset (4 clients,
+# small shapes) with logitd under compute-sanitizer memcheck: 0 reports.
+if ! skipped stress && [ -n "$(find_bin logitd)" ] && [ -n "$(find_bin logitctl)" ]; then
+  : >"$out/stress.log"
+  stress_secs=${STRESS_SECONDS:-300}
+  mem_before=$(gpu_memory)
+  if start_server "$out/stress_server.log"; then
+    timeout $((stress_secs + 240)) "$(find_bin logitctl)" --server="127.0.0.1:$port" stress \
+      --clients=16 --duration="$stress_secs" --json >"$out/stress.txt" 2>>"$out/stress.log"
+    stress_rc=$?
+    mem_during=$(gpu_memory)
+  else
+    stress_rc=2
+  fi
+  stop_server
+  mem_after=$(gpu_memory)
+  line=$(grep -E "^stress: [0-9]+ calls" "$out/stress.txt" | head -1)
+  echo "GPU memory used: before $mem_before, at the end of the run $mem_during, after the server stopped $mem_after" >>"$out/stress.log"
+  if [ "$stress_rc" -eq 0 ]; then note stress ok "$line; GPU memory $mem_before -> $mem_during -> $mem_after"
+  else note stress FAIL "exit $stress_rc: $line (see stress.log)"; fi
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  if [ -n "$sanitizer" ] && ! skipped sanitize; then
+    : >"$out/stress_sanitizer.log"
+    server_wrapper=("$sanitizer" --tool memcheck --error-exitcode 99 --print-limit 20)
+    if start_server "$out/stress_sanitizer.log"; then
+      timeout $((${STRESS_SANITIZER_SECONDS:-60} + 240)) "$(find_bin logitctl)" \
+        --server="127.0.0.1:$port" stress --clients=4 --duration="${STRESS_SANITIZER_SECONDS:-60}" \
+        --stress_max_m=256 --stress_max_v=4097 --stress_max_k=1000 >>"$out/stress_sanitizer.log" 2>&1
+      san_stress_rc=$?
+    else
+      san_stress_rc=2
+    fi
+    stop_server
+    server_wrapper=()
+    san_line=$(grep -E "ERROR SUMMARY" "$out/stress_sanitizer.log" | tail -1)
+    calls_line=$(grep -E "^stress: [0-9]+ calls" "$out/stress_sanitizer.log" | tail -1)
+    if [ "$san_stress_rc" -eq 0 ] && [ "$server_rc" -eq 0 ]; then
+      note stress-san ok "${san_line:-no summary} (${calls_line})"
+    else
+      note stress-san FAIL "stress exit $san_stress_rc, sanitizer exit $server_rc: ${san_line:-no summary}"
+    fi
+  fi
+elif ! skipped stress; then
+  note stress skip "logitd or logitctl was not built"
+else
+  note stress skip "GPU_CHECK_SKIP"
 fi
 
 # --- the harness against the cuda backend -------------------------------
