@@ -18,6 +18,8 @@
 //
 //   usage: logitd_gemm_sweep [--sets=offered,forced,tuner] [--timeout_ms=3000]
 //                            [--max_seconds=150]
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -329,33 +331,63 @@ int main(int argc, char** argv) {
       std::_Exit(2);
     }
     close(fds[1]);
-    FILE* in = fdopen(fds[0], "r");
-    char line[4096];
+    // Lines as they come, with a watch on the child: one that stops
+    // printing (a kernel that blocks even its exit) is killed, and so is one
+    // still running past the sweep's deadline.
     long last_begun = -1;
+    long last_result = -1;
     bool ended = false;
-    while (std::fgets(line, sizeof line, in) != nullptr) {
-      const std::string l(line);
-      if (l.rfind("BEGIN ", 0) == 0) {
-        last_begun = std::atol(l.c_str() + 6);
-      } else if (l.rfind("RESULT ", 0) == 0) {
-        std::vector<std::string> f = absl::StrSplit(l, absl::MaxSplits(' ', 3));
-        if (f.size() >= 4) {
-          const std::string set = f[3].substr(0, f[3].find(' '));
-          ++counts[set][f[2]];
-          if (f[2] != "OK") {
-            std::fputs(l.c_str(), stdout);  // as it happens: the run may be cut short
-            std::fflush(stdout);
+    bool killed = false;
+    std::string pending;
+    auto last_output = std::chrono::steady_clock::now();
+    const auto quiet_limit = std::chrono::milliseconds(timeout_ms) + std::chrono::seconds(15);
+    for (;;) {
+      pollfd pfd{fds[0], POLLIN, 0};
+      const int ready = poll(&pfd, 1, 500);
+      const auto now = std::chrono::steady_clock::now();
+      if (ready > 0) {
+        char buf[4096];
+        const ssize_t n = read(fds[0], buf, sizeof buf);
+        if (n <= 0) break;  // the child closed its end: it is exiting
+        last_output = now;
+        pending.append(buf, static_cast<std::size_t>(n));
+        for (std::size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+          const std::string l = pending.substr(0, nl + 1);
+          pending.erase(0, nl + 1);
+          if (l.rfind("BEGIN ", 0) == 0) {
+            last_begun = std::atol(l.c_str() + 6);
+          } else if (l.rfind("RESULT ", 0) == 0) {
+            std::vector<std::string> f = absl::StrSplit(l, absl::MaxSplits(' ', 3));
+            if (f.size() >= 4) {
+              last_result = std::atol(f[1].c_str());
+              const std::string set = f[3].substr(0, f[3].find(' '));
+              ++counts[set][f[2]];
+              if (f[2] != "OK") {
+                std::fputs(l.c_str(), stdout);  // as it happens: the run may be cut short
+                std::fflush(stdout);
+              }
+            }
+          } else if (l.rfind("END ", 0) == 0) {
+            ended = true;
+          } else {
+            std::fputs(l.c_str(), stdout);
           }
         }
-      } else if (l.rfind("END ", 0) == 0) {
-        ended = true;
-      } else {
-        std::fputs(l.c_str(), stdout);
+      } else if (now - last_output > quiet_limit || now > deadline + std::chrono::seconds(10)) {
+        std::printf("sweep: child silent for %lld s%s; killed\n",
+                    static_cast<long long>(
+                        std::chrono::duration_cast<std::chrono::seconds>(now - last_output).count()),
+                    now > deadline ? " past the deadline" : "");
+        std::fflush(stdout);
+        kill(pid, SIGKILL);
+        killed = true;
+        break;
       }
     }
-    std::fclose(in);
+    close(fds[0]);
     int status = 0;
     waitpid(pid, &status, 0);
+    if (killed && std::chrono::steady_clock::now() > deadline) break;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (ended && code == 0) {
       complete = true;
@@ -366,7 +398,12 @@ int main(int argc, char** argv) {
       std::printf("sweep: child exited %d before any progress; giving up\n", code);
       return 2;
     }
-    if (code != 3 && code != 4) {
+    if (killed && last_result != last_begun) {
+      // Silent in the middle of a configuration: it hung without the
+      // child's own watchdog noticing.
+      std::printf("RESULT %ld HANG (the child stopped answering)\n", last_begun);
+      ++counts["?"]["HANG"];
+    } else if (!killed && code != 3 && code != 4) {
       // A crash without a RESULT line: count it against the one that began.
       std::printf("RESULT %ld CRASH (exit %d)\n", last_begun, code);
       ++counts["?"]["CRASH"];

@@ -196,7 +196,8 @@ if ! skipped sanitize; then
     sanitize memcheck cuda_backend_test 'IntegerBackwardTest.*:CudaBackendTest.Cast*'
     sanitize racecheck cuda_cast_kernel_test '*Misalignment*'
     sanitize synccheck cuda_cross_entropy_test 'CrossEntropyTest.ChunkedAgreesWithOneChunk'
-    sanitize racecheck cuda_cross_entropy_test 'CrossEntropyTest.ChunkedAgreesWithOneChunk'
+    SANITIZE_TIMEOUT=$((${SANITIZE_TIMEOUT:-240} * 3)) \
+      sanitize racecheck cuda_cross_entropy_test 'CrossEntropyTest.ChunkedAgreesWithOneChunk'
     summary_line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')
     if [ $sanitize_rc -eq 0 ]; then note sanitize ok "$summary_line"
     else note sanitize FAIL "$summary_line (see sanitize.log)"; fi
@@ -295,7 +296,10 @@ if ! skipped stress && [ -n "$(find_bin logitd)" ] && [ -n "$(find_bin logitctl)
     server_wrapper=()
     san_line=$(grep -E "ERROR SUMMARY" "$out/stress_sanitizer.log" | tail -1)
     calls_line=$(grep -E "^stress: [0-9]+ calls" "$out/stress_sanitizer.log" | tail -1)
-    if [ "$san_stress_rc" -eq 0 ] && [ "$server_rc" -eq 0 ]; then
+    # Judged by the tool's summary: logitd ends through _Exit after its
+    # shutdown grace, whose status compute-sanitizer cannot always read
+    # ("couldn't find exit code", exit 1).
+    if [ "$san_stress_rc" -eq 0 ] && grep -q "ERROR SUMMARY: 0 errors" "$out/stress_sanitizer.log"; then
       note stress-san ok "${san_line:-no summary} (${calls_line})"
     else
       note stress-san FAIL "stress exit $san_stress_rc, sanitizer exit $server_rc: ${san_line:-no summary}"
