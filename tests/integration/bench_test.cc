@@ -283,3 +283,86 @@ TEST_F(BenchTest, ProbeWithOtherBytesThanAnnouncedIsInvalidArgument) {
 
 }  // namespace
 }  // namespace logitd::testing
+
+namespace logitd::testing {
+namespace {
+
+// `logitctl stress` against the suite's server: every RPC, results checked.
+class StressTest : public SharedServerTest {
+ protected:
+  static RunResult Run(const std::string& address, const std::vector<std::string>& args) {
+    std::string cmd = Quote(LogitctlBinary()) + " --server=" + Quote(address);
+    for (const std::string& a : args) cmd += " " + Quote(a);
+    RunResult r;
+    FILE* pipe = popen(cmd.c_str(), "r");
+    if (pipe == nullptr) return r;
+    char buf[4096];
+    std::size_t n;
+    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+    const int status = pclose(pipe);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  }
+  // The JSON report that follows the table.
+  static nlohmann::json Report(const RunResult& r) {
+    const std::size_t at = r.out.find("\n{");
+    if (at == std::string::npos) return nlohmann::json();
+    return nlohmann::json::parse(r.out.substr(at + 1), nullptr, false);
+  }
+  static std::vector<std::string> SmallStress(const std::string& seconds) {
+    return {"stress",
+            "--clients=3",
+            "--duration=" + seconds,
+            "--stress_max_m=16",
+            "--stress_max_v=1000",
+            "--stress_max_k=257",
+            "--stress_max_output_bytes=2097152",
+            "--json"};
+  }
+};
+
+TEST_F(StressTest, EveryRpcRightAndExitZero) {
+  const RunResult r = Run(server_->process.address(), SmallStress("4"));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json report = Report(r);
+  ASSERT_TRUE(report.is_object()) << r.out;
+  EXPECT_GT(report.at("calls").get<std::int64_t>(), 20);
+  EXPECT_EQ(report.at("errors").get<std::int64_t>(), 0);
+  EXPECT_EQ(report.at("wrong").get<std::int64_t>(), 0);
+  EXPECT_EQ(report.at("hung").get<std::int64_t>(), 0);
+  for (const char* rpc : {"Logits(fp32)", "Backward", "CrossEntropy"}) {
+    EXPECT_GT(report.at("rpcs").at(rpc).at("calls").get<std::int64_t>(), 0) << rpc;
+  }
+  // Its weights are released again.
+  absl::StatusOr<std::vector<client::WeightInfo>> left = client().ListWeights();
+  ASSERT_TRUE(left.ok()) << left.status();
+  for (const client::WeightInfo& w : *left) {
+    EXPECT_EQ(w.name.rfind("stress-", 0), std::string::npos) << w.name;
+  }
+}
+
+TEST_F(StressTest, UsageErrorsExitTwo) {
+  EXPECT_EQ(Run(server_->process.address(), {"stress", "--clients=0"}).exit_code, 2);
+  EXPECT_EQ(Run(server_->process.address(), {"stress", "--stress_max_v=3"}).exit_code, 2);
+  EXPECT_EQ(Run(server_->process.address(), {"stress", "extra"}).exit_code, 2);
+}
+
+#ifdef LOGITD_TEST_FAULTS_ENABLED
+// Against a server whose Logits outputs are wrong in one bit, the stress
+// run must say so and fail.
+TEST_F(StressTest, WrongResultsAreCountedAndExitOne) {
+  absl::StatusOr<ServerProcess> faulty =
+      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--test_fault=logits_bit"});
+  ASSERT_TRUE(faulty.ok()) << faulty.status();
+  const RunResult r = Run(faulty->address(), SmallStress("3"));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  const nlohmann::json report = Report(r);
+  ASSERT_TRUE(report.is_object()) << r.out;
+  EXPECT_GT(report.at("wrong").get<std::int64_t>(), 0);
+  EXPECT_GT(report.at("rpcs").at("Logits(fp32)").at("wrong").get<std::int64_t>(), 0);
+  EXPECT_TRUE(report.at("rpcs").at("Logits(fp32)").contains("first_problem"));
+}
+#endif
+
+}  // namespace
+}  // namespace logitd::testing
