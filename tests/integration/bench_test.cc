@@ -49,7 +49,11 @@ class BenchTest : public SharedServerTest {
 
   // Runs logitctl against the suite's server; stderr goes to the test log.
   static RunResult Run(const std::vector<std::string>& args) {
-    std::string cmd = Quote(LogitctlBinary()) + " --server=" + Quote(server_->process.address());
+    return RunAt(server_->process.address(), args);
+  }
+  // Runs logitctl against the server at `address`.
+  static RunResult RunAt(const std::string& address, const std::vector<std::string>& args) {
+    std::string cmd = Quote(LogitctlBinary()) + " --server=" + Quote(address);
     for (const std::string& a : args) cmd += " " + Quote(a);
     RunResult r;
     FILE* pipe = popen(cmd.c_str(), "r");
@@ -288,21 +292,8 @@ namespace logitd::testing {
 namespace {
 
 // `logitctl stress` against the suite's server: every RPC, results checked.
-class StressTest : public SharedServerTest {
+class StressTest : public BenchTest {
  protected:
-  static RunResult Run(const std::string& address, const std::vector<std::string>& args) {
-    std::string cmd = Quote(LogitctlBinary()) + " --server=" + Quote(address);
-    for (const std::string& a : args) cmd += " " + Quote(a);
-    RunResult r;
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (pipe == nullptr) return r;
-    char buf[4096];
-    std::size_t n;
-    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-    const int status = pclose(pipe);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-  }
   // The JSON report that follows the table.
   static nlohmann::json Report(const RunResult& r) {
     const std::size_t at = r.out.find("\n{");
@@ -322,7 +313,7 @@ class StressTest : public SharedServerTest {
 };
 
 TEST_F(StressTest, EveryRpcRightAndExitZero) {
-  const RunResult r = Run(server_->process.address(), SmallStress("4"));
+  const RunResult r = RunAt(server_->process.address(), SmallStress("4"));
   EXPECT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json report = Report(r);
   ASSERT_TRUE(report.is_object()) << r.out;
@@ -342,9 +333,9 @@ TEST_F(StressTest, EveryRpcRightAndExitZero) {
 }
 
 TEST_F(StressTest, UsageErrorsExitTwo) {
-  EXPECT_EQ(Run(server_->process.address(), {"stress", "--clients=0"}).exit_code, 2);
-  EXPECT_EQ(Run(server_->process.address(), {"stress", "--stress_max_v=3"}).exit_code, 2);
-  EXPECT_EQ(Run(server_->process.address(), {"stress", "extra"}).exit_code, 2);
+  EXPECT_EQ(Run({"stress", "--clients=0"}).exit_code, 2);
+  EXPECT_EQ(Run({"stress", "--stress_max_v=3"}).exit_code, 2);
+  EXPECT_EQ(Run({"stress", "extra"}).exit_code, 2);
 }
 
 #ifdef LOGITD_TEST_FAULTS_ENABLED
@@ -354,7 +345,7 @@ TEST_F(StressTest, WrongResultsAreCountedAndExitOne) {
   absl::StatusOr<ServerProcess> faulty =
       ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--test_fault=logits_bit"});
   ASSERT_TRUE(faulty.ok()) << faulty.status();
-  const RunResult r = Run(faulty->address(), SmallStress("3"));
+  const RunResult r = RunAt(faulty->address(), SmallStress("3"));
   EXPECT_EQ(r.exit_code, 1) << r.out;
   const nlohmann::json report = Report(r);
   ASSERT_TRUE(report.is_object()) << r.out;
