@@ -140,7 +140,7 @@ commands:
                                      targets, without the [M, V] logits; tensors "loss"
                                      ([M] for none, else [1]), "lse", "dx", "dw"
   stress [--clients=16] [--duration=SECONDS (default 60)] [--stress_max_m=4096]
-         [--stress_max_v=128256] [--stress_max_k=4096] [--stress_max_output_bytes=1GiB]
+         [--stress_max_v=128256] [--stress_max_k=4096] [--stress_max_output_bytes=1073741824]
          [--stress_slow_call=120] [--seed=1234] [--json]
                                      correctness soak: every tensor RPC from --clients
                                      connections with random and odd shapes, every result
