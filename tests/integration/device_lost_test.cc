@@ -81,6 +81,16 @@ std::unique_ptr<client::Client> Connect(const std::string& address,
   return Fp32EqualsExact(*y, ExactNT(x, w), {x.dim(0), w.dim(0)});
 }
 
+// Whether the server's health says NOT_SERVING by `deadline`; *serving is
+// the last status seen.
+bool NotServingBy(const std::string& address, absl::Time deadline, int* serving) {
+  for (;;) {
+    if (HealthCheck(address, "", serving) == grpc::StatusCode::OK && *serving == 2) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 int Occurrences(const std::string& text, const std::string& what) {
   int n = 0;
   for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
@@ -108,15 +118,8 @@ TEST(DeviceLostTest, FaultTurnsHealthNotServingCallsUnavailableAndExits75) {
   const absl::Time failed_at = absl::Now();
 
   // NOT_SERVING within a second.
-  bool not_serving = false;
-  while (absl::Now() - failed_at < absl::Seconds(1)) {
-    if (HealthCheck(server.address(), "", &serving) == grpc::StatusCode::OK && serving == 2) {
-      not_serving = true;
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_TRUE(not_serving) << "health still " << serving << " 1 s after the fault";
+  EXPECT_TRUE(NotServingBy(server.address(), failed_at + absl::Seconds(1), &serving))
+      << "health still " << serving << " 1 s after the fault";
 
   // Every call that needs the device: UNAVAILABLE, naming the cause (or, once
   // the port has closed, UNAVAILABLE from the channel).
@@ -133,8 +136,8 @@ TEST(DeviceLostTest, FaultTurnsHealthNotServingCallsUnavailableAndExits75) {
   EXPECT_EQ(Occurrences(log, "Not serving; in-flight calls have"), 1) << log;
   // The cause, as the backend saw it: the trap's own error on a GPU, the
   // simulated fault's name on the cpu backend.
-  EXPECT_TRUE(absl::StrContains(log, std::string(kBackend) == "cuda" ? "cudaErrorLaunchFailure"
-                                                                      : "test fault device_trap"))
+  EXPECT_TRUE(absl::StrContains(
+      log, std::string(kBackend) == "cuda" ? "cudaErrorLaunchFailure" : "test fault device_trap"))
       << log;
 }
 
@@ -143,24 +146,13 @@ TEST(DeviceLostTest, HungCallIsReportedAndTheServerExits75) {
   auto c = Connect(server.address());
   ASSERT_NE(c, nullptr);
   const absl::Time start = absl::Now();
-  std::atomic<bool> done{false};
   absl::Status hung_status;
-  std::thread caller([&] {
-    hung_status = c->CastToBf16(Trigger(kHang)).status();
-    done = true;
-  });
+  std::thread caller([&] { hung_status = c->CastToBf16(Trigger(kHang)).status(); });
   // The watchdog looks four times per timeout: NOT_SERVING within 2.5 s of
   // the timeout, whatever the hung call is doing.
   int serving = -1;
-  bool not_serving = false;
-  while (absl::Now() - start < absl::Seconds(6)) {
-    if (HealthCheck(server.address(), "", &serving) == grpc::StatusCode::OK && serving == 2) {
-      not_serving = true;
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  EXPECT_TRUE(not_serving) << "health " << serving;
+  EXPECT_TRUE(NotServingBy(server.address(), start + absl::Seconds(6), &serving))
+      << "health " << serving;
   const std::optional<int> status = server.WaitExit(absl::Seconds(40));
   caller.join();
   EXPECT_FALSE(hung_status.ok());
