@@ -75,9 +75,10 @@ grpc::ByteBuffer SerializeMessage(const M& message);
 
 // --- Implementation of the templates ------------------------------------------
 
-#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_format.h"
 
@@ -100,17 +101,16 @@ absl::Status SendChunkMessages(absl::string_view name, const std::byte* data, st
 
 template <typename M>
 bool ParseMessage(grpc::ByteBuffer* buffer, M* message) {
-  return grpc::SerializationTraits<M>::Deserialize(buffer, message).ok();
+  grpc::ProtoBufferReader reader(buffer);
+  return reader.status().ok() && message->ParseFromZeroCopyStream(&reader);
 }
 
 template <typename M>
 grpc::ByteBuffer SerializeMessage(const M& message) {
-  grpc::ByteBuffer out;
-  bool own = false;
-  // Serializing an in-memory message fails only when it exceeds 2 GiB,
-  // which no logitd message does (chunks go through ChunkMessage).
-  (void)grpc::SerializationTraits<M>::Serialize(message, &out, &own);
-  return out;
+  // Headers, results and digests: small messages (chunks go through
+  // ChunkMessage), copied once into the slice gRPC sends.
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
 }
 
 }  // namespace logitd::wire

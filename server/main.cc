@@ -521,6 +521,15 @@ int Main(int argc, char** argv) {
     }
     options.weights_dir = dir;
   }
+  // Each call runs on its own thread; bound them so that a burst of calls is
+  // refused (RESOURCE_EXHAUSTED) rather than exhausting memory. Enough threads
+  // for every admitted request plus calls whose client has gone but which are
+  // still finishing; admission control, not the threads, is what refuses
+  // excess load.
+  const int max_threads =
+      std::max({16, 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+                2 * static_cast<int>(absl::GetFlag(FLAGS_max_concurrent_requests))});
+  options.max_call_threads = max_threads;
   options.shm.allowed = absl::GetFlag(FLAGS_allow_shm);
   options.shm.max_region_bytes = absl::GetFlag(FLAGS_shm_max_region_bytes);
   if (options.shm.max_region_bytes == 0) {
@@ -640,14 +649,7 @@ int Main(int argc, char** argv) {
       std::max<std::uint64_t>(chunk_bytes, wire::kDefaultChunkBytes) + kMessageHeadroom;
   builder.SetMaxReceiveMessageSize(static_cast<int>(receive_limit));
   builder.SetMaxSendMessageSize(static_cast<int>(chunk_bytes + kMessageHeadroom));
-  // The sync server runs each call on its own thread; bound them so that a
-  // burst of calls is refused (RESOURCE_EXHAUSTED) rather than exhausting memory.
-  // Enough threads for every admitted request plus calls whose client has
-  // gone but which are still finishing; admission control, not the thread
-  // pool, is what refuses excess load.
-  const int max_threads =
-      std::max({16, 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
-                2 * static_cast<int>(absl::GetFlag(FLAGS_max_concurrent_requests))});
+  // The other calls run on the sync server's threads, bounded the same way.
   grpc::ResourceQuota quota("logitd");
   quota.SetMaxThreads(max_threads);
   builder.SetResourceQuota(quota);

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/raw_call.h"
 #include "common/wire.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 
@@ -41,25 +42,21 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-// Trailing metadata key of the server's time split of a call.
-constexpr absl::string_view kTimingTrailer = "logitd-timing";
-
-// Trailing metadata key of the GEMM configurations a call ran.
-constexpr absl::string_view kGemmTrailer = "logitd-gemm";
-
 // The call's parsed timing trailer and GEMM trailer; empty when both are
 // absent, the times empty when malformed (timing is an observation, never a
 // reason to fail a call that succeeded).
 std::optional<TimingTrailer> TrailerOf(const grpc::ClientContext& context) {
   const auto& trailers = context.GetServerTrailingMetadata();
   std::optional<TimingTrailer> out;
-  const auto it = trailers.find(grpc::string_ref(kTimingTrailer.data(), kTimingTrailer.size()));
+  const auto it =
+      trailers.find(grpc::string_ref(wire::kTimingTrailer.data(), wire::kTimingTrailer.size()));
   if (it != trailers.end()) {
     absl::StatusOr<TimingTrailer> t =
         ParseTimingTrailer(absl::string_view(it->second.data(), it->second.size()));
     if (t.ok()) out = *std::move(t);
   }
-  const auto gemm = trailers.find(grpc::string_ref(kGemmTrailer.data(), kGemmTrailer.size()));
+  const auto gemm =
+      trailers.find(grpc::string_ref(wire::kGemmTrailer.data(), wire::kGemmTrailer.size()));
   if (gemm != trailers.end()) {
     if (!out.has_value()) out.emplace();
     out->gemms.assign(gemm->second.data(), gemm->second.size());
@@ -233,26 +230,23 @@ enum class Next { kEnd, kMessage, kChunk, kMalformed };
 template <typename Request, typename Response>
 class RawCall {
  public:
-  RawCall(grpc::ChannelInterface* channel, const grpc::internal::RpcMethod& method,
-          grpc::ClientContext* context)
-      : stream_(
-            grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-                channel, method, context)) {}
+  RawCall(grpc::GenericStub& stub, absl::string_view method, grpc::ClientContext* context)
+      : call_(stub, method, context) {}
 
-  bool Write(const Request& request) { return stream_->Write(wire::SerializeMessage(request)); }
-  bool Write(const grpc::ByteBuffer& message) { return stream_->Write(message); }
-  bool WritesDone() { return stream_->WritesDone(); }
-  grpc::Status Finish() { return stream_->Finish(); }
+  bool Write(const Request& request) { return call_.Write(wire::SerializeMessage(request)); }
+  bool Write(const grpc::ByteBuffer& message) { return call_.Write(message); }
+  bool WritesDone() { return call_.WritesDone(); }
+  grpc::Status Finish() { return call_.Finish(); }
 
   Next Read(Response* message, wire::ChunkView* chunk) {
     grpc::ByteBuffer buffer;
-    if (!stream_->Read(&buffer)) return Next::kEnd;
+    if (!call_.Read(&buffer)) return Next::kEnd;
     if (wire::ReadChunkMessage(buffer, chunk)) return Next::kChunk;
     return wire::ParseMessage(&buffer, message) ? Next::kMessage : Next::kMalformed;
   }
 
  private:
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
+  wire::RawClientCall call_;
 };
 
 // Into a raw stream, each chunk is copied once, into a buffer its message
@@ -382,40 +376,12 @@ absl::StatusOr<TimingTrailer> ParseTimingTrailer(absl::string_view text) {
   return out;
 }
 
-// A logitd.v1.Logitd method's path, e.g. "/logitd.v1.Logitd/Logits"; the
-// string lives as long as the program (gRPC keeps the pointer).
-const char* MethodPath(absl::string_view method) {
-  static auto* paths = new std::map<std::string, std::string, std::less<>>();
-  static auto* mu = new std::mutex();
-  std::lock_guard<std::mutex> lock(*mu);
-  auto it = paths->find(method);
-  if (it == paths->end()) {
-    it = paths
-             ->emplace(std::string(method),
-                       absl::StrCat("/", v1::Logitd::service_full_name(), "/", method))
-             .first;
-  }
-  return it->second.c_str();
-}
-
 struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Logitd::Stub> stub;
-  // The calls that stream tensors back, made as raw streams (RawCall);
-  // registered with the channel once, as the stub does for its methods.
-  // FetchGradient is server-streaming: made as a bidirectional stream that
-  // writes one request, the same messages on the wire.
-  std::unique_ptr<grpc::internal::RpcMethod> logits_method;
-  std::unique_ptr<grpc::internal::RpcMethod> backward_method;
-  std::unique_ptr<grpc::internal::RpcMethod> fetch_gradient_method;
-  std::unique_ptr<grpc::internal::RpcMethod> cast_method;
-  std::unique_ptr<grpc::internal::RpcMethod> cross_entropy_method;
-
-  std::unique_ptr<grpc::internal::RpcMethod> RawMethod(absl::string_view name) const {
-    return std::make_unique<grpc::internal::RpcMethod>(
-        MethodPath(name), grpc::internal::RpcMethod::BIDI_STREAMING, channel);
-  }
+  // The calls that stream tensors back, made as raw streams (RawCall).
+  std::unique_ptr<grpc::GenericStub> generic;
 
   std::atomic<std::uint64_t> calls{0};
   std::atomic<std::uint64_t> attempts{0};
@@ -572,11 +538,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addres
         absl::StrCat("server address: cannot create a channel to '", address, "'"));
   }
   impl->stub = v1::Logitd::NewStub(impl->channel);
-  impl->logits_method = impl->RawMethod("Logits");
-  impl->backward_method = impl->RawMethod("Backward");
-  impl->fetch_gradient_method = impl->RawMethod("FetchGradient");
-  impl->cast_method = impl->RawMethod("Cast");
-  impl->cross_entropy_method = impl->RawMethod("CrossEntropy");
+  impl->generic = std::make_unique<grpc::GenericStub>(impl->channel);
   impl->options = std::move(options);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -719,7 +681,7 @@ absl::StatusOr<GradientResult> Client::FetchGradientInto(const std::string& hand
       !zero_after_fetch, [&](grpc::ClientContext& context) -> absl::StatusOr<GradientResult> {
         auto stream =
             std::make_unique<RawCall<v1::FetchGradientRequest, v1::FetchGradientResponse>>(
-                impl_->channel.get(), *impl_->fetch_gradient_method, &context);
+                *impl_->generic, "FetchGradient", &context);
         v1::FetchGradientRequest request;
         request.set_weight_handle(handle);
         request.set_zero_after_fetch(zero_after_fetch);
@@ -756,8 +718,8 @@ absl::Status Client::ZeroGradient(const std::string& handle) {
 absl::StatusOr<Tensor> Client::CastToBf16(const Tensor& input) {
   if (absl::Status s = CheckNotEmpty("input", input); !s.ok()) return s;
   return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<Tensor> {
-    auto stream = std::make_unique<RawCall<v1::CastRequest, v1::CastResponse>>(
-        impl_->channel.get(), *impl_->cast_method, &context);
+    auto stream = std::make_unique<RawCall<v1::CastRequest, v1::CastResponse>>(*impl_->generic,
+                                                                               "Cast", &context);
 
     v1::CastRequest header;
     *header.mutable_header()->mutable_input() = wire::MakeSpec("input", input);
@@ -804,7 +766,7 @@ absl::StatusOr<CrossEntropyResult> Client::CrossEntropy(const Tensor& x, const T
       !options.accumulate_dw,
       [&](grpc::ClientContext& context) -> absl::StatusOr<CrossEntropyResult> {
         auto stream = std::make_unique<RawCall<v1::CrossEntropyRequest, v1::CrossEntropyResponse>>(
-            impl_->channel.get(), *impl_->cross_entropy_method, &context);
+            *impl_->generic, "CrossEntropy", &context);
 
         v1::CrossEntropyRequest header;
         v1::CrossEntropyHeader* h = header.mutable_header();
@@ -1061,7 +1023,7 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
 
   return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<LogitsShmResult> {
     auto stream = std::make_unique<RawCall<v1::LogitsRequest, v1::LogitsResponse>>(
-        impl_->channel.get(), *impl_->logits_method, &context);
+        *impl_->generic, "Logits", &context);
 
     v1::LogitsRequest header;
     v1::LogitsHeader* h = header.mutable_header();
@@ -1143,7 +1105,7 @@ absl::StatusOr<BackwardShmResult> Client::BackwardShm(const BackwardShmArgs& arg
       !options.accumulate_dw,
       [&](grpc::ClientContext& context) -> absl::StatusOr<BackwardShmResult> {
         auto stream = std::make_unique<RawCall<v1::BackwardRequest, v1::BackwardResponse>>(
-            impl_->channel.get(), *impl_->backward_method, &context);
+            *impl_->generic, "Backward", &context);
         v1::BackwardRequest header;
         v1::BackwardHeader* h = header.mutable_header();
         h->set_weight_handle(handle);

@@ -187,7 +187,7 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(AuthOptions
   return auth;
 }
 
-absl::StatusOr<Tenant> Authenticator::Authenticate(const grpc::ServerContext& context) const {
+absl::StatusOr<Tenant> Authenticator::Authenticate(const grpc::ServerContextBase& context) const {
   if (!tokens_enabled()) {
     if (!options_.allow_remote && !IsLoopbackPeer(context.peer())) {
       return absl::PermissionDeniedError(absl::StrCat(

@@ -68,7 +68,7 @@ class Authenticator {
   // The caller's tenant. Unauthenticated for a missing, malformed or unknown
   // bearer token (with tokens); PermissionDenied for a non-loopback peer
   // (without tokens and without allow_remote).
-  absl::StatusOr<Tenant> Authenticate(const grpc::ServerContext& context) const;
+  absl::StatusOr<Tenant> Authenticate(const grpc::ServerContextBase& context) const;
 
   // Reads the tokens file again and, when it parses, replaces the table; on
   // an error the old table stays and the error is returned. Tenants whose

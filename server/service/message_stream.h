@@ -5,9 +5,7 @@
 // common/chunk_message.h).
 #pragma once
 
-#include <grpcpp/server_context.h>
 #include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/sync_stream.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -19,11 +17,10 @@
 #include "absl/time/time.h"
 #include "common/chunk_message.h"
 #include "server/kernels/backend.h"
+#include "server/service/raw_stream.h"
 #include "server/service/request_stream.h"
 
 namespace logitd::service {
-
-using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // A raw stream read and written as a call's message types, plus chunks
 // written from host buffers.

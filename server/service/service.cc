@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/chunk_message.h"
+#include "common/raw_call.h"
 #include "common/wire.h"
 #include "logitd/bf16.h"
 #include "logitd/safetensors.h"
@@ -30,17 +31,12 @@ namespace logitd::service {
 namespace {
 
 constexpr std::size_t kMaxLoggedMessage = 300;
-// Trailing metadata key of a call's server-side time split.
-constexpr absl::string_view kTimingTrailer = "logitd-timing";
-// Trailing metadata key of the GEMM configurations a call ran ("; "-separated
-// "shape: configuration" entries; cuda only).
-constexpr absl::string_view kGemmTrailer = "logitd-gemm";
 
 // The handlers' ReceiveChunks: the shared one, asking the call's context
 // whether the client is gone.
 template <typename Request, typename Stream, typename Stats>
-absl::Status ReceiveChunks(grpc::ServerContext* context, Stream* stream, wire::Assembler* assembler,
-                           Stats* stats) {
+absl::Status ReceiveChunks(grpc::ServerContextBase* context, Stream* stream,
+                           wire::Assembler* assembler, Stats* stats) {
   return service::ReceiveChunks<Request>(stream, assembler, stats,
                                          [context] { return context->IsCancelled(); });
 }
@@ -132,9 +128,9 @@ std::int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 // Admits a call that will hold `bytes` of request memory (see admission.h),
 // waiting at most until its deadline; records a wait as its queue time.
 template <typename Stats>
-absl::StatusOr<AdmissionTicket> AdmitCall(RequestAdmission& admission, grpc::ServerContext* context,
-                                          absl::string_view what, std::uint64_t bytes,
-                                          Stats* stats) {
+absl::StatusOr<AdmissionTicket> AdmitCall(RequestAdmission& admission,
+                                          grpc::ServerContextBase* context, absl::string_view what,
+                                          std::uint64_t bytes, Stats* stats) {
   LOGITD_ASSIGN_OR_RETURN(AdmissionTicket ticket,
                           admission.Admit(what, bytes, absl::FromChrono(context->deadline()),
                                           [context] { return context->IsCancelled(); }));
@@ -233,13 +229,8 @@ LogitdService::LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceO
       registry_(options.weight_budget_bytes),
       faults_(options.faults),
       admission_(options.admission),
-      shm_(options.shm) {
-  ServeRaw("Logits", &LogitdService::Logits);
-  ServeRaw("Backward", &LogitdService::Backward);
-  ServeRaw("FetchGradient", &LogitdService::FetchGradient);
-  ServeRaw("Cast", &LogitdService::Cast);
-  ServeRaw("CrossEntropy", &LogitdService::CrossEntropy);
-}
+      shm_(options.shm),
+      threads_(options.max_call_threads) {}
 
 LogitdService::~LogitdService() {
   // gRPC lets go of the last chunks' slices when their bytes are written,
@@ -248,31 +239,6 @@ LogitdService::~LogitdService() {
     LogWarning(absl::StrCat(sending_.held(),
                             " response buffers were still held by gRPC 10 s after shutdown"));
   }
-}
-
-namespace {
-
-// The index of a logitd.v1.Logitd method, as the generated service numbers
-// them (the order of the proto's service declaration).
-int MethodIndex(absl::string_view name) {
-  const google::protobuf::ServiceDescriptor* service =
-      v1::LogitsRequest::descriptor()->file()->FindServiceByName("Logitd");
-  const google::protobuf::MethodDescriptor* method = service->FindMethodByName(std::string(name));
-  return method->index();
-}
-
-}  // namespace
-
-void LogitdService::ServeRaw(absl::string_view method,
-                             grpc::Status (LogitdService::*handler)(grpc::ServerContext*,
-                                                                    RawStream*)) {
-  MarkMethodStreamed(
-      MethodIndex(method),
-      new grpc::internal::BidiStreamingHandler<LogitdService, grpc::ByteBuffer, grpc::ByteBuffer>(
-          [handler](LogitdService* service, grpc::ServerContext* context, RawStream* stream) {
-            return (service->*handler)(context, stream);
-          },
-          this));
 }
 
 template <typename Response, typename Stream>
@@ -331,7 +297,7 @@ std::uint64_t Unchanged(std::uint64_t digest) { return digest; }
 }  // namespace
 
 template <typename Body>
-grpc::Status LogitdService::Run(absl::string_view method, grpc::ServerContext* context,
+grpc::Status LogitdService::Run(absl::string_view method, grpc::ServerContextBase* context,
                                 Body&& body) {
   const absl::Time start = absl::Now();
   const InflightCall inflight(options_.metrics);
@@ -352,7 +318,7 @@ grpc::Status LogitdService::Run(absl::string_view method, grpc::ServerContext* c
   }
   const absl::Time end = absl::Now();
   const std::int64_t send_us = stats.send_start ? Micros(end - *stats.send_start) : -1;
-  context->AddTrailingMetadata(std::string(kTimingTrailer),
+  context->AddTrailingMetadata(std::string(wire::kTimingTrailer),
                                TimingTrailer({{"queue_us", stats.queue_us},
                                               {"receive_us", stats.receive_us},
                                               {"h2d_us", stats.h2d_us},
@@ -360,7 +326,8 @@ grpc::Status LogitdService::Run(absl::string_view method, grpc::ServerContext* c
                                               {"d2h_us", stats.d2h_us},
                                               {"send_us", send_us},
                                               {"total_us", Micros(end - start)}}));
-  if (!stats.gemms.empty()) context->AddTrailingMetadata(std::string(kGemmTrailer), stats.gemms);
+  if (!stats.gemms.empty())
+    context->AddTrailingMetadata(std::string(wire::kGemmTrailer), stats.gemms);
   if (!status.ok() && status.code() != absl::StatusCode::kCancelled && context->IsCancelled()) {
     // The failure is a consequence of the client going away, not its cause.
     status = absl::CancelledError(
@@ -624,13 +591,14 @@ grpc::Status LogitdService::ReleaseWeight(grpc::ServerContext* context,
   });
 }
 
-grpc::Status LogitdService::Logits(grpc::ServerContext* context, RawStream* raw) {
-  MessageStream<v1::LogitsResponse, v1::LogitsRequest> stream(raw);
-  return Run("Logits", context,
-             [&](CallStats* stats) { return DoLogits(context, &stream, stats); });
+RawBidiReactor* LogitdService::Logits(grpc::CallbackServerContext* context) {
+  return ServeBidi(context, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
+    MessageStream<v1::LogitsResponse, v1::LogitsRequest> stream(raw);
+    return Run("Logits", c, [&](CallStats* stats) { return DoLogits(c, &stream, stats); });
+  });
 }
 
-absl::Status LogitdService::DoLogits(grpc::ServerContext* context,
+absl::Status LogitdService::DoLogits(grpc::ServerContextBase* context,
                                      MessageStream<v1::LogitsResponse, v1::LogitsRequest>* stream,
                                      CallStats* stats) {
   const absl::Time start = absl::Now();
@@ -700,15 +668,16 @@ absl::Status LogitdService::DoLogits(grpc::ServerContext* context,
       [this](std::uint64_t digest) { return faults_.LogitsDigest(digest); }, stats);
 }
 
-grpc::Status LogitdService::Backward(grpc::ServerContext* context, RawStream* raw) {
-  MessageStream<v1::BackwardResponse, v1::BackwardRequest> stream(raw);
-  return Run("Backward", context,
-             [&](CallStats* stats) { return DoBackward(context, &stream, stats); });
+RawBidiReactor* LogitdService::Backward(grpc::CallbackServerContext* context) {
+  return ServeBidi(context, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
+    MessageStream<v1::BackwardResponse, v1::BackwardRequest> stream(raw);
+    return Run("Backward", c, [&](CallStats* stats) { return DoBackward(c, &stream, stats); });
+  });
 }
 
 absl::Status LogitdService::DoBackward(
-    grpc::ServerContext* context, MessageStream<v1::BackwardResponse, v1::BackwardRequest>* stream,
-    CallStats* stats) {
+    grpc::ServerContextBase* context,
+    MessageStream<v1::BackwardResponse, v1::BackwardRequest>* stream, CallStats* stats) {
   const absl::Time start = absl::Now();
   v1::BackwardRequest first;
   LOGITD_RETURN_IF_ERROR(ReadHeader(stream, &first, &stats->bytes_in));
@@ -818,10 +787,14 @@ absl::Status LogitdService::DoBackward(
                                            stats);
 }
 
-grpc::Status LogitdService::FetchGradient(grpc::ServerContext* context, RawStream* raw) {
-  MessageStream<v1::FetchGradientResponse, v1::FetchGradientRequest> stream(raw);
-  return Run("FetchGradient", context,
-             [&](CallStats* stats) { return DoFetchGradient(&stream, stats); });
+grpc::ServerWriteReactor<grpc::ByteBuffer>* LogitdService::FetchGradient(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return ServeServerStreaming(
+      context, request, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
+        MessageStream<v1::FetchGradientResponse, v1::FetchGradientRequest> stream(raw);
+        return Run("FetchGradient", c,
+                   [&](CallStats* stats) { return DoFetchGradient(&stream, stats); });
+      });
 }
 
 absl::Status LogitdService::DoFetchGradient(
@@ -872,12 +845,14 @@ grpc::Status LogitdService::ZeroGradient(grpc::ServerContext* context,
   });
 }
 
-grpc::Status LogitdService::Cast(grpc::ServerContext* context, RawStream* raw) {
-  MessageStream<v1::CastResponse, v1::CastRequest> stream(raw);
-  return Run("Cast", context, [&](CallStats* stats) { return DoCast(context, &stream, stats); });
+RawBidiReactor* LogitdService::Cast(grpc::CallbackServerContext* context) {
+  return ServeBidi(context, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
+    MessageStream<v1::CastResponse, v1::CastRequest> stream(raw);
+    return Run("Cast", c, [&](CallStats* stats) { return DoCast(c, &stream, stats); });
+  });
 }
 
-absl::Status LogitdService::DoCast(grpc::ServerContext* context,
+absl::Status LogitdService::DoCast(grpc::ServerContextBase* context,
                                    MessageStream<v1::CastResponse, v1::CastRequest>* stream,
                                    CallStats* stats) {
   const absl::Time start = absl::Now();
@@ -914,14 +889,16 @@ absl::Status LogitdService::DoCast(grpc::ServerContext* context,
                                        stats);
 }
 
-grpc::Status LogitdService::CrossEntropy(grpc::ServerContext* context, RawStream* raw) {
-  MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest> stream(raw);
-  return Run("CrossEntropy", context,
-             [&](CallStats* stats) { return DoCrossEntropy(context, &stream, stats); });
+RawBidiReactor* LogitdService::CrossEntropy(grpc::CallbackServerContext* context) {
+  return ServeBidi(context, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
+    MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest> stream(raw);
+    return Run("CrossEntropy", c,
+               [&](CallStats* stats) { return DoCrossEntropy(c, &stream, stats); });
+  });
 }
 
 absl::Status LogitdService::DoCrossEntropy(
-    grpc::ServerContext* context,
+    grpc::ServerContextBase* context,
     MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream, CallStats* stats) {
   const absl::Time start = absl::Now();
   v1::CrossEntropyRequest first;

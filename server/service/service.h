@@ -25,6 +25,7 @@
 #include "server/service/faults.h"
 #include "server/service/message_stream.h"
 #include "server/service/metrics.h"
+#include "server/service/raw_stream.h"
 #include "server/service/registry.h"
 #include "server/service/shm.h"
 
@@ -49,9 +50,22 @@ struct ServiceOptions {
   AdmissionOptions admission;
   // Same-host shared memory (--allow_shm, --shm_max_region_bytes).
   ShmOptions shm;
+  // Tensor calls running at once, each on its own thread; one more is
+  // refused with RESOURCE_EXHAUSTED. Admission (above) is what normally
+  // limits load; this bounds the threads when calls pile up anyway.
+  int max_call_threads = 64;
 };
 
-class LogitdService final : public v1::Logitd::Service {
+// The generated service with the tensor calls served as raw byte streams
+// (see raw_stream.h and message_stream.h); the other calls are the generated
+// synchronous methods.
+using RawTensorService =
+    v1::Logitd::WithRawCallbackMethod_Logits<v1::Logitd::WithRawCallbackMethod_Backward<
+        v1::Logitd::WithRawCallbackMethod_FetchGradient<v1::Logitd::WithRawCallbackMethod_Cast<
+            v1::Logitd::WithRawCallbackMethod_CrossEntropy<v1::Logitd::Service>>>>>;
+using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+class LogitdService final : public RawTensorService {
  public:
   LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceOptions options);
   ~LogitdService() override;
@@ -69,18 +83,16 @@ class LogitdService final : public v1::Logitd::Service {
                            v1::ListWeightsResponse* response) override;
   grpc::Status ReleaseWeight(grpc::ServerContext* context, const v1::ReleaseWeightRequest* request,
                              v1::ReleaseWeightResponse* response) override;
-  // The calls that stream tensors back (Logits, Backward, FetchGradient,
-  // Cast, CrossEntropy) are served as raw streams (see message_stream.h); the
-  // constructor puts these in the generated methods' place. FetchGradient, a
-  // server-streaming call, is served as a raw bidirectional stream that reads
-  // one request: the same messages on the wire.
-  grpc::Status Logits(grpc::ServerContext* context, RawStream* stream);
-  grpc::Status Backward(grpc::ServerContext* context, RawStream* stream);
-  grpc::Status FetchGradient(grpc::ServerContext* context, RawStream* stream);
+  // The calls that stream tensors back, served as raw streams: each handler
+  // runs on a thread of its own (raw_stream.h).
+  RawBidiReactor* Logits(grpc::CallbackServerContext* context) override;
+  RawBidiReactor* Backward(grpc::CallbackServerContext* context) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchGradient(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::Status ZeroGradient(grpc::ServerContext* context, const v1::ZeroGradientRequest* request,
                             v1::ZeroGradientResponse* response) override;
-  grpc::Status Cast(grpc::ServerContext* context, RawStream* stream);
-  grpc::Status CrossEntropy(grpc::ServerContext* context, RawStream* stream);
+  RawBidiReactor* Cast(grpc::CallbackServerContext* context) override;
+  RawBidiReactor* CrossEntropy(grpc::CallbackServerContext* context) override;
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
   grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,
@@ -120,29 +132,26 @@ class LogitdService final : public v1::Logitd::Service {
 
   // Runs a handler body, maps its status and writes the call's log line.
   template <typename Body>
-  grpc::Status Run(absl::string_view method, grpc::ServerContext* context, Body&& body);
+  grpc::Status Run(absl::string_view method, grpc::ServerContextBase* context, Body&& body);
 
   absl::Status DoRegisterWeight(grpc::ServerContext* context,
                                 grpc::ServerReader<v1::RegisterWeightRequest>* reader,
                                 v1::WeightInfo* response, CallStats* stats);
   absl::Status DoLoadWeight(const v1::LoadWeightRequest& request, v1::WeightInfo* response,
                             CallStats* stats);
-  absl::Status DoLogits(grpc::ServerContext* context,
+  absl::Status DoLogits(grpc::ServerContextBase* context,
                         MessageStream<v1::LogitsResponse, v1::LogitsRequest>* stream,
                         CallStats* stats);
-  absl::Status DoBackward(grpc::ServerContext* context,
+  absl::Status DoBackward(grpc::ServerContextBase* context,
                           MessageStream<v1::BackwardResponse, v1::BackwardRequest>* stream,
                           CallStats* stats);
   absl::Status DoFetchGradient(
       MessageStream<v1::FetchGradientResponse, v1::FetchGradientRequest>* stream, CallStats* stats);
-  absl::Status DoCast(grpc::ServerContext* context,
+  absl::Status DoCast(grpc::ServerContextBase* context,
                       MessageStream<v1::CastResponse, v1::CastRequest>* stream, CallStats* stats);
   absl::Status DoCrossEntropy(
-      grpc::ServerContext* context,
+      grpc::ServerContextBase* context,
       MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest>* stream, CallStats* stats);
-  // Serves `method` through `handler` as a raw stream (constructor only).
-  void ServeRaw(absl::string_view method,
-                grpc::Status (LogitdService::*handler)(grpc::ServerContext*, RawStream*));
   // An output tensor streamed after the result message.
   struct StreamedOutput {
     std::string name;
@@ -175,6 +184,9 @@ class LogitdService final : public v1::Logitd::Service {
   ShmRegistry shm_;
   // Output buffers gRPC still sends from; waited for before the backend goes.
   SendingBuffers sending_;
+  // The tensor calls' threads; last, so that they have all exited before
+  // anything they use goes.
+  CallThreads threads_;
 };
 
 }  // namespace logitd::service

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/chunk_message.h"
+#include "common/raw_call.h"
 #include "common/wire.h"
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
@@ -291,15 +292,12 @@ TEST_F(StreamOrderTest, CastThroughTheGeneratedStubBothOrders) {
   }
 }
 
-using RawStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+using RawStream = wire::RawClientCall;
 
 // A call of `method` ("Logits", ...) as a raw bidirectional stream.
-std::unique_ptr<RawStream> StartRaw(grpc::Channel* channel, const char* path,
+std::unique_ptr<RawStream> StartRaw(grpc::GenericStub& stub, const char* method,
                                     grpc::ClientContext* context) {
-  const grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::BIDI_STREAMING);
-  return std::unique_ptr<RawStream>(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-          channel, method, context));
+  return std::make_unique<RawStream>(stub, method, context);
 }
 
 // Bytes no protobuf message parses from: field 0 does not exist.
@@ -324,13 +322,12 @@ void ExpectInvalidArgument(RawStream& stream, const std::string& why) {
 // FetchGradient is served as a raw stream that reads one request: none, or
 // bytes that are not a FetchGradientRequest, is INVALID_ARGUMENT.
 TEST_F(StreamOrderTest, FetchGradientWithoutAReadableRequestIsInvalidArgument) {
-  std::shared_ptr<grpc::Channel> channel = Channel();
+  grpc::GenericStub stub(Channel());
   for (const bool garbage : {false, true}) {
     SCOPED_TRACE(garbage ? "garbage" : "no request");
     grpc::ClientContext context;
     SetDeadline(&context);
-    std::unique_ptr<RawStream> stream =
-        StartRaw(channel.get(), "/logitd.v1.Logitd/FetchGradient", &context);
+    std::unique_ptr<RawStream> stream = StartRaw(stub, "FetchGradient", &context);
     if (garbage) stream->Write(Garbage());
     ExpectInvalidArgument(*stream, garbage ? "could not be parsed as logitd.v1.FetchGradientRequest"
                                            : "expected a FetchGradientRequest");
@@ -338,13 +335,12 @@ TEST_F(StreamOrderTest, FetchGradientWithoutAReadableRequestIsInvalidArgument) {
 }
 
 TEST_F(StreamOrderTest, UnparseableRequestMessageIsInvalidArgument) {
-  std::shared_ptr<grpc::Channel> channel = Channel();
+  grpc::GenericStub stub(Channel());
   for (const bool after_header : {false, true}) {
     SCOPED_TRACE(after_header ? "after the header" : "first message");
     grpc::ClientContext context;
     SetDeadline(&context);
-    std::unique_ptr<RawStream> stream =
-        StartRaw(channel.get(), "/logitd.v1.Logitd/Logits", &context);
+    std::unique_ptr<RawStream> stream = StartRaw(stub, "Logits", &context);
     if (after_header) {
       const Tensor w = IntBf16({8, 16}, 3);
       v1::LogitsRequest request;
