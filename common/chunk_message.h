@@ -24,8 +24,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "logitd/protocol.h"
 
 namespace logitd::wire {
+
+using logitd::kDefaultChunkBytes;
 
 // A TensorChunk read from a received message: its name and offset, and its
 // data as pieces of the message's slices (kept alive by `slices`).
@@ -88,7 +91,7 @@ template <typename Write>
 absl::Status SendChunkMessages(absl::string_view name, const std::byte* data, std::size_t size,
                                std::size_t chunk_bytes, const std::shared_ptr<const void>& owner,
                                Write&& write) {
-  if (chunk_bytes == 0) chunk_bytes = std::size_t{4} << 20;
+  if (chunk_bytes == 0) chunk_bytes = kDefaultChunkBytes;
   for (std::size_t off = 0; off < size; off += chunk_bytes) {
     const std::size_t len = std::min(chunk_bytes, size - off);
     if (!write(ChunkMessage(name, off, data + off, len, owner), len)) {

@@ -233,7 +233,12 @@ absl::Status Assembler::AddPieces(absl::string_view name, std::uint64_t offset, 
         absl::StrFormat("%s: chunk [%d, %d) runs past the tensor's end at %d bytes", name, offset,
                         offset + len, size));
   }
-  if (len == 0) return absl::OkStatus();
+  if (len == 0) {
+    // Every tensor has at least one byte, so an empty chunk is never needed;
+    // refused so that a sender's off-by-one shows at once.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: empty chunk at offset %d (every chunk carries at least one byte)", name, offset));
+  }
   if (p.worker.joinable()) {
     Pending::Work w;
     w.offset = offset;

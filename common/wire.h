@@ -15,12 +15,12 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/chunk_message.h"
+#include "logitd/protocol.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.pb.h"
 
 namespace logitd::wire {
 
-inline constexpr std::size_t kDefaultChunkBytes = 4u << 20;
 // An Assembler fills and hashes tensors from this size on on a thread of
 // their own, following the receiving thread, instead of on it.
 inline constexpr std::uint64_t kHashAsideBytes = 8u << 20;

@@ -46,6 +46,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/wire.h"
+#include "logitd/protocol.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/kernels/backend.h"
 #include "server/service/build_info.h"
@@ -91,9 +92,10 @@ ABSL_FLAG(std::uint32_t, max_concurrent_requests, 64,
 ABSL_FLAG(absl::Duration, admission_wait, absl::Seconds(30),
           "Longest a call waits for request memory or a request slot when its deadline is "
           "later (or it has none), e.g. 30s, 500ms. Default 30s.");
-ABSL_FLAG(std::uint64_t, chunk_bytes, std::uint64_t{4} << 20,
+ABSL_FLAG(std::uint64_t, chunk_bytes, logitd::kDefaultChunkBytes,
           "Bytes per chunk of streamed responses, 65536 (64 KiB) to 67108864 (64 MiB). "
-          "Default 4 MiB.");
+          "Default 4190208 (4 MiB less 4 KiB), so that every message fits the 4 MiB gRPC "
+          "clients accept by default; more needs clients with a raised receive limit.");
 ABSL_FLAG(std::uint64_t, ce_workspace_bytes, 0,
           "cuda: device bytes a CrossEntropy call may use for its chunk of fp32 logits; more "
           "means larger chunks and a faster call, 0 lets the backend keep peak memory within "
@@ -168,8 +170,6 @@ constexpr auto kDeviceLostDrain = std::chrono::seconds(10);
 constexpr unsigned char kDeviceLostMessage = 0xfe;
 constexpr std::uint64_t kMinChunkBytes = std::uint64_t{64} << 10;
 constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{64} << 20;
-// Room for a chunk message's other fields and framing.
-constexpr std::uint64_t kMessageHeadroom = std::uint64_t{1} << 20;
 constexpr auto kShutdownGrace = std::chrono::seconds(30);
 
 // Stop signals arrive through a pipe: the handler only writes the signal
@@ -492,6 +492,22 @@ int Main(int argc, char** argv) {
                                  kMaxChunkBytes, " (64 MiB) bytes, got ", chunk_bytes));
   }
   options.chunk_bytes = static_cast<std::size_t>(chunk_bytes);
+  // Clients may send chunks of 4 MiB (older clients' default) even when this
+  // server streams smaller ones.
+  options.max_request_chunk_bytes =
+      std::max<std::size_t>(options.chunk_bytes, kGrpcDefaultMaxMessageBytes);
+  options.max_receive_message_bytes = options.max_request_chunk_bytes + kChunkFramingBytes;
+  options.max_send_message_bytes =
+      std::max<std::size_t>(options.chunk_bytes + kChunkFramingBytes, kGrpcDefaultMaxMessageBytes);
+  if (options.max_send_message_bytes > kGrpcDefaultMaxMessageBytes) {
+    LogWarning(absl::StrCat(
+        "--chunk_bytes=", options.chunk_bytes, ": response messages of up to ",
+        options.max_send_message_bytes, " bytes are over the ", kGrpcDefaultMaxMessageBytes,
+        " bytes gRPC clients accept by default; clients must raise their receive limit to at "
+        "least that (ServerInfo.max_send_message_bytes), or this server must run with "
+        "--chunk_bytes of at most ",
+        kDefaultChunkBytes));
+  }
   options.admission.memory_bytes = absl::GetFlag(FLAGS_request_memory_bytes);
   if (options.admission.memory_bytes == 0) {
     const long pages = sysconf(_SC_PHYS_PAGES);
@@ -643,12 +659,12 @@ int Main(int argc, char** argv) {
   // gRPC sets SO_REUSEPORT by default: a second server on a busy port would
   // start and quietly share it instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // A message is one chunk plus framing. Clients may send chunks of the
-  // default size even when this server streams smaller ones.
-  const std::uint64_t receive_limit =
-      std::max<std::uint64_t>(chunk_bytes, wire::kDefaultChunkBytes) + kMessageHeadroom;
-  builder.SetMaxReceiveMessageSize(static_cast<int>(receive_limit));
-  builder.SetMaxSendMessageSize(static_cast<int>(chunk_bytes + kMessageHeadroom));
+  // The limits are the service's (ServerInfo reports them); gRPC's own
+  // receive limit is twice as high, so that a message over the service's
+  // limit reaches the service, which names the limit, instead of being
+  // refused by the transport with a bare RESOURCE_EXHAUSTED.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(2 * options.max_receive_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_send_message_bytes));
   // The other calls run on the sync server's threads, bounded the same way.
   grpc::ResourceQuota quota("logitd");
   quota.SetMaxThreads(max_threads);

@@ -104,6 +104,9 @@ ServerInfo FromProto(const v1::ServerInfo& s) {
   out.weight_bytes_in_use = s.weight_bytes_in_use();
   out.max_request_bytes = s.max_request_bytes();
   out.chunk_bytes = s.chunk_bytes();
+  out.max_receive_message_bytes = s.max_receive_message_bytes();
+  out.max_request_chunk_bytes = s.max_request_chunk_bytes();
+  out.max_send_message_bytes = s.max_send_message_bytes();
   out.device_bytes_in_use = s.device_bytes_in_use();
   out.split_k = s.split_k();
   out.request_memory_bytes = s.request_memory_bytes();

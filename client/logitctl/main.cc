@@ -36,6 +36,7 @@
 #include "client/logitctl/stress.h"
 #include "logitd/bf16.h"
 #include "logitd/client.h"
+#include "logitd/protocol.h"
 #include "logitd/safetensors.h"
 #include "logitd/tensor.h"
 #include "nlohmann/json.hpp"
@@ -46,7 +47,8 @@
 // Connection (every subcommand).
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "logitd server address (a gRPC target)");
 ABSL_FLAG(double, timeout, 600, "per-call deadline in seconds; 0 for none");
-ABSL_FLAG(std::uint64_t, chunk_bytes, 4u << 20, "chunk size for tensors sent to the server, bytes");
+ABSL_FLAG(std::uint64_t, chunk_bytes, logitd::kDefaultChunkBytes,
+          "chunk size for tensors sent to the server, bytes");
 ABSL_FLAG(std::string, token, "",
           "bearer token sent with every call (default: $LOGITD_TOKEN); visible to other users "
           "in the process list, so prefer $LOGITD_TOKEN or --token_file on shared machines");
@@ -165,7 +167,7 @@ commands:
 
 common flags:
   --server=HOST:PORT (default 127.0.0.1:50051)  --timeout=SECONDS (default 600, 0 = none)
-  --chunk_bytes=N (default 4194304)
+  --chunk_bytes=N (default 4190208: 4 MiB less 4 KiB)
   --token=TOKEN | --token_file=FILE  bearer token (default: $LOGITD_TOKEN)
   --ca=PEM [--cert=PEM --key=PEM]    TLS (mutual with --cert and --key)
   --lb=pick_first|round_robin        load balancing over the addresses of --server

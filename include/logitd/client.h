@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "logitd/protocol.h"
 #include "logitd/shared_region.h"
 #include "logitd/tensor.h"
 
@@ -79,7 +80,7 @@ struct CallStats {
 
 struct ClientOptions {
   // Chunk size for tensors sent to the server, bytes.
-  std::size_t chunk_bytes = 4u << 20;
+  std::size_t chunk_bytes = kDefaultChunkBytes;
   // Per-call deadline; absl::InfiniteDuration() for none.
   absl::Duration timeout = absl::Minutes(10);
   // Sent as "authorization: Bearer <token>" with every call when non-empty
@@ -127,6 +128,11 @@ struct ServerInfo {
   std::uint64_t weight_bytes_in_use = 0;
   std::uint64_t max_request_bytes = 0;
   std::uint64_t chunk_bytes = 0;
+  // The wire's limits: the largest message the server takes, the largest
+  // request chunk, the largest message it sends (docs/PROTOCOL.md).
+  std::uint64_t max_receive_message_bytes = 0;
+  std::uint64_t max_request_chunk_bytes = 0;
+  std::uint64_t max_send_message_bytes = 0;
   std::uint64_t device_bytes_in_use = 0;
   std::string split_k;
   // Request memory (see docs/OPERATIONS.md): the budget, what calls hold

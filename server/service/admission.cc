@@ -18,7 +18,8 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
 AdmissionTicket::AdmissionTicket(AdmissionTicket&& o) noexcept
     : owner_(std::exchange(o.owner_, nullptr)),
       bytes_(std::exchange(o.bytes_, 0)),
-      waited_(o.waited_) {}
+      waited_(o.waited_),
+      tenant_(std::move(o.tenant_)) {}
 
 AdmissionTicket& AdmissionTicket::operator=(AdmissionTicket&& o) noexcept {
   if (this != &o) {
@@ -26,6 +27,7 @@ AdmissionTicket& AdmissionTicket::operator=(AdmissionTicket&& o) noexcept {
     owner_ = std::exchange(o.owner_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
     waited_ = o.waited_;
+    tenant_ = std::move(o.tenant_);
   }
   return *this;
 }
@@ -33,7 +35,7 @@ AdmissionTicket& AdmissionTicket::operator=(AdmissionTicket&& o) noexcept {
 AdmissionTicket::~AdmissionTicket() { Reset(); }
 
 void AdmissionTicket::Reset() {
-  if (owner_ != nullptr) owner_->Release(bytes_);
+  if (owner_ != nullptr) owner_->Release(bytes_, tenant_);
   owner_ = nullptr;
   bytes_ = 0;
 }
@@ -48,7 +50,8 @@ bool RequestAdmission::FitsLocked(std::uint64_t bytes) const {
 
 absl::StatusOr<AdmissionTicket> RequestAdmission::Admit(absl::string_view what, std::uint64_t bytes,
                                                         absl::Time deadline,
-                                                        const std::function<bool()>& cancelled) {
+                                                        const std::function<bool()>& cancelled,
+                                                        absl::string_view tenant) {
   if (bytes > options_.memory_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s: the call needs %d bytes of request memory, more than the server's whole budget of "
@@ -83,18 +86,29 @@ absl::StatusOr<AdmissionTicket> RequestAdmission::Admit(absl::string_view what, 
     }
     released_.WaitWithDeadline(&mu_, std::min(limit, now + kCancelPoll));
   }
-  stats_.bytes_in_flight += bytes;
-  stats_.requests_in_flight += 1;
-  stats_.bytes_high_water = std::max(stats_.bytes_high_water, stats_.bytes_in_flight);
-  stats_.requests_high_water = std::max(stats_.requests_high_water, stats_.requests_in_flight);
-  return AdmissionTicket(this, bytes, queued ? absl::Now() - start : absl::ZeroDuration());
+  for (AdmissionStats* s : {&stats_, &tenants_[std::string(tenant)]}) {
+    s->bytes_in_flight += bytes;
+    s->requests_in_flight += 1;
+    s->bytes_high_water = std::max(s->bytes_high_water, s->bytes_in_flight);
+    s->requests_high_water = std::max(s->requests_high_water, s->requests_in_flight);
+  }
+  return AdmissionTicket(this, bytes, queued ? absl::Now() - start : absl::ZeroDuration(),
+                         std::string(tenant));
 }
 
-void RequestAdmission::Release(std::uint64_t bytes) {
+void RequestAdmission::Release(std::uint64_t bytes, const std::string& tenant) {
   absl::MutexLock lock(&mu_);
-  stats_.bytes_in_flight -= bytes;
-  stats_.requests_in_flight -= 1;
+  for (AdmissionStats* s : {&stats_, &tenants_[std::string(tenant)]}) {
+    s->bytes_in_flight -= bytes;
+    s->requests_in_flight -= 1;
+  }
   released_.SignalAll();
+}
+
+AdmissionStats RequestAdmission::TenantStats(absl::string_view tenant) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = tenants_.find(tenant);
+  return it == tenants_.end() ? AdmissionStats{} : it->second;
 }
 
 AdmissionStats RequestAdmission::Stats() const {

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -56,13 +58,15 @@ class AdmissionTicket {
 
  private:
   friend class RequestAdmission;
-  AdmissionTicket(RequestAdmission* owner, std::uint64_t bytes, absl::Duration waited)
-      : owner_(owner), bytes_(bytes), waited_(waited) {}
+  AdmissionTicket(RequestAdmission* owner, std::uint64_t bytes, absl::Duration waited,
+                  std::string tenant)
+      : owner_(owner), bytes_(bytes), waited_(waited), tenant_(std::move(tenant)) {}
   void Reset();
 
   RequestAdmission* owner_ = nullptr;
   std::uint64_t bytes_ = 0;
   absl::Duration waited_ = absl::ZeroDuration();
+  std::string tenant_;
 };
 
 class RequestAdmission {
@@ -79,22 +83,26 @@ class RequestAdmission {
   //     wait ran out before the call's deadline.
   //   DeadlineExceeded: the call's deadline passed while it waited.
   //   Cancelled: `cancelled` returned true while it waited.
+  // The call is counted for `tenant` as well (TenantStats).
   absl::StatusOr<AdmissionTicket> Admit(absl::string_view what, std::uint64_t bytes,
-                                        absl::Time deadline,
-                                        const std::function<bool()>& cancelled);
+                                        absl::Time deadline, const std::function<bool()>& cancelled,
+                                        absl::string_view tenant = "");
 
   AdmissionStats Stats() const;
+  // The same figures for the calls of one tenant only.
+  AdmissionStats TenantStats(absl::string_view tenant) const;
   const AdmissionOptions& options() const { return options_; }
 
  private:
   friend class AdmissionTicket;
-  void Release(std::uint64_t bytes);
+  void Release(std::uint64_t bytes, const std::string& tenant);
   bool FitsLocked(std::uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const AdmissionOptions options_;
   mutable absl::Mutex mu_;
   absl::CondVar released_;
   AdmissionStats stats_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, AdmissionStats, std::less<>> tenants_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace logitd::service

@@ -23,38 +23,55 @@
 namespace logitd::service {
 
 // A raw stream read and written as a call's message types, plus chunks
-// written from host buffers.
+// written from host buffers. A request message over `max_message_bytes`
+// ends the stream, and ReadError says why.
 template <typename Response, typename Request>
 class MessageStream {
  public:
-  explicit MessageStream(RawStream* raw) : raw_(raw) {}
+  MessageStream(RawStream* raw, std::size_t max_message_bytes)
+      : raw_(raw), max_message_bytes_(max_message_bytes) {}
 
   // False at the end of the stream, or for a message that is not a Request
-  // (then malformed() is true).
+  // or is too large (then error() says which).
   bool Read(Request* message) {
     grpc::ByteBuffer buffer;
-    if (!raw_->Read(&buffer)) return false;
-    if (wire::ParseMessage(&buffer, message)) return true;
-    malformed_ = true;
-    return false;
+    return ReadBuffer(&buffer) && Read(&buffer, message);
   }
   // The next message: a chunk read straight from gRPC's slices, or any
   // other message parsed as a Request.
   RequestPart ReadPart(Request* message, wire::ChunkView* chunk) {
     grpc::ByteBuffer buffer;
-    if (!raw_->Read(&buffer)) return RequestPart::kEnd;
+    if (!ReadBuffer(&buffer)) return RequestPart::kEnd;
     if (wire::ReadChunkMessage(buffer, chunk)) return RequestPart::kChunk;
-    if (wire::ParseMessage(&buffer, message)) return RequestPart::kMessage;
-    malformed_ = true;
+    if (Read(&buffer, message)) return RequestPart::kMessage;
     return RequestPart::kEnd;
   }
   bool Write(const Response& message) { return raw_->Write(wire::SerializeMessage(message)); }
   bool Write(const grpc::ByteBuffer& message) { return raw_->Write(message); }
-  bool malformed() const { return malformed_; }
+  // Why the stream ended early: OK at its real end.
+  const absl::Status& error() const { return error_; }
 
  private:
+  bool ReadBuffer(grpc::ByteBuffer* buffer) {
+    if (!raw_->Read(buffer)) return false;
+    if (buffer->Length() <= max_message_bytes_) return true;
+    error_ = absl::InvalidArgumentError(
+        absl::StrCat("a request message of ", buffer->Length(),
+                     " bytes is over this server's limit of ", max_message_bytes_,
+                     " bytes (ServerInfo.max_receive_message_bytes): send tensor chunks of at most "
+                     "ServerInfo.max_request_chunk_bytes"));
+    return false;
+  }
+  bool Read(grpc::ByteBuffer* buffer, Request* message) {
+    if (wire::ParseMessage(buffer, message)) return true;
+    error_ = absl::InvalidArgumentError(absl::StrCat("a request message could not be parsed as ",
+                                                     Request::descriptor()->full_name()));
+    return false;
+  }
+
   RawStream* raw_;
-  bool malformed_ = false;
+  const std::size_t max_message_bytes_;
+  absl::Status error_;
 };
 
 // Request chunks are copied from gRPC's slices into their tensors directly.
@@ -68,9 +85,7 @@ RequestPart ReadRequest(MessageStream<Response, Request>* stream, Request* messa
 // ReadError in request_stream.h).
 template <typename Response, typename Request>
 absl::Status ReadError(const MessageStream<Response, Request>& stream) {
-  if (!stream.malformed()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("a request message could not be parsed as ",
-                                                 Request::descriptor()->full_name()));
+  return stream.error();
 }
 
 // Host buffers that gRPC may still send from after their call has returned

@@ -114,24 +114,34 @@ class BlockingCall : public Reactor, public RawStream {
     }
   }
 
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  const RawHandler handler_;
+};
+
+// Writes as callback operations, waited for.
+template <typename Reactor>
+class WritingCall : public BlockingCall<Reactor> {
+ public:
+  using BlockingCall<Reactor>::BlockingCall;
+
   bool Write(const grpc::ByteBuffer& message) override {
     write_.Begin();
     this->StartWrite(&message);
     return write_.Wait();
   }
   void OnWriteDone(bool ok) override { write_.Done(ok); }
-  void OnDone() override { delete this; }
 
  private:
-  grpc::CallbackServerContext* const context_;
-  const RawHandler handler_;
   Completion write_;
 };
 
 class BidiCall final
-    : public BlockingCall<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
+    : public WritingCall<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
  public:
-  using BlockingCall::BlockingCall;
+  using WritingCall::WritingCall;
 
   bool Read(grpc::ByteBuffer* message) override {
     read_.Begin();
@@ -144,11 +154,33 @@ class BidiCall final
   Completion read_;
 };
 
-class ServerStreamingCall final : public BlockingCall<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
+class ClientStreamingCall final : public BlockingCall<grpc::ServerReadReactor<grpc::ByteBuffer>> {
+ public:
+  ClientStreamingCall(grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
+                      RawHandler handler)
+      : BlockingCall(context, std::move(handler)), response_(response) {}
+
+  bool Read(grpc::ByteBuffer* message) override {
+    read_.Begin();
+    StartRead(message);
+    return read_.Wait();
+  }
+  void OnReadDone(bool ok) override { read_.Done(ok); }
+  bool Write(const grpc::ByteBuffer& message) override {
+    *response_ = message;
+    return true;
+  }
+
+ private:
+  grpc::ByteBuffer* const response_;
+  Completion read_;
+};
+
+class ServerStreamingCall final : public WritingCall<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
  public:
   ServerStreamingCall(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                       RawHandler handler)
-      : BlockingCall(context, std::move(handler)), request_(request) {}
+      : WritingCall(context, std::move(handler)), request_(request) {}
 
   bool Read(grpc::ByteBuffer* message) override {
     // A client that ended its stream without a message gives no buffer.
@@ -167,6 +199,14 @@ class ServerStreamingCall final : public BlockingCall<grpc::ServerWriteReactor<g
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ServeBidi(
     grpc::CallbackServerContext* context, CallThreads* threads, RawHandler handler) {
   auto* call = new BidiCall(context, std::move(handler));
+  call->Start(threads);
+  return call;
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* ServeClientStreaming(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response, CallThreads* threads,
+    RawHandler handler) {
+  auto* call = new ClientStreamingCall(context, response, std::move(handler));
   call->Start(threads);
   return call;
 }

@@ -68,6 +68,12 @@ class CallThreads {
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ServeBidi(
     grpc::CallbackServerContext* context, CallThreads* threads, RawHandler handler);
 
+// The reactor of a client-streaming raw call (one response message): the
+// handler's one Write sets `*response`, sent when the call finishes OK.
+grpc::ServerReadReactor<grpc::ByteBuffer>* ServeClientStreaming(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response, CallThreads* threads,
+    RawHandler handler);
+
 // The reactor of a server-streaming raw call (one request message): the
 // handler's first Read gives `request`, the next one the end of the stream.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ServeServerStreaming(

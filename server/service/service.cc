@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/chunk_message.h"
@@ -132,8 +133,9 @@ absl::StatusOr<AdmissionTicket> AdmitCall(RequestAdmission& admission,
                                           grpc::ServerContextBase* context, absl::string_view what,
                                           std::uint64_t bytes, Stats* stats) {
   LOGITD_ASSIGN_OR_RETURN(AdmissionTicket ticket,
-                          admission.Admit(what, bytes, absl::FromChrono(context->deadline()),
-                                          [context] { return context->IsCancelled(); }));
+                          admission.Admit(
+                              what, bytes, absl::FromChrono(context->deadline()),
+                              [context] { return context->IsCancelled(); }, stats->tenant.id));
   if (ticket.waited() > absl::ZeroDuration()) stats->queue_us = Micros(ticket.waited());
   return ticket;
 }
@@ -372,33 +374,54 @@ grpc::Status LogitdService::GetServerInfo(grpc::ServerContext* context,
     response->set_cuda_runtime_version(info.cuda_runtime_version);
     response->set_cublaslt_version(info.cublaslt_version);
     response->set_blas_version(info.blas_version);
-    response->set_weight_budget_bytes(registry_.budget_bytes());
-    response->set_weight_bytes_in_use(registry_.bytes_in_use());
     response->set_max_request_bytes(options_.max_request_bytes);
     response->set_chunk_bytes(options_.chunk_bytes);
-    response->set_device_bytes_in_use(backend_->DeviceBytesInUse());
+    response->set_max_receive_message_bytes(options_.max_receive_message_bytes);
+    response->set_max_request_chunk_bytes(options_.max_request_chunk_bytes);
+    response->set_max_send_message_bytes(options_.max_send_message_bytes);
     response->set_split_k(info.split_k);
-    const AdmissionStats admitted = admission_.Stats();
     response->set_request_memory_bytes(admission_.options().memory_bytes);
+    response->set_max_concurrent_requests(admission_.options().max_concurrent_requests);
+    // With tokens, a caller sees its own tenant's weights and calls only:
+    // one tenant does not watch another's activity (the server-wide figures
+    // are the operator's, on the metrics endpoint).
+    const bool tenants = auth_->tokens_enabled();
+    const Tenant& tenant = stats->tenant;
+    const AdmissionStats admitted =
+        tenants ? admission_.TenantStats(tenant.id) : admission_.Stats();
+    response->set_weight_budget_bytes(tenants && tenant.quota_bytes > 0
+                                          ? std::min(tenant.quota_bytes, registry_.budget_bytes())
+                                          : registry_.budget_bytes());
+    response->set_weight_bytes_in_use(tenants ? registry_.tenant_bytes_in_use(tenant.id)
+                                              : registry_.bytes_in_use());
+    response->set_device_bytes_in_use(tenants ? 0 : backend_->DeviceBytesInUse());
     response->set_request_bytes_in_flight(admitted.bytes_in_flight);
     response->set_request_bytes_high_water(admitted.bytes_high_water);
     response->set_requests_in_flight(admitted.requests_in_flight);
-    response->set_max_concurrent_requests(admission_.options().max_concurrent_requests);
     stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();
   });
 }
 
-grpc::Status LogitdService::RegisterWeight(grpc::ServerContext* context,
-                                           grpc::ServerReader<v1::RegisterWeightRequest>* reader,
-                                           v1::WeightInfo* response) {
-  return Run("RegisterWeight", context,
-             [&](CallStats* stats) { return DoRegisterWeight(context, reader, response, stats); });
+grpc::ServerReadReactor<grpc::ByteBuffer>* LogitdService::RegisterWeight(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return ServeClientStreaming(
+      context, response, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
+        MessageStream<v1::WeightInfo, v1::RegisterWeightRequest> stream(
+            raw, options_.max_receive_message_bytes);
+        v1::WeightInfo info;
+        const grpc::Status status = Run("RegisterWeight", c, [&](CallStats* stats) {
+          return DoRegisterWeight(c, &stream, &info, stats);
+        });
+        if (status.ok()) stream.Write(info);
+        return status;
+      });
 }
 
-absl::Status LogitdService::DoRegisterWeight(grpc::ServerContext* context,
-                                             grpc::ServerReader<v1::RegisterWeightRequest>* reader,
-                                             v1::WeightInfo* response, CallStats* stats) {
+absl::Status LogitdService::DoRegisterWeight(
+    grpc::ServerContextBase* context,
+    MessageStream<v1::WeightInfo, v1::RegisterWeightRequest>* reader, v1::WeightInfo* response,
+    CallStats* stats) {
   v1::RegisterWeightRequest first;
   LOGITD_RETURN_IF_ERROR(ReadHeader(reader, &first, &stats->bytes_in));
   const v1::RegisterWeightHeader& header = first.header();
@@ -461,6 +484,29 @@ grpc::Status LogitdService::LoadWeight(grpc::ServerContext* context,
   });
 }
 
+namespace {
+
+// An error reading a weight file, as the caller sees it: the file's path on
+// the server replaced by the one the caller gave, and a file that is not
+// valid safetensors (or lacks what the call asks of it) FAILED_PRECONDITION:
+// the file must be fixed, sending the call again does not help. Never
+// DATA_LOSS, which means bytes damaged on the way and worth a retry.
+absl::Status WeightFileError(const absl::Status& s, const std::filesystem::path& file,
+                             absl::string_view relative) {
+  if (s.ok()) return s;
+  const std::string message = absl::StrReplaceAll(s.message(), {{file.string(), relative}});
+  switch (s.code()) {
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return absl::FailedPreconditionError(message);
+    default:
+      return absl::Status(s.code(), message);
+  }
+}
+
+}  // namespace
+
 absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
                                          v1::WeightInfo* response, CallStats* stats) {
   LOGITD_ASSIGN_OR_RETURN(const std::filesystem::path file,
@@ -473,25 +519,27 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
   }
   // The header alone: dtype and shape are checked, and the budget charged,
   // before any of the tensor's bytes are read.
-  LOGITD_ASSIGN_OR_RETURN(const SafetensorsTensorInfo stat,
-                          StatSafetensorsTensor(file.string(), request.tensor()));
+  absl::StatusOr<SafetensorsTensorInfo> stated =
+      StatSafetensorsTensor(file.string(), request.tensor());
+  LOGITD_RETURN_IF_ERROR(WeightFileError(stated.status(), file, request.path()));
+  const SafetensorsTensorInfo& stat = *stated;
   if (stat.dtype != "BF16" && stat.dtype != "F32" && stat.dtype != "F16") {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         where, ": expected dtype BF16, F32 or F16 (rounded to bf16), got ", stat.dtype));
   }
-  v1::RegisterWeightHeader header;
-  header.set_name(request.name().empty() ? request.tensor() : request.name());
-  header.mutable_weight()->set_name("weight");
-  header.mutable_weight()->set_dtype(v1::DTYPE_BF16);
-  for (std::int64_t d : stat.shape) header.mutable_weight()->add_shape(d);
-  absl::StatusOr<WeightPlan> checked = ValidateRegisterWeight(header);
+  if (request.name().size() > kMaxWeightNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("name: expected at most ", kMaxWeightNameBytes,
+                                                   " bytes, got ", request.name().size()));
+  }
+  const std::string name = request.name().empty() ? request.tensor() : request.name();
+  absl::StatusOr<WeightPlan> checked = WeightPlanOf(stat.shape);
   if (!checked.ok()) {
-    return absl::Status(checked.status().code(),
-                        absl::StrCat(where, ": ", checked.status().message()));
+    // The file's tensor is not a weight this server can use.
+    return absl::FailedPreconditionError(absl::StrCat(where, ": ", checked.status().message()));
   }
   const WeightPlan plan = *checked;
-  const std::string label = absl::StrCat("'", header.name(), "' ",
-                                         ShapeString(std::vector<std::int64_t>{plan.v, plan.k}));
+  const std::string label =
+      absl::StrCat("'", name, "' ", ShapeString(std::vector<std::int64_t>{plan.v, plan.k}));
 
   // The handle needs the bytes' digest, so the budget is charged first. A
   // full budget may still take a weight it already holds: the file is read
@@ -509,7 +557,9 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
     if (!same_shape) return reserved.status();
   }
 
-  LOGITD_ASSIGN_OR_RETURN(Tensor read, ReadSafetensorsTensor(file.string(), request.tensor()));
+  absl::StatusOr<Tensor> loaded = ReadSafetensorsTensor(file.string(), request.tensor());
+  LOGITD_RETURN_IF_ERROR(WeightFileError(loaded.status(), file, request.path()));
+  Tensor read = *std::move(loaded);
   Tensor w;
   std::string converted;
   if (read.dtype() == DType::kBf16) {
@@ -547,9 +597,8 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
   LOGITD_ASSIGN_OR_RETURN(std::shared_ptr<kernels::Weight> weight,
                           backend_->LoadWeight(w.data<Bf16Bits>(), plan.v, plan.k));
   w = Tensor();
-  InsertResult inserted =
-      registry_.Insert(stats->tenant, std::move(reservation), handle, header.name(), plan.v, plan.k,
-                       digest, std::move(weight));
+  InsertResult inserted = registry_.Insert(stats->tenant, std::move(reservation), handle, name,
+                                           plan.v, plan.k, digest, std::move(weight));
   FillWeightInfo(inserted.record, inserted.already_registered, response);
   response->set_converted_from(converted);
   stats->bytes_out = response->ByteSizeLong();
@@ -593,7 +642,8 @@ grpc::Status LogitdService::ReleaseWeight(grpc::ServerContext* context,
 
 RawBidiReactor* LogitdService::Logits(grpc::CallbackServerContext* context) {
   return ServeBidi(context, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
-    MessageStream<v1::LogitsResponse, v1::LogitsRequest> stream(raw);
+    MessageStream<v1::LogitsResponse, v1::LogitsRequest> stream(raw,
+                                                                options_.max_receive_message_bytes);
     return Run("Logits", c, [&](CallStats* stats) { return DoLogits(c, &stream, stats); });
   });
 }
@@ -670,7 +720,8 @@ absl::Status LogitdService::DoLogits(grpc::ServerContextBase* context,
 
 RawBidiReactor* LogitdService::Backward(grpc::CallbackServerContext* context) {
   return ServeBidi(context, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
-    MessageStream<v1::BackwardResponse, v1::BackwardRequest> stream(raw);
+    MessageStream<v1::BackwardResponse, v1::BackwardRequest> stream(
+        raw, options_.max_receive_message_bytes);
     return Run("Backward", c, [&](CallStats* stats) { return DoBackward(c, &stream, stats); });
   });
 }
@@ -791,7 +842,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* LogitdService::FetchGradient(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return ServeServerStreaming(
       context, request, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
-        MessageStream<v1::FetchGradientResponse, v1::FetchGradientRequest> stream(raw);
+        MessageStream<v1::FetchGradientResponse, v1::FetchGradientRequest> stream(
+            raw, options_.max_receive_message_bytes);
         return Run("FetchGradient", c,
                    [&](CallStats* stats) { return DoFetchGradient(&stream, stats); });
       });
@@ -847,7 +899,8 @@ grpc::Status LogitdService::ZeroGradient(grpc::ServerContext* context,
 
 RawBidiReactor* LogitdService::Cast(grpc::CallbackServerContext* context) {
   return ServeBidi(context, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
-    MessageStream<v1::CastResponse, v1::CastRequest> stream(raw);
+    MessageStream<v1::CastResponse, v1::CastRequest> stream(raw,
+                                                            options_.max_receive_message_bytes);
     return Run("Cast", c, [&](CallStats* stats) { return DoCast(c, &stream, stats); });
   });
 }
@@ -891,7 +944,8 @@ absl::Status LogitdService::DoCast(grpc::ServerContextBase* context,
 
 RawBidiReactor* LogitdService::CrossEntropy(grpc::CallbackServerContext* context) {
   return ServeBidi(context, &threads_, [this](grpc::CallbackServerContext* c, RawStream* raw) {
-    MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest> stream(raw);
+    MessageStream<v1::CrossEntropyResponse, v1::CrossEntropyRequest> stream(
+        raw, options_.max_receive_message_bytes);
     return Run("CrossEntropy", c,
                [&](CallStats* stats) { return DoCrossEntropy(c, &stream, stats); });
   });

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "logitd/protocol.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/kernels/backend.h"
 #include "server/service/admission.h"
@@ -37,7 +38,12 @@ struct ServiceOptions {
   // Bytes of request and response tensors one call may move, together.
   std::uint64_t max_request_bytes = (4ull << 30) + 1;
   // Size of the chunks responses are streamed in, bytes.
-  std::size_t chunk_bytes = 4u << 20;
+  std::size_t chunk_bytes = kDefaultChunkBytes;
+  // The largest chunk of a request, the largest request message (a chunk
+  // and its framing) and the largest message sent; reported in ServerInfo.
+  std::size_t max_request_chunk_bytes = kGrpcDefaultMaxMessageBytes;
+  std::size_t max_receive_message_bytes = kGrpcDefaultMaxMessageBytes + kChunkFramingBytes;
+  std::size_t max_send_message_bytes = kGrpcDefaultMaxMessageBytes;
   // Directory LoadWeight reads safetensors files from; empty refuses LoadWeight.
   std::filesystem::path weights_dir;
   FaultSet faults;
@@ -59,10 +65,10 @@ struct ServiceOptions {
 // The generated service with the tensor calls served as raw byte streams
 // (see raw_stream.h and message_stream.h); the other calls are the generated
 // synchronous methods.
-using RawTensorService =
+using RawTensorService = v1::Logitd::WithRawCallbackMethod_RegisterWeight<
     v1::Logitd::WithRawCallbackMethod_Logits<v1::Logitd::WithRawCallbackMethod_Backward<
         v1::Logitd::WithRawCallbackMethod_FetchGradient<v1::Logitd::WithRawCallbackMethod_Cast<
-            v1::Logitd::WithRawCallbackMethod_CrossEntropy<v1::Logitd::Service>>>>>;
+            v1::Logitd::WithRawCallbackMethod_CrossEntropy<v1::Logitd::Service>>>>>>;
 using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 class LogitdService final : public RawTensorService {
@@ -74,9 +80,8 @@ class LogitdService final : public RawTensorService {
 
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
-  grpc::Status RegisterWeight(grpc::ServerContext* context,
-                              grpc::ServerReader<v1::RegisterWeightRequest>* reader,
-                              v1::WeightInfo* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterWeight(grpc::CallbackServerContext* context,
+                                                            grpc::ByteBuffer* response) override;
   grpc::Status LoadWeight(grpc::ServerContext* context, const v1::LoadWeightRequest* request,
                           v1::WeightInfo* response) override;
   grpc::Status ListWeights(grpc::ServerContext* context, const v1::ListWeightsRequest* request,
@@ -134,8 +139,8 @@ class LogitdService final : public RawTensorService {
   template <typename Body>
   grpc::Status Run(absl::string_view method, grpc::ServerContextBase* context, Body&& body);
 
-  absl::Status DoRegisterWeight(grpc::ServerContext* context,
-                                grpc::ServerReader<v1::RegisterWeightRequest>* reader,
+  absl::Status DoRegisterWeight(grpc::ServerContextBase* context,
+                                MessageStream<v1::WeightInfo, v1::RegisterWeightRequest>* reader,
                                 v1::WeightInfo* response, CallStats* stats);
   absl::Status DoLoadWeight(const v1::LoadWeightRequest& request, v1::WeightInfo* response,
                             CallStats* stats);

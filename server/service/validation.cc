@@ -15,8 +15,6 @@
 namespace logitd::service {
 namespace {
 
-constexpr std::size_t kMaxWeightNameBytes = 1024;
-
 // "FP32", or "unknown dtype 17" for a value this build does not know.
 std::string ProtoDTypeName(v1::DType dtype) {
   const std::string& name = v1::DType_Name(dtype);
@@ -37,6 +35,14 @@ absl::Status CheckPresent(absl::string_view what, bool present, const v1::Tensor
   if (spec.name().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": TensorSpec.name is empty (chunks name the tensor they belong to)"));
+  }
+  if (spec.xxh3() == 0) {
+    // 0 means "digest follows the chunks" on responses only; a request's
+    // digest is checked when its bytes have arrived, so it must be sent.
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": TensorSpec.xxh3 is 0; a request tensor's spec carries the xxh3-64 (seed 0) of "
+        "its bytes"));
   }
   return absl::OkStatus();
 }
@@ -167,10 +173,13 @@ absl::StatusOr<std::filesystem::path> ResolveWeightPath(const std::filesystem::p
     }
   }
   std::error_code ec;
+  // Messages name only what the caller sent: the server's own paths are
+  // the operator's business (its log has them).
   const fs::path root = fs::canonical(dir, ec);
   if (ec) {
     return absl::FailedPreconditionError(
-        absl::StrCat("--weights_dir '", dir.string(), "' cannot be resolved: ", ec.message()));
+        absl::StrCat("the server's --weights_dir cannot be resolved (", ec.message(),
+                     "); its operator must fix it"));
   }
   const fs::path resolved = fs::weakly_canonical(root / rel, ec);
   if (ec) {
@@ -183,10 +192,13 @@ absl::StatusOr<std::filesystem::path> ResolveWeightPath(const std::filesystem::p
   for (; r != root.end() && p != resolved.end(); ++r, ++p) {
     if (*r != *p) break;
   }
-  if (r != root.end() || p == resolved.end()) {
+  if (r != root.end()) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "path '", relative, "' resolves to '", resolved.string(),
-        "', outside the server's --weights_dir '", root.string(), "' (symbolic links count)"));
+        "path '", relative, "' leads outside the server's --weights_dir (symbolic links count)"));
+  }
+  if (p == resolved.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "path '", relative, "' names the --weights_dir itself; expected a file in it"));
   }
   const fs::file_status status = fs::status(resolved, ec);
   if (ec || !fs::exists(status)) {
@@ -218,8 +230,11 @@ absl::StatusOr<WeightPlan> ValidateRegisterWeight(const v1::RegisterWeightHeader
   if (!s.ok()) return s;
   absl::StatusOr<DType> dtype = CheckDType("weight", w, {v1::DTYPE_BF16});
   if (!dtype.ok()) return dtype.status();
-  const std::vector<std::int64_t> shape = ShapeOf(w);
-  s = CheckRank2("weight", "[V, K]", shape);
+  return WeightPlanOf(ShapeOf(w));
+}
+
+absl::StatusOr<WeightPlan> WeightPlanOf(const std::vector<std::int64_t>& shape) {
+  absl::Status s = CheckRank2("weight", "[V, K]", shape);
   if (!s.ok()) return s;
   // The fp32 gradient buffer may follow; its size must be representable too.
   absl::StatusOr<std::uint64_t> grad_bytes = Bytes("weight", shape, DType::kFp32);

@@ -25,6 +25,9 @@ struct WeightDims {
   std::string label;
 };
 
+// The longest weight name a registration takes.
+inline constexpr std::size_t kMaxWeightNameBytes = 1024;
+
 // A weight upload's header, checked: BF16, rank 2 [V, K], no overflow.
 struct WeightPlan {
   std::int64_t v = 0;
@@ -32,6 +35,8 @@ struct WeightPlan {
   std::uint64_t bytes = 0;
 };
 absl::StatusOr<WeightPlan> ValidateRegisterWeight(const v1::RegisterWeightHeader& header);
+// The plan of a weight of `shape` (from a file): rank 2 [V, K], no overflow.
+absl::StatusOr<WeightPlan> WeightPlanOf(const std::vector<std::int64_t>& shape);
 
 struct LogitsPlan {
   std::int64_t m = 0;

@@ -332,6 +332,36 @@ TEST_F(AuthTest, QuotaIsResourceExhaustedAndTheServerKeepsServing) {
   }
 }
 
+// A tenant's ServerInfo shows its own weights and calls: one tenant cannot
+// watch another's activity through it.
+TEST_F(AuthTest, ServerInfoShowsOnlyTheCallersOwnActivity) {
+  std::unique_ptr<client::Client> a = As("tok-a");
+  std::unique_ptr<client::Client> b = As("tok-b");
+  absl::StatusOr<client::ServerInfo> before = a->Info();
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  const Tensor w = IntBf16({64, 32}, 71);
+  absl::StatusOr<client::WeightInfo> bw = b->RegisterWeight(w, "b-only");
+  ASSERT_TRUE(bw.ok()) << bw.status();
+  ASSERT_TRUE(b->Logits(IntBf16({16, 32}, 72), bw->handle).ok());
+  absl::StatusOr<client::ServerInfo> b_info = b->Info();
+  ASSERT_TRUE(b_info.ok());
+  EXPECT_EQ(b_info->weight_bytes_in_use, bw->bytes);
+  EXPECT_GT(b_info->request_bytes_high_water, 0u);
+  EXPECT_EQ(b_info->weight_budget_bytes, 1000000u);  // team-b's quota
+  EXPECT_EQ(b_info->device_bytes_in_use, 0u);
+
+  absl::StatusOr<client::ServerInfo> after = a->Info();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->weight_bytes_in_use, before->weight_bytes_in_use);
+  EXPECT_EQ(after->request_bytes_high_water, before->request_bytes_high_water);
+  EXPECT_EQ(after->request_bytes_in_flight, before->request_bytes_in_flight);
+  EXPECT_EQ(after->requests_in_flight, before->requests_in_flight);
+  EXPECT_EQ(after->device_bytes_in_use, before->device_bytes_in_use);
+  EXPECT_EQ(after->weight_budget_bytes, before->weight_budget_bytes);
+  EXPECT_TRUE(b->ReleaseWeight(bw->handle, true).ok());
+}
+
 TEST_F(AuthTest, CallsAreLoggedWithTheirTenant) {
   ASSERT_TRUE(As("tok-b")->ListWeights().ok());
   EXPECT_TRUE(Eventually([] {

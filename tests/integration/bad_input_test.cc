@@ -481,13 +481,29 @@ TEST_F(BadInputTest, CastDigestMismatchIsDataLoss) {
   const Tensor in = NormalFp32({16, 16}, 41);
   v1::CastRequest header;
   *header.mutable_header()->mutable_input() = wire::MakeSpec("input", in);
-  header.mutable_header()->mutable_input()->set_xxh3(0);
+  header.mutable_header()->mutable_input()->set_xxh3(in.Digest() ^ 1);
   std::vector<v1::CastRequest> m = {header};
   for (v1::TensorChunk& c : Chunks("input", in, 512)) m.push_back(ChunkMessage<v1::CastRequest>(c));
   EXPECT_EQ(RunBidi<v1::CastResponse>(
                 [](grpc::ClientContext* c) { return BadInputTest::StubForTest().Cast(c); }, m)
                 .error_code(),
             grpc::StatusCode::DATA_LOSS);
+}
+
+// 0 is the responses' "digest follows"; a request must carry its digest, and
+// is told which field lacks it (not that its bytes were damaged).
+TEST_F(BadInputTest, RequestSpecWithoutDigestIsInvalidArgumentNamingTheField) {
+  const Tensor in = NormalFp32({16, 16}, 42);
+  v1::CastRequest header;
+  *header.mutable_header()->mutable_input() = wire::MakeSpec("input", in);
+  header.mutable_header()->mutable_input()->set_xxh3(0);
+  std::vector<v1::CastRequest> m = {header};
+  for (v1::TensorChunk& c : Chunks("input", in, 512)) m.push_back(ChunkMessage<v1::CastRequest>(c));
+  const grpc::Status status = RunBidi<v1::CastResponse>(
+      [](grpc::ClientContext* c) { return BadInputTest::StubForTest().Cast(c); }, m);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("input: TensorSpec.xxh3 is 0"), std::string::npos)
+      << status.error_message();
 }
 
 }  // namespace

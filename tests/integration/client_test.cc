@@ -32,7 +32,11 @@ TEST_F(ClientTest, InfoDescribesTheCpuBackend) {
   EXPECT_FALSE(info->build_id.empty());
   EXPECT_GT(info->weight_budget_bytes, 0u);
   EXPECT_GT(info->max_request_bytes, 0u);
-  EXPECT_EQ(info->chunk_bytes, 4u << 20);
+  EXPECT_EQ(info->chunk_bytes, kDefaultChunkBytes);
+  // Every message the server sends fits gRPC's default receive limit.
+  EXPECT_EQ(info->max_send_message_bytes, kGrpcDefaultMaxMessageBytes);
+  EXPECT_EQ(info->max_request_chunk_bytes, kGrpcDefaultMaxMessageBytes);
+  EXPECT_EQ(info->max_receive_message_bytes, kGrpcDefaultMaxMessageBytes + kChunkFramingBytes);
 }
 
 TEST_F(ClientTest, RegisterSameBytesGivesSameHandle) {

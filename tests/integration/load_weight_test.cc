@@ -26,6 +26,7 @@ namespace logitd::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr std::int64_t kV = 64;
 constexpr std::int64_t kK = 128;
@@ -210,9 +211,32 @@ TEST_F(LoadWeightTest, MissingAndUnusableAreRefused) {
   ExpectRefused("sub/bf16.safetensors", "", absl::StatusCode::kInvalidArgument, "tensor");
   ExpectRefused("", "w", absl::StatusCode::kInvalidArgument, "empty path");
   ExpectRefused("sub", "w", absl::StatusCode::kInvalidArgument, "sub");
-  ExpectRefused("sub/bf16.safetensors", "bias", absl::StatusCode::kInvalidArgument, "rank");
-  ExpectRefused("fp32.safetensors", "ids", absl::StatusCode::kInvalidArgument, "I64");
-  ExpectRefused("garbage.safetensors", "w", absl::StatusCode::kDataLoss, "safetensors");
+  ExpectRefused(".", "w", absl::StatusCode::kInvalidArgument, "names the --weights_dir itself");
+  // What is wrong with a file on the server is fixed there, not by retrying:
+  // FAILED_PRECONDITION, never DATA_LOSS (a transfer to retry).
+  ExpectRefused("sub/bf16.safetensors", "bias", absl::StatusCode::kFailedPrecondition, "rank");
+  ExpectRefused("fp32.safetensors", "ids", absl::StatusCode::kFailedPrecondition, "I64");
+  ExpectRefused("garbage.safetensors", "w", absl::StatusCode::kFailedPrecondition,
+                "garbage.safetensors: not a valid safetensors file");
+}
+
+// Every tenant may call LoadWeight: its messages name what the caller sent,
+// never where the server keeps its files.
+TEST_F(LoadWeightTest, MessagesDoNotShowTheServersPaths) {
+  const std::string server_path = std::filesystem::canonical(*base_).string();
+  const std::vector<std::pair<std::string, std::string>> calls = {
+      {"garbage.safetensors", "w"},
+      {"sub/bf16.safetensors", "no_such_tensor"},
+      {"escape.safetensors", "w"},
+      {"up/secret.safetensors", "w"},
+      {".", "w"},
+      {"sub/none.safetensors", "w"}};
+  for (const auto& [path, tensor] : calls) {
+    absl::StatusOr<client::WeightInfo> info = client().LoadWeight(path, tensor);
+    ASSERT_FALSE(info.ok()) << path;
+    EXPECT_THAT(info.status().message(), Not(HasSubstr(server_path))) << path;
+    EXPECT_THAT(info.status().message(), HasSubstr(path)) << path;
+  }
 }
 
 TEST(LoadWeightWithoutDirTest, IsFailedPrecondition) {

@@ -154,7 +154,7 @@ TEST_F(LogitctlTest, InfoAsTableAndJson) {
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["backend"], "cpu");
   EXPECT_TRUE(j["max_request_bytes"].is_number_unsigned());
-  EXPECT_EQ(j["chunk_bytes"].get<std::uint64_t>(), 4u << 20);
+  EXPECT_EQ(j["chunk_bytes"].get<std::uint64_t>(), kDefaultChunkBytes);
 }
 
 TEST_F(LogitctlTest, LoadBalancingPolicy) {

@@ -22,6 +22,7 @@ namespace logitd::service {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr std::uint64_t kUnlimited = std::numeric_limits<std::uint64_t>::max();
 
@@ -30,6 +31,7 @@ v1::TensorSpec Spec(const std::string& name, v1::DType dtype, std::vector<std::i
   s.set_name(name);
   s.set_dtype(dtype);
   for (std::int64_t d : shape) s.add_shape(d);
+  s.set_xxh3(0x5eed);  // validation reads no bytes; any digest but 0 will do
   return s;
 }
 
@@ -743,7 +745,12 @@ TEST_F(ResolveWeightPathTest, RefusesSymbolicLinksThatEscape) {
   EXPECT_EQ(*back, std::filesystem::canonical(dir() / "sub" / "a.safetensors"));
   // The directory itself is not a file inside it.
   std::filesystem::create_symlink(".", dir() / "self");
-  EXPECT_EQ(ResolveWeightPath(dir(), "self").status().code(), absl::StatusCode::kPermissionDenied);
+  const absl::Status self = ResolveWeightPath(dir(), "self").status();
+  EXPECT_EQ(self.code(), absl::StatusCode::kInvalidArgument) << self;
+  EXPECT_THAT(self.message(), HasSubstr("names the --weights_dir itself"));
+  // Messages name the caller's path, not the server's directory.
+  const absl::Status out = ResolveWeightPath(dir(), "file_link").status();
+  EXPECT_THAT(out.message(), Not(HasSubstr(base_.string()))) << out;
 }
 
 TEST_F(ResolveWeightPathTest, MissingEmptyAndNonFiles) {

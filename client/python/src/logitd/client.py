@@ -32,7 +32,10 @@ from .shm import _align as _shm_align
 from .v1 import logitd_pb2 as pb
 from .v1 import logitd_pb2_grpc as pb_grpc
 
-DEFAULT_CHUNK_BYTES = 4 << 20
+# Tensor bytes per chunk message: 4 MiB less 4 KiB, so that a chunk with its
+# framing fits the 4 MiB every gRPC peer accepts by default (the protocol's
+# kDefaultChunkBytes, include/logitd/protocol.h).
+DEFAULT_CHUNK_BYTES = (4 << 20) - 4096
 # Room a chunk message needs beyond its payload (tensor name, offset, framing).
 _MESSAGE_HEADROOM = 1 << 20
 # gRPC sizes messages with a signed 32-bit int; stay well inside it.
