@@ -3,7 +3,8 @@
 # configures the `ci` preset (Release, test-only fault injection compiled in,
 # the cuda backend compiled when nvcc is present), builds everything, runs the
 # whole CTest suite (GPU tests skip themselves where no device is visible),
-# then the Python client's pytest suite against the freshly built server.
+# then the Python client's pytest suite and the wire-protocol conformance
+# suite against the freshly built server.
 #   usage: scripts/test.sh [extra ctest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +17,7 @@ ctest --preset ci -j "$jobs" "$@"
 
 # The Python client's tests, against the logitd binary just built.
 bash scripts/test-python.sh build/ci/server/logitd
+
+# The wire-protocol conformance suite (stubs generated from the proto, stock
+# channel options), large outputs included.
+bash scripts/conformance.sh --bin build/ci/server/logitd -m "large or not large"

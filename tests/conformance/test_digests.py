@@ -1,0 +1,123 @@
+"""Digest rules: every request tensor carries the xxh3-64 (seed 0) of its bytes;
+the server answers each output's digest in its spec, or after the chunks when
+the request sets digest_last."""
+
+import grpc
+import numpy as np
+import pytest
+
+from protocol import SMALL_K, SMALL_V, check_output, expected_order, expect_error, names, small_calls, xxh3
+from stubs import pb
+
+# (RPC, request tensor) pairs: every tensor a request streams.
+REQUEST_TENSORS = [
+    ("RegisterWeight", "weight"),
+    ("Logits", "x"),
+    ("Backward", "dy"),
+    ("Backward", "x"),
+    ("Cast", "input"),
+    ("CrossEntropy", "x"),
+    ("CrossEntropy", "targets"),
+]
+
+
+@pytest.fixture
+def calls(weights):
+    info = weights(np.random.default_rng(601).integers(-8, 9, size=(SMALL_V, SMALL_K)))
+    return small_calls(info.handle)
+
+
+@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=["%s-%s" % p for p in REQUEST_TENSORS])
+def test_request_spec_without_digest_is_invalid_argument(conn, calls, rpc, tensor):
+    """A request TensorSpec with xxh3 0 is INVALID_ARGUMENT naming the field xxh3 and the tensor.
+
+    digest_last exists only for responses; a request must announce its
+    tensors' digests up front.
+    """
+    call = calls[rpc]
+    message = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call.run, conn, call.messages({tensor: 0}))
+    assert names(message, "xxh3"), "the message does not name the field xxh3: %s" % message
+    assert names(message, tensor), "the message does not name the tensor '%s': %s" % (tensor, message)
+
+
+@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=["%s-%s" % p for p in REQUEST_TENSORS])
+def test_request_with_wrong_digest_is_data_loss(conn, calls, rpc, tensor):
+    """Bytes that do not match a non-zero announced xxh3 are DATA_LOSS naming the tensor."""
+    call = calls[rpc]
+    wrong = xxh3(call.tensors[tensor].data) ^ 0x5A5A
+    message = expect_error(grpc.StatusCode.DATA_LOSS, call.run, conn, call.messages({tensor: wrong}))
+    assert names(message, tensor), "the message does not name the tensor '%s': %s" % (tensor, message)
+
+
+def test_logits_digest_last(conn, weights):
+    """digest_last: Y's spec carries 0 and a TensorDigest of Y's bytes follows its last chunk."""
+    rng = np.random.default_rng(602)
+    w = rng.integers(-8, 9, size=(1000, 16))
+    x = rng.integers(-8, 9, size=(20, 16))
+    info = weights(w)
+    got = conn.logits(info.handle, x, digest_last=True)
+    assert got.order == expected_order(["y"], True)
+    y = check_output(got, got.result.y, digest_last=True)
+    np.testing.assert_array_equal(y, (x.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32))
+
+
+def test_backward_digest_last(conn, weights):
+    """With digest_last both dX and dW specs carry 0; both digests follow the last chunk of all, in output order."""
+    rng = np.random.default_rng(603)
+    w = rng.integers(-8, 9, size=(96, 24))
+    info = weights(w)
+    x, dy = rng.integers(-8, 9, size=(5, 24)), rng.integers(-8, 9, size=(5, 96))
+    got = conn.backward(info.handle, dy, x, want_dx=True, want_dw=True, digest_last=True)
+    assert got.order == expected_order(["dx", "dw"], True)
+    check_output(got, got.result.dx, True)
+    check_output(got, got.result.dw, True)
+
+
+def test_cast_digest_last(conn):
+    """Cast with digest_last: the output's digest follows its chunks."""
+    values = np.arange(-256, 257, dtype=np.float32)
+    got = conn.cast(values, digest_last=True)
+    assert got.order == expected_order(["output"], True)
+    np.testing.assert_array_equal(check_output(got, got.result.output, True), values)
+
+
+def test_cross_entropy_digest_last(conn, weights):
+    """CrossEntropy with digest_last: one digest per streamed output, after all chunks."""
+    rng = np.random.default_rng(604)
+    info = weights(rng.integers(-2, 3, size=(32, 8)))
+    got = conn.cross_entropy(
+        info.handle,
+        rng.integers(-2, 3, size=(4, 8)),
+        rng.integers(0, 32, size=4),
+        want_lse=True,
+        want_dx=True,
+        want_dw=True,
+        digest_last=True,
+    )
+    assert got.order == expected_order(["loss", "lse", "dx", "dw"], True)
+    for spec in (got.result.loss, got.result.lse, got.result.dx, got.result.dw):
+        check_output(got, spec, True)
+
+
+def test_fetch_gradient_digest_last(conn, weights):
+    """FetchGradient with digest_last: dW's digest follows its chunks."""
+    rng = np.random.default_rng(605)
+    w = rng.integers(-8, 9, size=(40, 8))
+    info = weights(w)
+    x, dy = rng.integers(-8, 9, size=(3, 8)), rng.integers(-8, 9, size=(3, 40))
+    conn.backward(info.handle, dy, x, want_dw=True, accumulate_dw=True)
+    got = conn.fetch_gradient(info.handle, digest_last=True)
+    assert got.order == expected_order(["dw"], True)
+    dw = check_output(got, got.result.dw, True)
+    np.testing.assert_array_equal(dw, (dy.T.astype(np.float64) @ x).astype(np.float32))
+
+
+def test_digest_is_xxh3_64_seed_0_of_little_endian_bytes(conn):
+    """A known digest: fp32 [1.0, 2.0] cast to bf16 is the bytes 80 3f 00 40.
+
+    Their xxh3-64 with seed 0 is d73f38204880d085.
+    """
+    got = conn.cast(np.array([1.0, 2.0], dtype=np.float32))
+    assert got.result.output.dtype == pb.DTYPE_BF16
+    assert bytes(got.tensors["output"]) == bytes.fromhex("803f0040")
+    assert got.result.output.xxh3 == 0xD73F38204880D085
