@@ -629,7 +629,7 @@ absl::StatusOr<std::uint64_t> Client::ReleaseWeight(const std::string& handle, b
         !s.ok()) {
       return s;
     }
-    return response.bytes_freed();
+    return response.bytes_freed() + response.bytes_freed_when_calls_end();
   });
 }
 

@@ -370,7 +370,8 @@ class Client {
                                         const std::string& name = "");
   absl::StatusOr<std::vector<WeightInfo>> ListWeights();
   // Releases one registration (every one with `force`). Returns the bytes
-  // freed: 0 while other registrations of the same bytes remain.
+  // given back to the budget: 0 while other registrations of the same bytes
+  // remain (freed now, or when calls still using the weight end).
   absl::StatusOr<std::uint64_t> ReleaseWeight(const std::string& handle, bool force = false);
 
   // x: bf16 [M, K]. Returns [M, V] in options.out_dtype.

@@ -264,6 +264,7 @@ absl::StatusOr<WeightRegistry::Released> WeightRegistry::Release(const Tenant& t
                                                                  bool force) {
   std::shared_ptr<Entry> e;
   std::uint64_t freed = 0;
+  bool in_use = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(Key(tenant.id, handle));
@@ -272,7 +273,7 @@ absl::StatusOr<WeightRegistry::Released> WeightRegistry::Release(const Tenant& t
     }
     if (!force && it->second->registrations > 1) {
       --it->second->registrations;
-      return Released{0, it->second->registrations};
+      return Released{0, 0, it->second->registrations};
     }
     e = std::move(it->second);
     entries_.erase(it);
@@ -280,11 +281,14 @@ absl::StatusOr<WeightRegistry::Released> WeightRegistry::Release(const Tenant& t
     Refund(e->tenant, freed);
     e->released = true;
     e->gradient_charged = false;
-    // In-flight calls hold their own reference to the backend's weight.
+    // In-flight calls hold their own reference to the backend's weight: its
+    // memory goes when the last of them ends.
+    in_use = e->weight.use_count() > 1;
     e->weight.reset();
   }
   // `e` (and possibly the backend's storage) is destroyed here, outside the lock.
-  return Released{freed, 0};
+  if (in_use) return Released{0, freed, 0};
+  return Released{freed, 0, 0};
 }
 
 absl::StatusOr<GradientTicket> WeightRegistry::BeginAccumulate(const Tenant& tenant,

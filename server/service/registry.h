@@ -161,8 +161,12 @@ class WeightRegistry {
   // left, removes the entry and returns the bytes it had charged to the
   // budget. Calls holding the weight finish normally; its storage goes with
   // the last of them.
+  // What a release freed: the memory that went at once, and the memory that
+  // goes when the calls still using the weight end. Both are returned to the
+  // budget and the tenant's quota at once.
   struct Released {
     std::uint64_t bytes_freed = 0;
+    std::uint64_t bytes_freed_when_calls_end = 0;
     std::uint32_t registrations_left = 0;
   };
   absl::StatusOr<Released> Release(const Tenant& tenant, absl::string_view handle,

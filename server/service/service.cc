@@ -631,9 +631,11 @@ grpc::Status LogitdService::ReleaseWeight(grpc::ServerContext* context,
     LOGITD_ASSIGN_OR_RETURN(const WeightRegistry::Released released,
                             registry_.Release(stats->tenant, request->handle(), request->force()));
     response->set_bytes_freed(released.bytes_freed);
+    response->set_bytes_freed_when_calls_end(released.bytes_freed_when_calls_end);
     response->set_registrations_left(released.registrations_left);
     stats->bytes_out = response->ByteSizeLong();
     LogInfo(absl::StrCat("weight released: ", request->handle(), " bytes=", released.bytes_freed,
+                         " bytes_when_calls_end=", released.bytes_freed_when_calls_end,
                          " registrations_left=", released.registrations_left,
                          " in_use=", registry_.bytes_in_use(), "/", registry_.budget_bytes()));
     return absl::OkStatus();

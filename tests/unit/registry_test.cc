@@ -137,13 +137,28 @@ TEST_F(RegistryTest, ReleaseFreesBytesAndKeepsInFlightWeightAlive) {
   a = {};
   absl::StatusOr<WeightRegistry::Released> freed = r.Release(kTenant, in_flight->handle);
   ASSERT_TRUE(freed.ok());
-  EXPECT_EQ(freed->bytes_freed, 16u * 8 * 2);
+  // Held by a call: nothing is freed now, all of it when the call ends; the
+  // budget has it back at once.
+  EXPECT_EQ(freed->bytes_freed, 0u);
+  EXPECT_EQ(freed->bytes_freed_when_calls_end, 16u * 8 * 2);
   EXPECT_EQ(freed->registrations_left, 0u);
   EXPECT_EQ(r.bytes_in_use(), 0u);
   EXPECT_TRUE(r.List(kTenant).empty());
   // A call still holding the weight keeps the storage until it ends.
   EXPECT_EQ(live_.load(), 1);
   in_flight = absl::NotFoundError("");
+  EXPECT_EQ(live_.load(), 0);
+}
+
+TEST_F(RegistryTest, ReleaseOfAnIdleWeightFreesItNow) {
+  WeightRegistry r(1 << 20);
+  InsertResult a = Register(r, 9, 16, 8);
+  const std::string handle = a.record.handle;
+  a = {};
+  absl::StatusOr<WeightRegistry::Released> freed = r.Release(kTenant, handle);
+  ASSERT_TRUE(freed.ok());
+  EXPECT_EQ(freed->bytes_freed, 16u * 8 * 2);
+  EXPECT_EQ(freed->bytes_freed_when_calls_end, 0u);
   EXPECT_EQ(live_.load(), 0);
 }
 
@@ -188,7 +203,8 @@ TEST_F(RegistryTest, EachRegistrationNeedsItsRelease) {
   EXPECT_EQ(still->registrations, 1u);
   absl::StatusOr<WeightRegistry::Released> last = r.Release(kTenant, a.record.handle);
   ASSERT_TRUE(last.ok());
-  EXPECT_EQ(last->bytes_freed, 16u * 8 * 2);
+  // `a` and `still` hold the weight as a call would: it goes when they do.
+  EXPECT_EQ(last->bytes_freed + last->bytes_freed_when_calls_end, 16u * 8 * 2);
   EXPECT_EQ(r.Find(kTenant, a.record.handle).status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -200,7 +216,7 @@ TEST_F(RegistryTest, ForcedReleaseDropsEveryRegistration) {
   absl::StatusOr<WeightRegistry::Released> rel =
       r.Release(kTenant, a.record.handle, /*force=*/true);
   ASSERT_TRUE(rel.ok());
-  EXPECT_EQ(rel->bytes_freed, 16u * 8 * 2);
+  EXPECT_EQ(rel->bytes_freed_when_calls_end, 16u * 8 * 2);  // `a` holds it
   EXPECT_EQ(rel->registrations_left, 0u);
   EXPECT_EQ(r.bytes_in_use(), 0u);
   EXPECT_EQ(r.Find(kTenant, a.record.handle).status().code(), absl::StatusCode::kNotFound);
@@ -238,7 +254,7 @@ TEST_F(RegistryTest, GradientBufferCountsAgainstBudget) {
   EXPECT_TRUE(big.BeginAccumulate(kTenant, b.record.handle).ok());
   absl::StatusOr<WeightRegistry::Released> freed = big.Release(kTenant, b.record.handle);
   ASSERT_TRUE(freed.ok());
-  EXPECT_EQ(freed->bytes_freed, 600u);
+  EXPECT_EQ(freed->bytes_freed + freed->bytes_freed_when_calls_end, 600u);
   EXPECT_EQ(big.bytes_in_use(), 0u);
 }
 

@@ -82,10 +82,12 @@ class WeightInfo:
 
 @dataclass(frozen=True)
 class ReleaseResult:
-    """Bytes freed (0 while other registrations remain) and registrations left."""
+    """Bytes freed now (0 while other registrations remain or calls still use
+    the weight), registrations left, and bytes that go when those calls end."""
 
     bytes_freed: int
     registrations_left: int
+    bytes_freed_when_calls_end: int = 0
 
 
 class CrossEntropyResult(NamedTuple):
@@ -476,7 +478,11 @@ class Client:
         """Releases one registration (all of them with force=True)."""
         request = pb.ReleaseWeightRequest(handle=_handle(handle), force=force)
         response = self._unary(self._stub.ReleaseWeight, request)
-        return ReleaseResult(bytes_freed=response.bytes_freed, registrations_left=response.registrations_left)
+        return ReleaseResult(
+            bytes_freed=response.bytes_freed,
+            registrations_left=response.registrations_left,
+            bytes_freed_when_calls_end=response.bytes_freed_when_calls_end,
+        )
 
     release_weight = release_weights
 
