@@ -1,6 +1,8 @@
 #include "server/service/raw_stream.h"
 
 #include <chrono>
+#include <deque>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -63,51 +65,27 @@ void CallThreads::Work() {
 
 namespace {
 
-// One operation in flight at a time, waited for by the handler's thread and
-// completed by a gRPC callback.
-class Completion {
- public:
-  void Begin() {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = false;
-  }
-  void Done(bool ok) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ok_ = ok;
-      done_ = true;
-    }
-    cv_.notify_one();
-  }
-  bool Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return done_; });
-    return ok_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  bool ok_ = false;
-};
+// Messages read ahead of the handler, and messages the handler may have
+// written before gRPC has taken them: the handler and gRPC's callbacks hand
+// messages over without waiting for each other on every one.
+constexpr std::size_t kReadAhead = 2;
+constexpr std::size_t kWriteQueue = 2;
 
 // A call whose handler runs on a CallThreads thread. The handler's status
-// finishes the call; gRPC then calls OnDone, which deletes the reactor. The
-// handler's thread does not touch the reactor after Finish.
+// finishes the call once every message it wrote has gone; gRPC then calls
+// OnDone, which deletes the reactor. The handler's thread does not touch
+// the reactor after asking for the finish.
 template <typename Reactor>
-class BlockingCall : public Reactor, public RawStream {
+class CallCore : public Reactor, public RawStream {
  public:
-  BlockingCall(grpc::CallbackServerContext* context, RawHandler handler)
+  CallCore(grpc::CallbackServerContext* context, RawHandler handler)
       : context_(context), handler_(std::move(handler)) {}
 
   void Start(CallThreads* threads) {
-    const bool started = threads->Run([this] {
-      const grpc::Status status = handler_(context_, this);
-      this->Finish(status);
-    });
+    BeginReading();
+    const bool started = threads->Run([this] { FinishWhenWritten(handler_(context_, this)); });
     if (!started) {
-      this->Finish(
+      FinishWhenWritten(
           grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                        absl::StrCat("the server is running as many calls as it has threads for (",
                                     threads->max_threads(), "); retry with backoff")));
@@ -116,56 +94,152 @@ class BlockingCall : public Reactor, public RawStream {
 
   void OnDone() override { delete this; }
 
+ protected:
+  // Starts reading ahead (calls that read).
+  virtual void BeginReading() {}
+
+  void FinishWhenWritten(grpc::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finishing_ = true;
+      if (writing_) {
+        finish_status_ = std::move(status);
+        finish_when_written_ = true;
+        return;
+      }
+    }
+    this->Finish(status);
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // A finish was asked for: no read is started any more.
+  bool finishing_ = false;
+  // A write is with gRPC; the finish waits for the last one.
+  bool writing_ = false;
+  bool finish_when_written_ = false;
+  grpc::Status finish_status_;
+
  private:
   grpc::CallbackServerContext* const context_;
   const RawHandler handler_;
 };
 
-// Writes as callback operations, waited for.
-template <typename Reactor>
-class WritingCall : public BlockingCall<Reactor> {
+// Reads ahead: up to kReadAhead messages wait for the handler.
+template <typename Base>
+class Reading : public Base {
  public:
-  using BlockingCall<Reactor>::BlockingCall;
-
-  bool Write(const grpc::ByteBuffer& message) override {
-    write_.Begin();
-    this->StartWrite(&message);
-    return write_.Wait();
-  }
-  void OnWriteDone(bool ok) override { write_.Done(ok); }
-
- private:
-  Completion write_;
-};
-
-class BidiCall final
-    : public WritingCall<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>> {
- public:
-  using WritingCall::WritingCall;
+  using Base::Base;
 
   bool Read(grpc::ByteBuffer* message) override {
-    read_.Begin();
-    StartRead(message);
-    return read_.Wait();
+    std::unique_lock<std::mutex> lock(this->mu_);
+    this->cv_.wait(lock, [this] { return !ready_.empty() || ended_; });
+    if (ready_.empty()) return false;
+    *message = ready_.front();
+    ready_.pop_front();
+    const bool rearm = !pending_ && !ended_ && !this->finishing_;
+    if (rearm) pending_ = true;
+    lock.unlock();
+    if (rearm) this->StartRead(&incoming_);
+    return true;
   }
-  void OnReadDone(bool ok) override { read_.Done(ok); }
+
+  void OnReadDone(bool ok) override {
+    bool rearm = false;
+    {
+      std::lock_guard<std::mutex> lock(this->mu_);
+      if (ok) {
+        ready_.push_back(incoming_);
+        incoming_.Clear();
+        rearm = ready_.size() < kReadAhead && !this->finishing_;
+      } else {
+        ended_ = true;
+      }
+      pending_ = rearm;
+    }
+    this->cv_.notify_all();
+    if (rearm) this->StartRead(&incoming_);
+  }
+
+ protected:
+  void BeginReading() override {
+    {
+      std::lock_guard<std::mutex> lock(this->mu_);
+      pending_ = true;
+    }
+    this->StartRead(&incoming_);
+  }
 
  private:
-  Completion read_;
+  grpc::ByteBuffer incoming_;  // the target of the read in flight
+  std::deque<grpc::ByteBuffer> ready_;
+  bool pending_ = false;
+  bool ended_ = false;
 };
 
-class ClientStreamingCall final : public BlockingCall<grpc::ServerReadReactor<grpc::ByteBuffer>> {
+// Queues writes: Write returns once gRPC has the message or it is queued
+// behind at most kWriteQueue - 1 others; false once a write has failed.
+template <typename Base>
+class Writing : public Base {
+ public:
+  using Base::Base;
+
+  bool Write(const grpc::ByteBuffer& message) override {
+    std::unique_lock<std::mutex> lock(this->mu_);
+    this->cv_.wait(lock, [this] { return queue_.size() < kWriteQueue || failed_; });
+    if (failed_) return false;
+    queue_.push_back(message);  // shares the slices
+    if (this->writing_) return true;
+    this->writing_ = true;
+    const grpc::ByteBuffer* next = &queue_.front();
+    lock.unlock();
+    this->StartWrite(next);
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    const grpc::ByteBuffer* next = nullptr;
+    bool finish = false;
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> lock(this->mu_);
+      queue_.pop_front();
+      if (!ok) {
+        failed_ = true;
+        queue_.clear();
+      }
+      if (!queue_.empty()) {
+        next = &queue_.front();  // a deque keeps its elements in place
+      } else {
+        this->writing_ = false;
+        finish = this->finish_when_written_;
+        status = this->finish_status_;
+      }
+    }
+    this->cv_.notify_all();
+    if (next != nullptr) {
+      this->StartWrite(next);
+    } else if (finish) {
+      this->Finish(status);
+    }
+  }
+
+ private:
+  std::deque<grpc::ByteBuffer> queue_;
+  bool failed_ = false;
+};
+
+using BidiCall =
+    Reading<Writing<CallCore<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>>>>;
+
+class ClientStreamingCall final
+    : public Reading<CallCore<grpc::ServerReadReactor<grpc::ByteBuffer>>> {
  public:
   ClientStreamingCall(grpc::CallbackServerContext* context, grpc::ByteBuffer* response,
                       RawHandler handler)
-      : BlockingCall(context, std::move(handler)), response_(response) {}
+      : Reading(context, std::move(handler)), response_(response) {}
 
-  bool Read(grpc::ByteBuffer* message) override {
-    read_.Begin();
-    StartRead(message);
-    return read_.Wait();
-  }
-  void OnReadDone(bool ok) override { read_.Done(ok); }
+  // The one response message, sent when the call finishes OK.
   bool Write(const grpc::ByteBuffer& message) override {
     *response_ = message;
     return true;
@@ -173,14 +247,14 @@ class ClientStreamingCall final : public BlockingCall<grpc::ServerReadReactor<gr
 
  private:
   grpc::ByteBuffer* const response_;
-  Completion read_;
 };
 
-class ServerStreamingCall final : public WritingCall<grpc::ServerWriteReactor<grpc::ByteBuffer>> {
+class ServerStreamingCall final
+    : public Writing<CallCore<grpc::ServerWriteReactor<grpc::ByteBuffer>>> {
  public:
   ServerStreamingCall(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
                       RawHandler handler)
-      : WritingCall(context, std::move(handler)), request_(request) {}
+      : Writing(context, std::move(handler)), request_(request) {}
 
   bool Read(grpc::ByteBuffer* message) override {
     // A client that ended its stream without a message gives no buffer.
