@@ -21,3 +21,5 @@ bash scripts/test-python.sh build/ci/server/logitd
 # The wire-protocol conformance suite (stubs generated from the proto, stock
 # channel options), large outputs included.
 bash scripts/conformance.sh --bin build/ci/server/logitd -m "large or not large"
+# Again with a bearer token required: the same contract behind authentication.
+LOGITD_CONFORMANCE_TOKEN=conformance-token bash scripts/conformance.sh --bin build/ci/server/logitd

@@ -67,6 +67,16 @@ class ServerUnderTest:
     weights_dir: Optional[str]
 
 
+def _token_flags(tmp):
+    """With $LOGITD_CONFORMANCE_TOKEN set, the server the suite starts accepts that token only."""
+    token = os.environ.get("LOGITD_CONFORMANCE_TOKEN")
+    if not token:
+        return []
+    tokens = tmp / "tokens"
+    tokens.write_text("%s conformance\n" % token)
+    return ["--auth_tokens=%s" % tokens]
+
+
 def _start(binary, tmp):
     weights_dir = tmp / "weights"
     weights_dir.mkdir()
@@ -82,7 +92,8 @@ def _start(binary, tmp):
             "--log_level=warning",
             "--weights_dir=%s" % weights_dir,
             "--allow_shm",
-        ],
+        ]
+        + _token_flags(tmp),
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
