@@ -71,7 +71,10 @@ std::string PlatformString(const Platform& p);
 
 struct Baseline {
   std::string recorded_at;
-  nlohmann::ordered_json server;  // the recording server's full info
+  // The recording server's build: version, build_id, split_k. What it ran on
+  // is `platform`, held once (files written before kept the whole
+  // ServerInfo here; they are read as they are).
+  nlohmann::ordered_json server;
   Platform platform;
   std::vector<CaseRecord> cases;
 

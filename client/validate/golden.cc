@@ -169,7 +169,9 @@ class GoldenSuite final : public Suite {
     }
     Baseline b;
     b.recorded_at = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
-    b.server = ServerInfoJson(ctx.info());
+    b.server = {{"version", ctx.info().version},
+                {"build_id", ctx.info().build_id},
+                {"split_k", ctx.info().split_k}};
     b.platform = PlatformOf(ctx.info());
     b.cases = std::move(recorded_);
     const absl::Status s = WriteBaseline(path, b);

@@ -247,6 +247,13 @@ TEST_F(ValidateE2eTest, RecordThenBaselinePasses) {
   ServerProcess server = Start();
   const CommandResult rec = Validate(server, {"golden", "--record", Path("b.json")});
   ASSERT_EQ(rec.exit_code, 0) << Describe(rec);
+  // The platform is held once, under "platform"; "server" names the build.
+  std::ifstream in(Path("b.json"));
+  const nlohmann::json b = nlohmann::json::parse(in);
+  EXPECT_EQ(b["platform"]["backend"], "cpu");
+  EXPECT_FALSE(b["server"].contains("backend")) << b["server"].dump();
+  EXPECT_FALSE(b["server"].contains("device_name")) << b["server"].dump();
+  EXPECT_TRUE(b["server"].contains("build_id")) << b["server"].dump();
   const CommandResult cmp = Validate(server, {"golden", "--baseline", Path("b.json")});
   ASSERT_EQ(cmp.exit_code, 0) << Describe(cmp);
   for (const auto& [name, verdict] : Verdicts()) EXPECT_EQ(verdict, "passed") << name;
