@@ -22,26 +22,10 @@
 #include "logitd/bf16.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "tests/integration/integration_util.h"
+#include "tests/integration/stub_calls.h"
 
 namespace logitd::testing {
 namespace {
-
-// Streams `t` as the chunks of a request stream of Request messages.
-template <typename Request, typename Stream>
-bool WriteChunks(Stream& stream, const char* name, const Tensor& t) {
-  return wire::SendChunks(name, t.bytes(), t.nbytes(), wire::kDefaultChunkBytes,
-                          [&](v1::TensorChunk&& c) {
-                            Request r;
-                            *r.mutable_chunk() = std::move(c);
-                            return stream.Write(r);
-                          })
-      .ok();
-}
-
-// A deadline for the raw calls.
-void SetDeadline(grpc::ClientContext* context) {
-  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-}
 
 class StreamOrderTest : public SharedServerTest {
  protected:
@@ -118,48 +102,11 @@ TEST_F(StreamOrderTest, ResultFirstByDefaultDigestLastOnRequestSameBytes) {
   }
 }
 
-// What a response stream carried: its parts in order ("result",
-// "chunk:NAME" once per run of a tensor's chunks, "digest:NAME"), the result
-// message, each tensor's bytes and each trailing digest.
-template <typename Response>
-struct Received {
-  std::vector<std::string> order;
-  Response result;
-  std::map<std::string, std::string> bytes;
-  std::map<std::string, std::uint64_t> digests;
-};
-
-template <typename Response, typename Stream>
-Received<Response> ReadAll(Stream& stream) {
-  Received<Response> r;
-  Response response;
-  while (stream.Read(&response)) {
-    if (response.has_result()) {
-      r.order.push_back("result");
-      r.result = response;
-    } else if (response.has_chunk()) {
-      const std::string& name = response.chunk().name();
-      if (r.order.empty() || r.order.back() != "chunk:" + name) r.order.push_back("chunk:" + name);
-      std::string& bytes = r.bytes[name];
-      EXPECT_EQ(response.chunk().offset(), bytes.size()) << name;
-      bytes += response.chunk().data();
-    } else if (response.has_digest()) {
-      r.order.push_back("digest:" + response.digest().name());
-      r.digests[response.digest().name()] = response.digest().xxh3();
-    }
-  }
-  return r;
-}
-
 // The expected parts of a stream with one output, `name`.
 std::vector<std::string> OneOutputOrder(const std::string& name, bool digest_last) {
   std::vector<std::string> order = {"result", "chunk:" + name};
   if (digest_last) order.push_back("digest:" + name);
   return order;
-}
-
-std::string BytesOf(const Tensor& t) {
-  return std::string(reinterpret_cast<const char*>(t.bytes()), t.nbytes());
 }
 
 // Backward's two streamed outputs: with digest_last both specs carry 0 and
@@ -288,6 +235,14 @@ TEST_F(StreamOrderTest, CastThroughTheGeneratedStubBothOrders) {
       ASSERT_EQ(Bf16ToFloat(want->data<Bf16Bits>()[i]), in.data<float>()[i]) << i;
     }
   }
+}
+
+// A client generated from the proto, on a channel with gRPC's defaults,
+// receives 64 MiB outputs of every tensor call: 16 messages each, all within
+// the stock 4 MiB receive limit. (1 GiB: default_channel_large_test.)
+TEST_F(StreamOrderTest, SixtyFourMiBOutputsOfEveryTensorCallThroughADefaultChannel) {
+  auto stub = v1::Logitd::NewStub(Channel());
+  ExpectEveryTensorCallStreams(stub.get(), client(), 1, Register);
 }
 
 using RawStream = wire::RawClientCall;
