@@ -90,3 +90,42 @@ def test_logits_output_over_2_gib(conn, weights, server_info):
     assert sum(got.chunk_sizes["y"]) == y_bytes
     assert not mismatches, "Y differs from the exact sums in the chunks at offsets %s" % mismatches
     assert got.result.y.xxh3 == digest.intdigest(), "Y's spec digest does not match the bytes"
+
+
+def _every_call_output(conn, weights, server_info, scale):
+    """Backward, FetchGradient, CrossEntropy (dW fp32) and Cast (bf16) outputs of scale * 64 MiB, each received
+    whole through a default channel and matching its digest."""
+    rng = np.random.default_rng(903 + scale)
+    v, k, m = 65536 * scale, 256, 4
+    w = rng.integers(-4, 5, size=(v, k))
+    x = rng.integers(-4, 5, size=(m, k))
+    dy = rng.integers(-4, 5, size=(m, v))
+    info = weights(w)
+    want = scale * (64 << 20)
+
+    got = receive_or_explain(lambda: conn.backward(info.handle, dy, x, want_dw=True), server_info)
+    assert check_output(got, got.result.dw, False).nbytes == want
+
+    receive_or_explain(lambda: conn.backward(info.handle, dy, x, want_dw=True, accumulate_dw=True), server_info)
+    got = receive_or_explain(lambda: conn.fetch_gradient(info.handle), server_info)
+    assert got.result.accumulated_calls == 1
+    assert check_output(got, got.result.dw, False).nbytes == want
+
+    targets = rng.integers(0, v, size=(m,))
+    got = receive_or_explain(lambda: conn.cross_entropy(info.handle, x, targets, want_dw=True), server_info)
+    assert check_output(got, got.result.dw, False).nbytes == want
+
+    values = rng.integers(-1000, 1001, size=(8192 * scale, 4096)).astype(np.float32)
+    got = receive_or_explain(lambda: conn.cast(values), server_info)
+    assert check_output(got, got.result.output, False).size * 2 == want  # bf16, decoded to float32
+
+
+def test_every_call_64_mib_output(conn, weights, server_info):
+    """Every other tensor call's 64 MiB output completes through a default channel."""
+    _every_call_output(conn, weights, server_info, 1)
+
+
+@pytest.mark.large
+def test_every_call_1_gib_output(conn, weights, server_info):
+    """Every tensor call's 1 GiB output completes through a default channel (Logits: over 2 GiB above)."""
+    _every_call_output(conn, weights, server_info, 16)
