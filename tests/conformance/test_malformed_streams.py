@@ -6,7 +6,7 @@ import grpc
 import numpy as np
 import pytest
 
-from protocol import SMALL_K, SMALL_V, chunk, chunks_of, expect_error, names, small_calls
+from protocol import SMALL_K, SMALL_V, Tensor, chunk, chunks_of, expect_error, names, small_calls
 from stubs import pb
 
 REQUEST_TENSORS = [
@@ -154,3 +154,27 @@ def test_unspecified_dtype_is_invalid_argument(conn, calls):
     header.header.input.dtype = pb.DTYPE_UNSPECIFIED
     message = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call.run, conn, [header])
     assert names(message, "input"), message
+
+
+@pytest.mark.parametrize("over", ["just-over", "twice"])
+def test_request_message_over_the_limit(conn, weights, server_info, over):
+    """A request message over ServerInfo.max_receive_message_bytes fails the call with INVALID_ARGUMENT naming
+    the limit and the field to read; one over twice the limit is refused by gRPC itself with RESOURCE_EXHAUSTED."""
+    limit = server_info.max_receive_message_bytes
+    assert server_info.max_request_chunk_bytes >= 4 << 20
+    assert limit > server_info.max_request_chunk_bytes
+    k = 1024
+    data_bytes = limit + 8192 if over == "just-over" else 2 * limit + 8192
+    m = (data_bytes + 2 * k - 1) // (2 * k)
+    info = weights(np.ones((8, k)))
+    x = np.ones((m, k))
+    t = Tensor("x", pb.DTYPE_BF16, x)
+    first = pb.LogitsRequest(header=pb.LogitsHeader(weight_handle=info.handle, x=t.spec()))
+    whole = pb.LogitsRequest(chunk=pb.TensorChunk(name="x", offset=0, data=t.data))
+    if over == "just-over":
+        message = expect_error(grpc.StatusCode.INVALID_ARGUMENT, lambda: list(conn.logits_stream([first, whole])))
+        assert "max_receive_message_bytes" in message and str(limit) in message, message
+        assert "max_request_chunk_bytes" in message, message
+    else:
+        message = expect_error(grpc.StatusCode.RESOURCE_EXHAUSTED, lambda: list(conn.logits_stream([first, whole])))
+        assert "larger than max" in message, message

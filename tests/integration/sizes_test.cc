@@ -1,17 +1,22 @@
 // Sizes: a 128 MiB fp32 response reassembled from chunks, a server streaming
 // with an odd chunk size, and the server's request and weight limits
 // (RESOURCE_EXHAUSTED with the limit in the message, the server still up).
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "logitd/client.h"
 #include "tests/integration/integration_util.h"
+#include "tests/integration/stub_calls.h"
 
 namespace logitd::testing {
 namespace {
@@ -34,6 +39,94 @@ TEST(SizesTest, Logits128MiBResponseIsIntact) {
   ASSERT_EQ(y->nbytes(), std::size_t{128} << 20);
   EXPECT_TRUE(Fp32EqualsExact(*y, ExactNT(x, w), {m, v}));
   EXPECT_TRUE(ServerAnswers(c));
+}
+
+// Chunks past the default make messages over the 4 MiB that stock clients
+// accept: the server says so at start and in ServerInfo, a default-options
+// client is refused with gRPC's RESOURCE_EXHAUSTED, and a client that raised
+// its limit (the C++ library does) gets its answer.
+TEST(SizesTest, ChunksPastTheDefaultNeedARaisedClientLimitAndSaySo) {
+  const std::uint64_t chunk = std::uint64_t{8} << 20;
+  absl::StatusOr<std::unique_ptr<SharedServer>> server =
+      SharedServer::Start({absl::StrCat("--chunk_bytes=", chunk)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  client::Client& c = *(*server)->client;
+  absl::StatusOr<client::ServerInfo> info = c.Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->max_send_message_bytes, chunk + kChunkFramingBytes);
+  EXPECT_EQ(info->max_request_chunk_bytes, chunk);
+  EXPECT_EQ(info->max_receive_message_bytes, chunk + kChunkFramingBytes);
+  EXPECT_THAT((*server)->process.Log(), HasSubstr("clients must raise their receive limit"));
+
+  const Tensor w = IntBf16({16384, 64}, 821);
+  const Tensor x = IntBf16({256, 64}, 822);  // Y: 16 MiB, two 8 MiB chunks
+  absl::StatusOr<client::WeightInfo> reg = c.RegisterWeight(w, "w");
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  ASSERT_TRUE(c.Logits(x, reg->handle).ok());
+
+  auto stub = v1::Logitd::NewStub(
+      grpc::CreateChannel((*server)->process.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  auto stream = stub->Logits(&context);
+  v1::LogitsRequest request;
+  request.mutable_header()->set_weight_handle(reg->handle);
+  *request.mutable_header()->mutable_x() = wire::MakeSpec("x", x);
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(WriteChunks<v1::LogitsRequest>(*stream, "x", x));
+  stream->WritesDone();
+  ReadAll<v1::LogitsResponse>(*stream);
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("larger than max"));
+  EXPECT_TRUE(ServerAnswers(c));
+}
+
+// Each tensor call runs on a thread of its own, up to a bound; one more call
+// is refused at once with RESOURCE_EXHAUSTED saying to retry, and the server
+// goes on serving when the others end.
+TEST(SizesTest, CallsPastTheThreadBoundAreResourceExhausted) {
+  absl::StatusOr<std::unique_ptr<SharedServer>> server =
+      SharedServer::Start({"--max_concurrent_requests=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  client::Client& c = *(*server)->client;
+  const Tensor x = IntBf16({4, 64}, 832);
+  absl::StatusOr<client::WeightInfo> reg = c.RegisterWeight(IntBf16({128, 64}, 831), "w");
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  // The server's bound: max(16, 4 per hardware thread, 2 per admitted call).
+  const int bound =
+      std::max(16, 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  auto stub = v1::Logitd::NewStub(
+      grpc::CreateChannel((*server)->process.address(), grpc::InsecureChannelCredentials()));
+  v1::LogitsRequest header;
+  header.mutable_header()->set_weight_handle(reg->handle);
+  *header.mutable_header()->mutable_x() = wire::MakeSpec("x", x);
+  // Calls that send their header and then nothing: each holds its thread.
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::LogitsRequest, v1::LogitsResponse>>>
+      held;
+  for (int i = 0; i < bound; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    SetDeadline(contexts.back().get());
+    held.push_back(stub->Logits(contexts.back().get()));
+    ASSERT_TRUE(held.back()->Write(header)) << i;
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto extra = stub->Logits(&context);
+  extra->Write(header);
+  extra->WritesDone();
+  v1::LogitsResponse ignored;
+  while (extra->Read(&ignored)) {
+  }
+  const grpc::Status status = extra->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("as many calls as it has threads for"));
+  for (auto& ctx : contexts) ctx->TryCancel();
+  for (auto& stream : held) stream->Finish();
+  EXPECT_TRUE(ServerAnswers(c));
+  EXPECT_TRUE(c.Logits(x, reg->handle).ok());
 }
 
 TEST(SizesTest, OddServerChunkSizeReassembles) {
