@@ -32,34 +32,8 @@ bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
 python=${PYTHON:-python3}
 venv=${LOGITD_PYENV:-$root/build/pyenv}
 
-if ! command -v "$python" >/dev/null 2>&1; then
-  echo "test-python: $python not found (on Debian: apt-get install python3)" >&2
-  exit 2
-fi
-
-# Debian's python3 needs the python3-venv package (ensurepip) for `python3 -m venv`.
-make_venv() {
-  rm -rf "$venv"
-  "$python" -m venv "$venv" >/dev/null 2>&1
-}
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
-  mkdir -p "$(dirname "$venv")"
-  if ! make_venv; then
-    if ! command -v apt-get >/dev/null 2>&1; then
-      echo "test-python: '$python -m venv' failed and apt-get is not available to install python3-venv" >&2
-      exit 2
-    fi
-    pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    echo "test-python: installing python3-venv (python${pyver}-venv) for '$python -m venv'"
-    sudo_cmd=()
-    if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
-    export DEBIAN_FRONTEND=noninteractive
-    "${sudo_cmd[@]}" apt-get update -qq
-    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-venv "python${pyver}-venv" >/dev/null ||
-      "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-    make_venv || { echo "test-python: '$python -m venv $venv' failed" >&2; exit 2; }
-  fi
-fi
+source "$root/scripts/lib/venv.sh"
+make_python_venv test-python "$python" "$venv"
 
 pip=("$venv/bin/python" -m pip -q --disable-pip-version-check)
 echo "test-python: installing ./client/python into $venv"
