@@ -535,6 +535,9 @@ int CmdInfo(const std::vector<std::string>& words) {
       j["request_bytes_high_water"] = i.request_bytes_high_water;
       j["requests_in_flight"] = i.requests_in_flight;
       j["max_concurrent_requests"] = i.max_concurrent_requests;
+      j["max_receive_message_bytes"] = i.max_receive_message_bytes;
+      j["max_request_chunk_bytes"] = i.max_request_chunk_bytes;
+      j["max_send_message_bytes"] = i.max_send_message_bytes;
       std::cout << j.dump(2) << "\n";
       return kExitOk;
     }
@@ -559,7 +562,10 @@ int CmdInfo(const std::vector<std::string>& words) {
                {"request_bytes_in_flight", Bytes(i.request_bytes_in_flight)},
                {"request_bytes_high_water", Bytes(i.request_bytes_high_water)},
                {"requests_in_flight", absl::StrCat(i.requests_in_flight)},
-               {"max_concurrent_requests", absl::StrCat(i.max_concurrent_requests)}});
+               {"max_concurrent_requests", absl::StrCat(i.max_concurrent_requests)},
+               {"max_receive_message_bytes", Bytes(i.max_receive_message_bytes)},
+               {"max_request_chunk_bytes", Bytes(i.max_request_chunk_bytes)},
+               {"max_send_message_bytes", Bytes(i.max_send_message_bytes)}});
     return kExitOk;
   });
 }

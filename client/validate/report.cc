@@ -104,6 +104,9 @@ nlohmann::ordered_json ServerInfoJson(const client::ServerInfo& i) {
   j["chunk_bytes"] = i.chunk_bytes;
   j["device_bytes_in_use"] = i.device_bytes_in_use;
   j["split_k"] = i.split_k;
+  j["max_receive_message_bytes"] = i.max_receive_message_bytes;
+  j["max_request_chunk_bytes"] = i.max_request_chunk_bytes;
+  j["max_send_message_bytes"] = i.max_send_message_bytes;
   return j;
 }
 

@@ -155,6 +155,7 @@ TEST_F(LogitctlTest, InfoAsTableAndJson) {
   EXPECT_EQ(j["backend"], "cpu");
   EXPECT_TRUE(j["max_request_bytes"].is_number_unsigned());
   EXPECT_EQ(j["chunk_bytes"].get<std::uint64_t>(), kDefaultChunkBytes);
+  EXPECT_EQ(j["max_send_message_bytes"].get<std::uint64_t>(), kGrpcDefaultMaxMessageBytes);
 }
 
 TEST_F(LogitctlTest, LoadBalancingPolicy) {

@@ -27,6 +27,10 @@ def test_info(client, server):
     assert info.version
     assert info.build_id
     assert info.chunk_bytes == 64 << 10
+    # A server streaming 64 KiB chunks sends nothing near gRPC's 4 MiB default limit.
+    assert info.max_send_message_bytes == 4 << 20
+    assert info.max_request_chunk_bytes == 4 << 20
+    assert info.max_receive_message_bytes == (4 << 20) + 4096
     assert info.max_request_bytes > 0
     assert info.weight_budget_bytes > 0
     assert "OpenBLAS" in info.blas_version

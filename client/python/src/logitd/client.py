@@ -62,6 +62,11 @@ class ServerInfo:
     chunk_bytes: int
     device_bytes_in_use: int
     split_k: str
+    # The wire's limits (docs/PROTOCOL.md): the largest message the server
+    # takes, the largest request chunk, the largest message it sends.
+    max_receive_message_bytes: int = 0
+    max_request_chunk_bytes: int = 0
+    max_send_message_bytes: int = 0
 
 
 @dataclass(frozen=True)
