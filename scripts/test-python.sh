@@ -55,23 +55,4 @@ fi
 
 # pytest exits 0 when everything was skipped: insist that tests ran, and that
 # none was skipped for want of the server.
-"$venv/bin/python" - "$report" <<'PY'
-import sys
-import xml.etree.ElementTree as ET
-
-root = ET.parse(sys.argv[1]).getroot()
-suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-total = sum(int(s.get("tests", 0)) for s in suites)
-skipped = sum(int(s.get("skipped", 0)) for s in suites)
-server_skips = [
-    sk.get("message", "")
-    for case in root.iter("testcase")
-    for sk in case.findall("skipped")
-    if "LOGITD_BIN" in sk.get("message", "")
-]
-if total - skipped <= 0:
-    sys.exit("test-python: every test was skipped (%d of %d): nothing was checked" % (skipped, total))
-if server_skips:
-    sys.exit("test-python: %d server tests were skipped: %s" % (len(server_skips), server_skips[0]))
-print("test-python: %d tests ran, %d skipped" % (total - skipped, skipped))
-PY
+"$venv/bin/python" "$root/scripts/lib/junit_ran.py" test-python "$report" LOGITD_BIN
