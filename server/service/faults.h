@@ -47,7 +47,8 @@ bool TestFaultsCompiledIn();
 absl::StatusOr<FaultSet> ParseFaults(absl::string_view spec);
 
 // Applies the configured faults to outputs just before they are digested
-// and sent. Thread-safe.
+// and sent: to their bytes through the backend decorator of
+// fault_backend.h, to their digests in the tensor call. Thread-safe.
 class FaultInjector {
  public:
   explicit FaultInjector(FaultSet faults = {}) : faults_(faults) {}
@@ -58,8 +59,10 @@ class FaultInjector {
 
   // y: a Logits output of `dtype` (kFp32 or kBf16), `bytes` long.
   void OnLogits(DType dtype, std::byte* y, std::size_t bytes);
-  // The xxh3 announced for a Logits output computed as `digest`.
-  std::uint64_t LogitsDigest(std::uint64_t digest) const;
+  // The xxh3 announced for output `output` of call `method`, computed as
+  // `digest` ("digest" changes the Logits call's).
+  std::uint64_t OutputDigest(absl::string_view method, absl::string_view output,
+                             std::uint64_t digest) const;
   void OnDx(std::byte* dx, std::size_t bytes) const;
   void OnDw(std::byte* dw, std::size_t bytes) const;
   void OnCast(std::byte* out, std::size_t bytes) const;

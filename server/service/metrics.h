@@ -1,6 +1,6 @@
 // Prometheus metrics of the server: per-RPC counters and latency histograms,
 // recorded at the one place every logitd.v1.Logitd call ends
-// (LogitdService::Run), gauges read when scraped, and an HTTP endpoint that
+// (CallRunner::Run, call.h), gauges read when scraped, and an HTTP endpoint that
 // serves them in the text exposition format (version 0.0.4).
 //
 // Metric types and the text format come from prometheus-cpp's core library;

@@ -1,6 +1,6 @@
 // Reading a request stream: one header message, then the chunks of the
 // tensors it announces (logitd.v1's client-streaming and bidi calls). Shared by
-// the handlers (server/service/service.cc) and the request fuzzer, so that the
+// the tensor calls (server/service/tensor_call.h) and the request fuzzer, so that the
 // fuzzer exercises the code that serves.
 #pragma once
 

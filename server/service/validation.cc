@@ -1,6 +1,7 @@
 #include "server/service/validation.h"
 
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <utility>
@@ -139,6 +140,12 @@ absl::StatusOr<std::uint64_t> CheckActivations(bool present, const v1::TensorSpe
                                                    weight.label, ", got ", ShapeString(shape)));
   }
   return bytes;
+}
+
+// An output slot in shared memory for an output the call does not return.
+absl::Status UnusedOutputSlot(bool given, absl::string_view field, absl::string_view why) {
+  if (!given) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": given, but ", why));
 }
 
 }  // namespace
@@ -361,6 +368,12 @@ absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
     plan.dw_bytes = *b;
     parts.push_back({"dw", plan.dw_dtype, dw_shape, plan.dw_bytes});
   }
+  s = UnusedOutputSlot(header.has_dx_shm() && !plan.want_dx, "dx_shm",
+                       "dX is not asked for (want_dx)");
+  if (!s.ok()) return s;
+  s = UnusedOutputSlot(header.has_dw_shm() && !plan.returns_dw(), "dw_shm",
+                       "dW is not returned (want_dw without accumulate_dw)");
+  if (!s.ok()) return s;
   s = CheckCallBytes("backward", parts, max_request_bytes);
   if (!s.ok()) return s;
   return plan;
@@ -474,6 +487,15 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
     plan.dw_bytes = *b;
     parts.push_back({"dw", DType::kFp32, dw_shape, plan.dw_bytes});
   }
+  s = UnusedOutputSlot(header.has_lse_shm() && !plan.want_lse, "lse_shm",
+                       "the log-sum-exp is not asked for (want_lse)");
+  if (!s.ok()) return s;
+  s = UnusedOutputSlot(header.has_dx_shm() && !plan.want_dx, "dx_shm",
+                       "dX is not asked for (want_dx)");
+  if (!s.ok()) return s;
+  s = UnusedOutputSlot(header.has_dw_shm() && !plan.returns_dw(), "dw_shm",
+                       "dW is not returned (want_dw without accumulate_dw)");
+  if (!s.ok()) return s;
   s = CheckCallBytes("cross entropy", parts, max_request_bytes);
   if (!s.ok()) return s;
   return plan;
@@ -482,16 +504,26 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
 absl::StatusOr<std::int64_t> ConvertTargets(const Tensor& targets, std::int64_t v,
                                             std::int64_t ignore_index,
                                             std::vector<std::int64_t>* out) {
-  if (targets.dtype() != DType::kInt32 && targets.dtype() != DType::kInt64) {
+  return ConvertTargets(targets.dtype(), targets.bytes(), targets.numel(), v, ignore_index, out);
+}
+
+absl::StatusOr<std::int64_t> ConvertTargets(DType dtype, const std::byte* data, std::int64_t n,
+                                            std::int64_t v, std::int64_t ignore_index,
+                                            std::vector<std::int64_t>* out) {
+  if (dtype != DType::kInt32 && dtype != DType::kInt64) {
     return absl::InvalidArgumentError(
-        absl::StrCat("targets: expected dtype INT32 or INT64, got ", DTypeName(targets.dtype())));
+        absl::StrCat("targets: expected dtype INT32 or INT64, got ", DTypeName(dtype)));
   }
-  const std::int64_t n = targets.numel();
   out->resize(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
-    (*out)[static_cast<std::size_t>(i)] = targets.dtype() == DType::kInt32
-                                              ? std::int64_t{targets.data<std::int32_t>()[i]}
-                                              : targets.data<std::int64_t>()[i];
+    // memcpy: a slice of a shared-memory region need not be aligned.
+    if (dtype == DType::kInt32) {
+      std::int32_t t;
+      std::memcpy(&t, data + i * 4, 4);
+      (*out)[static_cast<std::size_t>(i)] = t;
+    } else {
+      std::memcpy(&(*out)[static_cast<std::size_t>(i)], data + i * 8, 8);
+    }
   }
   std::int64_t counted = 0;
   for (std::int64_t i = 0; i < n; ++i) {

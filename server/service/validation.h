@@ -121,6 +121,10 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
 absl::StatusOr<std::int64_t> ConvertTargets(const Tensor& targets, std::int64_t v,
                                             std::int64_t ignore_index,
                                             std::vector<std::int64_t>* out);
+// The same for `n` targets of `dtype` at `data` (need not be aligned).
+absl::StatusOr<std::int64_t> ConvertTargets(DType dtype, const std::byte* data, std::int64_t n,
+                                            std::int64_t v, std::int64_t ignore_index,
+                                            std::vector<std::int64_t>* out);
 
 // The scale the backend multiplies every counted token's dL/dz by before the
 // bf16 cast of G: grad_scale, divided (in fp32) by the counted tokens for a
