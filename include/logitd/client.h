@@ -349,6 +349,60 @@ struct BackwardShmResult {
   Timing timing;
 };
 
+// Cast with its input and/or output in shared memory.
+struct CastShmArgs {
+  // The input, fp32: from input_slot (shape input_shape) when set, else
+  // `input` is streamed.
+  const Tensor* input = nullptr;
+  std::optional<ShmSlot> input_slot;
+  std::vector<std::int64_t> input_shape;
+  // The bf16 output written there when set (offset a multiple of 2), else
+  // streamed back.
+  std::optional<ShmSlot> output_slot;
+};
+
+struct CastShmResult {
+  std::optional<Tensor> output;
+  std::optional<ShmOutput> output_shm;
+  Timing timing;
+};
+
+// The fused cross-entropy with its tensors in shared memory where a slot is
+// given; the rest travel as usual.
+struct CrossEntropyShmArgs {
+  // X, bf16 [M, K]: from x_slot (shape x_shape) when set, else `x` is streamed.
+  const Tensor* x = nullptr;
+  std::optional<ShmSlot> x_slot;
+  std::vector<std::int64_t> x_shape;
+  // Targets, int32 or int64 [M]: from targets_slot (targets_dtype,
+  // targets_shape) when set, else `targets` is streamed.
+  const Tensor* targets = nullptr;
+  std::optional<ShmSlot> targets_slot;
+  DType targets_dtype = DType::kInt64;
+  std::vector<std::int64_t> targets_shape;
+  // Outputs written there when set (only for outputs the options ask for;
+  // offsets a multiple of the element size).
+  std::optional<ShmSlot> loss_slot;
+  std::optional<ShmSlot> lse_slot;
+  std::optional<ShmSlot> dx_slot;
+  std::optional<ShmSlot> dw_slot;
+};
+
+struct CrossEntropyShmResult {
+  // Outputs streamed back (asked for, no slot).
+  std::optional<Tensor> loss;
+  std::optional<Tensor> lse;
+  std::optional<Tensor> dx;
+  std::optional<Tensor> dw;
+  // Outputs written into shared memory.
+  std::optional<ShmOutput> loss_shm;
+  std::optional<ShmOutput> lse_shm;
+  std::optional<ShmOutput> dx_shm;
+  std::optional<ShmOutput> dw_shm;
+  std::int64_t counted_tokens = 0;
+  Timing timing;
+};
+
 class Client {
  public:
   // Connects lazily: the first call reports an unreachable server as
@@ -433,6 +487,15 @@ class Client {
   absl::StatusOr<BackwardShmResult> BackwardShm(const BackwardShmArgs& args,
                                                 const std::string& handle,
                                                 const BackwardOptions& options = {});
+
+  // Cast with its input and/or output in shared memory (see CastShmArgs);
+  // errors as LogitsShm.
+  absl::StatusOr<CastShmResult> CastShm(const CastShmArgs& args);
+  // CrossEntropy with any of its tensors in shared memory (see
+  // CrossEntropyShmArgs); errors as LogitsShm.
+  absl::StatusOr<CrossEntropyShmResult> CrossEntropyShm(const CrossEntropyShmArgs& args,
+                                                        const std::string& handle,
+                                                        const CrossEntropyOptions& options = {});
 
   // Calls, attempts and retries so far (see CallStats).
   CallStats call_stats() const;

@@ -254,6 +254,142 @@ TEST_F(ShmTest, BackwardRoundTripEqualsStreamedBitwise) {
   EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
 }
 
+TEST_F(ShmTest, CastRoundTripEqualsStreamedBitwise) {
+  Tensor input(DType::kFp32, {5, 37});
+  for (std::int64_t i = 0; i < input.numel(); ++i) {
+    input.data<float>()[i] = 1.0f + static_cast<float>(i) * 0.001953125f + 1e-6f;
+  }
+  absl::StatusOr<Tensor> streamed = a().CastToBf16(input);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+
+  // Input at 4, output at 1024 (a multiple of 2).
+  Registered r = Register(1024 + streamed->nbytes());
+  std::copy_n(input.bytes(), input.nbytes(), r.region.data() + 4);
+  client::CastShmArgs args;
+  args.input_slot = client::ShmSlot{r.handle, &r.region, 4};
+  args.input_shape = input.shape();
+  args.output_slot = client::ShmSlot{r.handle, &r.region, 1024};
+  absl::StatusOr<client::CastShmResult> got = a().CastShm(args);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->output.has_value());
+  ASSERT_TRUE(got->output_shm.has_value());
+  EXPECT_EQ(got->output_shm->dtype, DType::kBf16);
+  EXPECT_EQ(got->output_shm->shape, input.shape());
+  EXPECT_EQ(got->output_shm->xxh3, streamed->Digest());
+  EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
+                         r.region.data() + 1024));
+
+  // Input streamed, output in the region; and the other way round.
+  std::fill_n(r.region.data() + 1024, streamed->nbytes(), std::byte{0});
+  client::CastShmArgs out_only;
+  out_only.input = &input;
+  out_only.output_slot = args.output_slot;
+  ASSERT_TRUE(a().CastShm(out_only).ok());
+  EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
+                         r.region.data() + 1024));
+  client::CastShmArgs in_only = args;
+  in_only.output_slot.reset();
+  absl::StatusOr<client::CastShmResult> back = a().CastShm(in_only);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->output.has_value());
+  EXPECT_TRUE(BitwiseEqual(*back->output, *streamed));
+
+  // An odd output offset is refused by the server, naming the slot.
+  client::CastShmArgs odd = args;
+  odd.output_slot->offset = 1025;
+  absl::StatusOr<client::CastShmResult> refused = a().CastShm(odd);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("output"));
+  EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
+}
+
+TEST_F(ShmTest, CrossEntropyRoundTripEqualsStreamedBitwise) {
+  const std::int64_t m = 9;
+  const Tensor x = NormalBf16({m, kK}, 31);
+  Tensor targets(DType::kInt64, {m});
+  for (std::int64_t i = 0; i < m; ++i) targets.data<std::int64_t>()[i] = (i * 37) % kV;
+  targets.data<std::int64_t>()[3] = -100;  // ignored
+  for (client::Reduction reduction : {client::Reduction::kNone, client::Reduction::kMean}) {
+    SCOPED_TRACE(reduction == client::Reduction::kNone ? "none" : "mean");
+    client::CrossEntropyOptions options;
+    options.reduction = reduction;
+    options.want_lse = true;
+    options.want_dx = true;
+    options.want_dw = true;
+    absl::StatusOr<client::CrossEntropyResult> streamed =
+        a().CrossEntropy(x, targets, handle(), options);
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+
+    // Inputs first, then every output at a multiple of 64.
+    const auto up = [](std::uint64_t n) { return (n + 63) / 64 * 64; };
+    const std::uint64_t x_at = 0;
+    const std::uint64_t t_at = up(x_at + x.nbytes());
+    const std::uint64_t loss_at = up(t_at + targets.nbytes());
+    const std::uint64_t lse_at = up(loss_at + streamed->loss.nbytes());
+    const std::uint64_t dx_at = up(lse_at + streamed->lse->nbytes());
+    const std::uint64_t dw_at = up(dx_at + streamed->dx->nbytes());
+    Registered r = Register(dw_at + streamed->dw->nbytes());
+    std::copy_n(x.bytes(), x.nbytes(), r.region.data() + x_at);
+    std::copy_n(targets.bytes(), targets.nbytes(), r.region.data() + t_at);
+    client::CrossEntropyShmArgs args;
+    args.x_slot = client::ShmSlot{r.handle, &r.region, x_at};
+    args.x_shape = x.shape();
+    args.targets_slot = client::ShmSlot{r.handle, &r.region, t_at};
+    args.targets_dtype = DType::kInt64;
+    args.targets_shape = targets.shape();
+    args.loss_slot = client::ShmSlot{r.handle, &r.region, loss_at};
+    args.lse_slot = client::ShmSlot{r.handle, &r.region, lse_at};
+    args.dx_slot = client::ShmSlot{r.handle, &r.region, dx_at};
+    args.dw_slot = client::ShmSlot{r.handle, &r.region, dw_at};
+    absl::StatusOr<client::CrossEntropyShmResult> got =
+        a().CrossEntropyShm(args, handle(), options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->counted_tokens, streamed->counted_tokens);
+    EXPECT_FALSE(got->loss || got->lse || got->dx || got->dw);
+    const std::vector<std::pair<const Tensor*, const std::optional<client::ShmOutput>*>> pairs = {
+        {&streamed->loss, &got->loss_shm},
+        {&*streamed->lse, &got->lse_shm},
+        {&*streamed->dx, &got->dx_shm},
+        {&*streamed->dw, &got->dw_shm}};
+    for (const auto& [want, out] : pairs) {
+      ASSERT_TRUE(out->has_value());
+      EXPECT_EQ((*out)->shape, want->shape());
+      EXPECT_EQ((*out)->xxh3, want->Digest());
+      EXPECT_TRUE(std::equal(want->bytes(), want->bytes() + want->nbytes(),
+                             r.region.data() + (*out)->offset));
+    }
+
+    // Inputs in the region, outputs streamed back.
+    client::CrossEntropyShmArgs inputs_only;
+    inputs_only.x_slot = args.x_slot;
+    inputs_only.x_shape = args.x_shape;
+    inputs_only.targets_slot = args.targets_slot;
+    inputs_only.targets_shape = args.targets_shape;
+    absl::StatusOr<client::CrossEntropyShmResult> back =
+        a().CrossEntropyShm(inputs_only, handle(), options);
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_TRUE(back->loss && back->lse && back->dx && back->dw);
+    EXPECT_TRUE(BitwiseEqual(*back->loss, streamed->loss));
+    EXPECT_TRUE(BitwiseEqual(*back->dw, *streamed->dw));
+    EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
+  }
+}
+
+TEST_F(ShmTest, CrossEntropySlotForAnOutputNotAskedIsInvalidArgument) {
+  const Tensor x = NormalBf16({4, kK}, 41);
+  Tensor targets(DType::kInt64, {4});
+  for (std::int64_t i = 0; i < 4; ++i) targets.data<std::int64_t>()[i] = i;
+  Registered r = Register(1 << 16);
+  client::CrossEntropyShmArgs args;
+  args.x = &x;
+  args.targets = &targets;
+  args.dx_slot = client::ShmSlot{r.handle, &r.region, 0};
+  absl::StatusOr<client::CrossEntropyShmResult> got = a().CrossEntropyShm(args, handle(), {});
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("dx_shm"));
+  EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
+}
+
 TEST_F(ShmTest, SkipDigestWritesTheSameBytesWithoutHashingThem) {
   const Tensor x = NormalBf16({9, kK}, 41);
   absl::StatusOr<Tensor> streamed = a().Logits(x, handle());

@@ -1,0 +1,316 @@
+// The tensor calls of logitd::client::Client: Logits, Backward,
+// FetchGradient, ZeroGradient, Cast and CrossEntropy, each with its tensors
+// streamed or in shared memory. One implementation per RPC (the *Shm
+// methods); the plain methods are those calls without slots. How tensors
+// travel and are checked is call_tensors.h's.
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "client/cpp/call_tensors.h"
+#include "client/cpp/client_impl.h"
+#include "common/wire.h"
+#include "logitd/client.h"
+
+namespace logitd::client {
+
+absl::StatusOr<Tensor> Client::Logits(const Tensor& x, const std::string& handle,
+                                      const LogitsOptions& options, Timing* timing) {
+  Tensor y;
+  if (absl::Status s = LogitsInto(x, handle, &y, options, timing); !s.ok()) return s;
+  return y;
+}
+
+absl::Status Client::LogitsInto(const Tensor& x, const std::string& handle, Tensor* y,
+                                const LogitsOptions& options, Timing* timing) {
+  if (y == nullptr) return absl::InvalidArgumentError("y: expected a tensor to receive into");
+  // LogitsShm without slots streams X up and Y back.
+  LogitsShmArgs args;
+  args.x = &x;
+  args.y_into = y;
+  absl::StatusOr<LogitsShmResult> r = LogitsShm(args, handle, options);
+  if (!r.ok()) return r.status();
+  if (timing != nullptr) *timing = std::move(r->timing);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BackwardResult> Client::Backward(const Tensor& dy, const Tensor& x,
+                                                const std::string& handle,
+                                                const BackwardOptions& options) {
+  // BackwardShm without slots streams every tensor both ways.
+  BackwardShmArgs args;
+  args.dy = &dy;
+  args.x = &x;
+  absl::StatusOr<BackwardShmResult> r = BackwardShm(args, handle, options);
+  if (!r.ok()) return r.status();
+  BackwardResult out;
+  out.dx = std::move(r->dx);
+  out.dw = std::move(r->dw);
+  out.timing = std::move(r->timing);
+  return out;
+}
+
+absl::StatusOr<GradientResult> Client::FetchGradient(const std::string& handle,
+                                                     bool zero_after_fetch) {
+  Tensor dw;
+  absl::StatusOr<GradientResult> r = FetchGradientInto(handle, zero_after_fetch, &dw);
+  if (r.ok()) r->dw = std::move(dw);
+  return r;
+}
+
+absl::StatusOr<GradientResult> Client::FetchGradientInto(const std::string& handle,
+                                                         bool zero_after_fetch, Tensor* into) {
+  if (into == nullptr) return absl::InvalidArgumentError("dw: expected a tensor to receive into");
+  CallTensors slots;
+  if (absl::Status s = slots.Output("dw", std::nullopt, into); !s.ok()) return s;
+  v1::FetchGradientRequest request;
+  request.set_weight_handle(handle);
+  request.set_zero_after_fetch(zero_after_fetch);
+  request.set_digest_last(true);  // dW hashed while it travels
+  return impl_->Call(
+      !zero_after_fetch, [&](grpc::ClientContext& context) -> absl::StatusOr<GradientResult> {
+        v1::FetchGradientResult result;
+        ResponseTensors tensors;
+        absl::Status s = RunTensorCall<v1::FetchGradientRequest, v1::FetchGradientResponse>(
+            *impl_->generic, "FetchGradient", context, impl_->options.chunk_bytes, request, slots,
+            &result, &tensors);
+        if (!s.ok()) return s;
+        absl::StatusOr<CallTensors::Received> dw = slots.Take("dw", result, &tensors);
+        if (!dw.ok()) return dw.status();
+        if (!dw->present()) {
+          return absl::DataLossError("response from server: the gradient result has no dW");
+        }
+        GradientResult out;
+        out.accumulated_calls = result.accumulated_calls();
+        out.trailer = TrailerOf(context);
+        return out;
+      });
+}
+
+absl::Status Client::ZeroGradient(const std::string& handle) {
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::Status {
+    v1::ZeroGradientRequest request;
+    request.set_weight_handle(handle);
+    v1::ZeroGradientResponse response;
+    return FromGrpc(impl_->stub->ZeroGradient(&context, request, &response));
+  });
+}
+
+absl::StatusOr<Tensor> Client::CastToBf16(const Tensor& input) {
+  CastShmArgs args;
+  args.input = &input;
+  absl::StatusOr<CastShmResult> r = CastShm(args);
+  if (!r.ok()) return r.status();
+  return *std::move(r->output);
+}
+
+absl::StatusOr<CrossEntropyResult> Client::CrossEntropy(const Tensor& x, const Tensor& targets,
+                                                        const std::string& handle,
+                                                        const CrossEntropyOptions& options) {
+  // CrossEntropyShm without slots streams every tensor both ways.
+  CrossEntropyShmArgs args;
+  args.x = &x;
+  args.targets = &targets;
+  absl::StatusOr<CrossEntropyShmResult> r = CrossEntropyShm(args, handle, options);
+  if (!r.ok()) return r.status();
+  CrossEntropyResult out;
+  out.loss = *std::move(r->loss);
+  out.lse = std::move(r->lse);
+  out.dx = std::move(r->dx);
+  out.dw = std::move(r->dw);
+  out.counted_tokens = r->counted_tokens;
+  out.timing = std::move(r->timing);
+  return out;
+}
+
+namespace {
+
+// Output `name` as it came back, into whichever of *tensor and *shm it came as.
+absl::Status TakeOutput(const CallTensors& slots, absl::string_view name,
+                        const google::protobuf::Message& result, ResponseTensors* tensors,
+                        std::optional<Tensor>* tensor, std::optional<ShmOutput>* shm) {
+  absl::StatusOr<CallTensors::Received> got = slots.Take(name, result, tensors);
+  if (!got.ok()) return got.status();
+  *tensor = std::move(got->tensor);
+  *shm = std::move(got->shm);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
+                                                  const std::string& handle,
+                                                  const LogitsOptions& options) {
+  if (options.alpha == 0.0f) {
+    return absl::InvalidArgumentError(
+        "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
+  }
+  CallTensors slots;
+  if (absl::Status s = slots.Input("x", args.x, args.x_slot, DType::kBf16, args.x_shape); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = slots.Output("y", args.y_slot, args.y_into); !s.ok()) return s;
+  v1::LogitsRequest request;
+  v1::LogitsHeader* h = request.mutable_header();
+  h->set_weight_handle(handle);
+  h->set_out_dtype(wire::ToProto(options.out_dtype));
+  h->set_alpha(options.alpha);
+  h->set_digest_last(true);  // a streamed Y is hashed while its chunks travel
+  slots.FillHeader(h);
+
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<LogitsShmResult> {
+    v1::LogitsResult result;
+    ResponseTensors tensors;
+    absl::Status s = RunTensorCall<v1::LogitsRequest, v1::LogitsResponse>(
+        *impl_->generic, "Logits", context, impl_->options.chunk_bytes, request, slots, &result,
+        &tensors);
+    if (!s.ok()) return s;
+    LogitsShmResult out;
+    out.timing = TimingOf(result.timing(), context);
+    std::optional<ShmOutput> y;
+    if (s = TakeOutput(slots, "y", result, &tensors, &out.y, &y); !s.ok()) return s;
+    if (args.y_into != nullptr) out.y.reset();
+    if (!out.y && !y && args.y_into == nullptr) {
+      return absl::DataLossError("response from server: the logits result has no Y");
+    }
+    if (y) {
+      out.y_dtype = y->dtype;
+      out.y_shape = std::move(y->shape);
+      out.y_xxh3 = y->xxh3;
+      out.y_offset = y->offset;
+      out.y_bytes = y->bytes;
+    }
+    return out;
+  });
+}
+
+absl::StatusOr<BackwardShmResult> Client::BackwardShm(const BackwardShmArgs& args,
+                                                      const std::string& handle,
+                                                      const BackwardOptions& options) {
+  CallTensors slots;
+  for (absl::Status s : {slots.Input("dy", args.dy, args.dy_slot, args.dy_dtype, args.dy_shape),
+                         slots.Input("x", args.x, args.x_slot, DType::kBf16, args.x_shape),
+                         slots.Output("dx", args.dx_slot), slots.Output("dw", args.dw_slot)}) {
+    if (!s.ok()) return s;
+  }
+  v1::BackwardRequest request;
+  v1::BackwardHeader* h = request.mutable_header();
+  h->set_weight_handle(handle);
+  h->set_want_dx(options.want_dx);
+  h->set_want_dw(options.want_dw);
+  h->set_dx_dtype(wire::ToProto(options.dx_dtype));
+  h->set_dw_dtype(wire::ToProto(options.dw_dtype));
+  h->set_accumulate_dw(options.accumulate_dw);
+  h->set_digest_last(true);  // streamed outputs hashed while they travel
+  slots.FillHeader(h);
+
+  return impl_->Call(
+      !options.accumulate_dw,
+      [&](grpc::ClientContext& context) -> absl::StatusOr<BackwardShmResult> {
+        v1::BackwardResult result;
+        ResponseTensors tensors;
+        absl::Status s = RunTensorCall<v1::BackwardRequest, v1::BackwardResponse>(
+            *impl_->generic, "Backward", context, impl_->options.chunk_bytes, request, slots,
+            &result, &tensors);
+        if (!s.ok()) return s;
+        BackwardShmResult out;
+        out.timing = TimingOf(result.timing(), context);
+        if (s = TakeOutput(slots, "dx", result, &tensors, &out.dx, &out.dx_shm); !s.ok()) return s;
+        if (s = TakeOutput(slots, "dw", result, &tensors, &out.dw, &out.dw_shm); !s.ok()) return s;
+        return out;
+      });
+}
+
+absl::StatusOr<CastShmResult> Client::CastShm(const CastShmArgs& args) {
+  CallTensors slots;
+  if (absl::Status s =
+          slots.Input("input", args.input, args.input_slot, DType::kFp32, args.input_shape);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = slots.Output("output", args.output_slot); !s.ok()) return s;
+  v1::CastRequest request;
+  request.mutable_header()->set_digest_last(true);  // the output hashed while it travels
+  slots.FillHeader(request.mutable_header());
+
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<CastShmResult> {
+    v1::CastResult result;
+    ResponseTensors tensors;
+    absl::Status s = RunTensorCall<v1::CastRequest, v1::CastResponse>(
+        *impl_->generic, "Cast", context, impl_->options.chunk_bytes, request, slots, &result,
+        &tensors);
+    if (!s.ok()) return s;
+    CastShmResult out;
+    out.timing = TimingOf(result.timing(), context);
+    s = TakeOutput(slots, "output", result, &tensors, &out.output, &out.output_shm);
+    if (!s.ok()) return s;
+    if (!out.output && !out.output_shm) {
+      return absl::DataLossError("response from server: the cast result has no output");
+    }
+    return out;
+  });
+}
+
+absl::StatusOr<CrossEntropyShmResult> Client::CrossEntropyShm(const CrossEntropyShmArgs& args,
+                                                              const std::string& handle,
+                                                              const CrossEntropyOptions& options) {
+  // As for alpha: proto3 reads 0 as "unset", which the server takes as 1.
+  if (options.grad_scale == 0.0f) {
+    return absl::InvalidArgumentError(
+        "grad_scale: expected a non-zero loss gradient (0 on the wire means the default 1), "
+        "got 0");
+  }
+  CallTensors slots;
+  for (absl::Status s : {slots.Input("x", args.x, args.x_slot, DType::kBf16, args.x_shape),
+                         slots.Input("targets", args.targets, args.targets_slot, args.targets_dtype,
+                                     args.targets_shape),
+                         slots.Output("loss", args.loss_slot), slots.Output("lse", args.lse_slot),
+                         slots.Output("dx", args.dx_slot), slots.Output("dw", args.dw_slot)}) {
+    if (!s.ok()) return s;
+  }
+  v1::CrossEntropyRequest request;
+  v1::CrossEntropyHeader* h = request.mutable_header();
+  h->set_weight_handle(handle);
+  // Always sent: the default lives in CrossEntropyOptions, not on the wire.
+  h->set_ignore_index(options.ignore_index);
+  h->set_reduction(options.reduction == Reduction::kNone  ? v1::REDUCTION_NONE
+                   : options.reduction == Reduction::kSum ? v1::REDUCTION_SUM
+                                                          : v1::REDUCTION_MEAN);
+  h->set_z_loss(options.z_loss);
+  h->set_logit_softcap(options.logit_softcap);
+  h->set_grad_scale(options.grad_scale);
+  h->set_want_lse(options.want_lse);
+  h->set_want_dx(options.want_dx);
+  h->set_want_dw(options.want_dw);
+  h->set_dx_dtype(wire::ToProto(options.dx_dtype));
+  h->set_accumulate_dw(options.accumulate_dw);
+  h->set_digest_last(true);  // streamed outputs hashed while they travel
+  slots.FillHeader(h);
+
+  return impl_->Call(
+      !options.accumulate_dw,
+      [&](grpc::ClientContext& context) -> absl::StatusOr<CrossEntropyShmResult> {
+        v1::CrossEntropyResult result;
+        ResponseTensors tensors;
+        absl::Status s = RunTensorCall<v1::CrossEntropyRequest, v1::CrossEntropyResponse>(
+            *impl_->generic, "CrossEntropy", context, impl_->options.chunk_bytes, request, slots,
+            &result, &tensors);
+        if (!s.ok()) return s;
+        CrossEntropyShmResult out;
+        out.counted_tokens = result.counted_tokens();
+        out.timing = TimingOf(result.timing(), context);
+        for (auto [name, tensor, shm] : {std::make_tuple("loss", &out.loss, &out.loss_shm),
+                                         std::make_tuple("lse", &out.lse, &out.lse_shm),
+                                         std::make_tuple("dx", &out.dx, &out.dx_shm),
+                                         std::make_tuple("dw", &out.dw, &out.dw_shm)}) {
+          if (s = TakeOutput(slots, name, result, &tensors, tensor, shm); !s.ok()) return s;
+        }
+        if (!out.loss && !out.loss_shm) {
+          return absl::DataLossError("response from server: the cross-entropy result has no loss");
+        }
+        return out;
+      });
+}
+
+}  // namespace logitd::client
