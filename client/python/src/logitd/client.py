@@ -510,10 +510,13 @@ class Client:
 
         shm: a registered SharedRegion (same host, server --allow_shm): X is
         copied to its start and the server writes Y right after it (64-byte
-        aligned); no tensor bytes travel over gRPC. The result is then a view
-        of the region, overwritten by the next call that uses it: copy it to
-        keep it. verify=False (with shm only) asks the server not to hash Y
-        and skips the client's check: one pass over Y fewer on each side.
+        aligned); no tensor bytes travel over gRPC. Given only a handle, the
+        client does not know V and offers Y the rest of the region (the
+        server refuses a Y that does not fit); given the WeightInfo, Y's slot
+        is sized exactly. The result is then a view of the region,
+        overwritten by the next call that uses it: copy it to keep it.
+        verify=False (with shm only) asks the server not to hash Y and skips
+        the client's check: one pass over Y fewer on each side.
         """
         alpha = float(alpha)
         if alpha == 0.0:
@@ -523,61 +526,21 @@ class Client:
         out = T.dtype_enum("out_dtype", out_dtype, (pb.DTYPE_FP32, pb.DTYPE_BF16))
         xt = T.Outgoing("x", x, (pb.DTYPE_BF16,))
         header = pb.LogitsHeader(weight_handle=_handle(handle), x=xt.spec, out_dtype=out, alpha=alpha)
+        _verify_needs_shm(verify, shm)
         if shm is not None:
-            return self._logits_shm(header, xt, shm, T.is_torch(x), verify)
-        if not verify:
-            raise InvalidArgumentError("verify=False: only with shm= (streamed tensors are always checked)")
+            layout = _ShmLayout(shm, verify)
+            m, _ = _matrix(xt, "M, K")
+            header.x_shm.CopyFrom(layout.input(xt))
+            # V is known from a WeightInfo; from a bare handle, Y gets the rest of the region.
+            header.y_shm.CopyFrom(layout.output("y", out, (m, _weight_rows(handle))))
+            _, outputs = self._call_shm(self._stub.Logits, pb.LogitsRequest, header, layout, T.is_torch(x))
+            return outputs["y"]
         # The server hashes Y while its chunks travel and sends the digest last.
         header.digest_last = True
         result, tensors = self._stream(
             self._stub.Logits, pb.LogitsRequest, "header", header, [xt], lambda r: [r.y]
         )
         return tensors[result.y.name].result(T.is_torch(x))
-
-    def _logits_shm(self, header, xt: T.Outgoing, region: SharedRegion, as_torch: bool, verify: bool):
-        """Logits with X copied into the region at offset 0 and Y written by the server after it."""
-        if not isinstance(region, SharedRegion):
-            raise InvalidArgumentError("shm: expected a logitd.SharedRegion, got %s" % type(region).__name__)
-        if region.handle is None or region.closed:
-            raise InvalidArgumentError("shm: region %s is not registered (Client.register_shm)" % region.name)
-        x_bytes = len(xt.data)
-        m = int(xt.spec.shape[0])
-        # V comes from the server's answer; size the slice from what is left,
-        # and let the server say when it is too small.
-        y_offset = _shm_align(x_bytes)
-        if y_offset >= region.nbytes:
-            raise InvalidArgumentError(
-                "shm: region %s has %d bytes, X alone needs %d and Y follows it"
-                % (region.name, region.nbytes, x_bytes)
-            )
-        region.array(0, np.uint8, (x_bytes,))[:] = np.frombuffer(xt.data, dtype=np.uint8)
-        header.x_shm.CopyFrom(pb.ShmRef(region=region.handle, offset=0, bytes=x_bytes))
-        header.y_shm.CopyFrom(
-            pb.ShmRef(region=region.handle, offset=y_offset, bytes=region.nbytes - y_offset, skip_digest=not verify)
-        )
-        result, tensors = self._stream(self._stub.Logits, pb.LogitsRequest, "header", header, [], lambda r: [])
-        spec = result.y
-        if spec.dtype not in T.NUMPY_DTYPE or len(spec.shape) != 2 or int(spec.shape[0]) != m:
-            raise DataLossError("response from server: y has dtype %d shape %s" % (spec.dtype, list(spec.shape)))
-        dtype = T.NUMPY_DTYPE[spec.dtype]
-        y_bytes = m * int(spec.shape[1]) * dtype.itemsize
-        ref = result.y_shm
-        if ref.region != region.handle or ref.offset != y_offset or ref.bytes != y_bytes:
-            raise DataLossError(
-                "response from server: y was written to %s [%d, +%d), asked for %s [%d, +%d)"
-                % (ref.region, ref.offset, ref.bytes, region.handle, y_offset, y_bytes)
-            )
-        if ref.skip_digest and verify:
-            raise DataLossError("response from server: y was written without a digest, which was not asked")
-        y = region.array(y_offset, dtype, T.shape_of(spec))
-        # A server that hashed anyway (skip_digest unset) is still checked.
-        got = 0 if ref.skip_digest else xxhash.xxh3_64_intdigest(memoryview(y.reshape(-1).view(np.uint8)))
-        if got != spec.xxh3:
-            raise DataLossError(
-                "response from server: y: xxh3 digest of the shared-memory bytes is %016x, the server "
-                "announced %016x (the region was written during the call?)" % (got, spec.xxh3)
-            )
-        return T.as_result(y, as_torch)
 
     # -- shared memory -----------------------------------------------------------------------
 
@@ -596,6 +559,13 @@ class Client:
         self._unary(self._stub.ReleaseShm, pb.ReleaseShmRequest(handle=region.handle))
         region.handle = None
 
+    def _call_shm(self, method, request_cls, header, layout: "_ShmLayout", as_torch: bool):
+        """A tensor call whose tensors all lie in shared memory (``layout``): only the header and
+        the result travel. Returns the result message and its outputs by name, views of the region."""
+        layout.write()
+        result, _ = self._stream(method, request_cls, "header", header, [], lambda r: [])
+        return result, layout.results(result, as_torch)
+
     @_retried(unless="accumulate_dw")
     def backward(
         self,
@@ -607,12 +577,22 @@ class Client:
         dx_dtype: Any = "bf16",
         dw_dtype: Any = "fp32",
         accumulate_dw: bool = False,
+        shm: Optional[SharedRegion] = None,
+        verify: bool = True,
     ):
         """G = bf16(dY) (round to nearest even, once); dX = G.W [M, K]; dW = G^T.X [V, K].
 
         Returns (dx, dw); an entry is None when not asked for, and dw is None
         when accumulate_dw adds it into the server-held buffer instead
         (see fetch_gradient).
+
+        shm: a registered SharedRegion (same host, server --allow_shm): dY and
+        X are copied to its start and the server writes dX and dW after them
+        (each 64-byte aligned, sized from dY [M, V] and X [M, K]); no tensor
+        bytes travel over gRPC. The results are then views of the region,
+        overwritten by the next call that uses it: copy them to keep them.
+        verify=False (with shm only) asks the server not to hash dX and dW
+        and skips the client's check.
         """
         dxt = T.dtype_enum("dx_dtype", dx_dtype, (pb.DTYPE_BF16, pb.DTYPE_FP32))
         dwt = T.dtype_enum("dw_dtype", dw_dtype, (pb.DTYPE_FP32, pb.DTYPE_BF16))
@@ -627,8 +607,22 @@ class Client:
             dx_dtype=dxt,
             dw_dtype=dwt,
             accumulate_dw=bool(accumulate_dw),
-            digest_last=True,
         )
+        as_torch = T.is_torch(dy) or T.is_torch(x)
+        _verify_needs_shm(verify, shm)
+        if shm is not None:
+            layout = _ShmLayout(shm, verify)
+            m, v = _matrix(dyt, "M, V")
+            _, k = _matrix(xt, "M, K")
+            header.dy_shm.CopyFrom(layout.input(dyt))
+            header.x_shm.CopyFrom(layout.input(xt))
+            if header.want_dx:
+                header.dx_shm.CopyFrom(layout.output("dx", dxt, (m, k)))
+            if header.want_dw and not header.accumulate_dw:
+                header.dw_shm.CopyFrom(layout.output("dw", dwt, (v, k)))
+            _, outputs = self._call_shm(self._stub.Backward, pb.BackwardRequest, header, layout, as_torch)
+            return outputs.get("dx"), outputs.get("dw")
+        header.digest_last = True
 
         def specs_of(r):
             specs = []
@@ -639,7 +633,6 @@ class Client:
             return specs
 
         result, tensors = self._stream(self._stub.Backward, pb.BackwardRequest, "header", header, [dyt, xt], specs_of)
-        as_torch = T.is_torch(dy) or T.is_torch(x)
         dx = tensors[result.dx.name].result(as_torch) if result.HasField("dx") else None
         dw = tensors[result.dw.name].result(as_torch) if result.HasField("dw") else None
         return dx, dw
@@ -662,11 +655,24 @@ class Client:
         want_dw: bool = False,
         dx_dtype: Any = "bf16",
         accumulate_dw: bool = False,
+        shm: Optional[SharedRegion] = None,
+        verify: bool = True,
     ) -> CrossEntropyResult:
         """Cross-entropy of the logits x . W^T against int32/int64 targets [M],
         computed by the server chunk by chunk over the vocabulary (the logits
         never travel). Gradients follow the backward contract: G = bf16(dL/dY)
         rounded to nearest even once, dX = G.W, dW = G^T.X (fp32 accumulation).
+
+        shm: a registered SharedRegion (same host, server --allow_shm): x and
+        the targets are copied to its start and the server writes loss, lse,
+        dx and dw (those asked for) after them, in that order, each 64-byte
+        aligned; no tensor bytes travel over gRPC. dW [V, K] comes last: given
+        the weight's WeightInfo its slot is sized exactly, given only a handle
+        the client does not know V and offers dW the rest of the region (the
+        server refuses a dW that does not fit). The results are then views of
+        the region, overwritten by the next call that uses it: copy them to
+        keep them. verify=False (with shm only) asks the server not to hash
+        the outputs and skips the client's check.
         """
         if reduction not in _REDUCTIONS:
             raise InvalidArgumentError(
@@ -692,8 +698,29 @@ class Client:
             want_dw=bool(want_dw),
             dx_dtype=dxt,
             accumulate_dw=bool(accumulate_dw),
-            digest_last=True,
         )
+        as_torch = T.is_torch(x)
+        _verify_needs_shm(verify, shm)
+        if shm is not None:
+            layout = _ShmLayout(shm, verify)
+            m, k = _matrix(xt, "M, K")
+            header.x_shm.CopyFrom(layout.input(xt))
+            header.targets_shm.CopyFrom(layout.input(tt))
+            header.loss_shm.CopyFrom(layout.output("loss", pb.DTYPE_FP32, (m if reduction == "none" else 1,)))
+            if header.want_lse:
+                header.lse_shm.CopyFrom(layout.output("lse", pb.DTYPE_FP32, (m,)))
+            if header.want_dx:
+                header.dx_shm.CopyFrom(layout.output("dx", dxt, (m, k)))
+            if header.want_dw and not header.accumulate_dw:
+                # Last: without the WeightInfo, V is unknown and dW gets the rest of the region.
+                header.dw_shm.CopyFrom(layout.output("dw", pb.DTYPE_FP32, (_weight_rows(handle), k)))
+            result, outputs = self._call_shm(
+                self._stub.CrossEntropy, pb.CrossEntropyRequest, header, layout, as_torch
+            )
+            return CrossEntropyResult(
+                outputs["loss"], outputs.get("lse"), outputs.get("dx"), outputs.get("dw"), int(result.counted_tokens)
+            )
+        header.digest_last = True
 
         def specs_of(r):
             return [spec for field, spec in ((f, getattr(r, f)) for f in ("loss", "lse", "dx", "dw")) if r.HasField(field)]
@@ -701,7 +728,6 @@ class Client:
         result, tensors = self._stream(
             self._stub.CrossEntropy, pb.CrossEntropyRequest, "header", header, [xt, tt], specs_of
         )
-        as_torch = T.is_torch(x)
 
         def get(field):
             return tensors[getattr(result, field).name].result(as_torch) if result.HasField(field) else None
@@ -728,13 +754,28 @@ class Client:
     # -- cast ---------------------------------------------------------------------------------
 
     @_retried()
-    def cast_to_bf16(self, x: Any):
-        """The server's fp32 -> bf16 conversion (round to nearest even), the one backward applies to dY."""
+    def cast_to_bf16(self, x: Any, shm: Optional[SharedRegion] = None, verify: bool = True):
+        """The server's fp32 -> bf16 conversion (round to nearest even), the one backward applies to dY.
+
+        shm: a registered SharedRegion (same host, server --allow_shm): the
+        input is copied to its start and the server writes the output right
+        after it (64-byte aligned); no tensor bytes travel over gRPC. The
+        result is then a view of the region, overwritten by the next call
+        that uses it: copy it to keep it. verify=False (with shm only) asks
+        the server not to hash the output and skips the client's check.
+        """
         xt = T.Outgoing("input", x, (pb.DTYPE_FP32,))
-        header = pb.CastHeader(input=xt.spec, digest_last=True)
+        header = pb.CastHeader(input=xt.spec)
+        _verify_needs_shm(verify, shm)
+        if shm is not None:
+            layout = _ShmLayout(shm, verify)
+            header.input_shm.CopyFrom(layout.input(xt))
+            header.output_shm.CopyFrom(layout.output("output", pb.DTYPE_BF16, T.shape_of(xt.spec)))
+            _, outputs = self._call_shm(self._stub.Cast, pb.CastRequest, header, layout, T.is_torch(x))
+            return outputs["output"]
+        header.digest_last = True
         result, tensors = self._stream(self._stub.Cast, pb.CastRequest, "header", header, [xt], lambda r: [r.output])
         return tensors[result.output.name].result(T.is_torch(x))
-
 
 def _handle(handle: Union[str, WeightInfo]) -> str:
     if isinstance(handle, WeightInfo):
@@ -742,3 +783,169 @@ def _handle(handle: Union[str, WeightInfo]) -> str:
     if not isinstance(handle, str):
         raise InvalidArgumentError("handle: expected a str or a WeightInfo, got %s" % type(handle).__name__)
     return handle
+
+
+# -- shared-memory layout ----------------------------------------------------------------
+
+
+class _ShmSlot(NamedTuple):
+    """Where one output of a call goes in the region, and what the call expects of it."""
+
+    offset: int
+    room: int
+    dtype: int
+    # The expected shape; None for a dimension the call does not know (the weight's V).
+    shape: Tuple[Optional[int], ...]
+
+
+class _ShmLayout:
+    """One call's tensors in a registered SharedRegion, the same way for every call.
+
+    The inputs are copied in from the region's start, each at a 64-byte-aligned
+    offset; the outputs' slots follow them, each aligned too and sized from the
+    shape the call knows. An output whose size the call cannot know (a
+    dimension of a weight given by handle only) gets the rest of the region
+    and comes last: the server says when that is too small. ``results`` then
+    checks what the server says it wrote (dtype, shape, region, offset, bytes,
+    digest) and returns views of the region.
+    """
+
+    def __init__(self, region: SharedRegion, verify: bool):
+        if not isinstance(region, SharedRegion):
+            raise InvalidArgumentError("shm: expected a logitd.SharedRegion, got %s" % type(region).__name__)
+        if region.handle is None or region.closed:
+            raise InvalidArgumentError("shm: region %s is not registered (Client.register_shm)" % region.name)
+        self.region = region
+        self.verify = bool(verify)
+        self._end = 0
+        self._inputs: List[Tuple[T.Outgoing, int]] = []
+        self._outputs = {}
+        # The output given the rest of the region, which nothing may follow.
+        self._open_ended: Optional[str] = None
+
+    def _place(self, what: str) -> int:
+        if self._open_ended is not None:
+            raise AssertionError("shm layout: %s after %s, which has the rest of the region" % (what, self._open_ended))
+        return _shm_align(self._end)
+
+    def input(self, t: T.Outgoing) -> pb.ShmRef:
+        """Reserves room for an input; its bytes are copied in by ``write``."""
+        offset = self._place(t.name)
+        self._inputs.append((t, offset))
+        self._end = offset + len(t.data)
+        return pb.ShmRef(region=self.region.handle, offset=offset, bytes=len(t.data))
+
+    def output(self, name: str, dtype: int, shape: Sequence[Optional[int]]) -> pb.ShmRef:
+        """A slot for the output ``name`` (its field in the result, and ``name``_shm)."""
+        offset = self._place(name)
+        shape = tuple(None if d is None else int(d) for d in shape)
+        if None in shape:
+            room = max(self.region.nbytes - offset, 0)
+            self._open_ended = name
+            self._end = offset + room
+        else:
+            room = T.NUMPY_DTYPE[dtype].itemsize * math.prod(shape)
+            self._end = offset + room
+        self._outputs[name] = _ShmSlot(offset, room, dtype, shape)
+        return pb.ShmRef(region=self.region.handle, offset=offset, bytes=room, skip_digest=not self.verify)
+
+    def _describe(self) -> str:
+        parts = ["%s %d at %d" % (t.name, len(t.data), off) for t, off in self._inputs]
+        for name, s in self._outputs.items():
+            parts.append("%s %s at %d" % (name, "the rest" if name == self._open_ended else s.room, s.offset))
+        return ", ".join(parts)
+
+    def write(self) -> None:
+        """Checks that the layout fits the region and copies the inputs in."""
+        region = self.region
+        if self._open_ended is not None:
+            last = self._outputs[self._open_ended]
+            # The output of unknown size needs one element at least; the server checks the rest.
+            if last.offset + T.NUMPY_DTYPE[last.dtype].itemsize > region.nbytes:
+                raise InvalidArgumentError(
+                    "shm: region %s has %d bytes, which leaves no room for %s after the call's other tensors (%s)"
+                    % (region.name, region.nbytes, self._open_ended, self._describe())
+                )
+        elif self._end > region.nbytes:
+            raise InvalidArgumentError(
+                "shm: region %s has %d bytes, the call's tensors need %d (%s)"
+                % (region.name, region.nbytes, self._end, self._describe())
+            )
+        whole = region.array(0, np.uint8, (region.nbytes,))
+        # An input that is itself a view of the region (an earlier call's
+        # result) is read before any input is written over it.
+        sources = [
+            np.frombuffer(bytes(t.data) if np.may_share_memory(t.array, whole) else t.data, dtype=np.uint8)
+            for t, _ in self._inputs
+        ]
+        for (t, offset), src in zip(self._inputs, sources):
+            whole[offset : offset + len(t.data)] = src
+
+    def results(self, result, as_torch: bool) -> dict:
+        """The outputs the server wrote, by name: checked views of the region."""
+        return {name: self._result(result, name, slot, as_torch) for name, slot in self._outputs.items()}
+
+    def _result(self, result, name: str, slot: _ShmSlot, as_torch: bool):
+        region = self.region
+        if not result.HasField(name) or not result.HasField(name + "_shm"):
+            raise DataLossError(
+                "response from server: expected %s in shared memory at %s [%d, +%d), got %s"
+                % (name, region.handle, slot.offset, slot.room, "it streamed" if result.HasField(name) else "none")
+            )
+        spec = getattr(result, name)
+        ref = getattr(result, name + "_shm")
+        got_shape = T.shape_of(spec)
+        if (
+            spec.dtype != slot.dtype
+            or len(got_shape) != len(slot.shape)
+            or any(d < 1 or (e is not None and d != e) for d, e in zip(got_shape, slot.shape))
+        ):
+            expected = ["?" if d is None else str(d) for d in slot.shape]
+            raise DataLossError(
+                "response from server: %s has dtype %s shape %s, expected dtype %s shape [%s]"
+                % (name, _dtype_name(spec.dtype), list(got_shape), _dtype_name(slot.dtype), ", ".join(expected))
+            )
+        dtype = T.NUMPY_DTYPE[spec.dtype]
+        nbytes = dtype.itemsize * math.prod(got_shape)
+        if ref.region != region.handle or ref.offset != slot.offset or ref.bytes != nbytes or nbytes > slot.room:
+            raise DataLossError(
+                "response from server: %s was written to %s [%d, +%d), expected %s [%d, +%d) within %d bytes"
+                % (name, ref.region, ref.offset, ref.bytes, region.handle, slot.offset, nbytes, slot.room)
+            )
+        if ref.skip_digest and self.verify:
+            raise DataLossError("response from server: %s was written without a digest, which was not asked" % name)
+        view = region.array(slot.offset, dtype, got_shape)
+        # A server that hashed anyway (skip_digest unset) is still checked.
+        got = 0 if ref.skip_digest else xxhash.xxh3_64_intdigest(memoryview(view.reshape(-1).view(np.uint8)))
+        if got != spec.xxh3:
+            raise DataLossError(
+                "response from server: %s: xxh3 digest of the shared-memory bytes is %016x, the server "
+                "announced %016x (the region was written during the call?)" % (name, got, spec.xxh3)
+            )
+        return T.as_result(view, as_torch)
+
+
+def _dtype_name(enum: int) -> str:
+    try:
+        return pb.DType.Name(enum).replace("DTYPE_", "").lower()
+    except ValueError:
+        return str(enum)
+
+
+def _verify_needs_shm(verify: bool, shm: Optional[SharedRegion]) -> None:
+    if shm is None and not verify:
+        raise InvalidArgumentError("verify=False: only with shm= (streamed tensors are always checked)")
+
+
+def _matrix(t: T.Outgoing, dims: str) -> Tuple[int, int]:
+    """The two dimensions of a rank-2 input, which size a call's outputs in shared memory."""
+    if len(t.spec.shape) != 2:
+        raise InvalidArgumentError("%s: expected shape [%s], got %s" % (t.name, dims, list(t.spec.shape)))
+    return int(t.spec.shape[0]), int(t.spec.shape[1])
+
+
+def _weight_rows(handle: Union[str, WeightInfo]) -> Optional[int]:
+    """The weight's V when the call was given its WeightInfo, else None (a handle says nothing of it)."""
+    if isinstance(handle, WeightInfo) and len(handle.shape) == 2:
+        return int(handle.shape[0])
+    return None
