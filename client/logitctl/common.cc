@@ -1,0 +1,235 @@
+#include "client/logitctl/common.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/logitctl/flags.h"
+#include "logitd/bf16.h"
+#include "logitd/safetensors.h"
+
+namespace logitd::logitctl {
+namespace {
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot open '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// "FILE[:TENSOR]": an existing FILE is taken whole (paths may contain ':');
+// otherwise the part after the last ':' names the tensor.
+std::pair<std::string, std::string> SplitTensorRef(const std::string& ref) {
+  if (std::ifstream(ref).good()) return {ref, ""};
+  const std::size_t colon = ref.rfind(':');
+  if (colon == std::string::npos || colon == 0) return {ref, ""};
+  return {ref.substr(0, colon), ref.substr(colon + 1)};
+}
+
+}  // namespace
+
+// --- output helpers ----------------------------------------------------------
+
+int UsageError(absl::string_view message) {
+  std::cerr << "logitctl: " << message << "\nrun 'logitctl help' for usage\n";
+  return kExitUsage;
+}
+
+int InputError(const absl::Status& status) {
+  std::cerr << "logitctl: " << status.message() << "\n";
+  return kExitUsage;
+}
+
+int ServerError(const absl::Status& status) {
+  std::cerr << "logitctl: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+            << "\n";
+  return status.code() == absl::StatusCode::kUnavailable ? kExitUsage : kExitFailed;
+}
+
+void PrintRows(const std::vector<std::pair<std::string, std::string>>& rows) {
+  std::size_t width = 0;
+  for (const auto& [k, v] : rows) width = std::max(width, k.size());
+  for (const auto& [k, v] : rows) {
+    std::cout << k << std::string(width - k.size() + 2, ' ') << (v.empty() ? "-" : v) << "\n";
+  }
+}
+
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(widths[c] - row[c].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+}
+
+std::string Hex64(std::uint64_t v) { return absl::StrFormat("%016x", v); }
+
+std::string Bytes(std::uint64_t n) {
+  if (n >= (1ull << 30)) return absl::StrFormat("%d (%.2f GiB)", n, n / double(1ull << 30));
+  if (n >= (1ull << 20)) return absl::StrFormat("%d (%.2f MiB)", n, n / double(1ull << 20));
+  return absl::StrCat(n);
+}
+
+void AppendTiming(const client::Timing& t, std::vector<std::pair<std::string, std::string>>* rows) {
+  rows->emplace_back("queue_us", absl::StrCat(t.queue_us));
+  rows->emplace_back("receive_us", absl::StrCat(t.receive_us));
+  rows->emplace_back("h2d_us", absl::StrCat(t.h2d_us));
+  rows->emplace_back("compute_us", absl::StrCat(t.compute_us));
+  rows->emplace_back("d2h_us", absl::StrCat(t.d2h_us));
+}
+
+// --- files --------------------------------------------------------------------
+
+absl::StatusOr<NamedTensor> LoadTensor(const std::string& path, std::string name,
+                                       absl::string_view flag) {
+  if (name.empty()) {
+    absl::StatusOr<std::vector<std::string>> names = ListSafetensors(path);
+    if (!names.ok())
+      return absl::Status(names.status().code(),
+                          absl::StrCat(flag, ": ", names.status().message()));
+    if (names->size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", path, "' holds ", names->size(),
+                                                     " tensors (", absl::StrJoin(*names, ", "),
+                                                     "); name one as FILE:TENSOR"));
+    }
+    name = names->front();
+  }
+  absl::StatusOr<Tensor> t = ReadSafetensorsTensor(path, name);
+  if (!t.ok()) {
+    return absl::Status(t.status().code(), absl::StrCat(flag, ": ", t.status().message()));
+  }
+  return NamedTensor{name, std::move(*t)};
+}
+
+absl::StatusOr<NamedTensor> LoadTensorRef(const std::string& ref, absl::string_view flag) {
+  if (ref.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, " is required"));
+  auto [path, name] = SplitTensorRef(ref);
+  return LoadTensor(path, name, flag);
+}
+
+// The server takes bf16 operands. An fp32 file is rounded once (nearest even,
+// as the server's own cast does) and the user is told, since the bits sent
+// are then not the bits in the file.
+absl::StatusOr<Tensor> ToBf16(NamedTensor t, absl::string_view what) {
+  if (t.tensor.dtype() == DType::kBf16) return std::move(t.tensor);
+  if (t.tensor.dtype() != DType::kFp32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", t.name, "': expected bf16 or fp32, got ", DTypeName(t.tensor.dtype())));
+  }
+  Tensor out(DType::kBf16, t.tensor.shape());
+  const float* src = t.tensor.data<float>();
+  Bf16Bits* dst = out.data<Bf16Bits>();
+  for (std::int64_t i = 0; i < out.numel(); ++i) dst[i] = FloatToBf16(src[i]);
+  std::cerr << "logitctl: " << what << " '" << t.name << "' " << ShapeString(out.shape())
+            << " is not bf16 in the file (read as fp32; f16 widens exactly); converted to bf16 "
+               "(round to nearest even)\n";
+  return out;
+}
+
+absl::Status WriteOutput(const std::string& path,
+                         const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  absl::Status s = WriteSafetensors(path, tensors, metadata);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("--out: ", s.message()));
+  return s;
+}
+
+// --- connection ---------------------------------------------------------------
+
+absl::StatusOr<client::ClientOptions> ConnectionOptions() {
+  client::ClientOptions options;
+  options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  const double timeout = absl::GetFlag(FLAGS_timeout);
+  if (!(timeout >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout: expected seconds >= 0, got ", timeout));
+  }
+  options.timeout = timeout == 0 ? absl::InfiniteDuration() : absl::Seconds(timeout);
+  options.lb_policy = absl::GetFlag(FLAGS_lb);
+  if (options.lb_policy != "pick_first" && options.lb_policy != "round_robin") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lb: expected pick_first or round_robin, got '", options.lb_policy, "'"));
+  }
+  const std::string token_flag = absl::GetFlag(FLAGS_token);
+  if (!token_flag.empty() && !absl::GetFlag(FLAGS_token_file).empty()) {
+    return absl::InvalidArgumentError("--token and --token_file: give one of them, not both");
+  }
+  if (!token_flag.empty()) {
+    options.auth_token = std::string(absl::StripAsciiWhitespace(token_flag));
+  } else if (const char* env = std::getenv("LOGITD_TOKEN");
+             env != nullptr && absl::GetFlag(FLAGS_token_file).empty()) {
+    options.auth_token = std::string(absl::StripAsciiWhitespace(env));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+    absl::StatusOr<std::string> token = ReadTextFile(path, "--token_file");
+    if (!token.ok()) return token.status();
+    options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
+    if (options.auth_token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--token_file: '", path, "' is empty"));
+    }
+  }
+  const std::string ca = absl::GetFlag(FLAGS_ca);
+  const std::string cert = absl::GetFlag(FLAGS_cert);
+  const std::string key = absl::GetFlag(FLAGS_key);
+  if (ca.empty() && (!cert.empty() || !key.empty())) {
+    return absl::InvalidArgumentError("--cert and --key need --ca (TLS is enabled by --ca)");
+  }
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("--cert and --key go together: give both or neither");
+  }
+  if (!ca.empty()) {
+    options.use_tls = true;
+    absl::StatusOr<std::string> pem = ReadTextFile(ca, "--ca");
+    if (!pem.ok()) return pem.status();
+    options.root_ca_pem = *std::move(pem);
+    if (!cert.empty()) {
+      absl::StatusOr<std::string> c = ReadTextFile(cert, "--cert");
+      if (!c.ok()) return c.status();
+      absl::StatusOr<std::string> k = ReadTextFile(key, "--key");
+      if (!k.ok()) return k.status();
+      options.client_cert_pem = *std::move(c);
+      options.client_key_pem = *std::move(k);
+    }
+  }
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> Connect() {
+  absl::StatusOr<client::ClientOptions> options = ConnectionOptions();
+  if (!options.ok()) return options.status();
+  return client::Client::Create(absl::GetFlag(FLAGS_server), *std::move(options));
+}
+
+absl::StatusOr<DType> ParseDTypeFlag(absl::string_view flag, const std::string& value,
+                                     std::initializer_list<DType> allowed) {
+  absl::StatusOr<DType> d = ParseDType(value);
+  if (d.ok()) {
+    for (DType a : allowed) {
+      if (*d == a) return d;
+    }
+  }
+  std::vector<std::string> names;
+  for (DType a : allowed) names.emplace_back(DTypeName(a));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, ": expected ", absl::StrJoin(names, " or "), ", got '", value, "'"));
+}
+
+}  // namespace logitd::logitctl

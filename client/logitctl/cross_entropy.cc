@@ -1,0 +1,157 @@
+// logitctl cross-entropy: the fused loss of the logits X.W^T against target
+// ids, and its gradients, without the [M, V] logits.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "client/logitctl/commands.h"
+#include "client/logitctl/common.h"
+#include "client/logitctl/flags.h"
+#include "logitd/client.h"
+#include "logitd/tensor.h"
+
+namespace logitd::logitctl {
+namespace {
+
+// A double flag as a finite float (a cast past FLT_MAX is undefined).
+absl::StatusOr<float> FiniteFloatFlag(absl::string_view flag, double value) {
+  if (!std::isfinite(value) || std::fabs(value) > std::numeric_limits<float>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": expected a finite fp32 value, got ", value));
+  }
+  return static_cast<float>(value);
+}
+
+absl::StatusOr<client::Reduction> ParseReduction(const std::string& value) {
+  const std::string v = absl::AsciiStrToLower(value);
+  if (v == "mean") return client::Reduction::kMean;
+  if (v == "sum") return client::Reduction::kSum;
+  if (v == "none") return client::Reduction::kNone;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--reduction: expected mean, sum or none, got '", value, "'"));
+}
+
+absl::string_view ReductionName(client::Reduction r) {
+  switch (r) {
+    case client::Reduction::kNone:
+      return "none";
+    case client::Reduction::kSum:
+      return "sum";
+    case client::Reduction::kMean:
+      return "mean";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int CmdCrossEntropy(const std::vector<std::string>& words) {
+  if (words.size() != 1) {
+    return UsageError("cross-entropy takes flags only (--x, --targets, --weight, --out)");
+  }
+  const std::string handle = absl::GetFlag(FLAGS_weight);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (handle.empty()) return UsageError("cross-entropy: --weight=HANDLE is required");
+  if (out.empty()) return UsageError("cross-entropy: --out=FILE is required");
+  client::CrossEntropyOptions options;
+  absl::StatusOr<client::Reduction> reduction = ParseReduction(absl::GetFlag(FLAGS_reduction));
+  if (!reduction.ok()) return UsageError(reduction.status().message());
+  options.reduction = *reduction;
+  options.ignore_index = absl::GetFlag(FLAGS_ignore_index);
+  absl::StatusOr<float> z_loss = FiniteFloatFlag("z_loss", absl::GetFlag(FLAGS_z_loss));
+  if (!z_loss.ok()) return UsageError(z_loss.status().message());
+  absl::StatusOr<float> softcap =
+      FiniteFloatFlag("logit_softcap", absl::GetFlag(FLAGS_logit_softcap));
+  if (!softcap.ok()) return UsageError(softcap.status().message());
+  absl::StatusOr<float> grad_scale = FiniteFloatFlag("grad_scale", absl::GetFlag(FLAGS_grad_scale));
+  if (!grad_scale.ok()) return UsageError(grad_scale.status().message());
+  if (*grad_scale == 0.0f) {
+    return UsageError(absl::StrCat("--grad_scale: expected a non-zero scale, got ",
+                                   absl::GetFlag(FLAGS_grad_scale)));
+  }
+  options.z_loss = *z_loss;
+  options.logit_softcap = *softcap;
+  options.grad_scale = *grad_scale;
+  options.want_lse = absl::GetFlag(FLAGS_lse);
+  options.want_dx = absl::GetFlag(FLAGS_dx);
+  options.want_dw = absl::GetFlag(FLAGS_dw);
+  options.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
+  if (options.accumulate_dw && !options.want_dw) {
+    return UsageError("cross-entropy: --accumulate adds dW into the server-held buffer; add --dw");
+  }
+  absl::StatusOr<DType> dx_dtype =
+      ParseDTypeFlag("dx_dtype", absl::GetFlag(FLAGS_dx_dtype), {DType::kBf16, DType::kFp32});
+  if (!dx_dtype.ok()) return UsageError(dx_dtype.status().message());
+  options.dx_dtype = *dx_dtype;
+
+  absl::StatusOr<NamedTensor> loaded_x = LoadTensorRef(absl::GetFlag(FLAGS_x), "--x");
+  if (!loaded_x.ok()) return InputError(loaded_x.status());
+  absl::StatusOr<Tensor> x = ToBf16(*std::move(loaded_x), "X");
+  if (!x.ok()) return InputError(x.status());
+  absl::StatusOr<NamedTensor> targets = LoadTensorRef(absl::GetFlag(FLAGS_targets), "--targets");
+  if (!targets.ok()) return InputError(targets.status());
+  if (targets->tensor.dtype() != DType::kInt32 && targets->tensor.dtype() != DType::kInt64) {
+    return InputError(absl::InvalidArgumentError(
+        absl::StrCat("--targets '", targets->name, "': expected int32 or int64 token ids, got ",
+                     DTypeName(targets->tensor.dtype()))));
+  }
+
+  return WithClient([&](client::Client& c) {
+    absl::StatusOr<client::CrossEntropyResult> r =
+        c.CrossEntropy(*x, targets->tensor, handle, options);
+    if (!r.ok()) return ServerError(r.status());
+    std::vector<std::pair<std::string, const Tensor*>> tensors = {{"loss", &r->loss}};
+    if (r->lse) tensors.emplace_back("lse", &*r->lse);
+    if (r->dx) tensors.emplace_back("dx", &*r->dx);
+    if (r->dw) tensors.emplace_back("dw", &*r->dw);
+    if (absl::Status s = WriteOutput(out, tensors,
+                                     {{"weight_handle", handle},
+                                      {"reduction", std::string(ReductionName(options.reduction))},
+                                      {"ignore_index", absl::StrCat(options.ignore_index)},
+                                      {"z_loss", absl::StrCat(options.z_loss)},
+                                      {"logit_softcap", absl::StrCat(options.logit_softcap)},
+                                      {"grad_scale", absl::StrCat(options.grad_scale)},
+                                      {"counted_tokens", absl::StrCat(r->counted_tokens)},
+                                      {"producer", "logitctl cross-entropy"}});
+        !s.ok()) {
+      return InputError(s);
+    }
+    std::vector<std::pair<std::string, std::string>> rows = {{"out", out}};
+    if (r->loss.numel() == 1 && r->loss.dtype() == DType::kFp32) {
+      rows.emplace_back("loss", absl::StrFormat("%.9g", r->loss.data<float>()[0]));
+    } else {
+      rows.emplace_back(
+          "loss", absl::StrCat(DTypeName(r->loss.dtype()), " ", ShapeString(r->loss.shape())));
+    }
+    rows.emplace_back("reduction", std::string(ReductionName(options.reduction)));
+    rows.emplace_back("counted_tokens", absl::StrCat(r->counted_tokens));
+    if (r->lse) {
+      rows.emplace_back(
+          "lse", absl::StrCat(DTypeName(r->lse->dtype()), " ", ShapeString(r->lse->shape())));
+    }
+    if (r->dx) {
+      rows.emplace_back("dx",
+                        absl::StrCat(DTypeName(r->dx->dtype()), " ", ShapeString(r->dx->shape())));
+    }
+    if (r->dw) {
+      rows.emplace_back("dw",
+                        absl::StrCat(DTypeName(r->dw->dtype()), " ", ShapeString(r->dw->shape())));
+    } else if (options.accumulate_dw && options.want_dw) {
+      rows.emplace_back("dw", "accumulated on the server (grad fetch to read it)");
+    }
+    AppendTiming(r->timing, &rows);
+    PrintRows(rows);
+    return kExitOk;
+  });
+}
+
+}  // namespace logitd::logitctl

@@ -1,0 +1,81 @@
+// logitctl info: what the server runs on and its limits, as rows or JSON.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "client/logitctl/commands.h"
+#include "client/logitctl/common.h"
+#include "client/logitctl/flags.h"
+#include "logitd/client.h"
+#include "nlohmann/json.hpp"
+
+namespace logitd::logitctl {
+
+int CmdInfo(const std::vector<std::string>& words) {
+  if (words.size() != 1) return UsageError("info takes no arguments");
+  return WithClient([](client::Client& c) {
+    absl::StatusOr<client::ServerInfo> info = c.Info();
+    if (!info.ok()) return ServerError(info.status());
+    const client::ServerInfo& i = *info;
+    if (absl::GetFlag(FLAGS_json)) {
+      nlohmann::ordered_json j;
+      j["server"] = absl::GetFlag(FLAGS_server);
+      j["version"] = i.version;
+      j["build_id"] = i.build_id;
+      j["backend"] = i.backend;
+      j["device_name"] = i.device_name;
+      j["compute_capability"] = i.compute_capability;
+      j["multiprocessor_count"] = i.multiprocessor_count;
+      j["driver_version"] = i.driver_version;
+      j["cuda_runtime_version"] = i.cuda_runtime_version;
+      j["cublaslt_version"] = i.cublaslt_version;
+      j["blas_version"] = i.blas_version;
+      j["weight_budget_bytes"] = i.weight_budget_bytes;
+      j["weight_bytes_in_use"] = i.weight_bytes_in_use;
+      j["max_request_bytes"] = i.max_request_bytes;
+      j["chunk_bytes"] = i.chunk_bytes;
+      j["device_bytes_in_use"] = i.device_bytes_in_use;
+      j["split_k"] = i.split_k;
+      j["request_memory_bytes"] = i.request_memory_bytes;
+      j["request_bytes_in_flight"] = i.request_bytes_in_flight;
+      j["request_bytes_high_water"] = i.request_bytes_high_water;
+      j["requests_in_flight"] = i.requests_in_flight;
+      j["max_concurrent_requests"] = i.max_concurrent_requests;
+      j["max_receive_message_bytes"] = i.max_receive_message_bytes;
+      j["max_request_chunk_bytes"] = i.max_request_chunk_bytes;
+      j["max_send_message_bytes"] = i.max_send_message_bytes;
+      std::cout << j.dump(2) << "\n";
+      return kExitOk;
+    }
+    PrintRows({{"server", absl::GetFlag(FLAGS_server)},
+               {"version", i.version},
+               {"build_id", i.build_id},
+               {"backend", i.backend},
+               {"device_name", i.device_name},
+               {"compute_capability", i.compute_capability},
+               {"multiprocessor_count", absl::StrCat(i.multiprocessor_count)},
+               {"driver_version", i.driver_version},
+               {"cuda_runtime_version", i.cuda_runtime_version},
+               {"cublaslt_version", i.cublaslt_version},
+               {"blas_version", i.blas_version},
+               {"weight_budget_bytes", Bytes(i.weight_budget_bytes)},
+               {"weight_bytes_in_use", Bytes(i.weight_bytes_in_use)},
+               {"max_request_bytes", Bytes(i.max_request_bytes)},
+               {"chunk_bytes", Bytes(i.chunk_bytes)},
+               {"device_bytes_in_use", Bytes(i.device_bytes_in_use)},
+               {"split_k", i.split_k},
+               {"request_memory_bytes", Bytes(i.request_memory_bytes)},
+               {"request_bytes_in_flight", Bytes(i.request_bytes_in_flight)},
+               {"request_bytes_high_water", Bytes(i.request_bytes_high_water)},
+               {"requests_in_flight", absl::StrCat(i.requests_in_flight)},
+               {"max_concurrent_requests", absl::StrCat(i.max_concurrent_requests)},
+               {"max_receive_message_bytes", Bytes(i.max_receive_message_bytes)},
+               {"max_request_chunk_bytes", Bytes(i.max_request_chunk_bytes)},
+               {"max_send_message_bytes", Bytes(i.max_send_message_bytes)}});
+    return kExitOk;
+  });
+}
+
+}  // namespace logitd::logitctl

@@ -1,0 +1,109 @@
+// logitctl logits: Y = alpha * X.W^T through gRPC or, with --shm, a
+// shared-memory region.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "client/logitctl/commands.h"
+#include "client/logitctl/common.h"
+#include "client/logitctl/flags.h"
+#include "logitd/client.h"
+#include "logitd/tensor.h"
+
+namespace logitd::logitctl {
+namespace {
+
+// Logits with X and Y in one shared-memory region of this process: X is
+// copied in, Y copied out into a tensor; the region is released and
+// unlinked whatever happens.
+absl::StatusOr<Tensor> LogitsViaShm(client::Client& c, const Tensor& x, const std::string& handle,
+                                    const client::LogitsOptions& options, client::Timing* timing) {
+  absl::StatusOr<std::vector<client::WeightInfo>> weights = c.ListWeights();
+  if (!weights.ok()) return weights.status();
+  std::int64_t v = 0;
+  for (const client::WeightInfo& w : *weights) {
+    if (w.handle == handle && w.shape.size() == 2) v = w.shape[0];
+  }
+  if (v == 0) {
+    return absl::NotFoundError(absl::StrCat("weight handle '", handle, "' is not registered"));
+  }
+  absl::StatusOr<std::int64_t> y_bytes = CheckedByteCount({x.dim(0), v}, options.out_dtype);
+  if (!y_bytes.ok()) return y_bytes.status();
+  const std::uint64_t y_offset = (x.nbytes() + 63) / 64 * 64;
+  absl::StatusOr<client::SharedRegion> region =
+      client::SharedRegion::Create(y_offset + static_cast<std::uint64_t>(*y_bytes));
+  if (!region.ok()) return region.status();
+  std::copy_n(x.bytes(), x.nbytes(), region->data());
+  absl::StatusOr<std::string> region_handle = c.RegisterShm(*region);
+  if (!region_handle.ok()) return region_handle.status();
+  client::LogitsShmArgs args;
+  args.x_slot = client::ShmSlot{*region_handle, &*region, 0};
+  args.x_shape = x.shape();
+  args.y_slot = client::ShmSlot{*region_handle, &*region, y_offset};
+  absl::StatusOr<client::LogitsShmResult> r = c.LogitsShm(args, handle, options);
+  const absl::Status released = c.ReleaseShm(*region_handle);
+  if (!r.ok()) return r.status();
+  if (!released.ok()) return released;
+  Tensor y(r->y_dtype, r->y_shape);
+  std::copy_n(region->data() + r->y_offset, y.nbytes(), y.bytes());
+  if (y.Digest() != r->y_xxh3) {
+    return absl::DataLossError("Y changed in shared memory after the server wrote it");
+  }
+  if (timing != nullptr) *timing = r->timing;
+  return y;
+}
+
+}  // namespace
+
+int CmdLogits(const std::vector<std::string>& words) {
+  if (words.size() != 1) return UsageError("logits takes flags only (--x, --weight, --out)");
+  const std::string handle = absl::GetFlag(FLAGS_weight);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (handle.empty()) return UsageError("logits: --weight=HANDLE is required");
+  if (out.empty()) return UsageError("logits: --out=FILE is required");
+  absl::StatusOr<DType> out_dtype =
+      ParseDTypeFlag("out_dtype", absl::GetFlag(FLAGS_out_dtype), {DType::kFp32, DType::kBf16});
+  if (!out_dtype.ok()) return UsageError(out_dtype.status().message());
+  const double alpha = absl::GetFlag(FLAGS_alpha);
+  if (alpha == 0 || !std::isfinite(alpha)) {
+    return UsageError(absl::StrCat("--alpha: expected a finite non-zero scale, got ", alpha));
+  }
+  absl::StatusOr<NamedTensor> loaded = LoadTensorRef(absl::GetFlag(FLAGS_x), "--x");
+  if (!loaded.ok()) return InputError(loaded.status());
+  absl::StatusOr<Tensor> x = ToBf16(*std::move(loaded), "X");
+  if (!x.ok()) return InputError(x.status());
+
+  return WithClient([&](client::Client& c) {
+    client::LogitsOptions options;
+    options.out_dtype = *out_dtype;
+    options.alpha = static_cast<float>(alpha);
+    client::Timing timing;
+    absl::StatusOr<Tensor> y = absl::GetFlag(FLAGS_shm)
+                                   ? LogitsViaShm(c, *x, handle, options, &timing)
+                                   : c.Logits(*x, handle, options, &timing);
+    if (!y.ok()) return ServerError(y.status());
+    if (absl::Status s = WriteOutput(out, {{"logits", &*y}},
+                                     {{"weight_handle", handle},
+                                      {"alpha", absl::StrCat(options.alpha)},
+                                      {"producer", "logitctl logits"}});
+        !s.ok()) {
+      return InputError(s);
+    }
+    std::vector<std::pair<std::string, std::string>> rows = {
+        {"out", absl::StrCat(out, " (tensor \"logits\")")},
+        {"shape", ShapeString(y->shape())},
+        {"dtype", std::string(DTypeName(y->dtype()))}};
+    AppendTiming(timing, &rows);
+    PrintRows(rows);
+    return kExitOk;
+  });
+}
+
+}  // namespace logitd::logitctl
