@@ -19,10 +19,12 @@ struct CommandLine {
   bool help = false;
 };
 
-// Sets registered absl flags from argv. Unlike absl::ParseCommandLine it
-// reports problems as a status, so that a usage error exits 2 (not 1, which
-// logitctl keeps for server errors). After the `validate` word it applies
-// only the connection flags and hands every word on, verbatim, to the harness.
-absl::StatusOr<CommandLine> ParseCommandLine(int argc, char** argv);
+// Sets registered absl flags from `args`, the words after the program's
+// name, read in the spellings of client/common/argv.h (as the harness reads
+// its own). Unlike absl::ParseCommandLine it reports problems as a status, so
+// that a usage error exits 2 (not 1, which logitctl keeps for server errors).
+// After the `validate` word it applies only the connection flags and hands
+// every word on, verbatim, to the harness.
+absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args);
 
 }  // namespace logitd::logitctl

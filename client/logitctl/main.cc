@@ -123,7 +123,9 @@ int CmdValidate(const std::vector<std::string>& args) {
 }
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<CommandLine> cl = ParseCommandLine(argc, argv);
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  absl::StatusOr<CommandLine> cl = ParseCommandLine(args);
   if (!cl.ok()) return UsageError(cl.status().message());
   if (cl->help) {
     std::cout << kUsage;

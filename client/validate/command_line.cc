@@ -1,10 +1,12 @@
 #include "client/validate/command_line.h"
 
+#include <optional>
+
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/common/argv.h"
 
 namespace logitd::validate {
 namespace {
@@ -33,6 +35,12 @@ const Spec* FindSpec(absl::string_view name) {
     if (name == s.name) return &s;
   }
   return nullptr;
+}
+
+std::optional<argv::FlagType> OwnFlagType(absl::string_view name) {
+  const Spec* spec = FindSpec(name);
+  if (spec == nullptr) return std::nullopt;
+  return spec->kind == Kind::kBool ? argv::FlagType::kBool : argv::FlagType::kValue;
 }
 
 void AddSuites(absl::string_view list, std::vector<std::string>* out) {
@@ -83,72 +91,41 @@ absl::Status Apply(const Spec& spec, absl::string_view value, ValidateArgs* a) {
 
 absl::StatusOr<ValidateArgs> ParseValidateArgs(const std::vector<std::string>& args,
                                                const HostFlagLookup& host_flag) {
+  const argv::FlagLookup host =
+      [&host_flag](absl::string_view name) -> std::optional<argv::FlagType> {
+    const std::optional<bool> is_bool = host_flag ? host_flag(name) : std::nullopt;
+    if (!is_bool.has_value()) return std::nullopt;
+    return *is_bool ? argv::FlagType::kBool : argv::FlagType::kValue;
+  };
   ValidateArgs a;
-  bool only_words = false;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (only_words || arg.size() < 2 || arg[0] != '-') {
-      if (arg == "help") {
+  argv::Reader reader(args);
+  while (std::optional<argv::Word> word = reader.Next()) {
+    if (!word->is_flag) {
+      if (word->text == "help") {
         a.help = true;
       } else {
-        AddSuites(arg, &a.suites);
+        AddSuites(word->text, &a.suites);
       }
       continue;
     }
-    if (arg == "--") {
-      only_words = true;
-      continue;
-    }
-    absl::string_view body(arg);
-    body.remove_prefix(arg[1] == '-' ? 2 : 1);
-    absl::string_view name = body;
-    std::optional<absl::string_view> value;
-    if (const std::size_t eq = body.find('='); eq != absl::string_view::npos) {
-      name = body.substr(0, eq);
-      value = body.substr(eq + 1);
-    }
-    if (name == "help" || name == "h") {
+    if (word->name == "help" || word->name == "h") {
       a.help = true;
       continue;
     }
-    const Spec* spec = FindSpec(name);
-    bool negated = false;
-    if (spec == nullptr && absl::StartsWith(name, "no")) {
-      spec = FindSpec(name.substr(2));
-      negated = spec != nullptr && spec->kind == Kind::kBool;
-      if (!negated) spec = nullptr;
-    }
-    if (spec != nullptr) {
-      if (spec->kind == Kind::kBool) {
-        if (negated && value.has_value()) {
-          return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
-        }
-        absl::Status s = Apply(*spec, negated ? "false" : value.value_or("true"), &a);
-        if (!s.ok()) return s;
-        continue;
-      }
-      if (!value.has_value()) {
-        if (i + 1 >= args.size()) {
-          return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-        }
-        value = args[++i];
-      }
-      absl::Status s = Apply(*spec, *value, &a);
+    if (std::optional<argv::Flag> flag = argv::Resolve(*word, OwnFlagType); flag.has_value()) {
+      absl::StatusOr<std::string> value = reader.Value(*flag);
+      if (!value.ok()) return value.status();
+      absl::Status s = Apply(*FindSpec(flag->name), *value, &a);
       if (!s.ok()) return s;
       continue;
     }
     // logitctl's own flags (--server, --timeout, TLS...) were applied by it.
-    std::optional<bool> host_is_bool = host_flag ? host_flag(name) : std::nullopt;
-    if (!host_is_bool.has_value() && absl::StartsWith(name, "no") && host_flag) {
-      host_is_bool = host_flag(name.substr(2));
-      if (host_is_bool.has_value() && !*host_is_bool) host_is_bool.reset();
-    }
-    if (host_is_bool.has_value()) {
-      if (!*host_is_bool && !value.has_value()) ++i;  // its value is the next word
+    if (std::optional<argv::Flag> flag = argv::Resolve(*word, host); flag.has_value()) {
+      reader.SkipValue(*flag);
       continue;
     }
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown option --", name, " (see logitctl validate --help)"));
+        absl::StrCat("unknown option --", word->name, " (see logitctl validate --help)"));
   }
   return a;
 }

@@ -31,9 +31,10 @@ struct ValidateArgs {
 // whether the flag is boolean (and so never takes the next word as value).
 using HostFlagLookup = std::function<std::optional<bool>(absl::string_view name)>;
 
-// Accepts --name=value, --name value, -name, --flag, --noflag, --flag=false,
-// "--" (only words after it) and suite names as words (comma lists too).
-// InvalidArgument for an unknown option or a bad value.
+// Accepts the spellings of client/common/argv.h, as logitctl does: --name=value,
+// --name value, -name, --flag, --noflag, --flag=false, "--" (only words
+// after it), and suite names as words (comma lists too). InvalidArgument for
+// an unknown option or a bad value.
 absl::StatusOr<ValidateArgs> ParseValidateArgs(const std::vector<std::string>& args,
                                                const HostFlagLookup& host_flag);
 
