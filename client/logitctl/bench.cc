@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/logitctl/bench_report.h"
 #include "logitd/bf16.h"
 #include "logitd/tensor.h"
 #include "nlohmann/json.hpp"
@@ -290,10 +291,7 @@ Inputs MakeInputs(const Config& c, int worker) {
 
 // --- measuring ----------------------------------------------------------------
 
-// The trailer's fields, in report order.
-constexpr std::array<absl::string_view, 7> kParts = {"queue", "receive", "h2d",  "compute",
-                                                     "d2h",   "send",    "total"};
-
+// The trailer's fields, in the order of kBenchTimingParts.
 std::array<std::optional<std::int64_t>, 7> PartsOf(const TimingTrailer& t) {
   return {t.queue_us, t.receive_us, t.h2d_us, t.compute_us, t.d2h_us, t.send_us, t.total_us};
 }
@@ -504,8 +502,8 @@ nlohmann::json Summary(const Config& c, Phase& p) {
   j["down_gb_s"] = completed * static_cast<double>(c.down_bytes) / wall / 1e9;
   j["total_gb_s"] = completed * static_cast<double>(c.up_bytes + c.down_bytes) / wall / 1e9;
   nlohmann::json server = nlohmann::json::object();
-  for (std::size_t i = 0; i < kParts.size(); ++i) {
-    const std::string key = absl::StrCat(kParts[i], "_us");
+  for (std::size_t i = 0; i < kBenchTimingParts.size(); ++i) {
+    const std::string key = absl::StrCat(kBenchTimingParts[i], "_us");
     if (p.tally.part_count[i] == 0) {
       server[key] = nullptr;  // not measured by this server for this call
     } else {
@@ -520,89 +518,42 @@ nlohmann::json Summary(const Config& c, Phase& p) {
   return j;
 }
 
-std::string Cell(const nlohmann::json& v, const char* format) {
-  if (v.is_null()) return "absent";
-  return absl::StrFormat(format, v.get<double>());
-}
-
-void PrintText(const nlohmann::json& report) {
-  const nlohmann::json& cfg = report["config"];
-  const nlohmann::json& info = report["server_info"];
-  std::cout << absl::StrFormat(
-      "logitctl bench: %s M=%d K=%d V=%d out=%s; concurrency %d, channels %d, %s, warmup %d\n",
-      cfg["rpc"].get<std::string>(), cfg["m"].get<std::int64_t>(), cfg["k"].get<std::int64_t>(),
-      cfg["v"].get<std::int64_t>(), cfg["out_dtype"].get<std::string>(),
-      cfg["concurrency"].get<int>(), cfg["channels"].get<int>(),
-      cfg["requests"].get<std::int64_t>() > 0
-          ? absl::StrCat(cfg["requests"].get<std::int64_t>(), " requests")
-          : absl::StrFormat("%.1f s", cfg["duration_s"].get<double>()),
-      cfg["warmup"].get<std::int64_t>());
-  std::cout << absl::StrFormat(
-      "server: %s on %s (%s), response chunks %d B; client request chunks %d B\n",
-      info["backend"].get<std::string>(), info["device_name"].get<std::string>(),
-      info["build_id"].get<std::string>(), info["chunk_bytes"].get<std::uint64_t>(),
-      cfg["client_chunk_bytes"].get<std::uint64_t>());
-  std::vector<const nlohmann::json*> phases;
-  for (const nlohmann::json& p : report["phases"]) phases.push_back(&p);
-
-  std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> head = {""};
-  for (const nlohmann::json* p : phases) {
-    head.push_back(p->at("rpc").get<std::string>() == "baseline" ? "baseline (Probe)"
-                                                                 : p->at("rpc").get<std::string>());
+// The report --json prints and PrintBenchText renders.
+nlohmann::json MakeReport(const Config& c, const client::ClientOptions& options,
+                          const std::string& server, const client::ServerInfo& info,
+                          const nlohmann::json& phases) {
+  nlohmann::json report;
+  report["config"] = {{"rpc", std::string(RpcName(c.rpc))},
+                      {"m", c.m},
+                      {"k", c.k},
+                      {"v", c.v},
+                      {"out_dtype", c.out_dtype == DType::kFp32 ? "fp32" : "bf16"},
+                      {"concurrency", c.concurrency},
+                      {"channels", c.channels},
+                      {"requests", c.requests},
+                      {"duration_s", c.requests > 0 ? 0.0 : absl::ToDoubleSeconds(c.duration)},
+                      {"warmup", c.warmup},
+                      {"seed", c.seed},
+                      {"shm", c.shm},
+                      {"shm_skip_digest", c.shm_skip_digest},
+                      {"request_bytes", c.up_bytes},
+                      {"response_bytes", c.down_bytes},
+                      {"client_chunk_bytes", options.chunk_bytes},
+                      {"server", server}};
+  report["server_info"] = {{"version", info.version},
+                           {"build_id", info.build_id},
+                           {"backend", info.backend},
+                           {"device_name", info.device_name},
+                           {"blas_version", info.blas_version},
+                           {"chunk_bytes", info.chunk_bytes},
+                           {"max_request_bytes", info.max_request_bytes}};
+  report["phases"] = phases;
+  report["efficiency"] = nullptr;
+  if (phases.size() == 2 && phases[1]["total_gb_s"].get<double>() > 0) {
+    report["efficiency"] =
+        phases[0]["total_gb_s"].get<double>() / phases[1]["total_gb_s"].get<double>();
   }
-  rows.push_back(head);
-  auto row = [&](const std::string& label,
-                 const std::function<std::string(const nlohmann::json&)>& f) {
-    std::vector<std::string> r = {label};
-    for (const nlohmann::json* p : phases) r.push_back(f(*p));
-    rows.push_back(std::move(r));
-  };
-  row("requests ok",
-      [](const nlohmann::json& p) { return absl::StrCat(p["completed"].get<std::int64_t>()); });
-  row("errors", [](const nlohmann::json& p) {
-    std::string s = absl::StrCat(p["error_count"].get<std::int64_t>());
-    for (const auto& [code, e] : p["errors"].items()) {
-      absl::StrAppend(&s, " ", code, "=", e["count"].get<std::int64_t>());
-    }
-    return s;
-  });
-  row("requests/s", [](const nlohmann::json& p) { return Cell(p["requests_per_s"], "%.2f"); });
-  for (const char* q : {"p50", "p90", "p99", "max"}) {
-    row(absl::StrCat("latency ", q, " ms"),
-        [q](const nlohmann::json& p) { return Cell(p["latency_ms"][q], "%.2f"); });
-  }
-  row("up GB/s", [](const nlohmann::json& p) { return Cell(p["up_gb_s"], "%.3f"); });
-  row("down GB/s", [](const nlohmann::json& p) { return Cell(p["down_gb_s"], "%.3f"); });
-  for (absl::string_view part : kParts) {
-    const std::string key = absl::StrCat(part, "_us");
-    row(absl::StrCat("server ", key, " (avg)"),
-        [key](const nlohmann::json& p) { return Cell(p["server_avg"][key], "%.0f"); });
-  }
-  row("server unaccounted_us (avg)",
-      [](const nlohmann::json& p) { return Cell(p["server_avg"]["unaccounted_us"], "%.0f"); });
-
-  std::vector<std::size_t> widths;
-  for (const auto& r : rows) {
-    if (widths.size() < r.size()) widths.resize(r.size(), 0);
-    for (std::size_t i = 0; i < r.size(); ++i) widths[i] = std::max(widths[i], r[i].size());
-  }
-  for (const auto& r : rows) {
-    std::string line;
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      line += r[i];
-      if (i + 1 < r.size()) line += std::string(widths[i] - r[i].size() + 2, ' ');
-    }
-    std::cout << line << "\n";
-  }
-  std::cout << absl::StrFormat(
-      "payload per request: %d B up, %d B down (tensor bytes; GB = 1e9 B)\n",
-      cfg["request_bytes"].get<std::uint64_t>(), cfg["response_bytes"].get<std::uint64_t>());
-  if (report.contains("efficiency") && !report["efficiency"].is_null()) {
-    std::cout << absl::StrFormat(
-        "efficiency: %.3f (%s payload GB/s / raw gRPC Probe GB/s, same bytes, same run)\n",
-        report["efficiency"].get<double>(), cfg["rpc"].get<std::string>());
-  }
+  return report;
 }
 
 }  // namespace
@@ -707,41 +658,11 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
     }
   }
 
-  nlohmann::json report;
-  report["config"] = {{"rpc", std::string(RpcName(c.rpc))},
-                      {"m", c.m},
-                      {"k", c.k},
-                      {"v", c.v},
-                      {"out_dtype", c.out_dtype == DType::kFp32 ? "fp32" : "bf16"},
-                      {"concurrency", c.concurrency},
-                      {"channels", c.channels},
-                      {"requests", c.requests},
-                      {"duration_s", c.requests > 0 ? 0.0 : absl::ToDoubleSeconds(c.duration)},
-                      {"warmup", c.warmup},
-                      {"seed", c.seed},
-                      {"shm", c.shm},
-                      {"shm_skip_digest", c.shm_skip_digest},
-                      {"request_bytes", c.up_bytes},
-                      {"response_bytes", c.down_bytes},
-                      {"client_chunk_bytes", options.chunk_bytes},
-                      {"server", server}};
-  report["server_info"] = {{"version", info->version},
-                           {"build_id", info->build_id},
-                           {"backend", info->backend},
-                           {"device_name", info->device_name},
-                           {"blas_version", info->blas_version},
-                           {"chunk_bytes", info->chunk_bytes},
-                           {"max_request_bytes", info->max_request_bytes}};
-  report["phases"] = phases;
-  report["efficiency"] = nullptr;
-  if (phases.size() == 2 && phases[1]["total_gb_s"].get<double>() > 0) {
-    report["efficiency"] =
-        phases[0]["total_gb_s"].get<double>() / phases[1]["total_gb_s"].get<double>();
-  }
+  const nlohmann::json report = MakeReport(c, options, server, *info, phases);
   if (c.json) {
     std::cout << report.dump(2) << "\n";
   } else {
-    PrintText(report);
+    PrintBenchText(report);
   }
   return errors == 0 ? kExitOk : kExitFailed;
 }
