@@ -474,6 +474,60 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
 }
 
+// Prints a row of counts per RPC, the summary line and, with --json, the
+// report. True when the run passed: calls were made, none failed, was wrong
+// or hung, and the server still answered at the end.
+bool PrintReport(const std::map<std::string, Outcome>& totals, int clients, double elapsed,
+                 const client::ServerInfo& before, const std::optional<client::ServerInfo>& after) {
+  std::int64_t calls = 0, errors = 0, wrong = 0, slow = 0;
+  nlohmann::ordered_json report;
+  report["clients"] = clients;
+  report["seconds"] = elapsed;
+  report["backend"] = before.backend;
+  report["device"] = before.device_name;
+  nlohmann::ordered_json per = nlohmann::ordered_json::object();
+  std::printf("%-22s %8s %7s %7s %6s %10s %10s\n", "rpc", "calls", "errors", "wrong", "hung",
+              "p50 ms", "max ms");
+  for (const auto& [rpc, o] : totals) {
+    std::int64_t e = 0;
+    for (const auto& [code, n] : o.errors) e += n;
+    calls += o.calls;
+    errors += e;
+    wrong += o.wrong;
+    slow += o.slow;
+    std::printf("%-22s %8lld %7lld %7lld %6lld %10.2f %10.2f\n", rpc.c_str(),
+                static_cast<long long>(o.calls), static_cast<long long>(e),
+                static_cast<long long>(o.wrong), static_cast<long long>(o.slow),
+                1000 * Percentile(o.seconds, 0.5), 1000 * Percentile(o.seconds, 1.0));
+    nlohmann::ordered_json r;
+    r["calls"] = o.calls;
+    r["errors"] = o.errors;
+    r["wrong"] = o.wrong;
+    r["hung"] = o.slow;
+    r["p50_ms"] = 1000 * Percentile(o.seconds, 0.5);
+    r["max_ms"] = 1000 * Percentile(o.seconds, 1.0);
+    if (!o.first_problem.empty()) r["first_problem"] = o.first_problem;
+    per[rpc] = std::move(r);
+  }
+  report["rpcs"] = std::move(per);
+  report["calls"] = calls;
+  report["errors"] = errors;
+  report["wrong"] = wrong;
+  report["hung"] = slow;
+  report["device_bytes_in_use_before"] = before.device_bytes_in_use;
+  if (after) report["device_bytes_in_use_after"] = after->device_bytes_in_use;
+  std::printf(
+      "stress: %lld calls in %.1f s from %d clients: %lld errors, %lld wrong results, %lld hung "
+      "(over %.0f s); device memory in use %.1f MiB before, %s after\n",
+      static_cast<long long>(calls), elapsed, clients, static_cast<long long>(errors),
+      static_cast<long long>(wrong), static_cast<long long>(slow),
+      absl::GetFlag(FLAGS_stress_slow_call), before.device_bytes_in_use / 1048576.0,
+      after ? absl::StrFormat("%.1f MiB", after->device_bytes_in_use / 1048576.0).c_str()
+            : "unknown (the server did not answer)");
+  if (absl::GetFlag(FLAGS_json)) std::cout << report.dump(1) << "\n";
+  return errors == 0 && wrong == 0 && slow == 0 && after.has_value() && calls > 0;
+}
+
 }  // namespace
 
 int RunStress(const std::vector<std::string>& words, const client::ClientOptions& options,
@@ -563,54 +617,7 @@ int RunStress(const std::vector<std::string>& words, const client::ClientOptions
     if (info.ok()) after = *info;
   }
 
-  std::int64_t calls = 0, errors = 0, wrong = 0, slow = 0;
-  const std::map<std::string, Outcome> totals = stress.Totals();
-  nlohmann::ordered_json report;
-  report["clients"] = clients;
-  report["seconds"] = elapsed;
-  report["backend"] = before->backend;
-  report["device"] = before->device_name;
-  nlohmann::ordered_json per = nlohmann::ordered_json::object();
-  std::printf("%-22s %8s %7s %7s %6s %10s %10s\n", "rpc", "calls", "errors", "wrong", "hung",
-              "p50 ms", "max ms");
-  for (const auto& [rpc, o] : totals) {
-    std::int64_t e = 0;
-    for (const auto& [code, n] : o.errors) e += n;
-    calls += o.calls;
-    errors += e;
-    wrong += o.wrong;
-    slow += o.slow;
-    std::printf("%-22s %8lld %7lld %7lld %6lld %10.2f %10.2f\n", rpc.c_str(),
-                static_cast<long long>(o.calls), static_cast<long long>(e),
-                static_cast<long long>(o.wrong), static_cast<long long>(o.slow),
-                1000 * Percentile(o.seconds, 0.5), 1000 * Percentile(o.seconds, 1.0));
-    nlohmann::ordered_json r;
-    r["calls"] = o.calls;
-    r["errors"] = o.errors;
-    r["wrong"] = o.wrong;
-    r["hung"] = o.slow;
-    r["p50_ms"] = 1000 * Percentile(o.seconds, 0.5);
-    r["max_ms"] = 1000 * Percentile(o.seconds, 1.0);
-    if (!o.first_problem.empty()) r["first_problem"] = o.first_problem;
-    per[rpc] = std::move(r);
-  }
-  report["rpcs"] = std::move(per);
-  report["calls"] = calls;
-  report["errors"] = errors;
-  report["wrong"] = wrong;
-  report["hung"] = slow;
-  report["device_bytes_in_use_before"] = before->device_bytes_in_use;
-  if (after) report["device_bytes_in_use_after"] = after->device_bytes_in_use;
-  std::printf(
-      "stress: %lld calls in %.1f s from %d clients: %lld errors, %lld wrong results, %lld hung "
-      "(over %.0f s); device memory in use %.1f MiB before, %s after\n",
-      static_cast<long long>(calls), elapsed, clients, static_cast<long long>(errors),
-      static_cast<long long>(wrong), static_cast<long long>(slow),
-      absl::GetFlag(FLAGS_stress_slow_call), before->device_bytes_in_use / 1048576.0,
-      after ? absl::StrFormat("%.1f MiB", after->device_bytes_in_use / 1048576.0).c_str()
-            : "unknown (the server did not answer)");
-  if (absl::GetFlag(FLAGS_json)) std::cout << report.dump(1) << "\n";
-  const bool ok = errors == 0 && wrong == 0 && slow == 0 && after.has_value() && calls > 0;
+  const bool ok = PrintReport(stress.Totals(), clients, elapsed, *before, after);
   return ok ? kExitOk : kExitFailed;
 }
 
