@@ -1,4 +1,6 @@
-// logitctl cast: the server's fp32 -> bf16 rounding of a tensor.
+// logitctl cast: the server's fp32 -> bf16 rounding of a tensor, through
+// gRPC or, with --shm, a shared-memory region.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -9,10 +11,31 @@
 #include "client/logitctl/commands.h"
 #include "client/logitctl/common.h"
 #include "client/logitctl/flags.h"
+#include "client/logitctl/shm_staging.h"
 #include "logitd/client.h"
 #include "logitd/tensor.h"
 
 namespace logitd::logitctl {
+namespace {
+
+// The cast with its input and output in one shared-memory region.
+absl::StatusOr<Tensor> CastViaShm(client::Client& c, const Tensor& in) {
+  ShmStaging staging(c);
+  const std::uint64_t in_at = staging.Reserve(in.nbytes());
+  const std::uint64_t out_at = staging.Reserve(in.nbytes() / 2);
+  if (absl::Status s = staging.Open(); !s.ok()) return s;
+  client::CastShmArgs args;
+  args.input_slot = staging.Put(in, in_at);
+  args.input_shape = in.shape();
+  args.output_slot = staging.Slot(out_at);
+  absl::StatusOr<client::CastShmResult> r = c.CastShm(args);
+  const absl::Status released = staging.Close();
+  if (!r.ok()) return r.status();
+  if (!released.ok()) return released;
+  return staging.Take(*r->output_shm);
+}
+
+}  // namespace
 
 int CmdCast(const std::vector<std::string>& words) {
   if (words.size() != 1) return UsageError("cast takes flags only (--in, --out)");
@@ -21,7 +44,8 @@ int CmdCast(const std::vector<std::string>& words) {
   absl::StatusOr<NamedTensor> in = LoadTensorRef(absl::GetFlag(FLAGS_in), "--in");
   if (!in.ok()) return InputError(in.status());
   return WithClient([&](client::Client& c) {
-    absl::StatusOr<Tensor> y = c.CastToBf16(in->tensor);
+    absl::StatusOr<Tensor> y =
+        absl::GetFlag(FLAGS_shm) ? CastViaShm(c, in->tensor) : c.CastToBf16(in->tensor);
     if (!y.ok()) return ServerError(y.status());
     // The output keeps the input's tensor name: the file is the bf16 twin.
     if (absl::Status s = WriteOutput(out, {{in->name, &*y}}, {{"producer", "logitctl cast"}});

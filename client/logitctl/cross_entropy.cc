@@ -1,6 +1,8 @@
 // logitctl cross-entropy: the fused loss of the logits X.W^T against target
-// ids, and its gradients, without the [M, V] logits.
+// ids, and its gradients, without the [M, V] logits; through gRPC or, with
+// --shm, a shared-memory region.
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <utility>
@@ -16,6 +18,7 @@
 #include "client/logitctl/commands.h"
 #include "client/logitctl/common.h"
 #include "client/logitctl/flags.h"
+#include "client/logitctl/shm_staging.h"
 #include "logitd/client.h"
 #include "logitd/tensor.h"
 
@@ -50,6 +53,58 @@ absl::string_view ReductionName(client::Reduction r) {
       return "mean";
   }
   return "?";
+}
+
+// The fused cross-entropy with every tensor in one shared-memory region: X
+// and the targets copied in, the outputs copied out into tensors.
+absl::StatusOr<client::CrossEntropyResult> CrossEntropyViaShm(
+    client::Client& c, const Tensor& x, const Tensor& targets, const std::string& handle,
+    const client::CrossEntropyOptions& options) {
+  const std::int64_t m = x.dim(0);
+  absl::StatusOr<std::int64_t> v = WeightRows(c, handle);
+  if (!v.ok()) return v.status();
+  ShmStaging staging(c);
+  const std::uint64_t x_at = staging.Reserve(x.nbytes());
+  const std::uint64_t t_at = staging.Reserve(targets.nbytes());
+  const std::uint64_t fp32 = sizeof(float);
+  const std::int64_t loss_n = options.reduction == client::Reduction::kNone ? m : 1;
+  const std::uint64_t loss_at = staging.Reserve(static_cast<std::uint64_t>(loss_n) * fp32);
+  const std::uint64_t lse_at = staging.Reserve(options.want_lse ? m * fp32 : 0);
+  const std::uint64_t dx_at =
+      staging.Reserve(options.want_dx ? x.numel() * ElementSize(options.dx_dtype) : 0);
+  const bool returns_dw = options.want_dw && !options.accumulate_dw;
+  const std::uint64_t dw_at =
+      staging.Reserve(returns_dw ? static_cast<std::uint64_t>(*v * x.dim(1)) * fp32 : 0);
+  if (absl::Status s = staging.Open(); !s.ok()) return s;
+  client::CrossEntropyShmArgs args;
+  args.x_slot = staging.Put(x, x_at);
+  args.x_shape = x.shape();
+  args.targets_slot = staging.Put(targets, t_at);
+  args.targets_dtype = targets.dtype();
+  args.targets_shape = targets.shape();
+  args.loss_slot = staging.Slot(loss_at);
+  if (options.want_lse) args.lse_slot = staging.Slot(lse_at);
+  if (options.want_dx) args.dx_slot = staging.Slot(dx_at);
+  if (returns_dw) args.dw_slot = staging.Slot(dw_at);
+  absl::StatusOr<client::CrossEntropyShmResult> r = c.CrossEntropyShm(args, handle, options);
+  const absl::Status released = staging.Close();
+  if (!r.ok()) return r.status();
+  if (!released.ok()) return released;
+  client::CrossEntropyResult out;
+  out.counted_tokens = r->counted_tokens;
+  out.timing = r->timing;
+  absl::StatusOr<Tensor> loss = staging.Take(*r->loss_shm);
+  if (!loss.ok()) return loss.status();
+  out.loss = *std::move(loss);
+  for (auto [from, to] :
+       {std::make_pair(&r->lse_shm, &out.lse), std::make_pair(&r->dx_shm, &out.dx),
+        std::make_pair(&r->dw_shm, &out.dw)}) {
+    if (!from->has_value()) continue;
+    absl::StatusOr<Tensor> t = staging.Take(**from);
+    if (!t.ok()) return t.status();
+    *to = *std::move(t);
+  }
+  return out;
 }
 
 }  // namespace
@@ -107,7 +162,8 @@ int CmdCrossEntropy(const std::vector<std::string>& words) {
 
   return WithClient([&](client::Client& c) {
     absl::StatusOr<client::CrossEntropyResult> r =
-        c.CrossEntropy(*x, targets->tensor, handle, options);
+        absl::GetFlag(FLAGS_shm) ? CrossEntropyViaShm(c, *x, targets->tensor, handle, options)
+                                 : c.CrossEntropy(*x, targets->tensor, handle, options);
     if (!r.ok()) return ServerError(r.status());
     std::vector<std::pair<std::string, const Tensor*>> tensors = {{"loss", &r->loss}};
     if (r->lse) tensors.emplace_back("lse", &*r->lse);

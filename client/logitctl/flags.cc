@@ -38,8 +38,8 @@ ABSL_FLAG(std::string, out_dtype, "fp32",
           "logits, bench: fp32 (the accumulator) or bf16 (legacy); bench: also dY's dtype");
 ABSL_FLAG(double, alpha, 1.0, "logits: scale applied to X.W^T (non-zero)");
 ABSL_FLAG(bool, shm, false,
-          "logits, bench: move X and Y through a shared-memory region instead of gRPC (same "
-          "host and user as a server started with --allow_shm)");
+          "logits, cast, cross-entropy, bench: move the call's tensors through a shared-memory "
+          "region instead of gRPC (same host and user as a server started with --allow_shm)");
 ABSL_FLAG(std::string, dx_dtype, "bf16", "backward, cross-entropy: dX dtype, bf16 or fp32");
 ABSL_FLAG(std::string, dw_dtype, "fp32", "backward: dW dtype, fp32 or bf16");
 ABSL_FLAG(bool, no_dx, false, "backward: do not compute dX");

@@ -14,6 +14,7 @@
 #include "client/logitctl/commands.h"
 #include "client/logitctl/common.h"
 #include "client/logitctl/flags.h"
+#include "client/logitctl/shm_staging.h"
 #include "logitd/client.h"
 #include "logitd/tensor.h"
 
@@ -21,43 +22,32 @@ namespace logitd::logitctl {
 namespace {
 
 // Logits with X and Y in one shared-memory region of this process: X is
-// copied in, Y copied out into a tensor; the region is released and
-// unlinked whatever happens.
+// copied in, Y copied out into a tensor.
 absl::StatusOr<Tensor> LogitsViaShm(client::Client& c, const Tensor& x, const std::string& handle,
                                     const client::LogitsOptions& options, client::Timing* timing) {
-  absl::StatusOr<std::vector<client::WeightInfo>> weights = c.ListWeights();
-  if (!weights.ok()) return weights.status();
-  std::int64_t v = 0;
-  for (const client::WeightInfo& w : *weights) {
-    if (w.handle == handle && w.shape.size() == 2) v = w.shape[0];
-  }
-  if (v == 0) {
-    return absl::NotFoundError(absl::StrCat("weight handle '", handle, "' is not registered"));
-  }
-  absl::StatusOr<std::int64_t> y_bytes = CheckedByteCount({x.dim(0), v}, options.out_dtype);
+  absl::StatusOr<std::int64_t> v = WeightRows(c, handle);
+  if (!v.ok()) return v.status();
+  absl::StatusOr<std::int64_t> y_bytes = CheckedByteCount({x.dim(0), *v}, options.out_dtype);
   if (!y_bytes.ok()) return y_bytes.status();
-  const std::uint64_t y_offset = (x.nbytes() + 63) / 64 * 64;
-  absl::StatusOr<client::SharedRegion> region =
-      client::SharedRegion::Create(y_offset + static_cast<std::uint64_t>(*y_bytes));
-  if (!region.ok()) return region.status();
-  std::copy_n(x.bytes(), x.nbytes(), region->data());
-  absl::StatusOr<std::string> region_handle = c.RegisterShm(*region);
-  if (!region_handle.ok()) return region_handle.status();
+  ShmStaging staging(c);
+  const std::uint64_t x_at = staging.Reserve(x.nbytes());
+  const std::uint64_t y_at = staging.Reserve(static_cast<std::uint64_t>(*y_bytes));
+  if (absl::Status s = staging.Open(); !s.ok()) return s;
   client::LogitsShmArgs args;
-  args.x_slot = client::ShmSlot{*region_handle, &*region, 0};
+  args.x_slot = staging.Put(x, x_at);
   args.x_shape = x.shape();
-  args.y_slot = client::ShmSlot{*region_handle, &*region, y_offset};
+  args.y_slot = staging.Slot(y_at);
   absl::StatusOr<client::LogitsShmResult> r = c.LogitsShm(args, handle, options);
-  const absl::Status released = c.ReleaseShm(*region_handle);
+  const absl::Status released = staging.Close();
   if (!r.ok()) return r.status();
   if (!released.ok()) return released;
-  Tensor y(r->y_dtype, r->y_shape);
-  std::copy_n(region->data() + r->y_offset, y.nbytes(), y.bytes());
-  if (y.Digest() != r->y_xxh3) {
-    return absl::DataLossError("Y changed in shared memory after the server wrote it");
-  }
+  client::ShmOutput y;
+  y.dtype = r->y_dtype;
+  y.shape = r->y_shape;
+  y.xxh3 = r->y_xxh3;
+  y.offset = r->y_offset;
   if (timing != nullptr) *timing = r->timing;
-  return y;
+  return staging.Take(y);
 }
 
 }  // namespace

@@ -55,13 +55,16 @@ commands:
   grad fetch HANDLE --out=FILE [--zero]
                                      the accumulated fp32 dW, written as tensor "dw"
   grad zero HANDLE                   zero the accumulated dW
-  cast --in=FILE[:TENSOR] --out=FILE the server's fp32 -> bf16 cast (round to nearest even)
+  cast --in=FILE[:TENSOR] --out=FILE [--shm]
+                                     the server's fp32 -> bf16 cast (round to nearest even);
+                                     --shm: through shared memory
   cross-entropy --x=FILE[:TENSOR] --targets=FILE[:TENSOR] --weight=HANDLE --out=FILE
            [--reduction=mean|sum|none] [--ignore_index=-100] [--z_loss=0] [--logit_softcap=0]
-           [--grad_scale=1] [--lse] [--dx] [--dw] [--dx_dtype=bf16|fp32] [--accumulate]
+           [--grad_scale=1] [--lse] [--dx] [--dw] [--dx_dtype=bf16|fp32] [--accumulate] [--shm]
                                      fused loss of the logits X.W^T against int32/int64
                                      targets, without the [M, V] logits; tensors "loss"
-                                     ([M] for none, else [1]), "lse", "dx", "dw"
+                                     ([M] for none, else [1]), "lse", "dx", "dw";
+                                     --shm: every tensor through shared memory
   stress [--clients=16] [--duration=SECONDS (default 60)] [--stress_max_m=4096]
          [--stress_max_v=128256] [--stress_max_k=4096] [--stress_max_output_bytes=1073741824]
          [--stress_slow_call=120] [--seed=1234] [--json]

@@ -649,6 +649,53 @@ TEST_F(ShmTest, LogitctlLogitsAndBenchWithShm) {
   EXPECT_THAT(out, HasSubstr("\"error_count\": 0"));
 }
 
+TEST_F(ShmTest, LogitctlCastAndCrossEntropyWithShmEqualStreamed) {
+  const std::string base =
+      absl::StrCat(LogitctlBinary(), " --server=", server_->process.address(), " --token=tok-a ");
+  const std::string in_path = *dir_ + "/cast_in.safetensors";
+  const std::string out_path = *dir_ + "/cast_out.safetensors";
+  Tensor in(DType::kFp32, {3, 33});
+  for (std::int64_t i = 0; i < in.numel(); ++i) in.data<float>()[i] = 0.1f * static_cast<float>(i);
+  ASSERT_TRUE(WriteSafetensors(in_path, {{"v", &in}}).ok());
+  absl::StatusOr<Tensor> cast = a().CastToBf16(in);
+  ASSERT_TRUE(cast.ok()) << cast.status();
+  std::string out;
+  ASSERT_EQ(RunCommand(base + "cast --shm --in=" + in_path + " --out=" + out_path + " 2>&1", &out),
+            0)
+      << out;
+  absl::StatusOr<Tensor> got = ReadSafetensorsTensor(out_path, "v");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(BitwiseEqual(*got, *cast));
+
+  const Tensor x = NormalBf16({7, kK}, 29);
+  Tensor targets(DType::kInt32, {7});
+  for (std::int32_t i = 0; i < 7; ++i) targets.data<std::int32_t>()[i] = (i * 13) % kV;
+  const std::string x_path = *dir_ + "/ce_x.safetensors";
+  const std::string t_path = *dir_ + "/ce_t.safetensors";
+  ASSERT_TRUE(WriteSafetensors(x_path, {{"x", &x}}).ok());
+  ASSERT_TRUE(WriteSafetensors(t_path, {{"targets", &targets}}).ok());
+  client::CrossEntropyOptions options;
+  options.reduction = client::Reduction::kNone;
+  options.want_lse = options.want_dx = options.want_dw = true;
+  absl::StatusOr<client::CrossEntropyResult> want = a().CrossEntropy(x, targets, handle(), options);
+  ASSERT_TRUE(want.ok()) << want.status();
+  out.clear();
+  ASSERT_EQ(RunCommand(base + "cross-entropy --shm --x=" + x_path + " --targets=" + t_path +
+                           " --weight=" + handle() +
+                           " --reduction=none --lse --dx --dw --out=" + out_path + " 2>&1",
+                       &out),
+            0)
+      << out;
+  for (const auto& [name, tensor] :
+       {std::make_pair("loss", &want->loss), std::make_pair("lse", &*want->lse),
+        std::make_pair("dx", &*want->dx), std::make_pair("dw", &*want->dw)}) {
+    absl::StatusOr<Tensor> t = ReadSafetensorsTensor(out_path, name);
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status();
+    EXPECT_TRUE(BitwiseEqual(*t, *tensor)) << name;
+  }
+  for (const std::string& p : {in_path, out_path, x_path, t_path}) std::remove(p.c_str());
+}
+
 TEST(ShmOffTest, EveryShmRequestIsFailedPreconditionWithoutTheFlag) {
   absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start({});
   ASSERT_TRUE(s.ok()) << s.status();
