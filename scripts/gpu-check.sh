@@ -13,7 +13,8 @@
 #                      torch gemm ce
 #                      ("bench" skips every benchmark, "gemm" the GEMM ones, "ce" the
 #                      cross-entropy one)
-#   GPU_CHECK_CTEST    extra ctest arguments (default: -L gpu)
+#   GPU_CHECK_CTEST    ctest arguments choosing the tests (default: --preset gpu, the tests
+#                      labelled gpu; see CMakePresets.json)
 #   VALIDATE_TIMEOUT   seconds allowed for `logitctl validate` (default 300; a device
 #                      call is limited to 600 s in all)
 #   BENCH_SHAPES       seed | train | all (default all)
@@ -160,7 +161,7 @@ fi
 # --- GPU tests ------------------------------------------------------------
 if ! skipped tests; then
   # shellcheck disable=SC2086
-  ctest --test-dir "$build" ${GPU_CHECK_CTEST:--L gpu} --output-on-failure --timeout 900 \
+  ctest ${GPU_CHECK_CTEST:---preset gpu} --test-dir "$build" --output-on-failure --timeout 900 \
     >"$out/tests.log" 2>&1
   tests_rc=$?
   line=$(grep -E "tests passed|tests failed" "$out/tests.log" | tail -1)
