@@ -25,6 +25,31 @@ absl::StatusOr<WeightRecord> FindWeight(const WeightRegistry& registry, const Te
   return registry.Find(tenant, handle);
 }
 
+// CrossEntropy's slots: x and targets in; loss always out, lse, dX and dW
+// as asked.
+absl::Status CrossEntropySlots(const v1::CrossEntropyHeader& h, const CrossEntropyPlan& plan,
+                               const WeightRecord& w, TensorCallBase* call) {
+  const std::int64_t m = plan.m;
+  LOGITD_RETURN_IF_ERROR(call->Input("x", h.x(), plan.x_bytes, ShmSlot(h.has_x_shm(), h.x_shm())));
+  LOGITD_RETURN_IF_ERROR(call->Input("targets", h.targets(), plan.targets_bytes,
+                                     ShmSlot(h.has_targets_shm(), h.targets_shm())));
+  LOGITD_RETURN_IF_ERROR(call->Output("loss", DType::kFp32, plan.loss_shape, plan.loss_bytes,
+                                      ShmSlot(h.has_loss_shm(), h.loss_shm())));
+  if (plan.want_lse) {
+    LOGITD_RETURN_IF_ERROR(call->Output("lse", DType::kFp32, {m}, plan.lse_bytes,
+                                        ShmSlot(h.has_lse_shm(), h.lse_shm())));
+  }
+  if (plan.want_dx) {
+    LOGITD_RETURN_IF_ERROR(call->Output("dx", plan.dx_dtype, {m, w.k}, plan.dx_bytes,
+                                        ShmSlot(h.has_dx_shm(), h.dx_shm())));
+  }
+  if (plan.returns_dw()) {
+    LOGITD_RETURN_IF_ERROR(call->Output("dw", DType::kFp32, {w.v, w.k}, plan.dw_bytes,
+                                        ShmSlot(h.has_dw_shm(), h.dw_shm())));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 TensorCallEnv LogitdService::tensor_env() {
@@ -217,23 +242,7 @@ absl::Status LogitdService::DoCrossEntropy(CrossEntropyCall* call) {
     LOGITD_ASSIGN_OR_RETURN(gradient, registry_.BeginAccumulate(call->tenant(), w.handle));
   }
   const std::int64_t m = plan.m;
-  LOGITD_RETURN_IF_ERROR(call->Input("x", h.x(), plan.x_bytes, ShmSlot(h.has_x_shm(), h.x_shm())));
-  LOGITD_RETURN_IF_ERROR(call->Input("targets", h.targets(), plan.targets_bytes,
-                                     ShmSlot(h.has_targets_shm(), h.targets_shm())));
-  LOGITD_RETURN_IF_ERROR(call->Output("loss", DType::kFp32, plan.loss_shape, plan.loss_bytes,
-                                      ShmSlot(h.has_loss_shm(), h.loss_shm())));
-  if (plan.want_lse) {
-    LOGITD_RETURN_IF_ERROR(call->Output("lse", DType::kFp32, {m}, plan.lse_bytes,
-                                        ShmSlot(h.has_lse_shm(), h.lse_shm())));
-  }
-  if (plan.want_dx) {
-    LOGITD_RETURN_IF_ERROR(call->Output("dx", plan.dx_dtype, {m, w.k}, plan.dx_bytes,
-                                        ShmSlot(h.has_dx_shm(), h.dx_shm())));
-  }
-  if (plan.returns_dw()) {
-    LOGITD_RETURN_IF_ERROR(call->Output("dw", DType::kFp32, {w.v, w.k}, plan.dw_bytes,
-                                        ShmSlot(h.has_dw_shm(), h.dw_shm())));
-  }
+  LOGITD_RETURN_IF_ERROR(CrossEntropySlots(h, plan, w, call));
   // Besides the slots: the targets widened to int64 and the per-token losses
   // the backend always writes (a reduced loss is formed from them here).
   const bool per_token = plan.reduction == v1::REDUCTION_NONE;
