@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "client/cpp/call_tensors.h"
 #include "client/cpp/client_impl.h"
 #include "common/wire.h"
@@ -311,6 +312,82 @@ absl::StatusOr<CrossEntropyShmResult> Client::CrossEntropyShm(const CrossEntropy
         }
         return out;
       });
+}
+
+absl::StatusOr<LogProbsResult> Client::LogProbs(const Tensor& x, const Tensor* targets,
+                                                const std::string& handle,
+                                                const LogProbsOptions& options) {
+  LogProbsShmArgs args;
+  args.x = &x;
+  args.targets = targets;
+  return LogProbsShm(args, handle, options);
+}
+
+absl::StatusOr<LogProbsResult> Client::LogProbsShm(const LogProbsShmArgs& args,
+                                                   const std::string& handle,
+                                                   const LogProbsOptions& options) {
+  // As for alpha: proto3 reads 0 as "unset", which the server takes as 1.
+  if (options.temperature == 0.0f) {
+    return absl::InvalidArgumentError(
+        "temperature: expected a temperature > 0 (0 on the wire means the default 1), got 0");
+  }
+  if (options.top_k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k: expected 0 to 64, got ", options.top_k));
+  }
+  const bool has_targets = args.targets != nullptr || args.targets_slot.has_value();
+  CallTensors slots;
+  if (absl::Status s = slots.Input("x", args.x, args.x_slot, DType::kBf16, args.x_shape); !s.ok()) {
+    return s;
+  }
+  if (has_targets) {
+    if (absl::Status s = slots.Input("targets", args.targets, args.targets_slot, args.targets_dtype,
+                                     args.targets_shape);
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (absl::Status s :
+       {slots.Output("logprob", args.logprob_slot), slots.Output("lse", args.lse_slot),
+        slots.Output("entropy", args.entropy_slot), slots.Output("topk_ids", args.topk_ids_slot),
+        slots.Output("topk_logprobs", args.topk_logprobs_slot),
+        slots.Output("rank", args.rank_slot)}) {
+    if (!s.ok()) return s;
+  }
+  v1::LogProbsRequest request;
+  v1::LogProbsHeader* h = request.mutable_header();
+  h->set_weight_handle(handle);
+  // Always sent: the default lives in LogProbsOptions, not on the wire.
+  h->set_ignore_index(options.ignore_index);
+  h->set_temperature(options.temperature);
+  h->set_logit_softcap(options.logit_softcap);
+  h->set_top_k(static_cast<std::uint32_t>(options.top_k));
+  h->set_want_entropy(options.want_entropy);
+  h->set_want_lse(options.want_lse);
+  h->set_want_rank(options.want_rank);
+  h->set_vocab_size(options.vocab_size);
+  h->set_digest_last(true);  // streamed outputs hashed while they travel
+  slots.FillHeader(h);
+
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<LogProbsResult> {
+    v1::LogProbsResult result;
+    ResponseTensors tensors;
+    absl::Status s = RunTensorCall<v1::LogProbsRequest, v1::LogProbsResponse>(
+        *impl_->generic, "LogProbs", context, impl_->options.chunk_bytes, request, slots, &result,
+        &tensors);
+    if (!s.ok()) return s;
+    LogProbsResult out;
+    out.timing = TimingOf(result.timing(), context);
+    for (auto [name, tensor, shm] :
+         {std::make_tuple("logprob", &out.logprob, &out.logprob_shm),
+          std::make_tuple("lse", &out.lse, &out.lse_shm),
+          std::make_tuple("entropy", &out.entropy, &out.entropy_shm),
+          std::make_tuple("topk_ids", &out.topk_ids, &out.topk_ids_shm),
+          std::make_tuple("topk_logprobs", &out.topk_logprobs, &out.topk_logprobs_shm),
+          std::make_tuple("rank", &out.rank, &out.rank_shm)}) {
+      if (s = TakeOutput(slots, name, result, &tensors, tensor, shm); !s.ok()) return s;
+    }
+    return out;
+  });
 }
 
 }  // namespace logitd::client

@@ -403,6 +403,64 @@ struct CrossEntropyShmResult {
   Timing timing;
 };
 
+// LogProbs: per-token log-probabilities of the fp32 logits (see
+// logitd.v1.LogProbsHeader for the formulas).
+struct LogProbsOptions {
+  std::int64_t ignore_index = -100;
+  // Logits are divided by it before the softmax (> 0).
+  float temperature = 1.0f;
+  // Tanh soft-capping before the temperature; 0 = off.
+  float logit_softcap = 0.0f;
+  // 0 to 64 most likely tokens per position.
+  std::int64_t top_k = 0;
+  bool want_entropy = false;
+  bool want_lse = false;
+  // The rank of each target (needs targets).
+  bool want_rank = false;
+  // Vocabulary entries that count (padded vocabularies); 0 means all of V.
+  std::int64_t vocab_size = 0;
+};
+
+// LogProbs with any of its tensors in shared memory where a slot is given.
+struct LogProbsShmArgs {
+  // X, bf16 [M, K]: from x_slot (shape x_shape) when set, else `x` is streamed.
+  const Tensor* x = nullptr;
+  std::optional<ShmSlot> x_slot;
+  std::vector<std::int64_t> x_shape;
+  // Targets, int32 or int64 [M], optional: from targets_slot (targets_dtype,
+  // targets_shape) when set, else `targets` is streamed when not null.
+  const Tensor* targets = nullptr;
+  std::optional<ShmSlot> targets_slot;
+  DType targets_dtype = DType::kInt64;
+  std::vector<std::int64_t> targets_shape;
+  // Outputs written there when set (only for outputs asked for).
+  std::optional<ShmSlot> logprob_slot;
+  std::optional<ShmSlot> lse_slot;
+  std::optional<ShmSlot> entropy_slot;
+  std::optional<ShmSlot> topk_ids_slot;
+  std::optional<ShmSlot> topk_logprobs_slot;
+  std::optional<ShmSlot> rank_slot;
+};
+
+struct LogProbsResult {
+  // Outputs streamed back: logprob fp32 [M] (with targets), lse and entropy
+  // fp32 [M], topk_ids int32 and topk_logprobs fp32 [M, top_k], rank int64 [M].
+  std::optional<Tensor> logprob;
+  std::optional<Tensor> lse;
+  std::optional<Tensor> entropy;
+  std::optional<Tensor> topk_ids;
+  std::optional<Tensor> topk_logprobs;
+  std::optional<Tensor> rank;
+  // Outputs written into shared memory.
+  std::optional<ShmOutput> logprob_shm;
+  std::optional<ShmOutput> lse_shm;
+  std::optional<ShmOutput> entropy_shm;
+  std::optional<ShmOutput> topk_ids_shm;
+  std::optional<ShmOutput> topk_logprobs_shm;
+  std::optional<ShmOutput> rank_shm;
+  Timing timing;
+};
+
 class Client {
  public:
   // Connects lazily: the first call reports an unreachable server as
@@ -496,6 +554,16 @@ class Client {
   absl::StatusOr<CrossEntropyShmResult> CrossEntropyShm(const CrossEntropyShmArgs& args,
                                                         const std::string& handle,
                                                         const CrossEntropyOptions& options = {});
+
+  // Per-token log-probabilities of the fp32 logits X . W^T against
+  // `targets` (int32 or int64 [M]; null for none), with the entropy, lse,
+  // top-k and rank as `options` ask, without the logits leaving the server.
+  absl::StatusOr<LogProbsResult> LogProbs(const Tensor& x, const Tensor* targets,
+                                          const std::string& handle,
+                                          const LogProbsOptions& options = {});
+  // The same with any tensor in shared memory (see LogProbsShmArgs).
+  absl::StatusOr<LogProbsResult> LogProbsShm(const LogProbsShmArgs& args, const std::string& handle,
+                                             const LogProbsOptions& options = {});
 
   // Calls, attempts and retries so far (see CallStats).
   CallStats call_stats() const;

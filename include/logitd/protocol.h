@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace logitd {
 
@@ -19,5 +20,8 @@ inline constexpr std::size_t kDefaultChunkBytes = kGrpcDefaultMaxMessageBytes - 
 // Room a server allows for a chunk message's framing beyond its data: the
 // largest request message it takes is its largest request chunk plus this.
 inline constexpr std::size_t kChunkFramingBytes = 4096;
+
+// The most entries LogProbs' top-k returns per token (LogProbsHeader.top_k).
+inline constexpr std::int64_t kMaxTopK = 64;
 
 }  // namespace logitd

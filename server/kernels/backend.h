@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "logitd/bf16.h"
+#include "logitd/protocol.h"
 #include "logitd/tensor.h"
 
 namespace logitd::kernels {
@@ -156,6 +157,28 @@ struct CrossEntropyArgs {
   std::int64_t vocab_chunk = 0;
 };
 
+struct LogProbsArgs {
+  const Bf16Bits* x = nullptr;  // [m, K] bf16
+  std::int64_t m = 0;
+  // [m], each in [0, vocab) or == ignore_index; null for no targets.
+  const std::int64_t* targets = nullptr;
+  std::int64_t ignore_index = -100;
+  float temperature = 1.0f;    // > 0; z = softcap(y) / temperature
+  float logit_softcap = 0.0f;  // 0 = off
+  // Vocabulary entries that count (the first `vocab` rows of W), 1..V.
+  std::int64_t vocab = 0;
+  // Outputs; null for those not asked. logprob and rank need targets.
+  float* logprob = nullptr;          // [m]; 0 for an ignored target
+  float* lse = nullptr;              // [m]
+  float* entropy = nullptr;          // [m]
+  std::int64_t top_k = 0;            // 0..kMaxTopK
+  std::int32_t* topk_ids = nullptr;  // [m, top_k], most likely first, ties by lower id
+  float* topk_logprobs = nullptr;    // [m, top_k]
+  std::int64_t* rank = nullptr;      // [m]; -1 for an ignored target
+  // Vocabulary rows per chunk; 0 lets the backend choose.
+  std::int64_t vocab_chunk = 0;
+};
+
 // All methods are thread-safe. Shapes and dtypes arrive validated by the
 // service layer; a backend still returns InvalidArgument rather than crash if
 // they do not agree with the weight.
@@ -218,6 +241,16 @@ class Backend {
   virtual absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) {
     return absl::UnimplementedError(
         absl::StrCat(Info().backend, " backend has no fused cross-entropy yet"));
+  }
+  // Per-token log-probabilities of the fp32 logits z = softcap(X . W^T) /
+  // temperature over the first `vocab` entries (see logitd.v1.LogProbsHeader):
+  // lse, the target's log-prob and rank, the entropy and the top-k, computed
+  // chunk by chunk over V without [m, V] at once. With temperature 1, no
+  // soft-capping and vocab = V, lse and logprob are bitwise those of
+  // CrossEntropy (logprob = -loss).
+  virtual absl::Status LogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing) {
+    return absl::UnimplementedError(
+        absl::StrCat(Info().backend, " backend has no log-probabilities yet"));
   }
 };
 

@@ -29,7 +29,7 @@ std::string TimingTrailer(std::initializer_list<std::pair<absl::string_view, std
 // The calls that need the backend's device (refused once it is lost).
 bool UsesDevice(absl::string_view method) {
   for (absl::string_view m : {"RegisterWeight", "LoadWeight", "Logits", "Backward", "FetchGradient",
-                              "ZeroGradient", "Cast", "CrossEntropy"}) {
+                              "ZeroGradient", "Cast", "CrossEntropy", "LogProbs"}) {
     if (method == m) return true;
   }
   return false;

@@ -84,6 +84,11 @@ class FaultBackend final : public kernels::Backend {
     return s;
   }
 
+  absl::Status LogProbs(const kernels::Weight& w, const kernels::LogProbsArgs& args,
+                        kernels::Timing* timing) override {
+    return inner_->LogProbs(w, args, timing);
+  }
+
  private:
   const std::unique_ptr<kernels::Backend> inner_;
   const std::shared_ptr<FaultInjector> faults_;

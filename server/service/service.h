@@ -42,10 +42,11 @@ namespace logitd::service {
 // The generated service with the tensor calls served as raw byte streams
 // (see raw_stream.h and message_stream.h); the other calls are the generated
 // synchronous methods.
-using RawTensorService = v1::Logitd::WithRawCallbackMethod_RegisterWeight<
-    v1::Logitd::WithRawCallbackMethod_Logits<v1::Logitd::WithRawCallbackMethod_Backward<
-        v1::Logitd::WithRawCallbackMethod_FetchGradient<v1::Logitd::WithRawCallbackMethod_Cast<
-            v1::Logitd::WithRawCallbackMethod_CrossEntropy<v1::Logitd::Service>>>>>>;
+using RawTensorService =
+    v1::Logitd::WithRawCallbackMethod_RegisterWeight<v1::Logitd::WithRawCallbackMethod_Logits<
+        v1::Logitd::WithRawCallbackMethod_Backward<v1::Logitd::WithRawCallbackMethod_FetchGradient<
+            v1::Logitd::WithRawCallbackMethod_Cast<v1::Logitd::WithRawCallbackMethod_CrossEntropy<
+                v1::Logitd::WithRawCallbackMethod_LogProbs<v1::Logitd::Service>>>>>>>;
 using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 class LogitdService final : public RawTensorService {
@@ -75,6 +76,7 @@ class LogitdService final : public RawTensorService {
                             v1::ZeroGradientResponse* response) override;
   RawBidiReactor* Cast(grpc::CallbackServerContext* context) override;
   RawBidiReactor* CrossEntropy(grpc::CallbackServerContext* context) override;
+  RawBidiReactor* LogProbs(grpc::CallbackServerContext* context) override;
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
   grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,
@@ -94,6 +96,7 @@ class LogitdService final : public RawTensorService {
   using FetchGradientCall = TensorCall<v1::FetchGradientRequest, v1::FetchGradientResponse>;
   using CastCall = TensorCall<v1::CastRequest, v1::CastResponse>;
   using CrossEntropyCall = TensorCall<v1::CrossEntropyRequest, v1::CrossEntropyResponse>;
+  using LogProbsCall = TensorCall<v1::LogProbsRequest, v1::LogProbsResponse>;
   // A tensor handler: validate, declare the call's slots, receive, run the
   // backend, send.
   template <typename Call>
@@ -115,6 +118,7 @@ class LogitdService final : public RawTensorService {
   absl::Status DoFetchGradient(FetchGradientCall* call);
   absl::Status DoCast(CastCall* call);
   absl::Status DoCrossEntropy(CrossEntropyCall* call);
+  absl::Status DoLogProbs(LogProbsCall* call);
   absl::Status DoProbe(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
                        CallStats* stats);

@@ -50,6 +50,40 @@ absl::Status CrossEntropySlots(const v1::CrossEntropyHeader& h, const CrossEntro
   return absl::OkStatus();
 }
 
+// LogProbs' slots: x and (optionally) targets in; the outputs asked for.
+absl::Status LogProbsSlots(const v1::LogProbsHeader& h, const LogProbsPlan& plan,
+                           TensorCallBase* call) {
+  const std::int64_t m = plan.m;
+  LOGITD_RETURN_IF_ERROR(call->Input("x", h.x(), plan.x_bytes, ShmSlot(h.has_x_shm(), h.x_shm())));
+  if (plan.has_targets) {
+    LOGITD_RETURN_IF_ERROR(call->Input("targets", h.targets(), plan.targets_bytes,
+                                       ShmSlot(h.has_targets_shm(), h.targets_shm())));
+    LOGITD_RETURN_IF_ERROR(call->Output("logprob", DType::kFp32, {m}, plan.logprob_bytes,
+                                        ShmSlot(h.has_logprob_shm(), h.logprob_shm())));
+  }
+  if (plan.want_lse) {
+    LOGITD_RETURN_IF_ERROR(call->Output("lse", DType::kFp32, {m}, plan.lse_bytes,
+                                        ShmSlot(h.has_lse_shm(), h.lse_shm())));
+  }
+  if (plan.want_entropy) {
+    LOGITD_RETURN_IF_ERROR(call->Output("entropy", DType::kFp32, {m}, plan.entropy_bytes,
+                                        ShmSlot(h.has_entropy_shm(), h.entropy_shm())));
+  }
+  if (plan.top_k > 0) {
+    LOGITD_RETURN_IF_ERROR(call->Output("topk_ids", DType::kInt32, {m, plan.top_k},
+                                        plan.topk_ids_bytes,
+                                        ShmSlot(h.has_topk_ids_shm(), h.topk_ids_shm())));
+    LOGITD_RETURN_IF_ERROR(call->Output("topk_logprobs", DType::kFp32, {m, plan.top_k},
+                                        plan.topk_logprobs_bytes,
+                                        ShmSlot(h.has_topk_logprobs_shm(), h.topk_logprobs_shm())));
+  }
+  if (plan.want_rank) {
+    LOGITD_RETURN_IF_ERROR(call->Output("rank", DType::kInt64, {m}, plan.rank_bytes,
+                                        ShmSlot(h.has_rank_shm(), h.rank_shm())));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 TensorCallEnv LogitdService::tensor_env() {
@@ -281,6 +315,52 @@ absl::Status LogitdService::DoCrossEntropy(CrossEntropyCall* call) {
 
   v1::CrossEntropyResponse head;
   head.mutable_result()->set_counted_tokens(counted);
+  call->Timed(timing, head.mutable_result()->mutable_timing());
+  return call->Send(&head, head.mutable_result(), h.digest_last());
+}
+
+RawBidiReactor* LogitdService::LogProbs(grpc::CallbackServerContext* context) {
+  return ServeBidi(context, &threads_, TensorCallHandler("LogProbs", &LogitdService::DoLogProbs));
+}
+
+absl::Status LogitdService::DoLogProbs(LogProbsCall* call) {
+  LOGITD_RETURN_IF_ERROR(call->ReadHeader());
+  const v1::LogProbsHeader& h = call->header();
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                          FindWeight(registry_, call->tenant(), h.weight_handle()));
+  LOGITD_ASSIGN_OR_RETURN(const LogProbsPlan plan,
+                          ValidateLogProbs(h, DimsOf(w), options_.max_request_bytes));
+  LOGITD_RETURN_IF_ERROR(LogProbsSlots(h, plan, call));
+  // Besides the slots: the targets widened to int64.
+  if (plan.has_targets) call->Scratch(static_cast<std::uint64_t>(plan.m) * sizeof(std::int64_t));
+  LOGITD_RETURN_IF_ERROR(call->Receive("log probs"));
+  std::vector<std::int64_t> targets;
+  if (plan.has_targets) {
+    LOGITD_RETURN_IF_ERROR(ConvertTargets(plan.targets_dtype, call->in("targets"), plan.m,
+                                          plan.vocab, plan.ignore_index, &targets)
+                               .status());
+  }
+
+  kernels::LogProbsArgs args;
+  args.x = call->in<Bf16Bits>("x");
+  args.m = plan.m;
+  args.targets = plan.has_targets ? targets.data() : nullptr;
+  args.ignore_index = plan.ignore_index;
+  args.temperature = plan.temperature;
+  args.logit_softcap = plan.logit_softcap;
+  args.vocab = plan.vocab;
+  args.logprob = call->out<float>("logprob");
+  args.lse = call->out<float>("lse");
+  args.entropy = call->out<float>("entropy");
+  args.top_k = plan.top_k;
+  args.topk_ids = call->out<std::int32_t>("topk_ids");
+  args.topk_logprobs = call->out<float>("topk_logprobs");
+  args.rank = call->out<std::int64_t>("rank");
+  kernels::Timing timing;
+  LOGITD_RETURN_IF_ERROR(backend_->LogProbs(*w.weight, args, &timing));
+  call->ReleaseInputs();
+
+  v1::LogProbsResponse head;
   call->Timed(timing, head.mutable_result()->mutable_timing());
   return call->Send(&head, head.mutable_result(), h.digest_last());
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -140,6 +141,32 @@ absl::StatusOr<std::uint64_t> CheckActivations(bool present, const v1::TensorSpe
                                                    weight.label, ", got ", ShapeString(shape)));
   }
   return bytes;
+}
+
+// The target ids of a call over activations `x` of M rows: INT32 or INT64
+// [M], named apart from x. Sets their dtype and byte count.
+absl::Status CheckTargets(bool present, const v1::TensorSpec& targets, const v1::TensorSpec& x,
+                          std::int64_t m, DType* dtype, std::uint64_t* bytes) {
+  absl::Status s = CheckPresent("targets", present, targets);
+  if (!s.ok()) return s;
+  if (targets.name() == x.name()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "targets, x: expected distinct TensorSpec names, both are '", targets.name(), "'"));
+  }
+  absl::StatusOr<DType> targets_dtype =
+      CheckDType("targets", targets, {v1::DTYPE_INT32, v1::DTYPE_INT64});
+  if (!targets_dtype.ok()) return targets_dtype.status();
+  *dtype = *targets_dtype;
+  const std::vector<std::int64_t> shape = ShapeOf(targets);
+  if (shape.size() != 1 || shape[0] != m) {
+    return absl::InvalidArgumentError(absl::StrCat("targets: expected rank 1 [M] with M=", m,
+                                                   " to match x ", ShapeString(ShapeOf(x)),
+                                                   ", got ", ShapeString(shape)));
+  }
+  absl::StatusOr<std::uint64_t> b = Bytes("targets", shape, *dtype);
+  if (!b.ok()) return b.status();
+  *bytes = *b;
+  return absl::OkStatus();
 }
 
 // An output slot in shared memory for an output the call does not return.
@@ -398,26 +425,10 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
   plan.x_bytes = *x_bytes;
   plan.m = header.x().shape(0);
 
-  const v1::TensorSpec& targets = header.targets();
-  absl::Status s = CheckPresent("targets", header.has_targets(), targets);
+  absl::Status s = CheckTargets(header.has_targets(), header.targets(), header.x(), plan.m,
+                                &plan.targets_dtype, &plan.targets_bytes);
   if (!s.ok()) return s;
-  if (targets.name() == header.x().name()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "targets, x: expected distinct TensorSpec names, both are '", targets.name(), "'"));
-  }
-  absl::StatusOr<DType> targets_dtype =
-      CheckDType("targets", targets, {v1::DTYPE_INT32, v1::DTYPE_INT64});
-  if (!targets_dtype.ok()) return targets_dtype.status();
-  plan.targets_dtype = *targets_dtype;
-  const std::vector<std::int64_t> targets_shape = ShapeOf(targets);
-  if (targets_shape.size() != 1 || targets_shape[0] != plan.m) {
-    return absl::InvalidArgumentError(absl::StrCat("targets: expected rank 1 [M] with M=", plan.m,
-                                                   " to match x ", ShapeString(ShapeOf(header.x())),
-                                                   ", got ", ShapeString(targets_shape)));
-  }
-  absl::StatusOr<std::uint64_t> targets_bytes = Bytes("targets", targets_shape, plan.targets_dtype);
-  if (!targets_bytes.ok()) return targets_bytes.status();
-  plan.targets_bytes = *targets_bytes;
+  const std::vector<std::int64_t> targets_shape = ShapeOf(header.targets());
 
   plan.ignore_index = header.has_ignore_index() ? header.ignore_index() : -100;
   switch (header.reduction()) {
@@ -601,6 +612,92 @@ absl::StatusOr<ProbePlan> ValidateProbe(const v1::ProbeHeader& header, std::size
                  : absl::StrCat(plan.request_bytes + plan.response_bytes),
         max_request_bytes));
   }
+  return plan;
+}
+
+absl::StatusOr<LogProbsPlan> ValidateLogProbs(const v1::LogProbsHeader& header,
+                                              const WeightDims& weight,
+                                              std::uint64_t max_request_bytes) {
+  LogProbsPlan plan;
+  absl::StatusOr<std::uint64_t> x_bytes = CheckActivations(header.has_x(), header.x(), weight);
+  if (!x_bytes.ok()) return x_bytes.status();
+  plan.x_bytes = *x_bytes;
+  plan.m = header.x().shape(0);
+  std::vector<Part> parts = {{"x", DType::kBf16, ShapeOf(header.x()), plan.x_bytes}};
+  plan.has_targets = header.has_targets();
+  if (plan.has_targets) {
+    absl::Status s = CheckTargets(true, header.targets(), header.x(), plan.m, &plan.targets_dtype,
+                                  &plan.targets_bytes);
+    if (!s.ok()) return s;
+    parts.push_back({"targets", plan.targets_dtype, {plan.m}, plan.targets_bytes});
+  }
+  plan.ignore_index = header.has_ignore_index() ? header.ignore_index() : -100;
+  const float temperature = header.temperature();
+  if (!std::isfinite(temperature) || temperature < 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "temperature: expected a finite temperature > 0 (0 means 1), got ", temperature));
+  }
+  plan.temperature = temperature == 0.0f ? 1.0f : temperature;
+  const float cap = header.logit_softcap();
+  if (!std::isfinite(cap) || cap < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_softcap: expected 0 (off) or a finite cap > 0, got ", cap));
+  }
+  plan.logit_softcap = cap;
+  if (header.vocab_size() < 0 || header.vocab_size() > weight.v) {
+    return absl::InvalidArgumentError(absl::StrCat("vocab_size: expected 0 (all ", weight.v,
+                                                   ") to ", weight.v, " entries of weight ",
+                                                   weight.label, ", got ", header.vocab_size()));
+  }
+  plan.vocab = header.vocab_size() == 0 ? weight.v : header.vocab_size();
+  const std::int64_t max_k = std::min<std::int64_t>(kMaxTopK, plan.vocab);
+  if (header.top_k() > static_cast<std::uint64_t>(max_k)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k: expected 0 to ", max_k, ", got ", header.top_k()));
+  }
+  plan.top_k = static_cast<std::int64_t>(header.top_k());
+  plan.want_entropy = header.want_entropy();
+  plan.want_lse = header.want_lse();
+  plan.want_rank = header.want_rank();
+  if (plan.want_rank && !plan.has_targets) {
+    return absl::InvalidArgumentError("want_rank: the rank of a target needs targets, got none");
+  }
+  const std::uint64_t m = static_cast<std::uint64_t>(plan.m);
+  if (plan.has_targets) plan.logprob_bytes = m * sizeof(float);
+  if (plan.want_lse) plan.lse_bytes = m * sizeof(float);
+  if (plan.want_entropy) plan.entropy_bytes = m * sizeof(float);
+  plan.topk_ids_bytes = m * static_cast<std::uint64_t>(plan.top_k) * sizeof(std::int32_t);
+  plan.topk_logprobs_bytes = m * static_cast<std::uint64_t>(plan.top_k) * sizeof(float);
+  if (plan.want_rank) plan.rank_bytes = m * sizeof(std::int64_t);
+  if (plan.logprob_bytes + plan.lse_bytes + plan.entropy_bytes + plan.topk_ids_bytes +
+          plan.rank_bytes ==
+      0) {
+    return absl::InvalidArgumentError(
+        "expected at least one output: targets (log-probs), top_k, want_entropy or want_lse");
+  }
+  parts.push_back({"outputs",
+                   DType::kFp32,
+                   {plan.m},
+                   plan.logprob_bytes + plan.lse_bytes + plan.entropy_bytes + plan.topk_ids_bytes +
+                       plan.topk_logprobs_bytes + plan.rank_bytes});
+  for (const auto& [given, field, why] :
+       {std::make_tuple(header.has_logprob_shm() && !plan.has_targets, "logprob_shm",
+                        "log-probs need targets"),
+        std::make_tuple(header.has_lse_shm() && !plan.want_lse, "lse_shm",
+                        "the log-sum-exp is not asked for (want_lse)"),
+        std::make_tuple(header.has_entropy_shm() && !plan.want_entropy, "entropy_shm",
+                        "the entropy is not asked for (want_entropy)"),
+        std::make_tuple(header.has_topk_ids_shm() && plan.top_k == 0, "topk_ids_shm", "top_k is 0"),
+        std::make_tuple(header.has_topk_logprobs_shm() && plan.top_k == 0, "topk_logprobs_shm",
+                        "top_k is 0"),
+        std::make_tuple(header.has_rank_shm() && !plan.want_rank, "rank_shm",
+                        "the rank is not asked for (want_rank)"),
+        std::make_tuple(header.has_targets_shm() && !plan.has_targets, "targets_shm",
+                        "the header has no targets")}) {
+    if (absl::Status s = UnusedOutputSlot(given, field, why); !s.ok()) return s;
+  }
+  absl::Status s = CheckCallBytes("log probs", parts, max_request_bytes);
+  if (!s.ok()) return s;
   return plan;
 }
 

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "logitd/protocol.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.pb.h"
 
@@ -113,6 +114,35 @@ struct CrossEntropyPlan {
 absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHeader& header,
                                                       const WeightDims& weight,
                                                       std::uint64_t max_request_bytes);
+
+struct LogProbsPlan {
+  std::int64_t m = 0;
+  bool has_targets = false;
+  DType targets_dtype = DType::kInt64;
+  // The header's, or -100 when the field is absent.
+  std::int64_t ignore_index = -100;
+  // > 0 (0 in the header means 1).
+  float temperature = 1.0f;
+  float logit_softcap = 0.0f;
+  // Vocabulary entries that count (vocab_size, or the weight's V).
+  std::int64_t vocab = 0;
+  std::int64_t top_k = 0;
+  bool want_entropy = false;
+  bool want_lse = false;
+  bool want_rank = false;
+  std::uint64_t x_bytes = 0;
+  std::uint64_t targets_bytes = 0;
+  // 0 when the output is not returned.
+  std::uint64_t logprob_bytes = 0;
+  std::uint64_t lse_bytes = 0;
+  std::uint64_t entropy_bytes = 0;
+  std::uint64_t topk_ids_bytes = 0;
+  std::uint64_t topk_logprobs_bytes = 0;
+  std::uint64_t rank_bytes = 0;
+};
+absl::StatusOr<LogProbsPlan> ValidateLogProbs(const v1::LogProbsHeader& header,
+                                              const WeightDims& weight,
+                                              std::uint64_t max_request_bytes);
 
 // Widens the received targets (INT32 or INT64 [M]) to int64 into `out` and
 // checks each is in [0, v) or equal to ignore_index: InvalidArgument naming

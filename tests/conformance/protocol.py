@@ -298,6 +298,9 @@ class Connection:
     def cross_entropy_stream(self, messages):
         return self.stub.CrossEntropy(iter(messages), **self.kw())
 
+    def logprobs_stream(self, messages):
+        return self.stub.LogProbs(iter(messages), **self.kw())
+
     # Well-formed calls.
 
     def register_weight(self, w, name="conformance", chunk_bytes=UPLOAD_CHUNK_BYTES):
@@ -439,6 +442,7 @@ class Call:
             "Backward": conn.backward_stream,
             "Cast": conn.cast_stream,
             "CrossEntropy": conn.cross_entropy_stream,
+            "LogProbs": conn.logprobs_stream,
         }[self.rpc]
         return read_stream(stream(messages))
 
@@ -480,5 +484,11 @@ def small_calls(handle):
             pb.CrossEntropyRequest,
             [x, targets],
             lambda s: pb.CrossEntropyHeader(weight_handle=handle, x=s["x"], targets=s["targets"]),
+        ),
+        "LogProbs": Call(
+            "LogProbs",
+            pb.LogProbsRequest,
+            [x, targets],
+            lambda s: pb.LogProbsHeader(weight_handle=handle, x=s["x"], targets=s["targets"], top_k=2),
         ),
     }

@@ -18,6 +18,8 @@ REQUEST_TENSORS = [
     ("Cast", "input"),
     ("CrossEntropy", "x"),
     ("CrossEntropy", "targets"),
+    ("LogProbs", "x"),
+    ("LogProbs", "targets"),
 ]
 
 

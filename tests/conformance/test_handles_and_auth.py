@@ -16,6 +16,7 @@ def unknown_handle_calls(conn):
         "Logits": lambda: calls["Logits"].run(conn, calls["Logits"].messages()),
         "Backward": lambda: calls["Backward"].run(conn, calls["Backward"].messages()),
         "CrossEntropy": lambda: calls["CrossEntropy"].run(conn, calls["CrossEntropy"].messages()),
+        "LogProbs": lambda: calls["LogProbs"].run(conn, calls["LogProbs"].messages()),
         "FetchGradient": lambda: conn.fetch_gradient(UNKNOWN),
         "ZeroGradient": lambda: conn.zero_gradient(UNKNOWN),
         "ReleaseWeight": lambda: conn.release(UNKNOWN),

@@ -16,9 +16,11 @@ REQUEST_TENSORS = [
     ("Backward", "x"),
     ("Cast", "input"),
     ("CrossEntropy", "targets"),
+    ("LogProbs", "x"),
+    ("LogProbs", "targets"),
 ]
 IDS = ["%s-%s" % p for p in REQUEST_TENSORS]
-RPCS = ["RegisterWeight", "Logits", "Backward", "Cast", "CrossEntropy"]
+RPCS = ["RegisterWeight", "Logits", "Backward", "Cast", "CrossEntropy", "LogProbs"]
 
 
 @pytest.fixture
@@ -116,7 +118,7 @@ def test_empty_stream_is_invalid_argument(conn, calls, rpc):
     expect_error(grpc.StatusCode.INVALID_ARGUMENT, calls[rpc].run, conn, [])
 
 
-@pytest.mark.parametrize("rpc", ["Logits", "Backward", "Cast", "CrossEntropy"])
+@pytest.mark.parametrize("rpc", ["Logits", "Backward", "Cast", "CrossEntropy", "LogProbs"])
 @pytest.mark.parametrize("position", [0, 1, 2], ids=["first", "after-header", "after-chunk"])
 def test_unparseable_message_is_invalid_argument(conn, calls, rpc, position):
     """A message that is not the RPC's request type is INVALID_ARGUMENT naming the type."""

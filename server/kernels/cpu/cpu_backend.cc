@@ -300,11 +300,113 @@ absl::Status CheckCeTargets(const std::int64_t* targets, std::int64_t m, std::in
   return absl::OkStatus();
 }
 
+// LogProbs (see logitd.v1.LogProbsHeader), on top of the cross-entropy's
+// log-sum-exp (the same tiles, folded in the same order, so that lse and
+// logprob = z_t - lse are bitwise CrossEntropy's lse and -loss when the
+// temperature is 1 and nothing is capped or masked). Besides:
+// - the entropy H = log(S) - Z/S with S = sum exp(z - max) (the lse's sum)
+//   and Z = sum exp(z - max) (z - max), both in fp64 and rescaled together
+//   when the running max moves; each term is <= 0 and the two are formed
+//   from the same exponentials, so H >= 0 up to rounding and H is exact to
+//   a few ulp of log(S) plus the fp64 sums' error, far below the fp32
+//   logits' own bound;
+// - top-k with a heap of k per row over the whole vocabulary, ordered by z
+//   (NaN above everything, as torch.topk), ties by the lower id; its
+//   log-probs z - lse in fp64 rounded once;
+// - the target's rank, counted in a second pass once z_t is known.
+
+// Whether (za, a) ranks before (zb, b).
+bool LpBefore(float za, std::int64_t a, float zb, std::int64_t b) {
+  const bool na = std::isnan(za);
+  const bool nb = std::isnan(zb);
+  if (na != nb) return na;
+  if (!na && za != zb) return za > zb;
+  return a < b;
+}
+
+// sum exp(z - tile_max) (z - tile_max) over one tile, in fp64.
+double LpTileZSum(const float* z, std::int64_t n, float tile_max) {
+  if (!std::isfinite(tile_max)) return 0.0;
+  double sum = 0.0;
+  for (std::int64_t j = 0; j < n; ++j) {
+    const double d = static_cast<double>(z[j]) - tile_max;
+    const double e = std::exp(d);
+    if (e != 0.0) sum += e * d;
+  }
+  return sum;
+}
+
+// A row of LogProbs: the cross-entropy's running lse plus the entropy's Z.
+struct LpRow {
+  CeRow lse;
+  double zsum = 0.0;
+
+  void Fold(float tile_max, float tile_sum, double tile_zsum) {
+    const float m = lse.max;
+    if (!std::isnan(m) && !std::isnan(tile_max)) {
+      if (tile_max > m) {
+        const double scale = std::isfinite(m) ? std::exp(static_cast<double>(m) - tile_max) : 0.0;
+        zsum = std::isfinite(m)
+                   ? scale * (zsum + (static_cast<double>(m) - tile_max) * lse.sum) + tile_zsum
+                   : tile_zsum;
+      } else if (std::isfinite(tile_max) && std::isfinite(m)) {
+        const double d = static_cast<double>(tile_max) - m;
+        zsum += std::exp(d) * (tile_zsum + d * tile_sum);
+      }
+    }
+    lse.Fold(tile_max, tile_sum);
+  }
+
+  double Entropy() const {
+    if (!std::isfinite(lse.max)) return std::numeric_limits<double>::quiet_NaN();
+    return std::log(lse.sum) - zsum / lse.sum;
+  }
+};
+
 absl::Status CheckCeOption(absl::string_view name, float value, bool non_negative) {
   if (!std::isfinite(value) || (non_negative && value < 0.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("cross entropy: expected ", name, " finite",
                                                    non_negative ? " and >= 0" : "", ", got ",
                                                    value));
+  }
+  return absl::OkStatus();
+}
+
+// LogProbs' arguments against the weight: rows, options, outputs and the
+// targets (each in [0, vocab) or ignore_index).
+absl::Status CheckLogProbsArgs(const Weight& w, const LogProbsArgs& args) {
+  if (args.x == nullptr) return absl::InvalidArgumentError("log probs: x is null");
+  if (absl::Status s = CheckRows("log probs", args.m); !s.ok()) return s;
+  if (!std::isfinite(args.temperature) || args.temperature <= 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "log probs: temperature: expected a finite value > 0, got ", args.temperature));
+  }
+  if (absl::Status s = CheckCeOption("logit_softcap", args.logit_softcap, true); !s.ok()) return s;
+  if (args.vocab < 1 || args.vocab > w.v()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log probs: vocab: expected 1 to ", w.v(), " entries, got ", args.vocab));
+  }
+  if (args.top_k < 0 || args.top_k > kMaxTopK || args.top_k > args.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "log probs: top_k: expected 0 to ", std::min(kMaxTopK, args.vocab), ", got ", args.top_k));
+  }
+  if (args.top_k > 0 && (args.topk_ids == nullptr || args.topk_logprobs == nullptr)) {
+    return absl::InvalidArgumentError("log probs: top_k > 0 needs topk_ids and topk_logprobs");
+  }
+  if (args.targets == nullptr) {
+    if (args.logprob != nullptr || args.rank != nullptr) {
+      return absl::InvalidArgumentError("log probs: logprob and rank need targets");
+    }
+    return absl::OkStatus();
+  }
+  for (std::int64_t i = 0; i < args.m; ++i) {
+    const std::int64_t t = args.targets[i];
+    if (t != args.ignore_index && (t < 0 || t >= args.vocab)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("log probs: targets[%d] = %d: expected a token id in [0, %d) or "
+                          "ignore_index %d",
+                          i, t, args.vocab, args.ignore_index));
+    }
   }
   return absl::OkStatus();
 }
@@ -727,6 +829,130 @@ class CpuBackend final : public Backend {
       if (args.accumulate_dw) w.set_grad_count(w.grad_count() + 1);
       if (want_dx && args.dx_dtype == DType::kBf16) {
         Narrow(dx_acc, m * k, static_cast<Bf16Bits*>(args.dx));
+      }
+    }
+    SetTiming(timing, start);
+    return absl::OkStatus();
+  }
+
+  absl::Status LogProbs(const Weight& weight, const LogProbsArgs& args, Timing* timing) override {
+    const auto start = std::chrono::steady_clock::now();
+    const CpuWeight* cw = AsCpuWeight(weight);
+    if (cw == nullptr) return ForeignWeight("log probs", weight);
+    const CpuWeight& w = *cw;
+    if (absl::Status s = CheckLogProbsArgs(w, args); !s.ok()) return s;
+    const std::int64_t m = args.m;
+    const std::int64_t v = args.vocab;
+    const std::int64_t k = w.k();
+    const std::int64_t top_k = args.top_k;
+    const bool scaled = args.temperature != 1.0f;
+    const std::int64_t chunk = CeChunkRows(args.vocab_chunk, m, v);
+    absl::StatusOr<FloatBuffer> xf = AllocateFloats(m * k, false, "log probs: x widened");
+    if (!xf.ok()) return xf.status();
+    Widen(args.x, m * k, xf->get());
+    absl::StatusOr<FloatBuffer> buf = AllocateFloats(
+        m * chunk, false, absl::StrFormat("log probs: fp32 logits of a chunk [%d, %d]", m, chunk));
+    if (!buf.ok()) return buf.status();
+    // z of a chunk, capped and scaled, row by row.
+    const auto logits = [&](std::int64_t v0, std::int64_t c) {
+      float* y = buf->get();
+      Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf->get(), k, w.data() + v0 * k, k, 0.0f, y,
+            c);
+      for (std::int64_t i = 0; i < m; ++i) {
+        float* z = y + i * c;
+        CeSoftcap(args.logit_softcap, z, c);
+        if (scaled) {
+          for (std::int64_t j = 0; j < c; ++j) z[j] /= args.temperature;
+        }
+      }
+      return y;
+    };
+    const auto target = [&](std::int64_t i) {
+      return args.targets != nullptr ? args.targets[i] : args.ignore_index;
+    };
+
+    using Entry = std::pair<float, std::int64_t>;
+    const auto worse_first = [](const Entry& a, const Entry& b) {
+      return LpBefore(a.first, a.second, b.first, b.second);
+    };
+    std::vector<LpRow> rows(static_cast<std::size_t>(m));
+    std::vector<std::vector<Entry>> heaps(static_cast<std::size_t>(top_k > 0 ? m : 0));
+    std::vector<float> z_target(static_cast<std::size_t>(m), 0.0f);
+    for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
+      const std::int64_t c = std::min(chunk, v - v0);
+      const float* y = logits(v0, c);
+      for (std::int64_t i = 0; i < m; ++i) {
+        const float* z = y + i * c;
+        LpRow& row = rows[static_cast<std::size_t>(i)];
+        for (std::int64_t j = 0; j < c; j += kCeTile) {
+          const std::int64_t n = std::min(kCeTile, c - j);
+          float tile_max = 0.0f;
+          float tile_sum = 0.0f;
+          CeTileMaxSum(z + j, n, &tile_max, &tile_sum);
+          row.Fold(tile_max, tile_sum,
+                   args.entropy != nullptr ? LpTileZSum(z + j, n, tile_max) : 0.0);
+        }
+        const std::int64_t t = target(i);
+        if (t != args.ignore_index && t >= v0 && t < v0 + c) {
+          z_target[static_cast<std::size_t>(i)] = z[t - v0];
+        }
+        if (top_k == 0) continue;
+        // The heap's front is its worst entry; a candidate replaces it when
+        // it ranks before it.
+        std::vector<Entry>& heap = heaps[static_cast<std::size_t>(i)];
+        for (std::int64_t j = 0; j < c; ++j) {
+          const Entry e{z[j], v0 + j};
+          if (static_cast<std::int64_t>(heap.size()) < top_k) {
+            heap.push_back(e);
+            std::push_heap(heap.begin(), heap.end(), worse_first);
+          } else if (worse_first(e, heap.front())) {
+            std::pop_heap(heap.begin(), heap.end(), worse_first);
+            heap.back() = e;
+            std::push_heap(heap.begin(), heap.end(), worse_first);
+          }
+        }
+      }
+    }
+
+    std::vector<double> lse(static_cast<std::size_t>(m));
+    for (std::int64_t i = 0; i < m; ++i) {
+      const auto r = static_cast<std::size_t>(i);
+      lse[r] = rows[r].lse.Lse();
+      if (args.lse != nullptr) args.lse[i] = static_cast<float>(lse[r]);
+      if (args.entropy != nullptr) args.entropy[i] = static_cast<float>(rows[r].Entropy());
+      if (args.logprob != nullptr) {
+        args.logprob[i] = target(i) == args.ignore_index
+                              ? 0.0f
+                              : static_cast<float>(static_cast<double>(z_target[r]) - lse[r]);
+      }
+      if (top_k == 0) continue;
+      std::vector<Entry>& heap = heaps[r];
+      std::sort_heap(heap.begin(), heap.end(), worse_first);
+      for (std::int64_t j = 0; j < top_k; ++j) {
+        const Entry& e = heap[static_cast<std::size_t>(j)];
+        args.topk_ids[i * top_k + j] = static_cast<std::int32_t>(e.second);
+        args.topk_logprobs[i * top_k + j] =
+            static_cast<float>(static_cast<double>(e.first) - lse[r]);
+      }
+    }
+
+    if (args.rank != nullptr) {
+      std::vector<std::int64_t> above(static_cast<std::size_t>(m), 0);
+      for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
+        const std::int64_t c = std::min(chunk, v - v0);
+        const float* y = logits(v0, c);
+        for (std::int64_t i = 0; i < m; ++i) {
+          const std::int64_t t = target(i);
+          if (t == args.ignore_index) continue;
+          const float zt = z_target[static_cast<std::size_t>(i)];
+          const float* z = y + i * c;
+          std::int64_t n = 0;
+          for (std::int64_t j = 0; j < c; ++j) n += LpBefore(z[j], v0 + j, zt, t) ? 1 : 0;
+          above[static_cast<std::size_t>(i)] += n;
+        }
+      }
+      for (std::int64_t i = 0; i < m; ++i) {
+        args.rank[i] = target(i) == args.ignore_index ? -1 : above[static_cast<std::size_t>(i)];
       }
     }
     SetTiming(timing, start);
