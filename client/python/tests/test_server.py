@@ -468,6 +468,66 @@ def test_cross_entropy_refuses_out_of_range_targets(client, weights):
     assert client.info().backend == "cpu"
 
 
+# ---------------------------------------------------------------------------
+# Log-probabilities
+
+
+def test_logprobs_match_fp64_reference_and_cross_entropy(client, weights):
+    rng = rng_for(91)
+    M, V, K, top_k = 10, 500, 128, 4
+    x = to_bf16(rng.standard_normal((M, K)))
+    w = to_bf16(rng.standard_normal((V, K)) * 0.25)
+    targets = rng.integers(0, V, size=M).astype(np.int64)
+    targets[2] = -100
+    h = weights(w).handle
+    loss_ref, lse_ref, _ = _ce_reference(x, w, targets)
+    logits = x.astype(np.float64) @ w.astype(np.float64).T
+    p = np.exp(logits - lse_ref[:, None])
+    entropy_ref = -(p * (logits - lse_ref[:, None])).sum(axis=1)
+
+    out = client.logprobs(x, h, targets=targets, top_k=top_k, want_entropy=True, want_lse=True, want_rank=True)
+    assert isinstance(out, logitd.LogProbs)
+    assert out.logprob.dtype == np.float32 and out.logprob.shape == (M,)
+    assert out.topk_ids.dtype == np.int32 and out.topk_ids.shape == (M, top_k)
+    assert out.rank.dtype == np.int64
+    np.testing.assert_allclose(out.logprob, -loss_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.lse, lse_ref, rtol=1e-6)
+    np.testing.assert_allclose(out.entropy, entropy_ref, rtol=1e-4, atol=1e-5)
+    assert out.logprob[2] == 0 and out.rank[2] == -1
+    order = np.argsort(-logits, axis=1, kind="stable")
+    np.testing.assert_array_equal(out.topk_ids, order[:, :top_k])
+    np.testing.assert_allclose(
+        out.topk_logprobs, np.take_along_axis(logits, order[:, :top_k], 1) - lse_ref[:, None], rtol=1e-5, atol=1e-5
+    )
+    for i in range(M):
+        if targets[i] != -100:
+            assert out.rank[i] == int(np.where(order[i] == targets[i])[0][0])
+
+    # The contract: bitwise -loss of the per-token cross-entropy.
+    ce = client.cross_entropy(x, targets, h, reduction="none")
+    counted = targets != -100
+    np.testing.assert_array_equal(out.logprob[counted], -ce.loss[counted])
+
+    # Top-k alone, no targets.
+    only = client.logprobs(x, h, top_k=2)
+    assert only.logprob is None and only.entropy is None
+    np.testing.assert_array_equal(only.topk_ids, out.topk_ids[:, :2])
+
+
+def test_logprobs_refuses_bad_arguments(client, weights):
+    rng = rng_for(92)
+    x = to_bf16(rng.standard_normal((4, 64)))
+    h = weights(to_bf16(rng.standard_normal((50, 64)))).handle
+    with pytest.raises(logitd.InvalidArgumentError, match="top_k"):
+        client.logprobs(x, h, top_k=65)
+    with pytest.raises(logitd.InvalidArgumentError, match="want_rank"):
+        client.logprobs(x, h, want_rank=True)
+    with pytest.raises(logitd.InvalidArgumentError, match="temperature"):
+        client.logprobs(x, h, top_k=1, temperature=0)
+    with pytest.raises(logitd.InvalidArgumentError, match="targets"):
+        client.logprobs(x, h, targets=np.array([0, 1, 2, 40], dtype=np.int64), vocab_size=40)
+
+
 def test_load_weight_needs_a_weights_dir(client):
     # The test server runs without --weights_dir: the server refuses, and says why.
     with pytest.raises(logitd.FailedPreconditionError, match="weights_dir"):

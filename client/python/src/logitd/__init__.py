@@ -16,7 +16,7 @@ except ImportError as _e:  # pragma: no cover - only from an unbuilt source tree
     ) from _e
 
 from ._tensors import BF16, digest
-from .client import TLS, Client, CrossEntropyResult, Gradient, ReleaseResult, RetryPolicy, ServerInfo, WeightInfo
+from .client import TLS, Client, CrossEntropyResult, Gradient, LogProbs, ReleaseResult, RetryPolicy, ServerInfo, WeightInfo
 from .errors import (
     CancelledError,
     DataLossError,
@@ -45,6 +45,7 @@ __all__ = [
     "DeadlineExceededError",
     "FailedPreconditionError",
     "CrossEntropyResult",
+    "LogProbs",
     "Gradient",
     "InternalError",
     "InvalidArgumentError",

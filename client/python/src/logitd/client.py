@@ -109,6 +109,24 @@ class CrossEntropyResult(NamedTuple):
 _REDUCTIONS = {"none": pb.REDUCTION_NONE, "sum": pb.REDUCTION_SUM, "mean": pb.REDUCTION_MEAN}
 
 
+class LogProbs(NamedTuple):
+    """Per-token outputs of Client.logprobs, each None when not asked for:
+    logprob (fp32 [M], with targets; 0 for an ignored one), lse and entropy
+    (fp32 [M]), topk_ids (int32 [M, top_k], most likely first, ties by the
+    lower id) and topk_logprobs (fp32 [M, top_k]), rank (int64 [M]; -1 for an
+    ignored target)."""
+
+    logprob: Any
+    lse: Any
+    entropy: Any
+    topk_ids: Any
+    topk_logprobs: Any
+    rank: Any
+
+
+_LOGPROBS_OUTPUTS = ("logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank")
+
+
 class Gradient(NamedTuple):
     """The server-held fp32 dW of a weight and how many Backward calls it sums."""
 
@@ -733,6 +751,70 @@ class Client:
             return tensors[getattr(result, field).name].result(as_torch) if result.HasField(field) else None
 
         return CrossEntropyResult(get("loss"), get("lse"), get("dx"), get("dw"), int(result.counted_tokens))
+
+    @_retried()
+    def logprobs(
+        self,
+        x: Any,
+        handle: Union[str, WeightInfo],
+        targets: Any = None,
+        top_k: int = 0,
+        temperature: float = 1.0,
+        logit_softcap: float = 0.0,
+        want_entropy: bool = False,
+        want_lse: bool = False,
+        want_rank: bool = False,
+        vocab_size: int = 0,
+        ignore_index: int = -100,
+    ) -> LogProbs:
+        """Per-token log-probabilities of the fp32 logits x . W^T (divided by
+        `temperature`, after tanh soft-capping when `logit_softcap` > 0, over
+        the first `vocab_size` vocabulary entries, 0 meaning all), computed by
+        the server chunk by chunk: the log-prob of each target (int32/int64
+        [M], optional), and as asked the entropy, the log-sum-exp, the top_k
+        (0 to 64) most likely tokens with their log-probs, and each target's
+        rank. Only these per-token numbers travel, never the [M, V] logits.
+        With temperature 1 and nothing capped or masked, logprob is bitwise
+        -loss of cross_entropy(..., reduction="none")."""
+        temperature = float(temperature)
+        if not math.isfinite(temperature) or temperature <= 0:
+            raise InvalidArgumentError("temperature: expected a finite temperature > 0, got %r" % temperature)
+        top_k = int(top_k)
+        if top_k < 0:
+            raise InvalidArgumentError("top_k: expected 0 to 64, got %d" % top_k)
+        xt = T.Outgoing("x", x, (pb.DTYPE_BF16,))
+        header = pb.LogProbsHeader(
+            weight_handle=_handle(handle),
+            x=xt.spec,
+            ignore_index=int(ignore_index),
+            temperature=temperature,
+            logit_softcap=float(logit_softcap),
+            top_k=top_k,
+            want_entropy=bool(want_entropy),
+            want_lse=bool(want_lse),
+            want_rank=bool(want_rank),
+            vocab_size=int(vocab_size),
+            digest_last=True,
+        )
+        tensors_out = [xt]
+        if targets is not None:
+            tt = T.Outgoing("targets", targets, (pb.DTYPE_INT32, pb.DTYPE_INT64))
+            header.targets.CopyFrom(tt.spec)
+            tensors_out.append(tt)
+
+        def specs_of(r):
+            return [getattr(r, f) for f in _LOGPROBS_OUTPUTS if r.HasField(f)]
+
+        result, tensors = self._stream(
+            self._stub.LogProbs, pb.LogProbsRequest, "header", header, tensors_out, specs_of
+        )
+        as_torch = T.is_torch(x)
+        return LogProbs(
+            *(
+                tensors[getattr(result, f).name].result(as_torch) if result.HasField(f) else None
+                for f in _LOGPROBS_OUTPUTS
+            )
+        )
 
     # -- server-held gradient buffers -----------------------------------------------------
 
