@@ -12,10 +12,10 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -24,131 +24,26 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/marshalling.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "common/wire.h"
-#include "logitd/protocol.h"
 #include "logitd/v1/logitd.grpc.pb.h"
+#include "server/flags.h"
 #include "server/kernels/backend.h"
 #include "server/service/build_info.h"
-#include "server/service/faults.h"
 #include "server/service/logging.h"
 #include "server/service/metrics.h"
+#include "server/service/options.h"
 #include "server/service/service.h"
-#include "server/service/status.h"
-
-ABSL_FLAG(std::string, address, "127.0.0.1:50051",
-          "HOST:PORT to listen on. PORT 0 picks a free port (see --port_file). The default "
-          "binds to loopback only; use 0.0.0.0:PORT or [::]:PORT to serve other hosts.");
-ABSL_FLAG(std::string, port_file, "",
-          "When set, the bound port followed by a newline is written to this file once the "
-          "server accepts calls (useful with --address=HOST:0).");
-ABSL_FLAG(std::string, metrics_address, "",
-          "HOST:PORT to serve Prometheus metrics on (HTTP, GET /metrics), HOST an IP address; "
-          "PORT 0 picks a free port (see --metrics_port_file). Empty: no metrics endpoint.");
-ABSL_FLAG(std::string, metrics_port_file, "",
-          "When set, the port of the metrics endpoint followed by a newline is written to this "
-          "file once it listens (useful with --metrics_address=HOST:0).");
-ABSL_FLAG(std::string, backend, "auto",
-          "auto|cuda|cpu. auto picks cuda when a device is visible, else cpu.");
-ABSL_FLAG(int, device, 0, "CUDA device ordinal (cuda backend).");
-ABSL_FLAG(std::string, split_k, "fp32",
-          "Split-K policy of the cuda backend: off, fp32 (split-K only with fp32 "
-          "partial sums) or any.");
-ABSL_FLAG(int, cpu_threads, 0, "BLAS threads of the cpu backend; 0 = the library's default.");
-ABSL_FLAG(std::uint64_t, weight_budget_bytes, std::uint64_t{16} << 30,
-          "Bytes of registered weights (bf16) plus their fp32 gradient buffers the server "
-          "holds at most. Default 16 GiB.");
-ABSL_FLAG(std::uint64_t, max_request_bytes, (std::uint64_t{4} << 30) + 1,
-          "Bytes of tensors one call may move, request and response together (e.g. x plus "
-          "logits). Default 4 GiB + 1 byte.");
-ABSL_FLAG(std::uint64_t, request_memory_bytes, 0,
-          "Bytes the tensor calls in flight may hold together (received tensors, outputs, "
-          "scratch); a call that does not fit waits for memory, up to its deadline or "
-          "--admission_wait, then gets RESOURCE_EXHAUSTED. 0 (default) = three quarters of "
-          "physical memory.");
-ABSL_FLAG(std::uint32_t, max_concurrent_requests, 64,
-          "Tensor calls (and weight uploads) running at once; further calls wait as for "
-          "memory. 0 = no cap. Default 64.");
-ABSL_FLAG(absl::Duration, admission_wait, absl::Seconds(30),
-          "Longest a call waits for request memory or a request slot when its deadline is "
-          "later (or it has none), e.g. 30s, 500ms. Default 30s.");
-ABSL_FLAG(std::uint64_t, chunk_bytes, logitd::kDefaultChunkBytes,
-          "Bytes per chunk of streamed responses, 65536 (64 KiB) to 67108864 (64 MiB). "
-          "Default 4190208 (4 MiB less 4 KiB), so that every message fits the 4 MiB gRPC "
-          "clients accept by default; more needs clients with a raised receive limit.");
-ABSL_FLAG(std::uint64_t, ce_workspace_bytes, 0,
-          "cuda: device bytes a CrossEntropy call may use for its chunk of fp32 logits; more "
-          "means larger chunks and a faster call, 0 lets the backend keep peak memory within "
-          "1.25x the gradients it returns.");
-ABSL_FLAG(std::uint64_t, pinned_cache_bytes, std::uint64_t{4} << 30,
-          "cuda: bytes of page-locked host memory kept between calls for the tensor calls' input "
-          "and output buffers (allocating and freeing it per call costs milliseconds for large "
-          "tensors, and freeing stalls the device); 0 frees each buffer after its call. Size it "
-          "for the buffers of the calls that run at once. Default 4 GiB. cpu: the same cap for "
-          "host buffers of 8 MiB and more (ordinary memory, kept so that a repeated call does "
-          "not fault a fresh buffer's pages in).");
-ABSL_FLAG(std::string, weights_dir, "",
-          "Directory LoadWeight reads safetensors files from (paths relative to it, confined "
-          "to it); empty = LoadWeight is refused.");
-ABSL_FLAG(bool, allow_shm, false,
-          "Let same-host clients register POSIX shared-memory objects (RegisterShm) that tensor "
-          "calls read inputs from and write outputs to; the objects must belong to the server's "
-          "user. Off: every shared-memory request is FAILED_PRECONDITION.");
-ABSL_FLAG(std::uint64_t, shm_max_region_bytes, std::uint64_t{16} << 30,
-          "Largest shared-memory region RegisterShm maps, bytes (with --allow_shm).");
-ABSL_FLAG(std::string, auth_tokens, "",
-          "File of 'TOKEN TENANT [QUOTA_BYTES]' lines: every logitd.v1 call must then carry "
-          "'authorization: Bearer TOKEN', and sees only its tenant's weights. Reloaded on SIGHUP. "
-          "Empty: no tokens, one default tenant, loopback callers only (see "
-          "--insecure_allow_remote).");
-ABSL_FLAG(std::uint64_t, tenant_quota_bytes, 0,
-          "Bytes of weights and gradient buffers one tenant may hold at most, unless its line "
-          "in --auth_tokens gives its own; 0 = only --weight_budget_bytes applies.");
-ABSL_FLAG(bool, insecure_allow_remote, false,
-          "Without --auth_tokens, serve callers on other machines too (anyone who can reach the "
-          "port can use and release every weight).");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate chain of the server; with --tls_key, the server speaks TLS only.");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
-ABSL_FLAG(std::string, tls_client_ca, "",
-          "PEM CA certificates for mutual TLS: clients must present a certificate signed by one "
-          "of them. Needs --tls_cert and --tls_key.");
-ABSL_FLAG(absl::Duration, device_timeout, absl::Seconds(60),
-          "Device work of one call that has not finished after this long means a hung device: "
-          "the server then stops serving and exits with status 75 for its supervisor to restart "
-          "it (as after an error that poisons the device). 0 turns the watchdog off. Default 60s.");
-ABSL_FLAG(std::string, algo_cache, "",
-          "cuda: file the chosen cuBLASLt algorithms are kept in (JSON, written atomically, keyed "
-          "by device, SM count, driver, CUDA and cuBLASLt versions, workspace and --split_k), so "
-          "that a restarted server runs the same algorithms and gives the same bits. A file "
-          "made for another platform is ignored (and replaced). Empty: chosen anew by timing in "
-          "every process.");
-ABSL_FLAG(std::string, log_level, "info", "error|warning|info|debug.");
-ABSL_FLAG(std::string, test_fault, "",
-          "Testing only, in builds with LOGITD_ENABLE_TEST_FAULTS=ON: comma-separated faults "
-          "that make results deliberately wrong (logits_bit, fp32_as_bf16, nan_to_zero, dx_bit, "
-          "dw_bit, cast_bit, flaky_bit, digest), or fault the device on request "
-          "(device_faults).");
 
 namespace logitd {
 namespace {
@@ -168,8 +63,6 @@ constexpr auto kDeviceLostNotice = std::chrono::seconds(1);
 constexpr auto kDeviceLostDrain = std::chrono::seconds(10);
 // What a stop pipe carries besides signal numbers: the device was lost.
 constexpr unsigned char kDeviceLostMessage = 0xfe;
-constexpr std::uint64_t kMinChunkBytes = std::uint64_t{64} << 10;
-constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{64} << 20;
 constexpr auto kShutdownGrace = std::chrono::seconds(30);
 
 // Stop signals arrive through a pipe: the handler only writes the signal
@@ -234,151 +127,6 @@ int BadFlags(absl::string_view message) {
   return kExitBadFlags;
 }
 
-// Abseil exits with status 1 on a malformed flag; logitd promises 2 for bad
-// flags, so the command line is checked here first, with the same rules.
-absl::Status CheckCommandLine(int argc, char** argv) {
-  // Abseil's own flags; those taking a value may take it from the next word.
-  static const char* const kBuiltin[] = {"help",        "helpfull", "helpshort",
-                                         "helppackage", "version",  "only_check_args"};
-  static const char* const kBuiltinWithValue[] = {"helpon",  "helpmatch",  "flagfile",
-                                                  "fromenv", "tryfromenv", "undefok"};
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--") break;
-    if (!absl::StartsWith(arg, "-") || arg == "-") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument '", arg, "': logitd takes only --flags"));
-    }
-    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
-    const std::size_t eq = arg.find('=');
-    const absl::string_view name = arg.substr(0, eq);
-    const bool has_value = eq != absl::string_view::npos;
-    std::string value = has_value ? std::string(arg.substr(eq + 1)) : "";
-    if (std::find(std::begin(kBuiltin), std::end(kBuiltin), name) != std::end(kBuiltin)) continue;
-    if (std::find(std::begin(kBuiltinWithValue), std::end(kBuiltinWithValue), name) !=
-        std::end(kBuiltinWithValue)) {
-      if (!has_value) ++i;
-      continue;
-    }
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag == nullptr) {
-      absl::CommandLineFlag* negated =
-          absl::StartsWith(name, "no") ? absl::FindCommandLineFlag(name.substr(2)) : nullptr;
-      if (negated != nullptr && negated->IsOfType<bool>() && !has_value) continue;
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
-    }
-    if (flag->IsOfType<bool>()) {
-      bool b;
-      std::string error;
-      if (has_value && !absl::ParseFlag(value, &b, &error)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", name, ": expected true or false, got '", value, "'"));
-      }
-      continue;
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) {
-        return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
-      }
-      value = argv[++i];
-    }
-    std::string error;
-    bool ok = true;
-    absl::string_view expected;
-    if (flag->IsOfType<int>()) {
-      int v;
-      ok = absl::ParseFlag(value, &v, &error);
-      expected = "an integer";
-    } else if (flag->IsOfType<std::uint64_t>()) {
-      std::uint64_t v;
-      ok = absl::ParseFlag(value, &v, &error);
-      expected = "a non-negative integer number of bytes";
-    }
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", name, ": expected ", expected, ", got '", value, "'"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Host and port of --address. A "unix:" address has no port.
-struct ListenAddress {
-  std::string host;
-  bool unix_socket = false;
-};
-
-absl::StatusOr<ListenAddress> ParseAddress(absl::string_view address) {
-  ListenAddress out;
-  if (absl::StartsWith(address, "unix:")) {
-    out.host = std::string(address);
-    out.unix_socket = true;
-    return out;
-  }
-  const std::size_t colon = address.rfind(':');
-  int port = -1;
-  if (colon == absl::string_view::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--address: expected HOST:PORT with PORT in 0..65535 (e.g. 127.0.0.1:50051, "
-                     "[::1]:0, unix:/path), got '",
-                     address, "'"));
-  }
-  out.host = std::string(address.substr(0, colon));
-  return out;
-}
-
-// A PEM file named by a TLS flag, read whole at start.
-absl::StatusOr<std::string> ReadPemFlag(absl::string_view flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": cannot read '", path, "': ", std::strerror(errno)));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string pem = ss.str();
-  if (!absl::StrContains(pem, "-----BEGIN ")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": '", path, "' is not a PEM file (no '-----BEGIN' line)"));
-  }
-  return pem;
-}
-
-// Server credentials from the TLS flags: plaintext without --tls_cert, TLS
-// with it, mutual TLS (client certificates required and verified) with
-// --tls_client_ca. `mode` says which, for the log.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFlags(
-    std::string* mode) {
-  const std::string cert = absl::GetFlag(FLAGS_tls_cert);
-  const std::string key = absl::GetFlag(FLAGS_tls_key);
-  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  if (cert.empty() != key.empty()) {
-    return absl::InvalidArgumentError(
-        "--tls_cert and --tls_key go together: give both (TLS) or neither (plaintext)");
-  }
-  if (cert.empty()) {
-    if (!client_ca.empty()) {
-      return absl::InvalidArgumentError(
-          "--tls_client_ca needs --tls_cert and --tls_key (mutual TLS is TLS first)");
-    }
-    *mode = "off";
-    return grpc::InsecureServerCredentials();
-  }
-  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  LOGITD_ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFlag("tls_cert", cert));
-  LOGITD_ASSIGN_OR_RETURN(pair.private_key, ReadPemFlag("tls_key", key));
-  ssl.pem_key_cert_pairs.push_back(std::move(pair));
-  *mode = "on";
-  if (!client_ca.empty()) {
-    LOGITD_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFlag("tls_client_ca", client_ca));
-    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
-    *mode = "mutual";
-  }
-  return grpc::SslServerCredentials(ssl);
-}
-
 // Written whole under another name and renamed, so a reader never sees half.
 absl::Status WritePortFile(absl::string_view flag, const std::string& path, int port) {
   const std::string tmp = absl::StrCat(path, ".tmp");
@@ -417,178 +165,22 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "logitd: %s\n", std::string(s.message()).c_str());
     return kExitRuntimeError;
   }
-
-  absl::SetProgramUsageMessage(
-      "Serves the language-model head's GEMMs (bf16 operands, fp32 accumulation, fp32 logits) "
-      "over gRPC.\nUsage: logitd [--address=HOST:PORT] [--backend=auto|cuda|cpu] [flags]");
-  absl::FlagsUsageConfig usage_config;
-  usage_config.version_string = [] {
-    return absl::StrCat("logitd ", service::Version(), " (", service::BuildId(), ")\n");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  if (absl::Status s = CheckCommandLine(argc, argv); !s.ok()) return BadFlags(s.message());
-  absl::ParseCommandLine(argc, argv);
-
-  // --- Flag values --------------------------------------------------------
-  absl::StatusOr<service::LogLevel> log_level =
-      service::ParseLogLevel(absl::GetFlag(FLAGS_log_level));
-  if (!log_level.ok()) return BadFlags(absl::StrCat("--log_level: ", log_level.status().message()));
-  service::SetLogLevel(*log_level);
-
-  const std::string address = absl::GetFlag(FLAGS_address);
-  absl::StatusOr<ListenAddress> listen = ParseAddress(address);
-  if (!listen.ok()) return BadFlags(listen.status().message());
-  const std::string metrics_address = absl::GetFlag(FLAGS_metrics_address);
-  if (!metrics_address.empty()) {
-    if (absl::Status s = service::CheckMetricsAddress(metrics_address); !s.ok()) {
-      return BadFlags(s.message());
-    }
-  }
-
-  kernels::BackendOptions backend_options;
-  absl::StatusOr<kernels::BackendKind> kind =
-      kernels::ParseBackendKind(absl::GetFlag(FLAGS_backend));
-  if (!kind.ok()) {
-    return BadFlags(absl::StrCat("--backend: expected auto, cuda or cpu, got '",
-                                 absl::GetFlag(FLAGS_backend), "'"));
-  }
-  backend_options.kind = *kind;
-  backend_options.device = absl::GetFlag(FLAGS_device);
-  if (backend_options.device < 0) {
-    return BadFlags(
-        absl::StrCat("--device: expected a device ordinal >= 0, got ", backend_options.device));
-  }
-  backend_options.split_k = absl::AsciiStrToLower(absl::GetFlag(FLAGS_split_k));
-  if (backend_options.split_k != "off" && backend_options.split_k != "fp32" &&
-      backend_options.split_k != "any") {
-    return BadFlags(absl::StrCat("--split_k: expected off, fp32 or any, got '",
-                                 absl::GetFlag(FLAGS_split_k), "'"));
-  }
-  backend_options.ce_workspace_bytes = absl::GetFlag(FLAGS_ce_workspace_bytes);
-  backend_options.pinned_cache_bytes = absl::GetFlag(FLAGS_pinned_cache_bytes);
-  backend_options.device_timeout = absl::GetFlag(FLAGS_device_timeout);
-  if (backend_options.device_timeout < absl::ZeroDuration()) {
-    return BadFlags("--device_timeout: expected a duration >= 0 (0 = off), e.g. 60s");
-  }
-  backend_options.algo_cache = absl::GetFlag(FLAGS_algo_cache);
+  if (absl::Status s = ParseFlags(argc, argv); !s.ok()) return BadFlags(s.message());
+  if (absl::Status s = SetLogLevelFromFlag(); !s.ok()) return BadFlags(s.message());
+  absl::StatusOr<ServerConfig> config = ServerConfigFromFlags();
+  if (!config.ok()) return BadFlags(config.status().message());
+  kernels::BackendOptions backend_options = config->backend;
   backend_options.events.info = [](const std::string& line) { LogInfo(line); };
   backend_options.events.warning = [](const std::string& line) { LogWarning(line); };
   backend_options.events.device_lost = OnDeviceLost;
-  backend_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
-  if (backend_options.cpu_threads < 0 || backend_options.cpu_threads > 4096) {
-    return BadFlags(absl::StrCat("--cpu_threads: expected 0 (library default) to 4096, got ",
-                                 backend_options.cpu_threads));
-  }
-
-  service::ServiceOptions options;
-  options.weight_budget_bytes = absl::GetFlag(FLAGS_weight_budget_bytes);
-  options.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
-  if (options.max_request_bytes == 0) {
-    return BadFlags("--max_request_bytes: expected at least 1 byte, got 0");
-  }
-  const std::uint64_t chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
-  if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes) {
-    return BadFlags(absl::StrCat("--chunk_bytes: expected ", kMinChunkBytes, " (64 KiB) to ",
-                                 kMaxChunkBytes, " (64 MiB) bytes, got ", chunk_bytes));
-  }
-  options.chunk_bytes = static_cast<std::size_t>(chunk_bytes);
-  // Clients may send chunks of 4 MiB (older clients' default) even when this
-  // server streams smaller ones.
-  options.max_request_chunk_bytes =
-      std::max<std::size_t>(options.chunk_bytes, kGrpcDefaultMaxMessageBytes);
-  options.max_receive_message_bytes = options.max_request_chunk_bytes + kChunkFramingBytes;
-  options.max_send_message_bytes =
-      std::max<std::size_t>(options.chunk_bytes + kChunkFramingBytes, kGrpcDefaultMaxMessageBytes);
-  if (options.max_send_message_bytes > kGrpcDefaultMaxMessageBytes) {
-    LogWarning(absl::StrCat(
-        "--chunk_bytes=", options.chunk_bytes, ": response messages of up to ",
-        options.max_send_message_bytes, " bytes are over the ", kGrpcDefaultMaxMessageBytes,
-        " bytes gRPC clients accept by default; clients must raise their receive limit to at "
-        "least that (ServerInfo.max_send_message_bytes), or this server must run with "
-        "--chunk_bytes of at most ",
-        kDefaultChunkBytes));
-  }
-  options.admission.memory_bytes = absl::GetFlag(FLAGS_request_memory_bytes);
-  if (options.admission.memory_bytes == 0) {
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page_size = sysconf(_SC_PAGESIZE);
-    options.admission.memory_bytes =
-        pages > 0 && page_size > 0
-            ? static_cast<std::uint64_t>(pages) / 4 * 3 * static_cast<std::uint64_t>(page_size)
-            : std::uint64_t{16} << 30;
-  }
-  options.admission.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
-  options.admission.max_wait = absl::GetFlag(FLAGS_admission_wait);
-  if (options.admission.max_wait < absl::ZeroDuration()) {
-    return BadFlags("--admission_wait: expected a duration >= 0, e.g. 30s");
-  }
-  absl::StatusOr<service::FaultSet> faults = service::ParseFaults(absl::GetFlag(FLAGS_test_fault));
-  if (!faults.ok()) return BadFlags(faults.status().message());
-  options.faults = *faults;
-  backend_options.test_device_faults = faults->has(service::FaultSet::kDeviceFaults);
-  const std::string weights_dir = absl::GetFlag(FLAGS_weights_dir);
-  if (!weights_dir.empty()) {
-    std::error_code ec;
-    const std::filesystem::path dir = std::filesystem::canonical(weights_dir, ec);
-    if (ec || !std::filesystem::is_directory(dir)) {
-      return BadFlags(absl::StrCat("--weights_dir: expected an existing directory, got '",
-                                   weights_dir, "'",
-                                   ec ? absl::StrCat(" (", ec.message(), ")") : ""));
-    }
-    options.weights_dir = dir;
-  }
-  // Each call runs on its own thread; bound them so that a burst of calls is
-  // refused (RESOURCE_EXHAUSTED) rather than exhausting memory. Enough threads
-  // for every admitted request plus calls whose client has gone but which are
-  // still finishing; admission control, not the threads, is what refuses
-  // excess load.
-  const int max_threads =
-      std::max({16, 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
-                2 * static_cast<int>(absl::GetFlag(FLAGS_max_concurrent_requests))});
-  options.max_call_threads = max_threads;
-  options.shm.allowed = absl::GetFlag(FLAGS_allow_shm);
-  options.shm.max_region_bytes = absl::GetFlag(FLAGS_shm_max_region_bytes);
-  if (options.shm.max_region_bytes == 0) {
-    return BadFlags("--shm_max_region_bytes: expected at least 1 byte, got 0");
-  }
-
-  // --- Authentication and TLS ------------------------------------------------
-  service::AuthOptions auth_options;
-  auth_options.tokens_path = absl::GetFlag(FLAGS_auth_tokens);
-  auth_options.default_quota_bytes = absl::GetFlag(FLAGS_tenant_quota_bytes);
-  auth_options.allow_remote = absl::GetFlag(FLAGS_insecure_allow_remote);
-  absl::StatusOr<std::unique_ptr<service::Authenticator>> auth =
-      service::Authenticator::Create(auth_options);
-  if (!auth.ok()) return BadFlags(auth.status().message());
-  options.auth = std::shared_ptr<service::Authenticator>(std::move(*auth));
-  std::string tls_mode;
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      ServerCredentialsFromFlags(&tls_mode);
-  if (!credentials.ok()) return BadFlags(credentials.status().message());
-  std::string auth_mode = "loopback-only";
-  if (options.auth->tokens_enabled()) {
-    auth_mode = "tokens";
-  } else if (auth_options.allow_remote) {
-    auth_mode = "none";
-    LogWarning(
-        "--insecure_allow_remote: no authentication; anyone who can reach the port can use and "
-        "release every weight");
-  } else if (!listen->unix_socket &&
-             !service::IsLoopbackPeer(absl::StrCat(
-                 absl::StrContains(listen->host, ':') ? "ipv6:" : "ipv4:", listen->host, ":0")) &&
-             listen->host != "localhost") {
-    LogWarning(absl::StrCat("listening on ", address,
-                            " without --auth_tokens: calls from other machines are refused "
-                            "(PERMISSION_DENIED); pass --auth_tokens=FILE to serve them, or "
-                            "--insecure_allow_remote to serve them without authentication"));
-  }
+  service::ServiceOptions options = config->service;
 
   // --- Backend -------------------------------------------------------------
   std::string why;
   absl::StatusOr<std::unique_ptr<kernels::Backend>> backend =
       kernels::CreateBackend(backend_options, &why);
   if (!backend.ok()) {
-    LogError(absl::StrCat("cannot start the ", absl::GetFlag(FLAGS_backend),
+    LogError(absl::StrCat("cannot start the ", config->backend_name,
                           " backend: ", backend.status().ToString()));
     return kExitRuntimeError;
   }
@@ -606,7 +198,7 @@ int Main(int argc, char** argv) {
 
   // Declared before the service, which records into it, so that it outlives it.
   std::unique_ptr<service::Metrics> metrics;
-  if (!metrics_address.empty()) {
+  if (!config->metrics_address.empty()) {
     metrics = std::make_unique<service::Metrics>(
         service::MetricsBuildInfo{std::string(service::Version()), info.backend, info.device_name},
         RpcNames());
@@ -629,23 +221,22 @@ int Main(int argc, char** argv) {
       return g;
     });
     absl::StatusOr<std::unique_ptr<service::MetricsHttpServer>> started =
-        service::MetricsHttpServer::Start(metrics_address, metrics.get());
+        service::MetricsHttpServer::Start(config->metrics_address, metrics.get());
     if (!started.ok()) {
       LogError(started.status().message());
       return kExitRuntimeError;
     }
     metrics_http = std::move(*started);
-    const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
-    if (!metrics_port_file.empty()) {
+    if (!config->metrics_port_file.empty()) {
       if (absl::Status s =
-              WritePortFile("metrics_port_file", metrics_port_file, metrics_http->port());
+              WritePortFile("metrics_port_file", config->metrics_port_file, metrics_http->port());
           !s.ok()) {
         LogError(s.message());
         return kExitRuntimeError;
       }
     }
-    const std::size_t colon = metrics_address.rfind(':');
-    LogInfo(absl::StrCat("metrics: serving http://", metrics_address.substr(0, colon), ":",
+    const std::size_t colon = config->metrics_address.rfind(':');
+    LogInfo(absl::StrCat("metrics: serving http://", config->metrics_address.substr(0, colon), ":",
                          metrics_http->port(), "/metrics"));
   }
 
@@ -654,7 +245,7 @@ int Main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int selected_port = 0;
-  builder.AddListeningPort(address, *credentials, &selected_port);
+  builder.AddListeningPort(config->address, config->credentials, &selected_port);
   builder.RegisterService(&service);
   // gRPC sets SO_REUSEPORT by default: a second server on a busy port would
   // start and quietly share it instead of failing.
@@ -667,7 +258,7 @@ int Main(int argc, char** argv) {
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_send_message_bytes));
   // The other calls run on the sync server's threads, bounded the same way.
   grpc::ResourceQuota quota("logitd");
-  quota.SetMaxThreads(max_threads);
+  quota.SetMaxThreads(options.max_call_threads);
   builder.SetResourceQuota(quota);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::NUM_CQS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
@@ -675,9 +266,9 @@ int Main(int argc, char** argv) {
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || selected_port == 0) {
-    LogError(
-        absl::StrCat("cannot listen on ", address, " (address in use, not local, or not permitted",
-                     tls_mode == "off" ? "" : "; or --tls_cert and --tls_key do not match", ")"));
+    LogError(absl::StrCat(
+        "cannot listen on ", config->address, " (address in use, not local, or not permitted",
+        config->tls_mode == "off" ? "" : "; or --tls_cert and --tls_key do not match", ")"));
     return kExitRuntimeError;
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
@@ -686,25 +277,27 @@ int Main(int argc, char** argv) {
     health->SetServingStatus(v1::Logitd::service_full_name(), true);
   }
 
-  const std::string bound =
-      listen->unix_socket ? listen->host : absl::StrCat(listen->host, ":", selected_port);
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    if (absl::Status s = WritePortFile("port_file", port_file, selected_port); !s.ok()) {
+  const std::string bound = config->listen.unix_socket
+                                ? config->listen.host
+                                : absl::StrCat(config->listen.host, ":", selected_port);
+  if (!config->port_file.empty()) {
+    if (absl::Status s = WritePortFile("port_file", config->port_file, selected_port); !s.ok()) {
       LogError(s.message());
       server->Shutdown();
       return kExitRuntimeError;
     }
   }
-  LogInfo(absl::StrCat(
-      "logitd ", service::Version(), " (", service::BuildId(), ") listening on ", bound,
-      " backend=", info.backend, " device=\"", info.device_name, "\" weight_budget_bytes=",
-      options.weight_budget_bytes, " max_request_bytes=", options.max_request_bytes,
-      " request_memory_bytes=", options.admission.memory_bytes,
-      " max_concurrent_requests=", options.admission.max_concurrent_requests, " admission_wait=",
-      absl::FormatDuration(options.admission.max_wait), " chunk_bytes=", options.chunk_bytes,
-      " weights_dir=", options.weights_dir.empty() ? "(none)" : options.weights_dir.string(),
-      " shm=", options.shm.allowed ? "on" : "off", " tls=", tls_mode, " auth=", auth_mode));
+  LogInfo(absl::StrCat("logitd ", service::Version(), " (", service::BuildId(), ") listening on ",
+                       bound, " backend=", info.backend, " device=\"", info.device_name,
+                       "\" weight_budget_bytes=", options.weight_budget_bytes,
+                       " max_request_bytes=", options.max_request_bytes,
+                       " request_memory_bytes=", options.admission.memory_bytes,
+                       " max_concurrent_requests=", options.admission.max_concurrent_requests,
+                       " admission_wait=", absl::FormatDuration(options.admission.max_wait),
+                       " chunk_bytes=", options.chunk_bytes, " weights_dir=",
+                       options.weights_dir.empty() ? "(none)" : options.weights_dir.string(),
+                       " shm=", options.shm.allowed ? "on" : "off", " tls=", config->tls_mode,
+                       " auth=", config->auth_mode));
 
   std::thread waiter([&] {
     int signal_number = WaitForSignal();
