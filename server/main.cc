@@ -158,95 +158,81 @@ std::vector<std::string> RpcNames() {
   return names;
 }
 
-int Main(int argc, char** argv) {
-  // Before gRPC starts its threads: a signal during start-up is then kept in
-  // the pipe and handled as soon as the server runs.
-  if (absl::Status s = InstallStopSignalHandlers(); !s.ok()) {
-    std::fprintf(stderr, "logitd: %s\n", std::string(s.message()).c_str());
-    return kExitRuntimeError;
-  }
-  if (absl::Status s = ParseFlags(argc, argv); !s.ok()) return BadFlags(s.message());
-  if (absl::Status s = SetLogLevelFromFlag(); !s.ok()) return BadFlags(s.message());
-  absl::StatusOr<ServerConfig> config = ServerConfigFromFlags();
-  if (!config.ok()) return BadFlags(config.status().message());
-  kernels::BackendOptions backend_options = config->backend;
+// Creates the backend the flags ask for, its lines going to the log and its
+// loss to the stop pipe, and says which it is. Null after an error, logged.
+std::unique_ptr<kernels::Backend> StartBackend(const ServerConfig& config,
+                                               kernels::BackendInfo* info) {
+  kernels::BackendOptions backend_options = config.backend;
   backend_options.events.info = [](const std::string& line) { LogInfo(line); };
   backend_options.events.warning = [](const std::string& line) { LogWarning(line); };
   backend_options.events.device_lost = OnDeviceLost;
-  service::ServiceOptions options = config->service;
-
-  // --- Backend -------------------------------------------------------------
   std::string why;
   absl::StatusOr<std::unique_ptr<kernels::Backend>> backend =
       kernels::CreateBackend(backend_options, &why);
   if (!backend.ok()) {
-    LogError(absl::StrCat("cannot start the ", config->backend_name,
+    LogError(absl::StrCat("cannot start the ", config.backend_name,
                           " backend: ", backend.status().ToString()));
-    return kExitRuntimeError;
+    return nullptr;
   }
-  const kernels::BackendInfo info = (*backend)->Info();
-  LogInfo(absl::StrCat("backend: ", why.empty() ? info.backend : why));
-  if (options.faults.any()) {
+  *info = (*backend)->Info();
+  LogInfo(absl::StrCat("backend: ", why.empty() ? info->backend : why));
+  if (config.service.faults.any()) {
     LogError(absl::StrCat(
-        "TEST FAULTS ON (--test_fault=", options.faults.ToString(),
+        "TEST FAULTS ON (--test_fault=", config.service.faults.ToString(),
         "): this server returns DELIBERATELY WRONG results. It exists to prove that the "
         "validation harness catches them; never use it for real work."));
   }
-  if (options.weight_budget_bytes == 0) {
+  if (config.service.weight_budget_bytes == 0) {
     LogWarning("--weight_budget_bytes=0: no weight can be registered");
   }
+  return std::move(*backend);
+}
 
-  // Declared before the service, which records into it, so that it outlives it.
-  std::unique_ptr<service::Metrics> metrics;
-  if (!config->metrics_address.empty()) {
-    metrics = std::make_unique<service::Metrics>(
-        service::MetricsBuildInfo{std::string(service::Version()), info.backend, info.device_name},
-        RpcNames());
-    options.metrics = metrics.get();
+// Serves `metrics` at --metrics_address, the gauges read from `service`, and
+// writes --metrics_port_file. Null after an error, logged.
+std::unique_ptr<service::MetricsHttpServer> StartMetricsEndpoint(
+    const ServerConfig& config, service::Metrics* metrics, const service::LogitdService& service) {
+  metrics->SetGaugeSource([&service] {
+    service::MetricsGauges g;
+    g.weight_bytes = service.registry().bytes_in_use();
+    g.weight_budget_bytes = service.registry().budget_bytes();
+    g.weights = service.registry().weight_count();
+    g.device_in_use_bytes = service.backend().DeviceBytesInUse();
+    g.device_total_bytes = service.backend().DeviceBytesTotal();
+    return g;
+  });
+  absl::StatusOr<std::unique_ptr<service::MetricsHttpServer>> started =
+      service::MetricsHttpServer::Start(config.metrics_address, metrics);
+  if (!started.ok()) {
+    LogError(started.status().message());
+    return nullptr;
   }
-
-  service::LogitdService service(std::move(*backend), options);
-
-  // --- Metrics endpoint ----------------------------------------------------
-  // Declared after the service: it stops serving scrapes before the service goes.
-  std::unique_ptr<service::MetricsHttpServer> metrics_http;
-  if (metrics != nullptr) {
-    metrics->SetGaugeSource([&service] {
-      service::MetricsGauges g;
-      g.weight_bytes = service.registry().bytes_in_use();
-      g.weight_budget_bytes = service.registry().budget_bytes();
-      g.weights = service.registry().weight_count();
-      g.device_in_use_bytes = service.backend().DeviceBytesInUse();
-      g.device_total_bytes = service.backend().DeviceBytesTotal();
-      return g;
-    });
-    absl::StatusOr<std::unique_ptr<service::MetricsHttpServer>> started =
-        service::MetricsHttpServer::Start(config->metrics_address, metrics.get());
-    if (!started.ok()) {
-      LogError(started.status().message());
-      return kExitRuntimeError;
+  std::unique_ptr<service::MetricsHttpServer> metrics_http = std::move(*started);
+  if (!config.metrics_port_file.empty()) {
+    if (absl::Status s =
+            WritePortFile("metrics_port_file", config.metrics_port_file, metrics_http->port());
+        !s.ok()) {
+      LogError(s.message());
+      return nullptr;
     }
-    metrics_http = std::move(*started);
-    if (!config->metrics_port_file.empty()) {
-      if (absl::Status s =
-              WritePortFile("metrics_port_file", config->metrics_port_file, metrics_http->port());
-          !s.ok()) {
-        LogError(s.message());
-        return kExitRuntimeError;
-      }
-    }
-    const std::size_t colon = config->metrics_address.rfind(':');
-    LogInfo(absl::StrCat("metrics: serving http://", config->metrics_address.substr(0, colon), ":",
-                         metrics_http->port(), "/metrics"));
   }
+  const std::size_t colon = config.metrics_address.rfind(':');
+  LogInfo(absl::StrCat("metrics: serving http://", config.metrics_address.substr(0, colon), ":",
+                       metrics_http->port(), "/metrics"));
+  return metrics_http;
+}
 
-  // --- gRPC server ---------------------------------------------------------
+// The gRPC server, started: `service` and the standard health and reflection
+// services on --address, within the service's limits; `selected_port` gets
+// the port bound. Null after an error, logged.
+std::unique_ptr<grpc::Server> BuildServer(const ServerConfig& config,
+                                          service::LogitdService* service, int* selected_port) {
+  const service::ServiceOptions& options = config.service;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  int selected_port = 0;
-  builder.AddListeningPort(config->address, config->credentials, &selected_port);
-  builder.RegisterService(&service);
+  builder.AddListeningPort(config.address, config.credentials, selected_port);
+  builder.RegisterService(service);
   // gRPC sets SO_REUSEPORT by default: a second server on a busy port would
   // start and quietly share it instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -265,28 +251,19 @@ int Main(int argc, char** argv) {
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || selected_port == 0) {
+  if (server == nullptr || *selected_port == 0) {
     LogError(absl::StrCat(
-        "cannot listen on ", config->address, " (address in use, not local, or not permitted",
-        config->tls_mode == "off" ? "" : "; or --tls_cert and --tls_key do not match", ")"));
-    return kExitRuntimeError;
+        "cannot listen on ", config.address, " (address in use, not local, or not permitted",
+        config.tls_mode == "off" ? "" : "; or --tls_cert and --tls_key do not match", ")"));
+    return nullptr;
   }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  if (health != nullptr) {
-    health->SetServingStatus("", true);
-    health->SetServingStatus(v1::Logitd::service_full_name(), true);
-  }
+  return server;
+}
 
-  const std::string bound = config->listen.unix_socket
-                                ? config->listen.host
-                                : absl::StrCat(config->listen.host, ":", selected_port);
-  if (!config->port_file.empty()) {
-    if (absl::Status s = WritePortFile("port_file", config->port_file, selected_port); !s.ok()) {
-      LogError(s.message());
-      server->Shutdown();
-      return kExitRuntimeError;
-    }
-  }
+// The line that says the server is up, and how it is configured.
+void LogListening(const ServerConfig& config, const kernels::BackendInfo& info,
+                  const std::string& bound) {
+  const service::ServiceOptions& options = config.service;
   LogInfo(absl::StrCat("logitd ", service::Version(), " (", service::BuildId(), ") listening on ",
                        bound, " backend=", info.backend, " device=\"", info.device_name,
                        "\" weight_budget_bytes=", options.weight_budget_bytes,
@@ -296,62 +273,81 @@ int Main(int argc, char** argv) {
                        " admission_wait=", absl::FormatDuration(options.admission.max_wait),
                        " chunk_bytes=", options.chunk_bytes, " weights_dir=",
                        options.weights_dir.empty() ? "(none)" : options.weights_dir.string(),
-                       " shm=", options.shm.allowed ? "on" : "off", " tls=", config->tls_mode,
-                       " auth=", config->auth_mode));
+                       " shm=", options.shm.allowed ? "on" : "off", " tls=", config.tls_mode,
+                       " auth=", config.auth_mode));
+}
 
+// SIGHUP reloads the tokens file; a file that does not parse leaves the
+// tokens in force as they were.
+void ReloadTokens(service::Authenticator& auth) {
+  if (!auth.tokens_enabled()) {
+    LogInfo("received SIGHUP: no --auth_tokens file to reload");
+    return;
+  }
+  absl::StatusOr<std::string> reloaded = auth.Reload();
+  if (reloaded.ok()) {
+    LogInfo(absl::StrCat("received SIGHUP: reloaded ", *reloaded));
+  } else {
+    LogError(absl::StrCat("received SIGHUP: reload failed, keeping the tokens loaded before: ",
+                          reloaded.status().message()));
+  }
+}
+
+// After the device is lost: NOT_SERVING, the calls in flight drained (for
+// kDeviceLostDrain at most), then exit with kExitDeviceLost.
+[[noreturn]] void ExitAfterDeviceLost(service::Metrics* metrics,
+                                      grpc::HealthCheckServiceInterface* health,
+                                      const service::LogitdService& service) {
+  // Said once, here: the calls that fail say it again only to their callers.
+  absl::Status cause;
+  {
+    std::lock_guard<std::mutex> lock(g_device_lost_mu);
+    cause = g_device_lost;
+  }
+  LogError(absl::StrCat(cause.message(), ". Not serving; in-flight calls have ",
+                        kDeviceLostDrain.count(), " s, then logitd exits with status ",
+                        kExitDeviceLost, " to be restarted"));
+  if (metrics != nullptr) {
+    metrics->RecordDeviceLost(absl::StrContains(cause.message(), "presumed hung") ? "hang"
+                                                                                  : "fault");
+  }
+  if (health != nullptr) health->SetServingStatus(false);
+  // The server keeps answering (NOT_SERVING to probes, UNAVAILABLE with
+  // the cause to every call that needs the device) until the calls in
+  // flight are done, then the process ends without gRPC's orderly
+  // shutdown, which would cancel calls arriving meanwhile (CANCELLED is
+  // not retried; the connection refused after the exit is, as
+  // UNAVAILABLE). A call stuck on a hung device never finishes: the
+  // drain has a limit.
+  const auto start = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(kDeviceLostNotice);
+  while (service.admission().Stats().requests_in_flight > 0 &&
+         std::chrono::steady_clock::now() - start < kDeviceLostNotice + kDeviceLostDrain) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::uint32_t stuck = service.admission().Stats().requests_in_flight;
+  // A moment for the last responses' bytes to leave the sockets.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  LogError(absl::StrCat("exiting with status ", kExitDeviceLost, " (device lost",
+                        stuck > 0 ? absl::StrCat("; ", stuck, " calls still stuck on it") : "",
+                        ")"));
+  std::fflush(nullptr);
+  std::_Exit(kExitDeviceLost);
+}
+
+// Serves until SIGTERM or SIGINT, then shuts down gracefully: health says
+// NOT_SERVING first, and the calls in flight get kShutdownGrace. SIGHUP
+// reloads the tokens; a lost device ends the process (ExitAfterDeviceLost).
+void ServeUntilSignal(grpc::Server* server, grpc::HealthCheckServiceInterface* health,
+                      const service::LogitdService& service,
+                      const service::ServiceOptions& options) {
   std::thread waiter([&] {
     int signal_number = WaitForSignal();
     for (; signal_number == SIGHUP; signal_number = WaitForSignal()) {
-      // SIGHUP reloads the tokens file; a file that does not parse leaves
-      // the tokens in force as they were.
-      if (!options.auth->tokens_enabled()) {
-        LogInfo("received SIGHUP: no --auth_tokens file to reload");
-        continue;
-      }
-      absl::StatusOr<std::string> reloaded = options.auth->Reload();
-      if (reloaded.ok()) {
-        LogInfo(absl::StrCat("received SIGHUP: reloaded ", *reloaded));
-      } else {
-        LogError(absl::StrCat("received SIGHUP: reload failed, keeping the tokens loaded before: ",
-                              reloaded.status().message()));
-      }
+      ReloadTokens(*options.auth);
     }
     if (signal_number == kDeviceLostMessage) {
-      // Said once, here: the calls that fail say it again only to their callers.
-      absl::Status cause;
-      {
-        std::lock_guard<std::mutex> lock(g_device_lost_mu);
-        cause = g_device_lost;
-      }
-      LogError(absl::StrCat(cause.message(), ". Not serving; in-flight calls have ",
-                            kDeviceLostDrain.count(), " s, then logitd exits with status ",
-                            kExitDeviceLost, " to be restarted"));
-      if (options.metrics != nullptr) {
-        options.metrics->RecordDeviceLost(
-            absl::StrContains(cause.message(), "presumed hung") ? "hang" : "fault");
-      }
-      if (health != nullptr) health->SetServingStatus(false);
-      // The server keeps answering (NOT_SERVING to probes, UNAVAILABLE with
-      // the cause to every call that needs the device) until the calls in
-      // flight are done, then the process ends without gRPC's orderly
-      // shutdown, which would cancel calls arriving meanwhile (CANCELLED is
-      // not retried; the connection refused after the exit is, as
-      // UNAVAILABLE). A call stuck on a hung device never finishes: the
-      // drain has a limit.
-      const auto start = std::chrono::steady_clock::now();
-      std::this_thread::sleep_for(kDeviceLostNotice);
-      while (service.admission().Stats().requests_in_flight > 0 &&
-             std::chrono::steady_clock::now() - start < kDeviceLostNotice + kDeviceLostDrain) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      const std::uint32_t stuck = service.admission().Stats().requests_in_flight;
-      // A moment for the last responses' bytes to leave the sockets.
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      LogError(absl::StrCat("exiting with status ", kExitDeviceLost, " (device lost",
-                            stuck > 0 ? absl::StrCat("; ", stuck, " calls still stuck on it") : "",
-                            ")"));
-      std::fflush(nullptr);
-      std::_Exit(kExitDeviceLost);
+      ExitAfterDeviceLost(options.metrics, health, service);
     }
     LogInfo(absl::StrCat("received ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
                          ": not serving; in-flight calls have ", kShutdownGrace.count(),
@@ -365,8 +361,72 @@ int Main(int argc, char** argv) {
   });
   server->Wait();
   waiter.join();
+}
+
+// Runs the server `config` describes until it is told to stop; returns the
+// exit status.
+int Serve(const ServerConfig& config) {
+  kernels::BackendInfo info;
+  std::unique_ptr<kernels::Backend> backend = StartBackend(config, &info);
+  if (backend == nullptr) return kExitRuntimeError;
+
+  service::ServiceOptions options = config.service;
+  // Declared before the service, which records into it, so that it outlives it.
+  std::unique_ptr<service::Metrics> metrics;
+  if (!config.metrics_address.empty()) {
+    metrics = std::make_unique<service::Metrics>(
+        service::MetricsBuildInfo{std::string(service::Version()), info.backend, info.device_name},
+        RpcNames());
+    options.metrics = metrics.get();
+  }
+
+  service::LogitdService service(std::move(backend), options);
+
+  // Declared after the service: it stops serving scrapes before the service goes.
+  std::unique_ptr<service::MetricsHttpServer> metrics_http;
+  if (metrics != nullptr) {
+    metrics_http = StartMetricsEndpoint(config, metrics.get(), service);
+    if (metrics_http == nullptr) return kExitRuntimeError;
+  }
+
+  int selected_port = 0;
+  std::unique_ptr<grpc::Server> server = BuildServer(config, &service, &selected_port);
+  if (server == nullptr) return kExitRuntimeError;
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus(v1::Logitd::service_full_name(), true);
+  }
+
+  const std::string bound = config.listen.unix_socket
+                                ? config.listen.host
+                                : absl::StrCat(config.listen.host, ":", selected_port);
+  if (!config.port_file.empty()) {
+    if (absl::Status s = WritePortFile("port_file", config.port_file, selected_port); !s.ok()) {
+      LogError(s.message());
+      server->Shutdown();
+      return kExitRuntimeError;
+    }
+  }
+  LogListening(config, info, bound);
+
+  ServeUntilSignal(server.get(), health, service, options);
   LogInfo("logitd stopped");
   return 0;
+}
+
+int Main(int argc, char** argv) {
+  // Before gRPC starts its threads: a signal during start-up is then kept in
+  // the pipe and handled as soon as the server runs.
+  if (absl::Status s = InstallStopSignalHandlers(); !s.ok()) {
+    std::fprintf(stderr, "logitd: %s\n", std::string(s.message()).c_str());
+    return kExitRuntimeError;
+  }
+  if (absl::Status s = ParseFlags(argc, argv); !s.ok()) return BadFlags(s.message());
+  if (absl::Status s = SetLogLevelFromFlag(); !s.ok()) return BadFlags(s.message());
+  absl::StatusOr<ServerConfig> config = ServerConfigFromFlags();
+  if (!config.ok()) return BadFlags(config.status().message());
+  return Serve(*config);
 }
 
 }  // namespace
