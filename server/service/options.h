@@ -1,5 +1,5 @@
 // What the service is configured with (the server's flags, gathered by
-// server/main.cc).
+// server/flags.cc).
 #pragma once
 
 #include <cstddef>
