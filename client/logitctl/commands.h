@@ -33,4 +33,7 @@ int CmdCast(const std::vector<std::string>& words);
 // cross_entropy.cc
 int CmdCrossEntropy(const std::vector<std::string>& words);
 
+// logprobs.cc
+int CmdLogProbs(const std::vector<std::string>& words);
+
 }  // namespace logitd::logitctl

@@ -52,12 +52,20 @@ ABSL_FLAG(std::string, in, "", "cast: fp32 input as FILE[:TENSOR]");
 ABSL_FLAG(std::string, targets, "",
           "cross-entropy: target ids as FILE[:TENSOR], int32 or int64 [M]");
 ABSL_FLAG(std::string, reduction, "mean", "cross-entropy: mean, sum or none (per-token losses)");
-ABSL_FLAG(std::int64_t, ignore_index, -100, "cross-entropy: targets equal to this are ignored");
+ABSL_FLAG(std::int64_t, ignore_index, -100,
+          "cross-entropy, logprobs: targets equal to this are ignored");
 ABSL_FLAG(double, z_loss, 0, "cross-entropy: coefficient of the z-loss term z_loss * lse^2");
-ABSL_FLAG(double, logit_softcap, 0, "cross-entropy: tanh soft-capping of the logits; 0 = off");
+ABSL_FLAG(double, logit_softcap, 0,
+          "cross-entropy, logprobs: tanh soft-capping of the logits; 0 = off");
 ABSL_FLAG(double, grad_scale, 1.0,
           "cross-entropy: incoming gradient of the reduced loss (non-zero)");
-ABSL_FLAG(bool, lse, false, "cross-entropy: also return the log-sum-exp per token");
+ABSL_FLAG(bool, lse, false, "cross-entropy, logprobs: also return the log-sum-exp per token");
+ABSL_FLAG(std::int64_t, top_k, 0, "logprobs: the 0 to 64 most likely tokens per position");
+ABSL_FLAG(double, temperature, 1.0, "logprobs: logits divided by it before the softmax (> 0)");
+ABSL_FLAG(bool, entropy, false, "logprobs: also return the entropy per token");
+ABSL_FLAG(bool, rank, false, "logprobs: also return each target's rank (needs --targets)");
+ABSL_FLAG(std::int64_t, vocab_size, 0,
+          "logprobs: vocabulary entries that count (padded vocabularies); 0 = all");
 ABSL_FLAG(bool, dx, false, "cross-entropy: also return dX");
 ABSL_FLAG(bool, dw, false,
           "cross-entropy: also compute dW (returned, or with --accumulate added "

@@ -65,6 +65,12 @@ commands:
                                      targets, without the [M, V] logits; tensors "loss"
                                      ([M] for none, else [1]), "lse", "dx", "dw";
                                      --shm: every tensor through shared memory
+  logprobs --x=FILE[:TENSOR] --weight=HANDLE --out=FILE [--targets=FILE[:TENSOR]]
+           [--top_k=0] [--temperature=1] [--logit_softcap=0] [--entropy] [--lse] [--rank]
+           [--vocab_size=0] [--ignore_index=-100]
+                                     per-token log-probs of the fp32 logits without the
+                                     [M, V] logits: tensors "logprob" (with --targets),
+                                     "lse", "entropy", "topk_ids", "topk_logprobs", "rank"
   stress [--clients=16] [--duration=SECONDS (default 60)] [--stress_max_m=4096]
          [--stress_max_v=128256] [--stress_max_k=4096] [--stress_max_output_bytes=1073741824]
          [--stress_slow_call=120] [--seed=1234] [--json]
@@ -159,6 +165,7 @@ int Main(int argc, char** argv) {
   if (cmd == "grad") return CmdGrad(w);
   if (cmd == "cast") return CmdCast(w);
   if (cmd == "cross-entropy") return CmdCrossEntropy(w);
+  if (cmd == "logprobs") return CmdLogProbs(w);
   if (cmd == "bench") return CmdBench(w);
   if (cmd == "stress") return CmdStress(w);
   return UsageError(absl::StrCat("unknown command '", cmd, "'"));

@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <string>
@@ -28,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
 #include "logitd/client.h"
+#include "logitd/safetensors.h"
 #include "logitd/shared_region.h"
 #include "tests/integration/integration_util.h"
 
@@ -295,6 +298,41 @@ TEST_F(LogProbsTest, TopKAloneNeedsNoTargets) {
   EXPECT_FALSE(r->logprob.has_value());
   ASSERT_TRUE(r->topk_ids.has_value());
   EXPECT_EQ(r->topk_ids->shape(), (std::vector<std::int64_t>{3, 64}));
+  EXPECT_TRUE(client().ReleaseWeight(handle).ok());
+}
+
+TEST_F(LogProbsTest, LogitctlWritesWhatTheClientGets) {
+  const Tensor x = NormalBf16({4, 64}, 71);
+  const Tensor w = NormalBf16({90, 64}, 72);
+  const std::string handle = Register(w, "lp-ctl");
+  const Tensor targets = Targets({5, 6, 7, 89}, DType::kInt32);
+  LogProbsOptions options;
+  options.top_k = 3;
+  options.want_entropy = options.want_rank = true;
+  options.temperature = 0.5f;
+  absl::StatusOr<LogProbsResult> want = client().LogProbs(x, &targets, handle, options);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  char dir[] = "/tmp/logprobs-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string in = std::string(dir) + "/in.safetensors";
+  const std::string out = std::string(dir) + "/out.safetensors";
+  ASSERT_TRUE(WriteSafetensors(in, {{"x", &x}, {"targets", &targets}}).ok());
+  const std::string cmd =
+      LogitctlBinary() + " --server=" + server_->process.address() + " logprobs --x=" + in +
+      ":x --targets=" + in + ":targets --weight=" + handle +
+      " --top_k=3 --entropy --rank --temperature=0.5 --out=" + out + " > " + dir + "/log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  for (const auto& [name, tensor] :
+       {std::make_pair("logprob", &want->logprob), std::make_pair("entropy", &want->entropy),
+        std::make_pair("topk_ids", &want->topk_ids),
+        std::make_pair("topk_logprobs", &want->topk_logprobs),
+        std::make_pair("rank", &want->rank)}) {
+    absl::StatusOr<Tensor> got = ReadSafetensorsTensor(out, name);
+    ASSERT_TRUE(got.ok()) << name << ": " << got.status();
+    EXPECT_TRUE(BitwiseEqual(*got, **tensor)) << name;
+  }
+  std::filesystem::remove_all(dir);
   EXPECT_TRUE(client().ReleaseWeight(handle).ok());
 }
 
