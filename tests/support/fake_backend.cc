@@ -1,0 +1,185 @@
+#include "tests/support/fake_backend.h"
+
+#include <atomic>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "logitd/bf16.h"
+
+namespace logitd::testing {
+namespace {
+
+// A weight that keeps no bytes: only its shape and the accumulating
+// Backward/CrossEntropy calls since its gradient was last zeroed.
+class FakeWeight final : public kernels::Weight {
+ public:
+  using kernels::Weight::Weight;
+  std::uint64_t weight_bytes() const override {
+    return static_cast<std::uint64_t>(v()) * static_cast<std::uint64_t>(k()) * 2;
+  }
+  std::uint64_t gradient_bytes() const override {
+    return accumulated_ever_ ? static_cast<std::uint64_t>(v()) * static_cast<std::uint64_t>(k()) * 4
+                             : 0;
+  }
+  void Accumulate() {
+    accumulated_ever_ = true;
+    ++accumulated_;
+  }
+  std::uint64_t TakeAccumulated(bool zero) {
+    return zero ? accumulated_.exchange(0) : accumulated_.load();
+  }
+
+ private:
+  std::atomic<bool> accumulated_ever_{false};
+  std::atomic<std::uint64_t> accumulated_{0};
+};
+
+void Zero(void* p, std::int64_t elements, DType dtype) {
+  if (p != nullptr) std::memset(p, 0, static_cast<std::size_t>(elements) * ElementSize(dtype));
+}
+
+}  // namespace
+
+void FakeBackend::FailWith(FakeMethod method, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  failures_[method] = std::move(status);
+}
+
+void FakeBackend::Block(FakeMethod method) {
+  absl::MutexLock lock(&mu_);
+  blocked_[method] = true;
+}
+
+void FakeBackend::Release(FakeMethod method) {
+  absl::MutexLock lock(&mu_);
+  blocked_[method] = false;
+}
+
+void FakeBackend::ReleaseAll() {
+  absl::MutexLock lock(&mu_);
+  blocked_.clear();
+}
+
+bool FakeBackend::WaitUntilBlocked(FakeMethod method, int n, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const auto enough = [this, method, n]()
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiting_[method] >= n; };
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
+void FakeBackend::SetHealth(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  health_ = std::move(status);
+}
+
+int FakeBackend::calls(FakeMethod method) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = calls_.find(method);
+  return it == calls_.end() ? 0 : it->second;
+}
+
+absl::Status FakeBackend::Enter(FakeMethod method) {
+  absl::MutexLock lock(&mu_);
+  ++calls_[method];
+  ++waiting_[method];
+  const auto released = [this, method]()
+                            ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !blocked_[method]; };
+  mu_.Await(absl::Condition(&released));
+  --waiting_[method];
+  const auto it = failures_.find(method);
+  return it == failures_.end() ? absl::OkStatus() : it->second;
+}
+
+kernels::BackendInfo FakeBackend::Info() const {
+  kernels::BackendInfo info;
+  info.backend = "fake";
+  info.device_name = "fake device";
+  info.multiprocessor_count = 1;
+  return info;
+}
+
+absl::Status FakeBackend::Health() const {
+  absl::MutexLock lock(&mu_);
+  return health_;
+}
+
+absl::StatusOr<kernels::HostBuffer> FakeBackend::AllocateHost(std::size_t bytes) {
+  auto* data = new (std::nothrow) std::byte[bytes == 0 ? 1 : bytes];
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError("fake backend: out of host memory");
+  }
+  return kernels::HostBuffer(data, bytes, [](std::byte* d) { delete[] d; });
+}
+
+absl::StatusOr<std::shared_ptr<kernels::Weight>> FakeBackend::LoadWeight(const Bf16Bits* /*w*/,
+                                                                         std::int64_t v,
+                                                                         std::int64_t k) {
+  if (absl::Status s = Enter(FakeMethod::kLoadWeight); !s.ok()) return s;
+  return std::make_shared<FakeWeight>(v, k);
+}
+
+absl::Status FakeBackend::Logits(const kernels::Weight& w, const kernels::LogitsArgs& args,
+                                 kernels::Timing* /*timing*/) {
+  if (absl::Status s = Enter(FakeMethod::kLogits); !s.ok()) return s;
+  const std::int64_t n = args.m * w.v();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float y = args.alpha * static_cast<float>(i);
+    if (args.out_dtype == DType::kBf16) {
+      static_cast<Bf16Bits*>(args.y)[i] = FloatToBf16(y);
+    } else {
+      static_cast<float*>(args.y)[i] = y;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FakeBackend::Backward(kernels::Weight& w, const kernels::BackwardArgs& args,
+                                   kernels::Timing* /*timing*/) {
+  if (absl::Status s = Enter(FakeMethod::kBackward); !s.ok()) return s;
+  Zero(args.dx, args.m * w.k(), args.dx_dtype);
+  if (args.accumulate_dw) {
+    static_cast<FakeWeight&>(w).Accumulate();
+  } else {
+    Zero(args.dw, w.v() * w.k(), args.dw_dtype);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::uint64_t> FakeBackend::FetchGradient(kernels::Weight& w, float* out,
+                                                         bool zero_after_fetch) {
+  if (absl::Status s = Enter(FakeMethod::kFetchGradient); !s.ok()) return s;
+  Zero(out, w.v() * w.k(), DType::kFp32);
+  return static_cast<FakeWeight&>(w).TakeAccumulated(zero_after_fetch);
+}
+
+absl::Status FakeBackend::ZeroGradient(kernels::Weight& w) {
+  if (absl::Status s = Enter(FakeMethod::kZeroGradient); !s.ok()) return s;
+  static_cast<FakeWeight&>(w).TakeAccumulated(/*zero=*/true);
+  return absl::OkStatus();
+}
+
+absl::Status FakeBackend::CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                                     kernels::Timing* /*timing*/) {
+  if (absl::Status s = Enter(FakeMethod::kCast); !s.ok()) return s;
+  for (std::int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
+  return absl::OkStatus();
+}
+
+absl::Status FakeBackend::CrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
+                                       kernels::Timing* /*timing*/) {
+  if (absl::Status s = Enter(FakeMethod::kCrossEntropy); !s.ok()) return s;
+  for (std::int64_t i = 0; i < args.m; ++i) {
+    args.loss[i] = args.targets[i] == args.ignore_index ? 0.0f : 1.0f;
+    if (args.lse != nullptr) args.lse[i] = 0.0f;
+  }
+  Zero(args.dx, args.m * w.k(), args.dx_dtype);
+  if (args.accumulate_dw) {
+    static_cast<FakeWeight&>(w).Accumulate();
+  } else {
+    Zero(args.dw, w.v() * w.k(), DType::kFp32);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace logitd::testing
