@@ -10,7 +10,6 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -593,24 +593,13 @@ TEST_F(TlsTest, BadTlsFlagsStopTheServerWithExit2) {
 
 // --- logitctl ------------------------------------------------------------------
 
-struct Ran {
-  int exit_code = -1;
-  std::string output;
-};
-
-Ran RunLogitctl(const std::string& env, const std::vector<std::string>& args) {
-  std::string cmd = env + " " + Quote(LogitctlBinary());
-  for (const std::string& a : args) cmd += " " + Quote(a);
-  cmd += " 2>&1";
-  Ran r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  std::size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// logitctl with $LOGITD_TOKEN set to `token`, or unset for nullopt; stdout
+// and stderr together in `out`.
+LogitctlRun RunWithToken(std::optional<std::string> token, const std::vector<std::string>& args) {
+  LogitctlOptions options;
+  options.env["LOGITD_TOKEN"] = std::move(token);
+  options.merge_stderr = true;
+  return RunLogitctl(args, options);
 }
 
 TEST_F(TlsTest, LogitctlTakesTokenCaCertAndKey) {
@@ -628,21 +617,21 @@ TEST_F(TlsTest, LogitctlTakesTokenCaCertAndKey) {
     all.insert(all.end(), a.begin(), a.end());
     return all;
   };
-  Ran r = RunLogitctl("env -u LOGITD_TOKEN", with({"--token=tok-a", "weights", "list"}));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  r = RunLogitctl("LOGITD_TOKEN=tok-b", with({"info"}));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  r = RunLogitctl("env -u LOGITD_TOKEN", with({"info"}));
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("UNAUTHENTICATED"));
+  LogitctlRun r = RunWithToken(std::nullopt, with({"--token=tok-a", "weights", "list"}));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  r = RunWithToken("tok-b", with({"info"}));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  r = RunWithToken(std::nullopt, with({"info"}));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("UNAUTHENTICATED"));
   // --token wins over $LOGITD_TOKEN.
-  r = RunLogitctl("LOGITD_TOKEN=tok-b", with({"--token=nope", "info"}));
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("UNAUTHENTICATED"));
+  r = RunWithToken("tok-b", with({"--token=nope", "info"}));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("UNAUTHENTICATED"));
   // Without the client certificate the server cannot be reached: exit 2.
-  r = RunLogitctl("LOGITD_TOKEN=tok-a", {server, "--ca=" + Path("ca.pem"), "info"});
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("UNAVAILABLE"));
+  r = RunWithToken("tok-a", {server, "--ca=" + Path("ca.pem"), "info"});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("UNAVAILABLE"));
 }
 
 }  // namespace

@@ -4,10 +4,9 @@
 // the "logitd-timing" trailer through the client library, and the exact
 // status codes of bad Probe requests.
 #include <grpcpp/grpcpp.h>
-#include <stdio.h>
-#include <sys/wait.h>
 
 #include <cstdint>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,17 +29,6 @@ using ::testing::HasSubstr;
 // logits) is refused, and a Probe of more than this too.
 constexpr std::uint64_t kMaxRequestBytes = 8u << 20;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 class BenchTest : public SharedServerTest {
  protected:
   static void SetUpTestSuite() {
@@ -48,21 +36,15 @@ class BenchTest : public SharedServerTest {
   }
 
   // Runs logitctl against the suite's server; stderr goes to the test log.
-  static RunResult Run(const std::vector<std::string>& args) {
+  static LogitctlRun Run(const std::vector<std::string>& args) {
     return RunAt(server_->process.address(), args);
   }
   // Runs logitctl against the server at `address`.
-  static RunResult RunAt(const std::string& address, const std::vector<std::string>& args) {
-    std::string cmd = Quote(LogitctlBinary()) + " --server=" + Quote(address);
-    for (const std::string& a : args) cmd += " " + Quote(a);
-    RunResult r;
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (pipe == nullptr) return r;
-    char buf[4096];
-    std::size_t n;
-    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-    const int status = pclose(pipe);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  static LogitctlRun RunAt(const std::string& address, const std::vector<std::string>& args) {
+    std::vector<std::string> all = {"--server=" + address};
+    all.insert(all.end(), args.begin(), args.end());
+    LogitctlRun r = RunLogitctl(all);
+    std::cerr << r.err;
     return r;
   }
 };
@@ -99,8 +81,8 @@ void ExpectSanePhase(const nlohmann::json& p, const std::string& rpc, std::int64
 }
 
 TEST_F(BenchTest, LogitsReportsAndComparesWithTheBaseline) {
-  const RunResult r = Run({"bench", "--rpc=logits", "--m=4", "--k=64", "--v=256", "--requests",
-                           "20", "--concurrency", "4", "--json"});
+  const LogitctlRun r = Run({"bench", "--rpc=logits", "--m=4", "--k=64", "--v=256", "--requests",
+                             "20", "--concurrency", "4", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(report.is_discarded()) << r.out;
@@ -118,8 +100,8 @@ TEST_F(BenchTest, LogitsReportsAndComparesWithTheBaseline) {
 }
 
 TEST_F(BenchTest, BaselineAloneOverSeveralConnections) {
-  const RunResult r = Run({"bench", "--rpc=baseline", "--m=4", "--k=64", "--v=256", "--requests",
-                           "20", "--concurrency", "4", "--channels", "2", "--json"});
+  const LogitctlRun r = Run({"bench", "--rpc=baseline", "--m=4", "--k=64", "--v=256", "--requests",
+                             "20", "--concurrency", "4", "--channels", "2", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(report.is_discarded()) << r.out;
@@ -130,8 +112,8 @@ TEST_F(BenchTest, BaselineAloneOverSeveralConnections) {
 
 TEST_F(BenchTest, BackwardAndCrossEntropyRun) {
   for (const char* rpc : {"--rpc=backward", "--rpc=cross-entropy"}) {
-    const RunResult r = Run({"bench", rpc, "--m=4", "--k=64", "--v=256", "--requests=4",
-                             "--concurrency=2", "--nobaseline", "--json"});
+    const LogitctlRun r = Run({"bench", rpc, "--m=4", "--k=64", "--v=256", "--requests=4",
+                               "--concurrency=2", "--nobaseline", "--json"});
     ASSERT_EQ(r.exit_code, 0) << rpc << "\n" << r.out;
     const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, false);
     ASSERT_FALSE(report.is_discarded()) << r.out;
@@ -141,8 +123,8 @@ TEST_F(BenchTest, BackwardAndCrossEntropyRun) {
 }
 
 TEST_F(BenchTest, FetchGradientMovesDwAgainstAProbeOfTheSameBytes) {
-  const RunResult r = Run({"bench", "--rpc=fetch-gradient", "--m=4", "--k=64", "--v=256",
-                           "--requests=6", "--concurrency=2", "--json"});
+  const LogitctlRun r = Run({"bench", "--rpc=fetch-gradient", "--m=4", "--k=64", "--v=256",
+                             "--requests=6", "--concurrency=2", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(report.is_discarded()) << r.out;
@@ -168,8 +150,8 @@ TEST_F(BenchTest, FetchGradientMovesDwAgainstAProbeOfTheSameBytes) {
 
 TEST_F(BenchTest, FailedRequestsAreCountedByCodeAndExitOne) {
   // 16 MiB of logits per call, over the server's 8 MiB per call.
-  const RunResult r = Run({"bench", "--m=4096", "--k=64", "--v=1024", "--requests=3", "--warmup=0",
-                           "--nobaseline", "--json"});
+  const LogitctlRun r = Run({"bench", "--m=4096", "--k=64", "--v=1024", "--requests=3",
+                             "--warmup=0", "--nobaseline", "--json"});
   EXPECT_EQ(r.exit_code, 1) << r.out;
   const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(report.is_discarded()) << r.out;
@@ -295,7 +277,7 @@ namespace {
 class StressTest : public BenchTest {
  protected:
   // The JSON report that follows the table.
-  static nlohmann::json Report(const RunResult& r) {
+  static nlohmann::json Report(const LogitctlRun& r) {
     const std::size_t at = r.out.find("\n{");
     if (at == std::string::npos) return nlohmann::json();
     return nlohmann::json::parse(r.out.substr(at + 1), nullptr, false);
@@ -313,7 +295,7 @@ class StressTest : public BenchTest {
 };
 
 TEST_F(StressTest, EveryRpcRightAndExitZero) {
-  const RunResult r = RunAt(server_->process.address(), SmallStress("4"));
+  const LogitctlRun r = RunAt(server_->process.address(), SmallStress("4"));
   EXPECT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json report = Report(r);
   ASSERT_TRUE(report.is_object()) << r.out;
@@ -345,7 +327,7 @@ TEST_F(StressTest, WrongResultsAreCountedAndExitOne) {
   absl::StatusOr<ServerProcess> faulty =
       ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--test_fault=logits_bit"});
   ASSERT_TRUE(faulty.ok()) << faulty.status();
-  const RunResult r = RunAt(faulty->address(), SmallStress("3"));
+  const LogitctlRun r = RunAt(faulty->address(), SmallStress("3"));
   EXPECT_EQ(r.exit_code, 1) << r.out;
   const nlohmann::json report = Report(r);
   ASSERT_TRUE(report.is_object()) << r.out;

@@ -14,19 +14,15 @@
 // the same fp32 errors, so dX and dW are within that times Σ|g|·|w| (resp.
 // Σ|g|·|x|) plus their own fp32 accumulation. Where the data makes G exact
 // (a uniform softmax over integer logits), dX and dW are compared bit for bit.
-#include <stdio.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -678,18 +674,6 @@ TEST_F(CrossEntropyTest, InvalidTargetsAndOptionsAreRefused) {
 
 // --- logitctl cross-entropy ---------------------------------------------------
 
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 class LogitctlCrossEntropyTest : public CrossEntropyTest {
  protected:
   void SetUp() override {
@@ -705,23 +689,10 @@ class LogitctlCrossEntropyTest : public CrossEntropyTest {
   }
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
 
-  RunResult Run(const std::vector<std::string>& args) const {
-    std::string cmd = Quote(LogitctlBinary()) + " --server=" + server_->process.address();
-    for (const std::string& a : args) cmd += " " + Quote(a);
-    cmd += " 2>" + Quote(Path("stderr.txt"));
-    RunResult r;
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (pipe == nullptr) return r;
-    char buf[4096];
-    std::size_t n;
-    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-    const int status = pclose(pipe);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(Path("stderr.txt"));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.err = ss.str();
-    return r;
+  LogitctlRun Run(const std::vector<std::string>& args) const {
+    std::vector<std::string> all = {"--server=" + server_->process.address()};
+    all.insert(all.end(), args.begin(), args.end());
+    return RunLogitctl(all);
   }
 
   static std::string Field(const std::string& out, const std::string& key) {
@@ -754,20 +725,20 @@ TEST_F(LogitctlCrossEntropyTest, EndToEnd) {
   ASSERT_TRUE(WriteSafetensors(Path("t.safetensors"),
                                {{"t64", &t64}, {"t32", &t32}, {"bad", &bad}, {"floats", &floats}})
                   .ok());
-  RunResult reg = Run({"weights", "register", Path("w.safetensors")});
+  LogitctlRun reg = Run({"weights", "register", Path("w.safetensors")});
   ASSERT_EQ(reg.exit_code, 0) << reg.err;
   const std::string handle = Field(reg.out, "handle");
   ASSERT_FALSE(handle.empty()) << reg.out;
   const std::string x = "--x=" + Path("x.safetensors");
   const std::string weight = "--weight=" + handle;
 
-  RunResult help = Run({"help"});
+  LogitctlRun help = Run({"help"});
   EXPECT_THAT(help.out, HasSubstr("cross-entropy --x=FILE[:TENSOR] --targets=FILE[:TENSOR]"));
 
   // Per-token losses with every output: the same bits as the library call.
-  RunResult r = Run({"cross-entropy", x, "--targets=" + Path("t.safetensors") + ":t64", weight,
-                     "--out=" + Path("none.safetensors"), "--reduction=none", "--lse", "--dx",
-                     "--dw", "--dx_dtype=fp32"});
+  LogitctlRun r = Run({"cross-entropy", x, "--targets=" + Path("t.safetensors") + ":t64", weight,
+                       "--out=" + Path("none.safetensors"), "--reduction=none", "--lse", "--dx",
+                       "--dw", "--dx_dtype=fp32"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(Field(r.out, "counted_tokens"), "16");
   EXPECT_EQ(Field(r.out, "loss"), "fp32");  // a shape follows, not a value

@@ -21,7 +21,6 @@
 namespace logitd::testing {
 
 std::string ServerBinary() { return LOGITD_SERVER_PATH; }
-std::string LogitctlBinary() { return LOGITCTL_PATH; }
 
 int UnusedPort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

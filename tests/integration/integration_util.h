@@ -17,12 +17,13 @@
 #include "logitd/client.h"
 #include "logitd/tensor.h"
 #include "tests/common/server_process.h"
+#include "tests/support/run_logitctl.h"
 
 namespace logitd::testing {
 
-// The binaries under test, from the build (compile definitions).
+// The server binary under test, from the build (a compile definition);
+// LogitctlBinary() and RunLogitctl() are in tests/support/run_logitctl.h.
 std::string ServerBinary();
-std::string LogitctlBinary();
 
 // A loopback port with nothing listening on it (bound, then released).
 int UnusedPort();

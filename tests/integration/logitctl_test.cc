@@ -1,16 +1,12 @@
 // logitctl end to end: the real binary against the real server, on
 // safetensors files in a temporary folder. Checks outputs bit for bit and the
 // exit-code contract (0 ok, 1 server status, 2 usage/input/unreachable).
-#include <stdio.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -29,25 +25,6 @@ namespace logitd::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class LogitctlTest : public ::testing::Test {
  protected:
@@ -80,22 +57,11 @@ class LogitctlTest : public ::testing::Test {
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
 
   // Runs logitctl against the suite's server (unless args name --server).
-  RunResult Run(const std::vector<std::string>& args, bool with_server = true) const {
-    std::string cmd = Quote(LogitctlBinary());
-    if (with_server) cmd += " --server=" + server_->process.address();
-    for (const std::string& a : args) cmd += " " + Quote(a);
-    const std::string err_path = Path("stderr.txt");
-    cmd += " 2>" + Quote(err_path);
-    RunResult r;
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (pipe == nullptr) return r;
-    char buf[4096];
-    std::size_t n;
-    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-    const int status = pclose(pipe);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.err = ReadAll(err_path);
-    return r;
+  LogitctlRun Run(const std::vector<std::string>& args, bool with_server = true) const {
+    std::vector<std::string> all;
+    if (with_server) all.push_back("--server=" + server_->process.address());
+    all.insert(all.end(), args.begin(), args.end());
+    return RunLogitctl(all);
   }
 
   void Write(const std::string& name, const std::vector<std::pair<std::string, const Tensor*>>& t) {
@@ -120,7 +86,7 @@ class LogitctlTest : public ::testing::Test {
 
   // Registers a bf16 weight file through logitctl; returns the handle.
   std::string RegisterFile(const std::string& file, const std::string& tensor) {
-    RunResult r = Run({"weights", "register", Path(file), "--tensor=" + tensor});
+    LogitctlRun r = Run({"weights", "register", Path(file), "--tensor=" + tensor});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return Field(r.out, "handle");
   }
@@ -131,7 +97,7 @@ class LogitctlTest : public ::testing::Test {
 };
 
 TEST_F(LogitctlTest, HelpListsTheCommands) {
-  RunResult r = Run({"help"}, false);
+  LogitctlRun r = Run({"help"}, false);
   EXPECT_EQ(r.exit_code, 0);
   for (const char* cmd : {"info", "weights register", "weights list", "weights release", "logits",
                           "backward", "grad fetch", "grad zero", "cast", "validate"}) {
@@ -143,7 +109,7 @@ TEST_F(LogitctlTest, HelpListsTheCommands) {
 }
 
 TEST_F(LogitctlTest, InfoAsTableAndJson) {
-  RunResult r = Run({"info"});
+  LogitctlRun r = Run({"info"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(Field(r.out, "backend"), "cpu");
   EXPECT_EQ(Field(r.out, "server"), server_->process.address());
@@ -160,7 +126,7 @@ TEST_F(LogitctlTest, InfoAsTableAndJson) {
 
 TEST_F(LogitctlTest, LoadBalancingPolicy) {
   // A one-address list is still a list: round_robin over it works.
-  RunResult r =
+  LogitctlRun r =
       Run({"--server=ipv4:" + server_->process.address(), "--lb=round_robin", "info"}, false);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(Field(r.out, "backend"), "cpu");
@@ -180,20 +146,21 @@ TEST_F(LogitctlTest, RegisterListLogitsRelease) {
 
   const std::string handle = RegisterFile("w.safetensors", "lm_head.weight");
   ASSERT_FALSE(handle.empty());
-  RunResult again = Run({"weights", "register", Path("w.safetensors"), "--tensor=lm_head.weight"});
+  LogitctlRun again =
+      Run({"weights", "register", Path("w.safetensors"), "--tensor=lm_head.weight"});
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_EQ(Field(again.out, "handle"), handle);
   EXPECT_EQ(Field(again.out, "already_registered"), "true");
   EXPECT_THAT(again.out, HasSubstr("[96, 4096]"));
 
-  RunResult list = Run({"weights", "list"});
+  LogitctlRun list = Run({"weights", "list"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_THAT(list.out, HasSubstr(handle));
   EXPECT_THAT(list.out, HasSubstr("lm_head.weight"));
 
   const std::vector<std::int64_t> exact = ExactNT(x, w);
-  RunResult r = Run({"logits", "--x=" + Path("x.safetensors") + ":x", "--weight=" + handle,
-                     "--out=" + Path("y.safetensors")});
+  LogitctlRun r = Run({"logits", "--x=" + Path("x.safetensors") + ":x", "--weight=" + handle,
+                       "--out=" + Path("y.safetensors")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("[8, 96]"));
   EXPECT_EQ(Field(r.out, "dtype"), "fp32");
@@ -231,7 +198,7 @@ TEST_F(LogitctlTest, Fp32WeightIsRoundedToBf16AndSaysSo) {
     w32.data<float>()[i] = static_cast<float>(w16.At(i));
   }
   Write("w32.safetensors", {{"w", &w32}});
-  RunResult r = Run({"weights", "register", Path("w32.safetensors")});  // the only tensor
+  LogitctlRun r = Run({"weights", "register", Path("w32.safetensors")});  // the only tensor
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("converted to bf16"));
   // Integer values round to themselves: the server holds exactly w16.
@@ -252,7 +219,7 @@ TEST_F(LogitctlTest, BackwardAndAccumulatedGradient) {
   const std::string handle = RegisterFile("w.safetensors", "w");
   ASSERT_FALSE(handle.empty());
 
-  RunResult r =
+  LogitctlRun r =
       Run({"backward", "--dy=" + Path("dy.safetensors"), "--x=" + Path("x.safetensors"),
            "--weight=" + handle, "--out=" + Path("grads.safetensors"), "--dx_dtype=fp32"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -292,7 +259,8 @@ TEST_F(LogitctlTest, CastWritesTheServersRounding) {
   in.data<std::uint32_t>()[0] = 0x3f808000u;  // a tie
   in.data<std::uint32_t>()[1] = 0x7fc00000u;  // NaN
   Write("in.safetensors", {{"values", &in}});
-  RunResult r = Run({"cast", "--in=" + Path("in.safetensors"), "--out=" + Path("out.safetensors")});
+  LogitctlRun r =
+      Run({"cast", "--in=" + Path("in.safetensors"), "--out=" + Path("out.safetensors")});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Tensor out = Read(Path("out.safetensors"), "values");
   ASSERT_EQ(out.dtype(), DType::kBf16);
@@ -315,8 +283,8 @@ TEST_F(LogitctlTest, UsageAndInputErrorsExit2) {
                  "--out=" + Path("y.safetensors"), "--out_dtype=int8"})
                 .exit_code,
             2);
-  RunResult r = Run({"logits", "--x=" + Path("missing.safetensors"), "--weight=h",
-                     "--out=" + Path("y.safetensors")});
+  LogitctlRun r = Run({"logits", "--x=" + Path("missing.safetensors"), "--weight=h",
+                       "--out=" + Path("y.safetensors")});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("missing.safetensors"));
   EXPECT_EQ(Run({"--timeout=abc", "info"}).exit_code, 2);
@@ -331,8 +299,8 @@ TEST_F(LogitctlTest, ServerErrorsExit1WithTheStatus) {
   const Tensor w = IntBf16({8, 32}, 1052);  // K = 32, X has K = 16
   Write("x.safetensors", {{"x", &x}});
   Write("w.safetensors", {{"w", &w}});
-  RunResult r = Run({"logits", "--x=" + Path("x.safetensors"), "--weight=no-such-handle",
-                     "--out=" + Path("y.safetensors")});
+  LogitctlRun r = Run({"logits", "--x=" + Path("x.safetensors"), "--weight=no-such-handle",
+                       "--out=" + Path("y.safetensors")});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("logitctl: NOT_FOUND: "));
   EXPECT_FALSE(std::filesystem::exists(Path("y.safetensors")));

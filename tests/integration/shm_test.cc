@@ -5,7 +5,6 @@
 // library never produces go through the generated stub directly.
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
@@ -116,6 +115,16 @@ class ShmTest : public ::testing::Test {
     EXPECT_TRUE(h.ok()) << h.status();
     if (h.ok()) r.handle = *h;
     return r;
+  }
+
+  // logitctl against the suite's server as tenant a; with `merge_stderr`
+  // its stderr joins stdout, else it is left out of `out`.
+  static LogitctlRun Logitctl(const std::vector<std::string>& args, bool merge_stderr = true) {
+    std::vector<std::string> all = {"--server=" + server_->process.address(), "--token=tok-a"};
+    all.insert(all.end(), args.begin(), args.end());
+    LogitctlOptions options;
+    options.merge_stderr = merge_stderr;
+    return RunLogitctl(all, options);
   }
 
   // A raw Logits call with the given header and no chunks.
@@ -597,17 +606,6 @@ TEST_F(ShmTest, RegisterRefusesBadNamesSizesAndObjects) {
   EXPECT_THAT(h.status().message(), HasSubstr("--shm_max_region_bytes"));
 }
 
-// Runs a shell command; returns its exit code and stdout.
-int RunCommand(const std::string& cmd, std::string* out) {
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buf[4096];
-  std::size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out->append(buf, n);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 TEST_F(ShmTest, LogitctlLogitsAndBenchWithShm) {
   const Tensor x = NormalBf16({9, kK}, 27);
   const std::string x_path = *dir_ + "/x.safetensors";
@@ -616,42 +614,31 @@ TEST_F(ShmTest, LogitctlLogitsAndBenchWithShm) {
   absl::StatusOr<Tensor> streamed = a().Logits(x, handle());
   ASSERT_TRUE(streamed.ok()) << streamed.status();
 
-  const std::string base =
-      absl::StrCat(LogitctlBinary(), " --server=", server_->process.address(), " --token=tok-a ");
-  std::string out;
-  ASSERT_EQ(RunCommand(base + "logits --shm --x=" + x_path + " --weight=" + handle() +
-                           " --out=" + y_path + " 2>&1",
-                       &out),
-            0)
-      << out;
+  LogitctlRun r =
+      Logitctl({"logits", "--shm", "--x=" + x_path, "--weight=" + handle(), "--out=" + y_path});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   absl::StatusOr<Tensor> y = ReadSafetensorsTensor(y_path, "logits");
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_TRUE(BitwiseEqual(*y, *streamed));
   std::remove(x_path.c_str());
   std::remove(y_path.c_str());
 
-  out.clear();
-  ASSERT_EQ(RunCommand(base + "bench --rpc=logits --shm --m=8 --k=64 --v=96 --requests=3 "
-                              "--nobaseline --json 2>/dev/null",
-                       &out),
-            0)
-      << out;
-  EXPECT_THAT(out, HasSubstr("\"shm\": true"));
-  EXPECT_THAT(out, HasSubstr("\"error_count\": 0"));
+  r = Logitctl({"bench", "--rpc=logits", "--shm", "--m=8", "--k=64", "--v=96", "--requests=3",
+                "--nobaseline", "--json"},
+               /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"shm\": true"));
+  EXPECT_THAT(r.out, HasSubstr("\"error_count\": 0"));
 
-  out.clear();
-  ASSERT_EQ(RunCommand(base + "bench --rpc=logits --shm --shm_skip_digest --m=8 --k=64 --v=96 "
-                              "--requests=3 --nobaseline --json 2>/dev/null",
-                       &out),
-            0)
-      << out;
-  EXPECT_THAT(out, HasSubstr("\"shm_skip_digest\": true"));
-  EXPECT_THAT(out, HasSubstr("\"error_count\": 0"));
+  r = Logitctl({"bench", "--rpc=logits", "--shm", "--shm_skip_digest", "--m=8", "--k=64", "--v=96",
+                "--requests=3", "--nobaseline", "--json"},
+               /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"shm_skip_digest\": true"));
+  EXPECT_THAT(r.out, HasSubstr("\"error_count\": 0"));
 }
 
 TEST_F(ShmTest, LogitctlCastAndCrossEntropyWithShmEqualStreamed) {
-  const std::string base =
-      absl::StrCat(LogitctlBinary(), " --server=", server_->process.address(), " --token=tok-a ");
   const std::string in_path = *dir_ + "/cast_in.safetensors";
   const std::string out_path = *dir_ + "/cast_out.safetensors";
   Tensor in(DType::kFp32, {3, 33});
@@ -659,10 +646,8 @@ TEST_F(ShmTest, LogitctlCastAndCrossEntropyWithShmEqualStreamed) {
   ASSERT_TRUE(WriteSafetensors(in_path, {{"v", &in}}).ok());
   absl::StatusOr<Tensor> cast = a().CastToBf16(in);
   ASSERT_TRUE(cast.ok()) << cast.status();
-  std::string out;
-  ASSERT_EQ(RunCommand(base + "cast --shm --in=" + in_path + " --out=" + out_path + " 2>&1", &out),
-            0)
-      << out;
+  LogitctlRun r = Logitctl({"cast", "--shm", "--in=" + in_path, "--out=" + out_path});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   absl::StatusOr<Tensor> got = ReadSafetensorsTensor(out_path, "v");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(BitwiseEqual(*got, *cast));
@@ -679,13 +664,10 @@ TEST_F(ShmTest, LogitctlCastAndCrossEntropyWithShmEqualStreamed) {
   options.want_lse = options.want_dx = options.want_dw = true;
   absl::StatusOr<client::CrossEntropyResult> want = a().CrossEntropy(x, targets, handle(), options);
   ASSERT_TRUE(want.ok()) << want.status();
-  out.clear();
-  ASSERT_EQ(RunCommand(base + "cross-entropy --shm --x=" + x_path + " --targets=" + t_path +
-                           " --weight=" + handle() +
-                           " --reduction=none --lse --dx --dw --out=" + out_path + " 2>&1",
-                       &out),
-            0)
-      << out;
+  r = Logitctl({"cross-entropy", "--shm", "--x=" + x_path, "--targets=" + t_path,
+                "--weight=" + handle(), "--reduction=none", "--lse", "--dx", "--dw",
+                "--out=" + out_path});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const auto& [name, tensor] :
        {std::make_pair("loss", &want->loss), std::make_pair("lse", &*want->lse),
         std::make_pair("dx", &*want->dx), std::make_pair("dw", &*want->dw)}) {
