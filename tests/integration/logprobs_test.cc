@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -33,6 +32,7 @@
 #include "logitd/safetensors.h"
 #include "logitd/shared_region.h"
 #include "tests/integration/integration_util.h"
+#include "tests/support/run_logitctl.h"
 
 namespace logitd::testing {
 namespace {
@@ -318,11 +318,11 @@ TEST_F(LogProbsTest, LogitctlWritesWhatTheClientGets) {
   const std::string in = std::string(dir) + "/in.safetensors";
   const std::string out = std::string(dir) + "/out.safetensors";
   ASSERT_TRUE(WriteSafetensors(in, {{"x", &x}, {"targets", &targets}}).ok());
-  const std::string cmd =
-      LogitctlBinary() + " --server=" + server_->process.address() + " logprobs --x=" + in +
-      ":x --targets=" + in + ":targets --weight=" + handle +
-      " --top_k=3 --entropy --rank --temperature=0.5 --out=" + out + " > " + dir + "/log 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const LogitctlRun run =
+      RunLogitctl({"--server=" + server_->process.address(), "logprobs", "--x=" + in + ":x",
+                   "--targets=" + in + ":targets", "--weight=" + handle, "--top_k=3", "--entropy",
+                   "--rank", "--temperature=0.5", "--out=" + out});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
   for (const auto& [name, tensor] :
        {std::make_pair("logprob", &want->logprob), std::make_pair("entropy", &want->entropy),
         std::make_pair("topk_ids", &want->topk_ids),
