@@ -1,5 +1,5 @@
 // The tensor calls (Logits, Backward, FetchGradient, ZeroGradient, Cast,
-// CrossEntropy) in-process: a missing or unknown weight, shapes and dtypes
+// CrossEntropy, LogProbs) in-process: a missing or unknown weight, shapes and dtypes
 // the call cannot take, and a failing backend, each with its status code and
 // the message that says why. A refused request never reaches the backend.
 #include <cmath>
@@ -311,6 +311,53 @@ TEST_F(ServiceTensorTest, CrossEntropyBackendFailureIsPassedThrough) {
       client().CrossEntropy(Ramp(DType::kBf16, {4, kK}), Targets(4), handle(), everything).status(),
       IsStatus(absl::StatusCode::kResourceExhausted, "fake: out of device memory"));
   EXPECT_EQ(fake().calls(FakeMethod::kCrossEntropy), 1);
+}
+
+// --- LogProbs ---------------------------------------------------------------------
+
+TEST_F(ServiceTensorTest, LogProbsRefusalsNameTheFieldAndNeverReachTheBackend) {
+  const Tensor x = Ramp(DType::kBf16, {4, kK});
+  const Tensor targets = Targets(4);
+  client::LogProbsOptions top2;
+  top2.top_k = 2;
+  EXPECT_THAT(client().LogProbs(x, &targets, "no-such-handle", top2).status(),
+              IsStatus(absl::StatusCode::kNotFound, "'no-such-handle' is not registered"));
+  client::LogProbsOptions too_many;
+  too_many.top_k = 65;
+  EXPECT_THAT(client().LogProbs(x, &targets, handle(), too_many).status(),
+              IsStatus(absl::StatusCode::kInvalidArgument, "top_k: expected 0 to"));
+  client::LogProbsOptions rank;
+  rank.want_rank = true;
+  EXPECT_THAT(client().LogProbs(x, nullptr, handle(), rank).status(),
+              IsStatus(absl::StatusCode::kInvalidArgument, "want_rank"));
+  EXPECT_THAT(client().LogProbs(x, nullptr, handle(), {}).status(),
+              IsStatus(absl::StatusCode::kInvalidArgument, "at least one output"));
+  client::LogProbsOptions masked;
+  masked.vocab_size = 2;
+  Tensor past = Targets(4);
+  past.data<std::int64_t>()[1] = 2;
+  EXPECT_THAT(client().LogProbs(x, &past, handle(), masked).status(),
+              IsStatus(absl::StatusCode::kInvalidArgument, "targets[1] = 2"));
+  EXPECT_EQ(fake().calls(FakeMethod::kLogProbs), 0);
+}
+
+TEST_F(ServiceTensorTest, LogProbsOutputsAndBackendFailure) {
+  const Tensor x = Ramp(DType::kBf16, {4, kK});
+  const Tensor targets = Targets(4);
+  client::LogProbsOptions options;
+  options.top_k = 3;
+  options.want_entropy = options.want_rank = true;
+  absl::StatusOr<client::LogProbsResult> r = client().LogProbs(x, &targets, handle(), options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->logprob && r->entropy && r->topk_ids && r->topk_logprobs && r->rank);
+  EXPECT_FALSE(r->lse.has_value());
+  EXPECT_EQ(r->topk_ids->shape(), (std::vector<std::int64_t>{4, 3}));
+  EXPECT_EQ(r->topk_ids->data<std::int32_t>()[5], 2);
+  EXPECT_EQ(r->logprob->data<float>()[3], -1.0f);
+  fake().FailWith(FakeMethod::kLogProbs, DeviceFull());
+  EXPECT_THAT(client().LogProbs(x, &targets, handle(), options).status(),
+              IsStatus(absl::StatusCode::kResourceExhausted, "fake: out of device memory"));
+  EXPECT_EQ(fake().calls(FakeMethod::kLogProbs), 2);
 }
 
 }  // namespace

@@ -182,4 +182,20 @@ absl::Status FakeBackend::CrossEntropy(kernels::Weight& w, const kernels::CrossE
   return absl::OkStatus();
 }
 
+absl::Status FakeBackend::LogProbs(const kernels::Weight& /*w*/, const kernels::LogProbsArgs& args,
+                                   kernels::Timing* /*timing*/) {
+  if (absl::Status s = Enter(FakeMethod::kLogProbs); !s.ok()) return s;
+  for (std::int64_t i = 0; i < args.m; ++i) {
+    if (args.logprob != nullptr) args.logprob[i] = -1.0f;
+    if (args.lse != nullptr) args.lse[i] = 0.0f;
+    if (args.entropy != nullptr) args.entropy[i] = 0.0f;
+    if (args.rank != nullptr) args.rank[i] = 0;
+    for (std::int64_t j = 0; j < args.top_k; ++j) {
+      args.topk_ids[i * args.top_k + j] = static_cast<std::int32_t>(j);
+      args.topk_logprobs[i * args.top_k + j] = -1.0f;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace logitd::testing

@@ -11,7 +11,8 @@
 //   FetchGradient: zeros, and the accumulating calls since the last zeroing;
 //   Cast:          the exact fp32 -> bf16 cast (FloatToBf16);
 //   CrossEntropy:  loss[i] = 1 for every counted token, 0 for ignored ones;
-//                  lse[i] = 0; dX and dW zero-filled.
+//                  lse[i] = 0; dX and dW zero-filled;
+//   LogProbs:      logprob -1, lse, entropy and rank 0, top-k ids 0, 1, ...
 // For results that must be right, use the cpu backend instead
 // (in_process_server.h: CpuBackend()).
 #pragma once
@@ -39,6 +40,7 @@ enum class FakeMethod {
   kZeroGradient,
   kCast,
   kCrossEntropy,
+  kLogProbs,
 };
 
 class FakeBackend final : public kernels::Backend {
@@ -80,6 +82,9 @@ class FakeBackend final : public kernels::Backend {
                           kernels::Timing* timing) override;
   absl::Status CrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
                             kernels::Timing* timing) override;
+  // logprob -1, lse and entropy 0, top-k ids 0, 1, ..., rank 0.
+  absl::Status LogProbs(const kernels::Weight& w, const kernels::LogProbsArgs& args,
+                        kernels::Timing* timing) override;
 
  private:
   // Counts the call, waits while `method` is blocked, and returns the
