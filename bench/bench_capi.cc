@@ -80,9 +80,9 @@ void* logitd_bench_engine_create(int split_k, int autotune) {
   }
   e->workspace = *std::move(workspace);
   kc::GemmEngineOptions options;
-  options.split_k = split_k == 0   ? kc::SplitKPolicy::kOff
-                    : split_k == 1 ? kc::SplitKPolicy::kFp32
-                                   : kc::SplitKPolicy::kAny;
+  options.split_k = split_k == 0   ? logitd::kernels::SplitK::kOff
+                    : split_k == 1 ? logitd::kernels::SplitK::kFp32
+                                   : logitd::kernels::SplitK::kAny;
   options.autotune = autotune != 0;
   e->engine = std::make_unique<kc::GemmEngine>(options, e->memory);
   return e.release();

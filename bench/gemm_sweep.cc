@@ -114,7 +114,7 @@ int Child(std::size_t start, const std::vector<std::string>& sets, int timeout_m
   const kc::GemmStream gs{handle->get(), stream->get(), workspace->get(), workspace->size()};
 
   kc::GemmEngineOptions any;
-  any.split_k = kc::SplitKPolicy::kAny;
+  any.split_k = logitd::kernels::SplitK::kAny;
   any.heuristic_candidates = 32;
   kc::GemmEngine lister(any, memory);
   kc::GemmEngine tuner(kc::GemmEngineOptions{}, memory);

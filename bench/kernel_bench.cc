@@ -241,9 +241,9 @@ int Run(const Options& opt) {
                   reinterpret_cast<unsigned*>(scrub.as<std::byte>() + scrub_bytes)};
 
   // The backend's engine and plain cuBLASLt: split-K any, heuristic first.
-  kc::GemmEngine tuned(kc::GemmEngineOptions{kc::SplitKPolicy::kFp32}, d.memory);
+  kc::GemmEngine tuned(kc::GemmEngineOptions{logitd::kernels::SplitK::kFp32}, d.memory);
   kc::GemmEngineOptions plain_options;
-  plain_options.split_k = kc::SplitKPolicy::kAny;
+  plain_options.split_k = logitd::kernels::SplitK::kAny;
   plain_options.autotune = false;
   kc::GemmEngine plain(plain_options, d.memory);
 

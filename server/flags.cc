@@ -294,12 +294,11 @@ absl::StatusOr<kernels::BackendOptions> BackendOptionsFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--device: expected a device ordinal >= 0, got ", backend_options.device));
   }
-  backend_options.split_k = absl::AsciiStrToLower(absl::GetFlag(FLAGS_split_k));
-  if (backend_options.split_k != "off" && backend_options.split_k != "fp32" &&
-      backend_options.split_k != "any") {
-    return absl::InvalidArgumentError(absl::StrCat("--split_k: expected off, fp32 or any, got '",
-                                                   absl::GetFlag(FLAGS_split_k), "'"));
+  absl::StatusOr<kernels::SplitK> split_k = kernels::ParseSplitK(absl::GetFlag(FLAGS_split_k));
+  if (!split_k.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", split_k.status().message()));
   }
+  backend_options.split_k = *split_k;
   backend_options.ce_workspace_bytes = absl::GetFlag(FLAGS_ce_workspace_bytes);
   backend_options.pinned_cache_bytes = absl::GetFlag(FLAGS_pinned_cache_bytes);
   backend_options.device_timeout = absl::GetFlag(FLAGS_device_timeout);

@@ -33,7 +33,7 @@ struct BackendInfo {
   std::string cuda_runtime_version;
   std::string cublaslt_version;
   std::string blas_version;
-  std::string split_k;  // "off" | "fp32" | "any"; empty on cpu
+  std::string split_k;  // SplitKName: "off" | "fp32" | "any"; empty on cpu
 };
 
 // Where a call's time went, microseconds.
@@ -256,6 +256,17 @@ class Backend {
 
 enum class BackendKind { kAuto, kCuda, kCpu };
 
+// Which split-K GEMM algorithms the cuda backend may run. kFp32 allows
+// splitting the reduction only when every partial sum and the final
+// reduction stay in fp32; kOff forbids it; kAny accepts whatever the library
+// offers (bf16 partials included).
+enum class SplitK { kOff, kFp32, kAny };
+// "off", "fp32" or "any", any case; InvalidArgument naming them otherwise.
+absl::StatusOr<SplitK> ParseSplitK(absl::string_view name);
+// "off", "fp32" or "any": what --split_k, BackendInfo::split_k and the
+// algorithm cache file's platform say.
+const char* SplitKName(SplitK split_k);
+
 // What a backend tells the process, from any of its threads. Unset members
 // are skipped.
 struct BackendEvents {
@@ -281,7 +292,7 @@ absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name);
 struct BackendOptions {
   BackendKind kind = BackendKind::kAuto;
   int device = 0;                          // cuda device ordinal
-  std::string split_k = "fp32";            // cuda: "off" | "fp32" | "any"
+  SplitK split_k = SplitK::kFp32;          // cuda
   int cpu_threads = 0;                     // cpu: BLAS threads, 0 = library default
   std::uint64_t device_memory_budget = 0;  // cuda: bytes for workspaces+weights, 0 = all free
   // cuda: device bytes a fused cross-entropy call may use for its chunk of

@@ -43,9 +43,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
         }
         return cuda;
       }
-      // Only "no usable device" falls back. A bad --split_k or --device, or a
-      // device that is there but failed, is an error the operator should see
-      // rather than a silent switch to a much slower backend.
+      // Only "no usable device" falls back. A bad --device, or a device that
+      // is there but failed, is an error the operator should see rather than
+      // a silent switch to a much slower backend.
       const absl::StatusCode code = cuda.status().code();
       if (code != absl::StatusCode::kFailedPrecondition && code != absl::StatusCode::kUnavailable) {
         return cuda.status();

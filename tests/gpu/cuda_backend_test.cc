@@ -46,14 +46,6 @@ std::shared_ptr<Weight> Load(Backend* b, const std::vector<Bf16Bits>& w, std::in
   return loaded.ok() ? *loaded : nullptr;
 }
 
-TEST(CudaBackendOptions, BadSplitKIsInvalidArgumentWithOrWithoutDevice) {
-  BackendOptions options;
-  options.split_k = "sometimes";
-  auto b = CreateCudaBackend(options);
-  ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
-}
-
 TEST(CudaBackendOptions, NoDeviceIsFailedPrecondition) {
   auto b = CreateCudaBackend(BackendOptions{});
   if (b.ok()) GTEST_SKIP() << "a device is visible";

@@ -45,7 +45,7 @@ void WithinOrDie(std::chrono::seconds limit, const std::string& what,
 
 std::unique_ptr<Backend> MakeBackend(const std::string& split_k, std::string* skip) {
   BackendOptions options;
-  options.split_k = split_k;
+  options.split_k = ParseSplitK(split_k).value();
   options.device_timeout = absl::Seconds(30);
   auto created = CreateCudaBackend(options);
   if (!created.ok()) {

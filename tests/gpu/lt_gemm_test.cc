@@ -22,7 +22,6 @@ namespace logitd::kernels::testing {
 namespace {
 
 using cuda::GemmShape;
-using cuda::SplitKPolicy;
 
 struct Device {
   std::shared_ptr<cuda::DeviceMemory> memory = cuda::DeviceMemory::Create(0, 0);
@@ -82,7 +81,7 @@ TEST_F(LtGemmTest, SplitKPolicyIsHonouredAndResultsAreExact) {
     if (op == "dx") ref = GradInputReference(gf, Widen(w), c.m, c.v, c.k);
     if (op == "dw") ref = GradWeightReference(gf, Widen(x), c.m, c.v, c.k);
 
-    for (SplitKPolicy policy : {SplitKPolicy::kOff, SplitKPolicy::kFp32, SplitKPolicy::kAny}) {
+    for (SplitK policy : {SplitK::kOff, SplitK::kFp32, SplitK::kAny}) {
       cuda::GemmEngineOptions options;
       options.split_k = policy;
       cuda::GemmEngine engine(options, device_.memory);
@@ -109,12 +108,12 @@ TEST_F(LtGemmTest, SplitKPolicyIsHonouredAndResultsAreExact) {
         ASSERT_EQ(cudaStreamSynchronize(device_.stream.get()), cudaSuccess);
         auto choice = engine.Cached(shape, ops, device_.workspace.size());
         ASSERT_TRUE(choice.has_value());
-        std::cout << shape.ToString() << " split_k=" << cuda::SplitKPolicyName(policy) << ": "
+        std::cout << shape.ToString() << " split_k=" << SplitKName(policy) << ": "
                   << choice->ToString() << "\n";
-        if (policy == SplitKPolicy::kOff) {
+        if (policy == SplitK::kOff) {
           EXPECT_EQ(choice->split_k, 1);
         }
-        if (policy == SplitKPolicy::kFp32 && out == CUDA_R_16BF) {
+        if (policy == SplitK::kFp32 && out == CUDA_R_16BF) {
           EXPECT_TRUE(choice->split_k == 1 ||
                       choice->reduction == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
         }
@@ -123,7 +122,7 @@ TEST_F(LtGemmTest, SplitKPolicyIsHonouredAndResultsAreExact) {
                   cudaSuccess);
         // Exact sums are exact under any split; bf16 out under "any" may
         // round partial sums, so it is only reported.
-        const bool must_match = !(policy == SplitKPolicy::kAny && out == CUDA_R_16BF);
+        const bool must_match = !(policy == SplitK::kAny && out == CUDA_R_16BF);
         std::int64_t bad = 0;
         for (std::size_t i = 0; i < ref.value.size(); ++i) {
           const float exact = static_cast<float>(ref.value[i]);
@@ -134,7 +133,7 @@ TEST_F(LtGemmTest, SplitKPolicyIsHonouredAndResultsAreExact) {
           bad += !ok;
         }
         if (must_match) {
-          EXPECT_EQ(bad, 0) << shape.ToString() << " " << cuda::SplitKPolicyName(policy);
+          EXPECT_EQ(bad, 0) << shape.ToString() << " " << SplitKName(policy);
         } else if (bad != 0) {
           std::cout << "  (split_k=any, bf16 out: " << bad << " elements differ from the "
                     << "correctly rounded sums)\n";
@@ -230,7 +229,7 @@ TEST_F(LtGemmTest, EveryOfferedConfigurationIsAccurate) {
       auto dc = device_.memory->Allocate(count * elt, "c");
       ASSERT_TRUE(dc.ok());
       cuda::GemmEngineOptions any;
-      any.split_k = SplitKPolicy::kAny;
+      any.split_k = SplitK::kAny;
       any.heuristic_candidates = 32;
       cuda::GemmEngine lister(any, device_.memory);
       auto candidates = lister.Candidates(shape, ops_of(data[0], dc->get()), device_.gemm());

@@ -1,5 +1,5 @@
-// Tests of the backend factory: name parsing and the choice --backend makes,
-// with and without the cuda backend built in.
+// Tests of the backend factory: name parsing (backends and split-K) and the
+// choice --backend makes, with and without the cuda backend built in.
 #include "server/kernels/backend.h"
 
 #include <gtest/gtest.h>
@@ -27,6 +27,30 @@ TEST(Backend, ParseBackendKindUnknownIsInvalidArgument) {
     absl::Status s = ParseBackendKind(name).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
     EXPECT_NE(s.message().find("auto, cuda or cpu"), absl::string_view::npos) << s;
+  }
+}
+
+TEST(Backend, ParseSplitKAcceptsTheThreeNamesInAnyCase) {
+  for (SplitK split_k : {SplitK::kOff, SplitK::kFp32, SplitK::kAny}) {
+    const std::string name = SplitKName(split_k);
+    absl::StatusOr<SplitK> parsed = ParseSplitK(name);
+    ASSERT_TRUE(parsed.ok()) << name << ": " << parsed.status();
+    EXPECT_EQ(*parsed, split_k) << name;
+  }
+  EXPECT_STREQ(SplitKName(SplitK::kFp32), "fp32");
+  absl::StatusOr<SplitK> upper = ParseSplitK("FP32");
+  ASSERT_TRUE(upper.ok()) << upper.status();
+  EXPECT_EQ(*upper, SplitK::kFp32);
+  EXPECT_EQ(BackendOptions{}.split_k, SplitK::kFp32);
+}
+
+TEST(Backend, ParseSplitKUnknownIsInvalidArgumentNamingTheChoices) {
+  for (const char* name : {"sometimes", "", "fp16", "on"}) {
+    absl::Status s = ParseSplitK(name).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(s.message().find("split_k: expected off, fp32 or any, got '"),
+              absl::string_view::npos)
+        << s;
   }
 }
 

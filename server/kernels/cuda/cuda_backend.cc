@@ -188,12 +188,11 @@ class Lease {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const BackendOptions& options, cuda::SplitKPolicy policy)
+  explicit CudaBackend(const BackendOptions& options)
       : options_(options),
-        policy_(policy),
         health_(options.device_timeout, options.events.device_lost),
         memory_(DeviceMemory::Create(options.device, options.device_memory_budget)),
-        engine_(EngineOptions(policy, options.events), memory_),
+        engine_(EngineOptions(options), memory_),
         // Page-locked response buffers are reused across calls: allocating
         // and freeing them costs more than the GEMM for large outputs.
         host_pool_(HostBufferPool::Create(
@@ -245,11 +244,10 @@ class CudaBackend final : public Backend {
   void Return(Context* context);
 
  private:
-  static cuda::GemmEngineOptions EngineOptions(cuda::SplitKPolicy policy,
-                                               const BackendEvents& events) {
+  static cuda::GemmEngineOptions EngineOptions(const BackendOptions& options) {
     cuda::GemmEngineOptions o;
-    o.split_k = policy;
-    o.warn = events.warning;
+    o.split_k = options.split_k;
+    o.warn = options.events.warning;
     return o;
   }
   absl::Status Guard(absl::Status status) {
@@ -284,7 +282,6 @@ class CudaBackend final : public Backend {
                             Timing* timing);
 
   BackendOptions options_;
-  cuda::SplitKPolicy policy_;
   DeviceHealth health_;
   std::shared_ptr<DeviceMemory> memory_;
   GemmEngine engine_;
@@ -377,7 +374,7 @@ absl::Status CudaBackend::Init() {
   info_.cuda_runtime_version = VersionString(runtime);
   info_.cublaslt_version = absl::StrCat(lt / 10000, ".", (lt / 100) % 100, ".", lt % 100);
   info_.blas_version = absl::StrCat("cuBLASLt ", info_.cublaslt_version);
-  info_.split_k = cuda::SplitKPolicyName(policy_);
+  info_.split_k = SplitKName(options_.split_k);
 
   for (int i = 0; i < kContexts; ++i) {
     auto c = std::make_unique<Context>();
@@ -414,7 +411,7 @@ absl::Status CudaBackend::Init() {
         options_.algo_cache,
         cuda::AlgoCachePlatform(info_.device_name, info_.multiprocessor_count, info_.driver_version,
                                 info_.cuda_runtime_version, info_.cublaslt_version, kWorkspaceBytes,
-                                policy_),
+                                options_.split_k),
         contexts_.front()->gemm(), &summary));
     if (options_.events.info) options_.events.info(summary);
   }
@@ -1216,8 +1213,6 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options) {
   // Options are checked first: a bad flag is reported the same with or
   // without a GPU.
-  auto policy = cuda::ParseSplitKPolicy(options.split_k);
-  if (!policy.ok()) return policy.status();
   if (options.device < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda backend: expected a device ordinal >= 0, got ", options.device));
@@ -1241,7 +1236,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
         absl::StrCat("cuda backend: --device=", options.device, " requested, but only ", count,
                      " device(s) are visible (ordinals 0..", count - 1, ")"));
   }
-  auto backend = std::make_unique<CudaBackend>(options, *policy);
+  auto backend = std::make_unique<CudaBackend>(options);
   absl::Status status = backend->Init();
   if (!status.ok()) return status;
   return std::unique_ptr<Backend>(std::move(backend));

@@ -12,7 +12,7 @@ namespace logitd::kernels {
 
 // FailedPrecondition, with the reason, when no CUDA device is visible or the
 // driver cannot be used, so that --backend=auto falls back to cpu;
-// InvalidArgument for a bad options.split_k or options.device.
+// InvalidArgument for a bad options.device.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options);
 
 }  // namespace logitd::kernels

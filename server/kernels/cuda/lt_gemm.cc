@@ -87,26 +87,26 @@ AlgoChoice Describe(const cublasLtMatmulHeuristicResult_t& r) {
 // output-type workspace) sums in fp32. With bf16 D only the compute-type
 // workspace does: in-place and output-type reductions store bf16 partials,
 // which is exactly what the legacy path had to ban.
-bool Allowed(SplitKPolicy policy, cudaDataType_t c_type, const AlgoChoice& c) {
+bool Allowed(SplitK policy, cudaDataType_t c_type, const AlgoChoice& c) {
   if (c.split_k <= 1) return true;
   switch (policy) {
-    case SplitKPolicy::kOff:
+    case SplitK::kOff:
       return false;
-    case SplitKPolicy::kAny:
+    case SplitK::kAny:
       return true;
-    case SplitKPolicy::kFp32:
+    case SplitK::kFp32:
       return c_type == CUDA_R_32F || c.reduction == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   }
   return false;
 }
 
-std::uint32_t ReductionMask(SplitKPolicy policy, cudaDataType_t c_type) {
+std::uint32_t ReductionMask(SplitK policy, cudaDataType_t c_type) {
   switch (policy) {
-    case SplitKPolicy::kOff:
+    case SplitK::kOff:
       return CUBLASLT_REDUCTION_SCHEME_NONE;
-    case SplitKPolicy::kAny:
+    case SplitK::kAny:
       return CUBLASLT_REDUCTION_SCHEME_MASK;
-    case SplitKPolicy::kFp32:
+    case SplitK::kFp32:
       return c_type == CUDA_R_32F ? CUBLASLT_REDUCTION_SCHEME_MASK
                                   : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   }
@@ -196,26 +196,6 @@ absl::Status Matmul(const GemmShape& shape, const RawHandles& d, const cublasLtM
 
 }  // namespace
 
-absl::StatusOr<SplitKPolicy> ParseSplitKPolicy(absl::string_view name) {
-  if (name == "off") return SplitKPolicy::kOff;
-  if (name == "fp32") return SplitKPolicy::kFp32;
-  if (name == "any") return SplitKPolicy::kAny;
-  return absl::InvalidArgumentError(
-      absl::StrCat("split_k: expected one of off, fp32, any; got '", name, "'"));
-}
-
-const char* SplitKPolicyName(SplitKPolicy policy) {
-  switch (policy) {
-    case SplitKPolicy::kOff:
-      return "off";
-    case SplitKPolicy::kFp32:
-      return "fp32";
-    case SplitKPolicy::kAny:
-      return "any";
-  }
-  return "?";
-}
-
 std::string GemmShape::ToString() const { return absl::StrCat(op, "(", Dims(*this), ")"); }
 
 GemmShape LogitsShape(std::int64_t m, std::int64_t v, std::int64_t k, cudaDataType_t out) {
@@ -265,10 +245,10 @@ std::string AlgoChoice::Brief() const {
 std::string AlgoCachePlatform(const std::string& device_name, int multiprocessors,
                               const std::string& driver, const std::string& runtime,
                               const std::string& cublaslt, std::size_t workspace_bytes,
-                              SplitKPolicy policy) {
+                              SplitK split_k) {
   return absl::StrCat(device_name, "; ", multiprocessors, " SMs; driver ", driver, "; CUDA ",
                       runtime, "; cuBLASLt ", cublaslt, "; workspace ", workspace_bytes,
-                      "; split_k=", SplitKPolicyName(policy));
+                      "; split_k=", SplitKName(split_k));
 }
 
 GemmEngine::GemmEngine(GemmEngineOptions options, std::shared_ptr<DeviceMemory> memory)
@@ -351,7 +331,7 @@ absl::StatusOr<std::vector<AlgoChoice>> GemmEngine::Heuristic(const GemmShape& s
   if (candidates.empty()) {
     return absl::UnimplementedError(
         absl::StrCat(what, "cublasLtMatmulAlgoGetHeuristic(", Dims(shape), ") offered ", returned,
-                     " algorithms, none allowed by split_k=", SplitKPolicyName(options_.split_k),
+                     " algorithms, none allowed by split_k=", SplitKName(options_.split_k),
                      " within a workspace of ", s.workspace_bytes, " bytes"));
   }
   for (auto& cand : candidates) cand.candidates = static_cast<int>(candidates.size());
@@ -425,7 +405,7 @@ absl::StatusOr<std::vector<AlgoChoice>> GemmEngine::ListCandidates(const GemmSha
   // cublasLtMatmulAlgoCheck accepts as given.
   const bool small_output = static_cast<double>(shape.m) * static_cast<double>(shape.n) <=
                             options_.split_variants_max_outputs;
-  if (options_.split_k != SplitKPolicy::kOff && options_.split_variants > 0 && small_output) {
+  if (options_.split_k != SplitK::kOff && options_.split_variants > 0 && small_output) {
     const int base_count = std::min(listed_count, options_.split_variants);
     for (int i = 0; i < base_count; ++i) {
       const AlgoChoice& base = candidates[static_cast<std::size_t>(i)];

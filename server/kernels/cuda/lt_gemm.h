@@ -22,17 +22,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
+#include "server/kernels/backend.h"
 #include "server/kernels/cuda/cuda_handles.h"
 
 namespace logitd::kernels::cuda {
-
-// Which split-K algorithms may run. kFp32 allows splitting the reduction only
-// when every partial sum and the final reduction stay in fp32; kOff forbids
-// it; kAny accepts whatever the library offers (bf16 partials included).
-enum class SplitKPolicy { kOff, kFp32, kAny };
-absl::StatusOr<SplitKPolicy> ParseSplitKPolicy(absl::string_view name);
-const char* SplitKPolicyName(SplitKPolicy policy);
 
 // Row-major C[m, n] = alpha * P[m, k] . Q[k, n] + beta * C with bf16 P and Q
 // and fp32 accumulation. P is stored row-major as [m, k], or as [k, m] when
@@ -114,7 +107,8 @@ struct RawHandles {
 };
 
 struct GemmEngineOptions {
-  SplitKPolicy split_k = SplitKPolicy::kFp32;
+  // Which split-K algorithms may run (see SplitK).
+  SplitK split_k = SplitK::kFp32;
   // Time the top candidates once per shape and keep the fastest; otherwise
   // take the heuristic's first.
   bool autotune = true;
@@ -217,6 +211,6 @@ class GemmEngine {
 std::string AlgoCachePlatform(const std::string& device_name, int multiprocessors,
                               const std::string& driver, const std::string& runtime,
                               const std::string& cublaslt, std::size_t workspace_bytes,
-                              SplitKPolicy policy);
+                              SplitK split_k);
 
 }  // namespace logitd::kernels::cuda
