@@ -179,9 +179,28 @@ struct LogProbsArgs {
   std::int64_t vocab_chunk = 0;
 };
 
+// The checks every backend makes of a call's arguments before it touches
+// their memory, in one wording for all backends ("<call>: x is null",
+// "<call>: expected m (rows of x) >= 1, got 0", ...): InvalidArgument when a
+// required pointer is null, a dtype is not one the call takes, a shape does
+// not agree with the weight or its byte count overflows, or a
+// cross-entropy's option or target is out of range. What only one backend
+// cannot do (the cpu backend's 32-bit BLAS dimensions) it checks itself,
+// after these.
+absl::Status CheckLoadWeightArgs(const Bf16Bits* w, std::int64_t v, std::int64_t k);
+absl::Status CheckLogitsArgs(const Weight& w, const LogitsArgs& args);
+absl::Status CheckBackwardArgs(const Weight& w, const BackwardArgs& args);
+absl::Status CheckCrossEntropyArgs(const Weight& w, const CrossEntropyArgs& args);
+absl::Status CheckLogProbsArgs(const Weight& w, const LogProbsArgs& args);
+absl::Status CheckCastArgs(const float* in, std::int64_t n, const Bf16Bits* out);
+// InvalidArgument for a weight that `backend` ("cpu", "cuda") did not load,
+// which reaches it through the shared interface: "<call>: expected a weight
+// loaded by the cpu backend, got one [V, K] from another backend".
+absl::Status ForeignWeightError(absl::string_view call, absl::string_view backend, const Weight& w);
+
 // All methods are thread-safe. Shapes and dtypes arrive validated by the
 // service layer; a backend still returns InvalidArgument rather than crash if
-// they do not agree with the weight.
+// they do not agree with the weight (see CheckLogitsArgs and its siblings).
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -1,11 +1,15 @@
-// Tests of the backend factory: name parsing (backends and split-K) and the
+// Tests of the interface's own code and the backend factory: name parsing
+// (backends and split-K), the argument checks every backend makes, and the
 // choice --backend makes, with and without the cuda backend built in.
 #include "server/kernels/backend.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace logitd::kernels {
 namespace {
@@ -52,6 +56,116 @@ TEST(Backend, ParseSplitKUnknownIsInvalidArgumentNamingTheChoices) {
               absl::string_view::npos)
         << s;
   }
+}
+
+// A weight of no backend: the checks look at its shape only.
+class ShapeOnlyWeight final : public Weight {
+ public:
+  ShapeOnlyWeight(std::int64_t v, std::int64_t k) : Weight(v, k) {}
+  std::uint64_t weight_bytes() const override { return 0; }
+  std::uint64_t gradient_bytes() const override { return 0; }
+};
+
+void ExpectInvalid(const absl::Status& s, const std::string& message) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message << ": " << s;
+  EXPECT_EQ(s.message(), message);
+}
+
+TEST(BackendChecks, LogitsArgs) {
+  const ShapeOnlyWeight w(100, 8);
+  const std::vector<Bf16Bits> x(32);
+  std::vector<float> y(400);
+  LogitsArgs good;
+  good.x = x.data();
+  good.m = 4;
+  good.y = y.data();
+  EXPECT_TRUE(CheckLogitsArgs(w, good).ok());
+  LogitsArgs a = good;
+  a.x = nullptr;
+  ExpectInvalid(CheckLogitsArgs(w, a), "logits: x is null");
+  a = good;
+  a.m = 0;
+  ExpectInvalid(CheckLogitsArgs(w, a), "logits: expected m (rows of x) >= 1, got 0");
+  a = good;
+  a.out_dtype = DType::kInt32;
+  ExpectInvalid(CheckLogitsArgs(w, a), "logits: expected out_dtype fp32 or bf16, got int32");
+  a = good;
+  a.m = std::int64_t{1} << 58;  // [m, 8] bf16 fits in int64; [m, 100] fp32 does not
+  ExpectInvalid(CheckLogitsArgs(w, a),
+                "logits: y fp32: shape [288230376151711744, 100]: element count overflows int64");
+}
+
+TEST(BackendChecks, BackwardArgs) {
+  const ShapeOnlyWeight w(100, 8);
+  const std::vector<float> dy(400);
+  const std::vector<Bf16Bits> x(32);
+  std::vector<Bf16Bits> dx(32);
+  BackwardArgs good;
+  good.dy = dy.data();
+  good.m = 4;
+  good.dx = dx.data();
+  // dX alone needs no x.
+  EXPECT_TRUE(CheckBackwardArgs(w, good).ok());
+  BackwardArgs a = good;
+  a.accumulate_dw = true;
+  ExpectInvalid(CheckBackwardArgs(w, a), "backward: x is null but dW was asked for");
+  a.x = x.data();
+  EXPECT_TRUE(CheckBackwardArgs(w, a).ok());
+  a = good;
+  a.dx = nullptr;
+  ExpectInvalid(CheckBackwardArgs(w, a),
+                "backward: nothing to compute: expected dx, dw or accumulate_dw, got none");
+  a = good;
+  a.dx_dtype = DType::kInt64;
+  ExpectInvalid(CheckBackwardArgs(w, a), "backward: expected dx_dtype fp32 or bf16, got int64");
+  // An unused output's dtype is not looked at.
+  a = good;
+  a.dw_dtype = DType::kInt32;
+  EXPECT_TRUE(CheckBackwardArgs(w, a).ok());
+}
+
+TEST(BackendChecks, CrossEntropyArgs) {
+  const ShapeOnlyWeight w(1000, 8);
+  const std::vector<Bf16Bits> x(32);
+  std::vector<std::int64_t> targets = {1, 2, -100, 999};
+  std::vector<float> loss(4);
+  CrossEntropyArgs good;
+  good.x = x.data();
+  good.m = 4;
+  good.targets = targets.data();
+  good.loss = loss.data();
+  EXPECT_TRUE(CheckCrossEntropyArgs(w, good).ok());
+  CrossEntropyArgs a = good;
+  a.loss = nullptr;
+  ExpectInvalid(CheckCrossEntropyArgs(w, a), "cross entropy: loss is null");
+  a = good;
+  a.z_loss = -1e-4f;
+  ExpectInvalid(CheckCrossEntropyArgs(w, a),
+                "cross entropy: expected z_loss finite and >= 0, got -0.0001");
+  a = good;
+  a.grad_scale = std::numeric_limits<float>::infinity();
+  ExpectInvalid(CheckCrossEntropyArgs(w, a), "cross entropy: expected grad_scale finite, got inf");
+  targets[3] = 1000;
+  ExpectInvalid(CheckCrossEntropyArgs(w, good),
+                "cross entropy: targets[3] = 1000: expected a token id in [0, 1000) or "
+                "ignore_index -100");
+}
+
+TEST(BackendChecks, CastAndLoadWeightArgs) {
+  EXPECT_TRUE(CheckCastArgs(nullptr, 0, nullptr).ok());
+  ExpectInvalid(CheckCastArgs(nullptr, -1, nullptr), "cast to bf16: expected n >= 0, got -1");
+  ExpectInvalid(CheckCastArgs(nullptr, 4, nullptr), "cast to bf16: in or out is null");
+  const std::vector<Bf16Bits> w(64);
+  EXPECT_TRUE(CheckLoadWeightArgs(w.data(), 8, 8).ok());
+  ExpectInvalid(CheckLoadWeightArgs(nullptr, 8, 8), "load weight: w is null");
+  ExpectInvalid(CheckLoadWeightArgs(w.data(), 0, 8),
+                "load weight: expected V and K >= 1, got [0, 8]");
+}
+
+TEST(BackendChecks, ForeignWeightNamesTheBackendAndTheShape) {
+  ExpectInvalid(ForeignWeightError("logits", "cuda", ShapeOnlyWeight(4, 8)),
+                "logits: expected a weight loaded by the cuda backend, got one [4, 8] from "
+                "another backend");
 }
 
 TEST(Backend, CreateCpuGivesTheCpuBackend) {

@@ -106,18 +106,11 @@ std::int64_t MicrosSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-absl::Status CheckRows(absl::string_view op, std::int64_t m) {
-  if (m < 1 || m > kMaxBlasDim) {
+// The BLAS's limit on m, past the interface's own checks (m >= 1).
+absl::Status CheckBlasRows(absl::string_view op, std::int64_t m) {
+  if (m > kMaxBlasDim) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: expected m (rows of x) in [1, %d], got %d", op, kMaxBlasDim, m));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckFloatDType(absl::string_view op, absl::string_view what, DType dtype) {
-  if (dtype != DType::kFp32 && dtype != DType::kBf16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": expected ", what, " fp32 or bf16, got ", DTypeName(dtype)));
   }
   return absl::OkStatus();
 }
@@ -163,10 +156,7 @@ auto* AsCpuWeight(W& w) {
 }
 
 absl::Status ForeignWeight(absl::string_view op, const Weight& w) {
-  return absl::InvalidArgumentError(
-      absl::StrFormat("%s: expected a weight loaded by the cpu backend, got one [%d, %d] from "
-                      "another backend",
-                      op, w.v(), w.k()));
+  return ForeignWeightError(op, "cpu", w);
 }
 
 void SetTiming(Timing* timing, std::chrono::steady_clock::time_point start) {
@@ -286,20 +276,6 @@ void CeSoftcap(float cap, float* y, std::int64_t n) {
   for (std::int64_t j = 0; j < n; ++j) y[j] = cap * std::tanh(y[j] / cap);
 }
 
-absl::Status CheckCeTargets(const std::int64_t* targets, std::int64_t m, std::int64_t v,
-                            std::int64_t ignore_index) {
-  for (std::int64_t i = 0; i < m; ++i) {
-    const std::int64_t t = targets[i];
-    if (t != ignore_index && (t < 0 || t >= v)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("cross entropy: targets[%d] = %d: expected a token id in [0, %d) or "
-                          "ignore_index %d",
-                          i, t, v, ignore_index));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // LogProbs (see logitd.v1.LogProbsHeader), on top of the cross-entropy's
 // log-sum-exp (the same tiles, folded in the same order, so that lse and
 // logprob = z_t - lse are bitwise CrossEntropy's lse and -loss when the
@@ -362,54 +338,6 @@ struct LpRow {
     return std::log(lse.sum) - zsum / lse.sum;
   }
 };
-
-absl::Status CheckCeOption(absl::string_view name, float value, bool non_negative) {
-  if (!std::isfinite(value) || (non_negative && value < 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat("cross entropy: expected ", name, " finite",
-                                                   non_negative ? " and >= 0" : "", ", got ",
-                                                   value));
-  }
-  return absl::OkStatus();
-}
-
-// LogProbs' arguments against the weight: rows, options, outputs and the
-// targets (each in [0, vocab) or ignore_index).
-absl::Status CheckLogProbsArgs(const Weight& w, const LogProbsArgs& args) {
-  if (args.x == nullptr) return absl::InvalidArgumentError("log probs: x is null");
-  if (absl::Status s = CheckRows("log probs", args.m); !s.ok()) return s;
-  if (!std::isfinite(args.temperature) || args.temperature <= 0.0f) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "log probs: temperature: expected a finite value > 0, got ", args.temperature));
-  }
-  if (absl::Status s = CheckCeOption("logit_softcap", args.logit_softcap, true); !s.ok()) return s;
-  if (args.vocab < 1 || args.vocab > w.v()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("log probs: vocab: expected 1 to ", w.v(), " entries, got ", args.vocab));
-  }
-  if (args.top_k < 0 || args.top_k > kMaxTopK || args.top_k > args.vocab) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "log probs: top_k: expected 0 to ", std::min(kMaxTopK, args.vocab), ", got ", args.top_k));
-  }
-  if (args.top_k > 0 && (args.topk_ids == nullptr || args.topk_logprobs == nullptr)) {
-    return absl::InvalidArgumentError("log probs: top_k > 0 needs topk_ids and topk_logprobs");
-  }
-  if (args.targets == nullptr) {
-    if (args.logprob != nullptr || args.rank != nullptr) {
-      return absl::InvalidArgumentError("log probs: logprob and rank need targets");
-    }
-    return absl::OkStatus();
-  }
-  for (std::int64_t i = 0; i < args.m; ++i) {
-    const std::int64_t t = args.targets[i];
-    if (t != args.ignore_index && (t < 0 || t >= args.vocab)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("log probs: targets[%d] = %d: expected a token id in [0, %d) or "
-                          "ignore_index %d",
-                          i, t, args.vocab, args.ignore_index));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // At least one kAlignment block (so that zero bytes still give a valid
 // pointer), rounded up to a multiple of it as aligned_alloc wants.
@@ -474,8 +402,8 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
                                                      std::int64_t k) override {
-    if (w == nullptr) return absl::InvalidArgumentError("load weight: w is null");
-    if (v < 1 || k < 1 || v > kMaxBlasDim || k > kMaxBlasDim) {
+    if (absl::Status s = CheckLoadWeightArgs(w, v, k); !s.ok()) return s;
+    if (v > kMaxBlasDim || k > kMaxBlasDim) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "load weight: expected V and K in [1, %d], got [%d, %d]", kMaxBlasDim, v, k));
     }
@@ -492,12 +420,8 @@ class CpuBackend final : public Backend {
     const CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("logits", weight);
     const CpuWeight& w = *cw;
-    if (args.x == nullptr) return absl::InvalidArgumentError("logits: x is null");
-    if (args.y == nullptr) return absl::InvalidArgumentError("logits: y is null");
-    if (absl::Status s = CheckRows("logits", args.m); !s.ok()) return s;
-    if (absl::Status s = CheckFloatDType("logits", "out_dtype", args.out_dtype); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = CheckLogitsArgs(w, args); !s.ok()) return s;
+    if (absl::Status s = CheckBlasRows("logits", args.m); !s.ok()) return s;
     const std::int64_t m = args.m;
     const std::int64_t v = w.v();
     const std::int64_t k = w.k();
@@ -537,28 +461,10 @@ class CpuBackend final : public Backend {
     CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("backward", weight);
     CpuWeight& w = *cw;
-    if (args.dy == nullptr) return absl::InvalidArgumentError("backward: dy is null");
-    if (absl::Status s = CheckFloatDType("backward", "dy_dtype", args.dy_dtype); !s.ok()) return s;
-    if (absl::Status s = CheckRows("backward", args.m); !s.ok()) return s;
+    if (absl::Status s = CheckBackwardArgs(w, args); !s.ok()) return s;
+    if (absl::Status s = CheckBlasRows("backward", args.m); !s.ok()) return s;
     const bool want_dx = args.dx != nullptr;
     const bool want_dw = args.dw != nullptr && !args.accumulate_dw;
-    if (!want_dx && !want_dw && !args.accumulate_dw) {
-      return absl::InvalidArgumentError(
-          "backward: nothing to compute: expected dx, dw or accumulate_dw, got none");
-    }
-    if (want_dx) {
-      if (absl::Status s = CheckFloatDType("backward", "dx_dtype", args.dx_dtype); !s.ok()) {
-        return s;
-      }
-    }
-    if (want_dw) {
-      if (absl::Status s = CheckFloatDType("backward", "dw_dtype", args.dw_dtype); !s.ok()) {
-        return s;
-      }
-    }
-    if ((want_dw || args.accumulate_dw) && args.x == nullptr) {
-      return absl::InvalidArgumentError("backward: x is null but dW was asked for");
-    }
     const std::int64_t m = args.m;
     const std::int64_t v = w.v();
     const std::int64_t k = w.k();
@@ -655,13 +561,7 @@ class CpuBackend final : public Backend {
 
   absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) override {
     const auto start = std::chrono::steady_clock::now();
-    if (n < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("cast to bf16: expected n >= 0, got %d", n));
-    }
-    if (n > 0 && (in == nullptr || out == nullptr)) {
-      return absl::InvalidArgumentError("cast to bf16: in or out is null");
-    }
+    if (absl::Status s = CheckCastArgs(in, n, out); !s.ok()) return s;
     if (test_device_faults_ && n > 0) {
       const std::uint32_t first = FloatBits(in[0]);
       if (first == kTestDeviceTrap || first == kTestDeviceHang) return TestDeviceFault(first, n);
@@ -676,26 +576,11 @@ class CpuBackend final : public Backend {
     CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("cross entropy", weight);
     CpuWeight& w = *cw;
-    if (args.x == nullptr) return absl::InvalidArgumentError("cross entropy: x is null");
-    if (args.targets == nullptr) {
-      return absl::InvalidArgumentError("cross entropy: targets is null");
-    }
-    if (args.loss == nullptr) return absl::InvalidArgumentError("cross entropy: loss is null");
-    if (absl::Status s = CheckRows("cross entropy", args.m); !s.ok()) return s;
-    if (args.dx != nullptr) {
-      if (absl::Status s = CheckFloatDType("cross entropy", "dx_dtype", args.dx_dtype); !s.ok()) {
-        return s;
-      }
-    }
-    if (absl::Status s = CheckCeOption("z_loss", args.z_loss, true); !s.ok()) return s;
-    if (absl::Status s = CheckCeOption("logit_softcap", args.logit_softcap, true); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = CheckCeOption("grad_scale", args.grad_scale, false); !s.ok()) return s;
+    if (absl::Status s = CheckCrossEntropyArgs(w, args); !s.ok()) return s;
+    if (absl::Status s = CheckBlasRows("cross entropy", args.m); !s.ok()) return s;
     const std::int64_t m = args.m;
     const std::int64_t v = w.v();
     const std::int64_t k = w.k();
-    if (absl::Status s = CheckCeTargets(args.targets, m, v, args.ignore_index); !s.ok()) return s;
     const bool want_dx = args.dx != nullptr;
     const bool return_dw = args.dw != nullptr && !args.accumulate_dw;
     const bool backward = want_dx || return_dw || args.accumulate_dw;
@@ -841,6 +726,7 @@ class CpuBackend final : public Backend {
     if (cw == nullptr) return ForeignWeight("log probs", weight);
     const CpuWeight& w = *cw;
     if (absl::Status s = CheckLogProbsArgs(w, args); !s.ok()) return s;
+    if (absl::Status s = CheckBlasRows("log probs", args.m); !s.ok()) return s;
     const std::int64_t m = args.m;
     const std::int64_t v = args.vocab;
     const std::int64_t k = w.k();

@@ -14,7 +14,6 @@
 #include <array>
 #include <atomic>
 #include <cctype>
-#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
@@ -22,7 +21,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -461,23 +459,18 @@ absl::StatusOr<std::shared_ptr<void>> CudaBackend::DoPinHostMemory(void* data, s
 
 absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::DoLoadWeight(const Bf16Bits* w, std::int64_t v,
                                                                   std::int64_t k) {
-  auto bytes = CheckedByteCount({v, k}, DType::kBf16);
-  if (!bytes.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("weight: shape ", ShapeString({v, k}), ": ", bytes.status().message()));
-  }
-  if (w == nullptr) return absl::InvalidArgumentError("weight: no data");
+  RETURN_IF_ERROR_(CheckLoadWeightArgs(w, v, k));
+  const std::size_t bytes = static_cast<std::size_t>(v * k) * 2;
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   // Device memory first: a weight that cannot fit is refused before any of
   // its bytes are read.
-  auto buffer = memory_->Allocate(static_cast<std::size_t>(*bytes),
-                                  absl::StrCat("weight ", ShapeString({v, k}), " bf16"));
+  auto buffer = memory_->Allocate(bytes, absl::StrCat("weight ", ShapeString({v, k}), " bf16"));
   if (!buffer.ok()) return buffer.status();
   {
     ACQUIRE_OR_RETURN_(c, absl::StrCat("weight upload ", ShapeString({v, k})));
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(buffer->get(), w, static_cast<std::size_t>(*bytes),
-                                         cudaMemcpyHostToDevice, c->copy.get()),
-                         "weight: copy ", ShapeString({v, k}), " to the device");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(buffer->get(), w, bytes, cudaMemcpyHostToDevice, c->copy.get()),
+        "weight: copy ", ShapeString({v, k}), " to the device");
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(c->copy.get()), "weight: copy ", ShapeString({v, k}),
                          " to the device");
   }
@@ -486,26 +479,8 @@ absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::DoLoadWeight(const Bf16Bits
 
 absl::Status CudaBackend::DoLogits(const Weight& weight, const LogitsArgs& args, Timing* timing) {
   const auto* w = dynamic_cast<const CudaWeight*>(&weight);
-  if (w == nullptr) {
-    return absl::InvalidArgumentError("logits: the weight was not created by the cuda backend");
-  }
-  if (args.x == nullptr || args.y == nullptr) {
-    return absl::InvalidArgumentError("logits: x and y must be given");
-  }
-  if (args.out_dtype != DType::kFp32 && args.out_dtype != DType::kBf16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logits: expected out dtype fp32 or bf16, got ", DTypeName(args.out_dtype)));
-  }
-  auto x_bytes = CheckedByteCount({args.m, w->k()}, DType::kBf16);
-  if (!x_bytes.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("logits: x ", ShapeString({args.m, w->k()}),
-                                                   ": ", x_bytes.status().message()));
-  }
-  auto y_bytes = CheckedByteCount({args.m, w->v()}, args.out_dtype);
-  if (!y_bytes.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("logits: y ", ShapeString({args.m, w->v()}),
-                                                   ": ", y_bytes.status().message()));
-  }
+  if (w == nullptr) return ForeignWeightError("logits", "cuda", weight);
+  RETURN_IF_ERROR_(CheckLogitsArgs(*w, args));
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(c, absl::StrCat("logits(M=", args.m, ",V=", w->v(), ",K=", w->k(), ")"));
   return LogitsBlocks(*w, args, *c, timing);
@@ -619,34 +594,15 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
 
 absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
-  if (w == nullptr) {
-    return absl::InvalidArgumentError("backward: the weight was not created by the cuda backend");
-  }
-  if (args.dy == nullptr || args.x == nullptr) {
-    return absl::InvalidArgumentError("backward: dy and x must be given");
-  }
-  if (args.dy_dtype != DType::kFp32 && args.dy_dtype != DType::kBf16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backward: expected dy dtype fp32 or bf16, got ", DTypeName(args.dy_dtype)));
-  }
+  if (w == nullptr) return ForeignWeightError("backward", "cuda", weight);
+  RETURN_IF_ERROR_(CheckBackwardArgs(*w, args));
   const bool want_dx = args.dx != nullptr;
   const bool want_dw = args.accumulate_dw || args.dw != nullptr;
-  for (DType t : {args.dx_dtype, args.dw_dtype}) {
-    if (t != DType::kFp32 && t != DType::kBf16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("backward: expected output dtype fp32 or bf16, got ", DTypeName(t)));
-    }
-  }
   const std::int64_t m = args.m;
   const std::int64_t v = w->v();
   const std::int64_t k = w->k();
-  auto dy_bytes = CheckedByteCount({m, v}, args.dy_dtype);
-  auto x_bytes = CheckedByteCount({m, k}, DType::kBf16);
-  if (!dy_bytes.ok() || !x_bytes.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("backward: dy ", ShapeString({m, v}), " / x ",
-                                                   ShapeString({m, k}), ": bad shape"));
-  }
-  if (!want_dx && !want_dw) return absl::OkStatus();
+  const std::size_t dy_bytes = static_cast<std::size_t>(m * v) * ElementSize(args.dy_dtype);
+  const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k);
   ACQUIRE_OR_RETURN_(lease, absl::StrCat("backward(", shape, ")"));
@@ -658,7 +614,7 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   if (!g.ok()) return g.status();
   void* x = nullptr;
   if (want_dw) {
-    auto buffer = Scratch(c, kX, static_cast<std::size_t>(*x_bytes), "backward: device x");
+    auto buffer = Scratch(c, kX, x_bytes, "backward: device x");
     if (!buffer.ok()) return buffer.status();
     x = *buffer;
   }
@@ -691,8 +647,7 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   // Inputs: G = bf16(dY) block by block through the staging buffer.
   RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "backward: cudaEventRecord");
   if (args.dy_dtype == DType::kBf16) {
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(*g, args.dy, static_cast<std::size_t>(*dy_bytes),
-                                         cudaMemcpyHostToDevice, cs),
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(*g, args.dy, dy_bytes, cudaMemcpyHostToDevice, cs),
                          "backward: copy dy [", m, ", ", v, "] bf16 to the device");
   } else {
     for (std::int64_t row0 = 0; row0 < m; row0 += staging_rows) {
@@ -710,9 +665,8 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
     }
   }
   if (x != nullptr) {
-    RETURN_IF_CUDA_ERROR(
-        cudaMemcpyAsync(x, args.x, static_cast<std::size_t>(*x_bytes), cudaMemcpyHostToDevice, cs),
-        "backward: copy x [", m, ", ", k, "] to the device");
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(x, args.x, x_bytes, cudaMemcpyHostToDevice, cs),
+                         "backward: copy x [", m, ", ", k, "] to the device");
   }
   RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "backward: cudaEventRecord");
 
@@ -777,10 +731,8 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
 absl::StatusOr<std::uint64_t> CudaBackend::DoFetchGradient(Weight& weight, float* out,
                                                            bool zero_after_fetch) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
-  if (w == nullptr) {
-    return absl::InvalidArgumentError("gradient: the weight was not created by the cuda backend");
-  }
-  if (out == nullptr) return absl::InvalidArgumentError("gradient: no output buffer");
+  if (w == nullptr) return ForeignWeightError("fetch gradient", "cuda", weight);
+  if (out == nullptr) return absl::InvalidArgumentError("fetch gradient: out is null");
   const std::size_t bytes = static_cast<std::size_t>(w->v() * w->k()) * 4;
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   // Lease before the gradient lock, as Backward does.
@@ -805,9 +757,7 @@ absl::StatusOr<std::uint64_t> CudaBackend::DoFetchGradient(Weight& weight, float
 
 absl::Status CudaBackend::DoZeroGradient(Weight& weight) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
-  if (w == nullptr) {
-    return absl::InvalidArgumentError("gradient: the weight was not created by the cuda backend");
-  }
+  if (w == nullptr) return ForeignWeightError("zero gradient", "cuda", weight);
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(c, absl::StrCat("gradient zero [", w->v(), ", ", w->k(), "]"));
   std::lock_guard<std::mutex> lock(w->gradient_mu);
@@ -823,9 +773,8 @@ absl::Status CudaBackend::DoZeroGradient(Weight& weight) {
 
 absl::Status CudaBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
                                        Timing* timing) {
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("cast: negative count ", n));
+  RETURN_IF_ERROR_(CheckCastArgs(in, n, out));
   if (n == 0) return absl::OkStatus();
-  if (in == nullptr || out == nullptr) return absl::InvalidArgumentError("cast: no data");
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(lease, absl::StrCat("cast(", n, " values)"));
   Context& c = *lease;
@@ -942,43 +891,13 @@ class HostDwSink final : public cuda::CeDwSink {
 absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs& args,
                                          Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
-  if (w == nullptr) {
-    return absl::InvalidArgumentError(
-        "cross_entropy: the weight was not created by the cuda backend");
-  }
+  if (w == nullptr) return ForeignWeightError("cross entropy", "cuda", weight);
+  RETURN_IF_ERROR_(CheckCrossEntropyArgs(*w, args));
   const std::int64_t m = args.m;
   const std::int64_t v = w->v();
   const std::int64_t k = w->k();
-  auto x_bytes = CheckedByteCount({m, k}, DType::kBf16);
-  if (!x_bytes.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cross_entropy: x ", ShapeString({m, k}), ": ", x_bytes.status().message()));
-  }
-  if (args.x == nullptr || args.targets == nullptr || args.loss == nullptr) {
-    return absl::InvalidArgumentError("cross_entropy: x, targets and loss must be given");
-  }
+  const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
   const bool want_dx = args.dx != nullptr;
-  if (want_dx && args.dx_dtype != DType::kBf16 && args.dx_dtype != DType::kFp32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cross_entropy: expected dx dtype bf16 or fp32, got ", DTypeName(args.dx_dtype)));
-  }
-  for (auto [name, value, non_negative] : {std::tuple{"z_loss", args.z_loss, true},
-                                           std::tuple{"logit_softcap", args.logit_softcap, true},
-                                           std::tuple{"grad_scale", args.grad_scale, false}}) {
-    if (!std::isfinite(value) || (non_negative && value < 0.0f)) {
-      return absl::InvalidArgumentError(absl::StrCat("cross_entropy: expected ", name, " finite",
-                                                     non_negative ? " and >= 0" : "", ", got ",
-                                                     value));
-    }
-  }
-  for (std::int64_t i = 0; i < m; ++i) {
-    const std::int64_t t = args.targets[i];
-    if (t != args.ignore_index && (t < 0 || t >= v)) {
-      return absl::InvalidArgumentError(absl::StrCat("cross_entropy: targets[", i, "] = ", t,
-                                                     ": expected a token id in [0, ", v,
-                                                     ") or ignore_index ", args.ignore_index));
-    }
-  }
   const bool want_dw = args.accumulate_dw || args.dw != nullptr;
   const bool staged_dw = want_dw && !args.accumulate_dw;
   const bool grads = want_dx || want_dw;
@@ -1060,7 +979,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
       sizes = cuda::CeScratch(m, k, chunk, grads, dx_bf16);
     }
     auto allocate = [&]() -> absl::Status {
-      auto x = Scratch(c, kX, static_cast<std::size_t>(*x_bytes), "cross_entropy: device x");
+      auto x = Scratch(c, kX, x_bytes, "cross_entropy: device x");
       if (!x.ok()) return x.status();
       auto rows = Scratch(c, kRows, state_at + sizes.rows, "cross_entropy: device per-row state");
       if (!rows.ok()) return rows.status();
@@ -1129,8 +1048,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
 
   auto enqueue = [&]() -> absl::Status {
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "cross_entropy: cudaEventRecord");
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(x_device, args.x, static_cast<std::size_t>(*x_bytes),
-                                         cudaMemcpyHostToDevice, cs),
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(x_device, args.x, x_bytes, cudaMemcpyHostToDevice, cs),
                          "cross_entropy: copy x [", m, ", ", k, "] to the device");
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(row_base, args.targets, static_cast<std::size_t>(m) * 8,
                                          cudaMemcpyHostToDevice, cs),
