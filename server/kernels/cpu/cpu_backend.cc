@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "server/kernels/device_health.h"
+#include "server/kernels/gradient_state.h"
 #include "server/kernels/host_pool.h"
 
 namespace logitd::kernels {
@@ -120,31 +122,23 @@ absl::Status CheckBlasRows(absl::string_view op, std::int64_t m) {
 // per-call conversion.
 class CpuWeight final : public Weight {
  public:
-  CpuWeight(std::int64_t v, std::int64_t k, FloatBuffer w) : Weight(v, k), w_(std::move(w)) {}
+  CpuWeight(std::int64_t v, std::int64_t k, FloatBuffer w)
+      : Weight(v, k), w_(std::move(w)), gradient_(weight_bytes()) {}
 
   std::uint64_t weight_bytes() const override {
     return static_cast<std::uint64_t>(v()) * static_cast<std::uint64_t>(k()) * sizeof(float);
   }
-  std::uint64_t gradient_bytes() const override {
-    std::lock_guard<std::mutex> lock(grad_mu_);
-    return grad_ == nullptr ? 0 : weight_bytes();
-  }
+  std::uint64_t gradient_bytes() const override { return gradient_.bytes(); }
 
   const float* data() const { return w_.get(); }
   std::int64_t numel() const { return v() * k(); }
 
-  // The gradient buffer and its count change together under grad_mu().
-  std::mutex& grad_mu() const { return grad_mu_; }
-  float* grad() { return grad_.get(); }
-  void set_grad(FloatBuffer g) { grad_ = std::move(g); }
-  std::uint64_t grad_count() const { return grad_count_; }
-  void set_grad_count(std::uint64_t n) { grad_count_ = n; }
+  // [V, K] fp32 in host memory, the same size as the fp32 weight.
+  GradientState<FloatBuffer>& gradient() { return gradient_; }
 
  private:
   FloatBuffer w_;
-  mutable std::mutex grad_mu_;
-  FloatBuffer grad_;
-  std::uint64_t grad_count_ = 0;
+  GradientState<FloatBuffer> gradient_;
 };
 
 // Weights reach a backend through the shared interface; one loaded by
@@ -499,16 +493,14 @@ class CpuBackend final : public Backend {
       Widen(args.x, m * k, xf->get());
       if (args.accumulate_dw) {
         // dW_buffer [V, K] += G^T [V, m] . X [m, K]
-        std::lock_guard<std::mutex> lock(w.grad_mu());
-        if (w.grad() == nullptr) {
-          absl::StatusOr<FloatBuffer> buf =
-              AllocateFloats(v * k, /*zeroed=*/true, "backward: fp32 gradient buffer");
-          if (!buf.ok()) return buf.status();
-          w.set_grad(std::move(*buf));
-        }
-        Sgemm(CblasTrans, CblasNoTrans, v, k, m, 1.0f, g->get(), v, xf->get(), k, 1.0f, w.grad(),
-              k);
-        w.set_grad_count(w.grad_count() + 1);
+        GradientState<FloatBuffer>::Lock gradient = w.gradient().Acquire();
+        absl::StatusOr<FloatBuffer*> buf = gradient.GetOrCreate([&] {
+          return AllocateFloats(v * k, /*zeroed=*/true, "backward: fp32 gradient buffer");
+        });
+        if (!buf.ok()) return buf.status();
+        Sgemm(CblasTrans, CblasNoTrans, v, k, m, 1.0f, g->get(), v, xf->get(), k, 1.0f,
+              (*buf)->get(), k);
+        gradient.CountCall();
       } else {
         FloatBuffer tmp;
         float* dw = static_cast<float*>(args.dw);
@@ -533,16 +525,17 @@ class CpuBackend final : public Backend {
     CpuWeight& w = *cw;
     if (out == nullptr) return absl::InvalidArgumentError("fetch gradient: out is null");
     const std::size_t bytes = static_cast<std::size_t>(w.numel()) * sizeof(float);
-    std::lock_guard<std::mutex> lock(w.grad_mu());
-    if (w.grad() == nullptr) {
+    GradientState<FloatBuffer>::Lock gradient = w.gradient().Acquire();
+    FloatBuffer* grad = gradient.buffer();
+    if (grad == nullptr) {
       std::memset(out, 0, bytes);
       return 0;
     }
-    std::memcpy(out, w.grad(), bytes);
-    const std::uint64_t count = w.grad_count();
+    std::memcpy(out, grad->get(), bytes);
+    const std::uint64_t count = gradient.calls();
     if (zero_after_fetch) {
-      std::memset(w.grad(), 0, bytes);
-      w.set_grad_count(0);
+      std::memset(grad->get(), 0, bytes);
+      gradient.ResetCalls();
     }
     return count;
   }
@@ -551,11 +544,11 @@ class CpuBackend final : public Backend {
     CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("zero gradient", weight);
     CpuWeight& w = *cw;
-    std::lock_guard<std::mutex> lock(w.grad_mu());
-    if (w.grad() != nullptr) {
-      std::memset(w.grad(), 0, static_cast<std::size_t>(w.numel()) * sizeof(float));
+    GradientState<FloatBuffer>::Lock gradient = w.gradient().Acquire();
+    if (FloatBuffer* grad = gradient.buffer(); grad != nullptr) {
+      std::memset(grad->get(), 0, static_cast<std::size_t>(w.numel()) * sizeof(float));
     }
-    w.set_grad_count(0);
+    gradient.ResetCalls();
     return absl::OkStatus();
   }
 
@@ -654,18 +647,16 @@ class CpuBackend final : public Backend {
     if (backward) {
       // dW goes into the gradient buffer under its lock for the whole pass,
       // so FetchGradient never sees part of a call's dW; the call counts once.
-      std::unique_lock<std::mutex> grad_lock;
+      std::optional<GradientState<FloatBuffer>::Lock> gradient;
       float* dw = args.dw;
       float dw_beta = 0.0f;
       if (args.accumulate_dw) {
-        grad_lock = std::unique_lock<std::mutex>(w.grad_mu());
-        if (w.grad() == nullptr) {
-          absl::StatusOr<FloatBuffer> g =
-              AllocateFloats(v * k, /*zeroed=*/true, "cross entropy: fp32 gradient buffer");
-          if (!g.ok()) return g.status();
-          w.set_grad(std::move(*g));
-        }
-        dw = w.grad();
+        gradient.emplace(w.gradient().Acquire());
+        absl::StatusOr<FloatBuffer*> g = gradient->GetOrCreate([&] {
+          return AllocateFloats(v * k, /*zeroed=*/true, "cross entropy: fp32 gradient buffer");
+        });
+        if (!g.ok()) return g.status();
+        dw = (*g)->get();
         dw_beta = 1.0f;
       } else if (!return_dw) {
         dw = nullptr;
@@ -711,7 +702,7 @@ class CpuBackend final : public Backend {
                 k);
         }
       }
-      if (args.accumulate_dw) w.set_grad_count(w.grad_count() + 1);
+      if (args.accumulate_dw) gradient->CountCall();
       if (want_dx && args.dx_dtype == DType::kBf16) {
         Narrow(dx_acc, m * k, static_cast<Bf16Bits*>(args.dx));
       }

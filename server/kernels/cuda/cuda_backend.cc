@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cctype>
 #include <condition_variable>
 #include <cstring>
@@ -35,6 +34,7 @@
 #include "server/kernels/cuda/cuda_status.h"
 #include "server/kernels/cuda/lt_gemm.h"
 #include "server/kernels/device_health.h"
+#include "server/kernels/gradient_state.h"
 #include "server/kernels/host_pool.h"
 
 namespace logitd::kernels {
@@ -108,27 +108,21 @@ cudaDataType_t CudaType(DType t) { return t == DType::kBf16 ? CUDA_R_16BF : CUDA
 class CudaWeight final : public Weight {
  public:
   CudaWeight(std::int64_t v, std::int64_t k, DeviceBuffer data)
-      : Weight(v, k), data_(std::move(data)) {}
+      : Weight(v, k),
+        data_(std::move(data)),
+        gradient_(static_cast<std::uint64_t>(v) * static_cast<std::uint64_t>(k) * 4) {}
 
   std::uint64_t weight_bytes() const override { return data_.size(); }
-  std::uint64_t gradient_bytes() const override {
-    return gradient_bytes_.load(std::memory_order_relaxed);
-  }
+  std::uint64_t gradient_bytes() const override { return gradient_.bytes(); }
   const void* data() const { return data_.get(); }
 
-  // Serializes everything that touches the gradient buffer: accumulating
-  // Backward calls, fetches and zeroing. Always taken after a context lease.
-  std::mutex gradient_mu;
-  DeviceBuffer gradient;            // [V, K] fp32, allocated on first accumulation
-  std::uint64_t accumulations = 0;  // since last zeroed
-  void SetGradient(DeviceBuffer g) {
-    gradient = std::move(g);
-    gradient_bytes_.store(gradient.size(), std::memory_order_relaxed);
-  }
+  // [V, K] fp32 in device memory. Its lock is always taken after a context
+  // lease, so that a call holding it never waits for a context.
+  GradientState<DeviceBuffer>& gradient() { return gradient_; }
 
  private:
   DeviceBuffer data_;
-  std::atomic<std::uint64_t> gradient_bytes_{0};
+  GradientState<DeviceBuffer> gradient_;
 };
 
 // Scratch slots of a context. The cross-entropy uses kX (x), kY0 (a logits
@@ -685,22 +679,23 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   }
   if (args.accumulate_dw) {
     // One accumulation at a time per weight; held until the stream is done.
-    std::lock_guard<std::mutex> lock(w->gradient_mu);
-    if (w->gradient.get() == nullptr) {
-      auto buffer =
-          memory_->Allocate(static_cast<std::size_t>(v * k) * 4,
-                            absl::StrCat("backward: gradient ", ShapeString({v, k}), " fp32"));
-      if (!buffer.ok()) return buffer.status();
-      RETURN_IF_CUDA_ERROR(cudaMemsetAsync(buffer->get(), 0, buffer->size(), cs),
-                           "backward: zero the gradient buffer");
-      w->SetGradient(*std::move(buffer));
-      w->accumulations = 0;
-    }
+    GradientState<DeviceBuffer>::Lock gradient = w->gradient().Acquire();
+    absl::StatusOr<DeviceBuffer*> buffer =
+        gradient.GetOrCreate([&]() -> absl::StatusOr<DeviceBuffer> {
+          auto fresh =
+              memory_->Allocate(static_cast<std::size_t>(v * k) * 4,
+                                absl::StrCat("backward: gradient ", ShapeString({v, k}), " fp32"));
+          if (!fresh.ok()) return fresh.status();
+          RETURN_IF_CUDA_ERROR(cudaMemsetAsync(fresh->get(), 0, fresh->size(), cs),
+                               "backward: zero the gradient buffer");
+          return fresh;
+        });
+    if (!buffer.ok()) return buffer.status();
     RETURN_IF_ERROR_(engine_.Run(cuda::GradWeightShape(m, v, k, CUDA_R_32F),
-                                 GemmOperands{*g, x, w->gradient.get(), 1.0f, 1.0f}, gs));
+                                 GemmOperands{*g, x, (*buffer)->get(), 1.0f, 1.0f}, gs));
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "backward: cudaEventRecord");
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "backward(", shape, "): accumulate dw");
-    ++w->accumulations;
+    gradient.CountCall();
   } else if (want_dw) {
     RETURN_IF_ERROR_(engine_.Run(cuda::GradWeightShape(m, v, k, CudaType(args.dw_dtype)),
                                  GemmOperands{*g, x, dw, 1.0f, 0.0f}, gs));
@@ -737,21 +732,22 @@ absl::StatusOr<std::uint64_t> CudaBackend::DoFetchGradient(Weight& weight, float
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   // Lease before the gradient lock, as Backward does.
   ACQUIRE_OR_RETURN_(c, absl::StrCat("gradient fetch [", w->v(), ", ", w->k(), "]"));
-  std::lock_guard<std::mutex> lock(w->gradient_mu);
-  const std::uint64_t count = w->accumulations;
-  if (w->gradient.get() == nullptr) {
+  GradientState<DeviceBuffer>::Lock gradient = w->gradient().Acquire();
+  const std::uint64_t count = gradient.calls();
+  const DeviceBuffer* buffer = gradient.buffer();
+  if (buffer == nullptr) {
     std::memset(out, 0, bytes);
     return count;
   }
   RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(out, w->gradient.get(), bytes, cudaMemcpyDeviceToHost, c->compute.get()),
+      cudaMemcpyAsync(out, buffer->get(), bytes, cudaMemcpyDeviceToHost, c->compute.get()),
       "gradient: copy [", w->v(), ", ", w->k(), "] fp32 to the host");
   if (zero_after_fetch) {
-    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(w->gradient.get(), 0, bytes, c->compute.get()),
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(buffer->get(), 0, bytes, c->compute.get()),
                          "gradient: zero");
   }
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(c->compute.get()), "gradient: fetch");
-  if (zero_after_fetch) w->accumulations = 0;
+  if (zero_after_fetch) gradient.ResetCalls();
   return count;
 }
 
@@ -760,14 +756,13 @@ absl::Status CudaBackend::DoZeroGradient(Weight& weight) {
   if (w == nullptr) return ForeignWeightError("zero gradient", "cuda", weight);
   RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(c, absl::StrCat("gradient zero [", w->v(), ", ", w->k(), "]"));
-  std::lock_guard<std::mutex> lock(w->gradient_mu);
-  if (w->gradient.get() != nullptr) {
-    RETURN_IF_CUDA_ERROR(
-        cudaMemsetAsync(w->gradient.get(), 0, w->gradient.size(), c->compute.get()),
-        "gradient: zero");
+  GradientState<DeviceBuffer>::Lock gradient = w->gradient().Acquire();
+  if (const DeviceBuffer* buffer = gradient.buffer(); buffer != nullptr) {
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(buffer->get(), 0, buffer->size(), c->compute.get()),
+                         "gradient: zero");
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(c->compute.get()), "gradient: zero");
   }
-  w->accumulations = 0;
+  gradient.ResetCalls();
   return absl::OkStatus();
 }
 
@@ -921,20 +916,24 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
   // taken before any scratch, so that the buffer's first allocation is not
   // crowded out by this call's own workspace, and held until the call's work
   // has left the streams, on failure too.
-  std::unique_lock<std::mutex> gradient_lock(w->gradient_mu, std::defer_lock);
+  std::optional<GradientState<DeviceBuffer>::Lock> gradient;
+  float* gradient_buffer = nullptr;
   if (args.accumulate_dw) {
-    gradient_lock.lock();
-    if (w->gradient.get() == nullptr) {
-      auto buffer =
-          memory_->Allocate(static_cast<std::size_t>(v * k) * 4,
-                            absl::StrCat("cross_entropy: gradient ", ShapeString({v, k}), " fp32"));
-      if (!buffer.ok()) return buffer.status();
-      RETURN_IF_CUDA_ERROR(cudaMemsetAsync(buffer->get(), 0, buffer->size(), cs),
-                           "cross_entropy: zero the gradient buffer");
-      RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "cross_entropy: zero the gradient buffer");
-      w->SetGradient(*std::move(buffer));
-      w->accumulations = 0;
-    }
+    gradient.emplace(w->gradient().Acquire());
+    absl::StatusOr<DeviceBuffer*> buffer =
+        gradient->GetOrCreate([&]() -> absl::StatusOr<DeviceBuffer> {
+          auto fresh = memory_->Allocate(
+              static_cast<std::size_t>(v * k) * 4,
+              absl::StrCat("cross_entropy: gradient ", ShapeString({v, k}), " fp32"));
+          if (!fresh.ok()) return fresh.status();
+          RETURN_IF_CUDA_ERROR(cudaMemsetAsync(fresh->get(), 0, fresh->size(), cs),
+                               "cross_entropy: zero the gradient buffer");
+          RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs),
+                               "cross_entropy: zero the gradient buffer");
+          return fresh;
+        });
+    if (!buffer.ok()) return buffer.status();
+    gradient_buffer = (*buffer)->as<float>();
   }
 
   // The walk and its chunk, a pure function of the request and the
@@ -1069,7 +1068,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
     std::optional<cuda::DeviceDwSink> device_sink;
     cuda::CeDwSink* sink = nullptr;
     if (args.accumulate_dw) {
-      device_sink.emplace(w->gradient.as<float>(), k, 1.0f);  // under gradient_lock
+      device_sink.emplace(gradient_buffer, k, 1.0f);  // under the gradient's lock
       sink = &*device_sink;
     } else if (staged_dw && walk == cuda::CeWalk::kTokens) {
       device_sink.emplace(static_cast<float*>(staging[0]), k, 0.0f);
@@ -1115,7 +1114,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
     if (cudaStreamSynchronize(ss) != cudaSuccess) (void)cudaGetLastError();
     return status;
   }
-  if (args.accumulate_dw) ++w->accumulations;
+  if (args.accumulate_dw) gradient->CountCall();
   if (timing != nullptr) {
     timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
     timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
