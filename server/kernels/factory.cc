@@ -20,13 +20,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
   switch (options.kind) {
     case BackendKind::kCpu:
       if (why != nullptr) *why = "cpu: requested with --backend=cpu";
-      return CreateCpuBackend(options);
+      return cpu::CreateCpuBackend(options);
 
     case BackendKind::kCuda: {
 #ifdef LOGITD_HAVE_CUDA
-      absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(options);
-      if (cuda.ok() && why != nullptr) *why = "cuda: requested with --backend=cuda";
-      return cuda;
+      absl::StatusOr<std::unique_ptr<Backend>> created = cuda::CreateCudaBackend(options);
+      if (created.ok() && why != nullptr) *why = "cuda: requested with --backend=cuda";
+      return created;
 #else
       return absl::FailedPreconditionError(
           "this logitd was built without the cuda backend (LOGITD_WITH_CUDA=OFF)");
@@ -35,24 +35,24 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
 
     case BackendKind::kAuto: {
 #ifdef LOGITD_HAVE_CUDA
-      absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(options);
-      if (cuda.ok()) {
+      absl::StatusOr<std::unique_ptr<Backend>> created = cuda::CreateCudaBackend(options);
+      if (created.ok()) {
         if (why != nullptr) {
           *why = absl::StrCat("auto: CUDA device ", options.device, " (",
-                              (*cuda)->Info().device_name, ") visible; using cuda");
+                              (*created)->Info().device_name, ") visible; using cuda");
         }
-        return cuda;
+        return created;
       }
       // Only "no usable device" falls back. A bad --device, or a device that
       // is there but failed, is an error the operator should see rather than
       // a silent switch to a much slower backend.
-      const absl::StatusCode code = cuda.status().code();
+      const absl::StatusCode code = created.status().code();
       if (code != absl::StatusCode::kFailedPrecondition && code != absl::StatusCode::kUnavailable) {
-        return cuda.status();
+        return created.status();
       }
       if (why != nullptr) {
-        *why =
-            absl::StrCat("auto: no CUDA device visible (", cuda.status().message(), "); using cpu");
+        *why = absl::StrCat("auto: no CUDA device visible (", created.status().message(),
+                            "); using cpu");
       }
 #else
       if (why != nullptr) {
@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
             "using cpu";
       }
 #endif
-      return CreateCpuBackend(options);
+      return cpu::CreateCpuBackend(options);
     }
   }
   return absl::InvalidArgumentError(

@@ -629,7 +629,7 @@ TEST_F(CrossEntropyTest, LargeVocabularyRunsInAWorkspaceFarBelowMTimesV) {
   // allowance for everything the call adds (x, dX, per-row state, chunks).
   options.device_memory_budget = (128u << 20) + static_cast<std::uint64_t>(v * k) * 2 +
                                  static_cast<std::uint64_t>(v * k) * 4 + allowance;
-  auto created = CreateCudaBackend(options);
+  auto created = cuda::CreateCudaBackend(options);
   ASSERT_TRUE(created.ok()) << created.status();
   Backend* tight = created->get();
   auto tight_weight = Load(tight, w, v, k);
@@ -674,7 +674,7 @@ TEST_F(CrossEntropyTest, TokenWalkInChunksAgreesWithTheVocabularyWalk) {
   const std::int64_t m = 2500, v = 8192, k = 256;
   BackendOptions options;
   options.device_memory_budget = 200u << 20;
-  auto created = CreateCudaBackend(options);
+  auto created = cuda::CreateCudaBackend(options);
   ASSERT_TRUE(created.ok()) << created.status();
   Backend* tight = created->get();
 

@@ -47,7 +47,7 @@ std::shared_ptr<Weight> Load(Backend* b, const std::vector<Bf16Bits>& w, std::in
 }
 
 TEST(CudaBackendOptions, NoDeviceIsFailedPrecondition) {
-  auto b = CreateCudaBackend(BackendOptions{});
+  auto b = cuda::CreateCudaBackend(BackendOptions{});
   if (b.ok()) GTEST_SKIP() << "a device is visible";
   EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
   EXPECT_FALSE(b.status().message().empty());
@@ -571,7 +571,7 @@ TEST_F(CudaBackendTest, BudgetRefusesWhatDoesNotFit) {
   // The four workspaces take 128 MiB of it, leaving room for two 128 MiB
   // weights but not three.
   options.device_memory_budget = 448u << 20;
-  auto created = CreateCudaBackend(options);
+  auto created = cuda::CreateCudaBackend(options);
   ASSERT_TRUE(created.ok()) << created.status();
   auto& b = *created;
   const std::vector<Bf16Bits> w(std::size_t{64} << 20, 0x3f80);  // 128 MiB of ones

@@ -47,7 +47,7 @@ std::unique_ptr<Backend> MakeBackend(const std::string& split_k, std::string* sk
   BackendOptions options;
   options.split_k = ParseSplitK(split_k).value();
   options.device_timeout = absl::Seconds(30);
-  auto created = CreateCudaBackend(options);
+  auto created = cuda::CreateCudaBackend(options);
   if (!created.ok()) {
     *skip = std::string(created.status().message());
     return nullptr;

@@ -188,7 +188,7 @@ class CudaFixture : public ::testing::Test {
   static std::unique_ptr<Backend>& Shared() {
     static std::unique_ptr<Backend>* backend = [] {
       auto* holder = new std::unique_ptr<Backend>();
-      auto created = CreateCudaBackend(BackendOptions{});
+      auto created = cuda::CreateCudaBackend(BackendOptions{});
       if (created.ok()) {
         *holder = *std::move(created);
       } else {

@@ -140,7 +140,7 @@ void ExpectAllBelow2To24(const std::vector<std::int64_t>& v) {
 class CpuBackend : public testing::Test {
  protected:
   void SetUp() override {
-    backend_ = CreateCpuBackend(BackendOptions{});
+    backend_ = cpu::CreateCpuBackend(BackendOptions{});
     ASSERT_NE(backend_, nullptr);
   }
 
@@ -732,12 +732,12 @@ TEST_F(CpuBackend, InfoReportsCpuAndOpenBlas) {
   // cpu_threads sets OpenBLAS's (process-wide) thread count; put it back after.
   BackendOptions one;
   one.cpu_threads = 1;
-  const std::unique_ptr<Backend> single = CreateCpuBackend(one);
+  const std::unique_ptr<Backend> single = cpu::CreateCpuBackend(one);
   EXPECT_NE(single->Info().blas_version.find("threads=1"), std::string::npos)
       << single->Info().blas_version;
   BackendOptions restore;
   restore.cpu_threads = threads;
-  const std::unique_ptr<Backend> restored = CreateCpuBackend(restore);
+  const std::unique_ptr<Backend> restored = cpu::CreateCpuBackend(restore);
   EXPECT_NE(restored->Info().blas_version.find(absl::StrCat("threads=", threads)),
             std::string::npos);
 }

@@ -254,7 +254,7 @@ double RelativeFrobenius(const std::vector<float>& got, const std::vector<float>
 class CpuCrossEntropy : public testing::Test {
  protected:
   void SetUp() override {
-    backend_ = CreateCpuBackend(BackendOptions{});
+    backend_ = cpu::CreateCpuBackend(BackendOptions{});
     ASSERT_NE(backend_, nullptr);
   }
 

@@ -28,7 +28,7 @@
 #include "server/kernels/gradient_state.h"
 #include "server/kernels/host_pool.h"
 
-namespace logitd::kernels {
+namespace logitd::kernels::cpu {
 namespace {
 
 constexpr std::size_t kAlignment = 64;
@@ -874,4 +874,4 @@ std::unique_ptr<Backend> CreateCpuBackend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
 }
 
-}  // namespace logitd::kernels
+}  // namespace logitd::kernels::cpu

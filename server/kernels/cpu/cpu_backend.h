@@ -7,10 +7,10 @@
 
 #include "server/kernels/backend.h"
 
-namespace logitd::kernels {
+namespace logitd::kernels::cpu {
 
 // Sets OpenBLAS's thread count from options.cpu_threads when it is > 0 (a
 // process-wide setting: OpenBLAS has one thread pool).
 std::unique_ptr<Backend> CreateCpuBackend(const BackendOptions& options);
 
-}  // namespace logitd::kernels
+}  // namespace logitd::kernels::cpu

@@ -37,18 +37,8 @@
 #include "server/kernels/gradient_state.h"
 #include "server/kernels/host_pool.h"
 
-namespace logitd::kernels {
+namespace logitd::kernels::cuda {
 namespace {
-
-using cuda::CudaErrorToStatus;
-using cuda::DeviceBuffer;
-using cuda::DeviceMemory;
-using cuda::Event;
-using cuda::GemmEngine;
-using cuda::GemmOperands;
-using cuda::GemmStream;
-using cuda::LtHandle;
-using cuda::Stream;
 
 // Concurrent requests beyond this wait for a context. Four keep the device
 // busy while one request copies and another computes.
@@ -190,7 +180,7 @@ class CudaBackend final : public Backend {
         host_pool_(HostBufferPool::Create(
             options.pinned_cache_bytes,
             [](std::size_t bytes) -> absl::StatusOr<std::byte*> {
-              auto pinned = cuda::PinnedBuffer::Allocate(bytes, "cuda backend: host buffer");
+              auto pinned = PinnedBuffer::Allocate(bytes, "cuda backend: host buffer");
               if (!pinned.ok()) return pinned.status();
               return static_cast<std::byte*>(pinned->Release());
             },
@@ -236,15 +226,15 @@ class CudaBackend final : public Backend {
   void Return(Context* context);
 
  private:
-  static cuda::GemmEngineOptions EngineOptions(const BackendOptions& options) {
-    cuda::GemmEngineOptions o;
+  static GemmEngineOptions EngineOptions(const BackendOptions& options) {
+    GemmEngineOptions o;
     o.split_k = options.split_k;
     o.warn = options.events.warning;
     return o;
   }
   absl::Status Guard(absl::Status status) {
     if (status.ok()) return status;
-    if (cuda::IsDeviceLost(status)) health_.MarkLost(status);
+    if (IsDeviceLost(status)) health_.MarkLost(status);
     absl::Status lost = health_.status();
     return lost.ok() ? status : lost;
   }
@@ -310,12 +300,12 @@ void CudaBackend::Return(Context* c) {
   // A failed request has reported its own error; what is found here is a
   // fault it did not see (a kernel that failed after its last check), which
   // a sticky error makes the device's.
-  (void)cuda::UseDevice(options_.device);
+  (void)UseDevice(options_.device);
   for (cudaStream_t stream : {c->compute.get(), c->copy.get()}) {
     const cudaError_t error = cudaStreamSynchronize(stream);
     if (error == cudaSuccess) continue;
     const absl::Status status = CudaErrorToStatus(error, "after a call: cudaStreamSynchronize");
-    if (cuda::IsDeviceLost(status)) health_.MarkLost(status);
+    if (IsDeviceLost(status)) health_.MarkLost(status);
   }
   for (auto& buffer : c->scratch) {
     if (buffer.size() > kRetainBytes) buffer.Reset();
@@ -340,7 +330,7 @@ absl::StatusOr<void*> CudaBackend::Scratch(Context& c, Slot slot, std::size_t by
 }
 
 absl::Status CudaBackend::Init() {
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   cudaDeviceProp prop{};
   RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, options_.device),
                        "cuda backend: cudaGetDeviceProperties(", options_.device, ")");
@@ -370,26 +360,26 @@ absl::Status CudaBackend::Init() {
 
   for (int i = 0; i < kContexts; ++i) {
     auto c = std::make_unique<Context>();
-    auto compute = cuda::CreateStream();
+    auto compute = CreateStream();
     if (!compute.ok()) return compute.status();
     c->compute = *std::move(compute);
-    auto copy = cuda::CreateStream();
+    auto copy = CreateStream();
     if (!copy.ok()) return copy.status();
     c->copy = *std::move(copy);
-    auto handle = cuda::CreateLtHandle();
+    auto handle = CreateLtHandle();
     if (!handle.ok()) return handle.status();
     c->handle = *std::move(handle);
     auto workspace = memory_->Allocate(kWorkspaceBytes, "cuda backend: cuBLASLt workspace");
     if (!workspace.ok()) return workspace.status();
     c->workspace = *std::move(workspace);
     for (auto& e : c->timing) {
-      auto event = cuda::CreateEvent(true);
+      auto event = CreateEvent(true);
       if (!event.ok()) return event.status();
       e = *std::move(event);
     }
     for (auto* events : {&c->block_done, &c->block_copied}) {
       for (auto& e : *events) {
-        auto event = cuda::CreateEvent(false);
+        auto event = CreateEvent(false);
         if (!event.ok()) return event.status();
         e = *std::move(event);
       }
@@ -401,9 +391,9 @@ absl::Status CudaBackend::Init() {
     std::string summary;
     RETURN_IF_ERROR_(engine_.UseCacheFile(
         options_.algo_cache,
-        cuda::AlgoCachePlatform(info_.device_name, info_.multiprocessor_count, info_.driver_version,
-                                info_.cuda_runtime_version, info_.cublaslt_version, kWorkspaceBytes,
-                                options_.split_k),
+        AlgoCachePlatform(info_.device_name, info_.multiprocessor_count, info_.driver_version,
+                          info_.cuda_runtime_version, info_.cublaslt_version, kWorkspaceBytes,
+                          options_.split_k),
         contexts_.front()->gemm(), &summary));
     if (options_.events.info) options_.events.info(summary);
   }
@@ -436,18 +426,18 @@ absl::Status CudaBackend::Init() {
 }
 
 absl::StatusOr<HostBuffer> CudaBackend::DoAllocateHost(std::size_t bytes) {
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   return host_pool_->Get(bytes);
 }
 
 absl::StatusOr<std::shared_ptr<void>> CudaBackend::DoPinHostMemory(void* data, std::size_t bytes) {
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   RETURN_IF_CUDA_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterDefault), "page-lock ", bytes,
                        " bytes of host memory");
   const int device = options_.device;
   return std::shared_ptr<void>(data, [device](void* p) {
     // Nothing to tell anyone at this point: the memory is being unmapped.
-    if (cuda::UseDevice(device).ok()) (void)cudaHostUnregister(p);
+    if (UseDevice(device).ok()) (void)cudaHostUnregister(p);
   });
 }
 
@@ -455,7 +445,7 @@ absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::DoLoadWeight(const Bf16Bits
                                                                   std::int64_t k) {
   RETURN_IF_ERROR_(CheckLoadWeightArgs(w, v, k));
   const std::size_t bytes = static_cast<std::size_t>(v * k) * 2;
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   // Device memory first: a weight that cannot fit is refused before any of
   // its bytes are read.
   auto buffer = memory_->Allocate(bytes, absl::StrCat("weight ", ShapeString({v, k}), " bf16"));
@@ -475,7 +465,7 @@ absl::Status CudaBackend::DoLogits(const Weight& weight, const LogitsArgs& args,
   const auto* w = dynamic_cast<const CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("logits", "cuda", weight);
   RETURN_IF_ERROR_(CheckLogitsArgs(*w, args));
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(c, absl::StrCat("logits(M=", args.m, ",V=", w->v(), ",K=", w->k(), ")"));
   return LogitsBlocks(*w, args, *c, timing);
 }
@@ -537,14 +527,14 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
     }
     const void* xb = static_cast<const std::byte*>(*x) + static_cast<std::size_t>(row0 * k) * 2;
     if (!scale_after) {
-      RETURN_IF_ERROR_(engine_.Run(cuda::LogitsShape(mb, v, k, CudaType(args.out_dtype)),
+      RETURN_IF_ERROR_(engine_.Run(LogitsShape(mb, v, k, CudaType(args.out_dtype)),
                                    GemmOperands{xb, w.data(), y[slot], args.alpha, 0.0f}, gs));
     } else {
       void* target = acc_separate ? acc : y[slot];
-      RETURN_IF_ERROR_(engine_.Run(cuda::LogitsShape(mb, v, k, CUDA_R_32F),
+      RETURN_IF_ERROR_(engine_.Run(LogitsShape(mb, v, k, CUDA_R_32F),
                                    GemmOperands{xb, w.data(), target, 1.0f, 0.0f}, gs));
-      RETURN_IF_CUDA_ERROR(cuda::LaunchScale(static_cast<const float*>(target), mb * v, args.alpha,
-                                             y[slot], args.out_dtype == DType::kBf16, cs),
+      RETURN_IF_CUDA_ERROR(LaunchScale(static_cast<const float*>(target), mb * v, args.alpha,
+                                       y[slot], args.out_dtype == DType::kBf16, cs),
                            "logits: scale kernel (", shape, ")");
     }
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[slot].get(), cs), "logits: cudaEventRecord");
@@ -597,7 +587,7 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   const std::int64_t k = w->k();
   const std::size_t dy_bytes = static_cast<std::size_t>(m * v) * ElementSize(args.dy_dtype);
   const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k);
   ACQUIRE_OR_RETURN_(lease, absl::StrCat("backward(", shape, ")"));
   Context& c = *lease;
@@ -653,8 +643,8 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
                           static_cast<std::size_t>(rb) * dy_row_bytes, cudaMemcpyHostToDevice, cs),
           "backward: copy dy rows [", row0, ", ", row0 + rb, ") of [", m, ", ", v,
           "] to the device");
-      RETURN_IF_CUDA_ERROR(cuda::LaunchCastFp32ToBf16(static_cast<const float*>(staging), rb * v,
-                                                      static_cast<Bf16Bits*>(*g) + row0 * v, cs),
+      RETURN_IF_CUDA_ERROR(LaunchCastFp32ToBf16(static_cast<const float*>(staging), rb * v,
+                                                static_cast<Bf16Bits*>(*g) + row0 * v, cs),
                            "backward: cast kernel (", rb * v, " values)");
     }
   }
@@ -666,7 +656,7 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
 
   const GemmStream gs = c.gemm(GemmRecord(timing));
   if (want_dx) {
-    RETURN_IF_ERROR_(engine_.Run(cuda::GradInputShape(m, v, k, CudaType(args.dx_dtype)),
+    RETURN_IF_ERROR_(engine_.Run(GradInputShape(m, v, k, CudaType(args.dx_dtype)),
                                  GemmOperands{*g, w->data(), dx, 1.0f, 0.0f}, gs));
     // dX goes home while dW computes.
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[0].get(), cs), "backward: cudaEventRecord");
@@ -691,13 +681,13 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
           return fresh;
         });
     if (!buffer.ok()) return buffer.status();
-    RETURN_IF_ERROR_(engine_.Run(cuda::GradWeightShape(m, v, k, CUDA_R_32F),
+    RETURN_IF_ERROR_(engine_.Run(GradWeightShape(m, v, k, CUDA_R_32F),
                                  GemmOperands{*g, x, (*buffer)->get(), 1.0f, 1.0f}, gs));
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "backward: cudaEventRecord");
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "backward(", shape, "): accumulate dw");
     gradient.CountCall();
   } else if (want_dw) {
-    RETURN_IF_ERROR_(engine_.Run(cuda::GradWeightShape(m, v, k, CudaType(args.dw_dtype)),
+    RETURN_IF_ERROR_(engine_.Run(GradWeightShape(m, v, k, CudaType(args.dw_dtype)),
                                  GemmOperands{*g, x, dw, 1.0f, 0.0f}, gs));
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "backward: cudaEventRecord");
     RETURN_IF_CUDA_ERROR(
@@ -729,7 +719,7 @@ absl::StatusOr<std::uint64_t> CudaBackend::DoFetchGradient(Weight& weight, float
   if (w == nullptr) return ForeignWeightError("fetch gradient", "cuda", weight);
   if (out == nullptr) return absl::InvalidArgumentError("fetch gradient: out is null");
   const std::size_t bytes = static_cast<std::size_t>(w->v() * w->k()) * 4;
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   // Lease before the gradient lock, as Backward does.
   ACQUIRE_OR_RETURN_(c, absl::StrCat("gradient fetch [", w->v(), ", ", w->k(), "]"));
   GradientState<DeviceBuffer>::Lock gradient = w->gradient().Acquire();
@@ -754,7 +744,7 @@ absl::StatusOr<std::uint64_t> CudaBackend::DoFetchGradient(Weight& weight, float
 absl::Status CudaBackend::DoZeroGradient(Weight& weight) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("zero gradient", "cuda", weight);
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(c, absl::StrCat("gradient zero [", w->v(), ", ", w->k(), "]"));
   GradientState<DeviceBuffer>::Lock gradient = w->gradient().Acquire();
   if (const DeviceBuffer* buffer = gradient.buffer(); buffer != nullptr) {
@@ -770,7 +760,7 @@ absl::Status CudaBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits
                                        Timing* timing) {
   RETURN_IF_ERROR_(CheckCastArgs(in, n, out));
   if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(lease, absl::StrCat("cast(", n, " values)"));
   Context& c = *lease;
   cudaStream_t cs = c.compute.get();
@@ -791,8 +781,8 @@ absl::Status CudaBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits
                                          cudaMemcpyHostToDevice, cs),
                          "cast: copy ", nb, " values to the device");
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "cast: cudaEventRecord");
-    RETURN_IF_CUDA_ERROR(cuda::LaunchCastFp32ToBf16(static_cast<const float*>(*din), nb,
-                                                    static_cast<Bf16Bits*>(*dout), cs),
+    RETURN_IF_CUDA_ERROR(LaunchCastFp32ToBf16(static_cast<const float*>(*din), nb,
+                                              static_cast<Bf16Bits*>(*dout), cs),
                          "cast: cast kernel (", nb, " values)");
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "cast: cudaEventRecord");
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out + i0, *dout, static_cast<std::size_t>(nb) * 2,
@@ -812,11 +802,11 @@ absl::Status CudaBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits
 absl::Status CudaBackend::TestDeviceFault(std::uint32_t trigger, Context& c) {
   cudaStream_t cs = c.compute.get();
   if (trigger == kTestDeviceTrap) {
-    RETURN_IF_CUDA_ERROR(cuda::LaunchTestTrap(cs), "test fault device_trap: launch");
+    RETURN_IF_CUDA_ERROR(LaunchTestTrap(cs), "test fault device_trap: launch");
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "test fault device_trap");
     return absl::InternalError("test fault device_trap: the trapping kernel returned");
   }
-  RETURN_IF_CUDA_ERROR(cuda::LaunchTestSpin(30.0, cs), "test fault device_hang: launch");
+  RETURN_IF_CUDA_ERROR(LaunchTestSpin(30.0, cs), "test fault device_hang: launch");
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "test fault device_hang");
   return absl::OkStatus();
 }
@@ -825,7 +815,7 @@ absl::Status CudaBackend::TestDeviceFault(std::uint32_t trigger, Context& c) {
 // copied home on the copy stream while the next chunk computes. A chunk's
 // copy is enqueued only after the next chunk's work, so the two overlap even
 // when the host buffer is pageable (such a copy returns only when done).
-class HostDwSink final : public cuda::CeDwSink {
+class HostDwSink final : public CeDwSink {
  public:
   HostDwSink(Context& c, std::array<void*, 2> staging, float* host, std::int64_t v, std::int64_t k)
       : c_(c), staging_(staging), host_(host), v_(v), k_(k) {}
@@ -906,7 +896,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
   const std::size_t lse_at = loss_at + align(row_bytes);
   const std::size_t state_at = lse_at + align(row_bytes);
 
-  RETURN_IF_ERROR_(cuda::UseDevice(options_.device));
+  RETURN_IF_ERROR_(UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(lease, absl::StrCat("cross_entropy(M=", m, ",V=", v, ",K=", k, ")"));
   Context& c = *lease;
   cudaStream_t cs = c.compute.get();
@@ -948,34 +938,34 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
       options_.device_memory_budget != 0 ? options_.device_memory_budget / 4 : ~std::uint64_t{0};
   const std::uint64_t configured = options_.ce_workspace_bytes;
   std::uint64_t workspace =
-      std::min<std::uint64_t>(configured != 0 ? configured : cuda::kCeWorkspaceBytes, budget_cap);
+      std::min<std::uint64_t>(configured != 0 ? configured : kCeWorkspaceBytes, budget_cap);
   std::uint64_t token_workspace = 0;
-  cuda::CeWalk walk = cuda::CeWalk::kVocabulary;
+  CeWalk walk = CeWalk::kVocabulary;
   if (grads && args.vocab_chunk <= 0) {
     const std::uint64_t outputs = dx_bytes + (want_dw ? static_cast<std::uint64_t>(v * k) * 4 : 0);
     token_workspace =
-        std::min(configured != 0 ? configured : cuda::CeTokenWorkspace(outputs), budget_cap);
-    if (cuda::ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace) > 0) {
-      walk = cuda::CeWalk::kTokens;
+        std::min(configured != 0 ? configured : CeTokenWorkspace(outputs), budget_cap);
+    if (ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace) > 0) {
+      walk = CeWalk::kTokens;
     }
   }
   const std::uint64_t staging_per_row = staged_dw ? static_cast<std::uint64_t>(2 * k) * 4 : 0;
   const std::array<Slot, 8> ce_slots = {kX, kRows, kY0, kG, kAcc, kDx, kDw, kY1};
   std::int64_t chunk = 0;
-  cuda::CeBuffers b;
+  CeBuffers b;
   std::array<void*, 2> staging{};
   std::byte* row_base = nullptr;
   void* x_device = nullptr;
   for (;;) {
-    const bool tokens = walk == cuda::CeWalk::kTokens;
-    cuda::CeScratchSizes sizes;
+    const bool tokens = walk == CeWalk::kTokens;
+    CeScratchSizes sizes;
     if (tokens) {
-      chunk = cuda::ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace);
-      sizes = cuda::CeTokenScratch(chunk, v, k, dx_bf16);
+      chunk = ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace);
+      sizes = CeTokenScratch(chunk, v, k, dx_bf16);
     } else {
-      chunk = args.vocab_chunk > 0 ? cuda::RoundCeChunk(args.vocab_chunk, v)
-                                   : cuda::ChooseCeChunk(m, v, grads, staging_per_row, workspace);
-      sizes = cuda::CeScratch(m, k, chunk, grads, dx_bf16);
+      chunk = args.vocab_chunk > 0 ? RoundCeChunk(args.vocab_chunk, v)
+                                   : ChooseCeChunk(m, v, grads, staging_per_row, workspace);
+      sizes = CeScratch(m, k, chunk, grads, dx_bf16);
     }
     auto allocate = [&]() -> absl::Status {
       auto x = Scratch(c, kX, x_bytes, "cross_entropy: device x");
@@ -986,7 +976,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
       if (!logits.ok()) return logits.status();
       row_base = static_cast<std::byte*>(*rows);
       x_device = *x;
-      b = cuda::CeBuffers{};
+      b = CeBuffers{};
       b.x = *x;
       b.w = w->data();
       b.targets = reinterpret_cast<const std::int64_t*>(row_base);
@@ -1033,17 +1023,17 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
       // Nothing is enqueued yet: the context's buffers can go.
       for (Slot slot : ce_slots) c.scratch[slot].Reset();
       token_workspace /= 2;
-      if (cuda::ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace) == 0) {
-        walk = cuda::CeWalk::kVocabulary;
+      if (ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace) == 0) {
+        walk = CeWalk::kVocabulary;
       }
       continue;
     }
-    if (args.vocab_chunk > 0 || chunk <= cuda::kCeChunkQuantum) return allocated;
+    if (args.vocab_chunk > 0 || chunk <= kCeChunkQuantum) return allocated;
     for (Slot slot : ce_slots) c.scratch[slot].Reset();
     workspace /= 2;
   }
   const std::string shape =
-      absl::StrCat("M=", m, ",V=", v, ",K=", k, ",", cuda::CeWalkName(walk), " chunk=", chunk);
+      absl::StrCat("M=", m, ",V=", v, ",K=", k, ",", CeWalkName(walk), " chunk=", chunk);
 
   auto enqueue = [&]() -> absl::Status {
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "cross_entropy: cudaEventRecord");
@@ -1054,7 +1044,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
                          "cross_entropy: copy targets [", m, "] to the device");
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "cross_entropy: cudaEventRecord");
 
-    cuda::CeProblem p;
+    CeProblem p;
     p.m = m;
     p.v = v;
     p.k = k;
@@ -1065,20 +1055,20 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
     p.logit_softcap = args.logit_softcap;
     p.grad_scale = args.grad_scale;
     HostDwSink host_sink(c, staging, args.dw, v, k);
-    std::optional<cuda::DeviceDwSink> device_sink;
-    cuda::CeDwSink* sink = nullptr;
+    std::optional<DeviceDwSink> device_sink;
+    CeDwSink* sink = nullptr;
     if (args.accumulate_dw) {
       device_sink.emplace(gradient_buffer, k, 1.0f);  // under the gradient's lock
       sink = &*device_sink;
-    } else if (staged_dw && walk == cuda::CeWalk::kTokens) {
+    } else if (staged_dw && walk == CeWalk::kTokens) {
       device_sink.emplace(static_cast<float*>(staging[0]), k, 0.0f);
       sink = &*device_sink;
     } else if (staged_dw) {
       sink = &host_sink;
     }
-    RETURN_IF_ERROR_(cuda::RunCrossEntropy(engine_, c.gemm(GemmRecord(timing)), p, b, sink));
+    RETURN_IF_ERROR_(RunCrossEntropy(engine_, c.gemm(GemmRecord(timing)), p, b, sink));
     RETURN_IF_ERROR_(host_sink.Flush());
-    if (staged_dw && walk == cuda::CeWalk::kTokens) {
+    if (staged_dw && walk == CeWalk::kTokens) {
       RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.dw, staging[0], static_cast<std::size_t>(v * k) * 4,
                                            cudaMemcpyDeviceToHost, cs),
                            "cross_entropy: copy dw [", v, ", ", k, "] to the host");
@@ -1120,7 +1110,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
     timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
     timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
     timing->transfers_measured = true;
-    timing->plan = absl::StrCat(cuda::CeWalkName(walk), " walk, chunk ", chunk);
+    timing->plan = absl::StrCat(CeWalkName(walk), " walk, chunk ", chunk);
   }
   return absl::OkStatus();
 }
@@ -1159,4 +1149,4 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
-}  // namespace logitd::kernels
+}  // namespace logitd::kernels::cuda

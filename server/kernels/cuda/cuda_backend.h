@@ -8,11 +8,11 @@
 #include "absl/status/statusor.h"
 #include "server/kernels/backend.h"
 
-namespace logitd::kernels {
+namespace logitd::kernels::cuda {
 
 // FailedPrecondition, with the reason, when no CUDA device is visible or the
 // driver cannot be used, so that --backend=auto falls back to cpu;
 // InvalidArgument for a bad options.device.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options);
 
-}  // namespace logitd::kernels
+}  // namespace logitd::kernels::cuda
