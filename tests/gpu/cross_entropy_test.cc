@@ -4,7 +4,8 @@
 // soft-capping; chunk independence; the cpu backend; determinism;
 // accumulation into the weight's buffer; and a device memory budget that only
 // a chunked walk fits in. Reductions over tokens are the service's: the
-// backend returns per-token losses, and that is what is checked.
+// backend returns per-token losses, and that is what is checked. The choice
+// of chunk and walk (the plan) is tested without a device.
 #include "server/kernels/cuda/cross_entropy.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -296,6 +298,107 @@ TEST(CeChunkChoice, WholeQuantaWithinTheWorkspaceAndEvenedOut) {
   EXPECT_EQ(cuda::RoundCeChunk(1500, 5000), 2 * kCeChunkQuantum);
   EXPECT_EQ(cuda::RoundCeChunk(4500, 5000), 5000);
   EXPECT_EQ(cuda::RoundCeChunk(9000, 5000), 5000);
+}
+
+// What the backend asks of the planner for [m, V, K] with every gradient:
+// dX in bf16, dW accumulated on the device.
+cuda::CePlanRequest GradientsRequest(std::int64_t m, std::int64_t v, std::int64_t k) {
+  cuda::CePlanRequest r;
+  r.m = m;
+  r.v = v;
+  r.k = k;
+  r.want_dx = true;
+  r.dx_bf16 = true;
+  r.want_dw = true;
+  r.accumulate_dw = true;
+  return r;
+}
+
+TEST(CePlan, LossOnlyTakesTheVocabularyWalkInTheDefaultWorkspace) {
+  cuda::CePlanRequest r;
+  r.m = 4096;
+  r.v = 128256;
+  r.k = 4096;
+  const cuda::CePlan plan = cuda::PlanCrossEntropy(r);
+  EXPECT_EQ(plan.walk, cuda::CeWalk::kVocabulary);
+  EXPECT_EQ(plan.workspace, cuda::kCeWorkspaceBytes);
+  EXPECT_EQ(plan.token_workspace, 0u);
+  EXPECT_EQ(plan.chunk, cuda::ChooseCeChunk(4096, 128256, false, 0, cuda::kCeWorkspaceBytes));
+  EXPECT_EQ(plan.sizes.total(), cuda::CeScratch(4096, 4096, plan.chunk, false, false).total());
+  EXPECT_EQ(plan.sizes.g, 0u);
+}
+
+TEST(CePlan, GradientsTakeTheTokenWalkWhenEnoughTokensFit) {
+  const cuda::CePlanRequest r = GradientsRequest(8192, 128256, 4096);
+  const cuda::CePlan plan = cuda::PlanCrossEntropy(r);
+  // 22% of dX (bf16) and dW (fp32).
+  const std::uint64_t outputs = 8192ull * 4096 * 2 + 128256ull * 4096 * 4;
+  EXPECT_EQ(plan.token_workspace, cuda::CeTokenWorkspace(outputs));
+  ASSERT_EQ(plan.walk, cuda::CeWalk::kTokens);
+  EXPECT_EQ(plan.chunk, cuda::ChooseCeTokenChunk(8192, 128256, 4096, true, plan.token_workspace));
+  EXPECT_GE(plan.chunk, cuda::kCeMinTokenChunk);
+  EXPECT_EQ(plan.chunk % cuda::kCeTokenQuantum, 0);
+  EXPECT_EQ(plan.sizes.total(), cuda::CeTokenScratch(plan.chunk, 128256, 4096, true).total());
+  // A pure function of the request.
+  const cuda::CePlan again = cuda::PlanCrossEntropy(r);
+  EXPECT_EQ(again.walk, plan.walk);
+  EXPECT_EQ(again.chunk, plan.chunk);
+
+  // A workspace that holds neither all the tokens nor kCeMinTokenChunk of
+  // them: the vocabulary walk, with room for dW's two staging chunks when dW
+  // goes to the host.
+  cuda::CePlanRequest few = GradientsRequest(256, 128256, 4096);
+  few.accumulate_dw = false;
+  few.workspace_bytes = 64u << 20;
+  const cuda::CePlan vocab = cuda::PlanCrossEntropy(few);
+  EXPECT_EQ(vocab.walk, cuda::CeWalk::kVocabulary);
+  EXPECT_EQ(vocab.chunk, cuda::ChooseCeChunk(256, 128256, true, 2 * 4096 * 4, 64u << 20));
+}
+
+TEST(CePlan, TheCallersChunkIsKeptAndNeverShrunk) {
+  cuda::CePlanRequest r = GradientsRequest(8192, 128256, 4096);
+  r.vocab_chunk = 1500;
+  const cuda::CePlan plan = cuda::PlanCrossEntropy(r);
+  EXPECT_EQ(plan.walk, cuda::CeWalk::kVocabulary);
+  EXPECT_EQ(plan.chunk, 2 * cuda::kCeChunkQuantum);
+  EXPECT_FALSE(cuda::ShrinkCePlan(r, plan).has_value());
+}
+
+TEST(CePlan, AQuarterOfTheDeviceBudgetCapsBothAllowances) {
+  cuda::CePlanRequest r = GradientsRequest(8192, 128256, 4096);
+  r.device_memory_budget = 64u << 20;
+  const cuda::CePlan plan = cuda::PlanCrossEntropy(r);
+  EXPECT_EQ(plan.workspace, 16u << 20);
+  EXPECT_EQ(plan.token_workspace, 16u << 20);
+  // 16 MiB holds 32 tokens of 128256 logits, too few for the token walk.
+  EXPECT_EQ(plan.walk, cuda::CeWalk::kVocabulary);
+  r.workspace_bytes = 8u << 20;  // a configured workspace below the cap
+  EXPECT_EQ(cuda::PlanCrossEntropy(r).workspace, 8u << 20);
+}
+
+TEST(CePlan, ShrinkingHalvesTheTokenWalkThenTheVocabularyWalkDownToOneQuantum) {
+  const cuda::CePlanRequest r = GradientsRequest(8192, 128256, 4096);
+  const cuda::CePlan first = cuda::PlanCrossEntropy(r);
+  ASSERT_EQ(first.walk, cuda::CeWalk::kTokens);
+  cuda::CePlan plan = first;
+  int steps = 0;
+  for (std::optional<cuda::CePlan> next = cuda::ShrinkCePlan(r, plan); next.has_value();
+       next = cuda::ShrinkCePlan(r, plan)) {
+    ASSERT_LT(++steps, 100);
+    if (plan.walk == cuda::CeWalk::kTokens) {
+      EXPECT_EQ(next->token_workspace, plan.token_workspace / 2);
+      // The vocabulary walk starts from its own allowance, not a halved one.
+      EXPECT_EQ(next->workspace, first.workspace);
+    } else {
+      EXPECT_EQ(next->walk, cuda::CeWalk::kVocabulary);
+      EXPECT_EQ(next->workspace, plan.workspace / 2);
+      EXPECT_LE(next->chunk, plan.chunk);
+    }
+    plan = *next;
+  }
+  EXPECT_EQ(plan.walk, cuda::CeWalk::kVocabulary);
+  EXPECT_EQ(plan.chunk, cuda::kCeChunkQuantum);
+  EXPECT_GT(steps, 1);
 }
 
 // --- the backend -------------------------------------------------------------

@@ -140,6 +140,64 @@ std::int64_t RoundCeChunk(std::int64_t requested, std::int64_t v) {
 
 namespace {
 
+bool WantsGradients(const CePlanRequest& r) { return r.want_dx || r.want_dw; }
+
+// The plan's chunk and scratch for its walk and allowances.
+CePlan Sized(const CePlanRequest& r, CePlan plan) {
+  if (plan.walk == CeWalk::kTokens) {
+    plan.chunk = ChooseCeTokenChunk(r.m, r.v, r.k, r.dx_bf16, plan.token_workspace);
+    plan.sizes = CeTokenScratch(plan.chunk, r.v, r.k, r.dx_bf16);
+    return plan;
+  }
+  const bool grads = WantsGradients(r);
+  // dW returned to the host goes through two staging chunks of [chunk, k] fp32.
+  const bool staged_dw = r.want_dw && !r.accumulate_dw;
+  const std::uint64_t staging_per_row = staged_dw ? static_cast<std::uint64_t>(2 * r.k) * 4 : 0;
+  plan.chunk = r.vocab_chunk > 0 ? RoundCeChunk(r.vocab_chunk, r.v)
+                                 : ChooseCeChunk(r.m, r.v, grads, staging_per_row, plan.workspace);
+  plan.sizes = CeScratch(r.m, r.k, plan.chunk, grads, r.dx_bf16);
+  return plan;
+}
+
+}  // namespace
+
+CePlan PlanCrossEntropy(const CePlanRequest& r) {
+  const std::uint64_t budget_cap =
+      r.device_memory_budget != 0 ? r.device_memory_budget / 4 : ~std::uint64_t{0};
+  const std::uint64_t configured = r.workspace_bytes;
+  CePlan plan;
+  plan.workspace =
+      std::min<std::uint64_t>(configured != 0 ? configured : kCeWorkspaceBytes, budget_cap);
+  if (WantsGradients(r) && r.vocab_chunk <= 0) {
+    const std::uint64_t dx_bytes =
+        r.want_dx ? static_cast<std::uint64_t>(r.m * r.k) * (r.dx_bf16 ? 2 : 4) : 0;
+    const std::uint64_t outputs =
+        dx_bytes + (r.want_dw ? static_cast<std::uint64_t>(r.v * r.k) * 4 : 0);
+    plan.token_workspace =
+        std::min(configured != 0 ? configured : CeTokenWorkspace(outputs), budget_cap);
+    if (ChooseCeTokenChunk(r.m, r.v, r.k, r.dx_bf16, plan.token_workspace) > 0) {
+      plan.walk = CeWalk::kTokens;
+    }
+  }
+  return Sized(r, plan);
+}
+
+std::optional<CePlan> ShrinkCePlan(const CePlanRequest& r, const CePlan& plan) {
+  CePlan next = plan;
+  if (plan.walk == CeWalk::kTokens) {
+    next.token_workspace /= 2;
+    if (ChooseCeTokenChunk(r.m, r.v, r.k, r.dx_bf16, next.token_workspace) == 0) {
+      next.walk = CeWalk::kVocabulary;
+    }
+    return Sized(r, next);
+  }
+  if (r.vocab_chunk > 0 || plan.chunk <= kCeChunkQuantum) return std::nullopt;
+  next.workspace /= 2;
+  return Sized(r, next);
+}
+
+namespace {
+
 // The token walk; see RunCrossEntropy.
 absl::Status RunTokenWalk(GemmEngine& engine, const GemmStream& s, const CeProblem& p,
                           const CeBuffers& b, CeDwSink* dw, const CeRowParams& params,

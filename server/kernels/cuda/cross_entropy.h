@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -80,6 +81,50 @@ std::int64_t ChooseCeChunk(std::int64_t m, std::int64_t v, bool grads,
                            std::uint64_t extra_per_vocab_row, std::uint64_t workspace_bytes);
 // A requested chunk rounded up to a multiple of kCeChunkQuantum, at most V.
 std::int64_t RoundCeChunk(std::int64_t requested, std::int64_t v);
+
+// What a call's plan depends on: its shapes, the outputs it asks for and the
+// backend's memory settings.
+struct CePlanRequest {
+  std::int64_t m = 0;
+  std::int64_t v = 0;
+  std::int64_t k = 0;
+  bool want_dx = false;
+  bool dx_bf16 = false;        // dX wanted and returned in bf16
+  bool want_dw = false;        // dW returned or accumulated
+  bool accumulate_dw = false;  // into the weight's buffer on the device
+  // The caller's vocabulary rows per chunk; 0 (or less) leaves the walk and
+  // the chunk to the plan.
+  std::int64_t vocab_chunk = 0;
+  // BackendOptions::ce_workspace_bytes (0: the plan's own choice) and
+  // BackendOptions::device_memory_budget (0: none).
+  std::uint64_t workspace_bytes = 0;
+  std::uint64_t device_memory_budget = 0;
+};
+
+// The walk, its chunk and the scratch it needs.
+struct CePlan {
+  CeWalk walk = CeWalk::kVocabulary;
+  std::int64_t chunk = 0;
+  CeScratchSizes sizes;
+  // The allowances the chunk was chosen from, which ShrinkCePlan halves.
+  std::uint64_t workspace = 0;        // the vocabulary walk's
+  std::uint64_t token_workspace = 0;  // the token walk's; 0 when not considered
+};
+
+// The plan a call starts with, a pure function of the request (so the same
+// request gets the same chunk): the token walk (each logit computed once)
+// when gradients are wanted, the caller did not ask for a vocabulary chunk
+// and at least a token chunk fits in the token walk's allowance
+// (CeTokenWorkspace of the gradient outputs, or the configured workspace);
+// otherwise the vocabulary walk in the caller's chunk (whole quanta) or one
+// chosen to fit kCeWorkspaceBytes (or the configured workspace). Both
+// allowances are capped at a quarter of the device memory budget.
+CePlan PlanCrossEntropy(const CePlanRequest& r);
+// The plan to try when `plan`'s scratch could not be allocated: the token
+// walk's allowance halved (the vocabulary walk once no token chunk fits in
+// it), or the vocabulary walk's allowance halved; nullopt when there is
+// nothing smaller to try (the caller's own chunk, or one quantum).
+std::optional<CePlan> ShrinkCePlan(const CePlanRequest& r, const CePlan& plan);
 
 struct CeProblem {
   std::int64_t m = 0;

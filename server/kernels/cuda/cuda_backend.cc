@@ -885,7 +885,6 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
   const bool want_dx = args.dx != nullptr;
   const bool want_dw = args.accumulate_dw || args.dw != nullptr;
   const bool staged_dw = want_dw && !args.accumulate_dw;
-  const bool grads = want_dx || want_dw;
   const bool dx_bf16 = want_dx && args.dx_dtype == DType::kBf16;
   const std::size_t dx_bytes =
       want_dx ? static_cast<std::size_t>(m * k) * ElementSize(args.dx_dtype) : 0;
@@ -926,47 +925,31 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
     gradient_buffer = (*buffer)->as<float>();
   }
 
-  // The walk and its chunk, a pure function of the request and the
-  // configured budget, so the same request gets the same chunk: by tokens
-  // (each logit computed once) when gradients are wanted, the caller did not
-  // ask for a vocabulary chunk and enough tokens fit in the token walk's
-  // allowance; otherwise by vocabulary, in the caller's chunk (whole quanta)
-  // or one chosen from kCeWorkspaceBytes. Only when the device cannot hold
-  // that workspace does an automatic chunk shrink, halving the workspace
-  // until it fits (the token walk gives way to the vocabulary walk).
-  const std::uint64_t budget_cap =
-      options_.device_memory_budget != 0 ? options_.device_memory_budget / 4 : ~std::uint64_t{0};
-  const std::uint64_t configured = options_.ce_workspace_bytes;
-  std::uint64_t workspace =
-      std::min<std::uint64_t>(configured != 0 ? configured : kCeWorkspaceBytes, budget_cap);
-  std::uint64_t token_workspace = 0;
-  CeWalk walk = CeWalk::kVocabulary;
-  if (grads && args.vocab_chunk <= 0) {
-    const std::uint64_t outputs = dx_bytes + (want_dw ? static_cast<std::uint64_t>(v * k) * 4 : 0);
-    token_workspace =
-        std::min(configured != 0 ? configured : CeTokenWorkspace(outputs), budget_cap);
-    if (ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace) > 0) {
-      walk = CeWalk::kTokens;
-    }
-  }
-  const std::uint64_t staging_per_row = staged_dw ? static_cast<std::uint64_t>(2 * k) * 4 : 0;
+  // The walk and its chunk (see PlanCrossEntropy), a pure function of the
+  // request and the configured memory, so the same request gets the same
+  // chunk. Only when the device cannot hold the plan's scratch does an
+  // automatic chunk shrink (ShrinkCePlan) until it fits.
+  CePlanRequest request;
+  request.m = m;
+  request.v = v;
+  request.k = k;
+  request.want_dx = want_dx;
+  request.dx_bf16 = dx_bf16;
+  request.want_dw = want_dw;
+  request.accumulate_dw = args.accumulate_dw;
+  request.vocab_chunk = args.vocab_chunk;
+  request.workspace_bytes = options_.ce_workspace_bytes;
+  request.device_memory_budget = options_.device_memory_budget;
+  CePlan plan = PlanCrossEntropy(request);
   const std::array<Slot, 8> ce_slots = {kX, kRows, kY0, kG, kAcc, kDx, kDw, kY1};
-  std::int64_t chunk = 0;
   CeBuffers b;
   std::array<void*, 2> staging{};
   std::byte* row_base = nullptr;
   void* x_device = nullptr;
   for (;;) {
-    const bool tokens = walk == CeWalk::kTokens;
-    CeScratchSizes sizes;
-    if (tokens) {
-      chunk = ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace);
-      sizes = CeTokenScratch(chunk, v, k, dx_bf16);
-    } else {
-      chunk = args.vocab_chunk > 0 ? RoundCeChunk(args.vocab_chunk, v)
-                                   : ChooseCeChunk(m, v, grads, staging_per_row, workspace);
-      sizes = CeScratch(m, k, chunk, grads, dx_bf16);
-    }
+    const bool tokens = plan.walk == CeWalk::kTokens;
+    const std::int64_t chunk = plan.chunk;
+    const CeScratchSizes& sizes = plan.sizes;
     auto allocate = [&]() -> absl::Status {
       auto x = Scratch(c, kX, x_bytes, "cross_entropy: device x");
       if (!x.ok()) return x.status();
@@ -1019,19 +1002,14 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
     absl::Status allocated = allocate();
     if (allocated.ok()) break;
     if (allocated.code() != absl::StatusCode::kResourceExhausted) return allocated;
-    if (tokens) {
-      // Nothing is enqueued yet: the context's buffers can go.
-      for (Slot slot : ce_slots) c.scratch[slot].Reset();
-      token_workspace /= 2;
-      if (ChooseCeTokenChunk(m, v, k, dx_bf16, token_workspace) == 0) {
-        walk = CeWalk::kVocabulary;
-      }
-      continue;
-    }
-    if (args.vocab_chunk > 0 || chunk <= kCeChunkQuantum) return allocated;
+    std::optional<CePlan> smaller = ShrinkCePlan(request, plan);
+    if (!smaller.has_value()) return allocated;
+    // Nothing is enqueued yet: the context's buffers can go.
     for (Slot slot : ce_slots) c.scratch[slot].Reset();
-    workspace /= 2;
+    plan = *smaller;
   }
+  const CeWalk walk = plan.walk;
+  const std::int64_t chunk = plan.chunk;
   const std::string shape =
       absl::StrCat("M=", m, ",V=", v, ",K=", k, ",", CeWalkName(walk), " chunk=", chunk);
 
