@@ -136,6 +136,52 @@ struct Context {
   }
 };
 
+// Where a call's time went, from its context's four timing events: recorded
+// at its start, once its inputs are on the device, once its compute is done
+// and at its end, each on the stream whose work it follows. `call` ("logits")
+// prefixes the errors.
+class StreamTimer {
+ public:
+  enum Mark { kStart = 0, kInputs = 1, kComputed = 2, kEnd = 3 };
+
+  StreamTimer(const Context& c, const char* call) : c_(c), call_(call) {}
+
+  absl::Status Record(Mark mark, cudaStream_t stream) const {
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c_.timing[mark].get(), stream), call_,
+                         ": cudaEventRecord");
+    return absl::OkStatus();
+  }
+  // Records the end on `stream` and waits for it; `what` names the call in
+  // the error.
+  absl::Status End(cudaStream_t stream, absl::string_view what) const {
+    RETURN_IF_ERROR_(Record(kEnd, stream));
+    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(c_.timing[kEnd].get()), what);
+    return absl::OkStatus();
+  }
+  // End, once both streams have done what is enqueued on them so far: the
+  // compute stream waits for the copy stream (through block_copied[0]) and
+  // records the end.
+  absl::Status EndOfBothStreams(absl::string_view what) const {
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c_.block_copied[0].get(), c_.copy.get()), call_,
+                         ": cudaEventRecord");
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(c_.compute.get(), c_.block_copied[0].get(), 0), call_,
+                         ": cudaStreamWaitEvent");
+    return End(c_.compute.get(), what);
+  }
+  // Sets t's times from the marks, once End has returned OK; the rest of t
+  // (the GEMMs run, the plan) is left as it is.
+  void Fill(Timing* t) const {
+    t->h2d_us = MicrosBetween(c_.timing[kStart].get(), c_.timing[kInputs].get());
+    t->compute_us = MicrosBetween(c_.timing[kInputs].get(), c_.timing[kComputed].get());
+    t->d2h_us = MicrosBetween(c_.timing[kComputed].get(), c_.timing[kEnd].get());
+    t->transfers_measured = true;
+  }
+
+ private:
+  const Context& c_;
+  const char* call_;
+};
+
 // Where a call's GEMM configurations are reported, if it asked for timing.
 std::vector<std::string>* GemmRecord(Timing* timing) {
   return timing != nullptr ? &timing->gemms : nullptr;
@@ -509,11 +555,12 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
   cudaStream_t cs = c.compute.get();
   cudaStream_t ss = c.copy.get();
   const std::string shape = absl::StrCat("M=", m, ",N=", v, ",K=", k);
-  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "logits: cudaEventRecord");
+  const StreamTimer timer(c, "logits");
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
   RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(*x, args.x, static_cast<std::size_t>(m * k) * 2, cudaMemcpyHostToDevice, cs),
       "logits: copy x [", m, ", ", k, "] to the device");
-  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "logits: cudaEventRecord");
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
 
   const GemmStream gs = c.gemm(GemmRecord(timing));
   auto enqueue_gemm = [&](std::int64_t b) -> absl::Status {
@@ -539,7 +586,7 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
     }
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[slot].get(), cs), "logits: cudaEventRecord");
     if (b == blocks - 1) {
-      RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "logits: cudaEventRecord");
+      RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
     }
     return absl::OkStatus();
   };
@@ -563,16 +610,10 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[slot].get(), ss),
                          "logits: cudaEventRecord");
   }
-  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[3].get(), ss), "logits: cudaEventRecord");
-  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(c.timing[3].get()), "logits(", shape, ")");
+  RETURN_IF_ERROR_(timer.End(ss, absl::StrCat("logits(", shape, ")")));
   // A failed kernel surfaces here if not before.
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "logits(", shape, ")");
-  if (timing != nullptr) {
-    timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
-    timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
-    timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
-    timing->transfers_measured = true;
-  }
+  if (timing != nullptr) timer.Fill(timing);
   return absl::OkStatus();
 }
 
@@ -629,7 +670,8 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   }
 
   // Inputs: G = bf16(dY) block by block through the staging buffer.
-  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "backward: cudaEventRecord");
+  const StreamTimer timer(c, "backward");
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
   if (args.dy_dtype == DType::kBf16) {
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(*g, args.dy, dy_bytes, cudaMemcpyHostToDevice, cs),
                          "backward: copy dy [", m, ", ", v, "] bf16 to the device");
@@ -652,7 +694,7 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(x, args.x, x_bytes, cudaMemcpyHostToDevice, cs),
                          "backward: copy x [", m, ", ", k, "] to the device");
   }
-  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "backward: cudaEventRecord");
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
 
   const GemmStream gs = c.gemm(GemmRecord(timing));
   if (want_dx) {
@@ -683,33 +725,24 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
     if (!buffer.ok()) return buffer.status();
     RETURN_IF_ERROR_(engine_.Run(GradWeightShape(m, v, k, CUDA_R_32F),
                                  GemmOperands{*g, x, (*buffer)->get(), 1.0f, 1.0f}, gs));
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "backward: cudaEventRecord");
+    RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "backward(", shape, "): accumulate dw");
     gradient.CountCall();
   } else if (want_dw) {
     RETURN_IF_ERROR_(engine_.Run(GradWeightShape(m, v, k, CudaType(args.dw_dtype)),
                                  GemmOperands{*g, x, dw, 1.0f, 0.0f}, gs));
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "backward: cudaEventRecord");
+    RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
     RETURN_IF_CUDA_ERROR(
         cudaMemcpyAsync(args.dw, dw, static_cast<std::size_t>(v * k) * ElementSize(args.dw_dtype),
                         cudaMemcpyDeviceToHost, cs),
         "backward: copy dw [", v, ", ", k, "] to the host");
   } else {
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "backward: cudaEventRecord");
+    RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
   }
   // The end is when both streams are done.
-  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[0].get(), ss), "backward: cudaEventRecord");
-  RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(cs, c.block_copied[0].get(), 0),
-                       "backward: cudaStreamWaitEvent");
-  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[3].get(), cs), "backward: cudaEventRecord");
-  RETURN_IF_CUDA_ERROR(cudaEventSynchronize(c.timing[3].get()), "backward(", shape, ")");
+  RETURN_IF_ERROR_(timer.EndOfBothStreams(absl::StrCat("backward(", shape, ")")));
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(ss), "backward(", shape, ")");
-  if (timing != nullptr) {
-    timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
-    timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
-    timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
-    timing->transfers_measured = true;
-  }
+  if (timing != nullptr) timer.Fill(timing);
   return absl::OkStatus();
 }
 
@@ -773,26 +806,28 @@ absl::Status CudaBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits
   if (!din.ok()) return din.status();
   auto dout = Scratch(c, kCastOut, static_cast<std::size_t>(block) * 2, "cast: device output");
   if (!dout.ok()) return dout.status();
+  const StreamTimer timer(c, "cast");
   Timing total;
   for (std::int64_t i0 = 0; i0 < n; i0 += block) {
     const std::int64_t nb = std::min(block, n - i0);
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "cast: cudaEventRecord");
+    RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(*din, in + i0, static_cast<std::size_t>(nb) * 4,
                                          cudaMemcpyHostToDevice, cs),
                          "cast: copy ", nb, " values to the device");
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "cast: cudaEventRecord");
+    RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
     RETURN_IF_CUDA_ERROR(LaunchCastFp32ToBf16(static_cast<const float*>(*din), nb,
                                               static_cast<Bf16Bits*>(*dout), cs),
                          "cast: cast kernel (", nb, " values)");
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "cast: cudaEventRecord");
+    RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out + i0, *dout, static_cast<std::size_t>(nb) * 2,
                                          cudaMemcpyDeviceToHost, cs),
                          "cast: copy ", nb, " values to the host");
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[3].get(), cs), "cast: cudaEventRecord");
-    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(c.timing[3].get()), "cast (", nb, " values)");
-    total.h2d_us += MicrosBetween(c.timing[0].get(), c.timing[1].get());
-    total.compute_us += MicrosBetween(c.timing[1].get(), c.timing[2].get());
-    total.d2h_us += MicrosBetween(c.timing[2].get(), c.timing[3].get());
+    RETURN_IF_ERROR_(timer.End(cs, absl::StrCat("cast (", nb, " values)")));
+    Timing block_timing;
+    timer.Fill(&block_timing);
+    total.h2d_us += block_timing.h2d_us;
+    total.compute_us += block_timing.compute_us;
+    total.d2h_us += block_timing.d2h_us;
     total.transfers_measured = true;
   }
   if (timing != nullptr) *timing = total;
@@ -1013,14 +1048,15 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
   const std::string shape =
       absl::StrCat("M=", m, ",V=", v, ",K=", k, ",", CeWalkName(walk), " chunk=", chunk);
 
+  const StreamTimer timer(c, "cross_entropy");
   auto enqueue = [&]() -> absl::Status {
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[0].get(), cs), "cross_entropy: cudaEventRecord");
+    RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(x_device, args.x, x_bytes, cudaMemcpyHostToDevice, cs),
                          "cross_entropy: copy x [", m, ", ", k, "] to the device");
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(row_base, args.targets, static_cast<std::size_t>(m) * 8,
                                          cudaMemcpyHostToDevice, cs),
                          "cross_entropy: copy targets [", m, "] to the device");
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[1].get(), cs), "cross_entropy: cudaEventRecord");
+    RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
 
     CeProblem p;
     p.m = m;
@@ -1051,7 +1087,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
                                            cudaMemcpyDeviceToHost, cs),
                            "cross_entropy: copy dw [", v, ", ", k, "] to the host");
     }
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[2].get(), cs), "cross_entropy: cudaEventRecord");
+    RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
 
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.loss, b.loss, row_bytes, cudaMemcpyDeviceToHost, cs),
                          "cross_entropy: copy loss [", m, "] to the host");
@@ -1064,12 +1100,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
                            "cross_entropy: copy dx [", m, ", ", k, "] to the host");
     }
     // The end is when both streams are done.
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[0].get(), ss),
-                         "cross_entropy: cudaEventRecord");
-    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(cs, c.block_copied[0].get(), 0),
-                         "cross_entropy: cudaStreamWaitEvent");
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.timing[3].get(), cs), "cross_entropy: cudaEventRecord");
-    RETURN_IF_CUDA_ERROR(cudaEventSynchronize(c.timing[3].get()), "cross_entropy(", shape, ")");
+    RETURN_IF_ERROR_(timer.EndOfBothStreams(absl::StrCat("cross_entropy(", shape, ")")));
     // A failed kernel surfaces here if not before.
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "cross_entropy(", shape, ")");
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(ss), "cross_entropy(", shape, ")");
@@ -1084,10 +1115,7 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
   }
   if (args.accumulate_dw) gradient->CountCall();
   if (timing != nullptr) {
-    timing->h2d_us = MicrosBetween(c.timing[0].get(), c.timing[1].get());
-    timing->compute_us = MicrosBetween(c.timing[1].get(), c.timing[2].get());
-    timing->d2h_us = MicrosBetween(c.timing[2].get(), c.timing[3].get());
-    timing->transfers_measured = true;
+    timer.Fill(timing);
     timing->plan = absl::StrCat(CeWalkName(walk), " walk, chunk ", chunk);
   }
   return absl::OkStatus();
