@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/common/server_info_json.h"
 
 namespace logitd::validate {
 namespace {
@@ -86,30 +87,6 @@ int ExitCodeFor(const std::vector<CaseResult>& results, bool server_unreachable)
   return 0;
 }
 
-nlohmann::ordered_json ServerInfoJson(const client::ServerInfo& i) {
-  nlohmann::ordered_json j;
-  j["version"] = i.version;
-  j["build_id"] = i.build_id;
-  j["backend"] = i.backend;
-  j["device_name"] = i.device_name;
-  j["compute_capability"] = i.compute_capability;
-  j["multiprocessor_count"] = i.multiprocessor_count;
-  j["driver_version"] = i.driver_version;
-  j["cuda_runtime_version"] = i.cuda_runtime_version;
-  j["cublaslt_version"] = i.cublaslt_version;
-  j["blas_version"] = i.blas_version;
-  j["weight_budget_bytes"] = i.weight_budget_bytes;
-  j["weight_bytes_in_use"] = i.weight_bytes_in_use;
-  j["max_request_bytes"] = i.max_request_bytes;
-  j["chunk_bytes"] = i.chunk_bytes;
-  j["device_bytes_in_use"] = i.device_bytes_in_use;
-  j["split_k"] = i.split_k;
-  j["max_receive_message_bytes"] = i.max_receive_message_bytes;
-  j["max_request_chunk_bytes"] = i.max_request_chunk_bytes;
-  j["max_send_message_bytes"] = i.max_send_message_bytes;
-  return j;
-}
-
 nlohmann::ordered_json JsonNumber(double value) {
   if (std::isfinite(value)) return value;
   if (std::isnan(value)) return "nan";
@@ -164,7 +141,9 @@ nlohmann::ordered_json ReportJson(const Report& report) {
   j["duration_s"] = report.seconds;
   j["exit_code"] = report.exit_code;
   j["server_address"] = report.address;
-  j["server"] = report.have_info ? ServerInfoJson(report.info) : nlohmann::ordered_json(nullptr);
+  j["server"] = report.have_info
+                    ? client::ServerInfoJson(report.info, /*with_request_memory=*/false)
+                    : nlohmann::ordered_json(nullptr);
   nlohmann::ordered_json options;
   options["suites"] = report.options.suites;
   options["quick"] = report.options.quick;
@@ -250,7 +229,8 @@ std::string JUnitXml(const Report& report) {
   absl::StrAppend(&properties, "      <property name=\"server.address\" value=\"",
                   XmlEscape(report.address), "\"/>\n");
   if (report.have_info) {
-    const nlohmann::ordered_json info = ServerInfoJson(report.info);
+    const nlohmann::ordered_json info =
+        client::ServerInfoJson(report.info, /*with_request_memory=*/false);
     for (auto it = info.begin(); it != info.end(); ++it) {
       const std::string value = it->is_string() ? it->get<std::string>() : it->dump();
       absl::StrAppend(&properties, "      <property name=\"server.", XmlEscape(it.key()),

@@ -32,8 +32,6 @@ struct Report {
 // 2 when the server was unreachable (report.error set).
 int ExitCodeFor(const std::vector<CaseResult>& results, bool server_unreachable);
 
-// The server info as a JSON object, field names as in logitd.v1.ServerInfo.
-nlohmann::ordered_json ServerInfoJson(const client::ServerInfo& info);
 // A finite number as a JSON number; ±Inf and NaN as strings (JSON has none).
 nlohmann::ordered_json JsonNumber(double value);
 
