@@ -93,6 +93,18 @@ bool WriteTensor(Stream& stream, absl::string_view name, const Tensor& t, std::s
 
 }  // namespace
 
+absl::string_view ReductionName(Reduction reduction) {
+  switch (reduction) {
+    case Reduction::kNone:
+      return "none";
+    case Reduction::kSum:
+      return "sum";
+    case Reduction::kMean:
+      return "mean";
+  }
+  return "?";
+}
+
 absl::StatusOr<TimingTrailer> ParseTimingTrailer(absl::string_view text) {
   TimingTrailer out;
   if (text.empty()) return out;

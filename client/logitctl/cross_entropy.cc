@@ -36,23 +36,12 @@ absl::StatusOr<float> FiniteFloatFlag(absl::string_view flag, double value) {
 
 absl::StatusOr<client::Reduction> ParseReduction(const std::string& value) {
   const std::string v = absl::AsciiStrToLower(value);
-  if (v == "mean") return client::Reduction::kMean;
-  if (v == "sum") return client::Reduction::kSum;
-  if (v == "none") return client::Reduction::kNone;
+  for (client::Reduction r :
+       {client::Reduction::kMean, client::Reduction::kSum, client::Reduction::kNone}) {
+    if (v == client::ReductionName(r)) return r;
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("--reduction: expected mean, sum or none, got '", value, "'"));
-}
-
-absl::string_view ReductionName(client::Reduction r) {
-  switch (r) {
-    case client::Reduction::kNone:
-      return "none";
-    case client::Reduction::kSum:
-      return "sum";
-    case client::Reduction::kMean:
-      return "mean";
-  }
-  return "?";
 }
 
 // The fused cross-entropy with every tensor in one shared-memory region: X

@@ -844,18 +844,6 @@ CeShapes ShapesOf(const Options& o) {
   return {64, 32768, 1024, 64, 192, 128};
 }
 
-std::string ReductionLabel(client::Reduction r) {
-  switch (r) {
-    case client::Reduction::kNone:
-      return "none";
-    case client::Reduction::kSum:
-      return "sum";
-    case client::Reduction::kMean:
-      return "mean";
-  }
-  return "?";
-}
-
 // Targets uniform over [0, V), about one in `ignore_one_in` set to ignore.
 std::vector<std::int64_t> RandomTargets(Rng& rng, std::int64_t m, std::int64_t v,
                                         std::int64_t ignore_index, int ignore_one_in) {
@@ -1083,7 +1071,7 @@ absl::Status RunIgnoreIndex(RunContext& ctx, CaseResult& r) {
   none_counted.targets.assign(static_cast<std::size_t>(s.m), none_counted.ignore_index);
   for (client::Reduction red : {client::Reduction::kMean, client::Reduction::kSum}) {
     none_counted.reduction = red;
-    const std::string label = absl::StrCat("all_ignored_", ReductionLabel(red));
+    const std::string label = absl::StrCat("all_ignored_", client::ReductionName(red));
     absl::StatusOr<client::CrossEntropyResult> all_ignored =
         Send(ctx.client(), *d.x, none_counted, DType::kInt64, handle,
              {false, true, true, DType::kBf16}, false, label);
@@ -1264,7 +1252,7 @@ absl::Status RunExact(RunContext& ctx, CaseResult& r, const ExactCase& ec) {
   r.figures["m"] = s.exact_m;
   r.figures["v"] = s.exact_v;
   r.figures["k"] = s.exact_k;
-  r.figures["reduction"] = ReductionLabel(ec.reduction);
+  r.figures["reduction"] = std::string(client::ReductionName(ec.reduction));
   r.figures["counted"] = ref.counted;
   timer.Lap("generate");
 

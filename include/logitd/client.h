@@ -217,6 +217,8 @@ struct BackwardResult {
 };
 
 enum class Reduction { kNone, kSum, kMean };
+// "none", "sum", "mean".
+absl::string_view ReductionName(Reduction reduction);
 
 struct CrossEntropyOptions {
   std::int64_t ignore_index = -100;
