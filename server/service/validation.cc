@@ -143,16 +143,41 @@ absl::StatusOr<std::uint64_t> CheckActivations(bool present, const v1::TensorSpe
   return bytes;
 }
 
+// An output slot in shared memory for an output the call does not return.
+absl::Status UnusedOutputSlot(bool given, absl::string_view field, absl::string_view why) {
+  if (!given) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": given, but ", why));
+}
+
+// Backward and CrossEntropy alike: accumulating is a way of delivering dW, so
+// it asks for dW.
+absl::Status CheckAccumulateWantsDw(bool accumulate_dw, bool want_dw) {
+  if (accumulate_dw && !want_dw) {
+    return absl::InvalidArgumentError(
+        "accumulate_dw: expected want_dw=true (accumulation computes dW), got want_dw=false");
+  }
+  return absl::OkStatus();
+}
+
+// A call's second input beside x (dy, targets): present, and named apart from
+// x, since each chunk names the tensor it belongs to.
+absl::Status CheckPresentBesideX(absl::string_view what, bool present, const v1::TensorSpec& spec,
+                                 const v1::TensorSpec& x) {
+  absl::Status s = CheckPresent(what, present, spec);
+  if (!s.ok()) return s;
+  if (spec.name() == x.name()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ", x: expected distinct TensorSpec names, both are '", spec.name(), "'"));
+  }
+  return absl::OkStatus();
+}
+
 // The target ids of a call over activations `x` of M rows: INT32 or INT64
 // [M], named apart from x. Sets their dtype and byte count.
 absl::Status CheckTargets(bool present, const v1::TensorSpec& targets, const v1::TensorSpec& x,
                           std::int64_t m, DType* dtype, std::uint64_t* bytes) {
-  absl::Status s = CheckPresent("targets", present, targets);
+  absl::Status s = CheckPresentBesideX("targets", present, targets, x);
   if (!s.ok()) return s;
-  if (targets.name() == x.name()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "targets, x: expected distinct TensorSpec names, both are '", targets.name(), "'"));
-  }
   absl::StatusOr<DType> targets_dtype =
       CheckDType("targets", targets, {v1::DTYPE_INT32, v1::DTYPE_INT64});
   if (!targets_dtype.ok()) return targets_dtype.status();
@@ -169,10 +194,36 @@ absl::Status CheckTargets(bool present, const v1::TensorSpec& targets, const v1:
   return absl::OkStatus();
 }
 
-// An output slot in shared memory for an output the call does not return.
-absl::Status UnusedOutputSlot(bool given, absl::string_view field, absl::string_view why) {
-  if (!given) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, ": given, but ", why));
+// The gradients a Backward or CrossEntropy plan returns: dX [M, K] when
+// wanted, dW [V, K] of `dw_dtype` when it travels back rather than being
+// accumulated. Sets their byte counts and adds them to the call's parts.
+template <typename Plan>
+absl::Status AddGradients(const WeightDims& weight, DType dw_dtype, Plan* plan,
+                          std::vector<Part>* parts) {
+  if (plan->want_dx) {
+    const std::vector<std::int64_t> dx_shape = {plan->m, weight.k};
+    absl::StatusOr<std::uint64_t> b = Bytes("dx", dx_shape, plan->dx_dtype);
+    if (!b.ok()) return b.status();
+    plan->dx_bytes = *b;
+    parts->push_back({"dx", plan->dx_dtype, dx_shape, plan->dx_bytes});
+  }
+  if (plan->returns_dw()) {
+    const std::vector<std::int64_t> dw_shape = {weight.v, weight.k};
+    absl::StatusOr<std::uint64_t> b = Bytes("dw", dw_shape, dw_dtype);
+    if (!b.ok()) return b.status();
+    plan->dw_bytes = *b;
+    parts->push_back({"dw", dw_dtype, dw_shape, plan->dw_bytes});
+  }
+  return absl::OkStatus();
+}
+
+// Shared-memory slots given for gradients the call does not return.
+absl::Status CheckGradientSlots(bool has_dx_shm, bool has_dw_shm, bool want_dx, bool returns_dw) {
+  absl::Status s =
+      UnusedOutputSlot(has_dx_shm && !want_dx, "dx_shm", "dX is not asked for (want_dx)");
+  if (!s.ok()) return s;
+  return UnusedOutputSlot(has_dw_shm && !returns_dw, "dw_shm",
+                          "dW is not returned (want_dw without accumulate_dw)");
 }
 
 }  // namespace
@@ -324,10 +375,8 @@ absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
     return absl::InvalidArgumentError(
         "want_dx, want_dw: expected at least one gradient to be requested, got neither");
   }
-  if (plan.accumulate_dw && !plan.want_dw) {
-    return absl::InvalidArgumentError(
-        "accumulate_dw: expected want_dw=true (accumulation computes dW), got want_dw=false");
-  }
+  absl::Status s = CheckAccumulateWantsDw(plan.accumulate_dw, plan.want_dw);
+  if (!s.ok()) return s;
 
   absl::StatusOr<std::uint64_t> x_bytes = CheckActivations(header.has_x(), header.x(), weight);
   if (!x_bytes.ok()) return x_bytes.status();
@@ -335,12 +384,8 @@ absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
   plan.m = header.x().shape(0);
 
   const v1::TensorSpec& dy = header.dy();
-  absl::Status s = CheckPresent("dy", header.has_dy(), dy);
+  s = CheckPresentBesideX("dy", header.has_dy(), dy, header.x());
   if (!s.ok()) return s;
-  if (dy.name() == header.x().name()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dy, x: expected distinct TensorSpec names, both are '", dy.name(), "'"));
-  }
   absl::StatusOr<DType> dy_dtype = CheckDType("dy", dy, {v1::DTYPE_FP32, v1::DTYPE_BF16});
   if (!dy_dtype.ok()) return dy_dtype.status();
   plan.dy_dtype = *dy_dtype;
@@ -381,25 +426,9 @@ absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
 
   std::vector<Part> parts = {{"dy", plan.dy_dtype, dy_shape, plan.dy_bytes},
                              {"x", DType::kBf16, ShapeOf(header.x()), plan.x_bytes}};
-  if (plan.want_dx) {
-    const std::vector<std::int64_t> dx_shape = {plan.m, weight.k};
-    absl::StatusOr<std::uint64_t> b = Bytes("dx", dx_shape, plan.dx_dtype);
-    if (!b.ok()) return b.status();
-    plan.dx_bytes = *b;
-    parts.push_back({"dx", plan.dx_dtype, dx_shape, plan.dx_bytes});
-  }
-  if (plan.returns_dw()) {
-    const std::vector<std::int64_t> dw_shape = {weight.v, weight.k};
-    absl::StatusOr<std::uint64_t> b = Bytes("dw", dw_shape, plan.dw_dtype);
-    if (!b.ok()) return b.status();
-    plan.dw_bytes = *b;
-    parts.push_back({"dw", plan.dw_dtype, dw_shape, plan.dw_bytes});
-  }
-  s = UnusedOutputSlot(header.has_dx_shm() && !plan.want_dx, "dx_shm",
-                       "dX is not asked for (want_dx)");
+  s = AddGradients(weight, plan.dw_dtype, &plan, &parts);
   if (!s.ok()) return s;
-  s = UnusedOutputSlot(header.has_dw_shm() && !plan.returns_dw(), "dw_shm",
-                       "dW is not returned (want_dw without accumulate_dw)");
+  s = CheckGradientSlots(header.has_dx_shm(), header.has_dw_shm(), plan.want_dx, plan.returns_dw());
   if (!s.ok()) return s;
   s = CheckCallBytes("backward", parts, max_request_bytes);
   if (!s.ok()) return s;
@@ -414,19 +443,16 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
   plan.want_dx = header.want_dx();
   plan.want_dw = header.want_dw();
   plan.accumulate_dw = header.accumulate_dw();
-  // As in Backward: accumulating is a way of delivering dW, so it asks for dW.
-  if (plan.accumulate_dw && !plan.want_dw) {
-    return absl::InvalidArgumentError(
-        "accumulate_dw: expected want_dw=true (accumulation computes dW), got want_dw=false");
-  }
+  absl::Status s = CheckAccumulateWantsDw(plan.accumulate_dw, plan.want_dw);
+  if (!s.ok()) return s;
 
   absl::StatusOr<std::uint64_t> x_bytes = CheckActivations(header.has_x(), header.x(), weight);
   if (!x_bytes.ok()) return x_bytes.status();
   plan.x_bytes = *x_bytes;
   plan.m = header.x().shape(0);
 
-  absl::Status s = CheckTargets(header.has_targets(), header.targets(), header.x(), plan.m,
-                                &plan.targets_dtype, &plan.targets_bytes);
+  s = CheckTargets(header.has_targets(), header.targets(), header.x(), plan.m, &plan.targets_dtype,
+                   &plan.targets_bytes);
   if (!s.ok()) return s;
   const std::vector<std::int64_t> targets_shape = ShapeOf(header.targets());
 
@@ -484,28 +510,13 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
     plan.lse_bytes = *b;
     parts.push_back({"lse", DType::kFp32, lse_shape, plan.lse_bytes});
   }
-  if (plan.want_dx) {
-    const std::vector<std::int64_t> dx_shape = {plan.m, weight.k};
-    b = Bytes("dx", dx_shape, plan.dx_dtype);
-    if (!b.ok()) return b.status();
-    plan.dx_bytes = *b;
-    parts.push_back({"dx", plan.dx_dtype, dx_shape, plan.dx_bytes});
-  }
-  if (plan.returns_dw()) {
-    const std::vector<std::int64_t> dw_shape = {weight.v, weight.k};
-    b = Bytes("dw", dw_shape, DType::kFp32);
-    if (!b.ok()) return b.status();
-    plan.dw_bytes = *b;
-    parts.push_back({"dw", DType::kFp32, dw_shape, plan.dw_bytes});
-  }
+  // CrossEntropy's dW is always fp32 (its header has no dw_dtype).
+  s = AddGradients(weight, DType::kFp32, &plan, &parts);
+  if (!s.ok()) return s;
   s = UnusedOutputSlot(header.has_lse_shm() && !plan.want_lse, "lse_shm",
                        "the log-sum-exp is not asked for (want_lse)");
   if (!s.ok()) return s;
-  s = UnusedOutputSlot(header.has_dx_shm() && !plan.want_dx, "dx_shm",
-                       "dX is not asked for (want_dx)");
-  if (!s.ok()) return s;
-  s = UnusedOutputSlot(header.has_dw_shm() && !plan.returns_dw(), "dw_shm",
-                       "dW is not returned (want_dw without accumulate_dw)");
+  s = CheckGradientSlots(header.has_dx_shm(), header.has_dw_shm(), plan.want_dx, plan.returns_dw());
   if (!s.ok()) return s;
   s = CheckCallBytes("cross entropy", parts, max_request_bytes);
   if (!s.ok()) return s;
