@@ -106,6 +106,28 @@ void ScopedWeight::Release() {
   handle_.clear();
 }
 
+void OfferLogitsReplay(RunContext& ctx, const std::string& suite, std::string description,
+                       std::shared_ptr<const Tensor> x, std::shared_ptr<const Tensor> w,
+                       const client::LogitsOptions& options, const Tensor& y) {
+  if (!ctx.WantsReplay(suite)) return;
+  Replay replay;
+  replay.suite = suite;
+  replay.description = std::move(description);
+  replay.send = [x = std::move(x), w = std::move(w), options,
+                 name = absl::StrCat(suite, "_replay")](
+                    client::Client& c) -> absl::StatusOr<std::vector<Tensor>> {
+    absl::StatusOr<ScopedWeight> again = ScopedWeight::Register(c, *w, name);
+    if (!again.ok()) return again.status();
+    absl::StatusOr<Tensor> out = c.Logits(*x, again->handle(), options);
+    if (!out.ok()) return out.status();
+    std::vector<Tensor> outs;
+    outs.push_back(*std::move(out));
+    return outs;
+  };
+  replay.first.push_back(y.Clone());
+  ctx.OfferReplay(std::move(replay));
+}
+
 bool IsServerUnreachable(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kUnavailable:

@@ -131,6 +131,12 @@ class ScopedWeight {
   std::string handle_;
 };
 
+// Offers `suite` a replay of a Logits call: x against w with `options`, which
+// gave y the first time. The replay registers w again, as "<suite>_replay".
+void OfferLogitsReplay(RunContext& ctx, const std::string& suite, std::string description,
+                       std::shared_ptr<const Tensor> x, std::shared_ptr<const Tensor> w,
+                       const client::LogitsOptions& options, const Tensor& y);
+
 struct Case {
   std::string name;
   // Runs the checks into the result. A non-OK status means a call failed:

@@ -72,22 +72,8 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   fp32_out.out_dtype = DType::kFp32;
   absl::StatusOr<Tensor> y = ctx.client().Logits(*x, handle, fp32_out);
   if (!y.ok()) return Annotate(y.status(), "Logits(fp32 out)");
-  if (ctx.WantsReplay(kSuite)) {
-    Replay replay;
-    replay.suite = kSuite;
-    replay.description = absl::StrCat("Logits fp32 out, integers, K=", k);
-    replay.send = [x, w, fp32_out](client::Client& c) -> absl::StatusOr<std::vector<Tensor>> {
-      absl::StatusOr<ScopedWeight> again = ScopedWeight::Register(c, *w, "integer_exact_replay");
-      if (!again.ok()) return again.status();
-      absl::StatusOr<Tensor> out = c.Logits(*x, again->handle(), fp32_out);
-      if (!out.ok()) return out.status();
-      std::vector<Tensor> outs;
-      outs.push_back(*std::move(out));
-      return outs;
-    };
-    replay.first.push_back(y->Clone());
-    ctx.OfferReplay(std::move(replay));
-  }
+  OfferLogitsReplay(ctx, kSuite, absl::StrCat("Logits fp32 out, integers, K=", k), x, w, fp32_out,
+                    *y);
 
   client::LogitsOptions bf16_out;
   bf16_out.out_dtype = DType::kBf16;

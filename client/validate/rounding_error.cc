@@ -65,22 +65,8 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   fp32_out.out_dtype = DType::kFp32;
   absl::StatusOr<Tensor> y32 = ctx.client().Logits(*x, weight->handle(), fp32_out);
   if (!y32.ok()) return Annotate(y32.status(), "Logits(fp32 out)");
-  if (ctx.WantsReplay(kSuite)) {
-    Replay replay;
-    replay.suite = kSuite;
-    replay.description = absl::StrCat("Logits fp32 out, normal data, K=", k);
-    replay.send = [x, w, fp32_out](client::Client& c) -> absl::StatusOr<std::vector<Tensor>> {
-      absl::StatusOr<ScopedWeight> again = ScopedWeight::Register(c, *w, "rounding_error_replay");
-      if (!again.ok()) return again.status();
-      absl::StatusOr<Tensor> out = c.Logits(*x, again->handle(), fp32_out);
-      if (!out.ok()) return out.status();
-      std::vector<Tensor> outs;
-      outs.push_back(*std::move(out));
-      return outs;
-    };
-    replay.first.push_back(y32->Clone());
-    ctx.OfferReplay(std::move(replay));
-  }
+  OfferLogitsReplay(ctx, kSuite, absl::StrCat("Logits fp32 out, normal data, K=", k), x, w,
+                    fp32_out, *y32);
   client::LogitsOptions bf16_out;
   bf16_out.out_dtype = DType::kBf16;
   absl::StatusOr<Tensor> y16 = ctx.client().Logits(*x, weight->handle(), bf16_out);

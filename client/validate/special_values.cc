@@ -196,23 +196,9 @@ absl::Status RunLogits(RunContext& ctx, CaseResult& r, DType out_dtype) {
   o.out_dtype = out_dtype;
   absl::StatusOr<Tensor> y = ctx.client().Logits(*in.x, weight->handle(), o);
   if (!y.ok()) return Annotate(y.status(), absl::StrCat("Logits(", DTypeName(out_dtype), " out)"));
-  if (ctx.WantsReplay(kSuite)) {
-    Replay replay;
-    replay.suite = kSuite;
-    replay.description = absl::StrCat("Logits ", DTypeName(out_dtype), " out, special values");
-    replay.send = [x = in.x, w = in.w,
-                   o](client::Client& c) -> absl::StatusOr<std::vector<Tensor>> {
-      absl::StatusOr<ScopedWeight> again = ScopedWeight::Register(c, *w, "special_values_replay");
-      if (!again.ok()) return again.status();
-      absl::StatusOr<Tensor> out = c.Logits(*x, again->handle(), o);
-      if (!out.ok()) return out.status();
-      std::vector<Tensor> outs;
-      outs.push_back(*std::move(out));
-      return outs;
-    };
-    replay.first.push_back(y->Clone());
-    ctx.OfferReplay(std::move(replay));
-  }
+  OfferLogitsReplay(ctx, kSuite,
+                    absl::StrCat("Logits ", DTypeName(out_dtype), " out, special values"), in.x,
+                    in.w, o, *y);
   absl::StatusOr<std::vector<float>> want =
       Predict(Floats(*in.x), kK, 1, Floats(*in.w), kK, 1, kM, kV, kK);
   if (!want.ok()) return want.status();
