@@ -27,6 +27,26 @@ void WidenRows(Bf16Matrix w, std::int64_t row0, std::int64_t rows, bool absolute
   }
 }
 
+// Hands `gemm` the weight a block of whole rows at a time, at most
+// block_elements elements, widened to double: gemm(row0, rows, block,
+// /*absolute=*/false), then, when `with_abs`, the same block's magnitudes for
+// the sums of |a·b| (absolute=true). The whole weight is never widened at once.
+template <typename Gemm>
+void ForEachWeightBlock(Bf16Matrix w, std::int64_t block_elements, bool with_abs,
+                        const Gemm& gemm) {
+  const std::int64_t block = BlockRows(w.cols, block_elements);
+  std::vector<double> wb(static_cast<std::size_t>(std::min(block, w.rows) * w.cols));
+  for (std::int64_t r0 = 0; r0 < w.rows; r0 += block) {
+    const std::int64_t rows = std::min(block, w.rows - r0);
+    WidenRows(w, r0, rows, /*absolute=*/false, wb.data());
+    gemm(r0, rows, wb.data(), /*absolute=*/false);
+    if (with_abs) {
+      for (double& v : wb) v = std::fabs(v);
+      gemm(r0, rows, wb.data(), /*absolute=*/true);
+    }
+  }
+}
+
 std::vector<double> Abs(const std::vector<double>& v) {
   std::vector<double> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = std::fabs(v[i]);
@@ -77,47 +97,31 @@ void ReferenceXWt(const std::vector<double>& x, std::int64_t m, Bf16Matrix w, do
                   double* y_abs, std::int64_t block_elements) {
   const std::int64_t n = w.rows;
   const std::int64_t k = w.cols;
-  const std::int64_t block = BlockRows(k, block_elements);
-  std::vector<double> wb(static_cast<std::size_t>(std::min(block, n) * k));
   const std::vector<double> x_abs = y_abs != nullptr ? Abs(x) : std::vector<double>();
-  for (std::int64_t r0 = 0; r0 < n; r0 += block) {
-    const std::int64_t rows = std::min(block, n - r0);
-    WidenRows(w, r0, rows, /*absolute=*/false, wb.data());
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                static_cast<int>(rows), static_cast<int>(k), 1.0, x.data(), static_cast<int>(k),
-                wb.data(), static_cast<int>(k), 0.0, y + r0, static_cast<int>(n));
-    if (y_abs != nullptr) {
-      for (double& v : wb) v = std::fabs(v);
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                  static_cast<int>(rows), static_cast<int>(k), 1.0, x_abs.data(),
-                  static_cast<int>(k), wb.data(), static_cast<int>(k), 0.0, y_abs + r0,
-                  static_cast<int>(n));
-    }
-  }
+  ForEachWeightBlock(w, block_elements, y_abs != nullptr,
+                     [&](std::int64_t r0, std::int64_t rows, const double* wb, bool absolute) {
+                       cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                                   static_cast<int>(rows), static_cast<int>(k), 1.0,
+                                   absolute ? x_abs.data() : x.data(), static_cast<int>(k), wb,
+                                   static_cast<int>(k), 0.0, (absolute ? y_abs : y) + r0,
+                                   static_cast<int>(n));
+                     });
 }
 
 void ReferenceGW(const std::vector<double>& g, std::int64_t m, Bf16Matrix w, double* dx,
                  double* dx_abs, std::int64_t block_elements) {
   const std::int64_t n = w.rows;
   const std::int64_t k = w.cols;
-  const std::int64_t block = BlockRows(k, block_elements);
-  std::vector<double> wb(static_cast<std::size_t>(std::min(block, n) * k));
   const std::vector<double> g_abs = dx_abs != nullptr ? Abs(g) : std::vector<double>();
-  for (std::int64_t r0 = 0; r0 < n; r0 += block) {
-    const std::int64_t rows = std::min(block, n - r0);
-    const double beta = r0 == 0 ? 0.0 : 1.0;
-    WidenRows(w, r0, rows, /*absolute=*/false, wb.data());
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(k),
-                static_cast<int>(rows), 1.0, g.data() + r0, static_cast<int>(n), wb.data(),
-                static_cast<int>(k), beta, dx, static_cast<int>(k));
-    if (dx_abs != nullptr) {
-      for (double& v : wb) v = std::fabs(v);
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                  static_cast<int>(k), static_cast<int>(rows), 1.0, g_abs.data() + r0,
-                  static_cast<int>(n), wb.data(), static_cast<int>(k), beta, dx_abs,
-                  static_cast<int>(k));
-    }
-  }
+  ForEachWeightBlock(w, block_elements, dx_abs != nullptr,
+                     [&](std::int64_t r0, std::int64_t rows, const double* wb, bool absolute) {
+                       const double beta = r0 == 0 ? 0.0 : 1.0;
+                       cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
+                                   static_cast<int>(k), static_cast<int>(rows), 1.0,
+                                   (absolute ? g_abs.data() : g.data()) + r0, static_cast<int>(n),
+                                   wb, static_cast<int>(k), beta, absolute ? dx_abs : dx,
+                                   static_cast<int>(k));
+                     });
 }
 
 void ReferenceGtX(const std::vector<double>& g, const std::vector<double>& x, std::int64_t m,
