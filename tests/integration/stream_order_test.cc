@@ -52,14 +52,8 @@ TEST_F(StreamOrderTest, ResultFirstByDefaultDigestLastOnRequestSameBytes) {
     grpc::ClientContext context;
     SetDeadline(&context);
     auto stream = stub->Logits(&context);
-    v1::LogitsRequest request;
-    v1::LogitsHeader* h = request.mutable_header();
-    h->set_weight_handle(handle);
-    *h->mutable_x() = wire::MakeSpec("x", x);
-    h->set_digest_last(digest_last);
-    ASSERT_TRUE(stream->Write(request));
-    ASSERT_TRUE(WriteChunks<v1::LogitsRequest>(*stream, "x", x));
-    stream->WritesDone();
+    ASSERT_NO_FATAL_FAILURE(
+        WriteRequest(*stream, MakeLogitsRequest(handle, x, digest_last), {{"x", &x}}));
 
     std::vector<v1::LogitsResponse::PartCase> order;
     v1::LogitsResult result;
@@ -122,25 +116,10 @@ TEST_F(StreamOrderTest, BackwardDigestsFollowAllChunks) {
   for (const bool digest_last : {false, true}) {
     SCOPED_TRACE(digest_last ? "digest_last" : "default");
     auto stub = v1::Logitd::NewStub(Channel());
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    auto stream = stub->Backward(&context);
-    v1::BackwardRequest request;
-    v1::BackwardHeader* h = request.mutable_header();
-    h->set_weight_handle(handle);
-    *h->mutable_dy() = wire::MakeSpec("dy", dy);
-    *h->mutable_x() = wire::MakeSpec("x", x);
-    h->set_want_dx(true);
-    h->set_want_dw(true);
-    h->set_digest_last(digest_last);
-    ASSERT_TRUE(stream->Write(request));
-    ASSERT_TRUE(WriteChunks<v1::BackwardRequest>(*stream, "dy", dy));
-    ASSERT_TRUE(WriteChunks<v1::BackwardRequest>(*stream, "x", x));
-    stream->WritesDone();
-
-    const Received<v1::BackwardResponse> got = ReadAll<v1::BackwardResponse>(*stream);
-    const grpc::Status status = stream->Finish();
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    Received<v1::BackwardResponse> got;
+    ASSERT_NO_FATAL_FAILURE(
+        BackwardThroughStub(stub.get(), handle, dy, x, /*want_dx=*/true, digest_last, &got));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
     const std::vector<std::string>& order = got.order;
     const v1::BackwardResult& result = got.result.result();
     const std::map<std::string, std::uint64_t>& digests = got.digests;
@@ -177,15 +156,9 @@ TEST_F(StreamOrderTest, FetchGradientThroughTheGeneratedStubBothOrders) {
   for (const bool digest_last : {false, true}) {
     SCOPED_TRACE(digest_last ? "digest_last" : "default");
     auto stub = v1::Logitd::NewStub(Channel());
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    v1::FetchGradientRequest request;
-    request.set_weight_handle(handle);
-    request.set_digest_last(digest_last);
-    auto stream = stub->FetchGradient(&context, request);
-    const Received<v1::FetchGradientResponse> got = ReadAll<v1::FetchGradientResponse>(*stream);
-    const grpc::Status status = stream->Finish();
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    Received<v1::FetchGradientResponse> got;
+    FetchGradientThroughStub(stub.get(), handle, digest_last, &got);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
 
     EXPECT_EQ(got.order, OneOutputOrder("dw", digest_last));
     const v1::FetchGradientResult& result = got.result.result();
@@ -209,18 +182,9 @@ TEST_F(StreamOrderTest, CastThroughTheGeneratedStubBothOrders) {
   for (const bool digest_last : {false, true}) {
     SCOPED_TRACE(digest_last ? "digest_last" : "default");
     auto stub = v1::Logitd::NewStub(Channel());
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    auto stream = stub->Cast(&context);
-    v1::CastRequest request;
-    *request.mutable_header()->mutable_input() = wire::MakeSpec("input", in);
-    request.mutable_header()->set_digest_last(digest_last);
-    ASSERT_TRUE(stream->Write(request));
-    ASSERT_TRUE(WriteChunks<v1::CastRequest>(*stream, "input", in));
-    stream->WritesDone();
-    const Received<v1::CastResponse> got = ReadAll<v1::CastResponse>(*stream);
-    const grpc::Status status = stream->Finish();
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    Received<v1::CastResponse> got;
+    ASSERT_NO_FATAL_FAILURE(CastThroughStub(stub.get(), in, digest_last, &got));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
 
     EXPECT_EQ(got.order, OneOutputOrder("output", digest_last));
     const v1::CastResult& result = got.result.result();
