@@ -15,11 +15,10 @@ Tests marked `large` move more than 2 GiB and are deselected unless a `-m`
 expression is given (`-m large`, or `-m "large or not large"` for all).
 """
 
+import importlib.util
 import os
-import signal
-import subprocess
-import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import grpc
@@ -27,7 +26,6 @@ import pytest
 
 from protocol import Connection
 
-START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 45
 
 
@@ -77,50 +75,17 @@ def _token_flags(tmp):
     return ["--auth_tokens=%s" % tokens]
 
 
-def _start(binary, tmp):
-    weights_dir = tmp / "weights"
-    weights_dir.mkdir()
-    port_file = tmp / "port"
-    log_path = tmp / "logitd.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--backend=cpu",
-            "--address=127.0.0.1:0",
-            "--port_file=%s" % port_file,
-            "--log_level=warning",
-            "--weights_dir=%s" % weights_dir,
-            "--allow_shm",
-        ]
-        + _token_flags(tmp),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
+def _server_process():
+    """The server launcher the Python client's tests use too, loaded from its file.
 
-    def log_tail():
-        try:
-            return log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
-
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.close()
-            pytest.fail("%s exited with status %d before serving:\n%s" % (binary, proc.returncode, log_tail()))
-        try:
-            text = port_file.read_text()
-        except FileNotFoundError:
-            text = ""
-        if text.endswith("\n") and text.strip().isdigit():
-            return proc, log, log_tail, "127.0.0.1:%d" % int(text), str(weights_dir)
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    log.close()
-    pytest.fail("%s did not write %s within %d s:\n%s" % (binary, port_file, START_TIMEOUT_S, log_tail()))
+    Loaded only to start a binary: a run against a running server needs
+    nothing outside this directory.
+    """
+    path = Path(__file__).resolve().parents[2] / "client" / "python" / "tests" / "server_process.py"
+    spec = importlib.util.spec_from_file_location("logitd_server_process", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")
@@ -138,18 +103,12 @@ def server_under_test(request, tmp_path_factory):
         )
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         pytest.fail("LOGITD_BIN=%s is not an executable file" % binary)
-    proc, log, log_tail, address, weights_dir = _start(binary, tmp_path_factory.mktemp("logitd"))
-    yield ServerUnderTest(address=address, weights_dir=weights_dir)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        log.close()
-        pytest.fail("logitd did not stop within %d s of SIGTERM:\n%s" % (STOP_TIMEOUT_S, log_tail()))
-    log.close()
-    assert rc == 0, "logitd exited with status %d after SIGTERM:\n%s" % (rc, log_tail())
+    tmp = tmp_path_factory.mktemp("logitd")
+    weights_dir = tmp / "weights"
+    weights_dir.mkdir()
+    server = _server_process().start(binary, tmp, ["--weights_dir=%s" % weights_dir, "--allow_shm"] + _token_flags(tmp))
+    yield ServerUnderTest(address=server.address, weights_dir=str(weights_dir))
+    server.stop(STOP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="session")
