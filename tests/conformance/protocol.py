@@ -53,6 +53,11 @@ def from_bf16_bits(bits):
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def as_bf16(values):
+    """Values rounded to bf16 (nearest even), as fp32."""
+    return from_bf16_bits(to_bf16_bits(values))
+
+
 def raw_bytes(array, dtype):
     """Row-major little-endian bytes of `array` as a tensor of proto dtype `dtype`.
 

@@ -4,23 +4,8 @@ import grpc
 import numpy as np
 import pytest
 
-from protocol import (
-    Tensor,
-    check_output,
-    chunks_of,
-    expected_order,
-    expect_error,
-    from_bf16_bits,
-    names,
-    read_stream,
-    to_bf16_bits,
-)
+from protocol import Tensor, as_bf16, check_output, chunks_of, expected_order, expect_error, names, read_stream
 from stubs import pb
-
-
-def as_bf16(values):
-    """Values rounded to bf16 (nearest even), as fp32."""
-    return from_bf16_bits(to_bf16_bits(values))
 
 
 def gradients(dy, x, w):

@@ -8,17 +8,7 @@ import grpc
 import numpy as np
 import pytest
 
-from protocol import (
-    Tensor,
-    check_output,
-    chunks_of,
-    expected_order,
-    expect_error,
-    from_bf16_bits,
-    names,
-    read_stream,
-    to_bf16_bits,
-)
+from protocol import Tensor, as_bf16, check_output, chunks_of, expected_order, expect_error, names, read_stream
 from stubs import pb
 
 
@@ -56,7 +46,7 @@ def test_logits_bf16_out_is_rounded_once_to_nearest_even(conn, weights):
     y = check_output(got, spec, digest_last=False)
     exact = reference(x, w)
     assert np.any(np.abs(exact) > 256), "the data must exercise rounding"
-    np.testing.assert_array_equal(y, from_bf16_bits(to_bf16_bits(exact)))
+    np.testing.assert_array_equal(y, as_bf16(exact))
 
 
 @pytest.mark.parametrize("alpha,effective", [(0.0, 1.0), (0.5, 0.5), (-2.0, -2.0)])
