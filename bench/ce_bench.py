@@ -35,6 +35,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+import logitd_capi
+
 IGNORE = -100
 
 
@@ -47,16 +49,9 @@ def parse_shapes(text):
 
 
 def load_logitd(path):
-    if not path:
+    lib = logitd_capi.open_library(path, "ce_bench", "logitd")
+    if lib is None:
         return None
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as e:
-        print(f"ce_bench: cannot load {path}: {e}; logitd left out", file=sys.stderr)
-        return None
-    lib.logitd_bench_engine_create.restype = ctypes.c_void_p
-    lib.logitd_bench_engine_create.argtypes = [ctypes.c_int, ctypes.c_int]
-    lib.logitd_bench_last_error.restype = ctypes.c_char_p
     try:
         ce = lib.logitd_bench_cross_entropy
     except AttributeError:
@@ -76,10 +71,8 @@ def load_logitd(path):
     lib.logitd_bench_ce_chunk.argtypes = [ctypes.c_void_p]
     lib.logitd_bench_device_bytes.restype = ctypes.c_uint64
     lib.logitd_bench_device_bytes.argtypes = [ctypes.c_void_p]
-    engine = lib.logitd_bench_engine_create(1, 1)  # split_k=fp32, tuned: as the backend runs
-    if not engine:
-        print("ce_bench: logitd engine: " + lib.logitd_bench_last_error().decode(),
-              file=sys.stderr)
+    engine = logitd_capi.create_engine(lib, "ce_bench")
+    if engine is None:
         return None
     return lib, engine
 

@@ -17,6 +17,8 @@ import sys
 
 import torch
 
+import logitd_capi
+
 
 def problems(which):
     out = []
@@ -58,15 +60,9 @@ def mm_out_dtype(a, b, out):
 
 def load_logitd(path):
     """The GEMM engine of the cuda backend (bench/bench_capi.cc), or None."""
-    if not path:
+    lib = logitd_capi.open_library(path, "torch_baseline", "logitd columns")
+    if lib is None:
         return None
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as e:
-        print(f"torch_baseline: cannot load {path}: {e}; logitd columns left out", file=sys.stderr)
-        return None
-    lib.logitd_bench_engine_create.restype = ctypes.c_void_p
-    lib.logitd_bench_engine_create.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.logitd_bench_run.restype = ctypes.c_int
     lib.logitd_bench_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                      ctypes.c_int64, ctypes.c_int, ctypes.c_void_p,
@@ -75,11 +71,8 @@ def load_logitd(path):
     lib.logitd_bench_choice.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    lib.logitd_bench_last_error.restype = ctypes.c_char_p
-    engine = lib.logitd_bench_engine_create(1, 1)  # split_k=fp32, tuned: as the backend runs
-    if not engine:
-        print("torch_baseline: logitd engine: " + lib.logitd_bench_last_error().decode(),
-              file=sys.stderr)
+    engine = logitd_capi.create_engine(lib, "torch_baseline")
+    if engine is None:
         return None
     return lib, engine
 
