@@ -23,9 +23,12 @@
 #include "fuzz/request_input.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.pb.h"
+#include "tests/common/targets.h"
 
 namespace logitd::fuzz {
 namespace {
+
+using ::logitd::testing::TargetsTensor;
 
 // Prefix bytes of the seeds: weight [8, 4], limit 2^16 bytes.
 constexpr std::uint8_t kV = 7;
@@ -39,18 +42,6 @@ Tensor Filled(DType dtype, std::vector<std::int64_t> shape, std::uint8_t salt) {
   Tensor t(dtype, std::move(shape));
   for (std::size_t i = 0; i < t.nbytes(); ++i) {
     t.bytes()[i] = static_cast<std::byte>((i * 37 + salt) & 0x3f);
-  }
-  return t;
-}
-
-Tensor Targets(DType dtype, const std::vector<std::int64_t>& values) {
-  Tensor t(dtype, {static_cast<std::int64_t>(values.size())});
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kInt32) {
-      t.data<std::int32_t>()[i] = static_cast<std::int32_t>(values[i]);
-    } else {
-      t.data<std::int64_t>()[i] = values[i];
-    }
   }
   return t;
 }
@@ -204,7 +195,7 @@ void CastSeeds(Seeds* seeds) {
 void CrossEntropySeeds(Seeds* seeds) {
   const Tensor x = Filled(DType::kBf16, {3, 4}, 6);
   for (DType dtype : {DType::kInt64, DType::kInt32}) {
-    const Tensor targets = Targets(dtype, {0, 7, -100});
+    const Tensor targets = TargetsTensor(dtype, {0, 7, -100});
     v1::CrossEntropyHeader h;
     h.set_weight_handle("w");
     *h.mutable_x() = SpecOf("x", x);
@@ -220,7 +211,7 @@ void CrossEntropySeeds(Seeds* seeds) {
     seeds->emplace_back("cross_entropy_ok_" + tag,
                         EncodeRequestInput(Call::kCrossEntropy, kV, kK, kLimit, ok));
     // A target past V (with its digest right, so only the range check fails).
-    const Tensor bad = Targets(dtype, {0, 8, 1});
+    const Tensor bad = TargetsTensor(dtype, {0, 8, 1});
     v1::CrossEntropyHeader hb = h;
     *hb.mutable_targets() = SpecOf("targets", bad);
     std::vector<std::string> bad_msgs = {HeaderMessage<v1::CrossEntropyRequest>(hb)};
@@ -232,7 +223,7 @@ void CrossEntropySeeds(Seeds* seeds) {
   v1::CrossEntropyHeader h;
   h.set_weight_handle("w");
   *h.mutable_x() = SpecOf("x", x);
-  *h.mutable_targets() = SpecOf("targets", Targets(DType::kInt64, {1, 2, 3}));
+  *h.mutable_targets() = SpecOf("targets", TargetsTensor(DType::kInt64, {1, 2, 3}));
   h.set_ignore_index(2);
   h.set_reduction(v1::REDUCTION_SUM);
   h.set_z_loss(1e-4f);

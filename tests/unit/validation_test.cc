@@ -17,10 +17,12 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/targets.h"
 
 namespace logitd::service {
 namespace {
 
+using ::logitd::testing::TargetsTensor;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -581,23 +583,11 @@ TEST(ValidateCrossEntropy, OutputShapeOverflowIsInvalid) {
   EXPECT_THAT(Message(s), HasSubstr("dw: "));
 }
 
-Tensor Targets(DType dtype, const std::vector<std::int64_t>& values) {
-  Tensor t(dtype, {static_cast<std::int64_t>(values.size())});
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kInt32) {
-      t.data<std::int32_t>()[i] = static_cast<std::int32_t>(values[i]);
-    } else {
-      t.data<std::int64_t>()[i] = values[i];
-    }
-  }
-  return t;
-}
-
 TEST(ConvertTargets, WidensInt32AndCountsTheNonIgnored) {
   for (DType dtype : {DType::kInt32, DType::kInt64}) {
     std::vector<std::int64_t> out;
     absl::StatusOr<std::int64_t> counted =
-        ConvertTargets(Targets(dtype, {0, 32767, -100, 5, -100}), 32768, -100, &out);
+        ConvertTargets(TargetsTensor(dtype, {0, 32767, -100, 5, -100}), 32768, -100, &out);
     ASSERT_TRUE(counted.ok()) << counted.status();
     EXPECT_EQ(*counted, 3);
     EXPECT_EQ(out, (std::vector<std::int64_t>{0, 32767, -100, 5, -100}));
@@ -605,7 +595,7 @@ TEST(ConvertTargets, WidensInt32AndCountsTheNonIgnored) {
   // int64 ids past 2^31 and an ignore_index inside the vocabulary.
   std::vector<std::int64_t> out;
   absl::StatusOr<std::int64_t> counted = ConvertTargets(
-      Targets(DType::kInt64, {std::int64_t{1} << 33, 3, 7}), std::int64_t{1} << 34, 7, &out);
+      TargetsTensor(DType::kInt64, {std::int64_t{1} << 33, 3, 7}), std::int64_t{1} << 34, 7, &out);
   ASSERT_TRUE(counted.ok()) << counted.status();
   EXPECT_EQ(*counted, 2);
   EXPECT_EQ(out[0], std::int64_t{1} << 33);
@@ -616,22 +606,22 @@ TEST(ConvertTargets, OutOfRangeNamesTheFirstBadIndexAndValue) {
   values[17] = 50000;
   values[19] = -5;
   std::vector<std::int64_t> out;
-  absl::Status s = ConvertTargets(Targets(DType::kInt32, values), 32768, -100, &out).status();
+  absl::Status s = ConvertTargets(TargetsTensor(DType::kInt32, values), 32768, -100, &out).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Message(s),
             "targets[17] = 50000: expected a token id in [0, 32768) or ignore_index -100");
   values[17] = 32768;  // V itself
-  s = ConvertTargets(Targets(DType::kInt64, values), 32768, -100, &out).status();
+  s = ConvertTargets(TargetsTensor(DType::kInt64, values), 32768, -100, &out).status();
   EXPECT_THAT(Message(s), HasSubstr("targets[17] = 32768:"));
   values[17] = 0;
-  s = ConvertTargets(Targets(DType::kInt64, values), 32768, -100, &out).status();
+  s = ConvertTargets(TargetsTensor(DType::kInt64, values), 32768, -100, &out).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(s), HasSubstr("targets[19] = -5:"));
   values[19] = -100;  // the default ignore_index is no token once another is set
-  s = ConvertTargets(Targets(DType::kInt64, values), 32768, -1, &out).status();
+  s = ConvertTargets(TargetsTensor(DType::kInt64, values), 32768, -1, &out).status();
   EXPECT_EQ(Message(s), "targets[19] = -100: expected a token id in [0, 32768) or ignore_index -1");
   // An int64 id that an int32 conversion would wrap into range.
-  s = ConvertTargets(Targets(DType::kInt64, {(std::int64_t{1} << 32) + 5}), 32768, -100, &out)
+  s = ConvertTargets(TargetsTensor(DType::kInt64, {(std::int64_t{1} << 32) + 5}), 32768, -100, &out)
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(s), HasSubstr("targets[0] = 4294967301:"));
