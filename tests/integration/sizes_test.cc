@@ -133,7 +133,14 @@ TEST(SizesTest, CallsPastTheThreadBoundAreResourceExhausted) {
   for (auto& ctx : contexts) ctx->TryCancel();
   for (auto& stream : held) stream->Finish();
   EXPECT_TRUE(ServerAnswers(c));
-  EXPECT_TRUE(c.Logits(x, reg->handle).ok());
+  // The server lets go of a cancelled call's thread once that call notices:
+  // a call right after may still be refused for want of one, never for long.
+  absl::Status after;
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  do {
+    after = c.Logits(x, reg->handle).status();
+  } while (after.code() == absl::StatusCode::kResourceExhausted && absl::Now() < until);
+  EXPECT_TRUE(after.ok()) << after;
 }
 
 TEST(SizesTest, OddServerChunkSizeReassembles) {
