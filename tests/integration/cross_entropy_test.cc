@@ -38,6 +38,7 @@
 #include "logitd/bf16.h"
 #include "logitd/client.h"
 #include "logitd/safetensors.h"
+#include "tests/common/targets.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {
@@ -61,15 +62,7 @@ Tensor ScaledNormalBf16(std::vector<std::int64_t> shape, std::uint32_t seed, flo
 }
 
 Tensor Targets(const std::vector<std::int64_t>& t, DType dtype = DType::kInt64) {
-  Tensor out(dtype, {static_cast<std::int64_t>(t.size())});
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    if (dtype == DType::kInt32) {
-      out.data<std::int32_t>()[i] = static_cast<std::int32_t>(t[i]);
-    } else {
-      out.data<std::int64_t>()[i] = t[i];
-    }
-  }
-  return out;
+  return TargetsTensor(dtype, t);
 }
 
 // Random ids in [0, v), every `ignore_every`-th one ignored.

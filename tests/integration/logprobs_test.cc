@@ -31,6 +31,7 @@
 #include "logitd/client.h"
 #include "logitd/safetensors.h"
 #include "logitd/shared_region.h"
+#include "tests/common/targets.h"
 #include "tests/integration/integration_util.h"
 #include "tests/support/run_logitctl.h"
 
@@ -50,15 +51,7 @@ std::uint32_t Fp32Bits(float f) {
 }
 
 Tensor Targets(const std::vector<std::int64_t>& t, DType dtype = DType::kInt64) {
-  Tensor out(dtype, {static_cast<std::int64_t>(t.size())});
-  for (std::size_t i = 0; i < t.size(); ++i) {
-    if (dtype == DType::kInt32) {
-      out.data<std::int32_t>()[i] = static_cast<std::int32_t>(t[i]);
-    } else {
-      out.data<std::int64_t>()[i] = t[i];
-    }
-  }
-  return out;
+  return TargetsTensor(dtype, t);
 }
 
 // The fp64 reference of one row of z (already capped and scaled).
