@@ -270,6 +270,62 @@ void CeSoftcap(float cap, float* y, std::int64_t n) {
   for (std::int64_t j = 0; j < n; ++j) y[j] = cap * std::tanh(y[j] / cap);
 }
 
+// The per-token losses into args.loss (and lse into args.lse when asked),
+// from each row's log-sum-exp and its target's logit; returns lse in fp32.
+std::vector<float> CeLosses(const CrossEntropyArgs& args, const std::vector<CeRow>& rows,
+                            const std::vector<float>& z_target) {
+  std::vector<float> lse(rows.size());
+  for (std::int64_t i = 0; i < args.m; ++i) {
+    const auto r = static_cast<std::size_t>(i);
+    const double l = rows[r].Lse();
+    lse[r] = static_cast<float>(l);
+    if (args.targets[i] == args.ignore_index) {
+      args.loss[i] = 0.0f;
+      continue;
+    }
+    double loss = l - static_cast<double>(z_target[r]);
+    // Skipped when off, so that an infinite lse does not give 0 * Inf.
+    if (args.z_loss != 0.0f) loss += static_cast<double>(args.z_loss) * l * l;
+    args.loss[i] = static_cast<float>(loss);
+  }
+  if (args.lse != nullptr) std::memcpy(args.lse, lse.data(), lse.size() * sizeof(float));
+  return lse;
+}
+
+// G for one chunk of the vocabulary [v0, v0 + c), in place over its fp32
+// logits g [m, c]: per counted token, d = exp(z - lse) * (1 + 2 z_loss lse) -
+// onehot, times dz/dy under soft-capping, times grad_scale, rounded to bf16
+// once (zeros for an ignored token), in that order (see the contract above).
+void CeGradChunk(const CrossEntropyArgs& args, const std::vector<float>& lse, std::int64_t v0,
+                 std::int64_t c, float* g) {
+  const float cap = args.logit_softcap;
+  const float z_coef = 2.0f * args.z_loss;
+  for (std::int64_t i = 0; i < args.m; ++i) {
+    float* row = g + i * c;
+    const std::int64_t t = args.targets[i];
+    if (t == args.ignore_index) {
+      std::fill(row, row + c, 0.0f);
+      continue;
+    }
+    const float l = lse[static_cast<std::size_t>(i)];
+    const float coef = args.z_loss != 0.0f ? 1.0f + z_coef * l : 1.0f;
+    for (std::int64_t j = 0; j < c; ++j) {
+      float z = row[j];
+      float dz_dy = 1.0f;
+      if (cap != 0.0f) {
+        const float th = std::tanh(z / cap);
+        z = cap * th;
+        dz_dy = (1.0f - th) * (1.0f + th);
+      }
+      float d = std::exp(z - l) * coef;
+      if (v0 + j == t) d -= 1.0f;
+      if (cap != 0.0f) d *= dz_dy;
+      d *= args.grad_scale;
+      row[j] = RoundToBf16(d);
+    }
+  }
+}
+
 // LogProbs (see logitd.v1.LogProbsHeader), on top of the cross-entropy's
 // log-sum-exp (the same tiles, folded in the same order, so that lse and
 // logprob = z_t - lse are bitwise CrossEntropy's lse and -loss when the
@@ -331,6 +387,42 @@ struct LpRow {
     if (!std::isfinite(lse.max)) return std::numeric_limits<double>::quiet_NaN();
     return std::log(lse.sum) - zsum / lse.sum;
   }
+};
+
+// A row's k best entries so far: a heap whose front is its worst entry, which
+// a candidate replaces when it ranks before it.
+class LpTopK {
+ public:
+  explicit LpTopK(std::int64_t k) : k_(static_cast<std::size_t>(k)) {}
+
+  void Offer(float z, std::int64_t id) {
+    const Entry e{z, id};
+    if (heap_.size() < k_) {
+      heap_.push_back(e);
+      std::push_heap(heap_.begin(), heap_.end(), WorseFirst);
+    } else if (WorseFirst(e, heap_.front())) {
+      std::pop_heap(heap_.begin(), heap_.end(), WorseFirst);
+      heap_.back() = e;
+      std::push_heap(heap_.begin(), heap_.end(), WorseFirst);
+    }
+  }
+
+  // The entries from the best, as ids and z - lse rounded once.
+  void Write(double lse, std::int32_t* ids, float* logprobs) {
+    std::sort_heap(heap_.begin(), heap_.end(), WorseFirst);
+    for (std::size_t j = 0; j < heap_.size(); ++j) {
+      ids[j] = static_cast<std::int32_t>(heap_[j].second);
+      logprobs[j] = static_cast<float>(static_cast<double>(heap_[j].first) - lse);
+    }
+  }
+
+ private:
+  using Entry = std::pair<float, std::int64_t>;
+  static bool WorseFirst(const Entry& a, const Entry& b) {
+    return LpBefore(a.first, a.second, b.first, b.second);
+  }
+  std::size_t k_;
+  std::vector<Entry> heap_;
 };
 
 // At least one kAlignment block (so that zero bytes still give a valid
@@ -628,21 +720,7 @@ class CpuBackend final : public Backend {
         }
       }
     }
-    std::vector<float> lse(static_cast<std::size_t>(m));
-    for (std::int64_t i = 0; i < m; ++i) {
-      const auto r = static_cast<std::size_t>(i);
-      const double l = rows[r].Lse();
-      lse[r] = static_cast<float>(l);
-      if (args.targets[i] == args.ignore_index) {
-        args.loss[i] = 0.0f;
-        continue;
-      }
-      double loss = l - static_cast<double>(z_target[r]);
-      // Skipped when off, so that an infinite lse does not give 0 * Inf.
-      if (args.z_loss != 0.0f) loss += static_cast<double>(args.z_loss) * l * l;
-      args.loss[i] = static_cast<float>(loss);
-    }
-    if (args.lse != nullptr) std::memcpy(args.lse, lse.data(), lse.size() * sizeof(float));
+    const std::vector<float> lse = CeLosses(args, rows, z_target);
 
     if (backward) {
       // dW goes into the gradient buffer under its lock for the whole pass,
@@ -661,36 +739,12 @@ class CpuBackend final : public Backend {
       } else if (!return_dw) {
         dw = nullptr;
       }
-      const float z_coef = 2.0f * args.z_loss;
       for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
         const std::int64_t c = std::min(chunk, v - v0);
         float* g = buf->get();
         Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf->get(), k, w.data() + v0 * k, k, 0.0f, g,
               c);
-        for (std::int64_t i = 0; i < m; ++i) {
-          float* row = g + i * c;
-          const std::int64_t t = args.targets[i];
-          if (t == args.ignore_index) {
-            std::fill(row, row + c, 0.0f);
-            continue;
-          }
-          const float l = lse[static_cast<std::size_t>(i)];
-          const float coef = args.z_loss != 0.0f ? 1.0f + z_coef * l : 1.0f;
-          for (std::int64_t j = 0; j < c; ++j) {
-            float z = row[j];
-            float dz_dy = 1.0f;
-            if (cap != 0.0f) {
-              const float th = std::tanh(z / cap);
-              z = cap * th;
-              dz_dy = (1.0f - th) * (1.0f + th);
-            }
-            float d = std::exp(z - l) * coef;
-            if (v0 + j == t) d -= 1.0f;
-            if (cap != 0.0f) d *= dz_dy;
-            d *= args.grad_scale;
-            row[j] = RoundToBf16(d);
-          }
-        }
+        CeGradChunk(args, lse, v0, c, g);
         if (want_dx) {
           // dX [m, K] += G_chunk [m, c] . W_chunk [c, K]
           Sgemm(CblasNoTrans, CblasNoTrans, m, k, c, 1.0f, g, c, w.data() + v0 * k, k,
@@ -748,12 +802,8 @@ class CpuBackend final : public Backend {
       return args.targets != nullptr ? args.targets[i] : args.ignore_index;
     };
 
-    using Entry = std::pair<float, std::int64_t>;
-    const auto worse_first = [](const Entry& a, const Entry& b) {
-      return LpBefore(a.first, a.second, b.first, b.second);
-    };
     std::vector<LpRow> rows(static_cast<std::size_t>(m));
-    std::vector<std::vector<Entry>> heaps(static_cast<std::size_t>(top_k > 0 ? m : 0));
+    std::vector<LpTopK> best(static_cast<std::size_t>(top_k > 0 ? m : 0), LpTopK(top_k));
     std::vector<float> z_target(static_cast<std::size_t>(m), 0.0f);
     for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
       const std::int64_t c = std::min(chunk, v - v0);
@@ -774,43 +824,21 @@ class CpuBackend final : public Backend {
           z_target[static_cast<std::size_t>(i)] = z[t - v0];
         }
         if (top_k == 0) continue;
-        // The heap's front is its worst entry; a candidate replaces it when
-        // it ranks before it.
-        std::vector<Entry>& heap = heaps[static_cast<std::size_t>(i)];
-        for (std::int64_t j = 0; j < c; ++j) {
-          const Entry e{z[j], v0 + j};
-          if (static_cast<std::int64_t>(heap.size()) < top_k) {
-            heap.push_back(e);
-            std::push_heap(heap.begin(), heap.end(), worse_first);
-          } else if (worse_first(e, heap.front())) {
-            std::pop_heap(heap.begin(), heap.end(), worse_first);
-            heap.back() = e;
-            std::push_heap(heap.begin(), heap.end(), worse_first);
-          }
-        }
+        for (std::int64_t j = 0; j < c; ++j) best[static_cast<std::size_t>(i)].Offer(z[j], v0 + j);
       }
     }
 
-    std::vector<double> lse(static_cast<std::size_t>(m));
     for (std::int64_t i = 0; i < m; ++i) {
       const auto r = static_cast<std::size_t>(i);
-      lse[r] = rows[r].lse.Lse();
-      if (args.lse != nullptr) args.lse[i] = static_cast<float>(lse[r]);
+      const double lse = rows[r].lse.Lse();
+      if (args.lse != nullptr) args.lse[i] = static_cast<float>(lse);
       if (args.entropy != nullptr) args.entropy[i] = static_cast<float>(rows[r].Entropy());
       if (args.logprob != nullptr) {
         args.logprob[i] = target(i) == args.ignore_index
                               ? 0.0f
-                              : static_cast<float>(static_cast<double>(z_target[r]) - lse[r]);
+                              : static_cast<float>(static_cast<double>(z_target[r]) - lse);
       }
-      if (top_k == 0) continue;
-      std::vector<Entry>& heap = heaps[r];
-      std::sort_heap(heap.begin(), heap.end(), worse_first);
-      for (std::int64_t j = 0; j < top_k; ++j) {
-        const Entry& e = heap[static_cast<std::size_t>(j)];
-        args.topk_ids[i * top_k + j] = static_cast<std::int32_t>(e.second);
-        args.topk_logprobs[i * top_k + j] =
-            static_cast<float>(static_cast<double>(e.first) - lse[r]);
-      }
+      if (top_k > 0) best[r].Write(lse, args.topk_ids + i * top_k, args.topk_logprobs + i * top_k);
     }
 
     if (args.rank != nullptr) {
