@@ -197,6 +197,8 @@ if ! skipped sanitize; then
     sanitize memcheck cuda_backend_test 'IntegerBackwardTest.*:CudaBackendTest.Cast*'
     sanitize racecheck cuda_cast_kernel_test '*Misalignment*'
     sanitize synccheck cuda_cross_entropy_test 'CrossEntropyTest.ChunkedAgreesWithOneChunk'
+    sanitize memcheck cuda_logprobs_test 'LogProbsTest.ExactOnIntegers*:LogProbsTest.TopKOverMany*'
+    sanitize racecheck cuda_logprobs_test 'LogProbsTest.TopKOverMany*'
     SANITIZE_TIMEOUT=$((${SANITIZE_TIMEOUT:-240} * 3)) \
       sanitize racecheck cuda_cross_entropy_test 'CrossEntropyTest.ChunkedAgreesWithOneChunk'
     summary_line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize.log" | sort | uniq -c | tr -s ' ' | tr '\n' ';')

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -153,6 +154,8 @@ class Stress {
   std::string DoCast(Client& c, std::mt19937_64& rng, absl::Status* status);
   std::string DoCrossEntropy(Client& c, const StressWeight& w, std::mt19937_64& rng,
                              absl::Status* status);
+  std::string DoLogProbs(Client& c, const StressWeight& w, std::mt19937_64& rng,
+                         absl::Status* status);
 
   std::vector<std::unique_ptr<Client>> clients_;
   std::vector<StressWeight> weights_;
@@ -287,15 +290,44 @@ std::string Stress::DoCast(Client& c, std::mt19937_64& rng, absl::Status* status
   return "";
 }
 
+// Token ids in [0, v), one in twenty ignored (-100).
+Tensor RandomTargets(std::int64_t m, std::int64_t v, std::mt19937_64& rng) {
+  Tensor targets(DType::kInt64, {m});
+  for (std::int64_t i = 0; i < m; ++i) {
+    targets.data<std::int64_t>()[i] =
+        rng() % 20 == 0 ? -100 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(v));
+  }
+  return targets;
+}
+
+// Row i of the logits X.W^T in fp64 into z; returns the largest gamma_K bound
+// on their fp32 error and sets *lse to the row's log-sum-exp.
+double RowLogits(const Tensor& x, const StressWeight& w, std::int64_t i, std::vector<double>* z,
+                 double* lse) {
+  z->assign(static_cast<std::size_t>(w.v), 0.0);
+  double z_max = -INFINITY, err = 0;
+  for (std::int64_t j = 0; j < w.v; ++j) {
+    double s = 0, a = 0;
+    for (std::int64_t l = 0; l < w.k; ++l) {
+      const double t = Value(x, i * w.k + l) * Value(w.w, j * w.k + l);
+      s += t;
+      a += std::fabs(t);
+    }
+    (*z)[static_cast<std::size_t>(j)] = s;
+    z_max = std::max(z_max, s);
+    err = std::max(err, Gamma(w.k) * a);
+  }
+  double sum = 0;
+  for (double zj : *z) sum += std::exp(zj - z_max);
+  *lse = z_max + std::log(sum);
+  return err;
+}
+
 std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt19937_64& rng,
                                    absl::Status* status) {
   const std::int64_t m = std::min<std::int64_t>(PickM(rng, w.k * 4), 4096);
   const Tensor x = RandomTensor(DType::kBf16, {m, w.k}, w.integer, rng);
-  Tensor targets(DType::kInt64, {m});
-  for (std::int64_t i = 0; i < m; ++i) {
-    targets.data<std::int64_t>()[i] =
-        rng() % 20 == 0 ? -100 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(w.v));
-  }
+  const Tensor targets = RandomTargets(m, w.v, rng);
   client::CrossEntropyOptions o;
   o.reduction = client::Reduction::kNone;
   o.want_lse = true;
@@ -313,25 +345,12 @@ std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt1993
   }
   // A few whole rows of logits in fp64: loss and lse within a few fp32
   // roundings of lse; dX within bf16 rounding of G.
-  std::vector<double> z(static_cast<std::size_t>(w.v));
+  std::vector<double> z;
   for (int n = 0; n < 3; ++n) {
     const std::int64_t i =
         n == 0 ? 0 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(m));
-    double z_max = -INFINITY, err = 0;
-    for (std::int64_t j = 0; j < w.v; ++j) {
-      double s = 0, a = 0;
-      for (std::int64_t l = 0; l < w.k; ++l) {
-        const double t = Value(x, i * w.k + l) * Value(w.w, j * w.k + l);
-        s += t;
-        a += std::fabs(t);
-      }
-      z[static_cast<std::size_t>(j)] = s;
-      z_max = std::max(z_max, s);
-      err = std::max(err, Gamma(w.k) * a);
-    }
-    double sum = 0;
-    for (double zj : z) sum += std::exp(zj - z_max);
-    const double lse = z_max + std::log(sum);
+    double lse = 0;
+    const double err = RowLogits(x, w, i, &z, &lse);
     const std::int64_t t = targets.data<std::int64_t>()[i];
     const double loss = t == -100 ? 0.0 : lse - z[static_cast<std::size_t>(t)];
     const double tol = 2 * err + 8 * kU * (std::fabs(lse) + std::fabs(loss) + 1);
@@ -371,6 +390,83 @@ std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt1993
     for (std::int64_t i = 0; i < r->dw->numel();
          i += std::max<std::int64_t>(1, r->dw->numel() / 64)) {
       if (!std::isfinite(r->dw->data<float>()[i])) return absl::StrCat("dw[", i, "] is not finite");
+    }
+  }
+  return "";
+}
+
+std::string Stress::DoLogProbs(Client& c, const StressWeight& w, std::mt19937_64& rng,
+                               absl::Status* status) {
+  const std::int64_t m = std::min<std::int64_t>(PickM(rng, w.k * 4), 4096);
+  const Tensor x = RandomTensor(DType::kBf16, {m, w.k}, w.integer, rng);
+  const Tensor targets = RandomTargets(m, w.v, rng);
+  client::LogProbsOptions o;
+  o.top_k = rng() % 3 == 0 ? 0 : 1 + static_cast<std::int64_t>(rng() % 64);
+  o.top_k = std::min(o.top_k, w.v);
+  o.want_entropy = true;
+  o.want_lse = true;
+  o.want_rank = rng() % 2 == 0;
+  absl::StatusOr<client::LogProbsResult> r = c.LogProbs(x, &targets, w.handle, o);
+  if (!r.ok()) {
+    *status = r.status();
+    return "";
+  }
+  if (!r->logprob.has_value() || !r->lse.has_value() || !r->entropy.has_value() ||
+      r->logprob->numel() != m || (o.want_rank && !r->rank.has_value()) ||
+      (o.top_k > 0 && (!r->topk_ids.has_value() || r->topk_ids->numel() != m * o.top_k))) {
+    return "an asked-for output is missing or has the wrong size";
+  }
+  // A few whole rows against fp64, each result within what the logits'
+  // gamma_K bound err allows: lse 1 err, logprob 2, entropy 2 H err (first
+  // order); a top-k entry's z within 2 err of the reference's at its place;
+  // the rank between the entries surely and possibly above the target.
+  std::vector<double> z;
+  for (int n = 0; n < 3; ++n) {
+    const std::int64_t i =
+        n == 0 ? 0 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(m));
+    double lse = 0;
+    const double err = RowLogits(x, w, i, &z, &lse);
+    double h = 0;
+    for (double zj : z) h -= std::exp(zj - lse) * (zj - lse);
+    const std::int64_t t = targets.data<std::int64_t>()[i];
+    const double logprob = t == -100 ? 0.0 : z[static_cast<std::size_t>(t)] - lse;
+    const double tol = 2 * err + 8 * kU * (std::fabs(lse) + std::fabs(logprob) + 1);
+    const double got_lse = r->lse->data<float>()[i];
+    const double got_lp = r->logprob->data<float>()[i];
+    const double got_h = r->entropy->data<float>()[i];
+    if (!(std::fabs(got_lse - lse) <= tol) || !(std::fabs(got_lp - logprob) <= tol) ||
+        !(std::fabs(got_h - h) <= 2 * h * err + tol)) {
+      return absl::StrFormat(
+          "token %d: logprob %.9g lse %.9g entropy %.9g, reference %.9g, %.9g and %.9g "
+          "(M=%d, V=%d, K=%d)",
+          i, got_lp, got_lse, got_h, logprob, lse, h, m, w.v, w.k);
+    }
+    std::vector<double> sorted = z;
+    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+    for (std::int64_t j = 0; j < o.top_k; ++j) {
+      const std::int32_t id = r->topk_ids->data<std::int32_t>()[i * o.top_k + j];
+      if (id < 0 || id >= w.v) return absl::StrFormat("token %d: top-k id %d outside V", i, id);
+      const double zj = z[static_cast<std::size_t>(id)];
+      const double got = r->topk_logprobs->data<float>()[i * o.top_k + j];
+      if (!(std::fabs(zj - sorted[static_cast<std::size_t>(j)]) <= 2 * err) ||
+          !(std::fabs(got - (zj - lse)) <= tol)) {
+        return absl::StrFormat(
+            "token %d: top-%d entry %d (id %d, log-prob %.9g) is not the "
+            "reference's (z %.9g against %.9g)",
+            i, o.top_k, j, id, got, zj, sorted[static_cast<std::size_t>(j)]);
+      }
+    }
+    if (!o.want_rank) continue;
+    const std::int64_t rank = r->rank->data<std::int64_t>()[i];
+    std::int64_t surely = 0, maybe = 0;
+    for (std::int64_t j = 0; t != -100 && j < w.v; ++j) {
+      if (j == t) continue;
+      surely += z[static_cast<std::size_t>(j)] > z[static_cast<std::size_t>(t)] + 2 * err;
+      maybe += z[static_cast<std::size_t>(j)] >= z[static_cast<std::size_t>(t)] - 2 * err;
+    }
+    if (t == -100 ? rank != -1 : (rank < surely || rank > maybe)) {
+      return absl::StrFormat("token %d: rank %d of target %d, expected in [%d, %d]", i, rank, t,
+                             t == -100 ? -1 : surely, t == -100 ? -1 : maybe);
     }
   }
   return "";
@@ -456,9 +552,12 @@ void Stress::Worker(int index, absl::Time until) {
         std::fill(expected.begin(), expected.end(), 0.0);
         accumulated = 0;
       }
-    } else if (pick < 80) {
+    } else if (pick < 75) {
       rpc = "Cast";
       problem = DoCast(c, rng, &status);
+    } else if (pick < 87) {
+      rpc = "LogProbs";
+      problem = DoLogProbs(c, w, rng, &status);
     } else {
       rpc = "CrossEntropy";
       problem = DoCrossEntropy(c, w, rng, &status);

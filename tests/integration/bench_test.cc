@@ -303,7 +303,7 @@ TEST_F(StressTest, EveryRpcRightAndExitZero) {
   EXPECT_EQ(report.at("errors").get<std::int64_t>(), 0);
   EXPECT_EQ(report.at("wrong").get<std::int64_t>(), 0);
   EXPECT_EQ(report.at("hung").get<std::int64_t>(), 0);
-  for (const char* rpc : {"Logits(fp32)", "Backward", "CrossEntropy"}) {
+  for (const char* rpc : {"Logits(fp32)", "Backward", "CrossEntropy", "LogProbs"}) {
     EXPECT_GT(report.at("rpcs").at(rpc).at("calls").get<std::int64_t>(), 0) << rpc;
   }
   // Its weights are released again.

@@ -7,68 +7,18 @@
 
 #include "server/kernels/cuda/bf16_device.cuh"
 #include "server/kernels/cuda/cross_entropy_kernels.h"
+#include "server/kernels/cuda/row_reduce.cuh"
 
 namespace logitd::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kPerThread = static_cast<int>(kCeSegmentColumns / kThreads);
-static_assert(kPerThread * kThreads == kCeSegmentColumns, "a segment is a whole block's worth");
+using row_reduce::BlockSum;
+using row_reduce::Capped;
+using row_reduce::kPerThread;
+using row_reduce::kThreads;
+using row_reduce::kWarps;
+using row_reduce::NegativeInfinity;
 constexpr int kRowThreads = 256;
-
-__device__ __forceinline__ float NegativeInfinity() { return __uint_as_float(0xff800000u); }
-
-// z = cap * tanh(y / cap) under soft-capping (th = tanh(y / cap)), else y.
-__device__ __forceinline__ float Capped(float y, float cap, float* th) {
-  if (cap > 0.0f) {
-    const float t = tanhf(__fdiv_rn(y, cap));
-    *th = t;
-    return __fmul_rn(cap, t);
-  }
-  *th = 0.0f;
-  return y;
-}
-
-// exp(from - to) for from <= to, with equal values (both infinite included)
-// giving 1: a segment whose every z is -Inf then sums to its count and weighs
-// nothing once a finite max appears, and an all -Inf row gets lse = -Inf.
-__device__ __forceinline__ double Rescale(float from, float to) {
-  return from == to ? 1.0 : exp(static_cast<double>(from) - static_cast<double>(to));
-}
-
-// fmaxf drops NaN, so a NaN logit never becomes the max; it reaches the sum
-// (exp(NaN) = NaN) and from there lse, loss and G.
-__device__ __forceinline__ float BlockMax(float v, float* shared) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  }
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float r = shared[0];
-#pragma unroll
-  for (int i = 1; i < kWarps; ++i) r = fmaxf(r, shared[i]);
-  return r;
-}
-
-// A fixed tree within each warp, then the warps in index order: the same
-// inputs give the same bits. The result is valid in thread 0.
-__device__ __forceinline__ double BlockSum(double v, double* shared) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    v += __shfl_down_sync(0xffffffffu, v, offset);
-  }
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double r = 0.0;
-  if (threadIdx.x == 0) {
-    r = shared[0];
-#pragma unroll
-    for (int i = 1; i < kWarps; ++i) r += shared[i];
-  }
-  return r;
-}
 
 __global__ void InitKernel(CeRowState s, std::int64_t m) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -85,37 +35,22 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ double shared_sum[kWarps];
   const std::int64_t row = blockIdx.x / segments;
   const int seg = static_cast<int>(blockIdx.x % segments);
-  const float* yr = y + row * n;
   const std::int64_t first = static_cast<std::int64_t>(seg) * kCeSegmentColumns + threadIdx.x;
+  const row_reduce::Segment z =
+      row_reduce::LoadSegment(y + row * n, n, first, p.logit_softcap, 1.0f, shared_max, shared_sum);
   const std::int64_t target = p.targets[row];
-  const bool counted = target != p.ignore_index;
-
-  float z[kPerThread];
-  float mx = NegativeInfinity();
+  if (target != p.ignore_index) {
 #pragma unroll
-  for (int r = 0; r < kPerThread; ++r) {
-    const std::int64_t col = first + static_cast<std::int64_t>(r) * kThreads;
-    z[r] = 0.0f;
-    if (col < n) {
-      float th;
-      z[r] = Capped(yr[col], p.logit_softcap, &th);
-      mx = fmaxf(mx, z[r]);
+    for (int r = 0; r < kPerThread; ++r) {
+      const std::int64_t col = row_reduce::SegmentColumn(first, r);
       // Exactly one thread of one chunk sees the target column.
-      if (counted && c0 + col == target) s.target_z[row] = z[r];
+      if (col < n && c0 + col == target) s.target_z[row] = z.z[r];
     }
   }
-  mx = BlockMax(mx, shared_max);
-  float local = 0.0f;
-#pragma unroll
-  for (int r = 0; r < kPerThread; ++r) {
-    const std::int64_t col = first + static_cast<std::int64_t>(r) * kThreads;
-    if (col < n) local += z[r] == mx ? 1.0f : expf(__fsub_rn(z[r], mx));
-  }
-  const double sum = BlockSum(static_cast<double>(local), shared_sum);
   if (threadIdx.x == 0) {
     const std::int64_t at = row * segments + seg;
-    s.seg_max[at] = mx;
-    s.seg_sum[at] = sum;
+    s.seg_max[at] = z.max;
+    s.seg_sum[at] = z.sum;
   }
 }
 
@@ -129,7 +64,7 @@ __global__ void CombineKernel(std::int64_t m, int segments, CeRowState s) {
     const std::int64_t at = row * segments + seg;
     const float seg_max = s.seg_max[at];
     const float next = fmaxf(run_max, seg_max);
-    run_sum = run_sum * Rescale(run_max, next) + s.seg_sum[at] * Rescale(seg_max, next);
+    run_sum = row_reduce::FoldSum(run_sum, run_max, s.seg_sum[at], seg_max, next);
     run_max = next;
   }
   s.run_max[row] = run_max;
@@ -140,7 +75,7 @@ __global__ void FinalizeKernel(std::int64_t m, CeRowParams p, CeRowState s, floa
                                float* lse_out) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= m) return;
-  const double lse = static_cast<double>(s.run_max[row]) + log(s.run_sum[row]);
+  const double lse = row_reduce::RowLse(s.run_max[row], s.run_sum[row]);
   const double z_loss = static_cast<double>(p.z_loss);
   double value = 0.0;
   if (p.targets[row] != p.ignore_index) {

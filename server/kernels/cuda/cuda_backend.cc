@@ -16,6 +16,8 @@
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,6 +34,7 @@
 #include "server/kernels/cuda/cross_entropy.h"
 #include "server/kernels/cuda/cuda_handles.h"
 #include "server/kernels/cuda/cuda_status.h"
+#include "server/kernels/cuda/logprobs.h"
 #include "server/kernels/cuda/lt_gemm.h"
 #include "server/kernels/device_health.h"
 #include "server/kernels/gradient_state.h"
@@ -188,6 +191,7 @@ std::vector<std::string>* GemmRecord(Timing* timing) {
 }
 
 class CudaBackend;
+struct CeScratchSet;
 
 // A context taken from the pool, and the watchdog's watch over the call's
 // device work. Returning it waits for its streams, so no work of a finished
@@ -268,6 +272,9 @@ class CudaBackend final : public Backend {
   absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) override {
     return Guard(DoCrossEntropy(w, args, timing));
   }
+  absl::Status LogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing) override {
+    return Guard(DoLogProbs(w, args, timing));
+  }
 
   void Return(Context* context);
 
@@ -299,6 +306,23 @@ class CudaBackend final : public Backend {
   absl::Status DoZeroGradient(Weight& w);
   absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing);
   absl::Status DoCrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing);
+  absl::Status DoLogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing);
+  // The weight's fp32 gradient buffer, allocated and zeroed on first use;
+  // `call` names the call in errors.
+  absl::StatusOr<float*> GradientBuffer(GradientState<DeviceBuffer>::Lock& gradient,
+                                        const CudaWeight& w, cudaStream_t cs, const char* call);
+  // Runs allocate() until it succeeds, shrinking the plan (ShrinkCePlan) and
+  // freeing `slots` each time it fails for want of device memory.
+  absl::Status AllocateShrinking(Context& c, const CePlanRequest& request, CePlan* plan,
+                                 std::initializer_list<Slot> slots,
+                                 const std::function<absl::Status()>& allocate);
+  absl::Status AllocateCrossEntropy(Context& c, const CudaWeight& w, const CrossEntropyArgs& args,
+                                    const CePlanRequest& request, CePlan* plan, CeScratchSet* out);
+  absl::Status EnqueueCrossEntropy(Context& c, const CrossEntropyArgs& args, const CeProblem& p,
+                                   const CeScratchSet& scratch, float* gradient_buffer,
+                                   const StreamTimer& timer, Timing* timing);
+  absl::Status AllocateLogProbs(Context& c, std::int64_t m, std::int64_t k, int top_k,
+                                std::int64_t chunk, LpBuffers* b);
   // The test-only device faults (see kTestDeviceTrap) on context c.
   absl::Status TestDeviceFault(std::uint32_t trigger, Context& c);
 
@@ -617,6 +641,40 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
   return absl::OkStatus();
 }
 
+// G = bf16(dY) into g [m, v], block by block through `staging` (rows of
+// fp32 dY at a time) when dY is fp32; x into `x` when it is not null.
+absl::Status UploadBackwardInputs(const BackwardArgs& args, std::int64_t v, std::int64_t k,
+                                  Bf16Bits* g, void* x, void* staging, std::int64_t staging_rows,
+                                  cudaStream_t cs) {
+  const std::int64_t m = args.m;
+  const std::size_t dy_row_bytes = static_cast<std::size_t>(v) * 4;
+  if (args.dy_dtype == DType::kBf16) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(g, args.dy, static_cast<std::size_t>(m * v) * 2,
+                                         cudaMemcpyHostToDevice, cs),
+                         "backward: copy dy [", m, ", ", v, "] bf16 to the device");
+  } else {
+    for (std::int64_t row0 = 0; row0 < m; row0 += staging_rows) {
+      const std::int64_t rb = std::min(staging_rows, m - row0);
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(staging,
+                          static_cast<const std::byte*>(args.dy) +
+                              static_cast<std::size_t>(row0) * dy_row_bytes,
+                          static_cast<std::size_t>(rb) * dy_row_bytes, cudaMemcpyHostToDevice, cs),
+          "backward: copy dy rows [", row0, ", ", row0 + rb, ") of [", m, ", ", v,
+          "] to the device");
+      RETURN_IF_CUDA_ERROR(
+          LaunchCastFp32ToBf16(static_cast<const float*>(staging), rb * v, g + row0 * v, cs),
+          "backward: cast kernel (", rb * v, " values)");
+    }
+  }
+  if (x != nullptr) {
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(x, args.x, static_cast<std::size_t>(m * k) * 2, cudaMemcpyHostToDevice, cs),
+        "backward: copy x [", m, ", ", k, "] to the device");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("backward", "cuda", weight);
@@ -626,7 +684,6 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   const std::int64_t m = args.m;
   const std::int64_t v = w->v();
   const std::int64_t k = w->k();
-  const std::size_t dy_bytes = static_cast<std::size_t>(m * v) * ElementSize(args.dy_dtype);
   const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
   RETURN_IF_ERROR_(UseDevice(options_.device));
   const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k);
@@ -672,28 +729,8 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   // Inputs: G = bf16(dY) block by block through the staging buffer.
   const StreamTimer timer(c, "backward");
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
-  if (args.dy_dtype == DType::kBf16) {
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(*g, args.dy, dy_bytes, cudaMemcpyHostToDevice, cs),
-                         "backward: copy dy [", m, ", ", v, "] bf16 to the device");
-  } else {
-    for (std::int64_t row0 = 0; row0 < m; row0 += staging_rows) {
-      const std::int64_t rb = std::min(staging_rows, m - row0);
-      RETURN_IF_CUDA_ERROR(
-          cudaMemcpyAsync(staging,
-                          static_cast<const std::byte*>(args.dy) +
-                              static_cast<std::size_t>(row0) * dy_row_bytes,
-                          static_cast<std::size_t>(rb) * dy_row_bytes, cudaMemcpyHostToDevice, cs),
-          "backward: copy dy rows [", row0, ", ", row0 + rb, ") of [", m, ", ", v,
-          "] to the device");
-      RETURN_IF_CUDA_ERROR(LaunchCastFp32ToBf16(static_cast<const float*>(staging), rb * v,
-                                                static_cast<Bf16Bits*>(*g) + row0 * v, cs),
-                           "backward: cast kernel (", rb * v, " values)");
-    }
-  }
-  if (x != nullptr) {
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(x, args.x, x_bytes, cudaMemcpyHostToDevice, cs),
-                         "backward: copy x [", m, ", ", k, "] to the device");
-  }
+  RETURN_IF_ERROR_(
+      UploadBackwardInputs(args, v, k, static_cast<Bf16Bits*>(*g), x, staging, staging_rows, cs));
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
 
   const GemmStream gs = c.gemm(GemmRecord(timing));
@@ -712,19 +749,10 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   if (args.accumulate_dw) {
     // One accumulation at a time per weight; held until the stream is done.
     GradientState<DeviceBuffer>::Lock gradient = w->gradient().Acquire();
-    absl::StatusOr<DeviceBuffer*> buffer =
-        gradient.GetOrCreate([&]() -> absl::StatusOr<DeviceBuffer> {
-          auto fresh =
-              memory_->Allocate(static_cast<std::size_t>(v * k) * 4,
-                                absl::StrCat("backward: gradient ", ShapeString({v, k}), " fp32"));
-          if (!fresh.ok()) return fresh.status();
-          RETURN_IF_CUDA_ERROR(cudaMemsetAsync(fresh->get(), 0, fresh->size(), cs),
-                               "backward: zero the gradient buffer");
-          return fresh;
-        });
+    absl::StatusOr<float*> buffer = GradientBuffer(gradient, *w, cs, "backward");
     if (!buffer.ok()) return buffer.status();
     RETURN_IF_ERROR_(engine_.Run(GradWeightShape(m, v, k, CUDA_R_32F),
-                                 GemmOperands{*g, x, (*buffer)->get(), 1.0f, 1.0f}, gs));
+                                 GemmOperands{*g, x, *buffer, 1.0f, 1.0f}, gs));
     RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "backward(", shape, "): accumulate dw");
     gradient.CountCall();
@@ -908,33 +936,201 @@ class HostDwSink final : public CeDwSink {
   Pending pending_;
 };
 
+// A cross-entropy's device scratch: the walk's buffers and the dW staging.
+struct CeScratchSet {
+  CeBuffers b;
+  std::array<void*, 2> staging{};
+  std::byte* row_base = nullptr;  // targets, loss and lse, then the row state
+};
+
+// Byte offsets in a cross-entropy's rows buffer: the targets (int64), loss
+// and lse, then the per-row state.
+struct CeRowOffsets {
+  std::size_t loss = 0;
+  std::size_t lse = 0;
+  std::size_t state = 0;
+};
+CeRowOffsets CeRows(std::int64_t m) {
+  auto align = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const std::size_t row_bytes = static_cast<std::size_t>(m) * 4;
+  CeRowOffsets o;
+  o.loss = align(static_cast<std::size_t>(m) * 8);
+  o.lse = o.loss + align(row_bytes);
+  o.state = o.lse + align(row_bytes);
+  return o;
+}
+
+absl::StatusOr<float*> CudaBackend::GradientBuffer(GradientState<DeviceBuffer>::Lock& gradient,
+                                                   const CudaWeight& w, cudaStream_t cs,
+                                                   const char* call) {
+  absl::StatusOr<DeviceBuffer*> buffer =
+      gradient.GetOrCreate([&]() -> absl::StatusOr<DeviceBuffer> {
+        auto fresh = memory_->Allocate(
+            static_cast<std::size_t>(w.v() * w.k()) * 4,
+            absl::StrCat(call, ": gradient ", ShapeString({w.v(), w.k()}), " fp32"));
+        if (!fresh.ok()) return fresh.status();
+        RETURN_IF_CUDA_ERROR(cudaMemsetAsync(fresh->get(), 0, fresh->size(), cs), call,
+                             ": zero the gradient buffer");
+        RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), call, ": zero the gradient buffer");
+        return fresh;
+      });
+  if (!buffer.ok()) return buffer.status();
+  return (*buffer)->as<float>();
+}
+
+absl::Status CudaBackend::AllocateShrinking(Context& c, const CePlanRequest& request, CePlan* plan,
+                                            std::initializer_list<Slot> slots,
+                                            const std::function<absl::Status()>& allocate) {
+  // Only when the device cannot hold the plan's scratch does an automatic
+  // chunk shrink (ShrinkCePlan) until it fits.
+  for (;;) {
+    absl::Status allocated = allocate();
+    if (allocated.ok()) return allocated;
+    if (allocated.code() != absl::StatusCode::kResourceExhausted) return allocated;
+    std::optional<CePlan> smaller = ShrinkCePlan(request, *plan);
+    if (!smaller.has_value()) return allocated;
+    // Nothing is enqueued yet: the context's buffers can go.
+    for (Slot slot : slots) c.scratch[slot].Reset();
+    *plan = *smaller;
+  }
+}
+
+absl::Status CudaBackend::AllocateCrossEntropy(Context& c, const CudaWeight& w,
+                                               const CrossEntropyArgs& args,
+                                               const CePlanRequest& request, CePlan* plan,
+                                               CeScratchSet* out) {
+  const std::int64_t m = args.m;
+  const std::int64_t v = w.v();
+  const std::int64_t k = w.k();
+  const bool staged_dw = request.want_dw && !request.accumulate_dw;
+  const CeRowOffsets offsets = CeRows(m);
+  auto allocate = [&]() -> absl::Status {
+    const bool tokens = plan->walk == CeWalk::kTokens;
+    const CeScratchSizes& sizes = plan->sizes;
+    auto x = Scratch(c, kX, static_cast<std::size_t>(m * k) * 2, "cross_entropy: device x");
+    if (!x.ok()) return x.status();
+    auto rows =
+        Scratch(c, kRows, offsets.state + sizes.rows, "cross_entropy: device per-row state");
+    if (!rows.ok()) return rows.status();
+    auto logits = Scratch(c, kY0, sizes.logits, "cross_entropy: device logits chunk");
+    if (!logits.ok()) return logits.status();
+    *out = CeScratchSet{};
+    CeBuffers& b = out->b;
+    out->row_base = static_cast<std::byte*>(*rows);
+    b.x = *x;
+    b.w = w.data();
+    b.targets = reinterpret_cast<const std::int64_t*>(out->row_base);
+    b.loss = reinterpret_cast<float*>(out->row_base + offsets.loss);
+    b.lse = args.lse != nullptr ? reinterpret_cast<float*>(out->row_base + offsets.lse) : nullptr;
+    b.dx_bf16 = request.dx_bf16;
+    b.logits = static_cast<float*>(*logits);
+    b.rows = out->row_base + offsets.state;
+    if (sizes.g > 0) {
+      auto g = Scratch(c, kG, sizes.g, "cross_entropy: device G chunk");
+      if (!g.ok()) return g.status();
+      b.g = static_cast<std::uint16_t*>(*g);
+    }
+    if (request.dx_bf16) {
+      auto acc = Scratch(c, kAcc, sizes.dx_acc, "cross_entropy: device fp32 dx staging");
+      if (!acc.ok()) return acc.status();
+      b.dx_acc = static_cast<float*>(*acc);
+    }
+    if (request.want_dx) {
+      auto dx = Scratch(c, kDx, static_cast<std::size_t>(m * k) * ElementSize(args.dx_dtype),
+                        "cross_entropy: device dx");
+      if (!dx.ok()) return dx.status();
+      b.dx = *dx;
+    }
+    // The token walk adds every chunk to all of dW: it is whole on the
+    // device. The vocabulary walk stages dW rows on their way home.
+    const std::size_t staging_bytes = static_cast<std::size_t>((tokens ? v : plan->chunk) * k) * 4;
+    for (std::size_t i = 0; staged_dw && i < (tokens ? 1u : 2u); ++i) {
+      auto buffer = Scratch(c, i == 0 ? kDw : kY1, staging_bytes, "cross_entropy: device dw");
+      if (!buffer.ok()) return buffer.status();
+      out->staging[i] = *buffer;
+    }
+    return absl::OkStatus();
+  };
+  return AllocateShrinking(c, request, plan, {kX, kRows, kY0, kG, kAcc, kDx, kDw, kY1}, allocate);
+}
+
+absl::Status CudaBackend::EnqueueCrossEntropy(Context& c, const CrossEntropyArgs& args,
+                                              const CeProblem& p, const CeScratchSet& scratch,
+                                              float* gradient_buffer, const StreamTimer& timer,
+                                              Timing* timing) {
+  const std::int64_t m = p.m;
+  const std::int64_t v = p.v;
+  const std::int64_t k = p.k;
+  const CeBuffers& b = scratch.b;
+  cudaStream_t cs = c.compute.get();
+  cudaStream_t ss = c.copy.get();
+  const bool staged_dw = args.dw != nullptr && !args.accumulate_dw;
+  const bool tokens = p.walk == CeWalk::kTokens;
+  const std::size_t row_bytes = static_cast<std::size_t>(m) * 4;
+  const std::size_t dx_bytes = static_cast<std::size_t>(m * k) * ElementSize(args.dx_dtype);
+  const std::string shape =
+      absl::StrCat("M=", m, ",V=", v, ",K=", k, ",", CeWalkName(p.walk), " chunk=", p.chunk);
+
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(const_cast<void*>(b.x), args.x, static_cast<std::size_t>(m * k) * 2,
+                      cudaMemcpyHostToDevice, cs),
+      "cross_entropy: copy x [", m, ", ", k, "] to the device");
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(scratch.row_base, args.targets,
+                                       static_cast<std::size_t>(m) * 8, cudaMemcpyHostToDevice, cs),
+                       "cross_entropy: copy targets [", m, "] to the device");
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
+
+  HostDwSink host_sink(c, scratch.staging, args.dw, v, k);
+  std::optional<DeviceDwSink> device_sink;
+  CeDwSink* sink = nullptr;
+  if (args.accumulate_dw) {
+    device_sink.emplace(gradient_buffer, k, 1.0f);  // under the gradient's lock
+    sink = &*device_sink;
+  } else if (staged_dw && tokens) {
+    device_sink.emplace(static_cast<float*>(scratch.staging[0]), k, 0.0f);
+    sink = &*device_sink;
+  } else if (staged_dw) {
+    sink = &host_sink;
+  }
+  RETURN_IF_ERROR_(RunCrossEntropy(engine_, c.gemm(GemmRecord(timing)), p, b, sink));
+  RETURN_IF_ERROR_(host_sink.Flush());
+  if (staged_dw && tokens) {
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(args.dw, scratch.staging[0], static_cast<std::size_t>(v * k) * 4,
+                        cudaMemcpyDeviceToHost, cs),
+        "cross_entropy: copy dw [", v, ", ", k, "] to the host");
+  }
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
+
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.loss, b.loss, row_bytes, cudaMemcpyDeviceToHost, cs),
+                       "cross_entropy: copy loss [", m, "] to the host");
+  if (args.lse != nullptr) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.lse, b.lse, row_bytes, cudaMemcpyDeviceToHost, cs),
+                         "cross_entropy: copy lse [", m, "] to the host");
+  }
+  if (args.dx != nullptr) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.dx, b.dx, dx_bytes, cudaMemcpyDeviceToHost, cs),
+                         "cross_entropy: copy dx [", m, ", ", k, "] to the host");
+  }
+  // The end is when both streams are done.
+  RETURN_IF_ERROR_(timer.EndOfBothStreams(absl::StrCat("cross_entropy(", shape, ")")));
+  // A failed kernel surfaces here if not before.
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "cross_entropy(", shape, ")");
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(ss), "cross_entropy(", shape, ")");
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs& args,
                                          Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("cross entropy", "cuda", weight);
   RETURN_IF_ERROR_(CheckCrossEntropyArgs(*w, args));
   const std::int64_t m = args.m;
-  const std::int64_t v = w->v();
-  const std::int64_t k = w->k();
-  const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
-  const bool want_dx = args.dx != nullptr;
-  const bool want_dw = args.accumulate_dw || args.dw != nullptr;
-  const bool staged_dw = want_dw && !args.accumulate_dw;
-  const bool dx_bf16 = want_dx && args.dx_dtype == DType::kBf16;
-  const std::size_t dx_bytes =
-      want_dx ? static_cast<std::size_t>(m * k) * ElementSize(args.dx_dtype) : 0;
-  const std::size_t row_bytes = static_cast<std::size_t>(m) * 4;
-  // kRows holds the targets (int64), loss and lse, then the per-row state.
-  auto align = [](std::size_t bytes) { return (bytes + 255) / 256 * 256; };
-  const std::size_t loss_at = align(static_cast<std::size_t>(m) * 8);
-  const std::size_t lse_at = loss_at + align(row_bytes);
-  const std::size_t state_at = lse_at + align(row_bytes);
-
   RETURN_IF_ERROR_(UseDevice(options_.device));
-  ACQUIRE_OR_RETURN_(lease, absl::StrCat("cross_entropy(M=", m, ",V=", v, ",K=", k, ")"));
+  ACQUIRE_OR_RETURN_(lease, absl::StrCat("cross_entropy(M=", m, ",V=", w->v(), ",K=", w->k(), ")"));
   Context& c = *lease;
   cudaStream_t cs = c.compute.get();
-  cudaStream_t ss = c.copy.get();
 
   // Accumulations into the weight's buffer go one at a time. The lock is
   // taken before any scratch, so that the buffer's first allocation is not
@@ -944,179 +1140,165 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
   float* gradient_buffer = nullptr;
   if (args.accumulate_dw) {
     gradient.emplace(w->gradient().Acquire());
-    absl::StatusOr<DeviceBuffer*> buffer =
-        gradient->GetOrCreate([&]() -> absl::StatusOr<DeviceBuffer> {
-          auto fresh = memory_->Allocate(
-              static_cast<std::size_t>(v * k) * 4,
-              absl::StrCat("cross_entropy: gradient ", ShapeString({v, k}), " fp32"));
-          if (!fresh.ok()) return fresh.status();
-          RETURN_IF_CUDA_ERROR(cudaMemsetAsync(fresh->get(), 0, fresh->size(), cs),
-                               "cross_entropy: zero the gradient buffer");
-          RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs),
-                               "cross_entropy: zero the gradient buffer");
-          return fresh;
-        });
+    absl::StatusOr<float*> buffer = GradientBuffer(*gradient, *w, cs, "cross_entropy");
     if (!buffer.ok()) return buffer.status();
-    gradient_buffer = (*buffer)->as<float>();
+    gradient_buffer = *buffer;
   }
 
   // The walk and its chunk (see PlanCrossEntropy), a pure function of the
   // request and the configured memory, so the same request gets the same
-  // chunk. Only when the device cannot hold the plan's scratch does an
-  // automatic chunk shrink (ShrinkCePlan) until it fits.
+  // chunk unless the device cannot hold it.
   CePlanRequest request;
   request.m = m;
-  request.v = v;
-  request.k = k;
-  request.want_dx = want_dx;
-  request.dx_bf16 = dx_bf16;
-  request.want_dw = want_dw;
+  request.v = w->v();
+  request.k = w->k();
+  request.want_dx = args.dx != nullptr;
+  request.dx_bf16 = request.want_dx && args.dx_dtype == DType::kBf16;
+  request.want_dw = args.accumulate_dw || args.dw != nullptr;
   request.accumulate_dw = args.accumulate_dw;
   request.vocab_chunk = args.vocab_chunk;
   request.workspace_bytes = options_.ce_workspace_bytes;
   request.device_memory_budget = options_.device_memory_budget;
   CePlan plan = PlanCrossEntropy(request);
-  const std::array<Slot, 8> ce_slots = {kX, kRows, kY0, kG, kAcc, kDx, kDw, kY1};
-  CeBuffers b;
-  std::array<void*, 2> staging{};
-  std::byte* row_base = nullptr;
-  void* x_device = nullptr;
-  for (;;) {
-    const bool tokens = plan.walk == CeWalk::kTokens;
-    const std::int64_t chunk = plan.chunk;
-    const CeScratchSizes& sizes = plan.sizes;
-    auto allocate = [&]() -> absl::Status {
-      auto x = Scratch(c, kX, x_bytes, "cross_entropy: device x");
-      if (!x.ok()) return x.status();
-      auto rows = Scratch(c, kRows, state_at + sizes.rows, "cross_entropy: device per-row state");
-      if (!rows.ok()) return rows.status();
-      auto logits = Scratch(c, kY0, sizes.logits, "cross_entropy: device logits chunk");
-      if (!logits.ok()) return logits.status();
-      row_base = static_cast<std::byte*>(*rows);
-      x_device = *x;
-      b = CeBuffers{};
-      b.x = *x;
-      b.w = w->data();
-      b.targets = reinterpret_cast<const std::int64_t*>(row_base);
-      b.loss = reinterpret_cast<float*>(row_base + loss_at);
-      b.lse = args.lse != nullptr ? reinterpret_cast<float*>(row_base + lse_at) : nullptr;
-      b.dx_bf16 = dx_bf16;
-      b.logits = static_cast<float*>(*logits);
-      b.rows = row_base + state_at;
-      if (sizes.g > 0) {
-        auto g = Scratch(c, kG, sizes.g, "cross_entropy: device G chunk");
-        if (!g.ok()) return g.status();
-        b.g = static_cast<std::uint16_t*>(*g);
-      }
-      if (dx_bf16) {
-        auto acc = Scratch(c, kAcc, sizes.dx_acc, "cross_entropy: device fp32 dx staging");
-        if (!acc.ok()) return acc.status();
-        b.dx_acc = static_cast<float*>(*acc);
-      }
-      if (want_dx) {
-        auto dx = Scratch(c, kDx, dx_bytes, "cross_entropy: device dx");
-        if (!dx.ok()) return dx.status();
-        b.dx = *dx;
-      }
-      if (staged_dw && tokens) {
-        // Every token chunk adds to all of dW: it is whole on the device.
-        auto buffer =
-            Scratch(c, kDw, static_cast<std::size_t>(v * k) * 4, "cross_entropy: device dw");
-        if (!buffer.ok()) return buffer.status();
-        staging[0] = *buffer;
-      } else if (staged_dw) {
-        const std::size_t bytes = static_cast<std::size_t>(chunk * k) * 4;
-        for (std::size_t i = 0; i < 2; ++i) {
-          auto buffer = Scratch(c, i == 0 ? kDw : kY1, bytes, "cross_entropy: device dw staging");
-          if (!buffer.ok()) return buffer.status();
-          staging[i] = *buffer;
-        }
-      }
-      return absl::OkStatus();
-    };
-    absl::Status allocated = allocate();
-    if (allocated.ok()) break;
-    if (allocated.code() != absl::StatusCode::kResourceExhausted) return allocated;
-    std::optional<CePlan> smaller = ShrinkCePlan(request, plan);
-    if (!smaller.has_value()) return allocated;
-    // Nothing is enqueued yet: the context's buffers can go.
-    for (Slot slot : ce_slots) c.scratch[slot].Reset();
-    plan = *smaller;
-  }
-  const CeWalk walk = plan.walk;
-  const std::int64_t chunk = plan.chunk;
-  const std::string shape =
-      absl::StrCat("M=", m, ",V=", v, ",K=", k, ",", CeWalkName(walk), " chunk=", chunk);
+  CeScratchSet scratch;
+  RETURN_IF_ERROR_(AllocateCrossEntropy(c, *w, args, request, &plan, &scratch));
 
+  CeProblem p;
+  p.m = m;
+  p.v = w->v();
+  p.k = w->k();
+  p.walk = plan.walk;
+  p.chunk = plan.chunk;
+  p.ignore_index = args.ignore_index;
+  p.z_loss = args.z_loss;
+  p.logit_softcap = args.logit_softcap;
+  p.grad_scale = args.grad_scale;
   const StreamTimer timer(c, "cross_entropy");
-  auto enqueue = [&]() -> absl::Status {
-    RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(x_device, args.x, x_bytes, cudaMemcpyHostToDevice, cs),
-                         "cross_entropy: copy x [", m, ", ", k, "] to the device");
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(row_base, args.targets, static_cast<std::size_t>(m) * 8,
-                                         cudaMemcpyHostToDevice, cs),
-                         "cross_entropy: copy targets [", m, "] to the device");
-    RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
-
-    CeProblem p;
-    p.m = m;
-    p.v = v;
-    p.k = k;
-    p.walk = walk;
-    p.chunk = chunk;
-    p.ignore_index = args.ignore_index;
-    p.z_loss = args.z_loss;
-    p.logit_softcap = args.logit_softcap;
-    p.grad_scale = args.grad_scale;
-    HostDwSink host_sink(c, staging, args.dw, v, k);
-    std::optional<DeviceDwSink> device_sink;
-    CeDwSink* sink = nullptr;
-    if (args.accumulate_dw) {
-      device_sink.emplace(gradient_buffer, k, 1.0f);  // under the gradient's lock
-      sink = &*device_sink;
-    } else if (staged_dw && walk == CeWalk::kTokens) {
-      device_sink.emplace(static_cast<float*>(staging[0]), k, 0.0f);
-      sink = &*device_sink;
-    } else if (staged_dw) {
-      sink = &host_sink;
-    }
-    RETURN_IF_ERROR_(RunCrossEntropy(engine_, c.gemm(GemmRecord(timing)), p, b, sink));
-    RETURN_IF_ERROR_(host_sink.Flush());
-    if (staged_dw && walk == CeWalk::kTokens) {
-      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.dw, staging[0], static_cast<std::size_t>(v * k) * 4,
-                                           cudaMemcpyDeviceToHost, cs),
-                           "cross_entropy: copy dw [", v, ", ", k, "] to the host");
-    }
-    RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
-
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.loss, b.loss, row_bytes, cudaMemcpyDeviceToHost, cs),
-                         "cross_entropy: copy loss [", m, "] to the host");
-    if (args.lse != nullptr) {
-      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.lse, b.lse, row_bytes, cudaMemcpyDeviceToHost, cs),
-                           "cross_entropy: copy lse [", m, "] to the host");
-    }
-    if (want_dx) {
-      RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(args.dx, b.dx, dx_bytes, cudaMemcpyDeviceToHost, cs),
-                           "cross_entropy: copy dx [", m, ", ", k, "] to the host");
-    }
-    // The end is when both streams are done.
-    RETURN_IF_ERROR_(timer.EndOfBothStreams(absl::StrCat("cross_entropy(", shape, ")")));
-    // A failed kernel surfaces here if not before.
-    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "cross_entropy(", shape, ")");
-    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(ss), "cross_entropy(", shape, ")");
-    return absl::OkStatus();
-  };
-  absl::Status status = enqueue();
+  absl::Status status = EnqueueCrossEntropy(c, args, p, scratch, gradient_buffer, timer, timing);
   if (!status.ok()) {
     // Nothing of this call may still write the gradient once the lock goes.
-    if (cudaStreamSynchronize(cs) != cudaSuccess) (void)cudaGetLastError();
-    if (cudaStreamSynchronize(ss) != cudaSuccess) (void)cudaGetLastError();
+    for (cudaStream_t stream : {cs, c.copy.get()}) {
+      if (cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();
+    }
     return status;
   }
   if (args.accumulate_dw) gradient->CountCall();
   if (timing != nullptr) {
     timer.Fill(timing);
-    timing->plan = absl::StrCat(CeWalkName(walk), " walk, chunk ", chunk);
+    timing->plan = absl::StrCat(CeWalkName(plan.walk), " walk, chunk ", plan.chunk);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AllocateLogProbs(Context& c, std::int64_t m, std::int64_t k, int top_k,
+                                           std::int64_t chunk, LpBuffers* b) {
+  const LpScratchSizes sizes = LpScratch(m, chunk, top_k);
+  auto x = Scratch(c, kX, static_cast<std::size_t>(m * k) * 2, "log probs: device x");
+  if (!x.ok()) return x.status();
+  auto logits = Scratch(c, kY0, sizes.logits, "log probs: device logits chunk");
+  if (!logits.ok()) return logits.status();
+  auto rows = Scratch(c, kRows, sizes.rows, "log probs: device per-row state");
+  if (!rows.ok()) return rows.status();
+  b->x = *x;
+  b->logits = static_cast<float*>(*logits);
+  b->rows = *rows;
+  b->lists = nullptr;
+  if (sizes.lists > 0) {
+    auto lists = Scratch(c, kG, sizes.lists, "log probs: device top-k lists");
+    if (!lists.ok()) return lists.status();
+    b->lists = *lists;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyLogProbsHome(const LogProbsArgs& args, const LpRowsIo& io, cudaStream_t cs) {
+  const auto home = [&](void* to, const void* from, std::size_t bytes,
+                        const char* name) -> absl::Status {
+    if (to == nullptr) return absl::OkStatus();
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, cs),
+                         "log probs: copy ", name, " [", args.m, "] to the host");
+    return absl::OkStatus();
+  };
+  const std::size_t rows = static_cast<std::size_t>(args.m);
+  const std::size_t topk = rows * static_cast<std::size_t>(args.top_k);
+  RETURN_IF_ERROR_(home(args.logprob, io.logprob, rows * 4, "logprob"));
+  RETURN_IF_ERROR_(home(args.lse, io.lse, rows * 4, "lse"));
+  RETURN_IF_ERROR_(home(args.entropy, io.entropy, rows * 4, "entropy"));
+  RETURN_IF_ERROR_(home(args.rank, io.rank, rows * 8, "rank"));
+  if (topk == 0) return absl::OkStatus();
+  RETURN_IF_ERROR_(home(args.topk_ids, io.topk_ids, topk * 4, "topk_ids"));
+  return home(args.topk_logprobs, io.topk_logprobs, topk * 4, "topk_logprobs");
+}
+
+absl::Status CudaBackend::DoLogProbs(const Weight& weight, const LogProbsArgs& args,
+                                     Timing* timing) {
+  const auto* w = dynamic_cast<const CudaWeight*>(&weight);
+  if (w == nullptr) return ForeignWeightError("log probs", "cuda", weight);
+  RETURN_IF_ERROR_(CheckLogProbsArgs(*w, args));
+  const std::int64_t m = args.m;
+  const std::int64_t v = args.vocab;
+  const std::int64_t k = w->k();
+  const int top_k = static_cast<int>(args.top_k);
+  const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
+  RETURN_IF_ERROR_(UseDevice(options_.device));
+  ACQUIRE_OR_RETURN_(lease, absl::StrCat("log_probs(M=", m, ",V=", v, ",K=", k, ")"));
+  Context& c = *lease;
+  cudaStream_t cs = c.compute.get();
+
+  // The cross-entropy's chunk without gradients, so that the same request
+  // walks the same GEMM shapes and lse and logprob are bitwise
+  // CrossEntropy's; shrunk as it is when the device cannot hold the scratch.
+  CePlanRequest request;
+  request.m = m;
+  request.v = v;
+  request.k = k;
+  request.vocab_chunk = args.vocab_chunk;
+  request.workspace_bytes = options_.ce_workspace_bytes;
+  request.device_memory_budget = options_.device_memory_budget;
+  CePlan plan = PlanCrossEntropy(request);
+  LpBuffers b;
+  b.w = w->data();
+  RETURN_IF_ERROR_(AllocateShrinking(c, request, &plan, {kX, kY0, kRows, kG}, [&]() {
+    return AllocateLogProbs(c, m, k, top_k, plan.chunk, &b);
+  }));
+
+  LpProblem p;
+  p.m = m;
+  p.v = v;
+  p.k = k;
+  p.chunk = plan.chunk;
+  p.has_targets = args.targets != nullptr;
+  p.ignore_index = args.ignore_index;
+  p.temperature = args.temperature;
+  p.logit_softcap = args.logit_softcap;
+  p.top_k = top_k;
+  p.want_logprob = args.logprob != nullptr;
+  p.want_rank = args.rank != nullptr;
+  p.want_lse = args.lse != nullptr;
+  p.want_entropy = args.entropy != nullptr;
+  const LpRowsIo io = LpIo(b.rows, m, plan.chunk, top_k);
+  const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k, ",chunk=", plan.chunk);
+  const StreamTimer timer(c, "log_probs");
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(const_cast<void*>(b.x), args.x, x_bytes, cudaMemcpyHostToDevice, cs),
+      "log probs: copy x [", m, ", ", k, "] to the device");
+  if (args.targets != nullptr) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(io.targets, args.targets, static_cast<std::size_t>(m) * 8,
+                                         cudaMemcpyHostToDevice, cs),
+                         "log probs: copy targets [", m, "] to the device");
+  }
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
+  RETURN_IF_ERROR_(RunLogProbs(engine_, c.gemm(GemmRecord(timing)), p, b));
+  RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
+  RETURN_IF_ERROR_(CopyLogProbsHome(args, io, cs));
+  RETURN_IF_ERROR_(timer.End(cs, absl::StrCat("log_probs(", shape, ")")));
+  // A failed kernel surfaces here if not before.
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "log_probs(", shape, ")");
+  if (timing != nullptr) {
+    timer.Fill(timing);
+    timing->plan = absl::StrCat("vocabulary walk, chunk ", plan.chunk,
+                                p.want_rank ? ", logits twice for the rank" : "");
   }
   return absl::OkStatus();
 }
