@@ -1,5 +1,6 @@
-// A C entry point to the backend's GEMM engine and fused cross-entropy for
-// bench/torch_baseline.py and bench/ce_bench.py, which load it with ctypes so
+// A C entry point to the backend's GEMM engine, fused cross-entropy and
+// LogProbs for bench/torch_baseline.py, bench/ce_bench.py and
+// bench/logprobs_bench.py, which load it with ctypes so
 // that logitd's products and PyTorch's run in one process, on the same
 // tensors and the same stream, interleaved: the side-by-side comparison then
 // carries no between-process drift.
@@ -13,6 +14,7 @@
 
 #include "server/kernels/cuda/cross_entropy.h"
 #include "server/kernels/cuda/cuda_handles.h"
+#include "server/kernels/cuda/logprobs.h"
 #include "server/kernels/cuda/lt_gemm.h"
 
 namespace {
@@ -32,6 +34,8 @@ struct Engine {
   kc::DeviceBuffer ce_logits, ce_g, ce_rows, ce_dx_acc;
   std::int64_t ce_chunk = 0;
   int ce_walk = 0;
+  // LogProbs' scratch, kept likewise.
+  kc::DeviceBuffer lp_logits, lp_rows, lp_lists;
 };
 
 // Grows `buffer` to at least `bytes`; false (with last_error) on failure.
@@ -186,6 +190,73 @@ int logitd_bench_cross_entropy(void* engine, std::int64_t m, std::int64_t v, std
   const absl::Status st = kc::RunCrossEntropy(*e->engine, s, p, b, dw != nullptr ? &sink : nullptr);
   if (!st.ok()) {
     last_error = std::string(st.message());
+    return -1;
+  }
+  return 0;
+}
+
+// LogProbs over caller-owned device tensors on `stream` (no synchronization):
+// x [m, k] bf16, w [>= v, k] bf16, targets [m] int64 or null. Outputs
+// (device, each may be null): logprob, lse, entropy [m] fp32, rank [m] int64,
+// topk_ids [m, top_k] int32, topk_logprobs [m, top_k] fp32. chunk 0 chooses
+// the vocabulary chunk as the backend does. Returns 0, or -1 with last_error.
+int logitd_bench_logprobs(void* engine, std::int64_t m, std::int64_t v, std::int64_t k,
+                          const void* x, const void* w, const std::int64_t* targets,
+                          float temperature, float logit_softcap, int top_k, float* logprob,
+                          float* lse, float* entropy, std::int64_t* rank, std::int32_t* topk_ids,
+                          float* topk_logprobs, std::int64_t chunk, void* stream) {
+  auto* e = static_cast<Engine*>(engine);
+  chunk = chunk > 0 ? kc::RoundCeChunk(chunk, v)
+                    : kc::ChooseCeChunk(m, v, false, 0, kc::kCeWorkspaceBytes);
+  const kc::LpScratchSizes sizes = kc::LpScratch(m, chunk, top_k);
+  if (!Grow(*e, e->lp_logits, sizes.logits, "log probs: logits chunk") ||
+      !Grow(*e, e->lp_rows, sizes.rows, "log probs: per-row state") ||
+      !Grow(*e, e->lp_lists, sizes.lists, "log probs: top-k lists")) {
+    return -1;
+  }
+  e->ce_chunk = chunk;
+  kc::LpProblem p;
+  p.m = m;
+  p.v = v;
+  p.k = k;
+  p.chunk = chunk;
+  p.has_targets = targets != nullptr;
+  p.temperature = temperature;
+  p.logit_softcap = logit_softcap;
+  p.top_k = top_k;
+  p.want_logprob = logprob != nullptr;
+  p.want_rank = rank != nullptr;
+  p.want_lse = lse != nullptr;
+  p.want_entropy = entropy != nullptr;
+  kc::LpBuffers b;
+  b.x = x;
+  b.w = w;
+  b.logits = e->lp_logits.as<float>();
+  b.rows = e->lp_rows.get();
+  b.lists = e->lp_lists.get();
+  cudaStream_t cs = static_cast<cudaStream_t>(stream);
+  const kc::LpRowsIo io = kc::LpIo(b.rows, m, chunk, top_k);
+  auto copy = [&](void* to, const void* from, std::size_t bytes) {
+    return to == nullptr ||
+           cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, cs) == cudaSuccess;
+  };
+  if (targets != nullptr && !copy(io.targets, targets, static_cast<std::size_t>(m) * 8)) {
+    last_error = "log probs: copy targets";
+    return -1;
+  }
+  const kc::GemmStream s{e->handle.get(), cs, e->workspace.get(), e->workspace.size()};
+  const absl::Status st = kc::RunLogProbs(*e->engine, s, p, b);
+  if (!st.ok()) {
+    last_error = std::string(st.message());
+    return -1;
+  }
+  const std::size_t rows = static_cast<std::size_t>(m) * 4;
+  const std::size_t topk = rows * static_cast<std::size_t>(top_k);
+  if (!copy(logprob, io.logprob, rows) || !copy(lse, io.lse, rows) ||
+      !copy(entropy, io.entropy, rows) || !copy(rank, io.rank, rows * 2) ||
+      (top_k > 0 &&
+       (!copy(topk_ids, io.topk_ids, topk) || !copy(topk_logprobs, io.topk_logprobs, topk)))) {
+    last_error = "log probs: copy the outputs";
     return -1;
   }
   return 0;

@@ -10,9 +10,9 @@
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
 #   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate rpc chunks example bench
-#                      torch gemm ce
+#                      torch gemm ce lp
 #                      ("bench" skips every benchmark, "gemm" the GEMM ones, "ce" the
-#                      cross-entropy one)
+#                      cross-entropy one, "lp" the LogProbs one)
 #   GPU_CHECK_CTEST    ctest arguments choosing the tests (default: --preset gpu, the tests
 #                      labelled gpu; see CMakePresets.json)
 #   VALIDATE_TIMEOUT   seconds allowed for `logitctl validate` (default 300; a device
@@ -26,6 +26,9 @@
 #   CE_BENCH_COMPILE   1 adds torch.compile of the same (compiling takes minutes)
 #   CE_BENCH_TOKEN_CHUNKS  N[,N...]: also time the token walk at these chunk sizes
 #   CE_BENCH_TIMEOUT   seconds allowed for it (default 240; 600 with CE_BENCH_COMPILE=1)
+#   LP_BENCH_SHAPES    MxKxV[,...] for bench/logprobs_bench.py (default: its own)
+#   LP_BENCH_REPS      timed calls per variant (default 10); LP_BENCH_COMPILE=1 adds
+#                      torch.compile; LP_BENCH_TIMEOUT seconds (default 300)
 #   RPC_BENCH_REQUESTS requests per M=1024 logitctl bench run (default 30)
 #   RPC_BENCH_TIMEOUT  seconds allowed per logitctl bench run (default 120)
 #   SANITIZE_TIMEOUT   seconds allowed per compute-sanitizer run (default 240)
@@ -560,6 +563,26 @@ else
   else
     note ce FAIL "see bench_ce.log"
     tail -5 "$out/bench_ce.log"
+  fi
+fi
+
+# --- LogProbs against PyTorch (same process, same tensors) --------------------
+if skipped bench || skipped lp; then
+  note lp skip "GPU_CHECK_SKIP"
+elif [ -z "$python" ]; then
+  note lp skip "no python3 with torch"
+elif [ -z "$capi" ]; then
+  note lp FAIL "liblogitd_bench_capi.so was not built"
+else
+  lp_args=(--json "$out/bench_lp.json" --reps "${LP_BENCH_REPS:-10}" --bf16 --logitd-lib "$capi")
+  [ -n "${LP_BENCH_SHAPES:-}" ] && lp_args+=(--shapes "$LP_BENCH_SHAPES")
+  [ "${LP_BENCH_COMPILE:-0}" = 1 ] && lp_args+=(--compile)
+  if PYTHONUNBUFFERED=1 timeout "${LP_BENCH_TIMEOUT:-300}" "$python" bench/logprobs_bench.py \
+    "${lp_args[@]}" >"$out/bench_lp.log" 2>&1; then
+    note lp ok "bench_lp.json, bench_lp.log"
+  else
+    note lp FAIL "see bench_lp.log"
+    tail -5 "$out/bench_lp.log"
   fi
 fi
 

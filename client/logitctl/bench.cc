@@ -29,10 +29,11 @@
 #include "logitd/tensor.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, rpc, "logits",
-          "bench: logits, backward, cross-entropy, fetch-gradient (the fp32 dW [V, K] of a "
-          "weight that one accumulating backward call gave a gradient), or baseline (the Probe "
-          "RPC moving the bytes of the logits call of this shape)");
+ABSL_FLAG(
+    std::string, rpc, "logits",
+    "bench: logits, backward, cross-entropy, logprobs, fetch-gradient (the fp32 dW [V, K] of a "
+    "weight that one accumulating backward call gave a gradient), or baseline (the Probe "
+    "RPC moving the bytes of the logits call of this shape)");
 ABSL_FLAG(std::int64_t, m, 16, "bench: rows M of X (tokens per request)");
 ABSL_FLAG(std::int64_t, k, 4096, "bench: hidden size K");
 ABSL_FLAG(std::int64_t, v, 32768, "bench: vocabulary size V (rows of the weight)");
@@ -58,6 +59,11 @@ ABSL_DECLARE_FLAG(bool, no_dw);
 ABSL_DECLARE_FLAG(bool, accumulate);
 ABSL_DECLARE_FLAG(bool, dx);
 ABSL_DECLARE_FLAG(bool, dw);
+ABSL_DECLARE_FLAG(std::int64_t, top_k);
+ABSL_DECLARE_FLAG(double, temperature);
+ABSL_DECLARE_FLAG(bool, lse);
+ABSL_DECLARE_FLAG(bool, entropy);
+ABSL_DECLARE_FLAG(bool, rank);
 
 namespace logitd::logitctl {
 namespace {
@@ -69,7 +75,7 @@ constexpr int kExitUsage = 2;
 using client::Client;
 using client::TimingTrailer;
 
-enum class Rpc { kLogits, kBackward, kCrossEntropy, kFetchGradient, kBaseline };
+enum class Rpc { kLogits, kBackward, kCrossEntropy, kLogProbs, kFetchGradient, kBaseline };
 
 absl::string_view RpcName(Rpc rpc) {
   switch (rpc) {
@@ -79,6 +85,8 @@ absl::string_view RpcName(Rpc rpc) {
       return "backward";
     case Rpc::kCrossEntropy:
       return "cross-entropy";
+    case Rpc::kLogProbs:
+      return "logprobs";
     case Rpc::kFetchGradient:
       return "fetch-gradient";
     case Rpc::kBaseline:
@@ -106,6 +114,7 @@ struct Config {
   bool shm_skip_digest = false;
   client::BackwardOptions backward;
   client::CrossEntropyOptions cross_entropy;
+  client::LogProbsOptions logprobs;
   // Tensor bytes one request sends and receives.
   std::uint64_t up_bytes = 0;
   std::uint64_t down_bytes = 0;
@@ -125,14 +134,17 @@ absl::StatusOr<Config> ReadConfig() {
     c.rpc = Rpc::kBackward;
   } else if (rpc == "cross-entropy" || rpc == "cross_entropy") {
     c.rpc = Rpc::kCrossEntropy;
+  } else if (rpc == "logprobs") {
+    c.rpc = Rpc::kLogProbs;
   } else if (rpc == "fetch-gradient" || rpc == "fetch_gradient") {
     c.rpc = Rpc::kFetchGradient;
   } else if (rpc == "baseline") {
     c.rpc = Rpc::kBaseline;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--rpc: expected logits, backward, cross-entropy, fetch-gradient or baseline, got '", rpc,
-        "'"));
+        "--rpc: expected logits, backward, cross-entropy, logprobs, fetch-gradient or baseline, "
+        "got '",
+        rpc, "'"));
   }
   c.m = absl::GetFlag(FLAGS_m);
   c.k = absl::GetFlag(FLAGS_k);
@@ -222,6 +234,19 @@ absl::StatusOr<Config> ReadConfig() {
       c.down_bytes = 4 + (c.cross_entropy.want_dx ? m * k * 2 : 0) +
                      (c.cross_entropy.want_dw && !c.cross_entropy.accumulate_dw ? v * k * 4 : 0);
       break;
+    case Rpc::kLogProbs:
+      // x, then int64 targets; per token the log-prob, lse, entropy and
+      // rank as asked, and the top-k ids and log-probs.
+      c.logprobs.top_k = absl::GetFlag(FLAGS_top_k);
+      c.logprobs.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+      c.logprobs.want_lse = absl::GetFlag(FLAGS_lse);
+      c.logprobs.want_entropy = absl::GetFlag(FLAGS_entropy);
+      c.logprobs.want_rank = absl::GetFlag(FLAGS_rank);
+      c.up_bytes = m * k * 2 + m * 8;
+      c.down_bytes =
+          m * 4 * (1 + (c.logprobs.want_lse ? 1 : 0) + (c.logprobs.want_entropy ? 1 : 0)) +
+          (c.logprobs.want_rank ? m * 8 : 0) + m * static_cast<std::uint64_t>(c.logprobs.top_k) * 8;
+      break;
     case Rpc::kFetchGradient:
       // A request of a few bytes (a handle); dW back.
       c.up_bytes = 0;
@@ -278,7 +303,7 @@ Inputs MakeInputs(const Config& c, int worker) {
   if (c.rpc == Rpc::kBaseline || c.rpc == Rpc::kFetchGradient) return in;
   in.x = RandomTensor(DType::kBf16, {c.m, c.k}, seed);
   if (c.rpc == Rpc::kBackward) in.dy = RandomTensor(c.out_dtype, {c.m, c.v}, seed + 1);
-  if (c.rpc == Rpc::kCrossEntropy) {
+  if (c.rpc == Rpc::kCrossEntropy || c.rpc == Rpc::kLogProbs) {
     in.targets = Tensor(DType::kInt64, {c.m});
     std::uint64_t state = seed + 2;
     std::int64_t* t = in.targets.data<std::int64_t>();
@@ -388,6 +413,14 @@ CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
       return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
         absl::StatusOr<client::CrossEntropyResult> r =
             cl.CrossEntropy(in.x, in.targets, handle, c.cross_entropy);
+        if (!r.ok()) return r.status();
+        *trailer = r->timing.trailer;
+        return absl::OkStatus();
+      };
+    case Rpc::kLogProbs:
+      return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
+        absl::StatusOr<client::LogProbsResult> r =
+            cl.LogProbs(in.x, &in.targets, handle, c.logprobs);
         if (!r.ok()) return r.status();
         *trailer = r->timing.trailer;
         return absl::OkStatus();
