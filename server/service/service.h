@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "logitd/protocol.h"
+#include "logitd/tensor.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/kernels/backend.h"
 #include "server/service/admission.h"
@@ -113,6 +114,16 @@ class LogitdService final : public RawTensorService {
                                 v1::WeightInfo* response, CallStats* stats);
   absl::Status DoLoadWeight(const v1::LoadWeightRequest& request, v1::WeightInfo* response,
                             CallStats* stats);
+  // RegisterWeight's and LoadWeight's last step, for a weight [v, k] whose
+  // bf16 bytes `w` the host holds: the backend's copy of it inserted for the
+  // tenant under `handle` and `name`, charged to `reservation` (or to one
+  // taken now for `label`, when the one taken earlier was released). `w` is
+  // dropped once the backend holds the weight. Logs the outcome, `source`
+  // (how the bytes came) after the weight's label.
+  absl::StatusOr<InsertResult> InsertWeight(const Tenant& tenant, BudgetReservation reservation,
+                                            absl::string_view label, const std::string& handle,
+                                            const std::string& name, std::int64_t v, std::int64_t k,
+                                            std::uint64_t xxh3, Tensor w, absl::string_view source);
   absl::Status DoLogits(LogitsCall* call);
   absl::Status DoBackward(BackwardCall* call);
   absl::Status DoFetchGradient(FetchGradientCall* call);

@@ -91,24 +91,33 @@ absl::Status LogitdService::DoRegisterWeight(
     stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();
   }
-  if (!reservation.active()) {
-    // It was held at the header but released while the bytes arrived.
-    LOGITD_ASSIGN_OR_RETURN(reservation,
-                            registry_.ReserveWeight(stats->tenant, label, plan.v, plan.k));
-  }
-  LOGITD_ASSIGN_OR_RETURN(std::shared_ptr<kernels::Weight> weight,
-                          backend_->LoadWeight(w.data<Bf16Bits>(), plan.v, plan.k));
-  w = Tensor();  // the host copy is not needed once the backend holds the weight
-  InsertResult inserted =
-      registry_.Insert(stats->tenant, std::move(reservation), handle, header.name(), plan.v, plan.k,
-                       spec.xxh3(), std::move(weight));
+  // The reservation may have been released while the bytes arrived.
+  LOGITD_ASSIGN_OR_RETURN(const InsertResult inserted,
+                          InsertWeight(stats->tenant, std::move(reservation), label, handle,
+                                       header.name(), plan.v, plan.k, spec.xxh3(), std::move(w),
+                                       /*source=*/""));
   FillWeightInfo(inserted.record, inserted.already_registered, response);
   stats->bytes_out = response->ByteSizeLong();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<InsertResult> LogitdService::InsertWeight(
+    const Tenant& tenant, BudgetReservation reservation, absl::string_view label,
+    const std::string& handle, const std::string& name, std::int64_t v, std::int64_t k,
+    std::uint64_t xxh3, Tensor w, absl::string_view source) {
+  if (!reservation.active()) {
+    LOGITD_ASSIGN_OR_RETURN(reservation, registry_.ReserveWeight(tenant, label, v, k));
+  }
+  LOGITD_ASSIGN_OR_RETURN(std::shared_ptr<kernels::Weight> weight,
+                          backend_->LoadWeight(w.data<Bf16Bits>(), v, k));
+  w = Tensor();  // the host copy is not needed once the backend holds the weight
+  InsertResult inserted =
+      registry_.Insert(tenant, std::move(reservation), handle, name, v, k, xxh3, std::move(weight));
   LogInfo(absl::StrCat(
       inserted.already_registered ? "weight already registered: " : "weight registered: ", handle,
-      " ", inserted.record.Label(), " bytes=", inserted.record.bytes,
+      " ", inserted.record.Label(), source, " bytes=", inserted.record.bytes,
       " in_use=", registry_.bytes_in_use(), "/", registry_.budget_bytes()));
-  return absl::OkStatus();
+  return inserted;
 }
 
 grpc::Status LogitdService::LoadWeight(grpc::ServerContext* context,
@@ -215,34 +224,23 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
       converted.empty()
           ? "bf16 as stored"
           : absl::StrCat("converted ", converted == "F16" ? "fp16" : "fp32", " -> bf16 (RNE)");
+  const std::string source =
+      absl::StrCat(" loaded from file:", request.path(), " tensor=", request.tensor(), " ", how);
 
   if (absl::StatusOr<WeightRecord> existing = registry_.AddRegistration(stats->tenant, handle);
       existing.ok()) {
     FillWeightInfo(*existing, /*already_registered=*/true, response);
     response->set_converted_from(converted);
     stats->bytes_out = response->ByteSizeLong();
-    LogInfo(absl::StrCat("weight already registered: ", handle, " ", existing->Label(),
-                         " loaded from file:", request.path(), " tensor=", request.tensor(), " ",
-                         how));
+    LogInfo(absl::StrCat("weight already registered: ", handle, " ", existing->Label(), source));
     return absl::OkStatus();
   }
-  if (!reservation.active()) {
-    LOGITD_ASSIGN_OR_RETURN(reservation,
-                            registry_.ReserveWeight(stats->tenant, label, plan.v, plan.k));
-  }
-  LOGITD_ASSIGN_OR_RETURN(std::shared_ptr<kernels::Weight> weight,
-                          backend_->LoadWeight(w.data<Bf16Bits>(), plan.v, plan.k));
-  w = Tensor();
-  InsertResult inserted = registry_.Insert(stats->tenant, std::move(reservation), handle, name,
-                                           plan.v, plan.k, digest, std::move(weight));
+  LOGITD_ASSIGN_OR_RETURN(const InsertResult inserted,
+                          InsertWeight(stats->tenant, std::move(reservation), label, handle, name,
+                                       plan.v, plan.k, digest, std::move(w), source));
   FillWeightInfo(inserted.record, inserted.already_registered, response);
   response->set_converted_from(converted);
   stats->bytes_out = response->ByteSizeLong();
-  LogInfo(absl::StrCat(
-      inserted.already_registered ? "weight already registered: " : "weight registered: ", handle,
-      " ", inserted.record.Label(), " loaded from file:", request.path(),
-      " tensor=", request.tensor(), " ", how, " bytes=", inserted.record.bytes,
-      " in_use=", registry_.bytes_in_use(), "/", registry_.budget_bytes()));
   return absl::OkStatus();
 }
 
