@@ -149,13 +149,31 @@ absl::Status UnusedOutputSlot(bool given, absl::string_view field, absl::string_
   return absl::InvalidArgumentError(absl::StrCat(field, ": given, but ", why));
 }
 
-// Backward and CrossEntropy alike: accumulating is a way of delivering dW, so
-// it asks for dW.
-absl::Status CheckAccumulateWantsDw(bool accumulate_dw, bool want_dw) {
-  if (accumulate_dw && !want_dw) {
+// The start of a Backward or CrossEntropy plan: the gradients asked for
+// (accumulating is a way of delivering dW, so it asks for dW) and x, which
+// sets M.
+template <typename Header>
+absl::Status StartGradientPlan(const Header& header, const WeightDims& weight, GradientPlan* plan) {
+  plan->want_dx = header.want_dx();
+  plan->want_dw = header.want_dw();
+  plan->accumulate_dw = header.accumulate_dw();
+  if (plan->accumulate_dw && !plan->want_dw) {
     return absl::InvalidArgumentError(
         "accumulate_dw: expected want_dw=true (accumulation computes dW), got want_dw=false");
   }
+  absl::StatusOr<std::uint64_t> x_bytes = CheckActivations(header.has_x(), header.x(), weight);
+  if (!x_bytes.ok()) return x_bytes.status();
+  plan->x_bytes = *x_bytes;
+  plan->m = header.x().shape(0);
+  return absl::OkStatus();
+}
+
+// dx_dtype: BF16 (the default) or FP32.
+absl::Status SetDxDType(v1::DType requested, GradientPlan* plan) {
+  absl::StatusOr<DType> dx_dtype =
+      OutputDType("dx_dtype", requested, v1::DTYPE_BF16, {v1::DTYPE_BF16, v1::DTYPE_FP32});
+  if (!dx_dtype.ok()) return dx_dtype.status();
+  plan->dx_dtype = *dx_dtype;
   return absl::OkStatus();
 }
 
@@ -194,36 +212,36 @@ absl::Status CheckTargets(bool present, const v1::TensorSpec& targets, const v1:
   return absl::OkStatus();
 }
 
-// The gradients a Backward or CrossEntropy plan returns: dX [M, K] when
-// wanted, dW [V, K] of `dw_dtype` when it travels back rather than being
-// accumulated. Sets their byte counts and adds them to the call's parts.
-template <typename Plan>
-absl::Status AddGradients(const WeightDims& weight, DType dw_dtype, Plan* plan,
-                          std::vector<Part>* parts) {
+// The end of a Backward or CrossEntropy plan. The gradients it returns: dX
+// [M, K] when wanted, dW [V, K] of `dw_dtype` when it travels back rather
+// than being accumulated; sets their byte counts and adds them to the call's
+// `parts`. Then no shared-memory slot for a gradient the call does not
+// return, and the per-call byte limit over all the parts.
+template <typename Header>
+absl::Status FinishGradientPlan(absl::string_view method, const Header& header,
+                                const WeightDims& weight, DType dw_dtype, std::vector<Part> parts,
+                                std::uint64_t max_request_bytes, GradientPlan* plan) {
   if (plan->want_dx) {
     const std::vector<std::int64_t> dx_shape = {plan->m, weight.k};
     absl::StatusOr<std::uint64_t> b = Bytes("dx", dx_shape, plan->dx_dtype);
     if (!b.ok()) return b.status();
     plan->dx_bytes = *b;
-    parts->push_back({"dx", plan->dx_dtype, dx_shape, plan->dx_bytes});
+    parts.push_back({"dx", plan->dx_dtype, dx_shape, plan->dx_bytes});
   }
   if (plan->returns_dw()) {
     const std::vector<std::int64_t> dw_shape = {weight.v, weight.k};
     absl::StatusOr<std::uint64_t> b = Bytes("dw", dw_shape, dw_dtype);
     if (!b.ok()) return b.status();
     plan->dw_bytes = *b;
-    parts->push_back({"dw", dw_dtype, dw_shape, plan->dw_bytes});
+    parts.push_back({"dw", dw_dtype, dw_shape, plan->dw_bytes});
   }
-  return absl::OkStatus();
-}
-
-// Shared-memory slots given for gradients the call does not return.
-absl::Status CheckGradientSlots(bool has_dx_shm, bool has_dw_shm, bool want_dx, bool returns_dw) {
-  absl::Status s =
-      UnusedOutputSlot(has_dx_shm && !want_dx, "dx_shm", "dX is not asked for (want_dx)");
+  absl::Status s = UnusedOutputSlot(header.has_dx_shm() && !plan->want_dx, "dx_shm",
+                                    "dX is not asked for (want_dx)");
   if (!s.ok()) return s;
-  return UnusedOutputSlot(has_dw_shm && !returns_dw, "dw_shm",
-                          "dW is not returned (want_dw without accumulate_dw)");
+  s = UnusedOutputSlot(header.has_dw_shm() && !plan->returns_dw(), "dw_shm",
+                       "dW is not returned (want_dw without accumulate_dw)");
+  if (!s.ok()) return s;
+  return CheckCallBytes(method, parts, max_request_bytes);
 }
 
 }  // namespace
@@ -367,21 +385,13 @@ absl::StatusOr<LogitsPlan> ValidateLogits(const v1::LogitsHeader& header, const 
 absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
                                               const WeightDims& weight,
                                               std::uint64_t max_request_bytes) {
-  BackwardPlan plan;
-  plan.want_dx = header.want_dx();
-  plan.want_dw = header.want_dw();
-  plan.accumulate_dw = header.accumulate_dw();
-  if (!plan.want_dx && !plan.want_dw) {
+  if (!header.want_dx() && !header.want_dw()) {
     return absl::InvalidArgumentError(
         "want_dx, want_dw: expected at least one gradient to be requested, got neither");
   }
-  absl::Status s = CheckAccumulateWantsDw(plan.accumulate_dw, plan.want_dw);
+  BackwardPlan plan;
+  absl::Status s = StartGradientPlan(header, weight, &plan);
   if (!s.ok()) return s;
-
-  absl::StatusOr<std::uint64_t> x_bytes = CheckActivations(header.has_x(), header.x(), weight);
-  if (!x_bytes.ok()) return x_bytes.status();
-  plan.x_bytes = *x_bytes;
-  plan.m = header.x().shape(0);
 
   const v1::TensorSpec& dy = header.dy();
   s = CheckPresentBesideX("dy", header.has_dy(), dy, header.x());
@@ -405,10 +415,8 @@ absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
                                                    ShapeString(dy_shape)));
   }
 
-  absl::StatusOr<DType> dx_dtype =
-      OutputDType("dx_dtype", header.dx_dtype(), v1::DTYPE_BF16, {v1::DTYPE_BF16, v1::DTYPE_FP32});
-  if (!dx_dtype.ok()) return dx_dtype.status();
-  plan.dx_dtype = *dx_dtype;
+  s = SetDxDType(header.dx_dtype(), &plan);
+  if (!s.ok()) return s;
   if (plan.accumulate_dw) {
     if (header.dw_dtype() != v1::DTYPE_UNSPECIFIED && header.dw_dtype() != v1::DTYPE_FP32) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -424,13 +432,10 @@ absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
     plan.dw_dtype = *dw_dtype;
   }
 
-  std::vector<Part> parts = {{"dy", plan.dy_dtype, dy_shape, plan.dy_bytes},
-                             {"x", DType::kBf16, ShapeOf(header.x()), plan.x_bytes}};
-  s = AddGradients(weight, plan.dw_dtype, &plan, &parts);
-  if (!s.ok()) return s;
-  s = CheckGradientSlots(header.has_dx_shm(), header.has_dw_shm(), plan.want_dx, plan.returns_dw());
-  if (!s.ok()) return s;
-  s = CheckCallBytes("backward", parts, max_request_bytes);
+  s = FinishGradientPlan("backward", header, weight, plan.dw_dtype,
+                         {{"dy", plan.dy_dtype, dy_shape, plan.dy_bytes},
+                          {"x", DType::kBf16, ShapeOf(header.x()), plan.x_bytes}},
+                         max_request_bytes, &plan);
   if (!s.ok()) return s;
   return plan;
 }
@@ -440,16 +445,8 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
                                                       std::uint64_t max_request_bytes) {
   CrossEntropyPlan plan;
   plan.want_lse = header.want_lse();
-  plan.want_dx = header.want_dx();
-  plan.want_dw = header.want_dw();
-  plan.accumulate_dw = header.accumulate_dw();
-  absl::Status s = CheckAccumulateWantsDw(plan.accumulate_dw, plan.want_dw);
+  absl::Status s = StartGradientPlan(header, weight, &plan);
   if (!s.ok()) return s;
-
-  absl::StatusOr<std::uint64_t> x_bytes = CheckActivations(header.has_x(), header.x(), weight);
-  if (!x_bytes.ok()) return x_bytes.status();
-  plan.x_bytes = *x_bytes;
-  plan.m = header.x().shape(0);
 
   s = CheckTargets(header.has_targets(), header.targets(), header.x(), plan.m, &plan.targets_dtype,
                    &plan.targets_bytes);
@@ -491,10 +488,8 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
   }
   plan.grad_scale = grad_scale == 0.0f ? 1.0f : grad_scale;
 
-  absl::StatusOr<DType> dx_dtype =
-      OutputDType("dx_dtype", header.dx_dtype(), v1::DTYPE_BF16, {v1::DTYPE_BF16, v1::DTYPE_FP32});
-  if (!dx_dtype.ok()) return dx_dtype.status();
-  plan.dx_dtype = *dx_dtype;
+  s = SetDxDType(header.dx_dtype(), &plan);
+  if (!s.ok()) return s;
 
   std::vector<Part> parts = {{"x", DType::kBf16, ShapeOf(header.x()), plan.x_bytes},
                              {"targets", plan.targets_dtype, targets_shape, plan.targets_bytes}};
@@ -510,15 +505,12 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
     plan.lse_bytes = *b;
     parts.push_back({"lse", DType::kFp32, lse_shape, plan.lse_bytes});
   }
-  // CrossEntropy's dW is always fp32 (its header has no dw_dtype).
-  s = AddGradients(weight, DType::kFp32, &plan, &parts);
-  if (!s.ok()) return s;
   s = UnusedOutputSlot(header.has_lse_shm() && !plan.want_lse, "lse_shm",
                        "the log-sum-exp is not asked for (want_lse)");
   if (!s.ok()) return s;
-  s = CheckGradientSlots(header.has_dx_shm(), header.has_dw_shm(), plan.want_dx, plan.returns_dw());
-  if (!s.ok()) return s;
-  s = CheckCallBytes("cross entropy", parts, max_request_bytes);
+  // CrossEntropy's dW is always fp32 (its header has no dw_dtype).
+  s = FinishGradientPlan("cross entropy", header, weight, DType::kFp32, std::move(parts),
+                         max_request_bytes, &plan);
   if (!s.ok()) return s;
   return plan;
 }

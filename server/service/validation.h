@@ -51,21 +51,26 @@ struct LogitsPlan {
 absl::StatusOr<LogitsPlan> ValidateLogits(const v1::LogitsHeader& header, const WeightDims& weight,
                                           std::uint64_t max_request_bytes);
 
-struct BackwardPlan {
+// What Backward and CrossEntropy plans share: activations x [M, K] and the
+// gradients the call asks for.
+struct GradientPlan {
   std::int64_t m = 0;
-  DType dy_dtype = DType::kFp32;
+  std::uint64_t x_bytes = 0;
   bool want_dx = false;
   bool want_dw = false;
   bool accumulate_dw = false;
   DType dx_dtype = DType::kBf16;
-  DType dw_dtype = DType::kFp32;
-  std::uint64_t dy_bytes = 0;
-  std::uint64_t x_bytes = 0;
   // 0 when the tensor is not returned.
   std::uint64_t dx_bytes = 0;
   std::uint64_t dw_bytes = 0;
   // True when dW travels back (wanted and not accumulated).
   bool returns_dw() const { return want_dw && !accumulate_dw; }
+};
+
+struct BackwardPlan : GradientPlan {
+  DType dy_dtype = DType::kFp32;
+  DType dw_dtype = DType::kFp32;
+  std::uint64_t dy_bytes = 0;
 };
 absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
                                               const WeightDims& weight,
@@ -80,8 +85,7 @@ struct CastPlan {
 absl::StatusOr<CastPlan> ValidateCast(const v1::CastHeader& header,
                                       std::uint64_t max_request_bytes);
 
-struct CrossEntropyPlan {
-  std::int64_t m = 0;
+struct CrossEntropyPlan : GradientPlan {
   DType targets_dtype = DType::kInt64;
   // The header's, or -100 when the field is absent.
   std::int64_t ignore_index = -100;
@@ -92,21 +96,12 @@ struct CrossEntropyPlan {
   // The incoming gradient of the reduced loss (0 in the header means 1).
   float grad_scale = 1.0f;
   bool want_lse = false;
-  bool want_dx = false;
-  bool want_dw = false;
-  bool accumulate_dw = false;
-  DType dx_dtype = DType::kBf16;
-  std::uint64_t x_bytes = 0;
   std::uint64_t targets_bytes = 0;
   // [M] for REDUCTION_NONE, else [1].
   std::vector<std::int64_t> loss_shape;
   std::uint64_t loss_bytes = 0;
   // 0 when the tensor is not returned.
   std::uint64_t lse_bytes = 0;
-  std::uint64_t dx_bytes = 0;
-  std::uint64_t dw_bytes = 0;
-  // True when dW travels back (wanted and not accumulated).
-  bool returns_dw() const { return want_dw && !accumulate_dw; }
 };
 // InvalidArgument for a bad x or targets spec, reduction, option or output
 // dtype, and for accumulate_dw without want_dw (as Backward); ResourceExhausted
