@@ -13,6 +13,28 @@
 #include "logitd/tensor.h"
 
 namespace logitd::logitctl {
+namespace {
+
+// A registered weight, one row a field; `show_converted` adds whether the
+// server rounded the file's tensor to bf16 (weights load).
+void PrintWeightInfo(const client::WeightInfo& info, bool show_converted) {
+  std::vector<std::pair<std::string, std::string>> rows = {{"handle", info.handle},
+                                                           {"name", info.name},
+                                                           {"shape", ShapeString(info.shape)},
+                                                           {"xxh3", Hex64(info.xxh3)},
+                                                           {"bytes", Bytes(info.bytes)}};
+  if (show_converted) {
+    rows.emplace_back("converted",
+                      info.converted_from.empty()
+                          ? "no (bf16 in the file)"
+                          : absl::StrCat(info.converted_from, " -> bf16 (round to nearest even)"));
+  }
+  rows.emplace_back("already_registered", info.already_registered ? "true" : "false");
+  rows.emplace_back("registrations", absl::StrCat(info.registrations));
+  PrintRows(rows);
+}
+
+}  // namespace
 
 int CmdWeightsRegister(const std::vector<std::string>& words) {
   if (words.size() != 3)
@@ -28,13 +50,7 @@ int CmdWeightsRegister(const std::vector<std::string>& words) {
   return WithClient([&](client::Client& c) {
     absl::StatusOr<client::WeightInfo> info = c.RegisterWeight(*w, name);
     if (!info.ok()) return ServerError(info.status());
-    PrintRows({{"handle", info->handle},
-               {"name", info->name},
-               {"shape", ShapeString(info->shape)},
-               {"xxh3", Hex64(info->xxh3)},
-               {"bytes", Bytes(info->bytes)},
-               {"already_registered", info->already_registered ? "true" : "false"},
-               {"registrations", absl::StrCat(info->registrations)}});
+    PrintWeightInfo(*info, /*show_converted=*/false);
     return kExitOk;
   });
 }
@@ -48,17 +64,7 @@ int CmdWeightsLoad(const std::vector<std::string>& words) {
     absl::StatusOr<client::WeightInfo> info =
         c.LoadWeight(words[2], tensor, absl::GetFlag(FLAGS_name));
     if (!info.ok()) return ServerError(info.status());
-    PrintRows({{"handle", info->handle},
-               {"name", info->name},
-               {"shape", ShapeString(info->shape)},
-               {"xxh3", Hex64(info->xxh3)},
-               {"bytes", Bytes(info->bytes)},
-               {"converted",
-                info->converted_from.empty()
-                    ? "no (bf16 in the file)"
-                    : absl::StrCat(info->converted_from, " -> bf16 (round to nearest even)")},
-               {"already_registered", info->already_registered ? "true" : "false"},
-               {"registrations", absl::StrCat(info->registrations)}});
+    PrintWeightInfo(*info, /*show_converted=*/true);
     return kExitOk;
   });
 }
