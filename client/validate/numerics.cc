@@ -27,30 +27,43 @@ void WidenRows(Bf16Matrix w, std::int64_t row0, std::int64_t rows, bool absolute
   }
 }
 
-// Hands `gemm` the weight a block of whole rows at a time, at most
-// block_elements elements, widened to double: gemm(row0, rows, block,
-// /*absolute=*/false), then, when `with_abs`, the same block's magnitudes for
-// the sums of |a·b| (absolute=true). The whole weight is never widened at once.
-template <typename Gemm>
-void ForEachWeightBlock(Bf16Matrix w, std::int64_t block_elements, bool with_abs,
-                        const Gemm& gemm) {
+std::vector<double> Abs(const std::vector<double>& v) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = std::fabs(v[i]);
+  return out;
+}
+
+// The product of activations `a` with the weight W [n, k], in double, into
+// `out`: a [m, k]·Wᵀ, [m, n], when `transposed`, else a [m, n]·W, [m, k]. When
+// out_abs is not null, the same product of the magnitudes (the sums of
+// |a·b|) into it. W is widened a block of whole rows at a time, at most
+// block_elements elements, never all at once.
+void MultiplyWeight(const std::vector<double>& a, std::int64_t m, Bf16Matrix w, bool transposed,
+                    double* out, double* out_abs, std::int64_t block_elements) {
+  const int n = static_cast<int>(w.rows);
+  const int k = static_cast<int>(w.cols);
+  const std::vector<double> a_abs = out_abs != nullptr ? Abs(a) : std::vector<double>();
+  const auto gemm = [&](std::int64_t r0, std::int64_t rows, const double* wb, const double* a_data,
+                        double* c) {
+    if (transposed) {
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                  static_cast<int>(rows), k, 1.0, a_data, k, wb, k, 0.0, c + r0, n);
+    } else {
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), k,
+                  static_cast<int>(rows), 1.0, a_data + r0, n, wb, k, r0 == 0 ? 0.0 : 1.0, c, k);
+    }
+  };
   const std::int64_t block = BlockRows(w.cols, block_elements);
   std::vector<double> wb(static_cast<std::size_t>(std::min(block, w.rows) * w.cols));
   for (std::int64_t r0 = 0; r0 < w.rows; r0 += block) {
     const std::int64_t rows = std::min(block, w.rows - r0);
     WidenRows(w, r0, rows, /*absolute=*/false, wb.data());
-    gemm(r0, rows, wb.data(), /*absolute=*/false);
-    if (with_abs) {
+    gemm(r0, rows, wb.data(), a.data(), out);
+    if (out_abs != nullptr) {
       for (double& v : wb) v = std::fabs(v);
-      gemm(r0, rows, wb.data(), /*absolute=*/true);
+      gemm(r0, rows, wb.data(), a_abs.data(), out_abs);
     }
   }
-}
-
-std::vector<double> Abs(const std::vector<double>& v) {
-  std::vector<double> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = std::fabs(v[i]);
-  return out;
 }
 
 // Order-preserving integer image of a float's bits: adjacent representable
@@ -95,33 +108,12 @@ std::vector<double> ToDouble(const Tensor& t, bool absolute) {
 
 void ReferenceXWt(const std::vector<double>& x, std::int64_t m, Bf16Matrix w, double* y,
                   double* y_abs, std::int64_t block_elements) {
-  const std::int64_t n = w.rows;
-  const std::int64_t k = w.cols;
-  const std::vector<double> x_abs = y_abs != nullptr ? Abs(x) : std::vector<double>();
-  ForEachWeightBlock(w, block_elements, y_abs != nullptr,
-                     [&](std::int64_t r0, std::int64_t rows, const double* wb, bool absolute) {
-                       cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                                   static_cast<int>(rows), static_cast<int>(k), 1.0,
-                                   absolute ? x_abs.data() : x.data(), static_cast<int>(k), wb,
-                                   static_cast<int>(k), 0.0, (absolute ? y_abs : y) + r0,
-                                   static_cast<int>(n));
-                     });
+  MultiplyWeight(x, m, w, /*transposed=*/true, y, y_abs, block_elements);
 }
 
 void ReferenceGW(const std::vector<double>& g, std::int64_t m, Bf16Matrix w, double* dx,
                  double* dx_abs, std::int64_t block_elements) {
-  const std::int64_t n = w.rows;
-  const std::int64_t k = w.cols;
-  const std::vector<double> g_abs = dx_abs != nullptr ? Abs(g) : std::vector<double>();
-  ForEachWeightBlock(w, block_elements, dx_abs != nullptr,
-                     [&](std::int64_t r0, std::int64_t rows, const double* wb, bool absolute) {
-                       const double beta = r0 == 0 ? 0.0 : 1.0;
-                       cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                                   static_cast<int>(k), static_cast<int>(rows), 1.0,
-                                   (absolute ? g_abs.data() : g.data()) + r0, static_cast<int>(n),
-                                   wb, static_cast<int>(k), beta, absolute ? dx_abs : dx,
-                                   static_cast<int>(k));
-                     });
+  MultiplyWeight(g, m, w, /*transposed=*/false, dx, dx_abs, block_elements);
 }
 
 void ReferenceGtX(const std::vector<double>& g, const std::vector<double>& x, std::int64_t m,
@@ -216,6 +208,29 @@ std::string BitwiseComparison::Describe(const std::vector<std::int64_t>& shape) 
                       " ulp");
 }
 
+namespace {
+
+// Element i of a comparison, its bits `g` got and `w` wanted: counted when
+// they differ and the options do not take them as equal, keeping the first
+// difference and the largest ulp distance.
+void CompareElement(std::int64_t i, std::uint32_t g, std::uint32_t w, DType dtype,
+                    const CompareOptions& options, BitwiseComparison* c) {
+  if (g == w) return;
+  if (options.signed_zero_equal && IsZeroBits(g, dtype) && IsZeroBits(w, dtype)) return;
+  if (options.any_nan_equal && IsNanBits(g, dtype) && IsNanBits(w, dtype)) return;
+  if (c->differing++ == 0) {
+    c->first_index = i;
+    c->first_got = g;
+    c->first_want = w;
+  }
+  const std::int64_t ulp = dtype == DType::kBf16
+                               ? UlpDistanceBf16(static_cast<Bf16Bits>(g), static_cast<Bf16Bits>(w))
+                               : UlpDistanceFp32(g, w);
+  c->max_ulp = std::max(c->max_ulp, ulp);
+}
+
+}  // namespace
+
 void CompareRangeInto(const Tensor& got, std::int64_t offset, const float* want, std::int64_t n,
                       const CompareOptions& options, BitwiseComparison* acc) {
   BitwiseComparison& c = *acc;
@@ -225,18 +240,7 @@ void CompareRangeInto(const Tensor& got, std::int64_t offset, const float* want,
     const std::int64_t i = offset + j;
     const std::uint32_t g = ElementBits(got, i);
     const std::uint32_t w = dtype == DType::kBf16 ? FloatToBf16(want[j]) : FloatBits(want[j]);
-    if (g == w) continue;
-    if (options.signed_zero_equal && IsZeroBits(g, dtype) && IsZeroBits(w, dtype)) continue;
-    if (options.any_nan_equal && IsNanBits(g, dtype) && IsNanBits(w, dtype)) continue;
-    if (c.differing++ == 0) {
-      c.first_index = i;
-      c.first_got = g;
-      c.first_want = w;
-    }
-    const std::int64_t ulp =
-        dtype == DType::kBf16 ? UlpDistanceBf16(static_cast<Bf16Bits>(g), static_cast<Bf16Bits>(w))
-                              : UlpDistanceFp32(g, w);
-    c.max_ulp = std::max(c.max_ulp, ulp);
+    CompareElement(i, g, w, dtype, options, &c);
   }
 }
 
@@ -265,17 +269,7 @@ BitwiseComparison CompareTensors(const Tensor& got, const Tensor& want,
   c.compared = got.numel();
   const DType dtype = got.dtype();
   for (std::int64_t i = 0; i < got.numel(); ++i) {
-    const std::uint32_t g = ElementBits(got, i);
-    const std::uint32_t w = ElementBits(want, i);
-    if (g == w) continue;
-    if (options.signed_zero_equal && IsZeroBits(g, dtype) && IsZeroBits(w, dtype)) continue;
-    if (options.any_nan_equal && IsNanBits(g, dtype) && IsNanBits(w, dtype)) continue;
-    if (c.differing++ == 0) {
-      c.first_index = i;
-      c.first_got = g;
-      c.first_want = w;
-    }
-    c.max_ulp = std::max(c.max_ulp, UlpDistanceAt(got, want, i));
+    CompareElement(i, ElementBits(got, i), ElementBits(want, i), dtype, options, &c);
   }
   return c;
 }
