@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -56,42 +55,6 @@ absl::StatusOr<std::unique_ptr<SharedServer>> SharedServer::Start(
 absl::StatusOr<std::unique_ptr<client::Client>> SharedServer::NewClient(
     client::ClientOptions options) const {
   return client::Client::Create(process.address(), std::move(options));
-}
-
-Tensor IntBf16(std::vector<std::int64_t> shape, std::uint32_t seed, int lo, int hi) {
-  Tensor t(DType::kBf16, std::move(shape));
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(lo, hi);
-  Bf16Bits* p = t.data<Bf16Bits>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = FloatToBf16(static_cast<float>(dist(rng)));
-  return t;
-}
-
-Tensor IntFp32(std::vector<std::int64_t> shape, std::uint32_t seed, int lo, int hi) {
-  Tensor t(DType::kFp32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(lo, hi);
-  float* p = t.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(dist(rng));
-  return t;
-}
-
-Tensor NormalBf16(std::vector<std::int64_t> shape, std::uint32_t seed) {
-  Tensor t(DType::kBf16, std::move(shape));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Bf16Bits* p = t.data<Bf16Bits>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = FloatToBf16(dist(rng));
-  return t;
-}
-
-Tensor NormalFp32(std::vector<std::int64_t> shape, std::uint32_t seed, float scale) {
-  Tensor t(DType::kFp32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  float* p = t.data<float>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng) * scale;
-  return t;
 }
 
 std::vector<std::int32_t> ToInts(const Tensor& t) {

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "logitd/client.h"
 #include "logitd/tensor.h"
+#include "tests/common/seeded_tensors.h"
 #include "tests/common/server_process.h"
 #include "tests/support/run_logitctl.h"
 
@@ -94,15 +95,6 @@ class SharedServerTest : public ::testing::Test {
   static inline SharedServer* server_ = nullptr;
   static inline absl::Status* start_error_ = nullptr;
 };
-
-// bf16 tensor of integers drawn uniformly from [lo, hi] (exact in bf16).
-Tensor IntBf16(std::vector<std::int64_t> shape, std::uint32_t seed, int lo = -8, int hi = 8);
-// fp32 tensor of the same kind of integers.
-Tensor IntFp32(std::vector<std::int64_t> shape, std::uint32_t seed, int lo = -8, int hi = 8);
-// bf16 tensor of standard normal samples rounded to bf16.
-Tensor NormalBf16(std::vector<std::int64_t> shape, std::uint32_t seed);
-// fp32 tensor of standard normal samples times `scale`.
-Tensor NormalFp32(std::vector<std::int64_t> shape, std::uint32_t seed, float scale = 1.0f);
 
 // Integer values of an integer-valued bf16 or fp32 tensor.
 std::vector<std::int32_t> ToInts(const Tensor& t);

@@ -13,22 +13,25 @@
 #include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "logitd/bf16.h"
+#include "tests/common/seeded_tensors.h"
 
 namespace logitd {
 namespace {
+
+using testing::NormalBf16;
+using testing::NormalFp32;
 
 // A file name unique to this test and process, removed at scope exit.
 class TempFile {
  public:
   TempFile() {
-    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-    path_ = absl::StrCat(testing::TempDir(), "/logitd_safetensors_", info->name(), "_", getpid(),
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = absl::StrCat(::testing::TempDir(), "/logitd_safetensors_", info->name(), "_", getpid(),
                          ".safetensors");
   }
   ~TempFile() { std::remove(path_.c_str()); }
@@ -61,22 +64,6 @@ std::string HandMade(const std::string& header_json, const std::string& data) {
   return LengthPrefix(header_json.size()) + header_json + data;
 }
 
-Tensor RandomBf16(std::vector<std::int64_t> shape, std::uint32_t seed) {
-  Tensor t(DType::kBf16, std::move(shape));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<Bf16Bits>()[i] = FloatToBf16(normal(rng));
-  return t;
-}
-
-Tensor RandomFp32(std::vector<std::int64_t> shape, std::uint32_t seed) {
-  Tensor t(DType::kFp32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
-  return t;
-}
-
 void ExpectSameTensor(const Tensor& got, const Tensor& want) {
   EXPECT_EQ(got.dtype(), want.dtype());
   EXPECT_EQ(got.shape(), want.shape());
@@ -86,8 +73,8 @@ void ExpectSameTensor(const Tensor& got, const Tensor& want) {
 
 TEST(Safetensors, RoundTripBf16F32I64WithMetadata) {
   TempFile f;
-  const Tensor w = RandomBf16({33, 17}, 1);
-  const Tensor b = RandomFp32({33}, 2);
+  const Tensor w = NormalBf16({33, 17}, 1);
+  const Tensor b = NormalFp32({33}, 2);
   Tensor ids(DType::kInt64, {2, 3});
   const std::int64_t id_values[] = {0,
                                     -1,
@@ -118,8 +105,8 @@ TEST(Safetensors, RoundTripBf16F32I64WithMetadata) {
 
 TEST(Safetensors, StatGivesDtypeAndShapeWithoutData) {
   TempFile file;
-  const Tensor w = RandomBf16({3, 5}, 7);
-  const Tensor b = RandomFp32({4}, 8);
+  const Tensor w = NormalBf16({3, 5}, 7);
+  const Tensor b = NormalFp32({4}, 8);
   ASSERT_TRUE(WriteSafetensors(file.path(), {{"w", &w}, {"b", &b}}).ok());
   absl::StatusOr<SafetensorsTensorInfo> info = StatSafetensorsTensor(file.path(), "w");
   ASSERT_TRUE(info.ok()) << info.status();
@@ -144,8 +131,8 @@ TEST(Safetensors, StatGivesDtypeAndShapeWithoutData) {
 
 TEST(Safetensors, FileLayoutMatchesTheFormat) {
   TempFile f;
-  const Tensor w = RandomBf16({3, 5}, 3);  // 30 bytes: the next tensor starts unaligned
-  const Tensor b = RandomFp32({4}, 4);
+  const Tensor w = NormalBf16({3, 5}, 3);  // 30 bytes: the next tensor starts unaligned
+  const Tensor b = NormalFp32({4}, 4);
   ASSERT_TRUE(WriteSafetensors(f.path(), {{"w", &w}, {"b", &b}}, {{"k", "v"}}).ok());
   const std::string bytes = ReadAll(f.path());
   ASSERT_GE(bytes.size(), 8u);
@@ -218,7 +205,7 @@ TEST(Safetensors, ReadsAHandMadeFileWithUnpaddedHeaderAndI32) {
 
 TEST(Safetensors, CorruptHeaderLengthIsDataLoss) {
   TempFile f;
-  const Tensor w = RandomBf16({4, 4}, 5);
+  const Tensor w = NormalBf16({4, 4}, 5);
   ASSERT_TRUE(WriteSafetensors(f.path(), {{"w", &w}}).ok());
   std::string bytes = ReadAll(f.path());
 
@@ -288,8 +275,8 @@ TEST(Safetensors, MalformedHeaderJsonIsDataLoss) {
 
 TEST(Safetensors, MissingTensorIsNotFoundListingNames) {
   TempFile f;
-  const Tensor a = RandomFp32({2}, 6);
-  const Tensor b = RandomFp32({3}, 7);
+  const Tensor a = NormalFp32({2}, 6);
+  const Tensor b = NormalFp32({3}, 7);
   ASSERT_TRUE(WriteSafetensors(f.path(), {{"alpha", &a}, {"beta", &b}}).ok());
   absl::Status s = ReadSafetensorsTensor(f.path(), "gamma").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
@@ -298,7 +285,7 @@ TEST(Safetensors, MissingTensorIsNotFoundListingNames) {
 }
 
 TEST(Safetensors, MissingFileIsNotFound) {
-  const std::string path = absl::StrCat(testing::TempDir(), "/logitd_no_such_file_", getpid());
+  const std::string path = absl::StrCat(::testing::TempDir(), "/logitd_no_such_file_", getpid());
   EXPECT_EQ(ListSafetensors(path).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ReadSafetensorsTensor(path, "w").status().code(), absl::StatusCode::kNotFound);
 }
@@ -318,7 +305,7 @@ TEST(Safetensors, UnsupportedDTypeIsInvalidArgumentNamingIt) {
 
 TEST(Safetensors, WriteRejectsDuplicateReservedAndNullWithInvalidArgument) {
   TempFile f;
-  const Tensor a = RandomFp32({2}, 8);
+  const Tensor a = NormalFp32({2}, 8);
   EXPECT_EQ(WriteSafetensors(f.path(), {{"a", &a}, {"a", &a}}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WriteSafetensors(f.path(), {{"__metadata__", &a}}).code(),
@@ -332,9 +319,9 @@ TEST(Safetensors, WriteRejectsDuplicateReservedAndNullWithInvalidArgument) {
 }
 
 TEST(Safetensors, WriteIntoMissingDirectoryIsNotFound) {
-  const Tensor a = RandomFp32({2}, 9);
+  const Tensor a = NormalFp32({2}, 9);
   const std::string path =
-      absl::StrCat(testing::TempDir(), "/logitd_no_such_dir_", getpid(), "/x.safetensors");
+      absl::StrCat(::testing::TempDir(), "/logitd_no_such_dir_", getpid(), "/x.safetensors");
   EXPECT_EQ(WriteSafetensors(path, {{"a", &a}}).code(), absl::StatusCode::kNotFound);
 }
 

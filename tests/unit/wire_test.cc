@@ -8,23 +8,17 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "logitd/bf16.h"
+#include "tests/common/seeded_tensors.h"
 
 namespace logitd::wire {
 namespace {
 
-Tensor RandomFp32(std::vector<std::int64_t> shape, std::uint32_t seed) {
-  Tensor t(DType::kFp32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
-  return t;
-}
+using testing::NormalFp32;
 
 std::vector<v1::TensorChunk> Split(absl::string_view name, const Tensor& t, std::size_t chunk) {
   std::vector<v1::TensorChunk> chunks;
@@ -37,8 +31,8 @@ std::vector<v1::TensorChunk> Split(absl::string_view name, const Tensor& t, std:
 }
 
 TEST(Wire, ChunkedTensorReassemblesAndFinishes) {
-  const Tensor x = RandomFp32({3, 1000}, 1);  // 12000 bytes
-  const Tensor w = RandomFp32({7, 11}, 2);
+  const Tensor x = NormalFp32({3, 1000}, 1);  // 12000 bytes
+  const Tensor w = NormalFp32({7, 11}, 2);
   Assembler a(1u << 20);
   ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
   ASSERT_TRUE(a.Expect(MakeSpec("w", w)).ok());
@@ -69,7 +63,7 @@ TEST(Wire, ChunkedTensorReassemblesAndFinishes) {
 }
 
 TEST(Wire, OutOfOrderOffsetIsInvalidArgument) {
-  const Tensor x = RandomFp32({4, 256}, 3);
+  const Tensor x = NormalFp32({4, 256}, 3);
   Assembler a(1u << 20);
   ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
   const std::vector<v1::TensorChunk> c = Split("x", x, 1024);
@@ -83,7 +77,7 @@ TEST(Wire, OutOfOrderOffsetIsInvalidArgument) {
 }
 
 TEST(Wire, ChunkPastEndIsInvalidArgument) {
-  const Tensor x = RandomFp32({10}, 4);  // 40 bytes
+  const Tensor x = NormalFp32({10}, 4);  // 40 bytes
   Assembler a(1u << 20);
   ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
   v1::TensorChunk c;
@@ -97,7 +91,7 @@ TEST(Wire, ChunkPastEndIsInvalidArgument) {
 
 TEST(Wire, UnknownTensorNameIsInvalidArgument) {
   Assembler a(1u << 20);
-  ASSERT_TRUE(a.Expect(MakeSpec("x", RandomFp32({2}, 5))).ok());
+  ASSERT_TRUE(a.Expect(MakeSpec("x", NormalFp32({2}, 5))).ok());
   v1::TensorChunk c;
   c.set_name("y");
   c.set_offset(0);
@@ -108,7 +102,7 @@ TEST(Wire, UnknownTensorNameIsInvalidArgument) {
 }
 
 TEST(Wire, DuplicateAnnounceIsInvalidArgument) {
-  const Tensor x = RandomFp32({2, 2}, 6);
+  const Tensor x = NormalFp32({2, 2}, 6);
   Assembler a(1u << 20);
   ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
   absl::Status s = a.Expect(MakeSpec("x", x));
@@ -147,7 +141,7 @@ TEST(Wire, ShapeProductOverflowingInt64IsInvalidArgument) {
 }
 
 TEST(Wire, TruncatedStreamIsDataLoss) {
-  const Tensor x = RandomFp32({4, 256}, 7);
+  const Tensor x = NormalFp32({4, 256}, 7);
   Assembler a(1u << 20);
   ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
   const std::vector<v1::TensorChunk> c = Split("x", x, 1024);
@@ -159,12 +153,12 @@ TEST(Wire, TruncatedStreamIsDataLoss) {
 
 TEST(Wire, AnnouncedButNeverSentIsDataLoss) {
   Assembler a(1u << 20);
-  ASSERT_TRUE(a.Expect(MakeSpec("x", RandomFp32({8}, 8))).ok());
+  ASSERT_TRUE(a.Expect(MakeSpec("x", NormalFp32({8}, 8))).ok());
   EXPECT_EQ(a.Finish().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(Wire, DigestMismatchIsDataLoss) {
-  const Tensor x = RandomFp32({4, 256}, 9);
+  const Tensor x = NormalFp32({4, 256}, 9);
   Assembler a(1u << 20);
   ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
   std::vector<v1::TensorChunk> c = Split("x", x, 1024);
@@ -178,18 +172,18 @@ TEST(Wire, DigestMismatchIsDataLoss) {
 
 TEST(Wire, OverMaxTotalBytesIsResourceExhaustedNamingTheLimit) {
   Assembler a(10000);
-  ASSERT_TRUE(a.Expect(MakeSpec("x", RandomFp32({1500}, 10))).ok());  // 6000 bytes
+  ASSERT_TRUE(a.Expect(MakeSpec("x", NormalFp32({1500}, 10))).ok());  // 6000 bytes
   // 6000 + 4004 > 10000 although each alone fits.
-  absl::Status s = a.Expect(MakeSpec("w", RandomFp32({1001}, 11)));
+  absl::Status s = a.Expect(MakeSpec("w", NormalFp32({1001}, 11)));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(s.message().find("10000"), absl::string_view::npos) << s;
   EXPECT_EQ(a.total_bytes(), 6000u);
   // Exactly at the limit is fine.
-  EXPECT_TRUE(a.Expect(MakeSpec("v", RandomFp32({1000}, 12))).ok());
+  EXPECT_TRUE(a.Expect(MakeSpec("v", NormalFp32({1000}, 12))).ok());
   EXPECT_EQ(a.total_bytes(), 10000u);
   // A single tensor past the limit.
   Assembler b(100);
-  EXPECT_EQ(b.Expect(MakeSpec("x", RandomFp32({26}, 13))).code(),
+  EXPECT_EQ(b.Expect(MakeSpec("x", NormalFp32({26}, 13))).code(),
             absl::StatusCode::kResourceExhausted);
 }
 
@@ -221,7 +215,7 @@ TEST(Wire, SendChunksSplitsIntoCeilNOverChunkPieces) {
 }
 
 TEST(Wire, ExpectTakesOverAMatchingRecycledTensorOnly) {
-  const Tensor x = RandomFp32({3, 1000}, 1);
+  const Tensor x = NormalFp32({3, 1000}, 1);
   Tensor recycle(DType::kFp32, {3, 1000});
   const std::byte* memory = recycle.bytes();
   Tensor other(DType::kFp32, {1000, 3});  // same bytes, other shape: not taken
@@ -240,7 +234,7 @@ TEST(Wire, ExpectTakesOverAMatchingRecycledTensorOnly) {
 }
 
 TEST(Wire, TakeRefusesATensorNotFullyReceived) {
-  const Tensor x = RandomFp32({3, 1000}, 1);
+  const Tensor x = NormalFp32({3, 1000}, 1);
   Assembler a(1u << 20);
   ASSERT_TRUE(a.Expect(MakeSpec("x", x)).ok());
   const std::vector<v1::TensorChunk> xc = Split("x", x, 4096);
@@ -312,7 +306,7 @@ TEST(Wire, DTypeProtoRoundTripAndSpec) {
 // caught, and a tensor taken or dropped early must not leave the thread
 // reading freed memory.
 TEST(Wire, LargeTensorsAreHashedAsideWithTheSameVerdicts) {
-  const Tensor y = RandomFp32({static_cast<std::int64_t>(kHashAsideBytes / 4) + 1000}, 7);
+  const Tensor y = NormalFp32({static_cast<std::int64_t>(kHashAsideBytes / 4) + 1000}, 7);
   ASSERT_GE(y.nbytes(), kHashAsideBytes);
   const std::vector<v1::TensorChunk> chunks = Split("y", y, 1 << 20);
   for (const bool damage : {false, true}) {
@@ -354,7 +348,7 @@ TEST(Wire, ExpectIntoFillsTheCallersBufferSmallOrLarge) {
   for (const std::int64_t n :
        {std::int64_t{3000}, static_cast<std::int64_t>(kHashAsideBytes / 4)}) {
     SCOPED_TRACE(n);
-    const Tensor t = RandomFp32({n}, 11);
+    const Tensor t = NormalFp32({n}, 11);
     std::vector<std::byte> buffer(t.nbytes() + 7);
     for (const bool damage : {false, true}) {
       Assembler a(t.nbytes());
