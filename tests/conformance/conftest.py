@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Optional
 
 import grpc
+import numpy as np
 import pytest
 
-from protocol import Connection
+from protocol import SMALL_K, SMALL_V, Connection, small_calls
 
 STOP_TIMEOUT_S = 45
 
@@ -170,3 +171,10 @@ def weights(conn):
             # The test released it itself.
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise
+
+
+@pytest.fixture
+def calls(weights):
+    """small_calls() against a weight of their shape registered for the test."""
+    info = weights(np.random.default_rng(601).integers(-8, 9, size=(SMALL_V, SMALL_K)))
+    return small_calls(info.handle)

@@ -455,6 +455,21 @@ class Call:
 # Shape of the weight small_calls() expects: [SMALL_V, SMALL_K].
 SMALL_V, SMALL_K = 16, 8
 
+# Every tensor the requests of small_calls() stream, as (RPC, tensor) pairs,
+# and their test ids.
+REQUEST_TENSORS = [
+    ("RegisterWeight", "weight"),
+    ("Logits", "x"),
+    ("Backward", "dy"),
+    ("Backward", "x"),
+    ("Cast", "input"),
+    ("CrossEntropy", "x"),
+    ("CrossEntropy", "targets"),
+    ("LogProbs", "x"),
+    ("LogProbs", "targets"),
+]
+REQUEST_TENSOR_IDS = ["%s-%s" % p for p in REQUEST_TENSORS]
+
 
 def small_calls(handle):
     """One small call of each request-streaming RPC, by RPC name.

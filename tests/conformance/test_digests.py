@@ -6,30 +6,11 @@ import grpc
 import numpy as np
 import pytest
 
-from protocol import SMALL_K, SMALL_V, check_output, expected_order, expect_error, names, small_calls, xxh3
+from protocol import REQUEST_TENSOR_IDS, REQUEST_TENSORS, check_output, expected_order, expect_error, names, xxh3
 from stubs import pb
 
-# (RPC, request tensor) pairs: every tensor a request streams.
-REQUEST_TENSORS = [
-    ("RegisterWeight", "weight"),
-    ("Logits", "x"),
-    ("Backward", "dy"),
-    ("Backward", "x"),
-    ("Cast", "input"),
-    ("CrossEntropy", "x"),
-    ("CrossEntropy", "targets"),
-    ("LogProbs", "x"),
-    ("LogProbs", "targets"),
-]
 
-
-@pytest.fixture
-def calls(weights):
-    info = weights(np.random.default_rng(601).integers(-8, 9, size=(SMALL_V, SMALL_K)))
-    return small_calls(info.handle)
-
-
-@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=["%s-%s" % p for p in REQUEST_TENSORS])
+@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=REQUEST_TENSOR_IDS)
 def test_request_spec_without_digest_is_invalid_argument(conn, calls, rpc, tensor):
     """A request TensorSpec with xxh3 0 is INVALID_ARGUMENT naming the field xxh3 and the tensor.
 
@@ -42,7 +23,7 @@ def test_request_spec_without_digest_is_invalid_argument(conn, calls, rpc, tenso
     assert names(message, tensor), "the message does not name the tensor '%s': %s" % (tensor, message)
 
 
-@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=["%s-%s" % p for p in REQUEST_TENSORS])
+@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=REQUEST_TENSOR_IDS)
 def test_request_with_wrong_digest_is_data_loss(conn, calls, rpc, tensor):
     """Bytes that do not match a non-zero announced xxh3 are DATA_LOSS naming the tensor."""
     call = calls[rpc]

@@ -6,27 +6,10 @@ import grpc
 import numpy as np
 import pytest
 
-from protocol import SMALL_K, SMALL_V, Tensor, chunk, chunks_of, expect_error, names, small_calls
+from protocol import REQUEST_TENSOR_IDS, REQUEST_TENSORS, Tensor, chunk, chunks_of, expect_error, names
 from stubs import pb
 
-REQUEST_TENSORS = [
-    ("RegisterWeight", "weight"),
-    ("Logits", "x"),
-    ("Backward", "dy"),
-    ("Backward", "x"),
-    ("Cast", "input"),
-    ("CrossEntropy", "targets"),
-    ("LogProbs", "x"),
-    ("LogProbs", "targets"),
-]
-IDS = ["%s-%s" % p for p in REQUEST_TENSORS]
 RPCS = ["RegisterWeight", "Logits", "Backward", "Cast", "CrossEntropy", "LogProbs"]
-
-
-@pytest.fixture
-def calls(weights):
-    info = weights(np.random.default_rng(701).integers(-8, 9, size=(SMALL_V, SMALL_K)))
-    return small_calls(info.handle)
 
 
 def broken(call, tensor, pieces):
@@ -55,7 +38,7 @@ CHUNK_CASES = {
 
 
 @pytest.mark.parametrize("case", list(CHUNK_CASES))
-@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=IDS)
+@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=REQUEST_TENSOR_IDS)
 def test_chunk_out_of_order_is_invalid_argument(conn, calls, rpc, tensor, case):
     """A chunk that leaves a gap, overlaps, repeats or runs past the tensor's end is INVALID_ARGUMENT."""
     call = calls[rpc]
@@ -64,7 +47,7 @@ def test_chunk_out_of_order_is_invalid_argument(conn, calls, rpc, tensor, case):
     assert names(message, tensor), "the message does not name the tensor '%s': %s" % (tensor, message)
 
 
-@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=IDS)
+@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=REQUEST_TENSOR_IDS)
 def test_missing_last_chunk_is_data_loss(conn, calls, rpc, tensor):
     """A stream that ends before a tensor is complete is DATA_LOSS (truncated)."""
     call = calls[rpc]
