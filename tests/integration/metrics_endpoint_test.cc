@@ -3,12 +3,8 @@
 // exactly; and client-side round_robin over three servers, each server's
 // metrics showing that it served calls, calls still succeeding after one of
 // them is killed.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -26,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
+#include "tests/common/loopback_exchange.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {
@@ -50,36 +47,10 @@ class TempDir {
   std::string path_;
 };
 
-// Sends `request` to 127.0.0.1:port over a plain socket and returns all the
-// server wrote back before closing.
-absl::StatusOr<std::string> Exchange(int port, absl::string_view request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket");
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot connect to metrics port ", port));
-  }
-  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return absl::UnavailableError("short write");
-  }
-  std::string response;
-  char buf[65536];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) {
-    response.append(buf, static_cast<std::size_t>(n));
-  }
-  close(fd);
-  return response;
-}
-
 // GET /metrics; the body, or an error.
 absl::StatusOr<std::string> Scrape(int port) {
-  absl::StatusOr<std::string> got =
-      Exchange(port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  absl::StatusOr<std::string> got = LoopbackExchange(
+      port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
   if (!got.ok()) return got.status();
   const std::string& response = *got;
   const std::size_t body = response.find("\r\n\r\n");

@@ -2,11 +2,6 @@
 // HTTP endpoint.
 #include "server/service/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <map>
 #include <memory>
 #include <set>
@@ -20,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/loopback_exchange.h"
 
 namespace logitd::service {
 namespace {
@@ -204,31 +200,13 @@ TEST(MetricsTest, EscapesLabelValues) {
 
 // --- HTTP endpoint ---------------------------------------------------------
 
-// Sends `request` to 127.0.0.1:port and returns everything the server sent.
-std::string HttpExchange(int port, const std::string& request) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_GE(fd, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    ADD_FAILURE() << "cannot connect to port " << port;
-    return "";
-  }
-  EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
-  std::string out;
-  char buf[65536];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
-}
-
+// Sends `method path` to 127.0.0.1:port and returns everything the server sent.
 std::string Get(int port, absl::string_view path, absl::string_view method = "GET") {
-  return HttpExchange(port, absl::StrCat(method, " ", path,
-                                         " HTTP/1.1\r\nHost: localhost\r\nConnection: "
-                                         "close\r\n\r\n"));
+  absl::StatusOr<std::string> response = testing::LoopbackExchange(
+      port,
+      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"));
+  EXPECT_TRUE(response.ok()) << response.status();
+  return response.ok() ? *response : "";
 }
 
 TEST(MetricsHttpServerTest, ServesMetricsOnAFreePort) {
