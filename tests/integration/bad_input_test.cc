@@ -27,19 +27,15 @@ using ::testing::HasSubstr;
 constexpr std::int64_t kV = 64;
 constexpr std::int64_t kK = 128;
 
-class BadInputTest : public ::testing::Test {
+class BadInputTest : public SharedServerTest {
  public:
   // For the raw-stream helpers below.
   static v1::Logitd::Stub& StubForTest() { return *stub_; }
 
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start({});
-    if (!s.ok()) {
-      start_error_ = new absl::Status(s.status());
-      return;
-    }
-    server_ = std::move(*s).release();
+    StartSharedServer({});
+    if (server_ == nullptr) return;
     weight_ = new Tensor(IntBf16({kV, kK}, 9));
     absl::StatusOr<client::WeightInfo> info = server_->client->RegisterWeight(*weight_, "w");
     if (!info.ok()) {
@@ -56,7 +52,7 @@ class BadInputTest : public ::testing::Test {
     delete channel_;
     delete handle_;
     delete weight_;
-    delete server_;
+    SharedServerTest::TearDownTestSuite();
   }
   void SetUp() override { ASSERT_EQ(start_error_, nullptr) << *start_error_; }
   // The point of every test here: a refused call leaves a working server.
@@ -68,12 +64,9 @@ class BadInputTest : public ::testing::Test {
     EXPECT_TRUE(Fp32EqualsExact(*y, ExactNT(x, *weight_), {3, kV}));
   }
 
-  static client::Client& client() { return *server_->client; }
   static const std::string& handle() { return *handle_; }
   static v1::Logitd::Stub& stub() { return *stub_; }
 
-  static inline SharedServer* server_ = nullptr;
-  static inline absl::Status* start_error_ = nullptr;
   static inline Tensor* weight_ = nullptr;
   static inline std::string* handle_ = nullptr;
   static inline std::shared_ptr<grpc::Channel>* channel_ = nullptr;

@@ -26,32 +26,19 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class LogitctlTest : public ::testing::Test {
+class LogitctlTest : public SharedServerTest {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start({});
-    if (!s.ok()) {
-      start_error_ = new absl::Status(s.status());
-      return;
-    }
-    server_ = std::move(*s).release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_NE(server_, nullptr) << "logitd did not start: " << *start_error_;
+    SharedServerTest::SetUp();
+    if (HasFatalFailure()) return;
     char tmpl[] = "/tmp/logitctl-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
   }
   void TearDown() override {
     std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    if (server_ != nullptr) {
-      EXPECT_TRUE(ServerAnswers(*server_->client)) << server_->process.Log();
-    }
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+    SharedServerTest::TearDown();
   }
 
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
@@ -91,8 +78,6 @@ class LogitctlTest : public ::testing::Test {
     return Field(r.out, "handle");
   }
 
-  static inline SharedServer* server_ = nullptr;
-  static inline absl::Status* start_error_ = nullptr;
   std::string dir_;
 };
 
