@@ -14,11 +14,13 @@ namespace {
 
 using row_reduce::BlockSum;
 using row_reduce::Capped;
+using row_reduce::ChunkGrid;
 using row_reduce::kPerThread;
+using row_reduce::kRowThreads;
 using row_reduce::kThreads;
 using row_reduce::kWarps;
 using row_reduce::NegativeInfinity;
-constexpr int kRowThreads = 256;
+using row_reduce::RowBlocks;
 
 __global__ void InitKernel(CeRowState s, std::int64_t m) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -164,21 +166,6 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-}
-
-unsigned int RowBlocks(std::int64_t m) {
-  return static_cast<unsigned int>((m + kRowThreads - 1) / kRowThreads);
-}
-
-// One block per (row, segment); the grid is one-dimensional (rows may exceed
-// the 65535 of gridDim.y).
-bool ChunkGrid(std::int64_t m, std::int64_t n, int* segments, unsigned int* blocks) {
-  const std::int64_t segs = CeSegments(n);
-  const std::int64_t total = m * segs;
-  if (m <= 0 || n <= 0 || total > 0x7fffffff) return false;
-  *segments = static_cast<int>(segs);
-  *blocks = static_cast<unsigned int>(total);
-  return true;
 }
 
 }  // namespace

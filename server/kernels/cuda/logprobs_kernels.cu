@@ -13,11 +13,13 @@ namespace logitd::kernels::cuda {
 namespace {
 
 using row_reduce::BlockSum;
+using row_reduce::ChunkGrid;
 using row_reduce::kPerThread;
+using row_reduce::kRowThreads;
 using row_reduce::kThreads;
 using row_reduce::kWarps;
+using row_reduce::RowBlocks;
 using row_reduce::SegmentColumn;
-constexpr int kRowThreads = 256;
 // Keys one merge block sorts at the most (16 KiB of shared memory).
 constexpr int kSortKeys = 2048;
 
@@ -63,6 +65,44 @@ __device__ void SortDescending(std::uint64_t* keys, int p) {
   }
 }
 
+// Up to this many entries a segment's list is picked by rounds of a block
+// max (each key unique, so one thread holds it and drops it); beyond, by a
+// sort of the whole segment in shared memory.
+constexpr int kSelectTopK = 16;
+
+// The segment's top_k keys, best first, into out[0, top_k); every thread of
+// the block takes part, each holding kPerThread keys (0 for none). Stops
+// early once no key is left, writing 0s for the rest.
+__device__ void SelectTopK(std::uint64_t (&key)[kPerThread], int top_k, std::uint64_t* out) {
+  __shared__ std::uint64_t warp_best[2][kWarps];
+  for (int j = 0; j < top_k; ++j) {
+    std::uint64_t best = key[0];
+#pragma unroll
+    for (int r = 1; r < kPerThread; ++r) best = key[r] > best ? key[r] : best;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const std::uint64_t other = __shfl_xor_sync(0xffffffffu, best, offset);
+      best = other > best ? other : best;
+    }
+    // Two buffers in turn: a warp writes round j + 2's only after the
+    // barrier of round j + 1, which every thread passes after reading j's.
+    if ((threadIdx.x & 31) == 0) warp_best[j & 1][threadIdx.x >> 5] = best;
+    __syncthreads();
+    best = warp_best[j & 1][0];
+#pragma unroll
+    for (int i = 1; i < kWarps; ++i) best = warp_best[j & 1][i] > best ? warp_best[j & 1][i] : best;
+    if (best == 0) {
+      if (threadIdx.x == 0) {
+        for (int rest = j; rest < top_k; ++rest) out[rest] = 0;
+      }
+      return;
+    }
+    if (threadIdx.x == 0) out[j] = best;
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) key[r] = key[r] == best ? 0 : key[r];
+  }
+}
+
 __device__ __forceinline__ bool Counted(const LpRowParams& p, std::int64_t row) {
   return p.targets != nullptr && p.targets[row] != p.ignore_index;
 }
@@ -95,7 +135,6 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float shared_max[kWarps];
   __shared__ double shared_sum[kWarps];
   __shared__ double shared_zsum[kWarps];
-  __shared__ std::uint64_t keys[kCeSegmentColumns];
   const std::int64_t row = blockIdx.x / segments;
   const int seg = static_cast<int>(blockIdx.x % segments);
   const std::int64_t first = static_cast<std::int64_t>(seg) * kCeSegmentColumns + threadIdx.x;
@@ -130,14 +169,31 @@ __global__ void __launch_bounds__(kThreads)
     if (p.entropy) s.seg_zsum[at] = zsum;
   }
   if (p.top_k == 0) return;
+  // Only keys above the k-th best of the chunks folded so far (0 while there
+  // are fewer) can enter the row's top-k; the others are dropped here.
+  const std::uint64_t floor = lists.keys[row * lists.row_lists * p.top_k + p.top_k - 1];
+  std::uint64_t key[kPerThread];
 #pragma unroll
   for (int r = 0; r < kPerThread; ++r) {
     const std::int64_t col = SegmentColumn(first, r);
-    keys[threadIdx.x + r * kThreads] = col < n ? Key(z.z[r], c0 + col) : 0;
+    key[r] = col < n ? Key(z.z[r], c0 + col) : 0;
+    if (key[r] <= floor) key[r] = 0;
   }
+  std::uint64_t* out = lists.keys + (row * lists.row_lists + 1 + seg) * p.top_k;
+  if (p.top_k <= kSelectTopK) {
+    SelectTopK(key, p.top_k, out);
+    return;
+  }
+  static_assert(kPerThread == 4, "the test below reads four keys");
+  if (!__syncthreads_or((key[0] | key[1] | key[2] | key[3]) != 0)) {
+    for (int j = threadIdx.x; j < p.top_k; j += kThreads) out[j] = 0;
+    return;
+  }
+  __shared__ std::uint64_t keys[kCeSegmentColumns];
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) keys[threadIdx.x + r * kThreads] = key[r];
   __syncthreads();
   SortDescending(keys, static_cast<int>(kCeSegmentColumns));
-  std::uint64_t* out = lists.keys + (row * lists.row_lists + 1 + seg) * p.top_k;
   for (int j = threadIdx.x; j < p.top_k; j += kThreads) out[j] = keys[j];
 }
 
@@ -242,19 +298,6 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0 && total > 0) {
     atomicAdd(&s.above[row], static_cast<unsigned long long>(total));
   }
-}
-
-unsigned int RowBlocks(std::int64_t m) {
-  return static_cast<unsigned int>((m + kRowThreads - 1) / kRowThreads);
-}
-
-bool ChunkGrid(std::int64_t m, std::int64_t n, int* segments, unsigned int* blocks) {
-  const std::int64_t segs = CeSegments(n);
-  const std::int64_t total = m * segs;
-  if (m <= 0 || n <= 0 || total > 0x7fffffff) return false;
-  *segments = static_cast<int>(segs);
-  *blocks = static_cast<unsigned int>(total);
-  return true;
 }
 
 // Slots per list in a merge block (top_k rounded up to a power of two) and

@@ -132,5 +132,24 @@ __device__ __forceinline__ Segment LoadSegment(const float* __restrict__ yr, std
   return s;
 }
 
+// Launch shapes. Row kernels: a thread per row, in blocks of kRowThreads.
+// Segment kernels: a block per (row, segment), in a one-dimensional grid
+// (rows may exceed the 65535 of gridDim.y); false when m * segments of n
+// columns exceeds 2^31 - 1 blocks or a dimension is not positive.
+constexpr int kRowThreads = 256;
+
+inline unsigned int RowBlocks(std::int64_t m) {
+  return static_cast<unsigned int>((m + kRowThreads - 1) / kRowThreads);
+}
+
+inline bool ChunkGrid(std::int64_t m, std::int64_t n, int* segments, unsigned int* blocks) {
+  const std::int64_t segs = CeSegments(n);
+  const std::int64_t total = m * segs;
+  if (m <= 0 || n <= 0 || total > 0x7fffffff) return false;
+  *segments = static_cast<int>(segs);
+  *blocks = static_cast<unsigned int>(total);
+  return true;
+}
+
 }  // namespace row_reduce
 }  // namespace logitd::kernels::cuda
