@@ -300,27 +300,37 @@ Tensor RandomTargets(std::int64_t m, std::int64_t v, std::mt19937_64& rng) {
   return targets;
 }
 
-// Row i of the logits X.W^T in fp64 into z; returns the largest gamma_K bound
-// on their fp32 error and sets *lse to the row's log-sum-exp.
-double RowLogits(const Tensor& x, const StressWeight& w, std::int64_t i, std::vector<double>* z,
-                 double* lse) {
-  z->assign(static_cast<std::size_t>(w.v), 0.0);
-  double z_max = -INFINITY, err = 0;
+// One sampled row of the logits X.W^T in fp64: the n-th of a call's samples
+// (row 0 first, then random rows), its logits z, their log-sum-exp and the
+// largest gamma_K bound on their fp32 error.
+struct SampledRow {
+  std::int64_t i = 0;
+  std::vector<double> z;
+  double lse = 0;
+  double err = 0;
+};
+
+SampledRow SampleRow(const Tensor& x, const StressWeight& w, std::int64_t m, int n,
+                     std::mt19937_64& rng) {
+  SampledRow row;
+  row.i = n == 0 ? 0 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(m));
+  row.z.assign(static_cast<std::size_t>(w.v), 0.0);
+  double z_max = -INFINITY;
   for (std::int64_t j = 0; j < w.v; ++j) {
     double s = 0, a = 0;
     for (std::int64_t l = 0; l < w.k; ++l) {
-      const double t = Value(x, i * w.k + l) * Value(w.w, j * w.k + l);
+      const double t = Value(x, row.i * w.k + l) * Value(w.w, j * w.k + l);
       s += t;
       a += std::fabs(t);
     }
-    (*z)[static_cast<std::size_t>(j)] = s;
+    row.z[static_cast<std::size_t>(j)] = s;
     z_max = std::max(z_max, s);
-    err = std::max(err, Gamma(w.k) * a);
+    row.err = std::max(row.err, Gamma(w.k) * a);
   }
   double sum = 0;
-  for (double zj : *z) sum += std::exp(zj - z_max);
-  *lse = z_max + std::log(sum);
-  return err;
+  for (double zj : row.z) sum += std::exp(zj - z_max);
+  row.lse = z_max + std::log(sum);
+  return row;
 }
 
 std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt19937_64& rng,
@@ -345,12 +355,12 @@ std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt1993
   }
   // A few whole rows of logits in fp64: loss and lse within a few fp32
   // roundings of lse; dX within bf16 rounding of G.
-  std::vector<double> z;
   for (int n = 0; n < 3; ++n) {
-    const std::int64_t i =
-        n == 0 ? 0 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(m));
-    double lse = 0;
-    const double err = RowLogits(x, w, i, &z, &lse);
+    const SampledRow row = SampleRow(x, w, m, n, rng);
+    const std::int64_t i = row.i;
+    const std::vector<double>& z = row.z;
+    const double lse = row.lse;
+    const double err = row.err;
     const std::int64_t t = targets.data<std::int64_t>()[i];
     const double loss = t == -100 ? 0.0 : lse - z[static_cast<std::size_t>(t)];
     const double tol = 2 * err + 8 * kU * (std::fabs(lse) + std::fabs(loss) + 1);
@@ -420,12 +430,12 @@ std::string Stress::DoLogProbs(Client& c, const StressWeight& w, std::mt19937_64
   // gamma_K bound err allows: lse 1 err, logprob 2, entropy 2 H err (first
   // order); a top-k entry's z within 2 err of the reference's at its place;
   // the rank between the entries surely and possibly above the target.
-  std::vector<double> z;
   for (int n = 0; n < 3; ++n) {
-    const std::int64_t i =
-        n == 0 ? 0 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(m));
-    double lse = 0;
-    const double err = RowLogits(x, w, i, &z, &lse);
+    const SampledRow row = SampleRow(x, w, m, n, rng);
+    const std::int64_t i = row.i;
+    const std::vector<double>& z = row.z;
+    const double lse = row.lse;
+    const double err = row.err;
     double h = 0;
     for (double zj : z) h -= std::exp(zj - lse) * (zj - lse);
     const std::int64_t t = targets.data<std::int64_t>()[i];

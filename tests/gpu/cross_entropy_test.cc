@@ -830,22 +830,7 @@ TEST_F(CrossEntropyTest, TokenWalkInChunksAgreesWithTheVocabularyWalk) {
 
 // --- against the cpu backend ------------------------------------------------
 
-class CrossEntropyVsCpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    BackendOptions options;
-    options.kind = BackendKind::kCuda;
-    auto cuda = CreateBackend(options);
-    if (!cuda.ok()) GTEST_SKIP() << "no cuda backend: " << cuda.status().message();
-    options.kind = BackendKind::kCpu;
-    auto cpu = CreateBackend(options);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    cuda_ = *std::move(cuda);
-    cpu_ = *std::move(cpu);
-  }
-  std::unique_ptr<Backend> cuda_;
-  std::unique_ptr<Backend> cpu_;
-};
+using CrossEntropyVsCpuTest = CudaAndCpuTest;
 
 TEST_F(CrossEntropyVsCpuTest, AgreesWithinTheFp32Bounds) {
   const std::int64_t m = 72, v = 4500, k = 320;

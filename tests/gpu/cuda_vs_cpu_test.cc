@@ -13,22 +13,7 @@
 namespace logitd::kernels::testing {
 namespace {
 
-class CudaVsCpuTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    BackendOptions options;
-    options.kind = BackendKind::kCuda;
-    auto cuda = CreateBackend(options);
-    if (!cuda.ok()) GTEST_SKIP() << "no cuda backend: " << cuda.status().message();
-    options.kind = BackendKind::kCpu;
-    auto cpu = CreateBackend(options);
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    cuda_ = *std::move(cuda);
-    cpu_ = *std::move(cpu);
-  }
-  std::unique_ptr<Backend> cuda_;
-  std::unique_ptr<Backend> cpu_;
-};
+using CudaVsCpuTest = CudaAndCpuTest;
 
 TEST(BackendFactory, AutoPicksCudaExactlyWhenADeviceIsVisible) {
   BackendOptions options;

@@ -204,4 +204,24 @@ class CudaFixture : public ::testing::Test {
   }
 };
 
+// A cuda and a cpu backend made through the public factory, as the server
+// makes them; the test skips where no cuda backend can be made. Only binaries
+// that link the factory (logitd_kernels) may use it.
+class CudaAndCpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BackendOptions options;
+    options.kind = BackendKind::kCuda;
+    auto cuda = CreateBackend(options);
+    if (!cuda.ok()) GTEST_SKIP() << "no cuda backend: " << cuda.status().message();
+    options.kind = BackendKind::kCpu;
+    auto cpu = CreateBackend(options);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    cuda_ = *std::move(cuda);
+    cpu_ = *std::move(cpu);
+  }
+  std::unique_ptr<Backend> cuda_;
+  std::unique_ptr<Backend> cpu_;
+};
+
 }  // namespace logitd::kernels::testing

@@ -277,25 +277,20 @@ TEST_F(LogProbsTest, WithinBoundsWithTemperatureCapAndMask) {
   }
 }
 
-TEST(LogProbsCudaVsCpu, AgreeOnIntegers) {
-  BackendOptions options;
-  options.kind = BackendKind::kCuda;
-  auto cuda = CreateBackend(options);
-  if (!cuda.ok()) GTEST_SKIP() << "no cuda backend: " << cuda.status().message();
-  options.kind = BackendKind::kCpu;
-  auto cpu = CreateBackend(options);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
+using LogProbsCudaVsCpu = CudaAndCpuTest;
+
+TEST_F(LogProbsCudaVsCpu, AgreeOnIntegers) {
   const std::int64_t m = 19, v = 3001, k = 128, top_k = 10;
   const auto x = IntegerBf16(m * k, 51);
   const auto wb = IntegerBf16(v * k, 52);
   const auto targets = Targets(m, v, 53);
-  auto wg = (*cuda)->LoadWeight(wb.data(), v, k);
-  auto wc = (*cpu)->LoadWeight(wb.data(), v, k);
+  auto wg = cuda_->LoadWeight(wb.data(), v, k);
+  auto wc = cpu_->LoadWeight(wb.data(), v, k);
   ASSERT_TRUE(wg.ok() && wc.ok());
   Call call{m, &x, &targets, v, top_k, 1.0f, 0.0f, 0};
   Result rg, rc;
-  ASSERT_TRUE(CallLogProbs(**cuda, **wg, call, &rg).ok());
-  ASSERT_TRUE(CallLogProbs(**cpu, **wc, call, &rc).ok());
+  ASSERT_TRUE(CallLogProbs(*cuda_, **wg, call, &rg).ok());
+  ASSERT_TRUE(CallLogProbs(*cpu_, **wc, call, &rc).ok());
   EXPECT_EQ(rg.topk_ids, rc.topk_ids);
   EXPECT_EQ(rg.rank, rc.rank);
   for (std::size_t i = 0; i < rg.lse.size(); ++i) {
