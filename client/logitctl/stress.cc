@@ -311,6 +311,17 @@ struct SampledRow {
 };
 
 SampledRow SampleRow(const Tensor& x, const StressWeight& w, std::int64_t m, int n,
+                     std::mt19937_64& rng);
+
+// Three sampled rows of a call's logits (row 0 and two random ones).
+std::vector<SampledRow> SampleRows(const Tensor& x, const StressWeight& w, std::int64_t m,
+                                   std::mt19937_64& rng) {
+  std::vector<SampledRow> rows;
+  for (int n = 0; n < 3; ++n) rows.push_back(SampleRow(x, w, m, n, rng));
+  return rows;
+}
+
+SampledRow SampleRow(const Tensor& x, const StressWeight& w, std::int64_t m, int n,
                      std::mt19937_64& rng) {
   SampledRow row;
   row.i = n == 0 ? 0 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(m));
@@ -355,12 +366,7 @@ std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt1993
   }
   // A few whole rows of logits in fp64: loss and lse within a few fp32
   // roundings of lse; dX within bf16 rounding of G.
-  for (int n = 0; n < 3; ++n) {
-    const SampledRow row = SampleRow(x, w, m, n, rng);
-    const std::int64_t i = row.i;
-    const std::vector<double>& z = row.z;
-    const double lse = row.lse;
-    const double err = row.err;
+  for (const auto& [i, z, lse, err] : SampleRows(x, w, m, rng)) {
     const std::int64_t t = targets.data<std::int64_t>()[i];
     const double loss = t == -100 ? 0.0 : lse - z[static_cast<std::size_t>(t)];
     const double tol = 2 * err + 8 * kU * (std::fabs(lse) + std::fabs(loss) + 1);
@@ -430,12 +436,7 @@ std::string Stress::DoLogProbs(Client& c, const StressWeight& w, std::mt19937_64
   // gamma_K bound err allows: lse 1 err, logprob 2, entropy 2 H err (first
   // order); a top-k entry's z within 2 err of the reference's at its place;
   // the rank between the entries surely and possibly above the target.
-  for (int n = 0; n < 3; ++n) {
-    const SampledRow row = SampleRow(x, w, m, n, rng);
-    const std::int64_t i = row.i;
-    const std::vector<double>& z = row.z;
-    const double lse = row.lse;
-    const double err = row.err;
+  for (const auto& [i, z, lse, err] : SampleRows(x, w, m, rng)) {
     double h = 0;
     for (double zj : z) h -= std::exp(zj - lse) * (zj - lse);
     const std::int64_t t = targets.data<std::int64_t>()[i];
