@@ -38,6 +38,7 @@
 #   STRESS_SANITIZER_SECONDS  length of its subset under compute-sanitizer memcheck (default 60)
 # Writes to OUT_DIR: build.log sweep.log tests.log sanitize.log golden.log stress.log
 # stress.txt (table and JSON) stress_sanitizer.log validate.log example.log validate.json
+# rl_logprob.txt rl_logprob.json rl_logprob.png (with matplotlib)
 # rpc.log rpc_*.json rpc_server.log rpc_util_*.txt rpc_metrics.txt bench_logitd.json
 # bench_torch.json bench.log bench_ce.json bench_ce.md bench_ce.log summary.txt.
 set -uo pipefail
@@ -461,10 +462,12 @@ for p in /opt/torch/.venv/bin/python3 python3; do
   if command -v "$p" >/dev/null && "$p" -c "import torch" 2>/dev/null; then python=$p; break; fi
 done
 
-# --- the Python client's autograd example against the cuda backend --------
+# --- the Python client's examples against the cuda backend ------------------
 # torch.autograd.Function over Logits/Backward (client/python/examples),
-# checked against torch's own result. The client's stubs are generated from
-# proto/ with grpcio-tools; without it (or grpcio) the step is skipped.
+# checked against torch's own result; then rl_logprob_check.py's report of
+# what a BF16 head does to RL log-probs against LogProbs' FP32. The client's
+# stubs are generated from proto/ with grpcio-tools; without it (or grpcio)
+# the step is skipped.
 if skipped example; then
   note example skip "GPU_CHECK_SKIP"
 elif [ -z "$python" ]; then
@@ -499,7 +502,14 @@ elif [ -n "${pydir:-}" ]; then
         timeout 300 "$python" client/python/examples/autograd_lm_head.py \
           "127.0.0.1:$port" $shape >>"$out/example.log" 2>&1 || example_rc=$?
       done
-      if [ $example_rc -eq 0 ]; then note example ok "autograd example inside its bounds (example.log)"
+      # The RL example: the log-prob mismatch of a BF16 head against LogProbs at a
+      # Llama-3-size head (table in rl_logprob.txt, summary in rl_logprob.json).
+      echo "=== rl_logprob_check.py 127.0.0.1:$port --tokens 8192 --hidden 4096 --vocab 128256" >>"$out/example.log"
+      timeout 300 "$python" client/python/examples/rl_logprob_check.py "127.0.0.1:$port" \
+        --tokens 8192 --hidden 4096 --vocab 128256 --json "$out/rl_logprob.json" \
+        --png "$out/rl_logprob.png" >"$out/rl_logprob.txt" 2>>"$out/example.log" || example_rc=$?
+      if [ $example_rc -eq 0 ]; then
+        note example ok "autograd example inside its bounds (example.log); RL log-prob check in rl_logprob.txt"
       else note example FAIL "exit $example_rc (see example.log)"; fi
     else
       note example FAIL "logitd --backend=cuda did not start (see example.log)"
