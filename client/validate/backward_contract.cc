@@ -82,6 +82,7 @@ absl::Status RunCast(RunContext& ctx, CaseResult& r) {
 
   absl::StatusOr<Tensor> out = ctx.client().CastToBf16(*input);
   if (!out.ok()) return Annotate(out.status(), "Cast");
+  ctx.RecordOutput("cast", *out);
   if (ctx.WantsReplay(kSuite)) {
     Replay replay;
     replay.suite = kSuite;
@@ -163,6 +164,18 @@ absl::StatusOr<Grads> Backward(client::Client& c, const Tensor& dy, const Tensor
   return Grads{*std::move(res->dx), *std::move(res->dw)};
 }
 
+// The same through the run's client, its dX and dW recorded for --compare.
+absl::StatusOr<Grads> Backward(RunContext& ctx, const Tensor& dy, const Tensor& x,
+                               const std::string& handle, DType dx_dtype, DType dw_dtype,
+                               absl::string_view what) {
+  absl::StatusOr<Grads> g = Backward(ctx.client(), dy, x, handle, dx_dtype, dw_dtype, what);
+  if (g.ok()) {
+    ctx.RecordOutput(absl::StrCat(what, " dx"), g->dx);
+    ctx.RecordOutput(absl::StrCat(what, " dw"), g->dw);
+  }
+  return g;
+}
+
 bool CheckShape(CaseResult& r, const Tensor& t, DType dtype, std::vector<std::int64_t> shape,
                 absl::string_view what) {
   return r.Check(t.dtype() == dtype && t.shape() == shape,
@@ -220,10 +233,10 @@ absl::Status RunSameAsLegacy(RunContext& ctx, CaseResult& r) {
     const std::string label =
         absl::StrCat("dx ", DTypeName(dx_dtype), ", dw ", DTypeName(dw_dtype));
     absl::StatusOr<Grads> from32 =
-        Backward(ctx.client(), dy, x, weight->handle(), dx_dtype, dw_dtype, "fp32 dY, " + label);
+        Backward(ctx, dy, x, weight->handle(), dx_dtype, dw_dtype, "fp32 dY, " + label);
     if (!from32.ok()) return from32.status();
     absl::StatusOr<Grads> from16 =
-        Backward(ctx.client(), dy16, x, weight->handle(), dx_dtype, dw_dtype, "bf16 dY, " + label);
+        Backward(ctx, dy16, x, weight->handle(), dx_dtype, dw_dtype, "bf16 dY, " + label);
     if (!from16.ok()) return from16.status();
     const CompareOptions strict{/*signed_zero_equal=*/false, /*any_nan_equal=*/false};
     const BitwiseComparison dx = CompareTensors(from32->dx, from16->dx, strict);
@@ -325,7 +338,7 @@ absl::Status RunExactGrads(RunContext& ctx, CaseResult& r) {
   };
 
   absl::StatusOr<Grads> full =
-      Backward(ctx.client(), dy, x, weight->handle(), DType::kFp32, DType::kFp32, "fp32 dX");
+      Backward(ctx, dy, x, weight->handle(), DType::kFp32, DType::kFp32, "fp32 dX");
   if (!full.ok()) return full.status();
   if (CheckShape(r, full->dx, DType::kFp32, {m, k}, "dX") &&
       CheckShape(r, full->dw, DType::kFp32, {v, k}, "dW")) {
@@ -333,7 +346,7 @@ absl::Status RunExactGrads(RunContext& ctx, CaseResult& r) {
     check(full->dw, dw_want, "dw_fp32", "dW fp32");
   }
   absl::StatusOr<Grads> legacy =
-      Backward(ctx.client(), dy, x, weight->handle(), DType::kBf16, DType::kFp32, "bf16 dX");
+      Backward(ctx, dy, x, weight->handle(), DType::kBf16, DType::kFp32, "bf16 dX");
   if (!legacy.ok()) return legacy.status();
   if (CheckShape(r, legacy->dx, DType::kBf16, {m, k}, "dX bf16")) {
     // The exact accumulator rounded once to bf16.
@@ -418,10 +431,10 @@ absl::Status RunBounds(RunContext& ctx, CaseResult& r) {
   absl::StatusOr<ScopedWeight> weight = ScopedWeight::Register(ctx.client(), w, "backward_bounds");
   if (!weight.ok()) return weight.status();
   absl::StatusOr<Grads> g32 =
-      Backward(ctx.client(), dy, x, weight->handle(), DType::kFp32, DType::kFp32, "fp32 dX");
+      Backward(ctx, dy, x, weight->handle(), DType::kFp32, DType::kFp32, "fp32 dX");
   if (!g32.ok()) return g32.status();
   absl::StatusOr<Grads> g16 =
-      Backward(ctx.client(), dy, x, weight->handle(), DType::kBf16, DType::kFp32, "bf16 dX");
+      Backward(ctx, dy, x, weight->handle(), DType::kBf16, DType::kFp32, "bf16 dX");
   if (!g16.ok()) return g16.status();
   if (!CheckShape(r, g32->dx, DType::kFp32, {m, k}, "dX") ||
       !CheckShape(r, g16->dx, DType::kBf16, {m, k}, "dX bf16") ||

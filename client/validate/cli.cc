@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "client/validate/baseline.h"
 #include "client/validate/command_line.h"
+#include "client/validate/compare.h"
 #include "client/validate/harness.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
@@ -173,6 +174,38 @@ absl::StatusOr<client::ClientOptions> ConnectionOptions() {
   return o;
 }
 
+// The same suites against `address` (B), compared with the first run (A:
+// `a`, whose outputs are `a_outputs`). Not OK when B cannot be reached or
+// stops answering during the run.
+absl::StatusOr<CompareReport> CompareWith(const std::string& address,
+                                          const client::ClientOptions& connection,
+                                          const Options& options, const Report& a,
+                                          const std::vector<RecordedOutput>& a_outputs) {
+  absl::StatusOr<std::unique_ptr<client::Client>> client =
+      client::Client::Create(address, connection);
+  absl::StatusOr<client::ServerInfo> info =
+      client.ok() ? (*client)->Info() : absl::StatusOr<client::ServerInfo>(client.status());
+  if (!info.ok()) {
+    return absl::UnavailableError(absl::StrCat("--compare: cannot use logitd at ", address, ": ",
+                                               absl::StatusCodeToString(info.status().code()), ": ",
+                                               info.status().message()));
+  }
+  std::vector<std::unique_ptr<Suite>> selected;
+  for (const std::string& name : options.suites) selected.push_back(MakeSuite(name));
+  RunContext ctx(client->get(), *info, options);
+  OutputLog outputs;
+  ctx.set_recorder(&outputs);
+  std::unique_ptr<Progress> progress =
+      isatty(STDERR_FILENO) != 0 ? MakeTerminalProgress() : MakeSilentProgress();
+  RunOutcome outcome = RunSuites(ctx, selected, *progress);
+  if (!outcome.fatal.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "--compare: logitd at ", address, " became unreachable or refused: ",
+        absl::StatusCodeToString(outcome.fatal.code()), ": ", outcome.fatal.message()));
+  }
+  return CompareRuns(a.address, a_outputs, a.results, address, outputs.outputs(), outcome.results);
+}
+
 }  // namespace
 
 int RunValidateCommand(const std::vector<std::string>& args) {
@@ -252,6 +285,8 @@ int RunValidateCommand(const std::vector<std::string>& args) {
   std::vector<std::unique_ptr<Suite>> selected;
   for (const std::string& name : options.suites) selected.push_back(MakeSuite(name));
   RunContext ctx(client->get(), *info, options);
+  OutputLog outputs;
+  if (!parsed->compare_address.empty()) ctx.set_recorder(&outputs);
   std::unique_ptr<Progress> progress = tty ? MakeTerminalProgress() : MakeSilentProgress();
   RunOutcome outcome = RunSuites(ctx, selected, *progress);
   report.results = std::move(outcome.results);
@@ -264,7 +299,20 @@ int RunValidateCommand(const std::vector<std::string>& args) {
         outcome.fatal.message());
     std::fprintf(stderr, "logitctl validate: %s\n", report.error.c_str());
   }
-  return finish(ExitCodeFor(report.results, unreachable));
+  int code = ExitCodeFor(report.results, unreachable);
+  if (!parsed->compare_address.empty() && !unreachable) {
+    absl::StatusOr<CompareReport> compared =
+        CompareWith(parsed->compare_address, *connection, options, report, outputs.outputs());
+    if (!compared.ok()) {
+      report.error = std::string(compared.status().message());
+      std::fprintf(stderr, "logitctl validate: %s\n", report.error.c_str());
+      return finish(kExitUnreachable);
+    }
+    report.compare_text = CompareText(*compared);
+    report.compare = CompareJson(*compared);
+    code = std::max(code, compared->exit_code);
+  }
+  return finish(code);
 }
 
 }  // namespace logitd::validate

@@ -24,6 +24,7 @@ constexpr Spec kSpecs[] = {
     {"junit", Kind::kString},
     {"baseline", Kind::kString},
     {"record", Kind::kString},
+    {"compare", Kind::kString},
     {"seed", Kind::kSeed},
     {"quick", Kind::kBool},
     {"allow_other_platform", Kind::kBool},
@@ -82,6 +83,7 @@ absl::Status Apply(const Spec& spec, absl::string_view value, ValidateArgs* a) {
       if (name == "junit") a->junit_path = std::string(value);
       if (name == "baseline") a->baseline_path = std::string(value);
       if (name == "record") a->record_path = std::string(value);
+      if (name == "compare") a->compare_address = std::string(value);
       return absl::OkStatus();
   }
   return absl::OkStatus();
@@ -162,6 +164,10 @@ options:
   --junit=FILE        write the report as JUnit XML
   --record=FILE       write the golden outputs to a baseline file
   --baseline=FILE     compare the golden outputs with a baseline file
+  --compare=HOST:PORT run the same suites against a second server too and
+                      compare every output: bitwise-equal fraction and ULP
+                      distance; exit 0 when both pass (identical or not), 1
+                      when either side is outside its bounds
   --allow_other_platform
                       compare with a baseline from another backend, device or
                       library version instead of refusing it

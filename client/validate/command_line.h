@@ -21,6 +21,8 @@ struct ValidateArgs {
   std::string junit_path;
   std::string baseline_path;
   std::string record_path;
+  // --compare: a second server run against the same suites.
+  std::string compare_address;
   std::uint64_t seed = 1234;
   bool quick = false;
   bool allow_other_platform = false;

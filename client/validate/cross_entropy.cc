@@ -889,6 +889,21 @@ absl::StatusOr<client::CrossEntropyResult> Send(client::Client& c, const Tensor&
   return res;
 }
 
+// The same through the run's client, the outputs recorded for --compare.
+absl::StatusOr<client::CrossEntropyResult> Send(RunContext& ctx, const Tensor& x,
+                                                const CeRequest& rq, DType targets_dtype,
+                                                const std::string& handle, const CeWants& wants,
+                                                bool accumulate, const std::string& what) {
+  absl::StatusOr<client::CrossEntropyResult> res =
+      Send(ctx.client(), x, rq, targets_dtype, handle, wants, accumulate, what);
+  if (!res.ok()) return res;
+  ctx.RecordOutput(what + " loss", res->loss);
+  if (res->lse.has_value()) ctx.RecordOutput(what + " lse", *res->lse);
+  if (res->dx.has_value()) ctx.RecordOutput(what + " dx", *res->dx);
+  if (res->dw.has_value()) ctx.RecordOutput(what + " dw", *res->dw);
+  return res;
+}
+
 std::vector<Tensor> Outputs(client::CrossEntropyResult&& res) {
   std::vector<Tensor> out;
   out.push_back(std::move(res.loss));
@@ -979,7 +994,7 @@ absl::Status RunNumeric(RunContext& ctx, CaseResult& r, const NumericCase& nc) {
   const CeWants all{true, true, true, nc.dx_dtype};
   const CeWants grads{false, true, true, nc.dx_dtype};
   absl::StatusOr<client::CrossEntropyResult> r_none =
-      Send(ctx.client(), *d.x, none, nc.targets_dtype, handle, all, false, "none");
+      Send(ctx, *d.x, none, nc.targets_dtype, handle, all, false, "none");
   if (!r_none.ok()) return r_none.status();
   if (ctx.WantsReplay(kSuite)) {
     Replay replay;
@@ -1003,10 +1018,10 @@ absl::Status RunNumeric(RunContext& ctx, CaseResult& r, const NumericCase& nc) {
     ctx.OfferReplay(std::move(replay));
   }
   absl::StatusOr<client::CrossEntropyResult> r_sum =
-      Send(ctx.client(), *d.x, sum, nc.targets_dtype, handle, {}, false, "sum");
+      Send(ctx, *d.x, sum, nc.targets_dtype, handle, {}, false, "sum");
   if (!r_sum.ok()) return r_sum.status();
   absl::StatusOr<client::CrossEntropyResult> r_mean =
-      Send(ctx.client(), *d.x, mean, nc.targets_dtype, handle, grads, false, "mean");
+      Send(ctx, *d.x, mean, nc.targets_dtype, handle, grads, false, "mean");
   if (!r_mean.ok()) return r_mean.status();
   timer.Lap("server");
 
@@ -1059,7 +1074,7 @@ absl::Status RunIgnoreIndex(RunContext& ctx, CaseResult& r) {
   rq.targets = RandomTargets(t_rng, s.m, s.v, rq.ignore_index, 4);
   const CeWants all{true, true, true, DType::kFp32};
   absl::StatusOr<client::CrossEntropyResult> res =
-      Send(ctx.client(), *d.x, rq, DType::kInt64, handle, all, false, "ignore_index 3");
+      Send(ctx, *d.x, rq, DType::kInt64, handle, all, false, "ignore_index 3");
   if (!res.ok()) return res.status();
   const CeReference ref = ComputeReference(*d.x, *d.w, rq);
   r.figures["ignored"] = ref.m - ref.counted;
@@ -1073,8 +1088,8 @@ absl::Status RunIgnoreIndex(RunContext& ctx, CaseResult& r) {
     none_counted.reduction = red;
     const std::string label = absl::StrCat("all_ignored_", client::ReductionName(red));
     absl::StatusOr<client::CrossEntropyResult> all_ignored =
-        Send(ctx.client(), *d.x, none_counted, DType::kInt64, handle,
-             {false, true, true, DType::kBf16}, false, label);
+        Send(ctx, *d.x, none_counted, DType::kInt64, handle, {false, true, true, DType::kBf16},
+             false, label);
     if (!all_ignored.ok()) return all_ignored.status();
     r.Check(all_ignored->counted_tokens == 0,
             absl::StrCat(label, ": counted_tokens ", all_ignored->counted_tokens, ", expected 0"));
@@ -1120,10 +1135,10 @@ absl::Status RunTargetTypes(RunContext& ctx, CaseResult& r) {
   rq.reduction = client::Reduction::kMean;
   const CeWants all{true, true, true, DType::kBf16};
   absl::StatusOr<client::CrossEntropyResult> r32 =
-      Send(ctx.client(), *d.x, rq, DType::kInt32, weight->handle(), all, false, "int32");
+      Send(ctx, *d.x, rq, DType::kInt32, weight->handle(), all, false, "int32");
   if (!r32.ok()) return r32.status();
   absl::StatusOr<client::CrossEntropyResult> r64 =
-      Send(ctx.client(), *d.x, rq, DType::kInt64, weight->handle(), all, false, "int64");
+      Send(ctx, *d.x, rq, DType::kInt64, weight->handle(), all, false, "int64");
   if (!r64.ok()) return r64.status();
   const CeReference ref = ComputeReference(*d.x, *d.w, rq);
   CeErrors table;
@@ -1210,7 +1225,7 @@ absl::Status RunInvalidTargets(RunContext& ctx, CaseResult& r) {
   ok.targets.resize(m);
   for (std::int64_t i = 0; i < m; ++i) ok.targets[static_cast<std::size_t>(i)] = i % 2 ? v : i;
   absl::StatusOr<client::CrossEntropyResult> res =
-      Send(ctx.client(), x, ok, DType::kInt64, weight->handle(), {}, false, "ignore_index V");
+      Send(ctx, x, ok, DType::kInt64, weight->handle(), {}, false, "ignore_index V");
   if (!res.ok()) return res.status();
   r.Check(res->counted_tokens == m / 2, absl::StrCat("ignore_index V: counted_tokens ",
                                                      res->counted_tokens, ", expected ", m / 2));
@@ -1264,11 +1279,11 @@ absl::Status RunExact(RunContext& ctx, CaseResult& r, const ExactCase& ec) {
 
   const CeWants fp32{true, true, true, DType::kFp32};
   absl::StatusOr<client::CrossEntropyResult> a =
-      Send(c, d->x, rq, DType::kInt64, handle, fp32, false, "dX fp32");
+      Send(ctx, d->x, rq, DType::kInt64, handle, fp32, false, "dX fp32");
   if (!a.ok()) return a.status();
   const CeWants bf16{false, true, false, DType::kBf16};
   absl::StatusOr<client::CrossEntropyResult> b =
-      Send(c, d->x, rq, DType::kInt32, handle, bf16, false, "dX bf16");
+      Send(ctx, d->x, rq, DType::kInt32, handle, bf16, false, "dX bf16");
   if (!b.ok()) return b.status();
   timer.Lap("server");
 

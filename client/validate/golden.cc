@@ -79,6 +79,7 @@ GoldenCase LogitsCase(std::string name, std::int64_t v, std::int64_t k, DType ou
             absl::StatusOr<std::vector<Tensor>> out =
                 SendLogits(ctx.client(), *x, *w, out_dtype, &gemms);
             if (!out.ok()) return out.status();
+            ctx.RecordOutput("y", (*out)[0]);
             if (ctx.WantsReplay(kSuite)) {
               Replay replay;
               replay.suite = kSuite;
@@ -114,6 +115,8 @@ GoldenCase BackwardCase() {
             if (!res->dx.has_value() || !res->dw.has_value()) {
               return absl::InternalError("Backward returned no dX or no dW");
             }
+            ctx.RecordOutput("dx", *res->dx);
+            ctx.RecordOutput("dw", *res->dw);
             Produced p;
             p.inputs_xxh3 = InputsDigest("backward", {dy.get(), x.get(), w.get()});
             p.outputs.emplace_back("dx", *std::move(res->dx));
@@ -128,6 +131,7 @@ GoldenCase CastCase() {
             auto in = Bell(DType::kFp32, {8192}, "cast8192");
             absl::StatusOr<Tensor> out = ctx.client().CastToBf16(*in);
             if (!out.ok()) return Annotate(out.status(), "Cast");
+            ctx.RecordOutput("cast", *out);
             Produced p;
             p.inputs_xxh3 = InputsDigest("cast", {in.get()});
             p.outputs.emplace_back("output", *std::move(out));

@@ -211,6 +211,7 @@ RunOutcome RunSuites(RunContext& ctx, const std::vector<std::unique_ptr<Suite>>&
         continue;
       }
       progress.Started(index, total, r);
+      ctx.set_current_case(r.FullName());
       const absl::Time start = absl::Now();
       absl::Status status;
       try {

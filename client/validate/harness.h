@@ -89,9 +89,25 @@ struct Replay {
   std::vector<Tensor> first;
 };
 
+// Where a run's outputs go when two servers are compared (see compare.h).
+class OutputRecorder {
+ public:
+  virtual ~OutputRecorder() = default;
+  virtual void Record(absl::string_view case_name, absl::string_view what, const Tensor& t) = 0;
+};
+
 class RunContext {
  public:
   RunContext(client::Client* client, client::ServerInfo info, Options options);
+
+  // Outputs received from now on go to `recorder` (none when null).
+  void set_recorder(OutputRecorder* recorder) { recorder_ = recorder; }
+  // The case now running, as RunSuites sets it ("suite/case").
+  void set_current_case(std::string name) { current_case_ = std::move(name); }
+  // Records an output the current case received, named by `what` ("y fp32").
+  void RecordOutput(absl::string_view what, const Tensor& t) {
+    if (recorder_ != nullptr) recorder_->Record(current_case_, what, t);
+  }
 
   client::Client& client() { return *client_; }
   const client::ServerInfo& info() const { return info_; }
@@ -108,6 +124,8 @@ class RunContext {
   client::ServerInfo info_;
   Options options_;
   std::vector<Replay> replays_;
+  OutputRecorder* recorder_ = nullptr;
+  std::string current_case_;
 };
 
 // A weight registered for the length of a scope, released when it ends.

@@ -72,6 +72,7 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   fp32_out.out_dtype = DType::kFp32;
   absl::StatusOr<Tensor> y = ctx.client().Logits(*x, handle, fp32_out);
   if (!y.ok()) return Annotate(y.status(), "Logits(fp32 out)");
+  ctx.RecordOutput("y fp32", *y);
   OfferLogitsReplay(ctx, kSuite, absl::StrCat("Logits fp32 out, integers, K=", k), x, w, fp32_out,
                     *y);
 
@@ -79,6 +80,7 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   bf16_out.out_dtype = DType::kBf16;
   absl::StatusOr<Tensor> y16 = ctx.client().Logits(*x, handle, bf16_out);
   if (!y16.ok()) return Annotate(y16.status(), "Logits(bf16 out)");
+  ctx.RecordOutput("y bf16", *y16);
   timer.Lap("server");
 
   const std::vector<double> xd = ToDouble(*x);
@@ -105,6 +107,8 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   if (bw.want_dx || bw.want_dw) {
     absl::StatusOr<client::BackwardResult> grads = ctx.client().Backward(dy, *x, handle, bw);
     if (!grads.ok()) return Annotate(grads.status(), "Backward");
+    if (grads->dx.has_value()) ctx.RecordOutput("dx", *grads->dx);
+    if (grads->dw.has_value()) ctx.RecordOutput("dw", *grads->dw);
     timer.Lap("server");
     const std::vector<double> gd = ToDouble(dy);
     if (bw.want_dx) {

@@ -130,7 +130,7 @@ std::string SummaryText(const Report& report) {
   absl::StrAppend(&out, absl::StrFormat("%d cases: %d passed, %d FAILED, %d not run in %.1f s",
                                         c.total(), c.passed, c.failed, c.not_run, report.seconds));
   if (!report.error.empty()) absl::StrAppend(&out, "\nerror: ", report.error);
-  absl::StrAppend(&out, "\n");
+  absl::StrAppend(&out, "\n", report.compare_text);
   return out;
 }
 
@@ -153,6 +153,7 @@ nlohmann::ordered_json ReportJson(const Report& report) {
   options["allow_other_platform"] = report.options.allow_other_platform;
   j["options"] = options;
   if (!report.error.empty()) j["error"] = report.error;
+  if (!report.compare.is_null()) j["compare"] = report.compare;
 
   std::vector<const CaseResult*> all;
   for (const CaseResult& r : report.results) all.push_back(&r);

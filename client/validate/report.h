@@ -26,6 +26,9 @@ struct Report {
   // Set when the run could not start or stopped early (server unreachable).
   std::string error;
   int exit_code = 0;
+  // --compare: the comparison with the second server, as text and JSON.
+  std::string compare_text;
+  nlohmann::ordered_json compare = nullptr;
 };
 
 // 0 when every case passed or was deliberately not run, 1 when one failed,

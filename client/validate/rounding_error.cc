@@ -65,12 +65,14 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   fp32_out.out_dtype = DType::kFp32;
   absl::StatusOr<Tensor> y32 = ctx.client().Logits(*x, weight->handle(), fp32_out);
   if (!y32.ok()) return Annotate(y32.status(), "Logits(fp32 out)");
+  ctx.RecordOutput("y fp32", *y32);
   OfferLogitsReplay(ctx, kSuite, absl::StrCat("Logits fp32 out, normal data, K=", k), x, w,
                     fp32_out, *y32);
   client::LogitsOptions bf16_out;
   bf16_out.out_dtype = DType::kBf16;
   absl::StatusOr<Tensor> y16 = ctx.client().Logits(*x, weight->handle(), bf16_out);
   if (!y16.ok()) return Annotate(y16.status(), "Logits(bf16 out)");
+  ctx.RecordOutput("y bf16", *y16);
   timer.Lap("server");
   const std::int64_t n = m * v;
   if (!r.Check(

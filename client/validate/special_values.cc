@@ -196,6 +196,7 @@ absl::Status RunLogits(RunContext& ctx, CaseResult& r, DType out_dtype) {
   o.out_dtype = out_dtype;
   absl::StatusOr<Tensor> y = ctx.client().Logits(*in.x, weight->handle(), o);
   if (!y.ok()) return Annotate(y.status(), absl::StrCat("Logits(", DTypeName(out_dtype), " out)"));
+  ctx.RecordOutput(absl::StrCat("y ", DTypeName(out_dtype)), *y);
   OfferLogitsReplay(ctx, kSuite,
                     absl::StrCat("Logits ", DTypeName(out_dtype), " out, special values"), in.x,
                     in.w, o, *y);
@@ -224,6 +225,8 @@ absl::Status RunBackward(RunContext& ctx, CaseResult& r, DType dx_dtype) {
   if (!r.Check(res->dx.has_value() && res->dw.has_value(), "Backward returned no dX or no dW")) {
     return absl::OkStatus();
   }
+  ctx.RecordOutput("dx", *res->dx);
+  ctx.RecordOutput("dw", *res->dw);
   const std::vector<float> g = Floats(in.dy);
   // dX[m, k] = Σ_v G[m, v]·W[v, k]; dW[v, k] = Σ_m G[m, v]·X[m, k].
   absl::StatusOr<std::vector<float>> dx = Predict(g, kV, 1, Floats(*in.w), 1, kK, kM, kK, kV);

@@ -172,9 +172,10 @@ class ValidateE2eTest : public ::testing::Test {
     std::filesystem::remove_all(dir_, ec);
   }
 
-  ServerProcess Start(const std::string& fault = "") {
+  ServerProcess Start(const std::string& fault = "", std::vector<std::string> extra = {}) {
     std::vector<std::string> args = {"--backend=cpu"};
     if (!fault.empty()) args.push_back("--test_fault=" + fault);
+    args.insert(args.end(), extra.begin(), extra.end());
     absl::StatusOr<ServerProcess> s = ServerProcess::Start(LOGITD_SERVER_PATH, args);
     EXPECT_TRUE(s.ok()) << s.status();
     return *std::move(s);
@@ -333,6 +334,65 @@ TEST_F(ValidateE2eTest, ServerGoneMidRunExits2) {
 }
 
 // Bad options exit 2 like every logitctl usage error: not a precision failure.
+// --compare: the same suites against a second server, every output
+// compared. One BLAS thread against two gives the same or nearly the same
+// bits, both within bounds: exit 0 either way, with the comparison in the
+// JSON report.
+TEST_F(ValidateE2eTest, CompareTwoCleanServersPasses) {
+  ServerProcess a = Start("", {"--cpu_threads=1"});
+  ServerProcess b = Start("", {"--cpu_threads=2"});
+  const CommandResult r = Validate(a, {"--quick", "--compare=" + b.address()});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  const nlohmann::json j = Json();
+  ASSERT_TRUE(j.contains("compare")) << j.dump(1);
+  const std::string verdict = j["compare"]["verdict"];
+  EXPECT_TRUE(verdict == "identical" || verdict == "different, both within bounds") << verdict;
+  EXPECT_GT(j["compare"]["outputs"].size(), 20u);
+  EXPECT_TRUE(j["compare"]["only_in_a"].empty());
+  EXPECT_TRUE(j["compare"]["only_in_b"].empty());
+  EXPECT_NE(r.out.find("compare verdict: " + verdict), std::string::npos) << r.out;
+}
+
+// A server whose logits are one ulp off in their first element: with the
+// bounded suite alone the two differ within bounds (exit 0, the ULP figures
+// reported); with the exact suite too the wrong side fails (exit 1).
+TEST_F(ValidateE2eTest, CompareReportsAOneUlpDifference) {
+#ifndef LOGITD_TEST_FAULTS_ENABLED
+  GTEST_SKIP() << "logitd is built without LOGITD_ENABLE_TEST_FAULTS";
+#endif
+  ServerProcess a = Start();
+  ServerProcess b = Start("logits_bit");
+  CommandResult r =
+      Validate(a, {"--quick", "--suite", "rounding_error", "--compare=" + b.address()});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  nlohmann::json j = Json();
+  EXPECT_EQ(j["compare"]["verdict"], "different, both within bounds");
+  bool saw_fp32 = false;
+  for (const auto& o : j["compare"]["outputs"]) {
+    if (o["dtype"] != "fp32") continue;
+    saw_fp32 = true;
+    EXPECT_EQ(o["max_ulp"], "1") << o.dump();
+    EXPECT_LT(o["equal_fraction"].get<double>(), 1.0) << o.dump();
+    EXPECT_GT(o["equal_fraction"].get<double>(), 0.99) << o.dump();
+  }
+  EXPECT_TRUE(saw_fp32) << j["compare"].dump(1);
+
+  r = Validate(a,
+               {"--quick", "--suite", "integer_exact,rounding_error", "--compare=" + b.address()});
+  ASSERT_EQ(r.exit_code, 1) << Describe(r);
+  j = Json();
+  EXPECT_EQ(j["compare"]["verdict"], "outside its bounds");
+  EXPECT_NE(r.out.find("integer_exact/K=512: A passed, B FAILED"), std::string::npos) << r.out;
+}
+
+TEST_F(ValidateE2eTest, CompareWithAnUnreachableServerExits2) {
+  ServerProcess a = Start();
+  const CommandResult r =
+      Validate(a, {"--quick", "--suite", "rounding_error", "--compare=127.0.0.1:1"});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_NE(r.err.find("--compare: cannot use logitd at 127.0.0.1:1"), std::string::npos) << r.err;
+}
+
 TEST_F(ValidateE2eTest, UnknownSuiteIsRefused) {
   ServerProcess server = Start();
   const CommandResult r = Validate(server, {"--suite=integer_exac"});
