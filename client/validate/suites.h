@@ -16,6 +16,7 @@ std::unique_ptr<Suite> MakeRoundingErrorSuite();
 std::unique_ptr<Suite> MakeBackwardContractSuite();
 std::unique_ptr<Suite> MakeSpecialValuesSuite();
 std::unique_ptr<Suite> MakeCrossEntropySuite();
+std::unique_ptr<Suite> MakeLogProbsSuite();
 std::unique_ptr<Suite> MakeGoldenSuite();
 std::unique_ptr<Suite> MakeDeterminismSuite();
 
