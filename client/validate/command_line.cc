@@ -150,6 +150,10 @@ suites (default: all; golden is compared only with --baseline or --record):
                      reference; the bf16 gradient cast bitwise on integer
                      data; ignore_index, z-loss, soft-capping, reductions,
                      int32/int64 targets, invalid targets refused
+  logprobs           LogProbs' logprob, lse, entropy, top-k and ranks within
+                     fp32 bounds of an fp64 reference; exact ids and ranks
+                     on integer data; lse and logprob bitwise CrossEntropy's;
+                     a bf16 head's log-probs shown to miss the bound
   golden             fixed inputs compared bit for bit with a baseline file
   determinism        every other suite's first request, and a few more, sent
                      twice give the same bits
@@ -158,7 +162,8 @@ options:
   --suite=A,B         suites to run (also as words after `validate`)
   --quick             V=4096 and K in {512, 4096} (default V=32768, K=512...16384);
                       cross_entropy: M=32, K=256, V=4096 (default M=64, K=1024,
-                      V=32768)
+                      V=32768); logprobs: M=37, K=1000, V=5003 (default M=61,
+                      K=2047, V=32003)
   --seed=N            seed of the generated data (default 1234; golden is fixed)
   --json=FILE         write the report as JSON (server info, every case)
   --junit=FILE        write the report as JUnit XML
