@@ -32,6 +32,15 @@ TEST(CommandLineTest, ParsesEverySpelling) {
   EXPECT_TRUE(ParseValidateArgs({"--quick=false"}, Host).value().quick == false);
 }
 
+TEST(CommandLineTest, SelectsTheLogProbsSuite) {
+  absl::StatusOr<ValidateArgs> a = ParseValidateArgs({"--suite", "logprobs", "--quick"}, Host);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->suites, std::vector<std::string>{"logprobs"});
+  a = ParseValidateArgs({"--suite=cross_entropy,logprobs"}, Host);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->suites, (std::vector<std::string>{"cross_entropy", "logprobs"}));
+}
+
 TEST(CommandLineTest, SkipsLogitctlsOwnFlags) {
   absl::StatusOr<ValidateArgs> a = ParseValidateArgs(
       {"--server", "127.0.0.1:5", "--timeout=9", "--tls", "rounding_error"}, Host);
