@@ -92,6 +92,24 @@ absl::StatusOr<client::LogProbsResult> Send(client::Client& c, const Tensor& x, 
   return res;
 }
 
+// The same through the run's client, the outputs recorded for --compare.
+absl::StatusOr<client::LogProbsResult> Send(RunContext& ctx, const Tensor& x, const LpRequest& rq,
+                                            const std::string& handle, const std::string& what) {
+  absl::StatusOr<client::LogProbsResult> res = Send(ctx.client(), x, rq, handle, what);
+  if (!res.ok()) return res;
+  const std::pair<const char*, const std::optional<Tensor>*> outputs[] = {
+      {"logprob", &res->logprob},
+      {"lse", &res->lse},
+      {"entropy", &res->entropy},
+      {"topk_ids", &res->topk_ids},
+      {"topk_logprobs", &res->topk_logprobs},
+      {"rank", &res->rank}};
+  for (const auto& [name, t] : outputs) {
+    if (t->has_value()) ctx.RecordOutput(absl::StrCat(what, what.empty() ? "" : " ", name), **t);
+  }
+  return res;
+}
+
 std::vector<Tensor> Outputs(const client::LogProbsResult& res) {
   std::vector<Tensor> out;
   for (const std::optional<Tensor>* t :
@@ -161,7 +179,7 @@ absl::Status RunBounds(RunContext& ctx, CaseResult& r, const LpShape& s, const B
       ScopedWeight::Register(ctx.client(), *d.w, absl::StrCat("logprobs_", bc.name));
   if (!weight.ok()) return weight.status();
   timer.Lap("register");
-  absl::StatusOr<client::LogProbsResult> got = Send(ctx.client(), *d.x, rq, weight->handle(), "");
+  absl::StatusOr<client::LogProbsResult> got = Send(ctx, *d.x, rq, weight->handle(), "");
   if (!got.ok()) return got.status();
   timer.Lap("server");
   OfferReplay(ctx, d, rq,
@@ -197,7 +215,7 @@ absl::Status RunExact(RunContext& ctx, CaseResult& r, const LpShape& s) {
     rq.vocab_size = cut > 0 ? s.v - cut : 0;
     rq.targets = RandomTargets(ctx.options(), absl::StrCat("exact_", label), s.m, s.v - cut,
                                rq.ignore_index, 6);
-    absl::StatusOr<client::LogProbsResult> got = Send(ctx.client(), x, rq, weight->handle(), label);
+    absl::StatusOr<client::LogProbsResult> got = Send(ctx, x, rq, weight->handle(), label);
     if (!got.ok()) return got.status();
     timer.Lap("server");
     const LpReference ref = ComputeLogProbsReference(x, w, rq, /*exact_logits=*/true);
@@ -237,7 +255,7 @@ absl::Status RunCrossEntropyBitwise(RunContext& ctx, CaseResult& r, const LpShap
   absl::StatusOr<client::CrossEntropyResult> loss =
       ctx.client().CrossEntropy(*d.x, targets, weight->handle(), ce);
   if (!loss.ok()) return Annotate(loss.status(), "CrossEntropy(none, lse)");
-  absl::StatusOr<client::LogProbsResult> got = Send(ctx.client(), *d.x, rq, weight->handle(), "");
+  absl::StatusOr<client::LogProbsResult> got = Send(ctx, *d.x, rq, weight->handle(), "");
   if (!got.ok()) return got.status();
   timer.Lap("server");
   const std::vector<std::int64_t> shape = {s.m};
@@ -291,7 +309,7 @@ absl::Status RunBf16HeadMismatch(RunContext& ctx, CaseResult& r, const LpShape& 
   absl::StatusOr<ScopedWeight> weight =
       ScopedWeight::Register(ctx.client(), *d.w, "logprobs_bf16_head");
   if (!weight.ok()) return weight.status();
-  absl::StatusOr<client::LogProbsResult> got = Send(ctx.client(), *d.x, rq, weight->handle(), "");
+  absl::StatusOr<client::LogProbsResult> got = Send(ctx, *d.x, rq, weight->handle(), "");
   if (!got.ok()) return got.status();
   client::LogitsOptions bf16_out;
   bf16_out.out_dtype = DType::kBf16;
