@@ -12,16 +12,20 @@
 namespace logitd::validate {
 namespace {
 
-struct Counts {
-  int passed = 0;
-  int failed = 0;
-  int not_run = 0;
-  double seconds = 0;
-  int total() const { return passed + failed + not_run; }
-};
+void AppendTimeAttr(std::string* out, double seconds) {
+  absl::StrAppend(out, " time=\"", absl::StrFormat("%.3f", seconds), "\"");
+}
 
-Counts Count(const std::vector<const CaseResult*>& results) {
-  Counts c;
+std::string OneLine(absl::string_view text) {
+  std::string s(text);
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+}  // namespace
+
+VerdictCounts CountVerdicts(const std::vector<const CaseResult*>& results) {
+  VerdictCounts c;
   for (const CaseResult* r : results) {
     c.seconds += r->seconds;
     switch (r->verdict) {
@@ -39,18 +43,16 @@ Counts Count(const std::vector<const CaseResult*>& results) {
   return c;
 }
 
-// Suites in the order their first case appears.
-std::vector<std::pair<std::string, std::vector<const CaseResult*>>> BySuite(
-    const std::vector<CaseResult>& results) {
-  std::vector<std::pair<std::string, std::vector<const CaseResult*>>> out;
+std::vector<SuiteResults> BySuite(const std::vector<CaseResult>& results) {
+  std::vector<SuiteResults> out;
   for (const CaseResult& r : results) {
-    auto it =
-        std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == r.suite; });
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const SuiteResults& s) { return s.suite == r.suite; });
     if (it == out.end()) {
-      out.emplace_back(r.suite, std::vector<const CaseResult*>());
+      out.push_back(SuiteResults{r.suite, {}});
       it = std::prev(out.end());
     }
-    it->second.push_back(&r);
+    it->results.push_back(&r);
   }
   return out;
 }
@@ -66,18 +68,6 @@ std::string ServerLine(const Report& report) {
   if (!i.blas_version.empty()) absl::StrAppend(&line, ", ", i.blas_version);
   return line;
 }
-
-void AppendTimeAttr(std::string* out, double seconds) {
-  absl::StrAppend(out, " time=\"", absl::StrFormat("%.3f", seconds), "\"");
-}
-
-std::string OneLine(absl::string_view text) {
-  std::string s(text);
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  return s;
-}
-
-}  // namespace
 
 int ExitCodeFor(const std::vector<CaseResult>& results, bool server_unreachable) {
   if (server_unreachable) return 2;
@@ -125,7 +115,7 @@ std::string SummaryText(const Report& report) {
 
   std::vector<const CaseResult*> all;
   for (const CaseResult& r : report.results) all.push_back(&r);
-  const Counts c = Count(all);
+  const VerdictCounts c = CountVerdicts(all);
   absl::StrAppend(&out, "\n", ServerLine(report), "\n");
   absl::StrAppend(&out, absl::StrFormat("%d cases: %d passed, %d FAILED, %d not run in %.1f s",
                                         c.total(), c.passed, c.failed, c.not_run, report.seconds));
@@ -157,7 +147,7 @@ nlohmann::ordered_json ReportJson(const Report& report) {
 
   std::vector<const CaseResult*> all;
   for (const CaseResult& r : report.results) all.push_back(&r);
-  const Counts c = Count(all);
+  const VerdictCounts c = CountVerdicts(all);
   j["totals"] = {
       {"cases", c.total()}, {"passed", c.passed}, {"failed", c.failed}, {"not_run", c.not_run}};
 
@@ -215,7 +205,7 @@ std::string XmlEscape(absl::string_view text) {
 std::string JUnitXml(const Report& report) {
   std::vector<const CaseResult*> all;
   for (const CaseResult& r : report.results) all.push_back(&r);
-  const Counts total = Count(all);
+  const VerdictCounts total = CountVerdicts(all);
   const bool connect_error = report.results.empty() && !report.error.empty();
   const std::string timestamp = report.started_at.substr(0, 19);  // no zone, as JUnit wants
 
@@ -254,7 +244,7 @@ std::string JUnitXml(const Report& report) {
   }
 
   for (const auto& [suite, results] : BySuite(report.results)) {
-    const Counts c = Count(results);
+    const VerdictCounts c = CountVerdicts(results);
     const std::string classname = absl::StrCat("logitd.validate.", suite);
     absl::StrAppend(&x, "  <testsuite name=\"", XmlEscape(classname), "\" tests=\"", c.total(),
                     "\" failures=\"", c.failed, "\" errors=\"0\" skipped=\"", c.not_run, "\"");

@@ -31,6 +31,27 @@ struct Report {
   nlohmann::ordered_json compare = nullptr;
 };
 
+// How many cases of a set passed, failed or were not run, and their time.
+struct VerdictCounts {
+  int passed = 0;
+  int failed = 0;
+  int not_run = 0;
+  double seconds = 0;
+  int total() const { return passed + failed + not_run; }
+};
+VerdictCounts CountVerdicts(const std::vector<const CaseResult*>& results);
+
+// One suite's cases, in run order.
+struct SuiteResults {
+  std::string suite;
+  std::vector<const CaseResult*> results;
+};
+// Suites in the order their first case appears.
+std::vector<SuiteResults> BySuite(const std::vector<CaseResult>& results);
+
+// "server ADDR: logitd VERSION (BUILD), backend B, device 'D'..." in one line.
+std::string ServerLine(const Report& report);
+
 // 0 when every case passed or was deliberately not run, 1 when one failed,
 // 2 when the server was unreachable (report.error set).
 int ExitCodeFor(const std::vector<CaseResult>& results, bool server_unreachable);
