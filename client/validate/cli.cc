@@ -26,6 +26,7 @@
 #include "client/validate/compare.h"
 #include "client/validate/harness.h"
 #include "client/validate/report.h"
+#include "client/validate/report_html.h"
 #include "client/validate/suites.h"
 #include "logitd/client.h"
 
@@ -49,9 +50,11 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-// Writes --json and --junit; a report that cannot be written fails the run.
-int WriteReports(const Report& report, const std::string& json_path,
-                 const std::string& junit_path) {
+// Writes --json, --junit and --report; a report that cannot be written fails
+// the run.
+int WriteReports(const Report& report, const ValidateArgs& args) {
+  const std::string& json_path = args.json_path;
+  const std::string& junit_path = args.junit_path;
   int code = report.exit_code;
   if (!json_path.empty()) {
     const absl::Status s = WriteText(
@@ -65,6 +68,13 @@ int WriteReports(const Report& report, const std::string& json_path,
   }
   if (!junit_path.empty()) {
     const absl::Status s = WriteText(junit_path, JUnitXml(report));
+    if (!s.ok()) {
+      std::fprintf(stderr, "logitctl validate: %s\n", std::string(s.message()).c_str());
+      code = std::max(code, kExitFailed);
+    }
+  }
+  if (!args.report_dir.empty()) {
+    const absl::Status s = WriteReportDir(report, args.report_dir);
     if (!s.ok()) {
       std::fprintf(stderr, "logitctl validate: %s\n", std::string(s.message()).c_str());
       code = std::max(code, kExitFailed);
@@ -250,13 +260,18 @@ int RunValidateCommand(const std::vector<std::string>& args) {
     if (!b.ok()) return UsageError(std::string(b.status().message()));
   }
   if (report.address.empty()) return UsageError("no server address: pass --server HOST:PORT");
+  if (!parsed->report_dir.empty()) {
+    // An unusable report directory is found before any work is done.
+    const absl::Status s = PrepareReportDir(parsed->report_dir);
+    if (!s.ok()) return UsageError(std::string(s.message()));
+  }
 
   auto finish = [&](int code) {
     report.exit_code = code;
     report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     std::fputs(SummaryText(report).c_str(), stdout);
     std::fflush(stdout);
-    return WriteReports(report, parsed->json_path, parsed->junit_path);
+    return WriteReports(report, *parsed);
   };
 
   absl::StatusOr<client::ClientOptions> connection = ConnectionOptions();

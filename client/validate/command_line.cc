@@ -22,6 +22,7 @@ constexpr Spec kSpecs[] = {
     {"suite", Kind::kSuites},
     {"json", Kind::kString},
     {"junit", Kind::kString},
+    {"report", Kind::kString},
     {"baseline", Kind::kString},
     {"record", Kind::kString},
     {"compare", Kind::kString},
@@ -77,10 +78,12 @@ absl::Status Apply(const Spec& spec, absl::string_view value, ValidateArgs* a) {
     }
     case Kind::kString:
       if (value.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a file name"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", name, name == "report" ? " needs a directory" : " needs a file name"));
       }
       if (name == "json") a->json_path = std::string(value);
       if (name == "junit") a->junit_path = std::string(value);
+      if (name == "report") a->report_dir = std::string(value);
       if (name == "baseline") a->baseline_path = std::string(value);
       if (name == "record") a->record_path = std::string(value);
       if (name == "compare") a->compare_address = std::string(value);
@@ -167,6 +170,10 @@ options:
   --seed=N            seed of the generated data (default 1234; golden is fixed)
   --json=FILE         write the report as JSON (server info, every case)
   --junit=FILE        write the report as JUnit XML
+  --report=DIR        write DIR/index.html (one self-contained page: verdicts,
+                      platform, plots of the errors, every case's figures)
+                      and DIR/summary.md (for a CI job summary); DIR is
+                      created when missing
   --record=FILE       write the golden outputs to a baseline file
   --baseline=FILE     compare the golden outputs with a baseline file
   --compare=HOST:PORT run the same suites against a second server too and

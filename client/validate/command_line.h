@@ -19,6 +19,8 @@ struct ValidateArgs {
   std::vector<std::string> suites;
   std::string json_path;
   std::string junit_path;
+  // --report=DIR: index.html and summary.md.
+  std::string report_dir;
   std::string baseline_path;
   std::string record_path;
   // --compare: a second server run against the same suites.

@@ -1,0 +1,353 @@
+#include "client/validate/report_html.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/common/server_info_json.h"
+#include "client/validate/report_plots.h"
+
+namespace logitd::validate {
+namespace {
+
+constexpr char kStyle[] = R"(body { font-family: sans-serif; margin: 1.5em; color: #1f2328; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
+table { border-collapse: collapse; margin: 0.5em 0; }
+td, th { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; }
+td.n { text-align: right; font-family: monospace; }
+code, .figures { font-family: monospace; font-size: 0.9em; }
+.pass { color: #1a7f37; } .fail { color: #cf222e; } .skip { color: #6e7781; }
+.badge { display: inline-block; min-width: 3.5em; text-align: center; color: #fff;
+  border-radius: 4px; padding: 0 6px; margin-right: 8px; font-weight: bold; }
+.pass .badge, .badge.pass { background: #1a7f37; color: #fff; }
+.fail .badge, .badge.fail { background: #cf222e; color: #fff; }
+.skip .badge, .badge.skip { background: #6e7781; color: #fff; }
+td.ok { background: #dafbe1; } td.bad { background: #ffebe9; }
+.error { border: 2px solid #cf222e; padding: 0.5em; background: #ffebe9; }
+.plots { display: flex; flex-wrap: wrap; gap: 1em; }
+figure { margin: 0.5em 0; } figcaption { max-width: 660px; font-size: 0.9em; }
+)";
+
+const char* VerdictClass(Verdict v) {
+  switch (v) {
+    case Verdict::kPassed:
+      return "pass";
+    case Verdict::kFailed:
+      return "fail";
+    case Verdict::kNotRun:
+      return "skip";
+  }
+  return "skip";
+}
+
+// A suite fails when a case failed, passes when one passed, else was skipped.
+Verdict SuiteVerdict(const VerdictCounts& c) {
+  if (c.failed > 0) return Verdict::kFailed;
+  if (c.passed > 0) return Verdict::kPassed;
+  return Verdict::kNotRun;
+}
+
+const char* BadgeText(Verdict v) {
+  return v == Verdict::kPassed ? "PASS" : v == Verdict::kFailed ? "FAIL" : "SKIP";
+}
+
+std::string E(absl::string_view text) { return XmlEscape(text); }
+
+std::string CountsText(const VerdictCounts& c) {
+  return absl::StrCat(c.passed, " passed, ", c.failed, " failed, ", c.not_run, " not run");
+}
+
+VerdictCounts Totals(const Report& report) {
+  std::vector<const CaseResult*> all;
+  for (const CaseResult& r : report.results) all.push_back(&r);
+  return CountVerdicts(all);
+}
+
+const char* RunVerdict(const Report& report) {
+  if (!report.error.empty()) return "ERROR";
+  return Totals(report).failed > 0 ? "FAILED" : "PASSED";
+}
+
+std::string Verdicts(const Report& report) {
+  std::string out = "<h2>Verdicts</h2>\n";
+  for (const SuiteResults& s : BySuite(report.results)) {
+    const VerdictCounts c = CountVerdicts(s.results);
+    const Verdict v = SuiteVerdict(c);
+    absl::StrAppend(&out, "<p class=\"", VerdictClass(v), "\"><span class=\"badge\">", BadgeText(v),
+                    "</span><b>", E(s.suite), "</b>: ", CountsText(c), "</p>\n");
+  }
+  const VerdictCounts t = Totals(report);
+  absl::StrAppend(&out, "<p><b>", t.total(), " cases</b>: ", CountsText(t), " in ",
+                  absl::StrFormat("%.1f", report.seconds), " s; exit code ", report.exit_code,
+                  "</p>\n");
+  return out;
+}
+
+void Row(std::string* out, absl::string_view key, absl::string_view value) {
+  absl::StrAppend(out, "<tr><th>", E(key), "</th><td><code>", E(value), "</code></td></tr>\n");
+}
+
+std::string Platform(const Report& report) {
+  std::string out = "<h2>Platform</h2>\n<table>\n";
+  Row(&out, "server_address", report.address);
+  Row(&out, "started_at", report.started_at);
+  if (report.have_info) {
+    const nlohmann::ordered_json info =
+        client::ServerInfoJson(report.info, /*with_request_memory=*/false);
+    for (auto it = info.begin(); it != info.end(); ++it) Row(&out, it.key(), FigureText(*it));
+  } else {
+    Row(&out, "server", "no server info");
+  }
+  const Options& o = report.options;
+  Row(&out, "suites", absl::StrJoin(o.suites, ", "));
+  Row(&out, "quick", o.quick ? "true" : "false");
+  Row(&out, "seed", absl::StrCat(o.seed));
+  if (!o.baseline_path.empty()) Row(&out, "baseline", o.baseline_path);
+  if (!o.record_path.empty()) Row(&out, "record", o.record_path);
+  absl::StrAppend(&out, "</table>\n");
+  return out;
+}
+
+std::string Cell(const nlohmann::ordered_json& f, const char* key, bool flag_nonzero = false) {
+  if (!f.contains(key)) return "<td></td>";
+  const double v = FigureValue(f[key]);
+  const char* cls = !flag_nonzero ? "n" : v == 0 ? "n ok" : "n bad";
+  return absl::StrCat("<td class=\"", cls, "\">", E(FigureText(f[key])), "</td>");
+}
+
+// special_values records, per output, what IEEE 754 predicts and what was wrong.
+std::string SpecialValuesGrid(const Report& report) {
+  std::string rows;
+  for (const CaseResult& r : report.results) {
+    if (r.suite != "special_values") continue;
+    for (auto it = r.figures.begin(); it != r.figures.end(); ++it) {
+      if (!it->is_object() || !it->contains("predicted_nan")) continue;
+      const nlohmann::ordered_json& f = *it;
+      absl::StrAppend(&rows, "<tr><td>", E(r.name), "</td><td><code>", E(it.key()), "</code></td>",
+                      Cell(f, "outputs"), Cell(f, "predicted_nan"), Cell(f, "predicted_inf"),
+                      Cell(f, "predicted_subnormal"), Cell(f, "lost_nan_or_inf", true),
+                      Cell(f, "spurious_nan_or_inf", true), Cell(f, "wrong_value", true),
+                      "</tr>\n");
+    }
+  }
+  if (rows.empty()) return "";
+  return absl::StrCat(
+      "<h2>special_values: outputs against IEEE 754</h2>\n<table>\n<tr><th>case</th>"
+      "<th>output</th><th>outputs</th><th>NaN expected</th><th>Inf expected</th>"
+      "<th>subnormal expected</th><th>NaN/Inf lost</th><th>NaN/Inf where none belongs</th>"
+      "<th>other wrong value</th></tr>\n",
+      rows, "</table>\n");
+}
+
+std::string GoldenDiff(const Report& report) {
+  std::string rows, notes;
+  for (const CaseResult& r : report.results) {
+    if (r.suite != "golden") continue;
+    bool compared = false;
+    for (auto it = r.figures.begin(); it != r.figures.end(); ++it) {
+      if (!absl::EndsWith(it.key(), "_comparison") || !it->is_object()) continue;
+      compared = true;
+      const nlohmann::ordered_json& f = *it;
+      const bool equal = f.value("equal", false);
+      absl::StrAppend(&rows, "<tr><td>", E(r.name), "</td><td><code>",
+                      E(it.key().substr(0, it.key().size() - 11)), "</code></td><td class=\"",
+                      equal ? "ok" : "bad", "\">", equal ? "equal" : "DIFFERENT", "</td>",
+                      Cell(f, "differing_elements"), Cell(f, "differing_blocks"), Cell(f, "blocks"),
+                      Cell(f, "sampled_differing"), Cell(f, "sampled"), Cell(f, "max_ulp"),
+                      "</tr>\n");
+    }
+    if (r.figures.contains("platform_difference")) {
+      absl::StrAppend(&notes, "<li>", E(r.name), ": other platform (",
+                      E(FigureText(r.figures["platform_difference"])), ")</li>\n");
+    }
+    if (!compared) {
+      absl::StrAppend(&notes, "<li>", E(r.name), ": ", E(r.summary.empty() ? r.note : r.summary),
+                      "</li>\n");
+    }
+  }
+  if (rows.empty() && notes.empty()) return "";
+  std::string out = "<h2>golden: outputs against the baseline</h2>\n";
+  if (!report.options.baseline_path.empty()) {
+    absl::StrAppend(&out, "<p>baseline <code>", E(report.options.baseline_path), "</code></p>\n");
+  }
+  if (!rows.empty()) {
+    absl::StrAppend(&out,
+                    "<table>\n<tr><th>case</th><th>output</th><th>bits</th><th>differing "
+                    "elements</th><th>differing blocks</th><th>blocks</th><th>sampled "
+                    "differing</th><th>sampled</th><th>max ulp</th></tr>\n",
+                    rows, "</table>\n");
+  } else {
+    absl::StrAppend(&out, "<p>No baseline comparison ran.</p>\n");
+  }
+  if (!notes.empty()) absl::StrAppend(&out, "<ul>\n", notes, "</ul>\n");
+  return out;
+}
+
+// Every leaf figure as "path = value", in the --json document's order.
+void Flatten(const nlohmann::ordered_json& node, const std::string& path,
+             std::vector<std::string>* out) {
+  if (node.is_object()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      Flatten(*it, path.empty() ? it.key() : absl::StrCat(path, ".", it.key()), out);
+    }
+    return;
+  }
+  out->push_back(absl::StrCat(E(path), " = ", E(FigureText(node))));
+}
+
+std::string CaseTable(const Report& report) {
+  std::string out =
+      "<h2>Every case</h2>\n<table>\n<tr><th>case</th><th>verdict</th><th>seconds</th>"
+      "<th>key figures</th><th>figures (as in --json)</th></tr>\n";
+  for (const CaseResult& r : report.results) {
+    std::vector<std::string> figures;
+    Flatten(r.figures, "", &figures);
+    std::string detail = E(r.summary);
+    for (const std::string& f : r.failures) absl::StrAppend(&detail, "<br/><b>", E(f), "</b>");
+    if (!r.note.empty()) absl::StrAppend(&detail, "<br/><i>", E(r.note), "</i>");
+    absl::StrAppend(&out, "<tr class=\"", VerdictClass(r.verdict), "\"><td>", E(r.FullName()),
+                    "</td><td><span class=\"badge\">", BadgeText(r.verdict), "</span></td>",
+                    "<td class=\"n\">", E(FigureText(r.seconds)), "</td><td>", detail,
+                    "</td><td class=\"figures\">", absl::StrJoin(figures, "<br/>"), "</td></tr>\n");
+  }
+  absl::StrAppend(&out, "</table>\n");
+  return out;
+}
+
+std::string Failures(const Report& report) {
+  std::string items;
+  for (const CaseResult& r : report.results) {
+    if (r.verdict != Verdict::kFailed) continue;
+    absl::StrAppend(&items, "<li><b>", E(r.FullName()), "</b><ul>\n");
+    for (const std::string& f : r.failures) absl::StrAppend(&items, "<li>", E(f), "</li>\n");
+    absl::StrAppend(&items, "</ul></li>\n");
+  }
+  if (items.empty()) return "";
+  return absl::StrCat("<h2 class=\"fail\">Failures</h2>\n<ul>\n", items, "</ul>\n");
+}
+
+std::string Plots(const Report& report) {
+  std::string out;
+  const std::string rounding = RoundingErrorFigure(report);
+  if (!rounding.empty())
+    absl::StrAppend(&out, "<h2>rounding_error: error against K</h2>\n", rounding);
+  const std::vector<FractionGroup> groups = BoundFractions(report);
+  if (!groups.empty()) {
+    absl::StrAppend(
+        &out, "<h2>Error as a fraction of its bound</h2>\n",
+        "<p>Each count is one output of one case: its worst element's |error| divided by that "
+        "element's bound, the <code>worst_bound_fraction</code> figures of the --json report. The "
+        "harness keeps the worst element per output, not every element's error, so these are "
+        "histograms of per-output maxima. Bins are decades; 0 is an exact result, above 1 a "
+        "bound violated. Hover a bar for its outputs.</p>\n",
+        FractionHistograms(groups));
+  }
+  return out;
+}
+
+std::string MdEscape(absl::string_view text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '\n' || ch == '\r') {
+      out += ' ';
+      continue;
+    }
+    if (absl::string_view("\\`*[]<>|").find(ch) != absl::string_view::npos) out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+absl::Status WriteFile(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc | std::ios::binary);
+  out << text;
+  out.close();
+  if (!out)
+    return absl::InternalError(absl::StrCat("--report: cannot write '", path.string(), "'"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ReportHtml(const Report& report) {
+  const char* verdict = RunVerdict(report);
+  const char* cls = absl::string_view(verdict) == "PASSED" ? "pass" : "fail";
+  std::string out = absl::StrCat(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>logitctl "
+      "validate: ",
+      verdict, " (", E(report.address), ")</title>\n<style>\n", kStyle,
+      "</style>\n</head>\n<body>\n", "<h1 class=\"", cls, "\"><span class=\"badge\">", verdict,
+      "</span>logitctl validate</h1>\n", "<p>logitd at <code>", E(report.address),
+      "</code>, started ", E(report.started_at), "</p>\n");
+  if (!report.error.empty()) {
+    absl::StrAppend(&out, "<p class=\"error\">", E(report.error), "</p>\n");
+  }
+  absl::StrAppend(&out, Verdicts(report), Failures(report), Platform(report), Plots(report),
+                  SpecialValuesGrid(report), GoldenDiff(report), CaseTable(report),
+                  "</body>\n</html>\n");
+  return out;
+}
+
+std::string ReportMarkdown(const Report& report) {
+  const std::string verdict = RunVerdict(report);
+  const char* mark = verdict == "PASSED" ? "✅" : "❌";
+  std::string out = absl::StrCat("### ", mark, " logitctl validate: ", verdict, "\n\n");
+  if (!report.error.empty()) absl::StrAppend(&out, "**error:** ", MdEscape(report.error), "\n\n");
+  absl::StrAppend(&out,
+                  "| suite | verdict | passed | failed | not run |\n|---|---|---:|---:|---:|\n");
+  for (const SuiteResults& s : BySuite(report.results)) {
+    const VerdictCounts c = CountVerdicts(s.results);
+    const Verdict v = SuiteVerdict(c);
+    const char* m = v == Verdict::kPassed ? "✅" : v == Verdict::kFailed ? "❌" : "⏭️";
+    absl::StrAppend(&out, "| ", MdEscape(s.suite), " | ", m, " ", BadgeText(v), " | ", c.passed,
+                    " | ", c.failed, " | ", c.not_run, " |\n");
+  }
+  const VerdictCounts t = Totals(report);
+  absl::StrAppend(&out, "\n**", t.total(), " cases:** ", CountsText(t), " in ",
+                  absl::StrFormat("%.1f", report.seconds), " s (exit code ", report.exit_code,
+                  ")\n");
+  bool any = false;
+  for (const CaseResult& r : report.results) {
+    if (r.verdict != Verdict::kFailed) continue;
+    if (!any) absl::StrAppend(&out, "\n#### Failures\n\n");
+    any = true;
+    absl::StrAppend(&out, "- **", MdEscape(r.FullName()), "**: ", MdEscape(r.summary), "\n");
+    for (const std::string& f : r.failures) absl::StrAppend(&out, "  - ", MdEscape(f), "\n");
+  }
+  absl::StrAppend(&out, "\n**Platform:** ", MdEscape(ServerLine(report)), "\n");
+  return out;
+}
+
+absl::Status PrepareReportDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--report: cannot create directory '", dir, "': ", ec.message()));
+  }
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("--report: '", dir, "' is not a directory"));
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--report: directory '", dir, "' is not writable"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteReportDir(const Report& report, const std::string& dir) {
+  const absl::Status html =
+      WriteFile(std::filesystem::path(dir) / "index.html", ReportHtml(report));
+  if (!html.ok()) return html;
+  return WriteFile(std::filesystem::path(dir) / "summary.md", ReportMarkdown(report));
+}
+
+}  // namespace logitd::validate
