@@ -256,7 +256,9 @@ std::string Plots(const Report& report) {
 std::string MdEscape(absl::string_view text) {
   std::string out;
   for (char ch : text) {
-    if (ch == '\n' || ch == '\r') {
+    // A line break would end the list item or table row; other controls
+    // have no place in the page.
+    if (static_cast<unsigned char>(ch) < 0x20) {
       out += ' ';
       continue;
     }
