@@ -8,7 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,11 +24,13 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/server_process.h"
+#include "tests/validate/xml_check.h"
 
 namespace logitd {
 namespace {
 
 using ::logitd::testing::ServerProcess;
+using ::logitd::testing::XmlProblem;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -88,71 +90,6 @@ CommandResult WaitLogitctl(pid_t pid, const std::string& dir,
 
 CommandResult RunLogitctl(const std::string& dir, const std::vector<std::string>& args) {
   return WaitLogitctl(SpawnLogitctl(dir, args), dir);
-}
-
-// A small well-formedness check: one root, balanced tags, quoted attributes,
-// no raw '<' or stray '&' in text or attribute values.
-std::string XmlProblem(const std::string& x) {
-  std::size_t i = 0;
-  if (x.rfind("<?xml", 0) == 0) i = x.find("?>") + 2;
-  std::vector<std::string> open;
-  int roots = 0;
-  auto bad_entities = [](const std::string& text) {
-    for (std::size_t p = text.find('&'); p != std::string::npos; p = text.find('&', p + 1)) {
-      const std::size_t semi = text.find(';', p);
-      if (semi == std::string::npos) return true;
-      const std::string e = text.substr(p, semi - p + 1);
-      if (e != "&amp;" && e != "&lt;" && e != "&gt;" && e != "&quot;" && e != "&apos;") return true;
-    }
-    return false;
-  };
-  while (i < x.size()) {
-    const std::size_t lt = x.find('<', i);
-    const std::string text = x.substr(i, lt == std::string::npos ? std::string::npos : lt - i);
-    if (bad_entities(text)) return "bad entity in text";
-    if (open.empty() && text.find_first_not_of(" \t\r\n") != std::string::npos) {
-      return "text outside the root";
-    }
-    if (lt == std::string::npos) break;
-    const std::size_t gt = x.find('>', lt);
-    if (gt == std::string::npos) return "unterminated tag";
-    std::string tag = x.substr(lt + 1, gt - lt - 1);
-    i = gt + 1;
-    if (tag.rfind("!--", 0) == 0) continue;
-    if (!tag.empty() && tag[0] == '/') {
-      if (open.empty() || open.back() != tag.substr(1))
-        return "mismatched </" + tag.substr(1) + ">";
-      open.pop_back();
-      continue;
-    }
-    const bool self_closing = !tag.empty() && tag.back() == '/';
-    if (self_closing) tag.pop_back();
-    std::size_t p = 0;
-    while (p < tag.size() && !std::isspace(static_cast<unsigned char>(tag[p]))) ++p;
-    const std::string name = tag.substr(0, p);
-    if (name.empty()) return "empty tag name";
-    // Attributes: name="value" pairs.
-    while (p < tag.size()) {
-      while (p < tag.size() && std::isspace(static_cast<unsigned char>(tag[p]))) ++p;
-      if (p >= tag.size()) break;
-      const std::size_t eq = tag.find('=', p);
-      if (eq == std::string::npos || eq + 1 >= tag.size() || tag[eq + 1] != '"') {
-        return "unquoted attribute in <" + name + ">";
-      }
-      const std::size_t close = tag.find('"', eq + 2);
-      if (close == std::string::npos) return "unterminated attribute in <" + name + ">";
-      const std::string value = tag.substr(eq + 2, close - eq - 2);
-      if (value.find('<') != std::string::npos || bad_entities(value)) {
-        return "bad attribute value in <" + name + ">";
-      }
-      p = close + 1;
-    }
-    if (open.empty()) ++roots;
-    if (!self_closing) open.push_back(name);
-  }
-  if (!open.empty()) return "unclosed <" + open.back() + ">";
-  if (roots != 1) return absl::StrCat(roots, " root elements");
-  return "";
 }
 
 std::size_t Count(const std::string& text, const std::string& what) {
@@ -424,6 +361,141 @@ TEST_F(ValidateE2eTest, UnknownSuiteIsRefused) {
   const CommandResult r = Validate(server, {"--suite=integer_exac"});
   EXPECT_EQ(r.exit_code, 2) << Describe(r);
   EXPECT_NE(r.err.find("unknown suite 'integer_exac'"), std::string::npos) << r.err;
+}
+
+// What the HTML report must show for a figure: "path = value", the value
+// written as the --json document writes it, escaped for XML.
+std::string Escaped(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    switch (ch) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      default:
+        out += ch;
+    }
+  }
+  return out;
+}
+
+void FigureLines(const nlohmann::ordered_json& node, const std::string& path,
+                 std::vector<std::string>* out) {
+  if (node.is_object()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      FigureLines(*it, path.empty() ? it.key() : path + "." + it.key(), out);
+    }
+    return;
+  }
+  const std::string value = node.is_string() ? node.get<std::string>() : node.dump();
+  out->push_back(Escaped(path) + " = " + Escaped(value));
+}
+
+// The HTML report's problems as a page: not well-formed, a script, or
+// anything it would fetch.
+std::string PageProblem(const std::string& html) {
+  const std::string doctype = "<!DOCTYPE html>\n";
+  if (html.rfind(doctype, 0) != 0) return "no <!DOCTYPE html>";
+  if (const std::string p = XmlProblem(html.substr(doctype.size())); !p.empty()) return p;
+  for (const char* bad : {"<script", "http://", "https://", " src=", " href=", "url("}) {
+    if (html.find(bad) != std::string::npos) return std::string("contains ") + bad;
+  }
+  return "";
+}
+
+TEST_F(ValidateE2eTest, ReportDirHoldsAPageAndASummaryWithTheJsonNumbers) {
+  ServerProcess server = Start();
+  ASSERT_EQ(Validate(server, {"golden", "--record", Path("b.json")}).exit_code, 0);
+  // The directory is made, parents included.
+  const std::string dir = Path("out/report");
+  const CommandResult r =
+      Validate(server, {"--quick", "rounding_error", "backward_contract", "special_values",
+                        "cross_entropy", "golden", "--baseline", Path("b.json"), "--report", dir});
+  ASSERT_EQ(r.exit_code, 0) << Describe(r);
+  const std::string html = ReadFile(dir + "/index.html");
+  const std::string md = ReadFile(dir + "/summary.md");
+  EXPECT_EQ(PageProblem(html), "");
+  // The rounding_error plot and the four histograms.
+  EXPECT_EQ(Count(html, "<svg "), 5u) << html;
+  EXPECT_NE(html.find("special_values: outputs against IEEE 754"), std::string::npos);
+  EXPECT_NE(html.find("golden: outputs against the baseline"), std::string::npos);
+
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(ReadFile(Path("report.json")));
+  std::map<std::string, std::array<int, 3>> per_suite;
+  std::size_t checked = 0;
+  for (const auto& c : j["cases"]) {
+    const std::string suite = c["suite"];
+    EXPECT_NE(html.find(Escaped(suite + "/" + c["case"].get<std::string>())), std::string::npos);
+    std::vector<std::string> lines;
+    FigureLines(c["figures"], "", &lines);
+    for (const std::string& line : lines) EXPECT_NE(html.find(line), std::string::npos) << line;
+    checked += lines.size();
+    ++per_suite[suite][c["verdict"] == "passed" ? 0 : c["verdict"] == "FAILED" ? 1 : 2];
+    if (suite == "rounding_error") {
+      // The plot's hover text carries the JSON's figure too.
+      EXPECT_NE(
+          html.find("fp32_rel_frobenius_err " + c["figures"]["fp32_rel_frobenius_err"].dump()),
+          std::string::npos);
+    }
+  }
+  EXPECT_GT(checked, 300u);
+  for (const auto& [suite, n] : per_suite) {
+    const std::string row =
+        absl::StrCat("| ", suite, " | ✅ PASS | ", n[0], " | ", n[1], " | ", n[2], " |");
+    EXPECT_NE(md.find(row), std::string::npos) << row << "\n" << md;
+  }
+  const nlohmann::ordered_json& t = j["totals"];
+  const std::string totals =
+      absl::StrCat("**", t["cases"].get<int>(), " cases:** ", t["passed"].get<int>(), " passed, ",
+                   t["failed"].get<int>(), " failed, ", t["not_run"].get<int>(), " not run");
+  EXPECT_NE(md.find(totals), std::string::npos) << md;
+  EXPECT_NE(md.find("backend " + j["server"]["backend"].get<std::string>()), std::string::npos)
+      << md;
+  EXPECT_NE(html.find("<code>" + Escaped(j["server"]["blas_version"].get<std::string>())),
+            std::string::npos);
+}
+
+TEST_F(ValidateE2eTest, ReportOfAFailedRunSpellsOutTheFailures) {
+#ifndef LOGITD_TEST_FAULTS_ENABLED
+  GTEST_SKIP() << "logitd is built without LOGITD_ENABLE_TEST_FAULTS";
+#endif
+  ServerProcess server = Start("fp32_as_bf16");
+  const CommandResult r =
+      Validate(server, {"--quick", "rounding_error", "--report", Path("report")});
+  ASSERT_EQ(r.exit_code, 1) << Describe(r);
+  const std::string html = ReadFile(Path("report/index.html"));
+  const std::string md = ReadFile(Path("report/summary.md"));
+  EXPECT_EQ(PageProblem(html), "");
+  EXPECT_NE(html.find("<span class=\"badge\">FAILED</span>"), std::string::npos);
+  EXPECT_NE(md.find("logitctl validate: FAILED"), std::string::npos) << md;
+  EXPECT_NE(md.find("#### Failures"), std::string::npos) << md;
+  EXPECT_NE(md.find("- **rounding_error/K=512**"), std::string::npos) << md;
+  EXPECT_NE(md.find("accumulation bound"), std::string::npos) << md;
+  // Outside the bound: the histogram's last bin, in red, is drawn.
+  EXPECT_NE(html.find("fill=\"#cf222e\"><title>rounding_error/K=512 fp32 logits: "),
+            std::string::npos);
+}
+
+TEST_F(ValidateE2eTest, UnusableReportDirExits2BeforeAnyWork) {
+  ServerProcess server = Start();
+  std::ofstream(Path("file")) << "not a directory";
+  const CommandResult r =
+      Validate(server, {"--quick", "integer_exact", "--report", Path("file/report")});
+  EXPECT_EQ(r.exit_code, 2) << Describe(r);
+  EXPECT_NE(r.err.find("--report: cannot create directory"), std::string::npos) << r.err;
+  EXPECT_EQ(server.Log().find("Logits"), std::string::npos) << server.Log();
 }
 
 struct FaultCase {
