@@ -41,6 +41,15 @@ TEST(CommandLineTest, SelectsTheLogProbsSuite) {
   EXPECT_EQ(a->suites, (std::vector<std::string>{"cross_entropy", "logprobs"}));
 }
 
+TEST(CommandLineTest, ReportTakesADirectory) {
+  EXPECT_EQ(ParseValidateArgs({"--report=out/r"}, Host).value().report_dir, "out/r");
+  EXPECT_EQ(ParseValidateArgs({"--report", "r", "golden"}, Host).value().report_dir, "r");
+  const absl::Status empty = ParseValidateArgs({"--report="}, Host).status();
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.message().find("--report needs a directory"), std::string::npos) << empty;
+  EXPECT_NE(ValidateUsage().find("--report=DIR"), std::string::npos);
+}
+
 TEST(CommandLineTest, SkipsLogitctlsOwnFlags) {
   absl::StatusOr<ValidateArgs> a = ParseValidateArgs(
       {"--server", "127.0.0.1:5", "--timeout=9", "--tls", "rounding_error"}, Host);
