@@ -303,8 +303,10 @@ std::string ReportMarkdown(const Report& report) {
   const char* mark = verdict == "PASSED" ? "✅" : "❌";
   std::string out = absl::StrCat("### ", mark, " logitctl validate: ", verdict, "\n\n");
   if (!report.error.empty()) absl::StrAppend(&out, "**error:** ", MdEscape(report.error), "\n\n");
-  absl::StrAppend(&out,
-                  "| suite | verdict | passed | failed | not run |\n|---|---|---:|---:|---:|\n");
+  if (!report.results.empty()) {
+    absl::StrAppend(&out,
+                    "| suite | verdict | passed | failed | not run |\n|---|---|---:|---:|---:|\n");
+  }
   for (const SuiteResults& s : BySuite(report.results)) {
     const VerdictCounts c = CountVerdicts(s.results);
     const Verdict v = SuiteVerdict(c);
