@@ -279,6 +279,56 @@ absl::Status WriteFile(const std::filesystem::path& path, const std::string& tex
 
 }  // namespace
 
+// --compare's outputs that differ between the two servers, and its verdict.
+std::string CompareSection(const Report& report) {
+  if (report.compare.is_null()) return "";
+  const nlohmann::ordered_json& c = report.compare;
+  const std::string verdict = c.value("verdict", "");
+  std::string rows;
+  int equal = 0;
+  for (const auto& o : c["outputs"]) {
+    if (o.value("equal_fraction", 0.0) == 1.0) {
+      ++equal;
+      continue;
+    }
+    absl::StrAppend(&rows, "<tr><td><code>", E(o.value("output", "")), "</code></td><td>",
+                    E(o.value("dtype", "")), "</td><td>", E(FigureText(o["equal_fraction"])),
+                    "</td><td>", E(o.value("max_ulp", "")), "</td><td>", E(o.value("p99_ulp", "")),
+                    "</td><td>", E(o.value("p50_ulp", "")), "</td></tr>\n");
+  }
+  std::string out = absl::StrCat(
+      "<h2>compare: <code>", E(c.value("a", "")), "</code> against <code>", E(c.value("b", "")),
+      "</code></h2>\n<p class=\"", verdict == "outside its bounds" ? "bad" : "ok", "\">",
+      E(verdict), ": ", equal, " of ", c["outputs"].size(), " outputs bitwise equal</p>\n");
+  if (!rows.empty()) {
+    absl::StrAppend(&out,
+                    "<table>\n<tr><th>output</th><th>dtype</th><th>bitwise-equal fraction</th>"
+                    "<th>max ulp</th><th>p99 ulp</th><th>p50 ulp</th></tr>\n",
+                    rows, "</table>\n");
+  }
+  return out;
+}
+
+std::string CompareMarkdown(const Report& report) {
+  if (report.compare.is_null()) return "";
+  const nlohmann::ordered_json& c = report.compare;
+  std::string out =
+      absl::StrCat("\n#### Compare: ", MdEscape(c.value("a", "")), " against ",
+                   MdEscape(c.value("b", "")), "\n\n**", MdEscape(c.value("verdict", "")), "**\n");
+  std::string rows;
+  for (const auto& o : c["outputs"]) {
+    if (o.value("equal_fraction", 0.0) == 1.0) continue;
+    absl::StrAppend(&rows, "| ", MdEscape(o.value("output", "")), " | ",
+                    MdEscape(FigureText(o["equal_fraction"])), " | ", o.value("max_ulp", ""), " | ",
+                    o.value("p99_ulp", ""), " |\n");
+  }
+  if (!rows.empty()) {
+    absl::StrAppend(&out, "\n| output | bitwise-equal fraction | max ulp | p99 ulp |\n",
+                    "|---|---:|---:|---:|\n", rows);
+  }
+  return out;
+}
+
 std::string ReportHtml(const Report& report) {
   const char* verdict = RunVerdict(report);
   const char* cls = absl::string_view(verdict) == "PASSED" ? "pass" : "fail";
@@ -293,8 +343,8 @@ std::string ReportHtml(const Report& report) {
     absl::StrAppend(&out, "<p class=\"error\">", E(report.error), "</p>\n");
   }
   absl::StrAppend(&out, Verdicts(report), Failures(report), Platform(report), Plots(report),
-                  SpecialValuesGrid(report), GoldenDiff(report), CaseTable(report),
-                  "</body>\n</html>\n");
+                  SpecialValuesGrid(report), GoldenDiff(report), CompareSection(report),
+                  CaseTable(report), "</body>\n</html>\n");
   return out;
 }
 
@@ -326,6 +376,7 @@ std::string ReportMarkdown(const Report& report) {
     absl::StrAppend(&out, "- **", MdEscape(r.FullName()), "**: ", MdEscape(r.summary), "\n");
     for (const std::string& f : r.failures) absl::StrAppend(&out, "  - ", MdEscape(f), "\n");
   }
+  absl::StrAppend(&out, CompareMarkdown(report));
   absl::StrAppend(&out, "\n**Platform:** ", MdEscape(ServerLine(report)), "\n");
   return out;
 }
