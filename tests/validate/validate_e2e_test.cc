@@ -325,11 +325,16 @@ TEST_F(ValidateE2eTest, CompareReportsAOneUlpDifference) {
 #endif
   ServerProcess a = Start();
   ServerProcess b = Start("logits_bit");
-  CommandResult r =
-      Validate(a, {"--quick", "--suite", "rounding_error", "--compare=" + b.address()});
+  CommandResult r = Validate(a, {"--quick", "--suite", "rounding_error", "--compare=" + b.address(),
+                                 "--report", Path("report")});
   ASSERT_EQ(r.exit_code, 0) << Describe(r);
   nlohmann::json j = Json();
   EXPECT_EQ(j["compare"]["verdict"], "different, both within bounds");
+  // The reports for people carry the comparison too.
+  const std::string md = ReadFile(Path("report/summary.md"));
+  EXPECT_NE(md.find("#### Compare: "), std::string::npos) << md;
+  EXPECT_NE(md.find("**different, both within bounds**"), std::string::npos) << md;
+  EXPECT_NE(ReadFile(Path("report/index.html")).find("<h2>compare: "), std::string::npos);
   bool saw_fp32 = false;
   for (const auto& o : j["compare"]["outputs"]) {
     if (o["dtype"] != "fp32") continue;
