@@ -99,6 +99,10 @@ ABSL_FLAG(bool, allow_shm, false,
           "user. Off: every shared-memory request is FAILED_PRECONDITION.");
 ABSL_FLAG(std::uint64_t, shm_max_region_bytes, std::uint64_t{16} << 30,
           "Largest shared-memory region RegisterShm maps, bytes (with --allow_shm).");
+ABSL_FLAG(bool, oip, true,
+          "Serve the Open Inference Protocol (KServe v2 inference.GRPCInferenceService, the "
+          "protocol Triton clients speak) on the same port, over the same weights, tokens and "
+          "limits. false: its calls are UNIMPLEMENTED.");
 ABSL_FLAG(std::string, auth_tokens, "",
           "File of 'TOKEN TENANT [QUOTA_BYTES]' lines: every logitd.v1 call must then carry "
           "'authorization: Bearer TOKEN', and sees only its tenant's weights. Reloaded on SIGHUP. "
@@ -486,6 +490,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   LOGITD_ASSIGN_OR_RETURN(config.service.auth, AuthenticatorFromFlags());
   LOGITD_ASSIGN_OR_RETURN(config.credentials, ServerCredentialsFromFlags(&config.tls_mode));
   config.auth_mode = AuthMode(config);
+  config.oip = absl::GetFlag(FLAGS_oip);
   return config;
 }
 

@@ -42,6 +42,8 @@ struct ServerConfig {
   std::shared_ptr<grpc::ServerCredentials> credentials;
   std::string tls_mode;
   std::string auth_mode;
+  // --oip: serve inference.GRPCInferenceService next to logitd.v1.
+  bool oip = true;
 };
 
 // Sets the usage message and --version, checks the command line and parses

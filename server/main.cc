@@ -42,6 +42,7 @@
 #include "server/service/build_info.h"
 #include "server/service/logging.h"
 #include "server/service/metrics.h"
+#include "server/service/oip_service.h"
 #include "server/service/options.h"
 #include "server/service/service.h"
 
@@ -226,13 +227,16 @@ std::unique_ptr<service::MetricsHttpServer> StartMetricsEndpoint(
 // services on --address, within the service's limits; `selected_port` gets
 // the port bound. Null after an error, logged.
 std::unique_ptr<grpc::Server> BuildServer(const ServerConfig& config,
-                                          service::LogitdService* service, int* selected_port) {
+                                          service::LogitdService* service, service::OipService* oip,
+                                          int* selected_port) {
   const service::ServiceOptions& options = config.service;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.address, config.credentials, selected_port);
   builder.RegisterService(service);
+  // The Open Inference Protocol front door (--oip), over the same service.
+  if (oip != nullptr) builder.RegisterService(oip);
   // gRPC sets SO_REUSEPORT by default: a second server on a busy port would
   // start and quietly share it instead of failing.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -390,12 +394,17 @@ int Serve(const ServerConfig& config) {
   }
 
   int selected_port = 0;
-  std::unique_ptr<grpc::Server> server = BuildServer(config, &service, &selected_port);
+  std::unique_ptr<service::OipService> oip;
+  if (config.oip) oip = std::make_unique<service::OipService>(&service);
+  std::unique_ptr<grpc::Server> server = BuildServer(config, &service, oip.get(), &selected_port);
   if (server == nullptr) return kExitRuntimeError;
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health != nullptr) {
     health->SetServingStatus("", true);
     health->SetServingStatus(v1::Logitd::service_full_name(), true);
+    if (oip != nullptr) {
+      health->SetServingStatus(inference::GRPCInferenceService::service_full_name(), true);
+    }
   }
 
   const std::string bound = config.listen.unix_socket

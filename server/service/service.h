@@ -50,6 +50,16 @@ using RawTensorService =
                 v1::Logitd::WithRawCallbackMethod_LogProbs<v1::Logitd::Service>>>>>>>;
 using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
+// What a second front door (oip_service.h) serves over: the service's own
+// backend, weights, admission, call runner and options. Not owning.
+struct ServiceCore {
+  kernels::Backend* backend = nullptr;
+  const WeightRegistry* registry = nullptr;
+  RequestAdmission* admission = nullptr;
+  const CallRunner* runner = nullptr;
+  const ServiceOptions* options = nullptr;
+};
+
 class LogitdService final : public RawTensorService {
  public:
   LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceOptions options);
@@ -90,6 +100,7 @@ class LogitdService final : public RawTensorService {
   const RequestAdmission& admission() const { return admission_; }
   const ShmRegistry& shm() const { return shm_; }
   Authenticator& authenticator() const { return *auth_; }
+  ServiceCore core() { return {backend_.get(), &registry_, &admission_, &runner_, &options_}; }
 
  private:
   using LogitsCall = TensorCall<v1::LogitsRequest, v1::LogitsResponse>;

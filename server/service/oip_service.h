@@ -1,0 +1,46 @@
+// The Open Inference Protocol front door (KServe v2, the protocol Triton
+// speaks): inference.GRPCInferenceService on logitd's own port, over the same
+// weights, backend, admission and authentication as logitd.v1. A registered
+// weight is a model, named by its registration name or its handle, version
+// "1": input `x` BF16 [M, K], output `logits` FP32 (or BF16) [M, V]. Every
+// call runs through the service's CallRunner (call.h), so tokens, tenants,
+// metrics and the log apply as for logitd's own calls.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "kserve/grpc_predict_v2.grpc.pb.h"
+#include "server/service/service.h"
+
+namespace logitd::service {
+
+class OipService final : public inference::GRPCInferenceService::Service {
+ public:
+  // Not owning: `service` outlives this.
+  explicit OipService(LogitdService* service) : core_(service->core()) {}
+
+  grpc::Status ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest* request,
+                          inference::ServerLiveResponse* response) override;
+  grpc::Status ServerReady(grpc::ServerContext* context,
+                           const inference::ServerReadyRequest* request,
+                           inference::ServerReadyResponse* response) override;
+  grpc::Status ModelReady(grpc::ServerContext* context, const inference::ModelReadyRequest* request,
+                          inference::ModelReadyResponse* response) override;
+  grpc::Status ServerMetadata(grpc::ServerContext* context,
+                              const inference::ServerMetadataRequest* request,
+                              inference::ServerMetadataResponse* response) override;
+  grpc::Status ModelMetadata(grpc::ServerContext* context,
+                             const inference::ModelMetadataRequest* request,
+                             inference::ModelMetadataResponse* response) override;
+  grpc::Status ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
+                          inference::ModelInferResponse* response) override;
+
+ private:
+  absl::Status DoModelInfer(grpc::ServerContext* context,
+                            const inference::ModelInferRequest& request,
+                            inference::ModelInferResponse* response, CallStats* stats);
+
+  ServiceCore core_;
+};
+
+}  // namespace logitd::service
