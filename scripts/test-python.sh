@@ -39,7 +39,8 @@ pip=("$venv/bin/python" -m pip -q --disable-pip-version-check)
 echo "test-python: installing ./client/python into $venv"
 # The in-tree build directory is ours; start it clean so no stale module is packaged.
 rm -rf client/python/build
-"${pip[@]}" install ./client/python "pytest>=7"
+# tritonclient[grpc]: Triton's own client, for the Open Inference Protocol tests (test_oip.py).
+"${pip[@]}" install ./client/python "pytest>=7" "tritonclient[grpc]"
 rm -rf client/python/build
 
 report="$root/build/pytest-python.xml"
