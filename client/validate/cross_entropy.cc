@@ -844,18 +844,6 @@ CeShapes ShapesOf(const Options& o) {
   return {64, 32768, 1024, 64, 192, 128};
 }
 
-// Targets uniform over [0, V), about one in `ignore_one_in` set to ignore.
-std::vector<std::int64_t> RandomTargets(Rng& rng, std::int64_t m, std::int64_t v,
-                                        std::int64_t ignore_index, int ignore_one_in) {
-  std::vector<std::int64_t> t(static_cast<std::size_t>(m));
-  for (std::int64_t i = 0; i < m; ++i) {
-    const bool ignore = i > 0 && rng.UniformInt(0, ignore_one_in - 1) == 0;
-    const std::int64_t id = rng.UniformInt(0, v - 1);
-    t[static_cast<std::size_t>(i)] = ignore ? ignore_index : id;
-  }
-  return t;
-}
-
 struct NormalData {
   std::shared_ptr<Tensor> x, w;
 };

@@ -74,13 +74,7 @@ std::vector<std::int64_t> RandomTargets(const Options& o, const std::string& str
                                         std::int64_t v, std::int64_t ignore_index,
                                         int ignore_one_in) {
   Rng rng = Rng::Stream(o.seed, absl::StrCat(kSuite, "/", stream, "/t"));
-  std::vector<std::int64_t> t(static_cast<std::size_t>(m));
-  for (std::int64_t i = 0; i < m; ++i) {
-    const bool ignore = i > 0 && rng.UniformInt(0, ignore_one_in - 1) == 0;
-    const std::int64_t id = rng.UniformInt(0, v - 1);
-    t[static_cast<std::size_t>(i)] = ignore ? ignore_index : id;
-  }
-  return t;
+  return validate::RandomTargets(rng, m, v, ignore_index, ignore_one_in);
 }
 
 absl::StatusOr<client::LogProbsResult> Send(client::Client& c, const Tensor& x, const LpRequest& rq,

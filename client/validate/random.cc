@@ -159,4 +159,15 @@ Tensor PortableBell(DType dtype, std::vector<std::int64_t> shape, Rng& rng) {
   return t;
 }
 
+std::vector<std::int64_t> RandomTargets(Rng& rng, std::int64_t m, std::int64_t v,
+                                        std::int64_t ignore_index, int ignore_one_in) {
+  std::vector<std::int64_t> t(static_cast<std::size_t>(m));
+  for (std::int64_t i = 0; i < m; ++i) {
+    const bool ignore = i > 0 && rng.UniformInt(0, ignore_one_in - 1) == 0;
+    const std::int64_t id = rng.UniformInt(0, v - 1);
+    t[static_cast<std::size_t>(i)] = ignore ? ignore_index : id;
+  }
+  return t;
+}
+
 }  // namespace logitd::validate

@@ -43,5 +43,9 @@ Tensor RandomNormal(DType dtype, std::vector<std::int64_t> shape, double stddev,
 // centred, scaled by 2^-15: mean 0, standard deviation about 1.15) computed
 // with integers only, so identical on every platform.
 Tensor PortableBell(DType dtype, std::vector<std::int64_t> shape, Rng& rng);
+// Token ids uniform over [0, v), about one in `ignore_one_in` set to
+// ignore_index (never the first, so that every case has a counted token).
+std::vector<std::int64_t> RandomTargets(Rng& rng, std::int64_t m, std::int64_t v,
+                                        std::int64_t ignore_index, int ignore_one_in);
 
 }  // namespace logitd::validate
