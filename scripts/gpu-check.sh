@@ -9,8 +9,8 @@
 # Environment:
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
-#   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate rpc chunks example bench
-#                      torch gemm ce lp
+#   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate compare rpc chunks example
+#                      bench torch gemm ce lp
 #                      ("bench" skips every benchmark, "gemm" the GEMM ones, "ce" the
 #                      cross-entropy one, "lp" the LogProbs one)
 #   GPU_CHECK_CTEST    ctest arguments choosing the tests (default: --preset gpu, the tests
@@ -31,6 +31,7 @@
 #                      torch.compile; LP_BENCH_TIMEOUT seconds (default 300)
 #   RPC_BENCH_REQUESTS requests per M=1024 logitctl bench run (default 30)
 #   RPC_BENCH_TIMEOUT  seconds allowed per logitctl bench run (default 120)
+#   RPC_BENCH_SET      all (default) | logprobs: the rpc step's LogProbs rows alone
 #   SANITIZE_TIMEOUT   seconds allowed per compute-sanitizer run (default 240)
 #   GOLDEN_RESTARTS    server restarts compared against a golden baseline (default 5), with the
 #                      algorithm cache file kept and again without one
@@ -38,6 +39,7 @@
 #   STRESS_SANITIZER_SECONDS  length of its subset under compute-sanitizer memcheck (default 60)
 # Writes to OUT_DIR: build.log sweep.log tests.log sanitize.log golden.log stress.log
 # stress.txt (table and JSON) stress_sanitizer.log validate.log example.log validate.json
+# report/ (validate --report) report_check.log compare.log compare.json compare/ (cuda against cpu)
 # rl_logprob.txt rl_logprob.json rl_logprob.png (with matplotlib)
 # rpc.log rpc_*.json rpc_server.log rpc_util_*.txt rpc_metrics.txt bench_logitd.json
 # bench_torch.json bench.log bench_ce.json bench_ce.md bench_ce.log summary.txt.
@@ -110,7 +112,7 @@ fi
 
 find_bin() { find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -1; }
 
-# start_server LOG ARGS...: starts `logitd --backend=cuda` on a free loopback
+# start_server LOG ARGS...: starts `logitd --backend=cuda` (or $server_backend) on a free loopback
 # port with ARGS, its output appended to LOG; sets server_pid, and port once it
 # listens. Fails (port empty) when it does not start within 60 s.
 # With server_wrapper set (an array), the server runs under it.
@@ -121,7 +123,7 @@ start_server() {
   port_file=$(mktemp)
   rm -f "$port_file"
   port=""
-  "${server_wrapper[@]}" "$(find_bin logitd)" --backend=cuda --address=127.0.0.1:0 \
+  "${server_wrapper[@]}" "$(find_bin logitd)" --backend="${server_backend:-cuda}" --address=127.0.0.1:0 \
     --port_file="$port_file" "$@" >>"$log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 120); do
@@ -329,10 +331,16 @@ if ! skipped validate; then
     if start_server "$out/validate.log"; then
       echo "=== logitctl validate --server=127.0.0.1:$port" >>"$out/validate.log"
       timeout "${VALIDATE_TIMEOUT:-300}" "$logitctl_bin" validate --server="127.0.0.1:$port" \
-        --json "$out/validate.json" >>"$out/validate.log" 2>&1
+        --json "$out/validate.json" --report "$out/report" >>"$out/validate.log" 2>&1
       validate_rc=$?
       if [ $validate_rc -eq 0 ]; then note validate ok "all selected checks passed"
       else note validate FAIL "exit $validate_rc (see validate.log)"; fi
+      # The report page, opened headless: parsed as HTML and as XML (every
+      # inline SVG well formed), every case of the JSON on it with its verdict.
+      if python3 scripts/check-report.py "$out/report/index.html" "$out/validate.json" \
+        >"$out/report_check.log" 2>&1; then
+        note report ok "$(head -1 "$out/report_check.log")"
+      else note report FAIL "see report_check.log"; cat "$out/report_check.log"; fi
     else
       note validate FAIL "logitd --backend=cuda did not start (see validate.log)"
     fi
@@ -340,6 +348,34 @@ if ! skipped validate; then
   fi
 else
   note validate skip "GPU_CHECK_SKIP"
+fi
+
+# --- A/B: the cpu backend against the cuda backend ----------------------------
+# `logitctl validate --compare`: every suite's requests to both servers, per
+# output the bitwise-equal fraction, ULP distances and each side's error as a
+# fraction of its bound; exit 0 when both sides are inside their bounds.
+if skipped validate || skipped compare; then
+  note compare skip "GPU_CHECK_SKIP"
+elif [ -z "$(find_bin logitd)" ] || [ -z "$(find_bin logitctl)" ]; then
+  note compare skip "logitd or logitctl was not built (see build.log)"
+else
+  : >"$out/compare.log"
+  server_backend=cpu
+  start_server "$out/compare_cpu.log"
+  cpu_pid=$server_pid cpu_port=$port
+  server_backend=cuda
+  if [ -n "$cpu_port" ] && start_server "$out/compare.log"; then
+    timeout "${VALIDATE_TIMEOUT:-300}" "$(find_bin logitctl)" validate --server="127.0.0.1:$port" \
+      --compare="127.0.0.1:$cpu_port" --json "$out/compare.json" --report "$out/compare" \
+      >>"$out/compare.log" 2>&1
+    compare_rc=$?
+    if [ $compare_rc -eq 0 ]; then note compare ok "cuda against cpu: both inside their bounds (compare/)"
+    else note compare FAIL "exit $compare_rc (see compare.log)"; fi
+  else
+    note compare FAIL "a server did not start (see compare.log, compare_cpu.log)"
+  fi
+  stop_server
+  kill "$cpu_pid" 2>/dev/null; wait "$cpu_pid" 2>/dev/null
 fi
 
 # --- the service at the RPC level: logitctl bench against the cuda backend ----
@@ -373,12 +409,6 @@ for p in json.load(open(sys.argv[1]))["phases"]:
         >>"$out/rpc.log" 2>&1 || true
     }
     r=${RPC_BENCH_REQUESTS:-30}
-    bench m1024_c1 --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r"
-    bench m1024_c4 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=4 --channels=4 --requests="$r"
-    bench m16_c1 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5
-    bench m16_c1_shm --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm --baseline=false
-    bench m16_c1_shm_nodigest --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm \
-      --shm_skip_digest --baseline=false
     busy() {  # busy NAME ARGS...: a bench run with nvidia-smi sampling GPU utilisation
       local name=$1 smi_pid=""
       if command -v nvidia-smi >/dev/null; then
@@ -392,18 +422,36 @@ for p in json.load(open(sys.argv[1]))["phases"]:
         echo "  GPU utilisation during $name (nvidia-smi, 100 ms samples): $(sort -n "$out/rpc_util_$name.txt" | awk '{s+=$1; a[NR]=$1} END {if (NR) printf "mean %.1f%% median %s%% over %d samples", s/NR, a[int((NR+1)/2)], NR}')" >>"$out/rpc.log"
       fi
     }
-    busy m1024_c16 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 --duration=10
-    busy m1024_c16_shm --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 \
-      --duration=10 --shm --baseline=false
-    busy m1024_c16_shm_nodigest --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 \
-      --channels=16 --duration=10 --shm --shm_skip_digest --baseline=false
-    df -h /dev/shm >>"$out/rpc.log" 2>&1
-    bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
-    bench m8192_shm --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm --baseline=false
-    bench m8192_shm_nodigest --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm \
-      --shm_skip_digest --baseline=false
-    bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=6
-    bench fetch_gradient --rpc=fetch-gradient --m=1024 --k=4096 --v=32768 --requests=6
+    if [ "${RPC_BENCH_SET:-all}" = all ]; then
+      bench m1024_c1 --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r"
+      bench m1024_c4 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=4 --channels=4 --requests="$r"
+      bench m16_c1 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5
+      bench m16_c1_shm --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm --baseline=false
+      bench m16_c1_shm_nodigest --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm \
+        --shm_skip_digest --baseline=false
+      busy m1024_c16 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 --duration=10
+      busy m1024_c16_shm --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 \
+        --duration=10 --shm --baseline=false
+      busy m1024_c16_shm_nodigest --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 \
+        --channels=16 --duration=10 --shm --shm_skip_digest --baseline=false
+      df -h /dev/shm >>"$out/rpc.log" 2>&1
+      bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
+      bench m8192_shm --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm --baseline=false
+      bench m8192_shm_nodigest --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm \
+        --shm_skip_digest --baseline=false
+    fi
+    # LogProbs over plain gRPC: 16 clients' GPU busy fraction, and one
+    # client's tokens/s at M=8192 against the kernel's own rate (the lp step).
+    lp=(--rpc=logprobs --k=4096 --v=128256 --top_k=5 --entropy --lse --baseline=false)
+    busy lp_m1024_c16 "${lp[@]}" --m=1024 --concurrency=16 --channels=16 --duration=10
+    busy lp_m1024_v32k_c16 --rpc=logprobs --k=4096 --v=32768 --top_k=5 --entropy --lse \
+      --baseline=false --m=1024 --concurrency=16 --channels=16 --duration=10
+    bench lp_m8192_c1 "${lp[@]}" --m=8192 --requests=12
+    bench lp_m16_c1 "${lp[@]}" --m=16 --duration=5
+    if [ "${RPC_BENCH_SET:-all}" = all ]; then
+      bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=6
+      bench fetch_gradient --rpc=fetch-gradient --m=1024 --k=4096 --v=32768 --requests=6
+    fi
     metrics_port=$(tr -dc '0-9' <"$metrics_port_file" 2>/dev/null)
     if [ -n "$metrics_port" ] && python3 -c 'import sys,urllib.request
 body=urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
@@ -486,12 +534,27 @@ else
   cp -r client/python/src/logitd "$pydir/"
   export PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}"
 fi
-if [ -n "${pydir:-}" ] && ! "$python" -c "import sys, grpc, grpc_tools, google.protobuf as pb, numpy, ml_dtypes, xxhash; print('python', sys.version.split()[0], 'grpcio', grpc.__version__, 'protobuf', pb.__version__)" \
+# The stubs come from grpcio-tools when the python has it, else from the
+# dependency prefix's protoc 3.21 and grpc_python_plugin (their generated code
+# loads in newer protobuf and grpcio runtimes).
+gen_stubs() {  # gen_stubs DIR
+  if "$python" -c "import grpc_tools" 2>/dev/null; then
+    "$python" -m grpc_tools.protoc -Iproto --python_out="$1" --grpc_python_out="$1" \
+      logitd/v1/logitd.proto
+  elif [ -x /tmp/dep/sysroot/usr/bin/grpc_python_plugin ]; then
+    /tmp/dep/sysroot/usr/bin/protoc-wrap -Iproto --python_out="$1" --grpc_python_out="$1" \
+      --plugin=protoc-gen-grpc_python=/tmp/dep/sysroot/usr/bin/grpc_python_plugin \
+      logitd/v1/logitd.proto
+  else
+    echo "neither grpcio-tools nor the prefix's grpc_python_plugin"; return 1
+  fi
+}
+if [ -n "${pydir:-}" ] && ! "$python" -c "import sys, grpc, google.protobuf as pb, numpy, ml_dtypes, xxhash; print('python', sys.version.split()[0], 'grpcio', grpc.__version__, 'protobuf', pb.__version__)" \
   >>"$out/example.log" 2>&1; then
-  note example skip "$python lacks one of grpcio, grpcio-tools, numpy, ml_dtypes, xxhash"
+  note example skip "$python lacks one of grpcio, protobuf, numpy, ml_dtypes, xxhash"
 elif [ -n "${pydir:-}" ]; then
-  if ! "$python" -m grpc_tools.protoc -Iproto --python_out="$pydir" --grpc_python_out="$pydir" \
-    logitd/v1/logitd.proto >>"$out/example.log" 2>&1; then
+  if ! gen_stubs "$pydir" \
+    >>"$out/example.log" 2>&1; then
     note example FAIL "stub generation failed (see example.log)"
   else
     if start_server "$out/example.log"; then

@@ -79,7 +79,7 @@ commands:
                                      checked (exact on integer inputs, else inside the fp32
                                      bound); reports calls, errors, wrong results, hung calls
                                      and device memory before/after; exit 1 on any of them
-  bench [--rpc=logits|backward|cross-entropy|fetch-gradient|baseline]
+  bench [--rpc=logits|backward|cross-entropy|logprobs|fetch-gradient|baseline]
         [--m=16 --k=4096 --v=32768] [--out_dtype=fp32|bf16] [--concurrency=1] [--channels=1]
         [--requests=N | --duration=SECONDS (default 10)] [--warmup=1] [--nobaseline]
         [--seed=1234] [--json] [--shm]
@@ -89,7 +89,8 @@ commands:
                                      by status code and the server's time split; then the
                                      same bytes over the Probe RPC (plain gRPC) and the
                                      efficiency ratio. backward takes --no_dx --no_dw
-                                     --accumulate, cross-entropy --dx --dw --accumulate;
+                                     --accumulate, cross-entropy --dx --dw --accumulate,
+                                     logprobs --top_k --entropy --lse --rank --temperature;
                                      fetch-gradient reads the fp32 dW [V, K] back;
                                      baseline alone moves the bytes of the logits call
   validate [args]                    the validation harness

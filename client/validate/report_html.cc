@@ -306,6 +306,23 @@ std::string CompareSection(const Report& report) {
                     "<th>max ulp</th><th>p99 ulp</th><th>p50 ulp</th></tr>\n",
                     rows, "</table>\n");
   }
+  // Each side's worst error against fp64 as a fraction of its bound, for
+  // the cases that have one.
+  std::string bounds;
+  for (const auto& cb : c["cases"]) {
+    const double a = cb.value("a_worst_bound_fraction", -1.0);
+    const double b = cb.value("b_worst_bound_fraction", -1.0);
+    if (a < 0 && b < 0) continue;
+    absl::StrAppend(&bounds, "<tr><td><code>", E(cb.value("case", "")), "</code></td><td>",
+                    a < 0 ? "-" : absl::StrFormat("%.4g", a), "</td><td>",
+                    b < 0 ? "-" : absl::StrFormat("%.4g", b), "</td></tr>\n");
+  }
+  if (!bounds.empty()) {
+    absl::StrAppend(&out,
+                    "<table>\n<tr><th>case</th><th>A: worst error / bound</th>"
+                    "<th>B: worst error / bound</th></tr>\n",
+                    bounds, "</table>\n");
+  }
   return out;
 }
 

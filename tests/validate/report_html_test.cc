@@ -139,6 +139,45 @@ TEST(ReportHtmlTest, BoundFractionsAreGroupedByOutput) {
   EXPECT_EQ(groups[2].items[0].value, 0);
 }
 
+TEST(ReportHtmlTest, CompareShowsDifferingOutputsAndEachSidesBoundFraction) {
+  Report r = Sample();
+  r.compare = {{"a", "gpu:1"},
+               {"b", "cpu:2"},
+               {"verdict", "different, both within bounds"},
+               {"outputs",
+                {{{"output", "rounding_error/K=512: y fp32"},
+                  {"dtype", "fp32"},
+                  {"equal_fraction", 0.25},
+                  {"max_ulp", "7"},
+                  {"p99_ulp", "3"},
+                  {"p50_ulp", "1"}},
+                 {{"output", "integer_exact/K=512: y fp32"},
+                  {"dtype", "fp32"},
+                  {"equal_fraction", 1.0},
+                  {"max_ulp", "0"},
+                  {"p99_ulp", "0"},
+                  {"p50_ulp", "0"}}}},
+               {"cases",
+                {{{"case", "rounding_error/K=512"},
+                  {"a_worst_bound_fraction", 0.03125},
+                  {"b_worst_bound_fraction", 0.5}},
+                 {{"case", "backward_contract/cast_rne"},
+                  {"a_worst_bound_fraction", -1.0},
+                  {"b_worst_bound_fraction", -1.0}}}}};
+  const std::string html = ReportHtml(r);
+  EXPECT_EQ(XmlProblem(WithoutDoctype(html)), "") << html;
+  EXPECT_NE(html.find("different, both within bounds: 1 of 2 outputs bitwise equal"),
+            std::string::npos);
+  EXPECT_NE(html.find("<code>rounding_error/K=512: y fp32</code></td><td>fp32</td><td>0.25</td>"
+                      "<td>7</td><td>3</td><td>1</td>"),
+            std::string::npos)
+      << html;
+  EXPECT_EQ(html.find("<code>integer_exact/K=512: y fp32</code>"), std::string::npos);
+  EXPECT_NE(html.find("<code>rounding_error/K=512</code></td><td>0.03125</td><td>0.5</td>"),
+            std::string::npos);
+  EXPECT_EQ(html.find("<code>backward_contract/cast_rne</code>"), std::string::npos);
+}
+
 TEST(ReportHtmlTest, FigureValuesReadJsonNumbersAndNonFiniteStrings) {
   EXPECT_EQ(FigureValue(nlohmann::ordered_json(0.5)), 0.5);
   EXPECT_EQ(FigureValue(JsonNumber(std::numeric_limits<double>::infinity())),
