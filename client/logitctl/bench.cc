@@ -199,8 +199,9 @@ absl::StatusOr<Config> ReadConfig() {
   if (c.shm_skip_digest && !c.shm) {
     return absl::InvalidArgumentError("--shm_skip_digest: only with --shm");
   }
-  if (c.shm && c.rpc != Rpc::kLogits) {
-    return absl::InvalidArgumentError("--shm: only --rpc=logits uses shared memory so far");
+  if (c.shm && c.rpc != Rpc::kLogits && c.rpc != Rpc::kLogProbs) {
+    return absl::InvalidArgumentError(
+        "--shm: only --rpc=logits and --rpc=logprobs use shared memory so far");
   }
 
   const std::uint64_t m = static_cast<std::uint64_t>(c.m);
@@ -419,8 +420,18 @@ CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
       };
     case Rpc::kLogProbs:
       return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
-        absl::StatusOr<client::LogProbsResult> r =
-            cl.LogProbs(in.x, &in.targets, handle, c.logprobs);
+        absl::StatusOr<client::LogProbsResult> r;
+        if (c.shm) {
+          // X from the worker's region; the targets and the per-token
+          // outputs (a few bytes a token) travel in the stream.
+          client::LogProbsShmArgs args;
+          args.x_slot = client::ShmSlot{in.region_handle, in.region.get(), 0};
+          args.x_shape = in.x.shape();
+          args.targets = &in.targets;
+          r = cl.LogProbsShm(args, handle, c.logprobs);
+        } else {
+          r = cl.LogProbs(in.x, &in.targets, handle, c.logprobs);
+        }
         if (!r.ok()) return r.status();
         *trailer = r->timing.trailer;
         return absl::OkStatus();
@@ -652,8 +663,9 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
     // One region per worker, X written into it once, registered once.
     for (Inputs& in : inputs) {
       in.y_offset = (in.x.nbytes() + 63) / 64 * 64;
+      const std::uint64_t y_bytes = c.rpc == Rpc::kLogits ? c.down_bytes : 0;
       absl::StatusOr<client::SharedRegion> region =
-          client::SharedRegion::Create(in.y_offset + c.down_bytes);
+          client::SharedRegion::Create(in.y_offset + y_bytes);
       if (!region.ok()) return server_error("shared-memory region", region.status());
       in.region = std::make_shared<client::SharedRegion>(*std::move(region));
       std::copy_n(in.x.bytes(), in.x.nbytes(), in.region->data());

@@ -92,7 +92,9 @@ commands:
                                      --accumulate, cross-entropy --dx --dw --accumulate,
                                      logprobs --top_k --entropy --lse --rank --temperature;
                                      fetch-gradient reads the fp32 dW [V, K] back;
-                                     baseline alone moves the bytes of the logits call
+                                     baseline alone moves the bytes of the logits call;
+                                     --shm (logits, logprobs): X, and the logits, through
+                                     shared memory (server --allow_shm)
   validate [args]                    the validation harness
   help                               this text
 

@@ -636,6 +636,17 @@ TEST_F(ShmTest, LogitctlLogitsAndBenchWithShm) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("\"shm_skip_digest\": true"));
   EXPECT_THAT(r.out, HasSubstr("\"error_count\": 0"));
+
+  // LogProbs with X in the worker's region.
+  r = Logitctl({"bench", "--rpc=logprobs", "--shm", "--top_k=3", "--entropy", "--m=8", "--k=64",
+                "--v=96", "--requests=3", "--nobaseline", "--json"},
+               /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"shm\": true"));
+  EXPECT_THAT(r.out, HasSubstr("\"error_count\": 0"));
+  r = Logitctl({"bench", "--rpc=backward", "--shm", "--m=8", "--k=64", "--v=96", "--requests=1"});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("only --rpc=logits and --rpc=logprobs"));
 }
 
 TEST_F(ShmTest, LogitctlCastAndCrossEntropyWithShmEqualStreamed) {
