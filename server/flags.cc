@@ -82,7 +82,7 @@ ABSL_FLAG(std::uint64_t, chunk_bytes, logitd::kDefaultChunkBytes,
 ABSL_FLAG(std::uint64_t, ce_workspace_bytes, 0,
           "cuda: device bytes a CrossEntropy call may use for its chunk of fp32 logits; more "
           "means larger chunks and a faster call, 0 lets the backend keep peak memory within "
-          "1.25x the gradients it returns.");
+          "1.5x the gradients it returns.");
 ABSL_FLAG(std::uint64_t, pinned_cache_bytes, std::uint64_t{4} << 30,
           "cuda: bytes of page-locked host memory kept between calls for the tensor calls' input "
           "and output buffers (allocating and freeing it per call costs milliseconds for large "

@@ -316,7 +316,7 @@ struct BackendOptions {
   std::uint64_t device_memory_budget = 0;  // cuda: bytes for workspaces+weights, 0 = all free
   // cuda: device bytes a fused cross-entropy call may use for its chunk of
   // logits (more: larger chunks, faster; 0: the backend's choice, which keeps
-  // peak memory within 1.25 times the gradients it returns).
+  // peak memory within 1.5 times the gradients it returns).
   std::uint64_t ce_workspace_bytes = 0;
   // cuda: bytes of page-locked host buffers (the tensor calls' inputs and outputs)
   // kept for reuse between calls instead of being freed; 0 frees every one.

@@ -110,7 +110,8 @@ CeScratchSizes CeTokenScratch(std::int64_t chunk, std::int64_t v, std::int64_t k
 }
 
 std::uint64_t CeTokenWorkspace(std::uint64_t gradient_output_bytes) {
-  return std::max<std::uint64_t>(kCeWorkspaceBytes, gradient_output_bytes / 100 * 22);
+  return std::max<std::uint64_t>(kCeWorkspaceBytes,
+                                 gradient_output_bytes / 100 * kCeTokenWorkspacePercent);
 }
 
 std::int64_t ChooseCeTokenChunk(std::int64_t m, std::int64_t v, std::int64_t k, bool dx_bf16,

@@ -59,10 +59,13 @@ CeScratchSizes CeScratch(std::int64_t m, std::int64_t k, std::int64_t chunk, boo
 // staging when dX is bf16.
 CeScratchSizes CeTokenScratch(std::int64_t chunk, std::int64_t v, std::int64_t k, bool dx_bf16);
 
-// The token walk's workspace allowance: 22% of the gradient outputs it
-// writes (dX and dW), which leaves room for x, the dX staging, the per-row
-// state and the cuBLASLt workspace within 1.25 times them; never less than
-// kCeWorkspaceBytes.
+// The token walk's workspace allowance: kCeTokenWorkspacePercent of the
+// gradient outputs it writes (dX and dW), which leaves room for the per-row
+// state and the cuBLASLt workspace within 1.5 times them (issue 19's memory
+// budget; larger chunks mean fewer read-modify-writes of the fp32 dW, and on
+// the H200 the walk at 1,024 to 2,048 tokens runs 1.1 to 1.2 times faster than
+// at 512: docs/BENCHMARKS.md); never less than kCeWorkspaceBytes.
+inline constexpr std::uint64_t kCeTokenWorkspacePercent = 45;
 std::uint64_t CeTokenWorkspace(std::uint64_t gradient_output_bytes);
 // Tokens per chunk for the token walk: the largest multiple of
 // kCeTokenQuantum whose CeTokenScratch fits in workspace_bytes, all of m
