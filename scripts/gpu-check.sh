@@ -9,7 +9,7 @@
 # Environment:
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
-#   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate compare rpc chunks example
+#   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate compare rpc oip chunks example
 #                      bench torch gemm ce lp
 #                      ("bench" skips every benchmark, "gemm" the GEMM ones, "ce" the
 #                      cross-entropy one, "lp" the LogProbs one)
@@ -32,6 +32,8 @@
 #   RPC_BENCH_REQUESTS requests per M=1024 logitctl bench run (default 30)
 #   RPC_BENCH_TIMEOUT  seconds allowed per logitctl bench run (default 120)
 #   RPC_BENCH_SET      all (default) | logprobs: the rpc step's LogProbs rows alone
+#   PERF_ANALYZER      Triton's perf_analyzer, for the oip step (skipped without it)
+#   CE_BENCH_ARGS      more bench/ce_bench.py arguments (e.g. --no-vocab-walk)
 #   SANITIZE_TIMEOUT   seconds allowed per compute-sanitizer run (default 240)
 #   GOLDEN_RESTARTS    server restarts compared against a golden baseline (default 5), with the
 #                      algorithm cache file kept and again without one
@@ -399,7 +401,8 @@ else
       local name=$1; shift
       echo "=== bench $name: $*" >>"$out/rpc.log"
       timeout "${RPC_BENCH_TIMEOUT:-120}" "$logitctl_bin" --server="127.0.0.1:$port" bench "$@" \
-        --json >"$out/rpc_$name.json" 2>>"$out/rpc.log" || { rpc_rc=1; echo "exit $?" >>"$out/rpc.log"; }
+        --json >"$out/rpc_$name.json" 2>>"$out/rpc.log" ||
+        { local rc=$?; rpc_rc=1; echo "exit $rc" >>"$out/rpc.log"; }
       python3 -c 'import json,sys
 for p in json.load(open(sys.argv[1]))["phases"]:
   s=p.get("server_avg",{})
@@ -447,6 +450,7 @@ for p in json.load(open(sys.argv[1]))["phases"]:
     busy lp_m1024_v32k_c16 --rpc=logprobs --k=4096 --v=32768 --top_k=5 --entropy --lse \
       --baseline=false --m=1024 --concurrency=16 --channels=16 --duration=10
     bench lp_m8192_c1 "${lp[@]}" --m=8192 --requests=12
+    bench lp_m8192_c1_shm "${lp[@]}" --m=8192 --requests=12 --shm
     bench lp_m16_c1 "${lp[@]}" --m=16 --duration=5
     if [ "${RPC_BENCH_SET:-all}" = all ]; then
       bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=6
@@ -469,6 +473,78 @@ print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out
   fi
   stop_server
   rm -f "$metrics_port_file"
+fi
+
+# --- the Open Inference Protocol under load: perf_analyzer against logitctl bench --
+# Triton's perf_analyzer (PERF_ANALYZER: its path; it ships in tritonclient's
+# manylinux wheel and needs libb64 and libcudart.so.12 on LD_LIBRARY_PATH)
+# calls model "head" (a registered random [32768, 4096] weight) over the OIP;
+# logitctl bench calls the same shape over logitd's own RPC, in the same run.
+# M=16 over plain gRPC; M=1024 through system shared memory (its 128 MiB of
+# logits are over the 4 MiB message limit).
+if skipped oip || skipped rpc; then
+  note oip skip "GPU_CHECK_SKIP"
+elif [ -z "${PERF_ANALYZER:-}" ] || [ ! -x "${PERF_ANALYZER:-}" ]; then
+  note oip skip "PERF_ANALYZER is not set to an executable perf_analyzer"
+elif [ -z "$(find_bin logitd)" ] || [ -z "$(find_bin logitctl)" ]; then
+  note oip skip "logitd or logitctl was not built (see build.log)"
+else
+  : >"$out/oip.log"
+  oip_rc=0
+  # A random bf16 [32768, 4096] weight as safetensors (numpy only).
+  make_head() {
+    python3 - "$1" <<'PY'
+import json, struct, sys
+import numpy as np
+v, k = 32768, 4096
+w = np.random.default_rng(1234).standard_normal((v, k), dtype=np.float32) * (3 / k ** 0.5)
+bits = (w.view(np.uint32) >> 16).astype(np.uint16)  # bf16 by truncation: any bf16 values do
+head = json.dumps({"w": {"dtype": "BF16", "shape": [v, k], "data_offsets": [0, bits.nbytes]}})
+head = head.encode() + b" " * (-len(head) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(head)) + head + bits.tobytes())
+PY
+  }
+  if start_server "$out/oip_server.log" --allow_shm &&
+    make_head "$out/oip_head.safetensors" >>"$out/oip.log" 2>&1 &&
+    "$(find_bin logitctl)" --server="127.0.0.1:$port" weights register "$out/oip_head.safetensors" \
+      --tensor=w --name=head >>"$out/oip.log" 2>&1; then
+    rm -f "$out/oip_head.safetensors"
+    pa() {  # pa NAME ARGS...: one perf_analyzer run, its CSV to oip_NAME.csv
+      local name=$1; shift
+      echo "=== perf_analyzer $name: $*" >>"$out/oip.log"
+      timeout 120 "$PERF_ANALYZER" -m head -u "127.0.0.1:$port" -i grpc --measurement-interval 3000 \
+        --stability-percentage 25 -f "$out/oip_$name.csv" "$@" >>"$out/oip.log" 2>&1 ||
+        { local rc=$?; oip_rc=1; echo "exit $rc" >>"$out/oip.log"; }
+      tail -1 "$out/oip_$name.csv" 2>/dev/null | awk -F, -v n="$name" '{printf "  OIP %-22s concurrency %s: %9.1f req/s  p50 %8.3f ms  p99 %8.3f ms\n", n, $1, $2, $5/1000, $8/1000}' >>"$out/oip.log"
+    }
+    ours() {  # ours NAME ARGS...: logitctl bench, same shape
+      local name=$1; shift
+      timeout 120 "$(find_bin logitctl)" --server="127.0.0.1:$port" bench "$@" --baseline=false \
+        --json >"$out/oip_ours_$name.json" 2>>"$out/oip.log" || oip_rc=1
+      python3 -c 'import json,sys
+p=json.load(open(sys.argv[1]))["phases"][0]
+print("  own %-22s concurrency %s: %9.1f req/s  p50 %8.3f ms  p99 %8.3f ms" % (sys.argv[2], sys.argv[3],
+  p["requests_per_s"], p["latency_ms"]["p50"], p["latency_ms"]["p99"]))' "$out/oip_ours_$name.json" "$name" \
+        "$(echo "$*" | grep -o 'concurrency=[0-9]*' | cut -d= -f2 || echo 1)" >>"$out/oip.log" 2>&1 || oip_rc=1
+    }
+    pa m16_c1 --shape x:16,4096 --concurrency-range 1
+    ours m16_c1 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --concurrency=1
+    pa m16_c16 --shape x:16,4096 --concurrency-range 16
+    ours m16_c16 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --concurrency=16 --channels=16
+    pa m1024_c1_shm --shape x:1024,4096 --concurrency-range 1 --shared-memory system \
+      --output-shared-memory-size $((1024 * 32768 * 4))
+    ours m1024_c1_shm --rpc=logits --m=1024 --k=4096 --v=32768 --duration=5 --concurrency=1 --shm
+    pa m1024_c4_shm --shape x:1024,4096 --concurrency-range 4 --shared-memory system \
+      --output-shared-memory-size $((1024 * 32768 * 4))
+    ours m1024_c4_shm --rpc=logits --m=1024 --k=4096 --v=32768 --duration=5 --concurrency=4 \
+      --channels=4 --shm
+    if [ $oip_rc -eq 0 ]; then note oip ok "oip.log, oip_*.csv"
+    else note oip FAIL "see oip.log"; fi
+  else
+    note oip FAIL "the server or the weight did not come up (see oip.log, oip_server.log)"
+  fi
+  stop_server
 fi
 
 # --- chunk size: the one-client M=1024 logits call at several --chunk_bytes --
@@ -625,6 +701,8 @@ else
            --reps "${CE_BENCH_REPS:-10}" --logitd-lib "$capi")
   [ -n "${CE_BENCH_SHAPES:-}" ] && ce_args+=(--shapes "$CE_BENCH_SHAPES")
   [ -n "${CE_BENCH_TOKEN_CHUNKS:-}" ] && ce_args+=(--token-chunks "$CE_BENCH_TOKEN_CHUNKS")
+  # shellcheck disable=SC2206
+  [ -n "${CE_BENCH_ARGS:-}" ] && ce_args+=(${CE_BENCH_ARGS})
   ce_timeout=${CE_BENCH_TIMEOUT:-240}
   if [ "${CE_BENCH_COMPILE:-0}" = 1 ]; then
     ce_args+=(--compile)
