@@ -32,6 +32,8 @@
 #   RPC_BENCH_REQUESTS requests per M=1024 logitctl bench run (default 30)
 #   RPC_BENCH_TIMEOUT  seconds allowed per logitctl bench run (default 120)
 #   RPC_BENCH_SET      all (default) | logprobs: the rpc step's LogProbs rows alone
+#   COMPARE_ARGS       validate arguments of the compare step (default --quick; the cpu
+#                      side of the full suites takes minutes); COMPARE_TIMEOUT (default 300)
 #   PERF_ANALYZER      Triton's perf_analyzer, for the oip step (skipped without it)
 #   CE_BENCH_ARGS      more bench/ce_bench.py arguments (e.g. --no-vocab-walk)
 #   SANITIZE_TIMEOUT   seconds allowed per compute-sanitizer run (default 240)
@@ -367,8 +369,9 @@ else
   cpu_pid=$server_pid cpu_port=$port
   server_backend=cuda
   if [ -n "$cpu_port" ] && start_server "$out/compare.log"; then
-    timeout "${VALIDATE_TIMEOUT:-300}" "$(find_bin logitctl)" validate --server="127.0.0.1:$port" \
-      --compare="127.0.0.1:$cpu_port" --json "$out/compare.json" --report "$out/compare" \
+    # shellcheck disable=SC2086
+    timeout "${COMPARE_TIMEOUT:-300}" "$(find_bin logitctl)" validate --server="127.0.0.1:$port" \
+      ${COMPARE_ARGS---quick} --compare="127.0.0.1:$cpu_port" --json "$out/compare.json" --report "$out/compare" \
       >>"$out/compare.log" 2>&1
     compare_rc=$?
     if [ $compare_rc -eq 0 ]; then note compare ok "cuda against cpu: both inside their bounds (compare/)"
