@@ -36,6 +36,21 @@ std::shared_ptr<Authenticator> DefaultAuthenticator() {
 
 }  // namespace
 
+std::string PinShmRegion(kernels::Backend& backend, ShmMapping* mapping) {
+  // Page-locked, the device copies to and from the region at full speed;
+  // a region that cannot be stays usable at the pageable rate.
+  const absl::Time pin_start = absl::Now();
+  absl::StatusOr<std::shared_ptr<void>> pin =
+      backend.PinHostMemory(mapping->base(), static_cast<std::size_t>(mapping->bytes()));
+  if (!pin.ok()) {
+    return absl::StrCat("not page-locked (", pin.status().message(),
+                        "): device copies use the pageable path");
+  }
+  if (*pin == nullptr) return "not page-locked (the backend has no device)";
+  mapping->set_pin(*std::move(pin));
+  return absl::StrCat("page-locked in ", absl::FormatDuration(absl::Now() - pin_start));
+}
+
 LogitdService::LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceOptions options)
     : faults_(std::make_shared<FaultInjector>(options.faults)),
       backend_(WithOutputFaults(std::move(backend), faults_)),
@@ -166,19 +181,7 @@ grpc::Status LogitdService::RegisterShm(grpc::ServerContext* context,
     stats->bytes_in = request->ByteSizeLong();
     LOGITD_ASSIGN_OR_RETURN(const ShmRecord r,
                             shm_.Register(stats->tenant, request->name(), request->bytes()));
-    // Page-locked, the device copies to and from the region at full speed;
-    // a region that cannot be stays usable at the pageable rate.
-    const absl::Time pin_start = absl::Now();
-    absl::StatusOr<std::shared_ptr<void>> pin =
-        backend_->PinHostMemory(r.mapping->base(), static_cast<std::size_t>(r.mapping->bytes()));
-    std::string pinned = "not page-locked (the backend has no device)";
-    if (!pin.ok()) {
-      pinned = absl::StrCat("not page-locked (", pin.status().message(),
-                            "): device copies use the pageable path");
-    } else if (*pin != nullptr) {
-      r.mapping->set_pin(*std::move(pin));
-      pinned = absl::StrCat("page-locked in ", absl::FormatDuration(absl::Now() - pin_start));
-    }
+    const std::string pinned = PinShmRegion(*backend_, r.mapping.get());
     response->set_handle(r.handle);
     response->set_name(r.mapping->name());
     response->set_bytes(r.mapping->bytes());

@@ -51,14 +51,20 @@ using RawTensorService =
 using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // What a second front door (oip_service.h) serves over: the service's own
-// backend, weights, admission, call runner and options. Not owning.
+// backend, weights, admission, call runner, options and shared-memory
+// regions. Not owning.
 struct ServiceCore {
   kernels::Backend* backend = nullptr;
   const WeightRegistry* registry = nullptr;
   RequestAdmission* admission = nullptr;
   const CallRunner* runner = nullptr;
   const ServiceOptions* options = nullptr;
+  ShmRegistry* shm = nullptr;
 };
+
+// Page-locks a registered region for the device's copies where the backend
+// can (until the mapping goes); says how that went, for the log line.
+std::string PinShmRegion(kernels::Backend& backend, ShmMapping* mapping);
 
 class LogitdService final : public RawTensorService {
  public:
@@ -100,7 +106,9 @@ class LogitdService final : public RawTensorService {
   const RequestAdmission& admission() const { return admission_; }
   const ShmRegistry& shm() const { return shm_; }
   Authenticator& authenticator() const { return *auth_; }
-  ServiceCore core() { return {backend_.get(), &registry_, &admission_, &runner_, &options_}; }
+  ServiceCore core() {
+    return {backend_.get(), &registry_, &admission_, &runner_, &options_, &shm_};
+  }
 
  private:
   using LogitsCall = TensorCall<v1::LogitsRequest, v1::LogitsResponse>;

@@ -107,7 +107,7 @@ absl::Status ShmRegistry::CheckAllowed(absl::string_view what) const {
 }
 
 absl::StatusOr<ShmRecord> ShmRegistry::Register(const Tenant& tenant, absl::string_view name,
-                                                std::uint64_t bytes) {
+                                                std::uint64_t bytes, SizeCheck check) {
   if (absl::Status s = CheckAllowed("RegisterShm"); !s.ok()) return s;
   if (absl::Status s = ValidateShmName(name); !s.ok()) return s;
   if (bytes == 0) {
@@ -155,11 +155,12 @@ absl::StatusOr<ShmRecord> ShmRegistry::Register(const Tenant& tenant, absl::stri
         "shm region '", name, "': expected a shared-memory object owned by the server's user (uid ",
         geteuid(), "), got one owned by uid ", st.st_uid));
   }
-  if (static_cast<std::uint64_t>(st.st_size) != bytes) {
+  const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+  if (check == SizeCheck::kExact ? size != bytes : size < bytes) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("shm region '", name, "': registered as ", bytes,
-                                                   " bytes, but the object has ", st.st_size,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shm region '", name, "': registered as ", check == SizeCheck::kExact ? "" : "reaching ",
+        bytes, " bytes, but the object has ", st.st_size, " bytes"));
   }
   void* base =
       mmap(nullptr, static_cast<std::size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

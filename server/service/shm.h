@@ -97,13 +97,23 @@ class ShmRegistry {
   // FailedPrecondition naming --allow_shm when shared memory is off.
   absl::Status CheckAllowed(absl::string_view what) const;
 
+  // How Register checks the object's size against `bytes`.
+  enum class SizeCheck {
+    // The object has exactly `bytes` (logitd.v1's RegisterShm).
+    kExact,
+    // The object has at least `bytes`, of which the first `bytes` are mapped
+    // (a region at an offset of a larger object, as the Open Inference
+    // Protocol registers them).
+    kAtLeast,
+  };
+
   // Opens and maps `name` (read-write) for `tenant`. FailedPrecondition
   // without --allow_shm; InvalidArgument for a bad name, a size of 0, or an
-  // object whose size is not `bytes`; ResourceExhausted over the size limit
-  // or the tenant's region count; NotFound when no such object exists;
+  // object whose size does not pass `check`; ResourceExhausted over the size
+  // limit or the tenant's region count; NotFound when no such object exists;
   // PermissionDenied when it is not the server user's own regular object.
   absl::StatusOr<ShmRecord> Register(const Tenant& tenant, absl::string_view name,
-                                     std::uint64_t bytes);
+                                     std::uint64_t bytes, SizeCheck check = SizeCheck::kExact);
   // NotFound (the same message whether or not another tenant holds it).
   absl::StatusOr<ShmRecord> Find(const Tenant& tenant, absl::string_view handle) const;
   // Forgets the region; its mapping goes when calls still using it end.
