@@ -1,7 +1,6 @@
 #include "server/service/oip_service.h"
 
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,7 +8,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "logitd/bf16.h"
 #include "server/service/build_info.h"
 #include "server/service/status.h"
@@ -21,19 +19,11 @@ namespace {
 constexpr absl::string_view kInput = "x";
 constexpr absl::string_view kOutput = "logits";
 constexpr absl::string_view kVersion = "1";
-// Room for a response's framing next to its tensor: names, shape, id.
-constexpr std::uint64_t kResponseFramingBytes = 4096;
 
 // The weight a model name names: its handle, else its registration name
 // (unique among the tenant's weights). NotFound naming the model otherwise.
-absl::StatusOr<WeightRecord> FindModel(const WeightRegistry& registry, const Tenant& tenant,
-                                       absl::string_view model, absl::string_view version) {
-  if (model.empty()) return absl::InvalidArgumentError("model name: expected one, got none");
-  if (!version.empty() && version != kVersion) {
-    return absl::NotFoundError(
-        absl::StrCat("model '", model, "' version '", version,
-                     "' not found: logitd's models have version \"1\" only"));
-  }
+absl::StatusOr<WeightRecord> FindWeight(const WeightRegistry& registry, const Tenant& tenant,
+                                        absl::string_view model) {
   if (ValidateHandle(model).ok()) {
     if (absl::StatusOr<WeightRecord> w = registry.Find(tenant, model); w.ok()) return w;
   }
@@ -55,146 +45,89 @@ absl::StatusOr<WeightRecord> FindModel(const WeightRegistry& registry, const Ten
                    absl::StrJoin(handles, ", "), ")"));
 }
 
-// A request parameter `alpha`: a string ("0.5") or an integer. The KServe
-// proto's InferParameter has no double; Triton's double_param arrives as an
-// unknown field, i.e. with no value set.
-absl::StatusOr<float> AlphaParameter(const inference::InferParameter& p) {
+// The weight model `model` names, version "1" (or empty) only.
+absl::StatusOr<WeightRecord> FindModel(const WeightRegistry& registry, const Tenant& tenant,
+                                       absl::string_view model, absl::string_view version) {
+  if (model.empty()) return absl::InvalidArgumentError("model name: expected one, got none");
+  if (!version.empty() && version != kVersion) {
+    return absl::NotFoundError(
+        absl::StrCat("model '", model, "' version '", version,
+                     "' not found: logitd's models have version \"1\" only"));
+  }
+  return FindWeight(registry, tenant, model);
+}
+
+// A number parameter: double_param (Triton's float), an integer, or a
+// string ("0.5"; curl and the KServe proto, which has no double).
+absl::StatusOr<double> NumberParameter(absl::string_view key, const inference::InferParameter& p) {
   switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kDoubleParam:
+      return p.double_param();
     case inference::InferParameter::kInt64Param:
-      return static_cast<float>(p.int64_param());
+      return static_cast<double>(p.int64_param());
+    case inference::InferParameter::kUint64Param:
+      return static_cast<double>(p.uint64_param());
     case inference::InferParameter::kStringParam: {
-      double alpha = 0;
-      if (absl::SimpleAtod(p.string_param(), &alpha)) return static_cast<float>(alpha);
+      double v = 0;
+      if (absl::SimpleAtod(p.string_param(), &v)) return v;
       break;
     }
     default:
       break;
   }
   return absl::InvalidArgumentError(
-      "parameter 'alpha': expected a number as a string (e.g. \"0.5\") or an integer (the KServe "
-      "v2 InferParameter has no double)");
+      absl::StrCat("parameter '", key,
+                   "': expected a number (a double, an integer, or a string such as \"0.5\")"));
 }
 
-struct InferPlan {
-  WeightRecord w;
-  std::int64_t m = 0;
+struct LogitsParameters {
   DType out_dtype = DType::kFp32;
   float alpha = 1.0f;
-  std::uint64_t x_bytes = 0;
-  std::uint64_t y_bytes = 0;
 };
 
-// The request's parameters: out_dtype and alpha; others are ignored.
-absl::Status ReadParameters(const inference::ModelInferRequest& request, InferPlan* plan) {
-  const auto& params = request.parameters();
+// NAME's request parameters: out_dtype and alpha; others are ignored.
+absl::StatusOr<LogitsParameters> ReadLogitsParameters(const OipParameters& params) {
+  LogitsParameters p;
   if (auto it = params.find("out_dtype"); it != params.end()) {
     const std::string& v = it->second.string_param();
     if (v == "fp32" || v == "FP32") {
-      plan->out_dtype = DType::kFp32;
+      p.out_dtype = DType::kFp32;
     } else if (v == "bf16" || v == "BF16") {
-      plan->out_dtype = DType::kBf16;
+      p.out_dtype = DType::kBf16;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter 'out_dtype': expected the string \"fp32\" or \"bf16\", got '", v, "'"));
     }
   }
   if (auto it = params.find("alpha"); it != params.end()) {
-    LOGITD_ASSIGN_OR_RETURN(plan->alpha, AlphaParameter(it->second));
+    LOGITD_ASSIGN_OR_RETURN(const double alpha, NumberParameter("alpha", it->second));
+    p.alpha = static_cast<float>(alpha);
   }
-  return absl::OkStatus();
+  return p;
 }
 
-// The one input, `x` BF16 [M, K] in raw_input_contents, and the outputs
-// asked for (none, or `logits`).
-absl::Status CheckTensors(const inference::ModelInferRequest& request, InferPlan* plan) {
-  const std::string label = plan->w.Label();
-  const std::string expected =
-      absl::StrCat("expected one input '", kInput, "' BF16 [M, ", plan->w.k,
-                   "] in raw_input_contents (row-major, no padding) for model ", label);
-  if (request.inputs_size() != 1 || request.inputs(0).name() != kInput) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        expected, "; got ", request.inputs_size(), " inputs",
-        request.inputs_size() > 0 ? absl::StrCat(", the first '", request.inputs(0).name(), "'")
-                                  : ""));
+// Input `x`, BF16 [M, K] with K the weight's: returns M.
+absl::StatusOr<std::int64_t> CheckX(OipInferCall* call, const WeightRecord& w,
+                                    absl::string_view expected) {
+  const OipInferCall::InputTensor* x = call->input(kInput);
+  if (x == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(expected, "; got no input '", kInput, "'"));
   }
-  const auto& x = request.inputs(0);
-  if (x.parameters().contains("shared_memory_region")) {
-    return absl::UnimplementedError(
-        "input 'x': the shared-memory extension is not served on this protocol yet; send it in "
-        "raw_input_contents, or use logitd's own Logits RPC with shared memory");
-  }
-  if (x.datatype() != "BF16") {
+  if (x->datatype() != "BF16") {
     return absl::InvalidArgumentError(
-        absl::StrCat(expected, "; got datatype '", x.datatype(), "'"));
+        absl::StrCat(expected, "; got x of datatype '", x->datatype(), "'"));
   }
-  if (x.shape_size() != 2 || x.shape(0) < 1 || x.shape(1) != plan->w.k) {
+  if (x->shape_size() != 2 || x->shape(0) < 1 || x->shape(1) != w.k) {
     return absl::InvalidArgumentError(
-        absl::StrCat(expected, "; got shape [", absl::StrJoin(x.shape(), ", "), "]"));
+        absl::StrCat(expected, "; got x of shape [", absl::StrJoin(x->shape(), ", "), "]"));
   }
-  if (x.has_contents() || request.raw_input_contents_size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        expected, "; BF16 travels as raw bytes only, got ", request.raw_input_contents_size(),
-        " raw_input_contents", x.has_contents() ? " and typed contents" : ""));
+  const std::int64_t m = x->shape(0);
+  if (m > (std::int64_t{1} << 40) / w.k) {
+    return absl::InvalidArgumentError(absl::StrCat(expected, "; M=", m, " is too large"));
   }
-  plan->m = x.shape(0);
-  if (plan->m > (std::int64_t{1} << 40) / plan->w.k) {
-    return absl::InvalidArgumentError(absl::StrCat(expected, "; M=", plan->m, " is too large"));
-  }
-  plan->x_bytes = static_cast<std::uint64_t>(plan->m * plan->w.k) * 2;
-  if (request.raw_input_contents(0).size() != plan->x_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(expected, "; [", plan->m, ", ", plan->w.k,
-                                                   "] is ", plan->x_bytes, " bytes, got ",
-                                                   request.raw_input_contents(0).size()));
-  }
-  for (const auto& out : request.outputs()) {
-    if (out.name() != kOutput) {
-      return absl::InvalidArgumentError(absl::StrCat("requested output '", out.name(),
-                                                     "': expected '", kOutput,
-                                                     "', the one output of model ", label));
-    }
-    if (out.parameters().contains("shared_memory_region")) {
-      return absl::UnimplementedError(
-          "output 'logits': the shared-memory extension is not served on this protocol yet");
-    }
-  }
-  return absl::OkStatus();
-}
-
-// One OIP message holds a whole tensor: a response over the server's message
-// limit cannot be sent.
-absl::Status CheckSizes(const inference::ModelInferRequest& request, const ServiceOptions& options,
-                        InferPlan* plan) {
-  // gRPC lets requests of up to twice this limit through (see main.cc), so
-  // that the refusal names it.
-  const std::uint64_t in_limit = options.max_receive_message_bytes;
-  if (request.ByteSizeLong() > in_limit) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the request (", request.ByteSizeLong(), " bytes, x [", plan->m, ", ", plan->w.k,
-        "]) is over the server's max message size of ", in_limit,
-        " bytes; one Open Inference Protocol message holds a whole tensor: send fewer rows per "
-        "call, or use logitd's streaming Logits RPC (logitd.v1.Logitd/Logits, which can also use "
-        "shared memory)"));
-  }
-  const std::uint64_t elem = plan->out_dtype == DType::kFp32 ? 4 : 2;
-  const std::uint64_t row = static_cast<std::uint64_t>(plan->w.v) * elem;
-  plan->y_bytes = static_cast<std::uint64_t>(plan->m) * row;
-  const std::uint64_t limit = options.max_send_message_bytes;
-  const std::uint64_t framing = kResponseFramingBytes + request.id().size();
-  if (plan->y_bytes + framing > limit) {
-    const std::uint64_t rows = limit > framing ? (limit - framing) / row : 0;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the response, logits [", plan->m, ", ", plan->w.v, "] ", DTypeName(plan->out_dtype), " (",
-        plan->y_bytes, " bytes), is over the server's max message size of ", limit,
-        " bytes; one Open Inference Protocol message holds a whole tensor: send at most ", rows,
-        " rows of this model per call, or use logitd's streaming Logits RPC "
-        "(logitd.v1.Logitd/Logits, which can also use shared memory)"));
-  }
-  if (plan->x_bytes + plan->y_bytes > options.max_request_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the call moves ", plan->x_bytes + plan->y_bytes,
-        " tensor bytes, over the server's --max_request_bytes of ", options.max_request_bytes));
-  }
-  return absl::OkStatus();
+  LOGITD_RETURN_IF_ERROR(
+      call->CheckInputBytes(kInput, static_cast<std::uint64_t>(m * w.k) * 2, expected));
+  return m;
 }
 
 }  // namespace
@@ -235,8 +168,8 @@ grpc::Status OipService::ServerMetadata(grpc::ServerContext* context,
   return core_.runner->Run("oip.ServerMetadata", context, [&](CallStats*) {
     response->set_name("logitd");
     response->set_version(std::string(Version()));
-    // No protocol extensions yet (system shared memory is to come).
-    response->clear_extensions();
+    // Triton's name for the extension, listed where it is served.
+    if (core_.shm->allowed()) response->add_extensions("system_shared_memory");
     return absl::OkStatus();
   });
 }
@@ -250,16 +183,15 @@ grpc::Status OipService::ModelMetadata(grpc::ServerContext* context,
     response->set_name(request->name());
     response->add_versions(std::string(kVersion));
     response->set_platform("logitd");
-    auto* x = response->add_inputs();
-    x->set_name(std::string(kInput));
-    x->set_datatype("BF16");
-    x->add_shape(-1);
-    x->add_shape(w.k);
-    auto* y = response->add_outputs();
-    y->set_name(std::string(kOutput));
-    y->set_datatype("FP32");
-    y->add_shape(-1);
-    y->add_shape(w.v);
+    const auto add = [](auto* list, absl::string_view name, absl::string_view datatype,
+                        std::vector<std::int64_t> shape) {
+      auto* t = list->Add();
+      t->set_name(std::string(name));
+      t->set_datatype(std::string(datatype));
+      for (std::int64_t d : shape) t->add_shape(d);
+    };
+    add(response->mutable_inputs(), kInput, "BF16", {-1, w.k});
+    add(response->mutable_outputs(), kOutput, "FP32", {-1, w.v});
     return absl::OkStatus();
   });
 }
@@ -278,58 +210,45 @@ absl::Status OipService::DoModelInfer(grpc::ServerContext* context,
   stats->bytes_in = request.ByteSizeLong();
   // A lost device fails the call at once, with its cause (UNAVAILABLE).
   LOGITD_RETURN_IF_ERROR(core_.backend->Health());
-  InferPlan plan;
-  LOGITD_ASSIGN_OR_RETURN(plan.w, FindModel(*core_.registry, stats->tenant, request.model_name(),
-                                            request.model_version()));
-  LOGITD_RETURN_IF_ERROR(ReadParameters(request, &plan));
-  LOGITD_RETURN_IF_ERROR(CheckTensors(request, &plan));
-  LOGITD_RETURN_IF_ERROR(CheckSizes(request, *core_.options, &plan));
   LOGITD_ASSIGN_OR_RETURN(
-      AdmissionTicket ticket,
-      core_.admission->Admit(
-          "ModelInfer", plan.x_bytes + plan.y_bytes, absl::FromChrono(context->deadline()),
-          [context] { return context->IsCancelled(); }, stats->tenant.id));
-  if (ticket.waited() > absl::ZeroDuration()) stats->queue_us = Micros(ticket.waited());
+      const WeightRecord w,
+      FindModel(*core_.registry, stats->tenant, request.model_name(), request.model_version()));
+  OipInferCall call(core_, &shm_regions_, context, request, response, stats);
+  return InferLogits(w, &call);
+}
 
-  // The input's bytes, aligned for bf16 (a protobuf string's usually are).
-  const std::string& raw = request.raw_input_contents(0);
-  std::vector<Bf16Bits> aligned;
-  const Bf16Bits* x = reinterpret_cast<const Bf16Bits*>(raw.data());
-  if (reinterpret_cast<std::uintptr_t>(raw.data()) % alignof(Bf16Bits) != 0) {
-    aligned.resize(static_cast<std::size_t>(plan.x_bytes / 2));
-    std::memcpy(aligned.data(), raw.data(), raw.size());
-    x = aligned.data();
+absl::Status OipService::InferLogits(const WeightRecord& w, OipInferCall* call) {
+  LOGITD_ASSIGN_OR_RETURN(const LogitsParameters p,
+                          ReadLogitsParameters(call->request().parameters()));
+  const std::string expected = absl::StrCat(
+      "expected one input '", kInput, "' BF16 [M, ", w.k,
+      "] in raw_input_contents or system shared memory (row-major, no padding) for model ",
+      w.Label());
+  LOGITD_RETURN_IF_ERROR(call->BindInputs({kInput}, expected));
+  LOGITD_ASSIGN_OR_RETURN(const std::int64_t m, CheckX(call, w, expected));
+  LOGITD_RETURN_IF_ERROR(call->BindRequestedOutputs({kOutput}, w.Label()));
+  call->AddOutput(kOutput, p.out_dtype, {m, w.v});
+  LOGITD_RETURN_IF_ERROR(call->CheckMessageSizes(m, "Logits"));
+  const std::uint64_t x_bytes = static_cast<std::uint64_t>(m * w.k) * 2;
+  const std::uint64_t y_bytes = static_cast<std::uint64_t>(m * w.v) * ElementSize(p.out_dtype);
+  if (x_bytes + y_bytes > core_.options->max_request_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the call moves ", x_bytes + y_bytes,
+                     " tensor bytes, over the server's --max_request_bytes of ",
+                     core_.options->max_request_bytes));
   }
-  std::string* y = response->add_raw_output_contents();
-  y->resize(static_cast<std::size_t>(plan.y_bytes));
+  LOGITD_RETURN_IF_ERROR(call->Start(0));
+  LOGITD_ASSIGN_OR_RETURN(const std::byte* x, call->InputData(kInput, alignof(Bf16Bits)));
 
   kernels::LogitsArgs args;
-  args.x = x;
-  args.m = plan.m;
-  args.alpha = plan.alpha;
-  args.out_dtype = plan.out_dtype;
-  args.y = y->data();
+  args.x = reinterpret_cast<const Bf16Bits*>(x);
+  args.m = m;
+  args.alpha = p.alpha;
+  args.out_dtype = p.out_dtype;
+  args.y = call->OutputData(kOutput);
   kernels::Timing timing;
-  LOGITD_RETURN_IF_ERROR(core_.backend->Logits(*plan.w.weight, args, &timing));
-  stats->compute_us = timing.compute_us;
-  stats->gemms = absl::StrJoin(timing.gemms, "; ");
-  if (timing.transfers_measured) {
-    stats->h2d_us = timing.h2d_us;
-    stats->d2h_us = timing.d2h_us;
-  }
-
-  response->set_model_name(request.model_name());
-  response->set_model_version(std::string(kVersion));
-  response->set_id(request.id());
-  auto* out = response->add_outputs();
-  out->set_name(std::string(kOutput));
-  out->set_datatype(plan.out_dtype == DType::kFp32 ? "FP32" : "BF16");
-  out->add_shape(plan.m);
-  out->add_shape(plan.w.v);
-  stats->tensor_bytes_in = plan.x_bytes;
-  stats->tensor_bytes_out = plan.y_bytes;
-  stats->bytes_out = response->ByteSizeLong();
-  stats->send_start = absl::Now();
+  LOGITD_RETURN_IF_ERROR(core_.backend->Logits(*w.weight, args, &timing));
+  call->Finish(timing);
   return absl::OkStatus();
 }
 

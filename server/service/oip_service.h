@@ -2,14 +2,18 @@
 // speaks): inference.GRPCInferenceService on logitd's own port, over the same
 // weights, backend, admission and authentication as logitd.v1. A registered
 // weight is a model, named by its registration name or its handle, version
-// "1": input `x` BF16 [M, K], output `logits` FP32 (or BF16) [M, V]. Every
-// call runs through the service's CallRunner (call.h), so tokens, tenants,
-// metrics and the log apply as for logitd's own calls.
+// "1": input `x` BF16 [M, K], output `logits` FP32 (or BF16) [M, V]. Tensors
+// travel in the messages or, with --allow_shm, in system shared memory
+// (oip_shm.h).
+// Every call runs through the service's CallRunner (call.h), so tokens,
+// tenants, metrics and the log apply as for logitd's own calls.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include "kserve/grpc_predict_v2.grpc.pb.h"
+#include "server/service/oip_infer.h"
+#include "server/service/oip_shm.h"
 #include "server/service/service.h"
 
 namespace logitd::service {
@@ -17,7 +21,7 @@ namespace logitd::service {
 class OipService final : public inference::GRPCInferenceService::Service {
  public:
   // Not owning: `service` outlives this.
-  explicit OipService(LogitdService* service) : core_(service->core()) {}
+  explicit OipService(LogitdService* service) : core_(service->core()), shm_regions_(core_.shm) {}
 
   grpc::Status ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest* request,
                           inference::ServerLiveResponse* response) override;
@@ -34,13 +38,27 @@ class OipService final : public inference::GRPCInferenceService::Service {
                              inference::ModelMetadataResponse* response) override;
   grpc::Status ModelInfer(grpc::ServerContext* context, const inference::ModelInferRequest* request,
                           inference::ModelInferResponse* response) override;
+  // The system shared-memory extension (oip_shm.cc); FAILED_PRECONDITION
+  // without --allow_shm.
+  grpc::Status SystemSharedMemoryStatus(
+      grpc::ServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
+      inference::SystemSharedMemoryStatusResponse* response) override;
+  grpc::Status SystemSharedMemoryRegister(
+      grpc::ServerContext* context, const inference::SystemSharedMemoryRegisterRequest* request,
+      inference::SystemSharedMemoryRegisterResponse* response) override;
+  grpc::Status SystemSharedMemoryUnregister(
+      grpc::ServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
+      inference::SystemSharedMemoryUnregisterResponse* response) override;
 
  private:
   absl::Status DoModelInfer(grpc::ServerContext* context,
                             const inference::ModelInferRequest& request,
                             inference::ModelInferResponse* response, CallStats* stats);
+  // The model of a weight, on a call whose tensors are not bound yet.
+  absl::Status InferLogits(const WeightRecord& w, OipInferCall* call);
 
   ServiceCore core_;
+  OipShmRegions shm_regions_;
 };
 
 }  // namespace logitd::service

@@ -1,9 +1,10 @@
 // The Open Inference Protocol front door (KServe v2 inference.
 // GRPCInferenceService) of the real logitd, called through the generated stub
 // with default channel options: metadata, readiness, ModelInfer's exact and
-// bounded results, and its refusals.
+// bounded results, and its refusals; and the system shared-memory extension.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -12,9 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kserve/grpc_predict_v2.grpc.pb.h"
 #include "logitd/bf16.h"
+#include "logitd/shared_region.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {
@@ -23,14 +28,86 @@ namespace {
 using inference::GRPCInferenceService;
 using inference::ModelInferRequest;
 using inference::ModelInferResponse;
+using ::testing::HasSubstr;
+using Parameters = google::protobuf::Map<std::string, inference::InferParameter>;
 
 constexpr std::int64_t kV = 96;
 constexpr std::int64_t kK = 64;
 
+std::string Datatype(DType dtype) {
+  switch (dtype) {
+    case DType::kBf16:
+      return "BF16";
+    case DType::kFp32:
+      return "FP32";
+    case DType::kInt32:
+      return "INT32";
+    case DType::kInt64:
+      return "INT64";
+  }
+  return "";
+}
+
+// The shared-memory parameters of a tensor (no offset parameter when 0).
+void SetShm(Parameters* params, const std::string& region, std::int64_t bytes,
+            std::int64_t offset = 0) {
+  (*params)["shared_memory_region"].set_string_param(region);
+  (*params)["shared_memory_byte_size"].set_int64_param(bytes);
+  if (offset != 0) (*params)["shared_memory_offset"].set_int64_param(offset);
+}
+
+// Input `name` of `dtype` and `shape` in a region.
+void AddShmInput(ModelInferRequest* req, const std::string& name, DType dtype,
+                 const std::vector<std::int64_t>& shape, const std::string& region,
+                 std::int64_t offset) {
+  auto* in = req->add_inputs();
+  in->set_name(name);
+  in->set_datatype(Datatype(dtype));
+  std::int64_t bytes = static_cast<std::int64_t>(ElementSize(dtype));
+  for (std::int64_t d : shape) {
+    in->add_shape(d);
+    bytes *= d;
+  }
+  SetShm(in->mutable_parameters(), region, bytes, offset);
+}
+
+// Requested output `name`, in a region when `region` is not empty.
+void AddOutput(ModelInferRequest* req, const std::string& name, const std::string& region = "",
+               std::int64_t bytes = 0, std::int64_t offset = 0) {
+  auto* out = req->add_outputs();
+  out->set_name(name);
+  if (!region.empty()) SetShm(out->mutable_parameters(), region, bytes, offset);
+}
+
+// The response's output `name` from raw_output_contents, as a tensor of
+// `dtype` with the shape it declares; an empty tensor when it is missing.
+Tensor RawOutput(const ModelInferResponse& resp, const std::string& name, DType dtype) {
+  EXPECT_EQ(resp.outputs_size(), resp.raw_output_contents_size());
+  for (int i = 0; i < resp.outputs_size() && i < resp.raw_output_contents_size(); ++i) {
+    const auto& out = resp.outputs(i);
+    if (out.name() != name) continue;
+    EXPECT_EQ(out.datatype(), Datatype(dtype)) << name;
+    Tensor t(dtype, {out.shape().begin(), out.shape().end()});
+    EXPECT_EQ(resp.raw_output_contents(i).size(), t.nbytes()) << name;
+    std::memcpy(t.bytes(), resp.raw_output_contents(i).data(),
+                std::min(t.nbytes(), resp.raw_output_contents(i).size()));
+    return t;
+  }
+  ADD_FAILURE() << "no output '" << name << "' in the response";
+  return Tensor();
+}
+
+// A tensor of `dtype` and `shape` copied out of `data`.
+Tensor FromBytes(DType dtype, std::vector<std::int64_t> shape, const std::byte* data) {
+  Tensor t(dtype, std::move(shape));
+  std::memcpy(t.bytes(), data, t.nbytes());
+  return t;
+}
+
 class OipTest : public SharedServerTest {
  protected:
   static void SetUpTestSuite() {
-    StartSharedServer({});
+    StartSharedServer({"--allow_shm"});
     if (server_ == nullptr) return;
     channel_ = new std::shared_ptr<grpc::Channel>(
         grpc::CreateChannel(server_->process.address(), grpc::InsecureChannelCredentials()));
@@ -66,6 +143,41 @@ class OipTest : public SharedServerTest {
     return stub().ModelInfer(&context, req, resp);
   }
 
+  static grpc::Status RegisterRegion(const std::string& name, const std::string& key,
+                                     std::uint64_t offset, std::uint64_t bytes) {
+    inference::SystemSharedMemoryRegisterRequest req;
+    req.set_name(name);
+    req.set_key(key);
+    req.set_offset(offset);
+    req.set_byte_size(bytes);
+    inference::SystemSharedMemoryRegisterResponse resp;
+    grpc::ClientContext context;
+    return stub().SystemSharedMemoryRegister(&context, req, &resp);
+  }
+  static grpc::Status UnregisterRegion(const std::string& name) {
+    inference::SystemSharedMemoryUnregisterRequest req;
+    req.set_name(name);
+    inference::SystemSharedMemoryUnregisterResponse resp;
+    grpc::ClientContext context;
+    return stub().SystemSharedMemoryUnregister(&context, req, &resp);
+  }
+  static grpc::Status RegionStatus(const std::string& name,
+                                   inference::SystemSharedMemoryStatusResponse* resp) {
+    inference::SystemSharedMemoryStatusRequest req;
+    req.set_name(name);
+    grpc::ClientContext context;
+    return stub().SystemSharedMemoryStatus(&context, req, resp);
+  }
+  // A new shared-memory object of `bytes`, registered whole as `name`.
+  static client::SharedRegion NewRegion(const std::string& name, std::uint64_t bytes) {
+    absl::StatusOr<client::SharedRegion> r = client::SharedRegion::Create(bytes);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return client::SharedRegion();
+    grpc::Status s = RegisterRegion(name, r->name(), 0, bytes);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return *std::move(r);
+  }
+
   // The response's one output as a tensor of `dtype`.
   static Tensor Output(const ModelInferResponse& resp, DType dtype) {
     EXPECT_EQ(resp.outputs_size(), 1);
@@ -97,6 +209,7 @@ TEST_F(OipTest, ServerLiveReadyAndMetadata) {
   ASSERT_TRUE(stub().ServerMetadata(&c3, {}, &meta).ok());
   EXPECT_EQ(meta.name(), "logitd");
   EXPECT_FALSE(meta.version().empty());
+  EXPECT_THAT(meta.extensions(), ::testing::ElementsAre("system_shared_memory"));
 }
 
 TEST_F(OipTest, ModelMetadataAndReadyByNameAndHandle) {
@@ -259,6 +372,209 @@ TEST_F(OipTest, OversizeRequestNamesTheLimit) {
       << s.error_message();
 }
 
+TEST_F(OipTest, SystemSharedMemoryRegisterStatusUnregister) {
+  absl::StatusOr<client::SharedRegion> object = client::SharedRegion::Create(8192);
+  ASSERT_TRUE(object.ok()) << object.status();
+  ASSERT_TRUE(RegisterRegion("whole", object->name(), 0, 8192).ok());
+  // A window of the same object; a key without its leading '/' is the same object.
+  ASSERT_TRUE(RegisterRegion("window", object->name().substr(1), 1024, 2048).ok());
+  inference::SystemSharedMemoryStatusResponse all;
+  ASSERT_TRUE(RegionStatus("", &all).ok());
+  ASSERT_EQ(all.regions_size(), 2);
+  const auto& window = all.regions().at("window");
+  EXPECT_EQ(window.name(), "window");
+  EXPECT_EQ(window.key(), object->name().substr(1));
+  EXPECT_EQ(window.offset(), 1024u);
+  EXPECT_EQ(window.byte_size(), 2048u);
+  EXPECT_EQ(all.regions().at("whole").byte_size(), 8192u);
+  inference::SystemSharedMemoryStatusResponse one;
+  ASSERT_TRUE(RegionStatus("whole", &one).ok());
+  EXPECT_EQ(one.regions_size(), 1);
+  EXPECT_EQ(RegionStatus("no_such_region", &one).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  EXPECT_EQ(RegisterRegion("whole", object->name(), 0, 8192).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  grpc::Status past_end = RegisterRegion("past_end", object->name(), 4096, 4097);
+  EXPECT_EQ(past_end.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(past_end.error_message(), HasSubstr("8192 bytes")) << past_end.error_message();
+  EXPECT_EQ(RegisterRegion("empty", object->name(), 0, 0).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(RegisterRegion("", object->name(), 0, 8).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(RegisterRegion("missing", "/logitd-no-such-object", 0, 8).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  ASSERT_TRUE(UnregisterRegion("whole").ok());
+  // As Triton: unregistering an unknown name is no error.
+  EXPECT_TRUE(UnregisterRegion("whole").ok());
+  ASSERT_TRUE(RegionStatus("", &all).ok());
+  ASSERT_EQ(all.regions_size(), 1);
+  EXPECT_EQ(all.regions().begin()->first, "window");
+  ASSERT_TRUE(UnregisterRegion("").ok());
+  ASSERT_TRUE(RegionStatus("", &all).ok());
+  EXPECT_EQ(all.regions_size(), 0);
+}
+
+TEST_F(OipTest, ModelInferWithInputAndOutputInSharedMemory) {
+  constexpr std::int64_t kM = 5;
+  const Tensor x = IntBf16({kM, kK}, 51);
+  const std::vector<std::int64_t> want = ExactNT(x, *w_);
+  const std::uint64_t x_bytes = x.nbytes(), y_bytes = kM * kV * 4;
+  // The region is a window at 512 of a larger object; x at 0 of the window,
+  // y at 1024, then another y at 1026 (not aligned for fp32: written aside).
+  client::SharedRegion object = *client::SharedRegion::Create(512 + 4096 + 2 * y_bytes);
+  ASSERT_TRUE(RegisterRegion("io", object.name(), 512, 4096 + 2 * y_bytes).ok());
+  std::memcpy(object.data() + 512, x.bytes(), x_bytes);
+  for (const std::int64_t y_offset : {1024, 1026}) {
+    SCOPED_TRACE(y_offset);
+    ModelInferRequest req;
+    req.set_model_name("lm_head");
+    AddShmInput(&req, "x", DType::kBf16, {kM, kK}, "io", 0);
+    AddOutput(&req, "logits", "io", y_bytes, y_offset);
+    ModelInferResponse resp;
+    grpc::Status s = Infer(req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    // As Triton: the output is declared, its bytes are in the region, and
+    // its raw_output_contents entry is empty.
+    ASSERT_EQ(resp.outputs_size(), 1);
+    ASSERT_EQ(resp.raw_output_contents_size(), 1);
+    EXPECT_TRUE(resp.raw_output_contents(0).empty());
+    const auto& out = resp.outputs(0);
+    EXPECT_EQ(out.name(), "logits");
+    EXPECT_EQ(out.datatype(), "FP32");
+    EXPECT_THAT(out.shape(), ::testing::ElementsAre(kM, kV));
+    EXPECT_EQ(out.parameters().at("shared_memory_region").string_param(), "io");
+    EXPECT_EQ(out.parameters().at("shared_memory_byte_size").int64_param(), y_bytes);
+    EXPECT_EQ(out.parameters().at("shared_memory_offset").int64_param(), y_offset);
+    EXPECT_TRUE(Fp32EqualsExact(FromBytes(DType::kFp32, {kM, kV}, object.data() + 512 + y_offset),
+                                want, {kM, kV}));
+  }
+  // Either side alone in shared memory.
+  ModelInferRequest in_shm;
+  in_shm.set_model_name("lm_head");
+  AddShmInput(&in_shm, "x", DType::kBf16, {kM, kK}, "io", 0);
+  ModelInferResponse resp;
+  ASSERT_TRUE(Infer(in_shm, &resp).ok());
+  EXPECT_TRUE(Fp32EqualsExact(RawOutput(resp, "logits", DType::kFp32), want, {kM, kV}));
+  ModelInferRequest out_shm = Request("lm_head", x);
+  AddOutput(&out_shm, "logits", "io", y_bytes, 2048);
+  std::memset(object.data() + 512 + 2048, 0, y_bytes);
+  ASSERT_TRUE(Infer(out_shm, &resp).ok());
+  EXPECT_TRUE(Fp32EqualsExact(FromBytes(DType::kFp32, {kM, kV}, object.data() + 512 + 2048), want,
+                              {kM, kV}));
+  EXPECT_TRUE(UnregisterRegion("io").ok());
+}
+
+// One message holds at most 4 MiB of logits; a region holds more.
+TEST_F(OipTest, OutputInSharedMemoryIsNotBoundByTheMessageLimit) {
+  constexpr std::int64_t kM = 11000;
+  const Tensor x = IntBf16({kM, kK}, 52);
+  const std::uint64_t y_bytes = kM * kV * 4;
+  client::SharedRegion y = NewRegion("big_y", y_bytes);
+  ModelInferRequest req = Request("lm_head", x);
+  AddOutput(&req, "logits", "big_y", y_bytes);
+  ModelInferResponse resp;
+  grpc::Status s = Infer(req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(
+      Fp32EqualsExact(FromBytes(DType::kFp32, {kM, kV}, y.data()), ExactNT(x, *w_), {kM, kV}));
+  EXPECT_TRUE(UnregisterRegion("big_y").ok());
+}
+
+TEST_F(OipTest, SharedMemoryRefusals) {
+  constexpr std::int64_t kM = 2;
+  const Tensor x = IntBf16({kM, kK}, 53);
+  const std::int64_t x_bytes = kM * kK * 2, y_bytes = kM * kV * 4;
+  client::SharedRegion region = NewRegion("small", 1024);
+  std::vector<std::pair<std::string, ModelInferRequest>> bad;
+  const auto with_x = [&](std::int64_t bytes, std::int64_t offset) {
+    ModelInferRequest req;
+    req.set_model_name("lm_head");
+    AddShmInput(&req, "x", DType::kBf16, {kM, kK}, "small", offset);
+    (*req.mutable_inputs(0)->mutable_parameters())["shared_memory_byte_size"].set_int64_param(
+        bytes);
+    return req;
+  };
+  bad.emplace_back("x bytes short", with_x(x_bytes - 2, 0));
+  bad.emplace_back("x bytes long", with_x(x_bytes + 2, 0));
+  bad.emplace_back("x past the region", with_x(x_bytes, 1024 - x_bytes + 2));
+  bad.emplace_back("x offset past the region", with_x(x_bytes, 4096));
+  bad.emplace_back("negative offset", with_x(x_bytes, -2));
+  bad.emplace_back("y bytes", Request("lm_head", x));
+  AddOutput(&bad.back().second, "logits", "small", y_bytes - 4);
+  bad.emplace_back("y past the region", Request("lm_head", x));
+  AddOutput(&bad.back().second, "logits", "small", y_bytes, 1024 - y_bytes + 4);
+  bad.emplace_back("no byte size", Request("lm_head", x));
+  AddOutput(&bad.back().second, "logits");
+  (*bad.back().second.mutable_outputs(0)->mutable_parameters())["shared_memory_region"]
+      .set_string_param("small");
+  bad.emplace_back("raw and shm", with_x(x_bytes, 0));
+  bad.back().second.add_raw_input_contents(std::string(x_bytes, '\0'));
+  for (const auto& [what, req] : bad) {
+    ModelInferResponse resp;
+    grpc::Status s = Infer(req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << what << ": " << s.error_message();
+  }
+  ModelInferRequest unknown = Request("lm_head", x);
+  AddOutput(&unknown, "logits", "no_such_region", y_bytes);
+  ModelInferResponse resp;
+  grpc::Status s = Infer(unknown, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("no_such_region"));
+  EXPECT_TRUE(UnregisterRegion("small").ok());
+  // Unregistered, the region is unknown.
+  EXPECT_EQ(Infer(with_x(x_bytes, 0), &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Without --allow_shm the extension's calls and shared-memory tensors are
+// refused, naming the flag, and ServerMetadata lists no extension.
+TEST(OipShmOffTest, SharedMemoryIsRefusedWithoutAllowShm) {
+  absl::StatusOr<std::unique_ptr<SharedServer>> server = SharedServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = GRPCInferenceService::NewStub(
+      grpc::CreateChannel((*server)->process.address(), grpc::InsecureChannelCredentials()));
+  client::SharedRegion object = *client::SharedRegion::Create(4096);
+  std::vector<std::pair<std::string, grpc::Status>> calls;
+  {
+    grpc::ClientContext context;
+    inference::SystemSharedMemoryRegisterRequest req;
+    req.set_name("r");
+    req.set_key(object.name());
+    req.set_byte_size(4096);
+    inference::SystemSharedMemoryRegisterResponse resp;
+    calls.emplace_back("register", stub->SystemSharedMemoryRegister(&context, req, &resp));
+  }
+  {
+    grpc::ClientContext context;
+    inference::SystemSharedMemoryStatusResponse resp;
+    calls.emplace_back("status", stub->SystemSharedMemoryStatus(&context, {}, &resp));
+  }
+  {
+    grpc::ClientContext context;
+    inference::SystemSharedMemoryUnregisterResponse resp;
+    calls.emplace_back("unregister", stub->SystemSharedMemoryUnregister(&context, {}, &resp));
+  }
+  const Tensor w = IntBf16({kV, kK}, 71);
+  ASSERT_TRUE((*server)->client->RegisterWeight(w, "head").ok());
+  {
+    grpc::ClientContext context;
+    ModelInferRequest req;
+    req.set_model_name("head");
+    AddShmInput(&req, "x", DType::kBf16, {1, kK}, "r", 0);
+    ModelInferResponse resp;
+    calls.emplace_back("infer", stub->ModelInfer(&context, req, &resp));
+  }
+  for (const auto& [what, s] : calls) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << what;
+    EXPECT_THAT(s.error_message(), HasSubstr("--allow_shm")) << what;
+  }
+  grpc::ClientContext context;
+  inference::ServerMetadataResponse meta;
+  ASSERT_TRUE(stub->ServerMetadata(&context, {}, &meta).ok());
+  EXPECT_EQ(meta.extensions_size(), 0);
+}
+
 TEST(OipOffTest, OipFalseIsUnimplemented) {
   absl::StatusOr<std::unique_ptr<SharedServer>> server = SharedServer::Start({"--oip=false"});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -311,6 +627,81 @@ TEST(OipTokenTest, TenantsSeeTheirOwnModelsOnly) {
   ASSERT_EQ(resp.raw_output_contents(0).size(), y.nbytes());
   std::memcpy(y.bytes(), resp.raw_output_contents(0).data(), y.nbytes());
   EXPECT_TRUE(Fp32EqualsExact(y, ExactNT(x, w), {2, kV}));
+  std::remove(tokens.c_str());
+}
+
+// System shared-memory regions are per tenant, like weights: another tenant
+// neither sees, uses nor unregisters them, and may use the same name.
+TEST(OipTokenTest, SharedMemoryRegionsArePerTenant) {
+  const std::string tokens = ::testing::TempDir() + "/oip_shm_test_tokens";
+  {
+    std::ofstream f(tokens);
+    f << "tok-a team-a\ntok-b team-b\n";
+  }
+  client::ClientOptions as_a, as_b;
+  as_a.auth_token = "tok-a";
+  as_b.auth_token = "tok-b";
+  absl::StatusOr<std::unique_ptr<SharedServer>> server =
+      SharedServer::Start({"--auth_tokens=" + tokens, "--allow_shm"}, as_a);
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<client::Client>> b = (*server)->NewClient(as_b);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const Tensor w = IntBf16({kV, kK}, 81);
+  ASSERT_TRUE((*server)->client->RegisterWeight(w, "head").ok());
+  ASSERT_TRUE((*b)->RegisterWeight(w, "head").ok());
+  auto stub = GRPCInferenceService::NewStub(
+      grpc::CreateChannel((*server)->process.address(), grpc::InsecureChannelCredentials()));
+  const auto as = [](const std::string& token, grpc::ClientContext* context) {
+    context->AddMetadata("authorization", "Bearer " + token);
+  };
+  const auto register_region = [&](const std::string& token, const std::string& key) {
+    grpc::ClientContext context;
+    as(token, &context);
+    inference::SystemSharedMemoryRegisterRequest req;
+    req.set_name("r");
+    req.set_key(key);
+    req.set_byte_size(4096);
+    inference::SystemSharedMemoryRegisterResponse resp;
+    return stub->SystemSharedMemoryRegister(&context, req, &resp);
+  };
+  const auto regions = [&](const std::string& token) {
+    grpc::ClientContext context;
+    as(token, &context);
+    inference::SystemSharedMemoryStatusResponse resp;
+    grpc::Status s = stub->SystemSharedMemoryStatus(&context, {}, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.regions_size();
+  };
+  client::SharedRegion a_object = *client::SharedRegion::Create(4096);
+  client::SharedRegion b_object = *client::SharedRegion::Create(4096);
+  ASSERT_TRUE(register_region("tok-a", a_object.name()).ok());
+  EXPECT_EQ(regions("tok-b"), 0);
+  const Tensor x = IntBf16({2, kK}, 82);
+  std::memcpy(a_object.data(), x.bytes(), x.nbytes());
+  const auto infer = [&](const std::string& token, ModelInferResponse* resp) {
+    grpc::ClientContext context;
+    as(token, &context);
+    ModelInferRequest req;
+    req.set_model_name("head");
+    AddShmInput(&req, "x", DType::kBf16, {2, kK}, "r", 0);
+    return stub->ModelInfer(&context, req, resp);
+  };
+  ModelInferResponse resp;
+  grpc::Status s = infer("tok-b", &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  {
+    grpc::ClientContext context;
+    as("tok-b", &context);
+    inference::SystemSharedMemoryUnregisterResponse unregistered;
+    ASSERT_TRUE(stub->SystemSharedMemoryUnregister(&context, {}, &unregistered).ok());
+  }
+  EXPECT_EQ(regions("tok-a"), 1);
+  s = infer("tok-a", &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(Fp32EqualsExact(RawOutput(resp, "logits", DType::kFp32), ExactNT(x, w), {2, kV}));
+  // The same name for another tenant's region of its own.
+  EXPECT_TRUE(register_region("tok-b", b_object.name()).ok());
+  EXPECT_EQ(regions("tok-b"), 1);
   std::remove(tokens.c_str());
 }
 
