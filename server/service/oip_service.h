@@ -1,10 +1,11 @@
 // The Open Inference Protocol front door (KServe v2, the protocol Triton
 // speaks): inference.GRPCInferenceService on logitd's own port, over the same
 // weights, backend, admission and authentication as logitd.v1. A registered
-// weight is a model, named by its registration name or its handle, version
-// "1": input `x` BF16 [M, K], output `logits` FP32 (or BF16) [M, V]. Tensors
-// travel in the messages or, with --allow_shm, in system shared memory
-// (oip_shm.h).
+// weight is two models, named by its registration name or its handle,
+// version "1": NAME (input `x` BF16 [M, K], output `logits` FP32 or BF16
+// [M, V], logitd's Logits) and NAME/logprobs (inputs `x` and optional
+// `targets`, the per-token outputs of logitd's LogProbs). Tensors travel in
+// the messages or, with --allow_shm, in system shared memory (oip_shm.h).
 // Every call runs through the service's CallRunner (call.h), so tokens,
 // tenants, metrics and the log apply as for logitd's own calls.
 #pragma once
@@ -54,8 +55,9 @@ class OipService final : public inference::GRPCInferenceService::Service {
   absl::Status DoModelInfer(grpc::ServerContext* context,
                             const inference::ModelInferRequest& request,
                             inference::ModelInferResponse* response, CallStats* stats);
-  // The model of a weight, on a call whose tensors are not bound yet.
+  // The two models of a weight, on a call whose tensors are not bound yet.
   absl::Status InferLogits(const WeightRecord& w, OipInferCall* call);
+  absl::Status InferLogProbs(const WeightRecord& w, OipInferCall* call);
 
   ServiceCore core_;
   OipShmRegions shm_regions_;

@@ -1,7 +1,8 @@
 // The Open Inference Protocol front door (KServe v2 inference.
 // GRPCInferenceService) of the real logitd, called through the generated stub
 // with default channel options: metadata, readiness, ModelInfer's exact and
-// bounded results, and its refusals; and the system shared-memory extension.
+// bounded results, and its refusals; the system shared-memory extension;
+// and the NAME/logprobs models, bitwise equal to logitd's own LogProbs.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "kserve/grpc_predict_v2.grpc.pb.h"
 #include "logitd/bf16.h"
 #include "logitd/shared_region.h"
+#include "tests/common/targets.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {
@@ -46,6 +48,15 @@ std::string Datatype(DType dtype) {
       return "INT64";
   }
   return "";
+}
+
+// Input `name` with t's datatype and shape, its bytes in raw_input_contents.
+void AddRawInput(ModelInferRequest* req, const std::string& name, const Tensor& t) {
+  auto* in = req->add_inputs();
+  in->set_name(name);
+  in->set_datatype(Datatype(t.dtype()));
+  for (std::int64_t d : t.shape()) in->add_shape(d);
+  req->add_raw_input_contents(std::string(reinterpret_cast<const char*>(t.bytes()), t.nbytes()));
 }
 
 // The shared-memory parameters of a tensor (no offset parameter when 0).
@@ -525,6 +536,189 @@ TEST_F(OipTest, SharedMemoryRefusals) {
   EXPECT_TRUE(UnregisterRegion("small").ok());
   // Unregistered, the region is unknown.
   EXPECT_EQ(Infer(with_x(x_bytes, 0), &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(OipTest, LogProbsMetadataAndReady) {
+  grpc::ClientContext c1;
+  inference::ModelMetadataRequest req;
+  req.set_name("lm_head/logprobs");
+  inference::ModelMetadataResponse meta;
+  grpc::Status s = stub().ModelMetadata(&c1, req, &meta);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(meta.name(), "lm_head/logprobs");
+  std::vector<std::string> inputs, outputs;
+  for (const auto& t : meta.inputs()) {
+    inputs.push_back(
+        absl::StrCat(t.name(), " ", t.datatype(), " [", absl::StrJoin(t.shape(), ","), "]"));
+  }
+  for (const auto& t : meta.outputs()) {
+    outputs.push_back(
+        absl::StrCat(t.name(), " ", t.datatype(), " [", absl::StrJoin(t.shape(), ","), "]"));
+  }
+  EXPECT_THAT(inputs, ::testing::ElementsAre("x BF16 [-1,64]", "targets INT64 [-1]"));
+  EXPECT_THAT(outputs, ::testing::ElementsAre("logprob FP32 [-1]", "lse FP32 [-1]",
+                                              "entropy FP32 [-1]", "topk_ids INT32 [-1,-1]",
+                                              "topk_logprobs FP32 [-1,-1]", "rank INT64 [-1]"));
+  for (const auto& [model, ready] : {std::pair<std::string, bool>{"lm_head/logprobs", true},
+                                     {*handle_ + "/logprobs", true},
+                                     {"no_such_model/logprobs", false}}) {
+    grpc::ClientContext c2;
+    inference::ModelReadyRequest rr;
+    rr.set_name(model);
+    inference::ModelReadyResponse resp;
+    ASSERT_TRUE(stub().ModelReady(&c2, rr, &resp).ok());
+    EXPECT_EQ(resp.ready(), ready) << model;
+  }
+}
+
+// NAME/logprobs and logitd.v1's LogProbs on the same inputs: the same bits,
+// with int32 and int64 targets, every option and every output.
+TEST_F(OipTest, LogProbsBitwiseEqualToTheNativeCall) {
+  constexpr std::int64_t kM = 7, kTopK = 5;
+  const Tensor w = NormalBf16({kV, kK}, 61);
+  const std::string handle = Register(w, "lp_head");
+  const Tensor x = NormalBf16({kM, kK}, 62);
+  const std::vector<std::int64_t> ids = {0, 89, 17, -100, 45, 3, 60};
+  client::LogProbsOptions options;
+  options.temperature = 0.7f;
+  options.logit_softcap = 30.0f;
+  options.top_k = kTopK;
+  options.vocab_size = 90;
+  options.want_entropy = options.want_lse = options.want_rank = true;
+  for (const DType dtype : {DType::kInt32, DType::kInt64}) {
+    SCOPED_TRACE(Datatype(dtype));
+    const Tensor targets = TargetsTensor(dtype, ids);
+    absl::StatusOr<client::LogProbsResult> native = client().LogProbs(x, &targets, handle, options);
+    ASSERT_TRUE(native.ok()) << native.status();
+    ModelInferRequest req;
+    req.set_model_name("lp_head/logprobs");
+    AddRawInput(&req, "x", x);
+    AddRawInput(&req, "targets", targets);
+    Parameters& p = *req.mutable_parameters();
+    p["temperature"].set_double_param(0.7);  // Triton's float parameters are doubles
+    p["logit_softcap"].set_double_param(30.0);
+    p["top_k"].set_int64_param(kTopK);
+    p["vocab_size"].set_int64_param(90);
+    p["want_entropy"].set_bool_param(true);
+    p["want_lse"].set_bool_param(true);
+    p["want_rank"].set_bool_param(true);
+    ModelInferResponse resp;
+    grpc::Status s = Infer(req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.model_name(), "lp_head/logprobs");
+    EXPECT_EQ(resp.outputs_size(), 6);
+    EXPECT_TRUE(BitwiseEqual(RawOutput(resp, "logprob", DType::kFp32), *native->logprob));
+    EXPECT_TRUE(BitwiseEqual(RawOutput(resp, "lse", DType::kFp32), *native->lse));
+    EXPECT_TRUE(BitwiseEqual(RawOutput(resp, "entropy", DType::kFp32), *native->entropy));
+    EXPECT_TRUE(BitwiseEqual(RawOutput(resp, "topk_ids", DType::kInt32), *native->topk_ids));
+    EXPECT_TRUE(
+        BitwiseEqual(RawOutput(resp, "topk_logprobs", DType::kFp32), *native->topk_logprobs));
+    EXPECT_TRUE(BitwiseEqual(RawOutput(resp, "rank", DType::kInt64), *native->rank));
+  }
+  // No targets: top-k and lse alone.
+  client::LogProbsOptions no_targets;
+  no_targets.top_k = 3;
+  no_targets.want_lse = true;
+  absl::StatusOr<client::LogProbsResult> native = client().LogProbs(x, nullptr, handle, no_targets);
+  ASSERT_TRUE(native.ok()) << native.status();
+  ModelInferRequest req;
+  req.set_model_name("lp_head/logprobs");
+  AddRawInput(&req, "x", x);
+  (*req.mutable_parameters())["top_k"].set_int64_param(3);
+  (*req.mutable_parameters())["want_lse"].set_bool_param(true);
+  ModelInferResponse resp;
+  grpc::Status s = Infer(req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.outputs_size(), 3);
+  EXPECT_TRUE(BitwiseEqual(RawOutput(resp, "lse", DType::kFp32), *native->lse));
+  EXPECT_TRUE(BitwiseEqual(RawOutput(resp, "topk_ids", DType::kInt32), *native->topk_ids));
+  EXPECT_TRUE(BitwiseEqual(RawOutput(resp, "topk_logprobs", DType::kFp32), *native->topk_logprobs));
+  EXPECT_TRUE(client().ReleaseWeight(handle).ok());
+}
+
+// Requested outputs are the ones returned, and ask for what they need; the
+// tensors may lie in shared memory.
+TEST_F(OipTest, LogProbsRequestedOutputsAndSharedMemory) {
+  constexpr std::int64_t kM = 4;
+  const Tensor x = NormalBf16({kM, kK}, 63);
+  const Tensor targets = TargetsTensor(DType::kInt64, {5, 6, 7, 8});
+  client::LogProbsOptions options;
+  options.want_entropy = true;
+  absl::StatusOr<client::LogProbsResult> native = client().LogProbs(x, &targets, *handle_, options);
+  ASSERT_TRUE(native.ok()) << native.status();
+  client::SharedRegion region = NewRegion("lp", 4096);
+  std::memcpy(region.data() + 1000, targets.bytes(), targets.nbytes());
+  ModelInferRequest req;
+  req.set_model_name("lm_head/logprobs");
+  AddRawInput(&req, "x", x);
+  AddShmInput(&req, "targets", DType::kInt64, {kM}, "lp", 1000);
+  AddOutput(&req, "entropy");  // asks for it without want_entropy
+  AddOutput(&req, "logprob", "lp", kM * 4, 2000);
+  ModelInferResponse resp;
+  grpc::Status s = Infer(req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.outputs_size(), 2);
+  EXPECT_EQ(resp.outputs(0).name(), "logprob");
+  EXPECT_TRUE(resp.raw_output_contents(0).empty());
+  EXPECT_TRUE(BitwiseEqual(FromBytes(DType::kFp32, {kM}, region.data() + 2000), *native->logprob));
+  EXPECT_TRUE(BitwiseEqual(RawOutput(resp, "entropy", DType::kFp32), *native->entropy));
+  EXPECT_TRUE(UnregisterRegion("lp").ok());
+}
+
+TEST_F(OipTest, LogProbsBadRequestsAreInvalidArgument) {
+  const Tensor x = IntBf16({3, kK}, 64);
+  const Tensor targets = TargetsTensor(DType::kInt64, {1, 2, 3});
+  const auto request = [&](bool with_targets) {
+    ModelInferRequest req;
+    req.set_model_name("lm_head/logprobs");
+    AddRawInput(&req, "x", x);
+    if (with_targets) AddRawInput(&req, "targets", targets);
+    return req;
+  };
+  std::vector<std::pair<std::string, ModelInferRequest>> bad;
+  for (const std::int64_t k : {-1, 65, 1000}) {
+    bad.emplace_back(absl::StrCat("top_k ", k), request(true));
+    (*bad.back().second.mutable_parameters())["top_k"].set_int64_param(k);
+  }
+  bad.emplace_back("top_k string", request(true));
+  (*bad.back().second.mutable_parameters())["top_k"].set_string_param("many");
+  bad.emplace_back("temperature 0", request(true));
+  (*bad.back().second.mutable_parameters())["temperature"].set_double_param(0.0);
+  bad.emplace_back("temperature tiny", request(true));
+  (*bad.back().second.mutable_parameters())["temperature"].set_double_param(1e-60);
+  bad.emplace_back("want_lse int", request(true));
+  (*bad.back().second.mutable_parameters())["want_lse"].set_int64_param(7);
+  bad.emplace_back("vocab_size", request(true));
+  (*bad.back().second.mutable_parameters())["vocab_size"].set_int64_param(kV + 1);
+  bad.emplace_back("target out of range", request(false));
+  AddRawInput(&bad.back().second, "targets", TargetsTensor(DType::kInt64, {1, kV, 3}));
+  bad.emplace_back("targets FP32", request(false));
+  AddRawInput(&bad.back().second, "targets", Tensor(DType::kFp32, {3}));
+  bad.emplace_back("targets [4]", request(false));
+  AddRawInput(&bad.back().second, "targets", TargetsTensor(DType::kInt64, {1, 2, 3, 4}));
+  bad.emplace_back("no outputs", request(false));
+  bad.emplace_back("unknown output", request(true));
+  AddOutput(&bad.back().second, "logits");
+  bad.emplace_back("rank without targets", request(false));
+  AddOutput(&bad.back().second, "rank");
+  bad.emplace_back("topk_ids without top_k", request(true));
+  AddOutput(&bad.back().second, "topk_ids");
+  bad.emplace_back("unknown input", request(true));
+  AddRawInput(&bad.back().second, "y", targets);
+  for (const auto& [what, req] : bad) {
+    ModelInferResponse resp;
+    grpc::Status s = Infer(req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << what << ": " << s.error_message();
+  }
+  ModelInferRequest good = request(true);
+  (*good.mutable_parameters())["top_k"].set_int64_param(64);
+  ModelInferResponse resp;
+  grpc::Status s = Infer(good, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  ModelInferRequest unknown = request(true);
+  unknown.set_model_name("no_such_model/logprobs");
+  EXPECT_EQ(Infer(unknown, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 // Without --allow_shm the extension's calls and shared-memory tensors are
