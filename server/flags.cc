@@ -94,11 +94,13 @@ ABSL_FLAG(std::string, weights_dir, "",
           "Directory LoadWeight reads safetensors files from (paths relative to it, confined "
           "to it); empty = LoadWeight is refused.");
 ABSL_FLAG(bool, allow_shm, false,
-          "Let same-host clients register POSIX shared-memory objects (RegisterShm) that tensor "
-          "calls read inputs from and write outputs to; the objects must belong to the server's "
-          "user. Off: every shared-memory request is FAILED_PRECONDITION.");
+          "Let same-host clients register POSIX shared-memory objects (RegisterShm, or the Open "
+          "Inference Protocol's SystemSharedMemoryRegister) that tensor calls read inputs from "
+          "and write outputs to; the objects must belong to the server's user. Off: every "
+          "shared-memory request is FAILED_PRECONDITION.");
 ABSL_FLAG(std::uint64_t, shm_max_region_bytes, std::uint64_t{16} << 30,
-          "Largest shared-memory region RegisterShm maps, bytes (with --allow_shm).");
+          "Largest shared-memory region RegisterShm or SystemSharedMemoryRegister (offset + "
+          "byte_size) maps, bytes (with --allow_shm).");
 ABSL_FLAG(bool, oip, true,
           "Serve the Open Inference Protocol (KServe v2 inference.GRPCInferenceService, the "
           "protocol Triton clients speak) on the same port, over the same weights, tokens and "
