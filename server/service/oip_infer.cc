@@ -272,16 +272,18 @@ std::byte* OipInferCall::OutputData(absl::string_view name) const {
 }
 
 void OipInferCall::Finish(const kernels::Timing& timing) {
+  // Tensor bytes that travelled in the messages, as logitd.v1 counts them:
+  // not those in shared memory.
   std::uint64_t in_bytes = 0, out_bytes = 0;
   for (auto& [name, in] : inputs_) {
-    in_bytes += in.want;
+    if (!in.shm) in_bytes += in.want;
     in.copy = kernels::HostBuffer();
   }
   for (Output& out : outputs_) {
     if (out.shm && out.data != out.slice.data) {
       std::memcpy(out.slice.data, out.data, static_cast<std::size_t>(out.bytes));
     }
-    if (out.returned) out_bytes += out.bytes;
+    if (out.returned && !out.shm) out_bytes += out.bytes;
   }
   stats_->compute_us = timing.compute_us;
   stats_->gemms = absl::StrJoin(timing.gemms, "; ");
