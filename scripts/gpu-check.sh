@@ -538,10 +538,14 @@ print("  own %-22s concurrency %s: %9.1f req/s  p50 %8.3f ms  p99 %8.3f ms" % (s
     pa m1024_c1_shm --shape x:1024,4096 --concurrency-range 1 --shared-memory system \
       --output-shared-memory-size $((1024 * 32768 * 4))
     ours m1024_c1_shm --rpc=logits --m=1024 --k=4096 --v=32768 --duration=5 --concurrency=1 --shm
+    ours m1024_c1_shm_nodigest --rpc=logits --m=1024 --k=4096 --v=32768 --duration=5 --concurrency=1 \
+      --shm --shm_skip_digest
     pa m1024_c4_shm --shape x:1024,4096 --concurrency-range 4 --shared-memory system \
       --output-shared-memory-size $((1024 * 32768 * 4))
     ours m1024_c4_shm --rpc=logits --m=1024 --k=4096 --v=32768 --duration=5 --concurrency=4 \
       --channels=4 --shm
+    ours m1024_c4_shm_nodigest --rpc=logits --m=1024 --k=4096 --v=32768 --duration=5 --concurrency=4 \
+      --channels=4 --shm --shm_skip_digest
     if [ $oip_rc -eq 0 ]; then note oip ok "oip.log, oip_*.csv"
     else note oip FAIL "see oip.log"; fi
   else
