@@ -25,6 +25,16 @@ if(NOT TARGET xxhash::xxhash)
   set_target_properties(xxhash::xxhash PROPERTIES IMPORTED_LOCATION "${XXHASH_LIBRARY}"
                         INTERFACE_INCLUDE_DIRECTORIES "${XXHASH_INCLUDE_DIR}")
 endif()
+# Debian's library also exports XXH3's runtime-dispatched entry points
+# (xxh_x86dispatch.h: AVX2 or AVX-512 where the CPU has them, the same
+# digests), about three times faster on a 128 MiB tensor than the SSE2 build's
+# plain ones. Used where present.
+include(CheckSymbolExists)
+set(CMAKE_REQUIRED_INCLUDES "${XXHASH_INCLUDE_DIR}")
+set(CMAKE_REQUIRED_LIBRARIES "${XXHASH_LIBRARY}")
+check_symbol_exists(XXH3_64bits_dispatch "xxhash.h;xxh_x86dispatch.h" LOGITD_HAVE_XXH_DISPATCH)
+unset(CMAKE_REQUIRED_INCLUDES)
+unset(CMAKE_REQUIRED_LIBRARIES)
 
 # OpenBLAS for the cpu backend: its cblas.h lives in a per-variant folder on Debian.
 set(BLA_VENDOR OpenBLAS)

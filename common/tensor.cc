@@ -2,6 +2,11 @@
 
 #include <sys/mman.h>
 #include <xxhash.h>
+#ifdef LOGITD_HAVE_XXH_DISPATCH
+// XXH3_64bits and XXH3_64bits_update become their runtime-dispatched (AVX2,
+// AVX-512) versions: the same digests, faster (see LogitdDependencies.cmake).
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <cstdlib>
 #include <cstring>
