@@ -91,6 +91,31 @@ absl::StatusOr<std::int64_t> CheckedByteCount(absl::Span<const std::int64_t> sha
 
 std::uint64_t Xxh3(const void* data, std::size_t size) { return XXH3_64bits(data, size); }
 
+std::uint64_t CopyXxh3(void* dst, const void* src, std::size_t size) {
+  // A quarter of a typical L2: the block is read back from cache by the hash.
+  constexpr std::size_t kBlock = std::size_t{256} << 10;
+  if (size <= kBlock) {
+    if (size != 0) std::memcpy(dst, src, size);
+    return Xxh3(dst, size);
+  }
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr || XXH3_64bits_reset(state) != XXH_OK) {
+    if (state != nullptr) XXH3_freeState(state);
+    std::memcpy(dst, src, size);
+    return Xxh3(dst, size);
+  }
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  for (std::size_t at = 0; at < size; at += kBlock) {
+    const std::size_t n = std::min(kBlock, size - at);
+    std::memcpy(d + at, s + at, n);
+    XXH3_64bits_update(state, d + at, n);
+  }
+  const std::uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
 namespace {
 
 // Buffers from this size up are placed on 2 MiB boundaries and offered to the

@@ -33,6 +33,9 @@ absl::StatusOr<std::int64_t> CheckedByteCount(absl::Span<const std::int64_t> sha
 
 // xxh3-64 (seed 0) of a byte range: the digest every tensor travels with.
 std::uint64_t Xxh3(const void* data, std::size_t size);
+// Copies `size` bytes from src to dst and returns their Xxh3, in one pass:
+// block by block, each block hashed while it is still in cache.
+std::uint64_t CopyXxh3(void* dst, const void* src, std::size_t size);
 
 class Tensor {
  public:

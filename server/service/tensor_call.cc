@@ -87,8 +87,9 @@ absl::Status TensorCallBase::FillInput(InputSlot* slot) {
                                                    " is not the ", slot->bytes,
                                                    " bytes its spec takes"));
   }
-  std::memcpy(slot->buffer.data(), slice.data, static_cast<std::size_t>(slot->bytes));
-  const std::uint64_t got = Xxh3(slot->buffer.data(), static_cast<std::size_t>(slot->bytes));
+  // Hashed as copied: the digest is of the bytes in the buffer.
+  const std::uint64_t got =
+      CopyXxh3(slot->buffer.data(), slice.data, static_cast<std::size_t>(slot->bytes));
   if (got != slot->spec.xxh3()) {
     return absl::DataLossError(absl::StrFormat(
         "'%s': xxh3 of the %d bytes read from shared memory (region offset %d) is %016x, the spec "

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -162,6 +163,25 @@ TEST(Tensor, DigestIsXxh3OfTheBytes) {
   const std::uint64_t before = t.Digest();
   t.data<Bf16Bits>()[500] ^= 1u;
   EXPECT_NE(t.Digest(), before);
+}
+
+// CopyXxh3 copies every byte and returns the digest of the whole range, for
+// sizes around and across its 256 KiB blocks.
+TEST(Tensor, CopyXxh3CopiesAndHashesInOnePass) {
+  constexpr std::size_t kBlock = std::size_t{256} << 10;
+  std::vector<std::uint8_t> src(3 * kBlock + 777);
+  std::mt19937 rng(7);
+  for (auto& b : src) b = static_cast<std::uint8_t>(rng());
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{240}, kBlock - 1, kBlock,
+                        kBlock + 1, 2 * kBlock, src.size()}) {
+    std::vector<std::uint8_t> dst(src.size(), 0xcd);
+    EXPECT_EQ(CopyXxh3(dst.data(), src.data(), n), XXH3_64bits(src.data(), n)) << n;
+    EXPECT_TRUE(std::equal(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(n), dst.begin()))
+        << n;
+    EXPECT_TRUE(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(n), dst.end(),
+                            [](std::uint8_t b) { return b == 0xcd; }))
+        << n;
+  }
 }
 
 TEST(Tensor, AtWidensEachDTypeExactly) {
