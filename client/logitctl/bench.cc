@@ -125,6 +125,63 @@ absl::Status PositiveDim(absl::string_view flag, std::int64_t value) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected 1 to 2^31, got ", value));
 }
 
+// The benchmarked RPC's own flags, and the payload bytes of one call each
+// way (what the Probe baseline moves).
+absl::Status ReadRpcOptions(Config* config) {
+  Config& c = *config;
+  const std::uint64_t m = static_cast<std::uint64_t>(c.m);
+  const std::uint64_t k = static_cast<std::uint64_t>(c.k);
+  const std::uint64_t v = static_cast<std::uint64_t>(c.v);
+  const std::uint64_t out_size = c.out_dtype == DType::kFp32 ? 4 : 2;
+  switch (c.rpc) {
+    case Rpc::kLogits:
+    case Rpc::kBaseline:
+      c.up_bytes = m * k * 2;
+      c.down_bytes = m * v * out_size;
+      break;
+    case Rpc::kBackward:
+      // dY in the logits' dtype, as training hands it back.
+      c.backward.want_dx = !absl::GetFlag(FLAGS_no_dx);
+      c.backward.want_dw = !absl::GetFlag(FLAGS_no_dw);
+      c.backward.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
+      if (!c.backward.want_dx && !c.backward.want_dw) {
+        return absl::InvalidArgumentError("--no_dx and --no_dw: nothing left to compute");
+      }
+      c.up_bytes = m * v * out_size + m * k * 2;
+      c.down_bytes = (c.backward.want_dx ? m * k * 2 : 0) +
+                     (c.backward.want_dw && !c.backward.accumulate_dw ? v * k * 4 : 0);
+      break;
+    case Rpc::kCrossEntropy:
+      c.cross_entropy.want_dx = absl::GetFlag(FLAGS_dx);
+      c.cross_entropy.want_dw = absl::GetFlag(FLAGS_dw);
+      c.cross_entropy.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
+      // x, then int64 targets; the mean loss, dX and dW back.
+      c.up_bytes = m * k * 2 + m * 8;
+      c.down_bytes = 4 + (c.cross_entropy.want_dx ? m * k * 2 : 0) +
+                     (c.cross_entropy.want_dw && !c.cross_entropy.accumulate_dw ? v * k * 4 : 0);
+      break;
+    case Rpc::kLogProbs:
+      // x, then int64 targets; per token the log-prob, lse, entropy and
+      // rank as asked, and the top-k ids and log-probs.
+      c.logprobs.top_k = absl::GetFlag(FLAGS_top_k);
+      c.logprobs.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+      c.logprobs.want_lse = absl::GetFlag(FLAGS_lse);
+      c.logprobs.want_entropy = absl::GetFlag(FLAGS_entropy);
+      c.logprobs.want_rank = absl::GetFlag(FLAGS_rank);
+      c.up_bytes = m * k * 2 + m * 8;
+      c.down_bytes =
+          m * 4 * (1 + (c.logprobs.want_lse ? 1 : 0) + (c.logprobs.want_entropy ? 1 : 0)) +
+          (c.logprobs.want_rank ? m * 8 : 0) + m * static_cast<std::uint64_t>(c.logprobs.top_k) * 8;
+      break;
+    case Rpc::kFetchGradient:
+      // A request of a few bytes (a handle); dW back.
+      c.up_bytes = 0;
+      c.down_bytes = v * k * 4;
+      break;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Config> ReadConfig() {
   Config c;
   const std::string rpc = absl::GetFlag(FLAGS_rpc);
@@ -204,56 +261,7 @@ absl::StatusOr<Config> ReadConfig() {
         "--shm: only --rpc=logits and --rpc=logprobs use shared memory so far");
   }
 
-  const std::uint64_t m = static_cast<std::uint64_t>(c.m);
-  const std::uint64_t k = static_cast<std::uint64_t>(c.k);
-  const std::uint64_t v = static_cast<std::uint64_t>(c.v);
-  const std::uint64_t out_size = c.out_dtype == DType::kFp32 ? 4 : 2;
-  switch (c.rpc) {
-    case Rpc::kLogits:
-    case Rpc::kBaseline:
-      c.up_bytes = m * k * 2;
-      c.down_bytes = m * v * out_size;
-      break;
-    case Rpc::kBackward:
-      // dY in the logits' dtype, as training hands it back.
-      c.backward.want_dx = !absl::GetFlag(FLAGS_no_dx);
-      c.backward.want_dw = !absl::GetFlag(FLAGS_no_dw);
-      c.backward.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
-      if (!c.backward.want_dx && !c.backward.want_dw) {
-        return absl::InvalidArgumentError("--no_dx and --no_dw: nothing left to compute");
-      }
-      c.up_bytes = m * v * out_size + m * k * 2;
-      c.down_bytes = (c.backward.want_dx ? m * k * 2 : 0) +
-                     (c.backward.want_dw && !c.backward.accumulate_dw ? v * k * 4 : 0);
-      break;
-    case Rpc::kCrossEntropy:
-      c.cross_entropy.want_dx = absl::GetFlag(FLAGS_dx);
-      c.cross_entropy.want_dw = absl::GetFlag(FLAGS_dw);
-      c.cross_entropy.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
-      // x, then int64 targets; the mean loss, dX and dW back.
-      c.up_bytes = m * k * 2 + m * 8;
-      c.down_bytes = 4 + (c.cross_entropy.want_dx ? m * k * 2 : 0) +
-                     (c.cross_entropy.want_dw && !c.cross_entropy.accumulate_dw ? v * k * 4 : 0);
-      break;
-    case Rpc::kLogProbs:
-      // x, then int64 targets; per token the log-prob, lse, entropy and
-      // rank as asked, and the top-k ids and log-probs.
-      c.logprobs.top_k = absl::GetFlag(FLAGS_top_k);
-      c.logprobs.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
-      c.logprobs.want_lse = absl::GetFlag(FLAGS_lse);
-      c.logprobs.want_entropy = absl::GetFlag(FLAGS_entropy);
-      c.logprobs.want_rank = absl::GetFlag(FLAGS_rank);
-      c.up_bytes = m * k * 2 + m * 8;
-      c.down_bytes =
-          m * 4 * (1 + (c.logprobs.want_lse ? 1 : 0) + (c.logprobs.want_entropy ? 1 : 0)) +
-          (c.logprobs.want_rank ? m * 8 : 0) + m * static_cast<std::uint64_t>(c.logprobs.top_k) * 8;
-      break;
-    case Rpc::kFetchGradient:
-      // A request of a few bytes (a handle); dW back.
-      c.up_bytes = 0;
-      c.down_bytes = v * k * 4;
-      break;
-  }
+  if (absl::Status s = ReadRpcOptions(&c); !s.ok()) return s;
   return c;
 }
 
