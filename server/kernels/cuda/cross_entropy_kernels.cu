@@ -1,8 +1,9 @@
 // Device side of cross_entropy_kernels.h. The chunk kernels are
-// memory-bound: one block per (row, segment of 1024 columns), each thread
-// holding four of the segment's values in registers between the max and the
-// sum, with coalesced accesses. Arithmetic that both passes share uses
-// explicitly rounded operations, so no contraction differs between them.
+// memory-bound: a warp per segment of 1024 columns (row_reduce.cuh's warp
+// launch), each lane holding 32 of the segment's values in registers between
+// the max and the sum, with coalesced accesses and no block barrier; the
+// block-per-segment layout they replaced is kept behind CeLaunch::kBlocks. Arithmetic that both
+// passes share uses explicitly rounded operations, so no contraction differs between them.
 #include <cstdint>
 
 #include "server/kernels/cuda/bf16_device.cuh"
@@ -53,6 +54,91 @@ __global__ void __launch_bounds__(kThreads)
     const std::int64_t at = row * segments + seg;
     s.seg_max[at] = z.max;
     s.seg_sum[at] = z.sum;
+  }
+}
+
+// One segment of WarpStatsKernel: its partials, and z at the target when
+// the target falls in it.
+template <bool kFull, bool kPlain>
+__device__ __forceinline__ void CeWarpSegment(const float* __restrict__ yr, std::int64_t n,
+                                              int segments, int seg, std::int64_t row,
+                                              std::int64_t c0, std::int64_t target,
+                                              const CeRowParams& p, const CeRowState& s) {
+  const std::int64_t start = static_cast<std::int64_t>(seg) * kCeSegmentColumns;
+  row_reduce::WarpSegment z;
+  row_reduce::LoadWarpSegment<kFull>(yr, n, start, z);
+  row_reduce::ReduceWarpSegment<kFull, kPlain, false>(n, start, p.logit_softcap, 1.0f, z);
+  if (target != p.ignore_index && target >= c0 + start && target < c0 + start + kCeSegmentColumns) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+      for (int r = 0; r < kPerThread; ++r) {
+        const std::int64_t col = start + row_reduce::WarpColumn(w, r);
+        if (col < n && c0 + col == target) s.target_z[row] = z.z[w][r];
+      }
+    }
+  }
+  if (row_reduce::Lane() == 0) {
+    s.seg_max[row * segments + seg] = z.max;
+    s.seg_sum[row * segments + seg] = z.sum;
+  }
+}
+
+// ChunkStatsKernel's values under the warp launch (row_reduce.cuh): warp
+// (row, run) walks segments [run * kSegmentsPerWarp, + kSegmentsPerWarp) of
+// the row. Whole segments below n skip the column checks, and without
+// soft-capping z is the logit itself.
+// Three blocks of eight warps per SM (80 registers, a few spilled) ran as fast as two
+// (110 registers) on the H200.
+__global__ void __launch_bounds__(kThreads, 3)
+    WarpStatsKernel(const float* __restrict__ y, std::int64_t m, std::int64_t n, int segments,
+                    int runs, std::int64_t c0, CeRowParams p, CeRowState s) {
+  const row_reduce::WarpRun run = row_reduce::ThisWarpRun(segments, runs);
+  if (run.row >= m) return;  // the whole warp
+  const std::int64_t row = run.row;
+  const int begin = run.begin;
+  const int end = run.end;
+  const float* yr = y + row * n;
+  const std::int64_t target = p.targets[row];
+  const bool plain = p.logit_softcap == 0.0f;
+  for (int seg = begin; seg < end; ++seg) {
+    const bool full = static_cast<std::int64_t>(seg + 1) * kCeSegmentColumns <= n;
+    if (full && plain) {
+      CeWarpSegment<true, true>(yr, n, segments, seg, row, c0, target, p, s);
+    } else if (full) {
+      CeWarpSegment<true, false>(yr, n, segments, seg, row, c0, target, p, s);
+    } else {
+      CeWarpSegment<false, false>(yr, n, segments, seg, row, c0, target, p, s);
+    }
+  }
+}
+
+// CombineKernel's fold with a warp per row (row_reduce::kFullWarp's note).
+__global__ void WarpCombineKernel(std::int64_t m, int segments, CeRowState s) {
+  const std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (row >= m) return;  // the whole warp
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  float run_max = s.run_max[row];
+  double run_sum = s.run_sum[row];
+  for (int base = 0; base < segments; base += 32) {
+    float lane_max = 0.0f;
+    double lane_sum = 0.0;
+    if (base + lane < segments) {
+      lane_max = s.seg_max[row * segments + base + lane];
+      lane_sum = s.seg_sum[row * segments + base + lane];
+    }
+    const int count = segments - base < 32 ? segments - base : 32;
+    for (int i = 0; i < count; ++i) {
+      const float seg_max = __shfl_sync(row_reduce::kFullWarp, lane_max, i);
+      const double seg_sum = __shfl_sync(row_reduce::kFullWarp, lane_sum, i);
+      const float next = fmaxf(run_max, seg_max);
+      run_sum = row_reduce::FoldSum(run_sum, run_max, seg_sum, seg_max, next);
+      run_max = next;
+    }
+  }
+  if (lane == 0) {
+    s.run_max[row] = run_max;
+    s.run_sum[row] = run_sum;
   }
 }
 
@@ -168,6 +254,47 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// GradientInPlaceKernel with more of the row in flight: a block of
+// kGradThreads threads per row reads kGradBatch columns per thread (a batch
+// of kGradThreads * kGradBatch columns), then, after a barrier, writes their
+// G. The batch starting at column b writes fp32 elements [b / 2, b / 2 +
+// batch / 2), all below b + batch and so read by now; the next batch's
+// columns start at b + batch, above everything written. G is per element,
+// so its bits do not depend on the launch shape.
+constexpr int kGradThreads = 512;
+constexpr int kGradBatch = 16;
+
+__global__ void __launch_bounds__(kGradThreads)
+    GradientInPlaceBatchKernel(float* y, std::int64_t n, CeRowParams p, CeRowState s) {
+  const std::int64_t row = blockIdx.x;
+  float* yr = y + row * n;
+  std::uint16_t* gr = reinterpret_cast<std::uint16_t*>(yr);
+  const std::int64_t target = p.targets[row];
+  if (target == p.ignore_index) {
+    for (std::int64_t col = threadIdx.x; col < n; col += kGradThreads) gr[col] = 0;
+    return;
+  }
+  const float lse = s.lse[row];
+  const float coef = s.coef[row];
+  constexpr std::int64_t kBatch = static_cast<std::int64_t>(kGradThreads) * kGradBatch;
+  for (std::int64_t base = 0; base < n; base += kBatch) {
+    float v[kGradBatch];
+#pragma unroll
+    for (int r = 0; r < kGradBatch; ++r) {
+      const std::int64_t col = base + threadIdx.x + static_cast<std::int64_t>(r) * kGradThreads;
+      v[r] = col < n ? yr[col] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kGradBatch; ++r) {
+      const std::int64_t col = base + threadIdx.x + static_cast<std::int64_t>(r) * kGradThreads;
+      if (col < n) {
+        gr[col] = GradientBits(v[r], col == target, lse, coef, p.logit_softcap, p.grad_scale);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchCeInit(const CeRowState& state, std::int64_t m, cudaStream_t stream) {
@@ -178,9 +305,20 @@ cudaError_t LaunchCeInit(const CeRowState& state, std::int64_t m, cudaStream_t s
 
 cudaError_t LaunchCeChunkStats(const float* y, std::int64_t m, std::int64_t n, std::int64_t c0,
                                const CeRowParams& params, const CeRowState& state,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, CeLaunch launch) {
   int segments = 0;
   unsigned int blocks = 0;
+  if (launch == CeLaunch::kWarps) {
+    int runs = 0;
+    if (!row_reduce::WarpGrid(m, n, &segments, &runs, &blocks)) {
+      return cudaErrorInvalidConfiguration;
+    }
+    WarpStatsKernel<<<blocks, kThreads, 0, stream>>>(y, m, n, segments, runs, c0, params, state);
+    cudaError_t error = cudaGetLastError();
+    if (error != cudaSuccess) return error;
+    WarpCombineKernel<<<row_reduce::WarpRowBlocks(m), kRowThreads, 0, stream>>>(m, segments, state);
+    return cudaGetLastError();
+  }
   if (!ChunkGrid(m, n, &segments, &blocks)) return cudaErrorInvalidConfiguration;
   ChunkStatsKernel<<<blocks, kThreads, 0, stream>>>(y, n, segments, c0, params, state);
   cudaError_t error = cudaGetLastError();
@@ -208,9 +346,14 @@ cudaError_t LaunchCeGradient(const float* y, std::int64_t m, std::int64_t n, std
 
 cudaError_t LaunchCeGradientInPlace(float* y, std::int64_t m, std::int64_t n,
                                     const CeRowParams& params, const CeRowState& state,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, CeLaunch launch) {
   if (m <= 0 || n <= 0 || m > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  GradientInPlaceKernel<<<static_cast<unsigned int>(m), kThreads, 0, stream>>>(y, n, params, state);
+  const auto rows = static_cast<unsigned int>(m);
+  if (launch == CeLaunch::kWarps) {
+    GradientInPlaceBatchKernel<<<rows, kGradThreads, 0, stream>>>(y, n, params, state);
+  } else {
+    GradientInPlaceKernel<<<rows, kThreads, 0, stream>>>(y, n, params, state);
+  }
   return cudaGetLastError();
 }
 

@@ -24,6 +24,13 @@ inline std::int64_t CeSegments(std::int64_t columns) {
   return (columns + kCeSegmentColumns - 1) / kCeSegmentColumns;
 }
 
+// How the chunk kernels are launched. kWarps (the default): a warp reduces
+// a segment, the folds take a warp per row, and the in-place gradient keeps
+// a batch of a row in flight per block. kBlocks: a block per segment, a
+// thread per row, one segment per barrier, as the kernels started. Both
+// give the same bits (the tests compare them).
+enum class CeLaunch { kWarps, kBlocks };
+
 // Per-row state of one call, device pointers, [m] unless said otherwise.
 struct CeRowState {
   float* run_max = nullptr;   // running max of z over the chunks so far
@@ -52,7 +59,7 @@ cudaError_t LaunchCeInit(const CeRowState& state, std::int64_t m, cudaStream_t s
 // run_max/run_sum in segment order.
 cudaError_t LaunchCeChunkStats(const float* y, std::int64_t m, std::int64_t n, std::int64_t c0,
                                const CeRowParams& params, const CeRowState& state,
-                               cudaStream_t stream);
+                               cudaStream_t stream, CeLaunch launch = CeLaunch::kWarps);
 
 // After the last chunk: lse = run_max + log(run_sum) in fp64, loss = lse - z_t
 // + z_loss * lse^2 rounded once to fp32 (0 for ignored rows); lse_out (may be
@@ -77,6 +84,6 @@ cudaError_t LaunchCeGradient(const float* y, std::int64_t m, std::int64_t n, std
 // no store reaches a value not yet read. Same arithmetic as LaunchCeGradient.
 cudaError_t LaunchCeGradientInPlace(float* y, std::int64_t m, std::int64_t n,
                                     const CeRowParams& params, const CeRowState& state,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, CeLaunch launch = CeLaunch::kWarps);
 
 }  // namespace logitd::kernels::cuda

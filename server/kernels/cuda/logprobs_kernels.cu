@@ -117,6 +117,43 @@ __device__ __forceinline__ double ShiftZ(double zsum, double sum, float from, fl
   return exp(d) * (zsum + d * sum);
 }
 
+// Only keys above the k-th best of the chunks folded so far (0 while there
+// are fewer) can enter the row's top-k; the others are dropped.
+__device__ __forceinline__ std::uint64_t TopKFloor(const LpTopKLists& lists, std::int64_t row,
+                                                   int top_k) {
+  return lists.keys[row * lists.row_lists * top_k + top_k - 1];
+}
+
+// One segment's top_k keys above `floor`, best first, into out[0, top_k);
+// z holds this thread's values of the segment (first: its first column).
+// Every thread of the block takes part.
+__device__ __forceinline__ void SegmentTopK(const float (&z)[kPerThread], std::int64_t n,
+                                            std::int64_t first, std::int64_t c0, int top_k,
+                                            std::uint64_t floor, std::uint64_t* out) {
+  std::uint64_t key[kPerThread];
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) {
+    const std::int64_t col = SegmentColumn(first, r);
+    key[r] = col < n ? Key(z[r], c0 + col) : 0;
+    if (key[r] <= floor) key[r] = 0;
+  }
+  if (top_k <= kSelectTopK) {
+    SelectTopK(key, top_k, out);
+    return;
+  }
+  static_assert(kPerThread == 4, "the test below reads four keys");
+  if (!__syncthreads_or((key[0] | key[1] | key[2] | key[3]) != 0)) {
+    for (int j = threadIdx.x; j < top_k; j += kThreads) out[j] = 0;
+    return;
+  }
+  __shared__ std::uint64_t keys[kCeSegmentColumns];
+#pragma unroll
+  for (int r = 0; r < kPerThread; ++r) keys[threadIdx.x + r * kThreads] = key[r];
+  __syncthreads();
+  SortDescending(keys, static_cast<int>(kCeSegmentColumns));
+  for (int j = threadIdx.x; j < top_k; j += kThreads) out[j] = keys[j];
+}
+
 __global__ void InitKernel(std::int64_t m, LpRowParams p, LpRowState s, LpTopKLists lists) {
   const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (row >= m) return;
@@ -169,32 +206,157 @@ __global__ void __launch_bounds__(kThreads)
     if (p.entropy) s.seg_zsum[at] = zsum;
   }
   if (p.top_k == 0) return;
-  // Only keys above the k-th best of the chunks folded so far (0 while there
-  // are fewer) can enter the row's top-k; the others are dropped here.
-  const std::uint64_t floor = lists.keys[row * lists.row_lists * p.top_k + p.top_k - 1];
-  std::uint64_t key[kPerThread];
+  SegmentTopK(z.z, n, first, c0, p.top_k, TopKFloor(lists, row, p.top_k),
+              lists.keys + (row * lists.row_lists + 1 + seg) * p.top_k);
+}
+
+// The high half of Key(z, id): z's order (NaN above everything, -0 = +0).
+__device__ __forceinline__ std::uint32_t OrderedZ(float z) {
+  return static_cast<std::uint32_t>(Key(z, 0) >> 32);
+}
+
+// The segment's top_k keys above `floor`, best first, into out[0, top_k),
+// by one warp: each round takes the warp's largest key (keys are unique),
+// whose lane then drops it and finds its next largest. A lane visits its
+// values in column order and keeps the first of equal z, so its best is its
+// largest key. The same list as SelectTopK and the sort give. Out of line:
+// only segments that may hold candidates come here, and its registers stay
+// out of the statistics' way.
+__device__ __noinline__ void WarpTopK(const row_reduce::WarpSegment& z, std::int64_t n,
+                                      std::int64_t start, std::int64_t c0, int top_k,
+                                      std::uint64_t floor, std::uint64_t* out) {
+  const int lane = row_reduce::Lane();
+  unsigned int taken = 0;  // bit 4 w + r: values[w][r] already listed
+  int best_at = -1;
+  auto lane_best = [&]() {
+    std::uint32_t best = 0;
+    best_at = -1;
+    // Column 32 w + lane + 256 r: r, then w, is column order.
 #pragma unroll
-  for (int r = 0; r < kPerThread; ++r) {
-    const std::int64_t col = SegmentColumn(first, r);
-    key[r] = col < n ? Key(z.z[r], c0 + col) : 0;
-    if (key[r] <= floor) key[r] = 0;
+    for (int r = 0; r < kPerThread; ++r) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const int at = w * kPerThread + r;
+        if (start + row_reduce::WarpColumn(w, r) < n && ((taken >> at) & 1u) == 0) {
+          const std::uint32_t o = OrderedZ(z.z[w][r]);
+          if (best_at < 0 || o > best) {
+            best = o;
+            best_at = at;
+          }
+        }
+      }
+    }
+    if (best_at < 0) return std::uint64_t{0};
+    const int w = best_at / kPerThread;
+    const int r = best_at % kPerThread;
+    const std::uint64_t key = Key(z.z[w][r], c0 + start + row_reduce::WarpColumn(w, r));
+    return key > floor ? key : std::uint64_t{0};
+  };
+  std::uint64_t mine = lane_best();
+  for (int j = 0; j < top_k; ++j) {
+    std::uint64_t best = mine;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const std::uint64_t other = __shfl_xor_sync(0xffffffffu, best, offset);
+      best = other > best ? other : best;
+    }
+    if (best == 0) {
+      for (int rest = j + lane; rest < top_k; rest += 32) out[rest] = 0;
+      return;
+    }
+    if (lane == 0) out[j] = best;
+    if (mine == best) {
+      taken |= 1u << best_at;
+      mine = lane_best();
+    }
   }
+}
+
+// One segment of WarpStatsKernel: its partials, the entropy's sum, z at the
+// target, and its top-k list.
+template <bool kFull, bool kPlain, bool kEntropy>
+__device__ __forceinline__ void LpWarpSegment(const float* __restrict__ yr, std::int64_t n,
+                                              int segments, int seg, std::int64_t row,
+                                              std::int64_t c0, std::int64_t target,
+                                              std::uint64_t floor, float floor_z,
+                                              const LpRowParams& p, const LpRowState& s,
+                                              const LpTopKLists& lists) {
+  const std::int64_t start = static_cast<std::int64_t>(seg) * kCeSegmentColumns;
+  row_reduce::WarpSegment z;
+  row_reduce::LoadWarpSegment<kFull>(yr, n, start, z);
+  row_reduce::ReduceWarpSegment<kFull, kPlain, kEntropy>(n, start, p.logit_softcap, p.temperature,
+                                                         z);
+  if (target >= c0 + start && target < c0 + start + kCeSegmentColumns) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+      for (int r = 0; r < kPerThread; ++r) {
+        const std::int64_t col = start + row_reduce::WarpColumn(w, r);
+        if (col < n && c0 + col == target) s.ce.target_z[row] = z.z[w][r];
+      }
+    }
+  }
+  if (row_reduce::Lane() == 0) {
+    const std::int64_t at = row * segments + seg;
+    s.ce.seg_max[at] = z.max;
+    s.ce.seg_sum[at] = z.sum;
+    if (kEntropy) s.seg_zsum[at] = z.zsum;
+  }
+  if (p.top_k == 0) return;
   std::uint64_t* out = lists.keys + (row * lists.row_lists + 1 + seg) * p.top_k;
-  if (p.top_k <= kSelectTopK) {
-    SelectTopK(key, p.top_k, out);
-    return;
-  }
-  static_assert(kPerThread == 4, "the test below reads four keys");
-  if (!__syncthreads_or((key[0] | key[1] | key[2] | key[3]) != 0)) {
-    for (int j = threadIdx.x; j < p.top_k; j += kThreads) out[j] = 0;
-    return;
-  }
-  __shared__ std::uint64_t keys[kCeSegmentColumns];
+  // A segment whose every z is below the floor's has no key above the floor
+  // (NaN and ties with the floor's z count as candidates; WarpTopK then
+  // drops the keys at or below the floor exactly): its list is empty.
+  bool candidate = false;
 #pragma unroll
-  for (int r = 0; r < kPerThread; ++r) keys[threadIdx.x + r * kThreads] = key[r];
-  __syncthreads();
-  SortDescending(keys, static_cast<int>(kCeSegmentColumns));
-  for (int j = threadIdx.x; j < p.top_k; j += kThreads) out[j] = keys[j];
+  for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const bool inside = kFull || start + row_reduce::WarpColumn(w, r) < n;
+      candidate |= inside && !(z.z[w][r] < floor_z);
+    }
+  }
+  if (!__any_sync(0xffffffffu, candidate)) {
+    for (int j = row_reduce::Lane(); j < p.top_k; j += 32) out[j] = 0;
+    return;
+  }
+  WarpTopK(z, n, start, c0, p.top_k, floor, out);
+}
+
+// StatsKernel's values under the warp launch (row_reduce.cuh), walking
+// segments as the cross-entropy's WarpStatsKernel does.
+// Two blocks per SM (128 registers, some spilled) ran the statistics 1.3 times faster on
+// the H200 than one (177 registers unbounded).
+__global__ void __launch_bounds__(kThreads, 2)
+    WarpStatsKernel(const float* __restrict__ y, std::int64_t m, std::int64_t n, int segments,
+                    int runs, std::int64_t c0, LpRowParams p, LpRowState s, LpTopKLists lists) {
+  const row_reduce::WarpRun run = row_reduce::ThisWarpRun(segments, runs);
+  if (run.row >= m) return;  // the whole warp
+  const std::int64_t row = run.row;
+  const int begin = run.begin;
+  const int end = run.end;
+  const float* yr = y + row * n;
+  const std::int64_t target = Counted(p, row) ? p.targets[row] : -1;
+  const std::uint64_t floor = p.top_k > 0 ? TopKFloor(lists, row, p.top_k) : 0;
+  // The floor's z, or -Inf while the row has fewer than top_k entries.
+  const float floor_z = floor == 0 ? row_reduce::NegativeInfinity() : KeyZ(floor);
+  const bool plain = p.logit_softcap == 0.0f && p.temperature == 1.0f;
+  for (int seg = begin; seg < end; ++seg) {
+    const bool full = static_cast<std::int64_t>(seg + 1) * kCeSegmentColumns <= n;
+    if (full && plain && p.entropy) {
+      LpWarpSegment<true, true, true>(yr, n, segments, seg, row, c0, target, floor, floor_z, p, s,
+                                      lists);
+    } else if (full && plain) {
+      LpWarpSegment<true, true, false>(yr, n, segments, seg, row, c0, target, floor, floor_z, p, s,
+                                       lists);
+    } else if (p.entropy) {
+      LpWarpSegment<false, false, true>(yr, n, segments, seg, row, c0, target, floor, floor_z, p, s,
+                                        lists);
+    } else {
+      LpWarpSegment<false, false, false>(yr, n, segments, seg, row, c0, target, floor, floor_z, p,
+                                         s, lists);
+    }
+  }
 }
 
 // One thread per row folds the chunk's segments in order, as the
@@ -220,6 +382,45 @@ __global__ void CombineKernel(std::int64_t m, int segments, LpRowParams p, LpRow
   s.ce.run_max[row] = run_max;
   s.ce.run_sum[row] = run_sum;
   s.run_zsum[row] = run_zsum;
+}
+
+// CombineKernel's fold with a warp per row (row_reduce::kFullWarp's note).
+__global__ void WarpCombineKernel(std::int64_t m, int segments, LpRowParams p, LpRowState s) {
+  const std::int64_t row = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (row >= m) return;  // the whole warp
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  float run_max = s.ce.run_max[row];
+  double run_sum = s.ce.run_sum[row];
+  double run_zsum = s.run_zsum[row];
+  for (int base = 0; base < segments; base += 32) {
+    float lane_max = 0.0f;
+    double lane_sum = 0.0;
+    double lane_zsum = 0.0;
+    if (base + lane < segments) {
+      const std::int64_t at = row * segments + base + lane;
+      lane_max = s.ce.seg_max[at];
+      lane_sum = s.ce.seg_sum[at];
+      if (p.entropy) lane_zsum = s.seg_zsum[at];
+    }
+    const int count = segments - base < 32 ? segments - base : 32;
+    for (int i = 0; i < count; ++i) {
+      const float seg_max = __shfl_sync(row_reduce::kFullWarp, lane_max, i);
+      const double seg_sum = __shfl_sync(row_reduce::kFullWarp, lane_sum, i);
+      const double seg_zsum = __shfl_sync(row_reduce::kFullWarp, lane_zsum, i);
+      const float next = fmaxf(run_max, seg_max);
+      if (p.entropy) {
+        run_zsum =
+            ShiftZ(run_zsum, run_sum, run_max, next) + ShiftZ(seg_zsum, seg_sum, seg_max, next);
+      }
+      run_sum = row_reduce::FoldSum(run_sum, run_max, seg_sum, seg_max, next);
+      run_max = next;
+    }
+  }
+  if (lane == 0) {
+    s.ce.run_max[row] = run_max;
+    s.ce.run_sum[row] = run_sum;
+    s.run_zsum[row] = run_zsum;
+  }
 }
 
 // Block (row, g) merges lists [g * group, (g + 1) * group) of the row's
@@ -359,15 +560,30 @@ cudaError_t LaunchLpInit(std::int64_t m, const LpRowParams& params, const LpRowS
 
 cudaError_t LaunchLpChunkStats(const float* y, std::int64_t m, std::int64_t n, std::int64_t c0,
                                const LpRowParams& params, const LpRowState& state,
-                               const LpTopKLists& lists, cudaStream_t stream) {
+                               const LpTopKLists& lists, cudaStream_t stream, CeLaunch launch) {
   int segments = 0;
   unsigned int blocks = 0;
-  if (!ChunkGrid(m, n, &segments, &blocks)) return cudaErrorInvalidConfiguration;
+  const bool warps = launch == CeLaunch::kWarps;
+  int runs = 0;
+  if (warps ? !row_reduce::WarpGrid(m, n, &segments, &runs, &blocks)
+            : !ChunkGrid(m, n, &segments, &blocks)) {
+    return cudaErrorInvalidConfiguration;
+  }
   if (params.top_k > 0 && segments + 1 > lists.row_lists) return cudaErrorInvalidValue;
-  StatsKernel<<<blocks, kThreads, 0, stream>>>(y, n, segments, c0, params, state, lists);
+  if (warps) {
+    WarpStatsKernel<<<blocks, kThreads, 0, stream>>>(y, m, n, segments, runs, c0, params, state,
+                                                     lists);
+  } else {
+    StatsKernel<<<blocks, kThreads, 0, stream>>>(y, n, segments, c0, params, state, lists);
+  }
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) return error;
-  CombineKernel<<<RowBlocks(m), kRowThreads, 0, stream>>>(m, segments, params, state);
+  if (warps) {
+    WarpCombineKernel<<<row_reduce::WarpRowBlocks(m), kRowThreads, 0, stream>>>(m, segments, params,
+                                                                                state);
+  } else {
+    CombineKernel<<<RowBlocks(m), kRowThreads, 0, stream>>>(m, segments, params, state);
+  }
   error = cudaGetLastError();
   if (error != cudaSuccess || params.top_k == 0) return error;
   return MergeLists(m, segments + 1, params.top_k, lists, stream);

@@ -57,9 +57,11 @@ cudaError_t LaunchLpInit(std::int64_t m, const LpRowParams& params, const LpRowS
 // cross-entropy), the entropy's sum and the segment's top-k; z at the target
 // where it falls in the chunk. Then folds the segments into the running
 // values in segment order, and the segments' lists into list 0.
+// `launch` as for the cross-entropy's LaunchCeChunkStats (the same bits).
 cudaError_t LaunchLpChunkStats(const float* y, std::int64_t m, std::int64_t n, std::int64_t c0,
                                const LpRowParams& params, const LpRowState& state,
-                               const LpTopKLists& lists, cudaStream_t stream);
+                               const LpTopKLists& lists, cudaStream_t stream,
+                               CeLaunch launch = CeLaunch::kWarps);
 
 // After the last chunk, each output may be null: lse in fp32; logprob = z_t -
 // lse in fp64 rounded once (0 for an ignored target); entropy = log(S) - Z/S

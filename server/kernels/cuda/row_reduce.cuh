@@ -132,7 +132,134 @@ __device__ __forceinline__ Segment LoadSegment(const float* __restrict__ yr, std
   return s;
 }
 
-// Launch shapes. Row kernels: a thread per row, in blocks of kRowThreads.
+// The warp launch: one warp reduces a whole segment, with no block
+// barrier. Lane l holds what threads l, l + 32, ..., l + 224 of the block
+// launch hold (values[w][r] is column 32 w + l + 256 r of the segment), sums
+// each of them in the same order, and runs the same shuffle tree for each
+// warp w of the block launch; lane 0 then adds the eight results in warp
+// order, as thread 0 does there. So a segment's max, sum and entropy sum
+// have the block launch's bits. kSegmentsPerWarp segments of a row are
+// walked in turn by one warp.
+constexpr int kSegmentsPerWarp = 4;
+
+struct WarpSegment {
+  float z[kWarps][kPerThread];  // the values, then z
+  float max = 0.0f;             // in every lane
+  double sum = 0.0;             // in lane 0
+  double zsum = 0.0;            // the entropy's, in lane 0 when asked for
+};
+
+__device__ __forceinline__ int Lane() { return static_cast<int>(threadIdx.x & 31); }
+
+// Column of values[w][r] within its segment, for this lane.
+__device__ __forceinline__ int WarpColumn(int w, int r) { return 32 * w + Lane() + kThreads * r; }
+
+// The segment's raw logits starting at column `start` of the row (0 past n).
+// kFull: the whole segment lies below n.
+template <bool kFull>
+__device__ __forceinline__ void LoadWarpSegment(const float* __restrict__ yr, std::int64_t n,
+                                                std::int64_t start, WarpSegment& seg) {
+  const float* at = yr + start;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      const int col = WarpColumn(w, r);
+      seg.z[w][r] = kFull || start + col < n ? at[col] : 0.0f;
+    }
+  }
+}
+
+// z, max, sum (and with kEntropy the sum of exp(z - max) (z - max) over the z
+// below a finite max) of a loaded segment, computed as LoadSegment and the
+// LogProbs statistics compute them. kPlain: no soft-capping and a
+// temperature of 1 (z is the logit).
+template <bool kFull, bool kPlain, bool kEntropy>
+__device__ __forceinline__ void ReduceWarpSegment(std::int64_t n, std::int64_t start, float cap,
+                                                  float temperature, WarpSegment& seg) {
+  float mx = NegativeInfinity();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      if (kFull || start + WarpColumn(w, r) < n) {
+        if (!kPlain) seg.z[w][r] = LogitZ(seg.z[w][r], cap, temperature);
+        mx = fmaxf(mx, seg.z[w][r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, offset));
+  }
+  seg.max = mx;
+  const bool finite = isfinite(mx);
+  // Warp w's tree, then the running total in warp order (lane 0's values).
+  double sum = 0.0;
+  double zsum = 0.0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    float local = 0.0f;
+    double zlocal = 0.0;
+#pragma unroll
+    for (int r = 0; r < kPerThread; ++r) {
+      if (kFull || start + WarpColumn(w, r) < n) {
+        const float d = __fsub_rn(seg.z[w][r], mx);
+        const float e = expf(d);
+        const bool top = seg.z[w][r] == mx;
+        local += top ? 1.0f : e;
+        if (kEntropy && finite && !top) zlocal += static_cast<double>(e) * static_cast<double>(d);
+      }
+    }
+    double part = static_cast<double>(local);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      part += __shfl_down_sync(0xffffffffu, part, offset);
+      if (kEntropy) zlocal += __shfl_down_sync(0xffffffffu, zlocal, offset);
+    }
+    sum = w == 0 ? part : sum + part;
+    if (kEntropy) zsum = w == 0 ? zlocal : zsum + zlocal;
+  }
+  seg.sum = sum;
+  seg.zsum = zsum;
+}
+
+// The row and the segments [begin, end) this warp walks.
+struct WarpRun {
+  std::int64_t row;
+  int begin;
+  int end;
+};
+__device__ __forceinline__ WarpRun ThisWarpRun(int segments, int runs) {
+  const std::int64_t warp = static_cast<std::int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int begin = static_cast<int>(warp % runs) * kSegmentsPerWarp;
+  return {warp / runs, begin, min(segments, begin + kSegmentsPerWarp)};
+}
+
+// Warp-launch shapes: warps of (row, run of kSegmentsPerWarp segments), in
+// blocks of kThreads; false when a dimension is not positive or the grid
+// would exceed 2^31 - 1 blocks.
+inline bool WarpGrid(std::int64_t m, std::int64_t n, int* segments, int* runs,
+                     unsigned int* blocks) {
+  const std::int64_t segs = CeSegments(n);
+  const std::int64_t r = (segs + kSegmentsPerWarp - 1) / kSegmentsPerWarp;
+  const std::int64_t warps = m * r;
+  const std::int64_t b = (warps + kWarps - 1) / kWarps;
+  if (m <= 0 || n <= 0 || b > 0x7fffffff) return false;
+  *segments = static_cast<int>(segs);
+  *runs = static_cast<int>(r);
+  *blocks = static_cast<unsigned int>(b);
+  return true;
+}
+
+// Folds (the Combine kernels) take a warp per row: the lanes load 32 of
+// the row's segment partials at a time, coalesced, and every lane runs the
+// one-thread fold over them in segment order, each value broadcast from its
+// lane, so every lane ends with the one-thread fold's bits.
+constexpr unsigned int kFullWarp = 0xffffffffu;
+
+// Launch shapes. Row kernels: a thread per row, in blocks of kRowThreads;
+// fold kernels: a warp per row, in blocks of kRowThreads.
 // Segment kernels: a block per (row, segment), in a one-dimensional grid
 // (rows may exceed the 65535 of gridDim.y); false when m * segments of n
 // columns exceeds 2^31 - 1 blocks or a dimension is not positive.
@@ -140,6 +267,11 @@ constexpr int kRowThreads = 256;
 
 inline unsigned int RowBlocks(std::int64_t m) {
   return static_cast<unsigned int>((m + kRowThreads - 1) / kRowThreads);
+}
+
+inline unsigned int WarpRowBlocks(std::int64_t m) {
+  constexpr std::int64_t kRowsPerBlock = kRowThreads / 32;
+  return static_cast<unsigned int>((m + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
 inline bool ChunkGrid(std::int64_t m, std::int64_t n, int* segments, unsigned int* blocks) {
