@@ -151,7 +151,8 @@ int logitd_bench_cross_entropy(void* engine, std::int64_t m, std::int64_t v, std
     sizes = kc::CeTokenScratch(chunk, v, k, acc);
   } else {
     chunk = chunk > 0 ? kc::RoundCeChunk(chunk, v)
-                      : kc::ChooseCeChunk(m, v, grads, 0, kc::kCeWorkspaceBytes);
+                      : kc::ChooseCeChunk(m, v, grads, 0,
+                                          grads ? kc::kCeWorkspaceBytes : kc::CeStatsWorkspace(m));
     sizes = kc::CeScratch(m, k, chunk, grads, acc);
   }
   if (!Grow(*e, e->ce_logits, sizes.logits, "cross_entropy: logits chunk") ||
@@ -207,7 +208,7 @@ int logitd_bench_logprobs(void* engine, std::int64_t m, std::int64_t v, std::int
                           float* topk_logprobs, std::int64_t chunk, void* stream) {
   auto* e = static_cast<Engine*>(engine);
   chunk = chunk > 0 ? kc::RoundCeChunk(chunk, v)
-                    : kc::ChooseCeChunk(m, v, false, 0, kc::kCeWorkspaceBytes);
+                    : kc::ChooseCeChunk(m, v, false, 0, kc::CeStatsWorkspace(m));
   const kc::LpScratchSizes sizes = kc::LpScratch(m, chunk, top_k);
   if (!Grow(*e, e->lp_logits, sizes.logits, "log probs: logits chunk") ||
       !Grow(*e, e->lp_rows, sizes.rows, "log probs: per-row state") ||

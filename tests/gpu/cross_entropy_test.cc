@@ -314,18 +314,35 @@ cuda::CePlanRequest GradientsRequest(std::int64_t m, std::int64_t v, std::int64_
   return r;
 }
 
-TEST(CePlan, LossOnlyTakesTheVocabularyWalkInTheDefaultWorkspace) {
+TEST(CePlan, LossOnlyTakesTheVocabularyWalkInStatisticsSizedChunks) {
   cuda::CePlanRequest r;
   r.m = 4096;
   r.v = 128256;
   r.k = 4096;
   const cuda::CePlan plan = cuda::PlanCrossEntropy(r);
   EXPECT_EQ(plan.walk, cuda::CeWalk::kVocabulary);
-  EXPECT_EQ(plan.workspace, cuda::kCeWorkspaceBytes);
+  // 8,192 columns of 4,096 tokens' fp32 logits: more than 32 MiB.
+  EXPECT_EQ(plan.workspace, 4096u * 4 * cuda::kCeStatsMinColumns);
   EXPECT_EQ(plan.token_workspace, 0u);
-  EXPECT_EQ(plan.chunk, cuda::ChooseCeChunk(4096, 128256, false, 0, cuda::kCeWorkspaceBytes));
+  EXPECT_EQ(plan.chunk, cuda::kCeStatsMinColumns);
   EXPECT_EQ(plan.sizes.total(), cuda::CeScratch(4096, 4096, plan.chunk, false, false).total());
   EXPECT_EQ(plan.sizes.g, 0u);
+
+  // 1,024 tokens: 32 MiB chunks, 8,192 columns again; 16 tokens: all of V
+  // in 32 MiB; 65,536 tokens: the usual 256 MiB, 1,024 columns.
+  r.m = 1024;
+  EXPECT_EQ(cuda::PlanCrossEntropy(r).workspace, cuda::kCeStatsChunkBytes);
+  EXPECT_EQ(cuda::PlanCrossEntropy(r).chunk, 8192);
+  r.m = 16;
+  EXPECT_EQ(cuda::PlanCrossEntropy(r).chunk, 128256);
+  r.m = 65536;
+  EXPECT_EQ(cuda::PlanCrossEntropy(r).workspace, cuda::kCeWorkspaceBytes);
+  EXPECT_EQ(cuda::PlanCrossEntropy(r).chunk, 1024);
+  // A configured workspace is taken as it is.
+  r.m = 1024;
+  r.workspace_bytes = 256u << 20;
+  EXPECT_EQ(cuda::PlanCrossEntropy(r).chunk,
+            cuda::ChooseCeChunk(1024, 128256, false, 0, 256u << 20));
 }
 
 TEST(CePlan, GradientsTakeTheTokenWalkWhenEnoughTokensFit) {

@@ -99,6 +99,12 @@ std::int64_t ChooseCeChunk(std::int64_t m, std::int64_t v, bool grads,
   return std::min(even, v);
 }
 
+std::uint64_t CeStatsWorkspace(std::int64_t m) {
+  const std::uint64_t min_columns =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(m, 1)) * 4 * kCeStatsMinColumns;
+  return std::min<std::uint64_t>(kCeWorkspaceBytes, std::max(kCeStatsChunkBytes, min_columns));
+}
+
 const char* CeWalkName(CeWalk walk) { return walk == CeWalk::kTokens ? "tokens" : "vocabulary"; }
 
 CeScratchSizes CeTokenScratch(std::int64_t chunk, std::int64_t v, std::int64_t k, bool dx_bf16) {
@@ -167,8 +173,8 @@ CePlan PlanCrossEntropy(const CePlanRequest& r) {
       r.device_memory_budget != 0 ? r.device_memory_budget / 4 : ~std::uint64_t{0};
   const std::uint64_t configured = r.workspace_bytes;
   CePlan plan;
-  plan.workspace =
-      std::min<std::uint64_t>(configured != 0 ? configured : kCeWorkspaceBytes, budget_cap);
+  const std::uint64_t automatic = WantsGradients(r) ? kCeWorkspaceBytes : CeStatsWorkspace(r.m);
+  plan.workspace = std::min<std::uint64_t>(configured != 0 ? configured : automatic, budget_cap);
   if (WantsGradients(r) && r.vocab_chunk <= 0) {
     const std::uint64_t dx_bytes =
         r.want_dx ? static_cast<std::uint64_t>(r.m * r.k) * (r.dx_bf16 ? 2 : 4) : 0;

@@ -27,6 +27,20 @@ namespace logitd::kernels::cuda {
 // any dW staging) within this, or within a quarter of a configured device
 // memory budget when that is smaller.
 inline constexpr std::uint64_t kCeWorkspaceBytes = 256u << 20;
+// Without gradients (the loss-only walk, and LogProbs, which walks the same
+// chunks so that its results are bitwise the cross-entropy's) the chunk's
+// logits are read once, right after the GEMM wrote them: chunks of
+// kCeStatsChunkBytes or less run faster on the H200 (a 1,024-token call in
+// 8,192-column chunks takes 0.85 times as long as in two halves of the
+// vocabulary: docs/BENCHMARKS.md) and hold an eighth of the memory. No
+// chunk is narrowed below kCeStatsMinColumns for it, which keeps the GEMMs
+// wide and the launches few.
+inline constexpr std::uint64_t kCeStatsChunkBytes = 32u << 20;
+inline constexpr std::int64_t kCeStatsMinColumns = 8192;
+// The vocabulary walk's allowance without gradients, before any configured
+// workspace or device budget: kCeStatsChunkBytes, or kCeStatsMinColumns of
+// m tokens' fp32 logits when that is more; never above kCeWorkspaceBytes.
+std::uint64_t CeStatsWorkspace(std::int64_t m);
 // Chunks are multiples of this many vocabulary rows (the last one excepted):
 // the row reductions' segments then sit at fixed vocabulary positions, so lse
 // and loss do not depend on the chunk size; W chunk pointers stay as aligned
