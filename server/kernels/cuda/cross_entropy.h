@@ -31,7 +31,7 @@ inline constexpr std::uint64_t kCeWorkspaceBytes = 256u << 20;
 // chunks so that its results are bitwise the cross-entropy's) the chunk's
 // logits are read once, right after the GEMM wrote them: chunks of
 // kCeStatsChunkBytes or less run faster on the H200 (a 1,024-token call in
-// 8,192-column chunks takes 0.85 times as long as in two halves of the
+// 8,192-column chunks takes 0.84 to 0.90 times as long as in two halves of the
 // vocabulary: docs/BENCHMARKS.md) and hold an eighth of the memory. No
 // chunk is narrowed below kCeStatsMinColumns for it, which keeps the GEMMs
 // wide and the launches few.
