@@ -1,8 +1,11 @@
 // Device side of logprobs_kernels.h. The statistics kernel is the
-// cross-entropy's (row_reduce.cuh's LoadSegment, the same fold) plus the
-// entropy's sum and a bitonic sort of each segment's 1,024 keys in shared
-// memory, whose first top_k keys become the segment's list. Lists are then
-// merged, up to kSortKeys keys per block, until one list per row is left.
+// cross-entropy's (row_reduce.cuh's warp launch, the same fold) plus the
+// entropy's sum and each segment's top-k list, picked by warp rounds (a
+// segment with nothing at or above the row's k-th best so far gets an empty
+// list at once). Lists are then merged, up to kSortKeys keys per block, until
+// one list per row is left. The block launch (CeLaunch::kBlocks) keeps the
+// kernels this started with: a block per segment, its list by rounds of
+// block maxima or a bitonic sort of its 1,024 keys in shared memory.
 #include <algorithm>
 #include <cstdint>
 
