@@ -1,6 +1,8 @@
 // The row kernels' warp launch (a warp per segment, a warp per row for the
 // folds, the batched in-place gradient) against the block-per-segment
-// kernels they replaced, bit for bit, on fp32 logits
+// kernels they replaced, and G four columns at a time against G a column at a
+// time (rows of a multiple of 4 columns or not, whole rows or a chunk's), bit
+// for bit, on fp32 logits
 // with full mantissas, infinities and NaNs, ragged segments, two chunks
 // folded in turn, soft-capping, ignored targets, the entropy and top-k.
 #include <gtest/gtest.h>
@@ -160,6 +162,14 @@ TEST_F(RowKernelsTest, CrossEntropyWarpLaunchGivesTheBlockLaunchBits) {
         r.seg_sum = Bytes(s.seg_sum, partials);
         r.loss = Bytes(loss, rows);
         r.lse = Bytes(lse, rows);
+        // The second chunk's G as the vocabulary walk writes it (its columns
+        // start at n1, so the target test is against c0 + column).
+        auto* g2 =
+            static_cast<std::uint16_t*>(Buffer(rows * static_cast<std::size_t>(shape.n2) * 2));
+        ASSERT_EQ(cuda::LaunchCeGradient(d2, m, shape.n2, shape.n1, p, s, g2, nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::string chunk_g = Bytes(g2, rows * static_cast<std::size_t>(shape.n2));
 
         // Whole rows, as the token walk holds them: statistics, then G in
         // place, and G by the separate-output kernel from the same state.
@@ -184,6 +194,14 @@ TEST_F(RowKernelsTest, CrossEntropyWarpLaunchGivesTheBlockLaunchBits) {
         }
         EXPECT_EQ(r.g_in_place, r.g_separate)
             << "in-place G differs from the separate kernel's, m=" << m << " n=" << n;
+        std::string tail;
+        for (std::size_t row = 0; row < rows; ++row) {
+          tail += r.g_separate.substr(
+              row * static_cast<std::size_t>(2 * n) + static_cast<std::size_t>(2 * shape.n1),
+              static_cast<std::size_t>(2 * shape.n2));
+        }
+        EXPECT_EQ(chunk_g, tail) << "the second chunk's G differs from the whole rows', m=" << m
+                                 << " n=" << n;
       }
       const std::string what =
           "m=" + std::to_string(m) + " n=" + std::to_string(n) + " cap=" + std::to_string(cap);

@@ -1,9 +1,11 @@
 // Device side of cross_entropy_kernels.h. The chunk kernels are
-// memory-bound: a warp per segment of 1024 columns (row_reduce.cuh's warp
-// launch), each lane holding 32 of the segment's values in registers between
-// the max and the sum, with coalesced accesses and no block barrier; the
-// block-per-segment layout they replaced is kept behind CeLaunch::kBlocks. Arithmetic that both
-// passes share uses explicitly rounded operations, so no contraction differs between them.
+// memory-bound: the statistics a warp per segment of 1024 columns
+// (row_reduce.cuh's warp launch), each lane holding 32 of the segment's
+// values in registers between the max and the sum, with coalesced accesses
+// and no block barrier; G four columns at a time where rows allow it. The
+// block-per-segment layout they replaced is kept behind CeLaunch::kBlocks.
+// Arithmetic that both passes share uses explicitly rounded operations, so no
+// contraction differs between them.
 #include <cstdint>
 
 #include "server/kernels/cuda/bf16_device.cuh"
@@ -295,6 +297,72 @@ __global__ void __launch_bounds__(kGradThreads)
   }
 }
 
+// The gradient four columns at a time, for rows of a multiple of 4 columns
+// on 16-byte aligned rows: each thread reads four float4 (columns 4t + 4 *
+// kGradThreads * r of a batch of kGradThreads * kGradBatch columns) and
+// writes four bf16 per store, a quarter of the memory instructions of the
+// scalar kernels. kInPlace: a block walks its row's batches in order and G
+// goes over the row's own first half (GradientInPlaceBatchKernel's batches
+// and barrier, so its in-place order holds). Otherwise block (row, b) writes
+// batch b of the row to g [m, n] (row stride n), columns c0 + col of the
+// vocabulary. Each G is computed exactly as in the scalar kernels.
+constexpr int kGradVectors = kGradBatch / 4;
+
+template <bool kInPlace>
+__global__ void __launch_bounds__(kGradThreads)
+    GradientVec4Kernel(float* y, std::int64_t n, std::int64_t c0, CeRowParams p, CeRowState s,
+                       std::uint16_t* g) {
+  const std::int64_t row = blockIdx.x;
+  float* yr = y + row * n;
+  std::uint16_t* gr = kInPlace ? reinterpret_cast<std::uint16_t*>(yr) : g + row * n;
+  const std::int64_t target = p.targets[row];
+  constexpr std::int64_t kBatch = static_cast<std::int64_t>(kGradThreads) * kGradBatch;
+  constexpr std::int64_t kStride = 4 * static_cast<std::int64_t>(kGradThreads);
+  const std::int64_t begin = kInPlace ? 0 : blockIdx.y * kBatch;
+  const std::int64_t end = kInPlace ? n : min(n, begin + kBatch);
+  if (target == p.ignore_index) {
+    for (std::int64_t col = begin + 4 * static_cast<std::int64_t>(threadIdx.x); col < end;
+         col += kStride) {
+      *reinterpret_cast<uint2*>(gr + col) = make_uint2(0u, 0u);
+    }
+    return;
+  }
+  const std::int64_t t = target - c0;  // the target's column in this chunk, if there
+  const float lse = s.lse[row];
+  const float coef = s.coef[row];
+  const float cap = p.logit_softcap;
+  const float scale = p.grad_scale;
+  for (std::int64_t base = begin; base < end; base += kBatch) {
+    const std::int64_t first = base + 4 * static_cast<std::int64_t>(threadIdx.x);
+    float4 v[kGradVectors];
+#pragma unroll
+    for (int r = 0; r < kGradVectors; ++r) {
+      const std::int64_t col = first + r * kStride;
+      v[r] = col < n ? *reinterpret_cast<const float4*>(yr + col) : make_float4(0, 0, 0, 0);
+    }
+    if (kInPlace) __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kGradVectors; ++r) {
+      const std::int64_t col = first + r * kStride;
+      if (col < n) {
+        const unsigned lo =
+            GradientBits(v[r].x, col == t, lse, coef, cap, scale) |
+            (static_cast<unsigned>(GradientBits(v[r].y, col + 1 == t, lse, coef, cap, scale))
+             << 16);
+        const unsigned hi =
+            GradientBits(v[r].z, col + 2 == t, lse, coef, cap, scale) |
+            (static_cast<unsigned>(GradientBits(v[r].w, col + 3 == t, lse, coef, cap, scale))
+             << 16);
+        *reinterpret_cast<uint2*>(gr + col) = make_uint2(lo, hi);
+      }
+    }
+  }
+}
+
+bool Vec4Rows(const void* p, std::int64_t n) {
+  return n % 4 == 0 && reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
 }  // namespace
 
 cudaError_t LaunchCeInit(const CeRowState& state, std::int64_t m, cudaStream_t stream) {
@@ -339,6 +407,14 @@ cudaError_t LaunchCeGradient(const float* y, std::int64_t m, std::int64_t n, std
                              cudaStream_t stream) {
   int segments = 0;
   unsigned int blocks = 0;
+  constexpr std::int64_t kBatch = static_cast<std::int64_t>(kGradThreads) * kGradBatch;
+  const std::int64_t batches = (n + kBatch - 1) / kBatch;
+  if (Vec4Rows(y, n) && Vec4Rows(g, n) && m > 0 && m <= 0x7fffffff && batches <= 65535) {
+    const dim3 grid(static_cast<unsigned int>(m), static_cast<unsigned int>(batches));
+    GradientVec4Kernel<false>
+        <<<grid, kGradThreads, 0, stream>>>(const_cast<float*>(y), n, c0, params, state, g);
+    return cudaGetLastError();
+  }
   if (!ChunkGrid(m, n, &segments, &blocks)) return cudaErrorInvalidConfiguration;
   GradientKernel<<<blocks, kThreads, 0, stream>>>(y, n, segments, c0, params, state, g);
   return cudaGetLastError();
@@ -350,7 +426,11 @@ cudaError_t LaunchCeGradientInPlace(float* y, std::int64_t m, std::int64_t n,
   if (m <= 0 || n <= 0 || m > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const auto rows = static_cast<unsigned int>(m);
   if (launch == CeLaunch::kWarps) {
-    GradientInPlaceBatchKernel<<<rows, kGradThreads, 0, stream>>>(y, n, params, state);
+    if (Vec4Rows(y, n)) {
+      GradientVec4Kernel<true><<<rows, kGradThreads, 0, stream>>>(y, n, 0, params, state, nullptr);
+    } else {
+      GradientInPlaceBatchKernel<<<rows, kGradThreads, 0, stream>>>(y, n, params, state);
+    }
   } else {
     GradientInPlaceKernel<<<rows, kThreads, 0, stream>>>(y, n, params, state);
   }
