@@ -13,9 +13,7 @@ constexpr int kThreads = 256;
 // stride over the rest.
 constexpr std::int64_t kMaxBlocks = 4096;
 
-__device__ __forceinline__ std::uint32_t Pack(float lo, float hi) {
-  return ToBf16Bits(lo) | (ToBf16Bits(hi) << 16);
-}
+__device__ __forceinline__ std::uint32_t Pack(float lo, float hi) { return ToBf16x2Bits(lo, hi); }
 
 __global__ void CastVec8Kernel(const float4* __restrict__ in, std::int64_t groups,
                                uint4* __restrict__ out) {

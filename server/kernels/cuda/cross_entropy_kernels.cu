@@ -180,16 +180,27 @@ __global__ void FinalizeKernel(std::int64_t m, CeRowParams p, CeRowState s, floa
   s.coef[row] = p.z_loss != 0.0f ? __fadd_rn(1.0f, __fmul_rn(2.0f * p.z_loss, lse_f)) : 1.0f;
 }
 
-// The gradient of one capped logit, in this order: d = exp(z - lse) * coef
-// - onehot; d *= (1 - t) * (1 + t) under soft-capping; d *= scale.
-__device__ __forceinline__ std::uint16_t GradientBits(float y, bool is_target, float lse,
-                                                      float coef, float cap, float scale) {
-  float th;
-  const float z = Capped(y, cap, &th);
+// The gradient of one capped logit before its rounding, in this order: d =
+// exp(z - lse) * coef - onehot; d *= (1 - t) * (1 + t) under soft-capping;
+// d *= scale. kPlain: no soft-capping (cap is 0), the same value without
+// the test.
+template <bool kPlain = false>
+__device__ __forceinline__ float GradientValue(float y, bool is_target, float lse, float coef,
+                                               float cap, float scale) {
+  float th = 0.0f;
+  const float z = kPlain ? y : Capped(y, cap, &th);
   const float prob = expf(__fsub_rn(z, lse));
   float d = __fsub_rn(__fmul_rn(prob, coef), is_target ? 1.0f : 0.0f);
-  if (cap > 0.0f) d = __fmul_rn(d, __fmul_rn(__fsub_rn(1.0f, th), __fadd_rn(1.0f, th)));
-  return static_cast<std::uint16_t>(ToBf16Bits(__fmul_rn(d, scale)));
+  if (!kPlain && cap > 0.0f) {
+    d = __fmul_rn(d, __fmul_rn(__fsub_rn(1.0f, th), __fadd_rn(1.0f, th)));
+  }
+  return __fmul_rn(d, scale);
+}
+
+// GradientValue rounded once to bf16.
+__device__ __forceinline__ std::uint16_t GradientBits(float y, bool is_target, float lse,
+                                                      float coef, float cap, float scale) {
+  return static_cast<std::uint16_t>(ToBf16Bits(GradientValue(y, is_target, lse, coef, cap, scale)));
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -305,10 +316,12 @@ __global__ void __launch_bounds__(kGradThreads)
 // goes over the row's own first half (GradientInPlaceBatchKernel's batches
 // and barrier, so its in-place order holds). Otherwise block (row, b) writes
 // batch b of the row to g [m, n] (row stride n), columns c0 + col of the
-// vocabulary. Each G is computed exactly as in the scalar kernels.
+// vocabulary. Each G is computed as in the scalar kernels and rounded in
+// pairs by ToBf16x2Bits (ToBf16Bits' bits: the cast kernel's test checks it
+// on all 2^32 inputs). kPlain: no soft-capping.
 constexpr int kGradVectors = kGradBatch / 4;
 
-template <bool kInPlace>
+template <bool kInPlace, bool kPlain>
 __global__ void __launch_bounds__(kGradThreads)
     GradientVec4Kernel(float* y, std::int64_t n, std::int64_t c0, CeRowParams p, CeRowState s,
                        std::uint16_t* g) {
@@ -346,13 +359,11 @@ __global__ void __launch_bounds__(kGradThreads)
       const std::int64_t col = first + r * kStride;
       if (col < n) {
         const unsigned lo =
-            GradientBits(v[r].x, col == t, lse, coef, cap, scale) |
-            (static_cast<unsigned>(GradientBits(v[r].y, col + 1 == t, lse, coef, cap, scale))
-             << 16);
+            ToBf16x2Bits(GradientValue<kPlain>(v[r].x, col == t, lse, coef, cap, scale),
+                         GradientValue<kPlain>(v[r].y, col + 1 == t, lse, coef, cap, scale));
         const unsigned hi =
-            GradientBits(v[r].z, col + 2 == t, lse, coef, cap, scale) |
-            (static_cast<unsigned>(GradientBits(v[r].w, col + 3 == t, lse, coef, cap, scale))
-             << 16);
+            ToBf16x2Bits(GradientValue<kPlain>(v[r].z, col + 2 == t, lse, coef, cap, scale),
+                         GradientValue<kPlain>(v[r].w, col + 3 == t, lse, coef, cap, scale));
         *reinterpret_cast<uint2*>(gr + col) = make_uint2(lo, hi);
       }
     }
@@ -411,8 +422,14 @@ cudaError_t LaunchCeGradient(const float* y, std::int64_t m, std::int64_t n, std
   const std::int64_t batches = (n + kBatch - 1) / kBatch;
   if (Vec4Rows(y, n) && Vec4Rows(g, n) && m > 0 && m <= 0x7fffffff && batches <= 65535) {
     const dim3 grid(static_cast<unsigned int>(m), static_cast<unsigned int>(batches));
-    GradientVec4Kernel<false>
-        <<<grid, kGradThreads, 0, stream>>>(const_cast<float*>(y), n, c0, params, state, g);
+    float* rows = const_cast<float*>(y);  // read only: G goes to g
+    if (params.logit_softcap == 0.0f) {
+      GradientVec4Kernel<false, true>
+          <<<grid, kGradThreads, 0, stream>>>(rows, n, c0, params, state, g);
+    } else {
+      GradientVec4Kernel<false, false>
+          <<<grid, kGradThreads, 0, stream>>>(rows, n, c0, params, state, g);
+    }
     return cudaGetLastError();
   }
   if (!ChunkGrid(m, n, &segments, &blocks)) return cudaErrorInvalidConfiguration;
@@ -427,7 +444,13 @@ cudaError_t LaunchCeGradientInPlace(float* y, std::int64_t m, std::int64_t n,
   const auto rows = static_cast<unsigned int>(m);
   if (launch == CeLaunch::kWarps) {
     if (Vec4Rows(y, n)) {
-      GradientVec4Kernel<true><<<rows, kGradThreads, 0, stream>>>(y, n, 0, params, state, nullptr);
+      if (params.logit_softcap == 0.0f) {
+        GradientVec4Kernel<true, true>
+            <<<rows, kGradThreads, 0, stream>>>(y, n, 0, params, state, nullptr);
+      } else {
+        GradientVec4Kernel<true, false>
+            <<<rows, kGradThreads, 0, stream>>>(y, n, 0, params, state, nullptr);
+      }
     } else {
       GradientInPlaceBatchKernel<<<rows, kGradThreads, 0, stream>>>(y, n, params, state);
     }
