@@ -333,11 +333,8 @@ __device__ __forceinline__ void LpWarpSegment(const float* __restrict__ yr, std:
 __global__ void __launch_bounds__(kThreads, 2)
     WarpStatsKernel(const float* __restrict__ y, std::int64_t m, std::int64_t n, int segments,
                     int runs, std::int64_t c0, LpRowParams p, LpRowState s, LpTopKLists lists) {
-  const row_reduce::WarpRun run = row_reduce::ThisWarpRun(segments, runs);
-  if (run.row >= m) return;  // the whole warp
-  const std::int64_t row = run.row;
-  const int begin = run.begin;
-  const int end = run.end;
+  const auto [row, begin, end] = row_reduce::ThisWarpRun(segments, runs);
+  if (row >= m) return;  // the whole warp
   const float* yr = y + row * n;
   const std::int64_t target = Counted(p, row) ? p.targets[row] : -1;
   const std::uint64_t floor = p.top_k > 0 ? TopKFloor(lists, row, p.top_k) : 0;
