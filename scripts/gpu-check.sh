@@ -10,9 +10,9 @@
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
 #   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate compare rpc oip chunks example
-#                      bench torch gemm ce lp
+#                      bench torch gemm ce lp cutlass
 #                      ("bench" skips every benchmark, "gemm" the GEMM ones, "ce" the
-#                      cross-entropy one, "lp" the LogProbs one)
+#                      cross-entropy one, "lp" the LogProbs one, "cutlass" the CUTLASS probes)
 #   GPU_CHECK_CTEST    ctest arguments choosing the tests (default: --preset gpu, the tests
 #                      labelled gpu; see CMakePresets.json)
 #   VALIDATE_TIMEOUT   seconds allowed for `logitctl validate` (default 300; a device
@@ -36,6 +36,11 @@
 #                      side of the full suites takes minutes); COMPARE_TIMEOUT (default 300)
 #   PERF_ANALYZER      Triton's perf_analyzer, for the oip step (skipped without it)
 #   CE_BENCH_ARGS      more bench/ce_bench.py arguments (e.g. --no-vocab-walk)
+#   GPU_CHECK_CUTLASS_DIR  CUTLASS headers for the cutlass step (default: unpacked from
+#                      deps/nvidia_cutlass-*.whl by scripts/fetch-cutlass.sh; skipped without either)
+#   CUTLASS_PROBE_RUNS op:MxNxK ... (op: logits, dx, dw; default: the token walk's products
+#                      at 4096x4096x128256 and 8192x2304x256000); CUTLASS_PROBE_ARGS more
+#                      arguments (--exact, --stream-k); CUTLASS_PROBE_TIMEOUT s per run (90)
 #   SANITIZE_TIMEOUT   seconds allowed per compute-sanitizer run (default 240)
 #   GOLDEN_RESTARTS    server restarts compared against a golden baseline (default 5), with the
 #                      algorithm cache file kept and again without one
@@ -46,7 +51,7 @@
 # report/ (validate --report) report_check.log compare.log compare.json compare/ (cuda against cpu)
 # rl_logprob.txt rl_logprob.json rl_logprob.png (with matplotlib)
 # rpc.log rpc_*.json rpc_server.log rpc_util_*.txt rpc_metrics.txt bench_logitd.json
-# bench_torch.json bench.log bench_ce.json bench_ce.md bench_ce.log summary.txt.
+# bench_torch.json bench.log bench_ce.json bench_ce.md bench_ce.log cutlass.log cutlass.txt summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
@@ -741,6 +746,48 @@ else
   else
     note lp FAIL "see bench_lp.log"
     tail -5 "$out/bench_lp.log"
+  fi
+fi
+
+# --- CUTLASS kernels against cuBLASLt on the cross-entropy's products ---------
+# bench/cutlass_gemm_probe.cu: could a GEMM of logitd's own, with the row
+# statistics in its epilogue, keep up with the cuBLASLt kernels the walk runs?
+# Needs CUTLASS's headers: GPU_CHECK_CUTLASS_DIR, or the pinned nvidia-cutlass
+# wheel in deps/ for scripts/fetch-cutlass.sh (the GPU machine has no
+# registry). Skipped without them.
+cutlass_wheel=$(find deps -maxdepth 1 -name "nvidia_cutlass-*.whl" 2>/dev/null | head -1)
+if skipped bench || skipped cutlass; then
+  note cutlass skip "GPU_CHECK_SKIP"
+elif [ -z "${GPU_CHECK_CUTLASS_DIR:-}" ] && [ -z "$cutlass_wheel" ]; then
+  note cutlass skip "no GPU_CHECK_CUTLASS_DIR and no deps/nvidia_cutlass-*.whl"
+else
+  cutlass_dir=${GPU_CHECK_CUTLASS_DIR:-}
+  if [ -z "$cutlass_dir" ]; then
+    cutlass_dir=$(CUTLASS_WHEEL=$root/$cutlass_wheel scripts/fetch-cutlass.sh /tmp/logitd-cutlass \
+      2>>"$out/cutlass.log")
+  fi
+  if [ -n "$cutlass_dir" ] &&
+    cmake -S . -B "$build" -DLOGITD_CUTLASS_DIR="$cutlass_dir" >>"$out/cutlass.log" 2>&1 &&
+    ninja -C "$build" -j "$jobs" logitd_cutlass_probe_logits logitd_cutlass_probe_dx \
+      logitd_cutlass_probe_dw >>"$out/cutlass.log" 2>&1; then
+    : >"$out/cutlass.txt"
+    cutlass_rc=0
+    for run in ${CUTLASS_PROBE_RUNS:-logits:1408x128256x4096 logits:1024x256000x2304 \
+      dx:1408x4096x128256 dx:1024x2304x256000 dw:128256x4096x1408 dw:256000x2304x1024}; do
+      op=${run%%:*}
+      dims=${run#*:}
+      # shellcheck disable=SC2086
+      timeout "${CUTLASS_PROBE_TIMEOUT:-90}" "$(find_bin "logitd_cutlass_probe_$op")" \
+        ${dims//x/ } ${CUTLASS_PROBE_ARGS:-} >>"$out/cutlass.txt" 2>&1
+      rc=$?
+      [ $rc -eq 124 ] && echo "($run did not finish within ${CUTLASS_PROBE_TIMEOUT:-90} s)" >>"$out/cutlass.txt"
+      echo >>"$out/cutlass.txt"
+      [ $rc -ne 0 ] && cutlass_rc=$rc
+    done
+    if [ $cutlass_rc -eq 0 ]; then note cutlass ok "cutlass.txt"
+    else note cutlass FAIL "a probe exited $cutlass_rc (see cutlass.txt)"; fi
+  else
+    note cutlass FAIL "no CUTLASS headers or the probes did not build (see cutlass.log)"
   fi
 fi
 
