@@ -638,6 +638,29 @@ bool PrintReport(const std::map<std::string, Outcome>& totals, int clients, doub
   return errors == 0 && wrong == 0 && slow == 0 && after.has_value() && calls > 0;
 }
 
+// Makes `c`'s first call before the load starts, so that every connection is
+// up when the workers begin and an error under load is the server's. gRPC's
+// posix TCP client (1.51 here) reads connect(2)'s errno only after other calls
+// that may change it (grpc/grpc#35064), so now and then it reports a
+// loopback connect that is still in progress as failed ("No such file or
+// directory"); that channel's first call then fails with UNAVAILABLE and the
+// channel reconnects about a second later by itself. Such a failure is
+// reported here and the call made again, up to 3 attempts.
+absl::Status ConnectBeforeLoad(Client& c, int index) {
+  constexpr int kAttempts = 3;
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<client::ServerInfo> info = c.Info();
+    if (info.ok()) return absl::OkStatus();
+    if (info.status().code() != absl::StatusCode::kUnavailable || attempt == kAttempts) {
+      return info.status();
+    }
+    std::cerr << "stress: client " << index << ": connecting (attempt " << attempt << " of "
+              << kAttempts << "): UNAVAILABLE: " << info.status().message()
+              << "; trying again in 1.5 s\n";
+    absl::SleepFor(absl::Milliseconds(1500));
+  }
+}
+
 }  // namespace
 
 int RunStress(const std::vector<std::string>& words, const client::ClientOptions& options,
@@ -667,6 +690,14 @@ int RunStress(const std::vector<std::string>& words, const client::ClientOptions
       return kExitUsage;
     }
     conns.push_back(*std::move(c));
+  }
+  for (int i = 0; i < clients; ++i) {
+    if (absl::Status s = ConnectBeforeLoad(*conns[static_cast<std::size_t>(i)], i); !s.ok()) {
+      std::cerr << "logitctl: stress: client " << i
+                << " cannot reach the server: " << absl::StatusCodeToString(s.code()) << ": "
+                << s.message() << "\n";
+      return kExitUsage;
+    }
   }
   absl::StatusOr<client::ServerInfo> before = conns[0]->Info();
   if (!before.ok()) {

@@ -320,6 +320,18 @@ TEST_F(StressTest, UsageErrorsExitTwo) {
   EXPECT_EQ(Run({"stress", "extra"}).exit_code, 2);
 }
 
+// Every connection makes one call before the load; a server nobody can reach
+// is reported after that call's attempts, with exit 2, and no load is run.
+TEST_F(StressTest, UnreachableServerExitsTwoAfterConnecting) {
+  const LogitctlRun r =
+      RunAt(absl::StrCat("127.0.0.1:", UnusedPort()), {"stress", "--clients=2", "--duration=1"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, ::testing::HasSubstr("connecting (attempt 1 of 3): UNAVAILABLE")) << r.err;
+  EXPECT_THAT(r.err, ::testing::HasSubstr("client 0 cannot reach the server: UNAVAILABLE"))
+      << r.err;
+  EXPECT_THAT(r.err, ::testing::Not(::testing::HasSubstr("calls in"))) << r.err;
+}
+
 #ifdef LOGITD_TEST_FAULTS_ENABLED
 // Against a server whose Logits outputs are wrong in one bit, the stress
 // run must say so and fail.
