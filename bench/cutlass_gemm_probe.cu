@@ -17,9 +17,10 @@
 // fp32), as the largest difference relative to the largest output on random
 // ones.
 //
-// Built only with -DLOGITD_CUTLASS_DIR=<dir holding include/cutlass and
-// include/cute> (scripts/fetch-cutlass.sh unpacks PyPI's nvidia-cutlass
-// there), for sm_90a; one executable per product (LOGITD_PROBE_OP 0, 1, 2).
+// Built only with -DLOGITD_CUTLASS_DIR=<dir holding include/ and
+// tools/util/include/> (scripts/fetch-cutlass.sh unpacks PyPI's
+// nvidia-cutlass and prints it), for sm_90a; one executable per product
+// (LOGITD_PROBE_OP 0, 1, 2).
 //
 //   usage: logitd_cutlass_probe_logits M N K [--exact] [--stream-k]
 //     --exact     integer-valued operands (default: uniform random in (-1, 1))
