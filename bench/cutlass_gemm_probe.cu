@@ -37,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/bench_check.h"
 #include "bench/bench_fill.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -67,14 +68,6 @@ using LayoutB =
     std::conditional_t<kOp == 0, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 using LayoutD = cutlass::layout::RowMajor;
 
-#define CHECK_CUDA(x)                                                                          \
-  do {                                                                                         \
-    const cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 #define CHECK_LT(x)                                                                           \
   do {                                                                                        \
     const cublasStatus_t e_ = (x);                                                            \
@@ -152,20 +145,20 @@ double Median(std::vector<float> t) {
 template <class Run>
 double TimeRuns(cudaStream_t s, Run run) {
   cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
+  BENCH_CHECK_CUDA(cudaEventCreate(&e0));
+  BENCH_CHECK_CUDA(cudaEventCreate(&e1));
   std::vector<float> samples;
   for (int r = 0; r < kWarmups + kSamples; ++r) {
-    CHECK_CUDA(cudaEventRecord(e0, s));
+    BENCH_CHECK_CUDA(cudaEventRecord(e0, s));
     if (!run()) return -1;
-    CHECK_CUDA(cudaEventRecord(e1, s));
-    CHECK_CUDA(cudaEventSynchronize(e1));
+    BENCH_CHECK_CUDA(cudaEventRecord(e1, s));
+    BENCH_CHECK_CUDA(cudaEventSynchronize(e1));
     float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
     if (r >= kWarmups) samples.push_back(ms);
   }
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
+  BENCH_CHECK_CUDA(cudaEventDestroy(e0));
+  BENCH_CHECK_CUDA(cudaEventDestroy(e1));
   return Median(samples);
 }
 
@@ -200,29 +193,29 @@ void RunCutlass(const char* name, const Problem& p, double best_lt_ms) {
   }
   const std::size_t workspace_bytes = Gemm::get_workspace_size(args);
   void* workspace = nullptr;
-  if (workspace_bytes > 0) CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  if (workspace_bytes > 0) BENCH_CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
   if (gemm.initialize(args, workspace, p.stream) != cutlass::Status::kSuccess) {
     std::printf("| %-44s | initialize failed | | | |\n", name);
     return;
   }
   const auto run = [&] { return gemm.run(p.stream) == cutlass::Status::kSuccess; };
   const double ms = TimeRuns(p.stream, run);
-  CHECK_CUDA(cudaGetLastError());
+  BENCH_CHECK_CUDA(cudaGetLastError());
   if (ms < 0) {
     std::printf("| %-44s | run failed | | | |\n", name);
     return;
   }
   // One more run on a zeroed output (C = D = 0 when accumulating) for the check.
-  CHECK_CUDA(cudaMemsetAsync(p.d, 0, static_cast<std::size_t>(p.m) * p.n * 4, p.stream));
+  BENCH_CHECK_CUDA(cudaMemsetAsync(p.d, 0, static_cast<std::size_t>(p.m) * p.n * 4, p.stream));
   if (!run()) {
     std::printf("| %-44s | run failed | | | |\n", name);
     return;
   }
   unsigned long long* diff = nullptr;
-  CHECK_CUDA(cudaMallocManaged(&diff, 3 * sizeof(unsigned long long)));
+  BENCH_CHECK_CUDA(cudaMallocManaged(&diff, 3 * sizeof(unsigned long long)));
   std::memset(diff, 0, 3 * sizeof(unsigned long long));
   Compare<<<4096, 256, 0, p.stream>>>(p.d, p.ref, static_cast<std::int64_t>(p.m) * p.n, diff);
-  CHECK_CUDA(cudaStreamSynchronize(p.stream));
+  BENCH_CHECK_CUDA(cudaStreamSynchronize(p.stream));
   char check[96];
   if (p.exact) {
     std::snprintf(check, sizeof check, "%llu differ", diff[0]);
@@ -234,8 +227,8 @@ void RunCutlass(const char* name, const Problem& p, double best_lt_ms) {
     std::snprintf(check, sizeof check, "max diff %.1e of max %.1e", max_diff, max_ref);
   }
   PrintRow(name, ms, best_lt_ms, p, check);
-  CHECK_CUDA(cudaFree(diff));
-  if (workspace != nullptr) CHECK_CUDA(cudaFree(workspace));
+  BENCH_CHECK_CUDA(cudaFree(diff));
+  if (workspace != nullptr) BENCH_CHECK_CUDA(cudaFree(workspace));
 }
 
 }  // namespace logitd::bench::cutlass_probe
@@ -272,21 +265,21 @@ int main(int argc, char** argv) {
   const std::size_t d_bytes = static_cast<std::size_t>(p.m) * p.n * 4;
   std::uint16_t *a = nullptr, *b = nullptr;
   float *d = nullptr, *ref = nullptr;
-  CHECK_CUDA(cudaStreamCreate(&p.stream));
-  CHECK_CUDA(cudaMalloc(&a, a_elems * 2));
-  CHECK_CUDA(cudaMalloc(&b, b_elems * 2));
-  CHECK_CUDA(cudaMalloc(&d, d_bytes));
-  CHECK_CUDA(cudaMalloc(&ref, d_bytes));
+  BENCH_CHECK_CUDA(cudaStreamCreate(&p.stream));
+  BENCH_CHECK_CUDA(cudaMalloc(&a, a_elems * 2));
+  BENCH_CHECK_CUDA(cudaMalloc(&b, b_elems * 2));
+  BENCH_CHECK_CUDA(cudaMalloc(&d, d_bytes));
+  BENCH_CHECK_CUDA(cudaMalloc(&ref, d_bytes));
   if (p.exact) {
     FillIntegerValued<<<4096, 256, 0, p.stream>>>(a, a_elems, 1);
     FillIntegerValued<<<4096, 256, 0, p.stream>>>(b, b_elems, 2);
-    CHECK_CUDA(cudaGetLastError());
+    BENCH_CHECK_CUDA(cudaGetLastError());
   } else {
-    CHECK_CUDA(logitd::bench::FillRandomBf16(a, a_elems, 1, p.stream));
-    CHECK_CUDA(logitd::bench::FillRandomBf16(b, b_elems, 2, p.stream));
+    BENCH_CHECK_CUDA(logitd::bench::FillRandomBf16(a, a_elems, 1, p.stream));
+    BENCH_CHECK_CUDA(logitd::bench::FillRandomBf16(b, b_elems, 2, p.stream));
   }
-  CHECK_CUDA(cudaMemsetAsync(d, 0, d_bytes, p.stream));
-  CHECK_CUDA(cudaMemsetAsync(ref, 0, d_bytes, p.stream));
+  BENCH_CHECK_CUDA(cudaMemsetAsync(d, 0, d_bytes, p.stream));
+  BENCH_CHECK_CUDA(cudaMemsetAsync(ref, 0, d_bytes, p.stream));
   p.a = a;
   p.b = b;
   p.d = d;
@@ -298,7 +291,7 @@ int main(int argc, char** argv) {
   CHECK_LT(cublasLtCreate(&lt));
   std::size_t lt_workspace_bytes = 32u << 20;
   void* lt_workspace = nullptr;
-  CHECK_CUDA(cudaMalloc(&lt_workspace, lt_workspace_bytes));
+  BENCH_CHECK_CUDA(cudaMalloc(&lt_workspace, lt_workspace_bytes));
   cublasLtMatmulDesc_t desc;
   CHECK_LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_b = kOp == 0 ? CUBLAS_OP_T : CUBLAS_OP_N;  // W [N,K] for logits
@@ -338,9 +331,9 @@ int main(int argc, char** argv) {
   for (int i = 0; i < offered; ++i) lt_ms[i] = TimeRuns(p.stream, [&] { return lt_run(i, &beta); });
   const double best_lt_ms = *std::min_element(lt_ms.begin(), lt_ms.end());
   // The reference: heuristic #0 on a zeroed output, beta 0.
-  CHECK_CUDA(cudaMemsetAsync(ref, 0, d_bytes, p.stream));
+  BENCH_CHECK_CUDA(cudaMemsetAsync(ref, 0, d_bytes, p.stream));
   lt_run(0, &zero);
-  CHECK_CUDA(cudaStreamSynchronize(p.stream));
+  BENCH_CHECK_CUDA(cudaStreamSynchronize(p.stream));
 
   std::printf("%s M=%d N=%d K=%d, %s operands, median of %d runs\n\n", kOpName, p.m, p.n, p.k,
               p.exact ? "integer-valued" : "random", kSamples);
@@ -375,11 +368,11 @@ int main(int argc, char** argv) {
   CHECK_LT(cublasLtMatrixLayoutDestroy(lb));
   CHECK_LT(cublasLtMatmulDescDestroy(desc));
   CHECK_LT(cublasLtDestroy(lt));
-  CHECK_CUDA(cudaFree(lt_workspace));
-  CHECK_CUDA(cudaFree(ref));
-  CHECK_CUDA(cudaFree(d));
-  CHECK_CUDA(cudaFree(b));
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaStreamDestroy(p.stream));
+  BENCH_CHECK_CUDA(cudaFree(lt_workspace));
+  BENCH_CHECK_CUDA(cudaFree(ref));
+  BENCH_CHECK_CUDA(cudaFree(d));
+  BENCH_CHECK_CUDA(cudaFree(b));
+  BENCH_CHECK_CUDA(cudaFree(a));
+  BENCH_CHECK_CUDA(cudaStreamDestroy(p.stream));
   return 0;
 }

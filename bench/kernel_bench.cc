@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_check.h"
 #include "bench/bench_fill.h"
 #include "logitd/bf16.h"
 #include "nlohmann/json.hpp"
@@ -33,16 +34,6 @@ namespace {
 
 namespace kc = logitd::kernels::cuda;
 using nlohmann::json;
-
-// A benchmark is a tool run by hand: any failure ends it, loudly.
-#define BENCH_CHECK_CUDA(expr)                                                                    \
-  do {                                                                                            \
-    const cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (false)
 
 template <typename T>
 T Must(absl::StatusOr<T> v, const char* what) {
