@@ -1,14 +1,8 @@
 #include "server/kernels/cuda/lt_gemm.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -565,14 +559,9 @@ absl::Status GemmEngine::Run(const GemmShape& shape, const GemmOperands& operand
     // shape uses one algorithm for the life of the process.
     auto choice = Choose(shape, operands, s, h);
     if (!choice.ok()) return choice.status();
-    bool inserted = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto [it, fresh] = cache_.emplace(key, *choice);
-      chosen = it->second;
-      inserted = fresh;
-    }
-    if (inserted) SaveCacheFile();
+    const AlgoChoice settled = Settle(key, shape, s, *choice);
+    std::lock_guard<std::mutex> lock(mu_);
+    chosen = cache_.emplace(key, settled).first->second;
   }
   if (s.record != nullptr) {
     std::string line = absl::StrCat(shape.ToString(), ": ", chosen.Brief());
@@ -587,9 +576,6 @@ absl::Status GemmEngine::Run(const GemmShape& shape, const GemmOperands& operand
 // --- The algorithm cache file -------------------------------------------------
 
 namespace {
-
-constexpr char kCacheFormat[] = "logitd-algo-cache";
-constexpr int kCacheFormatVersion = 1;
 
 const char* InternOp(const std::string& op) {
   for (const char* known : {"logits", "dx", "dw"}) {
@@ -612,139 +598,126 @@ bool AlgoFromHex(const std::string& hex, cublasLtMatmulAlgo_t* algo) {
   return true;
 }
 
+// What an entry is recorded under in the file: the product and its operands'
+// alignment (split-K policy and workspace are part of the platform).
+std::string EntryKey(const nlohmann::json& e) {
+  if (!e.is_object()) return std::string();
+  const nlohmann::json align = e.value("align", nlohmann::json::array());
+  return absl::StrCat(e.value("op", std::string()), " m=", e.value("m", std::int64_t{0}),
+                      " n=", e.value("n", std::int64_t{0}), " k=", e.value("k", std::int64_t{0}),
+                      " p_ld=", e.value("p_ld", std::int64_t{0}),
+                      " pt=", e.value("p_transposed", false) ? 1 : 0,
+                      " qt=", e.value("q_transposed", false) ? 1 : 0,
+                      " c=", e.value("c_type", std::string()), " align=", align.dump());
+}
+
 }  // namespace
+
+absl::StatusOr<std::pair<GemmEngine::Key, AlgoChoice>> GemmEngine::FromEntry(
+    const nlohmann::json& e, const GemmStream& s) const {
+  GemmShape shape;
+  const char* op = e.is_object() ? InternOp(e.value("op", std::string())) : nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  const std::string c_type = e.is_object() ? e.value("c_type", std::string()) : "";
+  if (op == nullptr || !AlgoFromHex(e.value("algo", std::string()), &algo) ||
+      (c_type != "fp32" && c_type != "bf16") || !e.contains("align") || !e["align"].is_array() ||
+      e["align"].size() != 3 || !e["align"][0].is_number_integer() ||
+      !e["align"][1].is_number_integer() || !e["align"][2].is_number_integer()) {
+    return absl::InvalidArgumentError("an entry does not parse");
+  }
+  shape.op = op;
+  shape.m = e.value("m", std::int64_t{0});
+  shape.n = e.value("n", std::int64_t{0});
+  shape.k = e.value("k", std::int64_t{0});
+  shape.p_ld = e.value("p_ld", std::int64_t{0});
+  shape.p_transposed = e.value("p_transposed", false);
+  shape.q_transposed = e.value("q_transposed", false);
+  shape.c_type = c_type == "fp32" ? CUDA_R_32F : CUDA_R_16BF;
+  absl::StatusOr<AlgoChoice> checked = Check(shape, s, algo);
+  if (!checked.ok()) return checked.status();
+  if (checked->Brief() != e.value("config", std::string())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(shape.ToString(), ": the library describes it as ", checked->Brief()));
+  }
+  checked->from_file = true;
+  const Key key(shape.op, shape.m, shape.n, shape.k, shape.p_ld, shape.p_transposed,
+                shape.q_transposed, static_cast<int>(shape.c_type), e["align"][0].get<int>(),
+                e["align"][1].get<int>(), e["align"][2].get<int>(),
+                static_cast<int>(options_.split_k), s.workspace_bytes);
+  return std::make_pair(key, *checked);
+}
 
 absl::Status GemmEngine::UseCacheFile(const std::string& path, const std::string& platform,
                                       const GemmStream& s, std::string* summary) {
-  cache_path_ = path;
-  cache_platform_ = platform;
-  std::ifstream in(path);
-  if (!in) {
-    if (summary != nullptr) *summary = absl::StrCat("algorithm cache ", path, ": new file");
-    return absl::OkStatus();
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", std::string()) != kCacheFormat) {
-    if (summary != nullptr) {
-      *summary = absl::StrCat("algorithm cache ", path,
-                              " is not a logitd algorithm cache: ignored, and replaced once an "
-                              "algorithm is chosen");
-    }
-    return absl::OkStatus();
-  }
-  const std::string recorded = j.value("platform", std::string());
-  if (j.value("format_version", 0) != kCacheFormatVersion || recorded != platform) {
-    if (summary != nullptr) {
-      *summary = absl::StrCat("algorithm cache ", path, " was made for another platform ('",
-                              recorded, "'; this one is '", platform,
-                              "'): ignored, and replaced once an algorithm is chosen");
-    }
-    return absl::OkStatus();
-  }
-  int loaded = 0;
+  absl::StatusOr<AlgoCacheFile> file = AlgoCacheFile::Open(path, platform, EntryKey);
+  if (!file.ok()) return file.status();
+  const AlgoCacheFile::Loaded loaded = file->Load();
+  int accepted = 0;
   int refused = 0;
   std::string first_refusal;
-  const nlohmann::json entries = j.value("entries", nlohmann::json::array());
-  for (const nlohmann::json& e : entries) {
-    GemmShape shape;
-    const char* op = e.is_object() ? InternOp(e.value("op", std::string())) : nullptr;
-    cublasLtMatmulAlgo_t algo{};
-    const std::string c_type = e.is_object() ? e.value("c_type", std::string()) : "";
-    if (op == nullptr || !AlgoFromHex(e.value("algo", std::string()), &algo) ||
-        (c_type != "fp32" && c_type != "bf16") || !e.contains("align") || !e["align"].is_array() ||
-        e["align"].size() != 3) {
+  for (const nlohmann::json& e : loaded.entries) {
+    absl::StatusOr<std::pair<Key, AlgoChoice>> entry = FromEntry(e, s);
+    if (!entry.ok()) {
       ++refused;
-      if (first_refusal.empty()) first_refusal = "an entry does not parse";
+      if (first_refusal.empty()) first_refusal = std::string(entry.status().message());
       continue;
     }
-    shape.op = op;
-    shape.m = e.value("m", std::int64_t{0});
-    shape.n = e.value("n", std::int64_t{0});
-    shape.k = e.value("k", std::int64_t{0});
-    shape.p_ld = e.value("p_ld", std::int64_t{0});
-    shape.p_transposed = e.value("p_transposed", false);
-    shape.q_transposed = e.value("q_transposed", false);
-    shape.c_type = c_type == "fp32" ? CUDA_R_32F : CUDA_R_16BF;
-    absl::StatusOr<AlgoChoice> checked = Check(shape, s, algo);
-    if (!checked.ok() || checked->Brief() != e.value("config", std::string())) {
-      ++refused;
-      if (first_refusal.empty()) {
-        first_refusal =
-            checked.ok()
-                ? absl::StrCat(shape.ToString(), ": the library describes it as ", checked->Brief())
-                : std::string(checked.status().message());
-      }
-      continue;
-    }
-    checked->from_file = true;
-    const Key key(shape.op, shape.m, shape.n, shape.k, shape.p_ld, shape.p_transposed,
-                  shape.q_transposed, static_cast<int>(shape.c_type), e["align"][0].get<int>(),
-                  e["align"][1].get<int>(), e["align"][2].get<int>(),
-                  static_cast<int>(options_.split_k), s.workspace_bytes);
     std::lock_guard<std::mutex> lock(mu_);
-    cache_.emplace(key, *checked);
-    ++loaded;
+    cache_.insert(*std::move(entry));
+    ++accepted;
   }
+  file_ = *std::move(file);
   if (summary != nullptr) {
-    *summary = absl::StrCat("algorithm cache ", path, ": ", loaded, " choices loaded");
+    *summary = absl::StrCat("algorithm cache ", path, ": ", accepted, " choices loaded");
     if (refused > 0) {
       absl::StrAppend(summary, ", ", refused, " refused (", first_refusal,
                       ") and to be chosen again");
+    }
+    if (loaded.other_platform_entries > 0) {
+      absl::StrAppend(summary, "; ", loaded.other_platform_entries,
+                      " kept for other platforms (this one is '", platform, "')");
+    }
+    if (!loaded.ignored.empty()) {
+      absl::StrAppend(summary, "; the file ", loaded.ignored,
+                      ": ignored, and replaced once an algorithm is chosen");
     }
   }
   return absl::OkStatus();
 }
 
-void GemmEngine::SaveCacheFile() {
-  if (cache_path_.empty()) return;
-  // Held from the snapshot to the rename, so that files replace each other
-  // in the order of their snapshots.
-  std::lock_guard<std::mutex> file_lock(file_mu_);
-  nlohmann::ordered_json j;
-  j["format"] = kCacheFormat;
-  j["format_version"] = kCacheFormatVersion;
-  j["platform"] = cache_platform_;
-  nlohmann::ordered_json entries = nlohmann::ordered_json::array();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [key, choice] : cache_) {
-      nlohmann::ordered_json e;
-      e["op"] = std::get<0>(key);
-      e["m"] = std::get<1>(key);
-      e["n"] = std::get<2>(key);
-      e["k"] = std::get<3>(key);
-      e["p_ld"] = std::get<4>(key);
-      e["p_transposed"] = std::get<5>(key);
-      e["q_transposed"] = std::get<6>(key);
-      e["c_type"] = std::get<7>(key) == static_cast<int>(CUDA_R_32F) ? "fp32" : "bf16";
-      e["align"] = {std::get<8>(key), std::get<9>(key), std::get<10>(key)};
-      e["config"] = choice.Brief();
-      e["algo"] = AlgoHex(choice.algo);
-      entries.push_back(std::move(e));
-    }
+AlgoChoice GemmEngine::Settle(const Key& key, const GemmShape& shape, const GemmStream& s,
+                              const AlgoChoice& choice) {
+  if (!file_.has_value()) return choice;
+  nlohmann::json e;
+  e["op"] = std::get<0>(key);
+  e["m"] = std::get<1>(key);
+  e["n"] = std::get<2>(key);
+  e["k"] = std::get<3>(key);
+  e["p_ld"] = std::get<4>(key);
+  e["p_transposed"] = std::get<5>(key);
+  e["q_transposed"] = std::get<6>(key);
+  e["c_type"] = std::get<7>(key) == static_cast<int>(CUDA_R_32F) ? "fp32" : "bf16";
+  e["align"] = {std::get<8>(key), std::get<9>(key), std::get<10>(key)};
+  e["config"] = choice.Brief();
+  e["algo"] = AlgoHex(choice.algo);
+  absl::StatusOr<nlohmann::json> standing = file_->Claim(e);
+  std::string problem;
+  if (!standing.ok()) {
+    problem = std::string(standing.status().message());
+  } else if (*standing != e) {
+    // Another process chose first: run its choice, so that both give the
+    // same bits.
+    absl::StatusOr<std::pair<Key, AlgoChoice>> theirs = FromEntry(*standing, s);
+    if (theirs.ok() && theirs->first == key) return theirs->second;
+    problem = absl::StrCat(shape.ToString(), ": the entry another process recorded is refused (",
+                           theirs.ok() ? "another key" : theirs.status().message(), ")");
   }
-  j["entries"] = std::move(entries);
-  const std::string text = j.dump(1);
-  // Written beside the file and renamed over it: a reader (or a crash) sees
-  // the old file or the new one, never half of one.
-  const std::string tmp = absl::StrCat(cache_path_, ".tmp.", getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  bool saved = false;
-  if (f != nullptr) {
-    const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
-                         std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-    const bool closed = std::fclose(f) == 0;
-    saved = written && closed && std::rename(tmp.c_str(), cache_path_.c_str()) == 0;
-    if (!saved) std::remove(tmp.c_str());
+  if (!problem.empty() && options_.warn && !file_failure_reported_.exchange(true)) {
+    options_.warn(absl::StrCat(problem,
+                               "; this choice is kept in memory only, and a restart may choose "
+                               "another (reported once)"));
   }
-  if (!saved && !save_failure_reported_ && options_.warn) {
-    save_failure_reported_ = true;
-    options_.warn(absl::StrCat("algorithm cache ", cache_path_, ": cannot write '", tmp, "' (",
-                               std::strerror(errno),
-                               "); choices are kept in memory only (reported once)"));
-  }
+  return choice;
 }
 
 }  // namespace logitd::kernels::cuda

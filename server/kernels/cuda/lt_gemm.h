@@ -1,14 +1,15 @@
 // cuBLASLt GEMMs for the LM head: the three products (logits, dX, dW) in
 // row-major terms, the split-K policy that keeps partial sums in fp32, and a
 // per-shape algorithm cache filled by timing the top heuristic candidates,
-// optionally kept in a file so that a restarted server runs the same
-// algorithms (and so gives the same bits). Used by the backend and by the
-// kernel benchmark alike.
+// optionally kept in a file shared by every process of the platform, so that
+// a restarted server runs the same algorithms (and so gives the same bits).
+// Used by the backend and by the kernel benchmark alike.
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -22,6 +23,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "server/kernels/algo_cache_file.h"
 #include "server/kernels/backend.h"
 #include "server/kernels/cuda/cuda_handles.h"
 
@@ -143,11 +146,13 @@ class GemmEngine {
   absl::Status Run(const GemmShape& shape, const GemmOperands& operands, const GemmStream& s);
 
   // Keeps the chosen algorithms in `path` (see docs/OPERATIONS.md): loads the
-  // entries recorded for `platform` (a file made for another platform is
-  // ignored and later replaced), checks each with cublasLtMatmulAlgoCheck on
-  // `s` and drops those the library refuses; every later choice rewrites the
-  // file atomically. `summary` receives one line for the log, which says
-  // when a file was ignored (another platform, or not a cache file).
+  // entries recorded for `platform` (entries of other platforms stay in the
+  // file), checks each with cublasLtMatmulAlgoCheck on `s` and drops those
+  // the library refuses. Every later choice is claimed in the file: a shape
+  // another process has chosen for since is run with that process's choice,
+  // so every process of the platform runs one algorithm per shape. `summary`
+  // receives one line for the log. An error (the file's directory cannot be
+  // created or written) leaves the engine choosing in memory only.
   absl::Status UseCacheFile(const std::string& path, const std::string& platform,
                             const GemmStream& s, std::string* summary);
 
@@ -190,18 +195,22 @@ class GemmEngine {
                                                          const RawHandles& h) const;
   absl::StatusOr<AlgoChoice> Choose(const GemmShape& shape, const GemmOperands& operands,
                                     const GemmStream& s, const RawHandles& h);
-  // Rewrites the cache file with every cached choice (no-op without one).
-  void SaveCacheFile();
+  // The choice for `key` that every process of the platform runs: the cache
+  // file's entry when another process recorded one, else `choice`, recorded
+  // there now. Without a file, `choice`.
+  AlgoChoice Settle(const Key& key, const GemmShape& shape, const GemmStream& s,
+                    const AlgoChoice& choice);
+  // A cache file entry as (key, checked choice), or why it is refused.
+  absl::StatusOr<std::pair<Key, AlgoChoice>> FromEntry(const nlohmann::json& e,
+                                                       const GemmStream& s) const;
 
   GemmEngineOptions options_;
   std::shared_ptr<DeviceMemory> memory_;
   mutable std::mutex mu_;
   std::map<Key, AlgoChoice> cache_;
-  // The algorithm cache file, and the platform its entries belong to.
-  std::string cache_path_;
-  std::string cache_platform_;
-  std::mutex file_mu_;                  // one writer of the file at a time
-  bool save_failure_reported_ = false;  // under file_mu_
+  // The algorithm cache file, when one is kept.
+  std::optional<AlgoCacheFile> file_;
+  std::atomic<bool> file_failure_reported_{false};
 };
 
 // The key a cache file's entries are valid for: the device (name, SMs), the
