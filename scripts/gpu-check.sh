@@ -226,16 +226,20 @@ fi
 
 # --- golden baselines across server restarts ---------------------------------
 # A baseline recorded against a fresh server is compared after each of
-# GOLDEN_RESTARTS restarts, with --algo_cache kept (every one must pass), then
-# the same without a cache file (the count that differ is reported). Then
-# every suite once with --baseline after a restart with the cache.
+# GOLDEN_RESTARTS restarts: with no flag (the default per-user algorithm cache,
+# here under XDG_STATE_HOME=$gdir/state; every restart must pass), then with
+# --algo_cache=none (the count that differ is reported). Then the fresh
+# container's case: an empty state directory against the default baseline,
+# which passes or fails naming both algorithms and both results' bounds.
+# Last, every suite once with --baseline after a restart with no flag.
 if ! skipped golden && [ -n "$(find_bin logitd)" ] && [ -n "$(find_bin logitctl)" ]; then
   gdir=$(mktemp -d)
   : >"$out/golden.log"
   golden_rc=0
   restarts=${GOLDEN_RESTARTS:-5}
   golden_round() {  # golden_round LABEL VALIDATE_ARGS...; SERVER_ARGS in golden_server_args
-    if start_server "$out/golden_server.log" "${golden_server_args[@]}"; then
+    if XDG_STATE_HOME="$golden_state" start_server "$out/golden_server.log" \
+        "${golden_server_args[@]}"; then
       echo "=== $1: logitctl validate $*" >>"$out/golden.log"
       timeout "${VALIDATE_TIMEOUT:-300}" "$(find_bin logitctl)" validate --server="127.0.0.1:$port" \
         "${@:2}" >>"$out/golden.log" 2>&1
@@ -247,9 +251,10 @@ if ! skipped golden && [ -n "$(find_bin logitd)" ] && [ -n "$(find_bin logitctl)
     echo "=== $1: exit $round_rc" >>"$out/golden.log"
     return $round_rc
   }
-  for mode in cache nocache; do
+  golden_state="$gdir/state"
+  for mode in default none; do
     golden_server_args=()
-    [ "$mode" = cache ] && golden_server_args=(--algo_cache="$gdir/algo_cache.json")
+    [ "$mode" = none ] && golden_server_args=(--algo_cache=none)
     golden_round "$mode record" --suite=golden --record="$gdir/golden_$mode.json" || golden_rc=1
     differ=0
     for i in $(seq 1 "$restarts"); do
@@ -259,14 +264,21 @@ if ! skipped golden && [ -n "$(find_bin logitd)" ] && [ -n "$(find_bin logitctl)
     echo "golden ($mode): $differ of $restarts restarts differ from the baseline" >>"$out/golden.log"
     eval "differ_$mode=$differ"
   done
-  golden_server_args=(--algo_cache="$gdir/algo_cache.json")
-  golden_round "all suites" --baseline="$gdir/golden_cache.json" --json "$out/validate_baseline.json" \
-    || golden_rc=1
-  cp "$gdir/algo_cache.json" "$out/algo_cache.json" 2>/dev/null
-  if [ "$golden_rc" -eq 0 ] && [ "$differ_cache" -eq 0 ]; then
-    note golden ok "with --algo_cache 0 of $restarts restarts differ; without it $differ_nocache of $restarts; all suites pass with --baseline"
+  golden_server_args=()
+  golden_state="$gdir/fresh"
+  if golden_round "fresh state directory" --suite=golden --baseline="$gdir/golden_default.json"; then
+    fresh="passes"
   else
-    note golden FAIL "with --algo_cache $differ_cache of $restarts restarts differ; without $differ_nocache; see golden.log"
+    fresh="differs ($(grep -c "other GEMM algorithms" "$out/golden.log") cases name both algorithms)"
+  fi
+  golden_state="$gdir/state"
+  golden_round "all suites" --baseline="$gdir/golden_default.json" --json "$out/validate_baseline.json" \
+    || golden_rc=1
+  cp "$gdir/state/logitd/algo_cache.json" "$out/algo_cache.json" 2>/dev/null
+  if [ "$golden_rc" -eq 0 ] && [ "$differ_default" -eq 0 ]; then
+    note golden ok "no flag: 0 of $restarts restarts differ; --algo_cache=none: $differ_none of $restarts; a fresh state directory $fresh; all suites pass with --baseline"
+  else
+    note golden FAIL "no flag: $differ_default of $restarts restarts differ; --algo_cache=none: $differ_none; see golden.log"
   fi
   grep -E "^golden|FAILED|differ" "$out/golden.log" | head -20
   rm -rf "$gdir"

@@ -8,9 +8,11 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <memory>
 #include <sstream>
@@ -32,12 +34,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "logitd/protocol.h"
+#include "server/flags_help.h"
 #include "server/service/auth.h"
 #include "server/service/build_info.h"
 #include "server/service/faults.h"
 #include "server/service/logging.h"
 #include "server/service/metrics.h"
 #include "server/service/status.h"
+#include "server/state_dir.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051",
           "HOST:PORT to listen on. PORT 0 picks a free port (see --port_file). The default "
@@ -128,12 +132,14 @@ ABSL_FLAG(absl::Duration, device_timeout, absl::Seconds(60),
           "Device work of one call that has not finished after this long means a hung device: "
           "the server then stops serving and exits with status 75 for its supervisor to restart "
           "it (as after an error that poisons the device). 0 turns the watchdog off. Default 60s.");
-ABSL_FLAG(std::string, algo_cache, "",
-          "cuda: file the chosen cuBLASLt algorithms are kept in (JSON, written atomically, keyed "
-          "by device, SM count, driver, CUDA and cuBLASLt versions, workspace and --split_k), so "
-          "that a restarted server runs the same algorithms and gives the same bits. A file "
-          "made for another platform is ignored (and replaced). Empty: chosen anew by timing in "
-          "every process.");
+ABSL_FLAG(std::string, algo_cache, "auto",
+          "cuda: file the chosen cuBLASLt algorithms are kept in, so that a restarted server "
+          "(and any other on this machine and platform) runs the same algorithms and gives the "
+          "same bits. auto: the per-user state file, $STATE_DIRECTORY/algo_cache.json under "
+          "systemd, else $XDG_STATE_HOME/logitd/algo_cache.json, else "
+          "~/.local/state/logitd/algo_cache.json. none: chosen anew by timing in every "
+          "process (a restart may give other bits). Entries are keyed by device, SM count, "
+          "driver, CUDA and cuBLASLt versions, workspace and --split_k.");
 ABSL_FLAG(std::string, log_level, "info", "error|warning|info|debug.");
 ABSL_FLAG(std::string, test_fault, "",
           "Testing only, in builds with LOGITD_ENABLE_TEST_FAULTS=ON: comma-separated faults "
@@ -314,7 +320,17 @@ absl::StatusOr<kernels::BackendOptions> BackendOptionsFromFlags() {
     return absl::InvalidArgumentError(
         "--device_timeout: expected a duration >= 0 (0 = off), e.g. 60s");
   }
-  backend_options.algo_cache = absl::GetFlag(FLAGS_algo_cache);
+  absl::StatusOr<std::string> algo_cache =
+      AlgoCachePathFromFlag(absl::GetFlag(FLAGS_algo_cache), std::getenv);
+  if (algo_cache.ok()) {
+    backend_options.algo_cache = *std::move(algo_cache);
+  } else if (algo_cache.status().code() == absl::StatusCode::kInvalidArgument) {
+    return algo_cache.status();
+  } else {
+    LogWarning(absl::StrCat("--algo_cache=auto: ", algo_cache.status().message(),
+                            "; GEMM algorithms are chosen anew in every process (pass "
+                            "--algo_cache=FILE to keep them)"));
+  }
   backend_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   if (backend_options.cpu_threads < 0 || backend_options.cpu_threads > 4096) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -463,6 +479,16 @@ absl::Status ParseFlags(int argc, char** argv) {
   };
   absl::SetFlagsUsageConfig(usage_config);
   LOGITD_RETURN_IF_ERROR(CheckCommandLine(argc, argv));
+  // --help (and --helpshort) list logitd's own flags, grouped; Abseil's
+  // would list only main.cc's, which has none.
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "--help" || arg == "-help" || arg == "--helpshort" || arg == "-helpshort") {
+      std::cout << FlagsHelp();
+      std::exit(0);
+    }
+  }
   absl::ParseCommandLine(argc, argv);
   return absl::OkStatus();
 }

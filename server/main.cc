@@ -268,17 +268,17 @@ std::unique_ptr<grpc::Server> BuildServer(const ServerConfig& config,
 void LogListening(const ServerConfig& config, const kernels::BackendInfo& info,
                   const std::string& bound) {
   const service::ServiceOptions& options = config.service;
-  LogInfo(absl::StrCat("logitd ", service::Version(), " (", service::BuildId(), ") listening on ",
-                       bound, " backend=", info.backend, " device=\"", info.device_name,
-                       "\" weight_budget_bytes=", options.weight_budget_bytes,
-                       " max_request_bytes=", options.max_request_bytes,
-                       " request_memory_bytes=", options.admission.memory_bytes,
-                       " max_concurrent_requests=", options.admission.max_concurrent_requests,
-                       " admission_wait=", absl::FormatDuration(options.admission.max_wait),
-                       " chunk_bytes=", options.chunk_bytes, " weights_dir=",
-                       options.weights_dir.empty() ? "(none)" : options.weights_dir.string(),
-                       " shm=", options.shm.allowed ? "on" : "off", " tls=", config.tls_mode,
-                       " auth=", config.auth_mode));
+  LogInfo(absl::StrCat(
+      "logitd ", service::Version(), " (", service::BuildId(), ") listening on ", bound,
+      " backend=", info.backend, " device=\"", info.device_name, "\" weight_budget_bytes=",
+      options.weight_budget_bytes, " max_request_bytes=", options.max_request_bytes,
+      " request_memory_bytes=", options.admission.memory_bytes,
+      " max_concurrent_requests=", options.admission.max_concurrent_requests, " admission_wait=",
+      absl::FormatDuration(options.admission.max_wait), " chunk_bytes=", options.chunk_bytes,
+      " weights_dir=", options.weights_dir.empty() ? "(none)" : options.weights_dir.string(),
+      " shm=", options.shm.allowed ? "on" : "off", " tls=", config.tls_mode,
+      " auth=", config.auth_mode, " algo_choices=", info.algo_choices,
+      info.algo_cache_path.empty() ? "" : absl::StrCat(" (", info.algo_cache_path, ")")));
 }
 
 // SIGHUP reloads the tokens file; a file that does not parse leaves the

@@ -20,6 +20,8 @@ nlohmann::ordered_json ServerInfoJson(const ServerInfo& i, bool with_request_mem
   j["chunk_bytes"] = i.chunk_bytes;
   j["device_bytes_in_use"] = i.device_bytes_in_use;
   j["split_k"] = i.split_k;
+  j["algo_choices"] = i.algo_choices;
+  j["algo_cache_path"] = i.algo_cache_path;
   if (with_request_memory) {
     j["request_memory_bytes"] = i.request_memory_bytes;
     j["request_bytes_in_flight"] = i.request_bytes_in_flight;

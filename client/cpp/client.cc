@@ -72,6 +72,8 @@ ServerInfo FromProto(const v1::ServerInfo& s) {
   out.max_send_message_bytes = s.max_send_message_bytes();
   out.device_bytes_in_use = s.device_bytes_in_use();
   out.split_k = s.split_k();
+  out.algo_choices = s.algo_choices();
+  out.algo_cache_path = s.algo_cache_path();
   out.request_memory_bytes = s.request_memory_bytes();
   out.request_bytes_in_flight = s.request_bytes_in_flight();
   out.request_bytes_high_water = s.request_bytes_high_water();

@@ -44,6 +44,8 @@ int CmdInfo(const std::vector<std::string>& words) {
                {"chunk_bytes", Bytes(i.chunk_bytes)},
                {"device_bytes_in_use", Bytes(i.device_bytes_in_use)},
                {"split_k", i.split_k},
+               {"algo_choices", i.algo_choices},
+               {"algo_cache_path", i.algo_cache_path.empty() ? "-" : i.algo_cache_path},
                {"request_memory_bytes", Bytes(i.request_memory_bytes)},
                {"request_bytes_in_flight", Bytes(i.request_bytes_in_flight)},
                {"request_bytes_high_water", Bytes(i.request_bytes_high_water)},

@@ -135,6 +135,10 @@ struct ServerInfo {
   std::uint64_t max_send_message_bytes = 0;
   std::uint64_t device_bytes_in_use = 0;
   std::string split_k;
+  // How long GEMM algorithm choices last: "fixed", "kept" (in
+  // algo_cache_path) or "per_process" (a restart may give other bits).
+  std::string algo_choices;
+  std::string algo_cache_path;
   // Request memory (see docs/OPERATIONS.md): the budget, what calls hold
   // now and at most so far, calls holding it now, and the cap on them.
   std::uint64_t request_memory_bytes = 0;

@@ -34,7 +34,24 @@ struct BackendInfo {
   std::string cublaslt_version;
   std::string blas_version;
   std::string split_k;  // SplitKName: "off" | "fp32" | "any"; empty on cpu
+  // How long the backend's GEMM algorithm choices last, which decides whether
+  // a restarted server gives the same bits: one of kAlgoChoices*.
+  std::string algo_choices;
+  // The file the choices are kept in (kAlgoChoicesKept); empty otherwise.
+  std::string algo_cache_path;
 };
+
+// BackendInfo::algo_choices (and logitd.v1.ServerInfo.algo_choices):
+// "fixed": the backend has one algorithm per shape in every process (cpu:
+//   OpenBLAS's kernels for this CPU and thread count);
+// "kept": chosen by timing once per platform and kept in a file that every
+//   later process on this machine reads (--algo_cache);
+// "per_process": chosen by timing in each process, so a restart may run
+//   other algorithms and give other bits (--algo_cache=none, or a file that
+//   cannot be written).
+inline constexpr char kAlgoChoicesFixed[] = "fixed";
+inline constexpr char kAlgoChoicesKept[] = "kept";
+inline constexpr char kAlgoChoicesPerProcess[] = "per_process";
 
 // Where a call's time went, microseconds.
 struct Timing {
@@ -327,7 +344,8 @@ struct BackendOptions {
   absl::Duration device_timeout = absl::Seconds(60);
   // cuda: file the GEMM engine keeps its chosen algorithms in (see
   // GemmEngine::UseCacheFile), so that a restarted server gives the same
-  // bits; empty keeps them in memory only.
+  // bits; empty keeps them in memory only. The server passes the per-user
+  // state file unless told otherwise (server/state_dir.h).
   std::string algo_cache;
   // Honour the kTestDevice* triggers (builds with test faults only).
   bool test_device_faults = false;

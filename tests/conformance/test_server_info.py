@@ -30,6 +30,10 @@ def test_server_info_describes_backend_and_limits(conn):
     if info.backend == "cuda":
         assert info.compute_capability, "a cuda backend reports its compute capability"
         assert info.split_k in ("off", "fp32", "any"), "split_k %r" % info.split_k
+    assert info.algo_choices in ("fixed", "kept", "per_process"), "algo_choices %r" % info.algo_choices
+    assert bool(info.algo_cache_path) == (info.algo_choices == "kept"), (
+        "algo_cache_path %r with algo_choices %r" % (info.algo_cache_path, info.algo_choices)
+    )
     assert info.chunk_bytes > 0, "ServerInfo.chunk_bytes is 0"
     assert info.max_request_bytes > 0, "ServerInfo.max_request_bytes is 0"
     assert info.weight_bytes_in_use <= info.weight_budget_bytes

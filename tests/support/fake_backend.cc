@@ -96,6 +96,7 @@ kernels::BackendInfo FakeBackend::Info() const {
   info.backend = "fake";
   info.device_name = "fake device";
   info.multiprocessor_count = 1;
+  info.algo_choices = kernels::kAlgoChoicesFixed;
   return info;
 }
 

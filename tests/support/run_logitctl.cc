@@ -71,6 +71,11 @@ std::vector<char*> Pointers(std::vector<std::string>& strings) {
 std::string LogitctlBinary() { return LOGITCTL_PATH; }
 
 LogitctlRun RunLogitctl(const std::vector<std::string>& args, const LogitctlOptions& options) {
+  return RunProgram(LogitctlBinary(), args, options);
+}
+
+LogitctlRun RunProgram(const std::string& binary, const std::vector<std::string>& args,
+                       const LogitctlOptions& options) {
   LogitctlRun r;
   int out[2];
   int err[2];
@@ -80,7 +85,7 @@ LogitctlRun RunLogitctl(const std::vector<std::string>& args, const LogitctlOpti
     close(out[1]);
     return r;
   }
-  std::vector<std::string> argv = {LogitctlBinary()};
+  std::vector<std::string> argv = {binary};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<std::string> env = Environment(options.env);
 

@@ -1,5 +1,6 @@
-// Runs the built logitctl binary for a test: its arguments passed as they
-// are (no shell), its stdout and stderr captured, its exit code returned.
+// Runs the built logitctl binary (or another program) for a test: its
+// arguments passed as they are (no shell), its stdout and stderr captured,
+// its exit code returned.
 #pragma once
 
 #include <map>
@@ -31,5 +32,9 @@ struct LogitctlRun {
 
 // Runs `logitctl <args>` with stdin from /dev/null and waits for it.
 LogitctlRun RunLogitctl(const std::vector<std::string>& args, const LogitctlOptions& options = {});
+
+// The same for any program (`binary` a path), e.g. `logitd --help`.
+LogitctlRun RunProgram(const std::string& binary, const std::vector<std::string>& args,
+                       const LogitctlOptions& options = {});
 
 }  // namespace logitd::testing

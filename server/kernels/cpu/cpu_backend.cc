@@ -459,6 +459,7 @@ class CpuBackend final : public Backend {
     info_.backend = "cpu";
     info_.device_name = CpuModelName();
     info_.multiprocessor_count = static_cast<int>(std::thread::hardware_concurrency());
+    info_.algo_choices = kAlgoChoicesFixed;
   }
 
   BackendInfo Info() const override {

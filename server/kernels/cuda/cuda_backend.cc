@@ -457,15 +457,25 @@ absl::Status CudaBackend::Init() {
     free_.push_back(c.get());
     contexts_.push_back(std::move(c));
   }
+  info_.algo_choices = kAlgoChoicesPerProcess;
   if (!options_.algo_cache.empty()) {
     std::string summary;
-    RETURN_IF_ERROR_(engine_.UseCacheFile(
+    const absl::Status cache = engine_.UseCacheFile(
         options_.algo_cache,
         AlgoCachePlatform(info_.device_name, info_.multiprocessor_count, info_.driver_version,
                           info_.cuda_runtime_version, info_.cublaslt_version, kWorkspaceBytes,
                           options_.split_k),
-        contexts_.front()->gemm(), &summary));
-    if (options_.events.info) options_.events.info(summary);
+        contexts_.front()->gemm(), &summary);
+    if (cache.ok()) {
+      info_.algo_choices = kAlgoChoicesKept;
+      info_.algo_cache_path = options_.algo_cache;
+      if (options_.events.info) options_.events.info(summary);
+    } else if (options_.events.warning) {
+      options_.events.warning(absl::StrCat(
+          cache.message(),
+          ": GEMM algorithms are chosen anew in this process only, so a restarted server may "
+          "choose others and give other bits (give --algo_cache a writable file)"));
+    }
   }
 
   // A device whose architecture the build has no code for fails here, at

@@ -67,6 +67,11 @@ class ServerInfo:
     max_receive_message_bytes: int = 0
     max_request_chunk_bytes: int = 0
     max_send_message_bytes: int = 0
+    # How long GEMM algorithm choices last: "fixed" (cpu), "kept" (in
+    # algo_cache_path, across restarts) or "per_process" (a restart may give
+    # other bits).
+    algo_choices: str = ""
+    algo_cache_path: str = ""
 
 
 @dataclass(frozen=True)
