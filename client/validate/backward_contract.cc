@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/validate/bounds.h"
 #include "client/validate/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
@@ -184,14 +185,6 @@ bool CheckShape(CaseResult& r, const Tensor& t, DType dtype, std::vector<std::in
 }
 
 // G = bf16(dY) as the client computes it, widened to double.
-std::vector<double> ClientCast(const Tensor& dy) {
-  std::vector<double> g(static_cast<std::size_t>(dy.numel()));
-  for (std::int64_t i = 0; i < dy.numel(); ++i) {
-    g[static_cast<std::size_t>(i)] = RoundToBf16(dy.data<float>()[i]);
-  }
-  return g;
-}
-
 Tensor ClientCastTensor(const Tensor& dy) {
   Tensor g(DType::kBf16, dy.shape());
   for (std::int64_t i = 0; i < dy.numel(); ++i) {
@@ -385,35 +378,6 @@ absl::Status RunExactGrads(RunContext& ctx, CaseResult& r) {
 // ---------------------------------------------------------------------------
 // fp32 bounds
 
-struct BoundStats {
-  std::int64_t violations = 0;
-  std::int64_t first = -1;
-  double worst_fraction = 0;
-  double first_got = 0, first_ref = 0, first_bound = 0;
-  void Add(std::int64_t i, double got, double ref, double bound) {
-    const double err = std::fabs(got - ref);
-    if (!(err <= bound)) {
-      if (violations++ == 0) {
-        first = i;
-        first_got = got;
-        first_ref = ref;
-        first_bound = bound;
-      }
-    }
-    if (bound > 0) worst_fraction = std::max(worst_fraction, err / bound);
-  }
-  void Report(CaseResult& r, const char* key, const std::string& what,
-              const std::vector<std::int64_t>& shape, std::int64_t n) const {
-    r.figures[key] = {{"violations", violations},
-                      {"worst_bound_fraction", JsonNumber(worst_fraction)}};
-    r.Check(violations == 0,
-            absl::StrFormat("%d of %d %s elements outside their bound; first %s: got %.9g, fp64 "
-                            "reference %.17g, bound %.3e",
-                            violations, n, what, IndexString(first, shape), first_got, first_ref,
-                            first_bound));
-  }
-};
-
 absl::Status RunBounds(RunContext& ctx, CaseResult& r) {
   const Shapes s = ShapesFor(ctx.options());
   const std::int64_t m = s.m, v = s.v, k = GradK(ctx.options());
@@ -442,33 +406,12 @@ absl::Status RunBounds(RunContext& ctx, CaseResult& r) {
     return absl::OkStatus();
   }
 
-  const std::vector<double> g = ClientCast(dy);
-  const std::vector<double> xd = ToDouble(x);
-  std::vector<double> dx_ref(static_cast<std::size_t>(m * k));
-  std::vector<double> dx_abs(dx_ref.size());
-  ReferenceGW(g, m, AsMatrix(w), dx_ref.data(), dx_abs.data());
-  const double gamma_v = Gamma(v, kFp32UnitRoundoff) + Gamma(v, kFp64UnitRoundoff);
-  const double gamma_m = Gamma(m, kFp32UnitRoundoff) + Gamma(m, kFp64UnitRoundoff);
-  BoundStats dx32, dx16, dw32;
-  for (std::int64_t i = 0; i < m * k; ++i) {
-    const double ref = dx_ref[static_cast<std::size_t>(i)];
-    const double b = gamma_v * dx_abs[static_cast<std::size_t>(i)];
-    dx32.Add(i, g32->dx.At(i), ref, b);
-    // One more rounding to bf16: relative 2^-8 of the fp32 value, or half
-    // the smallest bf16 subnormal spacing near zero.
-    dx16.Add(i, g16->dx.At(i), ref,
-             b + kBf16UnitRoundoff * (std::fabs(ref) + b) + std::ldexp(1.0, -134));
-  }
-  ReferenceGtX(g, xd, m, v, k, true,
-               [&](std::int64_t row0, std::int64_t rows, const double* value, const double* abs) {
-                 for (std::int64_t j = 0; j < rows * k; ++j) {
-                   const std::int64_t i = row0 * k + j;
-                   dw32.Add(i, g32->dw.At(i), value[j], gamma_m * abs[j]);
-                 }
-               });
-  dx32.Report(r, "dx_fp32", "dX fp32 (bound γ_V·Σ|g·w|)", {m, k}, m * k);
-  dx16.Report(r, "dx_bf16", "dX bf16 (fp32 bound plus one bf16 rounding)", {m, k}, m * k);
-  dw32.Report(r, "dw_fp32", "dW fp32 (bound γ_M·Σ|g·x|)", {v, k}, v * k);
+  const BoundStats dx32 = CheckGradInputBounds(dy, w, g32->dx);
+  const BoundStats dx16 = CheckGradInputBounds(dy, w, g16->dx);
+  const BoundStats dw32 = CheckGradWeightBounds(dy, x, g32->dw);
+  dx32.Report(r, "dx_fp32", "dX fp32 (bound γ_V·Σ|g·w|)", {m, k});
+  dx16.Report(r, "dx_bf16", "dX bf16 (fp32 bound plus one bf16 rounding)", {m, k});
+  dw32.Report(r, "dw_fp32", "dW fp32 (bound γ_M·Σ|g·x|)", {v, k});
   r.summary = absl::StrFormat("violations dx %d, dx16 %d, dw %d; worst %.2g%% of bound",
                               dx32.violations, dx16.violations, dw32.violations,
                               100 * std::max({dx32.worst_fraction, dw32.worst_fraction}));

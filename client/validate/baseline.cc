@@ -242,6 +242,10 @@ nlohmann::ordered_json BaselineToJson(const Baseline& baseline) {
     cj["name"] = c.name;
     cj["inputs_xxh3"] = Hex64(c.inputs_xxh3);
     if (!c.gemms.empty()) cj["gemms"] = c.gemms;
+    if (c.within_bounds.has_value()) {
+      cj["within_bounds"] = *c.within_bounds;
+      cj["worst_bound_fraction"] = c.worst_bound_fraction;
+    }
     nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
     for (const OutputRecord& o : c.outputs) {
       nlohmann::ordered_json oj;
@@ -301,6 +305,11 @@ absl::StatusOr<Baseline> BaselineFromJson(const nlohmann::json& j) {
     if (!inputs.ok()) return inputs.status();
     c.inputs_xxh3 = *inputs;
     c.gemms = StringField(cj, "gemms");
+    if (cj.contains("within_bounds") && cj["within_bounds"].is_boolean()) {
+      c.within_bounds = cj["within_bounds"].get<bool>();
+      const nlohmann::json worst = cj.value("worst_bound_fraction", nlohmann::json());
+      c.worst_bound_fraction = worst.is_number() ? worst.get<double>() : 0.0;
+    }
     if (!cj.contains("outputs") || !cj["outputs"].is_array()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": no outputs"));
     }

@@ -46,6 +46,11 @@ struct CaseRecord {
   // The GEMM configurations the server ran for the case (its calls'
   // "logitd-gemm" trailers); empty when the server sent none.
   std::string gemms;
+  // Whether every output lay within its bound of an fp64 reference when
+  // recorded, and the worst error as a fraction of its bound; unset in
+  // baselines written before these were recorded.
+  std::optional<bool> within_bounds;
+  double worst_bound_fraction = 0;
 };
 
 // What makes bitwise results comparable: backend, device and the libraries

@@ -16,9 +16,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/validate/baseline.h"
+#include "client/validate/bounds.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
+#include "logitd/bf16.h"
 
 namespace logitd::validate {
 namespace {
@@ -32,6 +34,8 @@ struct Produced {
   std::vector<std::pair<std::string, Tensor>> outputs;
   // The GEMM configurations the server reported for the case's call.
   std::string gemms;
+  // Each output against its fp64 reference and bound.
+  std::vector<std::pair<std::string, BoundStats>> bounds;
 };
 
 std::string GemmsOf(const client::Timing& t) {
@@ -93,6 +97,7 @@ GoldenCase LogitsCase(std::string name, std::int64_t v, std::int64_t k, DType ou
             Produced p;
             p.inputs_xxh3 =
                 InputsDigest(absl::StrCat("logits ", DTypeName(out_dtype)), {x.get(), w.get()});
+            p.bounds.emplace_back("y", CheckLogitsBounds(*x, *w, (*out)[0]));
             p.outputs.emplace_back("y", std::move((*out)[0]));
             p.gemms = std::move(gemms);
             return p;
@@ -119,6 +124,8 @@ GoldenCase BackwardCase() {
             ctx.RecordOutput("dw", *res->dw);
             Produced p;
             p.inputs_xxh3 = InputsDigest("backward", {dy.get(), x.get(), w.get()});
+            p.bounds.emplace_back("dx", CheckGradInputBounds(*dy, *w, *res->dx));
+            p.bounds.emplace_back("dw", CheckGradWeightBounds(*dy, *x, *res->dw));
             p.outputs.emplace_back("dx", *std::move(res->dx));
             p.outputs.emplace_back("dw", *std::move(res->dw));
             p.gemms = GemmsOf(res->timing);
@@ -134,6 +141,12 @@ GoldenCase CastCase() {
             ctx.RecordOutput("cast", *out);
             Produced p;
             p.inputs_xxh3 = InputsDigest("cast", {in.get()});
+            // The cast is exact: its bound is 0 (round to nearest even).
+            BoundStats exact;
+            for (std::int64_t i = 0; i < in->numel(); ++i) {
+              exact.Add(i, out->At(i), RoundToBf16(static_cast<float>(in->At(i))), 0.0);
+            }
+            p.bounds.emplace_back("output", exact);
             p.outputs.emplace_back("output", *std::move(out));
             return p;
           }};
@@ -159,6 +172,30 @@ class GoldenSuite final : public Suite {
     return cases;
   }
 
+  // Whether the bits just recorded or compared can be expected after a
+  // restart: what a gate's operator must know before trusting it.
+  std::string DetailTable(const std::vector<CaseResult>& results) const override {
+    for (const CaseResult& r : results) {
+      const std::string choices = r.figures.value("algo_choices", std::string());
+      if (choices.empty()) continue;
+      if (choices == "per_process") {
+        return "golden: WARNING: this server chooses its GEMM algorithms anew in every process "
+               "(algo_choices=per_process): a restarted server may run others and not match a "
+               "baseline; run logitd without --algo_cache=none (see docs/OPERATIONS.md, \"Bits "
+               "that survive restarts\")\n";
+      }
+      if (choices == "kept") {
+        return absl::StrCat(
+            "golden: this server keeps its GEMM algorithm choices across restarts in ",
+            r.figures.value("algo_cache_path", std::string()),
+            " (algo_choices=kept): a restarted server on this machine runs the same ones\n");
+      }
+      return absl::StrCat("golden: this server's algorithms are the same in every process (",
+                          "algo_choices=", choices, ")\n");
+    }
+    return "";
+  }
+
   void Finish(RunContext& ctx, std::vector<CaseResult>& results) override {
     const std::string& path = ctx.options().record_path;
     if (path.empty()) return;
@@ -175,7 +212,9 @@ class GoldenSuite final : public Suite {
     b.recorded_at = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
     b.server = {{"version", ctx.info().version},
                 {"build_id", ctx.info().build_id},
-                {"split_k", ctx.info().split_k}};
+                {"split_k", ctx.info().split_k},
+                {"algo_choices", ctx.info().algo_choices},
+                {"algo_cache_path", ctx.info().algo_cache_path}};
     b.platform = PlatformOf(ctx.info());
     b.cases = std::move(recorded_);
     const absl::Status s = WriteBaseline(path, b);
@@ -193,6 +232,26 @@ class GoldenSuite final : public Suite {
       digests[name] = absl::StrFormat("%016x", t.Digest());
     r.figures["inputs_xxh3"] = absl::StrFormat("%016x", produced->inputs_xxh3);
     r.figures["outputs_xxh3"] = digests;
+    r.figures["algo_choices"] = ctx.info().algo_choices;
+    if (!ctx.info().algo_cache_path.empty()) {
+      r.figures["algo_cache_path"] = ctx.info().algo_cache_path;
+    }
+
+    // A golden result must keep the contract before its bits are worth
+    // keeping; and when bits move, whether both sides keep it is the first
+    // thing to know.
+    double worst = 0;
+    for (const auto& [name, stats] : produced->bounds) {
+      const Tensor* t = nullptr;
+      for (const auto& [out_name, out] : produced->outputs) {
+        if (out_name == name) t = &out;
+      }
+      stats.Report(r, absl::StrCat(name, "_bounds").c_str(),
+                   absl::StrCat("case '", g.name, "' output ", name),
+                   t != nullptr ? t->shape() : std::vector<std::int64_t>{});
+      worst = std::max(worst, stats.worst_fraction);
+    }
+    const bool within = r.failures.empty();
 
     const Options& o = ctx.options();
     if (!o.record_path.empty()) {
@@ -200,6 +259,8 @@ class GoldenSuite final : public Suite {
       rec.name = g.name;
       rec.inputs_xxh3 = produced->inputs_xxh3;
       rec.gemms = produced->gemms;
+      rec.within_bounds = within;
+      rec.worst_bound_fraction = worst;
       for (const auto& [name, t] : produced->outputs) rec.outputs.push_back(RecordOutput(name, t));
       recorded_.push_back(std::move(rec));
       r.summary = absl::StrCat("recorded to ", o.record_path);
@@ -247,20 +308,8 @@ class GoldenSuite final : public Suite {
                                  g.name, rec->inputs_xxh3, produced->inputs_xxh3))) {
       return absl::OkStatus();
     }
-    // When the bits moved, whether the server ran other GEMM algorithms than
-    // at recording is what an operator needs to know first.
-    const bool other_gemms =
-        !rec->gemms.empty() && !produced->gemms.empty() && rec->gemms != produced->gemms;
     if (!produced->gemms.empty()) r.figures["gemms"] = produced->gemms;
-    const std::string gemm_note =
-        other_gemms ? absl::StrCat(
-                          "; the server ran other GEMM algorithms than when the baseline "
-                          "was recorded (recorded: ",
-                          rec->gemms, "; now: ", produced->gemms,
-                          "): keep the chosen algorithms across restarts with logitd "
-                          "--algo_cache=FILE")
-        : rec->gemms.empty() ? std::string()
-                             : std::string("; the same GEMM algorithms ran");
+    const std::string why = WhyBitsMoved(ctx.info(), *rec, *produced, within, worst);
     std::vector<std::string> parts;
     for (const auto& [name, t] : produced->outputs) {
       const OutputRecord* out = nullptr;
@@ -279,7 +328,7 @@ class GoldenSuite final : public Suite {
                                                       {"sampled", c.sampled},
                                                       {"sampled_differing", c.sampled_differing},
                                                       {"max_ulp", c.max_ulp}};
-      r.Check(c.equal, absl::StrCat("case '", g.name, "': ", c.message, gemm_note));
+      r.Check(c.equal, absl::StrCat("case '", g.name, "': ", c.message, why));
       if (c.equal) {
         parts.push_back(absl::StrCat(name, " equal"));
       } else if (c.differing_elements >= 0) {
@@ -293,6 +342,56 @@ class GoldenSuite final : public Suite {
     r.summary = absl::StrJoin(parts, ", ");
     if (!difference.empty()) absl::StrAppend(&r.summary, " (other platform)");
     return absl::OkStatus();
+  }
+
+  // What a bitwise mismatch is likely due to, appended to its message: other
+  // GEMM algorithms than at recording (naming both), why the server may
+  // have chosen others, and whether both results keep their bounds.
+  std::string WhyBitsMoved(const client::ServerInfo& info, const CaseRecord& rec,
+                           const Produced& now, bool within, double worst) const {
+    std::string why;
+    const bool other_gemms = !rec.gemms.empty() && !now.gemms.empty() && rec.gemms != now.gemms;
+    if (other_gemms) {
+      absl::StrAppend(&why,
+                      "; the server ran other GEMM algorithms than when the baseline was "
+                      "recorded (recorded: ",
+                      rec.gemms, "; now: ", now.gemms, ")");
+      const std::string recorded_choices = baseline_->server.value("algo_choices", std::string());
+      if (info.algo_choices == "per_process") {
+        absl::StrAppend(&why,
+                        ". This server chooses its GEMM algorithms anew in every process "
+                        "(algo_choices=per_process), the likely cause: run logitd without "
+                        "--algo_cache=none so that it keeps them across restarts");
+      } else if (recorded_choices == "per_process") {
+        absl::StrAppend(&why,
+                        ". The baseline was recorded by a server that chose its GEMM algorithms "
+                        "anew in every process (algo_choices=per_process): record it again "
+                        "against a server that keeps them");
+      } else if (info.algo_choices == "kept") {
+        absl::StrAppend(&why, ". This server keeps its choices in ", info.algo_cache_path,
+                        ", which did not hold the baseline's: a fresh state directory (a new "
+                        "container or host) chooses anew; ship the algorithm cache file with "
+                        "the server to pin them (docs/OPERATIONS.md, \"Bits that survive "
+                        "restarts\")");
+      }
+    } else if (!rec.gemms.empty()) {
+      absl::StrAppend(&why, "; the same GEMM algorithms ran");
+    }
+    const std::string now_bounds =
+        within ? absl::StrFormat("within its bounds (worst %.3g%% of bound)", 100 * worst)
+               : std::string("OUTSIDE its bounds");
+    if (rec.within_bounds.has_value()) {
+      absl::StrAppend(
+          &why, "; this result is ", now_bounds, ", the baseline's was ",
+          *rec.within_bounds ? absl::StrFormat("within its bounds (worst %.3g%% of bound)",
+                                               100 * rec.worst_bound_fraction)
+                             : std::string("OUTSIDE its bounds"),
+          *rec.within_bounds && within ? ": both keep the contract, the bits differ" : "");
+    } else {
+      absl::StrAppend(&why, "; this result is ", now_bounds,
+                      " (the baseline predates bound records)");
+    }
+    return why;
   }
 
   std::vector<CaseRecord> recorded_;

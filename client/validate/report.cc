@@ -22,6 +22,30 @@ std::string OneLine(absl::string_view text) {
   return s;
 }
 
+// Why cases did not run, a line per suite and reason with its count:
+// "not run: golden (5): no --baseline FILE ..."; empty when every case ran.
+std::string NotRunReasons(const std::vector<CaseResult>& results) {
+  struct Reason {
+    std::string suite;
+    std::string note;
+    int count = 0;
+  };
+  std::vector<Reason> reasons;
+  for (const CaseResult& r : results) {
+    if (r.verdict != Verdict::kNotRun) continue;
+    auto it = std::find_if(reasons.begin(), reasons.end(),
+                           [&](const Reason& x) { return x.suite == r.suite && x.note == r.note; });
+    if (it == reasons.end()) it = reasons.insert(reasons.end(), Reason{r.suite, r.note, 0});
+    ++it->count;
+  }
+  std::string out;
+  for (const Reason& x : reasons) {
+    absl::StrAppend(&out, "\nnot run: ", x.suite, " (", x.count,
+                    "): ", x.note.empty() ? "skipped" : x.note);
+  }
+  return out;
+}
+
 }  // namespace
 
 VerdictCounts CountVerdicts(const std::vector<const CaseResult*>& results) {
@@ -119,6 +143,7 @@ std::string SummaryText(const Report& report) {
   absl::StrAppend(&out, "\n", ServerLine(report), "\n");
   absl::StrAppend(&out, absl::StrFormat("%d cases: %d passed, %d FAILED, %d not run in %.1f s",
                                         c.total(), c.passed, c.failed, c.not_run, report.seconds));
+  absl::StrAppend(&out, NotRunReasons(report.results));
   if (!report.error.empty()) absl::StrAppend(&out, "\nerror: ", report.error);
   absl::StrAppend(&out, "\n", report.compare_text);
   return out;

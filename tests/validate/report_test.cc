@@ -99,6 +99,8 @@ TEST(ReportTest, SummaryNamesFailures) {
   const std::string s = SummaryText(Sample());
   EXPECT_NE(s.find("integer_exact/K=1024"), std::string::npos) << s;
   EXPECT_NE(s.find("3 cases: 1 passed, 1 FAILED, 1 not run"), std::string::npos) << s;
+  // And why the case did not run.
+  EXPECT_NE(s.find("\nnot run: golden (1): no --baseline"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -433,8 +433,10 @@ TEST_F(ValidateE2eTest, ReportDirHoldsAPageAndASummaryWithTheJsonNumbers) {
   const std::string html = ReadFile(dir + "/index.html");
   const std::string md = ReadFile(dir + "/summary.md");
   EXPECT_EQ(PageProblem(html), "");
-  // The rounding_error plot and the four histograms.
-  EXPECT_EQ(Count(html, "<svg "), 5u) << html;
+  // The rounding_error plot, the four histograms and golden's outputs
+  // against their bounds (under "Other").
+  EXPECT_EQ(Count(html, "<svg "), 6u) << html;
+  EXPECT_NE(html.find("golden/logits_fp32 y"), std::string::npos);
   EXPECT_NE(html.find("special_values: outputs against IEEE 754"), std::string::npos);
   EXPECT_NE(html.find("golden: outputs against the baseline"), std::string::npos);
 

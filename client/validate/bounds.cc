@@ -1,0 +1,110 @@
+#include "client/validate/bounds.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "client/validate/numerics.h"
+#include "client/validate/report.h"
+
+namespace logitd::validate {
+
+double SumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out) {
+  const double b = (Gamma(n, kFp32UnitRoundoff) + Gamma(n, kFp64UnitRoundoff)) * abs_sum;
+  if (out != DType::kBf16) return b;
+  return b + kBf16UnitRoundoff * (std::fabs(ref) + b) + std::ldexp(1.0, -134);
+}
+
+void BoundStats::Add(std::int64_t i, double got, double ref, double bound) {
+  ++checked;
+  const double err = std::fabs(got - ref);
+  if (!(err <= bound)) {
+    if (violations++ == 0) {
+      first = i;
+      first_got = got;
+      first_ref = ref;
+      first_bound = bound;
+    }
+  }
+  if (bound > 0) worst_fraction = std::max(worst_fraction, err / bound);
+}
+
+nlohmann::ordered_json BoundStats::Json() const {
+  return {{"violations", violations}, {"worst_bound_fraction", JsonNumber(worst_fraction)}};
+}
+
+std::string BoundStats::Describe(const std::string& what,
+                                 const std::vector<std::int64_t>& shape) const {
+  if (violations == 0) return std::string();
+  return absl::StrFormat(
+      "%d of %d %s elements outside their bound; first %s: got %.9g, fp64 reference %.17g, bound "
+      "%.3e",
+      violations, checked, what, IndexString(first, shape), first_got, first_ref, first_bound);
+}
+
+void BoundStats::Report(CaseResult& r, const char* key, const std::string& what,
+                        const std::vector<std::int64_t>& shape) const {
+  r.figures[key] = Json();
+  r.Check(violations == 0, Describe(what, shape));
+}
+
+std::vector<double> BackwardG(const Tensor& dy) {
+  std::vector<double> g(static_cast<std::size_t>(dy.numel()));
+  for (std::int64_t i = 0; i < dy.numel(); ++i) {
+    g[static_cast<std::size_t>(i)] = RoundToBf16(static_cast<float>(dy.At(i)));
+  }
+  return g;
+}
+
+BoundStats CheckLogitsBounds(const Tensor& x, const Tensor& w, const Tensor& y) {
+  const std::int64_t m = x.shape()[0], k = x.shape()[1], v = w.shape()[0];
+  BoundStats stats;
+  // A block of rows at a time: the reference of a whole [M, V] can be large.
+  const std::int64_t rows_per_block = std::max<std::int64_t>(1, kReferenceBlockElements / v);
+  std::vector<double> ref, abs;
+  for (std::int64_t r0 = 0; r0 < m; r0 += rows_per_block) {
+    const std::int64_t rows = std::min(rows_per_block, m - r0);
+    std::vector<double> xd(static_cast<std::size_t>(rows * k));
+    for (std::int64_t i = 0; i < rows * k; ++i) {
+      xd[static_cast<std::size_t>(i)] = x.At(r0 * k + i);
+    }
+    ref.resize(static_cast<std::size_t>(rows * v));
+    abs.resize(ref.size());
+    ReferenceXWt(xd, rows, AsMatrix(w), ref.data(), abs.data());
+    for (std::int64_t i = 0; i < rows * v; ++i) {
+      const double want = ref[static_cast<std::size_t>(i)];
+      stats.Add(r0 * v + i, y.At(r0 * v + i), want,
+                SumOfProductsBound(k, abs[static_cast<std::size_t>(i)], want, y.dtype()));
+    }
+  }
+  return stats;
+}
+
+BoundStats CheckGradInputBounds(const Tensor& dy, const Tensor& w, const Tensor& dx) {
+  const std::int64_t m = dy.shape()[0], v = dy.shape()[1], k = w.shape()[1];
+  std::vector<double> ref(static_cast<std::size_t>(m * k));
+  std::vector<double> abs(ref.size());
+  ReferenceGW(BackwardG(dy), m, AsMatrix(w), ref.data(), abs.data());
+  BoundStats stats;
+  for (std::int64_t i = 0; i < m * k; ++i) {
+    const double want = ref[static_cast<std::size_t>(i)];
+    stats.Add(i, dx.At(i), want,
+              SumOfProductsBound(v, abs[static_cast<std::size_t>(i)], want, dx.dtype()));
+  }
+  return stats;
+}
+
+BoundStats CheckGradWeightBounds(const Tensor& dy, const Tensor& x, const Tensor& dw) {
+  const std::int64_t m = dy.shape()[0], v = dy.shape()[1], k = x.shape()[1];
+  BoundStats stats;
+  ReferenceGtX(BackwardG(dy), ToDouble(x), m, v, k, true,
+               [&](std::int64_t row0, std::int64_t rows, const double* value, const double* abs) {
+                 for (std::int64_t j = 0; j < rows * k; ++j) {
+                   stats.Add(row0 * k + j, dw.At(row0 * k + j), value[j],
+                             SumOfProductsBound(m, abs[j], value[j], dw.dtype()));
+                 }
+               });
+  return stats;
+}
+
+}  // namespace logitd::validate
