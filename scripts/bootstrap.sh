@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages logitd builds against. Idempotent: packages
 # already present are skipped, so a warm machine pays nothing.
+#   usage: scripts/bootstrap.sh [--fuzz]
+#   --fuzz also installs clang 14 and its runtime, for the fuzz preset
+#   (fuzz/README.md); nothing else needs them.
 set -euo pipefail
 
 pkgs=(
@@ -10,8 +13,13 @@ pkgs=(
   libopenblas-dev libxxhash-dev nlohmann-json3-dev prometheus-cpp-dev libcivetweb-dev libmicrohttpd-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   openssl python3
-  clang-14 libclang-rt-14-dev  # the fuzz preset (fuzz/README.md)
 )
+for arg in "$@"; do
+  case "$arg" in
+    --fuzz) pkgs+=(clang-14 libclang-rt-14-dev) ;;
+    *) echo "usage: scripts/bootstrap.sh [--fuzz]" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${pkgs[@]}"; do

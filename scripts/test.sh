@@ -1,25 +1,45 @@
 #!/usr/bin/env bash
 # The test command: installs the Debian packages logitd needs (idempotent),
-# configures the `ci` preset (Release, test-only fault injection compiled in,
-# the cuda backend compiled when nvcc is present), builds everything, runs the
-# whole CTest suite (GPU tests skip themselves where no device is visible),
-# then the Python client's pytest suite and the wire-protocol conformance
-# suite against the freshly built server.
-#   usage: scripts/test.sh [extra ctest args...]
+# then builds and runs every test in one of two builds:
+#
+# 1. Release (the `ci` preset: test-only fault injection compiled in, the
+#    cuda backend compiled when nvcc is present, so a CUDA compile error
+#    fails here even without a GPU): the server, the CLI, the benchmarks
+#    (compiled only) and the tests only this build runs: GPU tests (they
+#    skip where no device is visible), large, soak and install tests. Then
+#    the Python client's pytest suite and the wire-protocol conformance
+#    suite (twice: plain, and behind a bearer token) against that server.
+# 2. AddressSanitizer + UndefinedBehaviorSanitizer (the `asan` preset, cpu
+#    backend): every unit, integration and harness test.
+#
+# Each test runs in one build only; docs/OPERATIONS.md ("The test command")
+# has the minutes each step takes.
+#   usage: scripts/test.sh [extra ctest args, given to both ctest runs...]
+# Environment: LOGITD_SOAK_SECONDS (the soak test's load, default 30 here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/bootstrap.sh
 jobs=$(nproc)
-cmake --preset ci
-cmake --build --preset ci -j "$jobs"
-ctest --preset ci -j "$jobs" "$@"
 
-# The Python client's tests, against the logitd binary just built.
+step() { echo "test.sh: $* ($(date -u +%H:%M:%S))"; }
+
+step "Release build"
+cmake --preset ci
+cmake --build --preset ci-release -j "$jobs"
+LOGITD_SOAK_SECONDS=${LOGITD_SOAK_SECONDS:-30} ctest --preset ci-release -j "$jobs" "$@"
+
+step "the Python client's tests"
 bash scripts/test-python.sh build/ci/server/logitd
 
-# The wire-protocol conformance suite (stubs generated from the proto, stock
-# channel options), large outputs included.
+step "the conformance suite"
+# Stubs generated from the proto with stock channel options, large outputs included.
 bash scripts/conformance.sh --bin build/ci/server/logitd -m "large or not large"
 # Again with a bearer token required: the same contract behind authentication.
 LOGITD_CONFORMANCE_TOKEN=conformance-token bash scripts/conformance.sh --bin build/ci/server/logitd
+
+step "ASan+UBSan build"
+cmake --preset asan
+cmake --build --preset asan -j "$jobs"
+ctest --preset asan-ci -j "$jobs" "$@"
+step "done"

@@ -114,7 +114,9 @@ class SdistWithProto(sdist):
 
 
 def runtime_requirements():
-    reqs = ["numpy>=1.21", "ml_dtypes>=0.2.0", "xxhash>=3.0"]
+    # The client does not import safetensors: it is there to write and read the
+    # files logitctl takes and gives (the repository's README.md shows how).
+    reqs = ["numpy>=1.21", "ml_dtypes>=0.2.0", "xxhash>=3.0", "safetensors>=0.3"]
     try:
         from importlib.metadata import requires, version
 

@@ -21,8 +21,14 @@ bound, and exits 0 only when all are inside.
 import argparse
 import sys
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ModuleNotFoundError as e:
+    if e.name != "torch":
+        raise
+    print("autograd_lm_head.py needs torch: pip install './client/python[torch]'", file=sys.stderr)
+    sys.exit(2)
 
 import logitd
 
