@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -24,11 +23,18 @@ std::set<std::string> FlagsDefinedInSource() {
   std::stringstream text;
   text << in.rdbuf();
   const std::string source = text.str();
-  const std::regex flag(R"(ABSL_FLAG\(\s*[^,]+,\s*([a-z0-9_]+)\s*,)");
+  // "ABSL_FLAG(type, name, ...": the word after the first comma.
   std::set<std::string> names;
-  for (auto it = std::sregex_iterator(source.begin(), source.end(), flag);
-       it != std::sregex_iterator(); ++it) {
-    names.insert((*it)[1]);
+  for (std::size_t at = source.find("ABSL_FLAG("); at != std::string::npos;
+       at = source.find("ABSL_FLAG(", at + 1)) {
+    std::size_t begin = source.find(',', at);
+    if (begin == std::string::npos) break;
+    begin = source.find_first_not_of(" \n", begin + 1);
+    const std::size_t end =
+        source.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_", begin);
+    if (begin != std::string::npos && end != std::string::npos && end > begin) {
+      names.insert(source.substr(begin, end - begin));
+    }
   }
   return names;
 }
