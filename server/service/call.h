@@ -16,32 +16,10 @@
 #include "absl/time/time.h"
 #include "server/kernels/backend.h"
 #include "server/service/auth.h"
+#include "server/service/call/stats.h"
 #include "server/service/metrics.h"
 
 namespace logitd::service {
-
-// Bytes moved by one call, for its log line and metrics, and where its time
-// went, for its "logitd-timing" trailer (see logitd.proto). -1: not measured
-// for this call, left out of the trailer.
-struct CallStats {
-  // Who the call acts for: set before the call's body runs.
-  Tenant tenant;
-  std::uint64_t bytes_in = 0;
-  std::uint64_t bytes_out = 0;
-  // Tensor payload bytes (chunk data) received and sent, for the metrics.
-  std::uint64_t tensor_bytes_in = 0;
-  std::uint64_t tensor_bytes_out = 0;
-  std::int64_t queue_us = -1;
-  std::int64_t receive_us = -1;
-  std::int64_t h2d_us = -1;
-  std::int64_t compute_us = -1;
-  std::int64_t d2h_us = -1;
-  // The GEMMs the backend ran, for the "logitd-gemm" trailer.
-  std::string gemms;
-  // When the response started streaming out: send_us runs from here to the
-  // end of the call.
-  std::optional<absl::Time> send_start;
-};
 
 // The body of a call: its status, with `stats` filled as it goes.
 using CallBody = std::function<absl::Status(CallStats* stats)>;
@@ -65,7 +43,5 @@ class CallRunner {
   const kernels::Backend* backend_;
   Metrics* metrics_;
 };
-
-std::int64_t Micros(absl::Duration d);
 
 }  // namespace logitd::service

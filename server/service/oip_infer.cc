@@ -1,12 +1,12 @@
 #include "server/service/oip_infer.h"
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "server/service/call/plans.h"
 #include "server/service/status.h"
 
 namespace logitd::service {
@@ -21,30 +21,21 @@ std::string ShapeOf(const OipInferCall::InputTensor& t) {
 
 }  // namespace
 
-std::string OipDatatype(DType dtype) {
-  switch (dtype) {
-    case DType::kBf16:
-      return "BF16";
-    case DType::kFp32:
-      return "FP32";
-    case DType::kInt32:
-      return "INT32";
-    case DType::kInt64:
-      return "INT64";
-  }
-  return "";
-}
-
 OipInferCall::OipInferCall(const ServiceCore& core, const OipShmRegions* regions,
                            grpc::ServerContext* context,
                            const inference::ModelInferRequest& request,
-                           inference::ModelInferResponse* response, CallStats* stats)
+                           inference::ModelInferResponse* response, CallStats* stats,
+                           absl::string_view rpc)
     : core_(core),
       regions_(regions),
-      context_(context),
       request_(request),
       response_(response),
-      stats_(stats) {}
+      stats_(stats),
+      rpc_(rpc),
+      call_(
+          CallEnv{core.backend, core.admission}, stats->tenant,
+          absl::FromChrono(context->deadline()), [context] { return context->IsCancelled(); },
+          stats) {}
 
 absl::Status OipInferCall::BindInputs(std::initializer_list<absl::string_view> names,
                                       absl::string_view expected) {
@@ -54,15 +45,17 @@ absl::Status OipInferCall::BindInputs(std::initializer_list<absl::string_view> n
     if (std::find(names.begin(), names.end(), t.name()) == names.end()) {
       return absl::InvalidArgumentError(absl::StrCat(expected, "; got ", what));
     }
-    if (input(t.name()) != nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(expected, "; got ", what, " twice"));
+    for (const auto& [n, bound] : inputs_) {
+      if (n == t.name()) {
+        return absl::InvalidArgumentError(absl::StrCat(expected, "; got ", what, " twice"));
+      }
     }
     if (t.has_contents()) {
       return absl::InvalidArgumentError(absl::StrCat(
           expected, "; ", what,
           ": tensors travel as raw bytes or in shared memory only, got typed contents"));
     }
-    Input in;
+    Bound in;
     in.tensor = &t;
     LOGITD_ASSIGN_OR_RETURN(in.shm, ParseOipShmRef(what, t.parameters()));
     if (!in.shm) {
@@ -83,27 +76,33 @@ absl::Status OipInferCall::BindInputs(std::initializer_list<absl::string_view> n
   return absl::OkStatus();
 }
 
-const OipInferCall::InputTensor* OipInferCall::input(absl::string_view name) const {
-  for (const auto& [n, in] : inputs_) {
-    if (n == name) return in.tensor;
-  }
-  return nullptr;
-}
-
-absl::Status OipInferCall::CheckInputBytes(absl::string_view name, std::uint64_t bytes,
-                                           absl::string_view expected) {
-  for (auto& [n, in] : inputs_) {
+CallInput OipInferCall::Input(absl::string_view name) const {
+  CallInput in;
+  for (const auto& [n, bound] : inputs_) {
     if (n != name) continue;
-    in.want = bytes;
-    if (in.raw == nullptr || in.raw->size() == bytes) continue;
-    return absl::InvalidArgumentError(absl::StrCat(expected, "; ", name, " ", ShapeOf(*in.tensor),
-                                                   " is ", bytes, " bytes, got ", in.raw->size()));
+    in.given = true;
+    in.name = n;
+    in.dtype = bound.tensor->datatype();
+    in.shape.assign(bound.tensor->shape().begin(), bound.tensor->shape().end());
+    if (bound.shm) {
+      in.from = CallInput::From::kShm;
+      in.shm = [regions = regions_, tenant = stats_->tenant, ref = *bound.shm](
+                   absl::string_view what, std::uint64_t bytes, bool /*is_output*/,
+                   std::uint64_t /*align*/) {
+        return regions->Resolve(tenant, absl::StrCat("input '", what, "'"), ref, bytes);
+      };
+    } else {
+      in.from = CallInput::From::kMessage;
+      in.message = *bound.raw;
+    }
   }
-  return absl::OkStatus();
+  return in;
 }
 
 absl::Status OipInferCall::BindRequestedOutputs(std::initializer_list<absl::string_view> names,
-                                                absl::string_view model) {
+                                                absl::string_view model,
+                                                std::map<std::string, std::string> renamed) {
+  renamed_ = std::move(renamed);
   for (const auto& out : request_.outputs()) {
     if (std::find(names.begin(), names.end(), out.name()) == names.end()) {
       return absl::InvalidArgumentError(
@@ -123,30 +122,47 @@ absl::Status OipInferCall::BindRequestedOutputs(std::initializer_list<absl::stri
   return absl::OkStatus();
 }
 
+const OipInferCall::Requested* OipInferCall::FindRequested(absl::string_view model_name) const {
+  for (const Requested& r : requested_) {
+    if (r.name == model_name) return &r;
+  }
+  return nullptr;
+}
+
 bool OipInferCall::requested(absl::string_view name) const {
-  for (const Requested& r : requested_) {
-    if (r.name == name) return true;
-  }
-  return false;
+  return FindRequested(name) != nullptr;
 }
 
-void OipInferCall::AddOutput(absl::string_view name, DType dtype, std::vector<std::int64_t> shape) {
-  Output out;
-  out.name = std::string(name);
-  out.dtype = dtype;
-  out.bytes = ElementSize(dtype);
-  for (std::int64_t d : shape) out.bytes *= static_cast<std::uint64_t>(d);
-  out.shape = std::move(shape);
-  out.returned = requested_.empty() || requested(name);
-  for (const Requested& r : requested_) {
-    if (r.name == name) out.shm = r.shm;
-  }
-  outputs_.push_back(std::move(out));
+bool OipInferCall::Returned(absl::string_view model_name) const {
+  return requested_.empty() || requested(model_name);
 }
 
-absl::Status OipInferCall::CheckMessageSizes(std::int64_t m, absl::string_view rpc) const {
+std::string OipInferCall::ModelName(absl::string_view name) const {
+  const auto it = renamed_.find(std::string(name));
+  return it == renamed_.end() ? std::string(name) : it->second;
+}
+
+CallOutputs OipInferCall::Outputs() const {
+  CallOutputs outputs;
+  for (const Requested& r : requested_) {
+    if (!r.shm) continue;
+    std::string name = r.name;
+    for (const auto& [op_name, model_name] : renamed_) {
+      if (model_name == r.name) name = op_name;
+    }
+    outputs[name].shm = [regions = regions_, tenant = stats_->tenant, ref = *r.shm,
+                         model_name = r.name](absl::string_view, std::uint64_t bytes,
+                                              bool /*is_output*/, std::uint64_t /*align*/) {
+      return regions->Resolve(tenant, absl::StrCat("output '", model_name, "'"), ref, bytes);
+    };
+  }
+  return outputs;
+}
+
+absl::Status OipInferCall::CheckSlots(const std::vector<InputSlot>& inputs,
+                                      const std::vector<OutputSlot>& outputs) {
   const std::string instead =
-      absl::StrCat("use logitd's streaming ", rpc, " RPC (logitd.v1.Logitd/", rpc,
+      absl::StrCat("use logitd's streaming ", rpc_, " RPC (logitd.v1.Logitd/", rpc_,
                    ", which can also use shared memory)");
   // gRPC lets requests of up to twice this limit through (see main.cc), so
   // that the refusal names it.
@@ -164,16 +180,19 @@ absl::Status OipInferCall::CheckMessageSizes(std::int64_t m, absl::string_view r
         instead));
   }
   std::uint64_t bytes = 0;
+  std::int64_t m = 1;
   std::vector<std::string> raw;
-  for (const Output& out : outputs_) {
-    if (!out.returned || out.shm) continue;
+  for (const OutputSlot& out : outputs) {
+    const std::string name = ModelName(out.name);
+    if (!Returned(name) || out.slice) continue;
     bytes += out.bytes;
-    raw.push_back(absl::StrCat(out.name, " ", ShapeString(out.shape), " ", OipDatatype(out.dtype)));
+    if (!out.shape.empty()) m = std::max<std::int64_t>(out.shape[0], 1);
+    raw.push_back(absl::StrCat(name, " ", ShapeString(out.shape), " ", UpperDTypeName(out.dtype)));
   }
   const std::uint64_t limit = core_.options->max_send_message_bytes;
   const std::uint64_t framing = kResponseFramingBytes + request_.id().size();
   if (bytes + framing <= limit) return absl::OkStatus();
-  const std::uint64_t row = bytes / static_cast<std::uint64_t>(m);
+  const std::uint64_t row = std::max<std::uint64_t>(bytes / static_cast<std::uint64_t>(m), 1);
   const std::uint64_t rows = limit > framing ? (limit - framing) / row : 0;
   return absl::ResourceExhaustedError(absl::StrCat(
       "the response, ", absl::StrJoin(raw, ", "), " (", bytes,
@@ -182,120 +201,44 @@ absl::Status OipInferCall::CheckMessageSizes(std::int64_t m, absl::string_view r
       " rows of this model per call, put the outputs in system shared memory, or ", instead));
 }
 
-std::uint64_t OipInferCall::TensorBytes() const {
-  std::uint64_t bytes = 0;
-  for (const auto& [name, in] : inputs_) bytes += in.want;
-  for (const Output& out : outputs_) bytes += out.bytes;
-  return bytes;
-}
-
-absl::Status OipInferCall::Start(std::uint64_t scratch_bytes) {
-  for (auto& [name, in] : inputs_) {
-    if (!in.shm) continue;
-    LOGITD_ASSIGN_OR_RETURN(
-        in.slice,
-        regions_->Resolve(stats_->tenant, absl::StrCat("input '", name, "'"), *in.shm, in.want));
-  }
-  for (Output& out : outputs_) {
-    if (!out.shm) continue;
-    LOGITD_ASSIGN_OR_RETURN(
-        out.slice, regions_->Resolve(stats_->tenant, absl::StrCat("output '", out.name, "'"),
-                                     *out.shm, out.bytes));
-  }
-  grpc::ServerContext* context = context_;
-  LOGITD_ASSIGN_OR_RETURN(
-      ticket_,
-      core_.admission->Admit(
-          "ModelInfer", TensorBytes() + scratch_bytes, absl::FromChrono(context->deadline()),
-          [context] { return context->IsCancelled(); }, stats_->tenant.id));
-  if (ticket_.waited() > absl::ZeroDuration()) stats_->queue_us = Micros(ticket_.waited());
-  for (Output& out : outputs_) LOGITD_RETURN_IF_ERROR(PlaceOutput(&out));
-  return absl::OkStatus();
-}
-
 // A returned output is declared in the response now, so that
 // raw_output_contents follows the outputs' order: Triton's clients find an
 // output's bytes at its index. An output in shared memory has an empty
 // entry there, and carries its shared-memory parameters.
-absl::Status OipInferCall::PlaceOutput(Output* out) {
-  const bool in_place =
-      out->shm && reinterpret_cast<std::uintptr_t>(out->slice.data) % ElementSize(out->dtype) == 0;
-  if (out->returned) {
-    auto* t = response_->add_outputs();
-    t->set_name(out->name);
-    t->set_datatype(OipDatatype(out->dtype));
-    for (std::int64_t d : out->shape) t->add_shape(d);
-    std::string* raw = response_->add_raw_output_contents();
-    if (out->shm) {
-      auto& params = *t->mutable_parameters();
-      params["shared_memory_region"].set_string_param(out->shm->region);
-      params["shared_memory_byte_size"].set_int64_param(static_cast<std::int64_t>(out->bytes));
-      if (out->shm->offset != 0) {
-        params["shared_memory_offset"].set_int64_param(static_cast<std::int64_t>(out->shm->offset));
-      }
-    } else {
-      raw->resize(static_cast<std::size_t>(out->bytes));
-      out->data = reinterpret_cast<std::byte*>(raw->data());
-      return absl::OkStatus();
+std::byte* OipInferCall::PlaceOutput(const OutputSlot& out) {
+  const std::string name = ModelName(out.name);
+  if (!Returned(name)) return nullptr;
+  auto* t = response_->add_outputs();
+  t->set_name(name);
+  t->set_datatype(UpperDTypeName(out.dtype));
+  for (std::int64_t d : out.shape) t->add_shape(d);
+  std::string* raw = response_->add_raw_output_contents();
+  const Requested* r = FindRequested(name);
+  if (r != nullptr && r->shm) {
+    auto& params = *t->mutable_parameters();
+    params["shared_memory_region"].set_string_param(r->shm->region);
+    params["shared_memory_byte_size"].set_int64_param(static_cast<std::int64_t>(out.bytes));
+    if (r->shm->offset != 0) {
+      params["shared_memory_offset"].set_int64_param(static_cast<std::int64_t>(r->shm->offset));
     }
+    return nullptr;
   }
-  if (in_place) {
-    out->data = out->slice.data;
-    return absl::OkStatus();
-  }
-  LOGITD_ASSIGN_OR_RETURN(out->aside,
-                          core_.backend->AllocateHost(static_cast<std::size_t>(out->bytes)));
-  out->data = out->aside.data();
-  return absl::OkStatus();
+  raw->resize(static_cast<std::size_t>(out.bytes));
+  stats_->tensor_bytes_out += out.bytes;
+  return reinterpret_cast<std::byte*>(raw->data());
 }
 
-absl::StatusOr<const std::byte*> OipInferCall::InputData(absl::string_view name,
-                                                         std::size_t align) {
-  for (auto& [n, in] : inputs_) {
-    if (n != name) continue;
-    const std::byte* src =
-        in.shm ? in.slice.data : reinterpret_cast<const std::byte*>(in.raw->data());
-    const std::size_t bytes = in.shm ? in.slice.bytes : in.raw->size();
-    if (!in.shm && reinterpret_cast<std::uintptr_t>(src) % align == 0) return src;
-    LOGITD_ASSIGN_OR_RETURN(in.copy, core_.backend->AllocateHost(bytes));
-    std::memcpy(in.copy.data(), src, bytes);
-    return static_cast<const std::byte*>(in.copy.data());
-  }
-  return nullptr;
-}
-
-std::byte* OipInferCall::OutputData(absl::string_view name) const {
-  for (const Output& out : outputs_) {
-    if (out.name == name) return out.data;
-  }
-  return nullptr;
-}
-
-void OipInferCall::Finish(const kernels::Timing& timing) {
+void OipInferCall::Finish() {
   // Tensor bytes that travelled in the messages, as logitd.v1 counts them:
   // not those in shared memory.
-  std::uint64_t in_bytes = 0, out_bytes = 0;
-  for (auto& [name, in] : inputs_) {
-    if (!in.shm) in_bytes += in.want;
-    in.copy = kernels::HostBuffer();
-  }
-  for (Output& out : outputs_) {
-    if (out.shm && out.data != out.slice.data) {
-      std::memcpy(out.slice.data, out.data, static_cast<std::size_t>(out.bytes));
-    }
-    if (out.returned && !out.shm) out_bytes += out.bytes;
-  }
-  stats_->compute_us = timing.compute_us;
-  stats_->gemms = absl::StrJoin(timing.gemms, "; ");
-  if (timing.transfers_measured) {
-    stats_->h2d_us = timing.h2d_us;
-    stats_->d2h_us = timing.d2h_us;
+  std::uint64_t in_bytes = 0;
+  for (const auto& [name, in] : inputs_) {
+    if (in.raw != nullptr) in_bytes += in.raw->size();
   }
   response_->set_model_name(request_.model_name());
   response_->set_model_version("1");
   response_->set_id(request_.id());
   stats_->tensor_bytes_in = in_bytes;
-  stats_->tensor_bytes_out = out_bytes;
   stats_->bytes_out = response_->ByteSizeLong();
   stats_->send_start = absl::Now();
 }

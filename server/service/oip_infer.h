@@ -1,10 +1,11 @@
-// One ModelInfer call of the Open Inference Protocol, whatever the model:
-// its inputs found (in raw_input_contents or in a system shared-memory
-// region), its outputs placed (in raw_output_contents or in a region), the
-// message limits, admission and the response's framing. A model
-// (oip_service.cc) binds and checks the tensors it takes, declares its
-// outputs, calls Start, runs the backend on InputData and OutputData, and
-// calls Finish.
+// One ModelInfer call of the Open Inference Protocol, as the front door
+// translates it: its inputs bound (in raw_input_contents or in a system
+// shared-memory region) and handed to the protocol-neutral call as
+// CallInputs, its requested outputs read, and the Transport that places the
+// outputs in the response (raw_output_contents in the outputs' order, or
+// their region's parameters) within the message limits. A model
+// (oip_service.cc) builds the request of its operation from these, runs it
+// (call/ops.h) on call(), then calls Finish.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,27 +23,26 @@
 #include "absl/strings/string_view.h"
 #include "kserve/grpc_predict_v2.pb.h"
 #include "logitd/tensor.h"
-#include "server/kernels/backend.h"
+#include "server/service/call/call.h"
 #include "server/service/oip_shm.h"
 #include "server/service/service.h"
 
 namespace logitd::service {
 
-// The Open Inference Protocol's datatype of `dtype`: "BF16", "FP32", ...
-std::string OipDatatype(DType dtype);
-
-class OipInferCall {
+class OipInferCall final : public Transport {
  public:
   using InputTensor = inference::ModelInferRequest::InferInputTensor;
 
-  // Not owning: everything outlives the call.
+  // Not owning: everything outlives the call. `rpc` is logitd's streaming
+  // RPC that serves the same operation, named when a message is too large.
   OipInferCall(const ServiceCore& core, const OipShmRegions* regions, grpc::ServerContext* context,
                const inference::ModelInferRequest& request, inference::ModelInferResponse* response,
-               CallStats* stats);
+               CallStats* stats, absl::string_view rpc);
   OipInferCall(const OipInferCall&) = delete;
   OipInferCall& operator=(const OipInferCall&) = delete;
 
   const inference::ModelInferRequest& request() const { return request_; }
+  Call& call() { return call_; }
 
   // Binds the request's inputs: each named in `names` and given once, its
   // bytes in raw_input_contents (in order, skipping the inputs in shared
@@ -49,85 +50,60 @@ class OipInferCall {
   // starting with `expected` (the model's inputs) otherwise.
   absl::Status BindInputs(std::initializer_list<absl::string_view> names,
                           absl::string_view expected);
-  // The bound input `name`; null when the request has none.
-  const InputTensor* input(absl::string_view name) const;
-  // Sets the bytes input `name` takes, from its datatype and shape; every
-  // bound input needs them. InvalidArgument after `expected` when its
-  // raw_input_contents hold another number of bytes (a region's
-  // shared_memory_byte_size is checked when Start resolves it).
-  absl::Status CheckInputBytes(absl::string_view name, std::uint64_t bytes,
-                               absl::string_view expected);
+  // The bound input `name` as the call takes it; not given when the request
+  // has none.
+  CallInput Input(absl::string_view name) const;
 
   // Reads the request's `outputs`: each named in `names` and asked once;
-  // InvalidArgument naming `model` otherwise.
+  // InvalidArgument naming `model` otherwise. `renamed` maps the names the
+  // operation gives its outputs to the model's, where they differ.
   absl::Status BindRequestedOutputs(std::initializer_list<absl::string_view> names,
-                                    absl::string_view model);
-  // Whether the request names output `name`.
+                                    absl::string_view model,
+                                    std::map<std::string, std::string> renamed = {});
+  // Whether the request names output `name` (the model's name).
   bool requested(absl::string_view name) const;
-  // Declares an output the backend writes. The response carries it when the
-  // request names it or names no outputs.
-  void AddOutput(absl::string_view name, DType dtype, std::vector<std::int64_t> shape);
+  // The requested outputs that go to a region, by the operation's names.
+  CallOutputs Outputs() const;
 
-  // The request, and the response's outputs that travel in it, within the
-  // server's message limits: ResourceExhausted naming the limit, the rows of
-  // M that fit, and `rpc`, logitd's streaming call that does the same.
-  absl::Status CheckMessageSizes(std::int64_t m, absl::string_view rpc) const;
-  // Resolves the tensors' shared-memory slices, admits the call (its tensors
-  // plus `scratch_bytes`) and places the outputs.
-  absl::Status Start(std::uint64_t scratch_bytes);
-  // After Start: input `name`'s bytes, `align`-aligned: copied out of its
-  // region (so that what is computed is what was checked, as logitd.v1's
-  // calls do), and out of raw_input_contents only when misaligned.
-  absl::StatusOr<const std::byte*> InputData(absl::string_view name, std::size_t align);
-  // After Start: where the backend writes output `name`; null when the call
-  // declared none.
-  std::byte* OutputData(absl::string_view name) const;
-  // Copies outputs written aside into their regions, sets the response's
-  // name, version and id, and the call's stats from `timing`.
-  void Finish(const kernels::Timing& timing);
+  // Transport: the request, and the response's outputs that travel in it,
+  // within the server's message limits (ResourceExhausted naming the limit,
+  // the rows that fit, and the streaming RPC that does the same); each
+  // output placed in the response in order, when returned.
+  absl::Status CheckSlots(const std::vector<InputSlot>& inputs,
+                          const std::vector<OutputSlot>& outputs) override;
+  std::byte* PlaceOutput(const OutputSlot& out) override;
+
+  // Sets the response's name, version and id, and the call's byte counts.
+  void Finish();
 
  private:
-  struct Input {
+  struct Bound {
     const InputTensor* tensor = nullptr;
     // Null when in shared memory.
     const std::string* raw = nullptr;
     std::optional<OipShmRef> shm;
-    // The bytes its datatype and shape take (CheckInputBytes).
-    std::uint64_t want = 0;
-    ShmSlice slice;
-    kernels::HostBuffer copy;
-  };
-  struct Output {
-    std::string name;
-    DType dtype = DType::kFp32;
-    std::vector<std::int64_t> shape;
-    std::uint64_t bytes = 0;
-    bool returned = false;
-    std::optional<OipShmRef> shm;
-    ShmSlice slice;
-    // The backend's output when not written in place: an output that is not
-    // returned, or a region's slice that is not aligned for its dtype.
-    kernels::HostBuffer aside;
-    std::byte* data = nullptr;
   };
   struct Requested {
     std::string name;
     std::optional<OipShmRef> shm;
   };
 
-  std::uint64_t TensorBytes() const;
-  absl::Status PlaceOutput(Output* out);
+  // The model's name of the operation's output `name`.
+  std::string ModelName(absl::string_view name) const;
+  const Requested* FindRequested(absl::string_view model_name) const;
+  // Returned in the response: named by the request, or the request names none.
+  bool Returned(absl::string_view model_name) const;
 
   ServiceCore core_;
   const OipShmRegions* regions_;
-  grpc::ServerContext* context_;
   const inference::ModelInferRequest& request_;
   inference::ModelInferResponse* response_;
   CallStats* stats_;
-  std::vector<std::pair<std::string, Input>> inputs_;
+  const std::string rpc_;
+  std::vector<std::pair<std::string, Bound>> inputs_;
   std::vector<Requested> requested_;
-  std::vector<Output> outputs_;
-  AdmissionTicket ticket_;
+  std::map<std::string, std::string> renamed_;
+  Call call_;
 };
 
 }  // namespace logitd::service

@@ -7,14 +7,16 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "logitd/bf16.h"
 #include "server/service/build_info.h"
+#include "server/service/call/ops.h"
+#include "server/service/call/plans.h"
+#include "server/service/logging.h"
 #include "server/service/status.h"
-#include "server/service/validation.h"
 
 namespace logitd::service {
 namespace {
@@ -28,9 +30,9 @@ constexpr absl::string_view kLogProbsSuffix = "/logprobs";
 
 // The weight a model name names: its handle, else its registration name
 // (unique among the tenant's weights). NotFound naming the model otherwise.
-absl::StatusOr<WeightRecord> FindWeight(const WeightRegistry& registry, const Tenant& tenant,
-                                        absl::string_view model) {
-  if (ValidateHandle(model).ok()) {
+absl::StatusOr<WeightRecord> FindModelWeight(const WeightRegistry& registry, const Tenant& tenant,
+                                             absl::string_view model) {
+  if (!model.empty()) {
     if (absl::StatusOr<WeightRecord> w = registry.Find(tenant, model); w.ok()) return w;
   }
   std::vector<WeightRecord> named;
@@ -68,11 +70,11 @@ absl::StatusOr<OipModel> FindModel(const WeightRegistry& registry, const Tenant&
   }
   if (absl::EndsWith(model, kLogProbsSuffix) && model.size() > kLogProbsSuffix.size()) {
     absl::StatusOr<WeightRecord> w =
-        FindWeight(registry, tenant, model.substr(0, model.size() - kLogProbsSuffix.size()));
+        FindModelWeight(registry, tenant, model.substr(0, model.size() - kLogProbsSuffix.size()));
     if (w.ok()) return OipModel{*std::move(w), true};
     if (!absl::IsNotFound(w.status())) return w.status();
   }
-  LOGITD_ASSIGN_OR_RETURN(WeightRecord w, FindWeight(registry, tenant, model));
+  LOGITD_ASSIGN_OR_RETURN(WeightRecord w, FindModelWeight(registry, tenant, model));
   return OipModel{std::move(w), false};
 }
 
@@ -135,161 +137,84 @@ absl::StatusOr<bool> BoolParameter(absl::string_view key, const inference::Infer
                    "': expected a boolean (bool_param, or the string \"true\" or \"false\")"));
 }
 
-struct LogitsParameters {
-  DType out_dtype = DType::kFp32;
-  float alpha = 1.0f;
-};
-
 // NAME's request parameters: out_dtype and alpha; others are ignored.
-absl::StatusOr<LogitsParameters> ReadLogitsParameters(const OipParameters& params) {
-  LogitsParameters p;
+absl::Status ReadLogitsParameters(const OipParameters& params, LogitsRequest* r) {
   if (auto it = params.find("out_dtype"); it != params.end()) {
-    const std::string& v = it->second.string_param();
-    if (v == "fp32" || v == "FP32") {
-      p.out_dtype = DType::kFp32;
-    } else if (v == "bf16" || v == "BF16") {
-      p.out_dtype = DType::kBf16;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter 'out_dtype': expected the string \"fp32\" or \"bf16\", got '", v, "'"));
+    if (it->second.parameter_choice_case() != inference::InferParameter::kStringParam) {
+      return absl::InvalidArgumentError(
+          "parameter 'out_dtype': expected the string \"fp32\" or \"bf16\"");
     }
+    // As logitd.v1's out_dtype: FP32 or BF16, refused otherwise by the plan.
+    r->out_dtype = absl::AsciiStrToUpper(it->second.string_param());
   }
   if (auto it = params.find("alpha"); it != params.end()) {
     LOGITD_ASSIGN_OR_RETURN(const double alpha, NumberParameter("alpha", it->second));
-    p.alpha = static_cast<float>(alpha);
+    r->alpha = static_cast<float>(alpha);
   }
-  return p;
+  return absl::OkStatus();
 }
 
-// NAME/logprobs' request parameters, into the LogProbs header they mean;
-// others are ignored. The ranges ValidateLogProbs does not check as the
-// parameters say them: a temperature > 0 (the header's 0 would mean 1),
-// top_k that fits the header's field.
-absl::Status ReadLogProbsParameters(const OipParameters& params, v1::LogProbsHeader* h) {
+// NAME/logprobs' request parameters, into the request they mean; others are
+// ignored. A temperature the parameter gives is taken as given: 0 (which
+// logitd.v1's proto3 field cannot tell from "unspecified") is refused.
+absl::Status ReadLogProbsParameters(const OipParameters& params, LogProbsRequest* r) {
   for (const auto& [key, p] : params) {
     if (key == "temperature" || key == "logit_softcap") {
       LOGITD_ASSIGN_OR_RETURN(const double v, NumberParameter(key, p));
       const float f = static_cast<float>(v);
-      if (key == "temperature" && !(f > 0.0f && std::isfinite(f))) {
+      if (key == "temperature" && f == 0.0f) {
         return absl::InvalidArgumentError(
-            absl::StrCat("parameter 'temperature': expected a finite number > 0, got ", v));
+            absl::StrCat("temperature: expected a finite temperature > 0, got ", v));
       }
-      if (key == "temperature") {
-        h->set_temperature(f);
-      } else {
-        h->set_logit_softcap(f);
-      }
+      (key == "temperature" ? r->temperature : r->logit_softcap) = f;
     } else if (key == "top_k" || key == "vocab_size" || key == "ignore_index") {
       LOGITD_ASSIGN_OR_RETURN(const std::int64_t v, IntegerParameter(key, p));
-      if (key == "top_k" && (v < 0 || v > kMaxTopK)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parameter 'top_k': expected 0 to ", kMaxTopK, ", got ", v));
-      }
-      if (key == "top_k") h->set_top_k(static_cast<std::uint32_t>(v));
-      if (key == "vocab_size") h->set_vocab_size(v);
-      if (key == "ignore_index") h->set_ignore_index(v);
+      if (key == "top_k") r->top_k = v;
+      if (key == "vocab_size") r->vocab_size = v;
+      if (key == "ignore_index") r->ignore_index = v;
     } else if (key == "want_entropy" || key == "want_lse" || key == "want_rank") {
       LOGITD_ASSIGN_OR_RETURN(const bool v, BoolParameter(key, p));
-      if (key == "want_entropy") h->set_want_entropy(v);
-      if (key == "want_lse") h->set_want_lse(v);
-      if (key == "want_rank") h->set_want_rank(v);
+      if (key == "want_entropy") r->want_entropy = v;
+      if (key == "want_lse") r->want_lse = v;
+      if (key == "want_rank") r->want_rank = v;
     }
   }
   return absl::OkStatus();
 }
 
-// Input `x`, BF16 [M, K] with K the weight's: returns M.
-absl::StatusOr<std::int64_t> CheckX(OipInferCall* call, const WeightRecord& w,
-                                    absl::string_view expected) {
-  const OipInferCall::InputTensor* x = call->input(kInput);
-  if (x == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(expected, "; got no input '", kInput, "'"));
-  }
-  if (x->datatype() != "BF16") {
-    return absl::InvalidArgumentError(
-        absl::StrCat(expected, "; got x of datatype '", x->datatype(), "'"));
-  }
-  if (x->shape_size() != 2 || x->shape(0) < 1 || x->shape(1) != w.k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(expected, "; got x of shape [", absl::StrJoin(x->shape(), ", "), "]"));
-  }
-  const std::int64_t m = x->shape(0);
-  if (m > (std::int64_t{1} << 40) / w.k) {
-    return absl::InvalidArgumentError(absl::StrCat(expected, "; M=", m, " is too large"));
-  }
-  LOGITD_RETURN_IF_ERROR(
-      call->CheckInputBytes(kInput, static_cast<std::uint64_t>(m * w.k) * 2, expected));
-  return m;
-}
-
 // The outputs of NAME/logprobs, in the order the response carries them:
-// [M], or [M, top_k] for the top-k; computed when the plan gives them bytes.
+// [M], or [M, top_k] for the top-k.
 struct LogProbsOutput {
   absl::string_view name;
   DType dtype;
   bool per_k;
-  std::uint64_t LogProbsPlan::*bytes;
 };
 constexpr LogProbsOutput kLogProbsOutputs[] = {
-    {"logprob", DType::kFp32, false, &LogProbsPlan::logprob_bytes},
-    {"lse", DType::kFp32, false, &LogProbsPlan::lse_bytes},
-    {"entropy", DType::kFp32, false, &LogProbsPlan::entropy_bytes},
-    {"topk_ids", DType::kInt32, true, &LogProbsPlan::topk_ids_bytes},
-    {"topk_logprobs", DType::kFp32, true, &LogProbsPlan::topk_logprobs_bytes},
-    {"rank", DType::kInt64, false, &LogProbsPlan::rank_bytes},
+    {"logprob", DType::kFp32, false},      {"lse", DType::kFp32, false},
+    {"entropy", DType::kFp32, false},      {"topk_ids", DType::kInt32, true},
+    {"topk_logprobs", DType::kFp32, true}, {"rank", DType::kInt64, false},
 };
 
 // NAME/logprobs' requested outputs ask for what they need: lse, entropy and
 // rank switch their want_ on; logprob and rank need targets, the top-k
 // outputs top_k > 0.
-absl::Status RequestedLogProbsOutputs(const OipInferCall& call, v1::LogProbsHeader* h) {
-  if (call.requested("lse")) h->set_want_lse(true);
-  if (call.requested("entropy")) h->set_want_entropy(true);
-  if (call.requested("rank")) h->set_want_rank(true);
+absl::Status RequestedLogProbsOutputs(const OipInferCall& call, LogProbsRequest* r) {
+  if (call.requested("lse")) r->want_lse = true;
+  if (call.requested("entropy")) r->want_entropy = true;
+  if (call.requested("rank")) r->want_rank = true;
   for (absl::string_view name : {"logprob", "rank"}) {
-    if (call.requested(name) && !h->has_targets()) {
+    if (call.requested(name) && !r->targets.given) {
       return absl::InvalidArgumentError(
           absl::StrCat("requested output '", name, "': expected input 'targets', got none"));
     }
   }
   for (absl::string_view name : {"topk_ids", "topk_logprobs"}) {
-    if (call.requested(name) && h->top_k() == 0) {
+    if (call.requested(name) && r->top_k == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "requested output '", name, "': expected parameter 'top_k' from 1 to ", kMaxTopK));
     }
   }
   return absl::OkStatus();
-}
-
-// The LogProbs header NAME/logprobs' request means: its tensors' specs and
-// its parameters. The Open Inference Protocol carries no digests (a tensor
-// comes whole in its message or from a region), so the specs carry a
-// placeholder xxh3 of 1, which ValidateLogProbs only checks is there.
-absl::StatusOr<v1::LogProbsHeader> LogProbsHeaderOf(const OipInferCall& call, const WeightRecord& w,
-                                                    std::int64_t m) {
-  v1::LogProbsHeader h;
-  h.set_weight_handle(w.handle);
-  v1::TensorSpec* x = h.mutable_x();
-  x->set_name(std::string(kInput));
-  x->set_dtype(v1::DTYPE_BF16);
-  x->add_shape(m);
-  x->add_shape(w.k);
-  x->set_xxh3(1);
-  if (const OipInferCall::InputTensor* t = call.input(kTargets); t != nullptr) {
-    v1::TensorSpec* targets = h.mutable_targets();
-    targets->set_name(std::string(kTargets));
-    if (t->datatype() == "INT32" || t->datatype() == "INT64") {
-      targets->set_dtype(t->datatype() == "INT32" ? v1::DTYPE_INT32 : v1::DTYPE_INT64);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input 'targets': expected datatype INT32 or INT64, got '", t->datatype(), "'"));
-    }
-    for (std::int64_t d : t->shape()) targets->add_shape(d);
-    targets->set_xxh3(1);
-  }
-  LOGITD_RETURN_IF_ERROR(ReadLogProbsParameters(call.request().parameters(), &h));
-  LOGITD_RETURN_IF_ERROR(RequestedLogProbsOutputs(call, &h));
-  return h;
 }
 
 }  // namespace
@@ -360,7 +285,7 @@ grpc::Status OipService::ModelMetadata(grpc::ServerContext* context,
     // INT32 is taken as well.
     add(response->mutable_inputs(), kTargets, "INT64", {-1});
     for (const LogProbsOutput& out : kLogProbsOutputs) {
-      add(response->mutable_outputs(), out.name, OipDatatype(out.dtype),
+      add(response->mutable_outputs(), out.name, UpperDTypeName(out.dtype),
           out.per_k ? std::vector<std::int64_t>{-1, -1} : std::vector<std::int64_t>{-1});
     }
     return absl::OkStatus();
@@ -384,100 +309,106 @@ absl::Status OipService::DoModelInfer(grpc::ServerContext* context,
   LOGITD_ASSIGN_OR_RETURN(
       const OipModel model,
       FindModel(*core_.registry, stats->tenant, request.model_name(), request.model_version()));
-  OipInferCall call(core_, &shm_regions_, context, request, response, stats);
+  OipInferCall call(core_, &shm_regions_, context, request, response, stats,
+                    model.logprobs ? "LogProbs" : "Logits");
   return model.logprobs ? InferLogProbs(model.w, &call) : InferLogits(model.w, &call);
 }
 
+grpc::Status OipService::SystemSharedMemoryStatus(
+    grpc::ServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
+    inference::SystemSharedMemoryStatusResponse* response) {
+  return core_.runner->Run(
+      "oip.SystemSharedMemoryStatus", context, [&](CallStats* stats) -> absl::Status {
+        stats->bytes_in = request->ByteSizeLong();
+        LOGITD_ASSIGN_OR_RETURN(const std::vector<OipRegion> regions,
+                                shm_regions_.Status(stats->tenant, request->name()));
+        for (const OipRegion& r : regions) {
+          auto& out = (*response->mutable_regions())[r.name];
+          out.set_name(r.name);
+          out.set_key(r.key);
+          out.set_offset(r.offset);
+          out.set_byte_size(r.byte_size);
+        }
+        stats->bytes_out = response->ByteSizeLong();
+        return absl::OkStatus();
+      });
+}
+
+grpc::Status OipService::SystemSharedMemoryRegister(
+    grpc::ServerContext* context, const inference::SystemSharedMemoryRegisterRequest* request,
+    inference::SystemSharedMemoryRegisterResponse* /*response*/) {
+  return core_.runner->Run(
+      "oip.SystemSharedMemoryRegister", context, [&](CallStats* stats) -> absl::Status {
+        stats->bytes_in = request->ByteSizeLong();
+        const OipRegion region{request->name(), request->key(), request->offset(),
+                               request->byte_size()};
+        LOGITD_ASSIGN_OR_RETURN(const std::shared_ptr<ShmMapping> mapping,
+                                shm_regions_.Register(stats->tenant, region));
+        const std::string pinned = PinShmRegion(*core_.backend, mapping.get());
+        Log(LogLevel::kInfo, absl::StrCat("oip shm region '", region.name, "' mapped: '",
+                                          mapping->name(), "', bytes [", region.offset, ", ",
+                                          region.offset + region.byte_size, "), ", pinned));
+        return absl::OkStatus();
+      });
+}
+
+grpc::Status OipService::SystemSharedMemoryUnregister(
+    grpc::ServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
+    inference::SystemSharedMemoryUnregisterResponse* /*response*/) {
+  return core_.runner->Run("oip.SystemSharedMemoryUnregister", context,
+                           [&](CallStats* stats) -> absl::Status {
+                             stats->bytes_in = request->ByteSizeLong();
+                             return shm_regions_.Unregister(stats->tenant, request->name());
+                           });
+}
+
 absl::Status OipService::InferLogits(const WeightRecord& w, OipInferCall* call) {
-  LOGITD_ASSIGN_OR_RETURN(const LogitsParameters p,
-                          ReadLogitsParameters(call->request().parameters()));
   const std::string expected = absl::StrCat(
       "expected one input '", kInput, "' BF16 [M, ", w.k,
       "] in raw_input_contents or system shared memory (row-major, no padding) for model ",
       w.Label());
   LOGITD_RETURN_IF_ERROR(call->BindInputs({kInput}, expected));
-  LOGITD_ASSIGN_OR_RETURN(const std::int64_t m, CheckX(call, w, expected));
-  LOGITD_RETURN_IF_ERROR(call->BindRequestedOutputs({kOutput}, w.Label()));
-  call->AddOutput(kOutput, p.out_dtype, {m, w.v});
-  LOGITD_RETURN_IF_ERROR(call->CheckMessageSizes(m, "Logits"));
-  const std::uint64_t x_bytes = static_cast<std::uint64_t>(m * w.k) * 2;
-  const std::uint64_t y_bytes = static_cast<std::uint64_t>(m * w.v) * ElementSize(p.out_dtype);
-  if (x_bytes + y_bytes > core_.options->max_request_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the call moves ", x_bytes + y_bytes,
-                     " tensor bytes, over the server's --max_request_bytes of ",
-                     core_.options->max_request_bytes));
+  LOGITD_RETURN_IF_ERROR(call->BindRequestedOutputs({kOutput}, w.Label(), {{"y", "logits"}}));
+  LogitsRequest r;
+  r.weight_handle = w.handle;
+  r.x = call->Input(kInput);
+  if (!r.x.given) {
+    return absl::InvalidArgumentError(absl::StrCat(expected, "; got no input '", kInput, "'"));
   }
-  LOGITD_RETURN_IF_ERROR(call->Start(0));
-  LOGITD_ASSIGN_OR_RETURN(const std::byte* x, call->InputData(kInput, alignof(Bf16Bits)));
-
-  kernels::LogitsArgs args;
-  args.x = reinterpret_cast<const Bf16Bits*>(x);
-  args.m = m;
-  args.alpha = p.alpha;
-  args.out_dtype = p.out_dtype;
-  args.y = call->OutputData(kOutput);
-  kernels::Timing timing;
-  LOGITD_RETURN_IF_ERROR(core_.backend->Logits(*w.weight, args, &timing));
-  call->Finish(timing);
+  LOGITD_RETURN_IF_ERROR(ReadLogitsParameters(call->request().parameters(), &r));
+  r.outputs = call->Outputs();
+  LOGITD_RETURN_IF_ERROR(RunLogits(op_env(), r, &call->call(), *call).status());
+  call->Finish();
   return absl::OkStatus();
 }
 
-// The same checks, targets and backend call as logitd.v1's LogProbs
-// (LogitdService::DoLogProbs), so that the same inputs give the same bits.
+// The same request logitd.v1's LogProbs makes of its header, run by the same
+// operation, so that the same inputs give the same bits.
 absl::Status OipService::InferLogProbs(const WeightRecord& w, OipInferCall* call) {
   const std::string label = absl::StrCat(w.Label(), kLogProbsSuffix);
   const std::string expected = absl::StrCat(
       "expected input '", kInput, "' BF16 [M, ", w.k, "] and optionally '", kTargets,
       "' INT32 or INT64 [M], in raw_input_contents or system shared memory, for model ", label);
   LOGITD_RETURN_IF_ERROR(call->BindInputs({kInput, kTargets}, expected));
-  LOGITD_ASSIGN_OR_RETURN(const std::int64_t m, CheckX(call, w, expected));
   LOGITD_RETURN_IF_ERROR(call->BindRequestedOutputs(
       {"logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank"}, label));
-  LOGITD_ASSIGN_OR_RETURN(const v1::LogProbsHeader h, LogProbsHeaderOf(*call, w, m));
-  LOGITD_ASSIGN_OR_RETURN(
-      const LogProbsPlan plan,
-      ValidateLogProbs(h, WeightDims{w.v, w.k, label}, core_.options->max_request_bytes));
-  if (plan.has_targets) {
-    LOGITD_RETURN_IF_ERROR(call->CheckInputBytes(kTargets, plan.targets_bytes, expected));
+  LogProbsRequest r;
+  r.weight_handle = w.handle;
+  r.x = call->Input(kInput);
+  if (!r.x.given) {
+    return absl::InvalidArgumentError(absl::StrCat(expected, "; got no input '", kInput, "'"));
   }
-  for (const LogProbsOutput& out : kLogProbsOutputs) {
-    if (plan.*out.bytes == 0) continue;
-    std::vector<std::int64_t> shape = {m};
-    if (out.per_k) shape.push_back(plan.top_k);
-    call->AddOutput(out.name, out.dtype, std::move(shape));
-  }
-  LOGITD_RETURN_IF_ERROR(call->CheckMessageSizes(m, "LogProbs"));
-  // Besides the tensors: the targets widened to int64.
-  LOGITD_RETURN_IF_ERROR(
-      call->Start(plan.has_targets ? static_cast<std::uint64_t>(m) * sizeof(std::int64_t) : 0));
-  LOGITD_ASSIGN_OR_RETURN(const std::byte* x, call->InputData(kInput, alignof(Bf16Bits)));
-  std::vector<std::int64_t> targets;
-  if (plan.has_targets) {
-    LOGITD_ASSIGN_OR_RETURN(const std::byte* t, call->InputData(kTargets, 1));
-    LOGITD_RETURN_IF_ERROR(
-        ConvertTargets(plan.targets_dtype, t, m, plan.vocab, plan.ignore_index, &targets).status());
-  }
-
-  kernels::LogProbsArgs args;
-  args.x = reinterpret_cast<const Bf16Bits*>(x);
-  args.m = m;
-  args.targets = plan.has_targets ? targets.data() : nullptr;
-  args.ignore_index = plan.ignore_index;
-  args.temperature = plan.temperature;
-  args.logit_softcap = plan.logit_softcap;
-  args.vocab = plan.vocab;
-  args.logprob = reinterpret_cast<float*>(call->OutputData("logprob"));
-  args.lse = reinterpret_cast<float*>(call->OutputData("lse"));
-  args.entropy = reinterpret_cast<float*>(call->OutputData("entropy"));
-  args.top_k = plan.top_k;
-  args.topk_ids = reinterpret_cast<std::int32_t*>(call->OutputData("topk_ids"));
-  args.topk_logprobs = reinterpret_cast<float*>(call->OutputData("topk_logprobs"));
-  args.rank = reinterpret_cast<std::int64_t*>(call->OutputData("rank"));
-  kernels::Timing timing;
-  LOGITD_RETURN_IF_ERROR(core_.backend->LogProbs(*w.weight, args, &timing));
-  call->Finish(timing);
+  r.targets = call->Input(kTargets);
+  LOGITD_RETURN_IF_ERROR(ReadLogProbsParameters(call->request().parameters(), &r));
+  LOGITD_RETURN_IF_ERROR(RequestedLogProbsOutputs(*call, &r));
+  r.outputs = call->Outputs();
+  LOGITD_RETURN_IF_ERROR(RunLogProbs(op_env(), r, &call->call(), *call).status());
+  call->Finish();
   return absl::OkStatus();
+}
+
+OpEnv OipService::op_env() const {
+  return OpEnv{core_.backend, core_.registry, core_.options->max_request_bytes};
 }
 
 }  // namespace logitd::service

@@ -13,6 +13,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "kserve/grpc_predict_v2.grpc.pb.h"
+#include "server/service/call/ops.h"
 #include "server/service/oip_infer.h"
 #include "server/service/oip_shm.h"
 #include "server/service/service.h"
@@ -58,6 +59,7 @@ class OipService final : public inference::GRPCInferenceService::Service {
   // The two models of a weight, on a call whose tensors are not bound yet.
   absl::Status InferLogits(const WeightRecord& w, OipInferCall* call);
   absl::Status InferLogProbs(const WeightRecord& w, OipInferCall* call);
+  OpEnv op_env() const;
 
   ServiceCore core_;
   OipShmRegions shm_regions_;

@@ -1,12 +1,11 @@
-// OipShmRegions, and the three system shared-memory calls of OipService.
+// OipShmRegions: the Open Inference Protocol's system shared-memory regions
+// over the service's ShmRegistry.
 #include "server/service/oip_shm.h"
 
 #include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/service/logging.h"
-#include "server/service/oip_service.h"
 #include "server/service/status.h"
 
 namespace logitd::service {
@@ -157,54 +156,6 @@ absl::StatusOr<ShmSlice> OipShmRegions::Resolve(const Tenant& tenant, absl::stri
   // NotFound: logitd.v1's ReleaseShm let go of the handle.
   if (absl::IsNotFound(slice.status())) return RegionNotFound(tenant, ref.region);
   return slice;
-}
-
-grpc::Status OipService::SystemSharedMemoryStatus(
-    grpc::ServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
-    inference::SystemSharedMemoryStatusResponse* response) {
-  return core_.runner->Run(
-      "oip.SystemSharedMemoryStatus", context, [&](CallStats* stats) -> absl::Status {
-        stats->bytes_in = request->ByteSizeLong();
-        LOGITD_ASSIGN_OR_RETURN(const std::vector<OipRegion> regions,
-                                shm_regions_.Status(stats->tenant, request->name()));
-        for (const OipRegion& r : regions) {
-          auto& out = (*response->mutable_regions())[r.name];
-          out.set_name(r.name);
-          out.set_key(r.key);
-          out.set_offset(r.offset);
-          out.set_byte_size(r.byte_size);
-        }
-        stats->bytes_out = response->ByteSizeLong();
-        return absl::OkStatus();
-      });
-}
-
-grpc::Status OipService::SystemSharedMemoryRegister(
-    grpc::ServerContext* context, const inference::SystemSharedMemoryRegisterRequest* request,
-    inference::SystemSharedMemoryRegisterResponse* /*response*/) {
-  return core_.runner->Run(
-      "oip.SystemSharedMemoryRegister", context, [&](CallStats* stats) -> absl::Status {
-        stats->bytes_in = request->ByteSizeLong();
-        const OipRegion region{request->name(), request->key(), request->offset(),
-                               request->byte_size()};
-        LOGITD_ASSIGN_OR_RETURN(const std::shared_ptr<ShmMapping> mapping,
-                                shm_regions_.Register(stats->tenant, region));
-        const std::string pinned = PinShmRegion(*core_.backend, mapping.get());
-        Log(LogLevel::kInfo, absl::StrCat("oip shm region '", region.name, "' mapped: '",
-                                          mapping->name(), "', bytes [", region.offset, ", ",
-                                          region.offset + region.byte_size, "), ", pinned));
-        return absl::OkStatus();
-      });
-}
-
-grpc::Status OipService::SystemSharedMemoryUnregister(
-    grpc::ServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
-    inference::SystemSharedMemoryUnregisterResponse* /*response*/) {
-  return core_.runner->Run("oip.SystemSharedMemoryUnregister", context,
-                           [&](CallStats* stats) -> absl::Status {
-                             stats->bytes_in = request->ByteSizeLong();
-                             return shm_regions_.Unregister(stats->tenant, request->name());
-                           });
 }
 
 }  // namespace logitd::service

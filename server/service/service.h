@@ -1,11 +1,12 @@
-// The logitd.v1.Logitd gRPC service: thin handlers that validate a request,
-// look up its weight, call the Backend and send the result back. Every call
-// runs through CallRunner (call.h: authentication, trailers, metrics, log);
-// every tensor call through TensorCall (tensor_call.h: admission, slots,
-// reception, outputs, digests). Everything a call takes (buffers, budget,
-// weight references) is owned by RAII objects, so it is returned whatever
-// the outcome. The handlers live in three files: service.cc (server info,
-// shared memory, probe), weight_handlers.cc and tensor_handlers.cc.
+// The logitd.v1.Logitd gRPC service: thin handlers that translate a request
+// (v1/requests.h), run the operation every front door runs (call/ops.h) and
+// send the result back. Every call runs through CallRunner (call.h:
+// authentication, trailers, metrics, log); every tensor call through
+// TensorCall (tensor_call.h: this wire's chunks, results and digests, over
+// the protocol-neutral call of call/call.h: admission, slots, buffers). Everything a call takes
+// (buffers, budget, weight references) is owned by RAII objects, so it is returned whatever the
+// outcome. The handlers live in three files: service.cc (server info, shared memory, probe),
+// weight_handlers.cc and tensor_handlers.cc.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -29,6 +30,7 @@
 #include "server/service/admission.h"
 #include "server/service/auth.h"
 #include "server/service/call.h"
+#include "server/service/call/ops.h"
 #include "server/service/faults.h"
 #include "server/service/message_stream.h"
 #include "server/service/metrics.h"
@@ -55,7 +57,7 @@ using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffe
 // regions. Not owning.
 struct ServiceCore {
   kernels::Backend* backend = nullptr;
-  const WeightRegistry* registry = nullptr;
+  WeightRegistry* registry = nullptr;
   RequestAdmission* admission = nullptr;
   const CallRunner* runner = nullptr;
   const ServiceOptions* options = nullptr;
@@ -127,6 +129,7 @@ class LogitdService final : public RawTensorService {
   RawHandler TensorCallHandler(absl::string_view method,
                                TensorHandler<TensorCall<Request, Response>> handler);
   TensorCallEnv tensor_env();
+  OpEnv op_env();
 
   absl::Status DoRegisterWeight(grpc::ServerContextBase* context,
                                 MessageStream<v1::WeightInfo, v1::RegisterWeightRequest>* reader,

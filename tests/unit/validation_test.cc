@@ -382,7 +382,7 @@ TEST(ValidateCrossEntropy, AcceptsAndAppliesDefaults) {
   EXPECT_EQ(p->m, 16);
   EXPECT_EQ(p->targets_dtype, DType::kInt64);
   EXPECT_EQ(p->ignore_index, -100);  // the field is absent
-  EXPECT_EQ(p->reduction, v1::REDUCTION_MEAN);
+  EXPECT_EQ(p->reduction, Reduction::kMean);
   EXPECT_EQ(p->z_loss, 0.0f);
   EXPECT_EQ(p->logit_softcap, 0.0f);
   EXPECT_EQ(p->grad_scale, 1.0f);  // 0 means 1
@@ -412,7 +412,7 @@ TEST(ValidateCrossEntropy, AcceptsAndAppliesDefaults) {
   EXPECT_EQ(p->targets_dtype, DType::kInt32);
   EXPECT_EQ(p->targets_bytes, 16u * 4);
   EXPECT_EQ(p->ignore_index, 0);
-  EXPECT_EQ(p->reduction, v1::REDUCTION_NONE);
+  EXPECT_EQ(p->reduction, Reduction::kNone);
   EXPECT_EQ(p->loss_shape, std::vector<std::int64_t>{16});
   EXPECT_EQ(p->loss_bytes, 16u * 4);
   EXPECT_EQ(p->z_loss, 1e-4f);
@@ -427,10 +427,10 @@ TEST(ValidateCrossEntropy, AcceptsAndAppliesDefaults) {
   h.set_reduction(v1::REDUCTION_SUM);
   p = ValidateCrossEntropy(h, Weight(), kUnlimited);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->reduction, v1::REDUCTION_SUM);
+  EXPECT_EQ(p->reduction, Reduction::kSum);
   EXPECT_EQ(p->loss_shape, std::vector<std::int64_t>{1});
   h.set_reduction(v1::REDUCTION_MEAN);
-  EXPECT_EQ(ValidateCrossEntropy(h, Weight(), kUnlimited)->reduction, v1::REDUCTION_MEAN);
+  EXPECT_EQ(ValidateCrossEntropy(h, Weight(), kUnlimited)->reduction, Reduction::kMean);
 }
 
 TEST(ValidateCrossEntropy, RejectsBadX) {
@@ -632,14 +632,14 @@ TEST(ConvertTargets, OutOfRangeNamesTheFirstBadIndexAndValue) {
 TEST(CrossEntropyReduction, GradScaleDividesByCountedForMeanOnly) {
   CrossEntropyPlan plan;
   plan.grad_scale = 3.0f;
-  plan.reduction = v1::REDUCTION_MEAN;
+  plan.reduction = Reduction::kMean;
   EXPECT_EQ(CrossEntropyGradScale(plan, 4), 0.75f);
   EXPECT_EQ(CrossEntropyGradScale(plan, 3), 1.0f);
   EXPECT_EQ(CrossEntropyGradScale(plan, 7), 3.0f / 7.0f);  // one fp32 division
   EXPECT_EQ(CrossEntropyGradScale(plan, 0), 3.0f);         // nothing counts: rows are zero
-  plan.reduction = v1::REDUCTION_SUM;
+  plan.reduction = Reduction::kSum;
   EXPECT_EQ(CrossEntropyGradScale(plan, 4), 3.0f);
-  plan.reduction = v1::REDUCTION_NONE;
+  plan.reduction = Reduction::kNone;
   EXPECT_EQ(CrossEntropyGradScale(plan, 4), 3.0f);
 }
 
@@ -647,14 +647,14 @@ TEST(CrossEntropyReduction, SumAndMeanInFp64InTokenOrder) {
   CrossEntropyPlan plan;
   // Ignored tokens carry 0. In fp32, 2^24 + 1 + 1 would be 2^24; fp64 keeps both ones.
   const std::vector<float> loss = {16777216.0f, 1.0f, 0.0f, 1.0f};
-  plan.reduction = v1::REDUCTION_SUM;
+  plan.reduction = Reduction::kSum;
   EXPECT_EQ(ReduceLoss(plan, loss.data(), 4, 3), 16777218.0f);
-  plan.reduction = v1::REDUCTION_MEAN;
+  plan.reduction = Reduction::kMean;
   EXPECT_EQ(ReduceLoss(plan, loss.data(), 4, 3), static_cast<float>(16777218.0 / 3.0));
   EXPECT_TRUE(std::isnan(ReduceLoss(plan, loss.data(), 0, 0)));  // mean of nothing
   const std::vector<float> zeros = {0.0f, 0.0f};
   EXPECT_TRUE(std::isnan(ReduceLoss(plan, zeros.data(), 2, 0)));
-  plan.reduction = v1::REDUCTION_SUM;
+  plan.reduction = Reduction::kSum;
   EXPECT_EQ(FloatBitsOf(ReduceLoss(plan, zeros.data(), 2, 0)), 0u);  // sum of nothing is +0
   // A NaN per-token loss reaches the reduction.
   const std::vector<float> with_nan = {1.0f, std::nanf(""), 2.0f};

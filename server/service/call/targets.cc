@@ -1,13 +1,13 @@
-// The part of validation.h that runs once a call's tensors have arrived:
-// the targets checked and widened, and the cross-entropy's gradient scale
-// and reduced loss.
+// The part of plans.h that runs once a call's tensors have arrived: the
+// targets checked and widened, and the cross-entropy's gradient scale and
+// reduced loss.
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/service/validation.h"
+#include "server/service/call/plans.h"
 
 namespace logitd::service {
 
@@ -50,7 +50,7 @@ absl::StatusOr<std::int64_t> ConvertTargets(DType dtype, const std::byte* data, 
 }
 
 float CrossEntropyGradScale(const CrossEntropyPlan& plan, std::int64_t counted) {
-  if (plan.reduction != v1::REDUCTION_MEAN || counted == 0) return plan.grad_scale;
+  if (plan.reduction != Reduction::kMean || counted == 0) return plan.grad_scale;
   return plan.grad_scale / static_cast<float>(counted);
 }
 
@@ -58,7 +58,7 @@ float ReduceLoss(const CrossEntropyPlan& plan, const float* loss, std::int64_t m
                  std::int64_t counted) {
   double sum = 0.0;
   for (std::int64_t i = 0; i < m; ++i) sum += static_cast<double>(loss[i]);
-  if (plan.reduction != v1::REDUCTION_MEAN) return static_cast<float>(sum);
+  if (plan.reduction != Reduction::kMean) return static_cast<float>(sum);
   if (counted == 0) return std::numeric_limits<float>::quiet_NaN();
   return static_cast<float>(sum / static_cast<double>(counted));
 }

@@ -1,0 +1,157 @@
+// One tensor call as the service runs it, whichever front door it came in
+// by: its input and output slots (streamed, in the request or response
+// message, or a slice of a shared-memory region), one admission for all its
+// bytes, the inputs made ready for the backend (copied out of a region and
+// checked against their digest, received through the front door's
+// transport), the outputs placed, and the timing. An operation (ops.h)
+// declares the slots its plan needs and runs the backend on in()/out(); the
+// front door then delivers the outputs its own way.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "logitd/tensor.h"
+#include "server/kernels/backend.h"
+#include "server/service/admission.h"
+#include "server/service/call/request.h"
+#include "server/service/call/stats.h"
+#include "server/service/registry.h"
+#include "server/service/shm.h"
+
+namespace logitd::service {
+
+// An input slot: what the request said of the tensor and, once the call is
+// admitted, the host buffer the backend reads.
+struct InputSlot {
+  std::string name;
+  CallInput in;
+  std::uint64_t bytes = 0;
+  std::optional<ShmSlice> slice;
+  kernels::HostBuffer buffer;
+  // Where the backend reads: `buffer`, or the request message itself.
+  const std::byte* data = nullptr;
+};
+
+// An output slot: its dtype, shape and size, where it goes and where the
+// backend writes it.
+struct OutputSlot {
+  std::string name;
+  DType dtype = DType::kFp32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes = 0;
+  // A shared-memory slot the request asked for, resolved.
+  std::optional<ShmSlice> slice;
+  // Where the backend writes: the slice itself, the front door's place in
+  // its response (Transport::PlaceOutput), or `buffer`.
+  std::byte* data = nullptr;
+  kernels::HostBuffer buffer;
+};
+
+// What a front door does that the call cannot: take in the bytes that
+// follow its request, and place outputs in its response.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Called once the slots are declared, before admission: limits of the
+  // front door's own (the Open Inference Protocol's one message a tensor).
+  virtual absl::Status CheckSlots(const std::vector<InputSlot>& inputs,
+                                  const std::vector<OutputSlot>& outputs) {
+    return absl::OkStatus();
+  }
+  // Receives every input whose bytes follow the request (From::kStream)
+  // into its slot's buffer, checked against its digest.
+  virtual absl::Status ReceiveStreamed(std::vector<InputSlot*> streamed) {
+    if (streamed.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        streamed.front()->name, ": this protocol carries a tensor in its message only"));
+  }
+  // Told of every output in declaration order once the inputs are in:
+  // where the backend writes one that is not in shared memory, in the front
+  // door's response; null for a host buffer of the call's own (streamed
+  // after the result, or not returned at all).
+  virtual std::byte* PlaceOutput(const OutputSlot& out) { return nullptr; }
+};
+
+// What a call uses of the service, which owns it all.
+struct CallEnv {
+  kernels::Backend* backend = nullptr;
+  RequestAdmission* admission = nullptr;
+};
+
+class Call {
+ public:
+  // `deadline` and `cancelled` bound the wait for admission.
+  Call(const CallEnv& env, const Tenant& tenant, absl::Time deadline,
+       std::function<bool()> cancelled, CallStats* stats);
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  // Declaring the slots, after the request is validated and before any
+  // work. An input takes exactly `bytes`; its shared-memory slice (or its
+  // bytes in the message) are checked against that here. An output goes to
+  // the shared-memory slot `outputs` names for it, else to the front door.
+  absl::Status Input(absl::string_view name, const CallInput& in, std::uint64_t bytes);
+  absl::Status Output(absl::string_view name, DType dtype, std::vector<std::int64_t> shape,
+                      std::uint64_t bytes, const CallOutputs& outputs);
+  // Request memory the call takes besides its slots (scratch of its own).
+  void Scratch(std::uint64_t bytes) { scratch_bytes_ += bytes; }
+
+  // The front door's checks, then one admission for every slot's bytes and
+  // the scratch (waiting at most until the deadline; a wait is the call's
+  // queue time); then the inputs: copied out of their region and checked
+  // against their digest (DataLoss when the region changed), read in place
+  // from the message when aligned, received through `transport`; then the
+  // outputs placed.
+  absl::Status Receive(absl::string_view what, Transport& transport);
+  // The outputs placed (Receive's last step), for a call that takes no
+  // request memory (FetchGradient: its buffer counts against the weight
+  // budget already).
+  absl::Status AllocateOutputs(Transport& transport);
+
+  // The bytes of input or output `name` (declared, else null).
+  template <typename T = std::byte>
+  const T* in(absl::string_view name) const {
+    return reinterpret_cast<const T*>(InData(name));
+  }
+  template <typename T = std::byte>
+  T* out(absl::string_view name) const {
+    return reinterpret_cast<T*>(OutData(name));
+  }
+  // Lets go of the input buffers once the backend is done with them, so that
+  // they are not held while the response goes out.
+  void ReleaseInputs();
+  // Outputs written aside (a region slice not aligned for its dtype) copied
+  // into their region, and the backend's timing into the call's stats.
+  void Finish(const kernels::Timing& timing);
+
+  const std::vector<InputSlot>& inputs() const { return inputs_; }
+  std::vector<OutputSlot>& outputs() { return outputs_; }
+  CallStats* stats() const { return stats_; }
+  const Tenant& tenant() const { return tenant_; }
+
+ private:
+  const std::byte* InData(absl::string_view name) const;
+  std::byte* OutData(absl::string_view name) const;
+  absl::Status FillInput(InputSlot* slot);
+
+  const CallEnv env_;
+  const Tenant tenant_;
+  const absl::Time deadline_;
+  const std::function<bool()> cancelled_;
+  CallStats* const stats_;
+  std::vector<InputSlot> inputs_;
+  std::vector<OutputSlot> outputs_;
+  std::uint64_t scratch_bytes_ = 0;
+  std::optional<AdmissionTicket> ticket_;
+};
+
+}  // namespace logitd::service

@@ -1,0 +1,240 @@
+#include "server/service/call/ops.h"
+
+#include <cstring>
+#include <vector>
+
+#include "logitd/bf16.h"
+#include "logitd/status_macros.h"
+#include "server/service/call/plans.h"
+
+namespace logitd::service {
+namespace {
+
+WeightDims DimsOf(const WeightRecord& w) { return WeightDims{w.v, w.k, w.Label()}; }
+
+// The backend's work, then the inputs let go and the outputs finished.
+template <typename Run>
+absl::StatusOr<OpResult> Compute(Call* call, Run run) {
+  OpResult result;
+  LOGITD_RETURN_IF_ERROR(run(&result.timing));
+  call->ReleaseInputs();
+  call->Finish(result.timing);
+  return result;
+}
+
+// CrossEntropy's slots: x and targets in; loss always out, lse, dX and dW
+// as asked.
+absl::Status CrossEntropySlots(const CrossEntropyRequest& r, const CrossEntropyPlan& plan,
+                               const WeightRecord& w, Call* call) {
+  const std::int64_t m = plan.m;
+  LOGITD_RETURN_IF_ERROR(call->Input("x", r.x, plan.x_bytes));
+  LOGITD_RETURN_IF_ERROR(call->Input("targets", r.targets, plan.targets_bytes));
+  LOGITD_RETURN_IF_ERROR(
+      call->Output("loss", DType::kFp32, plan.loss_shape, plan.loss_bytes, r.outputs));
+  if (plan.want_lse) {
+    LOGITD_RETURN_IF_ERROR(call->Output("lse", DType::kFp32, {m}, plan.lse_bytes, r.outputs));
+  }
+  if (plan.want_dx) {
+    LOGITD_RETURN_IF_ERROR(call->Output("dx", plan.dx_dtype, {m, w.k}, plan.dx_bytes, r.outputs));
+  }
+  if (plan.returns_dw()) {
+    LOGITD_RETURN_IF_ERROR(call->Output("dw", DType::kFp32, {w.v, w.k}, plan.dw_bytes, r.outputs));
+  }
+  return absl::OkStatus();
+}
+
+// LogProbs' slots: x and (optionally) targets in; the outputs asked for.
+absl::Status LogProbsSlots(const LogProbsRequest& r, const LogProbsPlan& plan, Call* call) {
+  const std::int64_t m = plan.m;
+  LOGITD_RETURN_IF_ERROR(call->Input("x", r.x, plan.x_bytes));
+  if (plan.has_targets) {
+    LOGITD_RETURN_IF_ERROR(call->Input("targets", r.targets, plan.targets_bytes));
+    LOGITD_RETURN_IF_ERROR(
+        call->Output("logprob", DType::kFp32, {m}, plan.logprob_bytes, r.outputs));
+  }
+  if (plan.want_lse) {
+    LOGITD_RETURN_IF_ERROR(call->Output("lse", DType::kFp32, {m}, plan.lse_bytes, r.outputs));
+  }
+  if (plan.want_entropy) {
+    LOGITD_RETURN_IF_ERROR(
+        call->Output("entropy", DType::kFp32, {m}, plan.entropy_bytes, r.outputs));
+  }
+  if (plan.top_k > 0) {
+    LOGITD_RETURN_IF_ERROR(
+        call->Output("topk_ids", DType::kInt32, {m, plan.top_k}, plan.topk_ids_bytes, r.outputs));
+    LOGITD_RETURN_IF_ERROR(call->Output("topk_logprobs", DType::kFp32, {m, plan.top_k},
+                                        plan.topk_logprobs_bytes, r.outputs));
+  }
+  if (plan.want_rank) {
+    LOGITD_RETURN_IF_ERROR(call->Output("rank", DType::kInt64, {m}, plan.rank_bytes, r.outputs));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<WeightRecord> FindWeight(const WeightRegistry& registry, const Tenant& tenant,
+                                        absl::string_view handle) {
+  if (handle.empty()) {
+    return absl::InvalidArgumentError(
+        "weight_handle: expected a handle from RegisterWeight, got an empty string");
+  }
+  return registry.Find(tenant, handle);
+}
+
+absl::StatusOr<OpResult> RunLogits(const OpEnv& env, const LogitsRequest& r, Call* call,
+                                   Transport& transport) {
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                          FindWeight(*env.registry, call->tenant(), r.weight_handle));
+  LOGITD_ASSIGN_OR_RETURN(const LogitsPlan plan, PlanLogits(r, DimsOf(w), env.max_request_bytes));
+  LOGITD_RETURN_IF_ERROR(call->Input("x", r.x, plan.x_bytes));
+  LOGITD_RETURN_IF_ERROR(call->Output("y", plan.out_dtype, {plan.m, w.v}, plan.y_bytes, r.outputs));
+  LOGITD_RETURN_IF_ERROR(call->Receive("logits", transport));
+  kernels::LogitsArgs args;
+  args.x = call->in<Bf16Bits>("x");
+  args.m = plan.m;
+  args.alpha = plan.alpha;
+  args.out_dtype = plan.out_dtype;
+  args.y = call->out("y");
+  return Compute(call, [&](kernels::Timing* t) { return env.backend->Logits(*w.weight, args, t); });
+}
+
+absl::StatusOr<OpResult> RunBackward(const OpEnv& env, const BackwardRequest& r, Call* call,
+                                     Transport& transport) {
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                          FindWeight(*env.registry, call->tenant(), r.weight_handle));
+  LOGITD_ASSIGN_OR_RETURN(const BackwardPlan plan,
+                          PlanBackward(r, DimsOf(w), env.max_request_bytes));
+  // The gradient buffer is charged to the budget before the backend may
+  // create it, and before any of the request's bytes are received.
+  GradientTicket gradient;
+  if (plan.accumulate_dw) {
+    LOGITD_ASSIGN_OR_RETURN(gradient, env.registry->BeginAccumulate(call->tenant(), w.handle));
+  }
+  LOGITD_RETURN_IF_ERROR(call->Input("dy", r.dy, plan.dy_bytes));
+  LOGITD_RETURN_IF_ERROR(call->Input("x", r.x, plan.x_bytes));
+  if (plan.want_dx) {
+    LOGITD_RETURN_IF_ERROR(
+        call->Output("dx", plan.dx_dtype, {plan.m, w.k}, plan.dx_bytes, r.outputs));
+  }
+  if (plan.returns_dw()) {
+    LOGITD_RETURN_IF_ERROR(call->Output("dw", plan.dw_dtype, {w.v, w.k}, plan.dw_bytes, r.outputs));
+  }
+  LOGITD_RETURN_IF_ERROR(call->Receive("backward", transport));
+  kernels::BackwardArgs args;
+  args.dy = call->in("dy");
+  args.dy_dtype = plan.dy_dtype;
+  args.x = call->in<Bf16Bits>("x");
+  args.m = plan.m;
+  args.dx = call->out("dx");
+  args.dx_dtype = plan.dx_dtype;
+  args.dw = call->out("dw");
+  args.dw_dtype = plan.dw_dtype;
+  args.accumulate_dw = plan.accumulate_dw;
+  return Compute(call,
+                 [&](kernels::Timing* t) { return env.backend->Backward(*w.weight, args, t); });
+}
+
+absl::StatusOr<OpResult> RunCast(const OpEnv& env, const CastRequest& r, Call* call,
+                                 Transport& transport) {
+  LOGITD_ASSIGN_OR_RETURN(const CastPlan plan, PlanCast(r, env.max_request_bytes));
+  LOGITD_RETURN_IF_ERROR(call->Input("input", r.input, plan.in_bytes));
+  LOGITD_RETURN_IF_ERROR(
+      call->Output("output", DType::kBf16, plan.shape, plan.out_bytes, r.outputs));
+  LOGITD_RETURN_IF_ERROR(call->Receive("cast", transport));
+  return Compute(call, [&](kernels::Timing* t) {
+    return env.backend->CastToBf16(call->in<float>("input"), plan.n, call->out<Bf16Bits>("output"),
+                                   t);
+  });
+}
+
+absl::StatusOr<OpResult> RunCrossEntropy(const OpEnv& env, const CrossEntropyRequest& r, Call* call,
+                                         Transport& transport) {
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                          FindWeight(*env.registry, call->tenant(), r.weight_handle));
+  LOGITD_ASSIGN_OR_RETURN(const CrossEntropyPlan plan,
+                          PlanCrossEntropy(r, DimsOf(w), env.max_request_bytes));
+  // As in Backward: the buffer is charged before the backend may create it
+  // and before any of the request's bytes are received.
+  GradientTicket gradient;
+  if (plan.accumulate_dw) {
+    LOGITD_ASSIGN_OR_RETURN(gradient, env.registry->BeginAccumulate(call->tenant(), w.handle));
+  }
+  const std::int64_t m = plan.m;
+  LOGITD_RETURN_IF_ERROR(CrossEntropySlots(r, plan, w, call));
+  // Besides the slots: the targets widened to int64 and the per-token losses
+  // the backend always writes (a reduced loss is formed from them here).
+  const bool per_token = plan.reduction == Reduction::kNone;
+  call->Scratch(static_cast<std::uint64_t>(m) * (sizeof(std::int64_t) + sizeof(float)));
+  LOGITD_RETURN_IF_ERROR(call->Receive("cross entropy", transport));
+  std::vector<std::int64_t> targets;
+  LOGITD_ASSIGN_OR_RETURN(
+      const std::int64_t counted,
+      ConvertTargets(plan.targets_dtype, call->in("targets"), m, w.v, plan.ignore_index, &targets));
+  kernels::HostBuffer token_loss;
+  if (!per_token) {
+    LOGITD_ASSIGN_OR_RETURN(token_loss, env.backend->AllocateHost(m * sizeof(float)));
+  }
+  kernels::CrossEntropyArgs args;
+  args.x = call->in<Bf16Bits>("x");
+  args.m = m;
+  args.targets = targets.data();
+  args.ignore_index = plan.ignore_index;
+  args.z_loss = plan.z_loss;
+  args.logit_softcap = plan.logit_softcap;
+  args.grad_scale = CrossEntropyGradScale(plan, counted);
+  args.loss = per_token ? call->out<float>("loss") : token_loss.as<float>();
+  args.lse = call->out<float>("lse");
+  args.dx = call->out("dx");
+  args.dx_dtype = plan.dx_dtype;
+  args.dw = call->out<float>("dw");
+  args.accumulate_dw = plan.accumulate_dw;
+  LOGITD_ASSIGN_OR_RETURN(OpResult result, Compute(call, [&](kernels::Timing* t) {
+                            LOGITD_RETURN_IF_ERROR(env.backend->CrossEntropy(*w.weight, args, t));
+                            if (!per_token) {
+                              const float reduced =
+                                  ReduceLoss(plan, token_loss.as<float>(), m, counted);
+                              std::memcpy(call->out("loss"), &reduced, sizeof(float));
+                            }
+                            return absl::OkStatus();
+                          }));
+  result.counted_tokens = counted;
+  return result;
+}
+
+absl::StatusOr<OpResult> RunLogProbs(const OpEnv& env, const LogProbsRequest& r, Call* call,
+                                     Transport& transport) {
+  LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
+                          FindWeight(*env.registry, call->tenant(), r.weight_handle));
+  LOGITD_ASSIGN_OR_RETURN(const LogProbsPlan plan,
+                          PlanLogProbs(r, DimsOf(w), env.max_request_bytes));
+  LOGITD_RETURN_IF_ERROR(LogProbsSlots(r, plan, call));
+  // Besides the slots: the targets widened to int64.
+  if (plan.has_targets) call->Scratch(static_cast<std::uint64_t>(plan.m) * sizeof(std::int64_t));
+  LOGITD_RETURN_IF_ERROR(call->Receive("log probs", transport));
+  std::vector<std::int64_t> targets;
+  if (plan.has_targets) {
+    LOGITD_RETURN_IF_ERROR(ConvertTargets(plan.targets_dtype, call->in("targets"), plan.m,
+                                          plan.vocab, plan.ignore_index, &targets)
+                               .status());
+  }
+  kernels::LogProbsArgs args;
+  args.x = call->in<Bf16Bits>("x");
+  args.m = plan.m;
+  args.targets = plan.has_targets ? targets.data() : nullptr;
+  args.ignore_index = plan.ignore_index;
+  args.temperature = plan.temperature;
+  args.logit_softcap = plan.logit_softcap;
+  args.vocab = plan.vocab;
+  args.logprob = call->out<float>("logprob");
+  args.lse = call->out<float>("lse");
+  args.entropy = call->out<float>("entropy");
+  args.top_k = plan.top_k;
+  args.topk_ids = call->out<std::int32_t>("topk_ids");
+  args.topk_logprobs = call->out<float>("topk_logprobs");
+  args.rank = call->out<std::int64_t>("rank");
+  return Compute(call,
+                 [&](kernels::Timing* t) { return env.backend->LogProbs(*w.weight, args, t); });
+}
+
+}  // namespace logitd::service

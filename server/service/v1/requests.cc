@@ -1,0 +1,203 @@
+#include "server/service/v1/requests.h"
+
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "logitd/status_macros.h"
+
+namespace logitd::service {
+namespace {
+
+// A present spec as a call input, from the chunks that follow the header
+// or from its shared-memory slot.
+CallInput InputOf(const v1::TensorSpec& spec, const v1::ShmRef* shm_ref, const V1Shm& shm) {
+  CallInput in;
+  in.given = true;
+  in.name = spec.name();
+  in.dtype = ProtoDTypeName(spec.dtype());
+  in.shape.assign(spec.shape().begin(), spec.shape().end());
+  in.xxh3 = spec.xxh3();
+  if (shm_ref != nullptr) {
+    in.from = CallInput::From::kShm;
+    in.shm = [registry = shm.registry, tenant = shm.tenant, ref = *shm_ref](
+                 absl::string_view what, std::uint64_t bytes, bool is_output, std::uint64_t align) {
+      return registry->Resolve(tenant, what, ref, bytes, is_output, align);
+    };
+  }
+  return in;
+}
+
+// A required input: its spec checked, then translated.
+absl::StatusOr<CallInput> Required(absl::string_view what, bool present, const v1::TensorSpec& spec,
+                                   bool has_shm, const v1::ShmRef& shm_ref, const V1Shm& shm) {
+  LOGITD_RETURN_IF_ERROR(CheckRequestSpec(what, present, spec));
+  return InputOf(spec, has_shm ? &shm_ref : nullptr, shm);
+}
+
+// A second input beside x (dy, targets) is named apart from it: each chunk
+// names the tensor it belongs to.
+absl::Status NamedApart(absl::string_view what, const CallInput& in, const CallInput& x) {
+  if (in.name != x.name) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ", x: expected distinct TensorSpec names, both are '", in.name, "'"));
+}
+
+// An output's shared-memory slot, when the header gives one.
+void OutputSlot(CallOutputs* outputs, absl::string_view name, bool has_shm,
+                const v1::ShmRef& shm_ref, const V1Shm& shm) {
+  if (!has_shm) return;
+  (*outputs)[std::string(name)].shm = [registry = shm.registry, tenant = shm.tenant, ref = shm_ref](
+                                          absl::string_view what, std::uint64_t bytes,
+                                          bool is_output, std::uint64_t align) {
+    return registry->Resolve(tenant, what, ref, bytes, is_output, align);
+  };
+}
+
+// An output dtype field: "" when unspecified.
+std::string OutputDTypeName(v1::DType dtype) {
+  return dtype == v1::DTYPE_UNSPECIFIED ? std::string() : ProtoDTypeName(dtype);
+}
+
+}  // namespace
+
+std::string ProtoDTypeName(v1::DType dtype) {
+  const std::string& name = v1::DType_Name(dtype);
+  if (name.empty()) return absl::StrCat("unknown dtype ", static_cast<int>(dtype));
+  absl::string_view n = name;
+  if (absl::StartsWith(n, "DTYPE_")) n.remove_prefix(6);
+  return std::string(n);
+}
+
+absl::Status CheckRequestSpec(absl::string_view what, bool present, const v1::TensorSpec& spec) {
+  if (!present) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the header has no TensorSpec"));
+  }
+  if (spec.name().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": TensorSpec.name is empty (chunks name the tensor they belong to)"));
+  }
+  if (spec.xxh3() == 0) {
+    // 0 means "digest follows the chunks" on responses only; a request's
+    // digest is checked when its bytes have arrived, so it must be sent.
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": TensorSpec.xxh3 is 0; a request tensor's spec carries the xxh3-64 (seed 0) of "
+        "its bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LogitsRequest> LogitsRequestOf(const v1::LogitsHeader& h, const V1Shm& shm) {
+  LogitsRequest r;
+  r.weight_handle = h.weight_handle();
+  LOGITD_ASSIGN_OR_RETURN(r.x, Required("x", h.has_x(), h.x(), h.has_x_shm(), h.x_shm(), shm));
+  r.out_dtype = OutputDTypeName(h.out_dtype());
+  r.alpha = h.alpha();
+  OutputSlot(&r.outputs, "y", h.has_y_shm(), h.y_shm(), shm);
+  return r;
+}
+
+absl::StatusOr<BackwardRequest> BackwardRequestOf(const v1::BackwardHeader& h, const V1Shm& shm) {
+  BackwardRequest r;
+  r.weight_handle = h.weight_handle();
+  r.want_dx = h.want_dx();
+  r.want_dw = h.want_dw();
+  r.accumulate_dw = h.accumulate_dw();
+  LOGITD_ASSIGN_OR_RETURN(r.x, Required("x", h.has_x(), h.x(), h.has_x_shm(), h.x_shm(), shm));
+  LOGITD_ASSIGN_OR_RETURN(r.dy,
+                          Required("dy", h.has_dy(), h.dy(), h.has_dy_shm(), h.dy_shm(), shm));
+  LOGITD_RETURN_IF_ERROR(NamedApart("dy", r.dy, r.x));
+  r.dx_dtype = OutputDTypeName(h.dx_dtype());
+  r.dw_dtype = OutputDTypeName(h.dw_dtype());
+  OutputSlot(&r.outputs, "dx", h.has_dx_shm(), h.dx_shm(), shm);
+  OutputSlot(&r.outputs, "dw", h.has_dw_shm(), h.dw_shm(), shm);
+  return r;
+}
+
+absl::StatusOr<CastRequest> CastRequestOf(const v1::CastHeader& h, const V1Shm& shm) {
+  CastRequest r;
+  LOGITD_ASSIGN_OR_RETURN(
+      r.input, Required("input", h.has_input(), h.input(), h.has_input_shm(), h.input_shm(), shm));
+  OutputSlot(&r.outputs, "output", h.has_output_shm(), h.output_shm(), shm);
+  return r;
+}
+
+absl::StatusOr<CrossEntropyRequest> CrossEntropyRequestOf(const v1::CrossEntropyHeader& h,
+                                                          const V1Shm& shm) {
+  CrossEntropyRequest r;
+  r.weight_handle = h.weight_handle();
+  r.want_lse = h.want_lse();
+  r.want_dx = h.want_dx();
+  r.want_dw = h.want_dw();
+  r.accumulate_dw = h.accumulate_dw();
+  LOGITD_ASSIGN_OR_RETURN(r.x, Required("x", h.has_x(), h.x(), h.has_x_shm(), h.x_shm(), shm));
+  LOGITD_ASSIGN_OR_RETURN(r.targets, Required("targets", h.has_targets(), h.targets(),
+                                              h.has_targets_shm(), h.targets_shm(), shm));
+  LOGITD_RETURN_IF_ERROR(NamedApart("targets", r.targets, r.x));
+  if (h.has_ignore_index()) r.ignore_index = h.ignore_index();
+  switch (h.reduction()) {
+    case v1::REDUCTION_UNSPECIFIED:
+      r.reduction = Reduction::kUnspecified;
+      break;
+    case v1::REDUCTION_NONE:
+      r.reduction = Reduction::kNone;
+      break;
+    case v1::REDUCTION_SUM:
+      r.reduction = Reduction::kSum;
+      break;
+    case v1::REDUCTION_MEAN:
+      r.reduction = Reduction::kMean;
+      break;
+    default:
+      r.reduction_unknown = absl::StrCat(static_cast<int>(h.reduction()));
+      break;
+  }
+  r.z_loss = h.z_loss();
+  r.logit_softcap = h.logit_softcap();
+  r.grad_scale = h.grad_scale();
+  r.dx_dtype = OutputDTypeName(h.dx_dtype());
+  for (const auto& [name, has, ref] : {std::make_tuple("loss", h.has_loss_shm(), &h.loss_shm()),
+                                       std::make_tuple("lse", h.has_lse_shm(), &h.lse_shm()),
+                                       std::make_tuple("dx", h.has_dx_shm(), &h.dx_shm()),
+                                       std::make_tuple("dw", h.has_dw_shm(), &h.dw_shm())}) {
+    OutputSlot(&r.outputs, name, has, *ref, shm);
+  }
+  return r;
+}
+
+absl::StatusOr<LogProbsRequest> LogProbsRequestOf(const v1::LogProbsHeader& h, const V1Shm& shm) {
+  LogProbsRequest r;
+  r.weight_handle = h.weight_handle();
+  LOGITD_ASSIGN_OR_RETURN(r.x, Required("x", h.has_x(), h.x(), h.has_x_shm(), h.x_shm(), shm));
+  if (h.has_targets()) {
+    LOGITD_ASSIGN_OR_RETURN(r.targets, Required("targets", true, h.targets(), h.has_targets_shm(),
+                                                h.targets_shm(), shm));
+    LOGITD_RETURN_IF_ERROR(NamedApart("targets", r.targets, r.x));
+  } else if (h.has_targets_shm()) {
+    // A slot for targets the header does not have: the plan refuses it.
+    r.targets = InputOf(h.targets(), &h.targets_shm(), shm);
+    r.targets.given = false;
+  }
+  if (h.has_ignore_index()) r.ignore_index = h.ignore_index();
+  r.temperature = h.temperature();
+  r.logit_softcap = h.logit_softcap();
+  r.vocab_size = h.vocab_size();
+  r.top_k = static_cast<std::int64_t>(h.top_k());
+  r.want_entropy = h.want_entropy();
+  r.want_lse = h.want_lse();
+  r.want_rank = h.want_rank();
+  for (const auto& [name, has, ref] :
+       {std::make_tuple("logprob", h.has_logprob_shm(), &h.logprob_shm()),
+        std::make_tuple("lse", h.has_lse_shm(), &h.lse_shm()),
+        std::make_tuple("entropy", h.has_entropy_shm(), &h.entropy_shm()),
+        std::make_tuple("topk_ids", h.has_topk_ids_shm(), &h.topk_ids_shm()),
+        std::make_tuple("topk_logprobs", h.has_topk_logprobs_shm(), &h.topk_logprobs_shm()),
+        std::make_tuple("rank", h.has_rank_shm(), &h.rank_shm())}) {
+    OutputSlot(&r.outputs, name, has, *ref, shm);
+  }
+  return r;
+}
+
+}  // namespace logitd::service
