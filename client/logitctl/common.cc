@@ -12,20 +12,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "client/common/connection_flags.h"
 #include "client/logitctl/flags.h"
 #include "logitd/bf16.h"
 #include "logitd/safetensors.h"
 
 namespace logitd::logitctl {
 namespace {
-
-absl::StatusOr<std::string> ReadTextFile(const std::string& path, absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot open '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // "FILE[:TENSOR]": an existing FILE is taken whole (paths may contain ':');
 // otherwise the part after the last ':' names the tensor.
@@ -155,61 +148,7 @@ absl::Status WriteOutput(const std::string& path,
 // --- connection ---------------------------------------------------------------
 
 absl::StatusOr<client::ClientOptions> ConnectionOptions() {
-  client::ClientOptions options;
-  options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
-  const double timeout = absl::GetFlag(FLAGS_timeout);
-  if (!(timeout >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--timeout: expected seconds >= 0, got ", timeout));
-  }
-  options.timeout = timeout == 0 ? absl::InfiniteDuration() : absl::Seconds(timeout);
-  options.lb_policy = absl::GetFlag(FLAGS_lb);
-  if (options.lb_policy != "pick_first" && options.lb_policy != "round_robin") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--lb: expected pick_first or round_robin, got '", options.lb_policy, "'"));
-  }
-  const std::string token_flag = absl::GetFlag(FLAGS_token);
-  if (!token_flag.empty() && !absl::GetFlag(FLAGS_token_file).empty()) {
-    return absl::InvalidArgumentError("--token and --token_file: give one of them, not both");
-  }
-  if (!token_flag.empty()) {
-    options.auth_token = std::string(absl::StripAsciiWhitespace(token_flag));
-  } else if (const char* env = std::getenv("LOGITD_TOKEN");
-             env != nullptr && absl::GetFlag(FLAGS_token_file).empty()) {
-    options.auth_token = std::string(absl::StripAsciiWhitespace(env));
-  }
-  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
-    absl::StatusOr<std::string> token = ReadTextFile(path, "--token_file");
-    if (!token.ok()) return token.status();
-    options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
-    if (options.auth_token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--token_file: '", path, "' is empty"));
-    }
-  }
-  const std::string ca = absl::GetFlag(FLAGS_ca);
-  const std::string cert = absl::GetFlag(FLAGS_cert);
-  const std::string key = absl::GetFlag(FLAGS_key);
-  if (ca.empty() && (!cert.empty() || !key.empty())) {
-    return absl::InvalidArgumentError("--cert and --key need --ca (TLS is enabled by --ca)");
-  }
-  if (cert.empty() != key.empty()) {
-    return absl::InvalidArgumentError("--cert and --key go together: give both or neither");
-  }
-  if (!ca.empty()) {
-    options.use_tls = true;
-    absl::StatusOr<std::string> pem = ReadTextFile(ca, "--ca");
-    if (!pem.ok()) return pem.status();
-    options.root_ca_pem = *std::move(pem);
-    if (!cert.empty()) {
-      absl::StatusOr<std::string> c = ReadTextFile(cert, "--cert");
-      if (!c.ok()) return c.status();
-      absl::StatusOr<std::string> k = ReadTextFile(key, "--key");
-      if (!k.ok()) return k.status();
-      options.client_cert_pem = *std::move(c);
-      options.client_key_pem = *std::move(k);
-    }
-  }
-  return options;
+  return client::ClientOptionsFromFlags();
 }
 
 absl::StatusOr<std::unique_ptr<client::Client>> Connect() {

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/common/connection_flags.h"
 #include "client/validate/baseline.h"
 #include "client/validate/command_line.h"
 #include "client/validate/compare.h"
@@ -29,6 +30,7 @@
 #include "client/validate/report_html.h"
 #include "client/validate/suites.h"
 #include "logitd/client.h"
+#include "logitd/status_macros.h"
 
 // Defined by logitctl, which applies it before dispatching here.
 ABSL_DECLARE_FLAG(std::string, server);
@@ -124,63 +126,12 @@ std::optional<bool> HostFlag(absl::string_view name) {
   return flag->IsOfType<bool>();
 }
 
-std::string HostFlagValue(absl::string_view name) {
-  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-  return flag == nullptr ? std::string() : flag->CurrentValue();
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot open '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// The connection logitctl's own commands use: deadline, chunk size, bearer
-// token and TLS from its flags, where it defines them.
+// The connection logitctl's own commands use (its connection flags), on
+// one server: a run compares what one server did, so it never spreads its
+// calls over several (--lb).
 absl::StatusOr<client::ClientOptions> ConnectionOptions() {
-  client::ClientOptions o;
-  if (const std::string t = HostFlagValue("timeout"); !t.empty()) {
-    double seconds = 0;
-    if (!absl::SimpleAtod(t, &seconds) || seconds < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--timeout: bad value '", t, "'"));
-    }
-    o.timeout = seconds == 0 ? absl::InfiniteDuration() : absl::Seconds(seconds);
-  }
-  if (const std::string c = HostFlagValue("chunk_bytes"); !c.empty()) {
-    std::uint64_t bytes = 0;
-    if (!absl::SimpleAtoi(c, &bytes) || bytes == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--chunk_bytes: bad value '", c, "'"));
-    }
-    o.chunk_bytes = bytes;
-  }
-  // As logitctl: --token, else --token_file, else $LOGITD_TOKEN.
-  if (const std::string token = HostFlagValue("token"); !token.empty()) {
-    o.auth_token = std::string(absl::StripAsciiWhitespace(token));
-  } else if (const std::string path = HostFlagValue("token_file"); !path.empty()) {
-    absl::StatusOr<std::string> token = ReadFile(path, "--token_file");
-    if (!token.ok()) return token.status();
-    o.auth_token = std::string(absl::StripAsciiWhitespace(*token));
-  } else if (const char* env = std::getenv("LOGITD_TOKEN"); env != nullptr) {
-    o.auth_token = std::string(absl::StripAsciiWhitespace(env));
-  }
-  if (const std::string ca = HostFlagValue("ca"); !ca.empty()) {
-    o.use_tls = true;
-    absl::StatusOr<std::string> pem = ReadFile(ca, "--ca");
-    if (!pem.ok()) return pem.status();
-    o.root_ca_pem = *std::move(pem);
-    const std::string cert = HostFlagValue("cert");
-    const std::string key = HostFlagValue("key");
-    if (!cert.empty() && !key.empty()) {
-      absl::StatusOr<std::string> c = ReadFile(cert, "--cert");
-      if (!c.ok()) return c.status();
-      absl::StatusOr<std::string> k = ReadFile(key, "--key");
-      if (!k.ok()) return k.status();
-      o.client_cert_pem = *std::move(c);
-      o.client_key_pem = *std::move(k);
-    }
-  }
+  LOGITD_ASSIGN_OR_RETURN(client::ClientOptions o, client::ClientOptionsFromFlags());
+  o.lb_policy = "pick_first";
   return o;
 }
 

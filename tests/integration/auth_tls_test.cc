@@ -634,5 +634,29 @@ TEST_F(TlsTest, LogitctlTakesTokenCaCertAndKey) {
   EXPECT_THAT(r.out, HasSubstr("UNAVAILABLE"));
 }
 
+// Every command reads the connection flags the same way, validate included:
+// the same refusals, before any call.
+TEST_F(TlsTest, EveryCommandRefusesTheSameConnectionFlags) {
+  WriteFile(Path("empty_token"), "  \n");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--token_file=" + Path("empty_token")}, "--token_file: '"},
+      {{"--cert=" + Path("client.pem")}, "--cert and --key need --ca"},
+      {{"--ca=" + Path("ca.pem"), "--cert=" + Path("client.pem")}, "--cert and --key go together"},
+      {{"--token=a", "--token_file=" + Path("empty_token")}, "give one of them, not both"},
+      {{"--timeout=-1"}, "--timeout: expected seconds >= 0"},
+  };
+  for (const auto& [flags, says] : cases) {
+    for (const std::vector<std::string>& command :
+         {std::vector<std::string>{"info"}, std::vector<std::string>{"validate", "--quick"}}) {
+      std::vector<std::string> args = {"--server=127.0.0.1:1"};
+      args.insert(args.end(), flags.begin(), flags.end());
+      args.insert(args.end(), command.begin(), command.end());
+      const LogitctlRun r = RunWithToken(std::nullopt, args);
+      EXPECT_EQ(r.exit_code, 2) << command[0] << " " << says << ": " << r.out;
+      EXPECT_THAT(r.out, HasSubstr(says)) << command[0];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace logitd::testing
