@@ -152,4 +152,36 @@ absl::StatusOr<ExactData> MakeExactData(std::uint64_t seed, absl::string_view st
 void CheckExactGradients(const ExactGradients& want, const client::CrossEntropyResult& got,
                          const CeWants& wants, CaseResult& r, const std::string& label);
 
+// Shared by the suite's files (cross_entropy_reference.cc, _exact.cc and
+// cross_entropy.cc).
+
+// The loss from fp32 logits must be this much closer to fp64 than the loss
+// from bf16 logits. Lower than rounding_error's 50x on purpose: the suite's
+// K=1024 logits carry the device's fp32 accumulation error, which on Hopper
+// tensor cores grows about linearly with K (relative ~1e-6 at K=1024, ~10x
+// the cpu backend's), while bf16 rounding costs 2^-9 whatever K is, so 2^-9
+// over ~1e-6 leaves ~30x to 200x depending on the case (24x measured with
+// soft-capping on the H200). 16x still separates fp32 logits from bf16 ones
+// by more than an order of magnitude; the elementwise bounds stay rigorous.
+inline constexpr double kMinBf16Ratio = 16.0;
+
+// Spacing of bf16 values at |r|.
+double Bf16Ulp(double r);
+// Rounds a double to the nearest bf16 value, ties to even, in one step.
+double RoundDoubleToBf16(double d);
+
+// One token's reference: lse, loss and their bounds; g and its pre-cast
+// bound for the row (left untouched when null).
+struct RowResult {
+  double lse = 0, lse_bound = 0, loss = 0, loss_bound = 0;
+};
+RowResult ReferenceRow(const double* y, const double* y_err, std::int64_t v, std::int64_t target,
+                       bool counted, double scale, const CeRequest& rq, double* g,
+                       double* g_pre_err);
+// The scale of dL/dy for a request whose mean counts `counted` tokens.
+double ScaleFor(const CeRequest& rq, std::int64_t counted);
+// Records a failure unless t has `dtype` and `shape`; returns whether it has.
+bool CheckTensor(CaseResult& r, const Tensor& t, DType dtype,
+                 const std::vector<std::int64_t>& shape, const std::string& what);
+
 }  // namespace logitd::validate

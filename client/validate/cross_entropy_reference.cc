@@ -1,0 +1,622 @@
+// cross_entropy: the fused LM-head cross-entropy against an fp64 reference.
+//
+// The reference. Logits y = x·wᵀ come from a dgemm of the widened bf16
+// operands; z, lse, loss and the pre-cast gradient g = dL/dy · scale are then
+// evaluated in fp64 with the formulas of logitd.v1.CrossEntropyHeader.
+//
+// The bounds. With u = 2^-24 (fp32), for one token and vocabulary entry v:
+//   logit      |Δy_v| ≤ e_y,v = (γ_K(fp32) + γ_K(fp64))·Σ_k|x_k·w_vk|: the
+//              fp32 accumulation bound for any summation order (Higham,
+//              Lemma 3.1), plus the reference's own; 0 for small integers,
+//              whose fp32 sums are exact.
+//   capped z   |Δz_v| ≤ e_z,v = (f_v + 2e_y,v/cap)·(e_y,v + u|y_v|) + 4u|z_v|
+//              with f_v = 1 − (z_v/cap)² = dz/dy: the logit error carried
+//              through tanh, the rounding of y/cap, and a tanh within a
+//              few ulps; e_z,v = e_y,v without capping.
+//   lse        lse is a softmax-weighted mean of its inputs' perturbations,
+//              |Δlse| ≤ Σ_v p_v·e_z,v, plus its own evaluation:
+//              Σ_v exp(z_v − max) over V terms (and the rescalings of an
+//              online max over at most V chunks) is within γ_2V relatively;
+//              each exp within (3 + 2.2·(max − z_v))·u relatively (the
+//              subtraction's rounding and an exp accurate to 2 + 1.2|arg|
+//              ulps, which covers fast device exponentials); log within
+//              2u·(2 + log s) absolutely; and max + log s rounds once. These
+//              are first-order bounds; they are doubled to cover the
+//              second-order terms.
+//   loss       Δlse·(1 + 2·z_loss·|lse|) + 2e_z,t + 4u·(|lse| + |z_t| +
+//              2·z_loss·lse² + |loss|) (the roundings of the three terms).
+//   sum, mean  Σ of the token bounds + γ_M·Σ(|loss_i| + bound_i); a mean
+//              adds 3u per term and 2u of its own (either order of dividing).
+//   g          p_v = exp(z_v − lse) is off by p_v·(e_z,v + Δlse + exp);
+//              dL/dz = p·(1 + 2·z_loss·lse) − onehot and its product with f
+//              and scale add a few u each; doubled as above. Then the bf16
+//              cast: |G − g| ≤ e_g + 2^-8·(|g| + e_g) + 2^-134.
+//   dX, dW     |ΔdX_ik| ≤ Σ_v (|G − g|_iv + (γ_V(fp32)·(1 + 2^-8) +
+//              γ_V(fp64))·|G|_iv)·|w_vk|, by one dgemm of the bounds with
+//              |W|; dW alike with γ_M and |X|. A bf16 dX adds its rounding.
+// Every server value must lie inside its bound, element by element.
+//
+// Besides the bounds, two empirical checks: the per-token loss and lse must
+// be >= 16x closer to fp64 than the same quantities computed from logits
+// rounded to bf16 (the seed's question asked of the loss), and the relative
+// Frobenius errors of dX and dW must stay at or below 2·2^-8. Each element
+// of G is within 2^-8 of g relatively and the rounding errors are
+// independent, so their effect on G·W has a norm of about 2^-8/√3 of the
+// product's; only cancellation in G·W (rows of G sum to about 0) can raise
+// it, which the factor 2 allows for. The elementwise bounds are the
+// rigorous check; this one says how far from the bf16 limit the result is.
+//
+//
+// This file: the reference and the checks against it. The exact cases are
+// in cross_entropy_exact.cc, the suite's cases in cross_entropy.cc.
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/validate/cross_entropy.h"
+#include "client/validate/numerics.h"
+#include "client/validate/random.h"
+#include "client/validate/report.h"
+#include "client/validate/suites.h"
+
+namespace logitd::validate {
+namespace {
+
+constexpr double kU = kFp32UnitRoundoff;
+// Absolute slack for values that underflow: half the smallest bf16
+// subnormal spacing (2^-133), and fp32 intermediates near 2^-126.
+constexpr double kBf16Underflow = 0x1p-134;
+constexpr double kFp32Underflow = 0x1p-125;
+// Relative Frobenius error of dX and dW: the bf16 unit roundoff of G with a
+// factor 2 for cancellation in the product.
+constexpr double kMaxGradRelFrobenius = 2 * kBf16UnitRoundoff;
+
+double Sq(double v) { return v * v; }
+
+// Spacing of fp32 values at |r| (subnormal spacing below 2^-126).
+double Fp32Ulp(double r) {
+  if (r == 0 || !std::isfinite(r)) return 0x1p-149;
+  return std::ldexp(1.0, std::max(std::ilogb(r), -126) - 23);
+}
+
+// Bound on |G − g| for the server's bf16 G, and on |G|.
+double GError(double g, double pre) {
+  return pre + kBf16UnitRoundoff * (std::fabs(g) + pre) + kBf16Underflow;
+}
+double GMagnitude(double g, double pre) {
+  return (1 + kBf16UnitRoundoff) * (std::fabs(g) + pre) + kBf16Underflow;
+}
+
+// Largest |got − want| against its bound, first violation, norms.
+struct Tracker {
+  std::int64_t compared = 0;
+  std::int64_t violations = 0;
+  std::int64_t first = -1;
+  double first_got = 0, first_want = 0, first_bound = 0;
+  double max_abs = 0, max_ulp = 0, worst = 0;
+  double err_sq = 0, ref_sq = 0;
+
+  void Add(std::int64_t i, double got, double want, double bound) {
+    ++compared;
+    const double err = std::fabs(got - want);
+    if (!(err <= bound)) {
+      if (violations++ == 0) {
+        first = i;
+        first_got = got;
+        first_want = want;
+        first_bound = bound;
+      }
+    }
+    if (std::isfinite(err)) {
+      max_abs = std::max(max_abs, err);
+      max_ulp = std::max(max_ulp, err / Fp32Ulp(want));
+      err_sq += err * err;
+    } else {
+      max_abs = std::numeric_limits<double>::infinity();
+      max_ulp = max_abs;
+      err_sq = max_abs;
+    }
+    ref_sq += want * want;
+    if (bound > 0) worst = std::max(worst, err / bound);
+  }
+  double RelFrobenius() const {
+    if (ref_sq == 0) return err_sq == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+    return std::sqrt(err_sq / ref_sq);
+  }
+  void Report(CaseResult& r, const std::string& what,
+              const std::vector<std::int64_t>& shape) const {
+    r.Check(violations == 0,
+            absl::StrFormat("%s: %d of %d elements outside their bound; first %s: got %.9g, fp64 "
+                            "reference %.17g, bound %.3e",
+                            what, violations, compared, IndexString(first, shape), first_got,
+                            first_want, first_bound));
+  }
+  // Ulps only where they mean something (values well away from zero).
+  nlohmann::ordered_json Json(bool with_ulp) const {
+    nlohmann::ordered_json j = {
+        {"compared", compared}, {"violations", violations}, {"max_abs_err", JsonNumber(max_abs)}};
+    if (with_ulp) j["max_ulp"] = JsonNumber(max_ulp);
+    j["rel_frobenius_err"] = JsonNumber(RelFrobenius());
+    j["worst_bound_fraction"] = JsonNumber(worst);
+    return j;
+  }
+};
+
+// The bound coefficients of one gradient GEMM: |G − g| + γ_n·|G|.
+std::vector<double> BoundCoefficients(const CeReference& ref, std::int64_t n) {
+  const double gamma = Gamma(n, kU) * (1 + kBf16UnitRoundoff) + Gamma(n, kFp64UnitRoundoff);
+  std::vector<double> c(ref.g.size());
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    c[i] = GError(ref.g[i], ref.g_pre_err[i]) + gamma * GMagnitude(ref.g[i], ref.g_pre_err[i]);
+  }
+  return c;
+}
+
+// dW = Gᵀ·X and its bound Cᵀ·|X|, one block of rows of [V, K] at a time.
+void GradWBlocks(
+    const std::vector<double>& g, const std::vector<double>& c, const std::vector<double>& x,
+    std::int64_t m, std::int64_t v, std::int64_t k,
+    const std::function<void(std::int64_t, std::int64_t, const double*, const double*)>& sink) {
+  std::vector<double> x_abs(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x_abs[i] = std::fabs(x[i]);
+  const std::int64_t block =
+      std::max<std::int64_t>(1, kReferenceBlockElements / std::max<std::int64_t>(1, k));
+  std::vector<double> value(static_cast<std::size_t>(std::min(block, v) * k));
+  std::vector<double> bound(value.size());
+  for (std::int64_t r0 = 0; r0 < v; r0 += block) {
+    const std::int64_t rows = std::min(block, v - r0);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(k), static_cast<int>(m), 1.0, g.data() + r0, static_cast<int>(v),
+                x.data(), static_cast<int>(k), 0.0, value.data(), static_cast<int>(k));
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(k), static_cast<int>(m), 1.0, c.data() + r0, static_cast<int>(v),
+                x_abs.data(), static_cast<int>(k), 0.0, bound.data(), static_cast<int>(k));
+    sink(r0, rows, value.data(), bound.data());
+  }
+}
+
+}  // namespace
+
+// Spacing of bf16 values at |r|.
+double Bf16Ulp(double r) {
+  if (r == 0 || !std::isfinite(r)) return 0x1p-133;
+  return std::ldexp(1.0, std::max(std::ilogb(r), -126) - 7);
+}
+
+// Rounds a double to the nearest bf16 value, ties to even, in one step.
+double RoundDoubleToBf16(double d) {
+  if (d == 0 || !std::isfinite(d)) return d;
+  const double q = Bf16Ulp(d);
+  const double r = std::nearbyint(d / q) * q;  // the default mode: ties to even
+  if (std::fabs(r) > std::numeric_limits<float>::max()) {
+    return std::copysign(std::numeric_limits<double>::infinity(), d);
+  }
+  return r;
+}
+
+RowResult ReferenceRow(const double* y, const double* y_err, std::int64_t v, std::int64_t target,
+                       bool counted, double scale, const CeRequest& rq, double* g,
+                       double* g_pre_err) {
+  const double cap = rq.logit_softcap;
+  const double zl = rq.z_loss;
+  std::vector<double> z(static_cast<std::size_t>(v)), f(z.size()), ez(z.size());
+  double mx = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j < v; ++j) {
+    const std::size_t s = static_cast<std::size_t>(j);
+    const double dy = y_err != nullptr ? y_err[j] : 0.0;
+    if (cap > 0) {
+      const double t = std::tanh(y[j] / cap);
+      z[s] = cap * t;
+      f[s] = 1 - t * t;
+      ez[s] = (f[s] + 2 * dy / cap) * (dy + kU * std::fabs(y[j])) + 4 * kU * std::fabs(z[s]);
+    } else {
+      z[s] = y[j];
+      f[s] = 1;
+      ez[s] = dy;
+    }
+    mx = std::max(mx, z[s]);
+  }
+  double sum_exp = 0;
+  for (double zj : z) sum_exp += std::exp(zj - mx);
+  const double log_s = std::log(sum_exp);
+  RowResult out;
+  out.lse = mx + log_s;
+  double weighted_ez = 0, weighted_exp = 0;
+  for (std::size_t s = 0; s < z.size(); ++s) {
+    const double p = std::exp(z[s] - out.lse);
+    weighted_ez += p * ez[s];
+    weighted_exp += p * (3 + 2.2 * (mx - z[s]));
+  }
+  const double eval =
+      Gamma(2 * v, kU) + kU * weighted_exp + 2 * kU * (2 + log_s) + kU * std::fabs(out.lse);
+  out.lse_bound = 2 * (weighted_ez + eval) + Gamma(v, kFp64UnitRoundoff) * (std::fabs(out.lse) + 1);
+
+  if (!counted) {
+    if (g != nullptr) {
+      std::fill(g, g + v, 0.0);
+      std::fill(g_pre_err, g_pre_err + v, 0.0);
+    }
+    return out;
+  }
+  const std::size_t ts = static_cast<std::size_t>(target);
+  const double lse = out.lse;
+  const double zt = z[ts];
+  out.loss = lse - zt + zl * lse * lse;
+  out.loss_bound =
+      out.lse_bound * (1 + 2 * zl * std::fabs(lse)) + zl * Sq(out.lse_bound) + 2 * ez[ts] +
+      4 * kU * (std::fabs(lse) + std::fabs(zt) + 2 * zl * lse * lse + std::fabs(out.loss));
+  if (g == nullptr) return out;
+  const double c = 1 + 2 * zl * lse;
+  const double dc = 2 * zl * out.lse_bound + 2 * kU * std::fabs(c);
+  for (std::int64_t j = 0; j < v; ++j) {
+    const std::size_t s = static_cast<std::size_t>(j);
+    const double onehot = j == target ? 1.0 : 0.0;
+    const double p = std::exp(z[s] - lse);
+    const double d = p * c - onehot;
+    const double arg = lse - z[s];
+    const double ep = p * (ez[s] + out.lse_bound + kU * (3 + 2.2 * arg));
+    const double ed = ep * std::fabs(c) + p * dc + 2 * kU * (p * std::fabs(c) + onehot);
+    const double ef = cap > 0 ? 2 * std::fabs(z[s]) * ez[s] / (cap * cap) + 4 * kU : 0.0;
+    g[j] = d * f[s] * scale;
+    g_pre_err[j] = 2 * std::fabs(scale) * (ed * (f[s] + ef) + std::fabs(d) * ef) +
+                   3 * kU * std::fabs(g[j]) +
+                   kFp32Underflow * std::fabs(scale) * (std::fabs(c) + 1);
+  }
+  return out;
+}
+
+double ScaleFor(const CeRequest& rq, std::int64_t counted) {
+  if (rq.reduction == client::Reduction::kMean) {
+    return static_cast<double>(rq.grad_scale) / static_cast<double>(counted);
+  }
+  return rq.grad_scale;
+}
+
+bool CheckTensor(CaseResult& r, const Tensor& t, DType dtype,
+                 const std::vector<std::int64_t>& shape, const std::string& what) {
+  return r.Check(t.dtype() == dtype && t.shape() == shape,
+                 absl::StrCat(what, ": expected ", DTypeName(dtype), " ", ShapeString(shape),
+                              ", got ", DTypeName(t.dtype()), " ", ShapeString(t.shape())));
+}
+
+// ---------------------------------------------------------------------------
+// CeRequest
+
+client::CrossEntropyOptions CeRequest::Options() const {
+  client::CrossEntropyOptions o;
+  o.ignore_index = ignore_index;
+  o.reduction = reduction;
+  o.z_loss = z_loss;
+  o.logit_softcap = logit_softcap;
+  o.grad_scale = grad_scale;
+  return o;
+}
+
+Tensor CeRequest::TargetsTensor(DType dtype) const {
+  Tensor t(dtype, {static_cast<std::int64_t>(targets.size())});
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (dtype == DType::kInt32) {
+      t.data<std::int32_t>()[i] = static_cast<std::int32_t>(targets[i]);
+    } else {
+      t.data<std::int64_t>()[i] = targets[i];
+    }
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------
+// The reference
+
+void ReferenceLogits(const Tensor& x, const Tensor& w, bool exact_logits, std::vector<double>* y,
+                     std::vector<double>* y_err) {
+  const std::int64_t m = x.dim(0), k = x.dim(1), v = w.dim(0);
+  y->assign(static_cast<std::size_t>(m * v), 0.0);
+  if (exact_logits) {
+    y_err->clear();
+    ReferenceXWt(ToDouble(x), m, AsMatrix(w), y->data(), nullptr);
+    return;
+  }
+  y_err->assign(y->size(), 0.0);
+  ReferenceXWt(ToDouble(x), m, AsMatrix(w), y->data(), y_err->data());
+  const double gamma = Gamma(k, kU) + Gamma(k, kFp64UnitRoundoff);
+  for (double& e : *y_err) e *= gamma;
+}
+
+CeReference ReferenceFromLogits(const std::vector<double>& y, const std::vector<double>* y_err,
+                                std::int64_t m, std::int64_t v, const CeRequest& request) {
+  CeReference ref;
+  ref.m = m;
+  ref.v = v;
+  for (std::int64_t i = 0; i < m; ++i) ref.counted += request.Ignored(i) ? 0 : 1;
+  ref.scale = ScaleFor(request, std::max<std::int64_t>(ref.counted, 1));
+  const std::size_t mm = static_cast<std::size_t>(m);
+  ref.lse.resize(mm);
+  ref.lse_bound.resize(mm);
+  ref.loss.resize(mm);
+  ref.loss_bound.resize(mm);
+  ref.g.resize(static_cast<std::size_t>(m * v));
+  ref.g_pre_err.resize(ref.g.size());
+  double sum_abs = 0, sum_bounds = 0;
+  for (std::int64_t i = 0; i < m; ++i) {
+    const std::size_t s = static_cast<std::size_t>(i);
+    const RowResult row = ReferenceRow(
+        y.data() + i * v, y_err != nullptr && !y_err->empty() ? y_err->data() + i * v : nullptr, v,
+        request.targets[s], !request.Ignored(i), ref.scale, request, ref.g.data() + i * v,
+        ref.g_pre_err.data() + i * v);
+    ref.lse[s] = row.lse;
+    ref.lse_bound[s] = row.lse_bound;
+    ref.loss[s] = row.loss;
+    ref.loss_bound[s] = row.loss_bound;
+    ref.sum += row.loss;
+    sum_abs += std::fabs(row.loss);
+    sum_bounds += row.loss_bound;
+  }
+  ref.sum_bound =
+      sum_bounds + Gamma(m, kU) * (sum_abs + sum_bounds) + Gamma(m, kFp64UnitRoundoff) * sum_abs;
+  if (ref.counted == 0) {
+    ref.mean = std::numeric_limits<double>::quiet_NaN();
+    ref.mean_bound = 0;
+  } else {
+    const double n = static_cast<double>(ref.counted);
+    ref.mean = ref.sum / n;
+    ref.mean_bound = (ref.sum_bound + 3 * kU * sum_abs) / n + 2 * kU * std::fabs(ref.mean);
+  }
+  return ref;
+}
+
+CeReference ComputeReference(const Tensor& x, const Tensor& w, const CeRequest& request,
+                             bool exact_logits) {
+  std::vector<double> y, y_err;
+  ReferenceLogits(x, w, exact_logits, &y, &y_err);
+  return ReferenceFromLogits(y, exact_logits ? nullptr : &y_err, x.dim(0), w.dim(0), request);
+}
+
+// ---------------------------------------------------------------------------
+// Checks
+
+CeErrors CheckAgainstReference(const CeReference& ref, const CeRequest& request, const Tensor& x,
+                               const Tensor& w, const client::CrossEntropyResult& got,
+                               const CeWants& wants, CaseResult& r, const std::string& label) {
+  CeErrors e;
+  const std::int64_t m = ref.m, v = ref.v, k = x.dim(1);
+  nlohmann::ordered_json fig;
+  const std::string what = absl::StrCat(label, ": ");
+
+  r.Check(got.counted_tokens == ref.counted,
+          absl::StrCat(what, "counted_tokens is ", got.counted_tokens, ", expected ", ref.counted,
+                       " (tokens whose target is not ignore_index ", request.ignore_index, ")"));
+  fig["counted_tokens"] = got.counted_tokens;
+
+  // Loss.
+  const bool per_token = request.reduction == client::Reduction::kNone;
+  const std::vector<std::int64_t> loss_shape =
+      per_token ? std::vector<std::int64_t>{m} : std::vector<std::int64_t>{1};
+  if (CheckTensor(r, got.loss, DType::kFp32, loss_shape, what + "loss")) {
+    Tracker loss;
+    if (per_token) {
+      std::int64_t nonzero_ignored = 0, first_nonzero = -1;
+      for (std::int64_t i = 0; i < m; ++i) {
+        const double l = got.loss.At(i);
+        if (request.Ignored(i)) {
+          if (l != 0 && nonzero_ignored++ == 0) first_nonzero = i;
+          continue;
+        }
+        loss.Add(i, l, ref.loss[static_cast<std::size_t>(i)],
+                 ref.loss_bound[static_cast<std::size_t>(i)]);
+      }
+      r.Check(nonzero_ignored == 0,
+              absl::StrFormat("%sloss of %d ignored tokens is not 0; first [%d]: %.9g", what,
+                              nonzero_ignored, first_nonzero,
+                              first_nonzero >= 0 ? got.loss.At(first_nonzero) : 0.0));
+      fig["ignored_tokens_nonzero_loss"] = nonzero_ignored;
+    } else if (request.reduction == client::Reduction::kSum) {
+      loss.Add(0, got.loss.At(0), ref.sum, ref.sum_bound);
+    } else if (ref.counted == 0) {
+      r.Check(std::isnan(got.loss.At(0)),
+              absl::StrFormat("%smean loss with no counted token is %.9g, expected NaN", what,
+                              got.loss.At(0)));
+    } else {
+      loss.Add(0, got.loss.At(0), ref.mean, ref.mean_bound);
+    }
+    if (loss.compared > 0) {
+      loss.Report(r, what + "loss", loss_shape);
+      fig["loss"] = loss.Json(true);
+      e.loss_max_abs = loss.max_abs;
+      e.loss_max_ulp = loss.max_ulp;
+      e.loss_worst_fraction = loss.worst;
+      e.violations += loss.violations;
+    }
+  }
+
+  // lse, for every token: it is defined whatever the target.
+  if (!wants.lse) {
+    r.Check(!got.lse.has_value(), what + "lse returned although not asked for");
+  } else if (r.Check(got.lse.has_value(), what + "lse asked for but not returned") &&
+             CheckTensor(r, *got.lse, DType::kFp32, {m}, what + "lse")) {
+    Tracker lse;
+    for (std::int64_t i = 0; i < m; ++i) {
+      lse.Add(i, got.lse->At(i), ref.lse[static_cast<std::size_t>(i)],
+              ref.lse_bound[static_cast<std::size_t>(i)]);
+    }
+    lse.Report(r, what + "lse", {m});
+    fig["lse"] = lse.Json(true);
+    e.lse_max_abs = lse.max_abs;
+    e.lse_max_ulp = lse.max_ulp;
+    e.lse_worst_fraction = lse.worst;
+    e.violations += lse.violations;
+  }
+
+  // dX.
+  if (!wants.dx) {
+    r.Check(!got.dx.has_value(), what + "dX returned although not asked for");
+  } else if (r.Check(got.dx.has_value(), what + "dX asked for but not returned") &&
+             CheckTensor(r, *got.dx, wants.dx_dtype, {m, k}, what + "dX")) {
+    const Tensor& dx = *got.dx;
+    std::int64_t nonzero = 0, first_nonzero = -1;
+    for (std::int64_t i = 0; i < m; ++i) {
+      if (!request.Ignored(i)) continue;
+      for (std::int64_t j = 0; j < k; ++j) {
+        if (dx.At(i * k + j) != 0 && nonzero++ == 0) first_nonzero = i * k + j;
+      }
+    }
+    r.Check(nonzero == 0,
+            absl::StrCat(what, "dX rows of ignored tokens must be exactly zero; ", nonzero,
+                         " elements are not, first at ", IndexString(first_nonzero, {m, k})));
+    fig["dx_ignored_rows_nonzero"] = nonzero;
+
+    std::vector<double> dx_ref(static_cast<std::size_t>(m * k));
+    std::vector<double> dx_bound(dx_ref.size()), scratch(dx_ref.size());
+    ReferenceGW(ref.g, m, AsMatrix(w), dx_ref.data(), nullptr);
+    ReferenceGW(BoundCoefficients(ref, v), m, AsMatrix(w), scratch.data(), dx_bound.data());
+    Tracker t;
+    for (std::int64_t i = 0; i < m * k; ++i) {
+      const std::size_t s = static_cast<std::size_t>(i);
+      double b = dx_bound[s];
+      if (dx.dtype() == DType::kBf16) {
+        b += kBf16UnitRoundoff * (std::fabs(dx_ref[s]) + b) + kBf16Underflow;
+      }
+      t.Add(i, dx.At(i), dx_ref[s], b);
+    }
+    t.Report(r, absl::StrCat(what, "dX ", DTypeName(dx.dtype())), {m, k});
+    e.dx_rel_frobenius = t.RelFrobenius();
+    e.dx_worst_fraction = t.worst;
+    e.violations += t.violations;
+    fig["dx"] = t.Json(false);
+    r.Check(e.dx_rel_frobenius <= kMaxGradRelFrobenius,
+            absl::StrFormat("%sdX relative Frobenius error %.3e exceeds 2·2^-8 = %.3e (2^-8 is "
+                            "the unit roundoff of the bf16 G)",
+                            what, e.dx_rel_frobenius, kMaxGradRelFrobenius));
+  }
+
+  // dW.
+  const bool dw_returned = wants.dw;
+  if (!dw_returned) {
+    r.Check(!got.dw.has_value(), what + "dW returned although not asked for (or accumulated)");
+  } else if (r.Check(got.dw.has_value(), what + "dW asked for but not returned") &&
+             CheckTensor(r, *got.dw, DType::kFp32, {v, k}, what + "dW")) {
+    const Tensor& dw = *got.dw;
+    Tracker t;
+    GradWBlocks(
+        ref.g, BoundCoefficients(ref, m), ToDouble(x), m, v, k,
+        [&](std::int64_t row0, std::int64_t rows, const double* value, const double* bound) {
+          for (std::int64_t j = 0; j < rows * k; ++j) {
+            const std::int64_t i = row0 * k + j;
+            t.Add(i, dw.At(i), value[j], bound[j]);
+          }
+        });
+    t.Report(r, what + "dW fp32", {v, k});
+    e.dw_rel_frobenius = t.RelFrobenius();
+    e.dw_worst_fraction = t.worst;
+    e.violations += t.violations;
+    fig["dw"] = t.Json(false);
+    r.Check(e.dw_rel_frobenius <= kMaxGradRelFrobenius,
+            absl::StrFormat("%sdW relative Frobenius error %.3e exceeds 2·2^-8 = %.3e (2^-8 is "
+                            "the unit roundoff of the bf16 G)",
+                            what, e.dw_rel_frobenius, kMaxGradRelFrobenius));
+  }
+  fig["violations"] = e.violations;
+  r.figures[label] = std::move(fig);
+  return e;
+}
+
+void CheckReductionConsistency(const Tensor& per_token, const client::CrossEntropyResult& reduced,
+                               client::Reduction reduction, std::int64_t counted, CaseResult& r,
+                               const std::string& label) {
+  const std::string what = absl::StrCat(label, ": ");
+  if (!r.Check(reduced.loss.dtype() == DType::kFp32 && reduced.loss.numel() == 1,
+               what + "reduced loss is not one fp32 value")) {
+    return;
+  }
+  r.Check(reduced.counted_tokens == counted,
+          absl::StrCat(what, "counted_tokens ", reduced.counted_tokens,
+                       " differs from the per-token request's ", counted));
+  double sum = 0, sum_abs = 0;
+  for (std::int64_t i = 0; i < per_token.numel(); ++i) {
+    sum += per_token.At(i);
+    sum_abs += std::fabs(per_token.At(i));
+  }
+  // The same fp32 per-token values in another order (a few ulps of leeway
+  // per token), and the fp64 sum's own error.
+  const double gamma =
+      Gamma(per_token.numel() + 2, kU) + Gamma(per_token.numel(), kFp64UnitRoundoff);
+  const double got = reduced.loss.At(0);
+  double want = sum, bound = gamma * sum_abs;
+  if (reduction == client::Reduction::kMean) {
+    if (counted == 0) {
+      r.Check(std::isnan(got),
+              absl::StrFormat("%smean over no counted token is %.9g, expected NaN", what, got));
+      return;
+    }
+    want = sum / static_cast<double>(counted);
+    bound = bound / static_cast<double>(counted) + 2 * kU * std::fabs(want);
+  }
+  r.figures[label] = {
+      {"got", JsonNumber(got)}, {"from_per_token", JsonNumber(want)}, {"bound", JsonNumber(bound)}};
+  r.Check(std::fabs(got - want) <= bound,
+          absl::StrFormat("%s%s loss %.9g differs from the one computed from the per-token losses "
+                          "(%.17g) by %.3e, beyond the fp32 summation bound %.3e",
+                          what, reduction == client::Reduction::kMean ? "mean" : "sum", got, want,
+                          std::fabs(got - want), bound));
+}
+
+void CheckFp32LogitsShow(const CeReference& ref, const CeReference& ref16,
+                         const client::CrossEntropyResult& got, const CeRequest& request,
+                         double min_ratio, CaseResult& r, const std::string& label) {
+  const std::string what = absl::StrCat(label, ": ");
+  if (got.loss.numel() != ref.m || !got.lse.has_value() || got.lse->numel() != ref.m) return;
+  double loss32 = 0, loss16 = 0, lse32 = 0, lse16 = 0;
+  for (std::int64_t i = 0; i < ref.m; ++i) {
+    const std::size_t s = static_cast<std::size_t>(i);
+    lse32 += Sq(got.lse->At(i) - ref.lse[s]);
+    lse16 += Sq(ref16.lse[s] - ref.lse[s]);
+    if (request.Ignored(i)) continue;
+    loss32 += Sq(got.loss.At(i) - ref.loss[s]);
+    loss16 += Sq(ref16.loss[s] - ref.loss[s]);
+  }
+  const auto ratio = [](double e16, double e32) {
+    if (e32 == 0) return std::numeric_limits<double>::infinity();
+    return std::sqrt(e16 / e32);
+  };
+  const double loss_ratio = ratio(loss16, loss32);
+  const double lse_ratio = ratio(lse16, lse32);
+  const double n = static_cast<double>(std::max<std::int64_t>(ref.counted, 1));
+  const double mm = static_cast<double>(std::max<std::int64_t>(ref.m, 1));
+  r.figures[label] = {{"loss_rms_err_fp32_logits", JsonNumber(std::sqrt(loss32 / n))},
+                      {"loss_rms_err_bf16_logits", JsonNumber(std::sqrt(loss16 / n))},
+                      {"loss_ratio", JsonNumber(loss_ratio)},
+                      {"lse_rms_err_fp32_logits", JsonNumber(std::sqrt(lse32 / mm))},
+                      {"lse_rms_err_bf16_logits", JsonNumber(std::sqrt(lse16 / mm))},
+                      {"lse_ratio", JsonNumber(lse_ratio)}};
+  if (ref.counted > 0) {
+    r.Check(
+        loss_ratio >= min_ratio,
+        absl::StrFormat("%sthe loss error (rms %.3e) is only %.1fx below that of the loss "
+                        "from bf16-rounded logits (rms %.3e); need >= %.0fx",
+                        what, std::sqrt(loss32 / n), loss_ratio, std::sqrt(loss16 / n), min_ratio));
+  }
+  r.Check(
+      lse_ratio >= min_ratio,
+      absl::StrFormat("%sthe lse error (rms %.3e) is only %.1fx below that of the lse from "
+                      "bf16-rounded logits (rms %.3e); need >= %.0fx",
+                      what, std::sqrt(lse32 / mm), lse_ratio, std::sqrt(lse16 / mm), min_ratio));
+}
+
+bool Bf16RoundingIsDecided(double exact, double err, float* rounded) {
+  const double lo = RoundDoubleToBf16(exact - err);
+  const double hi = RoundDoubleToBf16(exact + err);
+  if (lo != hi) return false;
+  // Rounding is monotonic: everything between the ends rounds like them.
+  *rounded = static_cast<float>(RoundDoubleToBf16(exact));
+  return *rounded == static_cast<float>(lo);
+}
+
+}  // namespace logitd::validate
