@@ -45,3 +45,80 @@ function(logitd_forbid_links target pattern why)
     endif()
   endforeach()
 endfunction()
+
+# FATAL_ERROR when a source or header under `folder` (relative to the
+# project) includes a header matching `pattern`: every layer's code is
+# compiled with the source root on its include path, so a header of a
+# higher or sideways layer is reachable by name; this keeps it from being
+# used. `extra` lists "file:include" pairs treated as if written (the probe
+# of the layer tests).
+function(logitd_forbid_includes folder pattern why)
+  file(GLOB_RECURSE files "${PROJECT_SOURCE_DIR}/${folder}/*.h" "${PROJECT_SOURCE_DIR}/${folder}/*.cc"
+       "${PROJECT_SOURCE_DIR}/${folder}/*.cu" "${PROJECT_SOURCE_DIR}/${folder}/*.cuh")
+  set(lines "")
+  foreach(f IN LISTS files)
+    file(STRINGS "${f}" includes REGEX "^#include [\"<]")
+    file(RELATIVE_PATH rel "${PROJECT_SOURCE_DIR}" "${f}")
+    foreach(line IN LISTS includes)
+      list(APPEND lines "${rel}:${line}")
+    endforeach()
+  endforeach()
+  foreach(probe IN LISTS LOGITD_LAYER_PROBE_INCLUDE)
+    if(probe MATCHES "^${folder}/")
+      string(REPLACE ">" ":#include \"" entry "${probe}")
+      list(APPEND lines "${entry}\"")
+    endif()
+  endforeach()
+  foreach(entry IN LISTS lines)
+    string(REGEX REPLACE "^([^:]*):#include [\"<]([^\">]*)[\">].*$" "\\2" header "${entry}")
+    if(header MATCHES "${pattern}")
+      string(REGEX REPLACE ":.*$" "" source "${entry}")
+      message(FATAL_ERROR "${source} includes ${header}: ${why}")
+    endif()
+  endforeach()
+endfunction()
+
+# The layers (docs/ARCHITECTURE.md), each rule checked by a configure-time
+# test in tests/layers/. LOGITD_LAYER_PROBE ("TARGET>LIBRARY;...") adds
+# links and LOGITD_LAYER_PROBE_INCLUDE ("FILE>HEADER;...") includes that
+# break them, for those tests.
+function(logitd_check_layers)
+  foreach(probe IN LISTS LOGITD_LAYER_PROBE)
+    string(REPLACE ">" ";" pair "${probe}")
+    list(GET pair 0 target)
+    list(GET pair 1 library)
+    target_link_libraries(${target} PRIVATE ${library})
+  endforeach()
+
+  set(wire "logitd_wire|logitd_proto|logitd_oip_proto|gRPC::.*|protobuf::.*")
+  set(service "logitd_service.*|logitd_state_dir")
+  set(kernels "logitd_kernels|logitd_backend|logitd_cuda_.*|logitd_host_pool|logitd_device_health|logitd_algo_cache")
+  set(clients "logitd_client|logitd_validate|logitd_connection_flags|logitd_server_info_json|logitd_argv")
+
+  # Core: tensors and numbers, nothing of the wire or of anything above.
+  logitd_forbid_links(logitd_core "^(${wire}|${service}|${kernels}|${clients})$"
+                      "the core links nothing of the wire (proto, gRPC) or of any layer above it")
+  logitd_forbid_includes(core "^(logitd/v1/|logitd/wire/|grpc|google/protobuf|kserve/|server/|client/|logitd/client\\.h)"
+                         "the core includes nothing of the wire or of any layer above it")
+  # Kernels: the core, never the wire, the service or a client.
+  foreach(target logitd_host_pool logitd_device_health logitd_backend logitd_algo_cache
+                 logitd_kernels logitd_cuda_kernels logitd_cuda_backend)
+    logitd_forbid_links(${target} "^(${wire}|${service}|${clients})$"
+                        "the kernels' layer links logitd_core, never the wire (proto, gRPC)")
+  endforeach()
+  logitd_forbid_includes(server/kernels "^(logitd/v1/|logitd/wire/|grpc|google/protobuf|kserve/|server/service/|client/|logitd/client\\.h)"
+                         "the kernels include the core and their own headers, never the wire or the service")
+  # The wire: the core and the proto, never a server or client layer.
+  logitd_forbid_links(logitd_wire "^(${service}|${kernels}|${clients})$"
+                      "the wire links the core and the proto, never the server or a client")
+  logitd_forbid_includes(wire "^(server/|client/|logitd/client\\.h)"
+                         "the wire includes the core and the proto, never the server or a client")
+  # Clients: the wire and the client API, never the service or the kernels.
+  foreach(target logitd_client logitd_connection_flags logitd_server_info_json logitd_argv
+                 logitd_validate logitctl)
+    logitd_forbid_links(${target} "^(${service}|${kernels})$"
+                        "a client talks to the service over the wire; it links neither the service nor the kernels")
+  endforeach()
+  logitd_forbid_includes(client "^server/"
+                         "a client talks to the service over the wire; it includes nothing of the server")
+endfunction()

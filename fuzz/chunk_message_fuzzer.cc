@@ -1,4 +1,4 @@
-// libFuzzer target over common/chunk_message.h's reader, which takes apart
+// libFuzzer target over logitd/wire/chunk_message.h's reader, which takes apart
 // the tensor chunks every client sends (untrusted bytes) without protobuf.
 // It is checked against protobuf itself on the same bytes, cut into slices
 // wherever the input says:
@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "common/chunk_message.h"
 #include "google/protobuf/stubs/logging.h"
 #include "logitd/v1/logitd.pb.h"
+#include "logitd/wire/chunk_message.h"
 
 namespace {
 

@@ -19,10 +19,10 @@
 #include <utility>
 #include <vector>
 
-#include "common/wire.h"
 #include "fuzz/request_input.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.pb.h"
+#include "logitd/wire/wire.h"
 #include "tests/common/targets.h"
 
 namespace logitd::fuzz {

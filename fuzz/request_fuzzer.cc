@@ -1,8 +1,8 @@
 // libFuzzer target over what the service does with a tensor call's request
 // stream before any backend runs: the header is validated
-// (server/service/validation.cc) and the chunks are reassembled and checked
-// (common/wire.cc, wire::Assembler), in the order the handlers in
-// server/service/tensor_handlers.cc do it. The input format is in request_input.h.
+// (server/service/v1/validation.cc) and the chunks are reassembled and checked
+// (wire/wire.cc, wire::Assembler), in the order the handlers in
+// server/service/v1/tensor_handlers.cc do it. The input format is in request_input.h.
 //
 // Invariants checked (a violation aborts, which the fuzzer reports):
 //  - a rejected call ends with a non-OK status of the codes the contract
@@ -23,13 +23,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/wire.h"
 #include "fuzz/request_input.h"
 #include "google/protobuf/stubs/logging.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.pb.h"
-#include "server/service/request_stream.h"
-#include "server/service/validation.h"
+#include "logitd/wire/wire.h"
+#include "server/service/transport/request_stream.h"
+#include "server/service/v1/validation.h"
 
 namespace logitd::fuzz {
 namespace {
@@ -61,7 +61,7 @@ class FakeStream {
   std::size_t next_ = 0;
 };
 
-// The handlers' header and chunk reading (server/service/request_stream.h);
+// The handlers' header and chunk reading (server/service/transport/request_stream.h);
 // the client cannot cancel here.
 template <typename Request>
 absl::Status ReadHeader(FakeStream<Request>* stream, Request* first) {

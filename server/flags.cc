@@ -35,12 +35,12 @@
 #include "absl/time/time.h"
 #include "logitd/protocol.h"
 #include "server/flags_help.h"
-#include "server/service/auth.h"
-#include "server/service/build_info.h"
-#include "server/service/faults.h"
-#include "server/service/logging.h"
-#include "server/service/metrics.h"
-#include "server/service/status.h"
+#include "server/service/faults/faults.h"
+#include "server/service/state/auth.h"
+#include "server/service/state/build_info.h"
+#include "server/service/state/logging.h"
+#include "server/service/state/metrics.h"
+#include "server/service/state/status.h"
 #include "server/state_dir.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051",

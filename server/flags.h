@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "server/kernels/backend.h"
-#include "server/service/options.h"
+#include "server/service/state/options.h"
 
 namespace logitd {
 

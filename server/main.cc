@@ -39,12 +39,12 @@
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/flags.h"
 #include "server/kernels/backend.h"
-#include "server/service/build_info.h"
-#include "server/service/logging.h"
-#include "server/service/metrics.h"
-#include "server/service/oip_service.h"
-#include "server/service/options.h"
-#include "server/service/service.h"
+#include "server/service/oip/oip_service.h"
+#include "server/service/state/build_info.h"
+#include "server/service/state/logging.h"
+#include "server/service/state/metrics.h"
+#include "server/service/state/options.h"
+#include "server/service/v1/service.h"
 
 namespace logitd {
 namespace {

@@ -25,12 +25,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/chunk_message.h"
-#include "common/raw_call.h"
-#include "common/wire.h"
 #include "logitd/client.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.pb.h"
+#include "logitd/wire/chunk_message.h"
+#include "logitd/wire/raw_call.h"
+#include "logitd/wire/wire.h"
 
 namespace logitd::client {
 
@@ -138,7 +138,7 @@ class ResponseTensors {
 // What reading a response stream produced.
 enum class Next { kEnd, kMessage, kChunk, kMalformed };
 
-// A tensor call's stream as raw messages (see common/chunk_message.h):
+// A tensor call's stream as raw messages (see logitd/wire/chunk_message.h):
 // requests and results travel as their message types, while a response
 // chunk's bytes are read straight from gRPC's buffers into the tensor they
 // belong to, without a copy into a message first.

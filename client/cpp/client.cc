@@ -24,9 +24,9 @@
 #include "absl/time/clock.h"
 #include "client/cpp/call_tensors.h"
 #include "client/cpp/client_impl.h"
-#include "common/raw_call.h"
-#include "common/wire.h"
 #include "logitd/v1/logitd.grpc.pb.h"
+#include "logitd/wire/raw_call.h"
+#include "logitd/wire/wire.h"
 
 namespace logitd::client {
 namespace {

@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/cpp/call_tensors.h"
 #include "client/cpp/client_impl.h"
-#include "common/wire.h"
 #include "logitd/client.h"
+#include "logitd/wire/wire.h"
 
 namespace logitd::client {
 

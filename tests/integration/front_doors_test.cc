@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
-#include "common/wire.h"
 #include "gtest/gtest.h"
 #include "kserve/grpc_predict_v2.grpc.pb.h"
 #include "logitd/protocol.h"
+#include "logitd/wire/wire.h"
 #include "tests/common/targets.h"
 #include "tests/integration/integration_util.h"
 #include "tests/integration/stub_calls.h"

@@ -19,11 +19,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "logitd/client.h"
 #include "logitd/v1/logitd.grpc.pb.h"
+#include "logitd/wire/wire.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {

@@ -20,13 +20,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "logitd/client.h"
 #include "logitd/safetensors.h"
 #include "logitd/shared_region.h"
 #include "logitd/v1/logitd.grpc.pb.h"
+#include "logitd/wire/wire.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {

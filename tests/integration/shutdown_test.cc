@@ -9,10 +9,10 @@
 #include <thread>
 
 #include "absl/time/clock.h"
-#include "common/wire.h"
 #include "gtest/gtest.h"
 #include "logitd/client.h"
 #include "logitd/v1/logitd.grpc.pb.h"
+#include "logitd/wire/wire.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {

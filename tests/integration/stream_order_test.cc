@@ -15,12 +15,12 @@
 #include <utility>
 #include <vector>
 
-#include "common/chunk_message.h"
-#include "common/raw_call.h"
-#include "common/wire.h"
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
 #include "logitd/v1/logitd.grpc.pb.h"
+#include "logitd/wire/chunk_message.h"
+#include "logitd/wire/raw_call.h"
+#include "logitd/wire/wire.h"
 #include "tests/integration/integration_util.h"
 #include "tests/integration/stub_calls.h"
 

@@ -14,11 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "common/wire.h"
 #include "gtest/gtest.h"
 #include "logitd/client.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.grpc.pb.h"
+#include "logitd/wire/wire.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {

@@ -20,7 +20,7 @@
 #include "logitd/client.h"
 #include "logitd/tensor.h"
 #include "logitd/v1/logitd.grpc.pb.h"
-#include "server/service/options.h"
+#include "server/service/state/options.h"
 #include "tests/support/fake_backend.h"
 #include "tests/support/in_process_server.h"
 

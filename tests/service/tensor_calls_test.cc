@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/wire.h"
+#include "logitd/wire/wire.h"
 #include "tests/service/service_test.h"
 
 namespace logitd::testing {

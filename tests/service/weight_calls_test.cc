@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/wire.h"
+#include "logitd/wire/wire.h"
 #include "tests/service/service_test.h"
 
 namespace logitd::testing {

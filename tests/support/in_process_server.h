@@ -15,8 +15,8 @@
 #include "logitd/client.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/kernels/backend.h"
-#include "server/service/options.h"
-#include "server/service/service.h"
+#include "server/service/state/options.h"
+#include "server/service/v1/service.h"
 
 namespace logitd::testing {
 

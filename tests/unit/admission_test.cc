@@ -1,6 +1,6 @@
 // Admission against the request-memory budget and the concurrency cap:
 // exact statuses, waiting, and that tickets give everything back.
-#include "server/service/admission.h"
+#include "server/service/state/admission.h"
 
 #include <atomic>
 #include <memory>

@@ -1,6 +1,6 @@
 // The tokens file parser and the loopback test used when a server runs
 // without tokens.
-#include "server/service/auth.h"
+#include "server/service/state/auth.h"
 
 #include <string>
 

@@ -1,7 +1,7 @@
-// Tests of common/chunk_message.h: the hand-written chunk messages must be
+// Tests of logitd/wire/chunk_message.h: the hand-written chunk messages must be
 // what protobuf writes and reads, whatever slices gRPC delivers them in, and
 // everything the fast reader does not take apart must be left to protobuf.
-#include "common/chunk_message.h"
+#include "logitd/wire/chunk_message.h"
 
 #include <gtest/gtest.h>
 #include <xxhash.h>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "common/wire.h"
 #include "logitd/v1/logitd.pb.h"
+#include "logitd/wire/wire.h"
 
 namespace logitd::wire {
 namespace {

@@ -1,6 +1,6 @@
 // The metrics registry's text exposition (Prometheus format 0.0.4) and its
 // HTTP endpoint.
-#include "server/service/metrics.h"
+#include "server/service/state/metrics.h"
 
 #include <map>
 #include <memory>

@@ -1,6 +1,6 @@
 // Weight registry: content-derived handles, deduplication, the byte budget
 // (checked before anything is allocated) and release semantics.
-#include "server/service/registry.h"
+#include "server/service/state/registry.h"
 
 #include <atomic>
 #include <memory>

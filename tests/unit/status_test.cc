@@ -1,5 +1,5 @@
 // The absl -> gRPC status mapping: every code keeps its meaning and message.
-#include "server/service/status.h"
+#include "server/service/state/status.h"
 
 #include <utility>
 #include <vector>

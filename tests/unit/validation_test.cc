@@ -1,6 +1,6 @@
 // Request validation: every bad-input class with its exact status code, the
 // defaults for unspecified fields, and the per-call byte limit.
-#include "server/service/validation.h"
+#include "server/service/v1/validation.h"
 
 #include <unistd.h>
 

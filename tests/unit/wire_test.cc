@@ -1,6 +1,6 @@
-// Tests of the chunked tensor transfer in common/wire.h: reassembly, and
+// Tests of the chunked tensor transfer in logitd/wire/wire.h: reassembly, and
 // every way a stream can be malformed, truncated, corrupted or too large.
-#include "common/wire.h"
+#include "logitd/wire/wire.h"
 
 #include <gtest/gtest.h>
 

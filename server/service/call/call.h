@@ -21,11 +21,11 @@
 #include "absl/time/time.h"
 #include "logitd/tensor.h"
 #include "server/kernels/backend.h"
-#include "server/service/admission.h"
 #include "server/service/call/request.h"
 #include "server/service/call/stats.h"
-#include "server/service/registry.h"
-#include "server/service/shm.h"
+#include "server/service/state/admission.h"
+#include "server/service/state/registry.h"
+#include "server/service/state/shm.h"
 
 namespace logitd::service {
 

@@ -11,7 +11,7 @@
 #include "server/kernels/backend.h"
 #include "server/service/call/call.h"
 #include "server/service/call/request.h"
-#include "server/service/registry.h"
+#include "server/service/state/registry.h"
 
 namespace logitd::service {
 

@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/service/shm.h"
+#include "server/service/state/shm.h"
 
 namespace logitd::service {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "server/service/registry.h"
+#include "server/service/state/registry.h"
 
 namespace logitd::service {
 

@@ -9,8 +9,8 @@
 #include "absl/status/statusor.h"
 #include "logitd/v1/logitd.pb.h"
 #include "server/service/call/request.h"
-#include "server/service/registry.h"
-#include "server/service/shm.h"
+#include "server/service/state/registry.h"
+#include "server/service/state/shm.h"
 
 namespace logitd::service {
 

@@ -1,0 +1,105 @@
+#include "server/service/faults/fault_backend.h"
+
+#include <cstddef>
+#include <utility>
+
+namespace logitd::service {
+namespace {
+
+std::size_t Bytes(std::int64_t rows, std::int64_t cols, DType dtype) {
+  return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols) * ElementSize(dtype);
+}
+
+class FaultBackend final : public kernels::Backend {
+ public:
+  FaultBackend(std::unique_ptr<kernels::Backend> inner, std::shared_ptr<FaultInjector> faults)
+      : inner_(std::move(inner)), faults_(std::move(faults)) {}
+
+  kernels::BackendInfo Info() const override { return inner_->Info(); }
+  absl::Status Health() const override { return inner_->Health(); }
+  std::uint64_t DeviceBytesInUse() const override { return inner_->DeviceBytesInUse(); }
+  std::uint64_t DeviceBytesTotal() const override { return inner_->DeviceBytesTotal(); }
+  absl::StatusOr<kernels::HostBuffer> AllocateHost(std::size_t bytes) override {
+    return inner_->AllocateHost(bytes);
+  }
+  absl::StatusOr<std::shared_ptr<void>> PinHostMemory(void* data, std::size_t bytes) override {
+    return inner_->PinHostMemory(data, bytes);
+  }
+  absl::StatusOr<std::shared_ptr<kernels::Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                              std::int64_t k) override {
+    return inner_->LoadWeight(w, v, k);
+  }
+
+  absl::Status Logits(const kernels::Weight& w, const kernels::LogitsArgs& args,
+                      kernels::Timing* timing) override {
+    absl::Status s = inner_->Logits(w, args, timing);
+    if (s.ok()) {
+      faults_->OnLogits(args.out_dtype, static_cast<std::byte*>(args.y),
+                        Bytes(args.m, w.v(), args.out_dtype));
+    }
+    return s;
+  }
+
+  absl::Status Backward(kernels::Weight& w, const kernels::BackwardArgs& args,
+                        kernels::Timing* timing) override {
+    absl::Status s = inner_->Backward(w, args, timing);
+    if (!s.ok()) return s;
+    if (args.dx != nullptr) {
+      faults_->OnDx(static_cast<std::byte*>(args.dx), Bytes(args.m, w.k(), args.dx_dtype));
+    }
+    if (args.dw != nullptr && !args.accumulate_dw) {
+      faults_->OnDw(static_cast<std::byte*>(args.dw), Bytes(w.v(), w.k(), args.dw_dtype));
+    }
+    return s;
+  }
+
+  absl::StatusOr<std::uint64_t> FetchGradient(kernels::Weight& w, float* out,
+                                              bool zero_after_fetch) override {
+    absl::StatusOr<std::uint64_t> calls = inner_->FetchGradient(w, out, zero_after_fetch);
+    if (calls.ok()) {
+      faults_->OnDw(reinterpret_cast<std::byte*>(out), Bytes(w.v(), w.k(), DType::kFp32));
+    }
+    return calls;
+  }
+
+  absl::Status ZeroGradient(kernels::Weight& w) override { return inner_->ZeroGradient(w); }
+
+  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                          kernels::Timing* timing) override {
+    absl::Status s = inner_->CastToBf16(in, n, out, timing);
+    if (s.ok()) faults_->OnCast(reinterpret_cast<std::byte*>(out), Bytes(n, 1, DType::kBf16));
+    return s;
+  }
+
+  absl::Status CrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
+                            kernels::Timing* timing) override {
+    absl::Status s = inner_->CrossEntropy(w, args, timing);
+    if (!s.ok()) return s;
+    if (args.dx != nullptr) {
+      faults_->OnDx(static_cast<std::byte*>(args.dx), Bytes(args.m, w.k(), args.dx_dtype));
+    }
+    if (args.dw != nullptr && !args.accumulate_dw) {
+      faults_->OnDw(reinterpret_cast<std::byte*>(args.dw), Bytes(w.v(), w.k(), DType::kFp32));
+    }
+    return s;
+  }
+
+  absl::Status LogProbs(const kernels::Weight& w, const kernels::LogProbsArgs& args,
+                        kernels::Timing* timing) override {
+    return inner_->LogProbs(w, args, timing);
+  }
+
+ private:
+  const std::unique_ptr<kernels::Backend> inner_;
+  const std::shared_ptr<FaultInjector> faults_;
+};
+
+}  // namespace
+
+std::unique_ptr<kernels::Backend> WithOutputFaults(std::unique_ptr<kernels::Backend> backend,
+                                                   std::shared_ptr<FaultInjector> faults) {
+  if (faults == nullptr || !faults->faults().any()) return backend;
+  return std::make_unique<FaultBackend>(std::move(backend), std::move(faults));
+}
+
+}  // namespace logitd::service

@@ -1,0 +1,137 @@
+// The tensor calls (Logits, Backward, CrossEntropy) are served as raw gRPC
+// streams of ByteBuffers: headers and results still travel as their message
+// types, but an output tensor's chunks are sent from the host buffer the
+// backend wrote, without being copied into chunk messages first (see
+// logitd/wire/chunk_message.h).
+#pragma once
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "logitd/wire/chunk_message.h"
+#include "server/kernels/backend.h"
+#include "server/service/transport/raw_stream.h"
+#include "server/service/transport/request_stream.h"
+
+namespace logitd::service {
+
+// A raw stream read and written as a call's message types, plus chunks
+// written from host buffers. A request message over `max_message_bytes`
+// ends the stream, and ReadError says why.
+template <typename Response, typename Request>
+class MessageStream {
+ public:
+  MessageStream(RawStream* raw, std::size_t max_message_bytes)
+      : raw_(raw), max_message_bytes_(max_message_bytes) {}
+
+  // False at the end of the stream, or for a message that is not a Request
+  // or is too large (then error() says which).
+  bool Read(Request* message) {
+    grpc::ByteBuffer buffer;
+    return ReadBuffer(&buffer) && Read(&buffer, message);
+  }
+  // The next message: a chunk read straight from gRPC's slices, or any
+  // other message parsed as a Request.
+  RequestPart ReadPart(Request* message, wire::ChunkView* chunk) {
+    grpc::ByteBuffer buffer;
+    if (!ReadBuffer(&buffer)) return RequestPart::kEnd;
+    if (wire::ReadChunkMessage(buffer, chunk)) return RequestPart::kChunk;
+    if (Read(&buffer, message)) return RequestPart::kMessage;
+    return RequestPart::kEnd;
+  }
+  bool Write(const Response& message) { return raw_->Write(wire::SerializeMessage(message)); }
+  bool Write(const grpc::ByteBuffer& message) { return raw_->Write(message); }
+  // Why the stream ended early: OK at its real end.
+  const absl::Status& error() const { return error_; }
+
+ private:
+  bool ReadBuffer(grpc::ByteBuffer* buffer) {
+    if (!raw_->Read(buffer)) return false;
+    if (buffer->Length() <= max_message_bytes_) return true;
+    error_ = absl::InvalidArgumentError(
+        absl::StrCat("a request message of ", buffer->Length(),
+                     " bytes is over this server's limit of ", max_message_bytes_,
+                     " bytes (ServerInfo.max_receive_message_bytes): send tensor chunks of at most "
+                     "ServerInfo.max_request_chunk_bytes"));
+    return false;
+  }
+  bool Read(grpc::ByteBuffer* buffer, Request* message) {
+    if (wire::ParseMessage(buffer, message)) return true;
+    error_ = absl::InvalidArgumentError(absl::StrCat("a request message could not be parsed as ",
+                                                     Request::descriptor()->full_name()));
+    return false;
+  }
+
+  RawStream* raw_;
+  const std::size_t max_message_bytes_;
+  absl::Status error_;
+};
+
+// Request chunks are copied from gRPC's slices into their tensors directly.
+template <typename Response, typename Request>
+RequestPart ReadRequest(MessageStream<Response, Request>* stream, Request* message,
+                        wire::ChunkView* chunk) {
+  return stream->ReadPart(message, chunk);
+}
+
+// Why Read() returned false, when it was not the end of the stream (see
+// ReadError in request_stream.h).
+template <typename Response, typename Request>
+absl::Status ReadError(const MessageStream<Response, Request>& stream) {
+  return stream.error();
+}
+
+// Host buffers that gRPC may still send from after their call has returned
+// (it lets go of a slice once the bytes are on the socket). Their memory goes
+// back to the backend's pool, so the service waits for them before the
+// backend goes.
+class SendingBuffers {
+ public:
+  SendingBuffers() : state_(std::make_shared<State>()) {}
+  SendingBuffers(const SendingBuffers&) = delete;
+  SendingBuffers& operator=(const SendingBuffers&) = delete;
+
+  // Takes `buffer` over; it is freed when the last holder lets go.
+  std::shared_ptr<const void> Hold(kernels::HostBuffer buffer) {
+    auto* owned = new kernels::HostBuffer(std::move(buffer));
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      ++state_->count;
+    }
+    return std::shared_ptr<const void>(owned->data(), [state = state_, owned](const void*) {
+      delete owned;
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (--state->count == 0) state->idle.notify_all();
+    });
+  }
+
+  // True when none is held any more; false when `timeout` passed first.
+  bool WaitIdle(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    return state_->idle.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                                 [this] { return state_->count == 0; });
+  }
+
+  int held() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->count;
+  }
+
+ private:
+  // Shared with the holders' deleters, which may run after this is gone.
+  struct State {
+    std::mutex mu;
+    std::condition_variable idle;
+    int count = 0;
+  };
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace logitd::service

@@ -1,0 +1,179 @@
+// The logitd.v1.Logitd gRPC service: thin handlers that translate a request
+// (v1/requests.h), run the operation every front door runs (call/ops.h) and
+// send the result back. Every call runs through CallRunner (call.h:
+// authentication, trailers, metrics, log); every tensor call through
+// TensorCall (tensor_call.h: this wire's chunks, results and digests, over
+// the protocol-neutral call of call/call.h: admission, slots, buffers). Everything a call takes
+// (buffers, budget, weight references) is owned by RAII objects, so it is returned whatever the
+// outcome. The handlers live in three files: service.cc (server info, shared memory, probe),
+// weight_handlers.cc and tensor_handlers.cc.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "logitd/protocol.h"
+#include "logitd/tensor.h"
+#include "logitd/v1/logitd.grpc.pb.h"
+#include "server/kernels/backend.h"
+#include "server/service/call/ops.h"
+#include "server/service/faults/faults.h"
+#include "server/service/state/admission.h"
+#include "server/service/state/auth.h"
+#include "server/service/state/metrics.h"
+#include "server/service/state/options.h"
+#include "server/service/state/registry.h"
+#include "server/service/state/shm.h"
+#include "server/service/transport/call_runner.h"
+#include "server/service/transport/message_stream.h"
+#include "server/service/transport/raw_stream.h"
+#include "server/service/v1/tensor_call.h"
+
+namespace logitd::service {
+
+// The generated service with the tensor calls served as raw byte streams
+// (see raw_stream.h and message_stream.h); the other calls are the generated
+// synchronous methods.
+using RawTensorService =
+    v1::Logitd::WithRawCallbackMethod_RegisterWeight<v1::Logitd::WithRawCallbackMethod_Logits<
+        v1::Logitd::WithRawCallbackMethod_Backward<v1::Logitd::WithRawCallbackMethod_FetchGradient<
+            v1::Logitd::WithRawCallbackMethod_Cast<v1::Logitd::WithRawCallbackMethod_CrossEntropy<
+                v1::Logitd::WithRawCallbackMethod_LogProbs<v1::Logitd::Service>>>>>>>;
+using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// What a second front door (oip_service.h) serves over: the service's own
+// backend, weights, admission, call runner, options and shared-memory
+// regions. Not owning.
+struct ServiceCore {
+  kernels::Backend* backend = nullptr;
+  WeightRegistry* registry = nullptr;
+  RequestAdmission* admission = nullptr;
+  const CallRunner* runner = nullptr;
+  const ServiceOptions* options = nullptr;
+  ShmRegistry* shm = nullptr;
+};
+
+// Page-locks a registered region for the device's copies where the backend
+// can (until the mapping goes); says how that went, for the log line.
+std::string PinShmRegion(kernels::Backend& backend, ShmMapping* mapping);
+
+class LogitdService final : public RawTensorService {
+ public:
+  LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceOptions options);
+  ~LogitdService() override;
+  LogitdService(const LogitdService&) = delete;
+  LogitdService& operator=(const LogitdService&) = delete;
+
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                             v1::ServerInfo* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* RegisterWeight(grpc::CallbackServerContext* context,
+                                                            grpc::ByteBuffer* response) override;
+  grpc::Status LoadWeight(grpc::ServerContext* context, const v1::LoadWeightRequest* request,
+                          v1::WeightInfo* response) override;
+  grpc::Status ListWeights(grpc::ServerContext* context, const v1::ListWeightsRequest* request,
+                           v1::ListWeightsResponse* response) override;
+  grpc::Status ReleaseWeight(grpc::ServerContext* context, const v1::ReleaseWeightRequest* request,
+                             v1::ReleaseWeightResponse* response) override;
+  // The calls that stream tensors back, served as raw streams: each handler
+  // runs on a thread of its own (raw_stream.h).
+  RawBidiReactor* Logits(grpc::CallbackServerContext* context) override;
+  RawBidiReactor* Backward(grpc::CallbackServerContext* context) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchGradient(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+  grpc::Status ZeroGradient(grpc::ServerContext* context, const v1::ZeroGradientRequest* request,
+                            v1::ZeroGradientResponse* response) override;
+  RawBidiReactor* Cast(grpc::CallbackServerContext* context) override;
+  RawBidiReactor* CrossEntropy(grpc::CallbackServerContext* context) override;
+  RawBidiReactor* LogProbs(grpc::CallbackServerContext* context) override;
+  grpc::Status Probe(grpc::ServerContext* context,
+                     grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
+  grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,
+                           v1::ShmRegion* response) override;
+  grpc::Status ReleaseShm(grpc::ServerContext* context, const v1::ReleaseShmRequest* request,
+                          v1::ReleaseShmResponse* response) override;
+
+  const kernels::Backend& backend() const { return *backend_; }
+  const WeightRegistry& registry() const { return registry_; }
+  const RequestAdmission& admission() const { return admission_; }
+  const ShmRegistry& shm() const { return shm_; }
+  Authenticator& authenticator() const { return *auth_; }
+  ServiceCore core() {
+    return {backend_.get(), &registry_, &admission_, &runner_, &options_, &shm_};
+  }
+
+ private:
+  using LogitsCall = TensorCall<v1::LogitsRequest, v1::LogitsResponse>;
+  using BackwardCall = TensorCall<v1::BackwardRequest, v1::BackwardResponse>;
+  using FetchGradientCall = TensorCall<v1::FetchGradientRequest, v1::FetchGradientResponse>;
+  using CastCall = TensorCall<v1::CastRequest, v1::CastResponse>;
+  using CrossEntropyCall = TensorCall<v1::CrossEntropyRequest, v1::CrossEntropyResponse>;
+  using LogProbsCall = TensorCall<v1::LogProbsRequest, v1::LogProbsResponse>;
+  // A tensor handler: validate, declare the call's slots, receive, run the
+  // backend, send.
+  template <typename Call>
+  using TensorHandler = absl::Status (LogitdService::*)(Call* call);
+
+  // Runs `handler` for a raw call (a thread of threads_ per call).
+  template <typename Request, typename Response>
+  RawHandler TensorCallHandler(absl::string_view method,
+                               TensorHandler<TensorCall<Request, Response>> handler);
+  TensorCallEnv tensor_env();
+  OpEnv op_env();
+
+  absl::Status DoRegisterWeight(grpc::ServerContextBase* context,
+                                MessageStream<v1::WeightInfo, v1::RegisterWeightRequest>* reader,
+                                v1::WeightInfo* response, CallStats* stats);
+  absl::Status DoLoadWeight(const v1::LoadWeightRequest& request, v1::WeightInfo* response,
+                            CallStats* stats);
+  // RegisterWeight's and LoadWeight's last step, for a weight [v, k] whose
+  // bf16 bytes `w` the host holds: the backend's copy of it inserted for the
+  // tenant under `handle` and `name`, charged to `reservation` (or to one
+  // taken now for `label`, when the one taken earlier was released). `w` is
+  // dropped once the backend holds the weight. Logs the outcome, `source`
+  // (how the bytes came) after the weight's label.
+  absl::StatusOr<InsertResult> InsertWeight(const Tenant& tenant, BudgetReservation reservation,
+                                            absl::string_view label, const std::string& handle,
+                                            const std::string& name, std::int64_t v, std::int64_t k,
+                                            std::uint64_t xxh3, Tensor w, absl::string_view source);
+  absl::Status DoLogits(LogitsCall* call);
+  absl::Status DoBackward(BackwardCall* call);
+  absl::Status DoFetchGradient(FetchGradientCall* call);
+  absl::Status DoCast(CastCall* call);
+  absl::Status DoCrossEntropy(CrossEntropyCall* call);
+  absl::Status DoLogProbs(LogProbsCall* call);
+  absl::Status DoProbe(grpc::ServerContext* context,
+                       grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
+                       CallStats* stats);
+
+  // Shared with the backend decorator that applies them (fault_backend.h);
+  // the digest fault is applied by the tensor calls.
+  std::shared_ptr<FaultInjector> faults_;
+  // Declared before registry_ so that registered weights (backend objects)
+  // are destroyed before the backend that made them.
+  std::unique_ptr<kernels::Backend> backend_;
+  const ServiceOptions options_;
+  std::shared_ptr<Authenticator> auth_;
+  WeightRegistry registry_;
+  RequestAdmission admission_;
+  // Mapped regions; unmapped when the service goes (at shutdown).
+  ShmRegistry shm_;
+  // Output buffers gRPC still sends from; waited for before the backend goes.
+  SendingBuffers sending_;
+  CallRunner runner_;
+  // The tensor calls' threads; last, so that they have all exited before
+  // anything they use goes.
+  CallThreads threads_;
+};
+
+}  // namespace logitd::service

@@ -1,0 +1,151 @@
+#include "server/service/v1/tensor_call.h"
+
+#include <algorithm>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "logitd/tensor.h"
+#include "logitd/wire/chunk_message.h"
+#include "server/service/call/plans.h"
+#include "server/service/state/status.h"
+
+namespace logitd::service {
+
+TensorCallBase::TensorCallBase(const TensorCallEnv& env, absl::string_view method,
+                               grpc::ServerContextBase* context, CallStats* stats)
+    : start_(absl::Now()),
+      env_(env),
+      method_(method),
+      context_(context),
+      stats_(stats),
+      assembler_(env.max_request_bytes),
+      call_(
+          env.call, stats->tenant, absl::FromChrono(context->deadline()),
+          [context] { return context->IsCancelled(); }, stats) {}
+
+absl::Status TensorCallBase::ReceiveStreamed(std::vector<InputSlot*> streamed) {
+  for (InputSlot* slot : streamed) {
+    v1::TensorSpec spec;
+    spec.set_name(slot->in.name);
+    spec.set_dtype(wire::ToProto(*DTypeOfName(slot->in.dtype)));
+    for (std::int64_t d : slot->in.shape) spec.add_shape(d);
+    spec.set_xxh3(slot->in.xxh3.value_or(0));
+    LOGITD_RETURN_IF_ERROR(
+        assembler_.ExpectInto(spec, slot->buffer.data(), static_cast<std::uint64_t>(slot->bytes)));
+  }
+  LOGITD_RETURN_IF_ERROR(ReceiveChunks());
+  stats_->receive_us = Micros(absl::Now() - start_);
+  return absl::OkStatus();
+}
+
+void TensorCallBase::Timed(const kernels::Timing& t, v1::Timing* out) const {
+  out->set_queue_us(std::max<std::int64_t>(stats_->queue_us, 0));
+  out->set_receive_us(std::max<std::int64_t>(stats_->receive_us, 0));
+  out->set_h2d_us(t.h2d_us);
+  out->set_compute_us(t.compute_us);
+  out->set_d2h_us(t.d2h_us);
+}
+
+std::uint64_t TensorCallBase::Digest(absl::string_view name, const void* data,
+                                     std::uint64_t bytes) const {
+  const std::uint64_t digest = Xxh3(data, static_cast<std::size_t>(bytes));
+  return env_.faults != nullptr ? env_.faults->OutputDigest(method_, name, digest) : digest;
+}
+
+absl::Status TensorCallBase::FillResult(google::protobuf::Message* result,
+                                        const google::protobuf::Message& header, bool digest_last) {
+  const google::protobuf::Descriptor* type = result->GetDescriptor();
+  const google::protobuf::Reflection* fields = result->GetReflection();
+  for (const OutputSlot& s : call_.outputs()) {
+    const google::protobuf::FieldDescriptor* spec_field = type->FindFieldByName(s.name);
+    if (spec_field == nullptr || spec_field->message_type() != v1::TensorSpec::descriptor()) {
+      return absl::InternalError(
+          absl::StrCat(type->full_name(), " has no TensorSpec field for output ", s.name));
+    }
+    auto* spec = static_cast<v1::TensorSpec*>(fields->MutableMessage(result, spec_field));
+    spec->set_name(s.name);
+    spec->set_dtype(wire::ToProto(s.dtype));
+    spec->clear_shape();
+    for (std::int64_t d : s.shape) spec->add_shape(d);
+    if (!s.slice) {
+      // Xxh3 0: the digest follows the chunks.
+      spec->set_xxh3(digest_last ? 0 : Digest(s.name, s.data, s.bytes));
+      continue;
+    }
+    // The slot as the header asked for it.
+    const google::protobuf::FieldDescriptor* asked_field =
+        header.GetDescriptor()->FindFieldByName(s.name + "_shm");
+    const google::protobuf::FieldDescriptor* shm_field = type->FindFieldByName(s.name + "_shm");
+    if (asked_field == nullptr || shm_field == nullptr ||
+        asked_field->message_type() != v1::ShmRef::descriptor() ||
+        shm_field->message_type() != v1::ShmRef::descriptor()) {
+      return absl::InternalError(
+          absl::StrCat(type->full_name(), " has no ShmRef field for output ", s.name));
+    }
+    const auto& asked =
+        static_cast<const v1::ShmRef&>(header.GetReflection()->GetMessage(header, asked_field));
+    // Xxh3 0 for a slot that asked for skip_digest: not computed at all.
+    spec->set_xxh3(asked.skip_digest() ? 0 : Digest(s.name, s.data, s.bytes));
+    auto* where = static_cast<v1::ShmRef*>(fields->MutableMessage(result, shm_field));
+    where->set_region(asked.region());
+    where->set_offset(s.slice->offset);
+    where->set_bytes(s.bytes);
+    where->set_skip_digest(asked.skip_digest());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorCallBase::SendStreamed(
+    const std::function<bool(const grpc::ByteBuffer&)>& write, bool digest_last,
+    std::vector<std::pair<std::string, std::uint64_t>>* digests) {
+  // Held here as well as by the chunks' slices: the hasher may still read a
+  // buffer after gRPC has let go of all of its chunks.
+  struct Sent {
+    std::string name;
+    std::shared_ptr<const void> held;
+    std::uint64_t bytes;
+  };
+  std::vector<Sent> sent;
+  std::uint64_t total = 0;
+  for (OutputSlot& s : call_.outputs()) {
+    if (s.slice) continue;
+    sent.push_back({s.name, env_.sending->Hold(std::move(s.buffer)), s.bytes});
+    s.data = nullptr;
+    total += s.bytes;
+  }
+  std::vector<std::uint64_t> hashed(sent.size());
+  const auto hash_all = [&] {
+    for (std::size_t i = 0; i < sent.size(); ++i) {
+      hashed[i] = Digest(sent[i].name, sent[i].held.get(), sent[i].bytes);
+    }
+  };
+  std::thread hasher;
+  if (digest_last) {
+    if (total >= wire::kHashAsideBytes) {
+      hasher = std::thread(hash_all);
+    } else {
+      hash_all();
+    }
+  }
+  absl::Status status;
+  for (std::size_t i = 0; i < sent.size() && status.ok(); ++i) {
+    status = wire::SendChunkMessages(
+        sent[i].name, static_cast<const std::byte*>(sent[i].held.get()),
+        static_cast<std::size_t>(sent[i].bytes), env_.chunk_bytes, sent[i].held,
+        [&](const grpc::ByteBuffer& message, std::size_t payload) {
+          stats_->bytes_out += message.Length();
+          stats_->tensor_bytes_out += payload;
+          return write(message);
+        });
+  }
+  if (hasher.joinable()) hasher.join();
+  LOGITD_RETURN_IF_ERROR(status);
+  if (!digest_last) return absl::OkStatus();
+  for (std::size_t i = 0; i < sent.size(); ++i) digests->emplace_back(sent[i].name, hashed[i]);
+  return absl::OkStatus();
+}
+
+}  // namespace logitd::service
