@@ -81,3 +81,40 @@ def test_idempotent_calls_ride_over_a_server_that_comes_up_late(tmp_path):
         bounded = logitd.Client(address, timeout=60, retry=logitd.RetryPolicy(max_attempts=3, initial_backoff=0.05))
         with bounded, pytest.raises(logitd.UnavailableError, match="gave up after 3 attempts"):
             bounded.info()
+
+
+def test_only_the_idempotent_calls_are_retried():
+    # Nothing listens, so every attempt fails with UNAVAILABLE at once; a call
+    # retried under the policy counts one retry before it gives up.
+    rng = np.random.default_rng(52)
+    x = to_bf16(int_tensor(rng, (2, 4)))
+    dy = int_tensor(rng, (2, 3)).astype(np.float32)
+    targets = np.zeros(2, np.int32)
+    w = "w-0000000000000000-1x1"
+    calls = {
+        "info": (lambda c: c.info(), True),
+        "list_weights": (lambda c: c.list_weights(), True),
+        "load_weight": (lambda c: c.load_weight("w.safetensors", "lm_head.weight"), True),
+        "register_weights": (lambda c: c.register_weights(to_bf16(int_tensor(rng, (3, 4)))), True),
+        "logits": (lambda c: c.logits(x, w), True),
+        "cast_to_bf16": (lambda c: c.cast_to_bf16(dy), True),
+        "zero_gradient": (lambda c: c.zero_gradient(w), True),
+        "fetch_gradient": (lambda c: c.fetch_gradient(w), True),
+        "fetch_gradient(zero_after=True)": (lambda c: c.fetch_gradient(w, zero_after=True), False),
+        "backward": (lambda c: c.backward(dy, x, w), True),
+        "backward(accumulate_dw=True)": (lambda c: c.backward(dy, x, w, accumulate_dw=True), False),
+        "cross_entropy": (lambda c: c.cross_entropy(x, targets, w, want_dw=True), True),
+        "cross_entropy(accumulate_dw=True)": (
+            lambda c: c.cross_entropy(x, targets, w, want_dw=True, accumulate_dw=True),
+            False,
+        ),
+        "logprobs": (lambda c: c.logprobs(x, w, targets), True),
+        "release_weights": (lambda c: c.release_weights(w), False),
+    }
+    policy = logitd.RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.01)
+    with logitd.Client("127.0.0.1:%d" % free_port(), timeout=30, retry=policy) as c:
+        for name, (call, idempotent) in calls.items():
+            before = c.retries
+            with pytest.raises(logitd.UnavailableError):
+                call(c)
+            assert c.retries - before == (1 if idempotent else 0), name

@@ -11,256 +11,35 @@ device). Results are numpy arrays, or CPU torch tensors when the inputs were
 torch tensors.
 """
 
-import functools
-import inspect
 import math
-import os
-import random
 import threading
-import time
-from dataclasses import dataclass, fields
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import grpc
-import numpy as np
-import xxhash
 
 from . import _tensors as T
+from ._shm_layout import _matrix, _ShmLayout, _verify_needs_shm, _weight_rows
+from ._transport import _retried, _Transport
 from .errors import DataLossError, InvalidArgumentError, LogitdError, UnavailableError, from_rpc_error
+from .options import _MAX_CHUNK_BYTES, DEFAULT_CHUNK_BYTES, TLS, RetryPolicy, _channel
+from .results import CrossEntropyResult, Gradient, LogProbs, ReleaseResult, ServerInfo, WeightInfo, _from_proto
 from .shm import SharedRegion
-from .shm import _align as _shm_align
 from .v1 import logitd_pb2 as pb
 from .v1 import logitd_pb2_grpc as pb_grpc
 
-# Tensor bytes per chunk message: 4 MiB less 4 KiB, so that a chunk with its
-# framing fits the 4 MiB every gRPC peer accepts by default (the protocol's
-# kDefaultChunkBytes, include/logitd/protocol.h).
-DEFAULT_CHUNK_BYTES = (4 << 20) - 4096
-# Room a chunk message needs beyond its payload (tensor name, offset, framing).
-_MESSAGE_HEADROOM = 1 << 20
-# gRPC sizes messages with a signed 32-bit int; stay well inside it.
-_MAX_CHUNK_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What is serving. Results are bitwise comparable only across equal backend/device/versions."""
-
-    version: str
-    build_id: str
-    backend: str
-    device_name: str
-    compute_capability: str
-    multiprocessor_count: int
-    driver_version: str
-    cuda_runtime_version: str
-    cublaslt_version: str
-    blas_version: str
-    weight_budget_bytes: int
-    weight_bytes_in_use: int
-    max_request_bytes: int
-    chunk_bytes: int
-    device_bytes_in_use: int
-    split_k: str
-    # The wire's limits (docs/PROTOCOL.md): the largest message the server
-    # takes, the largest request chunk, the largest message it sends.
-    max_receive_message_bytes: int = 0
-    max_request_chunk_bytes: int = 0
-    max_send_message_bytes: int = 0
-    # How long GEMM algorithm choices last: "fixed" (cpu), "kept" (in
-    # algo_cache_path, across restarts) or "per_process" (a restart may give
-    # other bits).
-    algo_choices: str = ""
-    algo_cache_path: str = ""
-
-
-@dataclass(frozen=True)
-class WeightInfo:
-    """A weight held by the server; ``handle`` names it in later calls."""
-
-    handle: str
-    name: str
-    shape: Tuple[int, ...]
-    xxh3: int
-    bytes: int
-    has_gradient: bool
-    already_registered: bool
-    registrations: int
-    # "F32" or "F16" when load_weight rounded the file's tensor to bf16, else "".
-    converted_from: str = ""
-
-
-@dataclass(frozen=True)
-class ReleaseResult:
-    """Bytes freed now (0 while other registrations remain or calls still use
-    the weight), registrations left, and bytes that go when those calls end."""
-
-    bytes_freed: int
-    registrations_left: int
-    bytes_freed_when_calls_end: int = 0
-
-
-class CrossEntropyResult(NamedTuple):
-    """Fused cross-entropy outputs: loss (fp32, [M] for reduction "none", else
-    [1]); lse, dx, dw when asked for (else None); tokens not ignored."""
-
-    loss: Any
-    lse: Any
-    dx: Any
-    dw: Any
-    counted_tokens: int
-
+# Most of these are defined elsewhere and re-exported: code imports them from logitd.client.
+__all__ = [
+    "Client", "DEFAULT_CHUNK_BYTES", "TLS", "RetryPolicy", "ServerInfo", "WeightInfo", "ReleaseResult",
+    "CrossEntropyResult", "LogProbs", "Gradient", "SharedRegion", "LogitdError", "DataLossError",
+    "InvalidArgumentError", "UnavailableError", "from_rpc_error",
+]
 
 _REDUCTIONS = {"none": pb.REDUCTION_NONE, "sum": pb.REDUCTION_SUM, "mean": pb.REDUCTION_MEAN}
-
-
-class LogProbs(NamedTuple):
-    """Per-token outputs of Client.logprobs, each None when not asked for:
-    logprob (fp32 [M], with targets; 0 for an ignored one), lse and entropy
-    (fp32 [M]), topk_ids (int32 [M, top_k], most likely first, ties by the
-    lower id) and topk_logprobs (fp32 [M, top_k]), rank (int64 [M]; -1 for an
-    ignored target)."""
-
-    logprob: Any
-    lse: Any
-    entropy: Any
-    topk_ids: Any
-    topk_logprobs: Any
-    rank: Any
-
 
 _LOGPROBS_OUTPUTS = ("logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank")
 
 
-class Gradient(NamedTuple):
-    """The server-held fp32 dW of a weight and how many Backward calls it sums."""
-
-    dw: Any
-    accumulated_calls: int
-
-
-@dataclass
-class TLS:
-    """TLS settings. Each is a path to a PEM file (str or os.PathLike), or PEM
-    contents (bytes, or a str holding a ``-----BEGIN`` line).
-
-    ``root_ca`` None uses the system's roots; ``cert`` and ``key`` (both or
-    neither) give the client's identity for mutual TLS (a server started with
-    ``--tls_client_ca``). As a dict, ``ca`` may be written for ``root_ca``.
-    """
-
-    root_ca: Optional[Any] = None
-    cert: Optional[Any] = None
-    key: Optional[Any] = None
-
-
-def _pem(what: str, value: Any) -> Optional[bytes]:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str) and "-----BEGIN" in value:
-        return value.encode()
-    if isinstance(value, (str, os.PathLike)):
-        try:
-            with open(value, "rb") as f:
-                return f.read()
-        except OSError as e:
-            raise InvalidArgumentError("tls %s: cannot read %s: %s" % (what, os.fspath(value), e.strerror)) from e
-    raise InvalidArgumentError("tls %s: expected a PEM file path or PEM contents, got %s" % (what, type(value).__name__))
-
-
-def _tls_credentials(tls: Any) -> Optional[grpc.ChannelCredentials]:
-    if tls is None or tls is False:
-        return None
-    if tls is True:
-        tls = TLS()
-    elif isinstance(tls, dict):
-        unknown = set(tls) - {"root_ca", "ca", "cert", "key"}
-        if unknown:
-            raise InvalidArgumentError("tls: unknown keys %s (expected ca or root_ca, cert, key)" % sorted(unknown))
-        if "ca" in tls and "root_ca" in tls:
-            raise InvalidArgumentError("tls: give ca or root_ca, not both")
-        tls = dict(tls)
-        if "ca" in tls:
-            tls["root_ca"] = tls.pop("ca")
-        tls = TLS(**tls)
-    root_ca = _pem("root_ca", getattr(tls, "root_ca", None))
-    cert = _pem("cert", getattr(tls, "cert", None))
-    key = _pem("key", getattr(tls, "key", None))
-    if (cert is None) != (key is None):
-        raise InvalidArgumentError("tls client identity: expected both a certificate and a key, got only one")
-    return grpc.ssl_channel_credentials(root_certificates=root_ca, private_key=key, certificate_chain=cert)
-
-
-def _from_proto(cls, msg):
-    values = {}
-    for f in fields(cls):
-        v = getattr(msg, f.name)
-        if f.name == "shape":
-            v = tuple(int(d) for d in v)
-        values[f.name] = v
-    return cls(**values)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retrying calls that failed with UNAVAILABLE (server down, restarting or unreachable,
-    connection lost mid-call), as the C++ client's RetryPolicy. A Client without one makes
-    each call once. Only idempotent calls are ever retried: info, list_weights,
-    load_weight, register_weights, logits, cast_to_bf16, zero_gradient,
-    fetch_gradient(zero_after=False), backward and cross_entropy without accumulate_dw;
-    never release_weights, register_shm, release_shm, fetch_gradient(zero_after=True),
-    nor backward/cross_entropy with accumulate_dw. Attempts share the call's deadline
-    (the Client's timeout, from the start of the call).
-
-    max_attempts: attempts in all, the first included (0: no limit but the deadline).
-    initial_backoff, max_backoff: seconds before the first retry, and at most; each
-    further retry waits ``multiplier`` times longer, scaled by a random factor in
-    [1 - jitter, 1 + jitter]. The defaults cover some 11 s of outage.
-    """
-
-    max_attempts: int = 8
-    initial_backoff: float = 0.1
-    multiplier: float = 2.0
-    max_backoff: float = 5.0
-    jitter: float = 0.2
-
-    def __post_init__(self):
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 0:
-            raise InvalidArgumentError("max_attempts: expected 0 (no limit) or more, got %r" % (self.max_attempts,))
-        for name in ("initial_backoff", "max_backoff"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise InvalidArgumentError("%s: expected a positive number of seconds, got %r" % (name, v))
-        if not (math.isfinite(self.multiplier) and self.multiplier >= 1):
-            raise InvalidArgumentError("multiplier: expected 1 or more, got %r" % (self.multiplier,))
-        if not 0 <= self.jitter < 1:
-            raise InvalidArgumentError("jitter: expected 0 <= jitter < 1, got %r" % (self.jitter,))
-
-
-def _retried(unless: Optional[str] = None):
-    """Marks a call as idempotent: retried on UNAVAILABLE under the client's RetryPolicy.
-    With ``unless``, only when that argument of the call is false."""
-
-    def wrap(method):
-        signature = inspect.signature(method)
-
-        @functools.wraps(method)
-        def call(self, *args, **kwargs):
-            idempotent = True
-            if unless is not None:
-                bound = signature.bind(self, *args, **kwargs)
-                bound.apply_defaults()
-                idempotent = not bound.arguments[unless]
-            return self._retrying(idempotent, lambda: method(self, *args, **kwargs))
-
-        return call
-
-    return wrap
-
-
-class Client:
+class Client(_Transport):
     """A connection to a logitd server.
 
     Args:
@@ -310,25 +89,7 @@ class Client:
         self._attempt = threading.local()
         self.chunk_bytes = chunk_bytes
         self._metadata = (("authorization", "Bearer " + token),) if token else None
-        channel_options = [
-            ("grpc.max_send_message_length", chunk_bytes + _MESSAGE_HEADROOM),
-            # The server picks its own chunk size; each tensor is bounded by the size it announced.
-            ("grpc.max_receive_message_length", -1),
-            ("grpc.lb_policy_name", lb_policy),
-        ]
-        if retry is not None:
-            channel_options += [
-                ("grpc.initial_reconnect_backoff_ms", max(1, int(retry.initial_backoff * 1000))),
-                ("grpc.min_reconnect_backoff_ms", max(1, int(retry.initial_backoff * 1000))),
-                ("grpc.max_reconnect_backoff_ms", max(1, int(retry.max_backoff * 1000))),
-            ]
-        if options:
-            channel_options.extend(options)
-        credentials = _tls_credentials(tls)
-        if credentials is None:
-            self._channel = grpc.insecure_channel(address, options=channel_options)
-        else:
-            self._channel = grpc.secure_channel(address, credentials, options=channel_options)
+        self._channel = _channel(address, tls, chunk_bytes, lb_policy, retry, options)
         self._stub = pb_grpc.LogitdStub(self._channel)
         self._closed = False
         self._lock = threading.Lock()
@@ -349,120 +110,6 @@ class Client:
 
     def __repr__(self) -> str:
         return "logitd.Client(%r)" % self.address
-
-    # -- plumbing -----------------------------------------------------------------
-
-    def _timeout(self) -> Optional[float]:
-        """The time left to the current call (its attempts share one deadline)."""
-        deadline = getattr(self._attempt, "deadline", None)
-        if deadline is None:
-            return self.timeout
-        return max(deadline - time.monotonic(), 0.001)
-
-    def _retrying(self, idempotent: bool, attempt):
-        policy = self.retry
-        if policy is None or not idempotent or policy.max_attempts == 1:
-            return attempt()
-        start = time.monotonic()
-        deadline = None if self.timeout is None else start + self.timeout
-        backoff = policy.initial_backoff
-        n = 0
-        while True:
-            n += 1
-            self._attempt.deadline = deadline
-            try:
-                return attempt()
-            except UnavailableError as e:
-                wait = min(backoff, policy.max_backoff) * random.uniform(1 - policy.jitter, 1 + policy.jitter)
-                if (policy.max_attempts > 0 and n >= policy.max_attempts) or (
-                    deadline is not None and time.monotonic() + wait >= deadline
-                ):
-                    raise UnavailableError(
-                        "%s (gave up after %d attempts in %.1f s)" % (e.message, n, time.monotonic() - start),
-                        e.code,
-                    ) from None
-            finally:
-                self._attempt.deadline = None
-            # Wait on the channel, not only the clock: that makes gRPC try to
-            # reconnect (and notice that it can) while the client waits.
-            # The channel reconnects on the policy's schedule too (see __init__),
-            # so the next attempt finds it trying again rather than in a long
-            # reconnect backoff of its own.
-            time.sleep(wait)
-            backoff *= policy.multiplier
-            with self._lock:
-                self.retries += 1
-
-    def _unary(self, method, request):
-        try:
-            return method(request, timeout=self._timeout(), metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-
-    def _requests(self, request_cls, header_field: str, header, tensors: Sequence[T.Outgoing]):
-        yield request_cls(**{header_field: header})
-        for t in tensors:
-            for chunk in t.chunks(self.chunk_bytes):
-                yield request_cls(chunk=chunk)
-
-    def _receive(self, call, specs_of):
-        """Reads a response stream: one result message, then the chunks of the tensors it announces
-        (and, for a tensor announced without its digest, the digest after its chunks)."""
-        result = None
-        incoming = {}
-        try:
-            try:
-                for msg in call:
-                    part = msg.WhichOneof("part")
-                    if part == "result":
-                        if result is not None:
-                            raise DataLossError("response from server: a second result message")
-                        result = msg.result
-                        for spec in specs_of(result):
-                            if spec.name in incoming:
-                                raise DataLossError("response from server: tensor %r announced twice" % spec.name)
-                            incoming[spec.name] = T.Incoming(spec)
-                    elif part == "chunk":
-                        if result is None:
-                            raise DataLossError(
-                                "response from server: chunk of %r arrived before the result that announces it"
-                                % msg.chunk.name
-                            )
-                        target = incoming.get(msg.chunk.name)
-                        if target is None:
-                            raise DataLossError(
-                                "response from server: chunk for tensor %r, which the result did not announce"
-                                % msg.chunk.name
-                            )
-                        target.add(msg.chunk)
-                    elif part == "digest":
-                        target = incoming.get(msg.digest.name)
-                        if target is None:
-                            raise DataLossError(
-                                "response from server: digest of tensor %r, which the result did not announce"
-                                % msg.digest.name
-                            )
-                        target.expected = msg.digest.xxh3
-                    else:
-                        raise DataLossError("response from server: a message with neither result nor chunk")
-            except LogitdError:
-                call.cancel()  # stop the request stream and the server's work
-                raise
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-        if result is None:
-            raise DataLossError("response from server: the call ended without a result")
-        for t in incoming.values():
-            t.finish()
-        return result, incoming
-
-    def _stream(self, method, request_cls, header_field, header, tensors, specs_of):
-        call = method(
-            self._requests(request_cls, header_field, header, tensors),
-            timeout=self._timeout(),
-            metadata=self._metadata,
-        )
-        return self._receive(call, specs_of)
 
     # -- server info ----------------------------------------------------------------
 
@@ -581,13 +228,6 @@ class Client:
             return
         self._unary(self._stub.ReleaseShm, pb.ReleaseShmRequest(handle=region.handle))
         region.handle = None
-
-    def _call_shm(self, method, request_cls, header, layout: "_ShmLayout", as_torch: bool):
-        """A tensor call whose tensors all lie in shared memory (``layout``): only the header and
-        the result travel. Returns the result message and its outputs by name, views of the region."""
-        layout.write()
-        result, _ = self._stream(method, request_cls, "header", header, [], lambda r: [])
-        return result, layout.results(result, as_torch)
 
     @_retried(unless="accumulate_dw")
     def backward(
@@ -864,175 +504,10 @@ class Client:
         result, tensors = self._stream(self._stub.Cast, pb.CastRequest, "header", header, [xt], lambda r: [r.output])
         return tensors[result.output.name].result(T.is_torch(x))
 
+
 def _handle(handle: Union[str, WeightInfo]) -> str:
     if isinstance(handle, WeightInfo):
         return handle.handle
     if not isinstance(handle, str):
         raise InvalidArgumentError("handle: expected a str or a WeightInfo, got %s" % type(handle).__name__)
     return handle
-
-
-# -- shared-memory layout ----------------------------------------------------------------
-
-
-class _ShmSlot(NamedTuple):
-    """Where one output of a call goes in the region, and what the call expects of it."""
-
-    offset: int
-    room: int
-    dtype: int
-    # The expected shape; None for a dimension the call does not know (the weight's V).
-    shape: Tuple[Optional[int], ...]
-
-
-class _ShmLayout:
-    """One call's tensors in a registered SharedRegion, the same way for every call.
-
-    The inputs are copied in from the region's start, each at a 64-byte-aligned
-    offset; the outputs' slots follow them, each aligned too and sized from the
-    shape the call knows. An output whose size the call cannot know (a
-    dimension of a weight given by handle only) gets the rest of the region
-    and comes last: the server says when that is too small. ``results`` then
-    checks what the server says it wrote (dtype, shape, region, offset, bytes,
-    digest) and returns views of the region.
-    """
-
-    def __init__(self, region: SharedRegion, verify: bool):
-        if not isinstance(region, SharedRegion):
-            raise InvalidArgumentError("shm: expected a logitd.SharedRegion, got %s" % type(region).__name__)
-        if region.handle is None or region.closed:
-            raise InvalidArgumentError("shm: region %s is not registered (Client.register_shm)" % region.name)
-        self.region = region
-        self.verify = bool(verify)
-        self._end = 0
-        self._inputs: List[Tuple[T.Outgoing, int]] = []
-        self._outputs = {}
-        # The output given the rest of the region, which nothing may follow.
-        self._open_ended: Optional[str] = None
-
-    def _place(self, what: str) -> int:
-        if self._open_ended is not None:
-            raise AssertionError("shm layout: %s after %s, which has the rest of the region" % (what, self._open_ended))
-        return _shm_align(self._end)
-
-    def input(self, t: T.Outgoing) -> pb.ShmRef:
-        """Reserves room for an input; its bytes are copied in by ``write``."""
-        offset = self._place(t.name)
-        self._inputs.append((t, offset))
-        self._end = offset + len(t.data)
-        return pb.ShmRef(region=self.region.handle, offset=offset, bytes=len(t.data))
-
-    def output(self, name: str, dtype: int, shape: Sequence[Optional[int]]) -> pb.ShmRef:
-        """A slot for the output ``name`` (its field in the result, and ``name``_shm)."""
-        offset = self._place(name)
-        shape = tuple(None if d is None else int(d) for d in shape)
-        if None in shape:
-            room = max(self.region.nbytes - offset, 0)
-            self._open_ended = name
-            self._end = offset + room
-        else:
-            room = T.NUMPY_DTYPE[dtype].itemsize * math.prod(shape)
-            self._end = offset + room
-        self._outputs[name] = _ShmSlot(offset, room, dtype, shape)
-        return pb.ShmRef(region=self.region.handle, offset=offset, bytes=room, skip_digest=not self.verify)
-
-    def _describe(self) -> str:
-        parts = ["%s %d at %d" % (t.name, len(t.data), off) for t, off in self._inputs]
-        for name, s in self._outputs.items():
-            parts.append("%s %s at %d" % (name, "the rest" if name == self._open_ended else s.room, s.offset))
-        return ", ".join(parts)
-
-    def write(self) -> None:
-        """Checks that the layout fits the region and copies the inputs in."""
-        region = self.region
-        if self._open_ended is not None:
-            last = self._outputs[self._open_ended]
-            # The output of unknown size needs one element at least; the server checks the rest.
-            if last.offset + T.NUMPY_DTYPE[last.dtype].itemsize > region.nbytes:
-                raise InvalidArgumentError(
-                    "shm: region %s has %d bytes, which leaves no room for %s after the call's other tensors (%s)"
-                    % (region.name, region.nbytes, self._open_ended, self._describe())
-                )
-        elif self._end > region.nbytes:
-            raise InvalidArgumentError(
-                "shm: region %s has %d bytes, the call's tensors need %d (%s)"
-                % (region.name, region.nbytes, self._end, self._describe())
-            )
-        whole = region.array(0, np.uint8, (region.nbytes,))
-        # An input that is itself a view of the region (an earlier call's
-        # result) is read before any input is written over it.
-        sources = [
-            np.frombuffer(bytes(t.data) if np.may_share_memory(t.array, whole) else t.data, dtype=np.uint8)
-            for t, _ in self._inputs
-        ]
-        for (t, offset), src in zip(self._inputs, sources):
-            whole[offset : offset + len(t.data)] = src
-
-    def results(self, result, as_torch: bool) -> dict:
-        """The outputs the server wrote, by name: checked views of the region."""
-        return {name: self._result(result, name, slot, as_torch) for name, slot in self._outputs.items()}
-
-    def _result(self, result, name: str, slot: _ShmSlot, as_torch: bool):
-        region = self.region
-        if not result.HasField(name) or not result.HasField(name + "_shm"):
-            raise DataLossError(
-                "response from server: expected %s in shared memory at %s [%d, +%d), got %s"
-                % (name, region.handle, slot.offset, slot.room, "it streamed" if result.HasField(name) else "none")
-            )
-        spec = getattr(result, name)
-        ref = getattr(result, name + "_shm")
-        got_shape = T.shape_of(spec)
-        if (
-            spec.dtype != slot.dtype
-            or len(got_shape) != len(slot.shape)
-            or any(d < 1 or (e is not None and d != e) for d, e in zip(got_shape, slot.shape))
-        ):
-            expected = ["?" if d is None else str(d) for d in slot.shape]
-            raise DataLossError(
-                "response from server: %s has dtype %s shape %s, expected dtype %s shape [%s]"
-                % (name, _dtype_name(spec.dtype), list(got_shape), _dtype_name(slot.dtype), ", ".join(expected))
-            )
-        dtype = T.NUMPY_DTYPE[spec.dtype]
-        nbytes = dtype.itemsize * math.prod(got_shape)
-        if ref.region != region.handle or ref.offset != slot.offset or ref.bytes != nbytes or nbytes > slot.room:
-            raise DataLossError(
-                "response from server: %s was written to %s [%d, +%d), expected %s [%d, +%d) within %d bytes"
-                % (name, ref.region, ref.offset, ref.bytes, region.handle, slot.offset, nbytes, slot.room)
-            )
-        if ref.skip_digest and self.verify:
-            raise DataLossError("response from server: %s was written without a digest, which was not asked" % name)
-        view = region.array(slot.offset, dtype, got_shape)
-        # A server that hashed anyway (skip_digest unset) is still checked.
-        got = 0 if ref.skip_digest else xxhash.xxh3_64_intdigest(memoryview(view.reshape(-1).view(np.uint8)))
-        if got != spec.xxh3:
-            raise DataLossError(
-                "response from server: %s: xxh3 digest of the shared-memory bytes is %016x, the server "
-                "announced %016x (the region was written during the call?)" % (name, got, spec.xxh3)
-            )
-        return T.as_result(view, as_torch)
-
-
-def _dtype_name(enum: int) -> str:
-    try:
-        return pb.DType.Name(enum).replace("DTYPE_", "").lower()
-    except ValueError:
-        return str(enum)
-
-
-def _verify_needs_shm(verify: bool, shm: Optional[SharedRegion]) -> None:
-    if shm is None and not verify:
-        raise InvalidArgumentError("verify=False: only with shm= (streamed tensors are always checked)")
-
-
-def _matrix(t: T.Outgoing, dims: str) -> Tuple[int, int]:
-    """The two dimensions of a rank-2 input, which size a call's outputs in shared memory."""
-    if len(t.spec.shape) != 2:
-        raise InvalidArgumentError("%s: expected shape [%s], got %s" % (t.name, dims, list(t.spec.shape)))
-    return int(t.spec.shape[0]), int(t.spec.shape[1])
-
-
-def _weight_rows(handle: Union[str, WeightInfo]) -> Optional[int]:
-    """The weight's V when the call was given its WeightInfo, else None (a handle says nothing of it)."""
-    if isinstance(handle, WeightInfo) and len(handle.shape) == 2:
-        return int(handle.shape[0])
-    return None
