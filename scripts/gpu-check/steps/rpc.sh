@@ -1,0 +1,103 @@
+# shellcheck shell=bash
+# --- the service at the RPC level: logitctl bench against the cuda backend ----
+# Issue 8's shapes, server and client on this machine over loopback; every run
+# ends with the Probe RPC (plain gRPC, same bytes) so the ratios come from one
+# run. nvidia-smi samples GPU utilisation during the 16-client run. Also
+# scrapes the metrics endpoint of this (cuda-enabled) build.
+
+bench() {  # bench NAME ARGS...: one logitctl bench run, its JSON to rpc_NAME.json
+  local name=$1; shift
+  echo "=== bench $name: $*" >>"$out/rpc.log"
+  timeout "${RPC_BENCH_TIMEOUT:-120}" "$logitctl_bin" --server="127.0.0.1:$port" bench "$@" \
+    --json >"$out/rpc_$name.json" 2>>"$out/rpc.log" ||
+    { local rc=$?; rpc_rc=1; echo "exit $rc" >>"$out/rpc.log"; }
+  python3 -c 'import json,sys
+for p in json.load(open(sys.argv[1]))["phases"]:
+  s=p.get("server_avg",{})
+  print("  %-9s req/s %8.2f p50 %9.3f p99 %9.3f ms  down %7.3f GB/s  server compute %s send %s total %s us" % (
+    p["rpc"], p["requests_per_s"], p["latency_ms"]["p50"], p["latency_ms"]["p99"], p["down_gb_s"],
+    s.get("compute_us"), s.get("send_us"), s.get("total_us")))' "$out/rpc_$name.json" \
+    >>"$out/rpc.log" 2>&1 || true
+}
+busy() {  # busy NAME ARGS...: a bench run with nvidia-smi sampling GPU utilisation
+  local name=$1 smi_pid=""
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 \
+      >"$out/rpc_util_$name.txt" 2>/dev/null &
+    smi_pid=$!
+  fi
+  bench "$@"
+  if [ -n "$smi_pid" ]; then
+    kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
+    echo "  GPU utilisation during $name (nvidia-smi, 100 ms samples): $(sort -n "$out/rpc_util_$name.txt" | awk '{s+=$1; a[NR]=$1} END {if (NR) printf "mean %.1f%% median %s%% over %d samples", s/NR, a[int((NR+1)/2)], NR}')" >>"$out/rpc.log"
+  fi
+}
+
+step_rpc() {
+  if skipped rpc; then note rpc skip "GPU_CHECK_SKIP"; return; fi
+  if ! have_server_and_client; then
+    note rpc skip "logitd or logitctl was not built (see build.log)"
+    return
+  fi
+  logitctl_bin=$(find_bin logitctl)
+  metrics_port_file=$(mktemp)
+  rm -f "$metrics_port_file"
+  : >"$out/rpc_server.log"
+  if start_server "$out/rpc_server.log" --allow_shm --metrics_address=127.0.0.1:0 \
+    --metrics_port_file="$metrics_port_file"; then
+    rpc_rc=0
+    rpc_runs
+    metrics_port=$(tr -dc '0-9' <"$metrics_port_file" 2>/dev/null)
+    if [ -n "$metrics_port" ] && python3 -c 'import sys,urllib.request
+body=urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
+lines=[l for l in body.splitlines() if l.startswith("logitd_requests_total")]
+print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out/rpc_metrics.txt" 2>&1; then
+      echo "  metrics endpoint: served ($(wc -l <"$out/rpc_metrics.txt") request counters)" >>"$out/rpc.log"
+    else
+      rpc_rc=1
+      echo "  metrics endpoint: FAILED (port '$metrics_port'; see rpc_metrics.txt, rpc_server.log)" >>"$out/rpc.log"
+    fi
+    if [ "$rpc_rc" -eq 0 ]; then note rpc ok "rpc.log, rpc_*.json"
+    else note rpc FAIL "see rpc.log"; fi
+  else
+    note rpc FAIL "logitd --backend=cuda --allow_shm did not start (see rpc_server.log)"
+  fi
+  stop_server
+  rm -f "$metrics_port_file"
+}
+
+# The bench runs against the started server (RPC_BENCH_SET picks them).
+rpc_runs() {
+  r=${RPC_BENCH_REQUESTS:-30}
+  if [ "${RPC_BENCH_SET:-all}" = all ]; then
+    bench m1024_c1 --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r"
+    bench m1024_c4 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=4 --channels=4 --requests="$r"
+    bench m16_c1 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5
+    bench m16_c1_shm --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm --baseline=false
+    bench m16_c1_shm_nodigest --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm \
+      --shm_skip_digest --baseline=false
+    busy m1024_c16 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 --duration=10
+    busy m1024_c16_shm --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 \
+      --duration=10 --shm --baseline=false
+    busy m1024_c16_shm_nodigest --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 \
+      --channels=16 --duration=10 --shm --shm_skip_digest --baseline=false
+    df -h /dev/shm >>"$out/rpc.log" 2>&1
+    bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
+    bench m8192_shm --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm --baseline=false
+    bench m8192_shm_nodigest --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm \
+      --shm_skip_digest --baseline=false
+  fi
+  # LogProbs over plain gRPC: 16 clients' GPU busy fraction, and one
+  # client's tokens/s at M=8192 against the kernel's own rate (the lp step).
+  lp=(--rpc=logprobs --k=4096 --v=128256 --top_k=5 --entropy --lse --baseline=false)
+  busy lp_m1024_c16 "${lp[@]}" --m=1024 --concurrency=16 --channels=16 --duration=10
+  busy lp_m1024_v32k_c16 --rpc=logprobs --k=4096 --v=32768 --top_k=5 --entropy --lse \
+    --baseline=false --m=1024 --concurrency=16 --channels=16 --duration=10
+  bench lp_m8192_c1 "${lp[@]}" --m=8192 --requests=12
+  bench lp_m8192_c1_shm "${lp[@]}" --m=8192 --requests=12 --shm
+  bench lp_m16_c1 "${lp[@]}" --m=16 --duration=5
+  if [ "${RPC_BENCH_SET:-all}" = all ]; then
+    bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=6
+    bench fetch_gradient --rpc=fetch-gradient --m=1024 --k=4096 --v=32768 --requests=6
+  fi
+}
