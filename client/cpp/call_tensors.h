@@ -193,11 +193,17 @@ class CallTensors {
   absl::Status Input(absl::string_view name, const Tensor* tensor,
                      const std::optional<ShmSlot>& slot, DType dtype = DType::kBf16,
                      const std::vector<std::int64_t>& shape = {});
+  absl::Status Input(absl::string_view name, const TensorInput& in) {
+    return Input(name, in.tensor, in.slot, in.dtype, in.shape);
+  }
   // An output the call may return: written by the server at `slot` when
   // given, else streamed back, into *into when given (its memory reused when
   // dtype and shape match).
   absl::Status Output(absl::string_view name, const std::optional<ShmSlot>& slot,
                       Tensor* into = nullptr);
+  absl::Status Output(absl::string_view name, const TensorOutput& out) {
+    return Output(name, out.slot, out.into);
+  }
 
   // Sets the inputs' specs and every slot in the call's header message.
   void FillHeader(google::protobuf::Message* header) const;

@@ -28,8 +28,8 @@ absl::Status Client::LogitsInto(const Tensor& x, const std::string& handle, Tens
   if (y == nullptr) return absl::InvalidArgumentError("y: expected a tensor to receive into");
   // LogitsShm without slots streams X up and Y back.
   LogitsShmArgs args;
-  args.x = &x;
-  args.y_into = y;
+  args.x = x;
+  args.y = TensorOutput::Into(y);
   absl::StatusOr<LogitsShmResult> r = LogitsShm(args, handle, options);
   if (!r.ok()) return r.status();
   if (timing != nullptr) *timing = std::move(r->timing);
@@ -41,8 +41,8 @@ absl::StatusOr<BackwardResult> Client::Backward(const Tensor& dy, const Tensor& 
                                                 const BackwardOptions& options) {
   // BackwardShm without slots streams every tensor both ways.
   BackwardShmArgs args;
-  args.dy = &dy;
-  args.x = &x;
+  args.dy = dy;
+  args.x = x;
   absl::StatusOr<BackwardShmResult> r = BackwardShm(args, handle, options);
   if (!r.ok()) return r.status();
   BackwardResult out;
@@ -100,7 +100,7 @@ absl::Status Client::ZeroGradient(const std::string& handle) {
 
 absl::StatusOr<Tensor> Client::CastToBf16(const Tensor& input) {
   CastShmArgs args;
-  args.input = &input;
+  args.input = input;
   absl::StatusOr<CastShmResult> r = CastShm(args);
   if (!r.ok()) return r.status();
   return *std::move(r->output);
@@ -111,8 +111,8 @@ absl::StatusOr<CrossEntropyResult> Client::CrossEntropy(const Tensor& x, const T
                                                         const CrossEntropyOptions& options) {
   // CrossEntropyShm without slots streams every tensor both ways.
   CrossEntropyShmArgs args;
-  args.x = &x;
-  args.targets = &targets;
+  args.x = x;
+  args.targets = targets;
   absl::StatusOr<CrossEntropyShmResult> r = CrossEntropyShm(args, handle, options);
   if (!r.ok()) return r.status();
   CrossEntropyResult out;
@@ -126,6 +126,12 @@ absl::StatusOr<CrossEntropyResult> Client::CrossEntropy(const Tensor& x, const T
 }
 
 namespace {
+
+// X is bf16 whatever the caller's TensorInput says of a slot's dtype.
+TensorInput Bf16(TensorInput x) {
+  x.dtype = DType::kBf16;
+  return x;
+}
 
 // Output `name` as it came back, into whichever of *tensor and *shm it came as.
 absl::Status TakeOutput(const CallTensors& slots, absl::string_view name,
@@ -148,10 +154,9 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
         "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
   }
   CallTensors slots;
-  if (absl::Status s = slots.Input("x", args.x, args.x_slot, DType::kBf16, args.x_shape); !s.ok()) {
-    return s;
+  for (absl::Status s : {slots.Input("x", Bf16(args.x)), slots.Output("y", args.y)}) {
+    if (!s.ok()) return s;
   }
-  if (absl::Status s = slots.Output("y", args.y_slot, args.y_into); !s.ok()) return s;
   v1::LogitsRequest request;
   v1::LogitsHeader* h = request.mutable_header();
   h->set_weight_handle(handle);
@@ -169,18 +174,10 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
     if (!s.ok()) return s;
     LogitsShmResult out;
     out.timing = TimingOf(result.timing(), context);
-    std::optional<ShmOutput> y;
-    if (s = TakeOutput(slots, "y", result, &tensors, &out.y, &y); !s.ok()) return s;
-    if (args.y_into != nullptr) out.y.reset();
-    if (!out.y && !y && args.y_into == nullptr) {
+    if (s = TakeOutput(slots, "y", result, &tensors, &out.y, &out.y_shm); !s.ok()) return s;
+    if (args.y.into != nullptr) out.y.reset();
+    if (!out.y && !out.y_shm && args.y.into == nullptr) {
       return absl::DataLossError("response from server: the logits result has no Y");
-    }
-    if (y) {
-      out.y_dtype = y->dtype;
-      out.y_shape = std::move(y->shape);
-      out.y_xxh3 = y->xxh3;
-      out.y_offset = y->offset;
-      out.y_bytes = y->bytes;
     }
     return out;
   });
@@ -190,9 +187,8 @@ absl::StatusOr<BackwardShmResult> Client::BackwardShm(const BackwardShmArgs& arg
                                                       const std::string& handle,
                                                       const BackwardOptions& options) {
   CallTensors slots;
-  for (absl::Status s : {slots.Input("dy", args.dy, args.dy_slot, args.dy_dtype, args.dy_shape),
-                         slots.Input("x", args.x, args.x_slot, DType::kBf16, args.x_shape),
-                         slots.Output("dx", args.dx_slot), slots.Output("dw", args.dw_slot)}) {
+  for (absl::Status s : {slots.Input("dy", args.dy), slots.Input("x", Bf16(args.x)),
+                         slots.Output("dx", args.dx), slots.Output("dw", args.dw)}) {
     if (!s.ok()) return s;
   }
   v1::BackwardRequest request;
@@ -225,12 +221,9 @@ absl::StatusOr<BackwardShmResult> Client::BackwardShm(const BackwardShmArgs& arg
 
 absl::StatusOr<CastShmResult> Client::CastShm(const CastShmArgs& args) {
   CallTensors slots;
-  if (absl::Status s =
-          slots.Input("input", args.input, args.input_slot, DType::kFp32, args.input_shape);
-      !s.ok()) {
-    return s;
+  for (absl::Status s : {slots.Input("input", args.input), slots.Output("output", args.output)}) {
+    if (!s.ok()) return s;
   }
-  if (absl::Status s = slots.Output("output", args.output_slot); !s.ok()) return s;
   v1::CastRequest request;
   request.mutable_header()->set_digest_last(true);  // the output hashed while it travels
   slots.FillHeader(request.mutable_header());
@@ -263,11 +256,9 @@ absl::StatusOr<CrossEntropyShmResult> Client::CrossEntropyShm(const CrossEntropy
         "got 0");
   }
   CallTensors slots;
-  for (absl::Status s : {slots.Input("x", args.x, args.x_slot, DType::kBf16, args.x_shape),
-                         slots.Input("targets", args.targets, args.targets_slot, args.targets_dtype,
-                                     args.targets_shape),
-                         slots.Output("loss", args.loss_slot), slots.Output("lse", args.lse_slot),
-                         slots.Output("dx", args.dx_slot), slots.Output("dw", args.dw_slot)}) {
+  for (absl::Status s : {slots.Input("x", Bf16(args.x)), slots.Input("targets", args.targets),
+                         slots.Output("loss", args.loss), slots.Output("lse", args.lse),
+                         slots.Output("dx", args.dx), slots.Output("dw", args.dw)}) {
     if (!s.ok()) return s;
   }
   v1::CrossEntropyRequest request;
@@ -318,8 +309,8 @@ absl::StatusOr<LogProbsResult> Client::LogProbs(const Tensor& x, const Tensor* t
                                                 const std::string& handle,
                                                 const LogProbsOptions& options) {
   LogProbsShmArgs args;
-  args.x = &x;
-  args.targets = targets;
+  args.x = x;
+  if (targets != nullptr) args.targets = *targets;
   return LogProbsShm(args, handle, options);
 }
 
@@ -334,23 +325,15 @@ absl::StatusOr<LogProbsResult> Client::LogProbsShm(const LogProbsShmArgs& args,
   if (options.top_k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("top_k: expected 0 to 64, got ", options.top_k));
   }
-  const bool has_targets = args.targets != nullptr || args.targets_slot.has_value();
   CallTensors slots;
-  if (absl::Status s = slots.Input("x", args.x, args.x_slot, DType::kBf16, args.x_shape); !s.ok()) {
-    return s;
-  }
-  if (has_targets) {
-    if (absl::Status s = slots.Input("targets", args.targets, args.targets_slot, args.targets_dtype,
-                                     args.targets_shape);
-        !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = slots.Input("x", Bf16(args.x)); !s.ok()) return s;
+  if (args.targets.given()) {
+    if (absl::Status s = slots.Input("targets", args.targets); !s.ok()) return s;
   }
   for (absl::Status s :
-       {slots.Output("logprob", args.logprob_slot), slots.Output("lse", args.lse_slot),
-        slots.Output("entropy", args.entropy_slot), slots.Output("topk_ids", args.topk_ids_slot),
-        slots.Output("topk_logprobs", args.topk_logprobs_slot),
-        slots.Output("rank", args.rank_slot)}) {
+       {slots.Output("logprob", args.logprob), slots.Output("lse", args.lse),
+        slots.Output("entropy", args.entropy), slots.Output("topk_ids", args.topk_ids),
+        slots.Output("topk_logprobs", args.topk_logprobs), slots.Output("rank", args.rank)}) {
     if (!s.ok()) return s;
   }
   v1::LogProbsRequest request;

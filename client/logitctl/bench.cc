@@ -392,10 +392,10 @@ CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
         options.out_dtype = c.out_dtype;
         if (c.shm) {
           client::LogitsShmArgs args;
-          args.x_slot = client::ShmSlot{in.region_handle, in.region.get(), 0};
-          args.x_shape = in.x.shape();
-          args.y_slot =
-              client::ShmSlot{in.region_handle, in.region.get(), in.y_offset, c.shm_skip_digest};
+          args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
+                                            DType::kBf16, in.x.shape());
+          args.y = client::TensorOutput::Shm(
+              client::ShmSlot{in.region_handle, in.region.get(), in.y_offset, c.shm_skip_digest});
           absl::StatusOr<client::LogitsShmResult> r = cl.LogitsShm(args, handle, options);
           if (!r.ok()) return r.status();
           *trailer = r->timing.trailer;
@@ -433,9 +433,9 @@ CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
           // X from the worker's region; the targets and the per-token
           // outputs (a few bytes a token) travel in the stream.
           client::LogProbsShmArgs args;
-          args.x_slot = client::ShmSlot{in.region_handle, in.region.get(), 0};
-          args.x_shape = in.x.shape();
-          args.targets = &in.targets;
+          args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
+                                            DType::kBf16, in.x.shape());
+          args.targets = in.targets;
           r = cl.LogProbsShm(args, handle, c.logprobs);
         } else {
           r = cl.LogProbs(in.x, &in.targets, handle, c.logprobs);

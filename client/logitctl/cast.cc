@@ -25,9 +25,8 @@ absl::StatusOr<Tensor> CastViaShm(client::Client& c, const Tensor& in) {
   const std::uint64_t out_at = staging.Reserve(in.nbytes() / 2);
   if (absl::Status s = staging.Open(); !s.ok()) return s;
   client::CastShmArgs args;
-  args.input_slot = staging.Put(in, in_at);
-  args.input_shape = in.shape();
-  args.output_slot = staging.Slot(out_at);
+  args.input = client::TensorInput::Shm(staging.Put(in, in_at), in.dtype(), in.shape());
+  args.output = client::TensorOutput::Shm(staging.Slot(out_at));
   absl::StatusOr<client::CastShmResult> r = c.CastShm(args);
   const absl::Status released = staging.Close();
   if (!r.ok()) return r.status();

@@ -66,15 +66,13 @@ absl::StatusOr<client::CrossEntropyResult> CrossEntropyViaShm(
       staging.Reserve(returns_dw ? static_cast<std::uint64_t>(*v * x.dim(1)) * fp32 : 0);
   if (absl::Status s = staging.Open(); !s.ok()) return s;
   client::CrossEntropyShmArgs args;
-  args.x_slot = staging.Put(x, x_at);
-  args.x_shape = x.shape();
-  args.targets_slot = staging.Put(targets, t_at);
-  args.targets_dtype = targets.dtype();
-  args.targets_shape = targets.shape();
-  args.loss_slot = staging.Slot(loss_at);
-  if (options.want_lse) args.lse_slot = staging.Slot(lse_at);
-  if (options.want_dx) args.dx_slot = staging.Slot(dx_at);
-  if (returns_dw) args.dw_slot = staging.Slot(dw_at);
+  args.x = client::TensorInput::Shm(staging.Put(x, x_at), x.dtype(), x.shape());
+  args.targets =
+      client::TensorInput::Shm(staging.Put(targets, t_at), targets.dtype(), targets.shape());
+  args.loss = client::TensorOutput::Shm(staging.Slot(loss_at));
+  if (options.want_lse) args.lse = client::TensorOutput::Shm(staging.Slot(lse_at));
+  if (options.want_dx) args.dx = client::TensorOutput::Shm(staging.Slot(dx_at));
+  if (returns_dw) args.dw = client::TensorOutput::Shm(staging.Slot(dw_at));
   absl::StatusOr<client::CrossEntropyShmResult> r = c.CrossEntropyShm(args, handle, options);
   const absl::Status released = staging.Close();
   if (!r.ok()) return r.status();

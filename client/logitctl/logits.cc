@@ -34,20 +34,14 @@ absl::StatusOr<Tensor> LogitsViaShm(client::Client& c, const Tensor& x, const st
   const std::uint64_t y_at = staging.Reserve(static_cast<std::uint64_t>(*y_bytes));
   if (absl::Status s = staging.Open(); !s.ok()) return s;
   client::LogitsShmArgs args;
-  args.x_slot = staging.Put(x, x_at);
-  args.x_shape = x.shape();
-  args.y_slot = staging.Slot(y_at);
+  args.x = client::TensorInput::Shm(staging.Put(x, x_at), x.dtype(), x.shape());
+  args.y = client::TensorOutput::Shm(staging.Slot(y_at));
   absl::StatusOr<client::LogitsShmResult> r = c.LogitsShm(args, handle, options);
   const absl::Status released = staging.Close();
   if (!r.ok()) return r.status();
   if (!released.ok()) return released;
-  client::ShmOutput y;
-  y.dtype = r->y_dtype;
-  y.shape = r->y_shape;
-  y.xxh3 = r->y_xxh3;
-  y.offset = r->y_offset;
   if (timing != nullptr) *timing = r->timing;
-  return staging.Take(y);
+  return staging.Take(*r->y_shm);
 }
 
 }  // namespace

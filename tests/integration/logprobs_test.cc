@@ -255,15 +255,13 @@ TEST_F(LogProbsTest, SharedMemoryEqualsStreamedBitwise) {
     return client::ShmSlot{*region_handle, &*region, offset};
   };
   client::LogProbsShmArgs args;
-  args.x_slot = slot(0);
-  args.x_shape = x.shape();
-  args.targets_slot = slot(4096);
-  args.targets_shape = targets.shape();
-  args.logprob_slot = slot(8192);
-  args.entropy_slot = slot(12288);
-  args.topk_ids_slot = slot(16384);
-  args.topk_logprobs_slot = slot(20480);
-  args.rank_slot = slot(24576);
+  args.x = client::TensorInput::Shm(slot(0), DType::kBf16, x.shape());
+  args.targets = client::TensorInput::Shm(slot(4096), targets.dtype(), targets.shape());
+  args.logprob.slot = slot(8192);
+  args.entropy.slot = slot(12288);
+  args.topk_ids.slot = slot(16384);
+  args.topk_logprobs.slot = slot(20480);
+  args.rank.slot = slot(24576);
   absl::StatusOr<LogProbsResult> r = client().LogProbsShm(args, handle, options);
   ASSERT_TRUE(r.ok()) << r.status();
   for (const auto& [want, got] : {std::make_pair(&*streamed->logprob, &r->logprob_shm),

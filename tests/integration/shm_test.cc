@@ -170,23 +170,23 @@ TEST_F(ShmTest, RoundTripEqualsStreamedBitwise) {
     Registered r = Register(y_at + streamed->nbytes() + 100);
     std::copy_n(x.bytes(), x.nbytes(), r.region.data() + 8);
     client::LogitsShmArgs args;
-    args.x_slot = client::ShmSlot{r.handle, &r.region, 8};
-    args.x_shape = x.shape();
-    args.y_slot = client::ShmSlot{r.handle, &r.region, y_at};
+    args.x.slot = client::ShmSlot{r.handle, &r.region, 8};
+    args.x.shape = x.shape();
+    args.y.slot = client::ShmSlot{r.handle, &r.region, y_at};
     absl::StatusOr<client::LogitsShmResult> got = a().LogitsShm(args, handle(), options);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_FALSE(got->y.has_value());
-    EXPECT_EQ(got->y_dtype, out);
-    EXPECT_EQ(got->y_shape, streamed->shape());
-    EXPECT_EQ(got->y_offset, y_at);
-    EXPECT_EQ(got->y_bytes, streamed->nbytes());
-    EXPECT_EQ(got->y_xxh3, streamed->Digest());
+    EXPECT_EQ(got->y_shm->dtype, out);
+    EXPECT_EQ(got->y_shm->shape, streamed->shape());
+    EXPECT_EQ(got->y_shm->offset, y_at);
+    EXPECT_EQ(got->y_shm->bytes, streamed->nbytes());
+    EXPECT_EQ(got->y_shm->xxh3, streamed->Digest());
     EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
                            r.region.data() + y_at));
 
     // Only X in shared memory: Y streamed back.
     client::LogitsShmArgs x_only = args;
-    x_only.y_slot.reset();
+    x_only.y.slot.reset();
     absl::StatusOr<client::LogitsShmResult> y_streamed = a().LogitsShm(x_only, handle(), options);
     ASSERT_TRUE(y_streamed.ok()) << y_streamed.status();
     ASSERT_TRUE(y_streamed->y.has_value());
@@ -195,8 +195,8 @@ TEST_F(ShmTest, RoundTripEqualsStreamedBitwise) {
     // Only Y in shared memory: X streamed.
     std::fill_n(r.region.data() + y_at, streamed->nbytes(), std::byte{0});
     client::LogitsShmArgs y_only;
-    y_only.x = &x;
-    y_only.y_slot = args.y_slot;
+    y_only.x = x;
+    y_only.y.slot = args.y.slot;
     absl::StatusOr<client::LogitsShmResult> x_streamed = a().LogitsShm(y_only, handle(), options);
     ASSERT_TRUE(x_streamed.ok()) << x_streamed.status();
     EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
@@ -224,13 +224,13 @@ TEST_F(ShmTest, BackwardRoundTripEqualsStreamedBitwise) {
   std::copy_n(dy.bytes(), dy.nbytes(), r.region.data());
   std::copy_n(x.bytes(), x.nbytes(), r.region.data() + x_at);
   client::BackwardShmArgs args;
-  args.dy_slot = client::ShmSlot{r.handle, &r.region, 0};
-  args.dy_dtype = DType::kFp32;
-  args.dy_shape = dy.shape();
-  args.x_slot = client::ShmSlot{r.handle, &r.region, x_at};
-  args.x_shape = x.shape();
-  args.dx_slot = client::ShmSlot{r.handle, &r.region, dx_at};
-  args.dw_slot = client::ShmSlot{r.handle, &r.region, dw_at};
+  args.dy.slot = client::ShmSlot{r.handle, &r.region, 0};
+  args.dy.dtype = DType::kFp32;
+  args.dy.shape = dy.shape();
+  args.x.slot = client::ShmSlot{r.handle, &r.region, x_at};
+  args.x.shape = x.shape();
+  args.dx.slot = client::ShmSlot{r.handle, &r.region, dx_at};
+  args.dw.slot = client::ShmSlot{r.handle, &r.region, dw_at};
   absl::StatusOr<client::BackwardShmResult> got = a().BackwardShm(args, handle(), options);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(got->dx_shm.has_value() && got->dw_shm.has_value());
@@ -244,9 +244,9 @@ TEST_F(ShmTest, BackwardRoundTripEqualsStreamedBitwise) {
 
   // Inputs streamed, dW in shared memory, dX streamed back.
   client::BackwardShmArgs mixed;
-  mixed.dy = &dy;
-  mixed.x = &x;
-  mixed.dw_slot = args.dw_slot;
+  mixed.dy = dy;
+  mixed.x = x;
+  mixed.dw.slot = args.dw.slot;
   got = a().BackwardShm(mixed, handle(), options);
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(got->dx.has_value());
@@ -256,7 +256,7 @@ TEST_F(ShmTest, BackwardRoundTripEqualsStreamedBitwise) {
   // A slot for an output that is not returned.
   client::BackwardOptions no_dx = options;
   no_dx.want_dx = false;
-  args.dw_slot.reset();
+  args.dw.slot.reset();
   got = a().BackwardShm(args, handle(), no_dx);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(got.status().message(), HasSubstr("dx_shm"));
@@ -275,9 +275,9 @@ TEST_F(ShmTest, CastRoundTripEqualsStreamedBitwise) {
   Registered r = Register(1024 + streamed->nbytes());
   std::copy_n(input.bytes(), input.nbytes(), r.region.data() + 4);
   client::CastShmArgs args;
-  args.input_slot = client::ShmSlot{r.handle, &r.region, 4};
-  args.input_shape = input.shape();
-  args.output_slot = client::ShmSlot{r.handle, &r.region, 1024};
+  args.input.slot = client::ShmSlot{r.handle, &r.region, 4};
+  args.input.shape = input.shape();
+  args.output.slot = client::ShmSlot{r.handle, &r.region, 1024};
   absl::StatusOr<client::CastShmResult> got = a().CastShm(args);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_FALSE(got->output.has_value());
@@ -291,13 +291,13 @@ TEST_F(ShmTest, CastRoundTripEqualsStreamedBitwise) {
   // Input streamed, output in the region; and the other way round.
   std::fill_n(r.region.data() + 1024, streamed->nbytes(), std::byte{0});
   client::CastShmArgs out_only;
-  out_only.input = &input;
-  out_only.output_slot = args.output_slot;
+  out_only.input = input;
+  out_only.output.slot = args.output.slot;
   ASSERT_TRUE(a().CastShm(out_only).ok());
   EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
                          r.region.data() + 1024));
   client::CastShmArgs in_only = args;
-  in_only.output_slot.reset();
+  in_only.output.slot.reset();
   absl::StatusOr<client::CastShmResult> back = a().CastShm(in_only);
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_TRUE(back->output.has_value());
@@ -305,7 +305,7 @@ TEST_F(ShmTest, CastRoundTripEqualsStreamedBitwise) {
 
   // An odd output offset is refused by the server, naming the slot.
   client::CastShmArgs odd = args;
-  odd.output_slot->offset = 1025;
+  odd.output.slot->offset = 1025;
   absl::StatusOr<client::CastShmResult> refused = a().CastShm(odd);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("output"));
@@ -341,15 +341,15 @@ TEST_F(ShmTest, CrossEntropyRoundTripEqualsStreamedBitwise) {
     std::copy_n(x.bytes(), x.nbytes(), r.region.data() + x_at);
     std::copy_n(targets.bytes(), targets.nbytes(), r.region.data() + t_at);
     client::CrossEntropyShmArgs args;
-    args.x_slot = client::ShmSlot{r.handle, &r.region, x_at};
-    args.x_shape = x.shape();
-    args.targets_slot = client::ShmSlot{r.handle, &r.region, t_at};
-    args.targets_dtype = DType::kInt64;
-    args.targets_shape = targets.shape();
-    args.loss_slot = client::ShmSlot{r.handle, &r.region, loss_at};
-    args.lse_slot = client::ShmSlot{r.handle, &r.region, lse_at};
-    args.dx_slot = client::ShmSlot{r.handle, &r.region, dx_at};
-    args.dw_slot = client::ShmSlot{r.handle, &r.region, dw_at};
+    args.x.slot = client::ShmSlot{r.handle, &r.region, x_at};
+    args.x.shape = x.shape();
+    args.targets.slot = client::ShmSlot{r.handle, &r.region, t_at};
+    args.targets.dtype = DType::kInt64;
+    args.targets.shape = targets.shape();
+    args.loss.slot = client::ShmSlot{r.handle, &r.region, loss_at};
+    args.lse.slot = client::ShmSlot{r.handle, &r.region, lse_at};
+    args.dx.slot = client::ShmSlot{r.handle, &r.region, dx_at};
+    args.dw.slot = client::ShmSlot{r.handle, &r.region, dw_at};
     absl::StatusOr<client::CrossEntropyShmResult> got =
         a().CrossEntropyShm(args, handle(), options);
     ASSERT_TRUE(got.ok()) << got.status();
@@ -370,10 +370,9 @@ TEST_F(ShmTest, CrossEntropyRoundTripEqualsStreamedBitwise) {
 
     // Inputs in the region, outputs streamed back.
     client::CrossEntropyShmArgs inputs_only;
-    inputs_only.x_slot = args.x_slot;
-    inputs_only.x_shape = args.x_shape;
-    inputs_only.targets_slot = args.targets_slot;
-    inputs_only.targets_shape = args.targets_shape;
+    inputs_only.x.slot = args.x.slot;
+    inputs_only.x.shape = args.x.shape;
+    inputs_only.targets = args.targets;
     absl::StatusOr<client::CrossEntropyShmResult> back =
         a().CrossEntropyShm(inputs_only, handle(), options);
     ASSERT_TRUE(back.ok()) << back.status();
@@ -390,9 +389,9 @@ TEST_F(ShmTest, CrossEntropySlotForAnOutputNotAskedIsInvalidArgument) {
   for (std::int64_t i = 0; i < 4; ++i) targets.data<std::int64_t>()[i] = i;
   Registered r = Register(1 << 16);
   client::CrossEntropyShmArgs args;
-  args.x = &x;
-  args.targets = &targets;
-  args.dx_slot = client::ShmSlot{r.handle, &r.region, 0};
+  args.x = x;
+  args.targets = targets;
+  args.dx.slot = client::ShmSlot{r.handle, &r.region, 0};
   absl::StatusOr<client::CrossEntropyShmResult> got = a().CrossEntropyShm(args, handle(), {});
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
   EXPECT_THAT(got.status().message(), HasSubstr("dx_shm"));
@@ -407,14 +406,14 @@ TEST_F(ShmTest, SkipDigestWritesTheSameBytesWithoutHashingThem) {
   Registered r = Register(y_at + streamed->nbytes());
   std::copy_n(x.bytes(), x.nbytes(), r.region.data());
   client::LogitsShmArgs args;
-  args.x_slot = client::ShmSlot{r.handle, &r.region, 0};
-  args.x_shape = x.shape();
-  args.y_slot = client::ShmSlot{r.handle, &r.region, y_at};
-  args.y_slot->skip_digest = true;
+  args.x.slot = client::ShmSlot{r.handle, &r.region, 0};
+  args.x.shape = x.shape();
+  args.y.slot = client::ShmSlot{r.handle, &r.region, y_at};
+  args.y.slot->skip_digest = true;
   absl::StatusOr<client::LogitsShmResult> got = a().LogitsShm(args, handle());
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->y_xxh3, 0u);  // not computed, on either side
-  EXPECT_EQ(got->y_bytes, streamed->nbytes());
+  EXPECT_EQ(got->y_shm->xxh3, 0u);  // not computed, on either side
+  EXPECT_EQ(got->y_shm->bytes, streamed->nbytes());
   EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
                          r.region.data() + y_at));
 
@@ -442,19 +441,19 @@ TEST_F(ShmTest, SkipDigestWritesTheSameBytesWithoutHashingThem) {
   ASSERT_TRUE(want.ok()) << want.status();
   Registered g = Register(want->dx->nbytes() + 64 + want->dw->nbytes());
   client::BackwardShmArgs bargs;
-  bargs.dy = &dy;
-  bargs.x = &x;
-  bargs.dx_slot = client::ShmSlot{g.handle, &g.region, 0, /*skip_digest=*/true};
-  bargs.dw_slot = client::ShmSlot{g.handle, &g.region, (want->dx->nbytes() + 63) / 64 * 64, true};
+  bargs.dy = dy;
+  bargs.x = x;
+  bargs.dx.slot = client::ShmSlot{g.handle, &g.region, 0, /*skip_digest=*/true};
+  bargs.dw.slot = client::ShmSlot{g.handle, &g.region, (want->dx->nbytes() + 63) / 64 * 64, true};
   absl::StatusOr<client::BackwardShmResult> b = a().BackwardShm(bargs, handle());
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_TRUE(b->dx_shm && b->dw_shm);
   EXPECT_EQ(b->dx_shm->xxh3, 0u);
   EXPECT_EQ(b->dw_shm->xxh3, 0u);
   EXPECT_TRUE(std::equal(want->dx->bytes(), want->dx->bytes() + want->dx->nbytes(),
-                         g.region.data() + bargs.dx_slot->offset));
+                         g.region.data() + bargs.dx.slot->offset));
   EXPECT_TRUE(std::equal(want->dw->bytes(), want->dw->bytes() + want->dw->nbytes(),
-                         g.region.data() + bargs.dw_slot->offset));
+                         g.region.data() + bargs.dw.slot->offset));
   EXPECT_TRUE(a().ReleaseShm(r.handle).ok());
   EXPECT_TRUE(a().ReleaseShm(g.handle).ok());
 }
@@ -474,22 +473,22 @@ TEST_F(ShmTest, BoundsViolationsAreInvalidArgument) {
 
   // Y does not fit after its offset: the server refuses, with the numbers.
   client::LogitsShmArgs args;
-  args.x_slot = client::ShmSlot{r.handle, &r.region, 0};
-  args.x_shape = x.shape();
-  args.y_slot = client::ShmSlot{r.handle, &r.region, 1024 + 64};
+  args.x.slot = client::ShmSlot{r.handle, &r.region, 0};
+  args.x.shape = x.shape();
+  args.y.slot = client::ShmSlot{r.handle, &r.region, 1024 + 64};
   absl::StatusOr<client::LogitsShmResult> got = a().LogitsShm(args, handle());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(got.status().message(),
               HasSubstr(absl::StrCat("is less than the ", y_bytes, " bytes")));
 
   // Y's offset not a multiple of fp32's 4 bytes.
-  args.y_slot = client::ShmSlot{r.handle, &r.region, 1022};
+  args.y.slot = client::ShmSlot{r.handle, &r.region, 1022};
   got = a().LogitsShm(args, handle());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(got.status().message(), HasSubstr("not a multiple of 4"));
 
   // The client library checks its own slots before any call.
-  args.y_slot = client::ShmSlot{r.handle, &r.region, 1024 + y_bytes + 1};
+  args.y.slot = client::ShmSlot{r.handle, &r.region, 1024 + y_bytes + 1};
   EXPECT_EQ(a().LogitsShm(args, handle()).status().code(), absl::StatusCode::kInvalidArgument);
 
   // Raw refs past the region's end, and an offset that would overflow.
@@ -555,8 +554,8 @@ TEST_F(ShmTest, UnknownAndOtherTenantsRegionsAreNotFound) {
   ASSERT_TRUE(wb.ok()) << wb.status();
 
   client::LogitsShmArgs args;
-  args.x = &x;
-  args.y_slot = client::ShmSlot{r.handle, &r.region, 0};
+  args.x = x;
+  args.y.slot = client::ShmSlot{r.handle, &r.region, 0};
   absl::StatusOr<client::LogitsShmResult> got = b->LogitsShm(args, wb->handle);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(got.status().message(), HasSubstr("for tenant 'team-b'"));
@@ -564,7 +563,7 @@ TEST_F(ShmTest, UnknownAndOtherTenantsRegionsAreNotFound) {
   // Still a's.
   ASSERT_TRUE(a().LogitsShm(args, handle()).ok());
 
-  args.y_slot->handle = "shm-999999";
+  args.y.slot->handle = "shm-999999";
   got = a().LogitsShm(args, handle());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(got.status().message(), HasSubstr("'shm-999999' is not registered"));
@@ -578,8 +577,8 @@ TEST_F(ShmTest, ReleasedRegionIsNotFound) {
   Registered r = Register(2 * kV * 4);
   ASSERT_TRUE(a().ReleaseShm(r.handle).ok());
   client::LogitsShmArgs args;
-  args.x = &x;
-  args.y_slot = client::ShmSlot{r.handle, &r.region, 0};
+  args.x = x;
+  args.y.slot = client::ShmSlot{r.handle, &r.region, 0};
   EXPECT_EQ(a().LogitsShm(args, handle()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(a().ReleaseShm(r.handle).code(), absl::StatusCode::kNotFound);
 }
@@ -707,8 +706,8 @@ TEST(ShmOffTest, EveryShmRequestIsFailedPreconditionWithoutTheFlag) {
   ASSERT_TRUE(reg.ok()) << reg.status();
   const Tensor x = NormalBf16({2, kK}, 26);
   client::LogitsShmArgs args;
-  args.x = &x;
-  args.y_slot = client::ShmSlot{"shm-1", &*region, 0};
+  args.x = x;
+  args.y.slot = client::ShmSlot{"shm-1", &*region, 0};
   absl::StatusOr<client::LogitsShmResult> got = c.LogitsShm(args, reg->handle);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(got.status().message(), HasSubstr("--allow_shm"));

@@ -206,16 +206,16 @@ TEST_F(ServiceTest, SharedMemoryIsFailedPreconditionWithoutAllowShm) {
   // A slot in a tensor call, input or output, whatever region it names.
   const Tensor x = Ramp(DType::kBf16, {2, kK});
   client::LogitsShmArgs logits;
-  logits.x = &x;
-  logits.y_slot = client::ShmSlot{"shm-1", &*region, 0};
+  logits.x = x;
+  logits.y.slot = client::ShmSlot{"shm-1", &*region, 0};
   absl::Status s = client().LogitsShm(logits, handle).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("--allow_shm"));
   const Tensor in = Ramp(DType::kFp32, {16});
   std::memcpy(region->data(), in.bytes(), in.nbytes());
   client::CastShmArgs cast;
-  cast.input_slot = client::ShmSlot{"shm-1", &*region, 0};
-  cast.input_shape = {16};
+  cast.input.slot = client::ShmSlot{"shm-1", &*region, 0};
+  cast.input.shape = {16};
   s = client().CastShm(cast).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("--allow_shm"));
@@ -259,11 +259,11 @@ class ServiceShmTest : public ServiceTest {
 TEST_F(ServiceShmTest, OutputWrittenIntoTheRegionIsTheBackendsResult) {
   const Tensor x = Ramp(DType::kBf16, {2, kK});
   client::LogitsShmArgs args;
-  args.x = &x;
-  args.y_slot = Slot(0);
+  args.x = x;
+  args.y.slot = Slot(0);
   absl::StatusOr<client::LogitsShmResult> got = client().LogitsShm(args, handle_);
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->y_bytes, 2u * kV * 4);
+  EXPECT_EQ(got->y_shm->bytes, 2u * kV * 4);
   const float* y = reinterpret_cast<const float*>(region_.data());
   for (std::int64_t i = 0; i < 2 * kV; ++i) ASSERT_EQ(y[i], static_cast<float>(i)) << i;
 }
@@ -272,9 +272,9 @@ TEST_F(ServiceShmTest, SlotForAnOutputNotAskedForIsInvalidArgument) {
   const Tensor dy = Ramp(DType::kFp32, {2, kV});
   const Tensor x = Ramp(DType::kBf16, {2, kK});
   client::BackwardShmArgs backward;
-  backward.dy = &dy;
-  backward.x = &x;
-  backward.dx_slot = Slot(0);
+  backward.dy = dy;
+  backward.x = x;
+  backward.dx.slot = Slot(0);
   client::BackwardOptions no_dx;
   no_dx.want_dx = false;
   absl::Status s = client().BackwardShm(backward, handle_, no_dx).status();
@@ -283,9 +283,9 @@ TEST_F(ServiceShmTest, SlotForAnOutputNotAskedForIsInvalidArgument) {
 
   const Tensor targets = Targets(2);
   client::CrossEntropyShmArgs ce;
-  ce.x = &x;
-  ce.targets = &targets;
-  ce.dx_slot = Slot(0);
+  ce.x = x;
+  ce.targets = targets;
+  ce.dx.slot = Slot(0);
   s = client().CrossEntropyShm(ce, handle_, {}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("dx_shm"));
@@ -296,8 +296,8 @@ TEST_F(ServiceShmTest, SlotForAnOutputNotAskedForIsInvalidArgument) {
 TEST_F(ServiceShmTest, SlotOfAnUnknownRegionIsNotFound) {
   const Tensor x = Ramp(DType::kBf16, {2, kK});
   client::LogitsShmArgs args;
-  args.x = &x;
-  args.y_slot = client::ShmSlot{"shm-404", &region_, 0};
+  args.x = x;
+  args.y.slot = client::ShmSlot{"shm-404", &region_, 0};
   const absl::Status s = client().LogitsShm(args, handle_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_THAT(std::string(s.message()),

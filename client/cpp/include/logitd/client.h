@@ -289,36 +289,50 @@ struct ShmSlot {
   bool skip_digest = false;
 };
 
-// Logits with X and/or Y in shared memory instead of on the wire.
-struct LogitsShmArgs {
-  // X, bf16 [M, K]: read by the server from x_slot when set (x_shape gives
-  // [M, K]; the bytes must be in place before the call), else `x` is
-  // streamed.
-  const Tensor* x = nullptr;
-  std::optional<ShmSlot> x_slot;
-  std::vector<std::int64_t> x_shape;
-  // Y: written by the server at y_slot when set (the offset a multiple of
-  // Y's element size), else streamed back into LogitsShmResult::y, or into
-  // *y_into when given (as Client::LogitsInto does).
-  std::optional<ShmSlot> y_slot;
-  Tensor* y_into = nullptr;
+// An input of a tensor call: a tensor the client streams to the server, or
+// a shared-memory slot the server reads it from (its dtype and shape given
+// here, its bytes in place before the call; the client computes the digest
+// from them). A Tensor converts to one.
+struct TensorInput {
+  TensorInput() = default;
+  TensorInput(const Tensor& t) : tensor(&t) {}  // NOLINT: streamed
+  static TensorInput Shm(ShmSlot slot, DType dtype, std::vector<std::int64_t> shape) {
+    TensorInput in;
+    in.slot = std::move(slot);
+    in.dtype = dtype;
+    in.shape = std::move(shape);
+    return in;
+  }
+  bool given() const { return tensor != nullptr || slot.has_value(); }
+
+  const Tensor* tensor = nullptr;
+  std::optional<ShmSlot> slot;
+  DType dtype = DType::kFp32;
+  std::vector<std::int64_t> shape;
 };
 
-struct LogitsShmResult {
-  // Y when it was streamed back (no y_slot).
-  std::optional<Tensor> y;
-  // Y in shared memory (y_slot): its dtype, shape [M, V] and xxh3, which the
-  // client checked against the bytes at y_offset in the region.
-  DType y_dtype = DType::kFp32;
-  std::vector<std::int64_t> y_shape;
-  std::uint64_t y_xxh3 = 0;
-  std::uint64_t y_offset = 0;
-  std::uint64_t y_bytes = 0;
-  Timing timing;
+// Where an output of a tensor call goes: streamed back into a new tensor
+// (the default), into a caller's tensor (its memory reused when dtype and
+// shape fit), or written by the server into a shared-memory slot (its
+// offset a multiple of the element size; only for outputs the call makes).
+struct TensorOutput {
+  static TensorOutput Into(Tensor* t) {
+    TensorOutput out;
+    out.into = t;
+    return out;
+  }
+  static TensorOutput Shm(ShmSlot slot) {
+    TensorOutput out;
+    out.slot = std::move(slot);
+    return out;
+  }
+
+  Tensor* into = nullptr;
+  std::optional<ShmSlot> slot;
 };
 
-// An output the server wrote into shared memory: what it announced, checked
-// by the client against the bytes at `offset` in the slot's region.
+// An output written into shared memory: its dtype, shape and xxh3 (checked
+// by the client against the region's bytes) and where it lies.
 struct ShmOutput {
   DType dtype = DType::kFp32;
   std::vector<std::int64_t> shape;
@@ -327,44 +341,40 @@ struct ShmOutput {
   std::uint64_t bytes = 0;
 };
 
-// Backward with its tensors in shared memory where a slot is given; the rest
-// travel as usual.
+// The tensors of each call, by name, for the calls' *Shm methods; the
+// plain methods stream every tensor.
+struct LogitsShmArgs {
+  TensorInput x;  // bf16 [M, K]
+  TensorOutput y;
+};
+
+struct LogitsShmResult {
+  // Y streamed back (unless into the caller's tensor), or in shared memory.
+  std::optional<Tensor> y;
+  std::optional<ShmOutput> y_shm;
+  Timing timing;
+};
+
 struct BackwardShmArgs {
-  // dY, fp32 or bf16 [M, V]: from dy_slot (dtype dy_dtype, shape dy_shape)
-  // when set, else `dy` is streamed.
-  const Tensor* dy = nullptr;
-  std::optional<ShmSlot> dy_slot;
-  DType dy_dtype = DType::kFp32;
-  std::vector<std::int64_t> dy_shape;
-  // X, bf16 [M, K]: from x_slot (shape x_shape) when set, else `x` is streamed.
-  const Tensor* x = nullptr;
-  std::optional<ShmSlot> x_slot;
-  std::vector<std::int64_t> x_shape;
-  // dX and dW written there when set (only for outputs that are returned).
-  std::optional<ShmSlot> dx_slot;
-  std::optional<ShmSlot> dw_slot;
+  TensorInput dy;  // fp32 or bf16 [M, V]
+  TensorInput x;   // bf16 [M, K]
+  TensorOutput dx;
+  TensorOutput dw;
 };
 
 struct BackwardShmResult {
-  // Outputs streamed back (asked for, no slot).
+  // Outputs streamed back (asked for, no slot), and those written into
+  // shared memory.
   std::optional<Tensor> dx;
   std::optional<Tensor> dw;
-  // Outputs written into shared memory.
   std::optional<ShmOutput> dx_shm;
   std::optional<ShmOutput> dw_shm;
   Timing timing;
 };
 
-// Cast with its input and/or output in shared memory.
 struct CastShmArgs {
-  // The input, fp32: from input_slot (shape input_shape) when set, else
-  // `input` is streamed.
-  const Tensor* input = nullptr;
-  std::optional<ShmSlot> input_slot;
-  std::vector<std::int64_t> input_shape;
-  // The bf16 output written there when set (offset a multiple of 2), else
-  // streamed back.
-  std::optional<ShmSlot> output_slot;
+  TensorInput input;  // fp32
+  TensorOutput output;
 };
 
 struct CastShmResult {
@@ -373,34 +383,20 @@ struct CastShmResult {
   Timing timing;
 };
 
-// The fused cross-entropy with its tensors in shared memory where a slot is
-// given; the rest travel as usual.
 struct CrossEntropyShmArgs {
-  // X, bf16 [M, K]: from x_slot (shape x_shape) when set, else `x` is streamed.
-  const Tensor* x = nullptr;
-  std::optional<ShmSlot> x_slot;
-  std::vector<std::int64_t> x_shape;
-  // Targets, int32 or int64 [M]: from targets_slot (targets_dtype,
-  // targets_shape) when set, else `targets` is streamed.
-  const Tensor* targets = nullptr;
-  std::optional<ShmSlot> targets_slot;
-  DType targets_dtype = DType::kInt64;
-  std::vector<std::int64_t> targets_shape;
-  // Outputs written there when set (only for outputs the options ask for;
-  // offsets a multiple of the element size).
-  std::optional<ShmSlot> loss_slot;
-  std::optional<ShmSlot> lse_slot;
-  std::optional<ShmSlot> dx_slot;
-  std::optional<ShmSlot> dw_slot;
+  TensorInput x;        // bf16 [M, K]
+  TensorInput targets;  // int32 or int64 [M]
+  TensorOutput loss;
+  TensorOutput lse;
+  TensorOutput dx;
+  TensorOutput dw;
 };
 
 struct CrossEntropyShmResult {
-  // Outputs streamed back (asked for, no slot).
   std::optional<Tensor> loss;
   std::optional<Tensor> lse;
   std::optional<Tensor> dx;
   std::optional<Tensor> dw;
-  // Outputs written into shared memory.
   std::optional<ShmOutput> loss_shm;
   std::optional<ShmOutput> lse_shm;
   std::optional<ShmOutput> dx_shm;
@@ -427,25 +423,15 @@ struct LogProbsOptions {
   std::int64_t vocab_size = 0;
 };
 
-// LogProbs with any of its tensors in shared memory where a slot is given.
 struct LogProbsShmArgs {
-  // X, bf16 [M, K]: from x_slot (shape x_shape) when set, else `x` is streamed.
-  const Tensor* x = nullptr;
-  std::optional<ShmSlot> x_slot;
-  std::vector<std::int64_t> x_shape;
-  // Targets, int32 or int64 [M], optional: from targets_slot (targets_dtype,
-  // targets_shape) when set, else `targets` is streamed when not null.
-  const Tensor* targets = nullptr;
-  std::optional<ShmSlot> targets_slot;
-  DType targets_dtype = DType::kInt64;
-  std::vector<std::int64_t> targets_shape;
-  // Outputs written there when set (only for outputs asked for).
-  std::optional<ShmSlot> logprob_slot;
-  std::optional<ShmSlot> lse_slot;
-  std::optional<ShmSlot> entropy_slot;
-  std::optional<ShmSlot> topk_ids_slot;
-  std::optional<ShmSlot> topk_logprobs_slot;
-  std::optional<ShmSlot> rank_slot;
+  TensorInput x;        // bf16 [M, K]
+  TensorInput targets;  // int32 or int64 [M], optional
+  TensorOutput logprob;
+  TensorOutput lse;
+  TensorOutput entropy;
+  TensorOutput topk_ids;
+  TensorOutput topk_logprobs;
+  TensorOutput rank;
 };
 
 struct LogProbsResult {
