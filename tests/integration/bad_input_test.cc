@@ -17,6 +17,7 @@
 #include "logitd/client.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "logitd/wire/wire.h"
+#include "tests/common/stub_stream.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {
@@ -248,14 +249,7 @@ template <typename Response, typename Request, typename StreamFactory>
 grpc::Status RunBidi(StreamFactory open, const std::vector<Request>& messages) {
   std::unique_ptr<grpc::ClientContext> context = Context();
   auto stream = open(context.get());
-  for (const Request& m : messages) {
-    if (!stream->Write(m)) break;
-  }
-  stream->WritesDone();
-  Response response;
-  while (stream->Read(&response)) {
-  }
-  return stream->Finish();
+  return FinishAfterWriting<Response>(*stream, messages);
 }
 
 grpc::Status RunLogits(const std::vector<v1::LogitsRequest>& messages) {

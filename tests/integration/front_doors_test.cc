@@ -17,6 +17,7 @@
 #include "kserve/grpc_predict_v2.grpc.pb.h"
 #include "logitd/protocol.h"
 #include "logitd/wire/wire.h"
+#include "tests/common/stub_stream.h"
 #include "tests/common/targets.h"
 #include "tests/integration/integration_util.h"
 #include "tests/integration/stub_calls.h"
@@ -70,27 +71,26 @@ v1::TensorSpec Spec(const std::string& name, const std::string& dtype,
   return spec;
 }
 
-// A call through the generated stub that writes on whatever the server
-// does: a refused header ends the call while its chunks are still being
-// written, and the status is what counts.
+// A call through the generated stub: the header, then the inputs' chunks
+// (a refused header ends the call while they are still being written).
 template <typename Request, typename Response>
 grpc::Status Refusal(v1::Logitd::Stub* stub,
                      std::unique_ptr<grpc::ClientReaderWriter<Request, Response>> (
                          v1::Logitd::Stub::*method)(grpc::ClientContext*),
                      const Request& header, const StubInputs& inputs) {
+  std::vector<Request> messages = {header};
+  for (const auto& [name, t] : inputs) {
+    EXPECT_TRUE(wire::SendChunks(name, t->bytes(), t->nbytes(), wire::kDefaultChunkBytes,
+                                 [&](v1::TensorChunk&& c) {
+                                   *messages.emplace_back().mutable_chunk() = std::move(c);
+                                   return true;
+                                 })
+                    .ok());
+  }
   grpc::ClientContext context;
   SetDeadline(&context);
   auto stream = (stub->*method)(&context);
-  if (stream->Write(header)) {
-    for (const auto& [name, t] : inputs) {
-      if (!WriteChunks<Request>(*stream, name, *t)) break;
-    }
-  }
-  stream->WritesDone();
-  Response response;
-  while (stream->Read(&response)) {
-  }
-  return stream->Finish();
+  return FinishAfterWriting<Response>(*stream, messages);
 }
 
 class FrontDoorsTest : public SharedServerTest {

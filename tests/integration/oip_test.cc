@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
@@ -36,19 +37,8 @@ using Parameters = google::protobuf::Map<std::string, inference::InferParameter>
 constexpr std::int64_t kV = 96;
 constexpr std::int64_t kK = 64;
 
-std::string Datatype(DType dtype) {
-  switch (dtype) {
-    case DType::kBf16:
-      return "BF16";
-    case DType::kFp32:
-      return "FP32";
-    case DType::kInt32:
-      return "INT32";
-    case DType::kInt64:
-      return "INT64";
-  }
-  return "";
-}
+// The Open Inference Protocol's datatype: "BF16", "FP32", "INT32", "INT64".
+std::string Datatype(DType dtype) { return absl::AsciiStrToUpper(DTypeName(dtype)); }
 
 // Input `name` with t's datatype and shape, its bytes in raw_input_contents.
 void AddRawInput(ModelInferRequest* req, const std::string& name, const Tensor& t) {

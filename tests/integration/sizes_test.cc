@@ -23,6 +23,28 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// The fp32 logits of integer-valued X [m, k] (seed + 1) against W [v, k]
+// (seed), registered on `c`; an error when the call fails or when they are
+// not the exact sums (with the first difference).
+absl::StatusOr<Tensor> ExactLogitsOfIntegers(client::Client& c, std::int64_t m, std::int64_t v,
+                                             std::int64_t k, std::uint32_t seed) {
+  const Tensor w = IntBf16({v, k}, seed);
+  const Tensor x = IntBf16({m, k}, seed + 1);
+  absl::StatusOr<client::WeightInfo> info = c.RegisterWeight(w, "w");
+  if (!info.ok()) return info.status();
+  absl::StatusOr<Tensor> y = c.Logits(x, info->handle);
+  if (!y.ok()) return y.status();
+  if (::testing::AssertionResult exact = Fp32EqualsExact(*y, ExactNT(x, w), {m, v}); !exact) {
+    return absl::DataLossError(absl::StrCat("logits are not the exact sums: ", exact.message()));
+  }
+  return y;
+}
+
+// A server that streams its responses in chunks of `chunk` bytes.
+absl::StatusOr<std::unique_ptr<SharedServer>> StartWithChunks(std::uint64_t chunk) {
+  return SharedServer::Start({absl::StrCat("--chunk_bytes=", chunk)});
+}
+
 // M = 1024, V = 32768: Y is 2^25 fp32 values = 128 MiB, 32 server chunks of
 // 4 MiB. K = 64 keeps the server's and the reference's arithmetic cheap.
 TEST(SizesTest, Logits128MiBResponseIsIntact) {
@@ -30,14 +52,9 @@ TEST(SizesTest, Logits128MiBResponseIsIntact) {
   ASSERT_TRUE(server.ok()) << server.status();
   client::Client& c = *(*server)->client;
   const std::int64_t m = 1024, v = 32768, k = 64;
-  const Tensor w = IntBf16({v, k}, 801);
-  const Tensor x = IntBf16({m, k}, 802);
-  absl::StatusOr<client::WeightInfo> info = c.RegisterWeight(w, "wide");
-  ASSERT_TRUE(info.ok()) << info.status();
-  absl::StatusOr<Tensor> y = c.Logits(x, info->handle);
+  absl::StatusOr<Tensor> y = ExactLogitsOfIntegers(c, m, v, k, 801);
   ASSERT_TRUE(y.ok()) << y.status();
   ASSERT_EQ(y->nbytes(), std::size_t{128} << 20);
-  EXPECT_TRUE(Fp32EqualsExact(*y, ExactNT(x, w), {m, v}));
   EXPECT_TRUE(ServerAnswers(c));
 }
 
@@ -47,8 +64,7 @@ TEST(SizesTest, Logits128MiBResponseIsIntact) {
 // its limit (the C++ library does) gets its answer.
 TEST(SizesTest, ChunksPastTheDefaultNeedARaisedClientLimitAndSaySo) {
   const std::uint64_t chunk = std::uint64_t{8} << 20;
-  absl::StatusOr<std::unique_ptr<SharedServer>> server =
-      SharedServer::Start({absl::StrCat("--chunk_bytes=", chunk)});
+  absl::StatusOr<std::unique_ptr<SharedServer>> server = StartWithChunks(chunk);
   ASSERT_TRUE(server.ok()) << server.status();
   client::Client& c = *(*server)->client;
   absl::StatusOr<client::ServerInfo> info = c.Info();
@@ -145,25 +161,20 @@ TEST(SizesTest, CallsPastTheThreadBoundAreResourceExhausted) {
 
 TEST(SizesTest, OddServerChunkSizeReassembles) {
   const std::uint64_t chunk = 100003;  // not a multiple of any element size
-  absl::StatusOr<std::unique_ptr<SharedServer>> server =
-      SharedServer::Start({absl::StrCat("--chunk_bytes=", chunk)});
+  absl::StatusOr<std::unique_ptr<SharedServer>> server = StartWithChunks(chunk);
   ASSERT_TRUE(server.ok()) << server.status();
   client::Client& c = *(*server)->client;
-  absl::StatusOr<client::ServerInfo> info = c.Info();
-  ASSERT_TRUE(info.ok()) << info.status();
-  EXPECT_EQ(info->chunk_bytes, chunk);
+  EXPECT_EQ(c.Info()->chunk_bytes, chunk);
 
   const std::int64_t m = 64, v = 8192, k = 96;  // 2 MiB of fp32 logits, 21 chunks
+  ASSERT_TRUE(ExactLogitsOfIntegers(c, m, v, k, 811).ok());
   const Tensor w = IntBf16({v, k}, 811);
   const Tensor x = IntBf16({m, k}, 812);
   absl::StatusOr<client::WeightInfo> reg = c.RegisterWeight(w, "w");
   ASSERT_TRUE(reg.ok()) << reg.status();
-  absl::StatusOr<Tensor> y = c.Logits(x, reg->handle);
-  ASSERT_TRUE(y.ok()) << y.status();
-  EXPECT_TRUE(Fp32EqualsExact(*y, ExactNT(x, w), {m, v}));
   client::LogitsOptions bf16;
   bf16.out_dtype = DType::kBf16;
-  y = c.Logits(x, reg->handle, bf16);
+  absl::StatusOr<Tensor> y = c.Logits(x, reg->handle, bf16);
   ASSERT_TRUE(y.ok()) << y.status();
   EXPECT_TRUE(Bf16EqualsRoundedExact(*y, ExactNT(x, w), {m, v}));
   absl::StatusOr<client::BackwardResult> r = c.Backward(IntBf16({m, v}, 813), x, reg->handle);

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "logitd/wire/wire.h"
+#include "tests/common/stub_stream.h"
 #include "tests/service/service_test.h"
 
 namespace logitd::testing {
@@ -41,14 +42,7 @@ class ServiceTensorTest : public ServiceTest {
   grpc::Status RunBidi(Open open, const std::vector<Request>& messages) {
     std::unique_ptr<grpc::ClientContext> context = StubContext();
     auto stream = (stub().*open)(context.get());
-    for (const Request& m : messages) {
-      if (!stream->Write(m)) break;
-    }
-    stream->WritesDone();
-    Response response;
-    while (stream->Read(&response)) {
-    }
-    return stream->Finish();
+    return FinishAfterWriting<Response>(*stream, messages);
   }
 
  private:

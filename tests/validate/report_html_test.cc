@@ -14,6 +14,7 @@
 #include "client/validate/report_plots.h"
 #include "client/validate/svg.h"
 #include "gtest/gtest.h"
+#include "tests/validate/sample_report.h"
 #include "tests/validate/xml_check.h"
 
 namespace logitd::validate {
@@ -42,12 +43,7 @@ CaseResult Rounding(int k, double fp32, double bf16, double worst) {
 }
 
 Report Sample() {
-  Report r;
-  r.address = "127.0.0.1:1";
-  r.have_info = true;
-  r.info.backend = "cpu";
-  r.info.device_name = "cpu <model> & \"co\"";
-  r.started_at = "2024-01-02T03:04:05+00:00";
+  Report r = EmptySampleReport();
   r.options.suites = {"rounding_error", "backward_contract", "golden"};
   r.results.push_back(Rounding(512, 1.25e-7, 1.7e-3, 0.0123456789012345));
   r.results.push_back(Rounding(4096, 0.0, 1.7e-3, 2.5));
@@ -59,12 +55,7 @@ Report Sample() {
   b.figures["dw_fp32"] = {{"violations", 0}, {"worst_bound_fraction", 0}};
   b.figures["nan_figure"] = "nan";
   r.results.push_back(b);
-  CaseResult g;
-  g.suite = "golden";
-  g.name = "cast";
-  g.verdict = Verdict::kNotRun;
-  g.note = "no --baseline";
-  r.results.push_back(g);
+  r.results.push_back(NotRunGoldenCast());
   return r;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/validate/sample_report.h"
 
 namespace logitd::validate {
 namespace {
@@ -16,12 +17,7 @@ std::size_t Count(const std::string& text, const std::string& what) {
 }
 
 Report Sample() {
-  Report r;
-  r.address = "127.0.0.1:1";
-  r.have_info = true;
-  r.info.backend = "cpu";
-  r.info.device_name = "cpu <model> & \"co\"";
-  r.started_at = "2024-01-02T03:04:05+00:00";
+  Report r = EmptySampleReport();
   CaseResult a;
   a.suite = "integer_exact";
   a.name = "K=512";
@@ -33,12 +29,7 @@ Report Sample() {
   b.name = "K=1024";
   b.verdict = Verdict::kFailed;
   b.failures = {"got <1> & want \"2\"\x01", "second"};
-  CaseResult c;
-  c.suite = "golden";
-  c.name = "cast";
-  c.verdict = Verdict::kNotRun;
-  c.note = "no --baseline";
-  r.results = {a, b, c};
+  r.results = {a, b, NotRunGoldenCast()};
   return r;
 }
 

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/validate/report.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/server_process.h"
@@ -370,32 +371,9 @@ TEST_F(ValidateE2eTest, UnknownSuiteIsRefused) {
 }
 
 // What the HTML report must show for a figure: "path = value", the value
-// written as the --json document writes it, escaped for XML.
-std::string Escaped(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
-}
+// written as the --json document writes it, escaped for XML (XmlEscape,
+// tested on its own in report_test.cc).
+std::string Escaped(const std::string& text) { return validate::XmlEscape(text); }
 
 void FigureLines(const nlohmann::ordered_json& node, const std::string& path,
                  std::vector<std::string>* out) {
