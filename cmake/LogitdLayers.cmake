@@ -96,10 +96,15 @@ function(logitd_check_layers)
   set(clients "logitd_client|logitd_validate|logitd_connection_flags|logitd_server_info_json|logitd_argv")
 
   # Core: tensors and numbers, nothing of the wire or of anything above.
-  logitd_forbid_links(logitd_core "^(${wire}|${service}|${kernels}|${clients})$"
+  logitd_forbid_links(logitd_core "^(logitd_reference|${wire}|${service}|${kernels}|${clients})$"
                       "the core links nothing of the wire (proto, gRPC) or of any layer above it")
-  logitd_forbid_includes(core "^(logitd/v1/|logitd/wire/|grpc|google/protobuf|kserve/|server/|client/|logitd/client\\.h)"
+  logitd_forbid_includes(core "^(logitd/reference/|logitd/v1/|logitd/wire/|grpc|google/protobuf|kserve/|server/|client/|logitd/client\\.h)"
                          "the core includes nothing of the wire or of any layer above it")
+  # The references beside the core: the core and OpenBLAS only.
+  logitd_forbid_links(logitd_reference "^(${wire}|${service}|${kernels}|${clients})$"
+                      "the references link the core and OpenBLAS, nothing of the wire or above")
+  logitd_forbid_includes(reference "^(logitd/v1/|logitd/wire/|grpc|google/protobuf|kserve/|server/|client/|logitd/client\\.h)"
+                         "the references include the core only, nothing of the wire or above")
   # Kernels: the core, never the wire, the service or a client.
   foreach(target logitd_host_pool logitd_device_health logitd_backend logitd_algo_cache
                  logitd_kernels logitd_cuda_kernels logitd_cuda_backend)

@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/validate/bounds.h"
-#include "client/validate/numerics.h"
+#include "logitd/reference/bounds.h"
+#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
@@ -409,9 +409,9 @@ absl::Status RunBounds(RunContext& ctx, CaseResult& r) {
   const BoundStats dx32 = CheckGradInputBounds(dy, w, g32->dx);
   const BoundStats dx16 = CheckGradInputBounds(dy, w, g16->dx);
   const BoundStats dw32 = CheckGradWeightBounds(dy, x, g32->dw);
-  dx32.Report(r, "dx_fp32", "dX fp32 (bound γ_V·Σ|g·w|)", {m, k});
-  dx16.Report(r, "dx_bf16", "dX bf16 (fp32 bound plus one bf16 rounding)", {m, k});
-  dw32.Report(r, "dw_fp32", "dW fp32 (bound γ_M·Σ|g·x|)", {v, k});
+  ReportBounds(r, "dx_fp32", "dX fp32 (bound γ_V·Σ|g·w|)", {m, k}, dx32);
+  ReportBounds(r, "dx_bf16", "dX bf16 (fp32 bound plus one bf16 rounding)", {m, k}, dx16);
+  ReportBounds(r, "dw_fp32", "dW fp32 (bound γ_M·Σ|g·x|)", {v, k}, dw32);
   r.summary = absl::StrFormat("violations dx %d, dx16 %d, dw %d; worst %.2g%% of bound",
                               dx32.violations, dx16.violations, dw32.violations,
                               100 * std::max({dx32.worst_fraction, dw32.worst_fraction}));

@@ -63,7 +63,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/validate/cross_entropy.h"
-#include "client/validate/numerics.h"
+#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/validate/numerics.h"
+#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/suites.h"
 

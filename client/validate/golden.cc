@@ -16,7 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/validate/baseline.h"
-#include "client/validate/bounds.h"
+#include "logitd/reference/bounds.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
@@ -246,9 +246,9 @@ class GoldenSuite final : public Suite {
       for (const auto& [out_name, out] : produced->outputs) {
         if (out_name == name) t = &out;
       }
-      stats.Report(r, absl::StrCat(name, "_bounds").c_str(),
+      ReportBounds(r, absl::StrCat(name, "_bounds").c_str(),
                    absl::StrCat("case '", g.name, "' output ", name),
-                   t != nullptr ? t->shape() : std::vector<std::int64_t>{});
+                   t != nullptr ? t->shape() : std::vector<std::int64_t>{}, stats);
       worst = std::max(worst, stats.worst_fraction);
     }
     const bool within = r.failures.empty();

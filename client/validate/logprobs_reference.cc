@@ -57,7 +57,7 @@
 #include "absl/strings/str_format.h"
 #include "client/validate/cross_entropy.h"
 #include "client/validate/logprobs.h"
-#include "client/validate/numerics.h"
+#include "logitd/reference/numerics.h"
 #include "client/validate/report.h"
 
 namespace logitd::validate {

@@ -48,6 +48,13 @@ std::string NotRunReasons(const std::vector<CaseResult>& results) {
 
 }  // namespace
 
+void ReportBounds(CaseResult& r, const char* key, const std::string& what,
+                  const std::vector<std::int64_t>& shape, const BoundStats& stats) {
+  r.figures[key] = {{"violations", stats.violations},
+                    {"worst_bound_fraction", JsonNumber(stats.worst_fraction)}};
+  r.Check(stats.violations == 0, stats.Describe(what, shape));
+}
+
 VerdictCounts CountVerdicts(const std::vector<const CaseResult*>& results) {
   VerdictCounts c;
   for (const CaseResult* r : results) {

@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "client/validate/harness.h"
 #include "logitd/client.h"
+#include "logitd/reference/bounds.h"
 #include "nlohmann/json.hpp"
 
 namespace logitd::validate {
@@ -58,6 +59,12 @@ int ExitCodeFor(const std::vector<CaseResult>& results, bool server_unreachable)
 
 // A finite number as a JSON number; ±Inf and NaN as strings (JSON has none).
 nlohmann::ordered_json JsonNumber(double value);
+
+// A bound check's figures under `key` ({"violations",
+// "worst_bound_fraction"}) and a failure naming the first element outside
+// its bound, when one is ("3 of 65536 dX elements outside ...").
+void ReportBounds(CaseResult& r, const char* key, const std::string& what,
+                  const std::vector<std::int64_t>& shape, const BoundStats& stats);
 
 // Detail tables, then one row per case, the failures spelled out, totals.
 std::string SummaryText(const Report& report);

@@ -1,7 +1,7 @@
 // The harness's references and numerics: bounds, ULP distances, rounding,
 // the IEEE predictor, the blocked dgemm references against plain loops, and
 // the stability of the seeded data that golden baselines depend on.
-#include "client/validate/numerics.h"
+#include "logitd/reference/numerics.h"
 
 #include <cmath>
 #include <cstring>

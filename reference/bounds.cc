@@ -1,13 +1,12 @@
-#include "client/validate/bounds.h"
+#include "logitd/reference/bounds.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "client/validate/numerics.h"
-#include "client/validate/report.h"
+#include "logitd/reference/numerics.h"
 
-namespace logitd::validate {
+namespace logitd {
 
 double SumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out) {
   const double b = (Gamma(n, kFp32UnitRoundoff) + Gamma(n, kFp64UnitRoundoff)) * abs_sum;
@@ -29,10 +28,6 @@ void BoundStats::Add(std::int64_t i, double got, double ref, double bound) {
   if (bound > 0) worst_fraction = std::max(worst_fraction, err / bound);
 }
 
-nlohmann::ordered_json BoundStats::Json() const {
-  return {{"violations", violations}, {"worst_bound_fraction", JsonNumber(worst_fraction)}};
-}
-
 std::string BoundStats::Describe(const std::string& what,
                                  const std::vector<std::int64_t>& shape) const {
   if (violations == 0) return std::string();
@@ -40,12 +35,6 @@ std::string BoundStats::Describe(const std::string& what,
       "%d of %d %s elements outside their bound; first %s: got %.9g, fp64 reference %.17g, bound "
       "%.3e",
       violations, checked, what, IndexString(first, shape), first_got, first_ref, first_bound);
-}
-
-void BoundStats::Report(CaseResult& r, const char* key, const std::string& what,
-                        const std::vector<std::int64_t>& shape) const {
-  r.figures[key] = Json();
-  r.Check(violations == 0, Describe(what, shape));
 }
 
 std::vector<double> BackwardG(const Tensor& dy) {
@@ -107,4 +96,4 @@ BoundStats CheckGradWeightBounds(const Tensor& dy, const Tensor& x, const Tensor
   return stats;
 }
 
-}  // namespace logitd::validate
+}  // namespace logitd

@@ -1,6 +1,7 @@
-// Client-side references for the harness: fp64 GEMMs of bf16 operands through
-// OpenBLAS dgemm (with the Σ|a·b| sums that error bounds need), rounding-error
-// constants, ULP distances and an IEEE 754 predictor for special values.
+// fp64 references of the LM head's products, shared by the harness and the
+// server's Verify: fp64 GEMMs of bf16 operands through OpenBLAS dgemm (with
+// the Σ|a·b| sums that error bounds need), rounding-error constants, ULP
+// distances and an IEEE 754 predictor for special values.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,7 @@
 #include "logitd/bf16.h"
 #include "logitd/tensor.h"
 
-namespace logitd::validate {
+namespace logitd {
 
 // Unit roundoffs for round to nearest: 2^-p for a p-bit significand.
 inline constexpr double kFp32UnitRoundoff = 0x1p-24;
@@ -123,4 +124,4 @@ std::string IndexString(std::int64_t flat, const std::vector<std::int64_t>& shap
 // "0x3f800000" / "0x3f80".
 std::string BitsHex(std::uint32_t bits, DType dtype);
 
-}  // namespace logitd::validate
+}  // namespace logitd

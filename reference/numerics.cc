@@ -1,4 +1,4 @@
-#include "client/validate/numerics.h"
+#include "logitd/reference/numerics.h"
 
 #include <cblas.h>
 
@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-namespace logitd::validate {
+namespace logitd {
 namespace {
 
 std::int64_t BlockRows(std::int64_t cols, std::int64_t block_elements) {
@@ -288,4 +288,4 @@ std::string BitsHex(std::uint32_t bits, DType dtype) {
   return dtype == DType::kBf16 ? absl::StrFormat("0x%04x", bits) : absl::StrFormat("0x%08x", bits);
 }
 
-}  // namespace logitd::validate
+}  // namespace logitd

@@ -8,10 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "client/validate/harness.h"
 #include "logitd/tensor.h"
 
-namespace logitd::validate {
+namespace logitd {
 
 // |got − ref| may reach γ_n(fp32)·S + γ_n(fp64)·S, with S = Σ|a·b| over the
 // n products (Higham, Lemma 3.1, for the fp32 sum and for the fp64
@@ -31,14 +30,9 @@ struct BoundStats {
 
   void Add(std::int64_t i, double got, double ref, double bound);
   bool within() const { return violations == 0; }
-  // {"violations", "worst_bound_fraction"}.
-  nlohmann::ordered_json Json() const;
   // "3 of 65536 dX elements outside their bound; first [0, 17]: got …, fp64
   // reference …, bound …" (empty when none).
   std::string Describe(const std::string& what, const std::vector<std::int64_t>& shape) const;
-  // Records the figures under `key` and a failure when an element is outside.
-  void Report(CaseResult& r, const char* key, const std::string& what,
-              const std::vector<std::int64_t>& shape) const;
 };
 
 // The backward contract's G = bf16(dY), rounded to nearest even once, as
@@ -53,4 +47,4 @@ BoundStats CheckLogitsBounds(const Tensor& x, const Tensor& w, const Tensor& y);
 BoundStats CheckGradInputBounds(const Tensor& dy, const Tensor& w, const Tensor& dx);
 BoundStats CheckGradWeightBounds(const Tensor& dy, const Tensor& x, const Tensor& dw);
 
-}  // namespace logitd::validate
+}  // namespace logitd

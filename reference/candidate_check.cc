@@ -1,0 +1,158 @@
+#include "logitd/reference/candidate_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_format.h"
+#include "logitd/bf16.h"
+#include "logitd/reference/numerics.h"
+
+namespace logitd {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The value and bits of element i of a tensor of `dtype` at `data`.
+double ValueAt(DType dtype, const void* data, std::int64_t i, std::uint32_t* bits) {
+  if (dtype == DType::kBf16) {
+    Bf16Bits b;
+    std::memcpy(&b, static_cast<const std::byte*>(data) + i * 2, 2);
+    *bits = b;
+    return Bf16ToFloat(b);
+  }
+  std::uint32_t u;
+  std::memcpy(&u, static_cast<const std::byte*>(data) + i * 4, 4);
+  *bits = u;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The largest finite value of the dtype.
+double MaxFinite(DType dtype) {
+  return dtype == DType::kBf16 ? 0x1.fep127 : std::numeric_limits<float>::max();
+}
+
+// The bucket of a ULP distance: itself up to kExactUlp, then the power of
+// two above it.
+std::size_t UlpBucket(std::int64_t ulp) {
+  if (ulp <= CandidateCheck::kExactUlp) return static_cast<std::size_t>(ulp);
+  int log2 = 0;
+  while (log2 < 63 && (std::int64_t{1} << log2) < ulp) ++log2;
+  return static_cast<std::size_t>(CandidateCheck::kExactUlp + (log2 - 6));
+}
+
+std::int64_t BucketValue(std::size_t bucket) {
+  if (bucket <= static_cast<std::size_t>(CandidateCheck::kExactUlp)) {
+    return static_cast<std::int64_t>(bucket);
+  }
+  const int log2 = static_cast<int>(bucket) - static_cast<int>(CandidateCheck::kExactUlp) + 6;
+  return log2 >= 63 ? std::numeric_limits<std::int64_t>::max() : std::int64_t{1} << log2;
+}
+
+}  // namespace
+
+CandidateCheck::CandidateCheck(DType dtype)
+    : dtype_(dtype), ulp_counts_(static_cast<std::size_t>(kExactUlp) + 1 + (63 - 6), 0) {}
+
+void CandidateCheck::Add(std::int64_t index, const void* candidate, const void* own,
+                         double reference, double bound) {
+  std::uint32_t cb = 0, ob = 0;
+  const double c = ValueAt(dtype_, candidate, 0, &cb);
+  const double o = ValueAt(dtype_, own, 0, &ob);
+  Count(index, c, cb, o, ob, reference, bound);
+}
+
+void CandidateCheck::AddRange(std::int64_t offset, std::int64_t n, const void* candidate,
+                              const void* own, const double* reference, const double* bound) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t cb = 0, ob = 0;
+    const double c = ValueAt(dtype_, candidate, i, &cb);
+    const double o = ValueAt(dtype_, own, i, &ob);
+    Count(offset + i, c, cb, o, ob, reference[i], bound[i]);
+  }
+}
+
+void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t candidate_bits,
+                           double own, std::uint32_t own_bits, double reference, double bound) {
+  ++elements_;
+  // Against logitd's own output: bits, NaNs of any payload alike.
+  const bool both_nan = std::isnan(candidate) && std::isnan(own);
+  if (candidate_bits == own_bits || both_nan) ++bitwise_equal_;
+  const std::int64_t ulp =
+      dtype_ == DType::kBf16
+          ? UlpDistanceBf16(static_cast<Bf16Bits>(candidate_bits), static_cast<Bf16Bits>(own_bits))
+          : UlpDistanceFp32(candidate_bits, own_bits);
+  max_ulp_ = std::max(max_ulp_, ulp);
+  ++ulp_counts_[UlpBucket(ulp)];
+
+  // Against the reference.
+  double fraction = 0;
+  bool mismatch = false;
+  if (!std::isfinite(reference)) {
+    const bool same = std::isnan(reference) ? std::isnan(candidate) : candidate == reference;
+    mismatch = !same;
+    fraction = same ? 0 : kInf;
+  } else if (!std::isfinite(candidate)) {
+    // An infinity is right where the bounded value overflows the dtype.
+    const bool overflows = std::isinf(candidate) &&
+                           std::fabs(reference) + bound > MaxFinite(dtype_) &&
+                           std::signbit(candidate) == std::signbit(reference);
+    mismatch = !overflows;
+    fraction = overflows ? 0 : kInf;
+  } else {
+    const double err = std::fabs(candidate - reference);
+    fraction = err == 0 ? 0 : bound > 0 ? err / bound : kInf;
+  }
+  if (mismatch) ++nan_inf_mismatches_;
+  worst_fraction_ = std::max(worst_fraction_, fraction);
+  int bin = kHistogramBins - 1;
+  if (fraction == 0) {
+    bin = 0;
+  } else {
+    for (std::size_t e = 0; e < kHistogramEdges.size(); ++e) {
+      if (fraction <= kHistogramEdges[e]) {
+        bin = static_cast<int>(e) + 1;
+        break;
+      }
+    }
+  }
+  ++histogram_[static_cast<std::size_t>(bin)];
+  if (fraction <= 1.0) return;
+  if (outside_++ < kReportedOutside) {
+    first_outside_.push_back({index, candidate, reference, bound, own});
+  }
+}
+
+std::int64_t CandidateCheck::UlpPercentile(double p) const {
+  if (elements_ == 0) return 0;
+  const auto want = static_cast<std::int64_t>(std::ceil(p * static_cast<double>(elements_)));
+  std::int64_t seen = 0;
+  for (std::size_t b = 0; b < ulp_counts_.size(); ++b) {
+    seen += ulp_counts_[b];
+    if (seen >= std::max<std::int64_t>(want, 1)) return std::min(BucketValue(b), max_ulp_);
+  }
+  return max_ulp_;
+}
+
+std::string CandidateCheck::Verdict() const {
+  if (outside_ > 0) return "outside_bounds";
+  if (bitwise_equal_ == elements_) return "bitwise_equal_to_logitd";
+  return "within_bounds";
+}
+
+std::string CandidateCheck::Describe(const std::string& name,
+                                     const std::vector<std::int64_t>& shape) const {
+  if (outside_ == 0) return std::string();
+  const CheckedElement& f = first_outside_.front();
+  return absl::StrFormat(
+      "%d of %d elements of '%s' outside their bound (%d NaN or infinity where the reference "
+      "has none, or the reverse); worst %.3g times its bound; first %s: candidate %.9g, fp64 "
+      "reference %.17g, bound %.3e, logitd %.9g",
+      outside_, elements_, name, nan_inf_mismatches_, worst_fraction_, IndexString(f.index, shape),
+      f.candidate, f.reference, f.bound, f.logitd);
+}
+
+}  // namespace logitd

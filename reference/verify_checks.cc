@@ -1,0 +1,229 @@
+#include "logitd/reference/verify_checks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "logitd/reference/bounds.h"
+#include "logitd/reference/numerics.h"
+
+namespace logitd {
+namespace {
+
+double Bf16At(const Bf16Bits* data, std::int64_t i) { return Bf16ToFloat(data[i]); }
+
+// Element i of dY, rounded once to bf16 (the backward contract's G).
+double GAt(const LmHeadInputs& in, std::int64_t i) {
+  float f;
+  if (in.dy_dtype == DType::kBf16) {
+    f = Bf16ToFloat(static_cast<const Bf16Bits*>(in.dy)[i]);
+  } else {
+    std::memcpy(&f, static_cast<const std::byte*>(in.dy) + i * 4, 4);
+  }
+  return RoundToBf16(f);
+}
+
+std::size_t ElementBytes(DType dtype) { return dtype == DType::kBf16 ? 2 : 4; }
+
+const void* At(const void* data, std::int64_t i, DType dtype) {
+  return static_cast<const std::byte*>(data) + i * static_cast<std::int64_t>(ElementBytes(dtype));
+}
+
+// Whether any of `n` values from `at(j)` is NaN or infinite.
+template <typename At>
+bool AnyNonFinite(std::int64_t n, At at) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    if (!std::isfinite(at(j))) return true;
+  }
+  return false;
+}
+
+// Σ a(t)·b(t) and Σ|a(t)·b(t)| over t < n in fp64, one product at a time:
+// IEEE 754's answer for operands that are NaN or infinite.
+template <typename A, typename B>
+void NaiveDot(std::int64_t n, A a, B b, double* sum, double* abs) {
+  double s = 0, s_abs = 0;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const double p = a(t) * b(t);
+    s += p;
+    s_abs += std::fabs(p);
+  }
+  *sum = s;
+  *abs = s_abs;
+}
+
+// The rows of M to walk: `rows`, or all of them.
+CheckedRows AllOr(const CheckedRows& rows, std::int64_t m) {
+  if (!rows.empty()) return rows;
+  CheckedRows all(static_cast<std::size_t>(m));
+  for (std::int64_t i = 0; i < m; ++i) all[static_cast<std::size_t>(i)] = i;
+  return all;
+}
+
+}  // namespace
+
+CheckedRows SampleRows(std::int64_t m, std::int64_t count) {
+  if (count <= 0 || count >= m) return {};
+  CheckedRows rows;
+  for (std::int64_t j = 0; j < count; ++j) {
+    const std::int64_t i = count == 1 ? 0 : j * (m - 1) / (count - 1);
+    if (rows.empty() || rows.back() != i) rows.push_back(i);
+  }
+  return rows;
+}
+
+void CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
+                 const void* candidate, const void* own, DType dtype, CandidateCheck* check) {
+  const std::int64_t v = in.v, k = in.k;
+  // With alpha, one more fp32 rounding per product (a BLAS may scale an
+  // operand) or of the sum: γ_{K+2} covers either.
+  const double gamma =
+      Gamma(alpha == 1.0f ? k : k + 2, kFp32UnitRoundoff) + Gamma(k, kFp64UnitRoundoff);
+  const double scale = std::fabs(static_cast<double>(alpha));
+  std::vector<std::int64_t> bad_w;
+  for (std::int64_t j = 0; j < v; ++j) {
+    if (AnyNonFinite(k, [&](std::int64_t t) { return Bf16At(in.w, j * k + t); }))
+      bad_w.push_back(j);
+  }
+  const CheckedRows walk = AllOr(rows, in.m);
+  const std::int64_t per_block = std::max<std::int64_t>(1, kReferenceBlockElements / v);
+  std::vector<double> ref, abs, bound(static_cast<std::size_t>(v));
+  for (std::size_t b0 = 0; b0 < walk.size(); b0 += static_cast<std::size_t>(per_block)) {
+    const std::size_t n = std::min(walk.size() - b0, static_cast<std::size_t>(per_block));
+    std::vector<double> xd(n * static_cast<std::size_t>(k));
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::int64_t t = 0; t < k; ++t) {
+        xd[r * static_cast<std::size_t>(k) + static_cast<std::size_t>(t)] =
+            Bf16At(in.x, walk[b0 + r] * k + t);
+      }
+    }
+    ref.resize(n * static_cast<std::size_t>(v));
+    abs.resize(ref.size());
+    ReferenceXWt(xd, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(), abs.data());
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::int64_t i = walk[b0 + r];
+      double* row_ref = ref.data() + r * static_cast<std::size_t>(v);
+      double* row_abs = abs.data() + r * static_cast<std::size_t>(v);
+      const auto x_at = [&](std::int64_t t) { return Bf16At(in.x, i * k + t); };
+      const auto naive = [&](std::int64_t j) {
+        NaiveDot(
+            k, x_at, [&](std::int64_t t) { return Bf16At(in.w, j * k + t); }, &row_ref[j],
+            &row_abs[j]);
+      };
+      if (AnyNonFinite(k, x_at)) {
+        for (std::int64_t j = 0; j < v; ++j) naive(j);
+      } else {
+        for (std::int64_t j : bad_w) naive(j);
+      }
+      for (std::int64_t j = 0; j < v; ++j) {
+        row_ref[j] *= static_cast<double>(alpha);
+        double b = scale * gamma * row_abs[j];
+        if (dtype == DType::kBf16) {
+          b += kBf16UnitRoundoff * (std::fabs(row_ref[j]) + b) + std::ldexp(1.0, -134);
+        }
+        bound[static_cast<std::size_t>(j)] = b;
+      }
+      check->AddRange(i * v, v, At(candidate, i * v, dtype), At(own, i * v, dtype), row_ref,
+                      bound.data());
+    }
+  }
+}
+
+void CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void* candidate,
+                    const void* own, DType dtype, CandidateCheck* check) {
+  const std::int64_t v = in.v, k = in.k;
+  // Columns of W with a NaN or an infinity: every row's dX there by hand.
+  std::vector<std::int64_t> bad_w_cols;
+  for (std::int64_t c = 0; c < k; ++c) {
+    if (AnyNonFinite(v, [&](std::int64_t j) { return Bf16At(in.w, j * k + c); })) {
+      bad_w_cols.push_back(c);
+    }
+  }
+  const CheckedRows walk = AllOr(rows, in.m);
+  const std::int64_t per_block =
+      std::max<std::int64_t>(1, kReferenceBlockElements / std::max(v, k));
+  std::vector<double> ref, abs, bound(static_cast<std::size_t>(k));
+  for (std::size_t b0 = 0; b0 < walk.size(); b0 += static_cast<std::size_t>(per_block)) {
+    const std::size_t n = std::min(walk.size() - b0, static_cast<std::size_t>(per_block));
+    std::vector<double> g(n * static_cast<std::size_t>(v));
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::int64_t j = 0; j < v; ++j) {
+        g[r * static_cast<std::size_t>(v) + static_cast<std::size_t>(j)] =
+            GAt(in, walk[b0 + r] * v + j);
+      }
+    }
+    ref.resize(n * static_cast<std::size_t>(k));
+    abs.resize(ref.size());
+    ReferenceGW(g, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(), abs.data());
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::int64_t i = walk[b0 + r];
+      double* row_ref = ref.data() + r * static_cast<std::size_t>(k);
+      double* row_abs = abs.data() + r * static_cast<std::size_t>(k);
+      const double* g_row = g.data() + r * static_cast<std::size_t>(v);
+      const auto g_at = [&](std::int64_t j) { return g_row[j]; };
+      const auto naive = [&](std::int64_t c) {
+        NaiveDot(
+            v, g_at, [&](std::int64_t j) { return Bf16At(in.w, j * k + c); }, &row_ref[c],
+            &row_abs[c]);
+      };
+      if (AnyNonFinite(v, g_at)) {
+        for (std::int64_t c = 0; c < k; ++c) naive(c);
+      } else {
+        for (std::int64_t c : bad_w_cols) naive(c);
+      }
+      for (std::int64_t c = 0; c < k; ++c) {
+        bound[static_cast<std::size_t>(c)] = SumOfProductsBound(v, row_abs[c], row_ref[c], dtype);
+      }
+      check->AddRange(i * k, k, At(candidate, i * k, dtype), At(own, i * k, dtype), row_ref,
+                      bound.data());
+    }
+  }
+}
+
+void CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
+                     CandidateCheck* check) {
+  const std::int64_t m = in.m, v = in.v, k = in.k;
+  std::vector<double> g(static_cast<std::size_t>(m * v));
+  for (std::int64_t i = 0; i < m * v; ++i) g[static_cast<std::size_t>(i)] = GAt(in, i);
+  std::vector<double> xd(static_cast<std::size_t>(m * k));
+  for (std::int64_t i = 0; i < m * k; ++i) xd[static_cast<std::size_t>(i)] = Bf16At(in.x, i);
+  // Columns of G (rows of dW) and of X (columns of dW) with a NaN or an
+  // infinity: those elements by hand.
+  std::vector<bool> bad_g_col(static_cast<std::size_t>(v)), bad_x_col(static_cast<std::size_t>(k));
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < v; ++j) {
+      if (!std::isfinite(g[static_cast<std::size_t>(i * v + j)])) {
+        bad_g_col[static_cast<std::size_t>(j)] = true;
+      }
+    }
+    for (std::int64_t c = 0; c < k; ++c) {
+      if (!std::isfinite(xd[static_cast<std::size_t>(i * k + c)])) {
+        bad_x_col[static_cast<std::size_t>(c)] = true;
+      }
+    }
+  }
+  std::vector<double> bound(static_cast<std::size_t>(k)), fixed_ref(static_cast<std::size_t>(k));
+  ReferenceGtX(
+      g, xd, m, v, k, true,
+      [&](std::int64_t row0, std::int64_t rows, const double* value, const double* abs) {
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t j = row0 + r;
+          for (std::int64_t c = 0; c < k; ++c) {
+            double ref = value[r * k + c];
+            double a = abs[r * k + c];
+            if (bad_g_col[static_cast<std::size_t>(j)] || bad_x_col[static_cast<std::size_t>(c)]) {
+              NaiveDot(
+                  m, [&](std::int64_t i) { return g[static_cast<std::size_t>(i * v + j)]; },
+                  [&](std::int64_t i) { return xd[static_cast<std::size_t>(i * k + c)]; }, &ref,
+                  &a);
+            }
+            fixed_ref[static_cast<std::size_t>(c)] = ref;
+            bound[static_cast<std::size_t>(c)] = SumOfProductsBound(m, a, ref, dtype);
+          }
+          check->AddRange(j * k, k, At(candidate, j * k, dtype), At(own, j * k, dtype),
+                          fixed_ref.data(), bound.data());
+        }
+      });
+}
+
+}  // namespace logitd

@@ -1,0 +1,143 @@
+// CandidateCheck: verdicts, ULP statistics against logitd's output, the
+// histogram of |error| / bound, and IEEE 754 special values.
+#include "logitd/reference/candidate_check.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "logitd/bf16.h"
+
+namespace logitd {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+
+float NextUp(float f, int ulps = 1) {
+  for (int i = 0; i < ulps; ++i) f = std::nextafter(f, kInf);
+  return f;
+}
+
+// Checks fp32 `candidate` against `own` with every reference `reference`
+// and bound `bound`.
+CandidateCheck CheckAll(const std::vector<float>& candidate, const std::vector<float>& own,
+                        const std::vector<double>& reference, const std::vector<double>& bound) {
+  CandidateCheck check(DType::kFp32);
+  check.AddRange(0, static_cast<std::int64_t>(candidate.size()), candidate.data(), own.data(),
+                 reference.data(), bound.data());
+  return check;
+}
+
+TEST(CandidateCheckTest, SameBitsAsLogitdIsBitwiseEqual) {
+  const std::vector<float> y = {1.0f, -2.5f, 0.0f, 3e-20f};
+  const CandidateCheck c =
+      CheckAll(y, y, {1.0, -2.5, 0.0, double{3e-20f}}, {1e-6, 1e-6, 0.0, 1e-25});
+  EXPECT_EQ(c.Verdict(), "bitwise_equal_to_logitd");
+  EXPECT_EQ(c.elements(), 4);
+  EXPECT_EQ(c.bitwise_equal(), 4);
+  EXPECT_EQ(c.outside(), 0);
+  EXPECT_EQ(c.max_ulp(), 0);
+  EXPECT_EQ(c.histogram()[0], 4);
+  EXPECT_EQ(c.Describe("y", {2, 2}), "");
+}
+
+TEST(CandidateCheckTest, OneUlpOffInsideTheBoundIsWithinBounds) {
+  const std::vector<float> own = {1.0f, 2.0f, 4.0f, 8.0f};
+  std::vector<float> candidate = own;
+  candidate[2] = NextUp(4.0f);
+  const CandidateCheck c = CheckAll(candidate, own, {1.0, 2.0, 4.0, 8.0}, {1e-5, 1e-5, 1e-5, 1e-5});
+  EXPECT_EQ(c.Verdict(), "within_bounds");
+  EXPECT_EQ(c.bitwise_equal(), 3);
+  EXPECT_EQ(c.max_ulp(), 1);
+  EXPECT_EQ(c.UlpPercentile(0.5), 0);
+  EXPECT_EQ(c.UlpPercentile(1.0), 1);
+  // 4 + 2^-21 against a bound of 1e-5: a fraction of about 0.048, in (1e-2, 0.1].
+  EXPECT_NEAR(c.worst_fraction(), 0x1p-21 / 1e-5, 1e-12);
+  EXPECT_EQ(c.histogram()[6], 1);
+  EXPECT_EQ(std::accumulate(c.histogram().begin(), c.histogram().end(), std::int64_t{0}), 4);
+}
+
+TEST(CandidateCheckTest, PastTheBoundIsOutsideAndDescribed) {
+  const std::vector<float> own = {1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> candidate = {1.0f, 2.0f, 3.5f, 4.0f};
+  const CandidateCheck c = CheckAll(candidate, own, {1.0, 2.0, 3.0, 4.0}, {0.1, 0.1, 0.1, 0.1});
+  EXPECT_EQ(c.Verdict(), "outside_bounds");
+  EXPECT_EQ(c.outside(), 1);
+  ASSERT_EQ(c.first_outside().size(), 1u);
+  EXPECT_EQ(c.first_outside()[0].index, 2);
+  EXPECT_DOUBLE_EQ(c.first_outside()[0].candidate, 3.5);
+  EXPECT_DOUBLE_EQ(c.worst_fraction(), 5.0);
+  EXPECT_EQ(c.histogram()[CandidateCheck::kHistogramBins - 1], 1);
+  const std::string d = c.Describe("y", {2, 2});
+  EXPECT_NE(d.find("1 of 4 elements of 'y' outside their bound"), std::string::npos) << d;
+  EXPECT_NE(d.find("first [1, 0]"), std::string::npos) << d;
+  EXPECT_NE(d.find("worst 5 times"), std::string::npos) << d;
+}
+
+TEST(CandidateCheckTest, ReportsOnlyTheFirstOutsideElements) {
+  const int n = 100;
+  std::vector<float> own(n, 1.0f), candidate(n, 2.0f);
+  const CandidateCheck c =
+      CheckAll(candidate, own, std::vector<double>(n, 1.0), std::vector<double>(n, 0.5));
+  EXPECT_EQ(c.outside(), n);
+  ASSERT_EQ(c.first_outside().size(), static_cast<std::size_t>(CandidateCheck::kReportedOutside));
+  EXPECT_EQ(c.first_outside().back().index, CandidateCheck::kReportedOutside - 1);
+}
+
+TEST(CandidateCheckTest, NonFiniteValuesFollowIeee754) {
+  // Reference NaN: any NaN is right, a number is wrong. Reference +Inf:
+  // only +Inf is right. A finite reference: an Inf is right only where the
+  // bounded value overflows fp32, with the reference's sign.
+  const double max = std::numeric_limits<float>::max();
+  const std::vector<double> reference = {std::nan(""), std::nan(""), HUGE_VAL, HUGE_VAL,
+                                         1.0,          max,          -max};
+  const std::vector<double> bound = {0, 0, 0, 0, 1e-3, max * 1e-6, max * 1e-6};
+  const std::vector<float> candidate = {-kNan, 1.0f, kInf, -kInf, kNan, kInf, kInf};
+  const std::vector<float> own = {kNan, kNan, kInf, kInf, 1.0f, kInf, -kInf};
+  const CandidateCheck c = CheckAll(candidate, own, reference, bound);
+  // Wrong: [1] a number for NaN, [3] -Inf for +Inf, [4] NaN for 1, [6] the wrong sign.
+  EXPECT_EQ(c.nan_inf_mismatches(), 4);
+  EXPECT_EQ(c.outside(), 4);
+  std::vector<std::int64_t> where;
+  for (const CheckedElement& e : c.first_outside()) where.push_back(e.index);
+  EXPECT_EQ(where, (std::vector<std::int64_t>{1, 3, 4, 6}));
+  // NaNs of any payload are equal to logitd's NaN; a NaN against a number
+  // is infinitely many ULPs away.
+  EXPECT_EQ(c.bitwise_equal(), 3);
+  EXPECT_EQ(c.max_ulp(), std::numeric_limits<std::int64_t>::max());
+}
+
+TEST(CandidateCheckTest, Bf16CandidatesCountBf16Ulps) {
+  const std::vector<Bf16Bits> own = {0x3f80, 0x4000, 0x4040};
+  const std::vector<Bf16Bits> candidate = {0x3f80, 0x4003, 0x4040};
+  const std::vector<double> reference = {1.0, 2.0, 3.0}, bound = {0.01, 0.1, 0.01};
+  CandidateCheck c(DType::kBf16);
+  c.AddRange(10, 3, candidate.data(), own.data(), reference.data(), bound.data());
+  EXPECT_EQ(c.max_ulp(), 3);
+  EXPECT_EQ(c.bitwise_equal(), 2);
+  // 0x4003 is 2 + 3·2^-6 = 2.046875: within 0.1.
+  EXPECT_EQ(c.Verdict(), "within_bounds");
+  CandidateCheck one(DType::kBf16);
+  one.Add(7, &candidate[1], &own[1], 2.0, 0.01);
+  EXPECT_EQ(one.outside(), 1);
+  EXPECT_EQ(one.first_outside()[0].index, 7);
+}
+
+TEST(CandidateCheckTest, UlpPercentilesPastTheExactRangeArePowersOfTwo) {
+  std::vector<float> own(100, 1.0f), candidate(100, 1.0f);
+  for (int i = 0; i < 99; ++i) candidate[i] = NextUp(1.0f, 3);
+  candidate[99] = NextUp(1.0f, 1000);
+  const CandidateCheck c =
+      CheckAll(candidate, own, std::vector<double>(100, 1.0), std::vector<double>(100, 1.0));
+  EXPECT_EQ(c.UlpPercentile(0.5), 3);
+  EXPECT_EQ(c.UlpPercentile(0.99), 3);
+  EXPECT_EQ(c.max_ulp(), 1000);
+  EXPECT_EQ(c.UlpPercentile(1.0), 1000);  // the bucket's 1024, capped by the largest
+}
+
+}  // namespace
+}  // namespace logitd

@@ -1,0 +1,254 @@
+// The checks behind Verify, on candidates computed here the way kernels
+// compute them: the right answer summed in fp32 in another order passes;
+// one ulp off passes; bf16 logits declared as fp32, a transposed weight, a
+// missing gradient cast and a NaN where none belongs are refused.
+#include "logitd/reference/verify_checks.h"
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "logitd/bf16.h"
+
+namespace logitd {
+namespace {
+
+std::vector<Bf16Bits> RandomBf16(std::int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<Bf16Bits> out(static_cast<std::size_t>(n));
+  for (Bf16Bits& b : out) b = FloatToBf16(normal(rng));
+  return out;
+}
+
+std::vector<float> RandomFp32(std::int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> out(static_cast<std::size_t>(n));
+  for (float& f : out) f = normal(rng);
+  return out;
+}
+
+float At(const std::vector<Bf16Bits>& t, std::int64_t i) {
+  return Bf16ToFloat(t[static_cast<std::size_t>(i)]);
+}
+
+// Σ a(t)·b(t) in fp32 from the last term to the first: products of bf16
+// values are exact in fp32, so this is a conforming kernel in a different
+// order from the reference.
+template <typename A, typename B>
+float Fp32Dot(std::int64_t n, A a, B b) {
+  float s = 0;
+  for (std::int64_t t = n - 1; t >= 0; --t) s += a(t) * b(t);
+  return s;
+}
+
+struct Problem {
+  std::int64_t m, v, k;
+  std::vector<Bf16Bits> x, w;
+  std::vector<float> dy;
+  LmHeadInputs Inputs() const {
+    LmHeadInputs in;
+    in.x = x.data();
+    in.w = w.data();
+    in.dy = dy.data();
+    in.dy_dtype = DType::kFp32;
+    in.m = m;
+    in.v = v;
+    in.k = k;
+    return in;
+  }
+};
+
+Problem MakeProblem(std::int64_t m, std::int64_t v, std::int64_t k, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Problem p{m, v, k, RandomBf16(m * k, rng), RandomBf16(v * k, rng), RandomFp32(m * v, rng)};
+  return p;
+}
+
+// Y = alpha·X·Wᵀ in fp32, optionally with W read transposed as [k, v].
+std::vector<float> Logits(const Problem& p, float alpha, bool transposed = false) {
+  std::vector<float> y(static_cast<std::size_t>(p.m * p.v));
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t j = 0; j < p.v; ++j) {
+      const float s = Fp32Dot(
+          p.k, [&](std::int64_t t) { return At(p.x, i * p.k + t); },
+          [&](std::int64_t t) { return At(p.w, transposed ? t * p.v + j : j * p.k + t); });
+      y[static_cast<std::size_t>(i * p.v + j)] = alpha * s;
+    }
+  }
+  return y;
+}
+
+// dX = G·W with G = bf16(dY), or with dY itself when `cast` is false.
+std::vector<float> GradInput(const Problem& p, bool cast) {
+  std::vector<float> dx(static_cast<std::size_t>(p.m * p.k));
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    for (std::int64_t c = 0; c < p.k; ++c) {
+      dx[static_cast<std::size_t>(i * p.k + c)] = Fp32Dot(
+          p.v,
+          [&](std::int64_t j) {
+            const float d = p.dy[static_cast<std::size_t>(i * p.v + j)];
+            return cast ? RoundToBf16(d) : d;
+          },
+          [&](std::int64_t j) { return At(p.w, j * p.k + c); });
+    }
+  }
+  return dx;
+}
+
+std::vector<float> GradWeight(const Problem& p, bool cast) {
+  std::vector<float> dw(static_cast<std::size_t>(p.v * p.k));
+  for (std::int64_t j = 0; j < p.v; ++j) {
+    for (std::int64_t c = 0; c < p.k; ++c) {
+      dw[static_cast<std::size_t>(j * p.k + c)] = Fp32Dot(
+          p.m,
+          [&](std::int64_t i) {
+            const float d = p.dy[static_cast<std::size_t>(i * p.v + j)];
+            return cast ? RoundToBf16(d) : d;
+          },
+          [&](std::int64_t i) { return At(p.x, i * p.k + c); });
+    }
+  }
+  return dw;
+}
+
+CandidateCheck CheckY(const Problem& p, const std::vector<float>& candidate,
+                      const std::vector<float>& own, float alpha = 1.0f,
+                      const CheckedRows& rows = {}) {
+  CandidateCheck check(DType::kFp32);
+  CheckLogits(p.Inputs(), alpha, rows, candidate.data(), own.data(), DType::kFp32, &check);
+  return check;
+}
+
+TEST(SampleRowsTest, EvenlySpacedWithTheEnds) {
+  EXPECT_TRUE(SampleRows(10, 0).empty());
+  EXPECT_TRUE(SampleRows(10, 10).empty());
+  EXPECT_EQ(SampleRows(10, 1), (CheckedRows{0}));
+  EXPECT_EQ(SampleRows(10, 2), (CheckedRows{0, 9}));
+  EXPECT_EQ(SampleRows(101, 5), (CheckedRows{0, 25, 50, 75, 100}));
+}
+
+TEST(CheckLogitsTest, AConformingFp32KernelIsWithinBounds) {
+  const Problem p = MakeProblem(7, 33, 520, 1);
+  const std::vector<float> y = Logits(p, 1.0f);
+  const CandidateCheck same = CheckY(p, y, y);
+  EXPECT_EQ(same.Verdict(), "bitwise_equal_to_logitd") << same.Describe("y", {p.m, p.v});
+  EXPECT_EQ(same.elements(), p.m * p.v);
+  EXPECT_LT(same.worst_fraction(), 0.5);
+
+  // One ulp off everywhere: still within, and counted against logitd's.
+  std::vector<float> off = y;
+  for (float& f : off) f = std::nextafter(f, 1e30f);
+  const CandidateCheck c = CheckY(p, off, y);
+  EXPECT_EQ(c.Verdict(), "within_bounds") << c.Describe("y", {p.m, p.v});
+  EXPECT_EQ(c.max_ulp(), 1);
+  EXPECT_EQ(c.bitwise_equal(), 0);
+}
+
+TEST(CheckLogitsTest, Bf16LogitsDeclaredAsFp32AreOutside) {
+  // At K = 520 the fp32 bound is ~γ_520·Σ|x·w|, far below bf16's 2^-8.
+  const Problem p = MakeProblem(8, 64, 520, 2);
+  const std::vector<float> y = Logits(p, 1.0f);
+  std::vector<float> rounded = y;
+  for (float& f : rounded) f = RoundToBf16(f);
+  const CandidateCheck c = CheckY(p, rounded, y);
+  EXPECT_EQ(c.Verdict(), "outside_bounds");
+  EXPECT_GT(c.outside(), p.m * p.v / 2);
+  EXPECT_GT(c.worst_fraction(), 10.0);
+}
+
+TEST(CheckLogitsTest, ATransposedWeightIsOutside) {
+  const Problem p = MakeProblem(4, 48, 48, 3);
+  const CandidateCheck c = CheckY(p, Logits(p, 1.0f, /*transposed=*/true), Logits(p, 1.0f));
+  EXPECT_EQ(c.Verdict(), "outside_bounds");
+  EXPECT_GT(c.outside(), p.m * p.v * 9 / 10);
+}
+
+TEST(CheckLogitsTest, AlphaScalesTheReference) {
+  const Problem p = MakeProblem(5, 40, 300, 4);
+  const std::vector<float> y = Logits(p, 0.125f);
+  EXPECT_EQ(CheckY(p, y, y, 0.125f).Verdict(), "bitwise_equal_to_logitd");
+  // The unscaled logits are not alpha's.
+  const CandidateCheck c = CheckY(p, Logits(p, 1.0f), y, 0.125f);
+  EXPECT_EQ(c.Verdict(), "outside_bounds");
+}
+
+TEST(CheckLogitsTest, ANanWhereTheInputsHaveNoneIsOutside) {
+  const Problem p = MakeProblem(3, 20, 64, 5);
+  const std::vector<float> y = Logits(p, 1.0f);
+  std::vector<float> bad = y;
+  bad[17] = std::nanf("");
+  const CandidateCheck c = CheckY(p, bad, y);
+  EXPECT_EQ(c.outside(), 1);
+  EXPECT_EQ(c.nan_inf_mismatches(), 1);
+  EXPECT_EQ(c.first_outside()[0].index, 17);
+}
+
+TEST(CheckLogitsTest, NonFiniteInputsAreReferencedAsIeee754Says) {
+  Problem p = MakeProblem(3, 6, 16, 6);
+  p.x[1 * 16 + 4] = FloatToBf16(INFINITY);  // row 1: ±Inf, or NaN where w is 0
+  p.w[2 * 16 + 4] = 0;                      // Inf·0 = NaN in column 2 of row 1
+  p.w[4 * 16 + 9] = FloatToBf16(NAN);       // column 4: NaN in every row
+  const std::vector<float> y = Logits(p, 1.0f);
+  EXPECT_TRUE(std::isnan(y[1 * 6 + 2]));
+  EXPECT_TRUE(std::isinf(y[1 * 6 + 0]));
+  const CandidateCheck c = CheckY(p, y, y);
+  EXPECT_EQ(c.Verdict(), "bitwise_equal_to_logitd") << c.Describe("y", {p.m, p.v});
+  // A finite value where IEEE 754 gives an infinity is wrong.
+  std::vector<float> bad = y;
+  bad[1 * 6 + 0] = 0.0f;
+  EXPECT_EQ(CheckY(p, bad, y).nan_inf_mismatches(), 1);
+}
+
+TEST(CheckLogitsTest, SampledRowsAreTheOnlyOnesChecked) {
+  const Problem p = MakeProblem(50, 16, 32, 7);
+  std::vector<float> y = Logits(p, 1.0f), bad = y;
+  bad[3 * 16 + 5] += 100.0f;                    // row 3, not sampled
+  const CheckedRows rows = SampleRows(p.m, 4);  // 0, 16, 32, 49
+  const CandidateCheck c = CheckY(p, bad, y, 1.0f, rows);
+  EXPECT_EQ(c.elements(), 4 * p.v);
+  EXPECT_EQ(c.outside(), 0);
+  EXPECT_EQ(CheckY(p, bad, y).outside(), 1);
+}
+
+TEST(CheckBackwardTest, TheGradientCastContractIsHeld) {
+  const Problem p = MakeProblem(24, 384, 40, 8);
+  const std::vector<float> dx = GradInput(p, /*cast=*/true);
+  CandidateCheck right(DType::kFp32);
+  CheckGradInput(p.Inputs(), {}, dx.data(), dx.data(), DType::kFp32, &right);
+  EXPECT_EQ(right.Verdict(), "bitwise_equal_to_logitd") << right.Describe("dx", {p.m, p.k});
+
+  // dY used as it came, without the cast to bf16: outside the contract.
+  const std::vector<float> uncast = GradInput(p, /*cast=*/false);
+  CandidateCheck wrong(DType::kFp32);
+  CheckGradInput(p.Inputs(), {}, uncast.data(), dx.data(), DType::kFp32, &wrong);
+  EXPECT_EQ(wrong.Verdict(), "outside_bounds");
+
+  const std::vector<float> dw = GradWeight(p, true);
+  CandidateCheck right_w(DType::kFp32);
+  CheckGradWeight(p.Inputs(), dw.data(), dw.data(), DType::kFp32, &right_w);
+  EXPECT_EQ(right_w.Verdict(), "bitwise_equal_to_logitd") << right_w.Describe("dw", {p.v, p.k});
+  EXPECT_EQ(right_w.elements(), p.v * p.k);
+}
+
+TEST(CheckBackwardTest, GradWeightWithoutTheCastIsOutside) {
+  const Problem p = MakeProblem(512, 12, 10, 9);
+  const std::vector<float> dw = GradWeight(p, true), uncast = GradWeight(p, false);
+  CandidateCheck wrong(DType::kFp32);
+  CheckGradWeight(p.Inputs(), uncast.data(), dw.data(), DType::kFp32, &wrong);
+  EXPECT_EQ(wrong.Verdict(), "outside_bounds");
+}
+
+TEST(CheckBackwardTest, Bf16GradientsWithTheirRounding) {
+  const Problem p = MakeProblem(6, 64, 24, 10);
+  const std::vector<float> dx = GradInput(p, true);
+  std::vector<Bf16Bits> dx16(dx.size());
+  for (std::size_t i = 0; i < dx.size(); ++i) dx16[i] = FloatToBf16(dx[i]);
+  CandidateCheck c(DType::kBf16);
+  CheckGradInput(p.Inputs(), {}, dx16.data(), dx16.data(), DType::kBf16, &c);
+  EXPECT_EQ(c.Verdict(), "bitwise_equal_to_logitd") << c.Describe("dx", {p.m, p.k});
+}
+
+}  // namespace
+}  // namespace logitd
