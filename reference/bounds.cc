@@ -14,6 +14,14 @@ double SumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out)
   return b + kBf16UnitRoundoff * (std::fabs(ref) + b) + std::ldexp(1.0, -134);
 }
 
+double ProbabilisticSumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out) {
+  const double sum =
+      std::min(ProbabilisticGamma(n, kFp32UnitRoundoff), Gamma(n, kFp32UnitRoundoff));
+  const double b = (sum + Gamma(n, kFp64UnitRoundoff)) * abs_sum;
+  if (out != DType::kBf16) return b;
+  return b + kBf16UnitRoundoff * (std::fabs(ref) + b) + std::ldexp(1.0, -134);
+}
+
 void BoundStats::Add(std::int64_t i, double got, double ref, double bound) {
   ++checked;
   const double err = std::fabs(got - ref);

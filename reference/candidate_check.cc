@@ -58,25 +58,48 @@ CandidateCheck::CandidateCheck(DType dtype)
     : dtype_(dtype), ulp_counts_(static_cast<std::size_t>(kExactUlp) + 1 + (63 - 6), 0) {}
 
 void CandidateCheck::Add(std::int64_t index, const void* candidate, const void* own,
-                         double reference, double bound) {
+                         double reference, double bound, double probabilistic_bound) {
   std::uint32_t cb = 0, ob = 0;
   const double c = ValueAt(dtype_, candidate, 0, &cb);
   const double o = ValueAt(dtype_, own, 0, &ob);
-  Count(index, c, cb, o, ob, reference, bound);
+  Count(index, c, cb, o, ob, reference, bound, probabilistic_bound);
 }
 
 void CandidateCheck::AddRange(std::int64_t offset, std::int64_t n, const void* candidate,
-                              const void* own, const double* reference, const double* bound) {
+                              const void* own, const double* reference, const double* bound,
+                              const double* probabilistic_bound) {
   for (std::int64_t i = 0; i < n; ++i) {
     std::uint32_t cb = 0, ob = 0;
     const double c = ValueAt(dtype_, candidate, i, &cb);
     const double o = ValueAt(dtype_, own, i, &ob);
-    Count(offset + i, c, cb, o, ob, reference[i], bound[i]);
+    Count(offset + i, c, cb, o, ob, reference[i], bound[i], probabilistic_bound[i]);
   }
 }
 
+// |value − reference| as a fraction of `bound`: 0 when equal, +Inf for a
+// NaN or an infinity IEEE 754 does not give there (*mismatch set).
+double CandidateCheck::Fraction(double value, double reference, double bound,
+                                bool* mismatch) const {
+  *mismatch = false;
+  if (!std::isfinite(reference)) {
+    const bool same = std::isnan(reference) ? std::isnan(value) : value == reference;
+    *mismatch = !same;
+    return same ? 0 : kInf;
+  }
+  if (!std::isfinite(value)) {
+    // An infinity is right where the bounded value overflows the dtype.
+    const bool overflows = std::isinf(value) && std::fabs(reference) + bound > MaxFinite(dtype_) &&
+                           std::signbit(value) == std::signbit(reference);
+    *mismatch = !overflows;
+    return overflows ? 0 : kInf;
+  }
+  const double err = std::fabs(value - reference);
+  return err == 0 ? 0 : bound > 0 ? err / bound : kInf;
+}
+
 void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t candidate_bits,
-                           double own, std::uint32_t own_bits, double reference, double bound) {
+                           double own, std::uint32_t own_bits, double reference, double bound,
+                           double probabilistic_bound) {
   ++elements_;
   // Against logitd's own output: bits, NaNs of any payload alike.
   const bool both_nan = std::isnan(candidate) && std::isnan(own);
@@ -88,26 +111,14 @@ void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t c
   max_ulp_ = std::max(max_ulp_, ulp);
   ++ulp_counts_[UlpBucket(ulp)];
 
-  // Against the reference.
-  double fraction = 0;
-  bool mismatch = false;
-  if (!std::isfinite(reference)) {
-    const bool same = std::isnan(reference) ? std::isnan(candidate) : candidate == reference;
-    mismatch = !same;
-    fraction = same ? 0 : kInf;
-  } else if (!std::isfinite(candidate)) {
-    // An infinity is right where the bounded value overflows the dtype.
-    const bool overflows = std::isinf(candidate) &&
-                           std::fabs(reference) + bound > MaxFinite(dtype_) &&
-                           std::signbit(candidate) == std::signbit(reference);
-    mismatch = !overflows;
-    fraction = overflows ? 0 : kInf;
-  } else {
-    const double err = std::fabs(candidate - reference);
-    fraction = err == 0 ? 0 : bound > 0 ? err / bound : kInf;
-  }
+  // Against the reference and its bounds.
+  bool mismatch = false, unused = false;
+  const double fraction = Fraction(candidate, reference, bound, &mismatch);
+  const double p_fraction = Fraction(candidate, reference, probabilistic_bound, &unused);
+  if (Fraction(own, reference, probabilistic_bound, &unused) > 1.0) ++own_outside_probabilistic_;
   if (mismatch) ++nan_inf_mismatches_;
   worst_fraction_ = std::max(worst_fraction_, fraction);
+  worst_probabilistic_fraction_ = std::max(worst_probabilistic_fraction_, p_fraction);
   int bin = kHistogramBins - 1;
   if (fraction == 0) {
     bin = 0;
@@ -120,10 +131,10 @@ void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t c
     }
   }
   ++histogram_[static_cast<std::size_t>(bin)];
-  if (fraction <= 1.0) return;
-  if (outside_++ < kReportedOutside) {
-    first_outside_.push_back({index, candidate, reference, bound, own});
-  }
+  const CheckedElement element{index, candidate, reference, bound, probabilistic_bound, own};
+  if (fraction > 1.0 && outside_++ == 0) first_proven_outside_ = element;
+  if (p_fraction <= 1.0) return;
+  if (outside_probabilistic_++ < kReportedOutside) first_outside_.push_back(element);
 }
 
 std::int64_t CandidateCheck::UlpPercentile(double p) const {
@@ -139,20 +150,36 @@ std::int64_t CandidateCheck::UlpPercentile(double p) const {
 
 std::string CandidateCheck::Verdict() const {
   if (outside_ > 0) return "outside_bounds";
+  if (outside_probabilistic_ > 0 && probabilistic_applies()) return "outside_probabilistic_bounds";
   if (bitwise_equal_ == elements_) return "bitwise_equal_to_logitd";
   return "within_bounds";
 }
 
+bool CandidateCheck::passed() const {
+  const std::string verdict = Verdict();
+  return verdict == "within_bounds" || verdict == "bitwise_equal_to_logitd";
+}
+
 std::string CandidateCheck::Describe(const std::string& name,
                                      const std::vector<std::int64_t>& shape) const {
-  if (outside_ == 0) return std::string();
+  if (passed()) return std::string();
+  if (outside_ > 0) {
+    const CheckedElement& f = first_proven_outside_;
+    return absl::StrFormat(
+        "%d of %d elements of '%s' outside their proven bound (%d a NaN or infinity where the "
+        "reference has none, or the reverse); worst %.3g times its bound; first %s: candidate "
+        "%.9g, fp64 reference %.17g, bound %.3e, logitd %.9g",
+        outside_, elements_, name, nan_inf_mismatches_, worst_fraction_,
+        IndexString(f.index, shape), f.candidate, f.reference, f.bound, f.logitd);
+  }
   const CheckedElement& f = first_outside_.front();
   return absl::StrFormat(
-      "%d of %d elements of '%s' outside their bound (%d NaN or infinity where the reference "
-      "has none, or the reverse); worst %.3g times its bound; first %s: candidate %.9g, fp64 "
-      "reference %.17g, bound %.3e, logitd %.9g",
-      outside_, elements_, name, nan_inf_mismatches_, worst_fraction_, IndexString(f.index, shape),
-      f.candidate, f.reference, f.bound, f.logitd);
+      "%d of %d elements of '%s' outside their probabilistic bound, where logitd's own output "
+      "is inside every one (all inside the proven bound); worst %.3g times it; first %s: "
+      "candidate %.9g, fp64 reference %.17g, probabilistic bound %.3e (proven %.3e), logitd %.9g",
+      outside_probabilistic_, elements_, name, worst_probabilistic_fraction_,
+      IndexString(f.index, shape), f.candidate, f.reference, f.probabilistic_bound, f.bound,
+      f.logitd);
 }
 
 }  // namespace logitd

@@ -95,6 +95,11 @@ double Gamma(std::int64_t n, double u) {
   return nu / (1.0 - nu);
 }
 
+double ProbabilisticGamma(std::int64_t n, double u, double lambda) {
+  const double nd = static_cast<double>(n);
+  return std::expm1(lambda * std::sqrt(nd) * u + nd * u * u / (1.0 - u));
+}
+
 Bf16Matrix AsMatrix(const Tensor& t) { return Bf16Matrix{t.data<Bf16Bits>(), t.dim(0), t.dim(1)}; }
 
 std::vector<double> ToDouble(const Tensor& t, bool absolute) {
@@ -118,13 +123,14 @@ void ReferenceGW(const std::vector<double>& g, std::int64_t m, Bf16Matrix w, dou
 
 void ReferenceGtX(const std::vector<double>& g, const std::vector<double>& x, std::int64_t m,
                   std::int64_t n, std::int64_t k, bool with_abs, const RowBlockSink& sink,
-                  std::int64_t block_elements) {
+                  std::int64_t block_elements, const std::function<bool()>& stop) {
   const std::int64_t block = BlockRows(k, block_elements);
   std::vector<double> value(static_cast<std::size_t>(std::min(block, n) * k));
   std::vector<double> abs(with_abs ? value.size() : 0);
   const std::vector<double> g_abs = with_abs ? Abs(g) : std::vector<double>();
   const std::vector<double> x_abs = with_abs ? Abs(x) : std::vector<double>();
   for (std::int64_t r0 = 0; r0 < n; r0 += block) {
+    if (stop && stop()) return;
     const std::int64_t rows = std::min(block, n - r0);
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
                 static_cast<int>(k), static_cast<int>(m), 1.0, g.data() + r0, static_cast<int>(n),

@@ -72,13 +72,17 @@ CheckedRows SampleRows(std::int64_t m, std::int64_t count) {
   return rows;
 }
 
-void CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
-                 const void* candidate, const void* own, DType dtype, CandidateCheck* check) {
+bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
+                 const void* candidate, const void* own, DType dtype, CandidateCheck* check,
+                 const StopCheck& stop) {
   const std::int64_t v = in.v, k = in.k;
   // With alpha, one more fp32 rounding per product (a BLAS may scale an
   // operand) or of the sum: γ_{K+2} covers either.
-  const double gamma =
-      Gamma(alpha == 1.0f ? k : k + 2, kFp32UnitRoundoff) + Gamma(k, kFp64UnitRoundoff);
+  const std::int64_t n = alpha == 1.0f ? k : k + 2;
+  const double gamma = Gamma(n, kFp32UnitRoundoff) + Gamma(k, kFp64UnitRoundoff);
+  const double p_gamma =
+      std::min(ProbabilisticGamma(n, kFp32UnitRoundoff), Gamma(n, kFp32UnitRoundoff)) +
+      Gamma(k, kFp64UnitRoundoff);
   const double scale = std::fabs(static_cast<double>(alpha));
   std::vector<std::int64_t> bad_w;
   for (std::int64_t j = 0; j < v; ++j) {
@@ -87,8 +91,10 @@ void CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
   }
   const CheckedRows walk = AllOr(rows, in.m);
   const std::int64_t per_block = std::max<std::int64_t>(1, kReferenceBlockElements / v);
-  std::vector<double> ref, abs, bound(static_cast<std::size_t>(v));
+  std::vector<double> ref, abs, bound(static_cast<std::size_t>(v)),
+      p_bound(static_cast<std::size_t>(v));
   for (std::size_t b0 = 0; b0 < walk.size(); b0 += static_cast<std::size_t>(per_block)) {
+    if (stop && stop()) return false;
     const std::size_t n = std::min(walk.size() - b0, static_cast<std::size_t>(per_block));
     std::vector<double> xd(n * static_cast<std::size_t>(k));
     for (std::size_t r = 0; r < n; ++r) {
@@ -118,19 +124,23 @@ void CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
       for (std::int64_t j = 0; j < v; ++j) {
         row_ref[j] *= static_cast<double>(alpha);
         double b = scale * gamma * row_abs[j];
+        double pb = scale * p_gamma * row_abs[j];
         if (dtype == DType::kBf16) {
           b += kBf16UnitRoundoff * (std::fabs(row_ref[j]) + b) + std::ldexp(1.0, -134);
+          pb += kBf16UnitRoundoff * (std::fabs(row_ref[j]) + pb) + std::ldexp(1.0, -134);
         }
         bound[static_cast<std::size_t>(j)] = b;
+        p_bound[static_cast<std::size_t>(j)] = pb;
       }
       check->AddRange(i * v, v, At(candidate, i * v, dtype), At(own, i * v, dtype), row_ref,
-                      bound.data());
+                      bound.data(), p_bound.data());
     }
   }
+  return true;
 }
 
-void CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void* candidate,
-                    const void* own, DType dtype, CandidateCheck* check) {
+bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void* candidate,
+                    const void* own, DType dtype, CandidateCheck* check, const StopCheck& stop) {
   const std::int64_t v = in.v, k = in.k;
   // Columns of W with a NaN or an infinity: every row's dX there by hand.
   std::vector<std::int64_t> bad_w_cols;
@@ -142,8 +152,10 @@ void CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
   const CheckedRows walk = AllOr(rows, in.m);
   const std::int64_t per_block =
       std::max<std::int64_t>(1, kReferenceBlockElements / std::max(v, k));
-  std::vector<double> ref, abs, bound(static_cast<std::size_t>(k));
+  std::vector<double> ref, abs, bound(static_cast<std::size_t>(k)),
+      p_bound(static_cast<std::size_t>(k));
   for (std::size_t b0 = 0; b0 < walk.size(); b0 += static_cast<std::size_t>(per_block)) {
+    if (stop && stop()) return false;
     const std::size_t n = std::min(walk.size() - b0, static_cast<std::size_t>(per_block));
     std::vector<double> g(n * static_cast<std::size_t>(v));
     for (std::size_t r = 0; r < n; ++r) {
@@ -173,15 +185,18 @@ void CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
       }
       for (std::int64_t c = 0; c < k; ++c) {
         bound[static_cast<std::size_t>(c)] = SumOfProductsBound(v, row_abs[c], row_ref[c], dtype);
+        p_bound[static_cast<std::size_t>(c)] =
+            ProbabilisticSumOfProductsBound(v, row_abs[c], row_ref[c], dtype);
       }
       check->AddRange(i * k, k, At(candidate, i * k, dtype), At(own, i * k, dtype), row_ref,
-                      bound.data());
+                      bound.data(), p_bound.data());
     }
   }
+  return true;
 }
 
-void CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
-                     CandidateCheck* check) {
+bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
+                     CandidateCheck* check, const StopCheck& stop) {
   const std::int64_t m = in.m, v = in.v, k = in.k;
   std::vector<double> g(static_cast<std::size_t>(m * v));
   for (std::int64_t i = 0; i < m * v; ++i) g[static_cast<std::size_t>(i)] = GAt(in, i);
@@ -202,7 +217,8 @@ void CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
       }
     }
   }
-  std::vector<double> bound(static_cast<std::size_t>(k)), fixed_ref(static_cast<std::size_t>(k));
+  std::vector<double> bound(static_cast<std::size_t>(k)), p_bound(static_cast<std::size_t>(k)),
+      fixed_ref(static_cast<std::size_t>(k));
   ReferenceGtX(
       g, xd, m, v, k, true,
       [&](std::int64_t row0, std::int64_t rows, const double* value, const double* abs) {
@@ -219,11 +235,56 @@ void CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
             }
             fixed_ref[static_cast<std::size_t>(c)] = ref;
             bound[static_cast<std::size_t>(c)] = SumOfProductsBound(m, a, ref, dtype);
+            p_bound[static_cast<std::size_t>(c)] =
+                ProbabilisticSumOfProductsBound(m, a, ref, dtype);
           }
           check->AddRange(j * k, k, At(candidate, j * k, dtype), At(own, j * k, dtype),
-                          fixed_ref.data(), bound.data());
+                          fixed_ref.data(), bound.data(), p_bound.data());
         }
-      });
+      },
+      kReferenceBlockElements, stop);
+  return !(stop && stop());
+}
+
+namespace {
+
+constexpr std::uint64_t kDouble = sizeof(double);
+
+// Rows of a block of `cols` columns, as the references walk them.
+std::uint64_t BlockRows(std::int64_t limit, std::int64_t cols) {
+  return static_cast<std::uint64_t>(std::min(
+      limit, std::max<std::int64_t>(1, kReferenceBlockElements / std::max<std::int64_t>(1, cols))));
+}
+
+// A block of the weight widened to doubles (numerics.cc: whole rows of at
+// most kReferenceBlockElements elements).
+std::uint64_t WeightBlockBytes(std::int64_t v, std::int64_t k) {
+  return BlockRows(v, k) * static_cast<std::uint64_t>(k) * kDouble;
+}
+
+}  // namespace
+
+std::uint64_t LogitsCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k) {
+  // Rows of x and |x| widened, their references and sums of |x·w|, a row's
+  // bounds and the rows of W with a NaN or an infinity.
+  const std::uint64_t n = BlockRows(rows, v);
+  return n * static_cast<std::uint64_t>(2 * k + 2 * v) * kDouble + WeightBlockBytes(v, k) +
+         static_cast<std::uint64_t>(v) * (2 * kDouble + sizeof(std::int64_t));
+}
+
+std::uint64_t GradInputCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k) {
+  const std::uint64_t n = BlockRows(rows, std::max(v, k));
+  return n * static_cast<std::uint64_t>(2 * v + 2 * k) * kDouble + WeightBlockBytes(v, k) +
+         static_cast<std::uint64_t>(k) * (2 * kDouble + sizeof(std::int64_t));
+}
+
+std::uint64_t GradWeightCheckBytes(std::int64_t m, std::int64_t v, std::int64_t k) {
+  // G and X widened, with their magnitudes, and a block of dW's references
+  // and sums.
+  const std::uint64_t mv = static_cast<std::uint64_t>(m) * static_cast<std::uint64_t>(v);
+  const std::uint64_t mk = static_cast<std::uint64_t>(m) * static_cast<std::uint64_t>(k);
+  return 2 * (mv + mk) * kDouble + 2 * BlockRows(v, k) * static_cast<std::uint64_t>(k) * kDouble +
+         static_cast<std::uint64_t>(3 * k) * kDouble + static_cast<std::uint64_t>(v + k);
 }
 
 }  // namespace logitd

@@ -205,6 +205,13 @@ class CallTensors {
     return Output(name, out.slot, out.into);
   }
 
+  // Each input's spec and, for one in shared memory, its slot, in
+  // declaration order: for a header whose fields do not follow the
+  // "<name>"/"<name>_shm" convention (Verify's).
+  template <typename Fn>
+  void ForEachInput(Fn fn) const {
+    for (const InputSlot& in : inputs_) fn(in.name, in.spec, in.ref ? &*in.ref : nullptr);
+  }
   // Sets the inputs' specs and every slot in the call's header message.
   void FillHeader(google::protobuf::Message* header) const;
   // Streams the inputs not in shared memory, in declaration order; false

@@ -251,6 +251,14 @@ class Backend {
   virtual absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
                                                              std::int64_t k) = 0;
 
+  // Copies the weight's values into out [V, K] as bf16, exactly as the
+  // backend holds them (device to host on cuda): what a check of another
+  // implementation's outputs forms its references from.
+  virtual absl::Status ReadWeight(const Weight& w, Bf16Bits* out) {
+    return absl::UnimplementedError(
+        absl::StrCat(Info().backend, " backend cannot read a weight back"));
+  }
+
   // Y[m, V] = alpha * X[m, K] . W[V, K]^T, bf16 operands, fp32 accumulation;
   // fp32 out, or rounded to bf16 once (RNE).
   virtual absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) = 0;

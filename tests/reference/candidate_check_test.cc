@@ -27,8 +27,9 @@ float NextUp(float f, int ulps = 1) {
 CandidateCheck CheckAll(const std::vector<float>& candidate, const std::vector<float>& own,
                         const std::vector<double>& reference, const std::vector<double>& bound) {
   CandidateCheck check(DType::kFp32);
+  // The probabilistic bound as the proven one, unless a test says otherwise.
   check.AddRange(0, static_cast<std::int64_t>(candidate.size()), candidate.data(), own.data(),
-                 reference.data(), bound.data());
+                 reference.data(), bound.data(), bound.data());
   return check;
 }
 
@@ -73,9 +74,44 @@ TEST(CandidateCheckTest, PastTheBoundIsOutsideAndDescribed) {
   EXPECT_DOUBLE_EQ(c.worst_fraction(), 5.0);
   EXPECT_EQ(c.histogram()[CandidateCheck::kHistogramBins - 1], 1);
   const std::string d = c.Describe("y", {2, 2});
-  EXPECT_NE(d.find("1 of 4 elements of 'y' outside their bound"), std::string::npos) << d;
+  EXPECT_NE(d.find("1 of 4 elements of 'y' outside their proven bound"), std::string::npos) << d;
   EXPECT_NE(d.find("first [1, 0]"), std::string::npos) << d;
   EXPECT_NE(d.find("worst 5 times"), std::string::npos) << d;
+}
+
+TEST(CandidateCheckTest, PastTheProbabilisticBoundOnlyWhereLogitdIsInsideIt) {
+  // Errors of 0.25 against a proven bound of 1 and a probabilistic one of
+  // 0.1: inside the proof, outside what fp32 accumulation gives.
+  const std::vector<double> reference = {1.0, 2.0, 3.0, 4.0};
+  const std::vector<double> bound(4, 1.0), probabilistic(4, 0.1);
+  const std::vector<float> own = {1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> candidate = {1.25f, 2.0f, 3.25f, 4.0f};
+  CandidateCheck c(DType::kFp32);
+  c.AddRange(0, 4, candidate.data(), own.data(), reference.data(), bound.data(),
+             probabilistic.data());
+  EXPECT_EQ(c.outside(), 0);
+  EXPECT_EQ(c.outside_probabilistic(), 2);
+  EXPECT_DOUBLE_EQ(c.worst_probabilistic_fraction(), 2.5);
+  EXPECT_TRUE(c.probabilistic_applies());
+  EXPECT_EQ(c.Verdict(), "outside_probabilistic_bounds");
+  EXPECT_FALSE(c.passed());
+  ASSERT_EQ(c.first_outside().size(), 2u);
+  EXPECT_EQ(c.first_outside()[1].index, 2);
+  EXPECT_DOUBLE_EQ(c.first_outside()[1].probabilistic_bound, 0.1);
+  const std::string d = c.Describe("y", {4});
+  EXPECT_NE(d.find("2 of 4 elements of 'y' outside their probabilistic bound"), std::string::npos)
+      << d;
+
+  // Where logitd's own output is outside it too, the inputs defeat the
+  // model: the probabilistic bound then decides nothing.
+  const std::vector<float> own_off = {1.0f, 2.5f, 3.0f, 4.0f};
+  CandidateCheck model(DType::kFp32);
+  model.AddRange(0, 4, candidate.data(), own_off.data(), reference.data(), bound.data(),
+                 probabilistic.data());
+  EXPECT_EQ(model.own_outside_probabilistic(), 1);
+  EXPECT_FALSE(model.probabilistic_applies());
+  EXPECT_EQ(model.Verdict(), "within_bounds");
+  EXPECT_TRUE(model.passed());
 }
 
 TEST(CandidateCheckTest, ReportsOnlyTheFirstOutsideElements) {
@@ -116,13 +152,13 @@ TEST(CandidateCheckTest, Bf16CandidatesCountBf16Ulps) {
   const std::vector<Bf16Bits> candidate = {0x3f80, 0x4003, 0x4040};
   const std::vector<double> reference = {1.0, 2.0, 3.0}, bound = {0.01, 0.1, 0.01};
   CandidateCheck c(DType::kBf16);
-  c.AddRange(10, 3, candidate.data(), own.data(), reference.data(), bound.data());
+  c.AddRange(10, 3, candidate.data(), own.data(), reference.data(), bound.data(), bound.data());
   EXPECT_EQ(c.max_ulp(), 3);
   EXPECT_EQ(c.bitwise_equal(), 2);
   // 0x4003 is 2 + 3·2^-6 = 2.046875: within 0.1.
   EXPECT_EQ(c.Verdict(), "within_bounds");
   CandidateCheck one(DType::kBf16);
-  one.Add(7, &candidate[1], &own[1], 2.0, 0.01);
+  one.Add(7, &candidate[1], &own[1], 2.0, 0.01, 0.01);
   EXPECT_EQ(one.outside(), 1);
   EXPECT_EQ(one.first_outside()[0].index, 7);
 }

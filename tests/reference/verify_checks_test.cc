@@ -158,6 +158,22 @@ TEST(CheckLogitsTest, Bf16LogitsDeclaredAsFp32AreOutside) {
   EXPECT_GT(c.worst_fraction(), 10.0);
 }
 
+TEST(CheckLogitsTest, AtLargeKBf16LogitsAreOutsideTheProbabilisticBound) {
+  // At K = 4096 the proven bound (γ_K·Σ|x·w|, growing as K) can hold bf16
+  // rounding of the result (growing as √K); the probabilistic one cannot,
+  // while a conforming fp32 sum stays far inside it.
+  const Problem p = MakeProblem(4, 64, 4096, 11);
+  const std::vector<float> y = Logits(p, 1.0f);
+  const CandidateCheck fp32 = CheckY(p, y, y);
+  EXPECT_EQ(fp32.Verdict(), "bitwise_equal_to_logitd");
+  EXPECT_LT(fp32.worst_probabilistic_fraction(), 0.1);
+  std::vector<float> rounded = y;
+  for (float& f : rounded) f = RoundToBf16(f);
+  const CandidateCheck c = CheckY(p, rounded, y);
+  EXPECT_EQ(c.Verdict(), "outside_probabilistic_bounds") << c.Describe("y", {p.m, p.v});
+  EXPECT_GT(c.outside_probabilistic(), 0);
+}
+
 TEST(CheckLogitsTest, ATransposedWeightIsOutside) {
   const Problem p = MakeProblem(4, 48, 48, 3);
   const CandidateCheck c = CheckY(p, Logits(p, 1.0f, /*transposed=*/true), Logits(p, 1.0f));

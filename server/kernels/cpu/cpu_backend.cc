@@ -346,6 +346,16 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status ReadWeight(const Weight& weight, Bf16Bits* out) override {
+    const CpuWeight* w = AsCpuWeight(weight);
+    if (w == nullptr) return ForeignWeight("read weight", weight);
+    if (out == nullptr) return absl::InvalidArgumentError("read weight: out is null");
+    // Held widened to fp32, exactly: the top half of each value is its bf16.
+    const float* data = w->data();
+    for (std::int64_t i = 0; i < w->numel(); ++i) out[i] = FloatToBf16(data[i]);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::uint64_t> FetchGradient(Weight& weight, float* out,
                                               bool zero_after_fetch) override {
     CpuWeight* cw = AsCpuWeight(weight);

@@ -226,6 +226,9 @@ class CudaBackend final : public Backend {
                                                      std::int64_t k) override {
     return Guard(DoLoadWeight(w, v, k));
   }
+  absl::Status ReadWeight(const Weight& w, Bf16Bits* out) override {
+    return Guard(DoReadWeight(w, out));
+  }
   absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) override {
     return Guard(DoLogits(w, args, timing));
   }
@@ -271,6 +274,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::shared_ptr<void>> DoPinHostMemory(void* data, std::size_t bytes);
   absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
                                                        std::int64_t k);
+  absl::Status DoReadWeight(const Weight& w, Bf16Bits* out);
   absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing);
   absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing);
   absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out, bool zero_after_fetch);

@@ -293,6 +293,19 @@ absl::StatusOr<std::uint64_t> CudaBackend::DoFetchGradient(Weight& weight, float
   return count;
 }
 
+absl::Status CudaBackend::DoReadWeight(const Weight& weight, Bf16Bits* out) {
+  const auto* w = dynamic_cast<const CudaWeight*>(&weight);
+  if (w == nullptr) return ForeignWeightError("read weight", "cuda", weight);
+  if (out == nullptr) return absl::InvalidArgumentError("read weight: out is null");
+  RETURN_IF_ERROR_(UseDevice(options_.device));
+  ACQUIRE_OR_RETURN_(c, absl::StrCat("weight read [", w->v(), ", ", w->k(), "]"));
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(out, w->data(), w->weight_bytes(), cudaMemcpyDeviceToHost, c->compute.get()),
+      "weight: copy [", w->v(), ", ", w->k(), "] bf16 to the host");
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(c->compute.get()), "weight: read");
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::DoZeroGradient(Weight& weight) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("zero gradient", "cuda", weight);

@@ -66,35 +66,6 @@ absl::StatusOr<DType> OutputDType(absl::string_view field, const std::string& re
                                                  "), got ", requested));
 }
 
-// One tensor of a call, for the per-call byte limit and its message.
-struct Part {
-  absl::string_view name;
-  DType dtype;
-  std::vector<std::int64_t> shape;
-  std::uint64_t bytes;
-};
-
-absl::Status CheckCallBytes(absl::string_view method, const std::vector<Part>& parts,
-                            std::uint64_t max_request_bytes) {
-  std::uint64_t total = 0;
-  bool overflow = false;
-  for (const Part& p : parts) {
-    if (p.bytes > std::numeric_limits<std::uint64_t>::max() - total) overflow = true;
-    total += p.bytes;
-  }
-  if (!overflow && total <= max_request_bytes) return absl::OkStatus();
-  std::vector<std::string> items;
-  for (const Part& p : parts) {
-    items.push_back(absl::StrFormat("%s %s %s = %d bytes", p.name, DTypeName(p.dtype),
-                                    ShapeString(p.shape), p.bytes));
-  }
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "%s: request and response need %s bytes in one call (%s), over the limit of %d bytes per "
-      "call (server flag --max_request_bytes); split the call into smaller ones",
-      method, overflow ? std::string("more than 2^64") : absl::StrCat(total),
-      absl::StrJoin(items, ", "), max_request_bytes));
-}
-
 // x: BF16 [M, K] with K equal to the weight's.
 absl::StatusOr<std::uint64_t> CheckActivations(const CallInput& x, const WeightDims& weight) {
   LOGITD_RETURN_IF_ERROR(CheckGiven("x", x));
@@ -161,8 +132,9 @@ absl::Status CheckTargets(const CallInput& targets, const CallInput& x, std::int
 // `parts`. Then no shared-memory slot for a gradient the call does not
 // return, and the per-call byte limit over all the parts.
 absl::Status FinishGradientPlan(absl::string_view method, const CallOutputs& outputs,
-                                const WeightDims& weight, DType dw_dtype, std::vector<Part> parts,
-                                std::uint64_t max_request_bytes, GradientPlan* plan) {
+                                const WeightDims& weight, DType dw_dtype,
+                                std::vector<CallPart> parts, std::uint64_t max_request_bytes,
+                                GradientPlan* plan) {
   if (plan->want_dx) {
     const std::vector<std::int64_t> dx_shape = {plan->m, weight.k};
     LOGITD_ASSIGN_OR_RETURN(plan->dx_bytes, Bytes("dx", dx_shape, plan->dx_dtype));
@@ -207,6 +179,30 @@ std::string UpperDTypeName(DType dtype) {
       return "INT64";
   }
   return "?";
+}
+
+absl::Status CheckCallBytes(absl::string_view method, const std::vector<CallPart>& parts,
+                            std::uint64_t max_request_bytes) {
+  std::uint64_t total = 0;
+  bool overflow = false;
+  for (const CallPart& p : parts) {
+    if (p.bytes > std::numeric_limits<std::uint64_t>::max() - total) overflow = true;
+    total += p.bytes;
+  }
+  if (!overflow && total <= max_request_bytes) return absl::OkStatus();
+  std::vector<std::string> items;
+  for (const CallPart& p : parts) {
+    // Memory that is not a tensor of the call (scratch) has no shape.
+    items.push_back(p.shape.empty()
+                        ? absl::StrFormat("%s = %d bytes", p.name, p.bytes)
+                        : absl::StrFormat("%s %s %s = %d bytes", p.name, DTypeName(p.dtype),
+                                          ShapeString(p.shape), p.bytes));
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s: request and response need %s bytes in one call (%s), over the limit of %d bytes per "
+      "call (server flag --max_request_bytes); split the call into smaller ones",
+      method, overflow ? std::string("more than 2^64") : absl::StrCat(total),
+      absl::StrJoin(items, ", "), max_request_bytes));
 }
 
 absl::StatusOr<LogitsPlan> PlanLogits(const LogitsRequest& request, const WeightDims& weight,
@@ -311,7 +307,7 @@ absl::StatusOr<CrossEntropyPlan> PlanCrossEntropy(const CrossEntropyRequest& req
   plan.grad_scale = request.grad_scale == 0.0f ? 1.0f : request.grad_scale;
   LOGITD_RETURN_IF_ERROR(SetDxDType(request.dx_dtype, &plan));
 
-  std::vector<Part> parts = {
+  std::vector<CallPart> parts = {
       {"x", DType::kBf16, request.x.shape, plan.x_bytes},
       {"targets", plan.targets_dtype, request.targets.shape, plan.targets_bytes}};
   plan.loss_shape = {plan.reduction == Reduction::kNone ? plan.m : 1};
@@ -354,7 +350,7 @@ absl::StatusOr<LogProbsPlan> PlanLogProbs(const LogProbsRequest& request, const 
   LogProbsPlan plan;
   LOGITD_ASSIGN_OR_RETURN(plan.x_bytes, CheckActivations(request.x, weight));
   plan.m = request.x.shape[0];
-  std::vector<Part> parts = {{"x", DType::kBf16, request.x.shape, plan.x_bytes}};
+  std::vector<CallPart> parts = {{"x", DType::kBf16, request.x.shape, plan.x_bytes}};
   plan.has_targets = request.targets.given;
   if (plan.has_targets) {
     LOGITD_RETURN_IF_ERROR(

@@ -35,6 +35,20 @@ std::optional<DType> DTypeOfName(absl::string_view name);
 // "BF16", "FP32", "INT32", "INT64": how requests and messages spell them.
 std::string UpperDTypeName(DType dtype);
 
+// One tensor of a call (or memory it takes), for the per-call byte limit
+// and its message.
+struct CallPart {
+  std::string name;
+  DType dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes;
+};
+// ResourceExhausted when the parts together exceed max_request_bytes,
+// listing them: "<method>: request and response need N bytes in one call
+// (x bf16 [..] = .. bytes, ...), over the limit of ..."
+absl::Status CheckCallBytes(absl::string_view method, const std::vector<CallPart>& parts,
+                            std::uint64_t max_request_bytes);
+
 struct LogitsPlan {
   std::int64_t m = 0;
   DType out_dtype = DType::kFp32;

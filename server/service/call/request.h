@@ -123,4 +123,24 @@ struct LogProbsRequest {
   CallOutputs outputs;  // "logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank"
 };
 
+// Verify: another implementation's outputs of one operation, with the
+// operation's inputs (verify.h).
+enum class VerifyOperation { kUnspecified, kLogits, kBackward, kCrossEntropy, kLogProbs, kUnknown };
+
+struct VerifyRequest {
+  VerifyOperation operation = VerifyOperation::kUnspecified;
+  // How the request spelt the operation, for messages ("VERIFY_LOGITS", or
+  // the number of one this build does not know).
+  std::string operation_name;
+  // The weight: a registered handle, or `w` streamed (exactly one).
+  std::string weight_handle;
+  CallInput w;
+  CallInput x;
+  CallInput dy;        // backward
+  float alpha = 0.0f;  // logits; 0 means 1
+  std::int64_t sample_rows = 0;
+  // Named as the operation names its outputs ("y"; "dx", "dw").
+  std::vector<CallInput> candidates;
+};
+
 }  // namespace logitd::service

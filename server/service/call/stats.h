@@ -35,6 +35,6 @@ struct CallStats {
   std::optional<absl::Time> send_start;
 };
 
-std::int64_t Micros(absl::Duration d);
+inline std::int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
 
 }  // namespace logitd::service

@@ -30,6 +30,10 @@ class FaultBackend final : public kernels::Backend {
     return inner_->LoadWeight(w, v, k);
   }
 
+  absl::Status ReadWeight(const kernels::Weight& w, Bf16Bits* out) override {
+    return inner_->ReadWeight(w, out);
+  }
+
   absl::Status Logits(const kernels::Weight& w, const kernels::LogitsArgs& args,
                       kernels::Timing* timing) override {
     absl::Status s = inner_->Logits(w, args, timing);

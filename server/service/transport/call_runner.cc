@@ -53,8 +53,6 @@ class InflightCall {
 
 }  // namespace
 
-std::int64_t Micros(absl::Duration d) { return absl::ToInt64Microseconds(d); }
-
 grpc::Status CallRunner::Run(absl::string_view method, grpc::ServerContextBase* context,
                              const CallBody& body) const {
   const absl::Time start = absl::Now();

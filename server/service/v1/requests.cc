@@ -1,5 +1,7 @@
 #include "server/service/v1/requests.h"
 
+#include <map>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -196,6 +198,72 @@ absl::StatusOr<LogProbsRequest> LogProbsRequestOf(const v1::LogProbsHeader& h, c
         std::make_tuple("topk_logprobs", h.has_topk_logprobs_shm(), &h.topk_logprobs_shm()),
         std::make_tuple("rank", h.has_rank_shm(), &h.rank_shm())}) {
     OutputSlot(&r.outputs, name, has, *ref, shm);
+  }
+  return r;
+}
+
+absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& h, const V1Shm& shm) {
+  VerifyRequest r;
+  switch (h.operation()) {
+    case v1::VERIFY_OPERATION_UNSPECIFIED:
+      r.operation = VerifyOperation::kUnspecified;
+      break;
+    case v1::VERIFY_LOGITS:
+      r.operation = VerifyOperation::kLogits;
+      break;
+    case v1::VERIFY_BACKWARD:
+      r.operation = VerifyOperation::kBackward;
+      break;
+    case v1::VERIFY_CROSS_ENTROPY:
+      r.operation = VerifyOperation::kCrossEntropy;
+      break;
+    case v1::VERIFY_LOGPROBS:
+      r.operation = VerifyOperation::kLogProbs;
+      break;
+    default:
+      r.operation = VerifyOperation::kUnknown;
+      break;
+  }
+  r.operation_name = v1::VerifyOperation_Name(h.operation());
+  if (r.operation_name.empty()) {
+    r.operation_name = absl::StrCat("unknown operation ", static_cast<int>(h.operation()));
+  }
+  // An operation not served is refused as such (call/verify.h), before
+  // anything about its tensors.
+  if (r.operation != VerifyOperation::kLogits && r.operation != VerifyOperation::kBackward) {
+    return r;
+  }
+  // Slots by name; each one used is taken off, and any left over names a
+  // tensor the header does not have.
+  std::map<std::string, const v1::ShmRef*> slots;
+  for (const auto& [name, ref] : h.shm()) slots[name] = &ref;
+  const auto input = [&](absl::string_view what, bool present,
+                         const v1::TensorSpec& spec) -> absl::StatusOr<CallInput> {
+    auto it = slots.find(std::string(what));
+    const v1::ShmRef* ref = it == slots.end() ? nullptr : it->second;
+    if (it != slots.end()) slots.erase(it);
+    LOGITD_RETURN_IF_ERROR(CheckRequestSpec(what, present, spec));
+    return InputOf(spec, ref, shm);
+  };
+  r.weight_handle = h.weight_handle();
+  if (h.has_w()) {
+    LOGITD_ASSIGN_OR_RETURN(r.w, input("w", true, h.w()));
+  }
+  LOGITD_ASSIGN_OR_RETURN(r.x, input("x", h.has_x(), h.x()));
+  if (h.has_dy()) {
+    LOGITD_ASSIGN_OR_RETURN(r.dy, input("dy", true, h.dy()));
+  }
+  r.alpha = h.alpha();
+  r.sample_rows = h.sample_rows();
+  for (const v1::TensorSpec& spec : h.candidates()) {
+    LOGITD_ASSIGN_OR_RETURN(CallInput c,
+                            input(spec.name().empty() ? "candidates" : spec.name(), true, spec));
+    r.candidates.push_back(std::move(c));
+  }
+  if (!slots.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm: '", slots.begin()->first,
+                     "' names no tensor of this call (x, dy, w, or a candidate's name)"));
   }
   return r;
 }

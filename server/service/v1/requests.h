@@ -29,6 +29,12 @@ absl::StatusOr<CrossEntropyRequest> CrossEntropyRequestOf(const v1::CrossEntropy
 absl::StatusOr<LogProbsRequest> LogProbsRequestOf(const v1::LogProbsHeader& header,
                                                   const V1Shm& shm);
 
+// Verify's header: the weight by handle or streamed, the inputs, the
+// candidates (each named as the operation names its output), and the
+// shared-memory slots of any of them by name; a slot for a tensor the
+// header does not have is refused, naming it.
+absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& header, const V1Shm& shm);
+
 // A TensorSpec's dtype as requests spell it: "FP32", or "unknown dtype 17"
 // for a value this build does not know.
 std::string ProtoDTypeName(v1::DType dtype);

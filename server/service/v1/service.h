@@ -5,8 +5,8 @@
 // TensorCall (tensor_call.h: this wire's chunks, results and digests, over
 // the protocol-neutral call of call/call.h: admission, slots, buffers). Everything a call takes
 // (buffers, budget, weight references) is owned by RAII objects, so it is returned whatever the
-// outcome. The handlers live in three files: service.cc (server info, shared memory, probe),
-// weight_handlers.cc and tensor_handlers.cc.
+// outcome. The handlers live in four files: service.cc (server info, shared memory, probe),
+// weight_handlers.cc, tensor_handlers.cc and verify_handler.cc.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -49,7 +49,8 @@ using RawTensorService =
     v1::Logitd::WithRawCallbackMethod_RegisterWeight<v1::Logitd::WithRawCallbackMethod_Logits<
         v1::Logitd::WithRawCallbackMethod_Backward<v1::Logitd::WithRawCallbackMethod_FetchGradient<
             v1::Logitd::WithRawCallbackMethod_Cast<v1::Logitd::WithRawCallbackMethod_CrossEntropy<
-                v1::Logitd::WithRawCallbackMethod_LogProbs<v1::Logitd::Service>>>>>>>;
+                v1::Logitd::WithRawCallbackMethod_LogProbs<
+                    v1::Logitd::WithRawCallbackMethod_Verify<v1::Logitd::Service>>>>>>>>;
 using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // What a second front door (oip_service.h) serves over: the service's own
@@ -96,6 +97,7 @@ class LogitdService final : public RawTensorService {
   RawBidiReactor* Cast(grpc::CallbackServerContext* context) override;
   RawBidiReactor* CrossEntropy(grpc::CallbackServerContext* context) override;
   RawBidiReactor* LogProbs(grpc::CallbackServerContext* context) override;
+  RawBidiReactor* Verify(grpc::CallbackServerContext* context) override;
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
   grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,
@@ -119,6 +121,7 @@ class LogitdService final : public RawTensorService {
   using CastCall = TensorCall<v1::CastRequest, v1::CastResponse>;
   using CrossEntropyCall = TensorCall<v1::CrossEntropyRequest, v1::CrossEntropyResponse>;
   using LogProbsCall = TensorCall<v1::LogProbsRequest, v1::LogProbsResponse>;
+  using VerifyCall = TensorCall<v1::VerifyRequest, v1::VerifyResponse>;
   // A tensor handler: validate, declare the call's slots, receive, run the
   // backend, send.
   template <typename Call>
@@ -152,6 +155,7 @@ class LogitdService final : public RawTensorService {
   absl::Status DoCast(CastCall* call);
   absl::Status DoCrossEntropy(CrossEntropyCall* call);
   absl::Status DoLogProbs(LogProbsCall* call);
+  absl::Status DoVerify(VerifyCall* call);
   absl::Status DoProbe(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
                        CallStats* stats);

@@ -62,6 +62,9 @@ class TensorCallBase : public Transport {
   // request's chunks received into their buffers.
   absl::Status ReceiveStreamed(std::vector<InputSlot*> streamed) override;
 
+  // Whether the client went away.
+  bool cancelled() const { return context_->IsCancelled(); }
+
   // The backend's timing, into the result's Timing.
   void Timed(const kernels::Timing& timing, v1::Timing* out) const;
 
@@ -69,7 +72,6 @@ class TensorCallBase : public Transport {
   // The rest of the request stream: chunks into the assembler.
   virtual absl::Status ReceiveChunks() = 0;
   wire::Assembler* assembler() { return &assembler_; }
-  bool cancelled() const { return context_->IsCancelled(); }
   // Fills, in the result message, each output's spec (the TensorSpec field
   // named as the output) and, for one in shared memory, where it lies (the
   // ShmRef field "<name>_shm", after the header's field of that name). With
@@ -123,6 +125,12 @@ class TensorCall final : public TensorCallBase {
     return absl::OkStatus();
   }
   const Request& request() const { return first_; }
+
+  // For a call that returns no tensors (Verify): writes `head` alone.
+  absl::Status SendHead(const Response& head) {
+    if (!stats()->send_start) stats()->send_start = absl::Now();
+    return Write(head);
+  }
 
   // Writes `head` (the outputs' specs filled into `result`, its result
   // message, first), then the streamed outputs and, with digest_last, their

@@ -156,4 +156,8 @@ absl::Status LogitdService::DoLogProbs(LogProbsCall* call) {
   return call->Send(&head, head.mutable_result(), call->header().digest_last());
 }
 
+RawBidiReactor* LogitdService::Verify(grpc::CallbackServerContext* context) {
+  return ServeBidi(context, &threads_, TensorCallHandler("Verify", &LogitdService::DoVerify));
+}
+
 }  // namespace logitd::service

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -453,6 +454,80 @@ struct LogProbsResult {
   Timing timing;
 };
 
+// Verify: another implementation's outputs of one operation, judged against
+// logitd's contract (see logitd.proto, VerifyHeader).
+enum class VerifyOperation { kLogits, kBackward };
+
+struct VerifyArgs {
+  VerifyOperation operation = VerifyOperation::kLogits;
+  // The weight: a registered handle, or w bf16 [V, K] streamed for this
+  // call only. Exactly one.
+  std::string weight_handle;
+  TensorInput w;
+  TensorInput x;       // bf16 [M, K]
+  TensorInput dy;      // fp32 or bf16 [M, V]; backward only
+  float alpha = 1.0f;  // logits only
+  // The candidates, by the operation's output names ("y"; "dx", "dw"), of
+  // its shapes, fp32 or bf16.
+  std::map<std::string, TensorInput> candidates;
+  // 0 checks every row of M; else about this many, evenly spaced.
+  std::int64_t sample_rows = 0;
+};
+
+struct VerifyElement {
+  std::vector<std::int64_t> index;
+  double candidate = 0;
+  double reference = 0;
+  double bound = 0;                // proven
+  double probabilistic_bound = 0;  // never above `bound`
+  double logitd = 0;               // logitd's own output there
+};
+
+struct CandidateVerdict {
+  std::string name;
+  DType dtype = DType::kFp32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t xxh3 = 0;
+  std::int64_t elements = 0;
+  // Outside the proven bound: wrong for certain.
+  std::int64_t outside_bound = 0;
+  double worst_bound_fraction = 0;
+  // Outside the probabilistic bound (see logitd.proto), and logitd's own
+  // output outside it (nonzero: the bound decides nothing for these inputs).
+  std::int64_t outside_probabilistic_bound = 0;
+  double worst_probabilistic_fraction = 0;
+  std::int64_t logitd_outside_probabilistic_bound = 0;
+  // The first 32 outside the probabilistic bound.
+  std::vector<VerifyElement> first_outside;
+  std::int64_t nan_inf_mismatches = 0;
+  double bitwise_equal_fraction = 0;
+  std::int64_t max_ulp = 0;
+  std::int64_t p99_ulp = 0;
+  std::int64_t p50_ulp = 0;
+  // |candidate - reference| / bound in ten bins (see logitd.proto).
+  std::vector<std::int64_t> error_histogram;
+  // "outside_bounds", "outside_probabilistic_bounds", "within_bounds" or
+  // "bitwise_equal_to_logitd"; the last two pass.
+  std::string verdict;
+  bool passed() const { return verdict == "within_bounds" || verdict == "bitwise_equal_to_logitd"; }
+};
+
+struct VerifyResult {
+  std::vector<CandidateVerdict> candidates;
+  std::string verdict;  // the worst of the candidates'
+  std::vector<std::int64_t> rows_checked;
+  std::uint64_t inputs_xxh3 = 0;
+  Timing timing;  // receiving, and logitd's own outputs
+  std::int64_t reference_us = 0;
+  bool passed() const { return verdict == "within_bounds" || verdict == "bitwise_equal_to_logitd"; }
+  const CandidateVerdict* Find(const std::string& name) const {
+    for (const CandidateVerdict& c : candidates) {
+      if (c.name == name) return &c;
+    }
+    return nullptr;
+  }
+};
+
 class Client {
  public:
   // Connects lazily: the first call reports an unreachable server as
@@ -556,6 +631,13 @@ class Client {
   // The same with any tensor in shared memory (see LogProbsShmArgs).
   absl::StatusOr<LogProbsResult> LogProbsShm(const LogProbsShmArgs& args, const std::string& handle,
                                              const LogProbsOptions& options = {});
+
+  // Judges another implementation's outputs (args.candidates) of one
+  // operation against the contract: each element against the fp64
+  // reference of its inputs and the proven bound, and against logitd's own
+  // output. A verdict of "outside_bounds" is a result, not an error; bad
+  // input is InvalidArgument, as for the operation's own call.
+  absl::StatusOr<VerifyResult> Verify(const VerifyArgs& args);
 
   // Calls, attempts and retries so far (see CallStats).
   CallStats call_stats() const;

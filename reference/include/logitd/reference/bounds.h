@@ -19,6 +19,13 @@ namespace logitd {
 // subnormal spacing near zero.
 double SumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out);
 
+// The same with the probabilistic γ̃_n (numerics.h: ProbabilisticGamma) for
+// the fp32 sum, never above SumOfProductsBound: what a conforming fp32
+// accumulation stays within unless its rounding errors conspire, which is
+// what tells bf16 rounding of the result apart at large n, where the
+// worst-case bound grows as n while the bf16 error grows as √n.
+double ProbabilisticSumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out);
+
 // Elements checked against their bounds: how many lie outside, the first
 // of them and the worst error as a fraction of its bound.
 struct BoundStats {

@@ -1,10 +1,13 @@
 // A candidate output of another implementation, checked element by element
-// the way the server's Verify judges it: against its fp64 reference and
-// proven bound (bounds.h), and against logitd's own output of the same
-// inputs, bit for bit and in units in the last place. Non-finite values
-// follow IEEE 754: where the reference is NaN or ±Inf the candidate must be
-// the same, and a NaN or infinity where the reference is finite is a
-// mismatch; either way the element lies outside its bound.
+// the way the server's Verify judges it: against its fp64 reference and two
+// bounds (bounds.h): the proven one, which no conforming fp32 accumulation
+// can exceed in any order, and the probabilistic one, which it exceeds with
+// probability below 2^-89 when its rounding errors are independent; and
+// against logitd's own output of the same inputs, bit for bit and in units
+// in the last place. Non-finite values follow IEEE 754: where the reference
+// is NaN or ±Inf the candidate must be the same, and a NaN or infinity where
+// the reference is finite is a mismatch; either way the element lies
+// outside both bounds.
 #pragma once
 
 #include <array>
@@ -21,14 +24,15 @@ struct CheckedElement {
   std::int64_t index = 0;  // flat
   double candidate = 0;
   double reference = 0;
-  double bound = 0;
-  double logitd = 0;  // logitd's own value
+  double bound = 0;                // proven
+  double probabilistic_bound = 0;  // at most `bound`
+  double logitd = 0;               // logitd's own value
 };
 
 class CandidateCheck {
  public:
-  // The elements outside their bound that are reported, the first ones in
-  // index order.
+  // The elements outside their probabilistic bound that are reported (those
+  // outside the proven one among them), the first ones in index order.
   static constexpr int kReportedOutside = 32;
   // |error| / bound is counted in bins: exactly 0, then up to each edge
   // (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 1), then over 1 (NaN
@@ -44,17 +48,26 @@ class CandidateCheck {
   explicit CandidateCheck(DType dtype);
 
   // Element `index`: the candidate's and logitd's values at it (their bits
-  // are the dtype's), the fp64 reference and its bound.
+  // are the dtype's), the fp64 reference and its two bounds.
   void Add(std::int64_t index, const void* candidate, const void* own, double reference,
-           double bound);
+           double bound, double probabilistic_bound);
   // A whole range [offset, offset + n) of both tensors (same dtype), with
   // references and bounds given as arrays of n.
   void AddRange(std::int64_t offset, std::int64_t n, const void* candidate, const void* own,
-                const double* reference, const double* bound);
+                const double* reference, const double* bound, const double* probabilistic_bound);
 
   std::int64_t elements() const { return elements_; }
+  // Outside the proven bound: wrong for certain.
   std::int64_t outside() const { return outside_; }
   double worst_fraction() const { return worst_fraction_; }
+  // Outside the probabilistic bound (those outside the proven one included).
+  std::int64_t outside_probabilistic() const { return outside_probabilistic_; }
+  double worst_probabilistic_fraction() const { return worst_probabilistic_fraction_; }
+  // logitd's own output outside the probabilistic bound: nonzero means the
+  // inputs' rounding errors are not independent (constant rows, say), and
+  // the probabilistic bound says nothing about the candidate either.
+  std::int64_t own_outside_probabilistic() const { return own_outside_probabilistic_; }
+  bool probabilistic_applies() const { return own_outside_probabilistic_ == 0; }
   const std::vector<CheckedElement>& first_outside() const { return first_outside_; }
   std::int64_t bitwise_equal() const { return bitwise_equal_; }
   std::int64_t nan_inf_mismatches() const { return nan_inf_mismatches_; }
@@ -66,23 +79,33 @@ class CandidateCheck {
   std::int64_t max_ulp() const { return max_ulp_; }
   std::int64_t UlpPercentile(double p) const;
 
-  // "bitwise_equal_to_logitd" (every element equal to logitd's own, and
-  // within its bound), "within_bounds" or "outside_bounds".
+  // "outside_bounds" (an element outside its proven bound), else
+  // "outside_probabilistic_bounds" (one outside its probabilistic bound,
+  // where logitd's own output is inside every one), else
+  // "bitwise_equal_to_logitd" (every element equal to logitd's own) or
+  // "within_bounds".
   std::string Verdict() const;
-  // "3 of 65536 elements of 'y' outside their bound; worst 2.5x its bound;
-  // first [0, 17]: candidate ..., fp64 reference ..., bound ..."; empty when
-  // none is outside.
+  bool passed() const;
+  // "3 of 65536 elements of 'y' outside their proven bound ...; first [0,
+  // 17]: candidate ..., fp64 reference ..., bound ..."; empty when it
+  // passed.
   std::string Describe(const std::string& name, const std::vector<std::int64_t>& shape) const;
 
  private:
+  double Fraction(double value, double reference, double bound, bool* mismatch) const;
   void Count(std::int64_t index, double candidate, std::uint32_t candidate_bits, double own,
-             std::uint32_t own_bits, double reference, double bound);
+             std::uint32_t own_bits, double reference, double bound, double probabilistic_bound);
 
   DType dtype_;
   std::int64_t elements_ = 0;
   std::int64_t outside_ = 0;
   double worst_fraction_ = 0;
+  std::int64_t outside_probabilistic_ = 0;
+  double worst_probabilistic_fraction_ = 0;
+  std::int64_t own_outside_probabilistic_ = 0;
   std::vector<CheckedElement> first_outside_;
+  // The first element outside its proven bound, for Describe.
+  CheckedElement first_proven_outside_;
   std::int64_t bitwise_equal_ = 0;
   std::int64_t nan_inf_mismatches_ = 0;
   std::array<std::int64_t, kHistogramBins> histogram_{};

@@ -25,6 +25,17 @@ inline constexpr double kBf16UnitRoundoff = 0x1p-8;
 // +Inf when n·u >= 1.
 double Gamma(std::int64_t n, double u);
 
+// The probabilistic counterpart of γ_n (Higham and Mary, "A new approach to
+// probabilistic rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019,
+// Theorems 2.4 and 3.1): when the n rounding errors of a sum of products are
+// independent with mean zero, |error| <= γ̃_n(λ)·Σ|a·b| with
+// γ̃_n(λ) = exp(λ·√n·u + n·u²/(1 − u)) − 1, except with probability at most
+// 2n·exp(−λ²(1 − u)²/2). With kProbabilisticLambda that is below 2^-89
+// for any n up to 2^31: a conforming fp32 accumulation never exceeds it in
+// practice, while bf16 rounding of the result does at every K.
+inline constexpr double kProbabilisticLambda = 13.0;
+double ProbabilisticGamma(std::int64_t n, double u, double lambda = kProbabilisticLambda);
+
 // A row-major bf16 matrix the references read without copying it whole.
 struct Bf16Matrix {
   const Bf16Bits* data = nullptr;
@@ -53,12 +64,14 @@ void ReferenceGW(const std::vector<double>& g, std::int64_t m, Bf16Matrix w, dou
 
 // dw[n, k] = Σ_m g[m, n]·x[m, k] (dW = Gᵀ·X) for g [m, N] and x [m, K]. The
 // [N, K] result can be gigabytes, so it is handed to `sink` one block of rows
-// at a time; `abs` is null unless with_abs.
+// at a time; `abs` is null unless with_abs. `stop`, when given, is asked
+// before each block: true ends the walk there.
 using RowBlockSink = std::function<void(std::int64_t row0, std::int64_t rows, const double* value,
                                         const double* abs)>;
 void ReferenceGtX(const std::vector<double>& g, const std::vector<double>& x, std::int64_t m,
                   std::int64_t n, std::int64_t k, bool with_abs, const RowBlockSink& sink,
-                  std::int64_t block_elements = kReferenceBlockElements);
+                  std::int64_t block_elements = kReferenceBlockElements,
+                  const std::function<bool()>& stop = {});
 
 // Distance in units in the last place between two values of one format,
 // counting the representable values between them; ±0 are one value. Two

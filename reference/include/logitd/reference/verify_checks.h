@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "logitd/bf16.h"
@@ -36,19 +37,33 @@ using CheckedRows = std::vector<std::int64_t>;
 // all of them when count is 0 or at least m.
 CheckedRows SampleRows(std::int64_t m, std::int64_t count);
 
+// Asked between blocks of rows: true stops a check early (a caller that
+// went away), which then returns false. Empty: never.
+using StopCheck = std::function<bool()>;
+
 // Y [m, v] = alpha . X . W^T, the candidate and logitd's own in `dtype`
-// (fp32 or bf16). The bound: |alpha| times the sum's (γ_K fp32 and fp64 of
-// Σ|x·w|), one fp32 rounding of the scaled value when alpha is not 1, and
-// a bf16 output's rounding.
-void CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
-                 const void* candidate, const void* own, DType dtype, CandidateCheck* check);
+// (fp32 or bf16). The proven bound: |alpha| times the sum's (γ_K fp32 and
+// fp64 of Σ|x·w|; γ_{K+2} for fp32 when alpha is not 1, covering the
+// scale's rounding whether it scales the sum or an operand), and a bf16
+// output's rounding; the probabilistic bound the same with γ̃ for fp32.
+bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
+                 const void* candidate, const void* own, DType dtype, CandidateCheck* check,
+                 const StopCheck& stop = {});
 // dX [m, k] = G . W with G = bf16(dY) rounded to nearest even once; the
 // bound of a sum of V products.
-void CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void* candidate,
-                    const void* own, DType dtype, CandidateCheck* check);
+bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void* candidate,
+                    const void* own, DType dtype, CandidateCheck* check,
+                    const StopCheck& stop = {});
 // dW [v, k] = G^T . X, every row of M feeding every element; the bound of a
 // sum of M products.
-void CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
-                     CandidateCheck* check);
+bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
+                     CandidateCheck* check, const StopCheck& stop = {});
+
+// The most memory each check takes besides its arguments (the doubles of
+// its references, blocks of widened operands), for a caller that admits
+// work by its memory: `rows` is the number of rows of M checked.
+std::uint64_t LogitsCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k);
+std::uint64_t GradInputCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k);
+std::uint64_t GradWeightCheckBytes(std::int64_t m, std::int64_t v, std::int64_t k);
 
 }  // namespace logitd

@@ -1,0 +1,148 @@
+// Client::Verify: the candidates and inputs named and streamed (or pointed
+// at in shared memory) through the same machinery as the tensor calls, and
+// the one VerifyResponse read back.
+#include "absl/strings/str_cat.h"
+#include "client/cpp/call_tensors.h"
+#include "client/cpp/client_impl.h"
+#include "logitd/client.h"
+
+namespace logitd::client {
+namespace {
+
+CandidateVerdict VerdictOf(const v1::CandidateVerdict& c) {
+  CandidateVerdict out;
+  out.name = c.name();
+  absl::StatusOr<DType> dtype = wire::FromProto(c.dtype());
+  out.dtype = dtype.ok() ? *dtype : DType::kFp32;
+  out.shape.assign(c.shape().begin(), c.shape().end());
+  out.xxh3 = c.xxh3();
+  out.elements = c.elements();
+  out.outside_bound = c.outside_bound();
+  out.worst_bound_fraction = c.worst_bound_fraction();
+  out.outside_probabilistic_bound = c.outside_probabilistic_bound();
+  out.worst_probabilistic_fraction = c.worst_probabilistic_fraction();
+  out.logitd_outside_probabilistic_bound = c.logitd_outside_probabilistic_bound();
+  for (const v1::VerifyElement& e : c.first_outside()) {
+    VerifyElement element;
+    element.index.assign(e.index().begin(), e.index().end());
+    element.candidate = e.candidate();
+    element.reference = e.reference();
+    element.bound = e.bound();
+    element.probabilistic_bound = e.probabilistic_bound();
+    element.logitd = e.logitd();
+    out.first_outside.push_back(std::move(element));
+  }
+  out.nan_inf_mismatches = c.nan_inf_mismatches();
+  out.bitwise_equal_fraction = c.bitwise_equal_fraction();
+  out.max_ulp = c.max_ulp();
+  out.p99_ulp = c.p99_ulp();
+  out.p50_ulp = c.p50_ulp();
+  out.error_histogram.assign(c.error_histogram().begin(), c.error_histogram().end());
+  out.verdict = c.verdict();
+  return out;
+}
+
+// One attempt: the header, the streamed tensors, then exactly one result.
+absl::Status RunVerify(grpc::GenericStub& stub, grpc::ClientContext& context,
+                       std::size_t chunk_bytes, const v1::VerifyRequest& request,
+                       const CallTensors& slots, v1::VerifyResult* result) {
+  RawCall<v1::VerifyRequest, v1::VerifyResponse> stream(stub, "Verify", &context);
+  if (stream.Write(request) && slots.WriteInputs(stream, chunk_bytes)) stream.WritesDone();
+  v1::VerifyResponse response;
+  wire::ChunkView chunk;
+  bool have_result = false;
+  absl::Status local;
+  while (local.ok()) {
+    const Next next = stream.Read(&response, &chunk);
+    if (next == Next::kEnd) break;
+    if (next == Next::kMessage && response.has_result() && !have_result) {
+      *result = std::move(*response.mutable_result());
+      have_result = true;
+    } else {
+      local = absl::DataLossError(
+          "response from server: Verify answers with one VerifyResult message and nothing else");
+    }
+  }
+  if (!local.ok()) {
+    context.TryCancel();
+    stream.Finish();
+    return local;
+  }
+  if (absl::Status s = FromGrpc(stream.Finish()); !s.ok()) return s;
+  if (!have_result) {
+    return absl::DataLossError("response from server: the call ended without a result");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
+  const bool logits = args.operation == VerifyOperation::kLogits;
+  if (logits && args.alpha == 0.0f) {
+    return absl::InvalidArgumentError(
+        "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
+  }
+  CallTensors slots;
+  TensorInput x = args.x;
+  x.dtype = DType::kBf16;
+  if (absl::Status s = slots.Input("x", x); !s.ok()) return s;
+  if (args.w.given()) {
+    TensorInput w = args.w;
+    w.dtype = DType::kBf16;
+    if (absl::Status s = slots.Input("w", w); !s.ok()) return s;
+  }
+  if (args.dy.given()) {
+    if (absl::Status s = slots.Input("dy", args.dy); !s.ok()) return s;
+  }
+  for (const auto& [name, candidate] : args.candidates) {
+    if (name == "x" || name == "w" || name == "dy") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("candidates: '", name,
+                       "' is an input's name; candidates are named as the operation "
+                       "names its outputs (y; dx, dw)"));
+    }
+    if (absl::Status s = slots.Input(name, candidate); !s.ok()) return s;
+  }
+  v1::VerifyRequest request;
+  v1::VerifyHeader* h = request.mutable_header();
+  h->set_operation(logits ? v1::VERIFY_LOGITS : v1::VERIFY_BACKWARD);
+  h->set_weight_handle(args.weight_handle);
+  if (logits) h->set_alpha(args.alpha);
+  h->set_sample_rows(static_cast<std::uint32_t>(std::max<std::int64_t>(0, args.sample_rows)));
+  slots.ForEachInput(
+      [&](const std::string& name, const v1::TensorSpec& spec, const v1::ShmRef* ref) {
+        if (name == "x") {
+          *h->mutable_x() = spec;
+        } else if (name == "w") {
+          *h->mutable_w() = spec;
+        } else if (name == "dy") {
+          *h->mutable_dy() = spec;
+        } else {
+          *h->add_candidates() = spec;
+        }
+        if (ref != nullptr) (*h->mutable_shm())[name] = *ref;
+      });
+
+  // Idempotent: the server keeps nothing of a Verify.
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<VerifyResult> {
+    v1::VerifyResult result;
+    if (absl::Status s = RunVerify(*impl_->generic, context, impl_->options.chunk_bytes, request,
+                                   slots, &result);
+        !s.ok()) {
+      return s;
+    }
+    VerifyResult out;
+    for (const v1::CandidateVerdict& c : result.candidates()) {
+      out.candidates.push_back(VerdictOf(c));
+    }
+    out.verdict = result.verdict();
+    out.rows_checked.assign(result.rows_checked().begin(), result.rows_checked().end());
+    out.inputs_xxh3 = result.inputs_xxh3();
+    out.timing = TimingOf(result.timing(), context);
+    out.reference_us = result.reference_us();
+    return out;
+  });
+}
+
+}  // namespace logitd::client

@@ -1,0 +1,388 @@
+#include "server/service/call/verify.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "logitd/bf16.h"
+#include "logitd/status_macros.h"
+
+namespace logitd::service {
+namespace {
+
+// The outputs an operation gives, by the names its RPC gives them.
+std::vector<std::string> OutputsOf(VerifyOperation operation) {
+  if (operation == VerifyOperation::kLogits) return {"y"};
+  return {"dx", "dw"};
+}
+
+// A streamed W: BF16 [V, K]; its dims.
+absl::StatusOr<WeightDims> StreamedWeight(const CallInput& w, std::uint64_t* bytes) {
+  if (DTypeOfName(w.dtype) != DType::kBf16) {
+    return absl::InvalidArgumentError(absl::StrCat("w: expected dtype BF16, got ", w.dtype));
+  }
+  if (w.shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("w: expected rank 2 [V, K], got ", ShapeString(w.shape)));
+  }
+  absl::StatusOr<std::int64_t> n = CheckedByteCount(w.shape, DType::kBf16);
+  if (!n.ok()) return absl::InvalidArgumentError(absl::StrCat("w: ", n.status().message()));
+  *bytes = static_cast<std::uint64_t>(*n);
+  return WeightDims{w.shape[0], w.shape[1], absl::StrCat("w ", ShapeString(w.shape))};
+}
+
+// The candidates' names, dtypes and shapes against what the operation
+// gives; `dtypes` receives each output's candidate dtype by name.
+absl::Status CheckCandidateNames(const VerifyRequest& r, std::map<std::string, DType>* dtypes) {
+  const std::vector<std::string> outputs = OutputsOf(r.operation);
+  if (r.candidates.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("candidates: expected at least one (",
+                                                   VerifyOperationName(r.operation), " gives ",
+                                                   absl::StrJoin(outputs, ", "), "), got none"));
+  }
+  for (const CallInput& c : r.candidates) {
+    if (std::find(outputs.begin(), outputs.end(), c.name) == outputs.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "candidates: '", c.name, "' is not an output of ", VerifyOperationName(r.operation),
+          " (it gives ", absl::StrJoin(outputs, ", "), ")"));
+    }
+    const std::optional<DType> dtype = DTypeOfName(c.dtype);
+    if (dtype != DType::kFp32 && dtype != DType::kBf16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(c.name, ": expected dtype FP32 or BF16 (the dtypes ",
+                       VerifyOperationName(r.operation), " can give it in), got ", c.dtype));
+    }
+    if (!dtypes->emplace(c.name, *dtype).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("candidates: '", c.name, "' is given twice; one candidate an output"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every tensor of the call travels under its own name.
+absl::Status CheckDistinctNames(const VerifyRequest& r) {
+  std::map<std::string, std::string> seen;  // name -> what
+  std::vector<std::pair<std::string, const CallInput*>> all = {{"x", &r.x}};
+  if (r.w.given) all.push_back({"w", &r.w});
+  if (r.dy.given) all.push_back({"dy", &r.dy});
+  for (const CallInput& c : r.candidates) all.push_back({absl::StrCat("candidate ", c.name), &c});
+  for (const auto& [what, in] : all) {
+    if (!in->given) continue;
+    auto [it, added] = seen.emplace(in->name, what);
+    if (!added) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(it->second, ", ", what, ": expected distinct TensorSpec names, both are '",
+                       in->name, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::uint64_t Mul(std::int64_t a, std::int64_t b, std::uint64_t size) {
+  return static_cast<std::uint64_t>(a) * static_cast<std::uint64_t>(b) * size;
+}
+
+// The xxh3-64 the request announced for an input, else of its bytes.
+std::uint64_t DigestOf(const CallInput& in, const void* data, std::uint64_t bytes) {
+  if (in.xxh3.has_value()) return *in.xxh3;
+  return Xxh3(data, bytes);
+}
+
+}  // namespace
+
+std::string VerifyOperationName(VerifyOperation operation) {
+  switch (operation) {
+    case VerifyOperation::kUnspecified:
+      return "VERIFY_OPERATION_UNSPECIFIED";
+    case VerifyOperation::kLogits:
+      return "VERIFY_LOGITS";
+    case VerifyOperation::kBackward:
+      return "VERIFY_BACKWARD";
+    case VerifyOperation::kCrossEntropy:
+      return "VERIFY_CROSS_ENTROPY";
+    case VerifyOperation::kLogProbs:
+      return "VERIFY_LOGPROBS";
+    case VerifyOperation::kUnknown:
+      break;
+  }
+  return "an unknown operation";
+}
+
+absl::Status CheckVerifyRequest(const VerifyRequest& r) {
+  switch (r.operation) {
+    case VerifyOperation::kLogits:
+    case VerifyOperation::kBackward:
+      break;
+    case VerifyOperation::kCrossEntropy:
+    case VerifyOperation::kLogProbs:
+      return absl::UnimplementedError(
+          absl::StrCat("operation: ", VerifyOperationName(r.operation),
+                       " is not served yet; Verify serves VERIFY_LOGITS and VERIFY_BACKWARD"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "operation: expected VERIFY_LOGITS or VERIFY_BACKWARD, got ",
+          r.operation_name.empty() ? VerifyOperationName(r.operation) : r.operation_name));
+  }
+  const bool handle = !r.weight_handle.empty();
+  if (handle == r.w.given) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight_handle, w: expected exactly one (a registered weight's handle, or w streamed "
+        "with the call), got ",
+        handle ? "both" : "neither"));
+  }
+  if (r.sample_rows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample_rows: expected 0 (every row) or more, got ", r.sample_rows));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* registered,
+                                      std::uint64_t max_request_bytes) {
+  LOGITD_RETURN_IF_ERROR(CheckVerifyRequest(r));
+  VerifyPlan plan;
+  plan.operation = r.operation;
+  plan.weight_streamed = registered == nullptr;
+  WeightDims dims;
+  if (registered != nullptr) {
+    dims = *registered;
+  } else {
+    LOGITD_ASSIGN_OR_RETURN(dims, StreamedWeight(r.w, &plan.w_bytes));
+  }
+  plan.v = dims.v;
+  plan.k = dims.k;
+  if (registered != nullptr) plan.w_bytes = Mul(dims.v, dims.k, 2);
+  std::map<std::string, DType> dtypes;
+  LOGITD_RETURN_IF_ERROR(CheckCandidateNames(r, &dtypes));
+  LOGITD_RETURN_IF_ERROR(CheckDistinctNames(r));
+
+  // The operation's own plan, with the candidates' dtypes as its outputs'
+  // and no byte limit: Verify's is checked below over everything it holds.
+  constexpr std::uint64_t kNoLimit = std::numeric_limits<std::uint64_t>::max();
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  if (r.operation == VerifyOperation::kLogits) {
+    if (r.dy.given) {
+      return absl::InvalidArgumentError("dy: given, but VERIFY_LOGITS takes no dy");
+    }
+    LogitsRequest lr;
+    lr.x = r.x;
+    lr.out_dtype = UpperDTypeName(dtypes["y"]);
+    lr.alpha = r.alpha;
+    LOGITD_ASSIGN_OR_RETURN(const LogitsPlan lp, PlanLogits(lr, dims, kNoLimit));
+    plan.m = lp.m;
+    plan.alpha = lp.alpha;
+    plan.x_bytes = lp.x_bytes;
+    shapes["y"] = {plan.m, plan.v};
+  } else {
+    if (r.alpha != 0.0f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("alpha: given (", r.alpha, "), but VERIFY_BACKWARD takes no scale"));
+    }
+    BackwardRequest br;
+    br.x = r.x;
+    br.dy = r.dy;
+    br.want_dx = dtypes.count("dx") > 0;
+    br.want_dw = dtypes.count("dw") > 0;
+    if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes["dx"]);
+    if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes["dw"]);
+    LOGITD_ASSIGN_OR_RETURN(const BackwardPlan bp, PlanBackward(br, dims, kNoLimit));
+    plan.m = bp.m;
+    plan.x_bytes = bp.x_bytes;
+    plan.dy_bytes = bp.dy_bytes;
+    plan.dy_dtype = bp.dy_dtype;
+    shapes["dx"] = {plan.m, plan.k};
+    shapes["dw"] = {plan.v, plan.k};
+  }
+
+  std::vector<CallPart> parts = {{"x", DType::kBf16, r.x.shape, plan.x_bytes}};
+  if (r.dy.given) parts.push_back({"dy", plan.dy_dtype, r.dy.shape, plan.dy_bytes});
+  if (plan.weight_streamed) parts.push_back({"w", DType::kBf16, r.w.shape, plan.w_bytes});
+  std::uint64_t own_bytes = 0;
+  for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+    const CallInput& c = r.candidates[i];
+    const std::vector<std::int64_t>& want = shapes[c.name];
+    if (c.shape != want) {
+      const char* dims_of = c.name == "y"    ? "[M, V]: x's M, the weight's V"
+                            : c.name == "dx" ? "[M, K]: x's M, the weight's K"
+                                             : "[V, K]: the weight's";
+      return absl::InvalidArgumentError(absl::StrCat(c.name, ": expected shape ", ShapeString(want),
+                                                     " (", dims_of, "), got ",
+                                                     ShapeString(c.shape)));
+    }
+    VerifyCandidatePlan p;
+    p.name = c.name;
+    p.dtype = dtypes[c.name];
+    p.shape = want;
+    p.bytes = Mul(want[0], want[1], ElementSize(p.dtype));
+    p.index = i;
+    parts.push_back({c.name, p.dtype, p.shape, p.bytes});
+    parts.push_back({absl::StrCat("logitd's ", c.name), p.dtype, p.shape, p.bytes});
+    own_bytes += p.bytes;
+    plan.candidates.push_back(std::move(p));
+  }
+  plan.rows = SampleRows(plan.m, r.sample_rows);
+  const std::int64_t checked =
+      plan.rows.empty() ? plan.m : static_cast<std::int64_t>(plan.rows.size());
+  std::uint64_t reference = 0;
+  for (const VerifyCandidatePlan& c : plan.candidates) {
+    const std::uint64_t bytes = c.name == "y"    ? LogitsCheckBytes(checked, plan.v, plan.k)
+                                : c.name == "dx" ? GradInputCheckBytes(checked, plan.v, plan.k)
+                                                 : GradWeightCheckBytes(plan.m, plan.v, plan.k);
+    reference = std::max(reference, bytes);  // one check at a time
+  }
+  parts.push_back({"fp64 references", DType::kFp32, {}, reference});
+  if (!plan.weight_streamed) {
+    parts.push_back({"the weight read back", DType::kBf16, {plan.v, plan.k}, plan.w_bytes});
+  }
+  plan.scratch_bytes = own_bytes + reference + (plan.weight_streamed ? 0 : plan.w_bytes);
+  LOGITD_RETURN_IF_ERROR(CheckCallBytes("verify", parts, max_request_bytes));
+  return plan;
+}
+
+std::string VerifyOutcome::Verdict() const {
+  // Worst first.
+  const char* const order[] = {"outside_bounds", "outside_probabilistic_bounds", "within_bounds",
+                               "bitwise_equal_to_logitd"};
+  std::size_t worst = 3;
+  for (const VerifiedCandidate& c : candidates) {
+    const std::string v = c.check.Verdict();
+    for (std::size_t i = 0; i < worst; ++i) {
+      if (v == order[i]) worst = i;
+    }
+  }
+  return order[worst];
+}
+
+absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r, Call* call,
+                                        Transport& transport, const StopCheck& stop) {
+  LOGITD_RETURN_IF_ERROR(CheckVerifyRequest(r));
+  std::optional<WeightRecord> record;
+  WeightDims registered;
+  if (!r.weight_handle.empty()) {
+    LOGITD_ASSIGN_OR_RETURN(record, FindWeight(*env.registry, call->tenant(), r.weight_handle));
+    registered = WeightDims{record->v, record->k, record->Label()};
+  }
+  LOGITD_ASSIGN_OR_RETURN(const VerifyPlan plan,
+                          PlanVerify(r, record ? &registered : nullptr, env.max_request_bytes));
+  // A streamed weight takes the backend's memory for the call: charged to
+  // the weight budget and the tenant's quota before its bytes arrive.
+  BudgetReservation reservation;
+  if (plan.weight_streamed) {
+    LOGITD_ASSIGN_OR_RETURN(
+        reservation,
+        env.registry->ReserveWeight(call->tenant(), "verify's streamed w", plan.v, plan.k));
+    LOGITD_RETURN_IF_ERROR(call->Input("w", r.w, plan.w_bytes));
+  }
+  LOGITD_RETURN_IF_ERROR(call->Input("x", r.x, plan.x_bytes));
+  if (plan.operation == VerifyOperation::kBackward) {
+    LOGITD_RETURN_IF_ERROR(call->Input("dy", r.dy, plan.dy_bytes));
+  }
+  for (const VerifyCandidatePlan& c : plan.candidates) {
+    LOGITD_RETURN_IF_ERROR(call->Input(c.name, r.candidates[c.index], c.bytes));
+  }
+  call->Scratch(plan.scratch_bytes);
+  LOGITD_RETURN_IF_ERROR(call->Receive("verify", transport));
+
+  // The weight, on the backend and as bf16 on the host.
+  std::shared_ptr<kernels::Weight> weight;
+  const Bf16Bits* w_host = nullptr;
+  kernels::HostBuffer w_copy;
+  std::uint64_t w_xxh3 = 0;
+  if (plan.weight_streamed) {
+    w_host = call->in<Bf16Bits>("w");
+    LOGITD_ASSIGN_OR_RETURN(weight, env.backend->LoadWeight(w_host, plan.v, plan.k));
+    w_xxh3 = DigestOf(r.w, w_host, plan.w_bytes);
+  } else {
+    weight = record->weight;
+    LOGITD_ASSIGN_OR_RETURN(w_copy, env.backend->AllocateHost(plan.w_bytes));
+    LOGITD_RETURN_IF_ERROR(env.backend->ReadWeight(*weight, w_copy.as<Bf16Bits>()));
+    w_host = w_copy.as<Bf16Bits>();
+    w_xxh3 = record->xxh3;
+  }
+
+  // logitd's own outputs of the same inputs.
+  std::map<std::string, kernels::HostBuffer> own;
+  for (const VerifyCandidatePlan& c : plan.candidates) {
+    LOGITD_ASSIGN_OR_RETURN(own[c.name], env.backend->AllocateHost(c.bytes));
+  }
+  const auto own_of = [&](const std::string& name) -> std::byte* {
+    auto it = own.find(name);
+    return it == own.end() ? nullptr : it->second.data();
+  };
+  const auto dtype_of = [&](const std::string& name, DType fallback) {
+    for (const VerifyCandidatePlan& c : plan.candidates) {
+      if (c.name == name) return c.dtype;
+    }
+    return fallback;
+  };
+  VerifyOutcome outcome;
+  if (plan.operation == VerifyOperation::kLogits) {
+    kernels::LogitsArgs args;
+    args.x = call->in<Bf16Bits>("x");
+    args.m = plan.m;
+    args.alpha = plan.alpha;
+    args.out_dtype = dtype_of("y", DType::kFp32);
+    args.y = own_of("y");
+    LOGITD_RETURN_IF_ERROR(env.backend->Logits(*weight, args, &outcome.timing));
+  } else {
+    kernels::BackwardArgs args;
+    args.dy = call->in("dy");
+    args.dy_dtype = plan.dy_dtype;
+    args.x = call->in<Bf16Bits>("x");
+    args.m = plan.m;
+    args.dx = own_of("dx");
+    args.dx_dtype = dtype_of("dx", DType::kBf16);
+    args.dw = own_of("dw");
+    args.dw_dtype = dtype_of("dw", DType::kFp32);
+    LOGITD_RETURN_IF_ERROR(env.backend->Backward(*weight, args, &outcome.timing));
+  }
+
+  // The checks, one candidate at a time.
+  const absl::Time reference_start = absl::Now();
+  LmHeadInputs in;
+  in.x = call->in<Bf16Bits>("x");
+  in.w = w_host;
+  in.dy = call->in("dy");
+  in.dy_dtype = plan.dy_dtype;
+  in.m = plan.m;
+  in.v = plan.v;
+  in.k = plan.k;
+  for (const VerifyCandidatePlan& c : plan.candidates) {
+    VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
+    const std::byte* data = call->in(c.name);
+    v.xxh3 = DigestOf(r.candidates[c.index], data, c.bytes);
+    bool done = false;
+    if (c.name == "y") {
+      done = CheckLogits(in, plan.alpha, plan.rows, data, own_of("y"), c.dtype, &v.check, stop);
+    } else if (c.name == "dx") {
+      done = CheckGradInput(in, plan.rows, data, own_of("dx"), c.dtype, &v.check, stop);
+    } else {
+      done = CheckGradWeight(in, data, own_of("dw"), c.dtype, &v.check, stop);
+    }
+    if (!done) {
+      return absl::CancelledError("verify: the caller went away while the references were formed");
+    }
+    outcome.candidates.push_back(std::move(v));
+  }
+  outcome.reference_us = Micros(absl::Now() - reference_start);
+  outcome.rows = plan.rows;
+  const std::string inputs = absl::StrFormat(
+      "verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x", VerifyOperationName(plan.operation),
+      FloatBits(plan.alpha), w_xxh3, DigestOf(r.x, in.x, plan.x_bytes),
+      r.dy.given ? DigestOf(r.dy, in.dy, plan.dy_bytes) : 0);
+  outcome.inputs_xxh3 = Xxh3(inputs.data(), inputs.size());
+  call->ReleaseInputs();
+  call->Finish(outcome.timing);
+  return outcome;
+}
+
+}  // namespace logitd::service

@@ -1,0 +1,105 @@
+// Verify, whichever front door it came in by: another implementation's
+// outputs of one operation (a framework's GEMM, a Triton kernel, a library
+// upgrade) with the inputs they were computed from, judged against the
+// contract. Every candidate element is held against the fp64 reference of
+// the exact products of its bf16 inputs and its proven bound, and against
+// logitd's own output of the same inputs (logitd/reference/verify_checks.h).
+// The plan is the operation's own (PlanLogits, PlanBackward) with the
+// candidates' dtypes as its output dtypes, so a candidate of a shape or
+// dtype the operation cannot give is refused in the operation's words.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "logitd/reference/candidate_check.h"
+#include "logitd/reference/verify_checks.h"
+#include "logitd/tensor.h"
+#include "server/kernels/backend.h"
+#include "server/service/call/call.h"
+#include "server/service/call/ops.h"
+#include "server/service/call/plans.h"
+#include "server/service/call/request.h"
+
+namespace logitd::service {
+
+// "VERIFY_LOGITS", ...: how messages name an operation.
+std::string VerifyOperationName(VerifyOperation operation);
+
+// The checks that come before the weight is looked up: an operation Verify
+// serves (UNIMPLEMENTED for the cross-entropy and LogProbs, not yet), and
+// exactly one of weight_handle and w.
+absl::Status CheckVerifyRequest(const VerifyRequest& request);
+
+struct VerifyCandidatePlan {
+  std::string name;  // "y", "dx", "dw"
+  DType dtype = DType::kFp32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes = 0;
+  // Its place in VerifyRequest::candidates.
+  std::size_t index = 0;
+};
+
+struct VerifyPlan {
+  VerifyOperation operation = VerifyOperation::kUnspecified;
+  std::int64_t m = 0;
+  std::int64_t v = 0;
+  std::int64_t k = 0;
+  float alpha = 1.0f;
+  DType dy_dtype = DType::kFp32;
+  bool weight_streamed = false;
+  std::uint64_t w_bytes = 0;  // streamed, or read back from the backend
+  std::uint64_t x_bytes = 0;
+  std::uint64_t dy_bytes = 0;
+  std::vector<VerifyCandidatePlan> candidates;
+  // The rows of M checked; empty for all of them.
+  CheckedRows rows;
+  // Memory besides the inputs: logitd's own outputs, the weight read back
+  // (a registered one) and the references' doubles.
+  std::uint64_t scratch_bytes = 0;
+};
+
+// `registered` is the weight the handle names, or null when w is streamed.
+// InvalidArgument for a bad input, candidate name, dtype or shape (each
+// named, with the shape the operation gives), UNIMPLEMENTED for an
+// operation not served, ResourceExhausted when the inputs, the candidates,
+// logitd's own outputs and the references' memory exceed max_request_bytes.
+absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& request, const WeightDims* registered,
+                                      std::uint64_t max_request_bytes);
+
+struct VerifiedCandidate {
+  std::string name;
+  DType dtype = DType::kFp32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t xxh3 = 0;
+  CandidateCheck check;
+};
+
+struct VerifyOutcome {
+  std::vector<VerifiedCandidate> candidates;
+  CheckedRows rows;
+  // The xxh3-64 of the operation, its options and its inputs' digests.
+  std::uint64_t inputs_xxh3 = 0;
+  // logitd's own outputs.
+  kernels::Timing timing;
+  // Forming the references and checking the candidates.
+  std::int64_t reference_us = 0;
+
+  // The worst of the candidates' verdicts: "outside_bounds",
+  // "outside_probabilistic_bounds", "within_bounds" or
+  // "bitwise_equal_to_logitd" (CandidateCheck::Verdict).
+  std::string Verdict() const;
+};
+
+// The call: the weight (registered, or streamed and loaded for this call
+// only, charged to the weight budget meanwhile), the inputs and candidates
+// received, logitd's own outputs, then the checks. Cancelled when `stop`
+// says the caller went away while the references were being formed.
+absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& request, Call* call,
+                                        Transport& transport, const StopCheck& stop);
+
+}  // namespace logitd::service

@@ -1,0 +1,372 @@
+// Verify through the real server (cpu backend) and the client library: a
+// team's outputs of the LM head's products, computed here the ways kernels
+// compute them, right and wrong. A conforming fp32 kernel (another order of
+// summation) passes; logitd's own outputs are bitwise equal to logitd; one
+// ulp off passes and is counted; bf16 logits passed off as fp32, a
+// transposed weight, a NaN where none belongs and a missing gradient cast
+// are refused with the element, its reference and bound named. Bad requests
+// get the operation's own statuses.
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "logitd/bf16.h"
+#include "logitd/client.h"
+#include "logitd/v1/logitd.grpc.pb.h"
+#include "logitd/wire/wire.h"
+#include "tests/integration/integration_util.h"
+#include "tests/integration/stub_calls.h"
+
+namespace logitd::testing {
+namespace {
+
+using client::CandidateVerdict;
+using client::VerifyArgs;
+using client::VerifyOperation;
+using client::VerifyResult;
+using ::testing::HasSubstr;
+
+// Y = alpha·X·Wᵀ in fp32, each dot product summed from its last term to its
+// first (products of bf16 values are exact in fp32): a conforming kernel
+// whose order differs from logitd's.
+Tensor ReverseOrderLogits(const Tensor& x, const Tensor& w, float alpha = 1.0f) {
+  const std::int64_t m = x.dim(0), k = x.dim(1), v = w.dim(0);
+  Tensor y(DType::kFp32, {m, v});
+  const Bf16Bits* xp = x.data<Bf16Bits>();
+  const Bf16Bits* wp = w.data<Bf16Bits>();
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < v; ++j) {
+      float s = 0;
+      for (std::int64_t t = k - 1; t >= 0; --t) {
+        s += Bf16ToFloat(xp[i * k + t]) * Bf16ToFloat(wp[j * k + t]);
+      }
+      y.data<float>()[i * v + j] = alpha * s;
+    }
+  }
+  return y;
+}
+
+// dX = G·W in fp32 with G = bf16(dY), or dY itself when `cast` is false.
+Tensor GradInput(const Tensor& dy, const Tensor& w, bool cast) {
+  const std::int64_t m = dy.dim(0), v = dy.dim(1), k = w.dim(1);
+  Tensor dx(DType::kFp32, {m, k});
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t c = 0; c < k; ++c) {
+      float s = 0;
+      for (std::int64_t j = 0; j < v; ++j) {
+        const float g = dy.data<float>()[i * v + j];
+        s += (cast ? RoundToBf16(g) : g) * Bf16ToFloat(w.data<Bf16Bits>()[j * k + c]);
+      }
+      dx.data<float>()[i * k + c] = s;
+    }
+  }
+  return dx;
+}
+
+Tensor Copy(const Tensor& t) {
+  Tensor out(t.dtype(), t.shape());
+  std::memcpy(out.bytes(), t.bytes(), t.nbytes());
+  return out;
+}
+
+class VerifyTest : public SharedServerTest {
+ protected:
+  static VerifyArgs LogitsArgs(const std::string& handle, const Tensor& x, const Tensor& y) {
+    VerifyArgs args;
+    args.operation = VerifyOperation::kLogits;
+    args.weight_handle = handle;
+    args.x = x;
+    args.candidates["y"] = y;
+    return args;
+  }
+  static VerifyResult Verified(const VerifyArgs& args) {
+    absl::StatusOr<VerifyResult> r = client().Verify(args);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : VerifyResult();
+  }
+};
+
+TEST_F(VerifyTest, AConformingFp32KernelIsWithinBoundsAndLogitdsOwnIsBitwiseEqual) {
+  const Tensor w = NormalBf16({200, 640}, 1);
+  const Tensor x = NormalBf16({12, 640}, 2);
+  const std::string handle = Register(w, "verify-conforming");
+
+  const VerifyResult theirs = Verified(LogitsArgs(handle, x, ReverseOrderLogits(x, w)));
+  EXPECT_TRUE(theirs.passed()) << theirs.verdict;
+  ASSERT_EQ(theirs.candidates.size(), 1u);
+  const CandidateVerdict& c = theirs.candidates[0];
+  EXPECT_EQ(c.name, "y");
+  EXPECT_EQ(c.shape, (std::vector<std::int64_t>{12, 200}));
+  EXPECT_EQ(c.elements, 12 * 200);
+  EXPECT_EQ(c.outside_bound, 0);
+  EXPECT_LE(c.worst_bound_fraction, 1.0);
+  ASSERT_EQ(c.error_histogram.size(), 10u);
+  std::int64_t counted = 0;
+  for (std::int64_t n : c.error_histogram) counted += n;
+  EXPECT_EQ(counted, c.elements);
+  EXPECT_EQ(c.error_histogram.back(), 0);
+
+  absl::StatusOr<Tensor> own = client().Logits(x, handle);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const VerifyResult ours = Verified(LogitsArgs(handle, x, *own));
+  EXPECT_EQ(ours.verdict, "bitwise_equal_to_logitd");
+  EXPECT_EQ(ours.candidates[0].bitwise_equal_fraction, 1.0);
+  EXPECT_EQ(ours.candidates[0].max_ulp, 0);
+  // The same inputs, the same key for a golden baseline.
+  EXPECT_EQ(ours.inputs_xxh3, theirs.inputs_xxh3);
+  EXPECT_NE(ours.inputs_xxh3, 0u);
+  EXPECT_GE(ours.reference_us, 0);
+}
+
+TEST_F(VerifyTest, OneUlpOffIsWithinBoundsAndCountedAgainstLogitd) {
+  const Tensor w = NormalBf16({64, 256}, 3);
+  const Tensor x = NormalBf16({8, 256}, 4);
+  const std::string handle = Register(w, "verify-ulp");
+  absl::StatusOr<Tensor> own = client().Logits(x, handle);
+  ASSERT_TRUE(own.ok()) << own.status();
+  Tensor y = Copy(*own);
+  float* p = y.data<float>();
+  p[77] = std::nextafter(p[77], INFINITY);
+  const VerifyResult r = Verified(LogitsArgs(handle, x, y));
+  EXPECT_EQ(r.verdict, "within_bounds");
+  const CandidateVerdict& c = r.candidates[0];
+  EXPECT_EQ(c.max_ulp, 1);
+  EXPECT_EQ(c.p50_ulp, 0);
+  EXPECT_DOUBLE_EQ(c.bitwise_equal_fraction, 1.0 - 1.0 / (8 * 64));
+}
+
+TEST_F(VerifyTest, Bf16LogitsPassedOffAsFp32AreOutsideTheirBound) {
+  const Tensor w = NormalBf16({96, 1024}, 5);
+  const Tensor x = NormalBf16({6, 1024}, 6);
+  const std::string handle = Register(w, "verify-bf16");
+  Tensor y = ReverseOrderLogits(x, w);
+  for (std::int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = RoundToBf16(y.data<float>()[i]);
+  const VerifyResult r = Verified(LogitsArgs(handle, x, y));
+  EXPECT_EQ(r.verdict, "outside_bounds");
+  const CandidateVerdict& c = r.candidates[0];
+  EXPECT_FALSE(c.passed());
+  EXPECT_GT(c.outside_bound, c.elements / 10);
+  EXPECT_GT(c.worst_bound_fraction, 2.0);
+  EXPECT_GE(c.outside_probabilistic_bound, c.outside_bound);
+  EXPECT_EQ(c.logitd_outside_probabilistic_bound, 0);
+  ASSERT_EQ(c.first_outside.size(), 32u);
+  const client::VerifyElement& e = c.first_outside[0];
+  ASSERT_EQ(e.index.size(), 2u);
+  const std::int64_t flat = e.index[0] * 96 + e.index[1];
+  EXPECT_EQ(e.candidate, y.data<float>()[flat]);
+  EXPECT_GT(std::fabs(e.candidate - e.reference), e.probabilistic_bound);
+  EXPECT_LE(e.probabilistic_bound, e.bound);
+  // logitd's own value there is inside the same bounds.
+  EXPECT_LE(std::fabs(e.logitd - e.reference), e.probabilistic_bound);
+}
+
+TEST_F(VerifyTest, AtK4096Bf16LogitsAreOutsideTheProbabilisticBound) {
+  // The seed's hidden size: the proven bound grows as K and can hold bf16
+  // rounding (growing as √K); the probabilistic one cannot.
+  const Tensor w = NormalBf16({64, 4096}, 18);
+  const Tensor x = NormalBf16({4, 4096}, 19);
+  const std::string handle = Register(w, "verify-k4096");
+  absl::StatusOr<Tensor> own = client().Logits(x, handle);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(Verified(LogitsArgs(handle, x, *own)).verdict, "bitwise_equal_to_logitd");
+  Tensor y = Copy(*own);
+  for (std::int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = RoundToBf16(y.data<float>()[i]);
+  const VerifyResult r = Verified(LogitsArgs(handle, x, y));
+  EXPECT_FALSE(r.passed());
+  EXPECT_THAT(r.verdict, ::testing::AnyOf("outside_bounds", "outside_probabilistic_bounds"));
+  EXPECT_GT(r.candidates[0].outside_probabilistic_bound, 0);
+}
+
+TEST_F(VerifyTest, ATransposedWeightAndAStrayNanAreOutside) {
+  const Tensor w = NormalBf16({128, 128}, 7);
+  const Tensor x = NormalBf16({4, 128}, 8);
+  const std::string handle = Register(w, "verify-square");
+  // W read as [K, V]: the logits of Wᵀ.
+  Tensor wt(DType::kBf16, {128, 128});
+  for (int r = 0; r < 128; ++r) {
+    for (int c = 0; c < 128; ++c) {
+      wt.data<Bf16Bits>()[r * 128 + c] = w.data<Bf16Bits>()[c * 128 + r];
+    }
+  }
+  const VerifyResult transposed = Verified(LogitsArgs(handle, x, ReverseOrderLogits(x, wt)));
+  EXPECT_EQ(transposed.verdict, "outside_bounds");
+  EXPECT_GT(transposed.candidates[0].outside_bound, 4 * 128 * 9 / 10);
+
+  Tensor y = ReverseOrderLogits(x, w);
+  y.data<float>()[2 * 128 + 5] = NAN;
+  const VerifyResult nan = Verified(LogitsArgs(handle, x, y));
+  const CandidateVerdict& c = nan.candidates[0];
+  EXPECT_EQ(c.outside_bound, 1);
+  EXPECT_EQ(c.nan_inf_mismatches, 1);
+  ASSERT_EQ(c.first_outside.size(), 1u);
+  EXPECT_EQ(c.first_outside[0].index, (std::vector<std::int64_t>{2, 5}));
+}
+
+TEST_F(VerifyTest, AlphaAndBf16CandidatesAndSampledRows) {
+  const Tensor w = NormalBf16({40, 300}, 9);
+  const Tensor x = NormalBf16({50, 300}, 10);
+  const std::string handle = Register(w, "verify-options");
+  const Tensor scaled_y = ReverseOrderLogits(x, w, 0.5f);
+  VerifyArgs args = LogitsArgs(handle, x, scaled_y);
+  args.alpha = 0.5f;
+  EXPECT_TRUE(Verified(args).passed());
+  // The unscaled logits are not alpha's.
+  const Tensor unscaled_y = ReverseOrderLogits(x, w);
+  VerifyArgs unscaled = LogitsArgs(handle, x, unscaled_y);
+  unscaled.alpha = 0.5f;
+  EXPECT_EQ(Verified(unscaled).verdict, "outside_bounds");
+
+  client::LogitsOptions bf16;
+  bf16.out_dtype = DType::kBf16;
+  absl::StatusOr<Tensor> own = client().Logits(x, handle, bf16);
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(Verified(LogitsArgs(handle, x, *own)).verdict, "bitwise_equal_to_logitd");
+
+  // Row 3 is wrong but not among the 5 rows checked: 0, 12, 24, 36, 49.
+  Tensor y = ReverseOrderLogits(x, w);
+  y.data<float>()[3 * 40 + 1] += 1.0f;
+  VerifyArgs sampled = LogitsArgs(handle, x, y);
+  sampled.sample_rows = 5;
+  const VerifyResult r = Verified(sampled);
+  EXPECT_EQ(r.rows_checked, (std::vector<std::int64_t>{0, 12, 24, 36, 49}));
+  EXPECT_EQ(r.candidates[0].elements, 5 * 40);
+  EXPECT_TRUE(r.passed());
+  EXPECT_EQ(Verified(LogitsArgs(handle, x, y)).verdict, "outside_bounds");
+}
+
+TEST_F(VerifyTest, BackwardHoldsTheGradientCastContract) {
+  const Tensor w = NormalBf16({384, 40}, 11);
+  const Tensor x = NormalBf16({24, 40}, 12);
+  const Tensor dy = NormalFp32({24, 384}, 13);
+  const std::string handle = Register(w, "verify-backward");
+
+  client::BackwardOptions fp32;
+  fp32.dx_dtype = DType::kFp32;
+  absl::StatusOr<client::BackwardResult> own = client().Backward(dy, x, handle, fp32);
+  ASSERT_TRUE(own.ok()) << own.status();
+  VerifyArgs args;
+  args.operation = VerifyOperation::kBackward;
+  args.weight_handle = handle;
+  args.x = x;
+  args.dy = dy;
+  args.candidates["dx"] = *own->dx;
+  args.candidates["dw"] = *own->dw;
+  const VerifyResult ours = Verified(args);
+  EXPECT_EQ(ours.verdict, "bitwise_equal_to_logitd");
+  ASSERT_EQ(ours.candidates.size(), 2u);
+  ASSERT_NE(ours.Find("dw"), nullptr);
+  EXPECT_EQ(ours.Find("dw")->elements, 384 * 40);
+
+  // dY used as it came, without the cast to bf16.
+  const Tensor uncast = GradInput(dy, w, /*cast=*/false);
+  VerifyArgs wrong = args;
+  wrong.candidates.clear();
+  wrong.candidates["dx"] = uncast;
+  const VerifyResult r = Verified(wrong);
+  EXPECT_EQ(r.verdict, "outside_bounds");
+  // With the cast, the same loop conforms.
+  const Tensor cast = GradInput(dy, w, /*cast=*/true);
+  wrong.candidates["dx"] = cast;
+  EXPECT_TRUE(Verified(wrong).passed());
+}
+
+TEST_F(VerifyTest, AStreamedWeightGivesTheRegisteredOnesVerdictAndKeepsNothing) {
+  const Tensor w = NormalBf16({72, 160}, 14);
+  const Tensor x = NormalBf16({5, 160}, 15);
+  const Tensor y = ReverseOrderLogits(x, w);
+  const std::string handle = Register(w, "verify-streamed");
+  const VerifyResult registered = Verified(LogitsArgs(handle, x, y));
+  absl::StatusOr<std::vector<client::WeightInfo>> before = client().ListWeights();
+  ASSERT_TRUE(before.ok());
+
+  VerifyArgs streamed = LogitsArgs("", x, y);
+  streamed.w = w;
+  const VerifyResult r = Verified(streamed);
+  EXPECT_EQ(r.verdict, registered.verdict);
+  EXPECT_EQ(r.candidates[0].worst_bound_fraction, registered.candidates[0].worst_bound_fraction);
+  EXPECT_EQ(r.inputs_xxh3, registered.inputs_xxh3);
+  absl::StatusOr<std::vector<client::WeightInfo>> after = client().ListWeights();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->size(), before->size());
+}
+
+TEST_F(VerifyTest, BadRequestsGetTheOperationsStatuses) {
+  const Tensor w = NormalBf16({32, 64}, 16);
+  const Tensor x = NormalBf16({4, 64}, 17);
+  const std::string handle = Register(w, "verify-bad");
+  const auto status = [](const VerifyArgs& args) { return client().Verify(args).status(); };
+  const Tensor y = NormalFp32({4, 32}, 1);
+
+  absl::Status s = status(LogitsArgs(handle, x, NormalFp32({32, 4}, 1)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("y: expected shape [4, 32]"));
+
+  s = status(LogitsArgs(handle, x, IntBf16({4, 32}, 1)));
+  EXPECT_TRUE(s.ok()) << s;  // bf16 logits are a dtype logits can give
+
+  VerifyArgs int_candidate = LogitsArgs(handle, x, y);
+  Tensor ints(DType::kInt32, {4, 32});
+  int_candidate.candidates["y"] = ints;
+  s = status(int_candidate);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("y: expected dtype FP32 or BF16"));
+
+  VerifyArgs unknown_name = LogitsArgs(handle, x, y);
+  unknown_name.candidates["dx"] = unknown_name.candidates["y"];
+  s = status(unknown_name);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("'dx' is not an output of VERIFY_LOGITS"));
+
+  s = status(LogitsArgs("w-0000000000000000-32x64", x, y));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+
+  VerifyArgs both = LogitsArgs(handle, x, y);
+  both.w = w;
+  s = status(both);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("expected exactly one"));
+
+  VerifyArgs no_candidates = LogitsArgs(handle, x, y);
+  no_candidates.candidates.clear();
+  s = status(no_candidates);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("candidates: expected at least one"));
+
+  VerifyArgs no_dy;
+  no_dy.operation = VerifyOperation::kBackward;
+  no_dy.weight_handle = handle;
+  no_dy.x = x;
+  Tensor dx(DType::kFp32, {4, 64});
+  no_dy.candidates["dx"] = dx;
+  s = status(no_dy);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("dy"));
+}
+
+TEST_F(VerifyTest, TheCrossEntropyIsNotServedYetThroughAStockStub) {
+  auto channel =
+      grpc::CreateChannel(server_->process.address(), grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::Logitd::Stub> stub = v1::Logitd::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  auto stream = stub->Verify(&context);
+  v1::VerifyRequest request;
+  request.mutable_header()->set_operation(v1::VERIFY_CROSS_ENTROPY);
+  request.mutable_header()->set_weight_handle("w-0000000000000000-1x1");
+  stream->Write(request);
+  stream->WritesDone();
+  v1::VerifyResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("VERIFY_CROSS_ENTROPY is not served yet"));
+}
+
+}  // namespace
+}  // namespace logitd::testing

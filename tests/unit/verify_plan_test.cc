@@ -1,0 +1,185 @@
+// Verify's one validation (call/verify.h), without gRPC: operations,
+// the weight by handle or streamed, candidates' names, dtypes and shapes in
+// the operation's words, and the byte limit over everything a verify holds.
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/service/call/verify.h"
+
+namespace logitd::service {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::uint64_t kNoLimit = std::numeric_limits<std::uint64_t>::max();
+
+CallInput Spec(const std::string& name, const std::string& dtype, std::vector<std::int64_t> shape) {
+  CallInput in;
+  in.given = true;
+  in.name = name;
+  in.dtype = dtype;
+  in.shape = std::move(shape);
+  return in;
+}
+
+const WeightDims kWeight{1000, 64, "'lm_head' [1000, 64]"};
+
+VerifyRequest Logits(std::vector<std::int64_t> y_shape = {8, 1000}, std::string y_dtype = "FP32") {
+  VerifyRequest r;
+  r.operation = VerifyOperation::kLogits;
+  r.weight_handle = "w-1";
+  r.x = Spec("x", "BF16", {8, 64});
+  r.candidates.push_back(Spec("y", y_dtype, std::move(y_shape)));
+  return r;
+}
+
+VerifyRequest Backward() {
+  VerifyRequest r;
+  r.operation = VerifyOperation::kBackward;
+  r.weight_handle = "w-1";
+  r.x = Spec("x", "BF16", {8, 64});
+  r.dy = Spec("dy", "FP32", {8, 1000});
+  r.candidates.push_back(Spec("dx", "FP32", {8, 64}));
+  r.candidates.push_back(Spec("dw", "BF16", {1000, 64}));
+  return r;
+}
+
+absl::Status PlanStatus(const VerifyRequest& r, const WeightDims* w = &kWeight,
+                        std::uint64_t limit = kNoLimit) {
+  return PlanVerify(r, w, limit).status();
+}
+
+TEST(PlanVerifyTest, LogitsAndBackwardPlans) {
+  absl::StatusOr<VerifyPlan> p = PlanVerify(Logits(), &kWeight, kNoLimit);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->m, 8);
+  EXPECT_EQ(p->v, 1000);
+  EXPECT_EQ(p->k, 64);
+  EXPECT_FALSE(p->weight_streamed);
+  ASSERT_EQ(p->candidates.size(), 1u);
+  EXPECT_EQ(p->candidates[0].bytes, 8u * 1000 * 4);
+  // logitd's own y, the weight read back and the references' doubles.
+  EXPECT_GT(p->scratch_bytes, 8u * 1000 * 4 + 1000u * 64 * 2);
+
+  absl::StatusOr<VerifyPlan> b = PlanVerify(Backward(), &kWeight, kNoLimit);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->candidates[1].dtype, DType::kBf16);
+  EXPECT_EQ(b->dy_dtype, DType::kFp32);
+}
+
+TEST(PlanVerifyTest, OperationsNotServedAndUnknownOnes) {
+  VerifyRequest r = Logits();
+  r.operation = VerifyOperation::kCrossEntropy;
+  EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kUnimplemented);
+  r.operation = VerifyOperation::kLogProbs;
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("VERIFY_LOGPROBS is not served yet"));
+  r.operation = VerifyOperation::kUnknown;
+  r.operation_name = "unknown operation 9";
+  EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("got unknown operation 9"));
+  r.operation = VerifyOperation::kUnspecified;
+  r.operation_name.clear();
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("got VERIFY_OPERATION_UNSPECIFIED"));
+}
+
+TEST(PlanVerifyTest, ExactlyOneWeightAndAStreamedOnesShape) {
+  VerifyRequest neither = Logits();
+  neither.weight_handle.clear();
+  EXPECT_THAT(PlanStatus(neither, nullptr).message(), HasSubstr("got neither"));
+
+  VerifyRequest streamed = Logits();
+  streamed.weight_handle.clear();
+  streamed.w = Spec("w", "BF16", {1000, 64});
+  absl::StatusOr<VerifyPlan> p = PlanVerify(streamed, nullptr, kNoLimit);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->weight_streamed);
+  EXPECT_EQ(p->w_bytes, 1000u * 64 * 2);
+
+  VerifyRequest both = streamed;
+  both.weight_handle = "w-1";
+  EXPECT_THAT(PlanStatus(both).message(), HasSubstr("got both"));
+
+  streamed.w = Spec("w", "FP32", {1000, 64});
+  EXPECT_THAT(PlanStatus(streamed, nullptr).message(), HasSubstr("w: expected dtype BF16"));
+  streamed.w = Spec("w", "BF16", {1000});
+  EXPECT_THAT(PlanStatus(streamed, nullptr).message(), HasSubstr("w: expected rank 2 [V, K]"));
+  // x's K against the streamed weight's.
+  streamed.w = Spec("w", "BF16", {1000, 32});
+  EXPECT_THAT(PlanStatus(streamed, nullptr).message(), HasSubstr("expected K=32"));
+}
+
+TEST(PlanVerifyTest, CandidatesInTheOperationsWords) {
+  EXPECT_THAT(PlanStatus(Logits({1000, 8})).message(),
+              HasSubstr("y: expected shape [8, 1000] ([M, V]: x's M, the weight's V), got "
+                        "[1000, 8]"));
+  EXPECT_THAT(PlanStatus(Logits({8, 1000}, "INT32")).message(),
+              HasSubstr("y: expected dtype FP32 or BF16"));
+  EXPECT_TRUE(PlanStatus(Logits({8, 1000}, "BF16")).ok());
+
+  VerifyRequest twice = Logits();
+  twice.candidates.push_back(twice.candidates[0]);
+  EXPECT_THAT(PlanStatus(twice).message(), HasSubstr("'y' is given twice"));
+
+  VerifyRequest other = Backward();
+  other.candidates.push_back(Spec("y", "FP32", {8, 1000}));
+  EXPECT_THAT(PlanStatus(other).message(),
+              HasSubstr("'y' is not an output of VERIFY_BACKWARD (it gives dx, dw)"));
+
+  VerifyRequest none = Logits();
+  none.candidates.clear();
+  EXPECT_THAT(PlanStatus(none).message(), HasSubstr("candidates: expected at least one"));
+
+  VerifyRequest dw_shape = Backward();
+  dw_shape.candidates[1].shape = {64, 1000};
+  EXPECT_THAT(PlanStatus(dw_shape).message(), HasSubstr("dw: expected shape [1000, 64]"));
+}
+
+TEST(PlanVerifyTest, InputsAndOptionsOfTheOperation) {
+  VerifyRequest clash = Logits();
+  clash.x.name = "y";
+  EXPECT_THAT(PlanStatus(clash).message(), HasSubstr("expected distinct TensorSpec names"));
+
+  VerifyRequest dy = Logits();
+  dy.dy = Spec("dy", "FP32", {8, 1000});
+  EXPECT_THAT(PlanStatus(dy).message(), HasSubstr("VERIFY_LOGITS takes no dy"));
+
+  VerifyRequest alpha = Backward();
+  alpha.alpha = 2.0f;
+  EXPECT_THAT(PlanStatus(alpha).message(), HasSubstr("VERIFY_BACKWARD takes no scale"));
+
+  VerifyRequest no_dy = Backward();
+  no_dy.dy = CallInput();
+  EXPECT_THAT(PlanStatus(no_dy).message(), HasSubstr("dy: the request has no such tensor"));
+
+  VerifyRequest nan_alpha = Logits();
+  nan_alpha.alpha = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(PlanStatus(nan_alpha).message(), HasSubstr("alpha: expected a finite scale"));
+
+  VerifyRequest sampled = Logits();
+  sampled.sample_rows = 3;
+  absl::StatusOr<VerifyPlan> p = PlanVerify(sampled, &kWeight, kNoLimit);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->rows, (CheckedRows{0, 3, 7}));
+  sampled.sample_rows = -1;
+  EXPECT_THAT(PlanStatus(sampled).message(), HasSubstr("sample_rows"));
+}
+
+TEST(PlanVerifyTest, TheByteLimitCountsEverythingAVerifyHolds) {
+  absl::StatusOr<VerifyPlan> p = PlanVerify(Logits(), &kWeight, kNoLimit);
+  ASSERT_TRUE(p.ok());
+  const std::uint64_t total = 8u * 64 * 2 + 2 * (8u * 1000 * 4) + p->scratch_bytes - 8u * 1000 * 4;
+  EXPECT_TRUE(PlanStatus(Logits(), &kWeight, total).ok());
+  const absl::Status s = PlanStatus(Logits(), &kWeight, total - 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("verify: request and response need"));
+  EXPECT_THAT(s.message(), HasSubstr("logitd's y fp32 [8, 1000]"));
+  EXPECT_THAT(s.message(), HasSubstr("fp64 references = "));
+  EXPECT_THAT(s.message(), HasSubstr("--max_request_bytes"));
+}
+
+}  // namespace
+}  // namespace logitd::service
