@@ -1,4 +1,6 @@
-// Verify through the real server (cpu backend) and the client library: a
+// Verify through the real server and the client library (cpu backend; built
+// with LOGITD_VERIFY_BACKEND="cuda", the same tests against --backend=cuda,
+// skipped where no device is visible): a
 // team's outputs of the LM head's products, computed here the ways kernels
 // compute them, right and wrong. A conforming fp32 kernel (another order of
 // summation) passes; logitd's own outputs are bitwise equal to logitd; one
@@ -25,6 +27,11 @@
 
 namespace logitd::testing {
 namespace {
+
+#ifndef LOGITD_VERIFY_BACKEND
+#define LOGITD_VERIFY_BACKEND "cpu"
+#endif
+constexpr char kBackend[] = LOGITD_VERIFY_BACKEND;
 
 using client::CandidateVerdict;
 using client::VerifyArgs;
@@ -77,6 +84,13 @@ Tensor Copy(const Tensor& t) {
 
 class VerifyTest : public SharedServerTest {
  protected:
+  static void SetUpTestSuite() { StartSharedServer({std::string("--backend=") + kBackend}); }
+  void SetUp() override {
+    if (server_ == nullptr && std::string(kBackend) == "cuda") {
+      GTEST_SKIP() << "no cuda backend here: " << *start_error_;
+    }
+    SharedServerTest::SetUp();
+  }
   static VerifyArgs LogitsArgs(const std::string& handle, const Tensor& x, const Tensor& y) {
     VerifyArgs args;
     args.operation = VerifyOperation::kLogits;
