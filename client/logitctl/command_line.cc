@@ -39,7 +39,7 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
     if (!word->is_flag) {
       if (in_validate) continue;
       cl.words.push_back(word->text);
-      if (cl.words.size() == 1 && word->text == "validate") {
+      if (cl.words.size() == 1 && (word->text == "validate" || word->text == "verify")) {
         in_validate = true;
         cl.validate_args.assign(args.begin() + word->index + 1, args.end());
       }
@@ -50,9 +50,9 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
       cl.help = true;
       continue;
     }
-    // After `validate` only the connection flags are logitctl's: the harness
-    // has options of its own (--json=FILE, --seed) that may share a name with
-    // another subcommand's flag.
+    // After `validate` or `verify` only the connection flags are logitctl's:
+    // the harness has options of its own (--json=FILE, --seed, --candidate)
+    // that may share a name with another subcommand's flag.
     if (in_validate && !IsConnectionFlag(name)) continue;
     std::optional<argv::Flag> flag = argv::Resolve(*word, AbslFlagType);
     if (!flag.has_value()) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));

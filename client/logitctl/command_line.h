@@ -13,8 +13,8 @@ namespace logitd::logitctl {
 struct CommandLine {
   // Positional words: the subcommand and its arguments.
   std::vector<std::string> words;
-  // For `validate`: every token after the word, verbatim, so that the harness
-  // sees its own options whatever way it reads them.
+  // For `validate` and `verify`: every token after the word, verbatim, so
+  // that the harness sees its own options whatever way it reads them.
   std::vector<std::string> validate_args;
   bool help = false;
 };

@@ -18,18 +18,6 @@
 #include "logitd/safetensors.h"
 
 namespace logitd::logitctl {
-namespace {
-
-// "FILE[:TENSOR]": an existing FILE is taken whole (paths may contain ':');
-// otherwise the part after the last ':' names the tensor.
-std::pair<std::string, std::string> SplitTensorRef(const std::string& ref) {
-  if (std::ifstream(ref).good()) return {ref, ""};
-  const std::size_t colon = ref.rfind(':');
-  if (colon == std::string::npos || colon == 0) return {ref, ""};
-  return {ref.substr(0, colon), ref.substr(colon + 1)};
-}
-
-}  // namespace
 
 // --- output helpers ----------------------------------------------------------
 
@@ -90,33 +78,6 @@ void AppendTiming(const client::Timing& t, std::vector<std::pair<std::string, st
 }
 
 // --- files --------------------------------------------------------------------
-
-absl::StatusOr<NamedTensor> LoadTensor(const std::string& path, std::string name,
-                                       absl::string_view flag) {
-  if (name.empty()) {
-    absl::StatusOr<std::vector<std::string>> names = ListSafetensors(path);
-    if (!names.ok())
-      return absl::Status(names.status().code(),
-                          absl::StrCat(flag, ": ", names.status().message()));
-    if (names->size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", path, "' holds ", names->size(),
-                                                     " tensors (", absl::StrJoin(*names, ", "),
-                                                     "); name one as FILE:TENSOR"));
-    }
-    name = names->front();
-  }
-  absl::StatusOr<Tensor> t = ReadSafetensorsTensor(path, name);
-  if (!t.ok()) {
-    return absl::Status(t.status().code(), absl::StrCat(flag, ": ", t.status().message()));
-  }
-  return NamedTensor{name, std::move(*t)};
-}
-
-absl::StatusOr<NamedTensor> LoadTensorRef(const std::string& ref, absl::string_view flag) {
-  if (ref.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, " is required"));
-  auto [path, name] = SplitTensorRef(ref);
-  return LoadTensor(path, name, flag);
-}
 
 // The server takes bf16 operands. An fp32 file is rounded once (nearest even,
 // as the server's own cast does) and the user is told, since the bits sent

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/common/tensor_files.h"
 #include "logitd/client.h"
 #include "logitd/tensor.h"
 
@@ -54,20 +55,10 @@ void AppendTiming(const client::Timing& t, std::vector<std::pair<std::string, st
 
 // --- files --------------------------------------------------------------------
 
-// A tensor and its name in the file it came from.
-struct NamedTensor {
-  std::string name;
-  Tensor tensor;
-};
-
-// The tensor `name` of the safetensors file `path`, or its only tensor when
-// `name` is empty. Errors start with `flag`, the option the file came from.
-absl::StatusOr<NamedTensor> LoadTensor(const std::string& path, std::string name,
-                                       absl::string_view flag);
-
-// As LoadTensor for a "FILE[:TENSOR]" reference; InvalidArgument when `ref`
-// is empty, i.e. `flag` was not given.
-absl::StatusOr<NamedTensor> LoadTensorRef(const std::string& ref, absl::string_view flag);
+// "FILE[:TENSOR]" references (client/common/tensor_files.h).
+using tensor_files::LoadTensor;
+using tensor_files::LoadTensorRef;
+using tensor_files::NamedTensor;
 
 // The tensor as the bf16 operand the server takes; an fp32 one is rounded
 // (nearest even), with a note on stderr.

@@ -95,6 +95,13 @@ commands:
                                      baseline alone moves the bytes of the logits call;
                                      --shm (logits, logprobs): X, and the logits, through
                                      shared memory (server --allow_shm)
+  verify --op=logits|backward --x=FILE[:TENSOR] (--weight=HANDLE | --w=FILE[:TENSOR])
+         [--dy=FILE[:TENSOR]] --candidate=[NAME=]FILE[:TENSOR] [--candidate=...]
+         [--alpha=1] [--sample_rows=0] [--json=FILE] [--junit=FILE] [--report=DIR]
+                                     another implementation's outputs (y; dx, dw) judged
+                                     against the contract: every element against its fp64
+                                     reference and bounds, and against logitd's own output;
+                                     exit 1 when one fails (logitctl verify --help)
   validate [args]                    the validation harness
   help                               this text
 
@@ -134,6 +141,16 @@ int CmdValidate(const std::vector<std::string>& args) {
 #endif
 }
 
+int CmdVerify(const std::vector<std::string>& args) {
+#ifdef LOGITCTL_HAVE_VALIDATE
+  return validate::RunVerifyCommand(args);
+#else
+  std::cerr << "logitctl: verify: this logitctl was built without the validation harness "
+               "(target logitd_validate)\n";
+  return kExitUsage;
+#endif
+}
+
 int Main(int argc, char** argv) {
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
@@ -154,6 +171,7 @@ int Main(int argc, char** argv) {
     return kExitOk;
   }
   if (cmd == "validate") return CmdValidate(cl->validate_args);
+  if (cmd == "verify") return CmdVerify(cl->validate_args);
   if (cmd == "info") return CmdInfo(w);
   if (cmd == "weights") {
     const std::string sub = w.size() > 1 ? w[1] : "";

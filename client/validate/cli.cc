@@ -44,47 +44,6 @@ constexpr int kExitUnreachable = 2;
 // its own invocation is not a precision failure.
 constexpr int kExitUsage = 2;
 
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write '", path, "'"));
-  return absl::OkStatus();
-}
-
-// Writes --json, --junit and --report; a report that cannot be written fails
-// the run.
-int WriteReports(const Report& report, const ValidateArgs& args) {
-  const std::string& json_path = args.json_path;
-  const std::string& junit_path = args.junit_path;
-  int code = report.exit_code;
-  if (!json_path.empty()) {
-    const absl::Status s = WriteText(
-        json_path,
-        ReportJson(report).dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
-            "\n");
-    if (!s.ok()) {
-      std::fprintf(stderr, "logitctl validate: %s\n", std::string(s.message()).c_str());
-      code = std::max(code, kExitFailed);
-    }
-  }
-  if (!junit_path.empty()) {
-    const absl::Status s = WriteText(junit_path, JUnitXml(report));
-    if (!s.ok()) {
-      std::fprintf(stderr, "logitctl validate: %s\n", std::string(s.message()).c_str());
-      code = std::max(code, kExitFailed);
-    }
-  }
-  if (!args.report_dir.empty()) {
-    const absl::Status s = WriteReportDir(report, args.report_dir);
-    if (!s.ok()) {
-      std::fprintf(stderr, "logitctl validate: %s\n", std::string(s.message()).c_str());
-      code = std::max(code, kExitFailed);
-    }
-  }
-  return code;
-}
-
 int UsageError(const std::string& message) {
   std::fprintf(stderr, "logitctl validate: %s\n", message.c_str());
   return kExitUsage;
@@ -109,41 +68,15 @@ absl::StatusOr<std::vector<std::string>> SelectSuites(const std::vector<std::str
   return selected;
 }
 
-// The flags logitctl applies for every subcommand, validate included: where
-// the server is and how to reach it. The harness connects the same way.
-constexpr absl::string_view kConnectionFlags[] = {"server",     "timeout", "chunk_bytes", "token",
-                                                  "token_file", "ca",      "cert",        "key"};
-
-// Looked up by name rather than declared, so that the harness follows
-// logitctl's connection options without linking against each of them.
-std::optional<bool> HostFlag(absl::string_view name) {
-  if (std::find(std::begin(kConnectionFlags), std::end(kConnectionFlags), name) ==
-      std::end(kConnectionFlags)) {
-    return std::nullopt;
-  }
-  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-  if (flag == nullptr) return std::nullopt;
-  return flag->IsOfType<bool>();
-}
-
-// The connection logitctl's own commands use (its connection flags), on
-// one server: a run compares what one server did, so it never spreads its
-// calls over several (--lb).
-absl::StatusOr<client::ClientOptions> ConnectionOptions() {
-  LOGITD_ASSIGN_OR_RETURN(client::ClientOptions o, client::ClientOptionsFromFlags());
-  o.lb_policy = "pick_first";
-  return o;
-}
-
 // The same suites against `address` (B), compared with the first run (A:
 // `a`, whose outputs are `a_outputs`). Not OK when B cannot be reached or
 // stops answering during the run.
-absl::StatusOr<CompareReport> CompareWith(const std::string& address,
-                                          const client::ClientOptions& connection,
-                                          const Options& options, const Report& a,
+absl::StatusOr<CompareReport> CompareWith(const std::string& address, const Options& options,
+                                          const Report& a,
                                           const std::vector<RecordedOutput>& a_outputs) {
+  LOGITD_ASSIGN_OR_RETURN(client::ClientOptions connection, HarnessConnectionOptions());
   absl::StatusOr<std::unique_ptr<client::Client>> client =
-      client::Client::Create(address, connection);
+      client::Client::Create(address, std::move(connection));
   absl::StatusOr<client::ServerInfo> info =
       client.ok() ? (*client)->Info() : absl::StatusOr<client::ServerInfo>(client.status());
   if (!info.ok()) {
@@ -169,13 +102,58 @@ absl::StatusOr<CompareReport> CompareWith(const std::string& address,
 
 }  // namespace
 
+// The flags logitctl applies for every subcommand, validate included: where
+// the server is and how to reach it. The harness connects the same way.
+constexpr absl::string_view kConnectionFlags[] = {"server",     "timeout", "chunk_bytes", "token",
+                                                  "token_file", "ca",      "cert",        "key"};
+
+// Looked up by name rather than declared, so that the harness follows
+// logitctl's connection options without linking against each of them.
+std::optional<bool> HostConnectionFlag(absl::string_view name) {
+  if (std::find(std::begin(kConnectionFlags), std::end(kConnectionFlags), name) ==
+      std::end(kConnectionFlags)) {
+    return std::nullopt;
+  }
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  if (flag == nullptr) return std::nullopt;
+  return flag->IsOfType<bool>();
+}
+
+// The connection logitctl's own commands use (its connection flags), on
+// one server: a run compares what one server did, so it never spreads its
+// calls over several (--lb).
+absl::StatusOr<client::ClientOptions> HarnessConnectionOptions() {
+  LOGITD_ASSIGN_OR_RETURN(client::ClientOptions o, client::ClientOptionsFromFlags());
+  o.lb_policy = "pick_first";
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> ConnectForReport(Report* report,
+                                                                 absl::string_view program) {
+  LOGITD_ASSIGN_OR_RETURN(client::ClientOptions options, HarnessConnectionOptions());
+  absl::StatusOr<std::unique_ptr<client::Client>> client =
+      client::Client::Create(report->address, std::move(options));
+  absl::StatusOr<client::ServerInfo> info =
+      client.ok() ? (*client)->Info() : absl::StatusOr<client::ServerInfo>(client.status());
+  if (!info.ok()) {
+    report->error =
+        absl::StrCat("cannot use logitd at ", report->address, ": ",
+                     absl::StatusCodeToString(info.status().code()), ": ", info.status().message());
+    std::fprintf(stderr, "%s: %s\n", std::string(program).c_str(), report->error.c_str());
+    return info.status();
+  }
+  report->have_info = true;
+  report->info = *std::move(info);
+  return client;
+}
+
 int RunValidateCommand(const std::vector<std::string>& args) {
   const absl::Time start = absl::Now();
   Report report;
   report.started_at = absl::FormatTime(absl::RFC3339_sec, start, absl::UTCTimeZone());
   report.address = absl::GetFlag(FLAGS_server);
 
-  absl::StatusOr<ValidateArgs> parsed = ParseValidateArgs(args, HostFlag);
+  absl::StatusOr<ValidateArgs> parsed = ParseValidateArgs(args, HostConnectionFlag);
   if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
   if (parsed->help) {
     std::fputs(ValidateUsage().c_str(), stdout);
@@ -222,35 +200,27 @@ int RunValidateCommand(const std::vector<std::string>& args) {
     report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     std::fputs(SummaryText(report).c_str(), stdout);
     std::fflush(stdout);
-    return WriteReports(report, *parsed);
+    return WriteReportFiles(report, parsed->json_path, parsed->junit_path, parsed->report_dir,
+                            "logitctl validate");
   };
 
-  absl::StatusOr<client::ClientOptions> connection = ConnectionOptions();
-  if (!connection.ok()) return UsageError(std::string(connection.status().message()));
   absl::StatusOr<std::unique_ptr<client::Client>> client =
-      client::Client::Create(report.address, *connection);
-  absl::StatusOr<client::ServerInfo> info =
-      client.ok() ? (*client)->Info() : absl::StatusOr<client::ServerInfo>(client.status());
-  if (!info.ok()) {
-    report.error =
-        absl::StrCat("cannot use logitd at ", report.address, ": ",
-                     absl::StatusCodeToString(info.status().code()), ": ", info.status().message());
-    std::fprintf(stderr, "logitctl validate: %s\n", report.error.c_str());
+      ConnectForReport(&report, "logitctl validate");
+  if (!client.ok()) {
+    if (report.error.empty()) return UsageError(std::string(client.status().message()));
     return finish(kExitUnreachable);
   }
-  report.have_info = true;
-  report.info = *info;
 
   const bool tty = isatty(STDERR_FILENO) != 0;
   if (tty) {
     std::fprintf(stderr, "validating logitd %s at %s (backend %s, device '%s'): %s%s\n",
-                 info->version.c_str(), report.address.c_str(), info->backend.c_str(),
-                 info->device_name.c_str(), absl::StrJoin(options.suites, ", ").c_str(),
+                 report.info.version.c_str(), report.address.c_str(), report.info.backend.c_str(),
+                 report.info.device_name.c_str(), absl::StrJoin(options.suites, ", ").c_str(),
                  options.quick ? " (quick)" : "");
   }
   std::vector<std::unique_ptr<Suite>> selected;
   for (const std::string& name : options.suites) selected.push_back(MakeSuite(name));
-  RunContext ctx(client->get(), *info, options);
+  RunContext ctx(client->get(), report.info, options);
   OutputLog outputs;
   if (!parsed->compare_address.empty()) ctx.set_recorder(&outputs);
   std::unique_ptr<Progress> progress = tty ? MakeTerminalProgress() : MakeSilentProgress();
@@ -268,7 +238,7 @@ int RunValidateCommand(const std::vector<std::string>& args) {
   int code = ExitCodeFor(report.results, unreachable);
   if (!parsed->compare_address.empty() && !unreachable) {
     absl::StatusOr<CompareReport> compared =
-        CompareWith(parsed->compare_address, *connection, options, report, outputs.outputs());
+        CompareWith(parsed->compare_address, options, report, outputs.outputs());
     if (!compared.ok()) {
       report.error = std::string(compared.status().message());
       std::fprintf(stderr, "logitctl validate: %s\n", report.error.c_str());

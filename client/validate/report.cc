@@ -158,7 +158,7 @@ std::string SummaryText(const Report& report) {
 
 nlohmann::ordered_json ReportJson(const Report& report) {
   nlohmann::ordered_json j;
-  j["tool"] = "logitctl validate";
+  j["tool"] = report.tool;
   j["started_at"] = report.started_at;
   j["duration_s"] = report.seconds;
   j["exit_code"] = report.exit_code;

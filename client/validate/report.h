@@ -15,6 +15,8 @@
 namespace logitd::validate {
 
 struct Report {
+  // The command that made it, as the JSON document names it.
+  std::string tool = "logitctl validate";
   std::string address;
   bool have_info = false;
   client::ServerInfo info;

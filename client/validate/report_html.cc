@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -420,6 +422,38 @@ absl::Status WriteReportDir(const Report& report, const std::string& dir) {
       WriteFile(std::filesystem::path(dir) / "index.html", ReportHtml(report));
   if (!html.ok()) return html;
   return WriteFile(std::filesystem::path(dir) / "summary.md", ReportMarkdown(report));
+}
+
+namespace {
+
+absl::Status WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write '", path, "'"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int WriteReportFiles(const Report& report, const std::string& json_path,
+                     const std::string& junit_path, const std::string& report_dir,
+                     const std::string& program) {
+  int code = report.exit_code;
+  const auto written = [&](const absl::Status& s) {
+    if (s.ok()) return;
+    std::fprintf(stderr, "%s: %s\n", program.c_str(), std::string(s.message()).c_str());
+    code = std::max(code, 1);
+  };
+  if (!json_path.empty()) {
+    written(WriteText(
+        json_path,
+        ReportJson(report).dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
+            "\n"));
+  }
+  if (!junit_path.empty()) written(WriteText(junit_path, JUnitXml(report)));
+  if (!report_dir.empty()) written(WriteReportDir(report, report_dir));
+  return code;
 }
 
 }  // namespace logitd::validate

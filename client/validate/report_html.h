@@ -23,4 +23,12 @@ absl::Status PrepareReportDir(const std::string& dir);
 // Writes DIR/index.html and DIR/summary.md.
 absl::Status WriteReportDir(const Report& report, const std::string& dir);
 
+// Writes the --json document, the --junit XML and the --report directory
+// that are asked for (an empty path: not asked). Returns the report's exit
+// code, at least 1 when a file could not be written (said on stderr after
+// `program`).
+int WriteReportFiles(const Report& report, const std::string& json_path,
+                     const std::string& junit_path, const std::string& report_dir,
+                     const std::string& program);
+
 }  // namespace logitd::validate

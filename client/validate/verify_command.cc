@@ -1,0 +1,396 @@
+// `logitctl verify`: another implementation's outputs, read from safetensors
+// files with the inputs they were computed from, judged by the server's
+// Verify; reported as validate reports (summary, --json, --junit,
+// --report), one case per candidate, and the same exit codes.
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/common/argv.h"
+#include "client/common/tensor_files.h"
+#include "client/validate/cli.h"
+#include "client/validate/report.h"
+#include "client/validate/report_html.h"
+#include "logitd/bf16.h"
+#include "logitd/client.h"
+
+// Defined by logitctl, which applies it before dispatching here.
+ABSL_DECLARE_FLAG(std::string, server);
+
+namespace logitd::validate {
+namespace {
+
+constexpr int kExitUsage = 2;
+constexpr char kProgram[] = "logitctl verify";
+
+struct VerifyCommandArgs {
+  std::string op;
+  std::string x;
+  std::string weight;
+  std::string w;
+  std::string dy;
+  std::vector<std::string> candidates;
+  float alpha = 1.0f;
+  std::int64_t sample_rows = 0;
+  std::string json_path;
+  std::string junit_path;
+  std::string report_dir;
+  bool help = false;
+};
+
+constexpr const char* kValueFlags[] = {
+    "op", "x", "weight", "w", "dy", "candidate", "alpha", "sample_rows", "json", "junit", "report"};
+
+std::optional<argv::FlagType> OwnFlag(absl::string_view name) {
+  for (const char* f : kValueFlags) {
+    if (name == f) return argv::FlagType::kValue;
+  }
+  return std::nullopt;
+}
+
+absl::Status Apply(const std::string& name, const std::string& value, VerifyCommandArgs* a) {
+  if (value.empty()) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+  if (name == "alpha") {
+    double alpha = 0;
+    if (!absl::SimpleAtod(value, &alpha) || alpha == 0 || !std::isfinite(alpha)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--alpha: expected a finite non-zero scale, got '", value, "'"));
+    }
+    a->alpha = static_cast<float>(alpha);
+  } else if (name == "sample_rows") {
+    if (!absl::SimpleAtoi(value, &a->sample_rows) || a->sample_rows < 0 ||
+        a->sample_rows > 0xffffffffll) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--sample_rows: expected 0 (every row) or a number of rows, got '", value, "'"));
+    }
+  } else if (name == "candidate") {
+    a->candidates.push_back(value);
+  } else {
+    std::string* field = name == "op"       ? &a->op
+                         : name == "x"      ? &a->x
+                         : name == "weight" ? &a->weight
+                         : name == "w"      ? &a->w
+                         : name == "dy"     ? &a->dy
+                         : name == "json"   ? &a->json_path
+                         : name == "junit"  ? &a->junit_path
+                                            : &a->report_dir;
+    *field = value;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VerifyCommandArgs> ParseArgs(const std::vector<std::string>& args) {
+  const argv::FlagLookup host = [](absl::string_view name) -> std::optional<argv::FlagType> {
+    const std::optional<bool> is_bool = HostConnectionFlag(name);
+    if (!is_bool.has_value()) return std::nullopt;
+    return *is_bool ? argv::FlagType::kBool : argv::FlagType::kValue;
+  };
+  VerifyCommandArgs a;
+  argv::Reader reader(args);
+  while (std::optional<argv::Word> word = reader.Next()) {
+    if (!word->is_flag) {
+      if (word->text == "help") {
+        a.help = true;
+        continue;
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected word '", word->text, "' (verify takes options only)"));
+    }
+    if (word->name == "help" || word->name == "h") {
+      a.help = true;
+      continue;
+    }
+    if (std::optional<argv::Flag> flag = argv::Resolve(*word, OwnFlag); flag.has_value()) {
+      absl::StatusOr<std::string> value = reader.Value(*flag);
+      if (!value.ok()) return value.status();
+      if (absl::Status s = Apply(flag->name, *value, &a); !s.ok()) return s;
+      continue;
+    }
+    if (std::optional<argv::Flag> flag = argv::Resolve(*word, host); flag.has_value()) {
+      reader.SkipValue(*flag);
+      continue;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown option --", word->name, " (see logitctl verify --help)"));
+  }
+  return a;
+}
+
+std::string VerifyUsage() {
+  return R"(usage: logitctl verify --op=logits|backward --x=FILE[:TENSOR]
+                       (--weight=HANDLE | --w=FILE[:TENSOR]) [--dy=FILE[:TENSOR]]
+                       --candidate=[NAME=]FILE[:TENSOR] [--candidate=...] [options]
+
+Sends another implementation's outputs (the candidates) with the inputs they
+were computed from to the server's Verify, which holds every element against
+the fp64 reference of the exact products of the bf16 inputs, its proven bound
+and its probabilistic bound, and against logitd's own output of the same
+inputs (docs/PROTOCOL.md, "Verify").
+
+  --op=logits         candidate y [M, V] = alpha . X . W^T (fp32, or bf16)
+  --op=backward       candidates dx [M, K] and/or dw [V, K] (fp32 or bf16) from
+                      dY under the gradient-cast contract: G = bf16(dY) once
+  --x=FILE[:TENSOR]   X bf16 [M, K] (an fp32 tensor whose values are all bf16
+                      values is taken exactly; any other is refused)
+  --weight=HANDLE     a registered weight, or
+  --w=FILE[:TENSOR]   W bf16 [V, K] streamed for this call only
+  --dy=FILE[:TENSOR]  backward: dY fp32 or bf16 [M, V]
+  --candidate=[NAME=]FILE[:TENSOR]
+                      a candidate, named as the operation names its output
+                      (y; dx, dw); NAME may be left out for logits, and for
+                      a tensor itself named dx or dw; repeat for several
+  --alpha=1           logits: the scale the candidate was computed with
+  --sample_rows=0     check about this many rows of M, evenly spaced (dW is
+                      always checked whole); 0 checks every row
+  --json=FILE         write the report as JSON
+  --junit=FILE        write the report as JUnit XML, a test case a candidate
+  --report=DIR        write DIR/index.html and DIR/summary.md
+
+exit codes: 0 every candidate passed (within bounds, or bitwise logitd's),
+            1 one failed, or the server refused the call,
+            2 usage or input error, or the server could not be reached
+)";
+}
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", kProgram, message.c_str());
+  return kExitUsage;
+}
+
+// X and W go to the server as bf16: an fp32 tensor is taken only when each
+// of its values is a bf16 value, since the candidate was computed from bits
+// this command must not change.
+absl::StatusOr<Tensor> ExactBf16(tensor_files::NamedTensor t, const std::string& what) {
+  if (t.tensor.dtype() == DType::kBf16) return std::move(t.tensor);
+  if (t.tensor.dtype() == DType::kFp32) {
+    Tensor out(DType::kBf16, t.tensor.shape());
+    const float* src = t.tensor.data<float>();
+    for (std::int64_t i = 0; i < out.numel(); ++i) {
+      const Bf16Bits b = FloatToBf16(src[i]);
+      if (Bf16ToFloat(b) != src[i] && !(std::isnan(src[i]))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " '", t.name, "': expected bf16, got fp32 with values that are not bf16 (",
+            src[i], " at element ", i, "); pass the bf16 tensor the candidate was computed from"));
+      }
+      out.data<Bf16Bits>()[i] = b;
+    }
+    return out;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " '", t.name, "': expected bf16, got ", DTypeName(t.tensor.dtype())));
+}
+
+// "[NAME=]FILE[:TENSOR]": the name, when the text starts with one of the
+// operation's output names and '='.
+struct CandidateRef {
+  std::string name;
+  std::string ref;
+};
+CandidateRef SplitCandidate(const std::string& text, const std::vector<std::string>& outputs) {
+  const std::size_t eq = text.find('=');
+  if (eq != std::string::npos) {
+    const std::string name = text.substr(0, eq);
+    for (const std::string& o : outputs) {
+      if (name == o) return {name, text.substr(eq + 1)};
+    }
+  }
+  return {"", text};
+}
+
+std::string Percent(double fraction) { return absl::StrFormat("%.2f%%", 100.0 * fraction); }
+
+// One candidate's verdict as a case of the report.
+CaseResult CaseOf(const std::string& op, const client::CandidateVerdict& c,
+                  const client::VerifyResult& result, double seconds) {
+  CaseResult r;
+  r.suite = "verify";
+  r.name = absl::StrCat(op, "/", c.name);
+  r.seconds = seconds;
+  r.verdict = c.passed() ? Verdict::kPassed : Verdict::kFailed;
+  r.summary =
+      absl::StrFormat("%s; worst %.3g of its bound; %s bitwise logitd's; max %d ulp", c.verdict,
+                      c.worst_bound_fraction, Percent(c.bitwise_equal_fraction), c.max_ulp);
+  nlohmann::ordered_json& f = r.figures;
+  f["candidate"] = c.name;
+  f["dtype"] = std::string(DTypeName(c.dtype));
+  f["shape"] = c.shape;
+  f["xxh3"] = absl::StrFormat("%016x", c.xxh3);
+  f["verdict"] = c.verdict;
+  f["elements"] = c.elements;
+  f["outside_bound"] = c.outside_bound;
+  f["worst_bound_fraction"] = JsonNumber(c.worst_bound_fraction);
+  f["outside_probabilistic_bound"] = c.outside_probabilistic_bound;
+  f["worst_probabilistic_fraction"] = JsonNumber(c.worst_probabilistic_fraction);
+  f["logitd_outside_probabilistic_bound"] = c.logitd_outside_probabilistic_bound;
+  f["nan_inf_mismatches"] = c.nan_inf_mismatches;
+  f["bitwise_equal_fraction"] = c.bitwise_equal_fraction;
+  f["max_ulp"] = c.max_ulp;
+  f["p99_ulp"] = c.p99_ulp;
+  f["p50_ulp"] = c.p50_ulp;
+  f["error_histogram"] = c.error_histogram;
+  nlohmann::ordered_json worst = nlohmann::ordered_json::array();
+  for (const client::VerifyElement& e : c.first_outside) {
+    worst.push_back({{"index", e.index},
+                     {"candidate", JsonNumber(e.candidate)},
+                     {"reference", JsonNumber(e.reference)},
+                     {"bound", JsonNumber(e.bound)},
+                     {"probabilistic_bound", JsonNumber(e.probabilistic_bound)},
+                     {"logitd", JsonNumber(e.logitd)}});
+  }
+  f["first_outside"] = std::move(worst);
+  f["inputs_xxh3"] = absl::StrFormat("%016x", result.inputs_xxh3);
+  f["rows_checked"] = result.rows_checked;
+  f["reference_us"] = result.reference_us;
+  if (!c.passed()) {
+    std::string why = absl::StrFormat(
+        "%s: %s: %d of %d elements outside the proven bound (worst %.3g times it), %d outside the "
+        "probabilistic bound (worst %.3g times it), %d NaN/Inf mismatches",
+        c.name, c.verdict, c.outside_bound, c.elements, c.worst_bound_fraction,
+        c.outside_probabilistic_bound, c.worst_probabilistic_fraction, c.nan_inf_mismatches);
+    for (std::size_t i = 0; i < c.first_outside.size() && i < 5; ++i) {
+      const client::VerifyElement& e = c.first_outside[i];
+      absl::StrAppendFormat(&why,
+                            "; [%s]: candidate %.9g, fp64 reference %.17g, bound %.3e "
+                            "(probabilistic %.3e), logitd %.9g",
+                            absl::StrJoin(e.index, ", "), e.candidate, e.reference, e.bound,
+                            e.probabilistic_bound, e.logitd);
+    }
+    r.failures.push_back(std::move(why));
+  }
+  return r;
+}
+
+}  // namespace
+
+int RunVerifyCommand(const std::vector<std::string>& args) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<VerifyCommandArgs> parsed = ParseArgs(args);
+  if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
+  const VerifyCommandArgs& a = *parsed;
+  if (a.help) {
+    std::fputs(VerifyUsage().c_str(), stdout);
+    return 0;
+  }
+  client::VerifyArgs call;
+  std::vector<std::string> outputs;
+  if (a.op == "logits") {
+    call.operation = client::VerifyOperation::kLogits;
+    outputs = {"y"};
+  } else if (a.op == "backward") {
+    call.operation = client::VerifyOperation::kBackward;
+    outputs = {"dx", "dw"};
+  } else {
+    return UsageError(absl::StrCat("--op: expected logits or backward, got '", a.op, "'"));
+  }
+  if (a.weight.empty() == a.w.empty()) {
+    return UsageError("expected one of --weight=HANDLE and --w=FILE[:TENSOR]");
+  }
+  if (a.candidates.empty()) return UsageError("--candidate=[NAME=]FILE[:TENSOR] is required");
+  if (call.operation == client::VerifyOperation::kBackward && a.dy.empty()) {
+    return UsageError("--op=backward needs --dy=FILE[:TENSOR]");
+  }
+  if (call.operation == client::VerifyOperation::kLogits && !a.dy.empty()) {
+    return UsageError("--dy: given, but --op=logits takes no dY");
+  }
+  if (!a.report_dir.empty()) {
+    if (absl::Status s = PrepareReportDir(a.report_dir); !s.ok()) {
+      return UsageError(std::string(s.message()));
+    }
+  }
+
+  // The tensors, held here for the call.
+  absl::StatusOr<tensor_files::NamedTensor> x_file = tensor_files::LoadTensorRef(a.x, "--x");
+  if (!x_file.ok()) return UsageError(std::string(x_file.status().message()));
+  absl::StatusOr<Tensor> x = ExactBf16(*std::move(x_file), "--x");
+  if (!x.ok()) return UsageError(std::string(x.status().message()));
+  call.x = *x;
+  std::optional<Tensor> w;
+  if (!a.w.empty()) {
+    absl::StatusOr<tensor_files::NamedTensor> w_file = tensor_files::LoadTensorRef(a.w, "--w");
+    if (!w_file.ok()) return UsageError(std::string(w_file.status().message()));
+    absl::StatusOr<Tensor> bf16 = ExactBf16(*std::move(w_file), "--w");
+    if (!bf16.ok()) return UsageError(std::string(bf16.status().message()));
+    w = *std::move(bf16);
+    call.w = *w;
+  }
+  call.weight_handle = a.weight;
+  std::optional<tensor_files::NamedTensor> dy;
+  if (!a.dy.empty()) {
+    absl::StatusOr<tensor_files::NamedTensor> d = tensor_files::LoadTensorRef(a.dy, "--dy");
+    if (!d.ok()) return UsageError(std::string(d.status().message()));
+    dy = *std::move(d);
+    call.dy = dy->tensor;
+  }
+  std::vector<tensor_files::NamedTensor> candidates;
+  candidates.reserve(a.candidates.size());
+  for (const std::string& text : a.candidates) {
+    CandidateRef ref = SplitCandidate(text, outputs);
+    absl::StatusOr<tensor_files::NamedTensor> t =
+        tensor_files::LoadTensorRef(ref.ref, "--candidate");
+    if (!t.ok()) return UsageError(std::string(t.status().message()));
+    if (ref.name.empty()) {
+      if (outputs.size() == 1) {
+        ref.name = outputs[0];
+      } else if (t->name == "dx" || t->name == "dw") {
+        ref.name = t->name;
+      } else {
+        return UsageError(absl::StrCat("--candidate=", text, ": name the output it is (",
+                                       absl::StrJoin(outputs, " or "),
+                                       "), e.g. --candidate=", outputs[0], "=", ref.ref));
+      }
+    }
+    if (call.candidates.count(ref.name) > 0) {
+      return UsageError(absl::StrCat("--candidate: '", ref.name, "' is given twice"));
+    }
+    candidates.push_back(*std::move(t));
+    call.candidates[ref.name] = candidates.back().tensor;
+  }
+  call.alpha = a.alpha;
+  call.sample_rows = a.sample_rows;
+
+  Report report;
+  report.tool = kProgram;
+  report.started_at = absl::FormatTime(absl::RFC3339_sec, start, absl::UTCTimeZone());
+  report.address = absl::GetFlag(FLAGS_server);
+  report.options.suites = {"verify"};
+  const auto finish = [&](int code) {
+    report.exit_code = code;
+    report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    std::fputs(SummaryText(report).c_str(), stdout);
+    std::fflush(stdout);
+    return WriteReportFiles(report, a.json_path, a.junit_path, a.report_dir, kProgram);
+  };
+  absl::StatusOr<std::unique_ptr<client::Client>> client = ConnectForReport(&report, kProgram);
+  if (!client.ok()) {
+    if (report.error.empty()) return UsageError(std::string(client.status().message()));
+    return finish(2);
+  }
+
+  const absl::Time call_start = absl::Now();
+  absl::StatusOr<client::VerifyResult> result = (*client)->Verify(call);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - call_start);
+  if (!result.ok()) {
+    const bool unreachable = result.status().code() == absl::StatusCode::kUnavailable;
+    report.error = absl::StrCat("Verify: ", absl::StatusCodeToString(result.status().code()), ": ",
+                                result.status().message());
+    std::fprintf(stderr, "%s: %s\n", kProgram, report.error.c_str());
+    return finish(unreachable ? 2 : 1);
+  }
+  for (const client::CandidateVerdict& c : result->candidates) {
+    report.results.push_back(CaseOf(a.op, c, *result, seconds));
+  }
+  return finish(ExitCodeFor(report.results, false));
+}
+
+}  // namespace logitd::validate

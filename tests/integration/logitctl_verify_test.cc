@@ -1,0 +1,183 @@
+// `logitctl verify` against the real server (cpu backend): tensors and
+// candidates as safetensors files in a temporary folder, the verdict read
+// from the exit code, the summary, --json, --junit and --report.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "logitd/bf16.h"
+#include "logitd/safetensors.h"
+#include "tests/common/seeded_tensors.h"
+#include "tests/integration/integration_util.h"
+
+namespace logitd::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class LogitctlVerifyTest : public SharedServerTest {
+ protected:
+  void SetUp() override {
+    SharedServerTest::SetUp();
+    if (HasFatalFailure()) return;
+    char tmpl[] = "/tmp/logitctl-verify-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+    SharedServerTest::TearDown();
+  }
+
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+
+  LogitctlRun Run(std::vector<std::string> args) const {
+    args.insert(args.begin(), "--server=" + server_->process.address());
+    return RunLogitctl(args);
+  }
+
+  void Write(const std::string& name, const std::vector<std::pair<std::string, const Tensor*>>& t) {
+    absl::Status s = WriteSafetensors(Path(name), t);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+
+  // Writes X [m, k] and W [v, k] (seeded normal bf16) as x.safetensors and
+  // w.safetensors, registers W (handle_), and writes logitd's own logits as
+  // y.safetensors ("logits").
+  void WriteLogitsCase(std::int64_t m, std::int64_t k, std::int64_t v) {
+    x_ = NormalBf16({m, k}, 11);
+    w_ = NormalBf16({v, k}, 12);
+    Write("x.safetensors", {{"x", &x_}});
+    Write("w.safetensors", {{"w", &w_}});
+    LogitctlRun r = Run({"weights", "register", Path("w.safetensors")});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (absl::string_view line : absl::StrSplit(r.out, '\n')) {
+      std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (parts.size() >= 2 && parts[0] == "handle") handle_ = parts[1];
+    }
+    ASSERT_FALSE(handle_.empty()) << r.out;
+    r = Run({"logits", "--x=" + Path("x.safetensors"), "--weight=" + handle_,
+             "--out=" + Path("y.safetensors")});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+
+  std::string dir_;
+  std::string handle_;
+  Tensor x_, w_;
+};
+
+TEST_F(LogitctlVerifyTest, LogitdsOwnLogitsPassAndBf16OnesPassedOffAsFp32Fail) {
+  ASSERT_NO_FATAL_FAILURE(WriteLogitsCase(16, 1024, 96));
+  LogitctlRun r = Run({"verify", "--op=logits", "--x=" + Path("x.safetensors"),
+                       "--w=" + Path("w.safetensors"), "--candidate=" + Path("y.safetensors"),
+                       "--json=" + Path("pass.json"), "--junit=" + Path("pass.xml")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("verify"));
+  nlohmann::json j = nlohmann::json::parse(Slurp(Path("pass.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["tool"], "logitctl verify");
+  ASSERT_EQ(j["cases"].size(), 1u);
+  const nlohmann::json& c = j["cases"][0];
+  EXPECT_EQ(c["case"], "logits/y");
+  EXPECT_EQ(c["figures"]["verdict"], "bitwise_equal_to_logitd");
+  EXPECT_EQ(c["figures"]["elements"], 16 * 96);
+  EXPECT_EQ(c["figures"]["bitwise_equal_fraction"], 1.0);
+  EXPECT_THAT(Slurp(Path("pass.xml")), HasSubstr("tests=\"1\" failures=\"0\""));
+
+  // The same logits rounded to bf16 and written back as fp32: at K=1024 a
+  // good share of them lie outside the bound that fp32 logits keep.
+  absl::StatusOr<Tensor> y = ReadSafetensorsTensor(Path("y.safetensors"), "logits");
+  ASSERT_TRUE(y.ok()) << y.status();
+  for (std::int64_t i = 0; i < y->numel(); ++i) {
+    y->data<float>()[i] = RoundToBf16(y->data<float>()[i]);
+  }
+  Write("y_bf16.safetensors", {{"y", &*y}});
+  r = Run({"verify", "--op=logits", "--x=" + Path("x.safetensors"), "--w=" + Path("w.safetensors"),
+           "--candidate=y=" + Path("y_bf16.safetensors") + ":y", "--json=" + Path("fail.json"),
+           "--junit=" + Path("fail.xml"), "--report=" + Path("report")});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  j = nlohmann::json::parse(Slurp(Path("fail.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  const nlohmann::json& f = j["cases"][0]["figures"];
+  EXPECT_EQ(f["verdict"], "outside_bounds");
+  EXPECT_GT(f["outside_bound"].get<std::int64_t>(), 0);
+  EXPECT_GT(f["worst_bound_fraction"].get<double>(), 1.0);
+  EXPECT_FALSE(f["first_outside"].empty());
+  const std::string junit = Slurp(Path("fail.xml"));
+  EXPECT_THAT(junit, HasSubstr("failures=\"1\""));
+  EXPECT_THAT(junit, HasSubstr("fp64 reference"));
+  EXPECT_THAT(Slurp(Path("report/index.html")), HasSubstr("logits/y"));
+  EXPECT_THAT(Slurp(Path("report/summary.md")), HasSubstr("logits/y"));
+}
+
+TEST_F(LogitctlVerifyTest, ARegisteredWeightAndABf16Candidate) {
+  ASSERT_NO_FATAL_FAILURE(WriteLogitsCase(5, 256, 40));
+  const std::string handle = handle_;
+  LogitctlRun r = Run({"logits", "--x=" + Path("x.safetensors"), "--weight=" + handle,
+                       "--out=" + Path("y16.safetensors"), "--out_dtype=bf16"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Run({"verify", "--op=logits", "--x=" + Path("x.safetensors"), "--weight=" + handle,
+           "--candidate=" + Path("y16.safetensors"), "--json=" + Path("r.json")});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  nlohmann::json j = nlohmann::json::parse(Slurp(Path("r.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["cases"][0]["figures"]["dtype"], "bf16");
+  EXPECT_TRUE(j["cases"][0]["verdict"] == "passed") << j["cases"][0];
+}
+
+TEST_F(LogitctlVerifyTest, UsageAndInputErrorsExitTwo) {
+  ASSERT_NO_FATAL_FAILURE(WriteLogitsCase(4, 64, 8));
+  const std::string x = "--x=" + Path("x.safetensors");
+  const std::string w = "--w=" + Path("w.safetensors");
+  const std::string y = "--candidate=" + Path("y.safetensors");
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"verify", "--op=softmax", x, w, y}, "--op: expected logits or backward"},
+      {{"verify", "--op=logits", x, y}, "expected one of --weight=HANDLE and --w="},
+      {{"verify", "--op=logits", x, w}, "--candidate=[NAME=]FILE[:TENSOR] is required"},
+      {{"verify", "--op=backward", x, w, y}, "--op=backward needs --dy"},
+      {{"verify", "--op=logits", x, w, y, "--alpha=0"}, "--alpha: expected a finite non-zero"},
+      {{"verify", "--op=logits", x, w, y, "--bogus=1"}, "unknown option --bogus"},
+      {{"verify", "--op=logits", "--x=" + Path("missing.safetensors"), w, y},
+       "missing.safetensors"},
+      {{"verify", "--op=logits", "--x=" + Path("y.safetensors"), w, y}, "expected bf16"},
+  };
+  for (const Case& c : cases) {
+    LogitctlRun r = Run(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.message << ": " << r.out;
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+  }
+  // A candidate of the wrong shape is the server's INVALID_ARGUMENT: exit 1.
+  Tensor wrong = NormalBf16({4, 9}, 3);
+  Write("wrong.safetensors", {{"y", &wrong}});
+  LogitctlRun r = Run({"verify", "--op=logits", x, w, "--candidate=" + Path("wrong.safetensors")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+  // No server: exit 2.
+  r = RunLogitctl({"--server=127.0.0.1:1", "verify", "--op=logits", x, w, y});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  r = RunLogitctl({"verify", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--candidate=[NAME=]FILE[:TENSOR]"));
+}
+
+}  // namespace
+}  // namespace logitd::testing
