@@ -249,6 +249,17 @@ TEST_F(AuthTest, AnotherTenantsHandleIsNotFound) {
   Tensor targets(DType::kInt64, {4});
   for (int i = 0; i < 4; ++i) targets.data<std::int64_t>()[i] = i;
   EXPECT_EQ(b->CrossEntropy(x, targets, handle, ce).status().code(), absl::StatusCode::kNotFound);
+  const Tensor candidate = IntFp32({4, 64}, 14);
+  client::VerifyArgs verify;
+  verify.operation = client::VerifyOperation::kLogits;
+  verify.weight_handle = handle;
+  verify.x = x;
+  verify.candidates["y"] = candidate;  // a view: the tensor outlives the call
+  absl::Status verified = b->Verify(verify).status();
+  EXPECT_EQ(verified.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(verified.message(), HasSubstr("for tenant 'team-b'"));
+  absl::StatusOr<client::VerifyResult> own = a->Verify(verify);
+  EXPECT_TRUE(own.ok()) << own.status();
   EXPECT_EQ(b->ReleaseWeight(handle, /*force=*/true).status().code(), absl::StatusCode::kNotFound);
 
   // Nothing b did touched a's weight or its accumulated gradient.

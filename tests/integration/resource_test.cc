@@ -496,5 +496,70 @@ TEST_F(ResourceTest, ReleaseAndRegisterRacingWithCallsGiveRightResultsOrNotFound
   EXPECT_TRUE(InFlightBecomes(*server_, 0, 0));
 }
 
+// A Verify call that stops half-way and is cancelled, or that holds more
+// than --max_request_bytes allows, returns everything it held; the server
+// keeps judging the next one.
+TEST_F(ResourceTest, VerifyCancelledOrTooLargeReturnsEveryByte) {
+  server_ = StartServer({"--max_request_bytes=4000000"});
+  ASSERT_NE(server_, nullptr);
+  const std::int64_t m = 512;
+  const Tensor x = IntBf16({m, kK}, 31);
+  const Tensor y = IntFp32({m, kV}, 32);
+  const auto header = [&](const Tensor& xt, const Tensor& yt) {
+    v1::VerifyRequest h;
+    h.mutable_header()->set_operation(v1::VERIFY_LOGITS);
+    h.mutable_header()->set_weight_handle(server_->handle);
+    *h.mutable_header()->mutable_x() = wire::MakeSpec("x", xt);
+    *h.mutable_header()->add_candidates() = wire::MakeSpec("y", yt);
+    return h;
+  };
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    auto stream = server_->stub->Verify(&ctx);
+    ASSERT_TRUE(stream->Write(header(x, y)));
+    std::vector<v1::VerifyRequest> chunks = ChunksOf<v1::VerifyRequest>("x", x);
+    for (std::size_t i = 0; i < chunks.size() / 2; ++i) ASSERT_TRUE(stream->Write(chunks[i]));
+    // Seen holding its memory, then cancelled.
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    v1::ServerInfo info;
+    do {
+      info = Info(*server_);
+    } while (info.requests_in_flight() == 0 && absl::Now() < until);
+    EXPECT_EQ(info.requests_in_flight(), 1u);
+    EXPECT_GT(info.request_bytes_in_flight(), static_cast<std::uint64_t>(m * kK * 2));
+    ctx.TryCancel();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(InFlightBecomes(*server_, 0, 0));
+
+  // x [8192, 128] bf16 + y [8192, 64] fp32 twice (the candidate and logitd's
+  // own) is over 4 MB: refused from the header alone.
+  const Tensor big_x = IntBf16({8192, kK}, 33);
+  const Tensor big_y = IntFp32({8192, kV}, 34);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto stream = server_->stub->Verify(&ctx);
+  ASSERT_TRUE(stream->Write(header(big_x, big_y)));
+  stream->WritesDone();
+  const grpc::Status st = stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("verify"));
+  EXPECT_THAT(st.error_message(), HasSubstr("max_request_bytes"));
+  EXPECT_TRUE(InFlightBecomes(*server_, 0, 0));
+
+  client::VerifyArgs ok;
+  ok.operation = client::VerifyOperation::kLogits;
+  ok.weight_handle = server_->handle;
+  ok.x = x;
+  absl::StatusOr<Tensor> own = server_->shared->client->Logits(x, server_->handle);
+  ASSERT_TRUE(own.ok()) << own.status();
+  ok.candidates["y"] = *own;
+  absl::StatusOr<client::VerifyResult> r = server_->shared->client->Verify(ok);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->verdict, "bitwise_equal_to_logitd");
+  EXPECT_TRUE(InFlightBecomes(*server_, 0, 0));
+}
+
 }  // namespace
 }  // namespace logitd::testing
