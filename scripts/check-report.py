@@ -97,7 +97,7 @@ def main(page_path, json_path):
         badge = {"passed": "pass", "failed": "fail", "not run": "skip"}
         for case in report["cases"]:
             key = f"{case['suite']}/{case['case']}"
-            want = badge.get(case["verdict"], case["verdict"])
+            want = badge.get(case["verdict"].lower(), case["verdict"].lower())
             if key not in rows:
                 problems.append(f"case {key} is not on the page")
             elif not rows[key].startswith(want):

@@ -193,6 +193,50 @@ std::string GoldenDiff(const Report& report) {
   return out;
 }
 
+// verify's candidates: their verdict figures, and the first elements
+// outside a bound with their references.
+std::string VerifySection(const Report& report) {
+  std::string rows, elements;
+  for (const CaseResult& r : report.results) {
+    if (r.suite != "verify" || !r.figures.contains("verdict")) continue;
+    const nlohmann::ordered_json& f = r.figures;
+    const bool passed = r.verdict == Verdict::kPassed;
+    absl::StrAppend(&rows, "<tr><td>", E(r.name), "</td><td class=\"", passed ? "ok" : "bad", "\">",
+                    E(FigureText(f["verdict"])), "</td>", Cell(f, "elements"),
+                    Cell(f, "outside_bound", true), Cell(f, "worst_bound_fraction"),
+                    Cell(f, "outside_probabilistic_bound", true),
+                    Cell(f, "worst_probabilistic_fraction"), Cell(f, "nan_inf_mismatches", true),
+                    Cell(f, "bitwise_equal_fraction"), Cell(f, "max_ulp"), Cell(f, "p99_ulp"),
+                    Cell(f, "p50_ulp"), "</tr>\n");
+    if (!f.contains("first_outside") || f["first_outside"].empty()) continue;
+    absl::StrAppend(&elements, "<h3>", E(r.name),
+                    ": first elements outside their probabilistic bound</h3>\n<table>\n"
+                    "<tr><th>index</th><th>candidate</th><th>fp64 reference</th><th>proven "
+                    "bound</th><th>probabilistic bound</th><th>logitd</th></tr>\n");
+    for (const nlohmann::ordered_json& e : f["first_outside"]) {
+      std::vector<std::string> index;
+      for (const auto& i : e.value("index", nlohmann::ordered_json::array())) {
+        index.push_back(FigureText(i));
+      }
+      absl::StrAppend(&elements, "<tr><td>[", E(absl::StrJoin(index, ", ")), "]</td>",
+                      Cell(e, "candidate"), Cell(e, "reference"), Cell(e, "bound"),
+                      Cell(e, "probabilistic_bound"), Cell(e, "logitd"), "</tr>\n");
+    }
+    absl::StrAppend(&elements, "</table>\n");
+  }
+  if (rows.empty()) return "";
+  return absl::StrCat(
+      "<h2>verify: candidates against the contract</h2>\n<p>Every element against the fp64 "
+      "reference of the exact products of the bf16 inputs: its proven bound (outside: wrong for "
+      "certain), its probabilistic bound (outside: not an fp32 accumulation), and logitd's own "
+      "output of the same inputs (bits and ulps). docs/PROTOCOL.md, \"Verify\", derives the "
+      "bounds.</p>\n<table>\n<tr><th>candidate</th><th>verdict</th><th>elements</th><th>outside "
+      "bound</th><th>worst ÷ bound</th><th>outside probabilistic</th><th>worst ÷ "
+      "probabilistic</th><th>NaN/Inf mismatches</th><th>bitwise logitd's</th><th>max ulp</th>"
+      "<th>p99 ulp</th><th>p50 ulp</th></tr>\n",
+      rows, "</table>\n", elements);
+}
+
 // Every leaf figure as "path = value", in the --json document's order.
 void Flatten(const nlohmann::ordered_json& node, const std::string& path,
              std::vector<std::string>* out) {
@@ -241,6 +285,11 @@ std::string Plots(const Report& report) {
   const std::string rounding = RoundingErrorFigure(report);
   if (!rounding.empty())
     absl::StrAppend(&out, "<h2>rounding_error: error against K</h2>\n", rounding);
+  const std::string elements = ElementHistograms(report);
+  if (!elements.empty()) {
+    absl::StrAppend(&out, "<h2>verify: every element's error as a fraction of its bound</h2>\n",
+                    elements);
+  }
   const std::vector<FractionGroup> groups = BoundFractions(report);
   if (!groups.empty()) {
     absl::StrAppend(
@@ -352,25 +401,24 @@ std::string ReportHtml(const Report& report) {
   const char* verdict = RunVerdict(report);
   const char* cls = absl::string_view(verdict) == "PASSED" ? "pass" : "fail";
   std::string out = absl::StrCat(
-      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>logitctl "
-      "validate: ",
-      verdict, " (", E(report.address), ")</title>\n<style>\n", kStyle,
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<title>",
+      E(report.tool), ": ", verdict, " (", E(report.address), ")</title>\n<style>\n", kStyle,
       "</style>\n</head>\n<body>\n", "<h1 class=\"", cls, "\"><span class=\"badge\">", verdict,
-      "</span>logitctl validate</h1>\n", "<p>logitd at <code>", E(report.address),
+      "</span>", E(report.tool), "</h1>\n", "<p>logitd at <code>", E(report.address),
       "</code>, started ", E(report.started_at), "</p>\n");
   if (!report.error.empty()) {
     absl::StrAppend(&out, "<p class=\"error\">", E(report.error), "</p>\n");
   }
-  absl::StrAppend(&out, Verdicts(report), Failures(report), Platform(report), Plots(report),
-                  SpecialValuesGrid(report), GoldenDiff(report), CompareSection(report),
-                  CaseTable(report), "</body>\n</html>\n");
+  absl::StrAppend(&out, Verdicts(report), Failures(report), Platform(report), VerifySection(report),
+                  Plots(report), SpecialValuesGrid(report), GoldenDiff(report),
+                  CompareSection(report), CaseTable(report), "</body>\n</html>\n");
   return out;
 }
 
 std::string ReportMarkdown(const Report& report) {
   const std::string verdict = RunVerdict(report);
   const char* mark = verdict == "PASSED" ? "✅" : "❌";
-  std::string out = absl::StrCat("### ", mark, " logitctl validate: ", verdict, "\n\n");
+  std::string out = absl::StrCat("### ", mark, " ", report.tool, ": ", verdict, "\n\n");
   if (!report.error.empty()) absl::StrAppend(&out, "**error:** ", MdEscape(report.error), "\n\n");
   if (!report.results.empty()) {
     absl::StrAppend(&out,

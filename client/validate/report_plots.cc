@@ -192,6 +192,8 @@ std::vector<FractionGroup> BoundFractions(const Report& report) {
       {"Other", "other outputs", {}},
   };
   for (const CaseResult& r : report.results) {
+    // verify's candidates have every element's histogram (ElementHistograms).
+    if (r.figures.contains("error_histogram")) continue;
     std::vector<BoundFraction> found;
     Collect(r, r.figures, "", &found);
     for (BoundFraction& b : found) {
@@ -258,6 +260,51 @@ std::string FractionHistograms(const std::vector<FractionGroup>& groups) {
   for (const FractionGroup& g : groups) absl::StrAppend(&out, Histogram(g, lo));
   absl::StrAppend(&out, "</div>\n");
   return out;
+}
+
+std::string ElementHistograms(const Report& report) {
+  static constexpr const char* kBins[] = {"0",    "1e-6", "1e-5", "1e-4", "1e-3",
+                                          "1e-2", "0.1",  "0.5",  "1",    "> 1"};
+  constexpr std::size_t kBinCount = sizeof(kBins) / sizeof(kBins[0]);
+  std::string out;
+  for (const CaseResult& r : report.results) {
+    if (!r.figures.contains("error_histogram") || !r.figures["error_histogram"].is_array() ||
+        r.figures["error_histogram"].size() != kBinCount) {
+      continue;
+    }
+    const nlohmann::ordered_json& h = r.figures["error_histogram"];
+    double most = 1;
+    for (const auto& n : h) most = std::max(most, FigureValue(n));
+    svg::Canvas c(480, 250, absl::StrCat(r.FullName(), ": |error| as a fraction of its bound"));
+    const double left = 56, right = 466, top = 14, bottom = 190;
+    const double w = (right - left) / static_cast<double>(kBinCount);
+    svg::Scale x{0, static_cast<double>(kBinCount), left, right};
+    // Counts span decades (most elements in a few bins): a log scale of
+    // count + 1, so that a single element outside still shows.
+    const auto [lo, hi] = svg::DecadeRange(1, most + 1);
+    svg::Scale y{lo, hi, bottom, top, /*log=*/true};
+    std::vector<svg::Tick> x_ticks;
+    for (std::size_t i = 0; i < kBinCount; ++i) {
+      x_ticks.push_back({static_cast<double>(i) + 0.5, kBins[i]});
+    }
+    c.Axes(x, y, x_ticks, svg::DecadeTicks(lo, hi),
+           "|error| ÷ bound, up to (bins; 0 exact, > 1 outside)", "elements + 1");
+    for (std::size_t i = 0; i < kBinCount; ++i) {
+      const double n = FigureValue(h[i]);
+      if (!(n > 0)) continue;
+      const double top_px = y(n + 1);
+      c.Rect(left + w * static_cast<double>(i) + 2, top_px, w - 4, bottom - top_px,
+             i + 1 == kBinCount ? kOutsideColour : kWithinColour,
+             absl::StrCat(FigureText(h[i]), " elements, |error| ÷ bound ",
+                          i == 0 ? "exactly 0" : absl::StrCat("up to ", kBins[i])));
+    }
+    absl::StrAppend(&out, "<figure>\n", c.Str(), "<figcaption><b>", XmlEscape(r.FullName()),
+                    "</b>: every element checked (", FigureText(r.figures.value("elements", 0)),
+                    "), binned by |candidate − fp64 reference| ÷ its proven bound. The last bin, "
+                    "in red, is outside the bound.</figcaption>\n</figure>\n");
+  }
+  if (out.empty()) return out;
+  return absl::StrCat("<div class=\"plots\">\n", out, "</div>\n");
 }
 
 }  // namespace logitd::validate

@@ -46,4 +46,9 @@ std::string RoundingErrorFigure(const Report& report);
 // "<figure>" elements, one histogram per group, on one shared set of bins.
 std::string FractionHistograms(const std::vector<FractionGroup>& groups);
 
+// "<figure>" elements, one per case with an error_histogram figure (a
+// verify candidate's every element, binned by |error| ÷ bound); empty when
+// none has one.
+std::string ElementHistograms(const Report& report);
+
 }  // namespace logitd::validate

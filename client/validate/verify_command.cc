@@ -22,6 +22,7 @@
 #include "client/validate/cli.h"
 #include "client/validate/report.h"
 #include "client/validate/report_html.h"
+#include "client/validate/verify_golden.h"
 #include "logitd/bf16.h"
 #include "logitd/client.h"
 
@@ -46,11 +47,15 @@ struct VerifyCommandArgs {
   std::string json_path;
   std::string junit_path;
   std::string report_dir;
+  std::string record_path;
+  std::string baseline_path;
+  std::string case_name;
   bool help = false;
 };
 
-constexpr const char* kValueFlags[] = {
-    "op", "x", "weight", "w", "dy", "candidate", "alpha", "sample_rows", "json", "junit", "report"};
+constexpr const char* kValueFlags[] = {"op",        "x",      "weight",      "w",    "dy",
+                                       "candidate", "alpha",  "sample_rows", "json", "junit",
+                                       "report",    "record", "baseline",    "case"};
 
 std::optional<argv::FlagType> OwnFlag(absl::string_view name) {
   for (const char* f : kValueFlags) {
@@ -77,14 +82,17 @@ absl::Status Apply(const std::string& name, const std::string& value, VerifyComm
   } else if (name == "candidate") {
     a->candidates.push_back(value);
   } else {
-    std::string* field = name == "op"       ? &a->op
-                         : name == "x"      ? &a->x
-                         : name == "weight" ? &a->weight
-                         : name == "w"      ? &a->w
-                         : name == "dy"     ? &a->dy
-                         : name == "json"   ? &a->json_path
-                         : name == "junit"  ? &a->junit_path
-                                            : &a->report_dir;
+    std::string* field = name == "op"         ? &a->op
+                         : name == "x"        ? &a->x
+                         : name == "weight"   ? &a->weight
+                         : name == "w"        ? &a->w
+                         : name == "dy"       ? &a->dy
+                         : name == "json"     ? &a->json_path
+                         : name == "junit"    ? &a->junit_path
+                         : name == "record"   ? &a->record_path
+                         : name == "baseline" ? &a->baseline_path
+                         : name == "case"     ? &a->case_name
+                                              : &a->report_dir;
     *field = value;
   }
   return absl::OkStatus();
@@ -156,6 +164,14 @@ inputs (docs/PROTOCOL.md, "Verify").
   --json=FILE         write the report as JSON
   --junit=FILE        write the report as JUnit XML, a test case a candidate
   --report=DIR        write DIR/index.html and DIR/summary.md
+  --record=FILE       keep each candidate's bits and verdict figures in FILE
+                      (validate's golden baseline format), as case
+                      CASE/NAME; other cases already in FILE are kept
+  --baseline=FILE     compare each candidate's bits with its case in FILE:
+                      identical, different (both within bounds), or
+                      different (outside bounds); any difference fails
+  --case=CASE         the case name under --record/--baseline (default: the
+                      operation), to keep several calls in one file
 
 exit codes: 0 every candidate passed (within bounds, or bitwise logitd's),
             1 one failed, or the server refused the call,
@@ -211,11 +227,11 @@ CandidateRef SplitCandidate(const std::string& text, const std::vector<std::stri
 std::string Percent(double fraction) { return absl::StrFormat("%.2f%%", 100.0 * fraction); }
 
 // One candidate's verdict as a case of the report.
-CaseResult CaseOf(const std::string& op, const client::CandidateVerdict& c,
+CaseResult CaseOf(const std::string& case_prefix, const client::CandidateVerdict& c,
                   const client::VerifyResult& result, double seconds) {
   CaseResult r;
   r.suite = "verify";
-  r.name = absl::StrCat(op, "/", c.name);
+  r.name = absl::StrCat(case_prefix, "/", c.name);
   r.seconds = seconds;
   r.verdict = c.passed() ? Verdict::kPassed : Verdict::kFailed;
   r.summary =
@@ -271,6 +287,46 @@ CaseResult CaseOf(const std::string& op, const client::CandidateVerdict& c,
   return r;
 }
 
+// One case per candidate, compared with its baseline case or recorded.
+void JudgeCandidates(const VerifyCommandArgs& a, const client::VerifyResult& result, double seconds,
+                     const std::vector<tensor_files::NamedTensor>& candidates,
+                     const std::optional<Baseline>& baseline, Report* report) {
+  const std::string prefix = a.case_name.empty() ? a.op : a.case_name;
+  std::vector<CaseRecord> records;
+  bool all_passed = true;
+  for (const client::CandidateVerdict& c : result.candidates) {
+    CaseResult r = CaseOf(prefix, c, result, seconds);
+    const Tensor* tensor = nullptr;
+    for (const tensor_files::NamedTensor& t : candidates) {
+      if (t.name == c.name) tensor = &t.tensor;
+    }
+    if (tensor != nullptr && baseline.has_value()) {
+      CompareVerifiedCandidate(*baseline, a.baseline_path, r.name, *tensor, result.inputs_xxh3, c,
+                               &r);
+      if (!r.failures.empty()) r.verdict = Verdict::kFailed;
+    }
+    if (tensor != nullptr && !a.record_path.empty()) {
+      records.push_back(RecordVerifiedCandidate(r.name, *tensor, result.inputs_xxh3, c));
+    }
+    all_passed = all_passed && r.verdict == Verdict::kPassed;
+    report->results.push_back(std::move(r));
+  }
+  if (a.record_path.empty()) return;
+  absl::Status written =
+      all_passed ? RecordVerifyCases(a.record_path, report->info, std::move(records))
+                 : absl::FailedPreconditionError(absl::StrCat(
+                       "baseline '", a.record_path,
+                       "' not written: a candidate failed (a baseline keeps passing bits)"));
+  for (CaseResult& r : report->results) {
+    if (written.ok()) {
+      absl::StrAppend(&r.summary, "; recorded to ", a.record_path);
+    } else {
+      r.failures.push_back(std::string(written.message()));
+      r.verdict = Verdict::kFailed;
+    }
+  }
+}
+
 }  // namespace
 
 int RunVerifyCommand(const std::vector<std::string>& args) {
@@ -302,6 +358,15 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
   }
   if (call.operation == client::VerifyOperation::kLogits && !a.dy.empty()) {
     return UsageError("--dy: given, but --op=logits takes no dY");
+  }
+  if (!a.record_path.empty() && !a.baseline_path.empty()) {
+    return UsageError("--baseline and --record exclude each other");
+  }
+  std::optional<Baseline> baseline;
+  if (!a.baseline_path.empty()) {
+    absl::StatusOr<Baseline> b = ReadBaseline(a.baseline_path);
+    if (!b.ok()) return UsageError(std::string(b.status().message()));
+    baseline = *std::move(b);
   }
   if (!a.report_dir.empty()) {
     if (absl::Status s = PrepareReportDir(a.report_dir); !s.ok()) {
@@ -353,6 +418,7 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
     if (call.candidates.count(ref.name) > 0) {
       return UsageError(absl::StrCat("--candidate: '", ref.name, "' is given twice"));
     }
+    t->name = ref.name;  // from here on, the output it stands for
     candidates.push_back(*std::move(t));
     call.candidates[ref.name] = candidates.back().tensor;
   }
@@ -387,9 +453,7 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s: %s\n", kProgram, report.error.c_str());
     return finish(unreachable ? 2 : 1);
   }
-  for (const client::CandidateVerdict& c : result->candidates) {
-    report.results.push_back(CaseOf(a.op, c, *result, seconds));
-  }
+  JudgeCandidates(a, *result, seconds, candidates, baseline, &report);
   return finish(ExitCodeFor(report.results, false));
 }
 

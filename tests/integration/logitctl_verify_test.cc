@@ -1,6 +1,7 @@
 // `logitctl verify` against the real server (cpu backend): tensors and
 // candidates as safetensors files in a temporary folder, the verdict read
 // from the exit code, the summary, --json, --junit and --report.
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -121,8 +122,16 @@ TEST_F(LogitctlVerifyTest, LogitdsOwnLogitsPassAndBf16OnesPassedOffAsFp32Fail) {
   const std::string junit = Slurp(Path("fail.xml"));
   EXPECT_THAT(junit, HasSubstr("failures=\"1\""));
   EXPECT_THAT(junit, HasSubstr("fp64 reference"));
-  EXPECT_THAT(Slurp(Path("report/index.html")), HasSubstr("logits/y"));
+  const std::string page = Slurp(Path("report/index.html"));
+  EXPECT_THAT(page, HasSubstr("<title>logitctl verify: FAILED"));
+  EXPECT_THAT(page, HasSubstr("first elements outside their probabilistic bound"));
   EXPECT_THAT(Slurp(Path("report/summary.md")), HasSubstr("logits/y"));
+  // The page parses, its plots draw, and its verdicts are the JSON's.
+  LogitctlRun check = RunProgram(
+      "/usr/bin/python3", {std::string(LOGITD_SOURCE_DIR) + "/scripts/check-report.py",
+                           Path("report/index.html"), Path("fail.json")});
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  EXPECT_THAT(check.out, HasSubstr("|error| as a fraction of its bound"));
 }
 
 TEST_F(LogitctlVerifyTest, ARegisteredWeightAndABf16Candidate) {
@@ -177,6 +186,70 @@ TEST_F(LogitctlVerifyTest, UsageAndInputErrorsExitTwo) {
   r = RunLogitctl({"verify", "--help"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("--candidate=[NAME=]FILE[:TENSOR]"));
+}
+
+TEST_F(LogitctlVerifyTest, RecordAndBaselineKeepACandidatesBits) {
+  ASSERT_NO_FATAL_FAILURE(WriteLogitsCase(6, 512, 48));
+  const std::string x = "--x=" + Path("x.safetensors");
+  const std::string w = "--w=" + Path("w.safetensors");
+  const std::string gold = Path("gold.json");
+  LogitctlRun r = Run(
+      {"verify", "--op=logits", x, w, "--candidate=" + Path("y.safetensors"), "--record=" + gold});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("recorded to " + gold));
+  // A second call adds its case under another name and keeps the first.
+  r = Run({"verify", "--op=logits", x, w, "--candidate=" + Path("y.safetensors"),
+           "--record=" + gold, "--case=second"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  nlohmann::json g = nlohmann::json::parse(Slurp(gold), nullptr, false);
+  ASSERT_FALSE(g.is_discarded());
+  std::vector<std::string> names;
+  for (const auto& c : g["cases"]) names.push_back(c["name"]);
+  EXPECT_THAT(names, ::testing::ElementsAre("logits/y", "second/y"));
+
+  r = Run({"verify", "--op=logits", x, w, "--candidate=" + Path("y.safetensors"),
+           "--baseline=" + gold, "--json=" + Path("same.json")});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  nlohmann::json j = nlohmann::json::parse(Slurp(Path("same.json")), nullptr, false);
+  EXPECT_EQ(j["cases"][0]["figures"]["baseline"]["verdict"], "identical");
+
+  // One ulp moved: still within bounds, but not the recorded bits.
+  absl::StatusOr<Tensor> y = ReadSafetensorsTensor(Path("y.safetensors"), "logits");
+  ASSERT_TRUE(y.ok()) << y.status();
+  y->data<float>()[7] = std::nextafter(y->data<float>()[7], INFINITY);
+  Write("y2.safetensors", {{"y", &*y}});
+  r = Run({"verify", "--op=logits", x, w, "--candidate=" + Path("y2.safetensors"),
+           "--baseline=" + gold, "--json=" + Path("moved.json")});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  j = nlohmann::json::parse(Slurp(Path("moved.json")), nullptr, false);
+  const nlohmann::json& c = j["cases"][0];
+  EXPECT_EQ(c["figures"]["verdict"], "within_bounds");
+  EXPECT_EQ(c["figures"]["baseline"]["verdict"], "different, both within bounds");
+  EXPECT_EQ(c["figures"]["baseline"]["differing_elements"], 1);
+  EXPECT_THAT(c["failures"][0].get<std::string>(), HasSubstr("both within bounds"));
+
+  r = Run({"verify", "--op=logits", x, w, "--candidate=" + Path("y.safetensors"),
+           "--baseline=" + gold, "--case=third"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("'third/y' is not in baseline"));
+
+  // A failing candidate is not recorded.
+  for (std::int64_t i = 0; i < y->numel(); ++i) y->data<float>()[i] = -y->data<float>()[i] + 1;
+  Write("bad.safetensors", {{"y", &*y}});
+  r = Run({"verify", "--op=logits", x, w, "--candidate=" + Path("bad.safetensors"),
+           "--record=" + Path("bad.json")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_FALSE(std::filesystem::exists(Path("bad.json")));
+  EXPECT_THAT(r.out, HasSubstr("not written"));
+
+  r = Run({"verify", "--op=logits", x, w, "--candidate=" + Path("y.safetensors"),
+           "--baseline=" + gold, "--record=" + gold});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("exclude each other"));
+  r = Run({"verify", "--op=logits", x, w, "--candidate=" + Path("y.safetensors"),
+           "--baseline=" + Path("missing.json")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("missing.json"));
 }
 
 }  // namespace
