@@ -5,6 +5,7 @@
     w = client.register_weights(weight_bf16, name="lm_head.weight")
     y = client.logits(x_bf16, w.handle)             # fp32 [M, V]
     dx, dw = client.backward(dy, x_bf16, w.handle)  # bf16 [M, K], fp32 [V, K]
+    verdict = client.verify_logits(x_bf16, my_y, w)  # another kernel's Y against the contract
 """
 
 try:
@@ -15,6 +16,7 @@ except ImportError as _e:  # pragma: no cover - only from an unbuilt source tree
         "with `pip install ./client/python`, which generates them from proto/"
     ) from _e
 
+from . import testing  # logitd.testing: assertions for a project's own tests
 from ._tensors import BF16, digest
 from .client import TLS, Client, CrossEntropyResult, Gradient, LogProbs, ReleaseResult, RetryPolicy, ServerInfo, WeightInfo
 from .errors import (
@@ -33,13 +35,16 @@ from .errors import (
     UnimplementedError,
 )
 from .shm import SharedRegion
+from .verify import ERROR_HISTOGRAM_BINS, CandidateVerdict, Verdict, VerifyElement
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BF16",
+    "ERROR_HISTOGRAM_BINS",
     "TLS",
     "CancelledError",
+    "CandidateVerdict",
     "Client",
     "DataLossError",
     "DeadlineExceededError",
@@ -60,6 +65,8 @@ __all__ = [
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
+    "Verdict",
+    "VerifyElement",
     "WeightInfo",
     "digest",
 ]

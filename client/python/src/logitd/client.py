@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import grpc
 
 from . import _tensors as T
+from . import verify as _verify
 from ._shm_layout import _matrix, _ShmLayout, _verify_needs_shm, _weight_rows
 from ._transport import _retried, _Transport
 from .errors import DataLossError, InvalidArgumentError, LogitdError, UnavailableError, from_rpc_error
@@ -26,11 +27,12 @@ from .results import CrossEntropyResult, Gradient, LogProbs, ReleaseResult, Serv
 from .shm import SharedRegion
 from .v1 import logitd_pb2 as pb
 from .v1 import logitd_pb2_grpc as pb_grpc
+from .verify import Verdict
 
 # Most of these are defined elsewhere and re-exported: code imports them from logitd.client.
 __all__ = [
     "Client", "DEFAULT_CHUNK_BYTES", "TLS", "RetryPolicy", "ServerInfo", "WeightInfo", "ReleaseResult",
-    "CrossEntropyResult", "LogProbs", "Gradient", "SharedRegion", "LogitdError", "DataLossError",
+    "CrossEntropyResult", "LogProbs", "Gradient", "SharedRegion", "Verdict", "LogitdError", "DataLossError",
     "InvalidArgumentError", "UnavailableError", "from_rpc_error",
 ]
 
@@ -460,6 +462,51 @@ class Client(_Transport):
                 for f in _LOGPROBS_OUTPUTS
             )
         )
+
+    # -- verify -----------------------------------------------------------------------------
+
+    @_retried()
+    def verify_logits(
+        self,
+        x: Any,
+        y: Any,
+        weight: Any,
+        *,
+        alpha: float = 1.0,
+        sample_rows: int = 0,
+    ) -> Verdict:
+        """Judges logits Y [M, V] computed elsewhere (fp32 or bf16) from X [M, K]
+        and W [V, K] against the contract: per element an fp64 reference of the
+        exact products, its proven and probabilistic bounds, and logitd's own
+        output (see logitd.verify).
+
+        weight: a handle, a WeightInfo, or W itself (bf16, streamed for this call
+        only). X and W may be given as float32 when each value is a bf16 value.
+        alpha: the scale Y was computed with. sample_rows: 0 checks every row,
+        else about this many rows, evenly spaced. Returns a Verdict; a candidate
+        outside its bounds is a verdict, not an error.
+        """
+        return _verify.call(self, *_verify.logits_request(x, y, weight, alpha, sample_rows))
+
+    @_retried()
+    def verify_backward(
+        self,
+        dy: Any,
+        x: Any,
+        weight: Any,
+        *,
+        dx: Any = None,
+        dw: Any = None,
+        sample_rows: int = 0,
+    ) -> Verdict:
+        """Judges gradients computed elsewhere, dX [M, K] and/or dW [V, K] (fp32
+        or bf16), from dY [M, V] (fp32 or bf16), X and W under the backward
+        contract: G = bf16(dY) once, dX = G.W, dW = G^T.X with fp32 accumulation.
+
+        weight, sample_rows and the dtypes of X and W as in verify_logits; dW,
+        which every row feeds, is checked whole also when rows are sampled.
+        """
+        return _verify.call(self, *_verify.backward_request(dy, x, weight, dx, dw, sample_rows))
 
     # -- server-held gradient buffers -----------------------------------------------------
 

@@ -79,8 +79,9 @@ class RetryPolicy:
     """Retrying calls that failed with UNAVAILABLE (server down, restarting or unreachable,
     connection lost mid-call), as the C++ client's RetryPolicy. A Client without one makes
     each call once. Only idempotent calls are ever retried: info, list_weights,
-    load_weight, register_weights, logits, cast_to_bf16, zero_gradient,
-    fetch_gradient(zero_after=False), backward and cross_entropy without accumulate_dw;
+    load_weight, register_weights, logits, logprobs, cast_to_bf16, zero_gradient,
+    verify_logits, verify_backward, fetch_gradient(zero_after=False), backward and
+    cross_entropy without accumulate_dw;
     never release_weights, register_shm, release_shm, fetch_gradient(zero_after=True),
     nor backward/cross_entropy with accumulate_dw. Attempts share the call's deadline
     (the Client's timeout, from the start of the call).

@@ -1,0 +1,44 @@
+"""Assertions for a project's own tests: is my kernel's output within logitd's contract?
+
+    from logitd.testing import assert_logits_within_contract
+
+    def test_my_lm_head(client):
+        y = my_kernel(x, w)                        # fp32 or bf16 [M, V]
+        assert_logits_within_contract(client, x, y, w)
+
+Each helper runs a Verify call (see logitd.verify) and raises AssertionError,
+whose message is the verdict's describe() (each candidate's verdict and the
+first elements outside their bounds, with the fp64 reference and the bound),
+when a candidate does not pass; else it returns the Verdict. Errors of the call
+itself (an unknown weight, a candidate of the wrong shape) are raised as the
+client's LogitdError, not as a failed assertion.
+"""
+
+from typing import Any
+
+from .verify import Verdict
+
+__all__ = ["assert_backward_within_contract", "assert_logits_within_contract"]
+
+
+def _passed(verdict: Verdict) -> Verdict:
+    if not verdict.passed:
+        raise AssertionError(verdict.describe())
+    return verdict
+
+
+def assert_logits_within_contract(
+    client: Any, x: Any, y: Any, weight: Any, *, alpha: float = 1.0, sample_rows: int = 0
+) -> Verdict:
+    """Asserts that logits Y [M, V] (fp32 or bf16) of X [M, K] and the weight are
+    within bounds or bitwise logitd's own; arguments as Client.verify_logits."""
+    return _passed(client.verify_logits(x, y, weight, alpha=alpha, sample_rows=sample_rows))
+
+
+def assert_backward_within_contract(
+    client: Any, dy: Any, x: Any, weight: Any, *, dx: Any = None, dw: Any = None, sample_rows: int = 0
+) -> Verdict:
+    """Asserts that dX [M, K] and/or dW [V, K] from dY [M, V], X and the weight are
+    within bounds or bitwise logitd's own (G = bf16(dY) once); arguments as
+    Client.verify_backward."""
+    return _passed(client.verify_backward(dy, x, weight, dx=dx, dw=dw, sample_rows=sample_rows))
