@@ -39,7 +39,9 @@ fi
 
 if command -v check-jsonschema >/dev/null; then
   check-jsonschema --builtin-schema vendor.github-workflows ci/github-precision-gate.yml || fail=1
+  check-jsonschema --builtin-schema vendor.github-workflows ci/github-kernel-check.yml || fail=1
   check-jsonschema --builtin-schema vendor.gitlab-ci ci/gitlab-ci.yml || fail=1
+  check-jsonschema --builtin-schema vendor.gitlab-ci ci/gitlab-kernel-check.yml || fail=1
 else
   echo "skipped: check-jsonschema (pip install check-jsonschema)"
 fi

@@ -1,0 +1,63 @@
+"""Your LM head's outputs held to the FP32-logits contract by a shared logitd.
+
+Copy into your test suite and replace `my_logits` / `my_backward` with calls
+into your kernel (a framework's FP32-output GEMM, a Triton or CUTLASS kernel,
+a torch.compile graph). The server forms an fp64 reference of every element
+and its bounds; a test fails with the worst elements named.
+
+Environment: LOGITD_ADDR (host:port of the shared logitd), LOGITD_TOKEN (a
+bearer token, when the server has --auth_tokens). Needs the logitd Python
+client (pip install ./client/python from the logitd repository) and torch.
+"""
+import os
+
+import pytest
+import torch
+
+import logitd
+from logitd.testing import assert_backward_within_contract, assert_logits_within_contract
+
+SHAPES = [(128, 4096, 32000), (7, 2048, 50257)]  # M, K, V: odd sizes too
+
+
+def my_logits(x, w):
+    """Your forward: fp32 logits of bf16 X [M, K] and W [V, K]."""
+    return torch.mm(x, w.t(), out_dtype=torch.float32)
+
+
+def my_backward(dy, x, w):
+    """Your backward under the gradient-cast contract: G = bf16(dY) once."""
+    g = dy.to(torch.bfloat16)
+    return torch.mm(g, w, out_dtype=torch.float32), torch.mm(g.t(), x, out_dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def client():
+    address = os.environ.get("LOGITD_ADDR")
+    if not address:
+        pytest.skip("LOGITD_ADDR is not set: no logitd to check against")
+    return logitd.Client(address, token=os.environ.get("LOGITD_TOKEN") or None)
+
+
+@pytest.fixture(params=SHAPES, ids=lambda s: "x".join(map(str, s)))
+def inputs(request):
+    m, k, v = request.param
+    gen = torch.Generator().manual_seed(m * 31 + k + v)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+    w = torch.randn(v, k, generator=gen).to(device, torch.bfloat16)
+    dy = (torch.randn(m, v, generator=gen) * 1e-3).to(device)
+    return x, w, dy
+
+
+def test_logits_keep_the_fp32_contract(client, inputs):
+    x, w, _ = inputs
+    # W streams with the call; a registered handle (client.register_weights)
+    # saves sending it again for every test.
+    assert_logits_within_contract(client, x, my_logits(x, w), w)
+
+
+def test_backward_keeps_the_gradient_cast_contract(client, inputs):
+    x, w, dy = inputs
+    dx, dw = my_backward(dy, x, w)
+    assert_backward_within_contract(client, dy, x, w, dx=dx, dw=dw)
