@@ -302,7 +302,8 @@ def client_methods(source):
 
 
 def code_params(fn):
-    """[(name, default source or None)] of a function, without self; *args as '*args'."""
+    """[(name, default source or None)] of a function, without self; *args as '*args',
+    and a bare '*' before keyword-only parameters."""
     a = fn.args
     positional = list(a.posonlyargs) + list(a.args)
     defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
@@ -311,6 +312,8 @@ def code_params(fn):
         params = params[1:]
     if a.vararg is not None:
         params.append(("*" + a.vararg.arg, None))
+    elif a.kwonlyargs:
+        params.append(("*", None))  # keyword-only from here, as a signature writes it
     params += [(p.arg, d) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
     if a.kwarg is not None:
         params.append(("**" + a.kwarg.arg, None))
