@@ -25,6 +25,7 @@
 #   stress    logitctl stress; then under memcheck, noted stress-san (not when sanitize is skipped)
 #   validate  logitctl validate and its report page, noted report
 #   compare   the cpu backend against the cuda backend (not when validate is skipped)
+#   verify    PyTorch's fp32-out, fp32, TF32 and bf16 logits and its gradients judged by Verify
 #   rpc       logitctl bench at the RPC level and the metrics endpoint
 #   oip       perf_analyzer over the Open Inference Protocol (not when rpc is skipped)
 #   chunks    the M=1024 logits call at several --chunk_bytes (not when rpc is skipped)
@@ -38,7 +39,7 @@
 # Environment:
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
-#   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate compare rpc oip chunks example
+#   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate compare verify rpc oip chunks example
 #                      bench torch gemm ce lp cutlass
 #                      ("bench" skips every benchmark, "gemm" the GEMM ones, "ce" the
 #                      cross-entropy one, "lp" the LogProbs one, "cutlass" the CUTLASS probes)
@@ -73,6 +74,8 @@
 #   CUTLASS_PROBE_RUNS op:MxNxK ... (op: logits, dx, dw; default: the token walk's products
 #                      at 4096x4096x128256 and 8192x2304x256000); CUTLASS_PROBE_ARGS more
 #                      arguments (--exact, --stream-k); CUTLASS_PROBE_TIMEOUT s per run (90)
+#   VERIFY_SHAPES      MxKxV[,...] of the verify step (default 64x4096x32768,256x8192x65536,64x4096x1024);
+#                      VERIFY_TIMEOUT seconds allowed for it (default 400)
 #   SANITIZE_TIMEOUT   seconds allowed per compute-sanitizer run (default 240)
 #   GOLDEN_RESTARTS    server restarts compared against a golden baseline (default 5), with the
 #                      algorithm cache file kept and again without one
@@ -90,7 +93,7 @@ root=$PWD
 
 # The order of a full round. A step may use what an earlier one left: the
 # benchmarks run with the example's PYTHONPATH.
-all_steps=(sweep tests sanitize golden stress validate compare rpc oip chunks example
+all_steps=(sweep tests sanitize golden stress validate compare verify rpc oip chunks example
            gemm torch ce lp cutlass)
 bench_steps="gemm torch ce lp cutlass"
 
