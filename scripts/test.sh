@@ -7,8 +7,10 @@
 #    fails here even without a GPU): the server, the CLI, the benchmarks
 #    (compiled only) and the tests only this build runs: GPU tests (they
 #    skip where no device is visible), large, soak and install tests. Then
-#    the Python client's pytest suite and the wire-protocol conformance
-#    suite (twice: plain, and behind a bearer token) against that server.
+#    the Python client's pytest suite, the report pages in headless
+#    Chromium (scripts/check-reports-in-browser.sh) and the wire-protocol
+#    conformance suite (twice: plain, and behind a bearer token) against
+#    that server.
 # 2. AddressSanitizer + UndefinedBehaviorSanitizer (the `asan` preset, cpu
 #    backend): every unit, integration and harness test.
 #
@@ -31,6 +33,9 @@ LOGITD_SOAK_SECONDS=${LOGITD_SOAK_SECONDS:-30} ctest --preset ci-release -j "$jo
 
 step "the Python client's tests"
 bash scripts/test-python.sh build/ci/server/logitd
+
+step "the report pages in a browser"
+bash scripts/check-reports-in-browser.sh build/ci
 
 step "the conformance suite"
 # Stubs generated from the proto with stock channel options, large outputs included.
