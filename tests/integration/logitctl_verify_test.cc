@@ -127,9 +127,9 @@ TEST_F(LogitctlVerifyTest, LogitdsOwnLogitsPassAndBf16OnesPassedOffAsFp32Fail) {
   EXPECT_THAT(page, HasSubstr("first elements outside their probabilistic bound"));
   EXPECT_THAT(Slurp(Path("report/summary.md")), HasSubstr("logits/y"));
   // The page parses, its plots draw, and its verdicts are the JSON's.
-  LogitctlRun check = RunProgram(
-      "/usr/bin/python3", {std::string(LOGITD_SOURCE_DIR) + "/scripts/check-report.py",
-                           Path("report/index.html"), Path("fail.json")});
+  LogitctlRun check =
+      RunProgram("/usr/bin/python3", {std::string(LOGITD_SOURCE_DIR) + "/scripts/check-report.py",
+                                      Path("report/index.html"), Path("fail.json")});
   EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
   EXPECT_THAT(check.out, HasSubstr("|error| as a fraction of its bound"));
 }
@@ -250,6 +250,44 @@ TEST_F(LogitctlVerifyTest, RecordAndBaselineKeepACandidatesBits) {
            "--baseline=" + Path("missing.json")});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("missing.json"));
+}
+
+TEST_F(LogitctlVerifyTest, BackwardCandidatesByTensorName) {
+  ASSERT_NO_FATAL_FAILURE(WriteLogitsCase(6, 96, 40));
+  const Tensor dy = NormalFp32({6, 40}, 13);
+  Write("dy.safetensors", {{"dy", &dy}});
+  const std::string x = "--x=" + Path("x.safetensors");
+  const std::string dys = "--dy=" + Path("dy.safetensors");
+  LogitctlRun r = Run({"backward", dys, x, "--weight=" + handle_, "--out=" + Path("g.safetensors"),
+                       "--dx_dtype=fp32"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The tensors' own names (dx, dw) say which output each is.
+  r = Run({"verify", "--op=backward", dys, x, "--weight=" + handle_,
+           "--candidate=" + Path("g.safetensors") + ":dx",
+           "--candidate=" + Path("g.safetensors") + ":dw", "--json=" + Path("b.json")});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  nlohmann::json j = nlohmann::json::parse(Slurp(Path("b.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  ASSERT_EQ(j["cases"].size(), 2u);
+  std::vector<std::string> names;
+  for (const auto& c : j["cases"]) {
+    names.push_back(c["case"]);
+    EXPECT_EQ(c["figures"]["verdict"], "bitwise_equal_to_logitd") << c["case"];
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("backward/dx", "backward/dw"));
+
+  // A tensor of another name needs NAME=.
+  Tensor other = NormalFp32({6, 96}, 14);
+  Write("o.safetensors", {{"grad", &other}});
+  r = Run({"verify", "--op=backward", dys, x, "--weight=" + handle_,
+           "--candidate=" + Path("o.safetensors")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("name the output it is (dx or dw)"));
+  // Named, it is judged: random values are no gradient.
+  r = Run({"verify", "--op=backward", dys, x, "--weight=" + handle_,
+           "--candidate=dx=" + Path("o.safetensors")});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.out, HasSubstr("outside_bounds"));
 }
 
 }  // namespace
