@@ -328,7 +328,9 @@ struct BackendEvents {
 // a kernel that traps, which poisons the CUDA context as a real fault would
 // (the cpu backend marks itself lost); kTestDeviceHang runs a kernel that
 // does not finish for 30 s (the cpu backend sleeps as long), for the
-// device_timeout watchdog.
+// device_timeout watchdog. The triggers are compiled into the backends only
+// in builds with LOGITD_ENABLE_TEST_FAULTS; elsewhere such a value is cast
+// like any other NaN.
 inline constexpr std::uint32_t kTestDeviceTrap = 0x7fbadbadu;
 inline constexpr std::uint32_t kTestDeviceHang = 0x7fbadbacu;
 absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name);

@@ -393,10 +393,12 @@ class CpuBackend final : public Backend {
   absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) override {
     const auto start = std::chrono::steady_clock::now();
     if (absl::Status s = CheckCastArgs(in, n, out); !s.ok()) return s;
+#ifdef LOGITD_TEST_FAULTS
     if (test_device_faults_ && n > 0) {
       const std::uint32_t first = FloatBits(in[0]);
       if (first == kTestDeviceTrap || first == kTestDeviceHang) return TestDeviceFault(first, n);
     }
+#endif
     Narrow(in, n, out);
     SetTiming(timing, start);
     return absl::OkStatus();
@@ -611,6 +613,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
+#ifdef LOGITD_TEST_FAULTS
   // The test-only device faults on a machine without one: a trap marks the
   // backend lost as a sticky CUDA error would; a hang sleeps 30 s (or until
   // the watchdog has marked the backend lost and 1 s more has passed).
@@ -635,10 +638,11 @@ class CpuBackend final : public Backend {
     absl::Status health = health_.status();
     return health.ok() ? absl::InternalError("test fault device_hang: 30 s passed") : health;
   }
+#endif
 
   BackendInfo info_;
   std::shared_ptr<HostBufferPool> host_pool_;
-  const bool test_device_faults_;
+  [[maybe_unused]] const bool test_device_faults_;  // read only in test-fault builds
   DeviceHealth health_;
 };
 

@@ -55,6 +55,7 @@ __global__ void ScaleKernel(const float* in, std::int64_t n, float scale, void* 
   }
 }
 
+#ifdef LOGITD_TEST_FAULTS
 __global__ void TrapKernel() { __trap(); }
 
 __global__ void SpinKernel(std::uint64_t nanoseconds) {
@@ -66,6 +67,7 @@ __global__ void SpinKernel(std::uint64_t nanoseconds) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   }
 }
+#endif  // LOGITD_TEST_FAULTS
 
 unsigned int Blocks(std::int64_t items) {
   std::int64_t blocks = (items + kThreads - 1) / kThreads;
@@ -106,6 +108,7 @@ cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out,
   return cudaGetLastError();
 }
 
+#ifdef LOGITD_TEST_FAULTS
 cudaError_t LaunchTestTrap(cudaStream_t stream) {
   TrapKernel<<<1, 1, 0, stream>>>();
   return cudaGetLastError();
@@ -115,5 +118,6 @@ cudaError_t LaunchTestSpin(double seconds, cudaStream_t stream) {
   SpinKernel<<<1, 1, 0, stream>>>(static_cast<std::uint64_t>(seconds * 1e9));
   return cudaGetLastError();
 }
+#endif  // LOGITD_TEST_FAULTS
 
 }  // namespace logitd::kernels::cuda

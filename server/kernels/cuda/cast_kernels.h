@@ -23,7 +23,8 @@ cudaError_t LaunchCastFp32ToBf16(const float* in, std::int64_t n, std::uint16_t*
 cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out, bool out_bf16,
                         cudaStream_t stream);
 
-// Test faults only (kTestDeviceTrap, kTestDeviceHang): a kernel that traps,
+// Test faults only (kTestDeviceTrap, kTestDeviceHang), in builds with
+// LOGITD_ENABLE_TEST_FAULTS (LOGITD_TEST_FAULTS defined): a kernel that traps,
 // which poisons the context as a real device fault does, and one that spins
 // for `seconds` of device time before it returns, as a hung kernel would
 // (bounded, so that even a forgotten one ends).

@@ -298,8 +298,10 @@ class CudaBackend final : public Backend {
                                    const StreamTimer& timer, Timing* timing);
   absl::Status AllocateLogProbs(Context& c, std::int64_t m, std::int64_t k, int top_k,
                                 std::int64_t chunk, LpBuffers* b);
+#ifdef LOGITD_TEST_FAULTS
   // The test-only device faults (see kTestDeviceTrap) on context c.
   absl::Status TestDeviceFault(std::uint32_t trigger, Context& c);
+#endif
 
   // A free context, once one is; Unavailable when the device is lost
   // (before or while waiting). `what` names the call for the watchdog.

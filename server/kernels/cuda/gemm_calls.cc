@@ -329,10 +329,12 @@ absl::Status CudaBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits
   ACQUIRE_OR_RETURN_(lease, absl::StrCat("cast(", n, " values)"));
   Context& c = *lease;
   cudaStream_t cs = c.compute.get();
+#ifdef LOGITD_TEST_FAULTS
   if (options_.test_device_faults) {
     const std::uint32_t first = FloatBits(in[0]);
     if (first == kTestDeviceTrap || first == kTestDeviceHang) return TestDeviceFault(first, c);
   }
+#endif
   const std::int64_t block = std::min<std::int64_t>(n, kStagingBytes / 4 * 2);
   auto din = Scratch(c, kCastIn, static_cast<std::size_t>(block) * 4, "cast: device input");
   if (!din.ok()) return din.status();
@@ -366,6 +368,7 @@ absl::Status CudaBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits
   return absl::OkStatus();
 }
 
+#ifdef LOGITD_TEST_FAULTS
 absl::Status CudaBackend::TestDeviceFault(std::uint32_t trigger, Context& c) {
   cudaStream_t cs = c.compute.get();
   if (trigger == kTestDeviceTrap) {
@@ -377,6 +380,7 @@ absl::Status CudaBackend::TestDeviceFault(std::uint32_t trigger, Context& c) {
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "test fault device_hang");
   return absl::OkStatus();
 }
+#endif  // LOGITD_TEST_FAULTS
 
 // dW rows on their way to the host: two staging chunks on the device, each
 // copied home on the copy stream while the next chunk computes. A chunk's
