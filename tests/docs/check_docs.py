@@ -302,8 +302,7 @@ def client_methods(source):
 
 
 def code_params(fn):
-    """[(name, default source or None)] of a function, without self; *args as '*args',
-    and a bare '*' before keyword-only parameters."""
+    """[(name, default source or None)] of a function, without self; *args as '*args'."""
     a = fn.args
     positional = list(a.posonlyargs) + list(a.args)
     defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
@@ -312,8 +311,6 @@ def code_params(fn):
         params = params[1:]
     if a.vararg is not None:
         params.append(("*" + a.vararg.arg, None))
-    elif a.kwonlyargs:
-        params.append(("*", None))  # keyword-only from here, as a signature writes it
     params += [(p.arg, d) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
     if a.kwarg is not None:
         params.append(("**" + a.kwarg.arg, None))
@@ -350,6 +347,8 @@ def doc_params(signature):
     params = []
     for part in split_params(signature):
         name, eq, default = part.partition("=")
+        if name.strip() == "*":
+            continue  # keyword-only from here: a signature's marker, not a parameter
         params.append((name.strip(), default.strip() if eq else None))
     return params
 
