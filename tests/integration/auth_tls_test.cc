@@ -68,24 +68,6 @@ std::string Quote(const std::string& s) {
 
 bool HaveOpenssl() { return std::system("openssl version >/dev/null 2>&1") == 0; }
 
-// A scratch directory, removed with everything in it at the end of the suite.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/logitd-auth-XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
 // Makes the test PKI in `dir`: ca.pem, server.{pem,key}, client.{pem,key}
 // (signed by ca), other-ca.pem and other-client.{pem,key} (signed by other-ca).
 absl::Status MakeCertificates(const std::string& dir) {

@@ -22,6 +22,22 @@
 
 namespace logitd::testing {
 
+// A scratch directory under /tmp, removed with everything in it when the
+// object goes; path() is empty when it could not be made.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  // path()/name.
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
 // The server binary under test, from the build (a compile definition);
 // LogitctlBinary() and RunLogitctl() are in tests/support/run_logitctl.h.
 std::string ServerBinary();

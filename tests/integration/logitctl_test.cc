@@ -31,17 +31,15 @@ class LogitctlTest : public SharedServerTest {
   void SetUp() override {
     SharedServerTest::SetUp();
     if (HasFatalFailure()) return;
-    char tmpl[] = "/tmp/logitctl-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = std::make_unique<TempDir>();
+    ASSERT_FALSE(dir_->path().empty());
   }
   void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+    dir_.reset();
     SharedServerTest::TearDown();
   }
 
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string Path(const std::string& name) const { return *dir_ / name; }
 
   // Runs logitctl against the suite's server (unless args name --server).
   LogitctlRun Run(const std::vector<std::string>& args, bool with_server = true) const {
@@ -78,7 +76,7 @@ class LogitctlTest : public SharedServerTest {
     return Field(r.out, "handle");
   }
 
-  std::string dir_;
+  std::unique_ptr<TempDir> dir_;
 };
 
 TEST_F(LogitctlTest, HelpListsTheCommands) {

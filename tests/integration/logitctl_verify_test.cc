@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -35,17 +36,15 @@ class LogitctlVerifyTest : public SharedServerTest {
   void SetUp() override {
     SharedServerTest::SetUp();
     if (HasFatalFailure()) return;
-    char tmpl[] = "/tmp/logitctl-verify-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = std::make_unique<TempDir>();
+    ASSERT_FALSE(dir_->path().empty());
   }
   void TearDown() override {
-    std::error_code ec;
-    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+    dir_.reset();
     SharedServerTest::TearDown();
   }
 
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string Path(const std::string& name) const { return *dir_ / name; }
 
   LogitctlRun Run(std::vector<std::string> args) const {
     args.insert(args.begin(), "--server=" + server_->process.address());
@@ -77,7 +76,7 @@ class LogitctlVerifyTest : public SharedServerTest {
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
 
-  std::string dir_;
+  std::unique_ptr<TempDir> dir_;
   std::string handle_;
   Tensor x_, w_;
 };

@@ -30,23 +30,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A scratch directory removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/logitd-metrics-test-XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // GET /metrics; the body, or an error.
 absl::StatusOr<std::string> Scrape(int port) {
   absl::StatusOr<std::string> got = LoopbackExchange(

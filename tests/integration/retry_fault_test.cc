@@ -33,23 +33,6 @@ constexpr std::int64_t kV = 48;
 constexpr std::int64_t kK = 64;
 constexpr std::int64_t kM = 4;
 
-// A scratch directory, removed with its contents when the object goes.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/logitd-retry-XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
 absl::StatusOr<ServerProcess> StartOnPort(int port, const std::vector<std::string>& args) {
   std::vector<std::string> all = {"--backend=cpu"};
   all.insert(all.end(), args.begin(), args.end());
@@ -91,7 +74,7 @@ absl::Status RegisterJobWeight(client::Client& c, JobWeight& jw) {
 TEST(RetryFaultTest, JobSurvivesKillAndRestart) {
   TempDir dir;
   ASSERT_FALSE(dir.path().empty());
-  const std::filesystem::path weights_dir = dir.path() / "weights";
+  const std::filesystem::path weights_dir = dir / "weights";
   std::filesystem::create_directories(weights_dir);
 
   JobWeight uploaded{"uploaded", IntBf16({kV, kK}, 11), "", "", 0};
