@@ -20,63 +20,21 @@
 #include "logitd/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/integration_util.h"
+#include "tests/integration/logitctl_fixture.h"
 
 namespace logitd::testing {
 namespace {
 
 using ::testing::HasSubstr;
 
-class LogitctlTest : public SharedServerTest {
+class LogitctlTest : public LogitctlFixture {
  protected:
-  void SetUp() override {
-    SharedServerTest::SetUp();
-    if (HasFatalFailure()) return;
-    dir_ = std::make_unique<TempDir>();
-    ASSERT_FALSE(dir_->path().empty());
-  }
-  void TearDown() override {
-    dir_.reset();
-    SharedServerTest::TearDown();
-  }
-
-  std::string Path(const std::string& name) const { return *dir_ / name; }
-
-  // Runs logitctl against the suite's server (unless args name --server).
-  LogitctlRun Run(const std::vector<std::string>& args, bool with_server = true) const {
-    std::vector<std::string> all;
-    if (with_server) all.push_back("--server=" + server_->process.address());
-    all.insert(all.end(), args.begin(), args.end());
-    return RunLogitctl(all);
-  }
-
-  void Write(const std::string& name, const std::vector<std::pair<std::string, const Tensor*>>& t) {
-    absl::Status s = WriteSafetensors(Path(name), t);
-    ASSERT_TRUE(s.ok()) << s;
-  }
-
-  static Tensor Read(const std::string& path, const std::string& tensor) {
-    absl::StatusOr<Tensor> t = ReadSafetensorsTensor(path, tensor);
-    EXPECT_TRUE(t.ok()) << t.status();
-    return t.ok() ? *std::move(t) : Tensor();
-  }
-
-  // The value printed after `key` on one of logitctl's "key  value" rows.
-  static std::string Field(const std::string& out, const std::string& key) {
-    for (absl::string_view line : absl::StrSplit(out, '\n')) {
-      std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (parts.size() >= 2 && parts[0] == key) return parts[1];
-    }
-    return "";
-  }
-
   // Registers a bf16 weight file through logitctl; returns the handle.
   std::string RegisterFile(const std::string& file, const std::string& tensor) {
     LogitctlRun r = Run({"weights", "register", Path(file), "--tensor=" + tensor});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return Field(r.out, "handle");
   }
-
-  std::unique_ptr<TempDir> dir_;
 };
 
 TEST_F(LogitctlTest, HelpListsTheCommands) {

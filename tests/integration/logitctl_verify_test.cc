@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
 #include "logitd/safetensors.h"
 #include "tests/common/seeded_tensors.h"
 #include "tests/integration/integration_util.h"
+#include "tests/integration/logitctl_fixture.h"
 
 namespace logitd::testing {
 namespace {
@@ -31,31 +31,8 @@ std::string Slurp(const std::string& path) {
   return s.str();
 }
 
-class LogitctlVerifyTest : public SharedServerTest {
+class LogitctlVerifyTest : public LogitctlFixture {
  protected:
-  void SetUp() override {
-    SharedServerTest::SetUp();
-    if (HasFatalFailure()) return;
-    dir_ = std::make_unique<TempDir>();
-    ASSERT_FALSE(dir_->path().empty());
-  }
-  void TearDown() override {
-    dir_.reset();
-    SharedServerTest::TearDown();
-  }
-
-  std::string Path(const std::string& name) const { return *dir_ / name; }
-
-  LogitctlRun Run(std::vector<std::string> args) const {
-    args.insert(args.begin(), "--server=" + server_->process.address());
-    return RunLogitctl(args);
-  }
-
-  void Write(const std::string& name, const std::vector<std::pair<std::string, const Tensor*>>& t) {
-    absl::Status s = WriteSafetensors(Path(name), t);
-    ASSERT_TRUE(s.ok()) << s;
-  }
-
   // Writes X [m, k] and W [v, k] (seeded normal bf16) as x.safetensors and
   // w.safetensors, registers W (handle_), and writes logitd's own logits as
   // y.safetensors ("logits").
@@ -66,17 +43,13 @@ class LogitctlVerifyTest : public SharedServerTest {
     Write("w.safetensors", {{"w", &w_}});
     LogitctlRun r = Run({"weights", "register", Path("w.safetensors")});
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    for (absl::string_view line : absl::StrSplit(r.out, '\n')) {
-      std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (parts.size() >= 2 && parts[0] == "handle") handle_ = parts[1];
-    }
+    handle_ = Field(r.out, "handle");
     ASSERT_FALSE(handle_.empty()) << r.out;
     r = Run({"logits", "--x=" + Path("x.safetensors"), "--weight=" + handle_,
              "--out=" + Path("y.safetensors")});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
 
-  std::unique_ptr<TempDir> dir_;
   std::string handle_;
   Tensor x_, w_;
 };
