@@ -217,7 +217,20 @@ absl::Status ForeignWeightError(absl::string_view call, absl::string_view backen
 
 // All methods are thread-safe. Shapes and dtypes arrive validated by the
 // service layer; a backend still returns InvalidArgument rather than crash if
-// they do not agree with the weight (see CheckLogitsArgs and its siblings).
+// they do not agree with the weight.
+//
+// The entry points are not virtual: each makes the checks every backend
+// makes, in one place, and then calls the backend's Do* method. In order:
+//   1. the call's arguments (CheckLogitsArgs and its siblings), so every
+//      backend words a bad argument alike and no Do* method sees one;
+//   2. the device's health: once Health() is not OK every call fails with
+//      that status at once, before it touches the device;
+//   3. the Do* method; a failure goes to NoteFailure, where a backend marks
+//      itself lost when the failure is one that loses the device (a sticky
+//      CUDA error), and once the device is lost the call returns the lost
+//      status instead of its own, so that every caller sees one cause.
+// What only one backend checks (its own weight type, the cpu backend's 32-bit
+// BLAS dimensions) its Do* method checks, after these.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -234,57 +247,70 @@ class Backend {
   virtual std::uint64_t DeviceBytesTotal() const { return 0; }
 
   // A host buffer for inputs or outputs of at least `bytes`.
-  virtual absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) = 0;
+  absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) {
+    return Guard(DoAllocateHost(bytes));
+  }
 
   // Makes [data, data + bytes) of host memory the caller keeps mapped (a
   // shared-memory region) faster for the device's copies: page-locked and
   // registered with the device on cuda. The memory stays so until the
   // returned token goes, which must be before the memory is unmapped. Null
   // where there is nothing to gain (cpu).
-  virtual absl::StatusOr<std::shared_ptr<void>> PinHostMemory(void* /*data*/,
-                                                              std::size_t /*bytes*/) {
-    return nullptr;
+  absl::StatusOr<std::shared_ptr<void>> PinHostMemory(void* data, std::size_t bytes) {
+    return Guard(DoPinHostMemory(data, bytes));
   }
 
   // Copies W [v, k] bf16 into backend storage (device memory on cuda).
   // ResourceExhausted when the device cannot hold it.
-  virtual absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
-                                                             std::int64_t k) = 0;
+  absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                     std::int64_t k) {
+    return Run(CheckLoadWeightArgs(w, v, k), [&] { return DoLoadWeight(w, v, k); });
+  }
 
   // Copies the weight's values into out [V, K] as bf16, exactly as the
   // backend holds them (device to host on cuda): what a check of another
   // implementation's outputs forms its references from.
-  virtual absl::Status ReadWeight(const Weight& w, Bf16Bits* out) {
-    return absl::UnimplementedError(
-        absl::StrCat(Info().backend, " backend cannot read a weight back"));
+  absl::Status ReadWeight(const Weight& w, Bf16Bits* out) {
+    return Run(
+        out == nullptr ? absl::InvalidArgumentError("read weight: out is null") : absl::OkStatus(),
+        [&] { return DoReadWeight(w, out); });
   }
 
   // Y[m, V] = alpha * X[m, K] . W[V, K]^T, bf16 operands, fp32 accumulation;
   // fp32 out, or rounded to bf16 once (RNE).
-  virtual absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) = 0;
+  absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) {
+    return Run(CheckLogitsArgs(w, args), [&] { return DoLogits(w, args, timing); });
+  }
 
   // G = bf16(dY) (RNE, once); dX = G.W [m, K]; dW = G^T.X [V, K]; fp32
   // accumulation, outputs rounded once to their dtype.
-  virtual absl::Status Backward(Weight& w, const BackwardArgs& args, Timing* timing) = 0;
+  absl::Status Backward(Weight& w, const BackwardArgs& args, Timing* timing) {
+    return Run(CheckBackwardArgs(w, args), [&] { return DoBackward(w, args, timing); });
+  }
 
   // Copies the weight's fp32 gradient buffer into out [V, K] (zeros if never
   // accumulated), and zeroes it afterwards when asked. Returns the number of
   // accumulating Backward calls since it was last zeroed.
-  virtual absl::StatusOr<std::uint64_t> FetchGradient(Weight& w, float* out,
-                                                      bool zero_after_fetch) = 0;
-  virtual absl::Status ZeroGradient(Weight& w) = 0;
+  absl::StatusOr<std::uint64_t> FetchGradient(Weight& w, float* out, bool zero_after_fetch) {
+    return Run(out == nullptr ? absl::InvalidArgumentError("fetch gradient: out is null")
+                              : absl::OkStatus(),
+               [&] { return DoFetchGradient(w, out, zero_after_fetch); });
+  }
+  absl::Status ZeroGradient(Weight& w) {
+    return Run(absl::OkStatus(), [&] { return DoZeroGradient(w); });
+  }
 
   // out[i] = bf16(in[i]), round to nearest even: the cast Backward applies.
-  virtual absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                                  Timing* timing) = 0;
+  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) {
+    return Run(CheckCastArgs(in, n, out), [&] { return DoCastToBf16(in, n, out, timing); });
+  }
 
   // Fused cross-entropy (see logitd.v1.CrossEntropyHeader for the formulas):
   // fp32 logits computed chunk by chunk over V, never all of [m, V] at once;
   // G = bf16(dL/dz * dz/dy * grad_scale) per chunk (RNE, once), dX in fp32
   // and rounded once, dW in fp32.
-  virtual absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) {
-    return absl::UnimplementedError(
-        absl::StrCat(Info().backend, " backend has no fused cross-entropy yet"));
+  absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) {
+    return Run(CheckCrossEntropyArgs(w, args), [&] { return DoCrossEntropy(w, args, timing); });
   }
   // Per-token log-probabilities of the fp32 logits z = softcap(X . W^T) /
   // temperature over the first `vocab` entries (see logitd.v1.LogProbsHeader):
@@ -292,9 +318,66 @@ class Backend {
   // chunk by chunk over V without [m, V] at once. With temperature 1, no
   // soft-capping and vocab = V, lse and logprob are bitwise those of
   // CrossEntropy (logprob = -loss).
-  virtual absl::Status LogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing) {
+  absl::Status LogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing) {
+    return Run(CheckLogProbsArgs(w, args), [&] { return DoLogProbs(w, args, timing); });
+  }
+
+ protected:
+  // The backend's side of the entry points above, called with checked
+  // arguments on a device that was healthy when the call began.
+  virtual absl::StatusOr<HostBuffer> DoAllocateHost(std::size_t bytes) = 0;
+  virtual absl::StatusOr<std::shared_ptr<void>> DoPinHostMemory(void* /*data*/,
+                                                                std::size_t /*bytes*/) {
+    return nullptr;
+  }
+  virtual absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                               std::int64_t k) = 0;
+  virtual absl::Status DoReadWeight(const Weight& /*w*/, Bf16Bits* /*out*/) {
+    return absl::UnimplementedError(
+        absl::StrCat(Info().backend, " backend cannot read a weight back"));
+  }
+  virtual absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing) = 0;
+  virtual absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing) = 0;
+  virtual absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out,
+                                                        bool zero_after_fetch) = 0;
+  virtual absl::Status DoZeroGradient(Weight& w) = 0;
+  virtual absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                                    Timing* timing) = 0;
+  virtual absl::Status DoCrossEntropy(Weight& /*w*/, const CrossEntropyArgs& /*args*/,
+                                      Timing* /*timing*/) {
+    return absl::UnimplementedError(
+        absl::StrCat(Info().backend, " backend has no fused cross-entropy yet"));
+  }
+  virtual absl::Status DoLogProbs(const Weight& /*w*/, const LogProbsArgs& /*args*/,
+                                  Timing* /*timing*/) {
     return absl::UnimplementedError(
         absl::StrCat(Info().backend, " backend has no log-probabilities yet"));
+  }
+
+  // Every failed status of a Do* method, before the call returns: a backend
+  // whose failure can lose the device marks itself lost here (Health then
+  // says so). Called from any thread.
+  virtual void NoteFailure(const absl::Status& /*failure*/) {}
+
+ private:
+  // A failure, or the device's lost status once the device is lost.
+  absl::Status Guard(absl::Status status) {
+    if (status.ok()) return status;
+    NoteFailure(status);
+    absl::Status health = Health();
+    return health.ok() ? status : health;
+  }
+  template <typename T>
+  absl::StatusOr<T> Guard(absl::StatusOr<T> result) {
+    if (result.ok()) return result;
+    return Guard(result.status());
+  }
+  // The checks, then the call.
+  template <typename Call>
+  auto Run(const absl::Status& checked, const Call& call) -> decltype(call()) {
+    if (!checked.ok()) return checked;
+    if (absl::Status health = Health(); !health.ok()) return health;
+    return Guard(call());
   }
 };
 

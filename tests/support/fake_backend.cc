@@ -105,7 +105,7 @@ absl::Status FakeBackend::Health() const {
   return health_;
 }
 
-absl::StatusOr<kernels::HostBuffer> FakeBackend::AllocateHost(std::size_t bytes) {
+absl::StatusOr<kernels::HostBuffer> FakeBackend::DoAllocateHost(std::size_t bytes) {
   auto* data = new (std::nothrow) std::byte[bytes == 0 ? 1 : bytes];
   if (data == nullptr) {
     return absl::ResourceExhaustedError("fake backend: out of host memory");
@@ -113,15 +113,15 @@ absl::StatusOr<kernels::HostBuffer> FakeBackend::AllocateHost(std::size_t bytes)
   return kernels::HostBuffer(data, bytes, [](std::byte* d) { delete[] d; });
 }
 
-absl::StatusOr<std::shared_ptr<kernels::Weight>> FakeBackend::LoadWeight(const Bf16Bits* /*w*/,
-                                                                         std::int64_t v,
-                                                                         std::int64_t k) {
+absl::StatusOr<std::shared_ptr<kernels::Weight>> FakeBackend::DoLoadWeight(const Bf16Bits* /*w*/,
+                                                                           std::int64_t v,
+                                                                           std::int64_t k) {
   if (absl::Status s = Enter(FakeMethod::kLoadWeight); !s.ok()) return s;
   return std::make_shared<FakeWeight>(v, k);
 }
 
-absl::Status FakeBackend::Logits(const kernels::Weight& w, const kernels::LogitsArgs& args,
-                                 kernels::Timing* /*timing*/) {
+absl::Status FakeBackend::DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
+                                   kernels::Timing* /*timing*/) {
   if (absl::Status s = Enter(FakeMethod::kLogits); !s.ok()) return s;
   const std::int64_t n = args.m * w.v();
   for (std::int64_t i = 0; i < n; ++i) {
@@ -135,8 +135,8 @@ absl::Status FakeBackend::Logits(const kernels::Weight& w, const kernels::Logits
   return absl::OkStatus();
 }
 
-absl::Status FakeBackend::Backward(kernels::Weight& w, const kernels::BackwardArgs& args,
-                                   kernels::Timing* /*timing*/) {
+absl::Status FakeBackend::DoBackward(kernels::Weight& w, const kernels::BackwardArgs& args,
+                                     kernels::Timing* /*timing*/) {
   if (absl::Status s = Enter(FakeMethod::kBackward); !s.ok()) return s;
   Zero(args.dx, args.m * w.k(), args.dx_dtype);
   if (args.accumulate_dw) {
@@ -147,28 +147,28 @@ absl::Status FakeBackend::Backward(kernels::Weight& w, const kernels::BackwardAr
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::uint64_t> FakeBackend::FetchGradient(kernels::Weight& w, float* out,
-                                                         bool zero_after_fetch) {
+absl::StatusOr<std::uint64_t> FakeBackend::DoFetchGradient(kernels::Weight& w, float* out,
+                                                           bool zero_after_fetch) {
   if (absl::Status s = Enter(FakeMethod::kFetchGradient); !s.ok()) return s;
   Zero(out, w.v() * w.k(), DType::kFp32);
   return static_cast<FakeWeight&>(w).TakeAccumulated(zero_after_fetch);
 }
 
-absl::Status FakeBackend::ZeroGradient(kernels::Weight& w) {
+absl::Status FakeBackend::DoZeroGradient(kernels::Weight& w) {
   if (absl::Status s = Enter(FakeMethod::kZeroGradient); !s.ok()) return s;
   static_cast<FakeWeight&>(w).TakeAccumulated(/*zero=*/true);
   return absl::OkStatus();
 }
 
-absl::Status FakeBackend::CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                                     kernels::Timing* /*timing*/) {
+absl::Status FakeBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                                       kernels::Timing* /*timing*/) {
   if (absl::Status s = Enter(FakeMethod::kCast); !s.ok()) return s;
   for (std::int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
   return absl::OkStatus();
 }
 
-absl::Status FakeBackend::CrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
-                                       kernels::Timing* /*timing*/) {
+absl::Status FakeBackend::DoCrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
+                                         kernels::Timing* /*timing*/) {
   if (absl::Status s = Enter(FakeMethod::kCrossEntropy); !s.ok()) return s;
   for (std::int64_t i = 0; i < args.m; ++i) {
     args.loss[i] = args.targets[i] == args.ignore_index ? 0.0f : 1.0f;
@@ -183,8 +183,9 @@ absl::Status FakeBackend::CrossEntropy(kernels::Weight& w, const kernels::CrossE
   return absl::OkStatus();
 }
 
-absl::Status FakeBackend::LogProbs(const kernels::Weight& /*w*/, const kernels::LogProbsArgs& args,
-                                   kernels::Timing* /*timing*/) {
+absl::Status FakeBackend::DoLogProbs(const kernels::Weight& /*w*/,
+                                     const kernels::LogProbsArgs& args,
+                                     kernels::Timing* /*timing*/) {
   if (absl::Status s = Enter(FakeMethod::kLogProbs); !s.ok()) return s;
   for (std::int64_t i = 0; i < args.m; ++i) {
     if (args.logprob != nullptr) args.logprob[i] = -1.0f;

@@ -68,23 +68,25 @@ class FakeBackend final : public kernels::Backend {
   kernels::BackendInfo Info() const override;
   absl::Status Health() const override;
   std::uint64_t DeviceBytesInUse() const override { return 0; }
-  absl::StatusOr<kernels::HostBuffer> AllocateHost(std::size_t bytes) override;
-  absl::StatusOr<std::shared_ptr<kernels::Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
-                                                              std::int64_t k) override;
-  absl::Status Logits(const kernels::Weight& w, const kernels::LogitsArgs& args,
-                      kernels::Timing* timing) override;
-  absl::Status Backward(kernels::Weight& w, const kernels::BackwardArgs& args,
+
+ protected:
+  absl::StatusOr<kernels::HostBuffer> DoAllocateHost(std::size_t bytes) override;
+  absl::StatusOr<std::shared_ptr<kernels::Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                                std::int64_t k) override;
+  absl::Status DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
                         kernels::Timing* timing) override;
-  absl::StatusOr<std::uint64_t> FetchGradient(kernels::Weight& w, float* out,
-                                              bool zero_after_fetch) override;
-  absl::Status ZeroGradient(kernels::Weight& w) override;
-  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+  absl::Status DoBackward(kernels::Weight& w, const kernels::BackwardArgs& args,
                           kernels::Timing* timing) override;
-  absl::Status CrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
+  absl::StatusOr<std::uint64_t> DoFetchGradient(kernels::Weight& w, float* out,
+                                                bool zero_after_fetch) override;
+  absl::Status DoZeroGradient(kernels::Weight& w) override;
+  absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
                             kernels::Timing* timing) override;
+  absl::Status DoCrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
+                              kernels::Timing* timing) override;
   // logprob -1, lse and entropy 0, top-k ids 0, 1, ..., rank 0.
-  absl::Status LogProbs(const kernels::Weight& w, const kernels::LogProbsArgs& args,
-                        kernels::Timing* timing) override;
+  absl::Status DoLogProbs(const kernels::Weight& w, const kernels::LogProbsArgs& args,
+                          kernels::Timing* timing) override;
 
  private:
   // Counts the call, waits while `method` is blocked, and returns the

@@ -1,6 +1,8 @@
 // Tests of the interface's own code and the backend factory: name parsing
-// (backends and split-K), the argument checks every backend makes, and the
-// choice --backend makes, with and without the cuda backend built in.
+// (backends and split-K), the argument checks every backend makes, what the
+// entry points do around a backend's own methods (checks first, a lost
+// device failing every call), and the choice --backend makes, with and
+// without the cuda backend built in.
 #include "server/kernels/backend.h"
 
 #include <gtest/gtest.h>
@@ -166,6 +168,119 @@ TEST(BackendChecks, ForeignWeightNamesTheBackendAndTheShape) {
   ExpectInvalid(ForeignWeightError("logits", "cuda", ShapeOnlyWeight(4, 8)),
                 "logits: expected a weight loaded by the cuda backend, got one [4, 8] from "
                 "another backend");
+}
+
+// A backend whose Do* methods count their calls and fail as told: what the
+// entry points do around them.
+class RecordingBackend final : public Backend {
+ public:
+  BackendInfo Info() const override {
+    BackendInfo info;
+    info.backend = "recording";
+    return info;
+  }
+  absl::Status Health() const override { return health_; }
+  std::uint64_t DeviceBytesInUse() const override { return 0; }
+
+  absl::Status health_;
+  absl::Status fail_with_;
+  // A failure with this message loses the device.
+  std::string loses_device_;
+  int calls_ = 0;
+  std::vector<absl::Status> noted_;
+
+ protected:
+  absl::StatusOr<HostBuffer> DoAllocateHost(std::size_t) override {
+    if (absl::Status s = Done(); !s.ok()) return s;
+    return HostBuffer();
+  }
+  absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits*, std::int64_t v,
+                                                       std::int64_t k) override {
+    if (absl::Status s = Done(); !s.ok()) return s;
+    return std::make_shared<ShapeOnlyWeight>(v, k);
+  }
+  absl::Status DoLogits(const Weight&, const LogitsArgs&, Timing*) override { return Done(); }
+  absl::Status DoBackward(Weight&, const BackwardArgs&, Timing*) override { return Done(); }
+  absl::StatusOr<std::uint64_t> DoFetchGradient(Weight&, float*, bool) override {
+    if (absl::Status s = Done(); !s.ok()) return s;
+    return 0;
+  }
+  absl::Status DoZeroGradient(Weight&) override { return Done(); }
+  absl::Status DoCastToBf16(const float*, std::int64_t, Bf16Bits*, Timing*) override {
+    return Done();
+  }
+  void NoteFailure(const absl::Status& failure) override {
+    noted_.push_back(failure);
+    if (failure.message() == loses_device_) health_ = absl::UnavailableError("device lost: test");
+  }
+
+ private:
+  absl::Status Done() {
+    ++calls_;
+    return fail_with_;
+  }
+};
+
+TEST(BackendEntryPoints, BadArgumentsNeverReachTheBackend) {
+  RecordingBackend b;
+  const ShapeOnlyWeight w(100, 8);
+  LogitsArgs args;  // x is null
+  args.m = 4;
+  ExpectInvalid(b.Logits(w, args, nullptr), "logits: x is null");
+  ExpectInvalid(b.CastToBf16(nullptr, 4, nullptr, nullptr), "cast to bf16: in or out is null");
+  ExpectInvalid(b.LoadWeight(nullptr, 8, 8).status(), "load weight: w is null");
+  ShapeOnlyWeight mutable_w(100, 8);
+  ExpectInvalid(b.FetchGradient(mutable_w, nullptr, false).status(), "fetch gradient: out is null");
+  EXPECT_EQ(b.calls_, 0);
+  EXPECT_TRUE(b.noted_.empty());
+
+  const std::vector<Bf16Bits> x(32);
+  std::vector<float> y(400);
+  args.x = x.data();
+  args.y = y.data();
+  EXPECT_TRUE(b.Logits(w, args, nullptr).ok());
+  EXPECT_EQ(b.calls_, 1);
+}
+
+TEST(BackendEntryPoints, ALostDeviceFailsEveryCallAtOnce) {
+  RecordingBackend b;
+  b.health_ = absl::UnavailableError("device lost: an earlier fault");
+  const std::vector<Bf16Bits> w(64);
+  const std::vector<float> in(4);
+  std::vector<Bf16Bits> out(4);
+  for (const absl::Status& s :
+       {b.LoadWeight(w.data(), 8, 8).status(), b.CastToBf16(in.data(), 4, out.data(), nullptr)}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_EQ(s.message(), "device lost: an earlier fault");
+  }
+  EXPECT_EQ(b.calls_, 0);
+}
+
+TEST(BackendEntryPoints, AFailureThatLosesTheDeviceReturnsTheLostStatus) {
+  RecordingBackend b;
+  const std::vector<float> in(4);
+  std::vector<Bf16Bits> out(4);
+  // An ordinary failure is returned as it is, and noted.
+  b.fail_with_ = absl::ResourceExhaustedError("out of memory");
+  absl::Status s = b.CastToBf16(in.data(), 4, out.data(), nullptr);
+  EXPECT_EQ(s, b.fail_with_);
+  ASSERT_EQ(b.noted_.size(), 1u);
+  EXPECT_EQ(b.noted_[0], b.fail_with_);
+  // One that loses the device comes back as the device's lost status.
+  b.fail_with_ = absl::InternalError("illegal address");
+  b.loses_device_ = "illegal address";
+  s = b.CastToBf16(in.data(), 4, out.data(), nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(s.message(), "device lost: test");
+  EXPECT_EQ(b.calls_, 2);
+  // And the next call does not reach the backend.
+  EXPECT_EQ(b.CastToBf16(in.data(), 4, out.data(), nullptr).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(b.calls_, 2);
+  // Calls with nothing to do succeed without a failure to note.
+  b.health_ = absl::OkStatus();
+  b.fail_with_ = absl::OkStatus();
+  EXPECT_TRUE(b.AllocateHost(16).ok());
+  EXPECT_EQ(b.noted_.size(), 2u);
 }
 
 TEST(Backend, CreateCpuGivesTheCpuBackend) {

@@ -835,8 +835,8 @@ TEST_F(CpuCrossEntropy, InvalidTargetsAreInvalidArgumentNamingTheFirst) {
 // A weight some other backend created.
 class ForeignWeight final : public Weight {
  public:
-  ForeignWeight() : Weight(4, 8) {}
-  std::uint64_t weight_bytes() const override { return 64; }
+  ForeignWeight(std::int64_t v, std::int64_t k) : Weight(v, k) {}
+  std::uint64_t weight_bytes() const override { return static_cast<std::uint64_t>(v() * k()) * 2; }
   std::uint64_t gradient_bytes() const override { return 0; }
 };
 
@@ -893,7 +893,9 @@ TEST_F(CpuCrossEntropy, BadArgumentsAreInvalidArgument) {
   a.grad_scale = -2.0f;  // an incoming gradient may be negative
   EXPECT_TRUE(backend_->CrossEntropy(*w, a, nullptr).ok());
 
-  ForeignWeight foreign;
+  // A weight of the right shape from another backend: the arguments pass
+  // the shared checks, and the backend refuses the weight.
+  ForeignWeight foreign(w->v(), w->k());
   absl::Status s = backend_->CrossEntropy(foreign, good, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("cpu backend"), absl::string_view::npos) << s;

@@ -211,20 +211,20 @@ class CpuBackend final : public Backend {
 
   std::uint64_t DeviceBytesInUse() const override { return 0; }
 
+ protected:
   // Buffers of kPooledBytes and more are kept for reuse between calls (up
   // to --pinned_cache_bytes): a fresh one faults every page in on first
   // write, which for a 512 MiB dW costs more than the copy into it. Smaller
   // ones come and go with the call.
-  absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) override {
+  absl::StatusOr<HostBuffer> DoAllocateHost(std::size_t bytes) override {
     if (bytes >= kPooledBytes) return host_pool_->Get(bytes);
     absl::StatusOr<std::byte*> p = AllocateAligned(bytes);
     if (!p.ok()) return p.status();
     return HostBuffer(*p, bytes, [](std::byte* d) { std::free(d); });
   }
 
-  absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
-                                                     std::int64_t k) override {
-    if (absl::Status s = CheckLoadWeightArgs(w, v, k); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                       std::int64_t k) override {
     if (v > kMaxBlasDim || k > kMaxBlasDim) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "load weight: expected V and K in [1, %d], got [%d, %d]", kMaxBlasDim, v, k));
@@ -237,12 +237,11 @@ class CpuBackend final : public Backend {
     return std::make_shared<CpuWeight>(v, k, std::move(*wf));
   }
 
-  absl::Status Logits(const Weight& weight, const LogitsArgs& args, Timing* timing) override {
+  absl::Status DoLogits(const Weight& weight, const LogitsArgs& args, Timing* timing) override {
     const auto start = std::chrono::steady_clock::now();
     const CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("logits", weight);
     const CpuWeight& w = *cw;
-    if (absl::Status s = CheckLogitsArgs(w, args); !s.ok()) return s;
     if (absl::Status s = CheckBlasRows("logits", args.m); !s.ok()) return s;
     const std::int64_t m = args.m;
     const std::int64_t v = w.v();
@@ -278,12 +277,11 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Backward(Weight& weight, const BackwardArgs& args, Timing* timing) override {
+  absl::Status DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) override {
     const auto start = std::chrono::steady_clock::now();
     CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("backward", weight);
     CpuWeight& w = *cw;
-    if (absl::Status s = CheckBackwardArgs(w, args); !s.ok()) return s;
     if (absl::Status s = CheckBlasRows("backward", args.m); !s.ok()) return s;
     const bool want_dx = args.dx != nullptr;
     const bool want_dw = args.dw != nullptr && !args.accumulate_dw;
@@ -346,7 +344,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status ReadWeight(const Weight& weight, Bf16Bits* out) override {
+  absl::Status DoReadWeight(const Weight& weight, Bf16Bits* out) override {
     const CpuWeight* w = AsCpuWeight(weight);
     if (w == nullptr) return ForeignWeight("read weight", weight);
     if (out == nullptr) return absl::InvalidArgumentError("read weight: out is null");
@@ -356,8 +354,8 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::uint64_t> FetchGradient(Weight& weight, float* out,
-                                              bool zero_after_fetch) override {
+  absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& weight, float* out,
+                                                bool zero_after_fetch) override {
     CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("fetch gradient", weight);
     CpuWeight& w = *cw;
@@ -378,7 +376,7 @@ class CpuBackend final : public Backend {
     return count;
   }
 
-  absl::Status ZeroGradient(Weight& weight) override {
+  absl::Status DoZeroGradient(Weight& weight) override {
     CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("zero gradient", weight);
     CpuWeight& w = *cw;
@@ -390,9 +388,9 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) override {
+  absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                            Timing* timing) override {
     const auto start = std::chrono::steady_clock::now();
-    if (absl::Status s = CheckCastArgs(in, n, out); !s.ok()) return s;
 #ifdef LOGITD_TEST_FAULTS
     if (test_device_faults_ && n > 0) {
       const std::uint32_t first = FloatBits(in[0]);
@@ -404,12 +402,12 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status CrossEntropy(Weight& weight, const CrossEntropyArgs& args, Timing* timing) override {
+  absl::Status DoCrossEntropy(Weight& weight, const CrossEntropyArgs& args,
+                              Timing* timing) override {
     const auto start = std::chrono::steady_clock::now();
     CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("cross entropy", weight);
     CpuWeight& w = *cw;
-    if (absl::Status s = CheckCrossEntropyArgs(w, args); !s.ok()) return s;
     if (absl::Status s = CheckBlasRows("cross entropy", args.m); !s.ok()) return s;
     const std::int64_t m = args.m;
     const std::int64_t v = w.v();
@@ -513,12 +511,11 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status LogProbs(const Weight& weight, const LogProbsArgs& args, Timing* timing) override {
+  absl::Status DoLogProbs(const Weight& weight, const LogProbsArgs& args, Timing* timing) override {
     const auto start = std::chrono::steady_clock::now();
     const CpuWeight* cw = AsCpuWeight(weight);
     if (cw == nullptr) return ForeignWeight("log probs", weight);
     const CpuWeight& w = *cw;
-    if (absl::Status s = CheckLogProbsArgs(w, args); !s.ok()) return s;
     if (absl::Status s = CheckBlasRows("log probs", args.m); !s.ok()) return s;
     const std::int64_t m = args.m;
     const std::int64_t v = args.vocab;

@@ -244,7 +244,6 @@ absl::StatusOr<std::shared_ptr<void>> CudaBackend::DoPinHostMemory(void* data, s
 
 absl::StatusOr<std::shared_ptr<Weight>> CudaBackend::DoLoadWeight(const Bf16Bits* w, std::int64_t v,
                                                                   std::int64_t k) {
-  RETURN_IF_ERROR_(CheckLoadWeightArgs(w, v, k));
   const std::size_t bytes = static_cast<std::size_t>(v * k) * 2;
   RETURN_IF_ERROR_(UseDevice(options_.device));
   // Device memory first: a weight that cannot fit is refused before any of

@@ -213,43 +213,6 @@ class CudaBackend final : public Backend {
   absl::Status Health() const override { return health_.status(); }
   std::uint64_t DeviceBytesInUse() const override { return memory_->bytes_in_use(); }
   std::uint64_t DeviceBytesTotal() const override { return device_bytes_total_; }
-  // Every entry point goes through Guard, which turns a failure into the
-  // device's lost status once the device is lost (marking it so first when
-  // the failure is a sticky error).
-  absl::StatusOr<HostBuffer> AllocateHost(std::size_t bytes) override {
-    return Guard(DoAllocateHost(bytes));
-  }
-  absl::StatusOr<std::shared_ptr<void>> PinHostMemory(void* data, std::size_t bytes) override {
-    return Guard(DoPinHostMemory(data, bytes));
-  }
-  absl::StatusOr<std::shared_ptr<Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
-                                                     std::int64_t k) override {
-    return Guard(DoLoadWeight(w, v, k));
-  }
-  absl::Status ReadWeight(const Weight& w, Bf16Bits* out) override {
-    return Guard(DoReadWeight(w, out));
-  }
-  absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) override {
-    return Guard(DoLogits(w, args, timing));
-  }
-  absl::Status Backward(Weight& w, const BackwardArgs& args, Timing* timing) override {
-    return Guard(DoBackward(w, args, timing));
-  }
-  absl::StatusOr<std::uint64_t> FetchGradient(Weight& w, float* out,
-                                              bool zero_after_fetch) override {
-    return Guard(DoFetchGradient(w, out, zero_after_fetch));
-  }
-  absl::Status ZeroGradient(Weight& w) override { return Guard(DoZeroGradient(w)); }
-  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) override {
-    return Guard(DoCastToBf16(in, n, out, timing));
-  }
-  absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) override {
-    return Guard(DoCrossEntropy(w, args, timing));
-  }
-  absl::Status LogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing) override {
-    return Guard(DoLogProbs(w, args, timing));
-  }
-
   void Return(Context* context);
 
  private:
@@ -259,29 +222,24 @@ class CudaBackend final : public Backend {
     o.warn = options.events.warning;
     return o;
   }
-  absl::Status Guard(absl::Status status) {
-    if (status.ok()) return status;
-    if (IsDeviceLost(status)) health_.MarkLost(status);
-    absl::Status lost = health_.status();
-    return lost.ok() ? status : lost;
-  }
-  template <typename T>
-  absl::StatusOr<T> Guard(absl::StatusOr<T> result) {
-    if (result.ok()) return result;
-    return Guard(result.status());
-  }
-  absl::StatusOr<HostBuffer> DoAllocateHost(std::size_t bytes);
-  absl::StatusOr<std::shared_ptr<void>> DoPinHostMemory(void* data, std::size_t bytes);
+  absl::StatusOr<HostBuffer> DoAllocateHost(std::size_t bytes) override;
+  absl::StatusOr<std::shared_ptr<void>> DoPinHostMemory(void* data, std::size_t bytes) override;
   absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
-                                                       std::int64_t k);
-  absl::Status DoReadWeight(const Weight& w, Bf16Bits* out);
-  absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing);
-  absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing);
-  absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out, bool zero_after_fetch);
-  absl::Status DoZeroGradient(Weight& w);
-  absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing);
-  absl::Status DoCrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing);
-  absl::Status DoLogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing);
+                                                       std::int64_t k) override;
+  absl::Status DoReadWeight(const Weight& w, Bf16Bits* out) override;
+  absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing) override;
+  absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing) override;
+  absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out,
+                                                bool zero_after_fetch) override;
+  absl::Status DoZeroGradient(Weight& w) override;
+  absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                            Timing* timing) override;
+  absl::Status DoCrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) override;
+  absl::Status DoLogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing) override;
+  // A sticky CUDA error marks the device lost (see Backend).
+  void NoteFailure(const absl::Status& failure) override {
+    if (IsDeviceLost(failure)) health_.MarkLost(failure);
+  }
   // The weight's fp32 gradient buffer, allocated and zeroed on first use;
   // `call` names the call in errors.
   absl::StatusOr<float*> GradientBuffer(GradientState<DeviceBuffer>::Lock& gradient,

@@ -276,7 +276,6 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
                                          Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("cross entropy", "cuda", weight);
-  RETURN_IF_ERROR_(CheckCrossEntropyArgs(*w, args));
   const std::int64_t m = args.m;
   RETURN_IF_ERROR_(UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(lease, absl::StrCat("cross_entropy(M=", m, ",V=", w->v(), ",K=", w->k(), ")"));
@@ -389,7 +388,6 @@ absl::Status CudaBackend::DoLogProbs(const Weight& weight, const LogProbsArgs& a
                                      Timing* timing) {
   const auto* w = dynamic_cast<const CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("log probs", "cuda", weight);
-  RETURN_IF_ERROR_(CheckLogProbsArgs(*w, args));
   const std::int64_t m = args.m;
   const std::int64_t v = args.vocab;
   const std::int64_t k = w->k();

@@ -19,23 +19,25 @@ class FaultBackend final : public kernels::Backend {
   absl::Status Health() const override { return inner_->Health(); }
   std::uint64_t DeviceBytesInUse() const override { return inner_->DeviceBytesInUse(); }
   std::uint64_t DeviceBytesTotal() const override { return inner_->DeviceBytesTotal(); }
-  absl::StatusOr<kernels::HostBuffer> AllocateHost(std::size_t bytes) override {
+
+ protected:
+  absl::StatusOr<kernels::HostBuffer> DoAllocateHost(std::size_t bytes) override {
     return inner_->AllocateHost(bytes);
   }
-  absl::StatusOr<std::shared_ptr<void>> PinHostMemory(void* data, std::size_t bytes) override {
+  absl::StatusOr<std::shared_ptr<void>> DoPinHostMemory(void* data, std::size_t bytes) override {
     return inner_->PinHostMemory(data, bytes);
   }
-  absl::StatusOr<std::shared_ptr<kernels::Weight>> LoadWeight(const Bf16Bits* w, std::int64_t v,
-                                                              std::int64_t k) override {
+  absl::StatusOr<std::shared_ptr<kernels::Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
+                                                                std::int64_t k) override {
     return inner_->LoadWeight(w, v, k);
   }
 
-  absl::Status ReadWeight(const kernels::Weight& w, Bf16Bits* out) override {
+  absl::Status DoReadWeight(const kernels::Weight& w, Bf16Bits* out) override {
     return inner_->ReadWeight(w, out);
   }
 
-  absl::Status Logits(const kernels::Weight& w, const kernels::LogitsArgs& args,
-                      kernels::Timing* timing) override {
+  absl::Status DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
+                        kernels::Timing* timing) override {
     absl::Status s = inner_->Logits(w, args, timing);
     if (s.ok()) {
       faults_->OnLogits(args.out_dtype, static_cast<std::byte*>(args.y),
@@ -44,8 +46,8 @@ class FaultBackend final : public kernels::Backend {
     return s;
   }
 
-  absl::Status Backward(kernels::Weight& w, const kernels::BackwardArgs& args,
-                        kernels::Timing* timing) override {
+  absl::Status DoBackward(kernels::Weight& w, const kernels::BackwardArgs& args,
+                          kernels::Timing* timing) override {
     absl::Status s = inner_->Backward(w, args, timing);
     if (!s.ok()) return s;
     if (args.dx != nullptr) {
@@ -57,8 +59,8 @@ class FaultBackend final : public kernels::Backend {
     return s;
   }
 
-  absl::StatusOr<std::uint64_t> FetchGradient(kernels::Weight& w, float* out,
-                                              bool zero_after_fetch) override {
+  absl::StatusOr<std::uint64_t> DoFetchGradient(kernels::Weight& w, float* out,
+                                                bool zero_after_fetch) override {
     absl::StatusOr<std::uint64_t> calls = inner_->FetchGradient(w, out, zero_after_fetch);
     if (calls.ok()) {
       faults_->OnDw(reinterpret_cast<std::byte*>(out), Bytes(w.v(), w.k(), DType::kFp32));
@@ -66,17 +68,17 @@ class FaultBackend final : public kernels::Backend {
     return calls;
   }
 
-  absl::Status ZeroGradient(kernels::Weight& w) override { return inner_->ZeroGradient(w); }
+  absl::Status DoZeroGradient(kernels::Weight& w) override { return inner_->ZeroGradient(w); }
 
-  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                          kernels::Timing* timing) override {
+  absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
+                            kernels::Timing* timing) override {
     absl::Status s = inner_->CastToBf16(in, n, out, timing);
     if (s.ok()) faults_->OnCast(reinterpret_cast<std::byte*>(out), Bytes(n, 1, DType::kBf16));
     return s;
   }
 
-  absl::Status CrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
-                            kernels::Timing* timing) override {
+  absl::Status DoCrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
+                              kernels::Timing* timing) override {
     absl::Status s = inner_->CrossEntropy(w, args, timing);
     if (!s.ok()) return s;
     if (args.dx != nullptr) {
@@ -88,8 +90,8 @@ class FaultBackend final : public kernels::Backend {
     return s;
   }
 
-  absl::Status LogProbs(const kernels::Weight& w, const kernels::LogProbsArgs& args,
-                        kernels::Timing* timing) override {
+  absl::Status DoLogProbs(const kernels::Weight& w, const kernels::LogProbsArgs& args,
+                          kernels::Timing* timing) override {
     return inner_->LogProbs(w, args, timing);
   }
 
