@@ -6,7 +6,8 @@
 #    cuda backend compiled when nvcc is present, so a CUDA compile error
 #    fails here even without a GPU): the server, the CLI, the benchmarks
 #    (compiled only) and the tests only this build runs: GPU tests (they
-#    skip where no device is visible), large, soak and install tests. Then
+#    skip where no device is visible), large, soak and install tests and the
+#    CI gate's shell script (label script). Then
 #    the Python client's pytest suite, the report pages in headless
 #    Chromium (scripts/check-reports-in-browser.sh) and the wire-protocol
 #    conformance suite (twice: plain, and behind a bearer token) against
