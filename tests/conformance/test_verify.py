@@ -1,0 +1,163 @@
+"""Verify: a candidate's outputs judged against the contract.
+
+Integer-valued inputs make every product and sum exact in fp32, so the
+reference of each element is known here without a bound, a correct
+candidate must be bitwise what logitd gives, and a candidate made wrong on
+purpose is outside its bound for certain. The verdict travels in one small
+message whatever the size of the candidates, so a stock stub (4 MiB receive
+limit) reads it for any call.
+"""
+
+import grpc
+import numpy as np
+import pytest
+
+from protocol import DEFAULT_RECEIVE_LIMIT, Tensor, chunks_of, expect_error, xxh3
+from stubs import pb
+
+
+def verify(conn, operation, inputs, candidates, chunk_bytes=64 << 10, **header):
+    """One Verify call: `inputs` and `candidates` are Tensors, streamed in that order."""
+    specs = {t.name: t.spec() for t in inputs}
+    first = pb.VerifyRequest(
+        header=pb.VerifyHeader(operation=operation, candidates=[c.spec() for c in candidates], **specs, **header)
+    )
+    body = [pb.VerifyRequest(chunk=c) for t in inputs + candidates for c in chunks_of(t, chunk_bytes)]
+    responses = list(conn.stub.Verify(iter([first] + body), **conn.kw()))
+    assert len(responses) == 1 and responses[0].WhichOneof("part") == "result"
+    assert responses[0].ByteSize() < DEFAULT_RECEIVE_LIMIT
+    return responses[0].result
+
+
+def exact_logits(x, w):
+    return (np.asarray(x, np.float64) @ np.asarray(w, np.float64).T).astype(np.float32)
+
+
+def problem(seed, m, v, k):
+    rng = np.random.default_rng(seed)
+    return rng.integers(-8, 9, size=(m, k)), rng.integers(-8, 9, size=(v, k))
+
+
+def test_verify_exact_logits_are_bitwise_logitds(conn, weights):
+    """A candidate with the exact fp32 sums has logitd's bits: nothing outside, every element checked."""
+    x, w = problem(301, 9, 130, 33)
+    info = weights(w)
+    y = Tensor("y", pb.DTYPE_FP32, exact_logits(x, w))
+    r = verify(conn, pb.VERIFY_LOGITS, [Tensor("x", pb.DTYPE_BF16, x)], [y], weight_handle=info.handle)
+    assert r.verdict == "bitwise_equal_to_logitd"
+    (c,) = r.candidates
+    assert c.name == "y" and c.dtype == pb.DTYPE_FP32 and list(c.shape) == [9, 130]
+    assert c.xxh3 == xxh3(y.data)
+    assert c.elements == 9 * 130 and c.outside_bound == 0 and c.nan_inf_mismatches == 0
+    assert c.bitwise_equal_fraction == 1.0 and c.max_ulp == 0
+    assert sum(c.error_histogram) == c.elements and c.error_histogram[0] == c.elements
+    assert not r.rows_checked
+
+
+def test_verify_names_the_wrong_element(conn, weights):
+    """One element far off: outside_bounds, and first_outside names it with the exact reference."""
+    x, w = problem(302, 6, 40, 16)
+    info = weights(w)
+    want = exact_logits(x, w)
+    bad = want.copy()
+    bad[4, 17] += 1000.0
+    r = verify(
+        conn,
+        pb.VERIFY_LOGITS,
+        [Tensor("x", pb.DTYPE_BF16, x)],
+        [Tensor("y", pb.DTYPE_FP32, bad)],
+        weight_handle=info.handle,
+    )
+    assert r.verdict == "outside_bounds"
+    (c,) = r.candidates
+    assert c.outside_bound == 1 and c.worst_bound_fraction > 1
+    (e,) = c.first_outside
+    assert list(e.index) == [4, 17]
+    assert e.candidate == float(bad[4, 17]) and e.reference == float(want[4, 17])
+    assert e.logitd == float(want[4, 17]) and abs(e.candidate - e.reference) > e.bound
+    assert c.error_histogram[-1] == 1
+
+
+def test_verify_with_the_weight_streamed_in_the_call(conn):
+    """W may travel in the call instead of a handle; bf16 candidates are judged after their rounding."""
+    x, w = problem(303, 5, 64, 24)
+    y = exact_logits(x, w)
+    r = verify(
+        conn,
+        pb.VERIFY_LOGITS,
+        [Tensor("w", pb.DTYPE_BF16, w), Tensor("x", pb.DTYPE_BF16, x)],
+        [Tensor("y", pb.DTYPE_BF16, y)],
+    )
+    assert r.verdict == "bitwise_equal_to_logitd", r
+    assert r.candidates[0].dtype == pb.DTYPE_BF16
+
+
+def test_verify_backward_both_gradients(conn, weights):
+    """dX = G.W and dW = G^T.X of an integer dY (G = dY exactly) are exact."""
+    x, w = problem(304, 7, 50, 12)
+    dy = np.random.default_rng(305).integers(-4, 5, size=(7, 50))
+    info = weights(w)
+    dx = (dy.astype(np.float64) @ w.astype(np.float64)).astype(np.float32)
+    dw = (dy.astype(np.float64).T @ x.astype(np.float64)).astype(np.float32)
+    r = verify(
+        conn,
+        pb.VERIFY_BACKWARD,
+        [Tensor("dy", pb.DTYPE_FP32, dy), Tensor("x", pb.DTYPE_BF16, x)],
+        [Tensor("dx", pb.DTYPE_FP32, dx), Tensor("dw", pb.DTYPE_FP32, dw)],
+        weight_handle=info.handle,
+    )
+    assert r.verdict == "bitwise_equal_to_logitd"
+    assert sorted((c.name, list(c.shape)) for c in r.candidates) == [("dw", [50, 12]), ("dx", [7, 12])]
+
+
+@pytest.mark.parametrize("chunk_bytes", [64 << 10, 4 << 20])
+def test_verify_a_candidate_over_the_message_limit(conn, weights, chunk_bytes):
+    """A 4.3 MiB candidate, in chunks up to 4 MiB, gets its verdict in one small message."""
+    x, w = problem(306, 1100, 1024, 8)
+    info = weights(w)
+    y = Tensor("y", pb.DTYPE_FP32, exact_logits(x, w))
+    assert len(y.data) > DEFAULT_RECEIVE_LIMIT
+    r = verify(
+        conn, pb.VERIFY_LOGITS, [Tensor("x", pb.DTYPE_BF16, x)], [y], chunk_bytes=chunk_bytes, weight_handle=info.handle
+    )
+    assert r.verdict == "bitwise_equal_to_logitd"
+    assert r.candidates[0].elements == 1100 * 1024
+
+
+def test_verify_sampled_rows_name_the_first_and_last(conn, weights):
+    """sample_rows checks about that many rows, the first and last included, and lists them."""
+    x, w = problem(307, 40, 30, 8)
+    info = weights(w)
+    r = verify(
+        conn,
+        pb.VERIFY_LOGITS,
+        [Tensor("x", pb.DTYPE_BF16, x)],
+        [Tensor("y", pb.DTYPE_FP32, exact_logits(x, w))],
+        weight_handle=info.handle,
+        sample_rows=5,
+    )
+    rows = list(r.rows_checked)
+    assert rows[0] == 0 and rows[-1] == 39 and rows == sorted(set(rows)) and len(rows) < 40
+    assert r.candidates[0].elements == len(rows) * 30
+
+
+def test_verify_bad_requests(conn, weights):
+    """Each bad header gets the status the contract gives it, naming what was expected."""
+    x, w = problem(308, 4, 32, 8)
+    info = weights(w)
+    xt = Tensor("x", pb.DTYPE_BF16, x)
+    y = exact_logits(x, w)
+
+    def call(operation, candidates, inputs=(xt,), **header):
+        header.setdefault("weight_handle", info.handle)
+        return verify(conn, operation, list(inputs), candidates, **header)
+
+    e = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call, pb.VERIFY_LOGITS, [Tensor("y", pb.DTYPE_FP32, y[:, :31])])
+    assert "y: expected shape [4, 32]" in e
+    e = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call, pb.VERIFY_LOGITS, [])
+    assert "candidates: expected at least one" in e
+    e = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call, pb.VERIFY_LOGITS, [Tensor("dx", pb.DTYPE_FP32, y)])
+    assert "'dx' is not an output of VERIFY_LOGITS" in e
+    expect_error(grpc.StatusCode.NOT_FOUND, call, pb.VERIFY_LOGITS, [Tensor("y", pb.DTYPE_FP32, y)], weight_handle="w-0")
+    e = expect_error(grpc.StatusCode.UNIMPLEMENTED, call, pb.VERIFY_CROSS_ENTROPY, [Tensor("loss", pb.DTYPE_FP32, y[:, 0])])
+    assert "VERIFY_CROSS_ENTROPY" in e
