@@ -42,7 +42,8 @@ ABSL_FLAG(std::int32_t, channels, 1,
           "bench: connections the workers share round-robin (each its own Client)");
 ABSL_FLAG(double, duration, 0, "bench: seconds to measure (10 when --requests is not given)");
 ABSL_FLAG(std::int64_t, requests, 0, "bench: requests to measure, over all workers");
-ABSL_FLAG(std::int64_t, warmup, 1, "bench: requests run and discarded before each measurement");
+ABSL_FLAG(std::int64_t, warmup, 1,
+          "bench: requests each client runs and discards before each measurement");
 ABSL_FLAG(bool, baseline, true,
           "bench: after a tensor RPC, measure the Probe RPC with the same bytes per request "
           "(--nobaseline skips it)");
@@ -478,7 +479,8 @@ struct Phase {
 // c.concurrency workers, worker i on clients[i % clients.size()].
 Phase RunPhase(const Config& c, absl::string_view name, const CallFn& call,
                const std::vector<std::unique_ptr<Client>>& clients,
-               const std::vector<Inputs>& inputs, std::int64_t requests, absl::Duration duration) {
+               const std::vector<Inputs>& inputs, std::int64_t requests, absl::Duration duration,
+               std::int64_t per_client = 0) {
   std::atomic<std::int64_t> next{0};
   std::atomic<bool> go{false};
   std::vector<Tally> tallies(static_cast<std::size_t>(c.concurrency));
@@ -490,8 +492,10 @@ Phase RunPhase(const Config& c, absl::string_view name, const CallFn& call,
       Client& cl = *clients[static_cast<std::size_t>(i) % clients.size()];
       const Inputs& in = inputs[static_cast<std::size_t>(i)];
       Tally& tally = tallies[static_cast<std::size_t>(i)];
-      while (true) {
-        if (requests > 0) {
+      for (std::int64_t own = 0;; ++own) {
+        if (per_client > 0) {
+          if (own >= per_client) break;
+        } else if (requests > 0) {
           if (next.fetch_add(1) >= requests) break;
         } else if (absl::Now() >= deadline) {
           break;
@@ -690,9 +694,11 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
   for (Rpc rpc : rpcs) {
     const CallFn call = MakeCall(c, rpc, handle);
     if (c.warmup > 0) {
+      // Every client warms up, so that no measured call is the first on its
+      // channel (connection, flow-control windows) or on a server context.
       std::cerr << "logitctl: bench: " << RpcName(rpc) << ": warm-up, " << c.warmup
-                << " requests\n";
-      RunPhase(c, RpcName(rpc), call, clients, inputs, c.warmup, absl::ZeroDuration());
+                << " requests per client\n";
+      RunPhase(c, RpcName(rpc), call, clients, inputs, 0, absl::ZeroDuration(), c.warmup);
     }
     std::cerr << "logitctl: bench: " << RpcName(rpc) << ": measuring\n";
     Phase p = RunPhase(c, RpcName(rpc), call, clients, inputs, c.requests, c.duration);

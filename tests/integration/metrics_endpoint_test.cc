@@ -24,6 +24,7 @@
 #include "logitd/bf16.h"
 #include "tests/common/loopback_exchange.h"
 #include "tests/integration/integration_util.h"
+#include "tests/support/run_logitctl.h"
 
 namespace logitd::testing {
 namespace {
@@ -182,6 +183,21 @@ TEST(MetricsIntegrationTest, CountersMoveExactlyWithCalls) {
 
   EXPECT_THAT((*server)->process->Log(),
               HasSubstr(absl::StrCat("metrics: serving http://127.0.0.1:", port, "/metrics")));
+}
+
+// logitctl bench's warm-up runs --warmup calls on every client, not in all:
+// the server counts them, with the measured ones.
+TEST(MetricsIntegrationTest, BenchWarmsUpEveryClient) {
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const LogitctlRun r = RunLogitctl({"--server=" + (*server)->process->address(), "bench", "--m=4",
+                                     "--k=16", "--v=64", "--concurrency=3", "--channels=3",
+                                     "--warmup=2", "--requests=5", "--nobaseline"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("warm-up, 2 requests per client"));
+  absl::StatusOr<std::string> text = Scrape((*server)->metrics_port);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(Value(*text, Requests("Logits", "OK")), 3 * 2 + 5) << *text;
 }
 
 TEST(MetricsIntegrationTest, BusyMetricsPortStopsTheStart) {
