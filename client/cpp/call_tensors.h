@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -265,6 +266,30 @@ class CallTensors {
 // tensors it announces, and for a tensor announced without its digest the
 // digest after its chunks) and finishes the call. A local error cancels the call first:
 // Finish() would otherwise wait for chunks nobody reads.
+// Whether a response message carries tensor parts (chunks and digests)
+// besides its result: Verify's carries its result alone.
+template <typename Response, typename = void>
+struct CarriesTensors : std::false_type {};
+template <typename Response>
+struct CarriesTensors<Response, std::void_t<decltype(std::declval<const Response&>().chunk()),
+                                            decltype(std::declval<const Response&>().digest())>>
+    : std::true_type {};
+
+// A response message other than the result: a chunk or a digest of an
+// output, where the response has them.
+template <typename Response>
+absl::Status AddResponsePart(const Response& response, ResponseTensors* tensors) {
+  if constexpr (CarriesTensors<Response>::value) {
+    if (response.has_chunk()) return tensors->Add(response.chunk());
+    if (response.has_digest()) return tensors->SetDigest(response.digest());
+    return absl::DataLossError("response from server: a message with neither result nor chunk");
+  } else {
+    return absl::DataLossError(absl::StrCat("response from server: a ",
+                                            Response::descriptor()->full_name(),
+                                            " without its result, which is all it carries"));
+  }
+}
+
 template <typename Response, typename Stream, typename Result>
 absl::Status ReceiveResponse(Stream& stream, grpc::ClientContext& context, Result* result,
                              ResponseTensors* tensors, const CallTensors& slots) {
@@ -288,12 +313,8 @@ absl::Status ReceiveResponse(Stream& stream, grpc::ClientContext& context, Resul
       *result = std::move(*response.mutable_result());
       have_result = true;
       local = tensors->Announce(slots.Streamed(*result));
-    } else if (response.has_chunk()) {
-      local = tensors->Add(response.chunk());
-    } else if (response.has_digest()) {
-      local = tensors->SetDigest(response.digest());
     } else {
-      local = absl::DataLossError("response from server: a message with neither result nor chunk");
+      local = AddResponsePart(response, tensors);
     }
   }
   if (!local.ok()) {

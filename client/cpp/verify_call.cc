@@ -42,39 +42,6 @@ CandidateVerdict VerdictOf(const v1::CandidateVerdict& c) {
   return out;
 }
 
-// One attempt: the header, the streamed tensors, then exactly one result.
-absl::Status RunVerify(grpc::GenericStub& stub, grpc::ClientContext& context,
-                       std::size_t chunk_bytes, const v1::VerifyRequest& request,
-                       const CallTensors& slots, v1::VerifyResult* result) {
-  RawCall<v1::VerifyRequest, v1::VerifyResponse> stream(stub, "Verify", &context);
-  if (stream.Write(request) && slots.WriteInputs(stream, chunk_bytes)) stream.WritesDone();
-  v1::VerifyResponse response;
-  wire::ChunkView chunk;
-  bool have_result = false;
-  absl::Status local;
-  while (local.ok()) {
-    const Next next = stream.Read(&response, &chunk);
-    if (next == Next::kEnd) break;
-    if (next == Next::kMessage && response.has_result() && !have_result) {
-      *result = std::move(*response.mutable_result());
-      have_result = true;
-    } else {
-      local = absl::DataLossError(
-          "response from server: Verify answers with one VerifyResult message and nothing else");
-    }
-  }
-  if (!local.ok()) {
-    context.TryCancel();
-    stream.Finish();
-    return local;
-  }
-  if (absl::Status s = FromGrpc(stream.Finish()); !s.ok()) return s;
-  if (!have_result) {
-    return absl::DataLossError("response from server: the call ended without a result");
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
@@ -127,8 +94,12 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
   // Idempotent: the server keeps nothing of a Verify.
   return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<VerifyResult> {
     v1::VerifyResult result;
-    if (absl::Status s = RunVerify(*impl_->generic, context, impl_->options.chunk_bytes, request,
-                                   slots, &result);
+    // One attempt: the header, the streamed tensors, then exactly one
+    // result, which is all a Verify response carries.
+    ResponseTensors no_outputs;
+    if (absl::Status s = RunTensorCall<v1::VerifyRequest, v1::VerifyResponse>(
+            *impl_->generic, "Verify", context, impl_->options.chunk_bytes, request, slots, &result,
+            &no_outputs);
         !s.ok()) {
       return s;
     }
