@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "logitd/reference/blas_kernels.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/flags.h"
 #include "server/kernels/backend.h"
@@ -161,6 +162,12 @@ std::vector<std::string> RpcNames() {
 
 // Creates the backend the flags ask for, its lines going to the log and its
 // loss to the stop pipe, and says which it is. Null after an error, logged.
+// What main() did about OpenBLAS's kernels (UseBestBlasKernels), for the log.
+std::string& BlasNote() {
+  static std::string* note = new std::string();
+  return *note;
+}
+
 std::unique_ptr<kernels::Backend> StartBackend(const ServerConfig& config,
                                                kernels::BackendInfo* info) {
   kernels::BackendOptions backend_options = config.backend;
@@ -177,6 +184,7 @@ std::unique_ptr<kernels::Backend> StartBackend(const ServerConfig& config,
   }
   *info = (*backend)->Info();
   LogInfo(absl::StrCat("backend: ", why.empty() ? info->backend : why));
+  if (!BlasNote().empty()) LogInfo(BlasNote());
   if (config.service.faults.any()) {
     LogError(absl::StrCat(
         "TEST FAULTS ON (--test_fault=", config.service.faults.ToString(),
@@ -450,6 +458,9 @@ int main(int argc, char** argv) {
   // last responses on their way) before the process ends without waiting for
   // the rest of it. Exiting at once would close sockets that still hold a
   // response's last bytes.
+  // First: it may execute logitd again with OpenBLAS told which kernels
+  // this CPU runs.
+  logitd::BlasNote() = logitd::UseBestBlasKernels(argv);
   grpc_init();
   const int code = logitd::Main(argc, argv);
   std::fflush(nullptr);

@@ -22,6 +22,7 @@
 #include "client/logitctl/flags.h"
 #include "client/logitctl/stress.h"
 #include "logitd/client.h"
+#include "logitd/reference/blas_kernels.h"
 #ifdef LOGITCTL_HAVE_VALIDATE
 #include "client/validate/cli.h"
 #endif
@@ -195,4 +196,9 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace logitd::logitctl
 
-int main(int argc, char** argv) { return logitd::logitctl::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // validate and verify form fp64 references with OpenBLAS: with the
+  // kernels this CPU runs (it may execute logitctl again to get them).
+  (void)logitd::UseBestBlasKernels(argv);
+  return logitd::logitctl::Main(argc, argv);
+}

@@ -12,8 +12,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/blas_kernels.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {
@@ -38,6 +41,23 @@ TEST_F(ClientTest, InfoDescribesTheCpuBackend) {
   EXPECT_EQ(info->max_request_chunk_bytes, kGrpcDefaultMaxMessageBytes);
   EXPECT_EQ(info->max_receive_message_bytes, kGrpcDefaultMaxMessageBytes + kChunkFramingBytes);
 }
+
+#if defined(__x86_64__)
+// logitd runs OpenBLAS's kernels for this CPU even where OpenBLAS alone
+// would take older ones (it then executes itself again, telling OpenBLAS).
+TEST_F(ClientTest, TheServersBlasKernelsAreTheOnesThisCpuRuns) {
+  absl::StatusOr<client::ServerInfo> info = client().Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  // The core type is one word of the configuration string.
+  for (absl::string_view word : absl::StrSplit(info->blas_version, absl::ByAnyChar(" ;"))) {
+    EXPECT_EQ(BetterBlasCore(std::string(word), avx2, avx512), "") << info->blas_version;
+  }
+}
+#endif
 
 TEST_F(ClientTest, RegisterSameBytesGivesSameHandle) {
   const Tensor w = IntBf16({96, 64}, 11);
