@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # --- the Open Inference Protocol under load: perf_analyzer against logitctl bench --
 # Triton's perf_analyzer (PERF_ANALYZER: its path; it ships in tritonclient's
-# manylinux wheel and needs libb64 and libcudart.so.12 on LD_LIBRARY_PATH)
+# manylinux wheel and needs libb64 and libcudart.so.12 on LD_LIBRARY_PATH:
+# scripts/fetch-perf-analyzer.sh puts all three in one folder)
 # calls model "head" (a registered random [32768, 4096] weight) over the OIP;
 # logitctl bench calls the same shape over logitd's own RPC, in the same run.
 # M=16 over plain gRPC; M=1024 through system shared memory (its 128 MiB of
