@@ -146,29 +146,16 @@ absl::Status CheckVerifyRequest(const VerifyRequest& r) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* registered,
-                                      std::uint64_t max_request_bytes) {
-  LOGITD_RETURN_IF_ERROR(CheckVerifyRequest(r));
-  VerifyPlan plan;
-  plan.operation = r.operation;
-  plan.weight_streamed = registered == nullptr;
-  WeightDims dims;
-  if (registered != nullptr) {
-    dims = *registered;
-  } else {
-    LOGITD_ASSIGN_OR_RETURN(dims, StreamedWeight(r.w, &plan.w_bytes));
-  }
-  plan.v = dims.v;
-  plan.k = dims.k;
-  if (registered != nullptr) plan.w_bytes = Mul(dims.v, dims.k, 2);
-  std::map<std::string, DType> dtypes;
-  LOGITD_RETURN_IF_ERROR(CheckCandidateNames(r, &dtypes));
-  LOGITD_RETURN_IF_ERROR(CheckDistinctNames(r));
+namespace {
 
-  // The operation's own plan, with the candidates' dtypes as its outputs'
-  // and no byte limit: Verify's is checked below over everything it holds.
-  constexpr std::uint64_t kNoLimit = std::numeric_limits<std::uint64_t>::max();
-  std::map<std::string, std::vector<std::int64_t>> shapes;
+constexpr std::uint64_t kNoLimit = std::numeric_limits<std::uint64_t>::max();
+
+// The operation's own plan, with the candidates' dtypes as its outputs' and
+// no byte limit (Verify's is checked over everything it holds): fills the
+// plan's dims and input bytes, and the shape of each output by name.
+absl::Status PlanOperation(const VerifyRequest& r, const WeightDims& dims,
+                           std::map<std::string, DType>& dtypes, VerifyPlan* plan,
+                           std::map<std::string, std::vector<std::int64_t>>* shapes) {
   if (r.operation == VerifyOperation::kLogits) {
     if (r.dy.given) {
       return absl::InvalidArgumentError("dy: given, but VERIFY_LOGITS takes no dy");
@@ -178,38 +165,42 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
     lr.out_dtype = UpperDTypeName(dtypes["y"]);
     lr.alpha = r.alpha;
     LOGITD_ASSIGN_OR_RETURN(const LogitsPlan lp, PlanLogits(lr, dims, kNoLimit));
-    plan.m = lp.m;
-    plan.alpha = lp.alpha;
-    plan.x_bytes = lp.x_bytes;
-    shapes["y"] = {plan.m, plan.v};
-  } else {
-    if (r.alpha != 0.0f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("alpha: given (", r.alpha, "), but VERIFY_BACKWARD takes no scale"));
-    }
-    BackwardRequest br;
-    br.x = r.x;
-    br.dy = r.dy;
-    br.want_dx = dtypes.count("dx") > 0;
-    br.want_dw = dtypes.count("dw") > 0;
-    if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes["dx"]);
-    if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes["dw"]);
-    LOGITD_ASSIGN_OR_RETURN(const BackwardPlan bp, PlanBackward(br, dims, kNoLimit));
-    plan.m = bp.m;
-    plan.x_bytes = bp.x_bytes;
-    plan.dy_bytes = bp.dy_bytes;
-    plan.dy_dtype = bp.dy_dtype;
-    shapes["dx"] = {plan.m, plan.k};
-    shapes["dw"] = {plan.v, plan.k};
+    plan->m = lp.m;
+    plan->alpha = lp.alpha;
+    plan->x_bytes = lp.x_bytes;
+    (*shapes)["y"] = {plan->m, plan->v};
+    return absl::OkStatus();
   }
+  if (r.alpha != 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alpha: given (", r.alpha, "), but VERIFY_BACKWARD takes no scale"));
+  }
+  BackwardRequest br;
+  br.x = r.x;
+  br.dy = r.dy;
+  br.want_dx = dtypes.count("dx") > 0;
+  br.want_dw = dtypes.count("dw") > 0;
+  if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes["dx"]);
+  if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes["dw"]);
+  LOGITD_ASSIGN_OR_RETURN(const BackwardPlan bp, PlanBackward(br, dims, kNoLimit));
+  plan->m = bp.m;
+  plan->x_bytes = bp.x_bytes;
+  plan->dy_bytes = bp.dy_bytes;
+  plan->dy_dtype = bp.dy_dtype;
+  (*shapes)["dx"] = {plan->m, plan->k};
+  (*shapes)["dw"] = {plan->v, plan->k};
+  return absl::OkStatus();
+}
 
-  std::vector<CallPart> parts = {{"x", DType::kBf16, r.x.shape, plan.x_bytes}};
-  if (r.dy.given) parts.push_back({"dy", plan.dy_dtype, r.dy.shape, plan.dy_bytes});
-  if (plan.weight_streamed) parts.push_back({"w", DType::kBf16, r.w.shape, plan.w_bytes});
-  std::uint64_t own_bytes = 0;
+// Each candidate against the shape its output has; its plan, and its bytes
+// and logitd's own output's among `parts`.
+absl::Status PlanCandidates(const VerifyRequest& r,
+                            const std::map<std::string, std::vector<std::int64_t>>& shapes,
+                            const std::map<std::string, DType>& dtypes, VerifyPlan* plan,
+                            std::vector<CallPart>* parts) {
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     const CallInput& c = r.candidates[i];
-    const std::vector<std::int64_t>& want = shapes[c.name];
+    const std::vector<std::int64_t>& want = shapes.at(c.name);
     if (c.shape != want) {
       const char* dims_of = c.name == "y"    ? "[M, V]: x's M, the weight's V"
                             : c.name == "dx" ? "[M, K]: x's M, the weight's K"
@@ -220,16 +211,20 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
     }
     VerifyCandidatePlan p;
     p.name = c.name;
-    p.dtype = dtypes[c.name];
+    p.dtype = dtypes.at(c.name);
     p.shape = want;
     p.bytes = Mul(want[0], want[1], ElementSize(p.dtype));
     p.index = i;
-    parts.push_back({c.name, p.dtype, p.shape, p.bytes});
-    parts.push_back({absl::StrCat("logitd's ", c.name), p.dtype, p.shape, p.bytes});
-    own_bytes += p.bytes;
-    plan.candidates.push_back(std::move(p));
+    parts->push_back({c.name, p.dtype, p.shape, p.bytes});
+    parts->push_back({absl::StrCat("logitd's ", c.name), p.dtype, p.shape, p.bytes});
+    plan->candidates.push_back(std::move(p));
   }
-  plan.rows = SampleRows(plan.m, r.sample_rows);
+  return absl::OkStatus();
+}
+
+// The most the references of one candidate hold at a time (they run one
+// after the other).
+std::uint64_t ReferenceBytes(const VerifyPlan& plan) {
   const std::int64_t checked =
       plan.rows.empty() ? plan.m : static_cast<std::int64_t>(plan.rows.size());
   std::uint64_t reference = 0;
@@ -237,8 +232,42 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
     const std::uint64_t bytes = c.name == "y"    ? LogitsCheckBytes(checked, plan.v, plan.k)
                                 : c.name == "dx" ? GradInputCheckBytes(checked, plan.v, plan.k)
                                                  : GradWeightCheckBytes(plan.m, plan.v, plan.k);
-    reference = std::max(reference, bytes);  // one check at a time
+    reference = std::max(reference, bytes);
   }
+  return reference;
+}
+
+}  // namespace
+
+absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* registered,
+                                      std::uint64_t max_request_bytes) {
+  LOGITD_RETURN_IF_ERROR(CheckVerifyRequest(r));
+  VerifyPlan plan;
+  plan.operation = r.operation;
+  plan.weight_streamed = registered == nullptr;
+  WeightDims dims;
+  if (registered != nullptr) {
+    dims = *registered;
+    plan.w_bytes = Mul(dims.v, dims.k, 2);
+  } else {
+    LOGITD_ASSIGN_OR_RETURN(dims, StreamedWeight(r.w, &plan.w_bytes));
+  }
+  plan.v = dims.v;
+  plan.k = dims.k;
+  std::map<std::string, DType> dtypes;
+  LOGITD_RETURN_IF_ERROR(CheckCandidateNames(r, &dtypes));
+  LOGITD_RETURN_IF_ERROR(CheckDistinctNames(r));
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  LOGITD_RETURN_IF_ERROR(PlanOperation(r, dims, dtypes, &plan, &shapes));
+
+  std::vector<CallPart> parts = {{"x", DType::kBf16, r.x.shape, plan.x_bytes}};
+  if (r.dy.given) parts.push_back({"dy", plan.dy_dtype, r.dy.shape, plan.dy_bytes});
+  if (plan.weight_streamed) parts.push_back({"w", DType::kBf16, r.w.shape, plan.w_bytes});
+  LOGITD_RETURN_IF_ERROR(PlanCandidates(r, shapes, dtypes, &plan, &parts));
+  std::uint64_t own_bytes = 0;
+  for (const VerifyCandidatePlan& c : plan.candidates) own_bytes += c.bytes;
+  plan.rows = SampleRows(plan.m, r.sample_rows);
+  const std::uint64_t reference = ReferenceBytes(plan);
   parts.push_back({"fp64 references", DType::kFp32, {}, reference});
   if (!plan.weight_streamed) {
     parts.push_back({"the weight read back", DType::kBf16, {plan.v, plan.k}, plan.w_bytes});
@@ -262,23 +291,24 @@ std::string VerifyOutcome::Verdict() const {
   return order[worst];
 }
 
-absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r, Call* call,
-                                        Transport& transport, const StopCheck& stop) {
-  LOGITD_RETURN_IF_ERROR(CheckVerifyRequest(r));
-  std::optional<WeightRecord> record;
-  WeightDims registered;
-  if (!r.weight_handle.empty()) {
-    LOGITD_ASSIGN_OR_RETURN(record, FindWeight(*env.registry, call->tenant(), r.weight_handle));
-    registered = WeightDims{record->v, record->k, record->Label()};
-  }
-  LOGITD_ASSIGN_OR_RETURN(const VerifyPlan plan,
-                          PlanVerify(r, record ? &registered : nullptr, env.max_request_bytes));
-  // A streamed weight takes the backend's memory for the call: charged to
-  // the weight budget and the tenant's quota before its bytes arrive.
-  BudgetReservation reservation;
+namespace {
+
+// The weight on the backend, and its bf16 values on the host.
+struct VerifyWeight {
+  std::shared_ptr<kernels::Weight> weight;
+  const Bf16Bits* host = nullptr;
+  kernels::HostBuffer copy;  // a registered weight read back
+  std::uint64_t xxh3 = 0;
+};
+
+// Declares every tensor of the call (a streamed weight charged to the
+// weight budget and the tenant's quota before its bytes arrive, held by
+// *reservation) and receives them.
+absl::Status ReceiveVerify(const OpEnv& env, const VerifyRequest& r, const VerifyPlan& plan,
+                           Call* call, Transport& transport, BudgetReservation* reservation) {
   if (plan.weight_streamed) {
     LOGITD_ASSIGN_OR_RETURN(
-        reservation,
+        *reservation,
         env.registry->ReserveWeight(call->tenant(), "verify's streamed w", plan.v, plan.k));
     LOGITD_RETURN_IF_ERROR(call->Input("w", r.w, plan.w_bytes));
   }
@@ -290,33 +320,38 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
     LOGITD_RETURN_IF_ERROR(call->Input(c.name, r.candidates[c.index], c.bytes));
   }
   call->Scratch(plan.scratch_bytes);
-  LOGITD_RETURN_IF_ERROR(call->Receive("verify", transport));
+  return call->Receive("verify", transport);
+}
 
-  // The weight, on the backend and as bf16 on the host.
-  std::shared_ptr<kernels::Weight> weight;
-  const Bf16Bits* w_host = nullptr;
-  kernels::HostBuffer w_copy;
-  std::uint64_t w_xxh3 = 0;
+// A streamed weight loaded for this call; a registered one read back.
+absl::StatusOr<VerifyWeight> WeightOfCall(const OpEnv& env, const VerifyRequest& r,
+                                          const VerifyPlan& plan,
+                                          const std::optional<WeightRecord>& record, Call* call) {
+  VerifyWeight w;
   if (plan.weight_streamed) {
-    w_host = call->in<Bf16Bits>("w");
-    LOGITD_ASSIGN_OR_RETURN(weight, env.backend->LoadWeight(w_host, plan.v, plan.k));
-    w_xxh3 = DigestOf(r.w, w_host, plan.w_bytes);
-  } else {
-    weight = record->weight;
-    LOGITD_ASSIGN_OR_RETURN(w_copy, env.backend->AllocateHost(plan.w_bytes));
-    LOGITD_RETURN_IF_ERROR(env.backend->ReadWeight(*weight, w_copy.as<Bf16Bits>()));
-    w_host = w_copy.as<Bf16Bits>();
-    w_xxh3 = record->xxh3;
+    w.host = call->in<Bf16Bits>("w");
+    LOGITD_ASSIGN_OR_RETURN(w.weight, env.backend->LoadWeight(w.host, plan.v, plan.k));
+    w.xxh3 = DigestOf(r.w, w.host, plan.w_bytes);
+    return w;
   }
+  w.weight = record->weight;
+  LOGITD_ASSIGN_OR_RETURN(w.copy, env.backend->AllocateHost(plan.w_bytes));
+  LOGITD_RETURN_IF_ERROR(env.backend->ReadWeight(*w.weight, w.copy.as<Bf16Bits>()));
+  w.host = w.copy.as<Bf16Bits>();
+  w.xxh3 = record->xxh3;
+  return w;
+}
 
-  // logitd's own outputs of the same inputs.
-  std::map<std::string, kernels::HostBuffer> own;
+// logitd's own outputs of the same inputs, by candidate name, in the
+// candidates' dtypes.
+absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernels::Weight& weight,
+                    std::map<std::string, kernels::HostBuffer>* own, kernels::Timing* timing) {
   for (const VerifyCandidatePlan& c : plan.candidates) {
-    LOGITD_ASSIGN_OR_RETURN(own[c.name], env.backend->AllocateHost(c.bytes));
+    LOGITD_ASSIGN_OR_RETURN((*own)[c.name], env.backend->AllocateHost(c.bytes));
   }
-  const auto own_of = [&](const std::string& name) -> std::byte* {
-    auto it = own.find(name);
-    return it == own.end() ? nullptr : it->second.data();
+  const auto out = [&](const std::string& name) -> std::byte* {
+    auto it = own->find(name);
+    return it == own->end() ? nullptr : it->second.data();
   };
   const auto dtype_of = [&](const std::string& name, DType fallback) {
     for (const VerifyCandidatePlan& c : plan.candidates) {
@@ -324,60 +359,88 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
     }
     return fallback;
   };
-  VerifyOutcome outcome;
   if (plan.operation == VerifyOperation::kLogits) {
     kernels::LogitsArgs args;
     args.x = call->in<Bf16Bits>("x");
     args.m = plan.m;
     args.alpha = plan.alpha;
     args.out_dtype = dtype_of("y", DType::kFp32);
-    args.y = own_of("y");
-    LOGITD_RETURN_IF_ERROR(env.backend->Logits(*weight, args, &outcome.timing));
-  } else {
-    kernels::BackwardArgs args;
-    args.dy = call->in("dy");
-    args.dy_dtype = plan.dy_dtype;
-    args.x = call->in<Bf16Bits>("x");
-    args.m = plan.m;
-    args.dx = own_of("dx");
-    args.dx_dtype = dtype_of("dx", DType::kBf16);
-    args.dw = own_of("dw");
-    args.dw_dtype = dtype_of("dw", DType::kFp32);
-    LOGITD_RETURN_IF_ERROR(env.backend->Backward(*weight, args, &outcome.timing));
+    args.y = out("y");
+    return env.backend->Logits(weight, args, timing);
   }
+  kernels::BackwardArgs args;
+  args.dy = call->in("dy");
+  args.dy_dtype = plan.dy_dtype;
+  args.x = call->in<Bf16Bits>("x");
+  args.m = plan.m;
+  args.dx = out("dx");
+  args.dx_dtype = dtype_of("dx", DType::kBf16);
+  args.dw = out("dw");
+  args.dw_dtype = dtype_of("dw", DType::kFp32);
+  return env.backend->Backward(weight, args, timing);
+}
 
-  // The checks, one candidate at a time.
+// Each candidate against the references and logitd's own output, one after
+// the other; Cancelled when `stop` says the caller went away.
+absl::Status CheckCandidates(const VerifyRequest& r, const VerifyPlan& plan, const LmHeadInputs& in,
+                             Call* call, const std::map<std::string, kernels::HostBuffer>& own,
+                             const StopCheck& stop, VerifyOutcome* outcome) {
+  for (const VerifyCandidatePlan& c : plan.candidates) {
+    VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
+    const std::byte* data = call->in(c.name);
+    const std::byte* mine = own.at(c.name).data();
+    v.xxh3 = DigestOf(r.candidates[c.index], data, c.bytes);
+    bool done = false;
+    if (c.name == "y") {
+      done = CheckLogits(in, plan.alpha, plan.rows, data, mine, c.dtype, &v.check, stop);
+    } else if (c.name == "dx") {
+      done = CheckGradInput(in, plan.rows, data, mine, c.dtype, &v.check, stop);
+    } else {
+      done = CheckGradWeight(in, data, mine, c.dtype, &v.check, stop);
+    }
+    if (!done) {
+      return absl::CancelledError("verify: the caller went away while the references were formed");
+    }
+    outcome->candidates.push_back(std::move(v));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r, Call* call,
+                                        Transport& transport, const StopCheck& stop) {
+  LOGITD_RETURN_IF_ERROR(CheckVerifyRequest(r));
+  std::optional<WeightRecord> record;
+  WeightDims registered;
+  if (!r.weight_handle.empty()) {
+    LOGITD_ASSIGN_OR_RETURN(record, FindWeight(*env.registry, call->tenant(), r.weight_handle));
+    registered = WeightDims{record->v, record->k, record->Label()};
+  }
+  LOGITD_ASSIGN_OR_RETURN(const VerifyPlan plan,
+                          PlanVerify(r, record ? &registered : nullptr, env.max_request_bytes));
+  BudgetReservation reservation;
+  LOGITD_RETURN_IF_ERROR(ReceiveVerify(env, r, plan, call, transport, &reservation));
+  LOGITD_ASSIGN_OR_RETURN(VerifyWeight w, WeightOfCall(env, r, plan, record, call));
+  VerifyOutcome outcome;
+  std::map<std::string, kernels::HostBuffer> own;
+  LOGITD_RETURN_IF_ERROR(RunOwn(env, plan, call, *w.weight, &own, &outcome.timing));
+
   const absl::Time reference_start = absl::Now();
   LmHeadInputs in;
   in.x = call->in<Bf16Bits>("x");
-  in.w = w_host;
+  in.w = w.host;
   in.dy = call->in("dy");
   in.dy_dtype = plan.dy_dtype;
   in.m = plan.m;
   in.v = plan.v;
   in.k = plan.k;
-  for (const VerifyCandidatePlan& c : plan.candidates) {
-    VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
-    const std::byte* data = call->in(c.name);
-    v.xxh3 = DigestOf(r.candidates[c.index], data, c.bytes);
-    bool done = false;
-    if (c.name == "y") {
-      done = CheckLogits(in, plan.alpha, plan.rows, data, own_of("y"), c.dtype, &v.check, stop);
-    } else if (c.name == "dx") {
-      done = CheckGradInput(in, plan.rows, data, own_of("dx"), c.dtype, &v.check, stop);
-    } else {
-      done = CheckGradWeight(in, data, own_of("dw"), c.dtype, &v.check, stop);
-    }
-    if (!done) {
-      return absl::CancelledError("verify: the caller went away while the references were formed");
-    }
-    outcome.candidates.push_back(std::move(v));
-  }
+  LOGITD_RETURN_IF_ERROR(CheckCandidates(r, plan, in, call, own, stop, &outcome));
   outcome.reference_us = Micros(absl::Now() - reference_start);
   outcome.rows = plan.rows;
   const std::string inputs = absl::StrFormat(
       "verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x", VerifyOperationName(plan.operation),
-      FloatBits(plan.alpha), w_xxh3, DigestOf(r.x, in.x, plan.x_bytes),
+      FloatBits(plan.alpha), w.xxh3, DigestOf(r.x, in.x, plan.x_bytes),
       r.dy.given ? DigestOf(r.dy, in.dy, plan.dy_bytes) : 0);
   outcome.inputs_xxh3 = Xxh3(inputs.data(), inputs.size());
   call->ReleaseInputs();
