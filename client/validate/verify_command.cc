@@ -25,6 +25,7 @@
 #include "client/validate/verify_golden.h"
 #include "logitd/bf16.h"
 #include "logitd/client.h"
+#include "logitd/status_macros.h"
 
 // Defined by logitctl, which applies it before dispatching here.
 ABSL_DECLARE_FLAG(std::string, server);
@@ -327,6 +328,97 @@ void JudgeCandidates(const VerifyCommandArgs& a, const client::VerifyResult& res
   }
 }
 
+// The operation and the combination of flags it needs; the outputs it
+// gives, by name.
+absl::Status CheckCombination(const VerifyCommandArgs& a, client::VerifyArgs* call,
+                              std::vector<std::string>* outputs) {
+  if (a.op == "logits") {
+    call->operation = client::VerifyOperation::kLogits;
+    *outputs = {"y"};
+  } else if (a.op == "backward") {
+    call->operation = client::VerifyOperation::kBackward;
+    *outputs = {"dx", "dw"};
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--op: expected logits or backward, got '", a.op, "'"));
+  }
+  if (a.weight.empty() == a.w.empty()) {
+    return absl::InvalidArgumentError("expected one of --weight=HANDLE and --w=FILE[:TENSOR]");
+  }
+  if (a.candidates.empty()) {
+    return absl::InvalidArgumentError("--candidate=[NAME=]FILE[:TENSOR] is required");
+  }
+  if (call->operation == client::VerifyOperation::kBackward && a.dy.empty()) {
+    return absl::InvalidArgumentError("--op=backward needs --dy=FILE[:TENSOR]");
+  }
+  if (call->operation == client::VerifyOperation::kLogits && !a.dy.empty()) {
+    return absl::InvalidArgumentError("--dy: given, but --op=logits takes no dY");
+  }
+  if (!a.record_path.empty() && !a.baseline_path.empty()) {
+    return absl::InvalidArgumentError("--baseline and --record exclude each other");
+  }
+  return absl::OkStatus();
+}
+
+// The tensors of the call, held here while VerifyArgs points at them.
+struct VerifyTensors {
+  std::optional<Tensor> x;
+  std::optional<Tensor> w;
+  std::optional<tensor_files::NamedTensor> dy;
+  std::vector<tensor_files::NamedTensor> candidates;
+};
+
+// A bf16 input from FILE[:TENSOR] (fp32 files taken when every value is a
+// bf16 value).
+absl::StatusOr<Tensor> LoadBf16(const std::string& ref, const char* flag) {
+  absl::StatusOr<tensor_files::NamedTensor> file = tensor_files::LoadTensorRef(ref, flag);
+  if (!file.ok()) return file.status();
+  return ExactBf16(*std::move(file), flag);
+}
+
+// Reads --x, --w, --dy and the candidates into *held and points *call at
+// them.
+absl::Status LoadTensors(const VerifyCommandArgs& a, const std::vector<std::string>& outputs,
+                         VerifyTensors* held, client::VerifyArgs* call) {
+  LOGITD_ASSIGN_OR_RETURN(held->x, LoadBf16(a.x, "--x"));
+  call->x = *held->x;
+  if (!a.w.empty()) {
+    LOGITD_ASSIGN_OR_RETURN(held->w, LoadBf16(a.w, "--w"));
+    call->w = *held->w;
+  }
+  call->weight_handle = a.weight;
+  if (!a.dy.empty()) {
+    LOGITD_ASSIGN_OR_RETURN(held->dy, tensor_files::LoadTensorRef(a.dy, "--dy"));
+    call->dy = held->dy->tensor;
+  }
+  // Addresses into it are kept: no reallocation once one is taken.
+  held->candidates.reserve(a.candidates.size());
+  for (const std::string& text : a.candidates) {
+    CandidateRef ref = SplitCandidate(text, outputs);
+    LOGITD_ASSIGN_OR_RETURN(tensor_files::NamedTensor t,
+                            tensor_files::LoadTensorRef(ref.ref, "--candidate"));
+    if (ref.name.empty()) {
+      if (outputs.size() == 1) {
+        ref.name = outputs[0];
+      } else if (t.name == "dx" || t.name == "dw") {
+        ref.name = t.name;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--candidate=", text, ": name the output it is (", absl::StrJoin(outputs, " or "),
+            "), e.g. --candidate=", outputs[0], "=", ref.ref));
+      }
+    }
+    if (call->candidates.count(ref.name) > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--candidate: '", ref.name, "' is given twice"));
+    }
+    t.name = ref.name;  // from here on, the output it stands for
+    held->candidates.push_back(std::move(t));
+    call->candidates[ref.name] = held->candidates.back().tensor;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunVerifyCommand(const std::vector<std::string>& args) {
@@ -340,27 +432,8 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
   }
   client::VerifyArgs call;
   std::vector<std::string> outputs;
-  if (a.op == "logits") {
-    call.operation = client::VerifyOperation::kLogits;
-    outputs = {"y"};
-  } else if (a.op == "backward") {
-    call.operation = client::VerifyOperation::kBackward;
-    outputs = {"dx", "dw"};
-  } else {
-    return UsageError(absl::StrCat("--op: expected logits or backward, got '", a.op, "'"));
-  }
-  if (a.weight.empty() == a.w.empty()) {
-    return UsageError("expected one of --weight=HANDLE and --w=FILE[:TENSOR]");
-  }
-  if (a.candidates.empty()) return UsageError("--candidate=[NAME=]FILE[:TENSOR] is required");
-  if (call.operation == client::VerifyOperation::kBackward && a.dy.empty()) {
-    return UsageError("--op=backward needs --dy=FILE[:TENSOR]");
-  }
-  if (call.operation == client::VerifyOperation::kLogits && !a.dy.empty()) {
-    return UsageError("--dy: given, but --op=logits takes no dY");
-  }
-  if (!a.record_path.empty() && !a.baseline_path.empty()) {
-    return UsageError("--baseline and --record exclude each other");
+  if (absl::Status s = CheckCombination(a, &call, &outputs); !s.ok()) {
+    return UsageError(std::string(s.message()));
   }
   std::optional<Baseline> baseline;
   if (!a.baseline_path.empty()) {
@@ -373,54 +446,9 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
       return UsageError(std::string(s.message()));
     }
   }
-
-  // The tensors, held here for the call.
-  absl::StatusOr<tensor_files::NamedTensor> x_file = tensor_files::LoadTensorRef(a.x, "--x");
-  if (!x_file.ok()) return UsageError(std::string(x_file.status().message()));
-  absl::StatusOr<Tensor> x = ExactBf16(*std::move(x_file), "--x");
-  if (!x.ok()) return UsageError(std::string(x.status().message()));
-  call.x = *x;
-  std::optional<Tensor> w;
-  if (!a.w.empty()) {
-    absl::StatusOr<tensor_files::NamedTensor> w_file = tensor_files::LoadTensorRef(a.w, "--w");
-    if (!w_file.ok()) return UsageError(std::string(w_file.status().message()));
-    absl::StatusOr<Tensor> bf16 = ExactBf16(*std::move(w_file), "--w");
-    if (!bf16.ok()) return UsageError(std::string(bf16.status().message()));
-    w = *std::move(bf16);
-    call.w = *w;
-  }
-  call.weight_handle = a.weight;
-  std::optional<tensor_files::NamedTensor> dy;
-  if (!a.dy.empty()) {
-    absl::StatusOr<tensor_files::NamedTensor> d = tensor_files::LoadTensorRef(a.dy, "--dy");
-    if (!d.ok()) return UsageError(std::string(d.status().message()));
-    dy = *std::move(d);
-    call.dy = dy->tensor;
-  }
-  std::vector<tensor_files::NamedTensor> candidates;
-  candidates.reserve(a.candidates.size());
-  for (const std::string& text : a.candidates) {
-    CandidateRef ref = SplitCandidate(text, outputs);
-    absl::StatusOr<tensor_files::NamedTensor> t =
-        tensor_files::LoadTensorRef(ref.ref, "--candidate");
-    if (!t.ok()) return UsageError(std::string(t.status().message()));
-    if (ref.name.empty()) {
-      if (outputs.size() == 1) {
-        ref.name = outputs[0];
-      } else if (t->name == "dx" || t->name == "dw") {
-        ref.name = t->name;
-      } else {
-        return UsageError(absl::StrCat("--candidate=", text, ": name the output it is (",
-                                       absl::StrJoin(outputs, " or "),
-                                       "), e.g. --candidate=", outputs[0], "=", ref.ref));
-      }
-    }
-    if (call.candidates.count(ref.name) > 0) {
-      return UsageError(absl::StrCat("--candidate: '", ref.name, "' is given twice"));
-    }
-    t->name = ref.name;  // from here on, the output it stands for
-    candidates.push_back(*std::move(t));
-    call.candidates[ref.name] = candidates.back().tensor;
+  VerifyTensors held;
+  if (absl::Status s = LoadTensors(a, outputs, &held, &call); !s.ok()) {
+    return UsageError(std::string(s.message()));
   }
   call.alpha = a.alpha;
   call.sample_rows = a.sample_rows;
@@ -453,7 +481,7 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s: %s\n", kProgram, report.error.c_str());
     return finish(unreachable ? 2 : 1);
   }
-  JudgeCandidates(a, *result, seconds, candidates, baseline, &report);
+  JudgeCandidates(a, *result, seconds, held.candidates, baseline, &report);
   return finish(ExitCodeFor(report.results, false));
 }
 
