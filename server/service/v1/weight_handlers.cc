@@ -150,6 +150,42 @@ absl::Status WeightFileError(const absl::Status& s, const std::filesystem::path&
   }
 }
 
+// The header alone: the tensor's dtype and shape, checked before any of
+// its bytes are read.
+absl::StatusOr<SafetensorsTensorInfo> StatWeightFile(const std::filesystem::path& file,
+                                                     const v1::LoadWeightRequest& request,
+                                                     const std::string& where) {
+  if (request.tensor().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected the name of a tensor in the file, got an empty one"));
+  }
+  absl::StatusOr<SafetensorsTensorInfo> stated =
+      StatSafetensorsTensor(file.string(), request.tensor());
+  LOGITD_RETURN_IF_ERROR(WeightFileError(stated.status(), file, request.path()));
+  if (stated->dtype != "BF16" && stated->dtype != "F32" && stated->dtype != "F16") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": expected dtype BF16, F32 or F16 (rounded to bf16), got ", stated->dtype));
+  }
+  return stated;
+}
+
+// The tensor's values as bf16: as stored, or F32 (F16 widened exactly by
+// the reader) rounded to nearest even; *converted names the file's dtype
+// when they were converted.
+absl::StatusOr<Tensor> ReadWeightAsBf16(const std::filesystem::path& file,
+                                        const v1::LoadWeightRequest& request,
+                                        const std::string& file_dtype, std::string* converted) {
+  absl::StatusOr<Tensor> loaded = ReadSafetensorsTensor(file.string(), request.tensor());
+  LOGITD_RETURN_IF_ERROR(WeightFileError(loaded.status(), file, request.path()));
+  if (loaded->dtype() == DType::kBf16) return loaded;
+  *converted = file_dtype;
+  Tensor w(DType::kBf16, loaded->shape());
+  const float* src = loaded->data<float>();
+  Bf16Bits* dst = w.data<Bf16Bits>();
+  for (std::int64_t i = 0; i < loaded->numel(); ++i) dst[i] = FloatToBf16(src[i]);
+  return w;
+}
+
 }  // namespace
 
 absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
@@ -158,20 +194,7 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
                           ResolveWeightPath(options_.weights_dir, request.path()));
   const std::string where =
       absl::StrCat("path '", request.path(), "' tensor '", request.tensor(), "'");
-  if (request.tensor().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": expected the name of a tensor in the file, got an empty one"));
-  }
-  // The header alone: dtype and shape are checked, and the budget charged,
-  // before any of the tensor's bytes are read.
-  absl::StatusOr<SafetensorsTensorInfo> stated =
-      StatSafetensorsTensor(file.string(), request.tensor());
-  LOGITD_RETURN_IF_ERROR(WeightFileError(stated.status(), file, request.path()));
-  const SafetensorsTensorInfo& stat = *stated;
-  if (stat.dtype != "BF16" && stat.dtype != "F32" && stat.dtype != "F16") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, ": expected dtype BF16, F32 or F16 (rounded to bf16), got ", stat.dtype));
-  }
+  LOGITD_ASSIGN_OR_RETURN(const SafetensorsTensorInfo stat, StatWeightFile(file, request, where));
   if (request.name().size() > kMaxWeightNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat("name: expected at most ", kMaxWeightNameBytes,
                                                    " bytes, got ", request.name().size()));
@@ -202,22 +225,8 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
     if (!same_shape) return reserved.status();
   }
 
-  absl::StatusOr<Tensor> loaded = ReadSafetensorsTensor(file.string(), request.tensor());
-  LOGITD_RETURN_IF_ERROR(WeightFileError(loaded.status(), file, request.path()));
-  Tensor read = *std::move(loaded);
-  Tensor w;
   std::string converted;
-  if (read.dtype() == DType::kBf16) {
-    w = std::move(read);
-  } else {
-    // F32 as stored, or F16 widened exactly to fp32 by the reader.
-    converted = stat.dtype;
-    w = Tensor(DType::kBf16, read.shape());
-    const float* src = read.data<float>();
-    Bf16Bits* dst = w.data<Bf16Bits>();
-    for (std::int64_t i = 0; i < read.numel(); ++i) dst[i] = FloatToBf16(src[i]);
-    read = Tensor();
-  }
+  LOGITD_ASSIGN_OR_RETURN(Tensor w, ReadWeightAsBf16(file, request, stat.dtype, &converted));
   const std::uint64_t digest = Xxh3(w.bytes(), static_cast<std::size_t>(w.nbytes()));
   const std::string handle = WeightRegistry::MakeHandle(digest, plan.v, plan.k);
   const std::string how =
