@@ -177,6 +177,130 @@ absl::StatusOr<std::byte*> AllocateAligned(std::size_t bytes) {
   return static_cast<std::byte*>(p);
 }
 
+// The cross-entropy's first pass over the vocabulary, chunk by chunk: each
+// row's running max and sum of exponentials, tile by tile, and the
+// target's capped logit. `buf` holds a chunk of logits [m, chunk].
+void CeRowsPass(const CrossEntropyArgs& args, const CpuWeight& w, const float* xf,
+                std::int64_t chunk, float* buf, std::vector<CeRow>* rows,
+                std::vector<float>* z_target) {
+  const std::int64_t m = args.m, v = w.v(), k = w.k();
+  for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
+    const std::int64_t c = std::min(chunk, v - v0);
+    float* y = buf;
+    Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf, k, w.data() + v0 * k, k, 0.0f, y, c);
+    for (std::int64_t i = 0; i < m; ++i) {
+      float* z = y + i * c;
+      CeSoftcap(args.logit_softcap, z, c);
+      CeRow& row = (*rows)[static_cast<std::size_t>(i)];
+      for (std::int64_t j = 0; j < c; j += kCeTile) {
+        float tile_max = 0.0f;
+        float tile_sum = 0.0f;
+        CeTileMaxSum(z + j, std::min(kCeTile, c - j), &tile_max, &tile_sum);
+        row.Fold(tile_max, tile_sum);
+      }
+      const std::int64_t t = args.targets[i];
+      if (t != args.ignore_index && t >= v0 && t < v0 + c) {
+        (*z_target)[static_cast<std::size_t>(i)] = z[t - v0];
+      }
+    }
+  }
+}
+
+// The cross-entropy's second pass: G chunk by chunk (the logits again, then
+// CeGradChunk), into dX (dx_acc, fp32, written whole by the first chunk)
+// and dW (returned, or added to the weight's gradient buffer under its lock
+// for the whole pass, so that FetchGradient never sees part of a call's dW;
+// the call counts once). A bf16 dX is rounded once at the end.
+absl::Status CeGradientPass(const CrossEntropyArgs& args, CpuWeight& w, const float* xf,
+                            std::int64_t chunk, const std::vector<float>& lse, float* buf,
+                            float* dx_acc) {
+  const std::int64_t m = args.m, v = w.v(), k = w.k();
+  const bool want_dx = args.dx != nullptr;
+  std::optional<GradientState<FloatBuffer>::Lock> gradient;
+  float* dw = args.dw;
+  float dw_beta = 0.0f;
+  if (args.accumulate_dw) {
+    gradient.emplace(w.gradient().Acquire());
+    absl::StatusOr<FloatBuffer*> g = gradient->GetOrCreate([&] {
+      return AllocateFloats(v * k, /*zeroed=*/true, "cross entropy: fp32 gradient buffer");
+    });
+    if (!g.ok()) return g.status();
+    dw = (*g)->get();
+    dw_beta = 1.0f;
+  }
+  for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
+    const std::int64_t c = std::min(chunk, v - v0);
+    float* g = buf;
+    Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf, k, w.data() + v0 * k, k, 0.0f, g, c);
+    CeGradChunk(args, lse, v0, c, g);
+    if (want_dx) {
+      // dX [m, K] += G_chunk [m, c] . W_chunk [c, K]
+      Sgemm(CblasNoTrans, CblasNoTrans, m, k, c, 1.0f, g, c, w.data() + v0 * k, k,
+            v0 == 0 ? 0.0f : 1.0f, dx_acc, k);
+    }
+    if (dw != nullptr) {
+      // dW rows [v0, v0 + c) (+)= G_chunkᵀ [c, m] . X [m, K]
+      Sgemm(CblasTrans, CblasNoTrans, c, k, m, 1.0f, g, c, xf, k, dw_beta, dw + v0 * k, k);
+    }
+  }
+  if (args.accumulate_dw) gradient->CountCall();
+  if (want_dx && args.dx_dtype == DType::kBf16) {
+    Narrow(dx_acc, m * k, static_cast<Bf16Bits*>(args.dx));
+  }
+  return absl::OkStatus();
+}
+
+// A LogProbs row's target, or ignore_index when the call gives none.
+std::int64_t LpTarget(const LogProbsArgs& args, std::int64_t i) {
+  return args.targets != nullptr ? args.targets[i] : args.ignore_index;
+}
+
+// LogProbs' per-token outputs from the rows' running sums: lse, entropy,
+// the target's log-prob (0 for an ignored token) and the top-k.
+void LpWriteRows(const LogProbsArgs& args, const std::vector<LpRow>& rows,
+                 const std::vector<float>& z_target, std::vector<LpTopK>* best) {
+  for (std::int64_t i = 0; i < args.m; ++i) {
+    const auto r = static_cast<std::size_t>(i);
+    const double lse = rows[r].lse.Lse();
+    if (args.lse != nullptr) args.lse[i] = static_cast<float>(lse);
+    if (args.entropy != nullptr) args.entropy[i] = static_cast<float>(rows[r].Entropy());
+    if (args.logprob != nullptr) {
+      args.logprob[i] = LpTarget(args, i) == args.ignore_index
+                            ? 0.0f
+                            : static_cast<float>(static_cast<double>(z_target[r]) - lse);
+    }
+    if (args.top_k > 0) {
+      (*best)[r].Write(lse, args.topk_ids + i * args.top_k, args.topk_logprobs + i * args.top_k);
+    }
+  }
+}
+
+// Each target's rank (-1 for an ignored token): a second pass over the
+// vocabulary counting the entries before it. logits(v0, c) gives the z of a
+// chunk, [m, c].
+template <typename Logits>
+void LpRanks(const LogProbsArgs& args, std::int64_t chunk, const Logits& logits,
+             const std::vector<float>& z_target) {
+  const std::int64_t m = args.m, v = args.vocab;
+  std::vector<std::int64_t> above(static_cast<std::size_t>(m), 0);
+  for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
+    const std::int64_t c = std::min(chunk, v - v0);
+    const float* y = logits(v0, c);
+    for (std::int64_t i = 0; i < m; ++i) {
+      const std::int64_t t = LpTarget(args, i);
+      if (t == args.ignore_index) continue;
+      const float zt = z_target[static_cast<std::size_t>(i)];
+      const float* z = y + i * c;
+      std::int64_t n = 0;
+      for (std::int64_t j = 0; j < c; ++j) n += LpBefore(z[j], v0 + j, zt, t) ? 1 : 0;
+      above[static_cast<std::size_t>(i)] += n;
+    }
+  }
+  for (std::int64_t i = 0; i < m; ++i) {
+    args.rank[i] = LpTarget(args, i) == args.ignore_index ? -1 : above[static_cast<std::size_t>(i)];
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   // Host buffers at least this large come from the pool.
@@ -415,7 +539,6 @@ class CpuBackend final : public Backend {
     const bool want_dx = args.dx != nullptr;
     const bool return_dw = args.dw != nullptr && !args.accumulate_dw;
     const bool backward = want_dx || return_dw || args.accumulate_dw;
-    const float cap = args.logit_softcap;
     const std::int64_t chunk = CeChunkRows(args.vocab_chunk, m, v);
 
     // Everything is allocated before the gradient buffer is touched, so an
@@ -445,66 +568,13 @@ class CpuBackend final : public Backend {
     // Pass 1: lse and the target's capped logit, row by row over the tiles.
     std::vector<CeRow> rows(static_cast<std::size_t>(m));
     std::vector<float> z_target(static_cast<std::size_t>(m), 0.0f);
-    for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
-      const std::int64_t c = std::min(chunk, v - v0);
-      float* y = buf->get();
-      Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf->get(), k, w.data() + v0 * k, k, 0.0f, y,
-            c);
-      for (std::int64_t i = 0; i < m; ++i) {
-        float* z = y + i * c;
-        CeSoftcap(cap, z, c);
-        CeRow& row = rows[static_cast<std::size_t>(i)];
-        for (std::int64_t j = 0; j < c; j += kCeTile) {
-          float tile_max = 0.0f;
-          float tile_sum = 0.0f;
-          CeTileMaxSum(z + j, std::min(kCeTile, c - j), &tile_max, &tile_sum);
-          row.Fold(tile_max, tile_sum);
-        }
-        const std::int64_t t = args.targets[i];
-        if (t != args.ignore_index && t >= v0 && t < v0 + c) {
-          z_target[static_cast<std::size_t>(i)] = z[t - v0];
-        }
-      }
-    }
+    CeRowsPass(args, w, xf->get(), chunk, buf->get(), &rows, &z_target);
     const std::vector<float> lse = CeLosses(args, rows, z_target);
 
     if (backward) {
-      // dW goes into the gradient buffer under its lock for the whole pass,
-      // so FetchGradient never sees part of a call's dW; the call counts once.
-      std::optional<GradientState<FloatBuffer>::Lock> gradient;
-      float* dw = args.dw;
-      float dw_beta = 0.0f;
-      if (args.accumulate_dw) {
-        gradient.emplace(w.gradient().Acquire());
-        absl::StatusOr<FloatBuffer*> g = gradient->GetOrCreate([&] {
-          return AllocateFloats(v * k, /*zeroed=*/true, "cross entropy: fp32 gradient buffer");
-        });
-        if (!g.ok()) return g.status();
-        dw = (*g)->get();
-        dw_beta = 1.0f;
-      } else if (!return_dw) {
-        dw = nullptr;
-      }
-      for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
-        const std::int64_t c = std::min(chunk, v - v0);
-        float* g = buf->get();
-        Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf->get(), k, w.data() + v0 * k, k, 0.0f, g,
-              c);
-        CeGradChunk(args, lse, v0, c, g);
-        if (want_dx) {
-          // dX [m, K] += G_chunk [m, c] . W_chunk [c, K]
-          Sgemm(CblasNoTrans, CblasNoTrans, m, k, c, 1.0f, g, c, w.data() + v0 * k, k,
-                v0 == 0 ? 0.0f : 1.0f, dx_acc, k);
-        }
-        if (dw != nullptr) {
-          // dW rows [v0, v0 + c) (+)= G_chunkᵀ [c, m] . X [m, K]
-          Sgemm(CblasTrans, CblasNoTrans, c, k, m, 1.0f, g, c, xf->get(), k, dw_beta, dw + v0 * k,
-                k);
-        }
-      }
-      if (args.accumulate_dw) gradient->CountCall();
-      if (want_dx && args.dx_dtype == DType::kBf16) {
-        Narrow(dx_acc, m * k, static_cast<Bf16Bits*>(args.dx));
+      if (absl::Status s = CeGradientPass(args, w, xf->get(), chunk, lse, buf->get(), dx_acc);
+          !s.ok()) {
+        return s;
       }
     }
     SetTiming(timing, start);
@@ -543,10 +613,6 @@ class CpuBackend final : public Backend {
       }
       return y;
     };
-    const auto target = [&](std::int64_t i) {
-      return args.targets != nullptr ? args.targets[i] : args.ignore_index;
-    };
-
     std::vector<LpRow> rows(static_cast<std::size_t>(m));
     std::vector<LpTopK> best(static_cast<std::size_t>(top_k > 0 ? m : 0), LpTopK(top_k));
     std::vector<float> z_target(static_cast<std::size_t>(m), 0.0f);
@@ -564,7 +630,7 @@ class CpuBackend final : public Backend {
           row.Fold(tile_max, tile_sum,
                    args.entropy != nullptr ? LpTileZSum(z + j, n, tile_max) : 0.0);
         }
-        const std::int64_t t = target(i);
+        const std::int64_t t = LpTarget(args, i);
         if (t != args.ignore_index && t >= v0 && t < v0 + c) {
           z_target[static_cast<std::size_t>(i)] = z[t - v0];
         }
@@ -573,38 +639,8 @@ class CpuBackend final : public Backend {
       }
     }
 
-    for (std::int64_t i = 0; i < m; ++i) {
-      const auto r = static_cast<std::size_t>(i);
-      const double lse = rows[r].lse.Lse();
-      if (args.lse != nullptr) args.lse[i] = static_cast<float>(lse);
-      if (args.entropy != nullptr) args.entropy[i] = static_cast<float>(rows[r].Entropy());
-      if (args.logprob != nullptr) {
-        args.logprob[i] = target(i) == args.ignore_index
-                              ? 0.0f
-                              : static_cast<float>(static_cast<double>(z_target[r]) - lse);
-      }
-      if (top_k > 0) best[r].Write(lse, args.topk_ids + i * top_k, args.topk_logprobs + i * top_k);
-    }
-
-    if (args.rank != nullptr) {
-      std::vector<std::int64_t> above(static_cast<std::size_t>(m), 0);
-      for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
-        const std::int64_t c = std::min(chunk, v - v0);
-        const float* y = logits(v0, c);
-        for (std::int64_t i = 0; i < m; ++i) {
-          const std::int64_t t = target(i);
-          if (t == args.ignore_index) continue;
-          const float zt = z_target[static_cast<std::size_t>(i)];
-          const float* z = y + i * c;
-          std::int64_t n = 0;
-          for (std::int64_t j = 0; j < c; ++j) n += LpBefore(z[j], v0 + j, zt, t) ? 1 : 0;
-          above[static_cast<std::size_t>(i)] += n;
-        }
-      }
-      for (std::int64_t i = 0; i < m; ++i) {
-        args.rank[i] = target(i) == args.ignore_index ? -1 : above[static_cast<std::size_t>(i)];
-      }
-    }
+    LpWriteRows(args, rows, z_target, &best);
+    if (args.rank != nullptr) LpRanks(args, chunk, logits, z_target);
     SetTiming(timing, start);
     return absl::OkStatus();
   }
