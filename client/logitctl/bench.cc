@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "client/logitctl/bench_report.h"
 #include "logitd/bf16.h"
+#include "logitd/status_macros.h"
 #include "logitd/tensor.h"
 #include "nlohmann/json.hpp"
 
@@ -183,27 +184,58 @@ absl::Status ReadRpcOptions(Config* config) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Rpc> ParseRpc(const std::string& rpc) {
+  if (rpc == "logits") return Rpc::kLogits;
+  if (rpc == "backward") return Rpc::kBackward;
+  if (rpc == "cross-entropy" || rpc == "cross_entropy") return Rpc::kCrossEntropy;
+  if (rpc == "logprobs") return Rpc::kLogProbs;
+  if (rpc == "fetch-gradient" || rpc == "fetch_gradient") return Rpc::kFetchGradient;
+  if (rpc == "baseline") return Rpc::kBaseline;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--rpc: expected logits, backward, cross-entropy, logprobs, fetch-gradient or baseline, "
+      "got '",
+      rpc, "'"));
+}
+
+// The load: --concurrency, --channels, --requests or --duration, --warmup.
+absl::Status ReadLoad(Config* c) {
+  c->concurrency = absl::GetFlag(FLAGS_concurrency);
+  if (c->concurrency < 1 || c->concurrency > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--concurrency: expected 1 to 1024, got ", c->concurrency));
+  }
+  c->channels = absl::GetFlag(FLAGS_channels);
+  if (c->channels < 1 || c->channels > c->concurrency) {
+    return absl::InvalidArgumentError(absl::StrCat("--channels: expected 1 to --concurrency (",
+                                                   c->concurrency, "), got ", c->channels));
+  }
+  c->requests = absl::GetFlag(FLAGS_requests);
+  const double duration = absl::GetFlag(FLAGS_duration);
+  if (c->requests < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--requests: expected a count >= 1, got ", c->requests));
+  }
+  if (!(duration >= 0) || duration > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--duration: expected 0 to 86400 seconds, got ", duration));
+  }
+  if (c->requests > 0 && duration > 0) {
+    return absl::InvalidArgumentError("--requests and --duration: give one of them, not both");
+  }
+  c->duration = absl::Seconds(c->requests == 0 && duration == 0 ? 10.0 : duration);
+  c->warmup = absl::GetFlag(FLAGS_warmup);
+  if (c->warmup < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--warmup: expected a count >= 0, got ", c->warmup));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Config> ReadConfig() {
   Config c;
-  const std::string rpc = absl::GetFlag(FLAGS_rpc);
-  if (rpc == "logits") {
-    c.rpc = Rpc::kLogits;
-  } else if (rpc == "backward") {
-    c.rpc = Rpc::kBackward;
-  } else if (rpc == "cross-entropy" || rpc == "cross_entropy") {
-    c.rpc = Rpc::kCrossEntropy;
-  } else if (rpc == "logprobs") {
-    c.rpc = Rpc::kLogProbs;
-  } else if (rpc == "fetch-gradient" || rpc == "fetch_gradient") {
-    c.rpc = Rpc::kFetchGradient;
-  } else if (rpc == "baseline") {
-    c.rpc = Rpc::kBaseline;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rpc: expected logits, backward, cross-entropy, logprobs, fetch-gradient or baseline, "
-        "got '",
-        rpc, "'"));
-  }
+  absl::StatusOr<Rpc> rpc = ParseRpc(absl::GetFlag(FLAGS_rpc));
+  if (!rpc.ok()) return rpc.status();
+  c.rpc = *rpc;
   c.m = absl::GetFlag(FLAGS_m);
   c.k = absl::GetFlag(FLAGS_k);
   c.v = absl::GetFlag(FLAGS_v);
@@ -220,35 +252,7 @@ absl::StatusOr<Config> ReadConfig() {
     return absl::InvalidArgumentError(
         absl::StrCat("--out_dtype: expected fp32 or bf16, got '", out, "'"));
   }
-  c.concurrency = absl::GetFlag(FLAGS_concurrency);
-  if (c.concurrency < 1 || c.concurrency > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--concurrency: expected 1 to 1024, got ", c.concurrency));
-  }
-  c.channels = absl::GetFlag(FLAGS_channels);
-  if (c.channels < 1 || c.channels > c.concurrency) {
-    return absl::InvalidArgumentError(absl::StrCat("--channels: expected 1 to --concurrency (",
-                                                   c.concurrency, "), got ", c.channels));
-  }
-  c.requests = absl::GetFlag(FLAGS_requests);
-  const double duration = absl::GetFlag(FLAGS_duration);
-  if (c.requests < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--requests: expected a count >= 1, got ", c.requests));
-  }
-  if (!(duration >= 0) || duration > 86400) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--duration: expected 0 to 86400 seconds, got ", duration));
-  }
-  if (c.requests > 0 && duration > 0) {
-    return absl::InvalidArgumentError("--requests and --duration: give one of them, not both");
-  }
-  c.duration = absl::Seconds(c.requests == 0 && duration == 0 ? 10.0 : duration);
-  c.warmup = absl::GetFlag(FLAGS_warmup);
-  if (c.warmup < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--warmup: expected a count >= 0, got ", c.warmup));
-  }
+  if (absl::Status s = ReadLoad(&c); !s.ok()) return s;
   c.baseline = absl::GetFlag(FLAGS_baseline);
   c.seed = absl::GetFlag(FLAGS_seed);
   c.json = absl::GetFlag(FLAGS_json);
@@ -385,33 +389,60 @@ struct Tally {
 // One call of the benchmarked RPC; fills the call's trailer when it has one.
 using CallFn = std::function<absl::Status(Client&, const Inputs&, std::optional<TimingTrailer>*)>;
 
+// Logits: X and Y streamed (Y received into the worker's tensor), or both
+// in the worker's shared-memory region.
+CallFn LogitsCall(const Config& c, const std::string& handle) {
+  return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
+    client::LogitsOptions options;
+    options.out_dtype = c.out_dtype;
+    if (c.shm) {
+      client::LogitsShmArgs args;
+      args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
+                                        DType::kBf16, in.x.shape());
+      args.y = client::TensorOutput::Shm(
+          client::ShmSlot{in.region_handle, in.region.get(), in.y_offset, c.shm_skip_digest});
+      absl::StatusOr<client::LogitsShmResult> r = cl.LogitsShm(args, handle, options);
+      if (!r.ok()) return r.status();
+      *trailer = r->timing.trailer;
+      return absl::OkStatus();
+    }
+    client::Timing timing;
+    // Each worker receives into the same tensor every call, as a caller
+    // that repeats a call would: fresh pages per 128 MiB result measure
+    // the kernel's page zeroing, not the service.
+    if (absl::Status s = cl.LogitsInto(in.x, handle, &in.y, options, &timing); !s.ok()) {
+      return s;
+    }
+    *trailer = timing.trailer;
+    return absl::OkStatus();
+  };
+}
+
+// LogProbs: X streamed or from the worker's region.
+CallFn LogProbsCall(const Config& c, const std::string& handle) {
+  return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
+    absl::StatusOr<client::LogProbsResult> r;
+    if (c.shm) {
+      // X from the worker's region; the targets and the per-token
+      // outputs (a few bytes a token) travel in the stream.
+      client::LogProbsShmArgs args;
+      args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
+                                        DType::kBf16, in.x.shape());
+      args.targets = in.targets;
+      r = cl.LogProbsShm(args, handle, c.logprobs);
+    } else {
+      r = cl.LogProbs(in.x, &in.targets, handle, c.logprobs);
+    }
+    if (!r.ok()) return r.status();
+    *trailer = r->timing.trailer;
+    return absl::OkStatus();
+  };
+}
+
 CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
   switch (rpc) {
     case Rpc::kLogits:
-      return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
-        client::LogitsOptions options;
-        options.out_dtype = c.out_dtype;
-        if (c.shm) {
-          client::LogitsShmArgs args;
-          args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
-                                            DType::kBf16, in.x.shape());
-          args.y = client::TensorOutput::Shm(
-              client::ShmSlot{in.region_handle, in.region.get(), in.y_offset, c.shm_skip_digest});
-          absl::StatusOr<client::LogitsShmResult> r = cl.LogitsShm(args, handle, options);
-          if (!r.ok()) return r.status();
-          *trailer = r->timing.trailer;
-          return absl::OkStatus();
-        }
-        client::Timing timing;
-        // Each worker receives into the same tensor every call, as a caller
-        // that repeats a call would: fresh pages per 128 MiB result measure
-        // the kernel's page zeroing, not the service.
-        if (absl::Status s = cl.LogitsInto(in.x, handle, &in.y, options, &timing); !s.ok()) {
-          return s;
-        }
-        *trailer = timing.trailer;
-        return absl::OkStatus();
-      };
+      return LogitsCall(c, handle);
     case Rpc::kBackward:
       return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
         absl::StatusOr<client::BackwardResult> r = cl.Backward(in.dy, in.x, handle, c.backward);
@@ -428,23 +459,7 @@ CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
         return absl::OkStatus();
       };
     case Rpc::kLogProbs:
-      return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
-        absl::StatusOr<client::LogProbsResult> r;
-        if (c.shm) {
-          // X from the worker's region; the targets and the per-token
-          // outputs (a few bytes a token) travel in the stream.
-          client::LogProbsShmArgs args;
-          args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
-                                            DType::kBf16, in.x.shape());
-          args.targets = in.targets;
-          r = cl.LogProbsShm(args, handle, c.logprobs);
-        } else {
-          r = cl.LogProbs(in.x, &in.targets, handle, c.logprobs);
-        }
-        if (!r.ok()) return r.status();
-        *trailer = r->timing.trailer;
-        return absl::OkStatus();
-      };
+      return LogProbsCall(c, handle);
     case Rpc::kFetchGradient:
       return [handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
         // Into the same tensor every call, as for logits.
@@ -612,6 +627,65 @@ nlohmann::json MakeReport(const Config& c, const client::ClientOptions& options,
   return report;
 }
 
+// The server's side of the benchmark: a random weight registered (and,
+// for fetch-gradient, one accumulated dW), each worker's inputs, and with
+// --shm a region per worker with X written into it once. *what names the
+// step that failed.
+absl::Status Prepare(const Config& c, Client& cl, std::string* handle, std::vector<Inputs>* inputs,
+                     std::string* what) {
+  if (c.rpc != Rpc::kBaseline) {
+    std::cerr << "logitctl: bench: registering a random bf16 weight [" << c.v << ", " << c.k
+              << "] (seed " << c.seed << ")\n";
+    const Tensor w = RandomTensor(DType::kBf16, {c.v, c.k}, c.seed);
+    *what = "register weight";
+    LOGITD_ASSIGN_OR_RETURN(const client::WeightInfo reg, cl.RegisterWeight(w, "logitctl-bench"));
+    *handle = reg.handle;
+  }
+  if (c.rpc == Rpc::kFetchGradient) {
+    // One accumulating call gives the weight a gradient buffer of random
+    // values, as training would, rather than one never written.
+    std::cerr << "logitctl: bench: accumulating one dW of M=" << c.m << " rows\n";
+    client::BackwardOptions accumulate;
+    accumulate.want_dx = false;
+    accumulate.accumulate_dw = true;
+    *what = "accumulating a gradient";
+    LOGITD_RETURN_IF_ERROR(cl.Backward(RandomTensor(DType::kFp32, {c.m, c.v}, c.seed + 1),
+                                       RandomTensor(DType::kBf16, {c.m, c.k}, c.seed + 2), *handle,
+                                       accumulate)
+                               .status());
+  }
+  for (int i = 0; i < c.concurrency; ++i) inputs->push_back(MakeInputs(c, i));
+  if (!c.shm) return absl::OkStatus();
+  // One region per worker, X written into it once, registered once.
+  for (Inputs& in : *inputs) {
+    in.y_offset = (in.x.nbytes() + 63) / 64 * 64;
+    const std::uint64_t y_bytes = c.rpc == Rpc::kLogits ? c.down_bytes : 0;
+    *what = "shared-memory region";
+    LOGITD_ASSIGN_OR_RETURN(client::SharedRegion region,
+                            client::SharedRegion::Create(in.y_offset + y_bytes));
+    in.region = std::make_shared<client::SharedRegion>(std::move(region));
+    std::copy_n(in.x.bytes(), in.x.nbytes(), in.region->data());
+    *what = "register shared memory";
+    LOGITD_ASSIGN_OR_RETURN(in.region_handle, cl.RegisterShm(*in.region));
+  }
+  return absl::OkStatus();
+}
+
+// What Prepare registered, released (a failure is reported, not fatal).
+void Release(Client& cl, const std::string& handle, const std::vector<Inputs>& inputs) {
+  for (const Inputs& in : inputs) {
+    if (in.region_handle.empty()) continue;
+    if (absl::Status s = cl.ReleaseShm(in.region_handle); !s.ok()) {
+      std::cerr << "logitctl: bench: releasing shared memory: " << s.message() << "\n";
+    }
+  }
+  if (!handle.empty()) {
+    if (absl::StatusOr<std::uint64_t> r = cl.ReleaseWeight(handle); !r.ok()) {
+      std::cerr << "logitctl: bench: releasing the weight: " << r.status().message() << "\n";
+    }
+  }
+}
+
 }  // namespace
 
 int RunBench(const std::vector<std::string>& words, const client::ClientOptions& options,
@@ -649,42 +723,10 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
   if (!info.ok()) return server_error("server info", info.status());
 
   std::string handle;
-  if (c.rpc != Rpc::kBaseline) {
-    std::cerr << "logitctl: bench: registering a random bf16 weight [" << c.v << ", " << c.k
-              << "] (seed " << c.seed << ")\n";
-    const Tensor w = RandomTensor(DType::kBf16, {c.v, c.k}, c.seed);
-    absl::StatusOr<client::WeightInfo> reg = clients[0]->RegisterWeight(w, "logitctl-bench");
-    if (!reg.ok()) return server_error("register weight", reg.status());
-    handle = reg->handle;
-  }
-  if (c.rpc == Rpc::kFetchGradient) {
-    // One accumulating call gives the weight a gradient buffer of random
-    // values, as training would, rather than one never written.
-    std::cerr << "logitctl: bench: accumulating one dW of M=" << c.m << " rows\n";
-    client::BackwardOptions accumulate;
-    accumulate.want_dx = false;
-    accumulate.accumulate_dw = true;
-    absl::StatusOr<client::BackwardResult> r = clients[0]->Backward(
-        RandomTensor(DType::kFp32, {c.m, c.v}, c.seed + 1),
-        RandomTensor(DType::kBf16, {c.m, c.k}, c.seed + 2), handle, accumulate);
-    if (!r.ok()) return server_error("accumulating a gradient", r.status());
-  }
   std::vector<Inputs> inputs;
-  for (int i = 0; i < c.concurrency; ++i) inputs.push_back(MakeInputs(c, i));
-  if (c.shm) {
-    // One region per worker, X written into it once, registered once.
-    for (Inputs& in : inputs) {
-      in.y_offset = (in.x.nbytes() + 63) / 64 * 64;
-      const std::uint64_t y_bytes = c.rpc == Rpc::kLogits ? c.down_bytes : 0;
-      absl::StatusOr<client::SharedRegion> region =
-          client::SharedRegion::Create(in.y_offset + y_bytes);
-      if (!region.ok()) return server_error("shared-memory region", region.status());
-      in.region = std::make_shared<client::SharedRegion>(*std::move(region));
-      std::copy_n(in.x.bytes(), in.x.nbytes(), in.region->data());
-      absl::StatusOr<std::string> h = clients[0]->RegisterShm(*in.region);
-      if (!h.ok()) return server_error("register shared memory", h.status());
-      in.region_handle = *h;
-    }
+  std::string what;
+  if (absl::Status s = Prepare(c, *clients[0], &handle, &inputs, &what); !s.ok()) {
+    return server_error(what, s);
   }
 
   std::vector<Rpc> rpcs = {c.rpc};
@@ -705,17 +747,7 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
     errors += p.tally.error_count();
     phases.push_back(Summary(c, p));
   }
-  for (const Inputs& in : inputs) {
-    if (in.region_handle.empty()) continue;
-    if (absl::Status s = clients[0]->ReleaseShm(in.region_handle); !s.ok()) {
-      std::cerr << "logitctl: bench: releasing shared memory: " << s.message() << "\n";
-    }
-  }
-  if (!handle.empty()) {
-    if (absl::StatusOr<std::uint64_t> r = clients[0]->ReleaseWeight(handle); !r.ok()) {
-      std::cerr << "logitctl: bench: releasing the weight: " << r.status().message() << "\n";
-    }
-  }
+  Release(*clients[0], handle, inputs);
 
   const nlohmann::json report = MakeReport(c, options, server, *info, phases);
   if (c.json) {
