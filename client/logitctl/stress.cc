@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "logitd/bf16.h"
+#include "logitd/status_macros.h"
 #include "logitd/tensor.h"
 #include "nlohmann/json.hpp"
 
@@ -120,6 +121,62 @@ struct Outcome {
   std::map<std::string, std::int64_t> errors;  // by status code
   std::vector<double> seconds;
   std::string first_problem;
+};
+
+// A worker's own weight for accumulation: its expected gradient is known
+// here exactly, integer products summed in fp64.
+struct OwnGradient {
+  StressWeight w;
+  std::vector<double> expected;  // [V, K]
+  std::uint64_t accumulated = 0;
+
+  // One accumulating Backward of random integer dY and X.
+  absl::Status Accumulate(Client& c, std::mt19937_64& rng) {
+    const std::int64_t m = 1 + static_cast<std::int64_t>(rng() % 64);
+    const Tensor dy = RandomTensor(DType::kFp32, {m, w.v}, true, rng);
+    const Tensor x = RandomTensor(DType::kBf16, {m, w.k}, true, rng);
+    client::BackwardOptions o;
+    o.accumulate_dw = true;
+    o.want_dx = rng() % 2 == 0;
+    absl::StatusOr<client::BackwardResult> r = c.Backward(dy, x, w.handle, o);
+    if (!r.ok()) return r.status();
+    ++accumulated;
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t v = 0; v < w.v; ++v) {
+        const double gv = Value(dy, i * w.v + v);
+        if (gv == 0) continue;
+        for (std::int64_t j = 0; j < w.k; ++j) {
+          expected[static_cast<std::size_t>(v * w.k + j)] += gv * Value(x, i * w.k + j);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // FetchGradient with zeroing: the count and every element exact; what is
+  // wrong, or empty.
+  std::string Fetch(Client& c, absl::Status* status) {
+    absl::StatusOr<client::GradientResult> r = c.FetchGradient(w.handle, true);
+    if (!r.ok()) {
+      *status = r.status();
+      return "";
+    }
+    std::string problem;
+    if (r->accumulated_calls != accumulated) {
+      problem =
+          absl::StrCat("counted ", r->accumulated_calls, " accumulations, made ", accumulated);
+    }
+    for (std::int64_t i = 0; i < r->dw.numel() && problem.empty(); ++i) {
+      const float want = static_cast<float>(expected[static_cast<std::size_t>(i)]);
+      const float got = r->dw.data<float>()[i];
+      if (FloatBits(got) != FloatBits(want) && !(got == 0.0f && want == 0.0f)) {
+        problem = absl::StrFormat("gradient[%d] = %.9g, exact sum %.9g", i, got, want);
+      }
+    }
+    std::fill(expected.begin(), expected.end(), 0.0);
+    accumulated = 0;
+    return problem;
+  }
 };
 
 class Stress {
@@ -486,23 +543,20 @@ std::string Stress::DoLogProbs(Client& c, const StressWeight& w, std::mt19937_64
 void Stress::Worker(int index, absl::Time until) {
   Client& c = *clients_[static_cast<std::size_t>(index)];
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed) * 7919 + static_cast<std::uint64_t>(index));
-  // A weight of this worker's own for accumulation: its expected gradient is
-  // known here exactly.
-  StressWeight own;
-  own.v = 257 + index * 13;
-  own.k = 96 + index * 7;
-  own.integer = true;
-  own.w = RandomTensor(DType::kBf16, {own.v, own.k}, true, rng);
+  OwnGradient own;
+  own.w.v = 257 + index * 13;
+  own.w.k = 96 + index * 7;
+  own.w.integer = true;
+  own.w.w = RandomTensor(DType::kBf16, {own.w.v, own.w.k}, true, rng);
   {
     const absl::Time t0 = absl::Now();
     absl::StatusOr<client::WeightInfo> info =
-        c.RegisterWeight(own.w, absl::StrCat("stress-own-", index));
+        c.RegisterWeight(own.w.w, absl::StrCat("stress-own-", index));
     Record("RegisterWeight", info.status(), absl::ToDoubleSeconds(absl::Now() - t0), "");
     if (!info.ok()) return;
-    own.handle = info->handle;
+    own.w.handle = info->handle;
   }
-  std::vector<double> expected(static_cast<std::size_t>(own.v * own.k), 0.0);
-  std::uint64_t accumulated = 0;
+  own.expected.assign(static_cast<std::size_t>(own.w.v * own.w.k), 0.0);
 
   while (absl::Now() < until) {
     const int pick = static_cast<int>(rng() % 100);
@@ -522,47 +576,10 @@ void Stress::Worker(int index, absl::Time until) {
       problem = DoBackward(c, w, rng, &status);
     } else if (pick < 65) {
       rpc = "Backward(accumulate)";
-      const std::int64_t m = 1 + static_cast<std::int64_t>(rng() % 64);
-      const Tensor dy = RandomTensor(DType::kFp32, {m, own.v}, true, rng);
-      const Tensor x = RandomTensor(DType::kBf16, {m, own.k}, true, rng);
-      client::BackwardOptions o;
-      o.accumulate_dw = true;
-      o.want_dx = rng() % 2 == 0;
-      absl::StatusOr<client::BackwardResult> r = c.Backward(dy, x, own.handle, o);
-      if (!r.ok()) {
-        status = r.status();
-      } else {
-        ++accumulated;
-        for (std::int64_t i = 0; i < m; ++i) {
-          for (std::int64_t v = 0; v < own.v; ++v) {
-            const double gv = Value(dy, i * own.v + v);
-            if (gv == 0) continue;
-            for (std::int64_t j = 0; j < own.k; ++j) {
-              expected[static_cast<std::size_t>(v * own.k + j)] += gv * Value(x, i * own.k + j);
-            }
-          }
-        }
-      }
+      status = own.Accumulate(c, rng);
     } else if (pick < 70) {
       rpc = "FetchGradient";
-      absl::StatusOr<client::GradientResult> r = c.FetchGradient(own.handle, true);
-      if (!r.ok()) {
-        status = r.status();
-      } else {
-        if (r->accumulated_calls != accumulated) {
-          problem =
-              absl::StrCat("counted ", r->accumulated_calls, " accumulations, made ", accumulated);
-        }
-        for (std::int64_t i = 0; i < r->dw.numel() && problem.empty(); ++i) {
-          const float want = static_cast<float>(expected[static_cast<std::size_t>(i)]);
-          const float got = r->dw.data<float>()[i];
-          if (FloatBits(got) != FloatBits(want) && !(got == 0.0f && want == 0.0f)) {
-            problem = absl::StrFormat("gradient[%d] = %.9g, exact sum %.9g", i, got, want);
-          }
-        }
-        std::fill(expected.begin(), expected.end(), 0.0);
-        accumulated = 0;
-      }
+      problem = own.Fetch(c, &status);
     } else if (pick < 75) {
       rpc = "Cast";
       problem = DoCast(c, rng, &status);
@@ -575,7 +592,7 @@ void Stress::Worker(int index, absl::Time until) {
     }
     Record(rpc, status, absl::ToDoubleSeconds(absl::Now() - t0), problem);
   }
-  (void)c.ReleaseWeight(own.handle, /*force=*/true);
+  (void)c.ReleaseWeight(own.w.handle, /*force=*/true);
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -661,6 +678,55 @@ absl::Status ConnectBeforeLoad(Client& c, int index) {
   }
 }
 
+// One connection per client, each reaching the server before the load.
+absl::Status Connect(int clients, const client::ClientOptions& options, const std::string& server,
+                     std::vector<std::unique_ptr<Client>>* conns) {
+  for (int i = 0; i < clients; ++i) {
+    client::ClientOptions o = options;
+    o.own_connection = true;
+    LOGITD_ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Client::Create(server, std::move(o)));
+    conns->push_back(std::move(c));
+  }
+  for (int i = 0; i < clients; ++i) {
+    if (absl::Status s = ConnectBeforeLoad(*(*conns)[static_cast<std::size_t>(i)], i); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("client ", i, " cannot reach the server: ",
+                                       absl::StatusCodeToString(s.code()), ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The shared weights: odd and round sizes, small and large, half of them
+// integer-valued (exact results), as many as the limits allow.
+absl::Status RegisterSharedWeights(Client& c, std::int64_t max_v, std::int64_t max_k,
+                                   std::vector<StressWeight>* weights) {
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  const std::vector<std::tuple<std::int64_t, std::int64_t, bool>> shapes = {
+      {130, 257, true},    {384, 200, false},     {1000, 96, true},    {77, 333, false},
+      {4097, 1000, true},  {2048, 40, false},     {32000, 4096, true}, {50257, 63, false},
+      {32768, 2048, true}, {128256, 4096, false}, {7, 4097, true},     {151936, 1000, true}};
+  for (const auto& [v, k, integer] : shapes) {
+    if (v > max_v || k > max_k) continue;
+    StressWeight w;
+    w.v = v;
+    w.k = k;
+    w.integer = integer;
+    w.w = RandomTensor(DType::kBf16, {v, k}, integer, rng);
+    absl::StatusOr<client::WeightInfo> info =
+        c.RegisterWeight(w.w, absl::StrCat("stress-", v, "x", k));
+    if (!info.ok()) {
+      return absl::Status(info.status().code(),
+                          absl::StrCat("registering [", v, ", ", k,
+                                       "]: ", absl::StatusCodeToString(info.status().code()), ": ",
+                                       info.status().message()));
+    }
+    w.handle = info->handle;
+    weights->push_back(std::move(w));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunStress(const std::vector<std::string>& words, const client::ClientOptions& options,
@@ -681,23 +747,9 @@ int RunStress(const std::vector<std::string>& words, const client::ClientOptions
     return kExitUsage;
   }
   std::vector<std::unique_ptr<Client>> conns;
-  for (int i = 0; i < clients; ++i) {
-    client::ClientOptions o = options;
-    o.own_connection = true;
-    absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(server, std::move(o));
-    if (!c.ok()) {
-      std::cerr << "logitctl: stress: " << c.status().message() << "\n";
-      return kExitUsage;
-    }
-    conns.push_back(*std::move(c));
-  }
-  for (int i = 0; i < clients; ++i) {
-    if (absl::Status s = ConnectBeforeLoad(*conns[static_cast<std::size_t>(i)], i); !s.ok()) {
-      std::cerr << "logitctl: stress: client " << i
-                << " cannot reach the server: " << absl::StatusCodeToString(s.code()) << ": "
-                << s.message() << "\n";
-      return kExitUsage;
-    }
+  if (absl::Status s = Connect(clients, options, server, &conns); !s.ok()) {
+    std::cerr << "logitctl: stress: " << s.message() << "\n";
+    return kExitUsage;
   }
   absl::StatusOr<client::ServerInfo> before = conns[0]->Info();
   if (!before.ok()) {
@@ -706,31 +758,10 @@ int RunStress(const std::vector<std::string>& words, const client::ClientOptions
     return kExitUsage;
   }
 
-  // The shared weights: odd and round sizes, small and large, half of them
-  // integer-valued (exact results), as many as the limits allow.
-  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
   std::vector<StressWeight> weights;
-  const std::vector<std::tuple<std::int64_t, std::int64_t, bool>> shapes = {
-      {130, 257, true},    {384, 200, false},     {1000, 96, true},    {77, 333, false},
-      {4097, 1000, true},  {2048, 40, false},     {32000, 4096, true}, {50257, 63, false},
-      {32768, 2048, true}, {128256, 4096, false}, {7, 4097, true},     {151936, 1000, true}};
-  for (const auto& [v, k, integer] : shapes) {
-    if (v > max_v || k > max_k) continue;
-    StressWeight w;
-    w.v = v;
-    w.k = k;
-    w.integer = integer;
-    w.w = RandomTensor(DType::kBf16, {v, k}, integer, rng);
-    absl::StatusOr<client::WeightInfo> info =
-        conns[0]->RegisterWeight(w.w, absl::StrCat("stress-", v, "x", k));
-    if (!info.ok()) {
-      std::cerr << "logitctl: stress: registering [" << v << ", " << k
-                << "]: " << absl::StatusCodeToString(info.status().code()) << ": "
-                << info.status().message() << "\n";
-      return kExitFailed;
-    }
-    w.handle = info->handle;
-    weights.push_back(std::move(w));
+  if (absl::Status s = RegisterSharedWeights(*conns[0], max_v, max_k, &weights); !s.ok()) {
+    std::cerr << "logitctl: stress: " << s.message() << "\n";
+    return kExitFailed;
   }
   if (weights.empty()) {
     std::cerr << "logitctl: stress: no weight fits --stress_max_v and --stress_max_k\n";
