@@ -94,6 +94,73 @@ absl::StatusOr<client::CrossEntropyResult> CrossEntropyViaShm(
   return out;
 }
 
+// The call's options from the flags.
+absl::StatusOr<client::CrossEntropyOptions> ReadOptions() {
+  client::CrossEntropyOptions options;
+  absl::StatusOr<client::Reduction> reduction = ParseReduction(absl::GetFlag(FLAGS_reduction));
+  if (!reduction.ok()) return reduction.status();
+  options.reduction = *reduction;
+  options.ignore_index = absl::GetFlag(FLAGS_ignore_index);
+  absl::StatusOr<float> z_loss = FiniteFloatFlag("z_loss", absl::GetFlag(FLAGS_z_loss));
+  if (!z_loss.ok()) return z_loss.status();
+  absl::StatusOr<float> softcap =
+      FiniteFloatFlag("logit_softcap", absl::GetFlag(FLAGS_logit_softcap));
+  if (!softcap.ok()) return softcap.status();
+  absl::StatusOr<float> grad_scale = FiniteFloatFlag("grad_scale", absl::GetFlag(FLAGS_grad_scale));
+  if (!grad_scale.ok()) return grad_scale.status();
+  if (*grad_scale == 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat("--grad_scale: expected a non-zero scale, got ",
+                                                   absl::GetFlag(FLAGS_grad_scale)));
+  }
+  options.z_loss = *z_loss;
+  options.logit_softcap = *softcap;
+  options.grad_scale = *grad_scale;
+  options.want_lse = absl::GetFlag(FLAGS_lse);
+  options.want_dx = absl::GetFlag(FLAGS_dx);
+  options.want_dw = absl::GetFlag(FLAGS_dw);
+  options.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
+  if (options.accumulate_dw && !options.want_dw) {
+    return absl::InvalidArgumentError(
+        "cross-entropy: --accumulate adds dW into the server-held buffer; add --dw");
+  }
+  absl::StatusOr<DType> dx_dtype =
+      ParseDTypeFlag("dx_dtype", absl::GetFlag(FLAGS_dx_dtype), {DType::kBf16, DType::kFp32});
+  if (!dx_dtype.ok()) return dx_dtype.status();
+  options.dx_dtype = *dx_dtype;
+  return options;
+}
+
+// The rows printed after a call: where the outputs went, the loss, and each
+// output's dtype and shape.
+std::vector<std::pair<std::string, std::string>> ResultRows(
+    const std::string& out, const client::CrossEntropyOptions& options,
+    const client::CrossEntropyResult& r) {
+  std::vector<std::pair<std::string, std::string>> rows = {{"out", out}};
+  if (r.loss.numel() == 1 && r.loss.dtype() == DType::kFp32) {
+    rows.emplace_back("loss", absl::StrFormat("%.9g", r.loss.data<float>()[0]));
+  } else {
+    rows.emplace_back("loss",
+                      absl::StrCat(DTypeName(r.loss.dtype()), " ", ShapeString(r.loss.shape())));
+  }
+  rows.emplace_back("reduction", std::string(ReductionName(options.reduction)));
+  rows.emplace_back("counted_tokens", absl::StrCat(r.counted_tokens));
+  if (r.lse) {
+    rows.emplace_back("lse",
+                      absl::StrCat(DTypeName(r.lse->dtype()), " ", ShapeString(r.lse->shape())));
+  }
+  if (r.dx) {
+    rows.emplace_back("dx",
+                      absl::StrCat(DTypeName(r.dx->dtype()), " ", ShapeString(r.dx->shape())));
+  }
+  if (r.dw) {
+    rows.emplace_back("dw",
+                      absl::StrCat(DTypeName(r.dw->dtype()), " ", ShapeString(r.dw->shape())));
+  } else if (options.accumulate_dw && options.want_dw) {
+    rows.emplace_back("dw", "accumulated on the server (grad fetch to read it)");
+  }
+  return rows;
+}
+
 }  // namespace
 
 int CmdCrossEntropy(const std::vector<std::string>& words) {
@@ -104,36 +171,9 @@ int CmdCrossEntropy(const std::vector<std::string>& words) {
   const std::string out = absl::GetFlag(FLAGS_out);
   if (handle.empty()) return UsageError("cross-entropy: --weight=HANDLE is required");
   if (out.empty()) return UsageError("cross-entropy: --out=FILE is required");
-  client::CrossEntropyOptions options;
-  absl::StatusOr<client::Reduction> reduction = ParseReduction(absl::GetFlag(FLAGS_reduction));
-  if (!reduction.ok()) return UsageError(reduction.status().message());
-  options.reduction = *reduction;
-  options.ignore_index = absl::GetFlag(FLAGS_ignore_index);
-  absl::StatusOr<float> z_loss = FiniteFloatFlag("z_loss", absl::GetFlag(FLAGS_z_loss));
-  if (!z_loss.ok()) return UsageError(z_loss.status().message());
-  absl::StatusOr<float> softcap =
-      FiniteFloatFlag("logit_softcap", absl::GetFlag(FLAGS_logit_softcap));
-  if (!softcap.ok()) return UsageError(softcap.status().message());
-  absl::StatusOr<float> grad_scale = FiniteFloatFlag("grad_scale", absl::GetFlag(FLAGS_grad_scale));
-  if (!grad_scale.ok()) return UsageError(grad_scale.status().message());
-  if (*grad_scale == 0.0f) {
-    return UsageError(absl::StrCat("--grad_scale: expected a non-zero scale, got ",
-                                   absl::GetFlag(FLAGS_grad_scale)));
-  }
-  options.z_loss = *z_loss;
-  options.logit_softcap = *softcap;
-  options.grad_scale = *grad_scale;
-  options.want_lse = absl::GetFlag(FLAGS_lse);
-  options.want_dx = absl::GetFlag(FLAGS_dx);
-  options.want_dw = absl::GetFlag(FLAGS_dw);
-  options.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
-  if (options.accumulate_dw && !options.want_dw) {
-    return UsageError("cross-entropy: --accumulate adds dW into the server-held buffer; add --dw");
-  }
-  absl::StatusOr<DType> dx_dtype =
-      ParseDTypeFlag("dx_dtype", absl::GetFlag(FLAGS_dx_dtype), {DType::kBf16, DType::kFp32});
-  if (!dx_dtype.ok()) return UsageError(dx_dtype.status().message());
-  options.dx_dtype = *dx_dtype;
+  absl::StatusOr<client::CrossEntropyOptions> parsed = ReadOptions();
+  if (!parsed.ok()) return UsageError(parsed.status().message());
+  const client::CrossEntropyOptions& options = *parsed;
 
   absl::StatusOr<NamedTensor> loaded_x = LoadTensorRef(absl::GetFlag(FLAGS_x), "--x");
   if (!loaded_x.ok()) return InputError(loaded_x.status());
@@ -168,29 +208,7 @@ int CmdCrossEntropy(const std::vector<std::string>& words) {
         !s.ok()) {
       return InputError(s);
     }
-    std::vector<std::pair<std::string, std::string>> rows = {{"out", out}};
-    if (r->loss.numel() == 1 && r->loss.dtype() == DType::kFp32) {
-      rows.emplace_back("loss", absl::StrFormat("%.9g", r->loss.data<float>()[0]));
-    } else {
-      rows.emplace_back(
-          "loss", absl::StrCat(DTypeName(r->loss.dtype()), " ", ShapeString(r->loss.shape())));
-    }
-    rows.emplace_back("reduction", std::string(ReductionName(options.reduction)));
-    rows.emplace_back("counted_tokens", absl::StrCat(r->counted_tokens));
-    if (r->lse) {
-      rows.emplace_back(
-          "lse", absl::StrCat(DTypeName(r->lse->dtype()), " ", ShapeString(r->lse->shape())));
-    }
-    if (r->dx) {
-      rows.emplace_back("dx",
-                        absl::StrCat(DTypeName(r->dx->dtype()), " ", ShapeString(r->dx->shape())));
-    }
-    if (r->dw) {
-      rows.emplace_back("dw",
-                        absl::StrCat(DTypeName(r->dw->dtype()), " ", ShapeString(r->dw->shape())));
-    } else if (options.accumulate_dw && options.want_dw) {
-      rows.emplace_back("dw", "accumulated on the server (grad fetch to read it)");
-    }
+    std::vector<std::pair<std::string, std::string>> rows = ResultRows(out, options, *r);
     AppendTiming(r->timing, &rows);
     PrintRows(rows);
     return kExitOk;
