@@ -16,11 +16,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/validate/baseline.h"
-#include "logitd/reference/bounds.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/bounds.h"
 
 namespace logitd::validate {
 namespace {
@@ -240,17 +240,7 @@ class GoldenSuite final : public Suite {
     // A golden result must keep the contract before its bits are worth
     // keeping; and when bits move, whether both sides keep it is the first
     // thing to know.
-    double worst = 0;
-    for (const auto& [name, stats] : produced->bounds) {
-      const Tensor* t = nullptr;
-      for (const auto& [out_name, out] : produced->outputs) {
-        if (out_name == name) t = &out;
-      }
-      ReportBounds(r, absl::StrCat(name, "_bounds").c_str(),
-                   absl::StrCat("case '", g.name, "' output ", name),
-                   t != nullptr ? t->shape() : std::vector<std::int64_t>{}, stats);
-      worst = std::max(worst, stats.worst_fraction);
-    }
+    const double worst = CheckBounds(r, g, *produced);
     const bool within = r.failures.empty();
 
     const Options& o = ctx.options();
@@ -271,31 +261,8 @@ class GoldenSuite final : public Suite {
       r.Skip("no --baseline FILE to compare with (or --record FILE to make one)");
       return absl::OkStatus();
     }
-    if (!baseline_.has_value()) {
-      absl::StatusOr<Baseline> b = ReadBaseline(o.baseline_path);
-      if (!b.ok()) {
-        load_error_ = std::string(b.status().message());
-        baseline_.emplace();
-      } else {
-        baseline_ = *std::move(b);
-      }
-    }
-    if (!r.Check(load_error_.empty(), load_error_)) return absl::OkStatus();
-
-    const std::string difference = PlatformDifference(baseline_->platform, PlatformOf(ctx.info()));
-    if (!difference.empty()) {
-      r.figures["platform_difference"] = difference;
-      if (!o.allow_other_platform) {
-        r.Check(false,
-                absl::StrCat("baseline '", o.baseline_path, "' was recorded on ",
-                             PlatformString(baseline_->platform), ", this server is ",
-                             PlatformString(PlatformOf(ctx.info())), " (", difference,
-                             "); bitwise results are only comparable on the same backend, device "
-                             "and library versions. Record a baseline here with --record, or "
-                             "pass --allow_other_platform to compare anyway"));
-        return absl::OkStatus();
-      }
-    }
+    std::string difference;
+    if (!BaselineUsable(ctx, r, &difference)) return absl::OkStatus();
 
     const CaseRecord* rec = baseline_->Find(g.name);
     if (!r.Check(rec != nullptr, absl::StrCat("case '", g.name, "' is not in baseline '",
@@ -310,10 +277,65 @@ class GoldenSuite final : public Suite {
     }
     if (!produced->gemms.empty()) r.figures["gemms"] = produced->gemms;
     const std::string why = WhyBitsMoved(ctx.info(), *rec, *produced, within, worst);
+    const std::vector<std::string> parts = CompareOutputs(r, g, *rec, *produced, why);
+    r.summary = absl::StrJoin(parts, ", ");
+    if (!difference.empty()) absl::StrAppend(&r.summary, " (other platform)");
+    return absl::OkStatus();
+  }
+
+  // Each output's bounds reported; the worst |error| as a fraction of its
+  // bound over them.
+  static double CheckBounds(CaseResult& r, const GoldenCase& g, const Produced& produced) {
+    double worst = 0;
+    for (const auto& [name, stats] : produced.bounds) {
+      const Tensor* t = nullptr;
+      for (const auto& [out_name, out] : produced.outputs) {
+        if (out_name == name) t = &out;
+      }
+      ReportBounds(r, absl::StrCat(name, "_bounds").c_str(),
+                   absl::StrCat("case '", g.name, "' output ", name),
+                   t != nullptr ? t->shape() : std::vector<std::int64_t>{}, stats);
+      worst = std::max(worst, stats.worst_fraction);
+    }
+    return worst;
+  }
+
+  // The baseline, read once, and whether its platform is this server's
+  // (*difference says how it is not); false when the case ends here, its
+  // failure recorded.
+  bool BaselineUsable(RunContext& ctx, CaseResult& r, std::string* difference) {
+    const Options& o = ctx.options();
+    if (!baseline_.has_value()) {
+      absl::StatusOr<Baseline> b = ReadBaseline(o.baseline_path);
+      if (!b.ok()) {
+        load_error_ = std::string(b.status().message());
+        baseline_.emplace();
+      } else {
+        baseline_ = *std::move(b);
+      }
+    }
+    if (!r.Check(load_error_.empty(), load_error_)) return false;
+    *difference = PlatformDifference(baseline_->platform, PlatformOf(ctx.info()));
+    if (difference->empty()) return true;
+    r.figures["platform_difference"] = *difference;
+    if (o.allow_other_platform) return true;
+    r.Check(false, absl::StrCat("baseline '", o.baseline_path, "' was recorded on ",
+                                PlatformString(baseline_->platform), ", this server is ",
+                                PlatformString(PlatformOf(ctx.info())), " (", *difference,
+                                "); bitwise results are only comparable on the same backend, "
+                                "device and library versions. Record a baseline here with "
+                                "--record, or pass --allow_other_platform to compare anyway"));
+    return false;
+  }
+
+  // Each output against its record, bit for bit; the summary's parts.
+  static std::vector<std::string> CompareOutputs(CaseResult& r, const GoldenCase& g,
+                                                 const CaseRecord& rec, const Produced& produced,
+                                                 const std::string& why) {
     std::vector<std::string> parts;
-    for (const auto& [name, t] : produced->outputs) {
+    for (const auto& [name, t] : produced.outputs) {
       const OutputRecord* out = nullptr;
-      for (const OutputRecord& o2 : rec->outputs) {
+      for (const OutputRecord& o2 : rec.outputs) {
         if (o2.name == name) out = &o2;
       }
       if (!r.Check(out != nullptr, absl::StrCat("case '", g.name, "': output '", name,
@@ -339,9 +361,7 @@ class GoldenSuite final : public Suite {
             absl::StrCat(name, " ", c.differing_blocks, "/", c.total_blocks, " blocks differ"));
       }
     }
-    r.summary = absl::StrJoin(parts, ", ");
-    if (!difference.empty()) absl::StrAppend(&r.summary, " (other platform)");
-    return absl::OkStatus();
+    return parts;
   }
 
   // What a bitwise mismatch is likely due to, appended to its message: other
