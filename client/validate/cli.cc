@@ -147,6 +147,40 @@ absl::StatusOr<std::unique_ptr<client::Client>> ConnectForReport(Report* report,
   return client;
 }
 
+namespace {
+
+// The run's options from the parsed arguments, and the combinations that
+// make no sense refused before any work (a missing or broken baseline
+// included).
+absl::Status ReadOptions(const ValidateArgs& parsed, Options* options) {
+  options->quick = parsed.quick;
+  options->seed = parsed.seed;
+  options->baseline_path = parsed.baseline_path;
+  options->record_path = parsed.record_path;
+  options->allow_other_platform = parsed.allow_other_platform;
+  options->suites_explicit = !parsed.suites.empty();
+  LOGITD_ASSIGN_OR_RETURN(options->suites, SelectSuites(parsed.suites));
+  const bool golden =
+      std::find(options->suites.begin(), options->suites.end(), "golden") != options->suites.end();
+  const bool baseline = !options->baseline_path.empty();
+  const bool record = !options->record_path.empty();
+  if (baseline && record) {
+    return absl::InvalidArgumentError("--baseline and --record exclude each other");
+  }
+  if (golden && options->suites_explicit && !baseline && !record) {
+    return absl::InvalidArgumentError(
+        "the golden suite needs --baseline FILE (compare) or --record FILE (make one)");
+  }
+  if ((baseline || record) && !golden) {
+    return absl::InvalidArgumentError(
+        "--baseline and --record apply to the golden suite, which is not selected");
+  }
+  if (baseline) LOGITD_RETURN_IF_ERROR(ReadBaseline(options->baseline_path).status());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 int RunValidateCommand(const std::vector<std::string>& args) {
   const absl::Time start = absl::Now();
   Report report;
@@ -160,33 +194,8 @@ int RunValidateCommand(const std::vector<std::string>& args) {
     return 0;
   }
   Options& options = report.options;
-  options.quick = parsed->quick;
-  options.seed = parsed->seed;
-  options.baseline_path = parsed->baseline_path;
-  options.record_path = parsed->record_path;
-  options.allow_other_platform = parsed->allow_other_platform;
-  options.suites_explicit = !parsed->suites.empty();
-  absl::StatusOr<std::vector<std::string>> suites = SelectSuites(parsed->suites);
-  if (!suites.ok()) return UsageError(std::string(suites.status().message()));
-  options.suites = *suites;
-
-  const bool golden =
-      std::find(options.suites.begin(), options.suites.end(), "golden") != options.suites.end();
-  if (!options.baseline_path.empty() && !options.record_path.empty()) {
-    return UsageError("--baseline and --record exclude each other");
-  }
-  if (golden && options.suites_explicit && options.baseline_path.empty() &&
-      options.record_path.empty()) {
-    return UsageError(
-        "the golden suite needs --baseline FILE (compare) or --record FILE (make one)");
-  }
-  if ((!options.baseline_path.empty() || !options.record_path.empty()) && !golden) {
-    return UsageError("--baseline and --record apply to the golden suite, which is not selected");
-  }
-  if (!options.baseline_path.empty()) {
-    // A missing or broken baseline is reported before any work is done.
-    absl::StatusOr<Baseline> b = ReadBaseline(options.baseline_path);
-    if (!b.ok()) return UsageError(std::string(b.status().message()));
+  if (absl::Status s = ReadOptions(*parsed, &options); !s.ok()) {
+    return UsageError(std::string(s.message()));
   }
   if (report.address.empty()) return UsageError("no server address: pass --server HOST:PORT");
   if (!parsed->report_dir.empty()) {
