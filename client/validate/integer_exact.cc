@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/numerics.h"
+#include "logitd/status_macros.h"
 
 namespace logitd::validate {
 namespace {
@@ -40,6 +41,49 @@ void Report(CaseResult& r, const char* key, const char* what, const BitwiseCompa
   r.Check(c.differing == 0,
           absl::StrCat(what, " ", ShapeString(shape),
                        " differs from the exact integer sums: ", c.Describe(shape)));
+}
+
+// Backward of the integer dY: dX and dW (as `bw` asks) against the exact
+// sums, bit for bit; their counts appended to *summary.
+absl::Status CheckGradients(RunContext& ctx, CaseResult& r, const Tensor& dy, const Tensor& x,
+                            const std::vector<double>& xd, const Tensor& w,
+                            const std::string& handle, const client::BackwardOptions& bw,
+                            PhaseTimer& timer, std::string* summary) {
+  const std::int64_t m = x.dim(0), k = x.dim(1), v = w.dim(0);
+  absl::StatusOr<client::BackwardResult> grads = ctx.client().Backward(dy, x, handle, bw);
+  if (!grads.ok()) return Annotate(grads.status(), "Backward");
+  if (grads->dx.has_value()) ctx.RecordOutput("dx", *grads->dx);
+  if (grads->dw.has_value()) ctx.RecordOutput("dw", *grads->dw);
+  timer.Lap("server");
+  const std::vector<double> gd = ToDouble(dy);
+  if (bw.want_dx) {
+    if (!r.Check(grads->dx.has_value(), "Backward returned no dX")) return absl::OkStatus();
+    std::vector<double> dx_exact(static_cast<std::size_t>(m * k));
+    ReferenceGW(gd, m, AsMatrix(w), dx_exact.data(), nullptr);
+    const std::vector<float> dx_want = ToFloats(dx_exact);
+    const BitwiseComparison c = CompareWith(*grads->dx, dx_want.data(), m * k);
+    Report(r, "dx_fp32", "dX", c, {m, k});
+    absl::StrAppend(summary, ", dx ", c.differing, "/", c.compared);
+  }
+  if (bw.want_dw) {
+    if (!r.Check(grads->dw.has_value(), "Backward returned no dW")) return absl::OkStatus();
+    const Tensor& dw = *grads->dw;
+    if (!r.Check(dw.numel() == v * k && dw.dtype() == DType::kFp32,
+                 absl::StrCat("dW: expected fp32 [", v, ", ", k, "], got ", DTypeName(dw.dtype()),
+                              " ", ShapeString(dw.shape())))) {
+      return absl::OkStatus();
+    }
+    BitwiseComparison total;
+    std::vector<float> block;
+    ReferenceGtX(gd, xd, m, v, k, /*with_abs=*/false,
+                 [&](std::int64_t row0, std::int64_t rows, const double* value, const double*) {
+                   block.assign(value, value + rows * k);
+                   CompareRangeInto(dw, row0 * k, block.data(), rows * k, {}, &total);
+                 });
+    Report(r, "dw_fp32", "dW", total, {v, k});
+    absl::StrAppend(summary, ", dw ", total.differing, "/", total.compared);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v, std::int64_t k) {
@@ -105,39 +149,7 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   std::string summary = absl::StrCat("y ", y_cmp.differing, "/", y_cmp.compared, ", y16 ",
                                      y16_cmp.differing, "/", y16_cmp.compared);
   if (bw.want_dx || bw.want_dw) {
-    absl::StatusOr<client::BackwardResult> grads = ctx.client().Backward(dy, *x, handle, bw);
-    if (!grads.ok()) return Annotate(grads.status(), "Backward");
-    if (grads->dx.has_value()) ctx.RecordOutput("dx", *grads->dx);
-    if (grads->dw.has_value()) ctx.RecordOutput("dw", *grads->dw);
-    timer.Lap("server");
-    const std::vector<double> gd = ToDouble(dy);
-    if (bw.want_dx) {
-      if (!r.Check(grads->dx.has_value(), "Backward returned no dX")) return absl::OkStatus();
-      std::vector<double> dx_exact(static_cast<std::size_t>(m * k));
-      ReferenceGW(gd, m, AsMatrix(*w), dx_exact.data(), nullptr);
-      const std::vector<float> dx_want = ToFloats(dx_exact);
-      const BitwiseComparison c = CompareWith(*grads->dx, dx_want.data(), m * k);
-      Report(r, "dx_fp32", "dX", c, {m, k});
-      absl::StrAppend(&summary, ", dx ", c.differing, "/", c.compared);
-    }
-    if (bw.want_dw) {
-      if (!r.Check(grads->dw.has_value(), "Backward returned no dW")) return absl::OkStatus();
-      const Tensor& dw = *grads->dw;
-      if (!r.Check(dw.numel() == v * k && dw.dtype() == DType::kFp32,
-                   absl::StrCat("dW: expected fp32 [", v, ", ", k, "], got ", DTypeName(dw.dtype()),
-                                " ", ShapeString(dw.shape())))) {
-        return absl::OkStatus();
-      }
-      BitwiseComparison total;
-      std::vector<float> block;
-      ReferenceGtX(gd, xd, m, v, k, /*with_abs=*/false,
-                   [&](std::int64_t row0, std::int64_t rows, const double* value, const double*) {
-                     block.assign(value, value + rows * k);
-                     CompareRangeInto(dw, row0 * k, block.data(), rows * k, {}, &total);
-                   });
-      Report(r, "dw_fp32", "dW", total, {v, k});
-      absl::StrAppend(&summary, ", dw ", total.differing, "/", total.compared);
-    }
+    LOGITD_RETURN_IF_ERROR(CheckGradients(ctx, r, dy, *x, xd, *w, handle, bw, timer, &summary));
   }
   timer.Lap("reference");
   absl::StrAppend(&summary, " differ");

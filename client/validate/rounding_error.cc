@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
 namespace {
@@ -41,6 +41,55 @@ struct ErrorStats {
 double Ratio(double num, double den) {
   if (den == 0) return num == 0 ? 1.0 : std::numeric_limits<double>::infinity();
   return num / den;
+}
+
+// The fp32 and bf16 logits' errors against the fp64 reference, and the
+// fp32 ones against their bound gamma * Σ|x·w|.
+struct Measured {
+  ErrorStats e32;
+  ErrorStats e16;
+  double rel32 = 0;  // relative Frobenius errors
+  double rel16 = 0;
+  std::int64_t violations = 0;
+  std::int64_t first_violation = -1;
+  double worst_fraction = 0;
+};
+
+Measured Measure(const std::vector<double>& ref, const std::vector<double>& abs_sum,
+                 const Tensor& y32, const Tensor& y16, double gamma) {
+  Measured f;
+  double ref_sq = 0;
+  const std::int64_t n = static_cast<std::int64_t>(ref.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double want = ref[static_cast<std::size_t>(i)];
+    const double got32 = y32.At(i);
+    f.e32.Add(got32, want);
+    f.e16.Add(y16.At(i), want);
+    ref_sq += want * want;
+    const double bound = gamma * abs_sum[static_cast<std::size_t>(i)];
+    const double err = std::fabs(got32 - want);
+    if (!(err <= bound)) {
+      if (f.violations++ == 0) f.first_violation = i;
+    }
+    if (bound > 0) f.worst_fraction = std::max(f.worst_fraction, err / bound);
+  }
+  const double ref_norm = std::sqrt(ref_sq);
+  f.rel32 = std::sqrt(f.e32.sum_sq) / ref_norm;
+  f.rel16 = std::sqrt(f.e16.sum_sq) / ref_norm;
+  return f;
+}
+
+// The case's figures for the report.
+void AddFigures(const Measured& f, double ratio, double ratio_max, double gamma, CaseResult* r) {
+  r->figures["fp32_max_abs_err"] = JsonNumber(f.e32.max_abs);
+  r->figures["fp32_rel_frobenius_err"] = JsonNumber(f.rel32);
+  r->figures["bf16_max_abs_err"] = JsonNumber(f.e16.max_abs);
+  r->figures["bf16_rel_frobenius_err"] = JsonNumber(f.rel16);
+  r->figures["ratio_rel_frobenius"] = JsonNumber(ratio);
+  r->figures["ratio_max_abs"] = JsonNumber(ratio_max);
+  r->figures["gamma_k"] = JsonNumber(gamma);
+  r->figures["bound_violations"] = f.violations;
+  r->figures["worst_bound_fraction"] = JsonNumber(f.worst_fraction);
 }
 
 absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v, std::int64_t k) {
@@ -89,62 +138,33 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   // |Y − Y_exact| ≤ γ_K(fp32)·Σ|x·w| for any summation order, and the fp64
   // reference is itself within γ_K(fp64)·Σ|x·w| of Y_exact.
   const double gamma = Gamma(k, kFp32UnitRoundoff) + Gamma(k, kFp64UnitRoundoff);
-  ErrorStats e32;
-  ErrorStats e16;
-  double ref_sq = 0;
-  std::int64_t violations = 0;
-  std::int64_t first_violation = -1;
-  double worst_fraction = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double want = ref[static_cast<std::size_t>(i)];
-    const double got32 = y32->At(i);
-    e32.Add(got32, want);
-    e16.Add(y16->At(i), want);
-    ref_sq += want * want;
-    const double bound = gamma * abs_sum[static_cast<std::size_t>(i)];
-    const double err = std::fabs(got32 - want);
-    if (!(err <= bound)) {
-      if (violations++ == 0) first_violation = i;
-    }
-    if (bound > 0) worst_fraction = std::max(worst_fraction, err / bound);
-  }
-  const double ref_norm = std::sqrt(ref_sq);
-  const double rel32 = std::sqrt(e32.sum_sq) / ref_norm;
-  const double rel16 = std::sqrt(e16.sum_sq) / ref_norm;
-  const double ratio = Ratio(rel16, rel32);
-  const double ratio_max = Ratio(e16.max_abs, e32.max_abs);
+  const Measured f = Measure(ref, abs_sum, *y32, *y16, gamma);
+  const double ratio = Ratio(f.rel16, f.rel32);
+  const double ratio_max = Ratio(f.e16.max_abs, f.e32.max_abs);
 
   timer.Lap("compare");
-  r.figures["fp32_max_abs_err"] = JsonNumber(e32.max_abs);
-  r.figures["fp32_rel_frobenius_err"] = JsonNumber(rel32);
-  r.figures["bf16_max_abs_err"] = JsonNumber(e16.max_abs);
-  r.figures["bf16_rel_frobenius_err"] = JsonNumber(rel16);
-  r.figures["ratio_rel_frobenius"] = JsonNumber(ratio);
-  r.figures["ratio_max_abs"] = JsonNumber(ratio_max);
-  r.figures["gamma_k"] = JsonNumber(gamma);
-  r.figures["bound_violations"] = violations;
-  r.figures["worst_bound_fraction"] = JsonNumber(worst_fraction);
-  r.summary = absl::StrFormat("fp32 rel %.2e, bf16 rel %.2e, ratio %.1e, bound %d viol", rel32,
-                              rel16, ratio, violations);
+  AddFigures(f, ratio, ratio_max, gamma, &r);
+  r.summary = absl::StrFormat("fp32 rel %.2e, bf16 rel %.2e, ratio %.1e, bound %d viol", f.rel32,
+                              f.rel16, ratio, f.violations);
 
-  r.Check(e32.all_finite && e16.all_finite, "non-finite logits from finite inputs");
-  if (violations > 0) {
-    const std::int64_t i = first_violation;
+  r.Check(f.e32.all_finite && f.e16.all_finite, "non-finite logits from finite inputs");
+  if (f.violations > 0) {
+    const std::int64_t i = f.first_violation;
     r.Check(false,
             absl::StrFormat(
                 "%d of %d fp32 logits lie outside the fp32 accumulation bound "
                 "γ_K·Σ|x·w| (γ_K=%.3e); first %s: got %.9g, fp64 reference %.17g, bound %.3e",
-                violations, n, gamma, IndexString(i, {m, v}), y32->At(i),
+                f.violations, n, gamma, IndexString(i, {m, v}), y32->At(i),
                 ref[static_cast<std::size_t>(i)], gamma * abs_sum[static_cast<std::size_t>(i)]));
   }
   r.Check(ratio >= kMinRatio,
           absl::StrFormat("bf16-out relative Frobenius error %.3e is only %.1fx the fp32-out "
                           "error %.3e (need >= %.0fx)",
-                          rel16, ratio, rel32, kMinRatio));
+                          f.rel16, ratio, f.rel32, kMinRatio));
   r.Check(ratio_max >= kMinRatio,
           absl::StrFormat("bf16-out max abs error %.3e is only %.1fx the fp32-out error %.3e "
                           "(need >= %.0fx)",
-                          e16.max_abs, ratio_max, e32.max_abs, kMinRatio));
+                          f.e16.max_abs, ratio_max, f.e32.max_abs, kMinRatio));
   return absl::OkStatus();
 }
 
