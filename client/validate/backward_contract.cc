@@ -14,11 +14,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "logitd/reference/bounds.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/bounds.h"
+#include "logitd/reference/numerics.h"
+#include "logitd/status_macros.h"
 
 namespace logitd::validate {
 namespace {
@@ -281,6 +282,54 @@ float NudgedInteger(std::int64_t n, int variant) {
   }
 }
 
+// A server output against the exact sums, bit for bit, recorded under
+// `key`; the differing counts gathered for the summary.
+struct ExactCheck {
+  CaseResult& r;
+  std::string summary;
+
+  void operator()(const Tensor& got, const std::vector<float>& want, const char* key,
+                  const std::string& what) {
+    const BitwiseComparison c =
+        CompareWith(got, want.data(), static_cast<std::int64_t>(want.size()));
+    r.figures[key] = {{"compared", c.compared}, {"differing", c.differing}, {"max_ulp", c.max_ulp}};
+    r.Check(c.differing == 0, absl::StrCat(what, " differs from the exact sums of bf16(dY) (RNE): ",
+                                           c.Describe(got.shape())));
+    absl::StrAppend(&summary, summary.empty() ? "" : ", ", key, " ", c.differing);
+  }
+};
+
+// Accumulation into the server-held buffer: 0 + dW + dW = 2·dW exactly,
+// counted as two calls.
+absl::Status CheckAccumulation(client::Client& c, CaseResult& r, const Tensor& dy, const Tensor& x,
+                               const std::string& handle, const std::vector<float>& dw_want,
+                               ExactCheck& check) {
+  const absl::Status zero = c.ZeroGradient(handle);
+  if (!zero.ok() && zero.code() != absl::StatusCode::kNotFound &&
+      zero.code() != absl::StatusCode::kFailedPrecondition) {
+    return Annotate(zero, "ZeroGradient");
+  }
+  client::BackwardOptions acc;
+  acc.want_dx = false;
+  acc.want_dw = true;
+  acc.accumulate_dw = true;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<client::BackwardResult> res = c.Backward(dy, x, handle, acc);
+    if (!res.ok()) return Annotate(res.status(), "Backward(accumulate_dw)");
+  }
+  absl::StatusOr<client::GradientResult> fetched = c.FetchGradient(handle, true);
+  if (!fetched.ok()) return Annotate(fetched.status(), "FetchGradient");
+  r.Check(fetched->accumulated_calls == 2,
+          absl::StrCat("FetchGradient counts ", fetched->accumulated_calls,
+                       " accumulated calls after ZeroGradient and 2 Backward calls"));
+  if (CheckShape(r, fetched->dw, DType::kFp32, {dy.dim(1), x.dim(1)}, "FetchGradient dW")) {
+    std::vector<float> twice(dw_want.size());
+    for (std::size_t i = 0; i < twice.size(); ++i) twice[i] = 2 * dw_want[i];
+    check(fetched->dw, twice, "dw_accumulated", "dW accumulated twice");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunExactGrads(RunContext& ctx, CaseResult& r) {
   const Shapes s = ShapesFor(ctx.options());
   const std::int64_t m = s.m, v = s.v, k = 256;
@@ -319,17 +368,7 @@ absl::Status RunExactGrads(RunContext& ctx, CaseResult& r) {
 
   absl::StatusOr<ScopedWeight> weight = ScopedWeight::Register(ctx.client(), w, "backward_exact");
   if (!weight.ok()) return weight.status();
-  std::string summary;
-  auto check = [&](const Tensor& got, const std::vector<float>& want, const char* key,
-                   const std::string& what) {
-    const BitwiseComparison c =
-        CompareWith(got, want.data(), static_cast<std::int64_t>(want.size()));
-    r.figures[key] = {{"compared", c.compared}, {"differing", c.differing}, {"max_ulp", c.max_ulp}};
-    r.Check(c.differing == 0, absl::StrCat(what, " differs from the exact sums of bf16(dY) (RNE): ",
-                                           c.Describe(got.shape())));
-    absl::StrAppend(&summary, summary.empty() ? "" : ", ", key, " ", c.differing);
-  };
-
+  ExactCheck check{r, {}};
   absl::StatusOr<Grads> full =
       Backward(ctx, dy, x, weight->handle(), DType::kFp32, DType::kFp32, "fp32 dX");
   if (!full.ok()) return full.status();
@@ -346,32 +385,9 @@ absl::Status RunExactGrads(RunContext& ctx, CaseResult& r) {
     check(legacy->dx, dx_want, "dx_bf16", "dX bf16");
   }
 
-  // Accumulation into the server-held buffer: 0 + dW + dW = 2·dW exactly.
-  client::Client& c = ctx.client();
-  const absl::Status zero = c.ZeroGradient(weight->handle());
-  if (!zero.ok() && zero.code() != absl::StatusCode::kNotFound &&
-      zero.code() != absl::StatusCode::kFailedPrecondition) {
-    return Annotate(zero, "ZeroGradient");
-  }
-  client::BackwardOptions acc;
-  acc.want_dx = false;
-  acc.want_dw = true;
-  acc.accumulate_dw = true;
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<client::BackwardResult> res = c.Backward(dy, x, weight->handle(), acc);
-    if (!res.ok()) return Annotate(res.status(), "Backward(accumulate_dw)");
-  }
-  absl::StatusOr<client::GradientResult> fetched = c.FetchGradient(weight->handle(), true);
-  if (!fetched.ok()) return Annotate(fetched.status(), "FetchGradient");
-  r.Check(fetched->accumulated_calls == 2,
-          absl::StrCat("FetchGradient counts ", fetched->accumulated_calls,
-                       " accumulated calls after ZeroGradient and 2 Backward calls"));
-  if (CheckShape(r, fetched->dw, DType::kFp32, {v, k}, "FetchGradient dW")) {
-    std::vector<float> twice(dw_want.size());
-    for (std::size_t i = 0; i < twice.size(); ++i) twice[i] = 2 * dw_want[i];
-    check(fetched->dw, twice, "dw_accumulated", "dW accumulated twice");
-  }
-  r.summary = absl::StrCat(summary, " differ");
+  LOGITD_RETURN_IF_ERROR(
+      CheckAccumulation(ctx.client(), r, dy, x, weight->handle(), dw_want, check));
+  r.summary = absl::StrCat(check.summary, " differ");
   return absl::OkStatus();
 }
 
