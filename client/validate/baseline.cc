@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
+#include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
 namespace {
@@ -349,6 +349,39 @@ absl::Status WriteBaseline(const std::string& path, const Baseline& baseline) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// With the record's values stored: every element compared, the first
+// difference named (or, when none differs, the recorded digest called
+// altered).
+void CompareStoredValues(const OutputRecord& rec, const Tensor& cur, const std::string& head,
+                         OutputComparison* c) {
+  const std::string& raw = *rec.values;
+  const DType dtype = rec.dtype;
+  c->differing_elements = 0;
+  std::int64_t first = -1;
+  for (std::int64_t i = 0; i < cur.numel(); ++i) {
+    const std::uint32_t was = BitsAt(raw, dtype, i);
+    const std::uint32_t now = ElementBits(cur, i);
+    if (was == now) continue;
+    if (c->differing_elements++ == 0) first = i;
+    c->max_ulp = std::max(c->max_ulp, Ulp(dtype, now, was));
+  }
+  if (c->differing_elements == 0) {
+    const std::uint64_t stored = Xxh3(raw.data(), raw.size());
+    c->message = absl::StrCat(head, "; yet all ", cur.numel(),
+                              " stored values equal this output (their digest is ", Hex64(stored),
+                              "): the baseline's recorded digest was altered or corrupted");
+    return;
+  }
+  c->message = absl::StrCat(
+      head, "; ", c->differing_elements, " of ", cur.numel(), " elements differ, largest distance ",
+      UlpText(c->max_ulp), " ulp; first at ", IndexString(first, rec.shape), ": baseline ",
+      BitsHex(BitsAt(raw, dtype, first), dtype), ", now ", BitsHex(ElementBits(cur, first), dtype));
+}
+
+}  // namespace
+
 OutputComparison CompareOutput(const OutputRecord& rec, const Tensor& cur) {
   OutputComparison c;
   if (cur.dtype() != rec.dtype || cur.shape() != rec.shape) {
@@ -395,28 +428,7 @@ OutputComparison CompareOutput(const OutputRecord& rec, const Tensor& cur) {
       absl::StrCat(rec.name, " ", DTypeName(dtype), " ", ShapeString(rec.shape), ": digest ",
                    Hex64(digest), " differs from the baseline's ", Hex64(rec.xxh3));
   if (rec.values.has_value()) {
-    const std::string& raw = *rec.values;
-    c.differing_elements = 0;
-    std::int64_t first = -1;
-    for (std::int64_t i = 0; i < cur.numel(); ++i) {
-      const std::uint32_t was = BitsAt(raw, dtype, i);
-      const std::uint32_t now = ElementBits(cur, i);
-      if (was == now) continue;
-      if (c.differing_elements++ == 0) first = i;
-      c.max_ulp = std::max(c.max_ulp, Ulp(dtype, now, was));
-    }
-    if (c.differing_elements == 0) {
-      const std::uint64_t stored = Xxh3(raw.data(), raw.size());
-      c.message = absl::StrCat(head, "; yet all ", cur.numel(),
-                               " stored values equal this output (their digest is ", Hex64(stored),
-                               "): the baseline's recorded digest was altered or corrupted");
-    } else {
-      c.message = absl::StrCat(head, "; ", c.differing_elements, " of ", cur.numel(),
-                               " elements differ, largest distance ", UlpText(c.max_ulp),
-                               " ulp; first at ", IndexString(first, rec.shape), ": baseline ",
-                               BitsHex(BitsAt(raw, dtype, first), dtype), ", now ",
-                               BitsHex(ElementBits(cur, first), dtype));
-    }
+    CompareStoredValues(rec, cur, head, &c);
     return c;
   }
 
