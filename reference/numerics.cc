@@ -186,6 +186,21 @@ float RoundToFp32(double exact) {
   return static_cast<float>(exact);
 }
 
+double Bf16Ulp(double r) {
+  if (r == 0 || !std::isfinite(r)) return 0x1p-133;
+  return std::ldexp(1.0, std::max(std::ilogb(r), -126) - 7);
+}
+
+double RoundDoubleToBf16(double d) {
+  if (d == 0 || !std::isfinite(d)) return d;
+  const double q = Bf16Ulp(d);
+  const double r = std::nearbyint(d / q) * q;  // the default mode: ties to even
+  if (std::fabs(r) > std::numeric_limits<float>::max()) {
+    return std::copysign(std::numeric_limits<double>::infinity(), d);
+  }
+  return r;
+}
+
 IeeeDot PredictIeeeDot(const float* a, std::int64_t stride_a, const float* b, std::int64_t stride_b,
                        std::int64_t k) {
   float forward = 0.0f;

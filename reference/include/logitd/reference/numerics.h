@@ -88,6 +88,13 @@ std::int64_t UlpDistanceAt(const Tensor& a, const Tensor& b, std::int64_t i);
 // overflow to ±Inf (a double cast past FLT_MAX is undefined in C++).
 float RoundToFp32(double exact);
 
+// Spacing of bf16 values at |r| (the subnormal spacing 2^-133 below 2^-126,
+// and for 0 and non-finite values).
+double Bf16Ulp(double r);
+// Rounds a double to the nearest bf16 value, ties to even, in one step (no
+// double rounding through fp32); ±Inf past the largest finite value.
+double RoundDoubleToBf16(double d);
+
 // What IEEE 754 fp32 arithmetic gives for Σ_k a[k·stride_a]·b[k·stride_b]:
 // each product rounded to fp32, then summed. Also evaluates the sum in the
 // reverse order and exactly (in fp64 when finite); `order_independent` is

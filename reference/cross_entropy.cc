@@ -1,0 +1,246 @@
+// cross_entropy: the fused LM-head cross-entropy's fp64 reference and its
+// proven bounds (cross_entropy.h).
+//
+// The reference. Logits y = x·wᵀ come from a dgemm of the widened bf16
+// operands; z, lse, loss and the pre-cast gradient g = dL/dy · scale are then
+// evaluated in fp64 with the formulas of logitd.v1.CrossEntropyHeader.
+//
+// The bounds. With u = 2^-24 (fp32), for one token and vocabulary entry v:
+//   logit      |Δy_v| ≤ e_y,v = (γ_K(fp32) + γ_K(fp64))·Σ_k|x_k·w_vk|: the
+//              fp32 accumulation bound for any summation order (Higham,
+//              Lemma 3.1), plus the reference's own; 0 for small integers,
+//              whose fp32 sums are exact.
+//   capped z   |Δz_v| ≤ e_z,v = (f_v + 2e_y,v/cap)·(e_y,v + u|y_v|) + 4u|z_v|
+//              with f_v = 1 − (z_v/cap)² = dz/dy: the logit error carried
+//              through tanh, the rounding of y/cap, and a tanh within a
+//              few ulps; e_z,v = e_y,v without capping.
+//   lse        lse is a softmax-weighted mean of its inputs' perturbations,
+//              |Δlse| ≤ Σ_v p_v·e_z,v, plus its own evaluation:
+//              Σ_v exp(z_v − max) over V terms (and the rescalings of an
+//              online max over at most V chunks) is within γ_2V relatively;
+//              each exp within (3 + 2.2·(max − z_v))·u relatively (the
+//              subtraction's rounding and an exp accurate to 2 + 1.2|arg|
+//              ulps, which covers fast device exponentials); log within
+//              2u·(2 + log s) absolutely; and max + log s rounds once. These
+//              are first-order bounds; they are doubled to cover the
+//              second-order terms.
+//   loss       Δlse·(1 + 2·z_loss·|lse|) + 2e_z,t + 4u·(|lse| + |z_t| +
+//              2·z_loss·lse² + |loss|) (the roundings of the three terms).
+//   sum, mean  Σ of the token bounds + γ_M·Σ(|loss_i| + bound_i); a mean
+//              adds 3u per term and 2u of its own (either order of dividing).
+//   g          p_v = exp(z_v − lse) is off by p_v·(e_z,v + Δlse + exp);
+//              dL/dz = p·(1 + 2·z_loss·lse) − onehot and its product with f
+//              and scale add a few u each; doubled as above. Then the bf16
+//              cast: |G − g| ≤ e_g + 2^-8·(|g| + e_g) + 2^-134.
+//   dX, dW     |ΔdX_ik| ≤ Σ_v (|G − g|_iv + (γ_V(fp32)·(1 + 2^-8) +
+//              γ_V(fp64))·|G|_iv)·|w_vk|, by one dgemm of the bounds with
+//              |W|; dW alike with γ_M and |X|. A bf16 dX adds its rounding.
+//              (The caller forms these from the blocks of g: CastGradientError,
+//              CastGradientMagnitude, GradientProductCoefficient.)
+// Every value of a correct implementation lies inside its bound, element by
+// element.
+
+#include "logitd/reference/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "logit_rows.h"
+#include "logitd/reference/numerics.h"
+
+namespace logitd {
+namespace {
+
+constexpr double kU = kFp32UnitRoundoff;
+// Absolute slack for values that underflow: half the smallest bf16
+// subnormal spacing (2^-133), and fp32 intermediates near 2^-126.
+constexpr double kBf16Underflow = 0x1p-134;
+constexpr double kFp32Underflow = 0x1p-125;
+
+double Sq(double v) { return v * v; }
+
+}  // namespace
+
+std::int64_t CountedTokens(const std::int64_t* targets, std::int64_t m, std::int64_t ignore_index) {
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < m; ++i) counted += targets[i] == ignore_index ? 0 : 1;
+  return counted;
+}
+
+double CrossEntropyGradScale(const CeReferenceOptions& options, std::int64_t counted) {
+  if (options.reduction == CeReduction::kMean) {
+    return static_cast<double>(options.grad_scale) / static_cast<double>(counted);
+  }
+  return options.grad_scale;
+}
+
+CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, std::int64_t v,
+                                          std::int64_t target, bool counted, double scale,
+                                          const CeReferenceOptions& options, double* g,
+                                          double* g_pre_err) {
+  const double cap = options.logit_softcap;
+  const double zl = options.z_loss;
+  std::vector<double> z(static_cast<std::size_t>(v)), f(z.size()), ez(z.size());
+  double mx = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j < v; ++j) {
+    const std::size_t s = static_cast<std::size_t>(j);
+    const double dy = y_err != nullptr ? y_err[j] : 0.0;
+    if (cap > 0) {
+      const double t = std::tanh(y[j] / cap);
+      z[s] = cap * t;
+      f[s] = 1 - t * t;
+      ez[s] = (f[s] + 2 * dy / cap) * (dy + kU * std::fabs(y[j])) + 4 * kU * std::fabs(z[s]);
+    } else {
+      z[s] = y[j];
+      f[s] = 1;
+      ez[s] = dy;
+    }
+    mx = std::max(mx, z[s]);
+  }
+  double sum_exp = 0;
+  for (double zj : z) sum_exp += std::exp(zj - mx);
+  const double log_s = std::log(sum_exp);
+  CeTokenReference out;
+  out.lse = mx + log_s;
+  double weighted_ez = 0, weighted_exp = 0;
+  for (std::size_t s = 0; s < z.size(); ++s) {
+    const double p = std::exp(z[s] - out.lse);
+    weighted_ez += p * ez[s];
+    weighted_exp += p * (3 + 2.2 * (mx - z[s]));
+  }
+  const double eval =
+      Gamma(2 * v, kU) + kU * weighted_exp + 2 * kU * (2 + log_s) + kU * std::fabs(out.lse);
+  out.lse_bound = 2 * (weighted_ez + eval) + Gamma(v, kFp64UnitRoundoff) * (std::fabs(out.lse) + 1);
+
+  if (!counted) {
+    if (g != nullptr) {
+      std::fill(g, g + v, 0.0);
+      std::fill(g_pre_err, g_pre_err + v, 0.0);
+    }
+    return out;
+  }
+  const std::size_t ts = static_cast<std::size_t>(target);
+  const double lse = out.lse;
+  const double zt = z[ts];
+  out.loss = lse - zt + zl * lse * lse;
+  out.loss_bound =
+      out.lse_bound * (1 + 2 * zl * std::fabs(lse)) + zl * Sq(out.lse_bound) + 2 * ez[ts] +
+      4 * kU * (std::fabs(lse) + std::fabs(zt) + 2 * zl * lse * lse + std::fabs(out.loss));
+  if (g == nullptr) return out;
+  const double c = 1 + 2 * zl * lse;
+  const double dc = 2 * zl * out.lse_bound + 2 * kU * std::fabs(c);
+  for (std::int64_t j = 0; j < v; ++j) {
+    const std::size_t s = static_cast<std::size_t>(j);
+    const double onehot = j == target ? 1.0 : 0.0;
+    const double p = std::exp(z[s] - lse);
+    const double d = p * c - onehot;
+    const double arg = lse - z[s];
+    const double ep = p * (ez[s] + out.lse_bound + kU * (3 + 2.2 * arg));
+    const double ed = ep * std::fabs(c) + p * dc + 2 * kU * (p * std::fabs(c) + onehot);
+    const double ef = cap > 0 ? 2 * std::fabs(z[s]) * ez[s] / (cap * cap) + 4 * kU : 0.0;
+    g[j] = d * f[s] * scale;
+    g_pre_err[j] = 2 * std::fabs(scale) * (ed * (f[s] + ef) + std::fabs(d) * ef) +
+                   3 * kU * std::fabs(g[j]) +
+                   kFp32Underflow * std::fabs(scale) * (std::fabs(c) + 1);
+  }
+  return out;
+}
+
+bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
+                           const CeReferenceOptions& options, LogitModel logits,
+                           CrossEntropyReference* out, const CeGradientSink& gradients,
+                           const StopCheck& stop, std::int64_t block_rows) {
+  const std::int64_t m = in.m, v = in.v;
+  CrossEntropyReference& ref = *out;
+  ref = CrossEntropyReference();
+  ref.m = m;
+  ref.v = v;
+  ref.counted = CountedTokens(targets, m, options.ignore_index);
+  ref.scale = CrossEntropyGradScale(options, std::max<std::int64_t>(ref.counted, 1));
+  const std::size_t mm = static_cast<std::size_t>(m);
+  ref.lse.resize(mm);
+  ref.lse_bound.resize(mm);
+  ref.loss.resize(mm);
+  ref.loss_bound.resize(mm);
+  const std::int64_t block = block_rows > 0 ? block_rows : reference_internal::DefaultBlockRows(v);
+  const reference_internal::LogitRows rows(in, logits);
+  std::vector<double> y, y_err, g, g_pre_err;
+  double sum_abs = 0, sum_bounds = 0;
+  for (std::int64_t r0 = 0; r0 < m; r0 += block) {
+    if (stop && stop()) return false;
+    const std::int64_t n = std::min(block, m - r0);
+    rows.Compute(r0, n, &y, &y_err);
+    if (gradients) {
+      g.resize(static_cast<std::size_t>(n * v));
+      g_pre_err.resize(g.size());
+    }
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t i = r0 + r;
+      const std::size_t s = static_cast<std::size_t>(i);
+      const bool counted = targets[i] != options.ignore_index;
+      const CeTokenReference row = CrossEntropyReferenceRow(
+          y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v, v, targets[i], counted,
+          ref.scale, options, gradients ? g.data() + r * v : nullptr,
+          gradients ? g_pre_err.data() + r * v : nullptr);
+      ref.lse[s] = row.lse;
+      ref.lse_bound[s] = row.lse_bound;
+      ref.loss[s] = row.loss;
+      ref.loss_bound[s] = row.loss_bound;
+      ref.sum += row.loss;
+      sum_abs += std::fabs(row.loss);
+      sum_bounds += row.loss_bound;
+    }
+    if (gradients) gradients(r0, n, g.data(), g_pre_err.data());
+  }
+  ref.sum_bound =
+      sum_bounds + Gamma(m, kU) * (sum_abs + sum_bounds) + Gamma(m, kFp64UnitRoundoff) * sum_abs;
+  if (ref.counted == 0) {
+    ref.mean = std::numeric_limits<double>::quiet_NaN();
+    ref.mean_bound = 0;
+  } else {
+    const double n = static_cast<double>(ref.counted);
+    ref.mean = ref.sum / n;
+    ref.mean_bound = (ref.sum_bound + 3 * kU * sum_abs) / n + 2 * kU * std::fabs(ref.mean);
+  }
+  return true;
+}
+
+double CastGradientError(double g, double g_pre_err) {
+  return g_pre_err + kBf16UnitRoundoff * (std::fabs(g) + g_pre_err) + kBf16Underflow;
+}
+
+double CastGradientMagnitude(double g, double g_pre_err) {
+  return (1 + kBf16UnitRoundoff) * (std::fabs(g) + g_pre_err) + kBf16Underflow;
+}
+
+double GradientProductGamma(std::int64_t n) {
+  return Gamma(n, kU) * (1 + kBf16UnitRoundoff) + Gamma(n, kFp64UnitRoundoff);
+}
+
+double GradientProductCoefficient(double g, double g_pre_err, double gamma) {
+  return CastGradientError(g, g_pre_err) + gamma * CastGradientMagnitude(g, g_pre_err);
+}
+
+std::uint64_t CrossEntropyReferenceBytes(std::int64_t m, std::int64_t v, std::int64_t k,
+                                         bool with_gradients, std::int64_t block_rows) {
+  constexpr std::uint64_t kDouble = sizeof(double);
+  const std::int64_t rows =
+      std::min(m, block_rows > 0 ? block_rows : reference_internal::DefaultBlockRows(v));
+  const std::uint64_t n = static_cast<std::uint64_t>(std::max<std::int64_t>(rows, 1));
+  const std::uint64_t uv = static_cast<std::uint64_t>(v), uk = static_cast<std::uint64_t>(k);
+  // The block's rows of X widened, with their magnitudes; its logits and
+  // their bounds; g and its bound.
+  std::uint64_t bytes = n * (2 * uk + 2 * uv) * kDouble;
+  if (with_gradients) bytes += 2 * n * uv * kDouble;
+  // A row's z, f and e_z; a block of W widened (whole rows, at most
+  // kReferenceBlockElements elements); the rows of W with a NaN or an
+  // infinity.
+  const std::uint64_t w_rows =
+      static_cast<std::uint64_t>(std::min(v, reference_internal::DefaultBlockRows(k)));
+  bytes += 3 * uv * kDouble + w_rows * uk * kDouble + uv * sizeof(std::int64_t);
+  return bytes;
+}
+
+}  // namespace logitd

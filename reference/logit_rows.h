@@ -1,0 +1,38 @@
+// The fp64 logits y = x·wᵀ of a block of rows of M, shared by the
+// cross-entropy and LogProbs references (cross_entropy.cc, logprobs.cc):
+// one dgemm of the block's widened rows of X with W (numerics.h:
+// ReferenceXWt), so no [M, V] of doubles is held whole. Elements whose
+// operands include a NaN or an infinity are formed again one by one, as
+// IEEE 754 says they are, which a dgemm need not. Internal to
+// logitd_reference.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "logitd/reference/cross_entropy.h"
+#include "logitd/reference/verify_checks.h"
+
+namespace logitd::reference_internal {
+
+// Rows of M per block when the caller names none: at most
+// kReferenceBlockElements logits.
+std::int64_t DefaultBlockRows(std::int64_t v);
+
+class LogitRows {
+ public:
+  LogitRows(const LmHeadInputs& in, LogitModel model);
+
+  // Rows [row0, row0 + n) of M: y [n, v] and, for LogitModel::kFp32Sum, the
+  // bound y_err [n, v] on the server's fp32 logits; y_err is left empty
+  // otherwise (the logits are taken as exact). kBf16Rounded rounds y to bf16.
+  void Compute(std::int64_t row0, std::int64_t n, std::vector<double>* y,
+               std::vector<double>* y_err) const;
+
+ private:
+  LmHeadInputs in_;
+  LogitModel model_;
+  std::vector<std::int64_t> bad_w_;  // rows of W with a NaN or an infinity
+};
+
+}  // namespace logitd::reference_internal
