@@ -1,0 +1,241 @@
+// logprobs: LogProbs' fp64 reference and its proven bounds (logprobs.h).
+//
+// The reference. Logits y = x·wᵀ come from a dgemm of the widened bf16
+// operands; z_j = softcap(y_j) / T over the first V' = vocab_size rows, lse,
+// logprob = z_t − lse, the entropy H = −Σ p log p = Σ_j p_j·(lse − z_j), the
+// order of the entries (z descending, ties to the lower id) and each
+// target's rank in it are then evaluated in fp64.
+//
+// The bounds. With u = 2^-24 (fp32), for one token and vocabulary entry j:
+//   logit      |Δy_j| ≤ e_y,j = (γ_K(fp32) + γ_K(fp64))·Σ_l|x_l·w_jl|, with
+//              γ_K = K·u/(1 − K·u) (Higham, Lemma 3.1); 0 for exact logits.
+//   z          capped: e_c,j = (f_j + 2e_y,j/cap)·(e_y,j + u|y_j|) + 4u|c_j|
+//              with c = cap·tanh(y/cap), f = 1 − (c/cap)² (as cross_entropy);
+//              e_z,j = e_c,j / T, plus u|z_j| for the division when T != 1.
+//              B = max_j e_z,j over the row.
+//   lse        a softmax-weighted mean of its inputs' perturbations,
+//              Σ_j p_j·e_z,j ≤ B, plus its own evaluation (a sum of V' exps
+//              within γ_2V', each exp within (3 + 2.2·(max − z_j))·u, log
+//              and the final addition a few u): cross_entropy's formula,
+//              doubled for second-order terms.
+//   logprob    Δlse + 2e_z,t + 4u·(|lse| + |z_t| + |logprob|).
+//   entropy    dH/dz_j = −p_j·(log p_j + H), so for perturbations |e_j| ≤ B
+//              |dH| ≤ B·Σ_j p_j·|log p_j + H| ≤ B·(Σ_j p_j·|log p_j| + H) =
+//              2H·B (every −log p_j ≥ 0). Along the path z + s·e, s in
+//              [0, 1], H(s) ≤ H·exp(2Bs), so |ΔH| ≤ H·(exp(2B) − 1) = 2HB to
+//              first order. Its evaluation, H = log S − Z/S with
+//              S = Σ exp(d_j) and Z = Σ exp(d_j)·d_j (d_j = z_j − max ≤ 0,
+//              terms of one sign): log S as lse's, Z/S within
+//              Σ_j p_j·|d_j|·((4 + 2.2|d_j|)·u + 2γ_2V'), and u·(|Z/S| + H)
+//              for the roundings; doubled as above.
+//   top-k      a server z is within B of the reference's, so two entries
+//              whose reference z differ by more than 2B are in the same
+//              order for the server. The id at place r is therefore
+//              decided when the reference's z at place r is more than 2B
+//              from those at places r − 1 and r + 1 (the entries before it
+//              are then exactly the ones more than 2B above it); the
+//              server's id must equal the reference's at every decided
+//              place. Its log-prob z_id − lse is within B + Δlse + 4u·(|lse|
+//              + |z_id| + |logprob|), taken at the id the server returned.
+//   rank       at least the number of entries surely above the target
+//              (z_j > z_t + 2B), at most the number possibly above it
+//              (z_j ≥ z_t − 2B, j != t).
+// With exact z (integer logits, no cap, a power-of-two temperature) B is 0
+// and the top-k ids and ranks must equal the reference's, ties to the lower
+// id; lse, logprob and entropy keep their evaluation bounds.
+
+#include "logitd/reference/logprobs.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "logit_rows.h"
+#include "logitd/reference/numerics.h"
+
+namespace logitd {
+namespace {
+
+constexpr double kU = kFp32UnitRoundoff;
+
+bool IsPowerOfTwo(float t) {
+  int e = 0;
+  return t > 0 && std::frexp(static_cast<double>(t), &e) == 0.5;
+}
+
+// One row's values, without the top-k and ranks.
+struct LpRow {
+  double lse = 0, lse_bound = 0, entropy = 0, entropy_bound = 0, b = 0;
+};
+
+// z and e_z of one row over the first v entries of y (y_err null: exact
+// logits); returns B.
+double RowZ(const double* y, const double* y_err, std::int64_t v, const LpReferenceOptions& o,
+            double* z, double* ez) {
+  const double cap = o.logit_softcap;
+  const double t = o.temperature;
+  double b = 0;
+  for (std::int64_t j = 0; j < v; ++j) {
+    const double dy = y_err != nullptr ? y_err[j] : 0.0;
+    double c = y[j], ec = dy;
+    if (cap > 0) {
+      const double th = std::tanh(y[j] / cap);
+      c = cap * th;
+      ec = (1 - th * th + 2 * dy / cap) * (dy + kU * std::fabs(y[j])) + 4 * kU * std::fabs(c);
+    }
+    z[j] = c / t;
+    ez[j] = ec / t + (y_err != nullptr && t != 1.0 ? kU * std::fabs(z[j]) : 0.0);
+    b = std::max(b, ez[j]);
+  }
+  return b;
+}
+
+LpRow ReferenceRow(const double* z, const double* ez, std::int64_t v, double b) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j < v; ++j) mx = std::max(mx, z[j]);
+  double sum_exp = 0;
+  for (std::int64_t j = 0; j < v; ++j) sum_exp += std::exp(z[j] - mx);
+  const double log_s = std::log(sum_exp);
+  LpRow out;
+  out.b = b;
+  out.lse = mx + log_s;
+  const double gamma = Gamma(2 * v, kU);
+  double weighted_ez = 0, weighted_exp = 0, mean_d = 0, weighted_d = 0, h = 0;
+  for (std::int64_t j = 0; j < v; ++j) {
+    const double p = std::exp(z[j] - out.lse);
+    const double d = mx - z[j];
+    weighted_ez += p * ez[j];
+    weighted_exp += p * (3 + 2.2 * d);
+    mean_d += p * d;
+    weighted_d += p * d * ((4 + 2.2 * d) * kU + 2 * gamma);
+    h += p * (out.lse - z[j]);
+  }
+  const double eval = gamma + kU * weighted_exp + 2 * kU * (2 + log_s) + kU * std::fabs(out.lse);
+  const double fp64 = Gamma(v, kFp64UnitRoundoff);
+  out.lse_bound = 2 * (weighted_ez + eval) + fp64 * (std::fabs(out.lse) + 1);
+  out.entropy = h;
+  const double eval_h = eval + weighted_d + kU * (mean_d + h);
+  out.entropy_bound = h * std::expm1(2 * b) + 2 * eval_h + fp64 * (h + mean_d + 1);
+  return out;
+}
+
+// Whether (za, a) ranks before (zb, b): z descending, ties to the lower id.
+bool Before(double za, std::int64_t a, double zb, std::int64_t b) {
+  return za != zb ? za > zb : a < b;
+}
+
+}  // namespace
+
+bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
+                       const LpReferenceOptions& options, LogitModel logits, LogProbsReference* out,
+                       const LpZSink& z_sink, const StopCheck& stop, std::int64_t block_rows) {
+  const std::int64_t m = in.m, v = in.v;
+  LogProbsReference& ref = *out;
+  ref = LogProbsReference();
+  ref.m = m;
+  ref.v = options.vocab_size > 0 ? std::min(options.vocab_size, v) : v;
+  ref.exact = logits != LogitModel::kFp32Sum && options.logit_softcap == 0 &&
+              IsPowerOfTwo(options.temperature);
+  const std::int64_t vv = ref.v;
+  const std::size_t rows = static_cast<std::size_t>(m);
+  for (auto* vec : {&ref.lse, &ref.lse_bound, &ref.logprob, &ref.logprob_bound, &ref.entropy,
+                    &ref.entropy_bound, &ref.z_bound}) {
+    vec->assign(rows, 0.0);
+  }
+  ref.order_cols = std::min(options.top_k + 1, vv);
+  ref.order.resize(rows * static_cast<std::size_t>(ref.order_cols));
+  ref.order_z.resize(ref.order.size());
+  ref.rank.assign(rows, -1);
+  ref.rank_low.assign(rows, -1);
+  ref.rank_high.assign(rows, -1);
+  const std::int64_t block = block_rows > 0 ? block_rows : reference_internal::DefaultBlockRows(v);
+  const reference_internal::LogitRows logit_rows(in, logits);
+  std::vector<double> y, y_err, z_block;
+  std::vector<double> ez(static_cast<std::size_t>(vv));
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(vv));
+  for (std::int64_t r0 = 0; r0 < m; r0 += block) {
+    if (stop && stop()) return false;
+    const std::int64_t n = std::min(block, m - r0);
+    logit_rows.Compute(r0, n, &y, &y_err);
+    z_block.resize(static_cast<std::size_t>(n * vv));
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t i = r0 + r;
+      const std::size_t s = static_cast<std::size_t>(i);
+      double* z = z_block.data() + r * vv;
+      const double b = RowZ(y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v, vv,
+                            options, z, ez.data());
+      const LpRow row = ReferenceRow(z, ez.data(), vv, b);
+      ref.lse[s] = row.lse;
+      ref.lse_bound[s] = row.lse_bound;
+      ref.entropy[s] = row.entropy;
+      ref.entropy_bound[s] = row.entropy_bound;
+      ref.z_bound[s] = b;
+      std::iota(ids.begin(), ids.end(), std::int64_t{0});
+      const auto mid = ids.begin() + ref.order_cols;
+      std::partial_sort(ids.begin(), mid, ids.end(),
+                        [z](std::int64_t a, std::int64_t c) { return Before(z[a], a, z[c], c); });
+      for (std::int64_t p = 0; p < ref.order_cols; ++p) {
+        const std::size_t at = static_cast<std::size_t>(i * ref.order_cols + p);
+        ref.order[at] = ids[static_cast<std::size_t>(p)];
+        ref.order_z[at] = z[ids[static_cast<std::size_t>(p)]];
+      }
+      if (targets == nullptr || targets[i] == options.ignore_index) continue;
+      const std::int64_t t = targets[i];
+      const double zt = z[t];
+      ref.logprob[s] = zt - row.lse;
+      ref.logprob_bound[s] =
+          row.lse_bound + 2 * ez[static_cast<std::size_t>(t)] +
+          4 * kU * (std::fabs(row.lse) + std::fabs(zt) + std::fabs(zt - row.lse));
+      std::int64_t rank = 0, low = 0, high = 0;
+      for (std::int64_t j = 0; j < vv; ++j) {
+        if (j == t) continue;
+        rank += Before(z[j], j, zt, t) ? 1 : 0;
+        low += z[j] > zt + 2 * b ? 1 : 0;
+        high += z[j] >= zt - 2 * b ? 1 : 0;
+      }
+      ref.rank[s] = rank;
+      ref.rank_low[s] = ref.exact ? rank : low;
+      ref.rank_high[s] = ref.exact ? rank : high;
+    }
+    if (z_sink) z_sink(r0, n, z_block.data());
+  }
+  return true;
+}
+
+bool TopKPlaceDecided(const LogProbsReference& ref, std::int64_t i, std::int64_t p) {
+  if (ref.exact) return true;
+  const double* z = ref.order_z.data() + i * ref.order_cols;
+  const double sep = 2 * ref.z_bound[static_cast<std::size_t>(i)];
+  return (p == 0 || z[p - 1] - z[p] > sep) && (p + 1 >= ref.order_cols || z[p] - z[p + 1] > sep);
+}
+
+double TopKLogProbBound(const LogProbsReference& ref, std::int64_t i, double z_id) {
+  const std::size_t s = static_cast<std::size_t>(i);
+  const double lse = ref.lse[s];
+  const double lp = z_id - lse;
+  return ref.z_bound[s] + ref.lse_bound[s] +
+         4 * kU * (std::fabs(lse) + std::fabs(z_id) + std::fabs(lp));
+}
+
+std::uint64_t LogProbsReferenceBytes(std::int64_t m, std::int64_t v, std::int64_t k,
+                                     std::int64_t block_rows) {
+  constexpr std::uint64_t kDouble = sizeof(double);
+  const std::int64_t rows =
+      std::min(m, block_rows > 0 ? block_rows : reference_internal::DefaultBlockRows(v));
+  const std::uint64_t n = static_cast<std::uint64_t>(std::max<std::int64_t>(rows, 1));
+  const std::uint64_t uv = static_cast<std::uint64_t>(v), uk = static_cast<std::uint64_t>(k);
+  // The block's rows of X widened, with their magnitudes; its logits, their
+  // bounds and z.
+  std::uint64_t bytes = n * (2 * uk + 3 * uv) * kDouble;
+  // A row's e_z and ids; a block of W widened (whole rows, at most
+  // kReferenceBlockElements elements); the rows of W with a NaN or an
+  // infinity.
+  const std::uint64_t w_rows =
+      static_cast<std::uint64_t>(std::min(v, reference_internal::DefaultBlockRows(k)));
+  bytes += uv * (kDouble + 2 * sizeof(std::int64_t)) + w_rows * uk * kDouble;
+  return bytes;
+}
+
+}  // namespace logitd
