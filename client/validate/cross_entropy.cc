@@ -21,10 +21,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
 namespace {
@@ -217,13 +217,9 @@ absl::Status RunNumeric(RunContext& ctx, CaseResult& r, const NumericCase& nc) {
   if (!r_mean.ok()) return r_mean.status();
   timer.Lap("server");
 
-  std::vector<double> y, y_err;
-  ReferenceLogits(*d.x, *d.w, false, &y, &y_err);
-  const CeReference ref_none = ReferenceFromLogits(y, &y_err, s.m, s.v, none);
-  const CeReference ref_mean = ReferenceFromLogits(y, &y_err, s.m, s.v, mean);
-  std::vector<double> y16(y.size());
-  for (std::size_t i = 0; i < y.size(); ++i) y16[i] = RoundDoubleToBf16(y[i]);
-  const CeReference ref16 = ReferenceFromLogits(y16, nullptr, s.m, s.v, none);
+  const CeReference ref_none = ComputeReference(*d.x, *d.w, none);
+  const CeReference ref_mean = ComputeReference(*d.x, *d.w, mean);
+  const CeReference ref16 = ComputeReference(*d.x, *d.w, none, LogitModel::kBf16Rounded);
   timer.Lap("reference");
 
   CeErrors table;
@@ -451,7 +447,7 @@ absl::Status RunExact(RunContext& ctx, CaseResult& r, const ExactCase& ec) {
       MakeExactData(ctx.options().seed, absl::StrCat("cross_entropy/", ec.name), s.exact_m,
                     s.exact_v, s.exact_k, &rq);
   if (!d.ok()) return absl::InternalError(absl::StrCat("harness: ", d.status().message()));
-  const CeReference ref = ComputeReference(d->x, d->w, rq, /*exact_logits=*/true);
+  const CeReference ref = ComputeReference(d->x, d->w, rq, LogitModel::kExact);
   absl::StatusOr<ExactGradients> want = PredictExactGradients(ref, d->x, d->w);
   if (!want.ok()) {
     return absl::InternalError(absl::StrCat("harness: ", want.status().message()));

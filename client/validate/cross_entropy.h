@@ -4,8 +4,10 @@
 // The reference is fp64 throughout: logits from a dgemm of the widened bf16
 // operands, then z, lse, loss and the exact pre-cast gradient
 // g = dL/dy · scale. Next to every value it carries a bound on how far a
-// correct fp32 server may be from it; the derivation is at the top of
-// cross_entropy.cc.
+// correct fp32 server may be from it. Both come from logitd_reference
+// (logitd/reference/cross_entropy.h, whose cross_entropy.cc derives the
+// bounds); this harness holds them whole, [M, V] for g, and checks a
+// server's results against them.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "client/validate/harness.h"
 #include "logitd/client.h"
+#include "logitd/reference/cross_entropy.h"
 #include "logitd/tensor.h"
 
 namespace logitd::validate {
@@ -30,6 +33,8 @@ struct CeRequest {
   float grad_scale = 1.0f;
 
   client::CrossEntropyOptions Options() const;
+  // The options as the reference library takes them.
+  CeReferenceOptions ReferenceOptions() const;
   // The targets as an int32 or int64 [M] tensor.
   Tensor TargetsTensor(DType dtype) const;
   bool Ignored(std::int64_t i) const {
@@ -55,18 +60,13 @@ struct CeReference {
   std::vector<double> g, g_pre_err;
 };
 
-// fp64 logits y = x·wᵀ [M, V] of bf16 x [M, K] and w [V, K] by dgemm, and,
-// unless `exact_logits` (small integers, whose fp32 sums are exact), a
-// bound per logit on the server's fp32 logit: (γ_K(fp32) + γ_K(fp64))·Σ|x·w|.
-void ReferenceLogits(const Tensor& x, const Tensor& w, bool exact_logits, std::vector<double>* y,
-                     std::vector<double>* y_err);
-// The reference from logits y [M, V] and per-logit bounds y_err [M, V] on
-// the server's fp32 logits (null: the logits are exact, e.g. small integers).
-CeReference ReferenceFromLogits(const std::vector<double>& y, const std::vector<double>* y_err,
-                                std::int64_t m, std::int64_t v, const CeRequest& request);
-// ReferenceLogits, then ReferenceFromLogits.
+// The reference of bf16 x [M, K] and w [V, K] for `request`, from
+// ReferenceCrossEntropy (logitd/reference/cross_entropy.h) with g and its
+// bound gathered whole. `logits` says how the server's fp32 logits stand to
+// the fp64 ones: kExact for small integers, whose fp32 sums are exact;
+// kBf16Rounded for what a bf16-logit path gives at best.
 CeReference ComputeReference(const Tensor& x, const Tensor& w, const CeRequest& request,
-                             bool exact_logits = false);
+                             LogitModel logits = LogitModel::kFp32Sum);
 
 // What a result should hold besides the loss.
 struct CeWants {
@@ -165,21 +165,6 @@ void CheckExactGradients(const ExactGradients& want, const client::CrossEntropyR
 // by more than an order of magnitude; the elementwise bounds stay rigorous.
 inline constexpr double kMinBf16Ratio = 16.0;
 
-// Spacing of bf16 values at |r|.
-double Bf16Ulp(double r);
-// Rounds a double to the nearest bf16 value, ties to even, in one step.
-double RoundDoubleToBf16(double d);
-
-// One token's reference: lse, loss and their bounds; g and its pre-cast
-// bound for the row (left untouched when null).
-struct RowResult {
-  double lse = 0, lse_bound = 0, loss = 0, loss_bound = 0;
-};
-RowResult ReferenceRow(const double* y, const double* y_err, std::int64_t v, std::int64_t target,
-                       bool counted, double scale, const CeRequest& rq, double* g,
-                       double* g_pre_err);
-// The scale of dL/dy for a request whose mean counts `counted` tokens.
-double ScaleFor(const CeRequest& rq, std::int64_t counted);
 // Records a failure unless t has `dtype` and `shape`; returns whether it has.
 bool CheckTensor(CaseResult& r, const Tensor& t, DType dtype,
                  const std::vector<std::int64_t>& shape, const std::string& what);

@@ -28,10 +28,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/validate/cross_entropy.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
 
@@ -148,7 +148,8 @@ absl::StatusOr<ExactData> MakeExactData(std::uint64_t seed, absl::string_view st
     counted += ignored[static_cast<std::size_t>(i)] ? 0 : 1;
   }
   request->targets.assign(static_cast<std::size_t>(m), request->ignore_index);
-  const double scale = ScaleFor(*request, counted);
+  const CeReferenceOptions options = request->ReferenceOptions();
+  const double scale = CrossEntropyGradScale(options, counted);
   std::vector<double> y(static_cast<std::size_t>(v)), g(y.size()), err(y.size());
   for (std::int64_t i = 0; i < m; ++i) {
     const std::size_t s = static_cast<std::size_t>(i);
@@ -168,8 +169,8 @@ absl::StatusOr<ExactData> MakeExactData(std::uint64_t seed, absl::string_view st
         y[static_cast<std::size_t>(j)] =
             static_cast<double>(c) + static_cast<double>(a) * group[static_cast<std::size_t>(j)];
       }
-      ReferenceRow(y.data(), nullptr, v, request->targets[s], !ignored[s], scale, *request,
-                   g.data(), err.data());
+      CrossEntropyReferenceRow(y.data(), nullptr, v, request->targets[s], !ignored[s], scale,
+                               options, g.data(), err.data());
       decided = true;
       for (std::size_t j = 0; j < g.size() && decided; ++j) {
         float rounded = 0;

@@ -1,40 +1,14 @@
 // cross_entropy: the fused LM-head cross-entropy against an fp64 reference.
 //
-// The reference. Logits y = x·wᵀ come from a dgemm of the widened bf16
-// operands; z, lse, loss and the pre-cast gradient g = dL/dy · scale are then
-// evaluated in fp64 with the formulas of logitd.v1.CrossEntropyHeader.
-//
-// The bounds. With u = 2^-24 (fp32), for one token and vocabulary entry v:
-//   logit      |Δy_v| ≤ e_y,v = (γ_K(fp32) + γ_K(fp64))·Σ_k|x_k·w_vk|: the
-//              fp32 accumulation bound for any summation order (Higham,
-//              Lemma 3.1), plus the reference's own; 0 for small integers,
-//              whose fp32 sums are exact.
-//   capped z   |Δz_v| ≤ e_z,v = (f_v + 2e_y,v/cap)·(e_y,v + u|y_v|) + 4u|z_v|
-//              with f_v = 1 − (z_v/cap)² = dz/dy: the logit error carried
-//              through tanh, the rounding of y/cap, and a tanh within a
-//              few ulps; e_z,v = e_y,v without capping.
-//   lse        lse is a softmax-weighted mean of its inputs' perturbations,
-//              |Δlse| ≤ Σ_v p_v·e_z,v, plus its own evaluation:
-//              Σ_v exp(z_v − max) over V terms (and the rescalings of an
-//              online max over at most V chunks) is within γ_2V relatively;
-//              each exp within (3 + 2.2·(max − z_v))·u relatively (the
-//              subtraction's rounding and an exp accurate to 2 + 1.2|arg|
-//              ulps, which covers fast device exponentials); log within
-//              2u·(2 + log s) absolutely; and max + log s rounds once. These
-//              are first-order bounds; they are doubled to cover the
-//              second-order terms.
-//   loss       Δlse·(1 + 2·z_loss·|lse|) + 2e_z,t + 4u·(|lse| + |z_t| +
-//              2·z_loss·lse² + |loss|) (the roundings of the three terms).
-//   sum, mean  Σ of the token bounds + γ_M·Σ(|loss_i| + bound_i); a mean
-//              adds 3u per term and 2u of its own (either order of dividing).
-//   g          p_v = exp(z_v − lse) is off by p_v·(e_z,v + Δlse + exp);
-//              dL/dz = p·(1 + 2·z_loss·lse) − onehot and its product with f
-//              and scale add a few u each; doubled as above. Then the bf16
-//              cast: |G − g| ≤ e_g + 2^-8·(|g| + e_g) + 2^-134.
-//   dX, dW     |ΔdX_ik| ≤ Σ_v (|G − g|_iv + (γ_V(fp32)·(1 + 2^-8) +
-//              γ_V(fp64))·|G|_iv)·|w_vk|, by one dgemm of the bounds with
-//              |W|; dW alike with γ_M and |X|. A bf16 dX adds its rounding.
-// Every server value must lie inside its bound, element by element.
+// The reference and its bounds come from logitd_reference
+// (logitd/reference/cross_entropy.h; the derivation of every bound is at the
+// top of its cross_entropy.cc): per token the lse and loss, the reduced
+// loss, and per element the pre-cast gradient g with its bound, gathered
+// here whole. From those this file forms dX = G·W and dW = Gᵀ·X and their
+// elementwise bounds, |ΔdX_ik| ≤ Σ_v (|G − g|_iv + (γ_V(fp32)·(1 + 2^-8) +
+// γ_V(fp64))·|G|_iv)·|w_vk| by one dgemm of the bounds with |W| (dW alike
+// with γ_M and |X|; a bf16 dX adds its rounding). Every server value must
+// lie inside its bound, element by element.
 //
 // Besides the bounds, two empirical checks: the per-token loss and lse must
 // be >= 16x closer to fp64 than the same quantities computed from logits
@@ -63,19 +37,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/validate/cross_entropy.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
 namespace {
 
 constexpr double kU = kFp32UnitRoundoff;
-// Absolute slack for values that underflow: half the smallest bf16
-// subnormal spacing (2^-133), and fp32 intermediates near 2^-126.
+// Absolute slack for a bf16 dX that underflows: half the smallest bf16
+// subnormal spacing (2^-133).
 constexpr double kBf16Underflow = 0x1p-134;
-constexpr double kFp32Underflow = 0x1p-125;
 // Relative Frobenius error of dX and dW: the bf16 unit roundoff of G with a
 // factor 2 for cancellation in the product.
 constexpr double kMaxGradRelFrobenius = 2 * kBf16UnitRoundoff;
@@ -86,14 +59,6 @@ double Sq(double v) { return v * v; }
 double Fp32Ulp(double r) {
   if (r == 0 || !std::isfinite(r)) return 0x1p-149;
   return std::ldexp(1.0, std::max(std::ilogb(r), -126) - 23);
-}
-
-// Bound on |G − g| for the server's bf16 G, and on |G|.
-double GError(double g, double pre) {
-  return pre + kBf16UnitRoundoff * (std::fabs(g) + pre) + kBf16Underflow;
-}
-double GMagnitude(double g, double pre) {
-  return (1 + kBf16UnitRoundoff) * (std::fabs(g) + pre) + kBf16Underflow;
 }
 
 // Largest |got − want| against its bound, first violation, norms.
@@ -153,10 +118,10 @@ struct Tracker {
 
 // The bound coefficients of one gradient GEMM: |G − g| + γ_n·|G|.
 std::vector<double> BoundCoefficients(const CeReference& ref, std::int64_t n) {
-  const double gamma = Gamma(n, kU) * (1 + kBf16UnitRoundoff) + Gamma(n, kFp64UnitRoundoff);
+  const double gamma = GradientProductGamma(n);
   std::vector<double> c(ref.g.size());
   for (std::size_t i = 0; i < c.size(); ++i) {
-    c[i] = GError(ref.g[i], ref.g_pre_err[i]) + gamma * GMagnitude(ref.g[i], ref.g_pre_err[i]);
+    c[i] = GradientProductCoefficient(ref.g[i], ref.g_pre_err[i], gamma);
   }
   return c;
 }
@@ -186,101 +151,6 @@ void GradWBlocks(
 
 }  // namespace
 
-// Spacing of bf16 values at |r|.
-double Bf16Ulp(double r) {
-  if (r == 0 || !std::isfinite(r)) return 0x1p-133;
-  return std::ldexp(1.0, std::max(std::ilogb(r), -126) - 7);
-}
-
-// Rounds a double to the nearest bf16 value, ties to even, in one step.
-double RoundDoubleToBf16(double d) {
-  if (d == 0 || !std::isfinite(d)) return d;
-  const double q = Bf16Ulp(d);
-  const double r = std::nearbyint(d / q) * q;  // the default mode: ties to even
-  if (std::fabs(r) > std::numeric_limits<float>::max()) {
-    return std::copysign(std::numeric_limits<double>::infinity(), d);
-  }
-  return r;
-}
-
-RowResult ReferenceRow(const double* y, const double* y_err, std::int64_t v, std::int64_t target,
-                       bool counted, double scale, const CeRequest& rq, double* g,
-                       double* g_pre_err) {
-  const double cap = rq.logit_softcap;
-  const double zl = rq.z_loss;
-  std::vector<double> z(static_cast<std::size_t>(v)), f(z.size()), ez(z.size());
-  double mx = -std::numeric_limits<double>::infinity();
-  for (std::int64_t j = 0; j < v; ++j) {
-    const std::size_t s = static_cast<std::size_t>(j);
-    const double dy = y_err != nullptr ? y_err[j] : 0.0;
-    if (cap > 0) {
-      const double t = std::tanh(y[j] / cap);
-      z[s] = cap * t;
-      f[s] = 1 - t * t;
-      ez[s] = (f[s] + 2 * dy / cap) * (dy + kU * std::fabs(y[j])) + 4 * kU * std::fabs(z[s]);
-    } else {
-      z[s] = y[j];
-      f[s] = 1;
-      ez[s] = dy;
-    }
-    mx = std::max(mx, z[s]);
-  }
-  double sum_exp = 0;
-  for (double zj : z) sum_exp += std::exp(zj - mx);
-  const double log_s = std::log(sum_exp);
-  RowResult out;
-  out.lse = mx + log_s;
-  double weighted_ez = 0, weighted_exp = 0;
-  for (std::size_t s = 0; s < z.size(); ++s) {
-    const double p = std::exp(z[s] - out.lse);
-    weighted_ez += p * ez[s];
-    weighted_exp += p * (3 + 2.2 * (mx - z[s]));
-  }
-  const double eval =
-      Gamma(2 * v, kU) + kU * weighted_exp + 2 * kU * (2 + log_s) + kU * std::fabs(out.lse);
-  out.lse_bound = 2 * (weighted_ez + eval) + Gamma(v, kFp64UnitRoundoff) * (std::fabs(out.lse) + 1);
-
-  if (!counted) {
-    if (g != nullptr) {
-      std::fill(g, g + v, 0.0);
-      std::fill(g_pre_err, g_pre_err + v, 0.0);
-    }
-    return out;
-  }
-  const std::size_t ts = static_cast<std::size_t>(target);
-  const double lse = out.lse;
-  const double zt = z[ts];
-  out.loss = lse - zt + zl * lse * lse;
-  out.loss_bound =
-      out.lse_bound * (1 + 2 * zl * std::fabs(lse)) + zl * Sq(out.lse_bound) + 2 * ez[ts] +
-      4 * kU * (std::fabs(lse) + std::fabs(zt) + 2 * zl * lse * lse + std::fabs(out.loss));
-  if (g == nullptr) return out;
-  const double c = 1 + 2 * zl * lse;
-  const double dc = 2 * zl * out.lse_bound + 2 * kU * std::fabs(c);
-  for (std::int64_t j = 0; j < v; ++j) {
-    const std::size_t s = static_cast<std::size_t>(j);
-    const double onehot = j == target ? 1.0 : 0.0;
-    const double p = std::exp(z[s] - lse);
-    const double d = p * c - onehot;
-    const double arg = lse - z[s];
-    const double ep = p * (ez[s] + out.lse_bound + kU * (3 + 2.2 * arg));
-    const double ed = ep * std::fabs(c) + p * dc + 2 * kU * (p * std::fabs(c) + onehot);
-    const double ef = cap > 0 ? 2 * std::fabs(z[s]) * ez[s] / (cap * cap) + 4 * kU : 0.0;
-    g[j] = d * f[s] * scale;
-    g_pre_err[j] = 2 * std::fabs(scale) * (ed * (f[s] + ef) + std::fabs(d) * ef) +
-                   3 * kU * std::fabs(g[j]) +
-                   kFp32Underflow * std::fabs(scale) * (std::fabs(c) + 1);
-  }
-  return out;
-}
-
-double ScaleFor(const CeRequest& rq, std::int64_t counted) {
-  if (rq.reduction == client::Reduction::kMean) {
-    return static_cast<double>(rq.grad_scale) / static_cast<double>(counted);
-  }
-  return rq.grad_scale;
-}
-
 bool CheckTensor(CaseResult& r, const Tensor& t, DType dtype,
                  const std::vector<std::int64_t>& shape, const std::string& what) {
   return r.Check(t.dtype() == dtype && t.shape() == shape,
@@ -295,6 +165,18 @@ client::CrossEntropyOptions CeRequest::Options() const {
   client::CrossEntropyOptions o;
   o.ignore_index = ignore_index;
   o.reduction = reduction;
+  o.z_loss = z_loss;
+  o.logit_softcap = logit_softcap;
+  o.grad_scale = grad_scale;
+  return o;
+}
+
+CeReferenceOptions CeRequest::ReferenceOptions() const {
+  CeReferenceOptions o;
+  o.ignore_index = ignore_index;
+  o.reduction = reduction == client::Reduction::kNone  ? CeReduction::kNone
+                : reduction == client::Reduction::kSum ? CeReduction::kSum
+                                                       : CeReduction::kMean;
   o.z_loss = z_loss;
   o.logit_softcap = logit_softcap;
   o.grad_scale = grad_scale;
@@ -316,68 +198,38 @@ Tensor CeRequest::TargetsTensor(DType dtype) const {
 // ---------------------------------------------------------------------------
 // The reference
 
-void ReferenceLogits(const Tensor& x, const Tensor& w, bool exact_logits, std::vector<double>* y,
-                     std::vector<double>* y_err) {
+CeReference ComputeReference(const Tensor& x, const Tensor& w, const CeRequest& request,
+                             LogitModel logits) {
   const std::int64_t m = x.dim(0), k = x.dim(1), v = w.dim(0);
-  y->assign(static_cast<std::size_t>(m * v), 0.0);
-  if (exact_logits) {
-    y_err->clear();
-    ReferenceXWt(ToDouble(x), m, AsMatrix(w), y->data(), nullptr);
-    return;
-  }
-  y_err->assign(y->size(), 0.0);
-  ReferenceXWt(ToDouble(x), m, AsMatrix(w), y->data(), y_err->data());
-  const double gamma = Gamma(k, kU) + Gamma(k, kFp64UnitRoundoff);
-  for (double& e : *y_err) e *= gamma;
-}
-
-CeReference ReferenceFromLogits(const std::vector<double>& y, const std::vector<double>* y_err,
-                                std::int64_t m, std::int64_t v, const CeRequest& request) {
+  LmHeadInputs in;
+  in.x = x.data<Bf16Bits>();
+  in.w = w.data<Bf16Bits>();
+  in.m = m;
+  in.v = v;
+  in.k = k;
+  CrossEntropyReference lib;
   CeReference ref;
-  ref.m = m;
-  ref.v = v;
-  for (std::int64_t i = 0; i < m; ++i) ref.counted += request.Ignored(i) ? 0 : 1;
-  ref.scale = ScaleFor(request, std::max<std::int64_t>(ref.counted, 1));
-  const std::size_t mm = static_cast<std::size_t>(m);
-  ref.lse.resize(mm);
-  ref.lse_bound.resize(mm);
-  ref.loss.resize(mm);
-  ref.loss_bound.resize(mm);
   ref.g.resize(static_cast<std::size_t>(m * v));
   ref.g_pre_err.resize(ref.g.size());
-  double sum_abs = 0, sum_bounds = 0;
-  for (std::int64_t i = 0; i < m; ++i) {
-    const std::size_t s = static_cast<std::size_t>(i);
-    const RowResult row = ReferenceRow(
-        y.data() + i * v, y_err != nullptr && !y_err->empty() ? y_err->data() + i * v : nullptr, v,
-        request.targets[s], !request.Ignored(i), ref.scale, request, ref.g.data() + i * v,
-        ref.g_pre_err.data() + i * v);
-    ref.lse[s] = row.lse;
-    ref.lse_bound[s] = row.lse_bound;
-    ref.loss[s] = row.loss;
-    ref.loss_bound[s] = row.loss_bound;
-    ref.sum += row.loss;
-    sum_abs += std::fabs(row.loss);
-    sum_bounds += row.loss_bound;
-  }
-  ref.sum_bound =
-      sum_bounds + Gamma(m, kU) * (sum_abs + sum_bounds) + Gamma(m, kFp64UnitRoundoff) * sum_abs;
-  if (ref.counted == 0) {
-    ref.mean = std::numeric_limits<double>::quiet_NaN();
-    ref.mean_bound = 0;
-  } else {
-    const double n = static_cast<double>(ref.counted);
-    ref.mean = ref.sum / n;
-    ref.mean_bound = (ref.sum_bound + 3 * kU * sum_abs) / n + 2 * kU * std::fabs(ref.mean);
-  }
+  ReferenceCrossEntropy(
+      in, request.targets.data(), request.ReferenceOptions(), logits, &lib,
+      [&](std::int64_t row0, std::int64_t rows, const double* g, const double* g_pre_err) {
+        std::copy(g, g + rows * v, ref.g.begin() + row0 * v);
+        std::copy(g_pre_err, g_pre_err + rows * v, ref.g_pre_err.begin() + row0 * v);
+      });
+  ref.m = lib.m;
+  ref.v = lib.v;
+  ref.counted = lib.counted;
+  ref.scale = lib.scale;
+  ref.lse = std::move(lib.lse);
+  ref.lse_bound = std::move(lib.lse_bound);
+  ref.loss = std::move(lib.loss);
+  ref.loss_bound = std::move(lib.loss_bound);
+  ref.sum = lib.sum;
+  ref.sum_bound = lib.sum_bound;
+  ref.mean = lib.mean;
+  ref.mean_bound = lib.mean_bound;
   return ref;
-}
-
-CeReference ComputeReference(const Tensor& x, const Tensor& w, const CeRequest& request,
-                             bool exact_logits) {
-  std::vector<double> y, y_err;
-  ReferenceLogits(x, w, exact_logits, &y, &y_err);
-  return ReferenceFromLogits(y, exact_logits ? nullptr : &y_err, x.dim(0), w.dim(0), request);
 }
 
 // ---------------------------------------------------------------------------

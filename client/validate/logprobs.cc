@@ -38,10 +38,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
 namespace {
@@ -212,7 +212,7 @@ absl::Status RunExact(RunContext& ctx, CaseResult& r, const LpShape& s) {
     absl::StatusOr<client::LogProbsResult> got = Send(ctx, x, rq, weight->handle(), label);
     if (!got.ok()) return got.status();
     timer.Lap("server");
-    const LpReference ref = ComputeLogProbsReference(x, w, rq, /*exact_logits=*/true);
+    const LpReference ref = ComputeLogProbsReference(x, w, rq, LogitModel::kExact);
     if (!r.Check(ref.exact, absl::StrCat(label, ": the reference's z are not exact"))) {
       return absl::OkStatus();
     }

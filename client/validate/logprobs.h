@@ -1,12 +1,13 @@
 // The logprobs suite's reference and checks, exposed so that unit tests can
 // feed them doctored results and see them fail.
 //
-// The reference is fp64: logits from a dgemm of the widened bf16 operands
-// (ReferenceLogits of cross_entropy.h), then z = softcap(y) / temperature
-// over the first vocab_size rows, lse, log-probs, entropy, the top-k order
-// (z descending, ties to the lower id) and the targets' ranks. Next to each
-// value it carries a bound on how far a correct fp32 server may be from it;
-// the derivation is at the top of logprobs_reference.cc.
+// The reference is fp64: logits from a dgemm of the widened bf16 operands,
+// then z = softcap(y) / temperature over the first vocab_size rows, lse,
+// log-probs, entropy, the top-k order (z descending, ties to the lower id)
+// and the targets' ranks. Next to each value it carries a bound on how far a
+// correct fp32 server may be from it. Both come from logitd_reference
+// (logitd/reference/logprobs.h, whose logprobs.cc derives the bounds); this
+// harness holds z whole and checks a server's results against them.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include "client/validate/harness.h"
 #include "logitd/client.h"
+#include "logitd/reference/logprobs.h"
 #include "logitd/tensor.h"
 
 namespace logitd::validate {
@@ -30,6 +32,8 @@ struct LpRequest {
 
   // Every output the request can ask for.
   client::LogProbsOptions Options() const;
+  // The options as the reference library takes them.
+  LpReferenceOptions ReferenceOptions() const;
   // The targets as an int64 [M] tensor.
   Tensor TargetsTensor() const;
   bool Ignored(std::int64_t i) const {
@@ -37,37 +41,19 @@ struct LpRequest {
   }
 };
 
-struct LpReference {
-  std::int64_t m = 0;
-  std::int64_t v = 0;  // the vocabulary that counts (vocab_size, or V)
-  // True when the server's z are exactly the reference's (exact logits, no
-  // soft-capping, a power-of-two temperature): the top-k ids and ranks must
-  // then equal the reference's, ties going to the lower id.
-  bool exact = false;
-  // Per token: values and bounds on |server − value|. logprob is 0 with
-  // bound 0 for an ignored token.
-  std::vector<double> lse, lse_bound, logprob, logprob_bound, entropy, entropy_bound;
-  // Per token: B, the largest bound on a server z of the row.
-  std::vector<double> z_bound;
+// The library's reference (per token: lse, logprob, entropy and their
+// bounds, B, the top-k order and the ranks; see LogProbsReference) and z
+// whole, which the top-k check reads at the ids the server returned.
+struct LpReference : LogProbsReference {
   // [M, v]: the fp64 z.
   std::vector<double> z;
-  // [M, top_k + 1]: the ids of the best entries, by z descending, ties to
-  // the lower id (one past top_k, for the separation rule; fewer when v is).
-  std::vector<std::int64_t> order;
-  std::int64_t order_cols = 0;
-  // Per token: the target's rank by that order (−1 for an ignored token),
-  // and, when not exact, how many entries are surely above the target
-  // (z_j > z_t + 2B) and possibly above it (z_j >= z_t − 2B, j != t).
-  std::vector<std::int64_t> rank, rank_low, rank_high;
 };
 
-// The reference from logits y [M, V] and per-logit bounds y_err [M, V] on
-// the server's fp32 logits (null: the logits are exact, e.g. small integers).
-LpReference LogProbsReference(const std::vector<double>& y, const std::vector<double>* y_err,
-                              std::int64_t m, std::int64_t v, const LpRequest& request);
-// ReferenceLogits (cross_entropy.h), then LogProbsReference.
+// The reference of bf16 x [M, K] and w [V, K] for `request`, from
+// ReferenceLogProbs (logitd/reference/logprobs.h) with z gathered whole.
+// `logits`: kExact for small integers, whose fp32 sums are exact.
 LpReference ComputeLogProbsReference(const Tensor& x, const Tensor& w, const LpRequest& request,
-                                     bool exact_logits = false);
+                                     LogitModel logits = LogitModel::kFp32Sum);
 
 // Figures of one checked response (also written to r.figures[label]).
 struct LpErrors {

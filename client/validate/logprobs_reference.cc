@@ -1,48 +1,12 @@
 // The logprobs suite's reference and checks.
 //
-// The reference. Logits y = x·wᵀ come from a dgemm of the widened bf16
-// operands; z_j = softcap(y_j) / T over the first V' = vocab_size rows, lse,
-// logprob = z_t − lse, the entropy H = −Σ p log p = Σ_j p_j·(lse − z_j), the
-// order of the entries (z descending, ties to the lower id) and each
-// target's rank in it are then evaluated in fp64.
-//
-// The bounds. With u = 2^-24 (fp32), for one token and vocabulary entry j:
-//   logit      |Δy_j| ≤ e_y,j = (γ_K(fp32) + γ_K(fp64))·Σ_l|x_l·w_jl|, with
-//              γ_K = K·u/(1 − K·u) (Higham, Lemma 3.1); 0 for exact logits.
-//   z          capped: e_c,j = (f_j + 2e_y,j/cap)·(e_y,j + u|y_j|) + 4u|c_j|
-//              with c = cap·tanh(y/cap), f = 1 − (c/cap)² (as cross_entropy);
-//              e_z,j = e_c,j / T, plus u|z_j| for the division when T != 1.
-//              B = max_j e_z,j over the row.
-//   lse        a softmax-weighted mean of its inputs' perturbations,
-//              Σ_j p_j·e_z,j ≤ B, plus its own evaluation (a sum of V' exps
-//              within γ_2V', each exp within (3 + 2.2·(max − z_j))·u, log
-//              and the final addition a few u): cross_entropy's formula,
-//              doubled for second-order terms.
-//   logprob    Δlse + 2e_z,t + 4u·(|lse| + |z_t| + |logprob|).
-//   entropy    dH/dz_j = −p_j·(log p_j + H), so for perturbations |e_j| ≤ B
-//              |dH| ≤ B·Σ_j p_j·|log p_j + H| ≤ B·(Σ_j p_j·|log p_j| + H) =
-//              2H·B (every −log p_j ≥ 0). Along the path z + s·e, s in
-//              [0, 1], H(s) ≤ H·exp(2Bs), so |ΔH| ≤ H·(exp(2B) − 1) = 2HB to
-//              first order. Its evaluation, H = log S − Z/S with
-//              S = Σ exp(d_j) and Z = Σ exp(d_j)·d_j (d_j = z_j − max ≤ 0,
-//              terms of one sign): log S as lse's, Z/S within
-//              Σ_j p_j·|d_j|·((4 + 2.2|d_j|)·u + 2γ_2V'), and u·(|Z/S| + H)
-//              for the roundings; doubled as above.
-//   top-k      a server z is within B of the reference's, so two entries
-//              whose reference z differ by more than 2B are in the same
-//              order for the server. The id at place r is therefore
-//              decided when the reference's z at place r is more than 2B
-//              from those at places r − 1 and r + 1 (the entries before it
-//              are then exactly the ones more than 2B above it); the
-//              server's id must equal the reference's at every decided
-//              place. Its log-prob z_id − lse is within B + Δlse + 4u·(|lse|
-//              + |z_id| + |logprob|), taken at the id the server returned.
-//   rank       at least the number of entries surely above the target
-//              (z_j > z_t + 2B), at most the number possibly above it
-//              (z_j ≥ z_t − 2B, j != t).
-// With exact z (integer logits, no cap, a power-of-two temperature) B is 0
-// and the top-k ids and ranks must equal the reference's, ties to the lower
-// id; lse, logprob and entropy keep their evaluation bounds.
+// The reference and its bounds come from logitd_reference
+// (logitd/reference/logprobs.h; the derivation of every bound, the top-k
+// separation rule and the rank interval are at the top of its logprobs.cc).
+// This file gathers z whole and checks the server's outputs against them:
+// lse, logprob, entropy and top-k log-probs inside their bounds, top-k ids
+// equal to the reference's at every decided place, ranks between the
+// surely-above and possibly-above counts.
 
 #include <algorithm>
 #include <cmath>
@@ -57,81 +21,10 @@
 #include "absl/strings/str_format.h"
 #include "client/validate/cross_entropy.h"
 #include "client/validate/logprobs.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/report.h"
+#include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
-namespace {
-
-constexpr double kU = kFp32UnitRoundoff;
-
-bool IsPowerOfTwo(float t) {
-  int e = 0;
-  return t > 0 && std::frexp(static_cast<double>(t), &e) == 0.5;
-}
-
-// One row's values, without the top-k and ranks.
-struct LpRow {
-  double lse = 0, lse_bound = 0, entropy = 0, entropy_bound = 0, b = 0;
-};
-
-// z and e_z of one row over the first v entries of y.
-double RowZ(const double* y, const double* y_err, std::int64_t v, const LpRequest& rq, double* z,
-            double* ez) {
-  const double cap = rq.logit_softcap;
-  const double t = rq.temperature;
-  double b = 0;
-  for (std::int64_t j = 0; j < v; ++j) {
-    const double dy = y_err != nullptr ? y_err[j] : 0.0;
-    double c = y[j], ec = dy;
-    if (cap > 0) {
-      const double th = std::tanh(y[j] / cap);
-      c = cap * th;
-      ec = (1 - th * th + 2 * dy / cap) * (dy + kU * std::fabs(y[j])) + 4 * kU * std::fabs(c);
-    }
-    z[j] = c / t;
-    ez[j] = ec / t + (y_err != nullptr && t != 1.0 ? kU * std::fabs(z[j]) : 0.0);
-    b = std::max(b, ez[j]);
-  }
-  return b;
-}
-
-LpRow ReferenceRow(const double* z, const double* ez, std::int64_t v, double b) {
-  double mx = -std::numeric_limits<double>::infinity();
-  for (std::int64_t j = 0; j < v; ++j) mx = std::max(mx, z[j]);
-  double sum_exp = 0;
-  for (std::int64_t j = 0; j < v; ++j) sum_exp += std::exp(z[j] - mx);
-  const double log_s = std::log(sum_exp);
-  LpRow out;
-  out.b = b;
-  out.lse = mx + log_s;
-  const double gamma = Gamma(2 * v, kU);
-  double weighted_ez = 0, weighted_exp = 0, mean_d = 0, weighted_d = 0, h = 0;
-  for (std::int64_t j = 0; j < v; ++j) {
-    const double p = std::exp(z[j] - out.lse);
-    const double d = mx - z[j];
-    weighted_ez += p * ez[j];
-    weighted_exp += p * (3 + 2.2 * d);
-    mean_d += p * d;
-    weighted_d += p * d * ((4 + 2.2 * d) * kU + 2 * gamma);
-    h += p * (out.lse - z[j]);
-  }
-  const double eval = gamma + kU * weighted_exp + 2 * kU * (2 + log_s) + kU * std::fabs(out.lse);
-  const double fp64 = Gamma(v, kFp64UnitRoundoff);
-  out.lse_bound = 2 * (weighted_ez + eval) + fp64 * (std::fabs(out.lse) + 1);
-  out.entropy = h;
-  const double eval_h = eval + weighted_d + kU * (mean_d + h);
-  out.entropy_bound = h * std::expm1(2 * b) + 2 * eval_h + fp64 * (h + mean_d + 1);
-  return out;
-}
-
-// Whether (za, a) ranks before (zb, b): z descending, ties to the lower id.
-bool Before(double za, std::int64_t a, double zb, std::int64_t b) {
-  return za != zb ? za > zb : a < b;
-}
-
-}  // namespace
-
 client::LogProbsOptions LpRequest::Options() const {
   client::LogProbsOptions o;
   o.ignore_index = ignore_index;
@@ -145,66 +38,20 @@ client::LogProbsOptions LpRequest::Options() const {
   return o;
 }
 
+LpReferenceOptions LpRequest::ReferenceOptions() const {
+  LpReferenceOptions o;
+  o.ignore_index = ignore_index;
+  o.temperature = temperature;
+  o.logit_softcap = logit_softcap;
+  o.top_k = top_k;
+  o.vocab_size = vocab_size;
+  return o;
+}
+
 Tensor LpRequest::TargetsTensor() const {
   Tensor t(DType::kInt64, {static_cast<std::int64_t>(targets.size())});
   std::memcpy(t.data<std::int64_t>(), targets.data(), targets.size() * sizeof(std::int64_t));
   return t;
-}
-
-LpReference LogProbsReference(const std::vector<double>& y, const std::vector<double>* y_err,
-                              std::int64_t m, std::int64_t v, const LpRequest& rq) {
-  LpReference ref;
-  ref.m = m;
-  ref.v = rq.vocab_size > 0 ? std::min(rq.vocab_size, v) : v;
-  ref.exact = y_err == nullptr && rq.logit_softcap == 0 && IsPowerOfTwo(rq.temperature);
-  const std::int64_t vv = ref.v;
-  const std::size_t rows = static_cast<std::size_t>(m);
-  for (auto* vec : {&ref.lse, &ref.lse_bound, &ref.logprob, &ref.logprob_bound, &ref.entropy,
-                    &ref.entropy_bound, &ref.z_bound}) {
-    vec->assign(rows, 0.0);
-  }
-  ref.z.resize(rows * static_cast<std::size_t>(vv));
-  ref.order_cols = std::min(rq.top_k + 1, vv);
-  ref.order.resize(rows * static_cast<std::size_t>(ref.order_cols));
-  ref.rank.assign(rows, -1);
-  ref.rank_low.assign(rows, -1);
-  ref.rank_high.assign(rows, -1);
-  std::vector<double> ez(static_cast<std::size_t>(vv));
-  std::vector<std::int64_t> ids(static_cast<std::size_t>(vv));
-  for (std::int64_t i = 0; i < m; ++i) {
-    const std::size_t s = static_cast<std::size_t>(i);
-    double* z = ref.z.data() + i * vv;
-    const double b = RowZ(y.data() + i * v, y_err != nullptr ? y_err->data() + i * v : nullptr, vv,
-                          rq, z, ez.data());
-    const LpRow row = ReferenceRow(z, ez.data(), vv, b);
-    ref.lse[s] = row.lse;
-    ref.lse_bound[s] = row.lse_bound;
-    ref.entropy[s] = row.entropy;
-    ref.entropy_bound[s] = row.entropy_bound;
-    ref.z_bound[s] = b;
-    std::iota(ids.begin(), ids.end(), std::int64_t{0});
-    const auto mid = ids.begin() + ref.order_cols;
-    std::partial_sort(ids.begin(), mid, ids.end(),
-                      [z](std::int64_t a, std::int64_t c) { return Before(z[a], a, z[c], c); });
-    std::copy(ids.begin(), mid, ref.order.begin() + i * ref.order_cols);
-    if (rq.targets.empty() || rq.Ignored(i)) continue;
-    const std::int64_t t = rq.targets[s];
-    const double zt = z[t];
-    ref.logprob[s] = zt - row.lse;
-    ref.logprob_bound[s] = row.lse_bound + 2 * ez[static_cast<std::size_t>(t)] +
-                           4 * kU * (std::fabs(row.lse) + std::fabs(zt) + std::fabs(zt - row.lse));
-    std::int64_t rank = 0, low = 0, high = 0;
-    for (std::int64_t j = 0; j < vv; ++j) {
-      if (j == t) continue;
-      rank += Before(z[j], j, zt, t) ? 1 : 0;
-      low += z[j] > zt + 2 * b ? 1 : 0;
-      high += z[j] >= zt - 2 * b ? 1 : 0;
-    }
-    ref.rank[s] = rank;
-    ref.rank_low[s] = ref.exact ? rank : low;
-    ref.rank_high[s] = ref.exact ? rank : high;
-  }
-  return ref;
 }
 
 namespace {
@@ -313,7 +160,6 @@ void CheckTopK(const LpReference& ref, const LpRequest& rq, const client::LogPro
   for (std::int64_t i = 0; i < ref.m; ++i) {
     const double* z = ref.z.data() + i * ref.v;
     const std::int64_t* want = ref.order.data() + i * ref.order_cols;
-    const double sep = 2 * ref.z_bound[i];
     std::vector<std::int32_t> seen(ids + i * k, ids + (i + 1) * k);
     std::sort(seen.begin(), seen.end());
     bad_ids += std::adjacent_find(seen.begin(), seen.end()) != seen.end() ? 1 : 0;
@@ -324,17 +170,12 @@ void CheckTopK(const LpReference& ref, const LpRequest& rq, const client::LogPro
         ++bad_ids;
         continue;
       }
-      const double zp = z[want[p]];
-      const bool decided = ref.exact || ((p == 0 || z[want[p - 1]] - zp > sep) &&
-                                         (p + 1 >= ref.order_cols || zp - z[want[p + 1]] > sep));
-      if (decided) {
+      if (TopKPlaceDecided(ref, i, p)) {
         ++e.topk_decided;
         if (id != want[p] && differing++ == 0) first_diff = at;
       }
       const double lp_want = z[id] - ref.lse[i];
-      lp.Add(at, lps[at], lp_want,
-             ref.z_bound[i] + ref.lse_bound[i] +
-                 4 * kU * (std::fabs(ref.lse[i]) + std::fabs(z[id]) + std::fabs(lp_want)));
+      lp.Add(at, lps[at], lp_want, TopKLogProbBound(ref, i, z[id]));
       if (p > 0 && !(lps[at] <= lps[at - 1])) ++unsorted;
     }
   }
@@ -396,10 +237,24 @@ LpErrors CheckLogProbs(const LpReference& ref, const LpRequest& request,
 }
 
 LpReference ComputeLogProbsReference(const Tensor& x, const Tensor& w, const LpRequest& request,
-                                     bool exact_logits) {
-  std::vector<double> y, y_err;
-  ReferenceLogits(x, w, exact_logits, &y, &y_err);
-  return LogProbsReference(y, exact_logits ? nullptr : &y_err, x.dim(0), w.dim(0), request);
+                                     LogitModel logits) {
+  LmHeadInputs in;
+  in.x = x.data<Bf16Bits>();
+  in.w = w.data<Bf16Bits>();
+  in.m = x.dim(0);
+  in.v = w.dim(0);
+  in.k = x.dim(1);
+  LpReference ref;
+  std::vector<double> z;
+  ReferenceLogProbs(in, request.targets.empty() ? nullptr : request.targets.data(),
+                    request.ReferenceOptions(), logits, &ref,
+                    [&](std::int64_t row0, std::int64_t rows, const double* block) {
+                      // ref.v, the vocabulary that counts, is set before the first block.
+                      z.resize(static_cast<std::size_t>(ref.m * ref.v));
+                      std::copy(block, block + rows * ref.v, z.begin() + row0 * ref.v);
+                    });
+  ref.z = std::move(z);
+  return ref;
 }
 
 }  // namespace logitd::validate

@@ -247,11 +247,8 @@ TEST(CrossEntropyCheckTest, DoctoredResultsFail) {
 
 TEST(CrossEntropyCheckTest, Bf16LogitsAreTold) {
   const Normal n = MakeNormal(0, 0, 2.0, client::Reduction::kNone);
-  std::vector<double> y, y_err, y16;
-  ReferenceLogits(n.x, n.w, false, &y, &y_err);
-  const CeReference ref = ReferenceFromLogits(y, &y_err, n.x.dim(0), n.w.dim(0), n.rq);
-  for (double v : y) y16.push_back(RoundToBf16(static_cast<float>(v)));
-  const CeReference ref16 = ReferenceFromLogits(y16, nullptr, n.x.dim(0), n.w.dim(0), n.rq);
+  const CeReference ref = ComputeReference(n.x, n.w, n.rq);
+  const CeReference ref16 = ComputeReference(n.x, n.w, n.rq, LogitModel::kBf16Rounded);
   const CeWants lse{true, false, false, DType::kBf16};
   CaseResult good;
   CheckFp32LogitsShow(ref, ref16, Emulate(n.x, n.w, n.rq, lse), n.rq, 50, good, "b");
@@ -293,7 +290,7 @@ Exact MakeExact(client::Reduction reduction, float grad_scale, float z_loss, flo
   absl::StatusOr<ExactData> d = MakeExactData(99, "test", 16, 96, 32, &e.rq);
   EXPECT_TRUE(d.ok()) << d.status();
   e.data = *std::move(d);
-  const CeReference ref = ComputeReference(e.data.x, e.data.w, e.rq, /*exact_logits=*/true);
+  const CeReference ref = ComputeReference(e.data.x, e.data.w, e.rq, LogitModel::kExact);
   absl::StatusOr<ExactGradients> want = PredictExactGradients(ref, e.data.x, e.data.w);
   EXPECT_TRUE(want.ok()) << want.status();
   e.want = *std::move(want);
@@ -322,8 +319,8 @@ TEST(CrossEntropyCheckTest, ExactGradientsCatchEveryCastMistake) {
     CaseResult loss;
     CeRequest none = e.rq;
     none.reduction = client::Reduction::kNone;
-    CheckAgainstReference(ComputeReference(e.data.x, e.data.w, none, true), none, e.data.x,
-                          e.data.w,
+    CheckAgainstReference(ComputeReference(e.data.x, e.data.w, none, LogitModel::kExact), none,
+                          e.data.x, e.data.w,
                           Emulate(e.data.x, e.data.w, none, {true, false, false, DType::kBf16}),
                           {true, false, false, DType::kBf16}, loss, "l");
     EXPECT_TRUE(loss.failures.empty()) << Failures(loss);

@@ -158,7 +158,7 @@ TEST_F(LogProbsCheckTest, ExactDataComparesIdsAndRanksExactly) {
   rq.temperature = 2.0f;
   rq.top_k = 20;
   for (std::int64_t i = 0; i < 9; ++i) rq.targets.push_back(i == 4 ? -100 : 11 * i);
-  const LpReference ref = ComputeLogProbsReference(x, w, rq, /*exact_logits=*/true);
+  const LpReference ref = ComputeLogProbsReference(x, w, rq, LogitModel::kExact);
   ASSERT_TRUE(ref.exact);
   EXPECT_EQ(Check(Doctor::kNone, ref, rq, x, w), "");
   const std::string ties = Check(Doctor::kTiesToHigherId, ref, rq, x, w);
