@@ -111,4 +111,11 @@ struct Client::Impl {
   }
 };
 
+// The options of a cross-entropy or LogProbs call in a header, always sent
+// (the defaults live in the options structs, not on the wire): ignore_index,
+// reduction, z_loss, logit_softcap, grad_scale; ignore_index, temperature,
+// logit_softcap, vocab_size. Tensors, wants and shm are left alone.
+void SetCrossEntropyOptions(const CrossEntropyOptions& options, v1::CrossEntropyHeader* h);
+void SetLogProbsOptions(const LogProbsOptions& options, v1::LogProbsHeader* h);
+
 }  // namespace logitd::client

@@ -264,14 +264,7 @@ absl::StatusOr<CrossEntropyShmResult> Client::CrossEntropyShm(const CrossEntropy
   v1::CrossEntropyRequest request;
   v1::CrossEntropyHeader* h = request.mutable_header();
   h->set_weight_handle(handle);
-  // Always sent: the default lives in CrossEntropyOptions, not on the wire.
-  h->set_ignore_index(options.ignore_index);
-  h->set_reduction(options.reduction == Reduction::kNone  ? v1::REDUCTION_NONE
-                   : options.reduction == Reduction::kSum ? v1::REDUCTION_SUM
-                                                          : v1::REDUCTION_MEAN);
-  h->set_z_loss(options.z_loss);
-  h->set_logit_softcap(options.logit_softcap);
-  h->set_grad_scale(options.grad_scale);
+  SetCrossEntropyOptions(options, h);
   h->set_want_lse(options.want_lse);
   h->set_want_dx(options.want_dx);
   h->set_want_dw(options.want_dw);
@@ -303,6 +296,23 @@ absl::StatusOr<CrossEntropyShmResult> Client::CrossEntropyShm(const CrossEntropy
         }
         return out;
       });
+}
+
+void SetCrossEntropyOptions(const CrossEntropyOptions& options, v1::CrossEntropyHeader* h) {
+  h->set_ignore_index(options.ignore_index);
+  h->set_reduction(options.reduction == Reduction::kNone  ? v1::REDUCTION_NONE
+                   : options.reduction == Reduction::kSum ? v1::REDUCTION_SUM
+                                                          : v1::REDUCTION_MEAN);
+  h->set_z_loss(options.z_loss);
+  h->set_logit_softcap(options.logit_softcap);
+  h->set_grad_scale(options.grad_scale);
+}
+
+void SetLogProbsOptions(const LogProbsOptions& options, v1::LogProbsHeader* h) {
+  h->set_ignore_index(options.ignore_index);
+  h->set_temperature(options.temperature);
+  h->set_logit_softcap(options.logit_softcap);
+  h->set_vocab_size(options.vocab_size);
 }
 
 absl::StatusOr<LogProbsResult> Client::LogProbs(const Tensor& x, const Tensor* targets,
@@ -339,15 +349,11 @@ absl::StatusOr<LogProbsResult> Client::LogProbsShm(const LogProbsShmArgs& args,
   v1::LogProbsRequest request;
   v1::LogProbsHeader* h = request.mutable_header();
   h->set_weight_handle(handle);
-  // Always sent: the default lives in LogProbsOptions, not on the wire.
-  h->set_ignore_index(options.ignore_index);
-  h->set_temperature(options.temperature);
-  h->set_logit_softcap(options.logit_softcap);
+  SetLogProbsOptions(options, h);
   h->set_top_k(static_cast<std::uint32_t>(options.top_k));
   h->set_want_entropy(options.want_entropy);
   h->set_want_lse(options.want_lse);
   h->set_want_rank(options.want_rank);
-  h->set_vocab_size(options.vocab_size);
   h->set_digest_last(true);  // streamed outputs hashed while they travel
   slots.FillHeader(h);
 

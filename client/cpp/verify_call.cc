@@ -42,6 +42,20 @@ CandidateVerdict VerdictOf(const v1::CandidateVerdict& c) {
   return out;
 }
 
+v1::VerifyOperation OperationOf(VerifyOperation operation) {
+  switch (operation) {
+    case VerifyOperation::kLogits:
+      return v1::VERIFY_LOGITS;
+    case VerifyOperation::kBackward:
+      return v1::VERIFY_BACKWARD;
+    case VerifyOperation::kCrossEntropy:
+      return v1::VERIFY_CROSS_ENTROPY;
+    case VerifyOperation::kLogProbs:
+      return v1::VERIFY_LOGPROBS;
+  }
+  return v1::VERIFY_OPERATION_UNSPECIFIED;
+}
+
 }  // namespace
 
 absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
@@ -62,19 +76,28 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
   if (args.dy.given()) {
     if (absl::Status s = slots.Input("dy", args.dy); !s.ok()) return s;
   }
+  if (args.targets.given()) {
+    if (absl::Status s = slots.Input("targets", args.targets); !s.ok()) return s;
+  }
   for (const auto& [name, candidate] : args.candidates) {
-    if (name == "x" || name == "w" || name == "dy") {
+    if (name == "x" || name == "w" || name == "dy" || name == "targets") {
       return absl::InvalidArgumentError(
           absl::StrCat("candidates: '", name,
                        "' is an input's name; candidates are named as the operation "
-                       "names its outputs (y; dx, dw)"));
+                       "names its outputs (y; dx, dw; loss, lse; logprob, lse, entropy)"));
     }
     if (absl::Status s = slots.Input(name, candidate); !s.ok()) return s;
   }
   v1::VerifyRequest request;
   v1::VerifyHeader* h = request.mutable_header();
-  h->set_operation(logits ? v1::VERIFY_LOGITS : v1::VERIFY_BACKWARD);
+  h->set_operation(OperationOf(args.operation));
   h->set_weight_handle(args.weight_handle);
+  if (args.operation == VerifyOperation::kCrossEntropy) {
+    SetCrossEntropyOptions(args.cross_entropy, h->mutable_cross_entropy());
+  }
+  if (args.operation == VerifyOperation::kLogProbs) {
+    SetLogProbsOptions(args.logprobs, h->mutable_logprobs());
+  }
   if (logits) h->set_alpha(args.alpha);
   h->set_sample_rows(static_cast<std::uint32_t>(std::max<std::int64_t>(0, args.sample_rows)));
   slots.ForEachInput(
@@ -85,6 +108,8 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
           *h->mutable_w() = spec;
         } else if (name == "dy") {
           *h->mutable_dy() = spec;
+        } else if (name == "targets") {
+          *h->mutable_targets() = spec;
         } else {
           *h->add_candidates() = spec;
         }

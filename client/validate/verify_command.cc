@@ -2,6 +2,7 @@
 // files with the inputs they were computed from, judged by the server's
 // Verify; reported as validate reports (summary, --json, --junit,
 // --report), one case per candidate, and the same exit codes.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -42,8 +43,12 @@ struct VerifyCommandArgs {
   std::string weight;
   std::string w;
   std::string dy;
+  std::string targets;
   std::vector<std::string> candidates;
   float alpha = 1.0f;
+  // The cross-entropy's and LogProbs' options (their RPCs' defaults).
+  client::CrossEntropyOptions cross_entropy;
+  client::LogProbsOptions logprobs;
   std::int64_t sample_rows = 0;
   std::string json_path;
   std::string junit_path;
@@ -54,9 +59,65 @@ struct VerifyCommandArgs {
   bool help = false;
 };
 
-constexpr const char* kValueFlags[] = {"op",        "x",      "weight",      "w",    "dy",
-                                       "candidate", "alpha",  "sample_rows", "json", "junit",
-                                       "report",    "record", "baseline",    "case"};
+constexpr const char* kValueFlags[] = {"op",           "x",         "weight",        "w",
+                                       "dy",           "targets",   "candidate",     "alpha",
+                                       "sample_rows",  "json",      "junit",         "report",
+                                       "record",       "baseline",  "case",          "reduction",
+                                       "ignore_index", "z_loss",    "logit_softcap", "grad_scale",
+                                       "temperature",  "vocab_size"};
+
+// A finite float option.
+absl::StatusOr<float> FloatOption(const std::string& name, const std::string& value) {
+  double d = 0;
+  if (!absl::SimpleAtod(value, &d) || !std::isfinite(d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": expected a finite number, got '", value, "'"));
+  }
+  return static_cast<float>(d);
+}
+
+// The cross-entropy's and LogProbs' options; false when `name` is none of
+// them.
+absl::StatusOr<bool> ApplyOperationOption(const std::string& name, const std::string& value,
+                                          VerifyCommandArgs* a) {
+  if (name == "reduction") {
+    if (value == "none") {
+      a->cross_entropy.reduction = client::Reduction::kNone;
+    } else if (value == "sum") {
+      a->cross_entropy.reduction = client::Reduction::kSum;
+    } else if (value == "mean") {
+      a->cross_entropy.reduction = client::Reduction::kMean;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--reduction: expected none, sum or mean, got '", value, "'"));
+    }
+  } else if (name == "ignore_index" || name == "vocab_size") {
+    std::int64_t n = 0;
+    if (!absl::SimpleAtoi(value, &n) || (name == "vocab_size" && n < 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": expected an integer, got '", value, "'"));
+    }
+    if (name == "vocab_size") {
+      a->logprobs.vocab_size = n;
+    } else {
+      a->cross_entropy.ignore_index = n;
+      a->logprobs.ignore_index = n;
+    }
+  } else if (name == "z_loss" || name == "logit_softcap" || name == "grad_scale" ||
+             name == "temperature") {
+    LOGITD_ASSIGN_OR_RETURN(const float f, FloatOption(name, value));
+    if (name == "z_loss") a->cross_entropy.z_loss = f;
+    if (name == "grad_scale") a->cross_entropy.grad_scale = f;
+    if (name == "temperature") a->logprobs.temperature = f;
+    if (name == "logit_softcap") {
+      a->cross_entropy.logit_softcap = f;
+      a->logprobs.logit_softcap = f;
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
 
 std::optional<argv::FlagType> OwnFlag(absl::string_view name) {
   for (const char* f : kValueFlags) {
@@ -67,6 +128,8 @@ std::optional<argv::FlagType> OwnFlag(absl::string_view name) {
 
 absl::Status Apply(const std::string& name, const std::string& value, VerifyCommandArgs* a) {
   if (value.empty()) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+  LOGITD_ASSIGN_OR_RETURN(const bool option, ApplyOperationOption(name, value, a));
+  if (option) return absl::OkStatus();
   if (name == "alpha") {
     double alpha = 0;
     if (!absl::SimpleAtod(value, &alpha) || alpha == 0 || !std::isfinite(alpha)) {
@@ -88,6 +151,7 @@ absl::Status Apply(const std::string& name, const std::string& value, VerifyComm
                          : name == "weight"   ? &a->weight
                          : name == "w"        ? &a->w
                          : name == "dy"       ? &a->dy
+                         : name == "targets"  ? &a->targets
                          : name == "json"     ? &a->json_path
                          : name == "junit"    ? &a->junit_path
                          : name == "record"   ? &a->record_path
@@ -137,8 +201,9 @@ absl::StatusOr<VerifyCommandArgs> ParseArgs(const std::vector<std::string>& args
 }
 
 std::string VerifyUsage() {
-  return R"(usage: logitctl verify --op=logits|backward --x=FILE[:TENSOR]
-                       (--weight=HANDLE | --w=FILE[:TENSOR]) [--dy=FILE[:TENSOR]]
+  return R"(usage: logitctl verify --op=logits|backward|cross-entropy|logprobs
+                       --x=FILE[:TENSOR] (--weight=HANDLE | --w=FILE[:TENSOR])
+                       [--dy=FILE[:TENSOR]] [--targets=FILE[:TENSOR]]
                        --candidate=[NAME=]FILE[:TENSOR] [--candidate=...] [options]
 
 Sends another implementation's outputs (the candidates) with the inputs they
@@ -154,11 +219,24 @@ inputs (docs/PROTOCOL.md, "Verify").
                       values is taken exactly; any other is refused)
   --weight=HANDLE     a registered weight, or
   --w=FILE[:TENSOR]   W bf16 [V, K] streamed for this call only
+  --op=cross-entropy  candidates loss (fp32, [M] with --reduction=none, else
+                      [1]) and/or lse [M] of the fused cross-entropy
+  --op=logprobs       candidates logprob (needs --targets), lse and/or
+                      entropy, fp32 [M]
   --dy=FILE[:TENSOR]  backward: dY fp32 or bf16 [M, V]
+  --targets=FILE[:TENSOR]
+                      cross-entropy, logprobs: target ids, int32 or int64 [M]
   --candidate=[NAME=]FILE[:TENSOR]
                       a candidate, named as the operation names its output
-                      (y; dx, dw); NAME may be left out for logits, and for
-                      a tensor itself named dx or dw; repeat for several
+                      (y; dx, dw; loss, lse; logprob, lse, entropy); NAME
+                      may be left out for logits, and for a tensor itself
+                      named as an output; repeat for several
+  --reduction=mean    cross-entropy: none, sum or mean
+  --ignore_index=-100 cross-entropy, logprobs: the target that counts nothing
+  --z_loss=0 --logit_softcap=0 --grad_scale=1
+                      cross-entropy (logit_softcap: logprobs too)
+  --temperature=1 --vocab_size=0
+                      logprobs (vocab_size 0: every row of W)
   --alpha=1           logits: the scale the candidate was computed with
   --sample_rows=0     check about this many rows of M, evenly spaced (dW is
                       always checked whole); 0 checks every row
@@ -338,10 +416,27 @@ absl::Status CheckCombination(const VerifyCommandArgs& a, client::VerifyArgs* ca
   } else if (a.op == "backward") {
     call->operation = client::VerifyOperation::kBackward;
     *outputs = {"dx", "dw"};
+  } else if (a.op == "cross-entropy" || a.op == "cross_entropy") {
+    call->operation = client::VerifyOperation::kCrossEntropy;
+    *outputs = {"loss", "lse"};
+  } else if (a.op == "logprobs") {
+    call->operation = client::VerifyOperation::kLogProbs;
+    *outputs = {"logprob", "lse", "entropy"};
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--op: expected logits or backward, got '", a.op, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--op: expected logits, backward, cross-entropy or logprobs, got '", a.op, "'"));
   }
+  const bool per_token = call->operation == client::VerifyOperation::kCrossEntropy ||
+                         call->operation == client::VerifyOperation::kLogProbs;
+  if (!per_token && !a.targets.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--targets: given, but --op=", a.op, " takes none"));
+  }
+  if (call->operation == client::VerifyOperation::kCrossEntropy && a.targets.empty()) {
+    return absl::InvalidArgumentError("--op=cross-entropy needs --targets=FILE[:TENSOR]");
+  }
+  call->cross_entropy = a.cross_entropy;
+  call->logprobs = a.logprobs;
   if (a.weight.empty() == a.w.empty()) {
     return absl::InvalidArgumentError("expected one of --weight=HANDLE and --w=FILE[:TENSOR]");
   }
@@ -365,6 +460,7 @@ struct VerifyTensors {
   std::optional<Tensor> x;
   std::optional<Tensor> w;
   std::optional<tensor_files::NamedTensor> dy;
+  std::optional<tensor_files::NamedTensor> targets;
   std::vector<tensor_files::NamedTensor> candidates;
 };
 
@@ -391,6 +487,10 @@ absl::Status LoadTensors(const VerifyCommandArgs& a, const std::vector<std::stri
     LOGITD_ASSIGN_OR_RETURN(held->dy, tensor_files::LoadTensorRef(a.dy, "--dy"));
     call->dy = held->dy->tensor;
   }
+  if (!a.targets.empty()) {
+    LOGITD_ASSIGN_OR_RETURN(held->targets, tensor_files::LoadTensorRef(a.targets, "--targets"));
+    call->targets = held->targets->tensor;
+  }
   // Addresses into it are kept: no reallocation once one is taken.
   held->candidates.reserve(a.candidates.size());
   for (const std::string& text : a.candidates) {
@@ -400,7 +500,7 @@ absl::Status LoadTensors(const VerifyCommandArgs& a, const std::vector<std::stri
     if (ref.name.empty()) {
       if (outputs.size() == 1) {
         ref.name = outputs[0];
-      } else if (t.name == "dx" || t.name == "dw") {
+      } else if (std::find(outputs.begin(), outputs.end(), t.name) != outputs.end()) {
         ref.name = t.name;
       } else {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -159,5 +159,75 @@ def test_verify_bad_requests(conn, weights):
     e = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call, pb.VERIFY_LOGITS, [Tensor("dx", pb.DTYPE_FP32, y)])
     assert "'dx' is not an output of VERIFY_LOGITS" in e
     expect_error(grpc.StatusCode.NOT_FOUND, call, pb.VERIFY_LOGITS, [Tensor("y", pb.DTYPE_FP32, y)], weight_handle="w-0")
-    e = expect_error(grpc.StatusCode.UNIMPLEMENTED, call, pb.VERIFY_CROSS_ENTROPY, [Tensor("loss", pb.DTYPE_FP32, y[:, 0])])
-    assert "VERIFY_CROSS_ENTROPY" in e
+    loss = Tensor("loss", pb.DTYPE_FP32, y[:, 0])
+    e = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call, pb.VERIFY_CROSS_ENTROPY, [loss])
+    assert "targets" in e
+    targets = Tensor("targets", pb.DTYPE_INT64, np.arange(4))
+    e = expect_error(
+        grpc.StatusCode.UNIMPLEMENTED,
+        call,
+        pb.VERIFY_CROSS_ENTROPY,
+        [Tensor("dx", pb.DTYPE_FP32, x)],
+        inputs=(xt, targets),
+    )
+    assert "'dx' is not checked yet" in e
+
+
+def softmax_parts(x, w, targets, temperature=1.0):
+    """lse, the target's log-prob and the entropy of each row, in float64 (integer logits: exact z)."""
+    z = (np.asarray(x, np.float64) @ np.asarray(w, np.float64).T) / temperature
+    mx = z.max(axis=1, keepdims=True)
+    p = np.exp(z - mx)
+    s = p.sum(axis=1, keepdims=True)
+    lse = (mx + np.log(s))[:, 0]
+    prob = p / s
+    entropy = -(prob * np.log(np.where(prob > 0, prob, 1))).sum(axis=1)
+    logprob = np.where(targets >= 0, z[np.arange(len(targets)), np.maximum(targets, 0)] - lse, 0)
+    return lse, logprob, entropy
+
+
+def test_verify_cross_entropy_loss_and_lse(conn, weights):
+    """Per-token loss and lse formed in float64 and rounded once are within bounds; one far off is not."""
+    x, w = problem(309, 6, 50, 16)
+    targets = np.array([3, -100, 0, 49, 7, 12])
+    info = weights(w)
+    lse, logprob, _ = softmax_parts(x, w, targets)
+    loss = np.where(targets >= 0, -logprob, 0).astype(np.float32)
+    inputs = [Tensor("x", pb.DTYPE_BF16, x), Tensor("targets", pb.DTYPE_INT64, targets)]
+    header = dict(weight_handle=info.handle, cross_entropy=pb.CrossEntropyHeader(reduction=pb.REDUCTION_NONE))
+    r = verify(
+        conn,
+        pb.VERIFY_CROSS_ENTROPY,
+        inputs,
+        [Tensor("loss", pb.DTYPE_FP32, loss), Tensor("lse", pb.DTYPE_FP32, lse.astype(np.float32))],
+        **header,
+    )
+    assert r.verdict in ("within_bounds", "bitwise_equal_to_logitd"), r
+    assert [list(c.shape) for c in r.candidates] == [[6], [6]]
+    bad = loss.copy()
+    bad[2] += 1.0
+    r = verify(conn, pb.VERIFY_CROSS_ENTROPY, inputs, [Tensor("loss", pb.DTYPE_FP32, bad)], **header)
+    assert r.verdict == "outside_bounds"
+    assert list(r.candidates[0].first_outside[0].index) == [2]
+
+
+def test_verify_logprobs_at_a_temperature(conn, weights):
+    """logprob, lse and entropy at temperature 2 in float64 are within bounds."""
+    x, w = problem(310, 5, 40, 12)
+    targets = np.array([0, 39, -100, 5, 17])
+    info = weights(w)
+    lse, logprob, entropy = softmax_parts(x, w, targets, temperature=2.0)
+    r = verify(
+        conn,
+        pb.VERIFY_LOGPROBS,
+        [Tensor("x", pb.DTYPE_BF16, x), Tensor("targets", pb.DTYPE_INT64, targets)],
+        [
+            Tensor("logprob", pb.DTYPE_FP32, logprob.astype(np.float32)),
+            Tensor("lse", pb.DTYPE_FP32, lse.astype(np.float32)),
+            Tensor("entropy", pb.DTYPE_FP32, entropy.astype(np.float32)),
+        ],
+        weight_handle=info.handle,
+        logprobs=pb.LogProbsHeader(temperature=2.0),
+    )
+    assert r.verdict in ("within_bounds", "bitwise_equal_to_logitd"), r
+    assert sorted(c.name for c in r.candidates) == ["entropy", "logprob", "lse"]

@@ -54,6 +54,59 @@ class LogitctlVerifyTest : public LogitctlFixture {
   Tensor x_, w_;
 };
 
+TEST_F(LogitctlVerifyTest, CrossEntropyAndLogProbsOfLogitdPassAndAShiftedLossFails) {
+  ASSERT_NO_FATAL_FAILURE(WriteLogitsCase(12, 128, 80));
+  Tensor targets(DType::kInt64, {12});
+  for (std::int64_t i = 0; i < 12; ++i) targets.data<std::int64_t>()[i] = i == 5 ? -100 : i * 7;
+  Write("t.safetensors", {{"targets", &targets}});
+  const std::vector<std::string> inputs = {"--x=" + Path("x.safetensors"), "--weight=" + handle_,
+                                           "--targets=" + Path("t.safetensors")};
+  const auto with = [&](std::vector<std::string> words) {
+    words.insert(words.end(), inputs.begin(), inputs.end());
+    return Run(words);
+  };
+  LogitctlRun r =
+      with({"cross-entropy", "--reduction=none", "--lse", "--out=" + Path("ce.safetensors")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = with({"verify", "--op=cross-entropy", "--reduction=none",
+            "--candidate=" + Path("ce.safetensors") + ":loss",
+            "--candidate=" + Path("ce.safetensors") + ":lse", "--json=" + Path("ce.json")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  nlohmann::json j = nlohmann::json::parse(Slurp(Path("ce.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  ASSERT_EQ(j["cases"].size(), 2u);
+  EXPECT_EQ(j["cases"][0]["figures"]["verdict"], "bitwise_equal_to_logitd");
+  EXPECT_EQ(j["cases"][0]["figures"]["elements"], 12);
+
+  // One token's loss half a nat off: outside its bound, exit 1.
+  absl::StatusOr<Tensor> loss = ReadSafetensorsTensor(Path("ce.safetensors"), "loss");
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  loss->data<float>()[3] += 0.5f;
+  Write("bad.safetensors", {{"loss", &*loss}});
+  r = with({"verify", "--op=cross-entropy", "--reduction=none",
+            "--candidate=" + Path("bad.safetensors")});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("outside_bounds"));
+
+  // LogProbs at a temperature, its options given as the logprobs command's.
+  r = with({"logprobs", "--temperature=0.5", "--entropy", "--out=" + Path("lp.safetensors")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = with({"verify", "--op=logprobs", "--temperature=0.5",
+            "--candidate=" + Path("lp.safetensors") + ":logprob",
+            "--candidate=" + Path("lp.safetensors") + ":entropy"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("logprobs/entropy"));
+  r = with({"verify", "--op=logprobs", "--candidate=" + Path("lp.safetensors") + ":logprob"});
+  EXPECT_EQ(r.exit_code, 1) << "temperature 1 is not what the candidate was computed at\n" << r.out;
+
+  // Usage errors: no targets for the cross-entropy, targets for logits.
+  EXPECT_EQ(Run({"verify", "--op=cross-entropy", "--x=" + Path("x.safetensors"),
+                 "--weight=" + handle_, "--candidate=" + Path("bad.safetensors")})
+                .exit_code,
+            2);
+  EXPECT_EQ(with({"verify", "--op=logits", "--candidate=" + Path("y.safetensors")}).exit_code, 2);
+}
+
 TEST_F(LogitctlVerifyTest, LogitdsOwnLogitsPassAndBf16OnesPassedOffAsFp32Fail) {
   ASSERT_NO_FATAL_FAILURE(WriteLogitsCase(16, 1024, 96));
   LogitctlRun r = Run({"verify", "--op=logits", "--x=" + Path("x.safetensors"),
@@ -131,7 +184,8 @@ TEST_F(LogitctlVerifyTest, UsageAndInputErrorsExitTwo) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {{"verify", "--op=softmax", x, w, y}, "--op: expected logits or backward"},
+      {{"verify", "--op=softmax", x, w, y},
+       "--op: expected logits, backward, cross-entropy or logprobs"},
       {{"verify", "--op=logits", x, y}, "expected one of --weight=HANDLE and --w="},
       {{"verify", "--op=logits", x, w}, "--candidate=[NAME=]FILE[:TENSOR] is required"},
       {{"verify", "--op=backward", x, w, y}, "--op=backward needs --dy"},

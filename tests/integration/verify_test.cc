@@ -10,6 +10,7 @@
 // get the operation's own statuses.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -97,6 +98,17 @@ class VerifyTest : public SharedServerTest {
     args.weight_handle = handle;
     args.x = x;
     args.candidates["y"] = y;
+    return args;
+  }
+  // A cross-entropy or LogProbs Verify of x and targets, its options set by
+  // the caller, its candidates added after.
+  static VerifyArgs PerTokenArgs(VerifyOperation operation, const std::string& handle,
+                                 const Tensor& x, const Tensor& targets) {
+    VerifyArgs args;
+    args.operation = operation;
+    args.weight_handle = handle;
+    args.x = x;
+    args.targets = targets;
     return args;
   }
   static VerifyResult Verified(const VerifyArgs& args) {
@@ -363,23 +375,157 @@ TEST_F(VerifyTest, BadRequestsGetTheOperationsStatuses) {
   EXPECT_THAT(s.message(), HasSubstr("dy"));
 }
 
-TEST_F(VerifyTest, TheCrossEntropyIsNotServedYetThroughAStockStub) {
-  auto channel =
-      grpc::CreateChannel(server_->process.address(), grpc::InsecureChannelCredentials());
-  std::unique_ptr<v1::Logitd::Stub> stub = v1::Logitd::NewStub(channel);
-  grpc::ClientContext context;
-  SetDeadline(&context);
-  auto stream = stub->Verify(&context);
-  v1::VerifyRequest request;
-  request.mutable_header()->set_operation(v1::VERIFY_CROSS_ENTROPY);
-  request.mutable_header()->set_weight_handle("w-0000000000000000-1x1");
-  stream->Write(request);
-  stream->WritesDone();
-  v1::VerifyResponse response;
-  EXPECT_FALSE(stream->Read(&response));
-  const grpc::Status status = stream->Finish();
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
-  EXPECT_THAT(status.error_message(), HasSubstr("VERIFY_CROSS_ENTROPY is not served yet"));
+// Targets in [0, v), every fifth one ignored (-100).
+Tensor Targets(std::int64_t m, std::int64_t v) {
+  Tensor t(DType::kInt64, {m});
+  for (std::int64_t i = 0; i < m; ++i) {
+    t.data<std::int64_t>()[i] = i % 5 == 4 ? -100 : (i * 37 + 11) % v;
+  }
+  return t;
+}
+
+// The cross-entropy of fp32 logits from the reverse-order sums, formed in
+// double and rounded once: another implementation, within the bounds.
+Tensor OtherCrossEntropyLoss(const Tensor& x, const Tensor& w, const Tensor& targets) {
+  const Tensor y = ReverseOrderLogits(x, w);
+  const std::int64_t m = y.dim(0), v = y.dim(1);
+  Tensor loss(DType::kFp32, {m});
+  for (std::int64_t i = 0; i < m; ++i) {
+    const float* row = y.data<float>() + i * v;
+    double mx = row[0];
+    for (std::int64_t j = 1; j < v; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+    double s = 0;
+    for (std::int64_t j = 0; j < v; ++j) s += std::exp(row[j] - mx);
+    const std::int64_t t = targets.data<std::int64_t>()[i];
+    loss.data<float>()[i] = t < 0 ? 0.0f : static_cast<float>(mx + std::log(s) - row[t]);
+  }
+  return loss;
+}
+
+TEST_F(VerifyTest, CrossEntropyLossAndLseOfAnotherImplementationAndLogitdsOwn) {
+  const Tensor w = NormalBf16({300, 256}, 31);
+  const Tensor x = NormalBf16({20, 256}, 32);
+  const Tensor targets = Targets(20, 300);
+  const std::string handle = Register(w, "verify-ce");
+  client::CrossEntropyOptions o;
+  o.reduction = client::Reduction::kNone;
+  o.want_lse = true;
+  absl::StatusOr<client::CrossEntropyResult> own = client().CrossEntropy(x, targets, handle, o);
+  ASSERT_TRUE(own.ok()) << own.status();
+
+  VerifyArgs args = PerTokenArgs(VerifyOperation::kCrossEntropy, handle, x, targets);
+  args.cross_entropy = o;
+  args.candidates["loss"] = own->loss;
+  args.candidates["lse"] = *own->lse;
+  VerifyResult r = Verified(args);
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  ASSERT_EQ(r.candidates.size(), 2u);
+  for (const CandidateVerdict& c : r.candidates) {
+    EXPECT_EQ(c.elements, 20) << c.name;
+    EXPECT_EQ(c.shape, (std::vector<std::int64_t>{20})) << c.name;
+  }
+
+  // Another implementation's losses: within the bounds, not bitwise.
+  const Tensor other = OtherCrossEntropyLoss(x, w, targets);
+  args.candidates.erase("lse");
+  args.candidates["loss"] = other;
+  r = Verified(args);
+  EXPECT_TRUE(r.passed()) << r.verdict;
+  EXPECT_EQ(r.candidates[0].outside_bound, 0);
+
+  // One token's loss off by 0.01: outside, named, with its reference.
+  Tensor off = Copy(other);
+  off.data<float>()[3] += 0.01f;
+  args.candidates["loss"] = off;
+  r = Verified(args);
+  EXPECT_EQ(r.verdict, "outside_bounds");
+  ASSERT_EQ(r.candidates[0].first_outside.size(), 1u);
+  EXPECT_EQ(r.candidates[0].first_outside[0].index, (std::vector<std::int64_t>{3}));
+  EXPECT_NEAR(r.candidates[0].first_outside[0].reference, other.data<float>()[3], 1e-4);
+
+  // An ignored token's loss is 0 exactly.
+  Tensor ignored = Copy(own->loss);
+  ignored.data<float>()[4] = 1e-30f;
+  args.candidates["loss"] = ignored;
+  EXPECT_EQ(Verified(args).verdict, "outside_bounds");
+}
+
+TEST_F(VerifyTest, CrossEntropyReducedLossIsOneElement) {
+  const Tensor w = NormalBf16({100, 128}, 33);
+  const Tensor x = NormalBf16({9, 128}, 34);
+  const Tensor targets = Targets(9, 100);
+  const std::string handle = Register(w, "verify-ce-mean");
+  for (client::Reduction reduction : {client::Reduction::kMean, client::Reduction::kSum}) {
+    client::CrossEntropyOptions o;
+    o.reduction = reduction;
+    o.z_loss = 1e-3f;
+    o.logit_softcap = 15.0f;
+    absl::StatusOr<client::CrossEntropyResult> own = client().CrossEntropy(x, targets, handle, o);
+    ASSERT_TRUE(own.ok()) << own.status();
+    VerifyArgs args = PerTokenArgs(VerifyOperation::kCrossEntropy, handle, x, targets);
+    args.cross_entropy = o;
+    args.candidates["loss"] = own->loss;
+    const VerifyResult r = Verified(args);
+    EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd") << client::ReductionName(reduction);
+    ASSERT_EQ(r.candidates.size(), 1u);
+    EXPECT_EQ(r.candidates[0].shape, (std::vector<std::int64_t>{1}));
+  }
+}
+
+TEST_F(VerifyTest, LogProbsOwnOutputsAndAWrongTemperature) {
+  const Tensor w = NormalBf16({400, 192}, 35);
+  const Tensor x = NormalBf16({16, 192}, 36);
+  const Tensor targets = Targets(16, 400);
+  const std::string handle = Register(w, "verify-lp");
+  client::LogProbsOptions o;
+  o.temperature = 0.7f;
+  o.want_lse = true;
+  o.want_entropy = true;
+  absl::StatusOr<client::LogProbsResult> own = client().LogProbs(x, &targets, handle, o);
+  ASSERT_TRUE(own.ok()) << own.status();
+  VerifyArgs args = PerTokenArgs(VerifyOperation::kLogProbs, handle, x, targets);
+  args.logprobs = o;
+  args.candidates["logprob"] = *own->logprob;
+  args.candidates["lse"] = *own->lse;
+  args.candidates["entropy"] = *own->entropy;
+  VerifyResult r = Verified(args);
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  EXPECT_EQ(r.candidates.size(), 3u);
+
+  // The same outputs judged as if computed at temperature 1: outside.
+  args.logprobs.temperature = 1.0f;
+  r = Verified(args);
+  EXPECT_EQ(r.verdict, "outside_bounds");
+}
+
+TEST_F(VerifyTest, CrossEntropyAndLogProbsBadRequests) {
+  const Tensor w = NormalBf16({50, 64}, 37);
+  const Tensor x = NormalBf16({4, 64}, 38);
+  const Tensor targets = Targets(4, 50);
+  const std::string handle = Register(w, "verify-ce-bad");
+  VerifyArgs args;
+  args.operation = VerifyOperation::kCrossEntropy;
+  args.weight_handle = handle;
+  args.x = x;
+  args.cross_entropy.reduction = client::Reduction::kNone;
+  const Tensor loss(DType::kFp32, {4});
+  args.candidates["loss"] = loss;
+  absl::Status s = client().Verify(args).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("targets"));
+  args.targets = targets;
+  const Tensor dx(DType::kFp32, {4, 64});
+  args.candidates["dx"] = dx;
+  s = client().Verify(args).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("'dx' is not checked yet"));
+  args.candidates.erase("dx");
+  Tensor bad_targets = Copy(targets);
+  bad_targets.data<std::int64_t>()[2] = 50;
+  args.targets = bad_targets;
+  s = client().Verify(args).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("targets[2] = 50"));
 }
 
 }  // namespace

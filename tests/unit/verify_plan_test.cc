@@ -71,12 +71,19 @@ TEST(PlanVerifyTest, LogitsAndBackwardPlans) {
   EXPECT_EQ(b->dy_dtype, DType::kFp32);
 }
 
-TEST(PlanVerifyTest, OperationsNotServedAndUnknownOnes) {
+TEST(PlanVerifyTest, UnknownOperationsAndOutputsNotCheckedYet) {
   VerifyRequest r = Logits();
   r.operation = VerifyOperation::kCrossEntropy;
+  r.targets = Spec("targets", "INT64", {8});
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("'y' is not an output of VERIFY_CROSS_ENTROPY"));
+  r.candidates = {Spec("dx", "FP32", {8, 64})};
   EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(
+      PlanStatus(r).message(),
+      HasSubstr("VERIFY_CROSS_ENTROPY's 'dx' is not checked yet; Verify checks its loss, lse"));
   r.operation = VerifyOperation::kLogProbs;
-  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("VERIFY_LOGPROBS is not served yet"));
+  r.candidates = {Spec("rank", "FP32", {8})};
+  EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kUnimplemented);
   r.operation = VerifyOperation::kUnknown;
   r.operation_name = "unknown operation 9";
   EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kInvalidArgument);
@@ -84,6 +91,67 @@ TEST(PlanVerifyTest, OperationsNotServedAndUnknownOnes) {
   r.operation = VerifyOperation::kUnspecified;
   r.operation_name.clear();
   EXPECT_THAT(PlanStatus(r).message(), HasSubstr("got VERIFY_OPERATION_UNSPECIFIED"));
+}
+
+VerifyRequest CrossEntropy(Reduction reduction, std::vector<std::int64_t> loss_shape) {
+  VerifyRequest r;
+  r.operation = VerifyOperation::kCrossEntropy;
+  r.weight_handle = "w-1";
+  r.x = Spec("x", "BF16", {8, 64});
+  r.targets = Spec("targets", "INT32", {8});
+  r.cross_entropy.reduction = reduction;
+  r.candidates.push_back(Spec("loss", "FP32", std::move(loss_shape)));
+  r.candidates.push_back(Spec("lse", "FP32", {8}));
+  return r;
+}
+
+TEST(PlanVerifyTest, CrossEntropysCandidatesTakeTheReductionsShape) {
+  absl::StatusOr<VerifyPlan> none =
+      PlanVerify(CrossEntropy(Reduction::kNone, {8}), &kWeight, kNoLimit);
+  ASSERT_TRUE(none.ok()) << none.status();
+  ASSERT_TRUE(none->cross_entropy.has_value());
+  EXPECT_EQ(none->targets_dtype, DType::kInt32);
+  EXPECT_EQ(none->targets_bytes, 8u * 4);
+  EXPECT_EQ(none->candidates[0].bytes, 8u * 4);
+  absl::StatusOr<VerifyPlan> mean =
+      PlanVerify(CrossEntropy(Reduction::kMean, {1}), &kWeight, kNoLimit);
+  ASSERT_TRUE(mean.ok()) << mean.status();
+  EXPECT_EQ(mean->candidates[0].bytes, 4u);
+  absl::Status s = PlanStatus(CrossEntropy(Reduction::kSum, {8}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("loss: expected shape [1] ([1]: the reduced loss), got [8]"));
+
+  VerifyRequest bf16 = CrossEntropy(Reduction::kNone, {8});
+  bf16.candidates[1].dtype = "BF16";
+  EXPECT_THAT(PlanStatus(bf16).message(),
+              HasSubstr("lse: expected dtype FP32 (the dtype VERIFY_CROSS_ENTROPY gives it in)"));
+  VerifyRequest sampled = CrossEntropy(Reduction::kNone, {8});
+  sampled.sample_rows = 2;
+  EXPECT_THAT(PlanStatus(sampled).message(), HasSubstr("VERIFY_CROSS_ENTROPY checks every row"));
+  VerifyRequest no_targets = CrossEntropy(Reduction::kNone, {8});
+  no_targets.targets = CallInput();
+  EXPECT_EQ(PlanStatus(no_targets).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(PlanStatus(no_targets).message(), HasSubstr("targets"));
+}
+
+TEST(PlanVerifyTest, LogProbsNeedsTargetsForALogprobCandidateOnly) {
+  VerifyRequest r;
+  r.operation = VerifyOperation::kLogProbs;
+  r.weight_handle = "w-1";
+  r.x = Spec("x", "BF16", {8, 64});
+  r.candidates.push_back(Spec("entropy", "FP32", {8}));
+  r.candidates.push_back(Spec("lse", "FP32", {8}));
+  absl::StatusOr<VerifyPlan> p = PlanVerify(r, &kWeight, kNoLimit);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->logprobs.has_value());
+  EXPECT_EQ(p->logprobs->vocab, 1000);
+  r.candidates.push_back(Spec("logprob", "FP32", {8}));
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("give targets"));
+  r.targets = Spec("targets", "INT64", {8});
+  EXPECT_TRUE(PlanVerify(r, &kWeight, kNoLimit).ok());
+  r.alpha = 2.0f;
+  EXPECT_THAT(PlanStatus(r).message(),
+              HasSubstr("alpha: given (2), but VERIFY_LOGPROBS takes no scale"));
 }
 
 TEST(PlanVerifyTest, ExactlyOneWeightAndAStreamedOnesShape) {

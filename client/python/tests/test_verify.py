@@ -416,3 +416,70 @@ def test_verify_my_kernel_example(server, client):
 
     done = run_example("127.0.0.1:1", "--round-to-bf16")
     assert done.returncode == 1 and "UNAVAILABLE" in done.stderr
+
+
+# ---------------------------------------------------------------------------
+# Cross-entropy and LogProbs
+
+
+def softmax_parts(x, w, targets, temperature=1.0):
+    """lse, each target's log-prob (0 when ignored) and the entropy, in float64 from the bf16 values."""
+    z = (x.astype(np.float64) @ w.astype(np.float64).T) / temperature
+    mx = z.max(axis=1, keepdims=True)
+    p = np.exp(z - mx)
+    s = p.sum(axis=1, keepdims=True)
+    lse = (mx + np.log(s))[:, 0]
+    prob = p / s
+    entropy = -(prob * np.log(np.where(prob > 0, prob, 1.0))).sum(axis=1)
+    rows = np.arange(len(targets))
+    logprob = np.where(targets >= 0, z[rows, np.maximum(targets, 0)] - lse, 0.0)
+    return lse, logprob, entropy
+
+
+def test_cross_entropy_of_logitd_and_of_float64_pass_and_a_shifted_loss_fails(client, weights):
+    M, V, K = 10, 120, 96
+    x, w = normal_bf16(21, (M, K)), normal_bf16(22, (V, K))
+    targets = np.array([3, -100, 0, 119, 7, 12, 50, -100, 1, 2], dtype=np.int64)
+    info = weights(w, name="verify-ce")
+    own = client.cross_entropy(x, targets, info.handle, reduction="none", want_lse=True)
+    v = client.verify_cross_entropy(x, targets, info.handle, loss=own.loss, lse=own.lse, reduction="none")
+    assert v.verdict == "bitwise_equal_to_logitd", v.describe()
+    assert sorted(v.candidates) == ["loss", "lse"]
+    assert v.candidates["loss"].shape == (M,)
+
+    lse, logprob, _ = softmax_parts(x, w, targets)
+    loss = np.where(targets >= 0, -logprob, 0.0).astype(np.float32)
+    v = client.verify_cross_entropy(x, targets, info.handle, loss=loss, lse=lse.astype(np.float32), reduction="none")
+    assert v.verdict in PASSING, v.describe()
+
+    loss[2] += 0.25
+    v = client.verify_cross_entropy(x, targets, info.handle, loss=loss, reduction="none")
+    assert v.verdict == "outside_bounds"
+    assert v.candidates["loss"].first_outside[0].index == (2,)
+
+    mean = client.cross_entropy(x, targets, info.handle).loss
+    v = client.verify_cross_entropy(x, targets, w, loss=mean)  # W streamed, reduction mean
+    assert v.verdict == "bitwise_equal_to_logitd", v.describe()
+    assert v.candidates["loss"].shape == (1,)
+
+
+def test_logprobs_at_a_temperature(client, weights):
+    M, V, K = 8, 150, 64
+    x, w = normal_bf16(23, (M, K)), normal_bf16(24, (V, K))
+    targets = np.array([0, 149, -100, 5, 17, 33, 2, 90], dtype=np.int32)
+    info = weights(w, name="verify-lp")
+    lse, logprob, entropy = softmax_parts(x, w, targets, temperature=0.8)
+    v = client.verify_logprobs(
+        x,
+        info.handle,
+        targets=targets,
+        logprob=logprob.astype(np.float32),
+        lse=lse.astype(np.float32),
+        entropy=entropy.astype(np.float32),
+        temperature=0.8,
+    )
+    assert v.verdict in PASSING, v.describe()
+    v = client.verify_logprobs(x, info.handle, targets=targets, logprob=logprob.astype(np.float32))
+    assert v.verdict == "outside_bounds", "judged at temperature 1"
+    with pytest.raises(logitd.InvalidArgumentError, match="give targets"):
+        client.verify_logprobs(x, info.handle, logprob=logprob.astype(np.float32))

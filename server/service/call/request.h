@@ -139,8 +139,14 @@ struct VerifyRequest {
   CallInput dy;        // backward
   float alpha = 0.0f;  // logits; 0 means 1
   std::int64_t sample_rows = 0;
-  // Named as the operation names its outputs ("y"; "dx", "dw").
+  // Named as the operation names its outputs ("y"; "dx", "dw"; "loss",
+  // "lse"; "logprob", "lse", "entropy").
   std::vector<CallInput> candidates;
+  CallInput targets;  // cross entropy (required), log probs (optional)
+  // The options of the cross-entropy and of LogProbs, as their own requests
+  // carry them; their tensors, wants and outputs are not read.
+  CrossEntropyRequest cross_entropy;
+  LogProbsRequest logprobs;
 };
 
 }  // namespace logitd::service

@@ -13,6 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/cross_entropy.h"
+#include "logitd/reference/logprobs.h"
 #include "logitd/status_macros.h"
 
 namespace logitd::service {
@@ -20,8 +22,28 @@ namespace {
 
 // The outputs an operation gives, by the names its RPC gives them.
 std::vector<std::string> OutputsOf(VerifyOperation operation) {
-  if (operation == VerifyOperation::kLogits) return {"y"};
-  return {"dx", "dw"};
+  switch (operation) {
+    case VerifyOperation::kLogits:
+      return {"y"};
+    case VerifyOperation::kCrossEntropy:
+      return {"loss", "lse", "dx", "dw"};
+    case VerifyOperation::kLogProbs:
+      return {"logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank"};
+    default:
+      return {"dx", "dw"};
+  }
+}
+
+// The outputs of an operation Verify checks so far.
+std::vector<std::string> CheckedOutputsOf(VerifyOperation operation) {
+  switch (operation) {
+    case VerifyOperation::kCrossEntropy:
+      return {"loss", "lse"};
+    case VerifyOperation::kLogProbs:
+      return {"logprob", "lse", "entropy"};
+    default:
+      return OutputsOf(operation);
+  }
 }
 
 // A streamed W: BF16 [V, K]; its dims.
@@ -74,6 +96,7 @@ absl::Status CheckDistinctNames(const VerifyRequest& r) {
   std::vector<std::pair<std::string, const CallInput*>> all = {{"x", &r.x}};
   if (r.w.given) all.push_back({"w", &r.w});
   if (r.dy.given) all.push_back({"dy", &r.dy});
+  if (r.targets.given) all.push_back({"targets", &r.targets});
   for (const CallInput& c : r.candidates) all.push_back({absl::StrCat("candidate ", c.name), &c});
   for (const auto& [what, in] : all) {
     if (!in->given) continue;
@@ -121,15 +144,13 @@ absl::Status CheckVerifyRequest(const VerifyRequest& r) {
   switch (r.operation) {
     case VerifyOperation::kLogits:
     case VerifyOperation::kBackward:
-      break;
     case VerifyOperation::kCrossEntropy:
     case VerifyOperation::kLogProbs:
-      return absl::UnimplementedError(
-          absl::StrCat("operation: ", VerifyOperationName(r.operation),
-                       " is not served yet; Verify serves VERIFY_LOGITS and VERIFY_BACKWARD"));
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          "operation: expected VERIFY_LOGITS or VERIFY_BACKWARD, got ",
+          "operation: expected VERIFY_LOGITS, VERIFY_BACKWARD, VERIFY_CROSS_ENTROPY or "
+          "VERIFY_LOGPROBS, got ",
           r.operation_name.empty() ? VerifyOperationName(r.operation) : r.operation_name));
   }
   const bool handle = !r.weight_handle.empty();
@@ -150,46 +171,120 @@ namespace {
 
 constexpr std::uint64_t kNoLimit = std::numeric_limits<std::uint64_t>::max();
 
+// Inputs an operation does not take.
+absl::Status NoneOf(const VerifyRequest& r, bool dy, bool alpha, bool targets) {
+  const std::string op = VerifyOperationName(r.operation);
+  if (!dy && r.dy.given)
+    return absl::InvalidArgumentError(absl::StrCat("dy: given, but ", op, " takes no dy"));
+  if (!alpha && r.alpha != 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alpha: given (", r.alpha, "), but ", op, " takes no scale"));
+  }
+  if (!targets && r.targets.given) {
+    return absl::InvalidArgumentError(absl::StrCat("targets: given, but ", op, " takes none"));
+  }
+  return absl::OkStatus();
+}
+
+// A candidate of an output Verify does not check yet (UNIMPLEMENTED), or of
+// a dtype other than FP32 where the operation gives FP32 only.
+absl::Status CheckedCandidates(const VerifyRequest& r, const std::map<std::string, DType>& dtypes) {
+  const std::vector<std::string> checked = CheckedOutputsOf(r.operation);
+  for (const auto& [name, dtype] : dtypes) {
+    if (std::find(checked.begin(), checked.end(), name) == checked.end()) {
+      return absl::UnimplementedError(
+          absl::StrCat("candidates: ", VerifyOperationName(r.operation), "'s '", name,
+                       "' is not checked yet; Verify checks its ", absl::StrJoin(checked, ", ")));
+    }
+    if (dtype != DType::kFp32) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": expected dtype FP32 (the dtype ",
+                                                     VerifyOperationName(r.operation),
+                                                     " gives it in), got ", DTypeName(dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The operation's own plan, with the candidates' dtypes as its outputs' and
 // no byte limit (Verify's is checked over everything it holds): fills the
 // plan's dims and input bytes, and the shape of each output by name.
 absl::Status PlanOperation(const VerifyRequest& r, const WeightDims& dims,
                            std::map<std::string, DType>& dtypes, VerifyPlan* plan,
                            std::map<std::string, std::vector<std::int64_t>>* shapes) {
-  if (r.operation == VerifyOperation::kLogits) {
-    if (r.dy.given) {
-      return absl::InvalidArgumentError("dy: given, but VERIFY_LOGITS takes no dy");
+  switch (r.operation) {
+    case VerifyOperation::kLogits: {
+      LOGITD_RETURN_IF_ERROR(NoneOf(r, false, true, false));
+      LogitsRequest lr;
+      lr.x = r.x;
+      lr.out_dtype = UpperDTypeName(dtypes["y"]);
+      lr.alpha = r.alpha;
+      LOGITD_ASSIGN_OR_RETURN(const LogitsPlan lp, PlanLogits(lr, dims, kNoLimit));
+      plan->m = lp.m;
+      plan->alpha = lp.alpha;
+      plan->x_bytes = lp.x_bytes;
+      (*shapes)["y"] = {plan->m, plan->v};
+      return absl::OkStatus();
     }
-    LogitsRequest lr;
-    lr.x = r.x;
-    lr.out_dtype = UpperDTypeName(dtypes["y"]);
-    lr.alpha = r.alpha;
-    LOGITD_ASSIGN_OR_RETURN(const LogitsPlan lp, PlanLogits(lr, dims, kNoLimit));
-    plan->m = lp.m;
-    plan->alpha = lp.alpha;
-    plan->x_bytes = lp.x_bytes;
-    (*shapes)["y"] = {plan->m, plan->v};
-    return absl::OkStatus();
+    case VerifyOperation::kBackward: {
+      LOGITD_RETURN_IF_ERROR(NoneOf(r, true, false, false));
+      BackwardRequest br;
+      br.x = r.x;
+      br.dy = r.dy;
+      br.want_dx = dtypes.count("dx") > 0;
+      br.want_dw = dtypes.count("dw") > 0;
+      if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes["dx"]);
+      if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes["dw"]);
+      LOGITD_ASSIGN_OR_RETURN(const BackwardPlan bp, PlanBackward(br, dims, kNoLimit));
+      plan->m = bp.m;
+      plan->x_bytes = bp.x_bytes;
+      plan->dy_bytes = bp.dy_bytes;
+      plan->dy_dtype = bp.dy_dtype;
+      (*shapes)["dx"] = {plan->m, plan->k};
+      (*shapes)["dw"] = {plan->v, plan->k};
+      return absl::OkStatus();
+    }
+    case VerifyOperation::kCrossEntropy: {
+      LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
+      LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
+      CrossEntropyRequest cr = r.cross_entropy;
+      cr.x = r.x;
+      cr.targets = r.targets;
+      cr.want_lse = dtypes.count("lse") > 0;
+      LOGITD_ASSIGN_OR_RETURN(CrossEntropyPlan cp, PlanCrossEntropy(cr, dims, kNoLimit));
+      plan->m = cp.m;
+      plan->x_bytes = cp.x_bytes;
+      plan->targets_dtype = cp.targets_dtype;
+      plan->targets_bytes = cp.targets_bytes;
+      (*shapes)["loss"] = cp.loss_shape;
+      (*shapes)["lse"] = {plan->m};
+      plan->cross_entropy = std::move(cp);
+      return absl::OkStatus();
+    }
+    case VerifyOperation::kLogProbs: {
+      LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
+      LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
+      if (dtypes.count("logprob") > 0 && !r.targets.given) {
+        return absl::InvalidArgumentError(
+            "targets: a logprob candidate is the log-probability of each row's target; give "
+            "targets");
+      }
+      LogProbsRequest lr = r.logprobs;
+      lr.x = r.x;
+      lr.targets = r.targets;
+      lr.want_lse = dtypes.count("lse") > 0;
+      lr.want_entropy = dtypes.count("entropy") > 0;
+      LOGITD_ASSIGN_OR_RETURN(LogProbsPlan lp, PlanLogProbs(lr, dims, kNoLimit));
+      plan->m = lp.m;
+      plan->x_bytes = lp.x_bytes;
+      plan->targets_dtype = lp.targets_dtype;
+      plan->targets_bytes = lp.targets_bytes;
+      for (const char* name : {"logprob", "lse", "entropy"}) (*shapes)[name] = {plan->m};
+      plan->logprobs = std::move(lp);
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError("operation: not one Verify knows");
   }
-  if (r.alpha != 0.0f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("alpha: given (", r.alpha, "), but VERIFY_BACKWARD takes no scale"));
-  }
-  BackwardRequest br;
-  br.x = r.x;
-  br.dy = r.dy;
-  br.want_dx = dtypes.count("dx") > 0;
-  br.want_dw = dtypes.count("dw") > 0;
-  if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes["dx"]);
-  if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes["dw"]);
-  LOGITD_ASSIGN_OR_RETURN(const BackwardPlan bp, PlanBackward(br, dims, kNoLimit));
-  plan->m = bp.m;
-  plan->x_bytes = bp.x_bytes;
-  plan->dy_bytes = bp.dy_bytes;
-  plan->dy_dtype = bp.dy_dtype;
-  (*shapes)["dx"] = {plan->m, plan->k};
-  (*shapes)["dw"] = {plan->v, plan->k};
-  return absl::OkStatus();
 }
 
 // Each candidate against the shape its output has; its plan, and its bytes
@@ -204,7 +299,12 @@ absl::Status PlanCandidates(const VerifyRequest& r,
     if (c.shape != want) {
       const char* dims_of = c.name == "y"    ? "[M, V]: x's M, the weight's V"
                             : c.name == "dx" ? "[M, K]: x's M, the weight's K"
-                                             : "[V, K]: the weight's";
+                            : c.name == "dw" ? "[V, K]: the weight's"
+                            : want.size() == 1 && want[0] == 1 &&
+                                    r.operation == VerifyOperation::kCrossEntropy &&
+                                    c.name == "loss"
+                                ? "[1]: the reduced loss"
+                                : "[M]: one per row of x";
       return absl::InvalidArgumentError(absl::StrCat(c.name, ": expected shape ", ShapeString(want),
                                                      " (", dims_of, "), got ",
                                                      ShapeString(c.shape)));
@@ -213,7 +313,8 @@ absl::Status PlanCandidates(const VerifyRequest& r,
     p.name = c.name;
     p.dtype = dtypes.at(c.name);
     p.shape = want;
-    p.bytes = Mul(want[0], want[1], ElementSize(p.dtype));
+    p.bytes = ElementSize(p.dtype);
+    for (std::int64_t d : want) p.bytes *= static_cast<std::uint64_t>(d);
     p.index = i;
     parts->push_back({c.name, p.dtype, p.shape, p.bytes});
     parts->push_back({absl::StrCat("logitd's ", c.name), p.dtype, p.shape, p.bytes});
@@ -227,6 +328,10 @@ absl::Status PlanCandidates(const VerifyRequest& r,
 std::uint64_t ReferenceBytes(const VerifyPlan& plan) {
   const std::int64_t checked =
       plan.rows.empty() ? plan.m : static_cast<std::int64_t>(plan.rows.size());
+  if (plan.cross_entropy.has_value()) {
+    return CrossEntropyReferenceBytes(plan.m, plan.v, plan.k, /*with_gradients=*/false);
+  }
+  if (plan.logprobs.has_value()) return LogProbsReferenceBytes(plan.m, plan.v, plan.k);
   std::uint64_t reference = 0;
   for (const VerifyCandidatePlan& c : plan.candidates) {
     const std::uint64_t bytes = c.name == "y"    ? LogitsCheckBytes(checked, plan.v, plan.k)
@@ -260,8 +365,19 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   std::map<std::string, std::vector<std::int64_t>> shapes;
   LOGITD_RETURN_IF_ERROR(PlanOperation(r, dims, dtypes, &plan, &shapes));
 
+  if (r.sample_rows > 0 && (plan.cross_entropy || plan.logprobs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sample_rows: ", VerifyOperationName(r.operation),
+        " checks every row (its reference is one pass over the vocabulary for all of them); "
+        "give 0"));
+  }
   std::vector<CallPart> parts = {{"x", DType::kBf16, r.x.shape, plan.x_bytes}};
   if (r.dy.given) parts.push_back({"dy", plan.dy_dtype, r.dy.shape, plan.dy_bytes});
+  if (r.targets.given) {
+    parts.push_back({"targets", plan.targets_dtype, r.targets.shape, plan.targets_bytes});
+    // Widened to int64 for the backend and the references.
+    parts.push_back({"targets widened", DType::kInt64, {plan.m}, Mul(plan.m, 1, 8)});
+  }
   if (plan.weight_streamed) parts.push_back({"w", DType::kBf16, r.w.shape, plan.w_bytes});
   LOGITD_RETURN_IF_ERROR(PlanCandidates(r, shapes, dtypes, &plan, &parts));
   std::uint64_t own_bytes = 0;
@@ -272,7 +388,11 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   if (!plan.weight_streamed) {
     parts.push_back({"the weight read back", DType::kBf16, {plan.v, plan.k}, plan.w_bytes});
   }
-  plan.scratch_bytes = own_bytes + reference + (plan.weight_streamed ? 0 : plan.w_bytes);
+  // The cross-entropy's per-token losses, when the candidate is reduced.
+  const std::uint64_t token_losses = plan.cross_entropy ? Mul(plan.m, 1, 4) : 0;
+  if (token_losses > 0) parts.push_back({"per-token losses", DType::kFp32, {plan.m}, token_losses});
+  plan.scratch_bytes = own_bytes + reference + (plan.weight_streamed ? 0 : plan.w_bytes) +
+                       (r.targets.given ? Mul(plan.m, 1, 8) : 0) + token_losses;
   LOGITD_RETURN_IF_ERROR(CheckCallBytes("verify", parts, max_request_bytes));
   return plan;
 }
@@ -316,6 +436,8 @@ absl::Status ReceiveVerify(const OpEnv& env, const VerifyRequest& r, const Verif
   if (plan.operation == VerifyOperation::kBackward) {
     LOGITD_RETURN_IF_ERROR(call->Input("dy", r.dy, plan.dy_bytes));
   }
+  if (r.targets.given)
+    LOGITD_RETURN_IF_ERROR(call->Input("targets", r.targets, plan.targets_bytes));
   for (const VerifyCandidatePlan& c : plan.candidates) {
     LOGITD_RETURN_IF_ERROR(call->Input(c.name, r.candidates[c.index], c.bytes));
   }
@@ -342,10 +464,71 @@ absl::StatusOr<VerifyWeight> WeightOfCall(const OpEnv& env, const VerifyRequest&
   return w;
 }
 
+// The cross-entropy's or LogProbs' options, for the inputs' digest.
+std::string OptionsText(const VerifyPlan& plan) {
+  if (plan.cross_entropy.has_value()) {
+    const CrossEntropyPlan& c = *plan.cross_entropy;
+    return absl::StrFormat(";ignore=%d;reduction=%d;z_loss=%08x;softcap=%08x;grad_scale=%08x",
+                           c.ignore_index, static_cast<int>(c.reduction), FloatBits(c.z_loss),
+                           FloatBits(c.logit_softcap), FloatBits(c.grad_scale));
+  }
+  if (plan.logprobs.has_value()) {
+    const LogProbsPlan& l = *plan.logprobs;
+    return absl::StrFormat(";ignore=%d;temperature=%08x;softcap=%08x;vocab=%d", l.ignore_index,
+                           FloatBits(l.temperature), FloatBits(l.logit_softcap), l.vocab);
+  }
+  return "";
+}
+
+// The targets widened to int64 and checked against the vocabulary that
+// counts; the tokens not ignored.
+struct VerifyTargets {
+  std::vector<std::int64_t> ids;  // empty when the call has none
+  std::int64_t counted = 0;
+};
+
+absl::StatusOr<VerifyTargets> TargetsOfCall(const VerifyRequest& r, const VerifyPlan& plan,
+                                            Call* call) {
+  VerifyTargets t;
+  if (!r.targets.given) return t;
+  const std::int64_t vocab = plan.logprobs ? plan.logprobs->vocab : plan.v;
+  const std::int64_t ignore =
+      plan.logprobs ? plan.logprobs->ignore_index : plan.cross_entropy->ignore_index;
+  LOGITD_ASSIGN_OR_RETURN(t.counted, ConvertTargets(plan.targets_dtype, call->in("targets"), plan.m,
+                                                    vocab, ignore, &t.ids));
+  return t;
+}
+
+// logitd's own cross-entropy of the call's inputs: the per-token losses
+// (into `loss` when the candidate is per token, else reduced into it as the
+// CrossEntropy RPC reduces them) and lse; either may be null.
+absl::Status RunOwnCrossEntropy(const OpEnv& env, const CrossEntropyPlan& cp, Call* call,
+                                kernels::Weight& weight, const VerifyTargets& targets, float* loss,
+                                float* lse, kernels::Timing* timing) {
+  const bool per_token = cp.reduction == Reduction::kNone && loss != nullptr;
+  std::vector<float> token_loss(per_token ? 0 : static_cast<std::size_t>(cp.m));
+  kernels::CrossEntropyArgs args;
+  args.x = call->in<Bf16Bits>("x");
+  args.m = cp.m;
+  args.targets = targets.ids.data();
+  args.ignore_index = cp.ignore_index;
+  args.z_loss = cp.z_loss;
+  args.logit_softcap = cp.logit_softcap;
+  args.grad_scale = CrossEntropyGradScale(cp, targets.counted);
+  args.loss = per_token ? loss : token_loss.data();
+  args.lse = lse;
+  LOGITD_RETURN_IF_ERROR(env.backend->CrossEntropy(weight, args, timing));
+  if (loss != nullptr && !per_token) {
+    *loss = ReduceLoss(cp, token_loss.data(), cp.m, targets.counted);
+  }
+  return absl::OkStatus();
+}
+
 // logitd's own outputs of the same inputs, by candidate name, in the
 // candidates' dtypes.
 absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernels::Weight& weight,
-                    std::map<std::string, kernels::HostBuffer>* own, kernels::Timing* timing) {
+                    const VerifyTargets& targets, std::map<std::string, kernels::HostBuffer>* own,
+                    kernels::Timing* timing) {
   for (const VerifyCandidatePlan& c : plan.candidates) {
     LOGITD_ASSIGN_OR_RETURN((*own)[c.name], env.backend->AllocateHost(c.bytes));
   }
@@ -367,6 +550,26 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
     args.out_dtype = dtype_of("y", DType::kFp32);
     args.y = out("y");
     return env.backend->Logits(weight, args, timing);
+  }
+  if (plan.cross_entropy.has_value()) {
+    return RunOwnCrossEntropy(env, *plan.cross_entropy, call, weight, targets,
+                              reinterpret_cast<float*>(out("loss")),
+                              reinterpret_cast<float*>(out("lse")), timing);
+  }
+  if (plan.logprobs.has_value()) {
+    const LogProbsPlan& lp = *plan.logprobs;
+    kernels::LogProbsArgs args;
+    args.x = call->in<Bf16Bits>("x");
+    args.m = plan.m;
+    args.targets = targets.ids.empty() ? nullptr : targets.ids.data();
+    args.ignore_index = lp.ignore_index;
+    args.temperature = lp.temperature;
+    args.logit_softcap = lp.logit_softcap;
+    args.vocab = lp.vocab;
+    args.logprob = reinterpret_cast<float*>(out("logprob"));
+    args.lse = reinterpret_cast<float*>(out("lse"));
+    args.entropy = reinterpret_cast<float*>(out("entropy"));
+    return env.backend->LogProbs(weight, args, timing);
   }
   kernels::BackwardArgs args;
   args.dy = call->in("dy");
@@ -406,6 +609,65 @@ absl::Status CheckCandidates(const VerifyRequest& r, const VerifyPlan& plan, con
   return absl::OkStatus();
 }
 
+// The per-token candidates of the cross-entropy or LogProbs against one
+// reference of all of them (its proven bound is also the probabilistic
+// one: these bounds have no probabilistic form yet).
+absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const LmHeadInputs& in,
+                           const VerifyTargets& targets, Call* call,
+                           const std::map<std::string, kernels::HostBuffer>& own,
+                           const StopCheck& stop, VerifyOutcome* outcome) {
+  // name -> (values, bounds), each [M] or [1].
+  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> refs;
+  bool done = false;
+  if (plan.cross_entropy.has_value()) {
+    const CrossEntropyPlan& cp = *plan.cross_entropy;
+    CeReferenceOptions o;
+    o.ignore_index = cp.ignore_index;
+    o.reduction = cp.reduction == Reduction::kNone  ? CeReduction::kNone
+                  : cp.reduction == Reduction::kSum ? CeReduction::kSum
+                                                    : CeReduction::kMean;
+    o.z_loss = cp.z_loss;
+    o.logit_softcap = cp.logit_softcap;
+    o.grad_scale = cp.grad_scale;
+    CrossEntropyReference ref;
+    done = ReferenceCrossEntropy(in, targets.ids.data(), o, LogitModel::kFp32Sum, &ref, {}, stop);
+    refs["lse"] = {ref.lse, ref.lse_bound};
+    if (o.reduction == CeReduction::kNone) {
+      refs["loss"] = {ref.loss, ref.loss_bound};
+    } else if (o.reduction == CeReduction::kSum) {
+      refs["loss"] = {{ref.sum}, {ref.sum_bound}};
+    } else {
+      refs["loss"] = {{ref.mean}, {ref.mean_bound}};
+    }
+  } else {
+    const LogProbsPlan& lp = *plan.logprobs;
+    LpReferenceOptions o;
+    o.ignore_index = lp.ignore_index;
+    o.temperature = lp.temperature;
+    o.logit_softcap = lp.logit_softcap;
+    o.vocab_size = lp.vocab;
+    LogProbsReference ref;
+    done = ReferenceLogProbs(in, targets.ids.empty() ? nullptr : targets.ids.data(), o,
+                             LogitModel::kFp32Sum, &ref, {}, stop);
+    refs["logprob"] = {ref.logprob, ref.logprob_bound};
+    refs["lse"] = {ref.lse, ref.lse_bound};
+    refs["entropy"] = {ref.entropy, ref.entropy_bound};
+  }
+  if (!done) {
+    return absl::CancelledError("verify: the caller went away while the references were formed");
+  }
+  for (const VerifyCandidatePlan& c : plan.candidates) {
+    VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
+    const std::byte* data = call->in(c.name);
+    v.xxh3 = DigestOf(r.candidates[c.index], data, c.bytes);
+    const auto& [values, bounds] = refs.at(c.name);
+    v.check.AddRange(0, static_cast<std::int64_t>(values.size()), data, own.at(c.name).data(),
+                     values.data(), bounds.data(), bounds.data());
+    outcome->candidates.push_back(std::move(v));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r, Call* call,
@@ -422,9 +684,10 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   BudgetReservation reservation;
   LOGITD_RETURN_IF_ERROR(ReceiveVerify(env, r, plan, call, transport, &reservation));
   LOGITD_ASSIGN_OR_RETURN(VerifyWeight w, WeightOfCall(env, r, plan, record, call));
+  LOGITD_ASSIGN_OR_RETURN(const VerifyTargets targets, TargetsOfCall(r, plan, call));
   VerifyOutcome outcome;
   std::map<std::string, kernels::HostBuffer> own;
-  LOGITD_RETURN_IF_ERROR(RunOwn(env, plan, call, *w.weight, &own, &outcome.timing));
+  LOGITD_RETURN_IF_ERROR(RunOwn(env, plan, call, *w.weight, targets, &own, &outcome.timing));
 
   const absl::Time reference_start = absl::Now();
   LmHeadInputs in;
@@ -435,13 +698,22 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   in.m = plan.m;
   in.v = plan.v;
   in.k = plan.k;
-  LOGITD_RETURN_IF_ERROR(CheckCandidates(r, plan, in, call, own, stop, &outcome));
+  if (plan.cross_entropy || plan.logprobs) {
+    LOGITD_RETURN_IF_ERROR(CheckPerToken(r, plan, in, targets, call, own, stop, &outcome));
+  } else {
+    LOGITD_RETURN_IF_ERROR(CheckCandidates(r, plan, in, call, own, stop, &outcome));
+  }
   outcome.reference_us = Micros(absl::Now() - reference_start);
   outcome.rows = plan.rows;
-  const std::string inputs = absl::StrFormat(
-      "verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x", VerifyOperationName(plan.operation),
-      FloatBits(plan.alpha), w.xxh3, DigestOf(r.x, in.x, plan.x_bytes),
-      r.dy.given ? DigestOf(r.dy, in.dy, plan.dy_bytes) : 0);
+  std::string inputs = absl::StrFormat("verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x",
+                                       VerifyOperationName(plan.operation), FloatBits(plan.alpha),
+                                       w.xxh3, DigestOf(r.x, in.x, plan.x_bytes),
+                                       r.dy.given ? DigestOf(r.dy, in.dy, plan.dy_bytes) : 0);
+  if (r.targets.given) {
+    absl::StrAppendFormat(&inputs, ";targets=%016x",
+                          DigestOf(r.targets, call->in("targets"), plan.targets_bytes));
+  }
+  absl::StrAppend(&inputs, OptionsText(plan));
   outcome.inputs_xxh3 = Xxh3(inputs.data(), inputs.size());
   call->ReleaseInputs();
   call->Finish(outcome.timing);

@@ -4,13 +4,17 @@
 // contract. Every candidate element is held against the fp64 reference of
 // the exact products of its bf16 inputs and its proven bound, and against
 // logitd's own output of the same inputs (logitd/reference/verify_checks.h).
-// The plan is the operation's own (PlanLogits, PlanBackward) with the
-// candidates' dtypes as its output dtypes, so a candidate of a shape or
-// dtype the operation cannot give is refused in the operation's words.
+// The plan is the operation's own (PlanLogits, PlanBackward,
+// PlanCrossEntropy, PlanLogProbs) with the candidates' dtypes as its output
+// dtypes, so a candidate of a shape or dtype the operation cannot give is
+// refused in the operation's words. The cross-entropy's and LogProbs'
+// per-token outputs are held against logitd/reference/cross_entropy.h and
+// logprobs.h.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,8 +35,7 @@ namespace logitd::service {
 std::string VerifyOperationName(VerifyOperation operation);
 
 // The checks that come before the weight is looked up: an operation Verify
-// serves (UNIMPLEMENTED for the cross-entropy and LogProbs, not yet), and
-// exactly one of weight_handle and w.
+// knows, and exactly one of weight_handle and w.
 absl::Status CheckVerifyRequest(const VerifyRequest& request);
 
 struct VerifyCandidatePlan {
@@ -55,6 +58,12 @@ struct VerifyPlan {
   std::uint64_t w_bytes = 0;  // streamed, or read back from the backend
   std::uint64_t x_bytes = 0;
   std::uint64_t dy_bytes = 0;
+  // The cross-entropy's and LogProbs' plans (their options; targets_bytes
+  // 0 when no targets come).
+  std::optional<CrossEntropyPlan> cross_entropy;
+  std::optional<LogProbsPlan> logprobs;
+  DType targets_dtype = DType::kInt64;
+  std::uint64_t targets_bytes = 0;
   std::vector<VerifyCandidatePlan> candidates;
   // The rows of M checked; empty for all of them.
   CheckedRows rows;

@@ -126,6 +126,28 @@ absl::StatusOr<CastRequest> CastRequestOf(const v1::CastHeader& h, const V1Shm& 
   return r;
 }
 
+namespace {
+
+// A reduction as the call layer names it; *unknown receives a value this
+// build does not know (refused by the plan, naming it).
+Reduction ReductionOf(v1::Reduction reduction, std::string* unknown) {
+  switch (reduction) {
+    case v1::REDUCTION_UNSPECIFIED:
+      return Reduction::kUnspecified;
+    case v1::REDUCTION_NONE:
+      return Reduction::kNone;
+    case v1::REDUCTION_SUM:
+      return Reduction::kSum;
+    case v1::REDUCTION_MEAN:
+      return Reduction::kMean;
+    default:
+      *unknown = absl::StrCat(static_cast<int>(reduction));
+      return Reduction::kUnspecified;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<CrossEntropyRequest> CrossEntropyRequestOf(const v1::CrossEntropyHeader& h,
                                                           const V1Shm& shm) {
   CrossEntropyRequest r;
@@ -139,23 +161,7 @@ absl::StatusOr<CrossEntropyRequest> CrossEntropyRequestOf(const v1::CrossEntropy
                                               h.has_targets_shm(), h.targets_shm(), shm));
   LOGITD_RETURN_IF_ERROR(NamedApart("targets", r.targets, r.x));
   if (h.has_ignore_index()) r.ignore_index = h.ignore_index();
-  switch (h.reduction()) {
-    case v1::REDUCTION_UNSPECIFIED:
-      r.reduction = Reduction::kUnspecified;
-      break;
-    case v1::REDUCTION_NONE:
-      r.reduction = Reduction::kNone;
-      break;
-    case v1::REDUCTION_SUM:
-      r.reduction = Reduction::kSum;
-      break;
-    case v1::REDUCTION_MEAN:
-      r.reduction = Reduction::kMean;
-      break;
-    default:
-      r.reduction_unknown = absl::StrCat(static_cast<int>(h.reduction()));
-      break;
-  }
+  r.reduction = ReductionOf(h.reduction(), &r.reduction_unknown);
   r.z_loss = h.z_loss();
   r.logit_softcap = h.logit_softcap();
   r.grad_scale = h.grad_scale();
@@ -230,8 +236,25 @@ absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& h, const V
   }
   // An operation not served is refused as such (call/verify.h), before
   // anything about its tensors.
-  if (r.operation != VerifyOperation::kLogits && r.operation != VerifyOperation::kBackward) {
+  if (r.operation == VerifyOperation::kUnspecified || r.operation == VerifyOperation::kUnknown) {
     return r;
+  }
+  if (r.operation == VerifyOperation::kCrossEntropy) {
+    const v1::CrossEntropyHeader& o = h.cross_entropy();
+    CrossEntropyRequest& ce = r.cross_entropy;
+    if (o.has_ignore_index()) ce.ignore_index = o.ignore_index();
+    ce.reduction = ReductionOf(o.reduction(), &ce.reduction_unknown);
+    ce.z_loss = o.z_loss();
+    ce.logit_softcap = o.logit_softcap();
+    ce.grad_scale = o.grad_scale();
+  }
+  if (r.operation == VerifyOperation::kLogProbs) {
+    const v1::LogProbsHeader& o = h.logprobs();
+    LogProbsRequest& lp = r.logprobs;
+    if (o.has_ignore_index()) lp.ignore_index = o.ignore_index();
+    lp.temperature = o.temperature();
+    lp.logit_softcap = o.logit_softcap();
+    lp.vocab_size = o.vocab_size();
   }
   // Slots by name; each one used is taken off, and any left over names a
   // tensor the header does not have.
@@ -253,6 +276,9 @@ absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& h, const V
   if (h.has_dy()) {
     LOGITD_ASSIGN_OR_RETURN(r.dy, input("dy", true, h.dy()));
   }
+  if (h.has_targets()) {
+    LOGITD_ASSIGN_OR_RETURN(r.targets, input("targets", true, h.targets()));
+  }
   r.alpha = h.alpha();
   r.sample_rows = h.sample_rows();
   for (const v1::TensorSpec& spec : h.candidates()) {
@@ -263,7 +289,7 @@ absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& h, const V
   if (!slots.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("shm: '", slots.begin()->first,
-                     "' names no tensor of this call (x, dy, w, or a candidate's name)"));
+                     "' names no tensor of this call (x, dy, w, targets, or a candidate's name)"));
   }
   return r;
 }

@@ -456,7 +456,7 @@ struct LogProbsResult {
 
 // Verify: another implementation's outputs of one operation, judged against
 // logitd's contract (see logitd.proto, VerifyHeader).
-enum class VerifyOperation { kLogits, kBackward };
+enum class VerifyOperation { kLogits, kBackward, kCrossEntropy, kLogProbs };
 
 struct VerifyArgs {
   VerifyOperation operation = VerifyOperation::kLogits;
@@ -467,11 +467,20 @@ struct VerifyArgs {
   TensorInput x;       // bf16 [M, K]
   TensorInput dy;      // fp32 or bf16 [M, V]; backward only
   float alpha = 1.0f;  // logits only
-  // The candidates, by the operation's output names ("y"; "dx", "dw"), of
-  // its shapes, fp32 or bf16.
+  // The candidates, by the operation's output names ("y"; "dx", "dw";
+  // "loss", "lse"; "logprob", "lse", "entropy"), of its shapes, fp32 or
+  // bf16 (the cross-entropy's and LogProbs' fp32 only).
   std::map<std::string, TensorInput> candidates;
-  // 0 checks every row of M; else about this many, evenly spaced.
+  // 0 checks every row of M; else about this many, evenly spaced (logits
+  // and backward only).
   std::int64_t sample_rows = 0;
+  // kCrossEntropy and kLogProbs: int32 or int64 [M] (LogProbs: needed for a
+  // logprob candidate), and the operation's options (ignore_index,
+  // reduction, z_loss, logit_softcap, grad_scale; ignore_index,
+  // temperature, logit_softcap, vocab_size; the rest is not read).
+  TensorInput targets;
+  CrossEntropyOptions cross_entropy;
+  LogProbsOptions logprobs;
 };
 
 struct VerifyElement {

@@ -508,6 +508,60 @@ class Client(_Transport):
         """
         return _verify.call(self, *_verify.backward_request(dy, x, weight, dx, dw, sample_rows))
 
+    @_retried()
+    def verify_cross_entropy(
+        self,
+        x: Any,
+        targets: Any,
+        weight: Any,
+        *,
+        loss: Any = None,
+        lse: Any = None,
+        reduction: str = "mean",
+        ignore_index: int = -100,
+        z_loss: float = 0.0,
+        logit_softcap: float = 0.0,
+        grad_scale: float = 1.0,
+    ) -> Verdict:
+        """Judges a fused cross-entropy's outputs computed elsewhere: loss (fp32,
+        [M] with reduction="none", else one value) and/or lse (fp32 [M]) of X, the
+        targets (int32 or int64 [M]) and W, with the options cross_entropy takes,
+        against the fp64 reference and its proven bound per element and logitd's
+        own output. weight as in verify_logits; every row is checked."""
+        options = dict(
+            reduction=reduction,
+            ignore_index=ignore_index,
+            z_loss=z_loss,
+            logit_softcap=logit_softcap,
+            grad_scale=grad_scale,
+        )
+        return _verify.call(self, *_verify.cross_entropy_request(x, targets, weight, loss, lse, options))
+
+    @_retried()
+    def verify_logprobs(
+        self,
+        x: Any,
+        weight: Any,
+        *,
+        targets: Any = None,
+        logprob: Any = None,
+        lse: Any = None,
+        entropy: Any = None,
+        temperature: float = 1.0,
+        logit_softcap: float = 0.0,
+        vocab_size: int = 0,
+        ignore_index: int = -100,
+    ) -> Verdict:
+        """Judges LogProbs' per-token outputs computed elsewhere: logprob (needs
+        targets), lse and/or entropy (fp32 [M]) of X and W with the options
+        logprobs takes, as verify_cross_entropy does."""
+        options = dict(
+            temperature=temperature, logit_softcap=logit_softcap, vocab_size=vocab_size, ignore_index=ignore_index
+        )
+        return _verify.call(
+            self, *_verify.logprobs_request(x, targets, weight, logprob, lse, entropy, options)
+        )
+
     # -- server-held gradient buffers -----------------------------------------------------
 
     @_retried(unless="zero_after")

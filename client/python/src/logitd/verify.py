@@ -242,6 +242,65 @@ def backward_request(
     return header, inputs + [dyt] + candidates
 
 
+_REDUCTIONS = {"none": pb.REDUCTION_NONE, "sum": pb.REDUCTION_SUM, "mean": pb.REDUCTION_MEAN}
+
+
+def _targets(header: pb.VerifyHeader, targets: Any) -> List[T.Outgoing]:
+    if targets is None:
+        return []
+    tt = T.Outgoing("targets", _numpy("targets", targets), (pb.DTYPE_INT32, pb.DTYPE_INT64))
+    header.targets.CopyFrom(tt.spec)
+    return [tt]
+
+
+def cross_entropy_request(
+    x: Any, targets: Any, weight: Any, loss: Any, lse: Any, options: dict
+) -> Tuple[pb.VerifyHeader, List[T.Outgoing]]:
+    """The header and streamed tensors of a VERIFY_CROSS_ENTROPY call."""
+    if loss is None and lse is None:
+        raise InvalidArgumentError("loss, lse: expected at least one candidate, got neither")
+    reduction = options.get("reduction", "mean")
+    if reduction not in _REDUCTIONS:
+        raise InvalidArgumentError(
+            "reduction: expected one of %s, got %r" % (", ".join(sorted(_REDUCTIONS)), reduction)
+        )
+    header = pb.VerifyHeader(
+        operation=pb.VERIFY_CROSS_ENTROPY,
+        cross_entropy=pb.CrossEntropyHeader(
+            ignore_index=int(options.get("ignore_index", -100)),
+            reduction=_REDUCTIONS[reduction],
+            z_loss=float(options.get("z_loss", 0.0)),
+            logit_softcap=float(options.get("logit_softcap", 0.0)),
+            grad_scale=float(options.get("grad_scale", 1.0)),
+        ),
+    )
+    inputs = _inputs(header, x, weight) + _targets(header, targets)
+    if loss is not None and np.ndim(loss) == 0:
+        loss = np.asarray(loss, dtype=np.float32).reshape(1)
+    candidates = _candidates(header, [("loss", loss), ("lse", lse)])
+    return header, inputs + candidates
+
+
+def logprobs_request(
+    x: Any, targets: Any, weight: Any, logprob: Any, lse: Any, entropy: Any, options: dict
+) -> Tuple[pb.VerifyHeader, List[T.Outgoing]]:
+    """The header and streamed tensors of a VERIFY_LOGPROBS call."""
+    if logprob is None and lse is None and entropy is None:
+        raise InvalidArgumentError("logprob, lse, entropy: expected at least one candidate, got none")
+    header = pb.VerifyHeader(
+        operation=pb.VERIFY_LOGPROBS,
+        logprobs=pb.LogProbsHeader(
+            ignore_index=int(options.get("ignore_index", -100)),
+            temperature=float(options.get("temperature", 1.0)),
+            logit_softcap=float(options.get("logit_softcap", 0.0)),
+            vocab_size=int(options.get("vocab_size", 0)),
+        ),
+    )
+    inputs = _inputs(header, x, weight) + _targets(header, targets)
+    candidates = _candidates(header, [("logprob", logprob), ("lse", lse), ("entropy", entropy)])
+    return header, inputs + candidates
+
+
 def call(transport: Any, header: pb.VerifyHeader, tensors: Sequence[T.Outgoing]) -> Verdict:
     """Streams the header and tensors through a Client (its _Transport) and reads the one result."""
     result, _ = transport._stream(transport._stub.Verify, pb.VerifyRequest, "header", header, tensors, lambda r: [])
