@@ -56,6 +56,35 @@ v1::VerifyOperation OperationOf(VerifyOperation operation) {
   return v1::VERIFY_OPERATION_UNSPECIFIED;
 }
 
+// The call's tensors: x and w as bf16, dy, targets, then the candidates
+// (which may not take an input's name).
+absl::Status VerifySlots(const VerifyArgs& args, CallTensors* slots) {
+  TensorInput x = args.x;
+  x.dtype = DType::kBf16;
+  if (absl::Status s = slots->Input("x", x); !s.ok()) return s;
+  if (args.w.given()) {
+    TensorInput w = args.w;
+    w.dtype = DType::kBf16;
+    if (absl::Status s = slots->Input("w", w); !s.ok()) return s;
+  }
+  if (args.dy.given()) {
+    if (absl::Status s = slots->Input("dy", args.dy); !s.ok()) return s;
+  }
+  if (args.targets.given()) {
+    if (absl::Status s = slots->Input("targets", args.targets); !s.ok()) return s;
+  }
+  for (const auto& [name, candidate] : args.candidates) {
+    if (name == "x" || name == "w" || name == "dy" || name == "targets") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("candidates: '", name,
+                       "' is an input's name; candidates are named as the operation "
+                       "names its outputs (y; dx, dw; loss, lse; logprob, lse, entropy)"));
+    }
+    if (absl::Status s = slots->Input(name, candidate); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
@@ -65,29 +94,7 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
         "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
   }
   CallTensors slots;
-  TensorInput x = args.x;
-  x.dtype = DType::kBf16;
-  if (absl::Status s = slots.Input("x", x); !s.ok()) return s;
-  if (args.w.given()) {
-    TensorInput w = args.w;
-    w.dtype = DType::kBf16;
-    if (absl::Status s = slots.Input("w", w); !s.ok()) return s;
-  }
-  if (args.dy.given()) {
-    if (absl::Status s = slots.Input("dy", args.dy); !s.ok()) return s;
-  }
-  if (args.targets.given()) {
-    if (absl::Status s = slots.Input("targets", args.targets); !s.ok()) return s;
-  }
-  for (const auto& [name, candidate] : args.candidates) {
-    if (name == "x" || name == "w" || name == "dy" || name == "targets") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("candidates: '", name,
-                       "' is an input's name; candidates are named as the operation "
-                       "names its outputs (y; dx, dw; loss, lse; logprob, lse, entropy)"));
-    }
-    if (absl::Status s = slots.Input(name, candidate); !s.ok()) return s;
-  }
+  if (absl::Status s = VerifySlots(args, &slots); !s.ok()) return s;
   v1::VerifyRequest request;
   v1::VerifyHeader* h = request.mutable_header();
   h->set_operation(OperationOf(args.operation));

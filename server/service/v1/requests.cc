@@ -208,6 +208,33 @@ absl::StatusOr<LogProbsRequest> LogProbsRequestOf(const v1::LogProbsHeader& h, c
   return r;
 }
 
+namespace {
+
+// The cross-entropy's or LogProbs' options a Verify carries in their own
+// headers (the rest of those headers is not read).
+void OperationOptionsOf(const v1::VerifyHeader& h, VerifyRequest* out) {
+  VerifyRequest& r = *out;
+  if (r.operation == VerifyOperation::kCrossEntropy) {
+    const v1::CrossEntropyHeader& o = h.cross_entropy();
+    CrossEntropyRequest& ce = r.cross_entropy;
+    if (o.has_ignore_index()) ce.ignore_index = o.ignore_index();
+    ce.reduction = ReductionOf(o.reduction(), &ce.reduction_unknown);
+    ce.z_loss = o.z_loss();
+    ce.logit_softcap = o.logit_softcap();
+    ce.grad_scale = o.grad_scale();
+  }
+  if (r.operation == VerifyOperation::kLogProbs) {
+    const v1::LogProbsHeader& o = h.logprobs();
+    LogProbsRequest& lp = r.logprobs;
+    if (o.has_ignore_index()) lp.ignore_index = o.ignore_index();
+    lp.temperature = o.temperature();
+    lp.logit_softcap = o.logit_softcap();
+    lp.vocab_size = o.vocab_size();
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& h, const V1Shm& shm) {
   VerifyRequest r;
   switch (h.operation()) {
@@ -239,23 +266,7 @@ absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& h, const V
   if (r.operation == VerifyOperation::kUnspecified || r.operation == VerifyOperation::kUnknown) {
     return r;
   }
-  if (r.operation == VerifyOperation::kCrossEntropy) {
-    const v1::CrossEntropyHeader& o = h.cross_entropy();
-    CrossEntropyRequest& ce = r.cross_entropy;
-    if (o.has_ignore_index()) ce.ignore_index = o.ignore_index();
-    ce.reduction = ReductionOf(o.reduction(), &ce.reduction_unknown);
-    ce.z_loss = o.z_loss();
-    ce.logit_softcap = o.logit_softcap();
-    ce.grad_scale = o.grad_scale();
-  }
-  if (r.operation == VerifyOperation::kLogProbs) {
-    const v1::LogProbsHeader& o = h.logprobs();
-    LogProbsRequest& lp = r.logprobs;
-    if (o.has_ignore_index()) lp.ignore_index = o.ignore_index();
-    lp.temperature = o.temperature();
-    lp.logit_softcap = o.logit_softcap();
-    lp.vocab_size = o.vocab_size();
-  }
+  OperationOptionsOf(h, &r);
   // Slots by name; each one used is taken off, and any left over names a
   // tensor the header does not have.
   std::map<std::string, const v1::ShmRef*> slots;

@@ -1,0 +1,396 @@
+// Verify's plan: the operation, the weight, the candidates' names, dtypes
+// and shapes in the operation's words, and the memory a call holds
+// (verify.h). The call itself is in verify.cc.
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "logitd/bf16.h"
+#include "logitd/reference/cross_entropy.h"
+#include "logitd/reference/logprobs.h"
+#include "logitd/status_macros.h"
+#include "server/service/call/verify.h"
+
+namespace logitd::service {
+namespace {
+
+// The outputs an operation gives, by the names its RPC gives them.
+std::vector<std::string> OutputsOf(VerifyOperation operation) {
+  switch (operation) {
+    case VerifyOperation::kLogits:
+      return {"y"};
+    case VerifyOperation::kCrossEntropy:
+      return {"loss", "lse", "dx", "dw"};
+    case VerifyOperation::kLogProbs:
+      return {"logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank"};
+    default:
+      return {"dx", "dw"};
+  }
+}
+
+// The outputs of an operation Verify checks so far.
+std::vector<std::string> CheckedOutputsOf(VerifyOperation operation) {
+  switch (operation) {
+    case VerifyOperation::kCrossEntropy:
+      return {"loss", "lse"};
+    case VerifyOperation::kLogProbs:
+      return {"logprob", "lse", "entropy"};
+    default:
+      return OutputsOf(operation);
+  }
+}
+
+// A streamed W: BF16 [V, K]; its dims.
+absl::StatusOr<WeightDims> StreamedWeight(const CallInput& w, std::uint64_t* bytes) {
+  if (DTypeOfName(w.dtype) != DType::kBf16) {
+    return absl::InvalidArgumentError(absl::StrCat("w: expected dtype BF16, got ", w.dtype));
+  }
+  if (w.shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("w: expected rank 2 [V, K], got ", ShapeString(w.shape)));
+  }
+  absl::StatusOr<std::int64_t> n = CheckedByteCount(w.shape, DType::kBf16);
+  if (!n.ok()) return absl::InvalidArgumentError(absl::StrCat("w: ", n.status().message()));
+  *bytes = static_cast<std::uint64_t>(*n);
+  return WeightDims{w.shape[0], w.shape[1], absl::StrCat("w ", ShapeString(w.shape))};
+}
+
+// The candidates' names, dtypes and shapes against what the operation
+// gives; `dtypes` receives each output's candidate dtype by name.
+absl::Status CheckCandidateNames(const VerifyRequest& r, std::map<std::string, DType>* dtypes) {
+  const std::vector<std::string> outputs = OutputsOf(r.operation);
+  if (r.candidates.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("candidates: expected at least one (",
+                                                   VerifyOperationName(r.operation), " gives ",
+                                                   absl::StrJoin(outputs, ", "), "), got none"));
+  }
+  for (const CallInput& c : r.candidates) {
+    if (std::find(outputs.begin(), outputs.end(), c.name) == outputs.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "candidates: '", c.name, "' is not an output of ", VerifyOperationName(r.operation),
+          " (it gives ", absl::StrJoin(outputs, ", "), ")"));
+    }
+    const std::optional<DType> dtype = DTypeOfName(c.dtype);
+    if (dtype != DType::kFp32 && dtype != DType::kBf16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(c.name, ": expected dtype FP32 or BF16 (the dtypes ",
+                       VerifyOperationName(r.operation), " can give it in), got ", c.dtype));
+    }
+    if (!dtypes->emplace(c.name, *dtype).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("candidates: '", c.name, "' is given twice; one candidate an output"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every tensor of the call travels under its own name.
+absl::Status CheckDistinctNames(const VerifyRequest& r) {
+  std::map<std::string, std::string> seen;  // name -> what
+  std::vector<std::pair<std::string, const CallInput*>> all = {{"x", &r.x}};
+  if (r.w.given) all.push_back({"w", &r.w});
+  if (r.dy.given) all.push_back({"dy", &r.dy});
+  if (r.targets.given) all.push_back({"targets", &r.targets});
+  for (const CallInput& c : r.candidates) all.push_back({absl::StrCat("candidate ", c.name), &c});
+  for (const auto& [what, in] : all) {
+    if (!in->given) continue;
+    auto [it, added] = seen.emplace(in->name, what);
+    if (!added) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(it->second, ", ", what, ": expected distinct TensorSpec names, both are '",
+                       in->name, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::uint64_t Mul(std::int64_t a, std::int64_t b, std::uint64_t size) {
+  return static_cast<std::uint64_t>(a) * static_cast<std::uint64_t>(b) * size;
+}
+
+}  // namespace
+
+std::string VerifyOperationName(VerifyOperation operation) {
+  switch (operation) {
+    case VerifyOperation::kUnspecified:
+      return "VERIFY_OPERATION_UNSPECIFIED";
+    case VerifyOperation::kLogits:
+      return "VERIFY_LOGITS";
+    case VerifyOperation::kBackward:
+      return "VERIFY_BACKWARD";
+    case VerifyOperation::kCrossEntropy:
+      return "VERIFY_CROSS_ENTROPY";
+    case VerifyOperation::kLogProbs:
+      return "VERIFY_LOGPROBS";
+    case VerifyOperation::kUnknown:
+      break;
+  }
+  return "an unknown operation";
+}
+
+absl::Status CheckVerifyRequest(const VerifyRequest& r) {
+  switch (r.operation) {
+    case VerifyOperation::kLogits:
+    case VerifyOperation::kBackward:
+    case VerifyOperation::kCrossEntropy:
+    case VerifyOperation::kLogProbs:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "operation: expected VERIFY_LOGITS, VERIFY_BACKWARD, VERIFY_CROSS_ENTROPY or "
+          "VERIFY_LOGPROBS, got ",
+          r.operation_name.empty() ? VerifyOperationName(r.operation) : r.operation_name));
+  }
+  const bool handle = !r.weight_handle.empty();
+  if (handle == r.w.given) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight_handle, w: expected exactly one (a registered weight's handle, or w streamed "
+        "with the call), got ",
+        handle ? "both" : "neither"));
+  }
+  if (r.sample_rows < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sample_rows: expected 0 (every row) or more, got ", r.sample_rows));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+constexpr std::uint64_t kNoLimit = std::numeric_limits<std::uint64_t>::max();
+
+// Inputs an operation does not take.
+absl::Status NoneOf(const VerifyRequest& r, bool dy, bool alpha, bool targets) {
+  const std::string op = VerifyOperationName(r.operation);
+  if (!dy && r.dy.given)
+    return absl::InvalidArgumentError(absl::StrCat("dy: given, but ", op, " takes no dy"));
+  if (!alpha && r.alpha != 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alpha: given (", r.alpha, "), but ", op, " takes no scale"));
+  }
+  if (!targets && r.targets.given) {
+    return absl::InvalidArgumentError(absl::StrCat("targets: given, but ", op, " takes none"));
+  }
+  return absl::OkStatus();
+}
+
+// A candidate of an output Verify does not check yet (UNIMPLEMENTED), or of
+// a dtype other than FP32 where the operation gives FP32 only.
+absl::Status CheckedCandidates(const VerifyRequest& r, const std::map<std::string, DType>& dtypes) {
+  const std::vector<std::string> checked = CheckedOutputsOf(r.operation);
+  for (const auto& [name, dtype] : dtypes) {
+    if (std::find(checked.begin(), checked.end(), name) == checked.end()) {
+      return absl::UnimplementedError(
+          absl::StrCat("candidates: ", VerifyOperationName(r.operation), "'s '", name,
+                       "' is not checked yet; Verify checks its ", absl::StrJoin(checked, ", ")));
+    }
+    if (dtype != DType::kFp32) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": expected dtype FP32 (the dtype ",
+                                                     VerifyOperationName(r.operation),
+                                                     " gives it in), got ", DTypeName(dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The operation's own plan, with the candidates' dtypes as its outputs' and
+// no byte limit (Verify's is checked over everything it holds): fills the
+// plan's dims and input bytes, and the shape of each output by name.
+absl::Status PlanOperation(const VerifyRequest& r, const WeightDims& dims,
+                           std::map<std::string, DType>& dtypes, VerifyPlan* plan,
+                           std::map<std::string, std::vector<std::int64_t>>* shapes) {
+  switch (r.operation) {
+    case VerifyOperation::kLogits: {
+      LOGITD_RETURN_IF_ERROR(NoneOf(r, false, true, false));
+      LogitsRequest lr;
+      lr.x = r.x;
+      lr.out_dtype = UpperDTypeName(dtypes["y"]);
+      lr.alpha = r.alpha;
+      LOGITD_ASSIGN_OR_RETURN(const LogitsPlan lp, PlanLogits(lr, dims, kNoLimit));
+      plan->m = lp.m;
+      plan->alpha = lp.alpha;
+      plan->x_bytes = lp.x_bytes;
+      (*shapes)["y"] = {plan->m, plan->v};
+      return absl::OkStatus();
+    }
+    case VerifyOperation::kBackward: {
+      LOGITD_RETURN_IF_ERROR(NoneOf(r, true, false, false));
+      BackwardRequest br;
+      br.x = r.x;
+      br.dy = r.dy;
+      br.want_dx = dtypes.count("dx") > 0;
+      br.want_dw = dtypes.count("dw") > 0;
+      if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes["dx"]);
+      if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes["dw"]);
+      LOGITD_ASSIGN_OR_RETURN(const BackwardPlan bp, PlanBackward(br, dims, kNoLimit));
+      plan->m = bp.m;
+      plan->x_bytes = bp.x_bytes;
+      plan->dy_bytes = bp.dy_bytes;
+      plan->dy_dtype = bp.dy_dtype;
+      (*shapes)["dx"] = {plan->m, plan->k};
+      (*shapes)["dw"] = {plan->v, plan->k};
+      return absl::OkStatus();
+    }
+    case VerifyOperation::kCrossEntropy: {
+      LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
+      LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
+      CrossEntropyRequest cr = r.cross_entropy;
+      cr.x = r.x;
+      cr.targets = r.targets;
+      cr.want_lse = dtypes.count("lse") > 0;
+      LOGITD_ASSIGN_OR_RETURN(CrossEntropyPlan cp, PlanCrossEntropy(cr, dims, kNoLimit));
+      plan->m = cp.m;
+      plan->x_bytes = cp.x_bytes;
+      plan->targets_dtype = cp.targets_dtype;
+      plan->targets_bytes = cp.targets_bytes;
+      (*shapes)["loss"] = cp.loss_shape;
+      (*shapes)["lse"] = {plan->m};
+      plan->cross_entropy = std::move(cp);
+      return absl::OkStatus();
+    }
+    case VerifyOperation::kLogProbs: {
+      LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
+      LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
+      if (dtypes.count("logprob") > 0 && !r.targets.given) {
+        return absl::InvalidArgumentError(
+            "targets: a logprob candidate is the log-probability of each row's target; give "
+            "targets");
+      }
+      LogProbsRequest lr = r.logprobs;
+      lr.x = r.x;
+      lr.targets = r.targets;
+      lr.want_lse = dtypes.count("lse") > 0;
+      lr.want_entropy = dtypes.count("entropy") > 0;
+      LOGITD_ASSIGN_OR_RETURN(LogProbsPlan lp, PlanLogProbs(lr, dims, kNoLimit));
+      plan->m = lp.m;
+      plan->x_bytes = lp.x_bytes;
+      plan->targets_dtype = lp.targets_dtype;
+      plan->targets_bytes = lp.targets_bytes;
+      for (const char* name : {"logprob", "lse", "entropy"}) (*shapes)[name] = {plan->m};
+      plan->logprobs = std::move(lp);
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError("operation: not one Verify knows");
+  }
+}
+
+// Each candidate against the shape its output has; its plan, and its bytes
+// and logitd's own output's among `parts`.
+absl::Status PlanCandidates(const VerifyRequest& r,
+                            const std::map<std::string, std::vector<std::int64_t>>& shapes,
+                            const std::map<std::string, DType>& dtypes, VerifyPlan* plan,
+                            std::vector<CallPart>* parts) {
+  for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+    const CallInput& c = r.candidates[i];
+    const std::vector<std::int64_t>& want = shapes.at(c.name);
+    if (c.shape != want) {
+      const char* dims_of = c.name == "y"    ? "[M, V]: x's M, the weight's V"
+                            : c.name == "dx" ? "[M, K]: x's M, the weight's K"
+                            : c.name == "dw" ? "[V, K]: the weight's"
+                            : want.size() == 1 && want[0] == 1 &&
+                                    r.operation == VerifyOperation::kCrossEntropy &&
+                                    c.name == "loss"
+                                ? "[1]: the reduced loss"
+                                : "[M]: one per row of x";
+      return absl::InvalidArgumentError(absl::StrCat(c.name, ": expected shape ", ShapeString(want),
+                                                     " (", dims_of, "), got ",
+                                                     ShapeString(c.shape)));
+    }
+    VerifyCandidatePlan p;
+    p.name = c.name;
+    p.dtype = dtypes.at(c.name);
+    p.shape = want;
+    p.bytes = ElementSize(p.dtype);
+    for (std::int64_t d : want) p.bytes *= static_cast<std::uint64_t>(d);
+    p.index = i;
+    parts->push_back({c.name, p.dtype, p.shape, p.bytes});
+    parts->push_back({absl::StrCat("logitd's ", c.name), p.dtype, p.shape, p.bytes});
+    plan->candidates.push_back(std::move(p));
+  }
+  return absl::OkStatus();
+}
+
+// The most the references of one candidate hold at a time (they run one
+// after the other).
+std::uint64_t ReferenceBytes(const VerifyPlan& plan) {
+  const std::int64_t checked =
+      plan.rows.empty() ? plan.m : static_cast<std::int64_t>(plan.rows.size());
+  if (plan.cross_entropy.has_value()) {
+    return CrossEntropyReferenceBytes(plan.m, plan.v, plan.k, /*with_gradients=*/false);
+  }
+  if (plan.logprobs.has_value()) return LogProbsReferenceBytes(plan.m, plan.v, plan.k);
+  std::uint64_t reference = 0;
+  for (const VerifyCandidatePlan& c : plan.candidates) {
+    const std::uint64_t bytes = c.name == "y"    ? LogitsCheckBytes(checked, plan.v, plan.k)
+                                : c.name == "dx" ? GradInputCheckBytes(checked, plan.v, plan.k)
+                                                 : GradWeightCheckBytes(plan.m, plan.v, plan.k);
+    reference = std::max(reference, bytes);
+  }
+  return reference;
+}
+
+}  // namespace
+
+absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* registered,
+                                      std::uint64_t max_request_bytes) {
+  LOGITD_RETURN_IF_ERROR(CheckVerifyRequest(r));
+  VerifyPlan plan;
+  plan.operation = r.operation;
+  plan.weight_streamed = registered == nullptr;
+  WeightDims dims;
+  if (registered != nullptr) {
+    dims = *registered;
+    plan.w_bytes = Mul(dims.v, dims.k, 2);
+  } else {
+    LOGITD_ASSIGN_OR_RETURN(dims, StreamedWeight(r.w, &plan.w_bytes));
+  }
+  plan.v = dims.v;
+  plan.k = dims.k;
+  std::map<std::string, DType> dtypes;
+  LOGITD_RETURN_IF_ERROR(CheckCandidateNames(r, &dtypes));
+  LOGITD_RETURN_IF_ERROR(CheckDistinctNames(r));
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  LOGITD_RETURN_IF_ERROR(PlanOperation(r, dims, dtypes, &plan, &shapes));
+
+  if (r.sample_rows > 0 && (plan.cross_entropy || plan.logprobs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sample_rows: ", VerifyOperationName(r.operation),
+        " checks every row (its reference is one pass over the vocabulary for all of them); "
+        "give 0"));
+  }
+  std::vector<CallPart> parts = {{"x", DType::kBf16, r.x.shape, plan.x_bytes}};
+  if (r.dy.given) parts.push_back({"dy", plan.dy_dtype, r.dy.shape, plan.dy_bytes});
+  if (r.targets.given) {
+    parts.push_back({"targets", plan.targets_dtype, r.targets.shape, plan.targets_bytes});
+    // Widened to int64 for the backend and the references.
+    parts.push_back({"targets widened", DType::kInt64, {plan.m}, Mul(plan.m, 1, 8)});
+  }
+  if (plan.weight_streamed) parts.push_back({"w", DType::kBf16, r.w.shape, plan.w_bytes});
+  LOGITD_RETURN_IF_ERROR(PlanCandidates(r, shapes, dtypes, &plan, &parts));
+  std::uint64_t own_bytes = 0;
+  for (const VerifyCandidatePlan& c : plan.candidates) own_bytes += c.bytes;
+  plan.rows = SampleRows(plan.m, r.sample_rows);
+  const std::uint64_t reference = ReferenceBytes(plan);
+  parts.push_back({"fp64 references", DType::kFp32, {}, reference});
+  if (!plan.weight_streamed) {
+    parts.push_back({"the weight read back", DType::kBf16, {plan.v, plan.k}, plan.w_bytes});
+  }
+  // The cross-entropy's per-token losses, when the candidate is reduced.
+  const std::uint64_t token_losses = plan.cross_entropy ? Mul(plan.m, 1, 4) : 0;
+  if (token_losses > 0) parts.push_back({"per-token losses", DType::kFp32, {plan.m}, token_losses});
+  plan.scratch_bytes = own_bytes + reference + (plan.weight_streamed ? 0 : plan.w_bytes) +
+                       (r.targets.given ? Mul(plan.m, 1, 8) : 0) + token_losses;
+  LOGITD_RETURN_IF_ERROR(CheckCallBytes("verify", parts, max_request_bytes));
+  return plan;
+}
+
+}  // namespace logitd::service
