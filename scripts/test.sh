@@ -39,8 +39,12 @@ step "the report pages in a browser"
 bash scripts/check-reports-in-browser.sh build/ci
 
 step "the conformance suite"
-# Stubs generated from the proto with stock channel options, large outputs included.
-bash scripts/conformance.sh --bin build/ci/server/logitd -m "large or not large"
+# Stubs generated from the proto with stock channel options, the >2 GiB Logits
+# output included. The 1 GiB outputs of every other call are the Release
+# CTest's (DefaultChannelLargeTest, a generated stub on a default channel too);
+# the suite's 64 MiB run of the same calls stays.
+bash scripts/conformance.sh --bin build/ci/server/logitd -m "large or not large" \
+  --deselect tests/conformance/test_large_outputs.py::test_every_call_1_gib_output
 # Again with a bearer token required: the same contract behind authentication.
 LOGITD_CONFORMANCE_TOKEN=conformance-token bash scripts/conformance.sh --bin build/ci/server/logitd
 

@@ -41,11 +41,28 @@ def to_bf16_bits(values):
     The values are first made fp32 (exact for the integer-valued data the
     suite uses); NaN stays NaN (quiet).
     """
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    nan = np.isnan(np.asarray(values, dtype=np.float32))
-    rounded = np.where(nan, (bits >> 16) | 0x40, rounded)
-    return rounded.astype(np.uint16)
+    values = np.asarray(values)
+    if values.ndim == 0:
+        values = values.reshape(1)
+    flat = values.reshape(-1)
+    out = np.empty(flat.size, dtype=np.uint16)
+    # A block at a time: the suite streams tensors of gigabytes, and whole-size
+    # temporaries would cost more than the arithmetic. The sum wraps only for
+    # NaN patterns, which are replaced below.
+    block = 1 << 20
+    for start in range(0, flat.size, block):
+        f32 = np.ascontiguousarray(flat[start : start + block], dtype=np.float32)
+        bits = f32.view(np.uint32)
+        rounded = bits >> 16
+        rounded &= 1
+        rounded += 0x7FFF
+        rounded += bits
+        rounded >>= 16
+        nan = np.isnan(f32)
+        if nan.any():
+            rounded[nan] = (bits[nan] >> 16) | 0x40
+        out[start : start + block] = rounded
+    return out.reshape(values.shape)
 
 
 def from_bf16_bits(bits):

@@ -97,7 +97,7 @@ def _every_call_output(conn, weights, server_info, scale):
     whole through a default channel and matching its digest."""
     rng = np.random.default_rng(903 + scale)
     v, k, m = 65536 * scale, 256, 4
-    w = rng.integers(-4, 5, size=(v, k))
+    w = rng.integers(-4, 5, size=(v, k), dtype=np.int8)
     x = rng.integers(-4, 5, size=(m, k))
     dy = rng.integers(-4, 5, size=(m, v))
     info = weights(w)
@@ -115,7 +115,7 @@ def _every_call_output(conn, weights, server_info, scale):
     got = receive_or_explain(lambda: conn.cross_entropy(info.handle, x, targets, want_dw=True), server_info)
     assert check_output(got, got.result.dw, False).nbytes == want
 
-    values = rng.integers(-1000, 1001, size=(8192 * scale, 4096)).astype(np.float32)
+    values = rng.integers(-1000, 1001, size=(8192 * scale, 4096), dtype=np.int16).astype(np.float32)
     got = receive_or_explain(lambda: conn.cast(values), server_info)
     assert check_output(got, got.result.output, False).size * 2 == want  # bf16, decoded to float32
 
