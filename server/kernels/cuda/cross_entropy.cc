@@ -268,35 +268,15 @@ absl::Status RunTokenWalk(GemmEngine& engine, const GemmStream& s, const CeProbl
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status RunCrossEntropy(GemmEngine& engine, const GemmStream& s, const CeProblem& p,
-                             const CeBuffers& b, CeDwSink* dw) {
-  const bool tokens = p.walk == CeWalk::kTokens;
-  const std::string shape =
-      absl::StrCat("M=", p.m, ",V=", p.v, ",K=", p.k, ",", CeWalkName(p.walk), " chunk=", p.chunk);
-  if (p.m <= 0 || p.v <= 0 || p.k <= 0 || p.chunk <= 0 || p.chunk > (tokens ? p.m : p.v)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cross_entropy: expected positive M, V, K and a chunk in [1, ",
-                     tokens ? "M" : "V", "], got ", shape));
-  }
+// The vocabulary walk: every row at once, the vocabulary a chunk of columns
+// at a time, forwards for the row statistics and the loss, then backwards
+// (the last chunk's logits still in the buffer) for the gradients.
+absl::Status RunVocabularyWalk(GemmEngine& engine, const GemmStream& s, const CeProblem& p,
+                               const CeBuffers& b, CeDwSink* dw, const CeRowParams& params,
+                               const std::string& shape) {
   const bool want_dx = b.dx != nullptr;
   const bool want_dw = dw != nullptr;
   const bool grads = want_dx || want_dw;
-  if (b.x == nullptr || b.w == nullptr || b.targets == nullptr || b.loss == nullptr ||
-      b.logits == nullptr || b.rows == nullptr || (grads && !tokens && b.g == nullptr) ||
-      (want_dx && b.dx_bf16 && b.dx_acc == nullptr)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cross_entropy: a device buffer is missing (", shape, ")"));
-  }
-  CeRowParams params;
-  params.targets = b.targets;
-  params.ignore_index = p.ignore_index;
-  params.logit_softcap = p.logit_softcap;
-  params.z_loss = p.z_loss;
-  params.grad_scale = p.grad_scale;
-  if (tokens) return RunTokenWalk(engine, s, p, b, dw, params, shape);
-
   const std::int64_t segments = CeSegments(p.chunk);
   if (p.m > std::numeric_limits<std::int32_t>::max() / segments) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -357,6 +337,37 @@ absl::Status RunCrossEntropy(GemmEngine& engine, const GemmStream& s, const CePr
         "cross_entropy: dx cast kernel (", shape, ")");
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunCrossEntropy(GemmEngine& engine, const GemmStream& s, const CeProblem& p,
+                             const CeBuffers& b, CeDwSink* dw) {
+  const bool tokens = p.walk == CeWalk::kTokens;
+  const std::string shape =
+      absl::StrCat("M=", p.m, ",V=", p.v, ",K=", p.k, ",", CeWalkName(p.walk), " chunk=", p.chunk);
+  if (p.m <= 0 || p.v <= 0 || p.k <= 0 || p.chunk <= 0 || p.chunk > (tokens ? p.m : p.v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross_entropy: expected positive M, V, K and a chunk in [1, ",
+                     tokens ? "M" : "V", "], got ", shape));
+  }
+  const bool want_dx = b.dx != nullptr;
+  const bool want_dw = dw != nullptr;
+  const bool grads = want_dx || want_dw;
+  if (b.x == nullptr || b.w == nullptr || b.targets == nullptr || b.loss == nullptr ||
+      b.logits == nullptr || b.rows == nullptr || (grads && !tokens && b.g == nullptr) ||
+      (want_dx && b.dx_bf16 && b.dx_acc == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross_entropy: a device buffer is missing (", shape, ")"));
+  }
+  CeRowParams params;
+  params.targets = b.targets;
+  params.ignore_index = p.ignore_index;
+  params.logit_softcap = p.logit_softcap;
+  params.z_loss = p.z_loss;
+  params.grad_scale = p.grad_scale;
+  if (tokens) return RunTokenWalk(engine, s, p, b, dw, params, shape);
+  return RunVocabularyWalk(engine, s, p, b, dw, params, shape);
 }
 
 }  // namespace logitd::kernels::cuda

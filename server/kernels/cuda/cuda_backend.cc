@@ -122,6 +122,19 @@ absl::StatusOr<void*> CudaBackend::Scratch(Context& c, Slot slot, std::size_t by
 
 absl::Status CudaBackend::Init() {
   RETURN_IF_ERROR_(UseDevice(options_.device));
+  RETURN_IF_ERROR_(ReadDeviceInfo());
+  for (int i = 0; i < kContexts; ++i) {
+    auto c = CreateContext();
+    if (!c.ok()) return c.status();
+    free_.push_back(c->get());
+    contexts_.push_back(*std::move(c));
+  }
+  info_.algo_choices = kAlgoChoicesPerProcess;
+  if (!options_.algo_cache.empty()) UseAlgoCache();
+  return SelfTestCast();
+}
+
+absl::Status CudaBackend::ReadDeviceInfo() {
   cudaDeviceProp prop{};
   RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, options_.device),
                        "cuda backend: cudaGetDeviceProperties(", options_.device, ")");
@@ -148,60 +161,62 @@ absl::Status CudaBackend::Init() {
   info_.cublaslt_version = absl::StrCat(lt / 10000, ".", (lt / 100) % 100, ".", lt % 100);
   info_.blas_version = absl::StrCat("cuBLASLt ", info_.cublaslt_version);
   info_.split_k = SplitKName(options_.split_k);
+  return absl::OkStatus();
+}
 
-  for (int i = 0; i < kContexts; ++i) {
-    auto c = std::make_unique<Context>();
-    auto compute = CreateStream();
-    if (!compute.ok()) return compute.status();
-    c->compute = *std::move(compute);
-    auto copy = CreateStream();
-    if (!copy.ok()) return copy.status();
-    c->copy = *std::move(copy);
-    auto handle = CreateLtHandle();
-    if (!handle.ok()) return handle.status();
-    c->handle = *std::move(handle);
-    auto workspace = memory_->Allocate(kWorkspaceBytes, "cuda backend: cuBLASLt workspace");
-    if (!workspace.ok()) return workspace.status();
-    c->workspace = *std::move(workspace);
-    for (auto& e : c->timing) {
-      auto event = CreateEvent(true);
+absl::StatusOr<std::unique_ptr<Context>> CudaBackend::CreateContext() {
+  auto c = std::make_unique<Context>();
+  auto compute = CreateStream();
+  if (!compute.ok()) return compute.status();
+  c->compute = *std::move(compute);
+  auto copy = CreateStream();
+  if (!copy.ok()) return copy.status();
+  c->copy = *std::move(copy);
+  auto handle = CreateLtHandle();
+  if (!handle.ok()) return handle.status();
+  c->handle = *std::move(handle);
+  auto workspace = memory_->Allocate(kWorkspaceBytes, "cuda backend: cuBLASLt workspace");
+  if (!workspace.ok()) return workspace.status();
+  c->workspace = *std::move(workspace);
+  for (auto& e : c->timing) {
+    auto event = CreateEvent(true);
+    if (!event.ok()) return event.status();
+    e = *std::move(event);
+  }
+  for (auto* events : {&c->block_done, &c->block_copied}) {
+    for (auto& e : *events) {
+      auto event = CreateEvent(false);
       if (!event.ok()) return event.status();
       e = *std::move(event);
     }
-    for (auto* events : {&c->block_done, &c->block_copied}) {
-      for (auto& e : *events) {
-        auto event = CreateEvent(false);
-        if (!event.ok()) return event.status();
-        e = *std::move(event);
-      }
-    }
-    free_.push_back(c.get());
-    contexts_.push_back(std::move(c));
   }
-  info_.algo_choices = kAlgoChoicesPerProcess;
-  if (!options_.algo_cache.empty()) {
-    std::string summary;
-    const absl::Status cache = engine_.UseCacheFile(
-        options_.algo_cache,
-        AlgoCachePlatform(info_.device_name, info_.multiprocessor_count, info_.driver_version,
-                          info_.cuda_runtime_version, info_.cublaslt_version, kWorkspaceBytes,
-                          options_.split_k),
-        contexts_.front()->gemm(), &summary);
-    if (cache.ok()) {
-      info_.algo_choices = kAlgoChoicesKept;
-      info_.algo_cache_path = options_.algo_cache;
-      if (options_.events.info) options_.events.info(summary);
-    } else if (options_.events.warning) {
-      options_.events.warning(absl::StrCat(
-          cache.message(),
-          ": GEMM algorithms are chosen anew in this process only, so a restarted server may "
-          "choose others and give other bits (give --algo_cache a writable file)"));
-    }
-  }
+  return c;
+}
 
-  // A device whose architecture the build has no code for fails here, at
-  // start, rather than on the first request; the values cover rounding, ties,
-  // overflow and NaN.
+void CudaBackend::UseAlgoCache() {
+  std::string summary;
+  const absl::Status cache = engine_.UseCacheFile(
+      options_.algo_cache,
+      AlgoCachePlatform(info_.device_name, info_.multiprocessor_count, info_.driver_version,
+                        info_.cuda_runtime_version, info_.cublaslt_version, kWorkspaceBytes,
+                        options_.split_k),
+      contexts_.front()->gemm(), &summary);
+  if (cache.ok()) {
+    info_.algo_choices = kAlgoChoicesKept;
+    info_.algo_cache_path = options_.algo_cache;
+    if (options_.events.info) options_.events.info(summary);
+  } else if (options_.events.warning) {
+    options_.events.warning(absl::StrCat(
+        cache.message(),
+        ": GEMM algorithms are chosen anew in this process only, so a restarted server may "
+        "choose others and give other bits (give --algo_cache a writable file)"));
+  }
+}
+
+// A device whose architecture the build has no code for fails here, at
+// start, rather than on the first request; the values cover rounding, ties,
+// overflow and NaN.
+absl::Status CudaBackend::SelfTestCast() {
   const std::array<float, 8> probe = {1.0f,
                                       -2.5f,
                                       BitsToFloat(0x3f808000u),

@@ -163,6 +163,8 @@ inline std::vector<std::string>* GemmRecord(Timing* timing) {
 
 class CudaBackend;
 struct CeScratchSet;
+struct LogitsBuffers;
+struct BackwardBuffers;
 
 // A context taken from the pool, and the watchdog's watch over the call's
 // device work. Returning it waits for its streams, so no work of a finished
@@ -222,6 +224,13 @@ class CudaBackend final : public Backend {
     o.warn = options.events.warning;
     return o;
   }
+  // Init's parts: the device's properties and versions into info_; one
+  // context of the pool; the --algo_cache file (a warning when unusable); a
+  // cast of rounding, tie, overflow and NaN values against the host's.
+  absl::Status ReadDeviceInfo();
+  absl::StatusOr<std::unique_ptr<Context>> CreateContext();
+  void UseAlgoCache();
+  absl::Status SelfTestCast();
   absl::StatusOr<HostBuffer> DoAllocateHost(std::size_t bytes) override;
   absl::StatusOr<std::shared_ptr<void>> DoPinHostMemory(void* data, std::size_t bytes) override;
   absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
@@ -267,6 +276,10 @@ class CudaBackend final : public Backend {
   absl::StatusOr<void*> Scratch(Context& c, Slot slot, std::size_t bytes, const char* what);
   absl::Status LogitsBlocks(const CudaWeight& w, const LogitsArgs& args, Context& c,
                             Timing* timing);
+  absl::StatusOr<LogitsBuffers> AllocateLogits(Context& c, const LogitsArgs& args, std::int64_t v,
+                                               std::int64_t k, bool acc_separate);
+  absl::StatusOr<BackwardBuffers> AllocateBackward(Context& c, const BackwardArgs& args,
+                                                   std::int64_t v, std::int64_t k);
 
   BackendOptions options_;
   DeviceHealth health_;

@@ -26,76 +26,96 @@ absl::Status CudaBackend::DoLogits(const Weight& weight, const LogitsArgs& args,
   return LogitsBlocks(*w, args, *c, timing);
 }
 
+// Logits' device buffers: X whole, Y in blocks of `rows` rows (two, so that
+// one block's copy overlaps the next one's GEMM), and an fp32 accumulator
+// when alpha == 0 with bf16 out.
+struct LogitsBuffers {
+  std::int64_t rows = 0;
+  std::int64_t blocks = 0;
+  std::size_t row_bytes = 0;
+  void* x = nullptr;
+  std::array<void*, 2> y{};
+  void* acc = nullptr;
+};
+
+absl::StatusOr<LogitsBuffers> CudaBackend::AllocateLogits(Context& c, const LogitsArgs& args,
+                                                          std::int64_t v, std::int64_t k,
+                                                          bool acc_separate) {
+  const std::int64_t m = args.m;
+  LogitsBuffers b;
+  b.row_bytes = static_cast<std::size_t>(v) * ElementSize(args.out_dtype);
+  b.rows = m;
+  if (static_cast<std::size_t>(m) * b.row_bytes > kLogitsBlockBytes) {
+    b.rows = static_cast<std::int64_t>(kLogitsBlockBytes / b.row_bytes) / 128 * 128;
+    b.rows = std::min(m, std::max(kMinBlockRows, b.rows));
+  }
+  b.blocks = (m + b.rows - 1) / b.rows;
+  auto x = Scratch(c, kX, static_cast<std::size_t>(m * k) * 2, "logits: device x");
+  if (!x.ok()) return x.status();
+  b.x = *x;
+  for (std::int64_t i = 0; i < std::min<std::int64_t>(b.blocks, 2); ++i) {
+    auto buffer = Scratch(c, i == 0 ? kY0 : kY1, static_cast<std::size_t>(b.rows) * b.row_bytes,
+                          "logits: device y block");
+    if (!buffer.ok()) return buffer.status();
+    b.y[static_cast<std::size_t>(i)] = *buffer;
+  }
+  if (acc_separate) {
+    auto buffer = Scratch(c, kAcc, static_cast<std::size_t>(b.rows * v) * 4,
+                          "logits: device fp32 accumulator");
+    if (!buffer.ok()) return buffer.status();
+    b.acc = *buffer;
+  }
+  return b;
+}
+
 absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& args, Context& c,
                                        Timing* timing) {
   const std::int64_t m = args.m;
   const std::int64_t v = w.v();
   const std::int64_t k = w.k();
-  const std::size_t out_size = ElementSize(args.out_dtype);
-  const std::size_t row_bytes = static_cast<std::size_t>(v) * out_size;
-  std::int64_t rows = m;
-  if (static_cast<std::size_t>(m) * row_bytes > kLogitsBlockBytes) {
-    rows = static_cast<std::int64_t>(kLogitsBlockBytes / row_bytes) / 128 * 128;
-    rows = std::min(m, std::max(kMinBlockRows, rows));
-  }
-  const std::int64_t blocks = (m + rows - 1) / rows;
-  const std::size_t block_bytes = static_cast<std::size_t>(rows) * row_bytes;
   // alpha == 0: the library may skip the product and so lose IEEE's
   // 0 * Inf = NaN; compute with alpha = 1 in fp32 and scale afterwards, as
   // the cpu backend does.
   const bool scale_after = args.alpha == 0.0f;
   const bool acc_separate = scale_after && args.out_dtype == DType::kBf16;
-
-  auto x = Scratch(c, kX, static_cast<std::size_t>(m * k) * 2, "logits: device x");
-  if (!x.ok()) return x.status();
-  std::array<void*, 2> y{};
-  for (std::int64_t b = 0; b < std::min<std::int64_t>(blocks, 2); ++b) {
-    auto buffer = Scratch(c, b == 0 ? kY0 : kY1, block_bytes, "logits: device y block");
-    if (!buffer.ok()) return buffer.status();
-    y[static_cast<std::size_t>(b)] = *buffer;
-  }
-  void* acc = nullptr;
-  if (acc_separate) {
-    auto buffer =
-        Scratch(c, kAcc, static_cast<std::size_t>(rows * v) * 4, "logits: device fp32 accumulator");
-    if (!buffer.ok()) return buffer.status();
-    acc = *buffer;
-  }
+  absl::StatusOr<LogitsBuffers> buffers = AllocateLogits(c, args, v, k, acc_separate);
+  if (!buffers.ok()) return buffers.status();
+  const LogitsBuffers& lb = *buffers;
 
   cudaStream_t cs = c.compute.get();
   cudaStream_t ss = c.copy.get();
   const std::string shape = absl::StrCat("M=", m, ",N=", v, ",K=", k);
   const StreamTimer timer(c, "logits");
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
-  RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(*x, args.x, static_cast<std::size_t>(m * k) * 2, cudaMemcpyHostToDevice, cs),
-      "logits: copy x [", m, ", ", k, "] to the device");
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(lb.x, args.x, static_cast<std::size_t>(m * k) * 2,
+                                       cudaMemcpyHostToDevice, cs),
+                       "logits: copy x [", m, ", ", k, "] to the device");
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
 
   const GemmStream gs = c.gemm(GemmRecord(timing));
   auto enqueue_gemm = [&](std::int64_t b) -> absl::Status {
     const std::size_t slot = static_cast<std::size_t>(b % 2);
-    const std::int64_t row0 = b * rows;
-    const std::int64_t mb = std::min(rows, m - row0);
+    const std::int64_t row0 = b * lb.rows;
+    const std::int64_t mb = std::min(lb.rows, m - row0);
     if (b >= 2) {
       // The buffer's previous block must have reached the host.
       RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(cs, c.block_copied[slot].get(), 0),
                            "logits: cudaStreamWaitEvent");
     }
-    const void* xb = static_cast<const std::byte*>(*x) + static_cast<std::size_t>(row0 * k) * 2;
+    const void* xb = static_cast<const std::byte*>(lb.x) + static_cast<std::size_t>(row0 * k) * 2;
     if (!scale_after) {
       RETURN_IF_ERROR_(engine_.Run(LogitsShape(mb, v, k, CudaType(args.out_dtype)),
-                                   GemmOperands{xb, w.data(), y[slot], args.alpha, 0.0f}, gs));
+                                   GemmOperands{xb, w.data(), lb.y[slot], args.alpha, 0.0f}, gs));
     } else {
-      void* target = acc_separate ? acc : y[slot];
+      void* target = acc_separate ? lb.acc : lb.y[slot];
       RETURN_IF_ERROR_(engine_.Run(LogitsShape(mb, v, k, CUDA_R_32F),
                                    GemmOperands{xb, w.data(), target, 1.0f, 0.0f}, gs));
       RETURN_IF_CUDA_ERROR(LaunchScale(static_cast<const float*>(target), mb * v, args.alpha,
-                                       y[slot], args.out_dtype == DType::kBf16, cs),
+                                       lb.y[slot], args.out_dtype == DType::kBf16, cs),
                            "logits: scale kernel (", shape, ")");
     }
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[slot].get(), cs), "logits: cudaEventRecord");
-    if (b == blocks - 1) {
+    if (b == lb.blocks - 1) {
       RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
     }
     return absl::OkStatus();
@@ -105,17 +125,17 @@ absl::Status CudaBackend::LogitsBlocks(const CudaWeight& w, const LogitsArgs& ar
   // overlap even when the host buffer is pageable (such a copy returns only
   // when done).
   RETURN_IF_ERROR_(enqueue_gemm(0));
-  for (std::int64_t b = 0; b < blocks; ++b) {
+  for (std::int64_t b = 0; b < lb.blocks; ++b) {
     const std::size_t slot = static_cast<std::size_t>(b % 2);
-    if (b + 1 < blocks) RETURN_IF_ERROR_(enqueue_gemm(b + 1));
-    const std::int64_t row0 = b * rows;
-    const std::int64_t mb = std::min(rows, m - row0);
+    if (b + 1 < lb.blocks) RETURN_IF_ERROR_(enqueue_gemm(b + 1));
+    const std::int64_t row0 = b * lb.rows;
+    const std::int64_t mb = std::min(lb.rows, m - row0);
     RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(ss, c.block_done[slot].get(), 0),
                          "logits: cudaStreamWaitEvent");
     RETURN_IF_CUDA_ERROR(
         cudaMemcpyAsync(
-            static_cast<std::byte*>(args.y) + static_cast<std::size_t>(row0) * row_bytes, y[slot],
-            static_cast<std::size_t>(mb) * row_bytes, cudaMemcpyDeviceToHost, ss),
+            static_cast<std::byte*>(args.y) + static_cast<std::size_t>(row0) * lb.row_bytes,
+            lb.y[slot], static_cast<std::size_t>(mb) * lb.row_bytes, cudaMemcpyDeviceToHost, ss),
         "logits: copy y rows [", row0, ", ", row0 + mb, ") of [", m, ", ", v, "] to the host");
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[slot].get(), ss),
                          "logits: cudaEventRecord");
@@ -165,6 +185,55 @@ absl::Status UploadBackwardInputs(const BackwardArgs& args, std::int64_t v, std:
 
 }  // namespace
 
+// Backward's device buffers: G, X (for dW), the fp32 dY staging rows, dX
+// and dW (unless dW accumulates into the weight's gradient buffer); null
+// where the call does not need them.
+struct BackwardBuffers {
+  Bf16Bits* g = nullptr;
+  void* x = nullptr;
+  void* staging = nullptr;
+  std::int64_t staging_rows = 0;
+  void* dx = nullptr;
+  void* dw = nullptr;
+};
+
+absl::StatusOr<BackwardBuffers> CudaBackend::AllocateBackward(Context& c, const BackwardArgs& args,
+                                                              std::int64_t v, std::int64_t k) {
+  const std::int64_t m = args.m;
+  const bool want_dw = args.accumulate_dw || args.dw != nullptr;
+  BackwardBuffers b;
+  auto g = Scratch(c, kG, static_cast<std::size_t>(m * v) * 2, "backward: device G");
+  if (!g.ok()) return g.status();
+  b.g = static_cast<Bf16Bits*>(*g);
+  if (want_dw) {
+    auto buffer = Scratch(c, kX, static_cast<std::size_t>(m * k) * 2, "backward: device x");
+    if (!buffer.ok()) return buffer.status();
+    b.x = *buffer;
+  }
+  if (args.dy_dtype == DType::kFp32) {
+    const std::size_t dy_row_bytes = static_cast<std::size_t>(v) * 4;
+    b.staging_rows = std::max<std::int64_t>(
+        1, std::min<std::int64_t>(m, static_cast<std::int64_t>(kStagingBytes / dy_row_bytes)));
+    auto buffer = Scratch(c, kStaging, static_cast<std::size_t>(b.staging_rows) * dy_row_bytes,
+                          "backward: device dy staging");
+    if (!buffer.ok()) return buffer.status();
+    b.staging = *buffer;
+  }
+  if (args.dx != nullptr) {
+    auto buffer = Scratch(c, kDx, static_cast<std::size_t>(m * k) * ElementSize(args.dx_dtype),
+                          "backward: device dx");
+    if (!buffer.ok()) return buffer.status();
+    b.dx = *buffer;
+  }
+  if (want_dw && !args.accumulate_dw) {
+    auto buffer = Scratch(c, kDw, static_cast<std::size_t>(v * k) * ElementSize(args.dw_dtype),
+                          "backward: device dw");
+    if (!buffer.ok()) return buffer.status();
+    b.dw = *buffer;
+  }
+  return b;
+}
+
 absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("backward", "cuda", weight);
@@ -173,59 +242,30 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   const std::int64_t m = args.m;
   const std::int64_t v = w->v();
   const std::int64_t k = w->k();
-  const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
   RETURN_IF_ERROR_(UseDevice(options_.device));
   const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k);
   ACQUIRE_OR_RETURN_(lease, absl::StrCat("backward(", shape, ")"));
   Context& c = *lease;
   cudaStream_t cs = c.compute.get();
   cudaStream_t ss = c.copy.get();
-
-  auto g = Scratch(c, kG, static_cast<std::size_t>(m * v) * 2, "backward: device G");
-  if (!g.ok()) return g.status();
-  void* x = nullptr;
-  if (want_dw) {
-    auto buffer = Scratch(c, kX, x_bytes, "backward: device x");
-    if (!buffer.ok()) return buffer.status();
-    x = *buffer;
-  }
-  const std::size_t dy_row_bytes = static_cast<std::size_t>(v) * 4;
-  std::int64_t staging_rows = 0;
-  void* staging = nullptr;
-  if (args.dy_dtype == DType::kFp32) {
-    staging_rows = std::max<std::int64_t>(
-        1, std::min<std::int64_t>(m, static_cast<std::int64_t>(kStagingBytes / dy_row_bytes)));
-    auto buffer = Scratch(c, kStaging, static_cast<std::size_t>(staging_rows) * dy_row_bytes,
-                          "backward: device dy staging");
-    if (!buffer.ok()) return buffer.status();
-    staging = *buffer;
-  }
-  void* dx = nullptr;
-  if (want_dx) {
-    auto buffer = Scratch(c, kDx, static_cast<std::size_t>(m * k) * ElementSize(args.dx_dtype),
-                          "backward: device dx");
-    if (!buffer.ok()) return buffer.status();
-    dx = *buffer;
-  }
-  void* dw = nullptr;
-  if (want_dw && !args.accumulate_dw) {
-    auto buffer = Scratch(c, kDw, static_cast<std::size_t>(v * k) * ElementSize(args.dw_dtype),
-                          "backward: device dw");
-    if (!buffer.ok()) return buffer.status();
-    dw = *buffer;
-  }
+  absl::StatusOr<BackwardBuffers> buffers = AllocateBackward(c, args, v, k);
+  if (!buffers.ok()) return buffers.status();
+  Bf16Bits* const g = buffers->g;
+  void* const x = buffers->x;
+  void* const dx = buffers->dx;
+  void* const dw = buffers->dw;
 
   // Inputs: G = bf16(dY) block by block through the staging buffer.
   const StreamTimer timer(c, "backward");
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
   RETURN_IF_ERROR_(
-      UploadBackwardInputs(args, v, k, static_cast<Bf16Bits*>(*g), x, staging, staging_rows, cs));
+      UploadBackwardInputs(args, v, k, g, x, buffers->staging, buffers->staging_rows, cs));
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
 
   const GemmStream gs = c.gemm(GemmRecord(timing));
   if (want_dx) {
     RETURN_IF_ERROR_(engine_.Run(GradInputShape(m, v, k, CudaType(args.dx_dtype)),
-                                 GemmOperands{*g, w->data(), dx, 1.0f, 0.0f}, gs));
+                                 GemmOperands{g, w->data(), dx, 1.0f, 0.0f}, gs));
     // dX goes home while dW computes.
     RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[0].get(), cs), "backward: cudaEventRecord");
     RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(ss, c.block_done[0].get(), 0),
@@ -241,13 +281,13 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
     absl::StatusOr<float*> buffer = GradientBuffer(gradient, *w, cs, "backward");
     if (!buffer.ok()) return buffer.status();
     RETURN_IF_ERROR_(engine_.Run(GradWeightShape(m, v, k, CUDA_R_32F),
-                                 GemmOperands{*g, x, *buffer, 1.0f, 1.0f}, gs));
+                                 GemmOperands{g, x, *buffer, 1.0f, 1.0f}, gs));
     RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "backward(", shape, "): accumulate dw");
     gradient.CountCall();
   } else if (want_dw) {
     RETURN_IF_ERROR_(engine_.Run(GradWeightShape(m, v, k, CudaType(args.dw_dtype)),
-                                 GemmOperands{*g, x, dw, 1.0f, 0.0f}, gs));
+                                 GemmOperands{g, x, dw, 1.0f, 0.0f}, gs));
     RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
     RETURN_IF_CUDA_ERROR(
         cudaMemcpyAsync(args.dw, dw, static_cast<std::size_t>(v * k) * ElementSize(args.dw_dtype),

@@ -447,6 +447,32 @@ absl::StatusOr<std::vector<AlgoChoice>> GemmEngine::ListCandidates(const GemmSha
   return candidates;
 }
 
+namespace {
+
+struct Fastest {
+  int index = -1;  // into the candidates
+  double median_us = 0;
+};
+
+// The candidate (live[j]) whose times[j] have the smallest median. Candidates
+// come in the heuristic's order: a later one must win by `margin` (a
+// fraction), so that noise rarely moves the choice between processes.
+Fastest FastestByMedian(const std::vector<int>& live, std::vector<std::vector<double>>& times,
+                        double margin) {
+  Fastest best;
+  for (std::size_t j = 0; j < live.size(); ++j) {
+    std::sort(times[j].begin(), times[j].end());
+    const double median = times[j][times[j].size() / 2];
+    if (best.index < 0 || median < best.median_us * (1.0 - margin)) {
+      best.index = live[j];
+      best.median_us = median;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
 absl::StatusOr<AlgoChoice> GemmEngine::Choose(const GemmShape& shape, const GemmOperands& o,
                                               const GemmStream& s, const RawHandles& h) {
   auto listed = ListCandidates(shape, o, s, h);
@@ -512,21 +538,10 @@ absl::StatusOr<AlgoChoice> GemmEngine::Choose(const GemmShape& shape, const Gemm
                          "cudaEventElapsedTime");
     times[k % live.size()].push_back(1000.0 * ms);
   }
-  int best = -1;
-  double best_us = 0;
-  for (std::size_t j = 0; j < live.size(); ++j) {
-    std::sort(times[j].begin(), times[j].end());
-    const double median = times[j][times[j].size() / 2];
-    // Candidates come in the heuristic's order: a later one must win by a
-    // margin, so that noise rarely moves the choice between processes.
-    if (best < 0 || median < best_us * (1.0 - options_.tune_margin)) {
-      best = live[j];
-      best_us = median;
-    }
-  }
-  AlgoChoice winner = candidates[static_cast<std::size_t>(best)];
+  const Fastest fastest = FastestByMedian(live, times, options_.tune_margin);
+  AlgoChoice winner = candidates[static_cast<std::size_t>(fastest.index)];
   winner.timed = static_cast<int>(live.size());
-  winner.time_us = best_us;
+  winner.time_us = fastest.median_us;
   return winner;
 }
 
