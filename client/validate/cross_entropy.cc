@@ -153,6 +153,32 @@ struct NumericCase {
   DType targets_dtype = DType::kInt64;
 };
 
+// The first call of a numeric case (reduction none, every output), offered
+// for --replay.
+void OfferNumericReplay(RunContext& ctx, const NumericCase& nc, const CeShapes& s,
+                        const NormalData& d, const CeRequest& none, const CeWants& all,
+                        const client::CrossEntropyResult& r_none) {
+  Replay replay;
+  replay.suite = kSuite;
+  replay.description =
+      absl::StrCat("CrossEntropy ", nc.name, ", reduction none, lse, dX, dW, V=", s.v);
+  const DType td = nc.targets_dtype;
+  replay.send = [x = d.x, w = d.w, none, all,
+                 td](client::Client& c) -> absl::StatusOr<std::vector<Tensor>> {
+    absl::StatusOr<ScopedWeight> again = ScopedWeight::Register(c, *w, "cross_entropy_replay");
+    if (!again.ok()) return again.status();
+    absl::StatusOr<client::CrossEntropyResult> res =
+        Send(c, *x, none, td, again->handle(), all, false, "replay");
+    if (!res.ok()) return res.status();
+    return Outputs(*std::move(res));
+  };
+  replay.first.push_back(r_none.loss.Clone());
+  if (r_none.lse) replay.first.push_back(r_none.lse->Clone());
+  if (r_none.dx) replay.first.push_back(r_none.dx->Clone());
+  if (r_none.dw) replay.first.push_back(r_none.dw->Clone());
+  ctx.OfferReplay(std::move(replay));
+}
+
 absl::Status RunNumeric(RunContext& ctx, CaseResult& r, const NumericCase& nc) {
   PhaseTimer timer(&r);
   const CeShapes s = ShapesOf(ctx.options());
@@ -188,27 +214,7 @@ absl::Status RunNumeric(RunContext& ctx, CaseResult& r, const NumericCase& nc) {
   absl::StatusOr<client::CrossEntropyResult> r_none =
       Send(ctx, *d.x, none, nc.targets_dtype, handle, all, false, "none");
   if (!r_none.ok()) return r_none.status();
-  if (ctx.WantsReplay(kSuite)) {
-    Replay replay;
-    replay.suite = kSuite;
-    replay.description =
-        absl::StrCat("CrossEntropy ", nc.name, ", reduction none, lse, dX, dW, V=", s.v);
-    const DType td = nc.targets_dtype;
-    replay.send = [x = d.x, w = d.w, none, all,
-                   td](client::Client& c) -> absl::StatusOr<std::vector<Tensor>> {
-      absl::StatusOr<ScopedWeight> again = ScopedWeight::Register(c, *w, "cross_entropy_replay");
-      if (!again.ok()) return again.status();
-      absl::StatusOr<client::CrossEntropyResult> res =
-          Send(c, *x, none, td, again->handle(), all, false, "replay");
-      if (!res.ok()) return res.status();
-      return Outputs(*std::move(res));
-    };
-    replay.first.push_back(r_none->loss.Clone());
-    if (r_none->lse) replay.first.push_back(r_none->lse->Clone());
-    if (r_none->dx) replay.first.push_back(r_none->dx->Clone());
-    if (r_none->dw) replay.first.push_back(r_none->dw->Clone());
-    ctx.OfferReplay(std::move(replay));
-  }
+  if (ctx.WantsReplay(kSuite)) OfferNumericReplay(ctx, nc, s, d, none, all, *r_none);
   absl::StatusOr<client::CrossEntropyResult> r_sum =
       Send(ctx, *d.x, sum, nc.targets_dtype, handle, {}, false, "sum");
   if (!r_sum.ok()) return r_sum.status();
@@ -435,6 +441,71 @@ struct ExactCase {
   float softcap = 0;
 };
 
+// The server's own Backward of the predicted G gives the same bits as the
+// cross-entropy's dX and dW (a): the elements that differ.
+absl::StatusOr<std::int64_t> CompareWithBackward(client::Client& c, const ExactGradients& want,
+                                                 const Tensor& x, const std::string& handle,
+                                                 const client::CrossEntropyResult& a,
+                                                 CaseResult& r) {
+  client::BackwardOptions bo;
+  bo.dx_dtype = DType::kFp32;
+  absl::StatusOr<client::BackwardResult> back = c.Backward(want.g, x, handle, bo);
+  if (!back.ok()) return Annotate(back.status(), "Backward(predicted G)");
+  std::int64_t backward_differing = 0;
+  if (a.dx && a.dw && back->dx && back->dw) {
+    const BitwiseComparison cx = CompareTensors(*a.dx, *back->dx);
+    const BitwiseComparison cw = CompareTensors(*a.dw, *back->dw);
+    backward_differing = cx.differing + cw.differing;
+    r.Check(cx.differing == 0,
+            absl::StrCat("CrossEntropy's dX differs from Backward's dX for the same G: ",
+                         cx.Describe(a.dx->shape())));
+    r.Check(cw.differing == 0,
+            absl::StrCat("CrossEntropy's dW differs from Backward's dW for the same G: ",
+                         cw.Describe(a.dw->shape())));
+  }
+  r.figures["differing_vs_backward"] = backward_differing;
+  return backward_differing;
+}
+
+// Twice into the server-held buffer: exactly 2·dW. The elements that differ,
+// -1 when the fetched dW has the wrong shape or dtype.
+absl::StatusOr<std::int64_t> CheckAccumulatedTwice(client::Client& c, const ExactGradients& want,
+                                                   const ExactData& d, const CeRequest& rq,
+                                                   const std::string& handle, CaseResult& r) {
+  const std::int64_t v = d.w.dim(0), k = d.w.dim(1);
+  const absl::Status zero = c.ZeroGradient(handle);
+  if (!zero.ok() && zero.code() != absl::StatusCode::kNotFound &&
+      zero.code() != absl::StatusCode::kFailedPrecondition) {
+    return Annotate(zero, "ZeroGradient");
+  }
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<client::CrossEntropyResult> acc =
+        Send(c, d.x, rq, DType::kInt64, handle, {false, false, true, DType::kBf16}, true,
+             "accumulate_dw");
+    if (!acc.ok()) return acc.status();
+    r.Check(!acc->dw.has_value(), "accumulate_dw: dW returned although accumulated");
+  }
+  absl::StatusOr<client::GradientResult> fetched = c.FetchGradient(handle, true);
+  if (!fetched.ok()) return Annotate(fetched.status(), "FetchGradient");
+  r.figures["accumulated_calls"] = fetched->accumulated_calls;
+  r.Check(fetched->accumulated_calls == 2,
+          absl::StrCat("FetchGradient counts ", fetched->accumulated_calls,
+                       " accumulated calls after ZeroGradient and 2 accumulating CrossEntropy "
+                       "calls"));
+  std::int64_t acc_differing = -1;
+  if (CheckTensor(r, fetched->dw, DType::kFp32, {v, k}, "FetchGradient dW")) {
+    std::vector<float> twice(want.dw.size());
+    for (std::size_t i = 0; i < twice.size(); ++i) twice[i] = 2 * want.dw[i];
+    const BitwiseComparison cmp =
+        CompareWith(fetched->dw, twice.data(), static_cast<std::int64_t>(twice.size()));
+    acc_differing = cmp.differing;
+    r.Check(cmp.differing == 0, absl::StrCat("dW accumulated twice differs from 2·(exact Gᵀ·X): ",
+                                             cmp.Describe(fetched->dw.shape())));
+  }
+  r.figures["differing_accumulated"] = acc_differing;
+  return acc_differing;
+}
+
 absl::Status RunExact(RunContext& ctx, CaseResult& r, const ExactCase& ec) {
   PhaseTimer timer(&r);
   const CeShapes s = ShapesOf(ctx.options());
@@ -487,56 +558,11 @@ absl::Status RunExact(RunContext& ctx, CaseResult& r, const ExactCase& ec) {
   CheckExactGradients(*want, *a, fp32, r, "fp32_dx");
   CheckExactGradients(*want, *b, bf16, r, "bf16_dx");
 
-  // The server's own Backward of the predicted G gives the same bits.
-  client::BackwardOptions bo;
-  bo.dx_dtype = DType::kFp32;
-  absl::StatusOr<client::BackwardResult> back = c.Backward(want->g, d->x, handle, bo);
-  if (!back.ok()) return Annotate(back.status(), "Backward(predicted G)");
-  std::int64_t backward_differing = 0;
-  if (a->dx && a->dw && back->dx && back->dw) {
-    const BitwiseComparison cx = CompareTensors(*a->dx, *back->dx);
-    const BitwiseComparison cw = CompareTensors(*a->dw, *back->dw);
-    backward_differing = cx.differing + cw.differing;
-    r.Check(cx.differing == 0,
-            absl::StrCat("CrossEntropy's dX differs from Backward's dX for the same G: ",
-                         cx.Describe(a->dx->shape())));
-    r.Check(cw.differing == 0,
-            absl::StrCat("CrossEntropy's dW differs from Backward's dW for the same G: ",
-                         cw.Describe(a->dw->shape())));
-  }
-  r.figures["differing_vs_backward"] = backward_differing;
-
-  // Twice into the server-held buffer: exactly 2·dW.
-  const absl::Status zero = c.ZeroGradient(handle);
-  if (!zero.ok() && zero.code() != absl::StatusCode::kNotFound &&
-      zero.code() != absl::StatusCode::kFailedPrecondition) {
-    return Annotate(zero, "ZeroGradient");
-  }
-  for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<client::CrossEntropyResult> acc =
-        Send(c, d->x, rq, DType::kInt64, handle, {false, false, true, DType::kBf16}, true,
-             "accumulate_dw");
-    if (!acc.ok()) return acc.status();
-    r.Check(!acc->dw.has_value(), "accumulate_dw: dW returned although accumulated");
-  }
-  absl::StatusOr<client::GradientResult> fetched = c.FetchGradient(handle, true);
-  if (!fetched.ok()) return Annotate(fetched.status(), "FetchGradient");
-  r.figures["accumulated_calls"] = fetched->accumulated_calls;
-  r.Check(fetched->accumulated_calls == 2,
-          absl::StrCat("FetchGradient counts ", fetched->accumulated_calls,
-                       " accumulated calls after ZeroGradient and 2 accumulating CrossEntropy "
-                       "calls"));
-  std::int64_t acc_differing = -1;
-  if (CheckTensor(r, fetched->dw, DType::kFp32, {s.exact_v, s.exact_k}, "FetchGradient dW")) {
-    std::vector<float> twice(want->dw.size());
-    for (std::size_t i = 0; i < twice.size(); ++i) twice[i] = 2 * want->dw[i];
-    const BitwiseComparison cmp =
-        CompareWith(fetched->dw, twice.data(), static_cast<std::int64_t>(twice.size()));
-    acc_differing = cmp.differing;
-    r.Check(cmp.differing == 0, absl::StrCat("dW accumulated twice differs from 2·(exact Gᵀ·X): ",
-                                             cmp.Describe(fetched->dw.shape())));
-  }
-  r.figures["differing_accumulated"] = acc_differing;
+  absl::StatusOr<std::int64_t> backward_differing =
+      CompareWithBackward(c, *want, d->x, handle, *a, r);
+  if (!backward_differing.ok()) return backward_differing.status();
+  absl::StatusOr<std::int64_t> acc_differing = CheckAccumulatedTwice(c, *want, *d, rq, handle, r);
+  if (!acc_differing.ok()) return acc_differing.status();
   timer.Lap("compare");
 
   std::int64_t differing = 0;
@@ -550,11 +576,11 @@ absl::Status RunExact(RunContext& ctx, CaseResult& r, const ExactCase& ec) {
   table.dw_rel_frobenius = table.dw_worst_fraction = std::nan("");
   PutTable(r, table);
   r.figures["table"]["bitwise_differing"] =
-      differing + backward_differing + std::max<std::int64_t>(acc_differing, 0);
+      differing + *backward_differing + std::max<std::int64_t>(*acc_differing, 0);
   r.summary = absl::StrFormat(
       "%d dX/dW elements differ from exact bf16-G sums, %d from Backward, %d accumulated; "
       "loss err %.2g ulp",
-      differing, backward_differing, acc_differing, table.loss_max_ulp);
+      differing, *backward_differing, *acc_differing, table.loss_max_ulp);
   return absl::OkStatus();
 }
 

@@ -235,20 +235,14 @@ CeReference ComputeReference(const Tensor& x, const Tensor& w, const CeRequest& 
 // ---------------------------------------------------------------------------
 // Checks
 
-CeErrors CheckAgainstReference(const CeReference& ref, const CeRequest& request, const Tensor& x,
-                               const Tensor& w, const client::CrossEntropyResult& got,
-                               const CeWants& wants, CaseResult& r, const std::string& label) {
-  CeErrors e;
-  const std::int64_t m = ref.m, v = ref.v, k = x.dim(1);
-  nlohmann::ordered_json fig;
-  const std::string what = absl::StrCat(label, ": ");
+namespace {
 
-  r.Check(got.counted_tokens == ref.counted,
-          absl::StrCat(what, "counted_tokens is ", got.counted_tokens, ", expected ", ref.counted,
-                       " (tokens whose target is not ignore_index ", request.ignore_index, ")"));
-  fig["counted_tokens"] = got.counted_tokens;
-
-  // Loss.
+// The parts of CheckAgainstReference, one output each: `what` prefixes every
+// message, `fig` collects the figures, `e` the errors.
+void CheckLoss(const CeReference& ref, const CeRequest& request,
+               const client::CrossEntropyResult& got, CaseResult& r, const std::string& what,
+               nlohmann::ordered_json& fig, CeErrors& e) {
+  const std::int64_t m = ref.m;
   const bool per_token = request.reduction == client::Reduction::kNone;
   const std::vector<std::int64_t> loss_shape =
       per_token ? std::vector<std::int64_t>{m} : std::vector<std::int64_t>{1};
@@ -288,8 +282,12 @@ CeErrors CheckAgainstReference(const CeReference& ref, const CeRequest& request,
       e.violations += loss.violations;
     }
   }
+}
 
-  // lse, for every token: it is defined whatever the target.
+// lse, for every token: it is defined whatever the target.
+void CheckLse(const CeReference& ref, const client::CrossEntropyResult& got, const CeWants& wants,
+              CaseResult& r, const std::string& what, nlohmann::ordered_json& fig, CeErrors& e) {
+  const std::int64_t m = ref.m;
   if (!wants.lse) {
     r.Check(!got.lse.has_value(), what + "lse returned although not asked for");
   } else if (r.Check(got.lse.has_value(), what + "lse asked for but not returned") &&
@@ -306,8 +304,12 @@ CeErrors CheckAgainstReference(const CeReference& ref, const CeRequest& request,
     e.lse_worst_fraction = lse.worst;
     e.violations += lse.violations;
   }
+}
 
-  // dX.
+void CheckDx(const CeReference& ref, const CeRequest& request, const Tensor& w,
+             const client::CrossEntropyResult& got, const CeWants& wants, CaseResult& r,
+             const std::string& what, nlohmann::ordered_json& fig, CeErrors& e) {
+  const std::int64_t m = ref.m, v = ref.v, k = w.dim(1);
   if (!wants.dx) {
     r.Check(!got.dx.has_value(), what + "dX returned although not asked for");
   } else if (r.Check(got.dx.has_value(), what + "dX asked for but not returned") &&
@@ -348,8 +350,12 @@ CeErrors CheckAgainstReference(const CeReference& ref, const CeRequest& request,
                             "the unit roundoff of the bf16 G)",
                             what, e.dx_rel_frobenius, kMaxGradRelFrobenius));
   }
+}
 
-  // dW.
+void CheckDw(const CeReference& ref, const Tensor& x, const client::CrossEntropyResult& got,
+             const CeWants& wants, CaseResult& r, const std::string& what,
+             nlohmann::ordered_json& fig, CeErrors& e) {
+  const std::int64_t m = ref.m, v = ref.v, k = x.dim(1);
   const bool dw_returned = wants.dw;
   if (!dw_returned) {
     r.Check(!got.dw.has_value(), what + "dW returned although not asked for (or accumulated)");
@@ -375,6 +381,26 @@ CeErrors CheckAgainstReference(const CeReference& ref, const CeRequest& request,
                             "the unit roundoff of the bf16 G)",
                             what, e.dw_rel_frobenius, kMaxGradRelFrobenius));
   }
+}
+
+}  // namespace
+
+CeErrors CheckAgainstReference(const CeReference& ref, const CeRequest& request, const Tensor& x,
+                               const Tensor& w, const client::CrossEntropyResult& got,
+                               const CeWants& wants, CaseResult& r, const std::string& label) {
+  CeErrors e;
+  nlohmann::ordered_json fig;
+  const std::string what = absl::StrCat(label, ": ");
+
+  r.Check(got.counted_tokens == ref.counted,
+          absl::StrCat(what, "counted_tokens is ", got.counted_tokens, ", expected ", ref.counted,
+                       " (tokens whose target is not ignore_index ", request.ignore_index, ")"));
+  fig["counted_tokens"] = got.counted_tokens;
+
+  CheckLoss(ref, request, got, r, what, fig, e);
+  CheckLse(ref, got, wants, r, what, fig, e);
+  CheckDx(ref, request, w, got, wants, r, what, fig, e);
+  CheckDw(ref, x, got, wants, r, what, fig, e);
   fig["violations"] = e.violations;
   r.figures[label] = std::move(fig);
   return e;
