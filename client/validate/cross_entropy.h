@@ -42,18 +42,9 @@ struct CeRequest {
   }
 };
 
-struct CeReference {
-  std::int64_t m = 0;
-  std::int64_t v = 0;
-  std::int64_t counted = 0;
-  // What dL/dz is multiplied by: grad_scale, divided by `counted` for a mean.
-  double scale = 0;
-  // Per token: values and bounds on |server − value|. Ignored tokens have
-  // loss 0 with bound 0; their lse is that of the row like any other.
-  std::vector<double> lse, lse_bound, loss, loss_bound;
-  // The reduced loss (sum or mean over counted tokens; NaN mean when none
-  // counts) and its bound. For Reduction::kNone the sum is still filled.
-  double sum = 0, sum_bound = 0, mean = 0, mean_bound = 0;
+// The reference library's values and bounds (logitd/reference/cross_entropy.h;
+// for Reduction::kNone the sum is still filled), and the gradient whole.
+struct CeReference : CrossEntropyReference {
   // [M, V]: the exact pre-cast gradient g = dL/dy · scale (0 on ignored
   // rows), and a bound on |g_fp32 − g| for the server's fp32 value of it
   // before the bf16 cast.

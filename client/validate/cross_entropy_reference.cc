@@ -201,34 +201,16 @@ Tensor CeRequest::TargetsTensor(DType dtype) const {
 CeReference ComputeReference(const Tensor& x, const Tensor& w, const CeRequest& request,
                              LogitModel logits) {
   const std::int64_t m = x.dim(0), k = x.dim(1), v = w.dim(0);
-  LmHeadInputs in;
-  in.x = x.data<Bf16Bits>();
-  in.w = w.data<Bf16Bits>();
-  in.m = m;
-  in.v = v;
-  in.k = k;
-  CrossEntropyReference lib;
+  LmHeadInputs in = LmHeadInputs::Forward(x.data<Bf16Bits>(), w.data<Bf16Bits>(), m, v, k);
   CeReference ref;
   ref.g.resize(static_cast<std::size_t>(m * v));
   ref.g_pre_err.resize(ref.g.size());
   ReferenceCrossEntropy(
-      in, request.targets.data(), request.ReferenceOptions(), logits, &lib,
+      in, request.targets.data(), request.ReferenceOptions(), logits, &ref,
       [&](std::int64_t row0, std::int64_t rows, const double* g, const double* g_pre_err) {
         std::copy(g, g + rows * v, ref.g.begin() + row0 * v);
         std::copy(g_pre_err, g_pre_err + rows * v, ref.g_pre_err.begin() + row0 * v);
       });
-  ref.m = lib.m;
-  ref.v = lib.v;
-  ref.counted = lib.counted;
-  ref.scale = lib.scale;
-  ref.lse = std::move(lib.lse);
-  ref.lse_bound = std::move(lib.lse_bound);
-  ref.loss = std::move(lib.loss);
-  ref.loss_bound = std::move(lib.loss_bound);
-  ref.sum = lib.sum;
-  ref.sum_bound = lib.sum_bound;
-  ref.mean = lib.mean;
-  ref.mean_bound = lib.mean_bound;
   return ref;
 }
 

@@ -238,12 +238,8 @@ LpErrors CheckLogProbs(const LpReference& ref, const LpRequest& request,
 
 LpReference ComputeLogProbsReference(const Tensor& x, const Tensor& w, const LpRequest& request,
                                      LogitModel logits) {
-  LmHeadInputs in;
-  in.x = x.data<Bf16Bits>();
-  in.w = w.data<Bf16Bits>();
-  in.m = x.dim(0);
-  in.v = w.dim(0);
-  in.k = x.dim(1);
+  LmHeadInputs in =
+      LmHeadInputs::Forward(x.data<Bf16Bits>(), w.data<Bf16Bits>(), x.dim(0), w.dim(0), x.dim(1));
   LpReference ref;
   std::vector<double> z;
   ReferenceLogProbs(in, request.targets.empty() ? nullptr : request.targets.data(),

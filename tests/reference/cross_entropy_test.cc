@@ -13,9 +13,12 @@
 
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
+#include "tests/reference/random_lm_head.h"
 
 namespace logitd {
 namespace {
+
+using Random = RandomLmHead;
 
 std::vector<Bf16Bits> Bf16Of(const std::vector<float>& values) {
   std::vector<Bf16Bits> out;
@@ -23,22 +26,9 @@ std::vector<Bf16Bits> Bf16Of(const std::vector<float>& values) {
   return out;
 }
 
-std::vector<Bf16Bits> RandomBf16(std::int64_t n, float stddev, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, stddev);
-  std::vector<Bf16Bits> out(static_cast<std::size_t>(n));
-  for (Bf16Bits& b : out) b = FloatToBf16(normal(rng));
-  return out;
-}
-
 LmHeadInputs Inputs(const std::vector<Bf16Bits>& x, const std::vector<Bf16Bits>& w, std::int64_t m,
                     std::int64_t v, std::int64_t k) {
-  LmHeadInputs in;
-  in.x = x.data();
-  in.w = w.data();
-  in.m = m;
-  in.v = v;
-  in.k = k;
-  return in;
+  return LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
 }
 
 // The reference with g and its bound gathered whole.
@@ -193,23 +183,8 @@ TEST(CrossEntropyReferenceTest, IgnoredTokensAndReductions) {
   for (double g : nothing.g) EXPECT_EQ(g, 0.0);
 }
 
-struct Random {
-  std::vector<Bf16Bits> x, w;
-  std::vector<std::int64_t> targets;
-  std::int64_t m, v, k;
-};
-
 Random MakeRandom(std::int64_t m, std::int64_t v, std::int64_t k, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Random r{RandomBf16(m * k, 1.0f, rng),
-           RandomBf16(v * k, 2.0f / std::sqrt(float(k)), rng),
-           {},
-           m,
-           v,
-           k};
-  std::uniform_int_distribution<std::int64_t> id(0, v - 1);
-  for (std::int64_t i = 0; i < m; ++i) r.targets.push_back(i % 4 == 3 ? -100 : id(rng));
-  return r;
+  return MakeRandomLmHead(m, v, k, 2.0f / std::sqrt(static_cast<float>(k)), 4, 3, seed);
 }
 
 void ExpectSameBits(const Gathered& a, const Gathered& b) {
@@ -227,7 +202,7 @@ void ExpectSameBits(const Gathered& a, const Gathered& b) {
 
 TEST(CrossEntropyReferenceTest, BlocksOfRowsGiveTheSameBits) {
   const Random d = MakeRandom(23, 300, 40, 7);
-  const LmHeadInputs in = Inputs(d.x, d.w, d.m, d.v, d.k);
+  const LmHeadInputs in = d.in();
   CeReferenceOptions o;
   o.z_loss = 1e-3f;
   o.logit_softcap = 15.0f;
@@ -246,7 +221,7 @@ TEST(CrossEntropyReferenceTest, BlocksOfRowsGiveTheSameBits) {
 
 TEST(CrossEntropyReferenceTest, WithoutAGradientSinkTheTokensAreTheSame) {
   const Random d = MakeRandom(9, 128, 16, 3);
-  const LmHeadInputs in = Inputs(d.x, d.w, d.m, d.v, d.k);
+  const LmHeadInputs in = d.in();
   const CeReferenceOptions o;
   const Gathered with = Gather(in, d.targets, o, LogitModel::kFp32Sum);
   CrossEntropyReference without;
@@ -258,7 +233,7 @@ TEST(CrossEntropyReferenceTest, WithoutAGradientSinkTheTokensAreTheSame) {
 
 TEST(CrossEntropyReferenceTest, StopEndsBetweenBlocks) {
   const Random d = MakeRandom(8, 64, 16, 5);
-  const LmHeadInputs in = Inputs(d.x, d.w, d.m, d.v, d.k);
+  const LmHeadInputs in = d.in();
   int blocks = 0;
   CrossEntropyReference ref;
   EXPECT_FALSE(ReferenceCrossEntropy(
@@ -270,7 +245,7 @@ TEST(CrossEntropyReferenceTest, StopEndsBetweenBlocks) {
 
 TEST(CrossEntropyReferenceTest, ANaNStaysInItsRow) {
   Random d = MakeRandom(6, 50, 12, 11);
-  const LmHeadInputs in = Inputs(d.x, d.w, d.m, d.v, d.k);
+  const LmHeadInputs in = d.in();
   CeReferenceOptions o;
   o.reduction = CeReduction::kNone;
   const Gathered clean = Gather(in, d.targets, o, LogitModel::kFp32Sum);
@@ -334,7 +309,7 @@ Naive NaiveCrossEntropy(const Random& d, const CeReferenceOptions& o) {
 
 TEST(CrossEntropyReferenceTest, RandomCaseAgreesWithLongDouble) {
   const Random d = MakeRandom(17, 211, 64, 21);
-  const LmHeadInputs in = Inputs(d.x, d.w, d.m, d.v, d.k);
+  const LmHeadInputs in = d.in();
   for (const auto& [zl, cap, reduction] :
        {std::tuple{0.0f, 0.0f, CeReduction::kSum}, std::tuple{1e-3f, 20.0f, CeReduction::kMean}}) {
     CeReferenceOptions o;

@@ -13,19 +13,16 @@
 
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
+#include "tests/reference/random_lm_head.h"
 
 namespace logitd {
 namespace {
 
+using Random = RandomLmHead;
+
 LmHeadInputs Inputs(const std::vector<Bf16Bits>& x, const std::vector<Bf16Bits>& w, std::int64_t m,
                     std::int64_t v, std::int64_t k) {
-  LmHeadInputs in;
-  in.x = x.data();
-  in.w = w.data();
-  in.m = m;
-  in.v = v;
-  in.k = k;
-  return in;
+  return LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
 }
 
 // Logits given row by row: x_i = e_i (one-hot over M), w_j = the column j
@@ -148,25 +145,8 @@ TEST(LogProbsReferenceTest, IgnoredTokensNoTargetsAndAShorterVocabulary) {
   EXPECT_EQ(none.ref.lse, r.ref.lse);
 }
 
-struct Random {
-  std::vector<Bf16Bits> x, w;
-  std::vector<std::int64_t> targets;
-  std::int64_t m, v, k;
-};
-
 Random MakeRandom(std::int64_t m, std::int64_t v, std::int64_t k, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  Random r;
-  r.m = m;
-  r.v = v;
-  r.k = k;
-  for (std::int64_t i = 0; i < m * k; ++i) r.x.push_back(FloatToBf16(normal(rng)));
-  const float scale = 3.0f / std::sqrt(static_cast<float>(k));
-  for (std::int64_t i = 0; i < v * k; ++i) r.w.push_back(FloatToBf16(scale * normal(rng)));
-  std::uniform_int_distribution<std::int64_t> id(0, v - 1);
-  for (std::int64_t i = 0; i < m; ++i) r.targets.push_back(i % 5 == 2 ? -100 : id(rng));
-  return r;
+  return MakeRandomLmHead(m, v, k, 3.0f / std::sqrt(static_cast<float>(k)), 5, 2, seed);
 }
 
 void ExpectSameBits(const Gathered& a, const Gathered& b) {
@@ -187,7 +167,7 @@ void ExpectSameBits(const Gathered& a, const Gathered& b) {
 
 TEST(LogProbsReferenceTest, BlocksOfRowsGiveTheSameBits) {
   const Random d = MakeRandom(19, 257, 48, 13);
-  const LmHeadInputs in = Inputs(d.x, d.w, d.m, d.v, d.k);
+  const LmHeadInputs in = d.in();
   LpReferenceOptions o;
   o.temperature = 0.7f;
   o.logit_softcap = 30.0f;
@@ -207,7 +187,7 @@ TEST(LogProbsReferenceTest, BlocksOfRowsGiveTheSameBits) {
 
 TEST(LogProbsReferenceTest, RandomCaseAgreesWithLongDouble) {
   const Random d = MakeRandom(15, 301, 64, 17);
-  const LmHeadInputs in = Inputs(d.x, d.w, d.m, d.v, d.k);
+  const LmHeadInputs in = d.in();
   LpReferenceOptions o;
   o.temperature = 0.7f;
   o.logit_softcap = 20.0f;

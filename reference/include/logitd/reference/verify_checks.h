@@ -28,6 +28,18 @@ struct LmHeadInputs {
   std::int64_t m = 0;
   std::int64_t v = 0;
   std::int64_t k = 0;
+
+  // Logits' inputs (no dY).
+  static LmHeadInputs Forward(const Bf16Bits* x, const Bf16Bits* w, std::int64_t m, std::int64_t v,
+                              std::int64_t k) {
+    LmHeadInputs in;
+    in.x = x;
+    in.w = w;
+    in.m = m;
+    in.v = v;
+    in.k = k;
+    return in;
+  }
 };
 
 // Rows of M to check: all of them when empty.
