@@ -42,12 +42,15 @@
 
 #include "logitd/reference/cross_entropy.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "logit_rows.h"
+#include "logitd/bf16.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd {
@@ -221,6 +224,102 @@ double GradientProductGamma(std::int64_t n) {
 
 double GradientProductCoefficient(double g, double g_pre_err, double gamma) {
   return CastGradientError(g, g_pre_err) + gamma * CastGradientMagnitude(g, g_pre_err);
+}
+
+namespace {
+
+// Rows of a gradient product's output per block: at most
+// kReferenceBlockElements elements of the widest operand row.
+std::int64_t GradientBlockRows(std::int64_t a, std::int64_t b) {
+  return std::max<std::int64_t>(
+      1, kReferenceBlockElements / std::max<std::int64_t>(1, std::max(a, b)));
+}
+
+}  // namespace
+
+bool CrossEntropyGradInputReference(const double* g, const double* g_pre_err, std::int64_t m,
+                                    Bf16Matrix w, bool dx_bf16, const RowBlockSink& sink,
+                                    const StopCheck& stop) {
+  const std::int64_t v = w.rows, k = w.cols;
+  const double gamma = GradientProductGamma(v);
+  const std::int64_t block = GradientBlockRows(v, k);
+  std::vector<double> gb, cb, value, scratch, bound;
+  for (std::int64_t r0 = 0; r0 < m; r0 += block) {
+    if (stop && stop()) return false;
+    const std::int64_t rows = std::min(block, m - r0);
+    const std::size_t n = static_cast<std::size_t>(rows * v);
+    const std::size_t first = static_cast<std::size_t>(r0 * v);
+    gb.assign(g + first, g + first + n);
+    cb.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      cb[i] = GradientProductCoefficient(g[first + i], g_pre_err[first + i], gamma);
+    }
+    value.resize(static_cast<std::size_t>(rows * k));
+    scratch.resize(value.size());
+    bound.resize(value.size());
+    ReferenceGW(gb, rows, w, value.data(), nullptr);
+    // C ≥ 0, so Σ|C|·|W| is C·|W|.
+    ReferenceGW(cb, rows, w, scratch.data(), bound.data());
+    if (dx_bf16) {
+      for (std::size_t i = 0; i < bound.size(); ++i) {
+        bound[i] += kBf16UnitRoundoff * (std::fabs(value[i]) + bound[i]) + kBf16Underflow;
+      }
+    }
+    sink(r0, rows, value.data(), bound.data());
+  }
+  return true;
+}
+
+bool CrossEntropyGradWeightReference(const double* g, const double* g_pre_err, const Bf16Bits* x,
+                                     std::int64_t m, std::int64_t v, std::int64_t k,
+                                     const RowBlockSink& sink, const StopCheck& stop) {
+  const double gamma = GradientProductGamma(m);
+  std::vector<double> xd(static_cast<std::size_t>(m * k)), x_abs(xd.size());
+  for (std::size_t i = 0; i < xd.size(); ++i) {
+    xd[i] = Bf16ToFloat(x[i]);
+    x_abs[i] = std::fabs(xd[i]);
+  }
+  std::vector<double> c(static_cast<std::size_t>(m * v));
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    c[i] = GradientProductCoefficient(g[i], g_pre_err[i], gamma);
+  }
+  const std::int64_t block = GradientBlockRows(k, 1);
+  std::vector<double> value(static_cast<std::size_t>(std::min(block, v) * k));
+  std::vector<double> bound(value.size());
+  for (std::int64_t r0 = 0; r0 < v; r0 += block) {
+    if (stop && stop()) return false;
+    const std::int64_t rows = std::min(block, v - r0);
+    // Rows r0.. of dW are columns r0.. of G: Gᵀ's block through lda = v.
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(k), static_cast<int>(m), 1.0, g + r0, static_cast<int>(v),
+                xd.data(), static_cast<int>(k), 0.0, value.data(), static_cast<int>(k));
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(k), static_cast<int>(m), 1.0, c.data() + r0, static_cast<int>(v),
+                x_abs.data(), static_cast<int>(k), 0.0, bound.data(), static_cast<int>(k));
+    sink(r0, rows, value.data(), bound.data());
+  }
+  return true;
+}
+
+std::uint64_t CrossEntropyGradientReferenceBytes(std::int64_t m, std::int64_t v, std::int64_t k,
+                                                 bool dx, bool dw) {
+  constexpr std::uint64_t kDouble = sizeof(double);
+  const std::uint64_t um = static_cast<std::uint64_t>(m), uv = static_cast<std::uint64_t>(v),
+                      uk = static_cast<std::uint64_t>(k);
+  std::uint64_t bytes = 0;
+  if (dx) {
+    // A block's g and C, three [rows, K] results, and ReferenceGW's
+    // widened block of W.
+    const std::uint64_t rows = std::min(um, static_cast<std::uint64_t>(GradientBlockRows(v, k)));
+    bytes = std::max<std::uint64_t>(
+        bytes, (2 * rows * uv + 3 * rows * uk) * kDouble + 2 * kReferenceBlockElements * kDouble);
+  }
+  if (dw) {
+    // X widened with its magnitudes, C whole, a block's value and bound.
+    const std::uint64_t rows = std::min(uv, static_cast<std::uint64_t>(GradientBlockRows(k, 1)));
+    bytes = std::max<std::uint64_t>(bytes, (2 * um * uk + um * uv + 2 * rows * uk) * kDouble);
+  }
+  return bytes;
 }
 
 std::uint64_t CrossEntropyReferenceBytes(std::int64_t m, std::int64_t v, std::int64_t k,

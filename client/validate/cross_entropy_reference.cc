@@ -116,39 +116,6 @@ struct Tracker {
   }
 };
 
-// The bound coefficients of one gradient GEMM: |G − g| + γ_n·|G|.
-std::vector<double> BoundCoefficients(const CeReference& ref, std::int64_t n) {
-  const double gamma = GradientProductGamma(n);
-  std::vector<double> c(ref.g.size());
-  for (std::size_t i = 0; i < c.size(); ++i) {
-    c[i] = GradientProductCoefficient(ref.g[i], ref.g_pre_err[i], gamma);
-  }
-  return c;
-}
-
-// dW = Gᵀ·X and its bound Cᵀ·|X|, one block of rows of [V, K] at a time.
-void GradWBlocks(
-    const std::vector<double>& g, const std::vector<double>& c, const std::vector<double>& x,
-    std::int64_t m, std::int64_t v, std::int64_t k,
-    const std::function<void(std::int64_t, std::int64_t, const double*, const double*)>& sink) {
-  std::vector<double> x_abs(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) x_abs[i] = std::fabs(x[i]);
-  const std::int64_t block =
-      std::max<std::int64_t>(1, kReferenceBlockElements / std::max<std::int64_t>(1, k));
-  std::vector<double> value(static_cast<std::size_t>(std::min(block, v) * k));
-  std::vector<double> bound(value.size());
-  for (std::int64_t r0 = 0; r0 < v; r0 += block) {
-    const std::int64_t rows = std::min(block, v - r0);
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
-                static_cast<int>(k), static_cast<int>(m), 1.0, g.data() + r0, static_cast<int>(v),
-                x.data(), static_cast<int>(k), 0.0, value.data(), static_cast<int>(k));
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
-                static_cast<int>(k), static_cast<int>(m), 1.0, c.data() + r0, static_cast<int>(v),
-                x_abs.data(), static_cast<int>(k), 0.0, bound.data(), static_cast<int>(k));
-    sink(r0, rows, value.data(), bound.data());
-  }
-}
-
 }  // namespace
 
 bool CheckTensor(CaseResult& r, const Tensor& t, DType dtype,
@@ -291,7 +258,7 @@ void CheckLse(const CeReference& ref, const client::CrossEntropyResult& got, con
 void CheckDx(const CeReference& ref, const CeRequest& request, const Tensor& w,
              const client::CrossEntropyResult& got, const CeWants& wants, CaseResult& r,
              const std::string& what, nlohmann::ordered_json& fig, CeErrors& e) {
-  const std::int64_t m = ref.m, v = ref.v, k = w.dim(1);
+  const std::int64_t m = ref.m, k = w.dim(1);
   if (!wants.dx) {
     r.Check(!got.dx.has_value(), what + "dX returned although not asked for");
   } else if (r.Check(got.dx.has_value(), what + "dX asked for but not returned") &&
@@ -309,19 +276,14 @@ void CheckDx(const CeReference& ref, const CeRequest& request, const Tensor& w,
                          " elements are not, first at ", IndexString(first_nonzero, {m, k})));
     fig["dx_ignored_rows_nonzero"] = nonzero;
 
-    std::vector<double> dx_ref(static_cast<std::size_t>(m * k));
-    std::vector<double> dx_bound(dx_ref.size()), scratch(dx_ref.size());
-    ReferenceGW(ref.g, m, AsMatrix(w), dx_ref.data(), nullptr);
-    ReferenceGW(BoundCoefficients(ref, v), m, AsMatrix(w), scratch.data(), dx_bound.data());
     Tracker t;
-    for (std::int64_t i = 0; i < m * k; ++i) {
-      const std::size_t s = static_cast<std::size_t>(i);
-      double b = dx_bound[s];
-      if (dx.dtype() == DType::kBf16) {
-        b += kBf16UnitRoundoff * (std::fabs(dx_ref[s]) + b) + kBf16Underflow;
-      }
-      t.Add(i, dx.At(i), dx_ref[s], b);
-    }
+    CrossEntropyGradInputReference(
+        ref.g.data(), ref.g_pre_err.data(), m, AsMatrix(w), dx.dtype() == DType::kBf16,
+        [&](std::int64_t row0, std::int64_t rows, const double* value, const double* bound) {
+          for (std::int64_t j = 0; j < rows * k; ++j) {
+            t.Add(row0 * k + j, dx.At(row0 * k + j), value[j], bound[j]);
+          }
+        });
     t.Report(r, absl::StrCat(what, "dX ", DTypeName(dx.dtype())), {m, k});
     e.dx_rel_frobenius = t.RelFrobenius();
     e.dx_worst_fraction = t.worst;
@@ -345,8 +307,8 @@ void CheckDw(const CeReference& ref, const Tensor& x, const client::CrossEntropy
              CheckTensor(r, *got.dw, DType::kFp32, {v, k}, what + "dW")) {
     const Tensor& dw = *got.dw;
     Tracker t;
-    GradWBlocks(
-        ref.g, BoundCoefficients(ref, m), ToDouble(x), m, v, k,
+    CrossEntropyGradWeightReference(
+        ref.g.data(), ref.g_pre_err.data(), x.data<Bf16Bits>(), m, v, k,
         [&](std::int64_t row0, std::int64_t rows, const double* value, const double* bound) {
           for (std::int64_t j = 0; j < rows * k; ++j) {
             const std::int64_t i = row0 * k + j;

@@ -220,7 +220,9 @@ inputs (docs/PROTOCOL.md, "Verify").
   --weight=HANDLE     a registered weight, or
   --w=FILE[:TENSOR]   W bf16 [V, K] streamed for this call only
   --op=cross-entropy  candidates loss (fp32, [M] with --reduction=none, else
-                      [1]) and/or lse [M] of the fused cross-entropy
+                      [1]), lse [M], dx [M, K] (fp32 or bf16) and/or dw
+                      [V, K] (fp32) of the fused cross-entropy; the gradients
+                      under the contract G = bf16(dL/dlogits) once
   --op=logprobs       candidates logprob (needs --targets), lse and/or
                       entropy, fp32 [M]
   --dy=FILE[:TENSOR]  backward: dY fp32 or bf16 [M, V]
@@ -228,7 +230,8 @@ inputs (docs/PROTOCOL.md, "Verify").
                       cross-entropy, logprobs: target ids, int32 or int64 [M]
   --candidate=[NAME=]FILE[:TENSOR]
                       a candidate, named as the operation names its output
-                      (y; dx, dw; loss, lse; logprob, lse, entropy); NAME
+                      (y; dx, dw; loss, lse, dx, dw; logprob, lse,
+                      entropy); NAME
                       may be left out for logits, and for a tensor itself
                       named as an output; repeat for several
   --reduction=mean    cross-entropy: none, sum or mean

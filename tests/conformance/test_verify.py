@@ -166,11 +166,11 @@ def test_verify_bad_requests(conn, weights):
     e = expect_error(
         grpc.StatusCode.UNIMPLEMENTED,
         call,
-        pb.VERIFY_CROSS_ENTROPY,
-        [Tensor("dx", pb.DTYPE_FP32, x)],
+        pb.VERIFY_LOGPROBS,
+        [Tensor("rank", pb.DTYPE_FP32, y[:, 0])],
         inputs=(xt, targets),
     )
-    assert "'dx' is not checked yet" in e
+    assert "'rank' is not checked yet" in e
 
 
 def softmax_parts(x, w, targets, temperature=1.0):

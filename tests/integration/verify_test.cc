@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -472,6 +473,124 @@ TEST_F(VerifyTest, CrossEntropyReducedLossIsOneElement) {
   }
 }
 
+// The mean cross-entropy's dX and dW formed another way: fp32 logits summed
+// in reverse order, the softmax in double, g = (p − onehot)/counted cast to
+// bf16 once, then G·W and Gᵀ·X summed in fp32. `scale` multiplies g (1 for
+// the mean; `counted` gives the sum's gradient by mistake).
+std::pair<Tensor, Tensor> OtherCrossEntropyGradients(const Tensor& x, const Tensor& w,
+                                                     const Tensor& targets, double scale) {
+  const Tensor y = ReverseOrderLogits(x, w);
+  const std::int64_t m = y.dim(0), v = y.dim(1), k = x.dim(1);
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < m; ++i) counted += targets.data<std::int64_t>()[i] >= 0;
+  std::vector<float> g(static_cast<std::size_t>(m * v), 0.0f);
+  for (std::int64_t i = 0; i < m; ++i) {
+    const std::int64_t t = targets.data<std::int64_t>()[i];
+    if (t < 0) continue;
+    const float* row = y.data<float>() + i * v;
+    double mx = row[0], s = 0;
+    for (std::int64_t j = 1; j < v; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+    for (std::int64_t j = 0; j < v; ++j) s += std::exp(row[j] - mx);
+    for (std::int64_t j = 0; j < v; ++j) {
+      const double p = std::exp(row[j] - mx) / s;
+      g[static_cast<std::size_t>(i * v + j)] =
+          RoundToBf16(static_cast<float>((p - (j == t ? 1.0 : 0.0)) * scale / counted));
+    }
+  }
+  Tensor dx(DType::kFp32, {m, k});
+  Tensor dw(DType::kFp32, {v, k});
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t c = 0; c < k; ++c) {
+      float s = 0;
+      for (std::int64_t j = v - 1; j >= 0; --j) {
+        s += g[static_cast<std::size_t>(i * v + j)] * Bf16ToFloat(w.data<Bf16Bits>()[j * k + c]);
+      }
+      dx.data<float>()[i * k + c] = s;
+    }
+  }
+  for (std::int64_t j = 0; j < v; ++j) {
+    for (std::int64_t c = 0; c < k; ++c) {
+      float s = 0;
+      for (std::int64_t i = m - 1; i >= 0; --i) {
+        s += g[static_cast<std::size_t>(i * v + j)] * Bf16ToFloat(x.data<Bf16Bits>()[i * k + c]);
+      }
+      dw.data<float>()[j * k + c] = s;
+    }
+  }
+  return {std::move(dx), std::move(dw)};
+}
+
+TEST_F(VerifyTest, CrossEntropyGradientsOfLogitdAndOfAnotherImplementation) {
+  const Tensor w = NormalBf16({300, 96}, 41);
+  const Tensor x = NormalBf16({20, 96}, 42);
+  const Tensor targets = Targets(20, 300);
+  const std::string handle = Register(w, "verify-ce-grads");
+  client::CrossEntropyOptions o;
+  o.reduction = client::Reduction::kMean;
+  o.want_dx = true;
+  o.want_dw = true;
+  o.dx_dtype = DType::kFp32;
+  absl::StatusOr<client::CrossEntropyResult> own = client().CrossEntropy(x, targets, handle, o);
+  ASSERT_TRUE(own.ok()) << own.status();
+
+  VerifyArgs args = PerTokenArgs(VerifyOperation::kCrossEntropy, handle, x, targets);
+  args.cross_entropy = o;
+  args.candidates["loss"] = own->loss;
+  args.candidates["dx"] = *own->dx;
+  args.candidates["dw"] = *own->dw;
+  VerifyResult r = Verified(args);
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  ASSERT_NE(r.Find("dx"), nullptr);
+  ASSERT_NE(r.Find("dw"), nullptr);
+  EXPECT_EQ(r.Find("dx")->elements, 20 * 96);
+  EXPECT_EQ(r.Find("dw")->elements, 300 * 96);
+  EXPECT_EQ(r.Find("dw")->shape, (std::vector<std::int64_t>{300, 96}));
+
+  // Another implementation: within the bounds.
+  auto [dx, dw] = OtherCrossEntropyGradients(x, w, targets, 1.0);
+  args.candidates.erase("loss");
+  args.candidates["dx"] = dx;
+  args.candidates["dw"] = dw;
+  r = Verified(args);
+  EXPECT_TRUE(r.passed()) << r.verdict;
+  EXPECT_EQ(r.Find("dx")->outside_bound, 0);
+  EXPECT_EQ(r.Find("dw")->outside_bound, 0);
+  // Not bitwise logitd's, so the bound was used, and not trivially.
+  EXPECT_GT(r.Find("dx")->worst_bound_fraction, 0.0);
+  EXPECT_GT(r.Find("dw")->worst_bound_fraction, 0.0);
+  std::cerr << "other dx worst " << r.Find("dx")->worst_bound_fraction << " dw worst " << r.Find("dw")->worst_bound_fraction << "\n";
+
+  // One element of dW 1% off: outside, named.
+  Tensor off = Copy(dw);
+  off.data<float>()[7 * 96 + 5] *= 1.01f;
+  args.candidates["dw"] = off;
+  r = Verified(args);
+  EXPECT_EQ(r.verdict, "outside_bounds");
+  ASSERT_EQ(r.Find("dw")->first_outside.size(), 1u);
+  EXPECT_EQ(r.Find("dw")->first_outside[0].index, (std::vector<std::int64_t>{7, 5}));
+  EXPECT_EQ(r.Find("dx")->outside_bound, 0);
+
+  // The sum's gradient passed off as the mean's: every dX element outside.
+  auto [dx_sum, dw_sum] = OtherCrossEntropyGradients(x, w, targets, 16.0);
+  args.candidates["dx"] = dx_sum;
+  args.candidates["dw"] = dw_sum;
+  r = Verified(args);
+  EXPECT_EQ(r.verdict, "outside_bounds");
+  EXPECT_GT(r.Find("dx")->outside_bound, 20 * 96 / 2);
+
+  // A bf16 dX: logitd's own is bitwise its own.
+  o.dx_dtype = DType::kBf16;
+  o.want_dw = false;
+  own = client().CrossEntropy(x, targets, handle, o);
+  ASSERT_TRUE(own.ok()) << own.status();
+  args.cross_entropy = o;
+  args.candidates.clear();
+  args.candidates["dx"] = *own->dx;
+  r = Verified(args);
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  EXPECT_EQ(r.Find("dx")->dtype, DType::kBf16);
+}
+
 TEST_F(VerifyTest, LogProbsOwnOutputsAndAWrongTemperature) {
   const Tensor w = NormalBf16({400, 192}, 35);
   const Tensor x = NormalBf16({16, 192}, 36);
@@ -514,11 +633,17 @@ TEST_F(VerifyTest, CrossEntropyAndLogProbsBadRequests) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("targets"));
   args.targets = targets;
-  const Tensor dx(DType::kFp32, {4, 64});
-  args.candidates["dx"] = dx;
+  const Tensor dw_bf16(DType::kBf16, {50, 64});
+  args.candidates["dw"] = dw_bf16;
   s = client().Verify(args).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(s.message(), HasSubstr("'dx' is not checked yet"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("dw: expected dtype FP32"));
+  args.candidates.erase("dw");
+  const Tensor dx_wrong(DType::kFp32, {4, 50});
+  args.candidates["dx"] = dx_wrong;
+  s = client().Verify(args).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("dx: expected shape [4, 64]"));
   args.candidates.erase("dx");
   Tensor bad_targets = Copy(targets);
   bad_targets.data<std::int64_t>()[2] = 50;

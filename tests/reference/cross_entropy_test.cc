@@ -355,5 +355,72 @@ TEST(CrossEntropyReferenceTest, MemoryEstimate) {
   EXPECT_LT(CrossEntropyReferenceBytes(64, 32768, 1024, true, 8), grads);
 }
 
+// dX = G·W and dW = Gᵀ·X from g: the products of g in fp64 (against a
+// long-double sum), blocks in order covering every row, bounds at least the
+// cast's share |G − g|·|w| and larger for a bf16 dX.
+TEST(CrossEntropyGradientReference, ProductsOfGWithTheirBounds) {
+  const Random d = MakeRandom(7, 90, 24, 29);
+  CeReferenceOptions o;
+  o.reduction = CeReduction::kMean;
+  const Gathered r = Gather(d.in(), d.targets, o, LogitModel::kFp32Sum);
+  const std::int64_t m = d.m, v = d.v, k = d.k;
+  const auto w_at = [&](std::int64_t j, std::int64_t c) {
+    return static_cast<long double>(Bf16ToFloat(d.w[static_cast<std::size_t>(j * k + c)]));
+  };
+  const auto x_at = [&](std::int64_t i, std::int64_t c) {
+    return static_cast<long double>(Bf16ToFloat(d.x[static_cast<std::size_t>(i * k + c)]));
+  };
+  const auto g_at = [&](std::int64_t i, std::int64_t j) {
+    return static_cast<long double>(r.g[static_cast<std::size_t>(i * v + j)]);
+  };
+  for (bool bf16 : {false, true}) {
+    std::int64_t next = 0;
+    ASSERT_TRUE(CrossEntropyGradInputReference(
+        r.g.data(), r.g_pre_err.data(), m, Bf16Matrix{d.w.data(), v, k}, bf16,
+        [&](std::int64_t row0, std::int64_t rows, const double* value, const double* bound) {
+          EXPECT_EQ(row0, next);
+          next = row0 + rows;
+          for (std::int64_t i = row0; i < row0 + rows; ++i) {
+            for (std::int64_t c = 0; c < k; ++c) {
+              long double want = 0, abs = 0;
+              for (std::int64_t j = 0; j < v; ++j) {
+                want += g_at(i, j) * w_at(j, c);
+                abs += std::fabs(g_at(i, j) * w_at(j, c));
+              }
+              const std::size_t e = static_cast<std::size_t>((i - row0) * k + c);
+              EXPECT_NEAR(value[e], static_cast<double>(want), 1e-14 * static_cast<double>(abs));
+              // At least 2^-9 of Σ|g·w|: a G rounded to bf16 is within it.
+              EXPECT_GE(bound[e], 0x1p-9 * static_cast<double>(abs));
+            }
+          }
+        }));
+    EXPECT_EQ(next, m);
+  }
+  std::int64_t next = 0;
+  ASSERT_TRUE(CrossEntropyGradWeightReference(
+      r.g.data(), r.g_pre_err.data(), d.x.data(), m, v, k,
+      [&](std::int64_t row0, std::int64_t rows, const double* value, const double* bound) {
+        EXPECT_EQ(row0, next);
+        next = row0 + rows;
+        for (std::int64_t j = row0; j < row0 + rows; ++j) {
+          for (std::int64_t c = 0; c < k; ++c) {
+            long double want = 0, abs = 0;
+            for (std::int64_t i = 0; i < m; ++i) {
+              want += g_at(i, j) * x_at(i, c);
+              abs += std::fabs(g_at(i, j) * x_at(i, c));
+            }
+            const std::size_t e = static_cast<std::size_t>((j - row0) * k + c);
+            EXPECT_NEAR(value[e], static_cast<double>(want), 1e-14 * static_cast<double>(abs));
+            EXPECT_GE(bound[e], 0x1p-9 * static_cast<double>(abs));
+          }
+        }
+      }));
+  EXPECT_EQ(next, v);
+  // A stop asked before the first block ends the walk.
+  EXPECT_FALSE(CrossEntropyGradWeightReference(
+      r.g.data(), r.g_pre_err.data(), d.x.data(), m, v, k,
+      [](std::int64_t, std::int64_t, const double*, const double*) {}, [] { return true; }));
+}
+
 }  // namespace
 }  // namespace logitd

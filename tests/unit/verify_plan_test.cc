@@ -76,14 +76,17 @@ TEST(PlanVerifyTest, UnknownOperationsAndOutputsNotCheckedYet) {
   r.operation = VerifyOperation::kCrossEntropy;
   r.targets = Spec("targets", "INT64", {8});
   EXPECT_THAT(PlanStatus(r).message(), HasSubstr("'y' is not an output of VERIFY_CROSS_ENTROPY"));
-  r.candidates = {Spec("dx", "FP32", {8, 64})};
-  EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(
-      PlanStatus(r).message(),
-      HasSubstr("VERIFY_CROSS_ENTROPY's 'dx' is not checked yet; Verify checks its loss, lse"));
+  // The cross-entropy's gradients: dX fp32 or bf16, dW fp32 only.
+  r.candidates = {Spec("dx", "BF16", {8, 64}), Spec("dw", "FP32", {1000, 64})};
+  EXPECT_TRUE(PlanStatus(r).ok()) << PlanStatus(r);
+  r.candidates = {Spec("dw", "BF16", {1000, 64})};
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("dw: expected dtype FP32"));
   r.operation = VerifyOperation::kLogProbs;
   r.candidates = {Spec("rank", "FP32", {8})};
   EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(PlanStatus(r).message(),
+              HasSubstr("VERIFY_LOGPROBS's 'rank' is not checked yet; Verify checks its logprob, "
+                        "lse, entropy"));
   r.operation = VerifyOperation::kUnknown;
   r.operation_name = "unknown operation 9";
   EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kInvalidArgument);

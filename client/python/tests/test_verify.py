@@ -463,6 +463,34 @@ def test_cross_entropy_of_logitd_and_of_float64_pass_and_a_shifted_loss_fails(cl
     assert v.candidates["loss"].shape == (1,)
 
 
+def test_cross_entropy_gradients_of_logitd_and_of_numpy(client, weights):
+    M, V, K = 12, 160, 64
+    x, w = normal_bf16(25, (M, K)), normal_bf16(26, (V, K))
+    targets = np.array([3, -100, 0, 159, 7, 12, 50, -100, 1, 2, 80, 81], dtype=np.int64)
+    info = weights(w, name="verify-ce-grads")
+    own = client.cross_entropy(x, targets, info.handle, want_dx=True, want_dw=True, dx_dtype="fp32")
+    v = client.verify_cross_entropy(x, targets, info.handle, dx=own.dx, dw=own.dw)
+    assert v.verdict == "bitwise_equal_to_logitd", v.describe()
+    assert v.candidates["dw"].shape == (V, K)
+
+    # G = bf16(dL/dlogits) of the mean from float64, then float32 products.
+    lse, _, _ = softmax_parts(x, w, targets)
+    z = x.astype(np.float64) @ w.astype(np.float64).T
+    p = np.exp(z - lse[:, None])
+    counted = targets >= 0
+    p[np.arange(M)[counted], targets[counted]] -= 1.0
+    p[~counted] = 0.0
+    g = to_bf16(p / counted.sum()).astype(np.float32)
+    dx = g @ w.astype(np.float32)
+    dw = g.T @ x.astype(np.float32)
+    v = client.verify_cross_entropy(x, targets, info.handle, dx=dx, dw=dw)
+    assert v.verdict in PASSING, v.describe()
+
+    v = client.verify_cross_entropy(x, targets, info.handle, dx=dx * np.float32(counted.sum()), dw=dw)
+    assert v.verdict == "outside_bounds"
+    assert v.candidates["dx"].outside_bound > 0 and v.candidates["dw"].outside_bound == 0
+
+
 def test_logprobs_at_a_temperature(client, weights):
     M, V, K = 8, 150, 64
     x, w = normal_bf16(23, (M, K)), normal_bf16(24, (V, K))

@@ -132,10 +132,11 @@ absl::StatusOr<VerifyTargets> TargetsOfCall(const VerifyRequest& r, const Verify
 
 // logitd's own cross-entropy of the call's inputs: the per-token losses
 // (into `loss` when the candidate is per token, else reduced into it as the
-// CrossEntropy RPC reduces them) and lse; either may be null.
+// CrossEntropy RPC reduces them), lse, dX (of cp.dx_dtype) and dW (fp32);
+// any may be null.
 absl::Status RunOwnCrossEntropy(const OpEnv& env, const CrossEntropyPlan& cp, Call* call,
                                 kernels::Weight& weight, const VerifyTargets& targets, float* loss,
-                                float* lse, kernels::Timing* timing) {
+                                float* lse, void* dx, float* dw, kernels::Timing* timing) {
   const bool per_token = cp.reduction == Reduction::kNone && loss != nullptr;
   std::vector<float> token_loss(per_token ? 0 : static_cast<std::size_t>(cp.m));
   kernels::CrossEntropyArgs args;
@@ -148,6 +149,9 @@ absl::Status RunOwnCrossEntropy(const OpEnv& env, const CrossEntropyPlan& cp, Ca
   args.grad_scale = CrossEntropyGradScale(cp, targets.counted);
   args.loss = per_token ? loss : token_loss.data();
   args.lse = lse;
+  args.dx = dx;
+  args.dx_dtype = cp.dx_dtype;
+  args.dw = dw;
   LOGITD_RETURN_IF_ERROR(env.backend->CrossEntropy(weight, args, timing));
   if (loss != nullptr && !per_token) {
     *loss = ReduceLoss(cp, token_loss.data(), cp.m, targets.counted);
@@ -185,7 +189,8 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
   if (plan.cross_entropy.has_value()) {
     return RunOwnCrossEntropy(env, *plan.cross_entropy, call, weight, targets,
                               reinterpret_cast<float*>(out("loss")),
-                              reinterpret_cast<float*>(out("lse")), timing);
+                              reinterpret_cast<float*>(out("lse")), out("dx"),
+                              reinterpret_cast<float*>(out("dw")), timing);
   }
   if (plan.logprobs.has_value()) {
     const LogProbsPlan& lp = *plan.logprobs;
@@ -240,6 +245,29 @@ absl::Status CheckCandidates(const VerifyRequest& r, const VerifyPlan& plan, con
   return absl::OkStatus();
 }
 
+// A cross-entropy's dX or dW candidate against the products of the
+// reference's g [M, V] (its proven bound is also the probabilistic one);
+// false when `stop` ended the walk.
+bool CheckCrossEntropyGradient(const VerifyCandidatePlan& c, const LmHeadInputs& in,
+                               const std::vector<double>& g, const std::vector<double>& g_pre_err,
+                               const std::byte* candidate, const std::byte* own,
+                               const StopCheck& stop, CandidateCheck* check) {
+  const std::size_t size = ElementSize(c.dtype);
+  const auto add = [&](std::int64_t row0, std::int64_t rows, const double* value,
+                       const double* bound) {
+    const std::int64_t first = row0 * in.k;
+    const std::size_t offset = static_cast<std::size_t>(first) * size;
+    check->AddRange(first, rows * in.k, candidate + offset, own + offset, value, bound, bound);
+  };
+  if (c.name == "dx") {
+    return CrossEntropyGradInputReference(g.data(), g_pre_err.data(), in.m,
+                                          Bf16Matrix{in.w, in.v, in.k}, c.dtype == DType::kBf16,
+                                          add, stop);
+  }
+  return CrossEntropyGradWeightReference(g.data(), g_pre_err.data(), in.x, in.m, in.v, in.k, add,
+                                         stop);
+}
+
 // The per-token candidates of the cross-entropy or LogProbs against one
 // reference of all of them (its proven bound is also the probabilistic
 // one: these bounds have no probabilistic form yet).
@@ -249,6 +277,8 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
                            const StopCheck& stop, VerifyOutcome* outcome) {
   // name -> (values, bounds), each [M] or [1].
   std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> refs;
+  // The cross-entropy's g and its pre-cast bound [M, V], for dX and dW.
+  std::vector<double> g, g_pre_err;
   bool done = false;
   if (plan.cross_entropy.has_value()) {
     const CrossEntropyPlan& cp = *plan.cross_entropy;
@@ -261,7 +291,20 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
     o.logit_softcap = cp.logit_softcap;
     o.grad_scale = cp.grad_scale;
     CrossEntropyReference ref;
-    done = ReferenceCrossEntropy(in, targets.ids.data(), o, LogitModel::kFp32Sum, &ref, {}, stop);
+    CeGradientSink gather;
+    if (cp.want_dx || cp.want_dw) {
+      const std::size_t n = static_cast<std::size_t>(in.m * in.v);
+      g.resize(n);
+      g_pre_err.resize(n);
+      gather = [&](std::int64_t row0, std::int64_t rows, const double* gb, const double* eb) {
+        const std::size_t first = static_cast<std::size_t>(row0 * in.v);
+        const std::size_t count = static_cast<std::size_t>(rows * in.v);
+        std::copy(gb, gb + count, g.begin() + static_cast<std::ptrdiff_t>(first));
+        std::copy(eb, eb + count, g_pre_err.begin() + static_cast<std::ptrdiff_t>(first));
+      };
+    }
+    done =
+        ReferenceCrossEntropy(in, targets.ids.data(), o, LogitModel::kFp32Sum, &ref, gather, stop);
     refs["lse"] = {ref.lse, ref.lse_bound};
     if (o.reduction == CeReduction::kNone) {
       refs["loss"] = {ref.loss, ref.loss_bound};
@@ -291,6 +334,15 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);
     v.xxh3 = DigestOf(r.candidates[c.index], data, c.bytes);
+    if (c.name == "dx" || c.name == "dw") {
+      if (!CheckCrossEntropyGradient(c, in, g, g_pre_err, data, own.at(c.name).data(), stop,
+                                     &v.check)) {
+        return absl::CancelledError(
+            "verify: the caller went away while the references were formed");
+      }
+      outcome->candidates.push_back(std::move(v));
+      continue;
+    }
     const auto& [values, bounds] = refs.at(c.name);
     v.check.AddRange(0, static_cast<std::int64_t>(values.size()), data, own.at(c.name).data(),
                      values.data(), bounds.data(), bounds.data());

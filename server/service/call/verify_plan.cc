@@ -39,8 +39,6 @@ std::vector<std::string> OutputsOf(VerifyOperation operation) {
 // The outputs of an operation Verify checks so far.
 std::vector<std::string> CheckedOutputsOf(VerifyOperation operation) {
   switch (operation) {
-    case VerifyOperation::kCrossEntropy:
-      return {"loss", "lse"};
     case VerifyOperation::kLogProbs:
       return {"logprob", "lse", "entropy"};
     default:
@@ -183,7 +181,8 @@ absl::Status NoneOf(const VerifyRequest& r, bool dy, bool alpha, bool targets) {
 }
 
 // A candidate of an output Verify does not check yet (UNIMPLEMENTED), or of
-// a dtype other than FP32 where the operation gives FP32 only.
+// a dtype other than FP32 where the operation gives FP32 only (the
+// cross-entropy's dX may be BF16 too: the CrossEntropy RPC's dx_dtype).
 absl::Status CheckedCandidates(const VerifyRequest& r, const std::map<std::string, DType>& dtypes) {
   const std::vector<std::string> checked = CheckedOutputsOf(r.operation);
   for (const auto& [name, dtype] : dtypes) {
@@ -192,7 +191,8 @@ absl::Status CheckedCandidates(const VerifyRequest& r, const std::map<std::strin
           absl::StrCat("candidates: ", VerifyOperationName(r.operation), "'s '", name,
                        "' is not checked yet; Verify checks its ", absl::StrJoin(checked, ", ")));
     }
-    if (dtype != DType::kFp32) {
+    const bool bf16_allowed = r.operation == VerifyOperation::kCrossEntropy && name == "dx";
+    if (dtype != DType::kFp32 && !(bf16_allowed && dtype == DType::kBf16)) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": expected dtype FP32 (the dtype ",
                                                      VerifyOperationName(r.operation),
                                                      " gives it in), got ", DTypeName(dtype)));
@@ -246,6 +246,10 @@ absl::Status PlanOperation(const VerifyRequest& r, const WeightDims& dims,
       cr.x = r.x;
       cr.targets = r.targets;
       cr.want_lse = dtypes.count("lse") > 0;
+      cr.want_dx = dtypes.count("dx") > 0;
+      cr.want_dw = dtypes.count("dw") > 0;
+      cr.accumulate_dw = false;
+      if (cr.want_dx) cr.dx_dtype = UpperDTypeName(dtypes["dx"]);
       LOGITD_ASSIGN_OR_RETURN(CrossEntropyPlan cp, PlanCrossEntropy(cr, dims, kNoLimit));
       plan->m = cp.m;
       plan->x_bytes = cp.x_bytes;
@@ -253,6 +257,8 @@ absl::Status PlanOperation(const VerifyRequest& r, const WeightDims& dims,
       plan->targets_bytes = cp.targets_bytes;
       (*shapes)["loss"] = cp.loss_shape;
       (*shapes)["lse"] = {plan->m};
+      (*shapes)["dx"] = {plan->m, plan->k};
+      (*shapes)["dw"] = {plan->v, plan->k};
       plan->cross_entropy = std::move(cp);
       return absl::OkStatus();
     }
@@ -325,7 +331,15 @@ std::uint64_t ReferenceBytes(const VerifyPlan& plan) {
   const std::int64_t checked =
       plan.rows.empty() ? plan.m : static_cast<std::int64_t>(plan.rows.size());
   if (plan.cross_entropy.has_value()) {
-    return CrossEntropyReferenceBytes(plan.m, plan.v, plan.k, /*with_gradients=*/false);
+    const bool dx = plan.cross_entropy->want_dx, dw = plan.cross_entropy->want_dw;
+    if (!dx && !dw) {
+      return CrossEntropyReferenceBytes(plan.m, plan.v, plan.k, /*with_gradients=*/false);
+    }
+    // g and its pre-cast bound gathered whole [M, V], then the gradients'
+    // products from them.
+    return CrossEntropyReferenceBytes(plan.m, plan.v, plan.k, /*with_gradients=*/true) +
+           Mul(plan.m, plan.v, 2 * sizeof(double)) +
+           CrossEntropyGradientReferenceBytes(plan.m, plan.v, plan.k, dx, dw);
   }
   if (plan.logprobs.has_value()) return LogProbsReferenceBytes(plan.m, plan.v, plan.k);
   std::uint64_t reference = 0;

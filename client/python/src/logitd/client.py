@@ -517,6 +517,8 @@ class Client(_Transport):
         *,
         loss: Any = None,
         lse: Any = None,
+        dx: Any = None,
+        dw: Any = None,
         reduction: str = "mean",
         ignore_index: int = -100,
         z_loss: float = 0.0,
@@ -524,10 +526,13 @@ class Client(_Transport):
         grad_scale: float = 1.0,
     ) -> Verdict:
         """Judges a fused cross-entropy's outputs computed elsewhere: loss (fp32,
-        [M] with reduction="none", else one value) and/or lse (fp32 [M]) of X, the
-        targets (int32 or int64 [M]) and W, with the options cross_entropy takes,
-        against the fp64 reference and its proven bound per element and logitd's
-        own output. weight as in verify_logits; every row is checked."""
+        [M] with reduction="none", else one value), lse (fp32 [M]), dx (fp32 or
+        bf16 [M, K]) and/or dw (fp32 [V, K]) of X, the targets (int32 or int64
+        [M]) and W, with the options cross_entropy takes, against the fp64
+        reference and its proven bound per element and logitd's own output. The
+        gradients are judged under the bf16-G contract (G = bf16(dL/dlogits)
+        once, fp32 accumulation). weight as in verify_logits; every row is
+        checked."""
         options = dict(
             reduction=reduction,
             ignore_index=ignore_index,
@@ -535,7 +540,9 @@ class Client(_Transport):
             logit_softcap=logit_softcap,
             grad_scale=grad_scale,
         )
-        return _verify.call(self, *_verify.cross_entropy_request(x, targets, weight, loss, lse, options))
+        return _verify.call(
+            self, *_verify.cross_entropy_request(x, targets, weight, loss, lse, options, dx, dw)
+        )
 
     @_retried()
     def verify_logprobs(

@@ -254,11 +254,18 @@ def _targets(header: pb.VerifyHeader, targets: Any) -> List[T.Outgoing]:
 
 
 def cross_entropy_request(
-    x: Any, targets: Any, weight: Any, loss: Any, lse: Any, options: dict
+    x: Any,
+    targets: Any,
+    weight: Any,
+    loss: Any,
+    lse: Any,
+    options: dict,
+    dx: Any = None,
+    dw: Any = None,
 ) -> Tuple[pb.VerifyHeader, List[T.Outgoing]]:
     """The header and streamed tensors of a VERIFY_CROSS_ENTROPY call."""
-    if loss is None and lse is None:
-        raise InvalidArgumentError("loss, lse: expected at least one candidate, got neither")
+    if loss is None and lse is None and dx is None and dw is None:
+        raise InvalidArgumentError("loss, lse, dx, dw: expected at least one candidate, got none")
     reduction = options.get("reduction", "mean")
     if reduction not in _REDUCTIONS:
         raise InvalidArgumentError(
@@ -277,7 +284,7 @@ def cross_entropy_request(
     inputs = _inputs(header, x, weight) + _targets(header, targets)
     if loss is not None and np.ndim(loss) == 0:
         loss = np.asarray(loss, dtype=np.float32).reshape(1)
-    candidates = _candidates(header, [("loss", loss), ("lse", lse)])
+    candidates = _candidates(header, [("loss", loss), ("lse", lse), ("dx", dx), ("dw", dw)])
     return header, inputs + candidates
 
 

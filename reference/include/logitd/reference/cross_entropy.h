@@ -18,6 +18,7 @@
 #include <functional>
 #include <vector>
 
+#include "logitd/reference/numerics.h"
 #include "logitd/reference/verify_checks.h"
 
 namespace logitd {
@@ -106,6 +107,22 @@ double CastGradientMagnitude(double g, double g_pre_err);
 // gamma = GradientProductGamma(n) = γ_n(fp32)·(1 + 2^-8) + γ_n(fp64).
 double GradientProductGamma(std::int64_t n);
 double GradientProductCoefficient(double g, double g_pre_err, double gamma);
+
+// The cross-entropy's gradients from g [m, v] and its pre-cast bound
+// g_pre_err [m, v] (gathered from ReferenceCrossEntropy's blocks): dX = G·W
+// [m, k] with bounds C·|W| (n = V), and dW = Gᵀ·X [v, k] with bounds Cᵀ·|X|
+// (n = M), handed to `sink` a block of rows at a time, in order. A bf16 dX
+// adds its own rounding to the bound when `dx_bf16`. `stop` is asked
+// between blocks: true returns false.
+bool CrossEntropyGradInputReference(const double* g, const double* g_pre_err, std::int64_t m,
+                                    Bf16Matrix w, bool dx_bf16, const RowBlockSink& sink,
+                                    const StopCheck& stop = {});
+bool CrossEntropyGradWeightReference(const double* g, const double* g_pre_err, const Bf16Bits* x,
+                                     std::int64_t m, std::int64_t v, std::int64_t k,
+                                     const RowBlockSink& sink, const StopCheck& stop = {});
+// The most memory the two take besides g and g_pre_err.
+std::uint64_t CrossEntropyGradientReferenceBytes(std::int64_t m, std::int64_t v, std::int64_t k,
+                                                 bool dx, bool dw);
 
 // The most memory ReferenceCrossEntropy takes besides its arguments and
 // *out's per-token vectors (4·M doubles): a block's widened rows, logits and
