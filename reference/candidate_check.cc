@@ -137,6 +137,32 @@ void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t c
   if (outside_probabilistic_++ < kReportedOutside) first_outside_.push_back(element);
 }
 
+void CandidateCheck::Merge(const CandidateCheck& other) {
+  if (other.outside_ > 0 &&
+      (outside_ == 0 || other.first_proven_outside_.index < first_proven_outside_.index)) {
+    first_proven_outside_ = other.first_proven_outside_;
+  }
+  first_outside_.insert(first_outside_.end(), other.first_outside_.begin(),
+                        other.first_outside_.end());
+  std::sort(first_outside_.begin(), first_outside_.end(),
+            [](const CheckedElement& a, const CheckedElement& b) { return a.index < b.index; });
+  if (first_outside_.size() > static_cast<std::size_t>(kReportedOutside)) {
+    first_outside_.resize(static_cast<std::size_t>(kReportedOutside));
+  }
+  elements_ += other.elements_;
+  outside_ += other.outside_;
+  worst_fraction_ = std::max(worst_fraction_, other.worst_fraction_);
+  outside_probabilistic_ += other.outside_probabilistic_;
+  worst_probabilistic_fraction_ =
+      std::max(worst_probabilistic_fraction_, other.worst_probabilistic_fraction_);
+  own_outside_probabilistic_ += other.own_outside_probabilistic_;
+  bitwise_equal_ += other.bitwise_equal_;
+  nan_inf_mismatches_ += other.nan_inf_mismatches_;
+  for (std::size_t b = 0; b < histogram_.size(); ++b) histogram_[b] += other.histogram_[b];
+  max_ulp_ = std::max(max_ulp_, other.max_ulp_);
+  for (std::size_t b = 0; b < ulp_counts_.size(); ++b) ulp_counts_[b] += other.ulp_counts_[b];
+}
+
 std::int64_t CandidateCheck::UlpPercentile(double p) const {
   if (elements_ == 0) return 0;
   const auto want = static_cast<std::int64_t>(std::ceil(p * static_cast<double>(elements_)));

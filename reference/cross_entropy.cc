@@ -179,21 +179,28 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
       g.resize(static_cast<std::size_t>(n * v));
       g_pre_err.resize(g.size());
     }
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t i = r0 + r;
+    // The rows on threads; their sums afterwards, in row order.
+    reference_internal::ForRowsInParallel(
+        n, n * v, [&](std::int64_t first, std::int64_t last, int /*part*/) {
+          for (std::int64_t r = first; r < last; ++r) {
+            const std::int64_t i = r0 + r;
+            const std::size_t s = static_cast<std::size_t>(i);
+            const bool counted = targets[i] != options.ignore_index;
+            const CeTokenReference row = CrossEntropyReferenceRow(
+                y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v, v, targets[i],
+                counted, ref.scale, options, gradients ? g.data() + r * v : nullptr,
+                gradients ? g_pre_err.data() + r * v : nullptr);
+            ref.lse[s] = row.lse;
+            ref.lse_bound[s] = row.lse_bound;
+            ref.loss[s] = row.loss;
+            ref.loss_bound[s] = row.loss_bound;
+          }
+        });
+    for (std::int64_t i = r0; i < r0 + n; ++i) {
       const std::size_t s = static_cast<std::size_t>(i);
-      const bool counted = targets[i] != options.ignore_index;
-      const CeTokenReference row = CrossEntropyReferenceRow(
-          y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v, v, targets[i], counted,
-          ref.scale, options, gradients ? g.data() + r * v : nullptr,
-          gradients ? g_pre_err.data() + r * v : nullptr);
-      ref.lse[s] = row.lse;
-      ref.lse_bound[s] = row.lse_bound;
-      ref.loss[s] = row.loss;
-      ref.loss_bound[s] = row.loss_bound;
-      ref.sum += row.loss;
-      sum_abs += std::fabs(row.loss);
-      sum_bounds += row.loss_bound;
+      ref.sum += ref.loss[s];
+      sum_abs += std::fabs(ref.loss[s]);
+      sum_bounds += ref.loss_bound[s];
     }
     if (gradients) gradients(r0, n, g.data(), g_pre_err.data());
   }

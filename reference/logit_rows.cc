@@ -2,20 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
+#include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd::reference_internal {
 namespace {
 
 double Bf16At(const Bf16Bits* data, std::int64_t i) { return Bf16ToFloat(data[i]); }
-
-bool AnyNonFinite(const Bf16Bits* row, std::int64_t n) {
-  for (std::int64_t t = 0; t < n; ++t) {
-    if (!std::isfinite(Bf16At(row, t))) return true;
-  }
-  return false;
-}
 
 // Σ x·w and Σ|x·w| over k in fp64, one product at a time.
 void NaiveDot(const Bf16Bits* x, const Bf16Bits* w, std::int64_t k, double* sum, double* abs) {
@@ -31,13 +26,43 @@ void NaiveDot(const Bf16Bits* x, const Bf16Bits* w, std::int64_t k, double* sum,
 
 }  // namespace
 
+bool AnyNonFiniteBf16(const Bf16Bits* data, std::int64_t n) {
+  // An OR over the whole row, which the compiler vectorises: any element
+  // whose exponent bits are all ones.
+  bool any = false;
+  for (std::int64_t t = 0; t < n; ++t) any |= (data[t] & 0x7f80u) == 0x7f80u;
+  return any;
+}
+
+int RowThreads(std::int64_t n, std::int64_t elements) {
+  constexpr std::int64_t kMaxThreads = 16;
+  constexpr std::int64_t kElementsPerThread = std::int64_t{1} << 20;
+  const std::int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::max<std::int64_t>(
+      1, std::min({kMaxThreads, hardware, n, elements / kElementsPerThread})));
+}
+
+void ForRowsInParallel(std::int64_t n, std::int64_t elements,
+                       const std::function<void(std::int64_t, std::int64_t, int)>& fn) {
+  const int threads = RowThreads(n, elements);
+  if (threads <= 1) {
+    fn(0, n, 0);
+    return;
+  }
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] { fn(n * t / threads, n * (t + 1) / threads, t); });
+  }
+  for (std::thread& w : workers) w.join();
+}
+
 std::int64_t DefaultBlockRows(std::int64_t v) {
   return std::max<std::int64_t>(1, kReferenceBlockElements / std::max<std::int64_t>(1, v));
 }
 
 LogitRows::LogitRows(const LmHeadInputs& in, LogitModel model) : in_(in), model_(model) {
   for (std::int64_t j = 0; j < in.v; ++j) {
-    if (AnyNonFinite(in.w + j * in.k, in.k)) bad_w_.push_back(j);
+    if (AnyNonFiniteBf16(in.w + j * in.k, in.k)) bad_w_.push_back(j);
   }
 }
 
@@ -55,7 +80,8 @@ void LogitRows::Compute(std::int64_t row0, std::int64_t n, std::vector<double>* 
   } else {
     y_err->clear();
   }
-  ReferenceXWt(xd, n, Bf16Matrix{in_.w, v, k}, y->data(), bounded ? y_err->data() : nullptr);
+  FormXWt(in_.products, xd, n, Bf16Matrix{in_.w, v, k}, y->data(),
+          bounded ? y_err->data() : nullptr);
   // The elements a dgemm may get wrong: every one of a row of X with a NaN
   // or an infinity, and those of the rows of W with one.
   for (std::int64_t r = 0; r < n; ++r) {
@@ -67,7 +93,7 @@ void LogitRows::Compute(std::int64_t row0, std::int64_t n, std::vector<double>* 
       NaiveDot(x_row, in_.w + j * k, k, &y_row[j], &abs);
       if (abs_row != nullptr) abs_row[j] = abs;
     };
-    if (AnyNonFinite(x_row, k)) {
+    if (AnyNonFiniteBf16(x_row, k)) {
       for (std::int64_t j = 0; j < v; ++j) naive(j);
     } else {
       for (std::int64_t j : bad_w_) naive(j);

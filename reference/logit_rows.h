@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "logitd/reference/cross_entropy.h"
@@ -18,6 +19,20 @@ namespace logitd::reference_internal {
 // Rows of M per block when the caller names none: at most
 // kReferenceBlockElements logits.
 std::int64_t DefaultBlockRows(std::int64_t v);
+
+// The threads ForRowsInParallel runs `n` rows of `elements` elements of
+// work on: one per 2^20 elements, at most one per row, per hardware thread
+// and 16.
+int RowThreads(std::int64_t n, std::int64_t elements);
+// fn(first, last, part) for contiguous parts [first, last) of the rows
+// [0, n), part < RowThreads(n, elements), each on a thread of its own when
+// there are several. The parts write disjoint rows; what the caller sums
+// over rows it sums afterwards in row order, so the results do not depend
+// on the threads.
+void ForRowsInParallel(std::int64_t n, std::int64_t elements,
+                       const std::function<void(std::int64_t, std::int64_t, int)>& fn);
+// Whether any of n bf16 values is a NaN or an infinity (exponent all ones).
+bool AnyNonFiniteBf16(const Bf16Bits* data, std::int64_t n);
 
 class LogitRows {
  public:

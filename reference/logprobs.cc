@@ -153,52 +153,57 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
   const std::int64_t block = block_rows > 0 ? block_rows : reference_internal::DefaultBlockRows(v);
   const reference_internal::LogitRows logit_rows(in, logits);
   std::vector<double> y, y_err, z_block;
-  std::vector<double> ez(static_cast<std::size_t>(vv));
-  std::vector<std::int64_t> ids(static_cast<std::size_t>(vv));
   for (std::int64_t r0 = 0; r0 < m; r0 += block) {
     if (stop && stop()) return false;
     const std::int64_t n = std::min(block, m - r0);
     logit_rows.Compute(r0, n, &y, &y_err);
     z_block.resize(static_cast<std::size_t>(n * vv));
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::int64_t i = r0 + r;
-      const std::size_t s = static_cast<std::size_t>(i);
-      double* z = z_block.data() + r * vv;
-      const double b = RowZ(y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v, vv,
-                            options, z, ez.data());
-      const LpRow row = ReferenceRow(z, ez.data(), vv, b);
-      ref.lse[s] = row.lse;
-      ref.lse_bound[s] = row.lse_bound;
-      ref.entropy[s] = row.entropy;
-      ref.entropy_bound[s] = row.entropy_bound;
-      ref.z_bound[s] = b;
-      std::iota(ids.begin(), ids.end(), std::int64_t{0});
-      const auto mid = ids.begin() + ref.order_cols;
-      std::partial_sort(ids.begin(), mid, ids.end(),
-                        [z](std::int64_t a, std::int64_t c) { return Before(z[a], a, z[c], c); });
-      for (std::int64_t p = 0; p < ref.order_cols; ++p) {
-        const std::size_t at = static_cast<std::size_t>(i * ref.order_cols + p);
-        ref.order[at] = ids[static_cast<std::size_t>(p)];
-        ref.order_z[at] = z[ids[static_cast<std::size_t>(p)]];
-      }
-      if (targets == nullptr || targets[i] == options.ignore_index) continue;
-      const std::int64_t t = targets[i];
-      const double zt = z[t];
-      ref.logprob[s] = zt - row.lse;
-      ref.logprob_bound[s] =
-          row.lse_bound + 2 * ez[static_cast<std::size_t>(t)] +
-          4 * kU * (std::fabs(row.lse) + std::fabs(zt) + std::fabs(zt - row.lse));
-      std::int64_t rank = 0, low = 0, high = 0;
-      for (std::int64_t j = 0; j < vv; ++j) {
-        if (j == t) continue;
-        rank += Before(z[j], j, zt, t) ? 1 : 0;
-        low += z[j] > zt + 2 * b ? 1 : 0;
-        high += z[j] >= zt - 2 * b ? 1 : 0;
-      }
-      ref.rank[s] = rank;
-      ref.rank_low[s] = ref.exact ? rank : low;
-      ref.rank_high[s] = ref.exact ? rank : high;
-    }
+    // The rows on threads, each with its own e_z and ids.
+    reference_internal::ForRowsInParallel(
+        n, n * vv, [&](std::int64_t first, std::int64_t last, int /*part*/) {
+          std::vector<double> ez(static_cast<std::size_t>(vv));
+          std::vector<std::int64_t> ids(static_cast<std::size_t>(vv));
+          for (std::int64_t r = first; r < last; ++r) {
+            const std::int64_t i = r0 + r;
+            const std::size_t s = static_cast<std::size_t>(i);
+            double* z = z_block.data() + r * vv;
+            const double b = RowZ(y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v,
+                                  vv, options, z, ez.data());
+            const LpRow row = ReferenceRow(z, ez.data(), vv, b);
+            ref.lse[s] = row.lse;
+            ref.lse_bound[s] = row.lse_bound;
+            ref.entropy[s] = row.entropy;
+            ref.entropy_bound[s] = row.entropy_bound;
+            ref.z_bound[s] = b;
+            std::iota(ids.begin(), ids.end(), std::int64_t{0});
+            const auto mid = ids.begin() + ref.order_cols;
+            std::partial_sort(ids.begin(), mid, ids.end(), [z](std::int64_t a, std::int64_t c) {
+              return Before(z[a], a, z[c], c);
+            });
+            for (std::int64_t p = 0; p < ref.order_cols; ++p) {
+              const std::size_t at = static_cast<std::size_t>(i * ref.order_cols + p);
+              ref.order[at] = ids[static_cast<std::size_t>(p)];
+              ref.order_z[at] = z[ids[static_cast<std::size_t>(p)]];
+            }
+            if (targets == nullptr || targets[i] == options.ignore_index) continue;
+            const std::int64_t t = targets[i];
+            const double zt = z[t];
+            ref.logprob[s] = zt - row.lse;
+            ref.logprob_bound[s] =
+                row.lse_bound + 2 * ez[static_cast<std::size_t>(t)] +
+                4 * kU * (std::fabs(row.lse) + std::fabs(zt) + std::fabs(zt - row.lse));
+            std::int64_t rank = 0, low = 0, high = 0;
+            for (std::int64_t j = 0; j < vv; ++j) {
+              if (j == t) continue;
+              rank += Before(z[j], j, zt, t) ? 1 : 0;
+              low += z[j] > zt + 2 * b ? 1 : 0;
+              high += z[j] >= zt - 2 * b ? 1 : 0;
+            }
+            ref.rank[s] = rank;
+            ref.rank_low[s] = ref.exact ? rank : low;
+            ref.rank_high[s] = ref.exact ? rank : high;
+          }
+        });
     if (z_sink) z_sink(r0, n, z_block.data());
   }
   return true;
@@ -229,12 +234,13 @@ std::uint64_t LogProbsReferenceBytes(std::int64_t m, std::int64_t v, std::int64_
   // The block's rows of X widened, with their magnitudes; its logits, their
   // bounds and z.
   std::uint64_t bytes = n * (2 * uk + 3 * uv) * kDouble;
-  // A row's e_z and ids; a block of W widened (whole rows, at most
-  // kReferenceBlockElements elements); the rows of W with a NaN or an
-  // infinity.
+  // A row's e_z and ids on each of up to 16 threads; a block of W widened
+  // (whole rows, at most kReferenceBlockElements elements); the rows of W
+  // with a NaN or an infinity.
   const std::uint64_t w_rows =
       static_cast<std::uint64_t>(std::min(v, reference_internal::DefaultBlockRows(k)));
-  bytes += uv * (kDouble + 2 * sizeof(std::int64_t)) + w_rows * uk * kDouble;
+  bytes += 16 * uv * (kDouble + sizeof(std::int64_t)) + uv * sizeof(std::int64_t) +
+           w_rows * uk * kDouble;
   return bytes;
 }
 

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "logit_rows.h"
 #include "logitd/reference/bounds.h"
+#include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd {
@@ -60,6 +62,26 @@ CheckedRows AllOr(const CheckedRows& rows, std::int64_t m) {
   return all;
 }
 
+// fn(first, last, check) for contiguous parts of the rows [0, n) of a block
+// of `elements` elements, on threads when it pays (ForRowsInParallel), each
+// part counting into a CandidateCheck of its own, merged into *check.
+template <typename Fn>
+void CheckRowsInParallel(std::int64_t n, std::int64_t elements, CandidateCheck* check,
+                         const Fn& fn) {
+  const int threads = reference_internal::RowThreads(n, elements);
+  if (threads <= 1) {
+    fn(0, n, check);
+    return;
+  }
+  std::vector<CandidateCheck> parts;
+  for (int t = 0; t < threads; ++t) parts.emplace_back(check->dtype());
+  reference_internal::ForRowsInParallel(n, elements,
+                                        [&](std::int64_t first, std::int64_t last, int part) {
+                                          fn(first, last, &parts[static_cast<std::size_t>(part)]);
+                                        });
+  for (const CandidateCheck& p : parts) check->Merge(p);
+}
+
 }  // namespace
 
 CheckedRows SampleRows(std::int64_t m, std::int64_t count) {
@@ -86,13 +108,11 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
   const double scale = std::fabs(static_cast<double>(alpha));
   std::vector<std::int64_t> bad_w;
   for (std::int64_t j = 0; j < v; ++j) {
-    if (AnyNonFinite(k, [&](std::int64_t t) { return Bf16At(in.w, j * k + t); }))
-      bad_w.push_back(j);
+    if (reference_internal::AnyNonFiniteBf16(in.w + j * k, k)) bad_w.push_back(j);
   }
   const CheckedRows walk = AllOr(rows, in.m);
   const std::int64_t per_block = std::max<std::int64_t>(1, kReferenceBlockElements / v);
-  std::vector<double> ref, abs, bound(static_cast<std::size_t>(v)),
-      p_bound(static_cast<std::size_t>(v));
+  std::vector<double> ref, abs;
   for (std::size_t b0 = 0; b0 < walk.size(); b0 += static_cast<std::size_t>(per_block)) {
     if (stop && stop()) return false;
     const std::size_t n = std::min(walk.size() - b0, static_cast<std::size_t>(per_block));
@@ -105,36 +125,42 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
     }
     ref.resize(n * static_cast<std::size_t>(v));
     abs.resize(ref.size());
-    ReferenceXWt(xd, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(), abs.data());
-    for (std::size_t r = 0; r < n; ++r) {
-      const std::int64_t i = walk[b0 + r];
-      double* row_ref = ref.data() + r * static_cast<std::size_t>(v);
-      double* row_abs = abs.data() + r * static_cast<std::size_t>(v);
-      const auto x_at = [&](std::int64_t t) { return Bf16At(in.x, i * k + t); };
-      const auto naive = [&](std::int64_t j) {
-        NaiveDot(
-            k, x_at, [&](std::int64_t t) { return Bf16At(in.w, j * k + t); }, &row_ref[j],
-            &row_abs[j]);
-      };
-      if (AnyNonFinite(k, x_at)) {
-        for (std::int64_t j = 0; j < v; ++j) naive(j);
-      } else {
-        for (std::int64_t j : bad_w) naive(j);
-      }
-      for (std::int64_t j = 0; j < v; ++j) {
-        row_ref[j] *= static_cast<double>(alpha);
-        double b = scale * gamma * row_abs[j];
-        double pb = scale * p_gamma * row_abs[j];
-        if (dtype == DType::kBf16) {
-          b += kBf16UnitRoundoff * (std::fabs(row_ref[j]) + b) + std::ldexp(1.0, -134);
-          pb += kBf16UnitRoundoff * (std::fabs(row_ref[j]) + pb) + std::ldexp(1.0, -134);
+    FormXWt(in.products, xd, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(),
+            abs.data());
+    const auto check_rows = [&](std::int64_t first, std::int64_t last, CandidateCheck* part) {
+      std::vector<double> bound(static_cast<std::size_t>(v)), p_bound(static_cast<std::size_t>(v));
+      for (std::int64_t r = first; r < last; ++r) {
+        const std::int64_t i = walk[b0 + static_cast<std::size_t>(r)];
+        double* row_ref = ref.data() + r * v;
+        double* row_abs = abs.data() + r * v;
+        const auto x_at = [&](std::int64_t t) { return Bf16At(in.x, i * k + t); };
+        const auto naive = [&](std::int64_t j) {
+          NaiveDot(
+              k, x_at, [&](std::int64_t t) { return Bf16At(in.w, j * k + t); }, &row_ref[j],
+              &row_abs[j]);
+        };
+        if (AnyNonFinite(k, x_at)) {
+          for (std::int64_t j = 0; j < v; ++j) naive(j);
+        } else {
+          for (std::int64_t j : bad_w) naive(j);
         }
-        bound[static_cast<std::size_t>(j)] = b;
-        p_bound[static_cast<std::size_t>(j)] = pb;
+        for (std::int64_t j = 0; j < v; ++j) {
+          row_ref[j] *= static_cast<double>(alpha);
+          double b = scale * gamma * row_abs[j];
+          double pb = scale * p_gamma * row_abs[j];
+          if (dtype == DType::kBf16) {
+            b += kBf16UnitRoundoff * (std::fabs(row_ref[j]) + b) + std::ldexp(1.0, -134);
+            pb += kBf16UnitRoundoff * (std::fabs(row_ref[j]) + pb) + std::ldexp(1.0, -134);
+          }
+          bound[static_cast<std::size_t>(j)] = b;
+          p_bound[static_cast<std::size_t>(j)] = pb;
+        }
+        part->AddRange(i * v, v, At(candidate, i * v, dtype), At(own, i * v, dtype), row_ref,
+                       bound.data(), p_bound.data());
       }
-      check->AddRange(i * v, v, At(candidate, i * v, dtype), At(own, i * v, dtype), row_ref,
-                      bound.data(), p_bound.data());
-    }
+    };
+    CheckRowsInParallel(static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v, check,
+                        check_rows);
   }
   return true;
 }
@@ -143,11 +169,17 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
                     const void* own, DType dtype, CandidateCheck* check, const StopCheck& stop) {
   const std::int64_t v = in.v, k = in.k;
   // Columns of W with a NaN or an infinity: every row's dX there by hand.
+  // (One pass over W in its own order: rows with one mark their columns.)
+  std::vector<bool> bad_col(static_cast<std::size_t>(k));
+  for (std::int64_t j = 0; j < v; ++j) {
+    if (!reference_internal::AnyNonFiniteBf16(in.w + j * k, k)) continue;
+    for (std::int64_t c = 0; c < k; ++c) {
+      if (!std::isfinite(Bf16At(in.w, j * k + c))) bad_col[static_cast<std::size_t>(c)] = true;
+    }
+  }
   std::vector<std::int64_t> bad_w_cols;
   for (std::int64_t c = 0; c < k; ++c) {
-    if (AnyNonFinite(v, [&](std::int64_t j) { return Bf16At(in.w, j * k + c); })) {
-      bad_w_cols.push_back(c);
-    }
+    if (bad_col[static_cast<std::size_t>(c)]) bad_w_cols.push_back(c);
   }
   const CheckedRows walk = AllOr(rows, in.m);
   const std::int64_t per_block =
@@ -166,7 +198,8 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
     }
     ref.resize(n * static_cast<std::size_t>(k));
     abs.resize(ref.size());
-    ReferenceGW(g, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(), abs.data());
+    FormGW(in.products, g, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(),
+           abs.data());
     for (std::size_t r = 0; r < n; ++r) {
       const std::int64_t i = walk[b0 + r];
       double* row_ref = ref.data() + r * static_cast<std::size_t>(k);
@@ -266,10 +299,11 @@ std::uint64_t WeightBlockBytes(std::int64_t v, std::int64_t k) {
 
 std::uint64_t LogitsCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k) {
   // Rows of x and |x| widened, their references and sums of |x·w|, a row's
-  // bounds and the rows of W with a NaN or an infinity.
+  // bounds on each of up to 16 threads and the rows of W with a NaN or an
+  // infinity.
   const std::uint64_t n = BlockRows(rows, v);
   return n * static_cast<std::uint64_t>(2 * k + 2 * v) * kDouble + WeightBlockBytes(v, k) +
-         static_cast<std::uint64_t>(v) * (2 * kDouble + sizeof(std::int64_t));
+         static_cast<std::uint64_t>(v) * (16 * 2 * kDouble + sizeof(std::int64_t));
 }
 
 std::uint64_t GradInputCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k) {

@@ -144,6 +144,7 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
     out.inputs_xxh3 = result.inputs_xxh3();
     out.timing = TimingOf(result.timing(), context);
     out.reference_us = result.reference_us();
+    out.reference_engine = result.reference_engine();
     return out;
   });
 }

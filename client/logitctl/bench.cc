@@ -48,6 +48,8 @@ ABSL_FLAG(std::int64_t, warmup, 1,
 ABSL_FLAG(bool, baseline, true,
           "bench: after a tensor RPC, measure the Probe RPC with the same bytes per request "
           "(--nobaseline skips it)");
+ABSL_FLAG(std::int64_t, sample_rows, 0,
+          "bench --rpc=verify-*: rows of M the server checks, evenly spaced; 0 for every row");
 ABSL_FLAG(std::uint64_t, seed, 1234, "bench: seed of the random weight and inputs");
 ABSL_FLAG(bool, shm_skip_digest, false,
           "bench --shm: ask the server not to hash Y in the region, and do not check it "
@@ -77,7 +79,18 @@ constexpr int kExitUsage = 2;
 using client::Client;
 using client::TimingTrailer;
 
-enum class Rpc { kLogits, kBackward, kCrossEntropy, kLogProbs, kFetchGradient, kBaseline };
+enum class Rpc {
+  kLogits,
+  kBackward,
+  kCrossEntropy,
+  kLogProbs,
+  kFetchGradient,
+  kBaseline,
+  // Verify of logitd's own output of the operation (logits' Y, the
+  // cross-entropy's mean loss and lse), whose baseline is the operation.
+  kVerifyLogits,
+  kVerifyCrossEntropy,
+};
 
 absl::string_view RpcName(Rpc rpc) {
   switch (rpc) {
@@ -93,6 +106,10 @@ absl::string_view RpcName(Rpc rpc) {
       return "fetch-gradient";
     case Rpc::kBaseline:
       return "baseline";
+    case Rpc::kVerifyLogits:
+      return "verify-logits";
+    case Rpc::kVerifyCrossEntropy:
+      return "verify-cross-entropy";
   }
   return "?";
 }
@@ -114,6 +131,7 @@ struct Config {
   // X and Y through a same-host shared-memory region per worker (logits).
   bool shm = false;
   bool shm_skip_digest = false;
+  std::int64_t sample_rows = 0;  // verify
   client::BackwardOptions backward;
   client::CrossEntropyOptions cross_entropy;
   client::LogProbsOptions logprobs;
@@ -180,6 +198,17 @@ absl::Status ReadRpcOptions(Config* config) {
       c.up_bytes = 0;
       c.down_bytes = v * k * 4;
       break;
+    case Rpc::kVerifyLogits:
+      // X and the candidate Y up; the verdicts back.
+      c.up_bytes = m * k * 2 + m * v * out_size;
+      c.down_bytes = 0;
+      break;
+    case Rpc::kVerifyCrossEntropy:
+      // X, int64 targets, the mean loss and lse [M] up.
+      c.cross_entropy.want_lse = true;
+      c.up_bytes = m * k * 2 + m * 8 + 4 + m * 4;
+      c.down_bytes = 0;
+      break;
   }
   return absl::OkStatus();
 }
@@ -191,9 +220,11 @@ absl::StatusOr<Rpc> ParseRpc(const std::string& rpc) {
   if (rpc == "logprobs") return Rpc::kLogProbs;
   if (rpc == "fetch-gradient" || rpc == "fetch_gradient") return Rpc::kFetchGradient;
   if (rpc == "baseline") return Rpc::kBaseline;
+  if (rpc == "verify-logits") return Rpc::kVerifyLogits;
+  if (rpc == "verify-cross-entropy") return Rpc::kVerifyCrossEntropy;
   return absl::InvalidArgumentError(absl::StrCat(
-      "--rpc: expected logits, backward, cross-entropy, logprobs, fetch-gradient or baseline, "
-      "got '",
+      "--rpc: expected logits, backward, cross-entropy, logprobs, fetch-gradient, baseline, "
+      "verify-logits or verify-cross-entropy, got '",
       rpc, "'"));
 }
 
@@ -258,6 +289,12 @@ absl::StatusOr<Config> ReadConfig() {
   c.json = absl::GetFlag(FLAGS_json);
   c.shm = absl::GetFlag(FLAGS_shm);
   c.shm_skip_digest = absl::GetFlag(FLAGS_shm_skip_digest);
+  c.sample_rows = absl::GetFlag(FLAGS_sample_rows);
+  const bool verify = c.rpc == Rpc::kVerifyLogits || c.rpc == Rpc::kVerifyCrossEntropy;
+  if (c.sample_rows < 0 || (c.sample_rows > 0 && !verify)) {
+    return absl::InvalidArgumentError(
+        "--sample_rows: a count of rows >= 0, with --rpc=verify-logits or verify-cross-entropy");
+  }
   if (c.shm_skip_digest && !c.shm) {
     return absl::InvalidArgumentError("--shm_skip_digest: only with --shm");
   }
@@ -309,6 +346,8 @@ struct Inputs {
   std::uint64_t y_offset = 0;
   // The logits result (or dW), received into the same memory call after call.
   mutable Tensor y;
+  // Verify: logitd's own outputs of the operation, the candidates.
+  std::map<std::string, Tensor> candidates;
 };
 
 Inputs MakeInputs(const Config& c, int worker) {
@@ -317,7 +356,7 @@ Inputs MakeInputs(const Config& c, int worker) {
   if (c.rpc == Rpc::kBaseline || c.rpc == Rpc::kFetchGradient) return in;
   in.x = RandomTensor(DType::kBf16, {c.m, c.k}, seed);
   if (c.rpc == Rpc::kBackward) in.dy = RandomTensor(c.out_dtype, {c.m, c.v}, seed + 1);
-  if (c.rpc == Rpc::kCrossEntropy || c.rpc == Rpc::kLogProbs) {
+  if (c.rpc == Rpc::kCrossEntropy || c.rpc == Rpc::kLogProbs || c.rpc == Rpc::kVerifyCrossEntropy) {
     in.targets = Tensor(DType::kInt64, {c.m});
     std::uint64_t state = seed + 2;
     std::int64_t* t = in.targets.data<std::int64_t>();
@@ -439,8 +478,36 @@ CallFn LogProbsCall(const Config& c, const std::string& handle) {
   };
 }
 
+// Verify of the worker's candidates: the server forms the references and
+// logitd's own outputs and judges them.
+CallFn VerifyCall(const Config& c, const std::string& handle) {
+  return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
+    client::VerifyArgs args;
+    args.operation = c.rpc == Rpc::kVerifyLogits ? client::VerifyOperation::kLogits
+                                                 : client::VerifyOperation::kCrossEntropy;
+    args.weight_handle = handle;
+    args.x = in.x;
+    if (c.rpc == Rpc::kVerifyCrossEntropy) {
+      args.targets = in.targets;
+      args.cross_entropy = c.cross_entropy;
+    }
+    for (const auto& [name, t] : in.candidates) args.candidates.emplace(name, t);
+    args.sample_rows = c.sample_rows;
+    absl::StatusOr<client::VerifyResult> r = cl.Verify(args);
+    if (!r.ok()) return r.status();
+    if (!r->passed()) {
+      return absl::InternalError(absl::StrCat("verify: logitd's own output got ", r->verdict));
+    }
+    *trailer = r->timing.trailer;
+    return absl::OkStatus();
+  };
+}
+
 CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
   switch (rpc) {
+    case Rpc::kVerifyLogits:
+    case Rpc::kVerifyCrossEntropy:
+      return VerifyCall(c, handle);
     case Rpc::kLogits:
       return LogitsCall(c, handle);
     case Rpc::kBackward:
@@ -607,6 +674,7 @@ nlohmann::json MakeReport(const Config& c, const client::ClientOptions& options,
                       {"seed", c.seed},
                       {"shm", c.shm},
                       {"shm_skip_digest", c.shm_skip_digest},
+                      {"sample_rows", c.sample_rows},
                       {"request_bytes", c.up_bytes},
                       {"response_bytes", c.down_bytes},
                       {"client_chunk_bytes", options.chunk_bytes},
@@ -620,11 +688,36 @@ nlohmann::json MakeReport(const Config& c, const client::ClientOptions& options,
                            {"max_request_bytes", info.max_request_bytes}};
   report["phases"] = phases;
   report["efficiency"] = nullptr;
+  report["verify_cost"] = nullptr;
+  if (c.rpc == Rpc::kVerifyLogits || c.rpc == Rpc::kVerifyCrossEntropy) {
+    // A verify's median latency over its operation's, same inputs, same run.
+    if (phases.size() == 2 && phases[1]["latency_ms"]["p50"].get<double>() > 0) {
+      report["verify_cost"] = phases[0]["latency_ms"]["p50"].get<double>() /
+                              phases[1]["latency_ms"]["p50"].get<double>();
+    }
+    return report;
+  }
   if (phases.size() == 2 && phases[1]["total_gb_s"].get<double>() > 0) {
     report["efficiency"] =
         phases[0]["total_gb_s"].get<double>() / phases[1]["total_gb_s"].get<double>();
   }
   return report;
+}
+
+// Verify's candidates: logitd's own outputs of the worker's inputs.
+absl::Status OwnOutputs(const Config& c, Client& cl, const std::string& handle, Inputs* in) {
+  if (c.rpc == Rpc::kVerifyLogits) {
+    client::LogitsOptions options;
+    options.out_dtype = c.out_dtype;
+    LOGITD_ASSIGN_OR_RETURN(Tensor y, cl.Logits(in->x, handle, options));
+    in->candidates.emplace("y", std::move(y));
+    return absl::OkStatus();
+  }
+  LOGITD_ASSIGN_OR_RETURN(client::CrossEntropyResult r,
+                          cl.CrossEntropy(in->x, in->targets, handle, c.cross_entropy));
+  in->candidates.emplace("loss", std::move(r.loss));
+  if (r.lse.has_value()) in->candidates.emplace("lse", *std::move(r.lse));
+  return absl::OkStatus();
 }
 
 // The server's side of the benchmark: a random weight registered (and,
@@ -655,6 +748,10 @@ absl::Status Prepare(const Config& c, Client& cl, std::string* handle, std::vect
                                .status());
   }
   for (int i = 0; i < c.concurrency; ++i) inputs->push_back(MakeInputs(c, i));
+  if (c.rpc == Rpc::kVerifyLogits || c.rpc == Rpc::kVerifyCrossEntropy) {
+    *what = "logitd's own outputs, the candidates";
+    for (Inputs& in : *inputs) LOGITD_RETURN_IF_ERROR(OwnOutputs(c, cl, *handle, &in));
+  }
   if (!c.shm) return absl::OkStatus();
   // One region per worker, X written into it once, registered once.
   for (Inputs& in : *inputs) {
@@ -730,11 +827,23 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
   }
 
   std::vector<Rpc> rpcs = {c.rpc};
-  if (c.rpc != Rpc::kBaseline && c.baseline) rpcs.push_back(Rpc::kBaseline);
+  if (c.rpc == Rpc::kVerifyLogits) {
+    rpcs.push_back(Rpc::kLogits);  // what a verify costs against the call itself
+  } else if (c.rpc == Rpc::kVerifyCrossEntropy) {
+    rpcs.push_back(Rpc::kCrossEntropy);
+  } else if (c.rpc != Rpc::kBaseline && c.baseline) {
+    rpcs.push_back(Rpc::kBaseline);
+  }
+  // The operation's own phase of a verify bench counts the operation's bytes.
+  Config op = c;
+  op.rpc = rpcs.back();
+  if (absl::Status s = ReadRpcOptions(&op); !s.ok()) return server_error("options", s);
+  op.cross_entropy.want_lse = c.cross_entropy.want_lse;
   nlohmann::json phases = nlohmann::json::array();
   std::int64_t errors = 0;
   for (Rpc rpc : rpcs) {
-    const CallFn call = MakeCall(c, rpc, handle);
+    const Config& pc = rpc == c.rpc ? c : op;
+    const CallFn call = MakeCall(pc, rpc, handle);
     if (c.warmup > 0) {
       // Every client warms up, so that no measured call is the first on its
       // channel (connection, flow-control windows) or on a server context.
@@ -745,7 +854,7 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
     std::cerr << "logitctl: bench: " << RpcName(rpc) << ": measuring\n";
     Phase p = RunPhase(c, RpcName(rpc), call, clients, inputs, c.requests, c.duration);
     errors += p.tally.error_count();
-    phases.push_back(Summary(c, p));
+    phases.push_back(Summary(pc, p));
   }
   Release(*clients[0], handle, inputs);
 

@@ -79,9 +79,21 @@ void PrintBenchText(const nlohmann::json& report) {
       [](const nlohmann::json& p) { return Cell(p["server_avg"]["unaccounted_us"], "%.0f"); });
 
   PrintTable(rows);
+  for (const nlohmann::json* p : phases) {
+    for (const auto& [code, e] : p->at("errors").items()) {
+      std::cout << absl::StrFormat("%s: first %s: %s\n", p->at("rpc").get<std::string>(), code,
+                                   e["first_message"].get<std::string>());
+    }
+  }
   std::cout << absl::StrFormat(
       "payload per request: %d B up, %d B down (tensor bytes; GB = 1e9 B)\n",
       cfg["request_bytes"].get<std::uint64_t>(), cfg["response_bytes"].get<std::uint64_t>());
+  if (report.contains("verify_cost") && !report["verify_cost"].is_null()) {
+    std::cout << absl::StrFormat(
+        "verify cost: %.3f (%s p50 latency / %s p50 latency, sample_rows %d, same run)\n",
+        report["verify_cost"].get<double>(), cfg["rpc"].get<std::string>(),
+        report["phases"][1]["rpc"].get<std::string>(), cfg["sample_rows"].get<std::int64_t>());
+  }
   if (report.contains("efficiency") && !report["efficiency"].is_null()) {
     std::cout << absl::StrFormat(
         "efficiency: %.3f (%s payload GB/s / raw gRPC Probe GB/s, same bytes, same run)\n",

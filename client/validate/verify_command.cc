@@ -350,6 +350,7 @@ CaseResult CaseOf(const std::string& case_prefix, const client::CandidateVerdict
   f["inputs_xxh3"] = absl::StrFormat("%016x", result.inputs_xxh3);
   f["rows_checked"] = result.rows_checked;
   f["reference_us"] = result.reference_us;
+  f["reference_engine"] = result.reference_engine;
   if (!c.passed()) {
     std::string why = absl::StrFormat(
         "%s: %s: %d of %d elements outside the proven bound (worst %.3g times it), %d outside the "

@@ -21,6 +21,10 @@
 #include "logitd/protocol.h"
 #include "logitd/tensor.h"
 
+namespace logitd {
+class Fp64Products;  // logitd/reference/fp64_products.h
+}  // namespace logitd
+
 namespace logitd::kernels {
 
 // What the backend runs on; mirrored into logitd.v1.ServerInfo.
@@ -276,6 +280,16 @@ class Backend {
         [&] { return DoReadWeight(w, out); });
   }
 
+  // An engine for the fp64 products of the references that judge other
+  // implementations' outputs of weight `w` (Verify), on the backend's
+  // device: the weight widened to fp64 there while the engine lives. Null
+  // where the backend has none (cpu), whose references are formed by
+  // OpenBLAS on the host; ResourceExhausted when the device cannot hold the
+  // widened weight (the caller may then form them on the host).
+  absl::StatusOr<std::shared_ptr<Fp64Products>> ReferenceProducts(const Weight& w) {
+    return Run(absl::OkStatus(), [&] { return DoReferenceProducts(w); });
+  }
+
   // Y[m, V] = alpha * X[m, K] . W[V, K]^T, bf16 operands, fp32 accumulation;
   // fp32 out, or rounded to bf16 once (RNE).
   absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) {
@@ -335,6 +349,9 @@ class Backend {
   virtual absl::Status DoReadWeight(const Weight& /*w*/, Bf16Bits* /*out*/) {
     return absl::UnimplementedError(
         absl::StrCat(Info().backend, " backend cannot read a weight back"));
+  }
+  virtual absl::StatusOr<std::shared_ptr<Fp64Products>> DoReferenceProducts(const Weight& /*w*/) {
+    return std::shared_ptr<Fp64Products>();
   }
   virtual absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing) = 0;
   virtual absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing) = 0;

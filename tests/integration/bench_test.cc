@@ -148,6 +148,50 @@ TEST_F(BenchTest, FetchGradientMovesDwAgainstAProbeOfTheSameBytes) {
   EXPECT_GT(report.at("efficiency").get<double>(), 0);
 }
 
+TEST_F(BenchTest, VerifyIsMeasuredAgainstItsOperation) {
+  // logitd's own outputs verified (every call must pass), against the
+  // operation itself in the same run: every row, 2 of them, and the
+  // cross-entropy's mean loss and lse.
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--rpc=verify-logits"},
+        std::vector<std::string>{"--rpc=verify-logits", "--sample_rows=2"},
+        std::vector<std::string>{"--rpc=verify-cross-entropy"}}) {
+    std::vector<std::string> args = {"bench", "--m=6", "--k=64", "--v=256", "--requests=3",
+                                     "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const LogitctlRun r = Run(args);
+    ASSERT_EQ(r.exit_code, 0) << extra[0] << "\n" << r.out;
+    const nlohmann::json report = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(report.is_discarded()) << r.out;
+    SCOPED_TRACE(report.dump(2));
+    const nlohmann::json& phases = report.at("phases");
+    ASSERT_EQ(phases.size(), 2u);
+    const bool logits = extra[0] == "--rpc=verify-logits";
+    EXPECT_EQ(phases[0].at("rpc").get<std::string>(),
+              logits ? "verify-logits" : "verify-cross-entropy");
+    EXPECT_EQ(phases[1].at("rpc").get<std::string>(), logits ? "logits" : "cross-entropy");
+    for (std::size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(phases[i].at("completed").get<std::int64_t>(), 3);
+      EXPECT_EQ(phases[i].at("error_count").get<std::int64_t>(), 0);
+    }
+    // Each phase counts its own bytes: X and Y up for the verify, Y down
+    // for the logits.
+    if (logits) {
+      EXPECT_EQ(phases[0].at("request_bytes").get<std::uint64_t>(), 6u * 64 * 2 + 6u * 256 * 4);
+      EXPECT_EQ(phases[1].at("response_bytes").get<std::uint64_t>(), 6u * 256 * 4);
+    }
+    EXPECT_GT(report.at("verify_cost").get<double>(), 0);
+    EXPECT_TRUE(report.at("efficiency").is_null());
+  }
+  // Rows sampled for the cross-entropy are refused by the server, each call
+  // counted; --sample_rows without a verify is a usage error.
+  const LogitctlRun sampled = Run({"bench", "--rpc=verify-cross-entropy", "--m=6", "--k=64",
+                                   "--v=256", "--requests=2", "--warmup=0", "--sample_rows=2"});
+  EXPECT_EQ(sampled.exit_code, 1) << sampled.out;
+  EXPECT_NE(sampled.out.find("INVALID_ARGUMENT: sample_rows"), std::string::npos) << sampled.out;
+  EXPECT_EQ(Run({"bench", "--rpc=logits", "--sample_rows=2"}).exit_code, 2);
+}
+
 TEST_F(BenchTest, FailedRequestsAreCountedByCodeAndExitOne) {
   // 16 MiB of logits per call, over the server's 8 MiB per call.
   const LogitctlRun r = Run({"bench", "--m=4096", "--k=64", "--v=1024", "--requests=3",

@@ -149,6 +149,13 @@ TEST_F(VerifyTest, AConformingFp32KernelIsWithinBoundsAndLogitdsOwnIsBitwiseEqua
   EXPECT_EQ(ours.inputs_xxh3, theirs.inputs_xxh3);
   EXPECT_NE(ours.inputs_xxh3, 0u);
   EXPECT_GE(ours.reference_us, 0);
+  // The cuda backend forms the fp64 products on its device, the cpu backend
+  // with OpenBLAS.
+  EXPECT_EQ(
+      ours.reference_engine.rfind(
+          std::string(kBackend) == "cuda" ? "cuBLAS DGEMM on " : "OpenBLAS dgemm on the host", 0),
+      0u)
+      << ours.reference_engine;
 }
 
 TEST_F(VerifyTest, OneUlpOffIsWithinBoundsAndCountedAgainstLogitd) {
@@ -558,7 +565,8 @@ TEST_F(VerifyTest, CrossEntropyGradientsOfLogitdAndOfAnotherImplementation) {
   // Not bitwise logitd's, so the bound was used, and not trivially.
   EXPECT_GT(r.Find("dx")->worst_bound_fraction, 0.0);
   EXPECT_GT(r.Find("dw")->worst_bound_fraction, 0.0);
-  std::cerr << "other dx worst " << r.Find("dx")->worst_bound_fraction << " dw worst " << r.Find("dw")->worst_bound_fraction << "\n";
+  std::cerr << "other dx worst " << r.Find("dx")->worst_bound_fraction << " dw worst "
+            << r.Find("dw")->worst_bound_fraction << "\n";
 
   // One element of dW 1% off: outside, named.
   Tensor off = Copy(dw);

@@ -11,6 +11,9 @@
 
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/cross_entropy.h"
+#include "logitd/reference/fp64_products.h"
+#include "logitd/reference/logprobs.h"
 
 namespace logitd {
 namespace {
@@ -264,6 +267,162 @@ TEST(CheckBackwardTest, Bf16GradientsWithTheirRounding) {
   CandidateCheck c(DType::kBf16);
   CheckGradInput(p.Inputs(), {}, dx16.data(), dx16.data(), DType::kBf16, &c);
   EXPECT_EQ(c.Verdict(), "bitwise_equal_to_logitd") << c.Describe("dx", {p.m, p.k});
+}
+
+// Two checks that must agree in every figure they report.
+void ExpectSameCounts(const CandidateCheck& a, const CandidateCheck& b) {
+  EXPECT_EQ(a.elements(), b.elements());
+  EXPECT_EQ(a.outside(), b.outside());
+  EXPECT_EQ(a.worst_fraction(), b.worst_fraction());
+  EXPECT_EQ(a.outside_probabilistic(), b.outside_probabilistic());
+  EXPECT_EQ(a.worst_probabilistic_fraction(), b.worst_probabilistic_fraction());
+  EXPECT_EQ(a.own_outside_probabilistic(), b.own_outside_probabilistic());
+  EXPECT_EQ(a.bitwise_equal(), b.bitwise_equal());
+  EXPECT_EQ(a.nan_inf_mismatches(), b.nan_inf_mismatches());
+  EXPECT_EQ(a.histogram(), b.histogram());
+  EXPECT_EQ(a.max_ulp(), b.max_ulp());
+  EXPECT_EQ(a.UlpPercentile(0.5), b.UlpPercentile(0.5));
+  EXPECT_EQ(a.UlpPercentile(0.99), b.UlpPercentile(0.99));
+  ASSERT_EQ(a.first_outside().size(), b.first_outside().size());
+  for (std::size_t i = 0; i < a.first_outside().size(); ++i) {
+    EXPECT_EQ(a.first_outside()[i].index, b.first_outside()[i].index) << i;
+    EXPECT_EQ(a.first_outside()[i].candidate, b.first_outside()[i].candidate) << i;
+  }
+  EXPECT_EQ(a.Verdict(), b.Verdict());
+  EXPECT_EQ(a.Describe("y", {1, a.elements()}), b.Describe("y", {1, b.elements()}));
+}
+
+// Logits with a few elements pushed out of their bounds in several rows,
+// more of them than are reported.
+std::vector<float> WithOutsiders(const Problem& p, const std::vector<float>& y) {
+  std::vector<float> bad = y;
+  for (std::int64_t i = 0; i < p.m; i += 3) {
+    for (std::int64_t j = 5; j < p.v; j += p.v / 4) {
+      bad[static_cast<std::size_t>(i * p.v + j)] += 0.5f;
+    }
+  }
+  return bad;
+}
+
+TEST(CandidateCheckTest, PartsMergedInAnyOrderAreTheWhole) {
+  const Problem p = MakeProblem(30, 200, 96, 11);
+  const std::vector<float> y = Logits(p, 1.0f);
+  const std::vector<float> bad = WithOutsiders(p, y);
+  const CandidateCheck whole = CheckY(p, bad, y);
+  ASSERT_GT(whole.outside(), CandidateCheck::kReportedOutside);
+  // Each row on its own, merged last row first.
+  CandidateCheck merged(DType::kFp32);
+  for (std::int64_t i = p.m - 1; i >= 0; --i) merged.Merge(CheckY(p, bad, y, 1.0f, {i}));
+  ExpectSameCounts(merged, whole);
+  EXPECT_EQ(merged.first_outside().front().index, 5);
+}
+
+TEST(CheckLogitsTest, RowsCheckedOnThreadsCountAsOneByOne) {
+  // 64 rows of 32768 logits: one block of 2 Mi elements, checked on threads
+  // where the machine has more than one core; one row at a time, never.
+  const Problem p = MakeProblem(64, 32768, 8, 12);
+  const std::vector<float> y = Logits(p, 1.0f);
+  const std::vector<float> bad = WithOutsiders(p, y);
+  const CandidateCheck whole = CheckY(p, bad, y);
+  CandidateCheck rows(DType::kFp32);
+  for (std::int64_t i = 0; i < p.m; ++i) rows.Merge(CheckY(p, bad, y, 1.0f, {i}));
+  ExpectSameCounts(whole, rows);
+  EXPECT_EQ(whole.outside(), 22 * 4);
+}
+
+// An engine that forms the products on the host and counts them, or fails
+// every one.
+class HostEngine : public Fp64Products {
+ public:
+  HostEngine(const Problem& p, bool fail) : w_{p.w.data(), p.v, p.k}, fail_(fail) {}
+  bool XWt(const double* x, std::int64_t m, double* y, double* y_abs) override {
+    ++calls;
+    if (fail_) return false;
+    ReferenceXWt(std::vector<double>(x, x + m * w_.cols), m, w_, y, y_abs);
+    return true;
+  }
+  bool GW(const double* g, std::int64_t m, double* dx, double* dx_abs) override {
+    ++calls;
+    if (fail_) return false;
+    ReferenceGW(std::vector<double>(g, g + m * w_.rows), m, w_, dx, dx_abs);
+    return true;
+  }
+  std::string error() const override { return fail_ ? "failed on purpose" : ""; }
+  std::string name() const override { return "host, counted"; }
+  int calls = 0;
+
+ private:
+  Bf16Matrix w_;
+  bool fail_;
+};
+
+TEST(Fp64ProductsTest, TheChecksAndReferencesFormTheirProductsThroughTheEngine) {
+  const Problem p = MakeProblem(9, 70, 48, 13);
+  const std::vector<float> y = Logits(p, 1.0f);
+  const std::vector<float> bad = WithOutsiders(p, y);
+  const std::vector<float> dx = GradInput(p, true);
+  const CandidateCheck y_host = CheckY(p, bad, y);
+  CandidateCheck dx_host(DType::kFp32);
+  CheckGradInput(p.Inputs(), {}, dx.data(), dx.data(), DType::kFp32, &dx_host);
+  std::vector<std::int64_t> targets(static_cast<std::size_t>(p.m));
+  for (std::int64_t i = 0; i < p.m; ++i) targets[static_cast<std::size_t>(i)] = (i * 7) % p.v;
+  CrossEntropyReference ce_host;
+  ASSERT_TRUE(
+      ReferenceCrossEntropy(p.Inputs(), targets.data(), {}, LogitModel::kFp32Sum, &ce_host));
+  for (const bool fail : {false, true}) {
+    SCOPED_TRACE(fail ? "an engine that fails: the host forms them" : "an engine");
+    HostEngine engine(p, fail);
+    LmHeadInputs in = p.Inputs();
+    in.products = &engine;
+    CandidateCheck yc(DType::kFp32), dxc(DType::kFp32);
+    CheckLogits(in, 1.0f, {}, bad.data(), y.data(), DType::kFp32, &yc);
+    CheckGradInput(in, {}, dx.data(), dx.data(), DType::kFp32, &dxc);
+    CrossEntropyReference ce;
+    ASSERT_TRUE(ReferenceCrossEntropy(in, targets.data(), {}, LogitModel::kFp32Sum, &ce));
+    EXPECT_EQ(engine.calls, 3);
+    ExpectSameCounts(yc, y_host);
+    ExpectSameCounts(dxc, dx_host);
+    EXPECT_EQ(ce.lse, ce_host.lse);
+    EXPECT_EQ(ce.loss_bound, ce_host.loss_bound);
+  }
+}
+
+TEST(ReferencesOnThreadsTest, TheCrossEntropyAndLogProbsOfABlockOnThreadsAreOneRowAtATime) {
+  // 64 rows of 32768 logits in one block: its rows on threads where the
+  // machine has more than one core; a block of one row, never.
+  const Problem p = MakeProblem(64, 32768, 8, 14);
+  std::vector<std::int64_t> targets(static_cast<std::size_t>(p.m));
+  for (std::int64_t i = 0; i < p.m; ++i) {
+    targets[static_cast<std::size_t>(i)] = i % 5 == 0 ? -100 : (i * 977) % p.v;
+  }
+  CrossEntropyReference block, rows;
+  std::vector<double> g_block, g_rows;
+  const auto gather = [](std::vector<double>* out) {
+    return [out](std::int64_t, std::int64_t rows, const double* g, const double*) {
+      out->insert(out->end(), g, g + rows * 32768);
+    };
+  };
+  ASSERT_TRUE(ReferenceCrossEntropy(p.Inputs(), targets.data(), {}, LogitModel::kFp32Sum, &block,
+                                    gather(&g_block)));
+  ASSERT_TRUE(ReferenceCrossEntropy(p.Inputs(), targets.data(), {}, LogitModel::kFp32Sum, &rows,
+                                    gather(&g_rows), {}, /*block_rows=*/1));
+  EXPECT_EQ(block.lse, rows.lse);
+  EXPECT_EQ(block.loss_bound, rows.loss_bound);
+  EXPECT_EQ(block.mean, rows.mean);
+  EXPECT_EQ(block.sum_bound, rows.sum_bound);
+  EXPECT_EQ(g_block, g_rows);
+
+  LpReferenceOptions o;
+  o.top_k = 3;
+  LogProbsReference lp_block, lp_rows;
+  ASSERT_TRUE(
+      ReferenceLogProbs(p.Inputs(), targets.data(), o, LogitModel::kFp32Sum, &lp_block, {}));
+  ASSERT_TRUE(ReferenceLogProbs(p.Inputs(), targets.data(), o, LogitModel::kFp32Sum, &lp_rows, {},
+                                {}, /*block_rows=*/1));
+  EXPECT_EQ(lp_block.logprob, lp_rows.logprob);
+  EXPECT_EQ(lp_block.entropy_bound, lp_rows.entropy_bound);
+  EXPECT_EQ(lp_block.order, lp_rows.order);
+  EXPECT_EQ(lp_block.rank, lp_rows.rank);
 }
 
 }  // namespace

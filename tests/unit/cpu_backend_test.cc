@@ -200,6 +200,15 @@ void CheckIntegerExactLogits(Backend& backend, std::int64_t m, std::int64_t v, s
   }
 }
 
+TEST_F(CpuBackend, OffersNoEngineForTheReferences) {
+  // Its references' products are OpenBLAS's on the host.
+  std::shared_ptr<Weight> w = Load(std::vector<Bf16Bits>(8 * 4, FloatToBf16(1.0f)), 8, 4);
+  ASSERT_NE(w, nullptr);
+  absl::StatusOr<std::shared_ptr<Fp64Products>> engine = backend_->ReferenceProducts(*w);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(*engine, nullptr);
+}
+
 TEST_F(CpuBackend, LogitsBf16Bf16F32_IntegerExactK512) {
   CheckIntegerExactLogits(*backend_, 16, 1000, 512, 11);
 }

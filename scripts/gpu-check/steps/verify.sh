@@ -21,4 +21,34 @@ step_verify() {
     note verify FAIL "logitd --backend=cuda did not start (see verify.log)"
   fi
   stop_server
+  verify_cost
+}
+
+# What a Verify of logitd's own output costs against the call itself, at
+# VERIFY_COST_SHAPE (MxKxV, default 4096x4096x128256): logits every row and
+# 64 rows, the cross-entropy every row (logitctl bench --rpc=verify-*).
+verify_cost() {
+  if [ "${VERIFY_COST:-1}" != 1 ]; then note verify-cost skip "VERIFY_COST=0"; return; fi
+  local shape=${VERIFY_COST_SHAPE:-4096x4096x128256} m k v line failed=0
+  IFS=x read -r m k v <<<"$shape"
+  : >"$out/verify-cost.log"
+  if ! start_server "$out/verify-cost.log" --max_request_bytes=16000000000 --log_level=debug; then
+    note verify-cost FAIL "logitd --backend=cuda did not start (see verify-cost.log)"
+    return
+  fi
+  for run in "verify-logits 0" "verify-logits 64" "verify-cross-entropy 0"; do
+    read -r rpc rows <<<"$run"
+    if ! "$(find_bin logitctl)" --server="127.0.0.1:$port" bench --rpc="$rpc" --m="$m" --k="$k" \
+      --v="$v" --requests="${VERIFY_COST_REQUESTS:-3}" --warmup=1 --sample_rows="$rows" \
+      >>"$out/verify-cost.log" 2>&1; then
+      failed=1
+    fi
+    line=$(grep "^verify cost:" "$out/verify-cost.log" | tail -1)
+    echo "$shape $rpc sample_rows=$rows: ${line:-no result}"
+    # The server's stages of the last call (its debug log).
+    grep "verify VERIFY_" "$out/verify-cost.log" | tail -1
+  done
+  stop_server
+  if [ $failed = 0 ]; then note verify-cost ok "$(grep -c "^verify cost:" "$out/verify-cost.log") runs (verify-cost.log)"
+  else note verify-cost FAIL "see verify-cost.log"; fi
 }

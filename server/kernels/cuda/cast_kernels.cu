@@ -55,6 +55,28 @@ __global__ void ScaleKernel(const float* in, std::int64_t n, float scale, void* 
   }
 }
 
+__global__ void WidenBf16Kernel(const std::uint16_t* __restrict__ in, std::int64_t n,
+                                double* __restrict__ out, double* __restrict__ out_abs) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    // bf16 is the upper half of an fp32; fp32 to fp64 is exact, NaN
+    // payloads and infinities included.
+    const double v = static_cast<double>(__uint_as_float(static_cast<std::uint32_t>(in[i]) << 16));
+    out[i] = v;
+    if (out_abs != nullptr) out_abs[i] = fabs(v);
+  }
+}
+
+__global__ void AbsDoubleKernel(const double* __restrict__ in, std::int64_t n,
+                                double* __restrict__ out) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    out[i] = fabs(in[i]);
+  }
+}
+
 #ifdef LOGITD_TEST_FAULTS
 __global__ void TrapKernel() { __trap(); }
 
@@ -105,6 +127,19 @@ cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out,
                         cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, scale, out, out_bf16);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchWidenBf16(const std::uint16_t* in, std::int64_t n, double* out, double* out_abs,
+                            cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  WidenBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out, out_abs);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAbsDouble(const double* in, std::int64_t n, double* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  AbsDoubleKernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out);
   return cudaGetLastError();
 }
 

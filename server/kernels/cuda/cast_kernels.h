@@ -23,6 +23,13 @@ cudaError_t LaunchCastFp32ToBf16(const float* in, std::int64_t n, std::uint16_t*
 cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out, bool out_bf16,
                         cudaStream_t stream);
 
+// out[i] = in[i] widened exactly from bf16 to fp64 and, when out_abs is not
+// null, out_abs[i] = |in[i]|: the operands of the references' fp64 products.
+cudaError_t LaunchWidenBf16(const std::uint16_t* in, std::int64_t n, double* out, double* out_abs,
+                            cudaStream_t stream);
+// out[i] = |in[i]|.
+cudaError_t LaunchAbsDouble(const double* in, std::int64_t n, double* out, cudaStream_t stream);
+
 // Test faults only (kTestDeviceTrap, kTestDeviceHang), in builds with
 // LOGITD_ENABLE_TEST_FAULTS (LOGITD_TEST_FAULTS defined): a kernel that traps,
 // which poisons the context as a real device fault does, and one that spins

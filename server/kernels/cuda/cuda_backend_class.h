@@ -236,6 +236,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
                                                        std::int64_t k) override;
   absl::Status DoReadWeight(const Weight& w, Bf16Bits* out) override;
+  absl::StatusOr<std::shared_ptr<Fp64Products>> DoReferenceProducts(const Weight& w) override;
   absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing) override;
   absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing) override;
   absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out,

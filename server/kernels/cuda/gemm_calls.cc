@@ -15,6 +15,7 @@
 #include "logitd/bf16.h"
 #include "server/kernels/cuda/cast_kernels.h"
 #include "server/kernels/cuda/cuda_backend_class.h"
+#include "server/kernels/cuda/fp64_products.h"
 
 namespace logitd::kernels::cuda {
 
@@ -342,6 +343,16 @@ absl::Status CudaBackend::DoReadWeight(const Weight& weight, Bf16Bits* out) {
       "weight: copy [", w->v(), ", ", w->k(), "] bf16 to the host");
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(c->compute.get()), "weight: read");
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Fp64Products>> CudaBackend::DoReferenceProducts(
+    const Weight& weight) {
+  const auto* w = dynamic_cast<const CudaWeight*>(&weight);
+  if (w == nullptr) return ForeignWeightError("reference products", "cuda", weight);
+  absl::StatusOr<std::unique_ptr<CudaFp64Products>> engine = CudaFp64Products::Create(
+      w->data(), w->v(), w->k(), options_.device, memory_, info_.device_name);
+  if (!engine.ok()) return engine.status();
+  return std::shared_ptr<Fp64Products>(*std::move(engine));
 }
 
 absl::Status CudaBackend::DoZeroGradient(Weight& weight) {

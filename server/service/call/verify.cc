@@ -14,8 +14,10 @@
 #include "absl/time/clock.h"
 #include "logitd/bf16.h"
 #include "logitd/reference/cross_entropy.h"
+#include "logitd/reference/fp64_products.h"
 #include "logitd/reference/logprobs.h"
 #include "logitd/status_macros.h"
+#include "server/service/state/logging.h"
 
 namespace logitd::service {
 namespace {
@@ -25,6 +27,8 @@ std::uint64_t DigestOf(const CallInput& in, const void* data, std::uint64_t byte
   if (in.xxh3.has_value()) return *in.xxh3;
   return Xxh3(data, bytes);
 }
+
+constexpr char kHostEngine[] = "OpenBLAS dgemm on the host";
 
 }  // namespace
 
@@ -366,14 +370,38 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
                           PlanVerify(r, record ? &registered : nullptr, env.max_request_bytes));
   BudgetReservation reservation;
   LOGITD_RETURN_IF_ERROR(ReceiveVerify(env, r, plan, call, transport, &reservation));
+  absl::Time mark = absl::Now();
+  // Where the call's time went after its inputs arrived, for the debug log.
+  std::string stages;
+  const auto stage = [&](const char* name) {
+    const absl::Time now = absl::Now();
+    absl::StrAppendFormat(&stages, " %s %.1f ms;", name, absl::ToDoubleMilliseconds(now - mark));
+    mark = now;
+  };
   LOGITD_ASSIGN_OR_RETURN(VerifyWeight w, WeightOfCall(env, r, plan, record, call));
   LOGITD_ASSIGN_OR_RETURN(const VerifyTargets targets, TargetsOfCall(r, plan, call));
+  stage("weight");
   VerifyOutcome outcome;
   std::map<std::string, kernels::HostBuffer> own;
   LOGITD_RETURN_IF_ERROR(RunOwn(env, plan, call, *w.weight, targets, &own, &outcome.timing));
+  stage("logitd's own outputs");
 
   const absl::Time reference_start = absl::Now();
+  // The fp64 products on the backend's device when it offers them; on the
+  // host when it has none or cannot hold the widened weight.
+  std::shared_ptr<Fp64Products> engine;
+  outcome.reference_engine = kHostEngine;
+  if (absl::StatusOr<std::shared_ptr<Fp64Products>> e = env.backend->ReferenceProducts(*w.weight);
+      e.ok() && *e != nullptr) {
+    engine = *std::move(e);
+    outcome.reference_engine = engine->name();
+  } else if (!e.ok()) {
+    outcome.reference_engine =
+        absl::StrCat(kHostEngine, " (the device's engine: ", e.status().message(), ")");
+  }
+  stage("reference engine");
   LmHeadInputs in;
+  in.products = engine.get();
   in.x = call->in<Bf16Bits>("x");
   in.w = w.host;
   in.dy = call->in("dy");
@@ -387,6 +415,11 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
     LOGITD_RETURN_IF_ERROR(CheckCandidates(r, plan, in, call, own, stop, &outcome));
   }
   outcome.reference_us = Micros(absl::Now() - reference_start);
+  stage("references and checks");
+  if (engine != nullptr && !engine->error().empty()) {
+    // A product the device could not form was formed on the host.
+    absl::StrAppend(&outcome.reference_engine, " and ", kHostEngine, " after: ", engine->error());
+  }
   outcome.rows = plan.rows;
   std::string inputs = absl::StrFormat("verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x",
                                        VerifyOperationName(plan.operation), FloatBits(plan.alpha),
@@ -400,6 +433,10 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   outcome.inputs_xxh3 = Xxh3(inputs.data(), inputs.size());
   call->ReleaseInputs();
   call->Finish(outcome.timing);
+  stage("inputs released");
+  LogDebug(absl::StrCat("verify ", VerifyOperationName(plan.operation), " [", plan.m, ", ", plan.k,
+                        "] x [", plan.v, ", ", plan.k, "]:", stages, " (", outcome.reference_engine,
+                        ")"));
   return outcome;
 }
 

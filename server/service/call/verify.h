@@ -97,6 +97,8 @@ struct VerifyOutcome {
   kernels::Timing timing;
   // Forming the references and checking the candidates.
   std::int64_t reference_us = 0;
+  // Where the fp64 products were formed (VerifyResult.reference_engine).
+  std::string reference_engine;
 
   // The worst of the candidates' verdicts: "outside_bounds",
   // "outside_probabilistic_bounds", "within_bounds" or

@@ -35,6 +35,10 @@ class FaultBackend final : public kernels::Backend {
   absl::Status DoReadWeight(const kernels::Weight& w, Bf16Bits* out) override {
     return inner_->ReadWeight(w, out);
   }
+  absl::StatusOr<std::shared_ptr<Fp64Products>> DoReferenceProducts(
+      const kernels::Weight& w) override {
+    return inner_->ReferenceProducts(w);
+  }
 
   absl::Status DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
                         kernels::Timing* timing) override {

@@ -75,6 +75,7 @@ absl::Status LogitdService::DoVerify(VerifyCall* call) {
   result->mutable_rows_checked()->Add(outcome.rows.begin(), outcome.rows.end());
   result->set_inputs_xxh3(outcome.inputs_xxh3);
   result->set_reference_us(outcome.reference_us);
+  result->set_reference_engine(outcome.reference_engine);
   call->Timed(outcome.timing, result->mutable_timing());
   return call->SendHead(head);
 }

@@ -528,6 +528,9 @@ struct VerifyResult {
   std::uint64_t inputs_xxh3 = 0;
   Timing timing;  // receiving, and logitd's own outputs
   std::int64_t reference_us = 0;
+  // Where the fp64 products were formed ("cuBLAS DGEMM on ...", "OpenBLAS
+  // dgemm on the host").
+  std::string reference_engine;
   bool passed() const { return verdict == "within_bounds" || verdict == "bitwise_equal_to_logitd"; }
   const CandidateVerdict* Find(const std::string& name) const {
     for (const CandidateVerdict& c : candidates) {

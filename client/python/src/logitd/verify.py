@@ -132,6 +132,8 @@ class Verdict:
     inputs_xxh3: a digest of the operation, its options and the inputs'
     digests, the key a golden baseline files its cases under.
     reference_us: the server's time forming the fp64 references and checking.
+    reference_engine: where the fp64 products were formed ("cuBLAS DGEMM on
+    <device>", "OpenBLAS dgemm on the host").
     """
 
     verdict: str
@@ -139,6 +141,7 @@ class Verdict:
     rows_checked: Tuple[int, ...]
     inputs_xxh3: int
     reference_us: int
+    reference_engine: str = ""
 
     @property
     def passed(self) -> bool:
@@ -451,5 +454,6 @@ def _verdict_of(result: pb.VerifyResult) -> Verdict:
         rows_checked=tuple(int(r) for r in result.rows_checked),
         inputs_xxh3=int(result.inputs_xxh3),
         reference_us=int(result.reference_us),
+        reference_engine=result.reference_engine,
     )
 

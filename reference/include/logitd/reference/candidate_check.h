@@ -56,6 +56,12 @@ class CandidateCheck {
   void AddRange(std::int64_t offset, std::int64_t n, const void* candidate, const void* own,
                 const double* reference, const double* bound, const double* probabilistic_bound);
 
+  // Adds the elements `other` counted (of the same dtype) to these, as if
+  // each had been added here: what a check split over threads, one
+  // CandidateCheck each, gives once its parts are merged in any order.
+  void Merge(const CandidateCheck& other);
+
+  DType dtype() const { return dtype_; }
   std::int64_t elements() const { return elements_; }
   // Outside the proven bound: wrong for certain.
   std::int64_t outside() const { return outside_; }

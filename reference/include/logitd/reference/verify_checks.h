@@ -18,6 +18,8 @@
 
 namespace logitd {
 
+class Fp64Products;
+
 // The inputs of a check, as raw row-major arrays.
 struct LmHeadInputs {
   const Bf16Bits* x = nullptr;  // [m, k]
@@ -28,6 +30,9 @@ struct LmHeadInputs {
   std::int64_t m = 0;
   std::int64_t v = 0;
   std::int64_t k = 0;
+  // Where the fp64 products X·Wᵀ and G·W are formed (fp64_products.h):
+  // null for OpenBLAS on the host.
+  Fp64Products* products = nullptr;
 
   // Logits' inputs (no dY).
   static LmHeadInputs Forward(const Bf16Bits* x, const Bf16Bits* w, std::int64_t m, std::int64_t v,
