@@ -65,6 +65,16 @@ void CandidateCheck::Add(std::int64_t index, const void* candidate, const void* 
   Count(index, c, cb, o, ob, reference, bound, probabilistic_bound);
 }
 
+void CandidateCheck::AddInteger(std::int64_t index, std::int64_t candidate, std::int64_t own,
+                                double value, double reference, double bound,
+                                double shown_reference) {
+  const CheckedElement shown{index, static_cast<double>(candidate), shown_reference, bound,
+                             bound, static_cast<double>(own)};
+  // logitd's own integer is taken as right (its value is not looked up):
+  // only the candidate's is judged.
+  Count(index, value, candidate == own ? 0u : 1u, reference, 0u, reference, bound, bound, &shown);
+}
+
 void CandidateCheck::AddRange(std::int64_t offset, std::int64_t n, const void* candidate,
                               const void* own, const double* reference, const double* bound,
                               const double* probabilistic_bound) {
@@ -99,13 +109,16 @@ double CandidateCheck::Fraction(double value, double reference, double bound,
 
 void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t candidate_bits,
                            double own, std::uint32_t own_bits, double reference, double bound,
-                           double probabilistic_bound) {
+                           double probabilistic_bound, const CheckedElement* shown) {
   ++elements_;
-  // Against logitd's own output: bits, NaNs of any payload alike.
-  const bool both_nan = std::isnan(candidate) && std::isnan(own);
+  const bool integer = dtype_ == DType::kInt32 || dtype_ == DType::kInt64;
+  // Against logitd's own output: bits, NaNs of any payload alike (integers:
+  // equal or not, which AddInteger passes as bits 0 against 0 or 1).
+  const bool both_nan = !integer && std::isnan(candidate) && std::isnan(own);
   if (candidate_bits == own_bits || both_nan) ++bitwise_equal_;
   const std::int64_t ulp =
-      dtype_ == DType::kBf16
+      integer ? (candidate_bits == own_bits ? 0 : 1)
+      : dtype_ == DType::kBf16
           ? UlpDistanceBf16(static_cast<Bf16Bits>(candidate_bits), static_cast<Bf16Bits>(own_bits))
           : UlpDistanceFp32(candidate_bits, own_bits);
   max_ulp_ = std::max(max_ulp_, ulp);
@@ -131,7 +144,9 @@ void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t c
     }
   }
   ++histogram_[static_cast<std::size_t>(bin)];
-  const CheckedElement element{index, candidate, reference, bound, probabilistic_bound, own};
+  const CheckedElement element =
+      shown != nullptr ? *shown : CheckedElement{index, candidate,           reference,
+                                                 bound, probabilistic_bound, own};
   if (fraction > 1.0 && outside_++ == 0) first_proven_outside_ = element;
   if (p_fraction <= 1.0) return;
   if (outside_probabilistic_++ < kReportedOutside) first_outside_.push_back(element);

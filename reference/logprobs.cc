@@ -224,6 +224,67 @@ double TopKLogProbBound(const LogProbsReference& ref, std::int64_t i, double z_i
          4 * kU * (std::fabs(lse) + std::fabs(z_id) + std::fabs(lp));
 }
 
+void CheckTopKIds(const LogProbsReference& ref, std::int64_t k, const std::int64_t* ids,
+                  const std::int64_t* own_ids, const double* ids_z, CandidateCheck* check) {
+  for (std::int64_t i = 0; i < ref.m; ++i) {
+    const double sep = ref.exact ? 0.0 : 2 * ref.z_bound[static_cast<std::size_t>(i)];
+    for (std::int64_t p = 0; p < k; ++p) {
+      const std::int64_t at = i * k + p;
+      const std::size_t place = static_cast<std::size_t>(i * ref.order_cols + p);
+      const double z_place =
+          p < ref.order_cols ? ref.order_z[place] : std::numeric_limits<double>::quiet_NaN();
+      const double shown = p < ref.order_cols ? static_cast<double>(ref.order[place]) : -1.0;
+      check->AddInteger(at, ids[at], own_ids[at], ids_z[at], z_place, sep, shown);
+    }
+  }
+}
+
+void CheckTopKLogProbs(const LogProbsReference& ref, std::int64_t k, const float* logprobs,
+                       const float* own, CandidateCheck* check) {
+  std::vector<double> value(static_cast<std::size_t>(k)), bound(value.size());
+  for (std::int64_t i = 0; i < ref.m; ++i) {
+    for (std::int64_t p = 0; p < k; ++p) {
+      const std::size_t s = static_cast<std::size_t>(p);
+      if (p >= ref.order_cols) {  // k past the vocabulary: no such place
+        value[s] = std::numeric_limits<double>::quiet_NaN();
+        bound[s] = 0;
+        continue;
+      }
+      const double z = ref.order_z[static_cast<std::size_t>(i * ref.order_cols + p)];
+      value[s] = z - ref.lse[static_cast<std::size_t>(i)];
+      bound[s] = TopKLogProbBound(ref, i, z);
+    }
+    check->AddRange(i * k, k, logprobs + i * k, own + i * k, value.data(), bound.data(),
+                    bound.data());
+  }
+}
+
+void CheckRanks(const LogProbsReference& ref, const std::int64_t* rank, const std::int64_t* own,
+                CandidateCheck* check) {
+  for (std::int64_t i = 0; i < ref.m; ++i) {
+    const std::size_t s = static_cast<std::size_t>(i);
+    const double low = static_cast<double>(ref.rank_low[s]);
+    const double high = static_cast<double>(ref.rank_high[s]);
+    check->AddInteger(i, rank[i], own[i], static_cast<double>(rank[i]), (low + high) / 2,
+                      (high - low) / 2, static_cast<double>(ref.rank[s]));
+  }
+}
+
+LpZSink TopKIdsZ(const std::int64_t* ids, std::int64_t k, std::int64_t vocab, double* ids_z) {
+  return [=](std::int64_t row0, std::int64_t rows, const double* z) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t* row = ids + (row0 + r) * k;
+      for (std::int64_t p = 0; p < k; ++p) {
+        const std::int64_t id = row[p];
+        bool valid = id >= 0 && id < vocab;
+        for (std::int64_t q = 0; q < p && valid; ++q) valid = row[q] != id;
+        ids_z[(row0 + r) * k + p] =
+            valid ? z[r * vocab + id] : std::numeric_limits<double>::quiet_NaN();
+      }
+    }
+  };
+}
+
 std::uint64_t LogProbsReferenceBytes(std::int64_t m, std::int64_t v, std::int64_t k,
                                      std::int64_t block_rows) {
   constexpr std::uint64_t kDouble = sizeof(double);

@@ -625,6 +625,71 @@ TEST_F(VerifyTest, LogProbsOwnOutputsAndAWrongTemperature) {
   EXPECT_EQ(r.verdict, "outside_bounds");
 }
 
+TEST_F(VerifyTest, LogProbsTopKAndRanksOfLogitdAndWrongOnes) {
+  const Tensor w = NormalBf16({400, 192}, 41);
+  const Tensor x = NormalBf16({12, 192}, 42);
+  const Tensor targets = Targets(12, 400);
+  const std::string handle = Register(w, "verify-lp-topk");
+  client::LogProbsOptions o;
+  o.top_k = 5;
+  o.want_rank = true;
+  absl::StatusOr<client::LogProbsResult> own = client().LogProbs(x, &targets, handle, o);
+  ASSERT_TRUE(own.ok()) << own.status();
+  VerifyArgs args = PerTokenArgs(VerifyOperation::kLogProbs, handle, x, targets);
+  args.logprobs = o;
+  args.candidates["topk_ids"] = *own->topk_ids;
+  args.candidates["topk_logprobs"] = *own->topk_logprobs;
+  args.candidates["rank"] = *own->rank;
+  VerifyResult r = Verified(args);
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  ASSERT_EQ(r.candidates.size(), 3u);
+  for (const client::CandidateVerdict& c : r.candidates)
+    EXPECT_EQ(c.elements, c.name == "rank" ? 12 : 60) << c.name;
+
+  // Ids as int64, ranks as int32: the same verdicts.
+  Tensor ids64(DType::kInt64, {12, 5});
+  Tensor rank32(DType::kInt32, {12});
+  for (std::int64_t i = 0; i < 60; ++i) {
+    ids64.data<std::int64_t>()[i] = own->topk_ids->data<std::int32_t>()[i];
+  }
+  for (std::int64_t i = 0; i < 12; ++i) {
+    rank32.data<std::int32_t>()[i] = static_cast<std::int32_t>(own->rank->data<std::int64_t>()[i]);
+  }
+  args.candidates["topk_ids"] = ids64;
+  args.candidates["rank"] = rank32;
+  EXPECT_EQ(Verified(args).verdict, "bitwise_equal_to_logitd");
+
+  // Row 3's first and last places swapped, an id repeated in row 7, one out
+  // of the vocabulary in row 9: three elements outside, the first at [3, 0].
+  Tensor ids = Copy(ids64);
+  std::int64_t* id = ids.data<std::int64_t>();
+  std::swap(id[3 * 5], id[3 * 5 + 4]);
+  id[7 * 5 + 2] = id[7 * 5 + 1];
+  id[9 * 5] = 400;
+  args.candidates["topk_ids"] = ids;
+  // Row 2's target counted one place too low, row 5's log-prob 0.01 high.
+  Tensor rank = Copy(rank32);
+  rank.data<std::int32_t>()[2] += 1;
+  args.candidates["rank"] = rank;
+  Tensor lps = Copy(*own->topk_logprobs);
+  lps.data<float>()[5 * 5 + 1] += 0.01f;
+  args.candidates["topk_logprobs"] = lps;
+  r = Verified(args);
+  EXPECT_EQ(r.verdict, "outside_bounds");
+  const client::CandidateVerdict* c = r.Find("topk_ids");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->outside_bound, 4);  // both swapped places, the repeat and the stranger
+  EXPECT_EQ(c->nan_inf_mismatches, 2);
+  ASSERT_FALSE(c->first_outside.empty());
+  EXPECT_EQ(c->first_outside[0].index, (std::vector<std::int64_t>{3, 0}));
+  EXPECT_EQ(c->first_outside[0].candidate, static_cast<double>(id[3 * 5]));
+  EXPECT_EQ(c->first_outside[0].reference, static_cast<double>(id[3 * 5 + 4]));
+  EXPECT_EQ(r.Find("rank")->outside_bound, 1);
+  EXPECT_EQ(r.Find("rank")->first_outside[0].index, (std::vector<std::int64_t>{2}));
+  EXPECT_EQ(r.Find("topk_logprobs")->outside_bound, 1);
+  EXPECT_EQ(r.Find("topk_logprobs")->first_outside[0].index, (std::vector<std::int64_t>{5, 1}));
+}
+
 TEST_F(VerifyTest, CrossEntropyAndLogProbsBadRequests) {
   const Tensor w = NormalBf16({50, 64}, 37);
   const Tensor x = NormalBf16({4, 64}, 38);

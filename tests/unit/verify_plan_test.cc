@@ -81,12 +81,25 @@ TEST(PlanVerifyTest, UnknownOperationsAndOutputsNotCheckedYet) {
   EXPECT_TRUE(PlanStatus(r).ok()) << PlanStatus(r);
   r.candidates = {Spec("dw", "BF16", {1000, 64})};
   EXPECT_THAT(PlanStatus(r).message(), HasSubstr("dw: expected dtype FP32"));
+  // LogProbs' top-k and ranks: integer ids and ranks, one k for both.
   r.operation = VerifyOperation::kLogProbs;
   r.candidates = {Spec("rank", "FP32", {8})};
-  EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(PlanStatus(r).message(),
-              HasSubstr("VERIFY_LOGPROBS's 'rank' is not checked yet; Verify checks its logprob, "
-                        "lse, entropy"));
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("rank: expected dtype INT32 or INT64, got FP32"));
+  r.candidates = {Spec("rank", "INT32", {8}), Spec("topk_ids", "INT32", {8, 5}),
+                  Spec("topk_logprobs", "FP32", {8, 5})};
+  absl::StatusOr<VerifyPlan> lp = PlanVerify(r, &kWeight, kNoLimit);
+  ASSERT_TRUE(lp.ok()) << lp.status();
+  EXPECT_EQ(lp->logprobs->top_k, 5);
+  EXPECT_TRUE(lp->logprobs->want_rank);
+  // logitd's own ranks are int64 whatever the candidate's dtype.
+  EXPECT_EQ(OwnBytes(lp->candidates[0]), 8u * 8);
+  r.candidates = {Spec("topk_ids", "INT64", {8, 5}), Spec("topk_logprobs", "FP32", {8, 4})};
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("topk_logprobs: expected k = 5"));
+  r.candidates = {Spec("topk_ids", "INT64", {8, 65})};
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("k in 1..64"));
+  r.targets = {};
+  r.candidates = {Spec("rank", "INT64", {8})};
+  EXPECT_THAT(PlanStatus(r).message(), HasSubstr("a rank candidate is each row's target's rank"));
   r.operation = VerifyOperation::kUnknown;
   r.operation_name = "unknown operation 9";
   EXPECT_EQ(PlanStatus(r).code(), absl::StatusCode::kInvalidArgument);

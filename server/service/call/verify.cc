@@ -1,6 +1,7 @@
 #include "server/service/call/verify.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
@@ -169,7 +170,7 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
                     const VerifyTargets& targets, std::map<std::string, kernels::HostBuffer>* own,
                     kernels::Timing* timing) {
   for (const VerifyCandidatePlan& c : plan.candidates) {
-    LOGITD_ASSIGN_OR_RETURN((*own)[c.name], env.backend->AllocateHost(c.bytes));
+    LOGITD_ASSIGN_OR_RETURN((*own)[c.name], env.backend->AllocateHost(OwnBytes(c)));
   }
   const auto out = [&](const std::string& name) -> std::byte* {
     auto it = own->find(name);
@@ -209,6 +210,23 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
     args.logprob = reinterpret_cast<float*>(out("logprob"));
     args.lse = reinterpret_cast<float*>(out("lse"));
     args.entropy = reinterpret_cast<float*>(out("entropy"));
+    // The top-k comes as ids and log-probs together; the one no candidate
+    // asked for goes to scratch.
+    std::vector<std::int32_t> spare_ids;
+    std::vector<float> spare_logprobs;
+    if (lp.top_k > 0) {
+      spare_ids.resize(out("topk_ids") == nullptr ? static_cast<std::size_t>(plan.m * lp.top_k)
+                                                  : 0);
+      spare_logprobs.resize(
+          out("topk_logprobs") == nullptr ? static_cast<std::size_t>(plan.m * lp.top_k) : 0);
+    }
+    args.top_k = lp.top_k;
+    args.topk_ids = out("topk_ids") != nullptr ? reinterpret_cast<std::int32_t*>(out("topk_ids"))
+                                               : spare_ids.data();
+    args.topk_logprobs = out("topk_logprobs") != nullptr
+                             ? reinterpret_cast<float*>(out("topk_logprobs"))
+                             : spare_logprobs.data();
+    args.rank = reinterpret_cast<std::int64_t*>(out("rank"));
     return env.backend->LogProbs(weight, args, timing);
   }
   kernels::BackwardArgs args;
@@ -272,6 +290,48 @@ bool CheckCrossEntropyGradient(const VerifyCandidatePlan& c, const LmHeadInputs&
                                          stop);
 }
 
+const VerifyCandidatePlan* Find(const VerifyPlan& plan, const std::string& name) {
+  for (const VerifyCandidatePlan& c : plan.candidates) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+// n integers of `dtype` (INT32 or INT64) at `data`, as int64.
+std::vector<std::int64_t> Integers(const std::byte* data, DType dtype, std::int64_t n) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (dtype == DType::kInt32) {
+      std::int32_t v;
+      std::memcpy(&v, data + i * 4, 4);
+      out[static_cast<std::size_t>(i)] = v;
+    } else {
+      std::memcpy(&out[static_cast<std::size_t>(i)], data + i * 8, 8);
+    }
+  }
+  return out;
+}
+
+// A LogProbs top-k ids, top-k log-probs or rank candidate against the
+// reference (logitd/reference/logprobs.h); logitd's own ids are int32, its
+// ranks int64.
+void CheckTopKOrRank(const VerifyCandidatePlan& c, const VerifyPlan& plan,
+                     const LogProbsReference& ref, const std::vector<std::int64_t>& ids,
+                     const std::vector<double>& ids_z, const std::byte* candidate,
+                     const std::byte* own, CandidateCheck* check) {
+  const std::int64_t k = plan.logprobs->top_k;
+  if (c.name == "topk_ids") {
+    CheckTopKIds(ref, k, ids.data(), Integers(own, DType::kInt32, plan.m * k).data(), ids_z.data(),
+                 check);
+  } else if (c.name == "topk_logprobs") {
+    CheckTopKLogProbs(ref, k, reinterpret_cast<const float*>(candidate),
+                      reinterpret_cast<const float*>(own), check);
+  } else {
+    CheckRanks(ref, Integers(candidate, c.dtype, plan.m).data(),
+               Integers(own, DType::kInt64, plan.m).data(), check);
+  }
+}
+
 // The per-token candidates of the cross-entropy or LogProbs against one
 // reference of all of them (its proven bound is also the probabilistic
 // one: these bounds have no probabilistic form yet).
@@ -283,6 +343,10 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
   std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> refs;
   // The cross-entropy's g and its pre-cast bound [M, V], for dX and dW.
   std::vector<double> g, g_pre_err;
+  // LogProbs' reference, and a top-k ids candidate's ids and their z.
+  LogProbsReference lp_ref;
+  std::vector<std::int64_t> top_k_ids;
+  std::vector<double> top_k_z;
   bool done = false;
   if (plan.cross_entropy.has_value()) {
     const CrossEntropyPlan& cp = *plan.cross_entropy;
@@ -324,12 +388,20 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
     o.temperature = lp.temperature;
     o.logit_softcap = lp.logit_softcap;
     o.vocab_size = lp.vocab;
-    LogProbsReference ref;
+    o.top_k = lp.top_k;
+    // The candidate's top-k ids, widened, and their z, gathered as the
+    // reference's z go by.
+    LpZSink z_sink;
+    if (const VerifyCandidatePlan* c = Find(plan, "topk_ids"); c != nullptr) {
+      top_k_ids = Integers(call->in(c->name), c->dtype, plan.m * lp.top_k);
+      top_k_z.resize(top_k_ids.size());
+      z_sink = TopKIdsZ(top_k_ids.data(), lp.top_k, lp.vocab, top_k_z.data());
+    }
     done = ReferenceLogProbs(in, targets.ids.empty() ? nullptr : targets.ids.data(), o,
-                             LogitModel::kFp32Sum, &ref, {}, stop);
-    refs["logprob"] = {ref.logprob, ref.logprob_bound};
-    refs["lse"] = {ref.lse, ref.lse_bound};
-    refs["entropy"] = {ref.entropy, ref.entropy_bound};
+                             LogitModel::kFp32Sum, &lp_ref, z_sink, stop);
+    refs["logprob"] = {lp_ref.logprob, lp_ref.logprob_bound};
+    refs["lse"] = {lp_ref.lse, lp_ref.lse_bound};
+    refs["entropy"] = {lp_ref.entropy, lp_ref.entropy_bound};
   }
   if (!done) {
     return absl::CancelledError("verify: the caller went away while the references were formed");
@@ -338,6 +410,11 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);
     v.xxh3 = DigestOf(r.candidates[c.index], data, c.bytes);
+    if (c.name == "topk_ids" || c.name == "topk_logprobs" || c.name == "rank") {
+      CheckTopKOrRank(c, plan, lp_ref, top_k_ids, top_k_z, data, own.at(c.name).data(), &v.check);
+      outcome->candidates.push_back(std::move(v));
+      continue;
+    }
     if (c.name == "dx" || c.name == "dw") {
       if (!CheckCrossEntropyGradient(c, in, g, g_pre_err, data, own.at(c.name).data(), stop,
                                      &v.check)) {

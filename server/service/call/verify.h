@@ -47,6 +47,10 @@ struct VerifyCandidatePlan {
   std::size_t index = 0;
 };
 
+// The bytes of logitd's own output of a candidate: the candidate's, but
+// LogProbs' top-k ids int32 and ranks int64 whatever the candidate's dtype.
+std::uint64_t OwnBytes(const VerifyCandidatePlan& c);
+
 struct VerifyPlan {
   VerifyOperation operation = VerifyOperation::kUnspecified;
   std::int64_t m = 0;

@@ -38,13 +38,11 @@ std::vector<std::string> OutputsOf(VerifyOperation operation) {
 
 // The outputs of an operation Verify checks so far.
 std::vector<std::string> CheckedOutputsOf(VerifyOperation operation) {
-  switch (operation) {
-    case VerifyOperation::kLogProbs:
-      return {"logprob", "lse", "entropy"};
-    default:
-      return OutputsOf(operation);
-  }
+  return OutputsOf(operation);
 }
+
+// LogProbs' integer outputs: the top-k ids and the target's rank.
+bool IsIntegerOutput(const std::string& name) { return name == "topk_ids" || name == "rank"; }
 
 // A streamed W: BF16 [V, K]; its dims.
 absl::StatusOr<WeightDims> StreamedWeight(const CallInput& w, std::uint64_t* bytes) {
@@ -77,7 +75,12 @@ absl::Status CheckCandidateNames(const VerifyRequest& r, std::map<std::string, D
           " (it gives ", absl::StrJoin(outputs, ", "), ")"));
     }
     const std::optional<DType> dtype = DTypeOfName(c.dtype);
-    if (dtype != DType::kFp32 && dtype != DType::kBf16) {
+    if (IsIntegerOutput(c.name)) {
+      if (dtype != DType::kInt32 && dtype != DType::kInt64) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(c.name, ": expected dtype INT32 or INT64, got ", c.dtype));
+      }
+    } else if (dtype != DType::kFp32 && dtype != DType::kBf16) {
       return absl::InvalidArgumentError(
           absl::StrCat(c.name, ": expected dtype FP32 or BF16 (the dtypes ",
                        VerifyOperationName(r.operation), " can give it in), got ", c.dtype));
@@ -115,6 +118,13 @@ std::uint64_t Mul(std::int64_t a, std::int64_t b, std::uint64_t size) {
 }
 
 }  // namespace
+
+std::uint64_t OwnBytes(const VerifyCandidatePlan& c) {
+  if (c.name != "topk_ids" && c.name != "rank") return c.bytes;
+  std::uint64_t n = 1;
+  for (std::int64_t d : c.shape) n *= static_cast<std::uint64_t>(d);
+  return n * (c.name == "rank" ? 8 : 4);
+}
 
 std::string VerifyOperationName(VerifyOperation operation) {
   switch (operation) {
@@ -192,6 +202,7 @@ absl::Status CheckedCandidates(const VerifyRequest& r, const std::map<std::strin
                        "' is not checked yet; Verify checks its ", absl::StrJoin(checked, ", ")));
     }
     const bool bf16_allowed = r.operation == VerifyOperation::kCrossEntropy && name == "dx";
+    if (IsIntegerOutput(name)) continue;  // INT32 or INT64, checked with the names
     if (dtype != DType::kFp32 && !(bf16_allowed && dtype == DType::kBf16)) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": expected dtype FP32 (the dtype ",
                                                      VerifyOperationName(r.operation),
@@ -199,6 +210,28 @@ absl::Status CheckedCandidates(const VerifyRequest& r, const std::map<std::strin
     }
   }
   return absl::OkStatus();
+}
+
+// The k of LogProbs' top-k candidates: the second dimension of topk_ids and
+// topk_logprobs (the same when both come); 0 when neither does.
+absl::StatusOr<std::int64_t> CandidateTopK(const VerifyRequest& r) {
+  std::int64_t k = 0;
+  std::string first;
+  for (const CallInput& c : r.candidates) {
+    if (c.name != "topk_ids" && c.name != "topk_logprobs") continue;
+    if (c.shape.size() != 2 || c.shape[1] < 1 || c.shape[1] > kMaxTopK) {
+      return absl::InvalidArgumentError(absl::StrCat(c.name,
+                                                     ": expected shape [M, k] with k in 1..",
+                                                     kMaxTopK, ", got ", ShapeString(c.shape)));
+    }
+    if (k != 0 && c.shape[1] != k) {
+      return absl::InvalidArgumentError(absl::StrCat(c.name, ": expected k = ", k, " as ", first,
+                                                     " has, got ", ShapeString(c.shape)));
+    }
+    k = c.shape[1];
+    first = c.name;
+  }
+  return k;
 }
 
 // The operation's own plan, with the candidates' dtypes as its outputs' and
@@ -270,17 +303,25 @@ absl::Status PlanOperation(const VerifyRequest& r, const WeightDims& dims,
             "targets: a logprob candidate is the log-probability of each row's target; give "
             "targets");
       }
+      if (dtypes.count("rank") > 0 && !r.targets.given) {
+        return absl::InvalidArgumentError(
+            "targets: a rank candidate is each row's target's rank; give targets");
+      }
       LogProbsRequest lr = r.logprobs;
       lr.x = r.x;
       lr.targets = r.targets;
       lr.want_lse = dtypes.count("lse") > 0;
       lr.want_entropy = dtypes.count("entropy") > 0;
+      lr.want_rank = dtypes.count("rank") > 0;
+      LOGITD_ASSIGN_OR_RETURN(lr.top_k, CandidateTopK(r));
       LOGITD_ASSIGN_OR_RETURN(LogProbsPlan lp, PlanLogProbs(lr, dims, kNoLimit));
       plan->m = lp.m;
       plan->x_bytes = lp.x_bytes;
       plan->targets_dtype = lp.targets_dtype;
       plan->targets_bytes = lp.targets_bytes;
-      for (const char* name : {"logprob", "lse", "entropy"}) (*shapes)[name] = {plan->m};
+      for (const char* name : {"logprob", "lse", "entropy", "rank"}) (*shapes)[name] = {plan->m};
+      (*shapes)["topk_ids"] = {plan->m, lp.top_k};
+      (*shapes)["topk_logprobs"] = {plan->m, lp.top_k};
       plan->logprobs = std::move(lp);
       return absl::OkStatus();
     }
@@ -302,6 +343,7 @@ absl::Status PlanCandidates(const VerifyRequest& r,
       const char* dims_of = c.name == "y"    ? "[M, V]: x's M, the weight's V"
                             : c.name == "dx" ? "[M, K]: x's M, the weight's K"
                             : c.name == "dw" ? "[V, K]: the weight's"
+                            : c.name == "topk_ids" || c.name == "topk_logprobs" ? "[M, k]: x's M"
                             : want.size() == 1 && want[0] == 1 &&
                                     r.operation == VerifyOperation::kCrossEntropy &&
                                     c.name == "loss"
@@ -319,7 +361,9 @@ absl::Status PlanCandidates(const VerifyRequest& r,
     for (std::int64_t d : want) p.bytes *= static_cast<std::uint64_t>(d);
     p.index = i;
     parts->push_back({c.name, p.dtype, p.shape, p.bytes});
-    parts->push_back({absl::StrCat("logitd's ", c.name), p.dtype, p.shape, p.bytes});
+    // logitd's own: the candidate's dtype, but int32 ids and int64 ranks as
+    // LogProbs gives them (OwnBytes).
+    parts->push_back({absl::StrCat("logitd's ", c.name), p.dtype, p.shape, OwnBytes(p)});
     plan->candidates.push_back(std::move(p));
   }
   return absl::OkStatus();
@@ -391,7 +435,7 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   if (plan.weight_streamed) parts.push_back({"w", DType::kBf16, r.w.shape, plan.w_bytes});
   LOGITD_RETURN_IF_ERROR(PlanCandidates(r, shapes, dtypes, &plan, &parts));
   std::uint64_t own_bytes = 0;
-  for (const VerifyCandidatePlan& c : plan.candidates) own_bytes += c.bytes;
+  for (const VerifyCandidatePlan& c : plan.candidates) own_bytes += OwnBytes(c);
   plan.rows = SampleRows(plan.m, r.sample_rows);
   const std::uint64_t reference = ReferenceBytes(plan);
   parts.push_back({"fp64 references", DType::kFp32, {}, reference});

@@ -51,6 +51,16 @@ class CandidateCheck {
   // are the dtype's), the fp64 reference and its two bounds.
   void Add(std::int64_t index, const void* candidate, const void* own, double reference,
            double bound, double probabilistic_bound);
+  // An element of an integer output (LogProbs' top-k ids and ranks; the
+  // check's dtype INT32 or INT64): the candidate's and logitd's integers,
+  // equal or not (their "ULP distance" is 0 or 1), and the quantity each is
+  // judged by: `value` against `reference` within `bound` (the z of an id
+  // against the z its place has; a rank against the middle of its
+  // interval), NaN for an integer that cannot be right (an id out of range
+  // or repeated). Reported elements show the integers, with
+  // `shown_reference` as the reference.
+  void AddInteger(std::int64_t index, std::int64_t candidate, std::int64_t own, double value,
+                  double reference, double bound, double shown_reference);
   // A whole range [offset, offset + n) of both tensors (same dtype), with
   // references and bounds given as arrays of n.
   void AddRange(std::int64_t offset, std::int64_t n, const void* candidate, const void* own,
@@ -99,8 +109,11 @@ class CandidateCheck {
 
  private:
   double Fraction(double value, double reference, double bound, bool* mismatch) const;
+  // `shown` (when not null) is the element as reported, in place of the
+  // values judged.
   void Count(std::int64_t index, double candidate, std::uint32_t candidate_bits, double own,
-             std::uint32_t own_bits, double reference, double bound, double probabilistic_bound);
+             std::uint32_t own_bits, double reference, double bound, double probabilistic_bound,
+             const CheckedElement* shown = nullptr);
 
   DType dtype_;
   std::int64_t elements_ = 0;

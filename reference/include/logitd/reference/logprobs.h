@@ -16,6 +16,7 @@
 #include <functional>
 #include <vector>
 
+#include "logitd/reference/candidate_check.h"
 #include "logitd/reference/cross_entropy.h"
 #include "logitd/reference/verify_checks.h"
 
@@ -78,6 +79,31 @@ bool TopKPlaceDecided(const LogProbsReference& ref, std::int64_t i, std::int64_t
 // The bound on an implementation's top-k log-prob of row i at id `id`,
 // whose fp64 z is z_id: B + Δlse + 4u·(|lse| + |z_id| + |z_id − lse|).
 double TopKLogProbBound(const LogProbsReference& ref, std::int64_t i, double z_id);
+
+// Another implementation's top-k and ranks held against `ref` (formed with
+// top_k = k), element by element, as Verify judges them (proofs in
+// docs/PROTOCOL.md):
+// - topk_ids [M, k]: the id at place p of row i must be one an
+//   implementation within the bounds may put there: in [0, vocab), not
+//   repeated in its row, and with z within 2·B of the reference's p-th
+//   largest z (B = ref.z_bound[i]; 0 when exact, ties then being the only
+//   freedom). ids_z [M, k] holds each candidate id's fp64 z (NaN for one out
+//   of range or repeated), gathered by TopKIdsZ.
+// - topk_logprobs [M, k]: by place, against the reference's p-th largest z
+//   minus lse with TopKLogProbBound: the p-th largest of values each within
+//   B of its exact one is within B of the exact p-th largest, whichever ids
+//   they belong to.
+// - rank [M]: within [rank_low, rank_high] (−1 for an ignored token).
+void CheckTopKIds(const LogProbsReference& ref, std::int64_t k, const std::int64_t* ids,
+                  const std::int64_t* own_ids, const double* ids_z, CandidateCheck* check);
+void CheckTopKLogProbs(const LogProbsReference& ref, std::int64_t k, const float* logprobs,
+                       const float* own, CandidateCheck* check);
+void CheckRanks(const LogProbsReference& ref, const std::int64_t* rank, const std::int64_t* own,
+                CandidateCheck* check);
+// A sink for ReferenceLogProbs that gathers the z of each id of ids [m, k]
+// into ids_z [m, k] (NaN for an id outside [0, vocab) or repeated in its
+// row).
+LpZSink TopKIdsZ(const std::int64_t* ids, std::int64_t k, std::int64_t vocab, double* ids_z);
 
 // The most memory ReferenceLogProbs takes besides its arguments and *out
 // (7·M doubles, 3·M ids and (top_k + 1)·M ids and z): a block's widened
