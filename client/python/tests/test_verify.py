@@ -511,3 +511,38 @@ def test_logprobs_at_a_temperature(client, weights):
     assert v.verdict == "outside_bounds", "judged at temperature 1"
     with pytest.raises(logitd.InvalidArgumentError, match="give targets"):
         client.verify_logprobs(x, info.handle, logprob=logprob.astype(np.float32))
+
+
+def test_logprobs_top_k_and_ranks_from_numpy(client, weights):
+    M, V, K, k = 8, 150, 64, 4
+    x, w = normal_bf16(25, (M, K)), normal_bf16(26, (V, K))
+    targets = np.array([3, 149, -100, 5, 17, 33, 2, 90], dtype=np.int64)
+    info = weights(w, name="verify-lp-topk")
+    # numpy's float64 logits: the ids by z descending (ties to the lower
+    # id), their log-probs and each target's rank.
+    z = x.astype(np.float64) @ w.astype(np.float64).T
+    lse = np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1)) + z.max(axis=1)
+    order = np.argsort(-z, axis=1, kind="stable")[:, :k]
+    topk_logprobs = (np.take_along_axis(z, order, axis=1) - lse[:, None]).astype(np.float32)
+    rank = np.array(
+        [-1 if t < 0 else int((z[i] > z[i, t]).sum() + (z[i, :t] == z[i, t]).sum()) for i, t in enumerate(targets)],
+        dtype=np.int64,
+    )
+    v = client.verify_logprobs(
+        x,
+        info.handle,
+        targets=targets,
+        topk_ids=order.astype(np.int32),
+        topk_logprobs=topk_logprobs,
+        rank=rank,
+    )
+    assert v.verdict in PASSING, v.describe()
+    assert v.candidates["topk_ids"].shape == (M, k)
+
+    swapped = order.copy()
+    swapped[1, [0, 3]] = swapped[1, [3, 0]]
+    v = client.verify_logprobs(x, info.handle, topk_ids=swapped)
+    assert v.verdict == "outside_bounds"
+    assert v.candidates["topk_ids"].outside_bound == 2
+    with pytest.raises(logitd.InvalidArgumentError, match="expected dtype int32 or int64"):
+        client.verify_logprobs(x, info.handle, topk_ids=order.astype(np.float32))

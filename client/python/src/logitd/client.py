@@ -554,19 +554,27 @@ class Client(_Transport):
         logprob: Any = None,
         lse: Any = None,
         entropy: Any = None,
+        topk_ids: Any = None,
+        topk_logprobs: Any = None,
+        rank: Any = None,
         temperature: float = 1.0,
         logit_softcap: float = 0.0,
         vocab_size: int = 0,
         ignore_index: int = -100,
     ) -> Verdict:
-        """Judges LogProbs' per-token outputs computed elsewhere: logprob (needs
-        targets), lse and/or entropy (fp32 [M]) of X and W with the options
-        logprobs takes, as verify_cross_entropy does."""
+        """Judges LogProbs' outputs computed elsewhere: logprob (needs targets),
+        lse and/or entropy (fp32 [M]), top-k ids (int32 or int64 [M, k], most
+        likely first; judged up to ties within the bound) and log-probs (fp32
+        [M, k]), and the target's rank (int32 or int64 [M], needs targets) of X
+        and W with the options logprobs takes, as verify_cross_entropy does."""
         options = dict(
             temperature=temperature, logit_softcap=logit_softcap, vocab_size=vocab_size, ignore_index=ignore_index
         )
         return _verify.call(
-            self, *_verify.logprobs_request(x, targets, weight, logprob, lse, entropy, options)
+            self,
+            *_verify.logprobs_request(
+                x, targets, weight, logprob, lse, entropy, options, topk_ids, topk_logprobs, rank
+            ),
         )
 
     # -- server-held gradient buffers -----------------------------------------------------

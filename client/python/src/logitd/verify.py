@@ -292,11 +292,23 @@ def cross_entropy_request(
 
 
 def logprobs_request(
-    x: Any, targets: Any, weight: Any, logprob: Any, lse: Any, entropy: Any, options: dict
+    x: Any,
+    targets: Any,
+    weight: Any,
+    logprob: Any,
+    lse: Any,
+    entropy: Any,
+    options: dict,
+    topk_ids: Any = None,
+    topk_logprobs: Any = None,
+    rank: Any = None,
 ) -> Tuple[pb.VerifyHeader, List[T.Outgoing]]:
     """The header and streamed tensors of a VERIFY_LOGPROBS call."""
-    if logprob is None and lse is None and entropy is None:
-        raise InvalidArgumentError("logprob, lse, entropy: expected at least one candidate, got none")
+    given = (logprob, lse, entropy, topk_ids, topk_logprobs, rank)
+    if all(c is None for c in given):
+        raise InvalidArgumentError(
+            "logprob, lse, entropy, topk_ids, topk_logprobs, rank: expected at least one candidate, got none"
+        )
     header = pb.VerifyHeader(
         operation=pb.VERIFY_LOGPROBS,
         logprobs=pb.LogProbsHeader(
@@ -307,7 +319,17 @@ def logprobs_request(
         ),
     )
     inputs = _inputs(header, x, weight) + _targets(header, targets)
-    candidates = _candidates(header, [("logprob", logprob), ("lse", lse), ("entropy", entropy)])
+    candidates = _candidates(
+        header,
+        [
+            ("logprob", logprob),
+            ("lse", lse),
+            ("entropy", entropy),
+            ("topk_ids", topk_ids),
+            ("topk_logprobs", topk_logprobs),
+            ("rank", rank),
+        ],
+    )
     return header, inputs + candidates
 
 
@@ -356,7 +378,9 @@ def _candidates(header: pb.VerifyHeader, named: Sequence[Tuple[str, Any]]) -> Li
     for name, value in named:
         if value is None:
             continue
-        t = T.Outgoing(name, _numpy(name, value), (pb.DTYPE_FP32, pb.DTYPE_BF16))
+        # LogProbs' top-k ids and ranks are integers.
+        dtypes = (pb.DTYPE_INT32, pb.DTYPE_INT64) if name in ("topk_ids", "rank") else (pb.DTYPE_FP32, pb.DTYPE_BF16)
+        t = T.Outgoing(name, _numpy(name, value), dtypes)
         header.candidates.add().CopyFrom(t.spec)
         out.append(t)
     return out
