@@ -223,15 +223,17 @@ inputs (docs/PROTOCOL.md, "Verify").
                       [1]), lse [M], dx [M, K] (fp32 or bf16) and/or dw
                       [V, K] (fp32) of the fused cross-entropy; the gradients
                       under the contract G = bf16(dL/dlogits) once
-  --op=logprobs       candidates logprob (needs --targets), lse and/or
-                      entropy, fp32 [M]
+  --op=logprobs       candidates logprob (needs --targets), lse, entropy
+                      (fp32 [M]), topk_ids (int32 or int64 [M, k]),
+                      topk_logprobs (fp32 [M, k]) and rank (int32 or int64
+                      [M], needs --targets)
   --dy=FILE[:TENSOR]  backward: dY fp32 or bf16 [M, V]
   --targets=FILE[:TENSOR]
                       cross-entropy, logprobs: target ids, int32 or int64 [M]
   --candidate=[NAME=]FILE[:TENSOR]
                       a candidate, named as the operation names its output
                       (y; dx, dw; loss, lse, dx, dw; logprob, lse,
-                      entropy); NAME
+                      entropy, topk_ids, topk_logprobs, rank); NAME
                       may be left out for logits, and for a tensor itself
                       named as an output; repeat for several
   --reduction=mean    cross-entropy: none, sum or mean
@@ -425,7 +427,7 @@ absl::Status CheckCombination(const VerifyCommandArgs& a, client::VerifyArgs* ca
     *outputs = {"loss", "lse"};
   } else if (a.op == "logprobs") {
     call->operation = client::VerifyOperation::kLogProbs;
-    *outputs = {"logprob", "lse", "entropy"};
+    *outputs = {"logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank"};
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "--op: expected logits, backward, cross-entropy or logprobs, got '", a.op, "'"));

@@ -98,6 +98,15 @@ TEST_F(LogitctlVerifyTest, CrossEntropyAndLogProbsOfLogitdPassAndAShiftedLossFai
   EXPECT_THAT(r.out, HasSubstr("logprobs/entropy"));
   r = with({"verify", "--op=logprobs", "--candidate=" + Path("lp.safetensors") + ":logprob"});
   EXPECT_EQ(r.exit_code, 1) << "temperature 1 is not what the candidate was computed at\n" << r.out;
+  // Its top-k (int32 ids) and ranks (int64), by their tensor names.
+  r = with({"logprobs", "--top_k=3", "--rank", "--out=" + Path("topk.safetensors")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = with({"verify", "--op=logprobs", "--candidate=" + Path("topk.safetensors") + ":topk_ids",
+            "--candidate=" + Path("topk.safetensors") + ":topk_logprobs",
+            "--candidate=" + Path("topk.safetensors") + ":rank"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("logprobs/topk_ids"));
+  EXPECT_THAT(r.out, HasSubstr("logprobs/rank"));
 
   // Usage errors: no targets for the cross-entropy, targets for logits.
   EXPECT_EQ(Run({"verify", "--op=cross-entropy", "--x=" + Path("x.safetensors"),
