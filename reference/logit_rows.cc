@@ -36,7 +36,7 @@ bool AnyNonFiniteBf16(const Bf16Bits* data, std::int64_t n) {
 
 int RowThreads(std::int64_t n, std::int64_t elements) {
   constexpr std::int64_t kMaxThreads = 16;
-  constexpr std::int64_t kElementsPerThread = std::int64_t{1} << 20;
+  constexpr std::int64_t kElementsPerThread = std::int64_t{1} << 18;
   const std::int64_t hardware = std::max(1u, std::thread::hardware_concurrency());
   return static_cast<int>(std::max<std::int64_t>(
       1, std::min({kMaxThreads, hardware, n, elements / kElementsPerThread})));

@@ -21,7 +21,7 @@ namespace logitd::reference_internal {
 std::int64_t DefaultBlockRows(std::int64_t v);
 
 // The threads ForRowsInParallel runs `n` rows of `elements` elements of
-// work on: one per 2^20 elements, at most one per row, per hardware thread
+// work on: one per 2^18 elements, at most one per row, per hardware thread
 // and 16.
 int RowThreads(std::int64_t n, std::int64_t elements);
 // fn(first, last, part) for contiguous parts [first, last) of the rows
