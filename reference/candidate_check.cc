@@ -78,11 +78,76 @@ void CandidateCheck::AddInteger(std::int64_t index, std::int64_t candidate, std:
 void CandidateCheck::AddRange(std::int64_t offset, std::int64_t n, const void* candidate,
                               const void* own, const double* reference, const double* bound,
                               const double* probabilistic_bound) {
+  if (dtype_ == DType::kFp32) {
+    AddFp32Range(offset, n, static_cast<const std::byte*>(candidate),
+                 static_cast<const std::byte*>(own), reference, bound, probabilistic_bound);
+    return;
+  }
   for (std::int64_t i = 0; i < n; ++i) {
     std::uint32_t cb = 0, ob = 0;
     const double c = ValueAt(dtype_, candidate, i, &cb);
     const double o = ValueAt(dtype_, own, i, &ob);
     Count(offset + i, c, cb, o, ob, reference[i], bound[i], probabilistic_bound[i]);
+  }
+}
+
+// Count's arithmetic for fp32 elements whose values, reference and bounds
+// are finite and whose bounds are positive, the all but every element of a
+// large check, inline; any other element goes through Count. The figures
+// are Count's to the bit (candidate_check_test compares the two).
+void CandidateCheck::AddFp32Range(std::int64_t offset, std::int64_t n, const std::byte* candidate,
+                                  const std::byte* own, const double* reference,
+                                  const double* bound, const double* probabilistic_bound) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t cb, ob;
+    std::memcpy(&cb, candidate + i * 4, 4);
+    std::memcpy(&ob, own + i * 4, 4);
+    float cf, of;
+    std::memcpy(&cf, &cb, 4);
+    std::memcpy(&of, &ob, 4);
+    const double c = cf, o = of, r = reference[i], b = bound[i], pb = probabilistic_bound[i];
+    if (!(std::isfinite(c) && std::isfinite(o) && std::isfinite(r) && b > 0 && pb > 0 &&
+          std::isfinite(b) && std::isfinite(pb))) {
+      Count(offset + i, c, cb, o, ob, r, b, pb);
+      continue;
+    }
+    ++elements_;
+    std::int64_t ulp = 0;
+    if (cb == ob) {
+      ++bitwise_equal_;
+    } else {
+      ulp = UlpDistanceFp32(cb, ob);
+    }
+    max_ulp_ = std::max(max_ulp_, ulp);
+    ++ulp_counts_[UlpBucket(ulp)];
+    const double err = std::fabs(c - r);
+    const double fraction = err == 0 ? 0 : err / b;
+    const double p_fraction = err == 0 ? 0 : err / pb;
+    double own_p_fraction = p_fraction;
+    if (cb != ob) {
+      const double own_err = std::fabs(o - r);
+      own_p_fraction = own_err == 0 ? 0 : own_err / pb;
+    }
+    if (own_p_fraction > 1.0) ++own_outside_probabilistic_;
+    worst_fraction_ = std::max(worst_fraction_, fraction);
+    worst_probabilistic_fraction_ = std::max(worst_probabilistic_fraction_, p_fraction);
+    int bin = kHistogramBins - 1;
+    if (fraction == 0) {
+      bin = 0;
+    } else {
+      for (std::size_t e = 0; e < kHistogramEdges.size(); ++e) {
+        if (fraction <= kHistogramEdges[e]) {
+          bin = static_cast<int>(e) + 1;
+          break;
+        }
+      }
+    }
+    ++histogram_[static_cast<std::size_t>(bin)];
+    if (p_fraction <= 1.0 && fraction <= 1.0) continue;
+    const CheckedElement element{offset + i, c, r, b, pb, o};
+    if (fraction > 1.0 && outside_++ == 0) first_proven_outside_ = element;
+    if (p_fraction <= 1.0) continue;
+    if (outside_probabilistic_++ < kReportedOutside) first_outside_.push_back(element);
   }
 }
 

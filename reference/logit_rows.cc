@@ -27,11 +27,13 @@ void NaiveDot(const Bf16Bits* x, const Bf16Bits* w, std::int64_t k, double* sum,
 }  // namespace
 
 bool AnyNonFiniteBf16(const Bf16Bits* data, std::int64_t n) {
-  // An OR over the whole row, which the compiler vectorises: any element
-  // whose exponent bits are all ones.
-  bool any = false;
-  for (std::int64_t t = 0; t < n; ++t) any |= (data[t] & 0x7f80u) == 0x7f80u;
-  return any;
+  // An exponent of all ones: (bits & 0x7f80) + 0x80 reaches 0x8000 only
+  // then. An OR of 16-bit integers, which the compiler vectorises.
+  std::uint32_t any = 0;
+  for (std::int64_t t = 0; t < n; ++t) {
+    any |= ((static_cast<std::uint32_t>(data[t]) & 0x7f80u) + 0x80u) & 0x8000u;
+  }
+  return any != 0;
 }
 
 int RowThreads(std::int64_t n, std::int64_t elements) {

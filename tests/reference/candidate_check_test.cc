@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -173,6 +174,86 @@ TEST(CandidateCheckTest, UlpPercentilesPastTheExactRangeArePowersOfTwo) {
   EXPECT_EQ(c.UlpPercentile(0.99), 3);
   EXPECT_EQ(c.max_ulp(), 1000);
   EXPECT_EQ(c.UlpPercentile(1.0), 1000);  // the bucket's 1024, capped by the largest
+}
+
+TEST(CandidateCheckTest, ARangeCountsAsItsElementsOneByOne) {
+  // fp32 ranges take an inline path for finite values and positive bounds;
+  // every figure must be what Add gives element by element, across the
+  // cases that leave that path: NaN and infinite values and references,
+  // zero and infinite bounds, ±0, and elements outside either bound.
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 19);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int n = 20000;
+  std::vector<float> cand(n), own(n);
+  std::vector<double> ref(n), bound(n), pbound(n);
+  for (int i = 0; i < n; ++i) {
+    const float r = normal(rng);
+    ref[i] = r;
+    bound[i] = 1e-3;
+    pbound[i] = 2e-4;
+    own[i] = r + 1e-5f * normal(rng);
+    cand[i] = own[i];
+    switch (pick(rng)) {
+      case 0:
+        cand[i] = nextafterf(own[i], inf);
+        break;
+      case 1:
+        cand[i] = r + 5e-4f;
+        break;  // outside the probabilistic bound only
+      case 2:
+        cand[i] = r + 0.01f;
+        break;  // outside both
+      case 3:
+        cand[i] = nan;
+        break;
+      case 4:
+        cand[i] = -inf;
+        break;
+      case 5:
+        ref[i] = nan;
+        break;
+      case 6:
+        bound[i] = 0;
+        break;
+      case 7:
+        pbound[i] = std::numeric_limits<double>::infinity();
+        break;
+      case 8:
+        own[i] = -0.0f;
+        cand[i] = 0.0f;
+        ref[i] = 0;
+        break;
+      case 9:
+        own[i] = r + 3e-4f;
+        break;  // logitd's own outside the probabilistic bound
+      default:
+        break;
+    }
+  }
+  CandidateCheck range(DType::kFp32), one(DType::kFp32);
+  range.AddRange(0, n, cand.data(), own.data(), ref.data(), bound.data(), pbound.data());
+  for (int i = 0; i < n; ++i) one.Add(i, &cand[i], &own[i], ref[i], bound[i], pbound[i]);
+  EXPECT_EQ(range.elements(), one.elements());
+  EXPECT_EQ(range.outside(), one.outside());
+  EXPECT_GT(range.outside(), 0);
+  EXPECT_EQ(range.worst_fraction(), one.worst_fraction());
+  EXPECT_EQ(range.outside_probabilistic(), one.outside_probabilistic());
+  EXPECT_EQ(range.worst_probabilistic_fraction(), one.worst_probabilistic_fraction());
+  EXPECT_EQ(range.own_outside_probabilistic(), one.own_outside_probabilistic());
+  EXPECT_EQ(range.bitwise_equal(), one.bitwise_equal());
+  EXPECT_EQ(range.nan_inf_mismatches(), one.nan_inf_mismatches());
+  EXPECT_EQ(range.histogram(), one.histogram());
+  EXPECT_EQ(range.max_ulp(), one.max_ulp());
+  EXPECT_EQ(range.UlpPercentile(0.5), one.UlpPercentile(0.5));
+  EXPECT_EQ(range.UlpPercentile(0.99), one.UlpPercentile(0.99));
+  ASSERT_EQ(range.first_outside().size(), one.first_outside().size());
+  for (std::size_t i = 0; i < one.first_outside().size(); ++i) {
+    EXPECT_EQ(range.first_outside()[i].index, one.first_outside()[i].index);
+  }
+  EXPECT_EQ(range.Describe("y", {n}), one.Describe("y", {n}));
 }
 
 }  // namespace

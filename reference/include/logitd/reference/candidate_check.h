@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -109,6 +110,9 @@ class CandidateCheck {
 
  private:
   double Fraction(double value, double reference, double bound, bool* mismatch) const;
+  void AddFp32Range(std::int64_t offset, std::int64_t n, const std::byte* candidate,
+                    const std::byte* own, const double* reference, const double* bound,
+                    const double* probabilistic_bound);
   // `shown` (when not null) is the element as reported, in place of the
   // values judged.
   void Count(std::int64_t index, double candidate, std::uint32_t candidate_bits, double own,
