@@ -160,7 +160,8 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
   ref = CrossEntropyReference();
   ref.m = m;
   ref.v = v;
-  ref.counted = CountedTokens(targets, m, options.ignore_index);
+  ref.counted = options.counted_tokens > 0 ? options.counted_tokens
+                                           : CountedTokens(targets, m, options.ignore_index);
   ref.scale = CrossEntropyGradScale(options, std::max<std::int64_t>(ref.counted, 1));
   const std::size_t mm = static_cast<std::size_t>(m);
   ref.lse.resize(mm);

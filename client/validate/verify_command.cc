@@ -244,7 +244,8 @@ inputs (docs/PROTOCOL.md, "Verify").
                       logprobs (vocab_size 0: every row of W)
   --alpha=1           logits: the scale the candidate was computed with
   --sample_rows=0     check about this many rows of M, evenly spaced (dW is
-                      always checked whole); 0 checks every row
+                      always checked whole; a reduced loss and LogProbs'
+                      top-k and ranks need 0); 0 checks every row
   --json=FILE         write the report as JSON
   --junit=FILE        write the report as JUnit XML, a test case a candidate
   --report=DIR        write DIR/index.html and DIR/summary.md

@@ -690,6 +690,62 @@ TEST_F(VerifyTest, LogProbsTopKAndRanksOfLogitdAndWrongOnes) {
   EXPECT_EQ(r.Find("topk_logprobs")->first_outside[0].index, (std::vector<std::int64_t>{5, 1}));
 }
 
+TEST_F(VerifyTest, SampledRowsOfTheCrossEntropyAndLogProbs) {
+  const Tensor w = NormalBf16({300, 96}, 43);
+  const Tensor x = NormalBf16({20, 96}, 44);
+  const Tensor targets = Targets(20, 300);
+  const std::string handle = Register(w, "verify-sampled");
+  // The mean's gradients: their scale counts every row, sampled or not.
+  client::CrossEntropyOptions o;
+  o.reduction = client::Reduction::kMean;
+  o.want_lse = true;
+  o.want_dx = true;
+  o.dx_dtype = DType::kFp32;
+  absl::StatusOr<client::CrossEntropyResult> own = client().CrossEntropy(x, targets, handle, o);
+  ASSERT_TRUE(own.ok()) << own.status();
+  VerifyArgs args = PerTokenArgs(VerifyOperation::kCrossEntropy, handle, x, targets);
+  args.cross_entropy = o;
+  args.sample_rows = 3;
+  args.candidates["lse"] = *own->lse;
+  Tensor dx = Copy(*own->dx);
+  // Row 5 is not among the rows checked (0, 9, 19): a wrong value there
+  // goes unseen; one in row 9 is named.
+  dx.data<float>()[5 * 96 + 1] += 1.0f;
+  args.candidates["dx"] = dx;
+  VerifyResult r = Verified(args);
+  EXPECT_EQ(r.rows_checked, (std::vector<std::int64_t>{0, 9, 19}));
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  EXPECT_EQ(r.Find("lse")->elements, 3);
+  EXPECT_EQ(r.Find("dx")->elements, 3 * 96);
+  dx.data<float>()[9 * 96 + 2] += 0.01f;
+  r = Verified(args);
+  EXPECT_EQ(r.verdict, "outside_bounds");
+  ASSERT_FALSE(r.Find("dx")->first_outside.empty());
+  EXPECT_EQ(r.Find("dx")->first_outside[0].index, (std::vector<std::int64_t>{9, 2}));
+  // A reduced loss needs every row.
+  args.candidates["loss"] = own->loss;
+  absl::Status s = client().Verify(args).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("'loss' sums every row"));
+
+  // LogProbs' per-token outputs, row 0's log-prob off.
+  client::LogProbsOptions lo;
+  lo.want_lse = true;
+  absl::StatusOr<client::LogProbsResult> lp = client().LogProbs(x, &targets, handle, lo);
+  ASSERT_TRUE(lp.ok()) << lp.status();
+  VerifyArgs la = PerTokenArgs(VerifyOperation::kLogProbs, handle, x, targets);
+  la.logprobs = lo;
+  la.sample_rows = 3;
+  la.candidates["lse"] = *lp->lse;
+  Tensor logprob = Copy(*lp->logprob);
+  la.candidates["logprob"] = logprob;
+  EXPECT_EQ(Verified(la).verdict, "bitwise_equal_to_logitd");
+  logprob.data<float>()[0] += 0.01f;
+  r = Verified(la);
+  EXPECT_EQ(r.verdict, "outside_bounds");
+  EXPECT_EQ(r.Find("logprob")->first_outside[0].index, (std::vector<std::int64_t>{0}));
+}
+
 TEST_F(VerifyTest, CrossEntropyAndLogProbsBadRequests) {
   const Tensor w = NormalBf16({50, 64}, 37);
   const Tensor x = NormalBf16({4, 64}, 38);

@@ -141,9 +141,18 @@ TEST(PlanVerifyTest, CrossEntropysCandidatesTakeTheReductionsShape) {
   bf16.candidates[1].dtype = "BF16";
   EXPECT_THAT(PlanStatus(bf16).message(),
               HasSubstr("lse: expected dtype FP32 (the dtype VERIFY_CROSS_ENTROPY gives it in)"));
+  // Rows sampled: per-token losses, yes; a reduced loss or dW, no.
   VerifyRequest sampled = CrossEntropy(Reduction::kNone, {8});
   sampled.sample_rows = 2;
-  EXPECT_THAT(PlanStatus(sampled).message(), HasSubstr("VERIFY_CROSS_ENTROPY checks every row"));
+  absl::StatusOr<VerifyPlan> sp = PlanVerify(sampled, &kWeight, kNoLimit);
+  ASSERT_TRUE(sp.ok()) << sp.status();
+  EXPECT_EQ(sp->rows, (CheckedRows{0, 7}));
+  VerifyRequest sampled_mean = CrossEntropy(Reduction::kMean, {1});
+  sampled_mean.sample_rows = 2;
+  EXPECT_THAT(PlanStatus(sampled_mean).message(),
+              HasSubstr("sample_rows: VERIFY_CROSS_ENTROPY's 'loss' sums every row"));
+  sampled.candidates.push_back(Spec("dw", "FP32", {1000, 64}));
+  EXPECT_THAT(PlanStatus(sampled).message(), HasSubstr("'dw' is checked on every row"));
   VerifyRequest no_targets = CrossEntropy(Reduction::kNone, {8});
   no_targets.targets = CallInput();
   EXPECT_EQ(PlanStatus(no_targets).code(), absl::StatusCode::kInvalidArgument);

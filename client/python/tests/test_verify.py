@@ -546,3 +546,19 @@ def test_logprobs_top_k_and_ranks_from_numpy(client, weights):
     assert v.candidates["topk_ids"].outside_bound == 2
     with pytest.raises(logitd.InvalidArgumentError, match="expected dtype int32 or int64"):
         client.verify_logprobs(x, info.handle, topk_ids=order.astype(np.float32))
+
+
+def test_sampled_rows_of_the_cross_entropy(client, weights):
+    M, V, K = 12, 150, 64
+    x, w = normal_bf16(27, (M, K)), normal_bf16(28, (V, K))
+    targets = np.array([0, 149, -100, 5, 17, 33, 2, 90, 7, 8, 9, 10], dtype=np.int64)
+    info = weights(w, name="verify-ce-sampled")
+    own = client.cross_entropy(x, targets, info.handle, want_lse=True, want_dx=True, dx_dtype="fp32")
+    dx = own.dx.copy()
+    dx[11, 3] += 1.0  # a row that is checked (0, 5, 11)
+    v = client.verify_cross_entropy(x, targets, info.handle, lse=own.lse, dx=dx, sample_rows=3)
+    assert v.rows_checked == (0, 5, 11)
+    assert v.candidates["lse"].elements == 3
+    assert v.verdict == "outside_bounds"
+    with pytest.raises(logitd.InvalidArgumentError, match="sums every row"):
+        client.verify_cross_entropy(x, targets, info.handle, loss=own.loss, sample_rows=3)

@@ -271,15 +271,26 @@ absl::Status CheckCandidates(const VerifyRequest& r, const VerifyPlan& plan, con
 // reference's g [M, V] (its proven bound is also the probabilistic one);
 // false when `stop` ended the walk.
 bool CheckCrossEntropyGradient(const VerifyCandidatePlan& c, const LmHeadInputs& in,
-                               const std::vector<double>& g, const std::vector<double>& g_pre_err,
-                               const std::byte* candidate, const std::byte* own,
-                               const StopCheck& stop, CandidateCheck* check) {
+                               const CheckedRows& rows_checked, const std::vector<double>& g,
+                               const std::vector<double>& g_pre_err, const std::byte* candidate,
+                               const std::byte* own, const StopCheck& stop, CandidateCheck* check) {
   const std::size_t size = ElementSize(c.dtype);
+  // dX's reference row j is the call's row rows_checked[j] when rows were
+  // sampled (in then holds those rows only).
   const auto add = [&](std::int64_t row0, std::int64_t rows, const double* value,
                        const double* bound) {
-    const std::int64_t first = row0 * in.k;
-    const std::size_t offset = static_cast<std::size_t>(first) * size;
-    check->AddRange(first, rows * in.k, candidate + offset, own + offset, value, bound, bound);
+    if (c.name == "dw" || rows_checked.empty()) {
+      const std::int64_t first = row0 * in.k;
+      const std::size_t offset = static_cast<std::size_t>(first) * size;
+      check->AddRange(first, rows * in.k, candidate + offset, own + offset, value, bound, bound);
+      return;
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t first = rows_checked[static_cast<std::size_t>(row0 + r)] * in.k;
+      const std::size_t offset = static_cast<std::size_t>(first) * size;
+      check->AddRange(first, in.k, candidate + offset, own + offset, value + r * in.k,
+                      bound + r * in.k, bound + r * in.k);
+    }
   };
   if (c.name == "dx") {
     return CrossEntropyGradInputReference(g.data(), g_pre_err.data(), in.m,
@@ -335,10 +346,26 @@ void CheckTopKOrRank(const VerifyCandidatePlan& c, const VerifyPlan& plan,
 // The per-token candidates of the cross-entropy or LogProbs against one
 // reference of all of them (its proven bound is also the probabilistic
 // one: these bounds have no probabilistic form yet).
-absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const LmHeadInputs& in,
-                           const VerifyTargets& targets, Call* call,
+absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan,
+                           const LmHeadInputs& call_in, const VerifyTargets& targets, Call* call,
                            const std::map<std::string, kernels::HostBuffer>& own,
                            const StopCheck& stop, VerifyOutcome* outcome) {
+  // With rows sampled, the references of those rows only, formed from their
+  // rows of X and their targets; reference row j is the call's row
+  // plan.rows[j].
+  std::vector<Bf16Bits> sampled_x;
+  std::vector<std::int64_t> sampled_targets;
+  LmHeadInputs in = call_in;
+  const std::int64_t* ref_targets = targets.ids.empty() ? nullptr : targets.ids.data();
+  if (!plan.rows.empty()) {
+    for (std::int64_t i : plan.rows) {
+      sampled_x.insert(sampled_x.end(), call_in.x + i * in.k, call_in.x + (i + 1) * in.k);
+      if (ref_targets != nullptr) sampled_targets.push_back(ref_targets[i]);
+    }
+    in.x = sampled_x.data();
+    in.m = static_cast<std::int64_t>(plan.rows.size());
+    if (ref_targets != nullptr) ref_targets = sampled_targets.data();
+  }
   // name -> (values, bounds), each [M] or [1].
   std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> refs;
   // The cross-entropy's g and its pre-cast bound [M, V], for dX and dW.
@@ -358,6 +385,8 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
     o.z_loss = cp.z_loss;
     o.logit_softcap = cp.logit_softcap;
     o.grad_scale = cp.grad_scale;
+    // A mean divides by the call's counted tokens, sampled rows or not.
+    o.counted_tokens = targets.counted;
     CrossEntropyReference ref;
     CeGradientSink gather;
     if (cp.want_dx || cp.want_dw) {
@@ -371,8 +400,7 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
         std::copy(eb, eb + count, g_pre_err.begin() + static_cast<std::ptrdiff_t>(first));
       };
     }
-    done =
-        ReferenceCrossEntropy(in, targets.ids.data(), o, LogitModel::kFp32Sum, &ref, gather, stop);
+    done = ReferenceCrossEntropy(in, ref_targets, o, LogitModel::kFp32Sum, &ref, gather, stop);
     refs["lse"] = {ref.lse, ref.lse_bound};
     if (o.reduction == CeReduction::kNone) {
       refs["loss"] = {ref.loss, ref.loss_bound};
@@ -397,8 +425,7 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
       top_k_z.resize(top_k_ids.size());
       z_sink = TopKIdsZ(top_k_ids.data(), lp.top_k, lp.vocab, top_k_z.data());
     }
-    done = ReferenceLogProbs(in, targets.ids.empty() ? nullptr : targets.ids.data(), o,
-                             LogitModel::kFp32Sum, &lp_ref, z_sink, stop);
+    done = ReferenceLogProbs(in, ref_targets, o, LogitModel::kFp32Sum, &lp_ref, z_sink, stop);
     refs["logprob"] = {lp_ref.logprob, lp_ref.logprob_bound};
     refs["lse"] = {lp_ref.lse, lp_ref.lse_bound};
     refs["entropy"] = {lp_ref.entropy, lp_ref.entropy_bound};
@@ -416,8 +443,8 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
       continue;
     }
     if (c.name == "dx" || c.name == "dw") {
-      if (!CheckCrossEntropyGradient(c, in, g, g_pre_err, data, own.at(c.name).data(), stop,
-                                     &v.check)) {
+      if (!CheckCrossEntropyGradient(c, in, plan.rows, g, g_pre_err, data, own.at(c.name).data(),
+                                     stop, &v.check)) {
         return absl::CancelledError(
             "verify: the caller went away while the references were formed");
       }
@@ -425,8 +452,16 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan, const
       continue;
     }
     const auto& [values, bounds] = refs.at(c.name);
-    v.check.AddRange(0, static_cast<std::int64_t>(values.size()), data, own.at(c.name).data(),
-                     values.data(), bounds.data(), bounds.data());
+    if (plan.rows.empty() || values.size() == 1) {
+      v.check.AddRange(0, static_cast<std::int64_t>(values.size()), data, own.at(c.name).data(),
+                       values.data(), bounds.data(), bounds.data());
+    } else {
+      for (std::size_t j = 0; j < values.size(); ++j) {
+        const std::int64_t i = plan.rows[j];
+        v.check.Add(i, data + i * 4, own.at(c.name).data() + i * 4, values[j], bounds[j],
+                    bounds[j]);
+      }
+    }
     outcome->candidates.push_back(std::move(v));
   }
   return absl::OkStatus();

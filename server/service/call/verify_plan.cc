@@ -212,6 +212,25 @@ absl::Status CheckedCandidates(const VerifyRequest& r, const std::map<std::strin
   return absl::OkStatus();
 }
 
+// The outputs rows can be sampled for: every one but those a whole call
+// decides (dW; the cross-entropy's reduced loss; LogProbs' top-k and ranks,
+// whose reference's order this check does not sample).
+absl::Status CheckSampledOutputs(const VerifyRequest& r, const VerifyPlan& plan) {
+  for (const CallInput& c : r.candidates) {
+    const bool reduced_loss = plan.cross_entropy.has_value() && c.name == "loss" &&
+                              plan.cross_entropy->reduction != Reduction::kNone;
+    const bool whole = c.name == "dw" || reduced_loss || c.name == "topk_ids" ||
+                       c.name == "topk_logprobs" || c.name == "rank";
+    if (whole && (plan.cross_entropy || plan.logprobs)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample_rows: ", VerifyOperationName(r.operation), "'s '", c.name, "' ",
+                       reduced_loss ? "sums every row" : "is checked on every row",
+                       "; give sample_rows 0, or leave this candidate out"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The k of LogProbs' top-k candidates: the second dimension of topk_ids and
 // topk_logprobs (the same when both come); 0 when neither does.
 absl::StatusOr<std::int64_t> CandidateTopK(const VerifyRequest& r) {
@@ -419,12 +438,7 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   std::map<std::string, std::vector<std::int64_t>> shapes;
   LOGITD_RETURN_IF_ERROR(PlanOperation(r, dims, dtypes, &plan, &shapes));
 
-  if (r.sample_rows > 0 && (plan.cross_entropy || plan.logprobs)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "sample_rows: ", VerifyOperationName(r.operation),
-        " checks every row (its reference is one pass over the vocabulary for all of them); "
-        "give 0"));
-  }
+  if (r.sample_rows > 0) LOGITD_RETURN_IF_ERROR(CheckSampledOutputs(r, plan));
   std::vector<CallPart> parts = {{"x", DType::kBf16, r.x.shape, plan.x_bytes}};
   if (r.dy.given) parts.push_back({"dy", plan.dy_dtype, r.dy.shape, plan.dy_bytes});
   if (r.targets.given) {

@@ -471,8 +471,9 @@ struct VerifyArgs {
   // "loss", "lse"; "logprob", "lse", "entropy"), of its shapes, fp32 or
   // bf16 (the cross-entropy's and LogProbs' fp32 only).
   std::map<std::string, TensorInput> candidates;
-  // 0 checks every row of M; else about this many, evenly spaced (logits
-  // and backward only).
+  // 0 checks every row of M; else about this many, evenly spaced (dW, the
+  // cross-entropy's reduced loss and LogProbs' top-k and ranks need every
+  // row: InvalidArgument with them).
   std::int64_t sample_rows = 0;
   // kCrossEntropy and kLogProbs: int32 or int64 [M] (LogProbs: needed for a
   // logprob candidate), and the operation's options (ignore_index,

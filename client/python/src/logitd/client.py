@@ -524,6 +524,7 @@ class Client(_Transport):
         z_loss: float = 0.0,
         logit_softcap: float = 0.0,
         grad_scale: float = 1.0,
+        sample_rows: int = 0,
     ) -> Verdict:
         """Judges a fused cross-entropy's outputs computed elsewhere: loss (fp32,
         [M] with reduction="none", else one value), lse (fp32 [M]), dx (fp32 or
@@ -531,14 +532,16 @@ class Client(_Transport):
         [M]) and W, with the options cross_entropy takes, against the fp64
         reference and its proven bound per element and logitd's own output. The
         gradients are judged under the bf16-G contract (G = bf16(dL/dlogits)
-        once, fp32 accumulation). weight as in verify_logits; every row is
-        checked."""
+        once, fp32 accumulation). weight as in verify_logits. sample_rows: 0
+        checks every row, else about that many rows, evenly spaced, of the
+        per-token loss, lse and dx (a reduced loss and dw need every row)."""
         options = dict(
             reduction=reduction,
             ignore_index=ignore_index,
             z_loss=z_loss,
             logit_softcap=logit_softcap,
             grad_scale=grad_scale,
+            sample_rows=sample_rows,
         )
         return _verify.call(
             self, *_verify.cross_entropy_request(x, targets, weight, loss, lse, options, dx, dw)
@@ -561,14 +564,21 @@ class Client(_Transport):
         logit_softcap: float = 0.0,
         vocab_size: int = 0,
         ignore_index: int = -100,
+        sample_rows: int = 0,
     ) -> Verdict:
         """Judges LogProbs' outputs computed elsewhere: logprob (needs targets),
         lse and/or entropy (fp32 [M]), top-k ids (int32 or int64 [M, k], most
         likely first; judged up to ties within the bound) and log-probs (fp32
         [M, k]), and the target's rank (int32 or int64 [M], needs targets) of X
-        and W with the options logprobs takes, as verify_cross_entropy does."""
+        and W with the options logprobs takes, as verify_cross_entropy does.
+        sample_rows: as there, for logprob, lse and entropy (the top-k and
+        ranks need every row)."""
         options = dict(
-            temperature=temperature, logit_softcap=logit_softcap, vocab_size=vocab_size, ignore_index=ignore_index
+            temperature=temperature,
+            logit_softcap=logit_softcap,
+            vocab_size=vocab_size,
+            ignore_index=ignore_index,
+            sample_rows=sample_rows,
         )
         return _verify.call(
             self,

@@ -283,6 +283,7 @@ def cross_entropy_request(
             logit_softcap=float(options.get("logit_softcap", 0.0)),
             grad_scale=float(options.get("grad_scale", 1.0)),
         ),
+        sample_rows=_sample_rows(options.get("sample_rows", 0)),
     )
     inputs = _inputs(header, x, weight) + _targets(header, targets)
     if loss is not None and np.ndim(loss) == 0:
@@ -317,6 +318,7 @@ def logprobs_request(
             logit_softcap=float(options.get("logit_softcap", 0.0)),
             vocab_size=int(options.get("vocab_size", 0)),
         ),
+        sample_rows=_sample_rows(options.get("sample_rows", 0)),
     )
     inputs = _inputs(header, x, weight) + _targets(header, targets)
     candidates = _candidates(

@@ -44,6 +44,10 @@ struct CeReferenceOptions {
   float z_loss = 0.0f;
   float logit_softcap = 0.0f;  // 0: no soft-capping
   float grad_scale = 1.0f;
+  // The tokens a mean divides by; 0 counts them from the targets given. A
+  // reference of some of a call's rows (Verify's sample_rows) gives the
+  // whole call's count, so that its g are the call's.
+  std::int64_t counted_tokens = 0;
 };
 
 // One token's values and the bounds on |implementation − value|.
