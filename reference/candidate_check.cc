@@ -52,6 +52,16 @@ std::int64_t BucketValue(std::size_t bucket) {
   return log2 >= 63 ? std::numeric_limits<std::int64_t>::max() : std::int64_t{1} << log2;
 }
 
+// The histogram's bin of |error| / bound: 0 for exactly 0, then the first
+// edge it does not pass, then past the last.
+std::size_t HistogramBin(double fraction) {
+  if (fraction == 0) return 0;
+  for (std::size_t e = 0; e < CandidateCheck::kHistogramEdges.size(); ++e) {
+    if (fraction <= CandidateCheck::kHistogramEdges[e]) return e + 1;
+  }
+  return CandidateCheck::kHistogramBins - 1;
+}
+
 }  // namespace
 
 CandidateCheck::CandidateCheck(DType dtype)
@@ -131,23 +141,10 @@ void CandidateCheck::AddFp32Range(std::int64_t offset, std::int64_t n, const std
     if (own_p_fraction > 1.0) ++own_outside_probabilistic_;
     worst_fraction_ = std::max(worst_fraction_, fraction);
     worst_probabilistic_fraction_ = std::max(worst_probabilistic_fraction_, p_fraction);
-    int bin = kHistogramBins - 1;
-    if (fraction == 0) {
-      bin = 0;
-    } else {
-      for (std::size_t e = 0; e < kHistogramEdges.size(); ++e) {
-        if (fraction <= kHistogramEdges[e]) {
-          bin = static_cast<int>(e) + 1;
-          break;
-        }
-      }
+    ++histogram_[HistogramBin(fraction)];
+    if (p_fraction > 1.0 || fraction > 1.0) {
+      NoteOutside(CheckedElement{offset + i, c, r, b, pb, o}, fraction, p_fraction);
     }
-    ++histogram_[static_cast<std::size_t>(bin)];
-    if (p_fraction <= 1.0 && fraction <= 1.0) continue;
-    const CheckedElement element{offset + i, c, r, b, pb, o};
-    if (fraction > 1.0 && outside_++ == 0) first_proven_outside_ = element;
-    if (p_fraction <= 1.0) continue;
-    if (outside_probabilistic_++ < kReportedOutside) first_outside_.push_back(element);
   }
 }
 
@@ -202,21 +199,16 @@ void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t c
   if (mismatch) ++nan_inf_mismatches_;
   worst_fraction_ = std::max(worst_fraction_, fraction);
   worst_probabilistic_fraction_ = std::max(worst_probabilistic_fraction_, p_fraction);
-  int bin = kHistogramBins - 1;
-  if (fraction == 0) {
-    bin = 0;
-  } else {
-    for (std::size_t e = 0; e < kHistogramEdges.size(); ++e) {
-      if (fraction <= kHistogramEdges[e]) {
-        bin = static_cast<int>(e) + 1;
-        break;
-      }
-    }
-  }
-  ++histogram_[static_cast<std::size_t>(bin)];
-  const CheckedElement element =
-      shown != nullptr ? *shown : CheckedElement{index, candidate,           reference,
-                                                 bound, probabilistic_bound, own};
+  ++histogram_[HistogramBin(fraction)];
+  if (fraction <= 1.0 && p_fraction <= 1.0) return;
+  NoteOutside(shown != nullptr
+                  ? *shown
+                  : CheckedElement{index, candidate, reference, bound, probabilistic_bound, own},
+              fraction, p_fraction);
+}
+
+void CandidateCheck::NoteOutside(const CheckedElement& element, double fraction,
+                                 double p_fraction) {
   if (fraction > 1.0 && outside_++ == 0) first_proven_outside_ = element;
   if (p_fraction <= 1.0) return;
   if (outside_probabilistic_++ < kReportedOutside) first_outside_.push_back(element);

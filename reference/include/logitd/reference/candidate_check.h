@@ -110,6 +110,9 @@ class CandidateCheck {
 
  private:
   double Fraction(double value, double reference, double bound, bool* mismatch) const;
+  // An element outside its proven or probabilistic bound: counted, and
+  // kept among the reported ones while there is room.
+  void NoteOutside(const CheckedElement& element, double fraction, double p_fraction);
   void AddFp32Range(std::int64_t offset, std::int64_t n, const std::byte* candidate,
                     const std::byte* own, const double* reference, const double* bound,
                     const double* probabilistic_bound);
