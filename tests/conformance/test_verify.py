@@ -164,13 +164,13 @@ def test_verify_bad_requests(conn, weights):
     assert "targets" in e
     targets = Tensor("targets", pb.DTYPE_INT64, np.arange(4))
     e = expect_error(
-        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INVALID_ARGUMENT,
         call,
         pb.VERIFY_LOGPROBS,
         [Tensor("rank", pb.DTYPE_FP32, y[:, 0])],
         inputs=(xt, targets),
     )
-    assert "'rank' is not checked yet" in e
+    assert "rank: expected dtype INT32 or INT64, got FP32" in e
 
 
 def softmax_parts(x, w, targets, temperature=1.0):
@@ -231,3 +231,43 @@ def test_verify_logprobs_at_a_temperature(conn, weights):
     )
     assert r.verdict in ("within_bounds", "bitwise_equal_to_logitd"), r
     assert sorted(c.name for c in r.candidates) == ["entropy", "logprob", "lse"]
+
+
+def test_verify_logprobs_top_k_and_ranks(conn, weights):
+    """Top-k ids, their log-probs and the targets' ranks of exact integer logits: numpy's order
+    (ties to the lower id) passes; two places swapped are named."""
+    x, w = problem(311, 5, 40, 12)
+    targets = np.array([0, 39, -100, 5, 17])
+    info = weights(w)
+    z = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+    lse, _, _ = softmax_parts(x, w, targets)
+    ids = np.argsort(-z, axis=1, kind="stable")[:, :3]
+    topk_logprobs = (np.take_along_axis(z, ids, axis=1) - lse[:, None]).astype(np.float32)
+    rank = np.array(
+        [-1 if t < 0 else int((z[i] > z[i, t]).sum() + (z[i, :t] == z[i, t]).sum()) for i, t in enumerate(targets)]
+    )
+    inputs = [Tensor("x", pb.DTYPE_BF16, x), Tensor("targets", pb.DTYPE_INT64, targets)]
+
+    def judge(ids_):
+        return verify(
+            conn,
+            pb.VERIFY_LOGPROBS,
+            inputs,
+            [
+                Tensor("topk_ids", pb.DTYPE_INT32, ids_.astype(np.int32)),
+                Tensor("topk_logprobs", pb.DTYPE_FP32, topk_logprobs),
+                Tensor("rank", pb.DTYPE_INT64, rank),
+            ],
+            weight_handle=info.handle,
+        )
+
+    r = judge(ids)
+    assert r.verdict in ("within_bounds", "bitwise_equal_to_logitd"), r
+    swapped = ids.copy()
+    row = next(i for i in range(5) if z[i, ids[i, 0]] != z[i, ids[i, 2]])
+    swapped[row, [0, 2]] = swapped[row, [2, 0]]
+    r = judge(swapped)
+    assert r.verdict == "outside_bounds"
+    c = next(c for c in r.candidates if c.name == "topk_ids")
+    assert c.outside_bound == 2
+    assert list(c.first_outside[0].index) == [row, 0]
