@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "expect_same_counts.h"
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
 
@@ -236,23 +237,9 @@ TEST(CandidateCheckTest, ARangeCountsAsItsElementsOneByOne) {
   CandidateCheck range(DType::kFp32), one(DType::kFp32);
   range.AddRange(0, n, cand.data(), own.data(), ref.data(), bound.data(), pbound.data());
   for (int i = 0; i < n; ++i) one.Add(i, &cand[i], &own[i], ref[i], bound[i], pbound[i]);
-  EXPECT_EQ(range.elements(), one.elements());
-  EXPECT_EQ(range.outside(), one.outside());
   EXPECT_GT(range.outside(), 0);
-  EXPECT_EQ(range.worst_fraction(), one.worst_fraction());
-  EXPECT_EQ(range.outside_probabilistic(), one.outside_probabilistic());
-  EXPECT_EQ(range.worst_probabilistic_fraction(), one.worst_probabilistic_fraction());
-  EXPECT_EQ(range.own_outside_probabilistic(), one.own_outside_probabilistic());
-  EXPECT_EQ(range.bitwise_equal(), one.bitwise_equal());
-  EXPECT_EQ(range.nan_inf_mismatches(), one.nan_inf_mismatches());
-  EXPECT_EQ(range.histogram(), one.histogram());
-  EXPECT_EQ(range.max_ulp(), one.max_ulp());
-  EXPECT_EQ(range.UlpPercentile(0.5), one.UlpPercentile(0.5));
-  EXPECT_EQ(range.UlpPercentile(0.99), one.UlpPercentile(0.99));
-  ASSERT_EQ(range.first_outside().size(), one.first_outside().size());
-  for (std::size_t i = 0; i < one.first_outside().size(); ++i) {
-    EXPECT_EQ(range.first_outside()[i].index, one.first_outside()[i].index);
-  }
+  EXPECT_GT(range.nan_inf_mismatches(), 0);
+  ExpectSameCounts(range, one);
   EXPECT_EQ(range.Describe("y", {n}), one.Describe("y", {n}));
 }
 

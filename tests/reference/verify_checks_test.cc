@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "expect_same_counts.h"
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
 #include "logitd/reference/cross_entropy.h"
@@ -267,29 +268,6 @@ TEST(CheckBackwardTest, Bf16GradientsWithTheirRounding) {
   CandidateCheck c(DType::kBf16);
   CheckGradInput(p.Inputs(), {}, dx16.data(), dx16.data(), DType::kBf16, &c);
   EXPECT_EQ(c.Verdict(), "bitwise_equal_to_logitd") << c.Describe("dx", {p.m, p.k});
-}
-
-// Two checks that must agree in every figure they report.
-void ExpectSameCounts(const CandidateCheck& a, const CandidateCheck& b) {
-  EXPECT_EQ(a.elements(), b.elements());
-  EXPECT_EQ(a.outside(), b.outside());
-  EXPECT_EQ(a.worst_fraction(), b.worst_fraction());
-  EXPECT_EQ(a.outside_probabilistic(), b.outside_probabilistic());
-  EXPECT_EQ(a.worst_probabilistic_fraction(), b.worst_probabilistic_fraction());
-  EXPECT_EQ(a.own_outside_probabilistic(), b.own_outside_probabilistic());
-  EXPECT_EQ(a.bitwise_equal(), b.bitwise_equal());
-  EXPECT_EQ(a.nan_inf_mismatches(), b.nan_inf_mismatches());
-  EXPECT_EQ(a.histogram(), b.histogram());
-  EXPECT_EQ(a.max_ulp(), b.max_ulp());
-  EXPECT_EQ(a.UlpPercentile(0.5), b.UlpPercentile(0.5));
-  EXPECT_EQ(a.UlpPercentile(0.99), b.UlpPercentile(0.99));
-  ASSERT_EQ(a.first_outside().size(), b.first_outside().size());
-  for (std::size_t i = 0; i < a.first_outside().size(); ++i) {
-    EXPECT_EQ(a.first_outside()[i].index, b.first_outside()[i].index) << i;
-    EXPECT_EQ(a.first_outside()[i].candidate, b.first_outside()[i].candidate) << i;
-  }
-  EXPECT_EQ(a.Verdict(), b.Verdict());
-  EXPECT_EQ(a.Describe("y", {1, a.elements()}), b.Describe("y", {1, b.elements()}));
 }
 
 // Logits with a few elements pushed out of their bounds in several rows,
