@@ -4,22 +4,21 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "logitd/reference/element_judgement.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd {
 
 double SumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out) {
   const double b = (Gamma(n, kFp32UnitRoundoff) + Gamma(n, kFp64UnitRoundoff)) * abs_sum;
-  if (out != DType::kBf16) return b;
-  return b + kBf16UnitRoundoff * (std::fabs(ref) + b) + std::ldexp(1.0, -134);
+  return out == DType::kBf16 ? judgement::WithBf16Rounding(ref, b) : b;
 }
 
 double ProbabilisticSumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out) {
   const double sum =
       std::min(ProbabilisticGamma(n, kFp32UnitRoundoff), Gamma(n, kFp32UnitRoundoff));
   const double b = (sum + Gamma(n, kFp64UnitRoundoff)) * abs_sum;
-  if (out != DType::kBf16) return b;
-  return b + kBf16UnitRoundoff * (std::fabs(ref) + b) + std::ldexp(1.0, -134);
+  return out == DType::kBf16 ? judgement::WithBf16Rounding(ref, b) : b;
 }
 
 void BoundStats::Add(std::int64_t i, double got, double ref, double bound) {

@@ -7,12 +7,11 @@
 
 #include "absl/strings/str_format.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/element_judgement.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd {
 namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The value and bits of element i of a tensor of `dtype` at `data`.
 double ValueAt(DType dtype, const void* data, std::int64_t i, std::uint32_t* bits) {
@@ -30,20 +29,6 @@ double ValueAt(DType dtype, const void* data, std::int64_t i, std::uint32_t* bit
   return f;
 }
 
-// The largest finite value of the dtype.
-double MaxFinite(DType dtype) {
-  return dtype == DType::kBf16 ? 0x1.fep127 : std::numeric_limits<float>::max();
-}
-
-// The bucket of a ULP distance: itself up to kExactUlp, then the power of
-// two above it.
-std::size_t UlpBucket(std::int64_t ulp) {
-  if (ulp <= CandidateCheck::kExactUlp) return static_cast<std::size_t>(ulp);
-  int log2 = 0;
-  while (log2 < 63 && (std::int64_t{1} << log2) < ulp) ++log2;
-  return static_cast<std::size_t>(CandidateCheck::kExactUlp + (log2 - 6));
-}
-
 std::int64_t BucketValue(std::size_t bucket) {
   if (bucket <= static_cast<std::size_t>(CandidateCheck::kExactUlp)) {
     return static_cast<std::int64_t>(bucket);
@@ -52,20 +37,9 @@ std::int64_t BucketValue(std::size_t bucket) {
   return log2 >= 63 ? std::numeric_limits<std::int64_t>::max() : std::int64_t{1} << log2;
 }
 
-// The histogram's bin of |error| / bound: 0 for exactly 0, then the first
-// edge it does not pass, then past the last.
-std::size_t HistogramBin(double fraction) {
-  if (fraction == 0) return 0;
-  for (std::size_t e = 0; e < CandidateCheck::kHistogramEdges.size(); ++e) {
-    if (fraction <= CandidateCheck::kHistogramEdges[e]) return e + 1;
-  }
-  return CandidateCheck::kHistogramBins - 1;
-}
-
 }  // namespace
 
-CandidateCheck::CandidateCheck(DType dtype)
-    : dtype_(dtype), ulp_counts_(static_cast<std::size_t>(kExactUlp) + 1 + (63 - 6), 0) {}
+CandidateCheck::CandidateCheck(DType dtype) : dtype_(dtype) {}
 
 void CandidateCheck::Add(std::int64_t index, const void* candidate, const void* own,
                          double reference, double bound, double probabilistic_bound) {
@@ -121,15 +95,15 @@ void CandidateCheck::AddFp32Range(std::int64_t offset, std::int64_t n, const std
       Count(offset + i, c, cb, o, ob, r, b, pb);
       continue;
     }
-    ++elements_;
+    ++f_.elements;
     std::int64_t ulp = 0;
     if (cb == ob) {
-      ++bitwise_equal_;
+      ++f_.bitwise_equal;
     } else {
       ulp = UlpDistanceFp32(cb, ob);
     }
-    max_ulp_ = std::max(max_ulp_, ulp);
-    ++ulp_counts_[UlpBucket(ulp)];
+    f_.max_ulp = std::max(f_.max_ulp, ulp);
+    ++f_.ulp_counts[static_cast<std::size_t>(judgement::UlpBucket(ulp))];
     const double err = std::fabs(c - r);
     const double fraction = err == 0 ? 0 : err / b;
     const double p_fraction = err == 0 ? 0 : err / pb;
@@ -138,123 +112,107 @@ void CandidateCheck::AddFp32Range(std::int64_t offset, std::int64_t n, const std
       const double own_err = std::fabs(o - r);
       own_p_fraction = own_err == 0 ? 0 : own_err / pb;
     }
-    if (own_p_fraction > 1.0) ++own_outside_probabilistic_;
-    worst_fraction_ = std::max(worst_fraction_, fraction);
-    worst_probabilistic_fraction_ = std::max(worst_probabilistic_fraction_, p_fraction);
-    ++histogram_[HistogramBin(fraction)];
+    if (own_p_fraction > 1.0) ++f_.own_outside_probabilistic;
+    f_.worst_fraction = std::max(f_.worst_fraction, fraction);
+    f_.worst_probabilistic_fraction = std::max(f_.worst_probabilistic_fraction, p_fraction);
+    ++f_.histogram[static_cast<std::size_t>(judgement::HistogramBin(fraction))];
     if (p_fraction > 1.0 || fraction > 1.0) {
       NoteOutside(CheckedElement{offset + i, c, r, b, pb, o}, fraction, p_fraction);
     }
   }
 }
 
-// |value − reference| as a fraction of `bound`: 0 when equal, +Inf for a
-// NaN or an infinity IEEE 754 does not give there (*mismatch set).
-double CandidateCheck::Fraction(double value, double reference, double bound,
-                                bool* mismatch) const {
-  *mismatch = false;
-  if (!std::isfinite(reference)) {
-    const bool same = std::isnan(reference) ? std::isnan(value) : value == reference;
-    *mismatch = !same;
-    return same ? 0 : kInf;
-  }
-  if (!std::isfinite(value)) {
-    // An infinity is right where the bounded value overflows the dtype.
-    const bool overflows = std::isinf(value) && std::fabs(reference) + bound > MaxFinite(dtype_) &&
-                           std::signbit(value) == std::signbit(reference);
-    *mismatch = !overflows;
-    return overflows ? 0 : kInf;
-  }
-  const double err = std::fabs(value - reference);
-  return err == 0 ? 0 : bound > 0 ? err / bound : kInf;
-}
-
 void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t candidate_bits,
                            double own, std::uint32_t own_bits, double reference, double bound,
                            double probabilistic_bound, const CheckedElement* shown) {
-  ++elements_;
-  const bool integer = dtype_ == DType::kInt32 || dtype_ == DType::kInt64;
-  // Against logitd's own output: bits, NaNs of any payload alike (integers:
-  // equal or not, which AddInteger passes as bits 0 against 0 or 1).
-  const bool both_nan = !integer && std::isnan(candidate) && std::isnan(own);
-  if (candidate_bits == own_bits || both_nan) ++bitwise_equal_;
-  const std::int64_t ulp =
-      integer ? (candidate_bits == own_bits ? 0 : 1)
-      : dtype_ == DType::kBf16
-          ? UlpDistanceBf16(static_cast<Bf16Bits>(candidate_bits), static_cast<Bf16Bits>(own_bits))
-          : UlpDistanceFp32(candidate_bits, own_bits);
-  max_ulp_ = std::max(max_ulp_, ulp);
-  ++ulp_counts_[UlpBucket(ulp)];
+  const CheckedElement element =
+      shown != nullptr ? *shown : CheckedElement{index, candidate,           reference,
+                                                 bound, probabilistic_bound, own};
+  if (dtype_ != DType::kInt32 && dtype_ != DType::kInt64) {
+    Tally(judgement::JudgeElement(dtype_ == DType::kBf16, candidate, candidate_bits, own, own_bits,
+                                  reference, bound, probabilistic_bound),
+          element);
+    return;
+  }
+  // An integer: equal to logitd's or not (AddInteger passes bits 0
+  // against 0 or 1), and its value against the reference; logitd's own
+  // is taken as right.
+  judgement::Judged j;
+  j.bitwise_equal = candidate_bits == own_bits;
+  j.ulp = j.bitwise_equal ? 0 : 1;
+  const double no_overflow = std::numeric_limits<float>::max();
+  bool unused = false;
+  j.fraction = judgement::Fraction(candidate, reference, bound, no_overflow, &j.mismatch);
+  j.p_fraction =
+      judgement::Fraction(candidate, reference, probabilistic_bound, no_overflow, &unused);
+  j.own_outside_probabilistic =
+      judgement::Fraction(own, reference, probabilistic_bound, no_overflow, &unused) > 1.0;
+  Tally(j, element);
+}
 
-  // Against the reference and its bounds.
-  bool mismatch = false, unused = false;
-  const double fraction = Fraction(candidate, reference, bound, &mismatch);
-  const double p_fraction = Fraction(candidate, reference, probabilistic_bound, &unused);
-  // logitd's own value: the candidate's when their bits are equal (the
-  // common case, and the most of the work saved).
-  const double own_p_fraction = candidate_bits == own_bits && !integer
-                                    ? p_fraction
-                                    : Fraction(own, reference, probabilistic_bound, &unused);
-  if (own_p_fraction > 1.0) ++own_outside_probabilistic_;
-  if (mismatch) ++nan_inf_mismatches_;
-  worst_fraction_ = std::max(worst_fraction_, fraction);
-  worst_probabilistic_fraction_ = std::max(worst_probabilistic_fraction_, p_fraction);
-  ++histogram_[HistogramBin(fraction)];
-  if (fraction <= 1.0 && p_fraction <= 1.0) return;
-  NoteOutside(shown != nullptr
-                  ? *shown
-                  : CheckedElement{index, candidate, reference, bound, probabilistic_bound, own},
-              fraction, p_fraction);
+void CandidateCheck::Tally(const judgement::Judged& j, const CheckedElement& element) {
+  ++f_.elements;
+  if (j.bitwise_equal) ++f_.bitwise_equal;
+  f_.max_ulp = std::max(f_.max_ulp, j.ulp);
+  ++f_.ulp_counts[static_cast<std::size_t>(judgement::UlpBucket(j.ulp))];
+  if (j.own_outside_probabilistic) ++f_.own_outside_probabilistic;
+  if (j.mismatch) ++f_.nan_inf_mismatches;
+  f_.worst_fraction = std::max(f_.worst_fraction, j.fraction);
+  f_.worst_probabilistic_fraction = std::max(f_.worst_probabilistic_fraction, j.p_fraction);
+  ++f_.histogram[static_cast<std::size_t>(judgement::HistogramBin(j.fraction))];
+  if (j.fraction <= 1.0 && j.p_fraction <= 1.0) return;
+  NoteOutside(element, j.fraction, j.p_fraction);
 }
 
 void CandidateCheck::NoteOutside(const CheckedElement& element, double fraction,
                                  double p_fraction) {
-  if (fraction > 1.0 && outside_++ == 0) first_proven_outside_ = element;
+  if (fraction > 1.0 && f_.outside++ == 0) f_.first_proven_outside = element;
   if (p_fraction <= 1.0) return;
-  if (outside_probabilistic_++ < kReportedOutside) first_outside_.push_back(element);
+  if (f_.outside_probabilistic++ < kReportedOutside) f_.first_outside.push_back(element);
 }
 
-void CandidateCheck::Merge(const CandidateCheck& other) {
-  if (other.outside_ > 0 &&
-      (outside_ == 0 || other.first_proven_outside_.index < first_proven_outside_.index)) {
-    first_proven_outside_ = other.first_proven_outside_;
+void CandidateCheck::AddCounted(const CheckFigures& o) {
+  if (o.outside > 0 &&
+      (f_.outside == 0 || o.first_proven_outside.index < f_.first_proven_outside.index)) {
+    f_.first_proven_outside = o.first_proven_outside;
   }
-  first_outside_.insert(first_outside_.end(), other.first_outside_.begin(),
-                        other.first_outside_.end());
-  std::sort(first_outside_.begin(), first_outside_.end(),
+  f_.first_outside.insert(f_.first_outside.end(), o.first_outside.begin(), o.first_outside.end());
+  std::sort(f_.first_outside.begin(), f_.first_outside.end(),
             [](const CheckedElement& a, const CheckedElement& b) { return a.index < b.index; });
-  if (first_outside_.size() > static_cast<std::size_t>(kReportedOutside)) {
-    first_outside_.resize(static_cast<std::size_t>(kReportedOutside));
+  if (f_.first_outside.size() > static_cast<std::size_t>(kReportedOutside)) {
+    f_.first_outside.resize(static_cast<std::size_t>(kReportedOutside));
   }
-  elements_ += other.elements_;
-  outside_ += other.outside_;
-  worst_fraction_ = std::max(worst_fraction_, other.worst_fraction_);
-  outside_probabilistic_ += other.outside_probabilistic_;
-  worst_probabilistic_fraction_ =
-      std::max(worst_probabilistic_fraction_, other.worst_probabilistic_fraction_);
-  own_outside_probabilistic_ += other.own_outside_probabilistic_;
-  bitwise_equal_ += other.bitwise_equal_;
-  nan_inf_mismatches_ += other.nan_inf_mismatches_;
-  for (std::size_t b = 0; b < histogram_.size(); ++b) histogram_[b] += other.histogram_[b];
-  max_ulp_ = std::max(max_ulp_, other.max_ulp_);
-  for (std::size_t b = 0; b < ulp_counts_.size(); ++b) ulp_counts_[b] += other.ulp_counts_[b];
+  f_.elements += o.elements;
+  f_.outside += o.outside;
+  f_.worst_fraction = std::max(f_.worst_fraction, o.worst_fraction);
+  f_.outside_probabilistic += o.outside_probabilistic;
+  f_.worst_probabilistic_fraction =
+      std::max(f_.worst_probabilistic_fraction, o.worst_probabilistic_fraction);
+  f_.own_outside_probabilistic += o.own_outside_probabilistic;
+  f_.bitwise_equal += o.bitwise_equal;
+  f_.nan_inf_mismatches += o.nan_inf_mismatches;
+  for (std::size_t b = 0; b < f_.histogram.size(); ++b) f_.histogram[b] += o.histogram[b];
+  f_.max_ulp = std::max(f_.max_ulp, o.max_ulp);
+  for (std::size_t b = 0; b < f_.ulp_counts.size(); ++b) f_.ulp_counts[b] += o.ulp_counts[b];
 }
 
 std::int64_t CandidateCheck::UlpPercentile(double p) const {
-  if (elements_ == 0) return 0;
-  const auto want = static_cast<std::int64_t>(std::ceil(p * static_cast<double>(elements_)));
+  if (f_.elements == 0) return 0;
+  const auto want = static_cast<std::int64_t>(std::ceil(p * static_cast<double>(f_.elements)));
   std::int64_t seen = 0;
-  for (std::size_t b = 0; b < ulp_counts_.size(); ++b) {
-    seen += ulp_counts_[b];
-    if (seen >= std::max<std::int64_t>(want, 1)) return std::min(BucketValue(b), max_ulp_);
+  for (std::size_t b = 0; b < f_.ulp_counts.size(); ++b) {
+    seen += f_.ulp_counts[b];
+    if (seen >= std::max<std::int64_t>(want, 1)) return std::min(BucketValue(b), f_.max_ulp);
   }
-  return max_ulp_;
+  return f_.max_ulp;
 }
 
 std::string CandidateCheck::Verdict() const {
-  if (outside_ > 0) return "outside_bounds";
-  if (outside_probabilistic_ > 0 && probabilistic_applies()) return "outside_probabilistic_bounds";
-  if (bitwise_equal_ == elements_) return "bitwise_equal_to_logitd";
+  if (f_.outside > 0) return "outside_bounds";
+  if (f_.outside_probabilistic > 0 && probabilistic_applies()) {
+    return "outside_probabilistic_bounds";
+  }
+  if (f_.bitwise_equal == f_.elements) return "bitwise_equal_to_logitd";
   return "within_bounds";
 }
 
@@ -266,21 +224,21 @@ bool CandidateCheck::passed() const {
 std::string CandidateCheck::Describe(const std::string& name,
                                      const std::vector<std::int64_t>& shape) const {
   if (passed()) return std::string();
-  if (outside_ > 0) {
-    const CheckedElement& f = first_proven_outside_;
+  if (f_.outside > 0) {
+    const CheckedElement& f = f_.first_proven_outside;
     return absl::StrFormat(
         "%d of %d elements of '%s' outside their proven bound (%d a NaN or infinity where the "
         "reference has none, or the reverse); worst %.3g times its bound; first %s: candidate "
         "%.9g, fp64 reference %.17g, bound %.3e, logitd %.9g",
-        outside_, elements_, name, nan_inf_mismatches_, worst_fraction_,
+        f_.outside, f_.elements, name, f_.nan_inf_mismatches, f_.worst_fraction,
         IndexString(f.index, shape), f.candidate, f.reference, f.bound, f.logitd);
   }
-  const CheckedElement& f = first_outside_.front();
+  const CheckedElement& f = f_.first_outside.front();
   return absl::StrFormat(
       "%d of %d elements of '%s' outside their probabilistic bound, where logitd's own output "
       "is inside every one (all inside the proven bound); worst %.3g times it; first %s: "
       "candidate %.9g, fp64 reference %.17g, probabilistic bound %.3e (proven %.3e), logitd %.9g",
-      outside_probabilistic_, elements_, name, worst_probabilistic_fraction_,
+      f_.outside_probabilistic, f_.elements, name, f_.worst_probabilistic_fraction,
       IndexString(f.index, shape), f.candidate, f.reference, f.probabilistic_bound, f.bound,
       f.logitd);
 }

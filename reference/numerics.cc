@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "logitd/reference/element_judgement.h"
 
 namespace logitd {
 namespace {
@@ -66,16 +67,8 @@ void MultiplyWeight(const std::vector<double>& a, std::int64_t m, Bf16Matrix w, 
   }
 }
 
-// Order-preserving integer image of a float's bits: adjacent representable
-// values map to adjacent integers, and -0 and +0 both map to 0.
-std::int64_t Ordinal(std::uint32_t bits, std::uint32_t sign_mask) {
-  const std::int64_t magnitude = bits & (sign_mask - 1);
-  return (bits & sign_mask) != 0 ? -magnitude : magnitude;
-}
-
 bool IsNanBits(std::uint32_t bits, DType dtype) {
-  if (dtype == DType::kBf16) return (bits & 0x7fffu) > 0x7f80u;
-  return (bits & 0x7fffffffu) > 0x7f800000u;
+  return judgement::IsNanBits(bits, dtype == DType::kBf16);
 }
 
 bool IsZeroBits(std::uint32_t bits, DType dtype) {
@@ -146,17 +139,11 @@ void ReferenceGtX(const std::vector<double>& g, const std::vector<double>& x, st
 }
 
 std::int64_t UlpDistanceFp32(std::uint32_t a, std::uint32_t b) {
-  const bool a_nan = IsNanBits(a, DType::kFp32);
-  const bool b_nan = IsNanBits(b, DType::kFp32);
-  if (a_nan || b_nan) return a_nan && b_nan ? 0 : std::numeric_limits<std::int64_t>::max();
-  return std::llabs(Ordinal(a, 0x80000000u) - Ordinal(b, 0x80000000u));
+  return judgement::UlpDistance(a, b, /*bf16=*/false);
 }
 
 std::int64_t UlpDistanceBf16(Bf16Bits a, Bf16Bits b) {
-  const bool a_nan = IsNanBits(a, DType::kBf16);
-  const bool b_nan = IsNanBits(b, DType::kBf16);
-  if (a_nan || b_nan) return a_nan && b_nan ? 0 : std::numeric_limits<std::int64_t>::max();
-  return std::llabs(Ordinal(a, 0x8000u) - Ordinal(b, 0x8000u));
+  return judgement::UlpDistance(a, b, /*bf16=*/true);
 }
 
 std::uint32_t ElementBits(const Tensor& t, std::int64_t i) {

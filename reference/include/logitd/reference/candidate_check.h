@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "logitd/reference/element_judgement.h"
 #include "logitd/tensor.h"
 
 namespace logitd {
@@ -30,6 +31,30 @@ struct CheckedElement {
   double logitd = 0;               // logitd's own value
 };
 
+// The figures of a check, as CandidateCheck keeps them: what a device that
+// checks where it forms the references counts for a block of elements,
+// with the elements it reports, to be added (CandidateCheck::AddCounted).
+struct CheckFigures {
+  std::int64_t elements = 0;
+  std::int64_t outside = 0;
+  double worst_fraction = 0;
+  std::int64_t outside_probabilistic = 0;
+  double worst_probabilistic_fraction = 0;
+  std::int64_t own_outside_probabilistic = 0;
+  std::int64_t bitwise_equal = 0;
+  std::int64_t nan_inf_mismatches = 0;
+  std::array<std::int64_t, judgement::kHistogramBins> histogram{};
+  std::int64_t max_ulp = 0;
+  // [0, kExactUlp] exactly, then one bucket per power of two up to 2^63.
+  std::array<std::int64_t, judgement::kUlpBuckets> ulp_counts{};
+  // The first elements outside their probabilistic bound in index order
+  // (those outside the proven one among them), at most kReportedOutside:
+  // for figures added, at least as many as the check still has room for.
+  std::vector<CheckedElement> first_outside;
+  // The first element outside its proven bound, when outside > 0.
+  CheckedElement first_proven_outside;
+};
+
 class CandidateCheck {
  public:
   // The elements outside their probabilistic bound that are reported (those
@@ -37,13 +62,11 @@ class CandidateCheck {
   static constexpr int kReportedOutside = 32;
   // |error| / bound is counted in bins: exactly 0, then up to each edge
   // (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 1), then over 1 (NaN
-  // included): ten bins.
-  static constexpr std::array<double, 8> kHistogramEdges = {1e-6, 1e-5, 1e-4, 1e-3,
-                                                            1e-2, 0.1,  0.5,  1.0};
-  static constexpr int kHistogramBins = 10;
+  // included): ten bins (element_judgement.h).
+  static constexpr int kHistogramBins = judgement::kHistogramBins;
   // ULP distances up to this are counted exactly; larger ones by the power
   // of two above them (p50 and p99 are then that power).
-  static constexpr std::int64_t kExactUlp = 64;
+  static constexpr std::int64_t kExactUlp = judgement::kExactUlp;
 
   // `dtype` is the candidate's and logitd's output dtype (fp32 or bf16).
   explicit CandidateCheck(DType dtype);
@@ -67,34 +90,39 @@ class CandidateCheck {
   void AddRange(std::int64_t offset, std::int64_t n, const void* candidate, const void* own,
                 const double* reference, const double* bound, const double* probabilistic_bound);
 
+  // Adds elements counted elsewhere, whose indices all come after those
+  // added so far or are merged in index order: as if each had been added
+  // here.
+  void AddCounted(const CheckFigures& counted);
   // Adds the elements `other` counted (of the same dtype) to these, as if
   // each had been added here: what a check split over threads, one
   // CandidateCheck each, gives once its parts are merged in any order.
-  void Merge(const CandidateCheck& other);
+  void Merge(const CandidateCheck& other) { AddCounted(other.f_); }
 
   DType dtype() const { return dtype_; }
-  std::int64_t elements() const { return elements_; }
+  std::int64_t elements() const { return f_.elements; }
   // Outside the proven bound: wrong for certain.
-  std::int64_t outside() const { return outside_; }
-  double worst_fraction() const { return worst_fraction_; }
+  std::int64_t outside() const { return f_.outside; }
+  double worst_fraction() const { return f_.worst_fraction; }
   // Outside the probabilistic bound (those outside the proven one included).
-  std::int64_t outside_probabilistic() const { return outside_probabilistic_; }
-  double worst_probabilistic_fraction() const { return worst_probabilistic_fraction_; }
+  std::int64_t outside_probabilistic() const { return f_.outside_probabilistic; }
+  double worst_probabilistic_fraction() const { return f_.worst_probabilistic_fraction; }
   // logitd's own output outside the probabilistic bound: nonzero means the
   // inputs' rounding errors are not independent (constant rows, say), and
   // the probabilistic bound says nothing about the candidate either.
-  std::int64_t own_outside_probabilistic() const { return own_outside_probabilistic_; }
-  bool probabilistic_applies() const { return own_outside_probabilistic_ == 0; }
-  const std::vector<CheckedElement>& first_outside() const { return first_outside_; }
-  std::int64_t bitwise_equal() const { return bitwise_equal_; }
-  std::int64_t nan_inf_mismatches() const { return nan_inf_mismatches_; }
-  const std::array<std::int64_t, kHistogramBins>& histogram() const { return histogram_; }
+  std::int64_t own_outside_probabilistic() const { return f_.own_outside_probabilistic; }
+  bool probabilistic_applies() const { return f_.own_outside_probabilistic == 0; }
+  const std::vector<CheckedElement>& first_outside() const { return f_.first_outside; }
+  std::int64_t bitwise_equal() const { return f_.bitwise_equal; }
+  std::int64_t nan_inf_mismatches() const { return f_.nan_inf_mismatches; }
+  const std::array<std::int64_t, kHistogramBins>& histogram() const { return f_.histogram; }
   // Units in the last place between the candidate and logitd's output:
   // the largest, and the median and 99th percentile (exact up to
   // kExactUlp, else the power of two above); INT64_MAX for a NaN against a
   // number.
-  std::int64_t max_ulp() const { return max_ulp_; }
+  std::int64_t max_ulp() const { return f_.max_ulp; }
   std::int64_t UlpPercentile(double p) const;
+  const CheckFigures& figures() const { return f_; }
 
   // "outside_bounds" (an element outside its proven bound), else
   // "outside_probabilistic_bounds" (one outside its probabilistic bound,
@@ -109,13 +137,14 @@ class CandidateCheck {
   std::string Describe(const std::string& name, const std::vector<std::int64_t>& shape) const;
 
  private:
-  double Fraction(double value, double reference, double bound, bool* mismatch) const;
   // An element outside its proven or probabilistic bound: counted, and
   // kept among the reported ones while there is room.
   void NoteOutside(const CheckedElement& element, double fraction, double p_fraction);
   void AddFp32Range(std::int64_t offset, std::int64_t n, const std::byte* candidate,
                     const std::byte* own, const double* reference, const double* bound,
                     const double* probabilistic_bound);
+  // Counts one judged element; `element` is it as reported.
+  void Tally(const judgement::Judged& j, const CheckedElement& element);
   // `shown` (when not null) is the element as reported, in place of the
   // values judged.
   void Count(std::int64_t index, double candidate, std::uint32_t candidate_bits, double own,
@@ -123,21 +152,7 @@ class CandidateCheck {
              const CheckedElement* shown = nullptr);
 
   DType dtype_;
-  std::int64_t elements_ = 0;
-  std::int64_t outside_ = 0;
-  double worst_fraction_ = 0;
-  std::int64_t outside_probabilistic_ = 0;
-  double worst_probabilistic_fraction_ = 0;
-  std::int64_t own_outside_probabilistic_ = 0;
-  std::vector<CheckedElement> first_outside_;
-  // The first element outside its proven bound, for Describe.
-  CheckedElement first_proven_outside_;
-  std::int64_t bitwise_equal_ = 0;
-  std::int64_t nan_inf_mismatches_ = 0;
-  std::array<std::int64_t, kHistogramBins> histogram_{};
-  std::int64_t max_ulp_ = 0;
-  // [0, kExactUlp] exactly, then one bucket per power of two up to 2^63.
-  std::vector<std::int64_t> ulp_counts_;
+  CheckFigures f_;
 };
 
 }  // namespace logitd
