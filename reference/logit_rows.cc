@@ -63,6 +63,8 @@ std::int64_t DefaultBlockRows(std::int64_t v) {
 }
 
 LogitRows::LogitRows(const LmHeadInputs& in, LogitModel model) : in_(in), model_(model) {
+  // Rows of W with a NaN or an infinity, unless the engine has seen none.
+  if (in.products != nullptr && in.products->WeightFinite()) return;
   for (std::int64_t j = 0; j < in.v; ++j) {
     if (AnyNonFiniteBf16(in.w + j * in.k, in.k)) bad_w_.push_back(j);
   }

@@ -6,6 +6,7 @@
 
 #include "logit_rows.h"
 #include "logitd/reference/bounds.h"
+#include "logitd/reference/element_judgement.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
 
@@ -82,6 +83,58 @@ void CheckRowsInParallel(std::int64_t n, std::int64_t elements, CandidateCheck* 
   for (const CandidateCheck& p : parts) check->Merge(p);
 }
 
+// The block of rows walk[b0, b0 + n) judged on the engine's device
+// (Fp64Products::JudgeXWt, JudgeGW) when it has one and every operand of
+// the block is finite (the weight's the caller has looked at): true when
+// it was, with its figures added to *check.
+bool JudgedOnDevice(const LmHeadInputs& in, bool transposed, const std::vector<double>& operand,
+                    const CheckedRows& walk, std::size_t b0, std::size_t n, const void* candidate,
+                    const void* own, const judgement::ProductRule& rule, CandidateCheck* check) {
+  if (in.products == nullptr) return false;
+  for (double d : operand) {
+    if (!std::isfinite(d)) return false;
+  }
+  CheckFigures figures;
+  const std::int64_t m = static_cast<std::int64_t>(n);
+  const bool judged = transposed ? in.products->JudgeXWt(operand.data(), walk.data() + b0, m,
+                                                         candidate, own, rule, &figures)
+                                 : in.products->JudgeGW(operand.data(), walk.data() + b0, m,
+                                                        candidate, own, rule, &figures);
+  if (judged) check->AddCounted(figures);
+  return judged;
+}
+
+// The rows walk[] in blocks. Where the engine judges (and `device_ok`:
+// every value of W it uses is finite), blocks of the rows it asks for
+// (Fp64Products::JudgeBlockRows of `cols`) go to it whole; a block it
+// cannot judge, or every block without such an engine, goes to
+// host_block(b0, n, operand) in parts of at most host_rows rows.
+// operand(b0, n) gives the rows' operand as doubles (x, or g). False when
+// `stop` ended the walk.
+template <typename Operand, typename HostBlock>
+bool WalkBlocks(const LmHeadInputs& in, bool transposed, const CheckedRows& walk,
+                std::int64_t host_rows, std::int64_t cols, bool device_ok, const void* candidate,
+                const void* own, const judgement::ProductRule& rule, CandidateCheck* check,
+                const StopCheck& stop, const Operand& operand, const HostBlock& host_block) {
+  const std::int64_t device_rows =
+      device_ok && in.products != nullptr ? in.products->JudgeBlockRows(cols) : 0;
+  const std::size_t step = static_cast<std::size_t>(std::max(host_rows, device_rows));
+  for (std::size_t b0 = 0; b0 < walk.size(); b0 += step) {
+    if (stop && stop()) return false;
+    const std::size_t n = std::min(walk.size() - b0, step);
+    if (device_rows > 0 &&
+        JudgedOnDevice(in, transposed, operand(b0, n), walk, b0, n, candidate, own, rule, check)) {
+      continue;
+    }
+    for (std::size_t h0 = b0; h0 < b0 + n; h0 += static_cast<std::size_t>(host_rows)) {
+      if (stop && stop()) return false;
+      const std::size_t hn = std::min(b0 + n - h0, static_cast<std::size_t>(host_rows));
+      host_block(h0, hn, operand(h0, hn));
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 CheckedRows SampleRows(std::int64_t m, std::int64_t count) {
@@ -106,16 +159,17 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
       std::min(ProbabilisticGamma(n, kFp32UnitRoundoff), Gamma(n, kFp32UnitRoundoff)) +
       Gamma(k, kFp64UnitRoundoff);
   const double scale = std::fabs(static_cast<double>(alpha));
+  const judgement::ProductRule rule{static_cast<double>(alpha), scale * gamma, scale * p_gamma,
+                                    dtype == DType::kBf16};
+  // Rows of W with a NaN or an infinity, unless the engine has seen none.
   std::vector<std::int64_t> bad_w;
-  for (std::int64_t j = 0; j < v; ++j) {
-    if (reference_internal::AnyNonFiniteBf16(in.w + j * k, k)) bad_w.push_back(j);
+  if (in.products == nullptr || !in.products->WeightFinite()) {
+    for (std::int64_t j = 0; j < v; ++j) {
+      if (reference_internal::AnyNonFiniteBf16(in.w + j * k, k)) bad_w.push_back(j);
+    }
   }
   const CheckedRows walk = AllOr(rows, in.m);
-  const std::int64_t per_block = std::max<std::int64_t>(1, kReferenceBlockElements / v);
-  std::vector<double> ref, abs;
-  for (std::size_t b0 = 0; b0 < walk.size(); b0 += static_cast<std::size_t>(per_block)) {
-    if (stop && stop()) return false;
-    const std::size_t n = std::min(walk.size() - b0, static_cast<std::size_t>(per_block));
+  const auto x_rows = [&](std::size_t b0, std::size_t n) {
     std::vector<double> xd(n * static_cast<std::size_t>(k));
     for (std::size_t r = 0; r < n; ++r) {
       for (std::int64_t t = 0; t < k; ++t) {
@@ -123,6 +177,10 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
             Bf16At(in.x, walk[b0 + r] * k + t);
       }
     }
+    return xd;
+  };
+  std::vector<double> ref, abs;
+  const auto host_block = [&](std::size_t b0, std::size_t n, const std::vector<double>& xd) {
     ref.resize(n * static_cast<std::size_t>(v));
     abs.resize(ref.size());
     FormXWt(in.products, xd, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(),
@@ -145,15 +203,9 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
           for (std::int64_t j : bad_w) naive(j);
         }
         for (std::int64_t j = 0; j < v; ++j) {
-          row_ref[j] *= static_cast<double>(alpha);
-          double b = scale * gamma * row_abs[j];
-          double pb = scale * p_gamma * row_abs[j];
-          if (dtype == DType::kBf16) {
-            b += kBf16UnitRoundoff * (std::fabs(row_ref[j]) + b) + std::ldexp(1.0, -134);
-            pb += kBf16UnitRoundoff * (std::fabs(row_ref[j]) + pb) + std::ldexp(1.0, -134);
-          }
-          bound[static_cast<std::size_t>(j)] = b;
-          p_bound[static_cast<std::size_t>(j)] = pb;
+          judgement::ProductBounds(rule, row_ref[j], row_abs[j], &row_ref[j],
+                                   &bound[static_cast<std::size_t>(j)],
+                                   &p_bound[static_cast<std::size_t>(j)]);
         }
         part->AddRange(i * v, v, At(candidate, i * v, dtype), At(own, i * v, dtype), row_ref,
                        bound.data(), p_bound.data());
@@ -161,17 +213,21 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
     };
     CheckRowsInParallel(static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v, check,
                         check_rows);
-  }
-  return true;
+  };
+  return WalkBlocks(in, /*transposed=*/true, walk,
+                    std::max<std::int64_t>(1, kReferenceBlockElements / v), v, bad_w.empty(),
+                    candidate, own, rule, check, stop, x_rows, host_block);
 }
 
 bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void* candidate,
                     const void* own, DType dtype, CandidateCheck* check, const StopCheck& stop) {
   const std::int64_t v = in.v, k = in.k;
   // Columns of W with a NaN or an infinity: every row's dX there by hand.
-  // (One pass over W in its own order: rows with one mark their columns.)
+  // (One pass over W in its own order: rows with one mark their columns;
+  // none when the engine has seen every value finite.)
   std::vector<bool> bad_col(static_cast<std::size_t>(k));
-  for (std::int64_t j = 0; j < v; ++j) {
+  const bool w_finite = in.products != nullptr && in.products->WeightFinite();
+  for (std::int64_t j = 0; j < v && !w_finite; ++j) {
     if (!reference_internal::AnyNonFiniteBf16(in.w + j * k, k)) continue;
     for (std::int64_t c = 0; c < k; ++c) {
       if (!std::isfinite(Bf16At(in.w, j * k + c))) bad_col[static_cast<std::size_t>(c)] = true;
@@ -181,14 +237,12 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
   for (std::int64_t c = 0; c < k; ++c) {
     if (bad_col[static_cast<std::size_t>(c)]) bad_w_cols.push_back(c);
   }
+  const double p_gamma32 =
+      std::min(ProbabilisticGamma(v, kFp32UnitRoundoff), Gamma(v, kFp32UnitRoundoff));
+  const judgement::ProductRule rule{1.0, Gamma(v, kFp32UnitRoundoff) + Gamma(v, kFp64UnitRoundoff),
+                                    p_gamma32 + Gamma(v, kFp64UnitRoundoff), dtype == DType::kBf16};
   const CheckedRows walk = AllOr(rows, in.m);
-  const std::int64_t per_block =
-      std::max<std::int64_t>(1, kReferenceBlockElements / std::max(v, k));
-  std::vector<double> ref, abs, bound(static_cast<std::size_t>(k)),
-      p_bound(static_cast<std::size_t>(k));
-  for (std::size_t b0 = 0; b0 < walk.size(); b0 += static_cast<std::size_t>(per_block)) {
-    if (stop && stop()) return false;
-    const std::size_t n = std::min(walk.size() - b0, static_cast<std::size_t>(per_block));
+  const auto g_rows = [&](std::size_t b0, std::size_t n) {
     std::vector<double> g(n * static_cast<std::size_t>(v));
     for (std::size_t r = 0; r < n; ++r) {
       for (std::int64_t j = 0; j < v; ++j) {
@@ -196,6 +250,11 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
             GAt(in, walk[b0 + r] * v + j);
       }
     }
+    return g;
+  };
+  std::vector<double> ref, abs, bound(static_cast<std::size_t>(k)),
+      p_bound(static_cast<std::size_t>(k));
+  const auto host_block = [&](std::size_t b0, std::size_t n, const std::vector<double>& g) {
     ref.resize(n * static_cast<std::size_t>(k));
     abs.resize(ref.size());
     FormGW(in.products, g, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(),
@@ -224,8 +283,11 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
       check->AddRange(i * k, k, At(candidate, i * k, dtype), At(own, i * k, dtype), row_ref,
                       bound.data(), p_bound.data());
     }
-  }
-  return true;
+  };
+  return WalkBlocks(in, /*transposed=*/false, walk,
+                    std::max<std::int64_t>(1, kReferenceBlockElements / std::max(v, k)),
+                    std::max(v, k), bad_w_cols.empty(), candidate, own, rule, check, stop, g_rows,
+                    host_block);
 }
 
 bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,

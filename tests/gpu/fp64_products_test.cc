@@ -2,18 +2,22 @@
 // of the weight widened on the device) against OpenBLAS's on the host:
 // bitwise on integer operands, whose sums are exact in any order; within
 // the two engines' fp64 rounding of each other on random ones; its device
-// memory returned when it goes.
+// memory returned when it goes. Its judgement of candidates on the device
+// counts what the host's counts from the same products, figure for figure.
 #include "server/kernels/cuda/fp64_products.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
+#include "logitd/reference/verify_checks.h"
 #include "server/kernels/backend.h"
 
 namespace logitd::kernels::testing {
@@ -103,6 +107,196 @@ TEST_F(Fp64ProductsTest, TheWidenedWeightIsFreedWithTheEngine) {
     ASSERT_TRUE(engine->XWt(xd.data(), 3, y.data(), nullptr)) << engine->error();
   }
   EXPECT_EQ(backend()->DeviceBytesInUse(), before);
+}
+
+// The device engine's products, judged on the host: what CheckLogits and
+// CheckGradInput do when an engine cannot judge.
+class HostJudging final : public Fp64Products {
+ public:
+  explicit HostJudging(Fp64Products* device) : device_(device) {}
+  bool XWt(const double* x, std::int64_t m, double* y, double* y_abs) override {
+    return device_->XWt(x, m, y, y_abs);
+  }
+  bool GW(const double* g, std::int64_t m, double* dx, double* dx_abs) override {
+    return device_->GW(g, m, dx, dx_abs);
+  }
+  std::string error() const override { return device_->error(); }
+  std::string name() const override { return "host judging"; }
+
+ private:
+  Fp64Products* device_;
+};
+
+void ExpectSameElement(const CheckedElement& a, const CheckedElement& b) {
+  EXPECT_EQ(a.index, b.index);
+  EXPECT_EQ(a.candidate, b.candidate) << a.index;
+  EXPECT_EQ(a.reference, b.reference) << a.index;
+  EXPECT_EQ(a.bound, b.bound) << a.index;
+  EXPECT_EQ(a.probabilistic_bound, b.probabilistic_bound) << a.index;
+  EXPECT_TRUE(a.logitd == b.logitd || (std::isnan(a.logitd) && std::isnan(b.logitd))) << a.index;
+}
+
+void ExpectSameFigures(const CandidateCheck& device, const CandidateCheck& host) {
+  const CheckFigures& d = device.figures();
+  const CheckFigures& h = host.figures();
+  EXPECT_EQ(d.elements, h.elements);
+  EXPECT_EQ(d.outside, h.outside);
+  EXPECT_EQ(d.worst_fraction, h.worst_fraction);
+  EXPECT_EQ(d.outside_probabilistic, h.outside_probabilistic);
+  EXPECT_EQ(d.worst_probabilistic_fraction, h.worst_probabilistic_fraction);
+  EXPECT_EQ(d.own_outside_probabilistic, h.own_outside_probabilistic);
+  EXPECT_EQ(d.bitwise_equal, h.bitwise_equal);
+  EXPECT_EQ(d.nan_inf_mismatches, h.nan_inf_mismatches);
+  EXPECT_EQ(d.histogram, h.histogram);
+  EXPECT_EQ(d.max_ulp, h.max_ulp);
+  EXPECT_EQ(d.ulp_counts, h.ulp_counts);
+  ASSERT_EQ(d.first_outside.size(), h.first_outside.size());
+  for (std::size_t i = 0; i < d.first_outside.size(); ++i) {
+    ExpectSameElement(d.first_outside[i], h.first_outside[i]);
+  }
+  if (h.outside > 0) ExpectSameElement(d.first_proven_outside, h.first_proven_outside);
+  EXPECT_EQ(device.Verdict(), host.Verdict());
+}
+
+// Candidate values near `reference` (the fp32 rounding of an fp64 product)
+// with every kind of element the check tells apart: equal, one ulp and a
+// few ulps off, outside the bounds (more than are reported, in several
+// rows, the first proven one after the first reported ones), NaN and both
+// infinities; `own` the reference rounded, one ulp off now and then.
+void Perturb(const std::vector<double>& reference, std::int64_t cols, bool bf16,
+             std::vector<std::uint8_t>* candidate, std::vector<std::uint8_t>* own) {
+  const std::size_t n = reference.size(), size = bf16 ? 2 : 4;
+  candidate->assign(n * size, 0);
+  own->assign(n * size, 0);
+  const auto put = [&](std::vector<std::uint8_t>* out, std::size_t i, float f) {
+    if (bf16) {
+      const Bf16Bits b = FloatToBf16(f);
+      std::memcpy(out->data() + i * 2, &b, 2);
+    } else {
+      std::memcpy(out->data() + i * 4, &f, 4);
+    }
+  };
+  const float step = bf16 ? 0x1p-7f : 0x1p-22f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float r = static_cast<float>(reference[i]);
+    put(own, i, i % 97 == 5 ? r * (1 + step) : r);
+    float c = r;
+    if (i % 11 == 3) c = r * (1 + step);
+    if (i % 53 == 7) c = r * (1 + 9 * step);
+    put(candidate, i, c);
+  }
+  // Outside: a few in row 1 (probabilistic and proven), dozens in row 2,
+  // NaN and infinities in row 3, the first proven-only one late in row 4.
+  const auto at = [&](std::int64_t row, std::int64_t col) {
+    return static_cast<std::size_t>(row * cols + col);
+  };
+  for (std::int64_t c = 0; c < cols; c += cols / 5) {
+    put(candidate, at(1, c), static_cast<float>(reference[at(1, c)] * 1.001 + 1e-3));
+  }
+  for (std::int64_t c = 1; c < cols; c += 7) {
+    put(candidate, at(2, c), static_cast<float>(reference[at(2, c)] + 0.25));
+  }
+  put(candidate, at(3, 2), std::nanf(""));
+  put(candidate, at(3, 4), std::numeric_limits<float>::infinity());
+  put(candidate, at(3, 6), -std::numeric_limits<float>::infinity());
+  put(own, at(3, 8), std::nanf(""));
+  put(candidate, at(4, cols - 1), static_cast<float>(reference[at(4, cols - 1)] + 1.0));
+}
+
+TEST_F(Fp64ProductsTest, JudgingOnTheDeviceCountsWhatTheHostCounts) {
+  const std::int64_t m = 150, v = 3001, k = 640;
+  const std::vector<Bf16Bits> x = RandomBf16(m * k, 7), w = RandomBf16(v * k, 8);
+  auto weight = backend()->LoadWeight(w.data(), v, k);
+  ASSERT_TRUE(weight.ok()) << weight.status();
+  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  ASSERT_NE(engine, nullptr);
+  HostJudging host(engine.get());
+  std::vector<double> ref(m * v), ref_abs(m * v);
+  ReferenceXWt(Widen(x), m, Bf16Matrix{w.data(), v, k}, ref.data(), ref_abs.data());
+  LmHeadInputs in = LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
+
+  for (const bool bf16 : {false, true}) {
+    const DType dtype = bf16 ? DType::kBf16 : DType::kFp32;
+    std::vector<std::uint8_t> candidate, own;
+    Perturb(ref, v, bf16, &candidate, &own);
+    for (const float alpha : {1.0f, -0.375f}) {
+      for (const CheckedRows& rows : {CheckedRows{}, CheckedRows{0, 2, 3, 4, 5, 9, 77, 149}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "bf16 " << bf16 << " alpha " << alpha << " rows " << rows.size());
+        CandidateCheck on_device(dtype), on_host(dtype);
+        in.products = engine.get();
+        ASSERT_TRUE(CheckLogits(in, alpha, rows, candidate.data(), own.data(), dtype, &on_device));
+        in.products = &host;
+        ASSERT_TRUE(CheckLogits(in, alpha, rows, candidate.data(), own.data(), dtype, &on_host));
+        EXPECT_TRUE(engine->error().empty()) << engine->error();
+        ExpectSameFigures(on_device, on_host);
+        // Not a vacuous comparison: every kind of element is there.
+        EXPECT_GT(on_host.outside(), CandidateCheck::kReportedOutside);
+        EXPECT_GT(on_host.nan_inf_mismatches(), 0);
+        EXPECT_GT(on_host.max_ulp(), 1);
+      }
+    }
+    // Every element outside: the reported ones all in the first row.
+    std::vector<std::uint8_t> wrong(candidate.size(), 0x4b);  // 1.3e7 a value
+    CandidateCheck on_device(dtype), on_host(dtype);
+    in.products = engine.get();
+    ASSERT_TRUE(CheckLogits(in, 1.0f, {}, wrong.data(), own.data(), dtype, &on_device));
+    in.products = &host;
+    ASSERT_TRUE(CheckLogits(in, 1.0f, {}, wrong.data(), own.data(), dtype, &on_host));
+    ExpectSameFigures(on_device, on_host);
+    EXPECT_EQ(on_host.outside(), m * v);
+  }
+
+  // A weight with an infinity: the engine says so, and the blocks are
+  // judged on the host, with the same figures.
+  EXPECT_TRUE(engine->WeightFinite());
+  std::vector<Bf16Bits> w_inf = w;
+  w_inf[17 * k + 3] = 0x7f80;  // +Inf
+  auto weight_inf = backend()->LoadWeight(w_inf.data(), v, k);
+  ASSERT_TRUE(weight_inf.ok()) << weight_inf.status();
+  std::shared_ptr<Fp64Products> engine_inf = Engine(**weight_inf);
+  ASSERT_NE(engine_inf, nullptr);
+  EXPECT_FALSE(engine_inf->WeightFinite());
+  {
+    std::vector<std::uint8_t> candidate, own;
+    Perturb(ref, v, false, &candidate, &own);
+    HostJudging host_inf(engine_inf.get());
+    LmHeadInputs in_inf = LmHeadInputs::Forward(x.data(), w_inf.data(), m, v, k);
+    CandidateCheck on_device(DType::kFp32), on_host(DType::kFp32);
+    in_inf.products = engine_inf.get();
+    ASSERT_TRUE(
+        CheckLogits(in_inf, 1.0f, {}, candidate.data(), own.data(), DType::kFp32, &on_device));
+    in_inf.products = &host_inf;
+    ASSERT_TRUE(
+        CheckLogits(in_inf, 1.0f, {}, candidate.data(), own.data(), DType::kFp32, &on_host));
+    ExpectSameFigures(on_device, on_host);
+    // Row 17 of W is infinite in every row of Y.
+    EXPECT_GE(on_host.nan_inf_mismatches(), m);
+  }
+
+  // dX = G·W from an fp32 dY.
+  const std::vector<Bf16Bits> dy_bits = RandomBf16(m * v, 9);
+  std::vector<float> dy(m * v);
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = Bf16ToFloat(dy_bits[i]) * 1.3f;
+  in.dy = dy.data();
+  in.dy_dtype = DType::kFp32;
+  std::vector<double> g(m * v);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = RoundToBf16(dy[i]);
+  std::vector<double> dx_ref(m * k), dx_abs(m * k);
+  ReferenceGW(g, m, Bf16Matrix{w.data(), v, k}, dx_ref.data(), dx_abs.data());
+  for (const bool bf16 : {false, true}) {
+    const DType dtype = bf16 ? DType::kBf16 : DType::kFp32;
+    std::vector<std::uint8_t> candidate, own;
+    Perturb(dx_ref, k, bf16, &candidate, &own);
+    CandidateCheck on_device(dtype), on_host(dtype);
+    in.products = engine.get();
+    ASSERT_TRUE(CheckGradInput(in, {}, candidate.data(), own.data(), dtype, &on_device));
+    in.products = &host;
+    ASSERT_TRUE(CheckGradInput(in, {}, candidate.data(), own.data(), dtype, &on_host));
+    ExpectSameFigures(on_device, on_host);
+    EXPECT_GT(on_host.outside(), 0);
+  }
+  EXPECT_TRUE(engine->error().empty()) << engine->error();
 }
 
 }  // namespace

@@ -56,7 +56,9 @@ __global__ void ScaleKernel(const float* in, std::int64_t n, float scale, void* 
 }
 
 __global__ void WidenBf16Kernel(const std::uint16_t* __restrict__ in, std::int64_t n,
-                                double* __restrict__ out, double* __restrict__ out_abs) {
+                                double* __restrict__ out, double* __restrict__ out_abs,
+                                unsigned int* non_finite) {
+  bool seen = false;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
@@ -65,7 +67,9 @@ __global__ void WidenBf16Kernel(const std::uint16_t* __restrict__ in, std::int64
     const double v = static_cast<double>(__uint_as_float(static_cast<std::uint32_t>(in[i]) << 16));
     out[i] = v;
     if (out_abs != nullptr) out_abs[i] = fabs(v);
+    seen |= (in[i] & 0x7f80u) == 0x7f80u;
   }
+  if (non_finite != nullptr && seen) *non_finite = 1;
 }
 
 __global__ void AbsDoubleKernel(const double* __restrict__ in, std::int64_t n,
@@ -131,9 +135,9 @@ cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out,
 }
 
 cudaError_t LaunchWidenBf16(const std::uint16_t* in, std::int64_t n, double* out, double* out_abs,
-                            cudaStream_t stream) {
+                            unsigned int* non_finite, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  WidenBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out, out_abs);
+  WidenBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out, out_abs, non_finite);
   return cudaGetLastError();
 }
 

@@ -25,8 +25,10 @@ cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out,
 
 // out[i] = in[i] widened exactly from bf16 to fp64 and, when out_abs is not
 // null, out_abs[i] = |in[i]|: the operands of the references' fp64 products.
+// *non_finite (when not null) is set to 1 if any in[i] is NaN or infinite,
+// and left as it was otherwise.
 cudaError_t LaunchWidenBf16(const std::uint16_t* in, std::int64_t n, double* out, double* out_abs,
-                            cudaStream_t stream);
+                            unsigned int* non_finite, cudaStream_t stream);
 // out[i] = |in[i]|.
 cudaError_t LaunchAbsDouble(const double* in, std::int64_t n, double* out, cudaStream_t stream);
 

@@ -1,6 +1,7 @@
 #include "server/kernels/cuda/fp64_products.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/kernels/cuda/cast_kernels.h"
 #include "server/kernels/cuda/cuda_status.h"
+#include "server/kernels/cuda/judge_kernels.h"
 
 namespace logitd::kernels::cuda {
 
@@ -21,6 +23,12 @@ absl::StatusOr<std::unique_ptr<CudaFp64Products>> CudaFp64Products::Create(
   absl::StatusOr<Stream> stream = CreateStream();
   if (!stream.ok()) return stream.status();
   e->stream_ = *std::move(stream);
+  absl::StatusOr<Stream> copy_stream = CreateStream();
+  if (!copy_stream.ok()) return copy_stream.status();
+  e->copy_stream_ = *std::move(copy_stream);
+  absl::StatusOr<Event> copied = CreateEvent(/*timing=*/false);
+  if (!copied.ok()) return copied.status();
+  e->copied_ = *std::move(copied);
   cublasHandle_t handle = nullptr;
   RETURN_IF_CUBLAS_ERROR(cublasCreate(&handle), "reference products: cublasCreate");
   e->handle_ = CublasHandle(handle);
@@ -37,17 +45,33 @@ absl::StatusOr<std::unique_ptr<CudaFp64Products>> CudaFp64Products::Create(
       memory->Allocate(static_cast<std::size_t>(n) * 8, what + " magnitudes");
   if (!w64_abs.ok()) return w64_abs.status();
   e->w_abs_ = *std::move(w64_abs);
-  RETURN_IF_CUDA_ERROR(LaunchWidenBf16(static_cast<const std::uint16_t*>(w), n, e->w_.as<double>(),
-                                       e->w_abs_.as<double>(), e->stream_.get()),
+  absl::StatusOr<DeviceBuffer> flag = memory->Allocate(sizeof(unsigned int), what + " checked");
+  if (!flag.ok()) return flag.status();
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(flag->get(), 0, sizeof(unsigned int), e->stream_.get()),
+                       "reference products: widen the weight");
+  RETURN_IF_CUDA_ERROR(
+      LaunchWidenBf16(static_cast<const std::uint16_t*>(w), n, e->w_.as<double>(),
+                      e->w_abs_.as<double>(), flag->as<unsigned int>(), e->stream_.get()),
+      "reference products: widen the weight");
+  unsigned int non_finite = 1;
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(&non_finite, flag->get(), sizeof non_finite,
+                                       cudaMemcpyDeviceToHost, e->stream_.get()),
                        "reference products: widen the weight");
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(e->stream_.get()),
                        "reference products: widen the weight");
+  e->weight_finite_ = non_finite == 0;
   return e;
 }
 
-absl::Status CudaFp64Products::Reserve(DeviceBuffer* buffer, std::int64_t doubles,
-                                       const char* what) {
-  const std::size_t bytes = static_cast<std::size_t>(doubles) * 8;
+std::int64_t CudaFp64Products::JudgeBlockRows(std::int64_t cols) const {
+  // 2^25 doubles a product (256 MiB; twice that with the magnitudes), in
+  // whole 128-row tiles of the DGEMM where there are that many.
+  const std::int64_t rows =
+      std::max<std::int64_t>(1, (std::int64_t{1} << 25) / std::max<std::int64_t>(1, cols));
+  return rows >= 128 ? rows / 128 * 128 : rows;
+}
+
+absl::Status CudaFp64Products::Reserve(DeviceBuffer* buffer, std::size_t bytes, const char* what) {
   if (buffer->size() >= bytes) return absl::OkStatus();
   buffer->Reset();
   absl::StatusOr<DeviceBuffer> b =
@@ -90,20 +114,20 @@ void CopyOut(void* to, const void* from, std::size_t bytes) {
 
 }  // namespace
 
-absl::Status CudaFp64Products::Product(bool transposed, const double* a, std::int64_t m,
-                                       double* out, double* out_abs) {
+absl::Status CudaFp64Products::FormOnDevice(bool transposed, const double* a, std::int64_t m,
+                                            bool with_abs) {
   LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
   const std::int64_t cols = transposed ? k_ : v_;
   const std::int64_t out_cols = transposed ? v_ : k_;
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_, m * cols, "operand"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_, m * out_cols, "product"));
-  if (out_abs != nullptr) {
-    LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_abs_, m * cols, "operand magnitudes"));
-    LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_abs_, m * out_cols, "product of magnitudes"));
+  const auto doubles = [](std::int64_t n) { return static_cast<std::size_t>(n) * 8; };
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_, doubles(m * cols), "operand"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_, doubles(m * out_cols), "product"));
+  if (with_abs) {
+    LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_abs_, doubles(m * cols), "operand magnitudes"));
+    LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_abs_, doubles(m * out_cols), "product of magnitudes"));
   }
   cudaStream_t s = stream_.get();
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(a_.get(), a, static_cast<std::size_t>(m * cols) * 8,
-                                       cudaMemcpyHostToDevice, s),
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(a_.get(), a, doubles(m * cols), cudaMemcpyHostToDevice, s),
                        "reference products: copy the operand [", m, ", ", cols, "]");
   // Row-major out [m, out_cols] is column-major [out_cols, m]: W's
   // column-major view is [K, V] with leading dimension K, so out = a·Wᵀ is
@@ -117,13 +141,20 @@ absl::Status CudaFp64Products::Product(bool transposed, const double* a, std::in
   };
   RETURN_IF_CUBLAS_ERROR(gemm(w_.as<double>(), a_.as<double>(), out_.as<double>()),
                          "reference products: DGEMM [", m, ", ", out_cols, "]");
-  if (out_abs != nullptr) {
+  if (with_abs) {
     RETURN_IF_CUDA_ERROR(LaunchAbsDouble(a_.as<double>(), m * cols, a_abs_.as<double>(), s),
                          "reference products: magnitudes");
     RETURN_IF_CUBLAS_ERROR(gemm(w_abs_.as<double>(), a_abs_.as<double>(), out_abs_.as<double>()),
                            "reference products: DGEMM of magnitudes [", m, ", ", out_cols, "]");
   }
-  const std::size_t out_bytes = static_cast<std::size_t>(m * out_cols) * 8;
+  return absl::OkStatus();
+}
+
+absl::Status CudaFp64Products::Product(bool transposed, const double* a, std::int64_t m,
+                                       double* out, double* out_abs) {
+  LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(transposed, a, m, out_abs != nullptr));
+  cudaStream_t s = stream_.get();
+  const std::size_t out_bytes = static_cast<std::size_t>(m * (transposed ? v_ : k_)) * 8;
   LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_out_, out_bytes));
   RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(host_out_.get(), out_.get(), out_bytes, cudaMemcpyDeviceToHost, s),
@@ -140,18 +171,189 @@ absl::Status CudaFp64Products::Product(bool transposed, const double* a, std::in
   return absl::OkStatus();
 }
 
+absl::Status CudaFp64Products::Judge(bool transposed, const double* a, const std::int64_t* rows,
+                                     std::int64_t m, const void* candidate, const void* own,
+                                     const judgement::ProductRule& rule, CheckFigures* figures) {
+  LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
+  cudaStream_t s = stream_.get();
+  const std::int64_t cols = transposed ? v_ : k_;
+  const std::size_t row_bytes = static_cast<std::size_t>(cols) * (rule.bf16 ? 2 : 4);
+  const std::size_t block_bytes = static_cast<std::size_t>(m) * row_bytes;
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&candidate_, block_bytes, "the candidate's rows"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&own_, block_bytes, "logitd's own rows"));
+  // Runs of consecutive rows in one copy each, on their own stream while
+  // the DGEMMs run.
+  cudaStream_t copy = copy_stream_.get();
+  for (std::int64_t r0 = 0; r0 < m;) {
+    std::int64_t r1 = r0 + 1;
+    while (r1 < m && rows[r1] == rows[r1 - 1] + 1) ++r1;
+    const std::size_t at = static_cast<std::size_t>(r0) * row_bytes;
+    const std::size_t from = static_cast<std::size_t>(rows[r0]) * row_bytes;
+    const std::size_t bytes = static_cast<std::size_t>(r1 - r0) * row_bytes;
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(candidate_.as<std::byte>() + at,
+                                         static_cast<const std::byte*>(candidate) + from, bytes,
+                                         cudaMemcpyHostToDevice, copy),
+                         "verify: copy the candidate's rows to the device");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(own_.as<std::byte>() + at, static_cast<const std::byte*>(own) + from, bytes,
+                        cudaMemcpyHostToDevice, copy),
+        "verify: copy logitd's own rows to the device");
+    r0 = r1;
+  }
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(copied_.get(), copy), "verify: copy the rows");
+  LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(transposed, a, m, /*with_abs=*/true));
+  RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, copied_.get(), 0), "verify: copy the rows");
+  // Room for every element of the rows that hold the first
+  // kReportedOutside outside ones: fewer than that before the last of those
+  // rows, at most a row in it, and the first outside the proven bound.
+  const std::size_t capacity =
+      static_cast<std::size_t>(cols) + CandidateCheck::kReportedOutside + 1;
+  const std::size_t rows_bytes = static_cast<std::size_t>(m) * sizeof(unsigned int);
+  const std::size_t collected_bytes = capacity * sizeof(JudgedElement);
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&counts_, sizeof(JudgeCounts), "the counts"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&row_outside_, rows_bytes, "outside elements per row"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&collected_, collected_bytes, "outside elements"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&collected_count_, sizeof(unsigned int), "their count"));
+  // Host side: the counts, the elements outside per row, the collected
+  // elements and their count, one after the other.
+  const std::size_t host_rows_at = sizeof(JudgeCounts);
+  const std::size_t host_collected_at = (host_rows_at + rows_bytes + 63) / 64 * 64;
+  const std::size_t host_count_at = host_collected_at + collected_bytes;
+  LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_counts_, host_count_at + sizeof(unsigned int)));
+  std::byte* host = static_cast<std::byte*>(host_counts_.get());
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(counts_.get(), 0, sizeof(JudgeCounts), s),
+                       "verify: clear the counts");
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(row_outside_.get(), 0, rows_bytes, s),
+                       "verify: clear the counts");
+  RETURN_IF_CUDA_ERROR(
+      LaunchJudge(out_.as<double>(), out_abs_.as<double>(), candidate_.get(), own_.get(), m, cols,
+                  rule, counts_.as<JudgeCounts>(), row_outside_.as<unsigned int>(), s),
+      "verify: judge the elements");
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(host, counts_.get(), sizeof(JudgeCounts), cudaMemcpyDeviceToHost, s),
+      "verify: copy the counts to the host");
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + host_rows_at, row_outside_.get(), rows_bytes,
+                                       cudaMemcpyDeviceToHost, s),
+                       "verify: copy the counts to the host");
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s), "verify: judge the elements");
+  JudgeCounts c;
+  std::memcpy(&c, host, sizeof c);
+  const auto as_double = [](unsigned long long bits) {
+    double d;
+    std::memcpy(&d, &bits, 8);
+    return d;
+  };
+  *figures = CheckFigures();
+  figures->elements = m * cols;
+  figures->outside = static_cast<std::int64_t>(c.outside);
+  figures->worst_fraction = as_double(c.worst_fraction_bits);
+  figures->outside_probabilistic = static_cast<std::int64_t>(c.outside_probabilistic);
+  figures->worst_probabilistic_fraction = as_double(c.worst_probabilistic_fraction_bits);
+  figures->own_outside_probabilistic = static_cast<std::int64_t>(c.own_outside_probabilistic);
+  figures->bitwise_equal = static_cast<std::int64_t>(c.bitwise_equal);
+  figures->nan_inf_mismatches = static_cast<std::int64_t>(c.nan_inf_mismatches);
+  figures->max_ulp = static_cast<std::int64_t>(c.max_ulp);
+  for (std::size_t b = 0; b < figures->histogram.size(); ++b) {
+    figures->histogram[b] = static_cast<std::int64_t>(c.histogram[b]);
+  }
+  for (std::size_t b = 0; b < figures->ulp_counts.size(); ++b) {
+    figures->ulp_counts[b] = static_cast<std::int64_t>(c.ulp[b]);
+  }
+  if (c.outside == 0 && c.outside_probabilistic == 0) return absl::OkStatus();
+
+  // The rows up to the one where the kReportedOutside-th outside element
+  // lies, collected whole; and the first outside the proven bound when it
+  // lies past them.
+  const auto* per_row = reinterpret_cast<const unsigned int*>(host + host_rows_at);
+  std::int64_t last_row = m - 1;
+  std::uint64_t seen = 0;
+  for (std::int64_t r = 0; r < m; ++r) {
+    seen += per_row[r];
+    if (seen >= static_cast<std::uint64_t>(CandidateCheck::kReportedOutside)) {
+      last_row = r;
+      break;
+    }
+  }
+  const std::int64_t prefix_end = (last_row + 1) * cols;
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(collected_count_.get(), 0, sizeof(unsigned int), s),
+                       "verify: clear the counts");
+  const auto collect = [&](std::int64_t first, std::int64_t last) {
+    return LaunchCollectOutside(out_.as<double>(), out_abs_.as<double>(), candidate_.get(),
+                                own_.get(), first, last, rule, collected_.as<JudgedElement>(),
+                                collected_count_.as<unsigned int>(),
+                                static_cast<unsigned int>(capacity), s);
+  };
+  RETURN_IF_CUDA_ERROR(collect(0, prefix_end), "verify: collect the outside elements");
+  const std::int64_t first_proven = static_cast<std::int64_t>(~c.first_proven_complement);
+  if (c.outside > 0 && first_proven >= prefix_end) {
+    RETURN_IF_CUDA_ERROR(collect(first_proven, first_proven + 1),
+                         "verify: collect the outside elements");
+  }
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + host_count_at, collected_count_.get(),
+                                       sizeof(unsigned int), cudaMemcpyDeviceToHost, s),
+                       "verify: copy the outside elements to the host");
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + host_collected_at, collected_.get(), collected_bytes,
+                                       cudaMemcpyDeviceToHost, s),
+                       "verify: copy the outside elements to the host");
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s), "verify: collect the outside elements");
+  unsigned int count = 0;
+  std::memcpy(&count, host + host_count_at, sizeof count);
+  if (count > capacity) {
+    return absl::InternalError(absl::StrCat(
+        "verify: ", count, " outside elements collected, more than the room for ", capacity));
+  }
+  std::vector<JudgedElement> found(count);
+  std::memcpy(found.data(), host + host_collected_at, count * sizeof(JudgedElement));
+  std::sort(found.begin(), found.end(),
+            [](const JudgedElement& a, const JudgedElement& b) { return a.position < b.position; });
+  bool proven_found = false;
+  for (const JudgedElement& e : found) {
+    const std::int64_t row = e.position / cols, col = e.position % cols;
+    const CheckedElement element{rows[row] * cols + col, e.candidate, e.reference, e.bound,
+                                 e.probabilistic_bound,  e.own};
+    if (e.fraction > 1.0 && !proven_found) {
+      figures->first_proven_outside = element;
+      proven_found = true;
+    }
+    if (e.probabilistic_fraction > 1.0 &&
+        figures->first_outside.size() <
+            static_cast<std::size_t>(CandidateCheck::kReportedOutside)) {
+      figures->first_outside.push_back(element);
+    }
+  }
+  if (c.outside > 0 && !proven_found) {
+    return absl::InternalError("verify: the first element outside its proven bound was not found");
+  }
+  return absl::OkStatus();
+}
+
+bool CudaFp64Products::Done(const absl::Status& status) {
+  if (!status.ok() && error_.empty()) error_ = std::string(status.message());
+  return status.ok();
+}
+
 bool CudaFp64Products::XWt(const double* x, std::int64_t m, double* y, double* y_abs) {
   std::lock_guard<std::mutex> lock(mu_);
-  const absl::Status s = Product(/*transposed=*/true, x, m, y, y_abs);
-  if (!s.ok() && error_.empty()) error_ = std::string(s.message());
-  return s.ok();
+  return Done(Product(/*transposed=*/true, x, m, y, y_abs));
 }
 
 bool CudaFp64Products::GW(const double* g, std::int64_t m, double* dx, double* dx_abs) {
   std::lock_guard<std::mutex> lock(mu_);
-  const absl::Status s = Product(/*transposed=*/false, g, m, dx, dx_abs);
-  if (!s.ok() && error_.empty()) error_ = std::string(s.message());
-  return s.ok();
+  return Done(Product(/*transposed=*/false, g, m, dx, dx_abs));
+}
+
+bool CudaFp64Products::JudgeXWt(const double* x, const std::int64_t* rows, std::int64_t m,
+                                const void* candidate, const void* own,
+                                const judgement::ProductRule& rule, CheckFigures* figures) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Done(Judge(/*transposed=*/true, x, rows, m, candidate, own, rule, figures));
+}
+
+bool CudaFp64Products::JudgeGW(const double* g, const std::int64_t* rows, std::int64_t m,
+                               const void* candidate, const void* own,
+                               const judgement::ProductRule& rule, CheckFigures* figures) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Done(Judge(/*transposed=*/false, g, rows, m, candidate, own, rule, figures));
 }
 
 std::string CudaFp64Products::error() const {

@@ -34,6 +34,13 @@ class CudaFp64Products final : public Fp64Products {
 
   bool XWt(const double* x, std::int64_t m, double* y, double* y_abs) override;
   bool GW(const double* g, std::int64_t m, double* dx, double* dx_abs) override;
+  bool JudgeXWt(const double* x, const std::int64_t* rows, std::int64_t m, const void* candidate,
+                const void* own, const judgement::ProductRule& rule,
+                CheckFigures* figures) override;
+  bool JudgeGW(const double* g, const std::int64_t* rows, std::int64_t m, const void* candidate,
+               const void* own, const judgement::ProductRule& rule, CheckFigures* figures) override;
+  std::int64_t JudgeBlockRows(std::int64_t cols) const override;
+  bool WeightFinite() const override { return weight_finite_; }
   std::string error() const override;
   std::string name() const override { return "cuBLAS DGEMM on " + device_name_; }
 
@@ -45,13 +52,23 @@ class CudaFp64Products final : public Fp64Products {
         device_(device),
         memory_(std::move(memory)),
         device_name_(std::move(device_name)) {}
-  // a [m, cols] to the device with its magnitudes, out = a·Wᵀ (transposed:
-  // cols = K, out [m, V]) or a·W (cols = V, out [m, K]), and the same of
-  // the magnitudes into out_abs when it is not null, then both to the host.
+  // a [m, cols] to the device, out_ = a·Wᵀ (transposed: cols = K, out
+  // [m, V]) or a·W (cols = V, out [m, K]), and when with_abs the same of
+  // the magnitudes into out_abs_, queued on stream_.
+  absl::Status FormOnDevice(bool transposed, const double* a, std::int64_t m, bool with_abs);
+  // FormOnDevice, then both products to the host.
   absl::Status Product(bool transposed, const double* a, std::int64_t m, double* out,
                        double* out_abs);
-  // Device buffers of at least these many doubles, kept between products.
-  absl::Status Reserve(DeviceBuffer* buffer, std::int64_t doubles, const char* what);
+  // FormOnDevice, the candidate's and logitd's rows to the device, and the
+  // judgement of every element there (judge_kernels.h).
+  absl::Status Judge(bool transposed, const double* a, const std::int64_t* rows, std::int64_t m,
+                     const void* candidate, const void* own, const judgement::ProductRule& rule,
+                     CheckFigures* figures);
+  // The engine's answer for a call of Product or Judge: true when it was
+  // done here, else false with the first error kept.
+  bool Done(const absl::Status& status);
+  // Device buffers of at least these many bytes, kept between products.
+  absl::Status Reserve(DeviceBuffer* buffer, std::size_t bytes, const char* what);
   // Page-locked host buffers the products are copied into before the
   // caller's memory (a copy from the device into pageable memory runs at a
   // fraction of the link's rate).
@@ -62,10 +79,17 @@ class CudaFp64Products final : public Fp64Products {
   int device_;
   std::shared_ptr<DeviceMemory> memory_;
   std::string device_name_;
+  bool weight_finite_ = false;
   Stream stream_;
+  // Judge's copies of the candidate's and logitd's rows, beside the DGEMMs.
+  Stream copy_stream_;
+  Event copied_;
   CublasHandle handle_;
   DeviceBuffer w_, w_abs_, a_, a_abs_, out_, out_abs_;
-  PinnedBuffer host_out_, host_out_abs_;
+  // Judge's: the candidate's and logitd's rows, the counts, the elements
+  // outside per row, the collected elements and their count.
+  DeviceBuffer candidate_, own_, counts_, row_outside_, collected_, collected_count_;
+  PinnedBuffer host_out_, host_out_abs_, host_counts_;
   mutable std::mutex mu_;  // one product at a time; error_
   std::string error_;
 };

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "logitd/reference/candidate_check.h"
+#include "logitd/reference/element_judgement.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd {
@@ -29,6 +31,37 @@ class Fp64Products {
   virtual bool XWt(const double* x, std::int64_t m, double* y, double* y_abs) = 0;
   // dx [m, K] = g·W and dx_abs = |g|·|W|, for g [m, V] as doubles.
   virtual bool GW(const double* g, std::int64_t m, double* dx, double* dx_abs) = 0;
+
+  // A block of a check judged where its products are formed, so that only
+  // counts cross to the host: the products x·Wᵀ of x [m, K] (JudgeXWt) or
+  // g·W of g [m, V] (JudgeGW), given as doubles with every value finite
+  // (and W's too), are the sums; each element's reference and bounds follow
+  // `rule`, and it is judged as CandidateCheck judges it
+  // (element_judgement.h). Row r of the block is row rows[r] of the
+  // candidate and of logitd's own output (host memory, cols = V or K
+  // elements of the rule's dtype a row), flat index rows[r]·cols + column.
+  // *figures gets the block's counts with its first outside elements
+  // (CheckFigures). False when the engine judges nowhere but the host (the
+  // default) or could not (error() says why): the caller then judges the
+  // block on the host, and *figures is not to be used.
+  virtual bool JudgeXWt(const double* /*x*/, const std::int64_t* /*rows*/, std::int64_t /*m*/,
+                        const void* /*candidate*/, const void* /*own*/,
+                        const judgement::ProductRule& /*rule*/, CheckFigures* /*figures*/) {
+    return false;
+  }
+  virtual bool JudgeGW(const double* /*g*/, const std::int64_t* /*rows*/, std::int64_t /*m*/,
+                       const void* /*candidate*/, const void* /*own*/,
+                       const judgement::ProductRule& /*rule*/, CheckFigures* /*figures*/) {
+    return false;
+  }
+
+  // Rows of a block that JudgeXWt and JudgeGW take best at once, for
+  // blocks of `cols` doubles a row (the larger of the operand's and the
+  // product's); 0 when the engine does not judge.
+  virtual std::int64_t JudgeBlockRows(std::int64_t /*cols*/) const { return 0; }
+  // True when the engine has seen every value of W finite, so that a caller
+  // need not look for NaNs and infinities in it.
+  virtual bool WeightFinite() const { return false; }
 
   // Why the last product was not formed here; empty while every one was.
   virtual std::string error() const = 0;

@@ -1,0 +1,181 @@
+// Device side of judge_kernels.h. Memory-bound: each element reads its two
+// doubles and the two outputs' values once; the counts gather in shared
+// memory, the histogram's and the ULP buckets' through one atomic per
+// group of lanes with the same bucket, and reach global memory once per
+// thread block.
+#include <cstdint>
+
+#include "server/kernels/cuda/judge_kernels.h"
+
+namespace logitd::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kMaxBlocks = 2048;
+
+struct Element {
+  double candidate, own, reference, bound, p_bound;
+  judgement::Judged judged;
+};
+
+__device__ __forceinline__ Element JudgeAt(const double* sum, const double* abs_sum,
+                                           const void* candidate, const void* own, std::int64_t i,
+                                           const judgement::ProductRule& rule) {
+  Element e;
+  std::uint32_t cb, ob;
+  if (rule.bf16) {
+    cb = static_cast<const std::uint16_t*>(candidate)[i];
+    ob = static_cast<const std::uint16_t*>(own)[i];
+    e.candidate = static_cast<double>(__uint_as_float(cb << 16));
+    e.own = static_cast<double>(__uint_as_float(ob << 16));
+  } else {
+    cb = static_cast<const std::uint32_t*>(candidate)[i];
+    ob = static_cast<const std::uint32_t*>(own)[i];
+    e.candidate = static_cast<double>(__uint_as_float(cb));
+    e.own = static_cast<double>(__uint_as_float(ob));
+  }
+  judgement::ProductBounds(rule, sum[i], abs_sum[i], &e.reference, &e.bound, &e.p_bound);
+  e.judged = judgement::JudgeElement(rule.bf16, e.candidate, cb, e.own, ob, e.reference, e.bound,
+                                     e.p_bound);
+  return e;
+}
+
+// One atomic per group of lanes that count into the same bucket (a bucket
+// below 0: none).
+__device__ __forceinline__ void AddToBucket(unsigned int* buckets, int bucket) {
+  const unsigned int peers = __match_any_sync(0xffffffffu, bucket);
+  const int leader = __ffs(peers) - 1;
+  if (bucket >= 0 && static_cast<int>(threadIdx.x % 32) == leader) {
+    atomicAdd(&buckets[bucket], static_cast<unsigned int>(__popc(peers)));
+  }
+}
+
+__device__ __forceinline__ unsigned long long FractionBits(double f) {
+  // NaN is not larger than anything (std::max keeps what it has).
+  return f == f ? static_cast<unsigned long long>(__double_as_longlong(f)) : 0ull;
+}
+
+__global__ void JudgeKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
+                            const void* __restrict__ candidate, const void* __restrict__ own,
+                            std::int64_t n, std::int64_t cols, judgement::ProductRule rule,
+                            JudgeCounts* counts, unsigned int* row_outside) {
+  __shared__ unsigned int histogram[judgement::kHistogramBins];
+  __shared__ unsigned int ulp[judgement::kUlpBuckets];
+  __shared__ unsigned int scalars[5];
+  __shared__ unsigned long long maxima[4];
+  for (int b = threadIdx.x; b < judgement::kUlpBuckets; b += blockDim.x) ulp[b] = 0;
+  if (threadIdx.x < judgement::kHistogramBins) histogram[threadIdx.x] = 0;
+  if (threadIdx.x < 5) scalars[threadIdx.x] = 0;
+  if (threadIdx.x < 4) maxima[threadIdx.x] = 0;
+  __syncthreads();
+
+  unsigned int outside = 0, outside_p = 0, own_outside_p = 0, bitwise = 0, mismatches = 0;
+  unsigned long long max_ulp = 0, worst = 0, worst_p = 0, first_proven = 0;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  // Every lane of a warp takes every step, so the bucket adds see whole
+  // warps; lanes past the end count nothing.
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * blockDim.x; base < n;
+       base += stride) {
+    const std::int64_t i = base + threadIdx.x;
+    int h = -1, u = -1;
+    if (i < n) {
+      const Element e = JudgeAt(sum, abs_sum, candidate, own, i, rule);
+      const judgement::Judged& j = e.judged;
+      h = judgement::HistogramBin(j.fraction);
+      u = judgement::UlpBucket(j.ulp);
+      bitwise += j.bitwise_equal;
+      mismatches += j.mismatch;
+      own_outside_p += j.own_outside_probabilistic;
+      max_ulp = max(max_ulp, static_cast<unsigned long long>(j.ulp));
+      worst = max(worst, FractionBits(j.fraction));
+      worst_p = max(worst_p, FractionBits(j.p_fraction));
+      if (j.fraction > 1.0) {
+        ++outside;
+        first_proven = max(first_proven, ~static_cast<unsigned long long>(i));
+      }
+      if (j.p_fraction > 1.0) ++outside_p;
+      if (j.fraction > 1.0 || j.p_fraction > 1.0) atomicAdd(&row_outside[i / cols], 1u);
+    }
+    AddToBucket(histogram, h);
+    AddToBucket(ulp, u);
+  }
+  atomicAdd(&scalars[0], outside);
+  atomicAdd(&scalars[1], outside_p);
+  atomicAdd(&scalars[2], own_outside_p);
+  atomicAdd(&scalars[3], bitwise);
+  atomicAdd(&scalars[4], mismatches);
+  atomicMax(&maxima[0], max_ulp);
+  atomicMax(&maxima[1], worst);
+  atomicMax(&maxima[2], worst_p);
+  atomicMax(&maxima[3], first_proven);
+  __syncthreads();
+  for (int b = threadIdx.x; b < judgement::kUlpBuckets; b += blockDim.x) {
+    if (ulp[b] != 0) atomicAdd(&counts->ulp[b], static_cast<unsigned long long>(ulp[b]));
+  }
+  if (threadIdx.x < judgement::kHistogramBins && histogram[threadIdx.x] != 0) {
+    atomicAdd(&counts->histogram[threadIdx.x],
+              static_cast<unsigned long long>(histogram[threadIdx.x]));
+  }
+  if (threadIdx.x == 0) {
+    unsigned long long* sums[5] = {&counts->outside, &counts->outside_probabilistic,
+                                   &counts->own_outside_probabilistic, &counts->bitwise_equal,
+                                   &counts->nan_inf_mismatches};
+    for (int s = 0; s < 5; ++s) {
+      if (scalars[s] != 0) atomicAdd(sums[s], static_cast<unsigned long long>(scalars[s]));
+    }
+    atomicMax(&counts->max_ulp, maxima[0]);
+    atomicMax(&counts->worst_fraction_bits, maxima[1]);
+    atomicMax(&counts->worst_probabilistic_fraction_bits, maxima[2]);
+    atomicMax(&counts->first_proven_complement, maxima[3]);
+  }
+}
+
+__global__ void CollectOutsideKernel(const double* __restrict__ sum,
+                                     const double* __restrict__ abs_sum,
+                                     const void* __restrict__ candidate,
+                                     const void* __restrict__ own, std::int64_t first,
+                                     std::int64_t last, judgement::ProductRule rule,
+                                     JudgedElement* entries, unsigned int* count,
+                                     unsigned int capacity) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = first + static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < last; i += stride) {
+    const Element e = JudgeAt(sum, abs_sum, candidate, own, i, rule);
+    if (!(e.judged.fraction > 1.0 || e.judged.p_fraction > 1.0)) continue;
+    const unsigned int slot = atomicAdd(count, 1u);
+    if (slot >= capacity) continue;
+    entries[slot] = JudgedElement{
+        static_cast<long long>(i), e.candidate,        e.reference, e.bound, e.p_bound, e.own,
+        e.judged.fraction,         e.judged.p_fraction};
+  }
+}
+
+unsigned int Blocks(std::int64_t n) {
+  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : blocks > kMaxBlocks ? kMaxBlocks : blocks);
+}
+
+}  // namespace
+
+cudaError_t LaunchJudge(const double* sum, const double* abs_sum, const void* candidate,
+                        const void* own, std::int64_t rows, std::int64_t cols,
+                        const judgement::ProductRule& rule, JudgeCounts* counts,
+                        unsigned int* row_outside, cudaStream_t stream) {
+  const std::int64_t n = rows * cols;
+  if (n <= 0) return cudaSuccess;
+  JudgeKernel<<<Blocks(n), kThreads, 0, stream>>>(sum, abs_sum, candidate, own, n, cols, rule,
+                                                  counts, row_outside);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCollectOutside(const double* sum, const double* abs_sum, const void* candidate,
+                                 const void* own, std::int64_t first, std::int64_t last,
+                                 const judgement::ProductRule& rule, JudgedElement* entries,
+                                 unsigned int* count, unsigned int capacity, cudaStream_t stream) {
+  if (last <= first) return cudaSuccess;
+  CollectOutsideKernel<<<Blocks(last - first), kThreads, 0, stream>>>(
+      sum, abs_sum, candidate, own, first, last, rule, entries, count, capacity);
+  return cudaGetLastError();
+}
+
+}  // namespace logitd::kernels::cuda

@@ -1,0 +1,65 @@
+// The per-element judgement of Verify on the device, where the fp64
+// products are formed (fp64_products.h): each candidate element against its
+// reference and bounds and against logitd's own value, counted the way
+// CandidateCheck counts it on the host (logitd/reference/
+// element_judgement.h, which both compile), so that only the counts and a
+// few reported elements cross the link instead of the references.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "logitd/reference/element_judgement.h"
+
+namespace logitd::kernels::cuda {
+
+// A block's counts on the device, zeroed before each block.
+struct JudgeCounts {
+  unsigned long long outside;
+  unsigned long long outside_probabilistic;
+  unsigned long long own_outside_probabilistic;
+  unsigned long long bitwise_equal;
+  unsigned long long nan_inf_mismatches;
+  unsigned long long max_ulp;
+  // The bits of the largest fractions (non-negative doubles order as their
+  // bits do).
+  unsigned long long worst_fraction_bits;
+  unsigned long long worst_probabilistic_fraction_bits;
+  // ~position of the first element outside its proven bound: 0 when none.
+  unsigned long long first_proven_complement;
+  unsigned long long histogram[judgement::kHistogramBins];
+  unsigned long long ulp[judgement::kUlpBuckets];
+};
+
+// An element outside a bound, as collected.
+struct JudgedElement {
+  long long position;  // in the block: row · cols + column
+  double candidate;
+  double reference;
+  double bound;
+  double probabilistic_bound;
+  double own;
+  double fraction;
+  double probabilistic_fraction;
+};
+
+// The block [rows, cols]: sum and abs_sum are the fp64 products and their
+// sums of magnitudes, candidate and own its elements in the rule's dtype
+// (fp32, or bf16 when rule.bf16). Adds into *counts and, per row, the
+// elements outside either bound into row_outside[row].
+cudaError_t LaunchJudge(const double* sum, const double* abs_sum, const void* candidate,
+                        const void* own, std::int64_t rows, std::int64_t cols,
+                        const judgement::ProductRule& rule, JudgeCounts* counts,
+                        unsigned int* row_outside, cudaStream_t stream);
+
+// The elements at positions [first, last) of the same block that lie
+// outside either bound, appended at entries[*count] in no
+// particular order while *count < capacity (*count goes on counting past
+// it).
+cudaError_t LaunchCollectOutside(const double* sum, const double* abs_sum, const void* candidate,
+                                 const void* own, std::int64_t first, std::int64_t last,
+                                 const judgement::ProductRule& rule, JudgedElement* entries,
+                                 unsigned int* count, unsigned int capacity, cudaStream_t stream);
+
+}  // namespace logitd::kernels::cuda
