@@ -448,7 +448,7 @@ struct BackendOptions {
   // cuda: bytes of page-locked host buffers (the tensor calls' inputs and outputs)
   // kept for reuse between calls instead of being freed; 0 frees every one.
   // cpu: the same cap for host buffers of 8 MiB and more.
-  std::uint64_t pinned_cache_bytes = std::uint64_t{4} << 30;
+  std::uint64_t pinned_cache_bytes = std::uint64_t{8} << 30;
   // Device work of one call that has not finished after this long means a
   // hung device: the backend reports it lost. Zero turns the watchdog off.
   absl::Duration device_timeout = absl::Seconds(60);
