@@ -51,6 +51,8 @@
 
 #include "logit_rows.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/element_judgement.h"
+#include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd {
@@ -79,6 +81,25 @@ double CrossEntropyGradScale(const CeReferenceOptions& options, std::int64_t cou
   return options.grad_scale;
 }
 
+CeTokenReference CrossEntropyTokenFromSums(const judgement::CeRowSums& sums, std::int64_t v,
+                                           bool counted, const CeReferenceOptions& options) {
+  const double zl = options.z_loss;
+  CeTokenReference out;
+  out.lse = sums.lse;
+  const double eval = Gamma(2 * v, kU) + kU * sums.weighted_exp + 2 * kU * (2 + sums.log_s) +
+                      kU * std::fabs(out.lse);
+  out.lse_bound =
+      2 * (sums.weighted_ez + eval) + Gamma(v, kFp64UnitRoundoff) * (std::fabs(out.lse) + 1);
+  if (!counted) return out;
+  const double lse = out.lse;
+  const double zt = sums.zt;
+  out.loss = lse - zt + zl * lse * lse;
+  out.loss_bound =
+      out.lse_bound * (1 + 2 * zl * std::fabs(lse)) + zl * Sq(out.lse_bound) + 2 * sums.ezt +
+      4 * kU * (std::fabs(lse) + std::fabs(zt) + 2 * zl * lse * lse + std::fabs(out.loss));
+  return out;
+}
+
 CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, std::int64_t v,
                                           std::int64_t target, bool counted, double scale,
                                           const CeReferenceOptions& options, double* g,
@@ -86,37 +107,27 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
   const double cap = options.logit_softcap;
   const double zl = options.z_loss;
   std::vector<double> z(static_cast<std::size_t>(v)), f(z.size()), ez(z.size());
-  double mx = -std::numeric_limits<double>::infinity();
+  judgement::CeRowSums sums;
+  sums.mx = -std::numeric_limits<double>::infinity();
   for (std::int64_t j = 0; j < v; ++j) {
     const std::size_t s = static_cast<std::size_t>(j);
-    const double dy = y_err != nullptr ? y_err[j] : 0.0;
-    if (cap > 0) {
-      const double t = std::tanh(y[j] / cap);
-      z[s] = cap * t;
-      f[s] = 1 - t * t;
-      ez[s] = (f[s] + 2 * dy / cap) * (dy + kU * std::fabs(y[j])) + 4 * kU * std::fabs(z[s]);
-    } else {
-      z[s] = y[j];
-      f[s] = 1;
-      ez[s] = dy;
-    }
-    mx = std::max(mx, z[s]);
+    judgement::CappedLogit(y[j], y_err != nullptr ? y_err[j] : 0.0, cap, &z[s], &f[s], &ez[s]);
+    sums.mx = std::max(sums.mx, z[s]);
   }
   double sum_exp = 0;
-  for (double zj : z) sum_exp += std::exp(zj - mx);
-  const double log_s = std::log(sum_exp);
-  CeTokenReference out;
-  out.lse = mx + log_s;
-  double weighted_ez = 0, weighted_exp = 0;
+  for (double zj : z) sum_exp += std::exp(zj - sums.mx);
+  sums.log_s = std::log(sum_exp);
+  sums.lse = sums.mx + sums.log_s;
   for (std::size_t s = 0; s < z.size(); ++s) {
-    const double p = std::exp(z[s] - out.lse);
-    weighted_ez += p * ez[s];
-    weighted_exp += p * (3 + 2.2 * (mx - z[s]));
+    const double p = std::exp(z[s] - sums.lse);
+    sums.weighted_ez += p * ez[s];
+    sums.weighted_exp += p * (3 + 2.2 * (sums.mx - z[s]));
   }
-  const double eval =
-      Gamma(2 * v, kU) + kU * weighted_exp + 2 * kU * (2 + log_s) + kU * std::fabs(out.lse);
-  out.lse_bound = 2 * (weighted_ez + eval) + Gamma(v, kFp64UnitRoundoff) * (std::fabs(out.lse) + 1);
-
+  if (counted) {
+    sums.zt = z[static_cast<std::size_t>(target)];
+    sums.ezt = ez[static_cast<std::size_t>(target)];
+  }
+  const CeTokenReference out = CrossEntropyTokenFromSums(sums, v, counted, options);
   if (!counted) {
     if (g != nullptr) {
       std::fill(g, g + v, 0.0);
@@ -124,14 +135,8 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
     }
     return out;
   }
-  const std::size_t ts = static_cast<std::size_t>(target);
-  const double lse = out.lse;
-  const double zt = z[ts];
-  out.loss = lse - zt + zl * lse * lse;
-  out.loss_bound =
-      out.lse_bound * (1 + 2 * zl * std::fabs(lse)) + zl * Sq(out.lse_bound) + 2 * ez[ts] +
-      4 * kU * (std::fabs(lse) + std::fabs(zt) + 2 * zl * lse * lse + std::fabs(out.loss));
   if (g == nullptr) return out;
+  const double lse = out.lse;
   const double c = 1 + 2 * zl * lse;
   const double dc = 2 * zl * out.lse_bound + 2 * kU * std::fabs(c);
   for (std::int64_t j = 0; j < v; ++j) {
@@ -172,15 +177,14 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
   const reference_internal::LogitRows rows(in, logits);
   std::vector<double> y, y_err, g, g_pre_err;
   double sum_abs = 0, sum_bounds = 0;
-  for (std::int64_t r0 = 0; r0 < m; r0 += block) {
-    if (stop && stop()) return false;
-    const std::int64_t n = std::min(block, m - r0);
+  // The rows [r0, r0 + n) on the host: their logits, then each row on
+  // threads.
+  const auto host_block = [&](std::int64_t r0, std::int64_t n) {
     rows.Compute(r0, n, &y, &y_err);
     if (gradients) {
       g.resize(static_cast<std::size_t>(n * v));
       g_pre_err.resize(g.size());
     }
-    // The rows on threads; their sums afterwards, in row order.
     reference_internal::ForRowsInParallel(
         n, n * v, [&](std::int64_t first, std::int64_t last, int /*part*/) {
           for (std::int64_t r = first; r < last; ++r) {
@@ -197,13 +201,55 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
             ref.loss_bound[s] = row.loss_bound;
           }
         });
-    for (std::int64_t i = r0; i < r0 + n; ++i) {
+    if (gradients) gradients(r0, n, g.data(), g_pre_err.data());
+  };
+  // Without gradients, the rows' softmax sums where the engine forms the
+  // logits, when it does and every operand is finite (the rows of X are
+  // looked at as they are widened); the tokens from them here.
+  const bool on_device = !gradients && logits == LogitModel::kFp32Sum && in.products != nullptr &&
+                         in.products->WeightFinite();
+  const std::int64_t device_rows = on_device ? in.products->JudgeBlockRows(std::max(v, in.k)) : 0;
+  const double logit_gamma = Gamma(in.k, kU) + Gamma(in.k, kFp64UnitRoundoff);
+  const auto device_block = [&](std::int64_t r0, std::int64_t n) {
+    const std::int64_t k = in.k;
+    std::vector<double> xd(static_cast<std::size_t>(n * k));
+    for (std::int64_t i = 0; i < n * k; ++i) {
+      xd[static_cast<std::size_t>(i)] = Bf16ToFloat(in.x[r0 * k + i]);
+      if (!std::isfinite(xd[static_cast<std::size_t>(i)])) return false;
+    }
+    std::vector<judgement::CeRowSums> sums(static_cast<std::size_t>(n));
+    if (!in.products->CeRowSums(xd.data(), n, targets + r0, logit_gamma, options.logit_softcap,
+                                sums.data())) {
+      return false;
+    }
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::size_t s = static_cast<std::size_t>(r0 + r);
+      const CeTokenReference row = CrossEntropyTokenFromSums(
+          sums[static_cast<std::size_t>(r)], v, targets[r0 + r] != options.ignore_index, options);
+      ref.lse[s] = row.lse;
+      ref.lse_bound[s] = row.lse_bound;
+      ref.loss[s] = row.loss;
+      ref.loss_bound[s] = row.loss_bound;
+    }
+    return true;
+  };
+  const std::int64_t step = std::max(block, device_rows);
+  for (std::int64_t b0 = 0; b0 < m; b0 += step) {
+    if (stop && stop()) return false;
+    const std::int64_t bn = std::min(step, m - b0);
+    if (device_rows == 0 || !device_block(b0, bn)) {
+      for (std::int64_t r0 = b0; r0 < b0 + bn; r0 += block) {
+        if (stop && stop()) return false;
+        host_block(r0, std::min(block, b0 + bn - r0));
+      }
+    }
+    // The sums in row order, whichever way the rows went.
+    for (std::int64_t i = b0; i < b0 + bn; ++i) {
       const std::size_t s = static_cast<std::size_t>(i);
       ref.sum += ref.loss[s];
       sum_abs += std::fabs(ref.loss[s]);
       sum_bounds += ref.loss_bound[s];
     }
-    if (gradients) gradients(r0, n, g.data(), g_pre_err.data());
   }
   ref.sum_bound =
       sum_bounds + Gamma(m, kU) * (sum_abs + sum_bounds) + Gamma(m, kFp64UnitRoundoff) * sum_abs;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "logitd/reference/cross_entropy.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
 #include "logitd/reference/verify_checks.h"
@@ -125,6 +126,34 @@ class HostJudging final : public Fp64Products {
 
  private:
   Fp64Products* device_;
+};
+
+// The device engine, counting its calls of CeRowSums.
+class CountingRowSums final : public Fp64Products {
+ public:
+  explicit CountingRowSums(Fp64Products* device) : device_(device) {}
+  bool XWt(const double* x, std::int64_t m, double* y, double* y_abs) override {
+    return device_->XWt(x, m, y, y_abs);
+  }
+  bool GW(const double* g, std::int64_t m, double* dx, double* dx_abs) override {
+    return device_->GW(g, m, dx, dx_abs);
+  }
+  bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
+                 double cap, judgement::CeRowSums* sums) override {
+    ++row_sums_calls_;
+    return device_->CeRowSums(x, m, targets, gamma, cap, sums);
+  }
+  std::int64_t JudgeBlockRows(std::int64_t cols) const override {
+    return device_->JudgeBlockRows(cols);
+  }
+  bool WeightFinite() const override { return device_->WeightFinite(); }
+  std::string error() const override { return device_->error(); }
+  std::string name() const override { return device_->name(); }
+  int row_sums_calls() const { return row_sums_calls_; }
+
+ private:
+  Fp64Products* device_;
+  int row_sums_calls_ = 0;
 };
 
 void ExpectSameElement(const CheckedElement& a, const CheckedElement& b) {
@@ -297,6 +326,54 @@ TEST_F(Fp64ProductsTest, JudgingOnTheDeviceCountsWhatTheHostCounts) {
     EXPECT_GT(on_host.outside(), 0);
   }
   EXPECT_TRUE(engine->error().empty()) << engine->error();
+}
+
+// |a − b| within `rel` of |b| (and of 1e-300 near zero).
+void ExpectClose(double a, double b, double rel, const char* what, std::size_t i) {
+  EXPECT_LE(std::fabs(a - b), rel * std::max(std::fabs(b), 1e-300)) << what << " " << i;
+}
+
+TEST_F(Fp64ProductsTest, TheCrossEntropysSoftmaxSumsOnTheDeviceAreTheHostsWithinFp64Rounding) {
+  const std::int64_t m = 70, v = 5003, k = 384;
+  const std::vector<Bf16Bits> x = RandomBf16(m * k, 10), w = RandomBf16(v * k, 11);
+  auto weight = backend()->LoadWeight(w.data(), v, k);
+  ASSERT_TRUE(weight.ok()) << weight.status();
+  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  ASSERT_NE(engine, nullptr);
+  HostJudging host(engine.get());
+  CountingRowSums counting(engine.get());
+  std::vector<std::int64_t> targets(m);
+  for (std::int64_t i = 0; i < m; ++i) targets[i] = i % 9 == 4 ? -100 : (i * 7919) % v;
+  LmHeadInputs in = LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
+  for (const float cap : {0.0f, 3.0f}) {
+    SCOPED_TRACE(::testing::Message() << "softcap " << cap);
+    CeReferenceOptions o;
+    o.logit_softcap = cap;
+    o.z_loss = 1e-3f;
+    CrossEntropyReference on_device, on_host;
+    const int calls_before = counting.row_sums_calls();
+    in.products = &counting;
+    ASSERT_TRUE(ReferenceCrossEntropy(in, targets.data(), o, LogitModel::kFp32Sum, &on_device));
+    in.products = &host;
+    ASSERT_TRUE(ReferenceCrossEntropy(in, targets.data(), o, LogitModel::kFp32Sum, &on_host));
+    EXPECT_TRUE(engine->error().empty()) << engine->error();
+    // The same sums in another order, with the device's exp, log and tanh:
+    // values within a few fp64 ulps, bounds (sums of small terms) closer
+    // than a millionth.
+    for (std::size_t i = 0; i < static_cast<std::size_t>(m); ++i) {
+      ExpectClose(on_device.lse[i], on_host.lse[i], 1e-13, "lse", i);
+      ExpectClose(on_device.loss[i], on_host.loss[i], 1e-12, "loss", i);
+      ExpectClose(on_device.lse_bound[i], on_host.lse_bound[i], 1e-6, "lse bound", i);
+      ExpectClose(on_device.loss_bound[i], on_host.loss_bound[i], 1e-6, "loss bound", i);
+      if (targets[i] == -100) {
+        EXPECT_EQ(on_device.loss[i], 0.0) << i;
+      }
+    }
+    ExpectClose(on_device.mean, on_host.mean, 1e-12, "mean", 0);
+    ExpectClose(on_device.mean_bound, on_host.mean_bound, 1e-6, "mean bound", 0);
+    // The device formed them: one block of sums.
+    EXPECT_EQ(counting.row_sums_calls(), calls_before + 1);
+  }
 }
 
 }  // namespace

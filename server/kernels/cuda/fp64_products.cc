@@ -327,6 +327,29 @@ absl::Status CudaFp64Products::Judge(bool transposed, const double* a, const std
   return absl::OkStatus();
 }
 
+absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const std::int64_t* targets,
+                                       double gamma, double cap, judgement::CeRowSums* sums) {
+  LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
+  cudaStream_t s = stream_.get();
+  const std::size_t targets_bytes = static_cast<std::size_t>(m) * sizeof(std::int64_t);
+  const std::size_t sums_bytes = static_cast<std::size_t>(m) * sizeof(judgement::CeRowSums);
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&targets_, targets_bytes, "the rows' targets"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&row_sums_, sums_bytes, "the rows' softmax sums"));
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(targets_.get(), targets, targets_bytes, cudaMemcpyHostToDevice, s),
+      "verify: copy the targets to the device");
+  LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
+  RETURN_IF_CUDA_ERROR(
+      LaunchCeRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, targets_.as<std::int64_t>(),
+                      gamma, cap, row_sums_.as<judgement::CeRowSums>(), s),
+      "verify: the cross-entropy's softmax sums");
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(sums, row_sums_.get(), sums_bytes, cudaMemcpyDeviceToHost, s),
+      "verify: copy the softmax sums to the host");
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s), "verify: the cross-entropy's softmax sums");
+  return absl::OkStatus();
+}
+
 bool CudaFp64Products::Done(const absl::Status& status) {
   if (!status.ok() && error_.empty()) error_ = std::string(status.message());
   return status.ok();
@@ -354,6 +377,12 @@ bool CudaFp64Products::JudgeGW(const double* g, const std::int64_t* rows, std::i
                                const judgement::ProductRule& rule, CheckFigures* figures) {
   std::lock_guard<std::mutex> lock(mu_);
   return Done(Judge(/*transposed=*/false, g, rows, m, candidate, own, rule, figures));
+}
+
+bool CudaFp64Products::CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets,
+                                 double gamma, double cap, judgement::CeRowSums* sums) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Done(RowSums(x, m, targets, gamma, cap, sums));
 }
 
 std::string CudaFp64Products::error() const {

@@ -39,6 +39,8 @@ class CudaFp64Products final : public Fp64Products {
                 CheckFigures* figures) override;
   bool JudgeGW(const double* g, const std::int64_t* rows, std::int64_t m, const void* candidate,
                const void* own, const judgement::ProductRule& rule, CheckFigures* figures) override;
+  bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
+                 double cap, judgement::CeRowSums* sums) override;
   std::int64_t JudgeBlockRows(std::int64_t cols) const override;
   bool WeightFinite() const override { return weight_finite_; }
   std::string error() const override;
@@ -64,7 +66,10 @@ class CudaFp64Products final : public Fp64Products {
   absl::Status Judge(bool transposed, const double* a, const std::int64_t* rows, std::int64_t m,
                      const void* candidate, const void* own, const judgement::ProductRule& rule,
                      CheckFigures* figures);
-  // The engine's answer for a call of Product or Judge: true when it was
+  // FormOnDevice, then the cross-entropy's row sums (judge_kernels.h).
+  absl::Status RowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
+                       double cap, judgement::CeRowSums* sums);
+  // The engine's answer for a call of Product, Judge or RowSums: true when it was
   // done here, else false with the first error kept.
   bool Done(const absl::Status& status);
   // Device buffers of at least these many bytes, kept between products.
@@ -89,6 +94,8 @@ class CudaFp64Products final : public Fp64Products {
   // Judge's: the candidate's and logitd's rows, the counts, the elements
   // outside per row, the collected elements and their count.
   DeviceBuffer candidate_, own_, counts_, row_outside_, collected_, collected_count_;
+  // RowSums': the rows' targets and sums.
+  DeviceBuffer targets_, row_sums_;
   PinnedBuffer host_out_, host_out_abs_, host_counts_;
   mutable std::mutex mu_;  // one product at a time; error_
   std::string error_;

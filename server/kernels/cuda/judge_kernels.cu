@@ -150,12 +150,96 @@ __global__ void CollectOutsideKernel(const double* __restrict__ sum,
   }
 }
 
+constexpr int kRowThreads = 512;
+
+// The sum (or the largest, `max`) of every thread's value in the block,
+// given to every thread.
+__device__ double BlockReduce(double value, bool max, double* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const double other = __shfl_down_sync(0xffffffffu, value, offset);
+    value = max ? fmax(value, other) : value + other;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // scratch may still be read from the last reduction
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    value = lane < kRowThreads / 32 ? scratch[lane] : (max ? -INFINITY : 0.0);
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const double other = __shfl_down_sync(0xffffffffu, value, offset);
+      value = max ? fmax(value, other) : value + other;
+    }
+    if (lane == 0) scratch[0] = value;
+  }
+  __syncthreads();
+  return scratch[0];
+}
+
+__global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
+                                std::int64_t cols, const std::int64_t* __restrict__ targets,
+                                double gamma, double cap, judgement::CeRowSums* sums) {
+  __shared__ double scratch[kRowThreads / 32];
+  const std::int64_t row = blockIdx.x;
+  const double* y = sum + row * cols;
+  const double* y_abs = abs_sum + row * cols;
+  const auto logit = [&](std::int64_t j, double* z, double* ez) {
+    double f;
+    judgement::CappedLogit(y[j], gamma * y_abs[j], cap, z, &f, ez);
+  };
+  double mx = -INFINITY;
+  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    double z, ez;
+    logit(j, &z, &ez);
+    mx = fmax(mx, z);
+  }
+  mx = BlockReduce(mx, /*max=*/true, scratch);
+  double s = 0;
+  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    double z, ez;
+    logit(j, &z, &ez);
+    s += exp(z - mx);
+  }
+  s = BlockReduce(s, /*max=*/false, scratch);
+  const double log_s = log(s);
+  const double lse = mx + log_s;
+  double w_ez = 0, w_exp = 0;
+  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    double z, ez;
+    logit(j, &z, &ez);
+    const double p = exp(z - lse);
+    w_ez += p * ez;
+    w_exp += p * (3 + 2.2 * (mx - z));
+  }
+  w_ez = BlockReduce(w_ez, /*max=*/false, scratch);
+  w_exp = BlockReduce(w_exp, /*max=*/false, scratch);
+  if (threadIdx.x == 0) {
+    judgement::CeRowSums out;
+    out.mx = mx;
+    out.log_s = log_s;
+    out.lse = lse;
+    out.weighted_ez = w_ez;
+    out.weighted_exp = w_exp;
+    const std::int64_t t = targets[row];
+    if (t >= 0 && t < cols) logit(t, &out.zt, &out.ezt);
+    sums[row] = out;
+  }
+}
+
 unsigned int Blocks(std::int64_t n) {
   const std::int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned int>(blocks < 1 ? 1 : blocks > kMaxBlocks ? kMaxBlocks : blocks);
 }
 
 }  // namespace
+
+cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
+                            std::int64_t cols, const std::int64_t* targets, double gamma,
+                            double cap, judgement::CeRowSums* sums, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  CeRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
+      sum, abs_sum, cols, targets, gamma, cap, sums);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchJudge(const double* sum, const double* abs_sum, const void* candidate,
                         const void* own, std::int64_t rows, std::int64_t cols,

@@ -62,4 +62,12 @@ cudaError_t LaunchCollectOutside(const double* sum, const double* abs_sum, const
                                  const judgement::ProductRule& rule, JudgedElement* entries,
                                  unsigned int* count, unsigned int capacity, cudaStream_t stream);
 
+// The cross-entropy's softmax sums of each row of the logits sum [rows,
+// cols] with bounds gamma·abs_sum, soft-capped at `cap` (0: not):
+// sums[r], with the z of targets[r] when it lies in [0, cols). One thread
+// block a row.
+cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
+                            std::int64_t cols, const std::int64_t* targets, double gamma,
+                            double cap, judgement::CeRowSums* sums, cudaStream_t stream);
+
 }  // namespace logitd::kernels::cuda

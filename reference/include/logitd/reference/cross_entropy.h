@@ -18,6 +18,7 @@
 #include <functional>
 #include <vector>
 
+#include "logitd/reference/element_judgement.h"
 #include "logitd/reference/numerics.h"
 #include "logitd/reference/verify_checks.h"
 
@@ -93,6 +94,10 @@ std::int64_t CountedTokens(const std::int64_t* targets, std::int64_t m, std::int
 // The scale of dL/dz for a request whose mean counts `counted` tokens
 // (at least 1).
 double CrossEntropyGradScale(const CeReferenceOptions& options, std::int64_t counted);
+// One token's values and bounds from its row's softmax sums (a device's,
+// or the host's: CrossEntropyReferenceRow forms them and calls this).
+CeTokenReference CrossEntropyTokenFromSums(const judgement::CeRowSums& sums, std::int64_t v,
+                                           bool counted, const CeReferenceOptions& options);
 // One token from its logits y [v] and their bounds y_err [v] (null: exact
 // logits): lse, loss and their bounds; g [v] and its pre-cast bound
 // g_pre_err [v] for the row too unless g is null (zeros when not counted).

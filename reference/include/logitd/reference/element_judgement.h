@@ -201,4 +201,45 @@ LOGITD_HD inline Judged JudgeElement(bool bf16, double candidate, std::uint32_t 
   return j;
 }
 
+// The cross-entropy's softmax reference, a row of logits at a time
+// (cross_entropy.cc states its bounds): the part a device forms where the
+// logits are, so that a row's sums cross back instead of its logits. Not
+// bitwise the host's (the sums run in another order, and a device's exp,
+// log and tanh are its own within an ulp or two); the reference's own fp64
+// evaluation is what the bounds' γ_V(fp64)·(|lse| + 1) term covers.
+
+// A logit y (fp64) with its bound dy, soft-capped at `cap` when it is
+// positive: z, dz/dy and the bound on z.
+LOGITD_HD inline void CappedLogit(double y, double dy, double cap, double* z, double* f,
+                                  double* ez) {
+  constexpr double kU = 0x1p-24;
+  if (cap > 0) {
+#if defined(__CUDA_ARCH__)
+    const double t = tanh(y / cap);
+#else
+    const double t = __builtin_tanh(y / cap);
+#endif
+    *z = cap * t;
+    *f = 1 - t * t;
+    *ez = (*f + 2 * dy / cap) * (dy + kU * Abs(y)) + 4 * kU * Abs(*z);
+  } else {
+    *z = y;
+    *f = 1;
+    *ez = dy;
+  }
+}
+
+// A row's sums: the largest z, log Σ exp(z − max), lse = max + that,
+// Σ p·e_z and Σ p·(3 + 2.2·(max − z)) with p = exp(z − lse), and the
+// target's z and e_z (0 for a target outside the row).
+struct CeRowSums {
+  double mx = 0;
+  double log_s = 0;
+  double lse = 0;
+  double weighted_ez = 0;
+  double weighted_exp = 0;
+  double zt = 0;
+  double ezt = 0;
+};
+
 }  // namespace logitd::judgement

@@ -55,7 +55,18 @@ class Fp64Products {
     return false;
   }
 
-  // Rows of a block that JudgeXWt and JudgeGW take best at once, for
+  // The cross-entropy's softmax sums of each row of x·Wᵀ where the logits
+  // are formed, for x [m, K] as doubles (every value finite, and W's too):
+  // the logits' bounds are gamma·Σ|x·w|, `cap` soft-caps them (0: not),
+  // and sums[r] (element_judgement.h) takes the z of targets[r] (none
+  // outside [0, V)). False when the engine forms them nowhere but the host
+  // (the default) or could not (error() says why).
+  virtual bool CeRowSums(const double* /*x*/, std::int64_t /*m*/, const std::int64_t* /*targets*/,
+                         double /*gamma*/, double /*cap*/, judgement::CeRowSums* /*sums*/) {
+    return false;
+  }
+
+  // Rows of a block that JudgeXWt, JudgeGW and CeRowSums take best at once, for
   // blocks of `cols` doubles a row (the larger of the operand's and the
   // product's); 0 when the engine does not judge.
   virtual std::int64_t JudgeBlockRows(std::int64_t /*cols*/) const { return 0; }
