@@ -2,7 +2,7 @@
 """PyTorch's LM-head products on the GPU, judged by `logitctl verify`.
 
     usage: verify_torch.py --logitctl PATH --server HOST:PORT --out DIR
-                           [--shapes MxKxV,...] [--json FILE]
+                           [--shapes MxKxV,...] [--json FILE] [--host_dw_flops F]
 
 For each shape: X and W random bf16 on the GPU, and the outputs a framework
 would hand in as "fp32 logits": torch.mm with out_dtype=float32 (the fp32-out
@@ -102,6 +102,9 @@ def main():
     p.add_argument("--shapes", default="64x4096x32768,256x8192x65536,64x4096x1024")
     p.add_argument("--json")
     p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--host_dw_flops", type=float, default=1e12,
+                   help="skip the dW candidates whose reference (4·M·K·V fp64 flops, formed "
+                        "on the host's CPUs) is larger than this")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
@@ -142,6 +145,10 @@ def main():
         for i, (op, label, out, t) in enumerate(jobs):
             if t is None:
                 rows.append((shape, label, "not run (no out_dtype in this torch)", "", "", "", ""))
+                continue
+            if out == "dw" and 4.0 * m * k * v > args.host_dw_flops:
+                rows.append((shape, label, "not run (dW's reference is formed on the host's CPUs: "
+                             f"{4.0 * m * k * v:.2g} fp64 flops)", "", "", "", ""))
                 continue
             path = f"{d}/cand{i}.safetensors"
             save(path, {out: t})
