@@ -1,10 +1,10 @@
 #include "server/service/state/build_info.h"
 
+// LOGITD_BUILD_ID, written at build time (cmake/LogitdBuildId.cmake).
+#include "logitd_build_id.h"
+
 #ifndef LOGITD_VERSION
 #define LOGITD_VERSION "unknown"
-#endif
-#ifndef LOGITD_BUILD_ID
-#define LOGITD_BUILD_ID "unknown"
 #endif
 
 namespace logitd::service {
