@@ -243,5 +243,40 @@ TEST(CandidateCheckTest, ARangeCountsAsItsElementsOneByOne) {
   EXPECT_EQ(range.Describe("y", {n}), one.Describe("y", {n}));
 }
 
+TEST(CandidateCheckTest, FiguresCountedInBlocksAddUpToTheWhole) {
+  // What a device that judges a block at a time hands back (CheckFigures:
+  // its counts, its first outside elements and its first outside the
+  // proven bound), added block after block, gives the whole check's
+  // figures. The first 40 elements lie outside the probabilistic bound
+  // only, so the reported ones all come from the first block while the
+  // first element outside the proven bound comes in a later one.
+  const int n = 6000, block = 1000;
+  std::vector<float> cand(n), own(n);
+  std::vector<double> ref(n), bound(n, 1e-3), pbound(n, 2e-4);
+  for (int i = 0; i < n; ++i) {
+    ref[i] = 0.001 * i;
+    own[i] = static_cast<float>(ref[i]);
+    cand[i] = own[i];
+    if (i < 40) cand[i] = static_cast<float>(ref[i] + 5e-4);
+    if (i % 97 == 13) cand[i] = NextUp(own[i], 3);
+  }
+  cand[4321] = static_cast<float>(ref[4321] + 0.5);
+  cand[5555] = kNan;
+  CandidateCheck whole(DType::kFp32), blocks(DType::kFp32);
+  whole.AddRange(0, n, cand.data(), own.data(), ref.data(), bound.data(), pbound.data());
+  for (int b0 = 0; b0 < n; b0 += block) {
+    CandidateCheck part(DType::kFp32);
+    part.AddRange(b0, block, cand.data() + b0, own.data() + b0, ref.data() + b0, bound.data() + b0,
+                  pbound.data() + b0);
+    blocks.AddCounted(part.figures());
+  }
+  EXPECT_EQ(whole.outside(), 2);
+  EXPECT_EQ(whole.first_outside().size(),
+            static_cast<std::size_t>(CandidateCheck::kReportedOutside));
+  EXPECT_NE(whole.Describe("y", {n}).find("first [4321]"), std::string::npos)
+      << whole.Describe("y", {n});
+  ExpectSameCounts(blocks, whole);
+}
+
 }  // namespace
 }  // namespace logitd
