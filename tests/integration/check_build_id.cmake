@@ -4,18 +4,11 @@
 # git checkout.
 #
 #   cmake -DLOGITD=path/to/logitd -DSOURCE_DIR=... -P check_build_id.cmake
-execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY "${SOURCE_DIR}"
-                OUTPUT_VARIABLE rev OUTPUT_STRIP_TRAILING_WHITESPACE
-                RESULT_VARIABLE failed ERROR_QUIET)
-if(failed OR NOT rev)
+include("${CMAKE_CURRENT_LIST_DIR}/../../cmake/LogitdGitRevision.cmake")
+logitd_git_revision(rev "${SOURCE_DIR}")
+if(NOT rev)
   message("not a git checkout: nothing to compare the build id with")
   cmake_language(EXIT 77)
-endif()
-execute_process(COMMAND git status --porcelain --untracked-files=no
-                WORKING_DIRECTORY "${SOURCE_DIR}"
-                OUTPUT_VARIABLE changes OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-if(changes)
-  string(APPEND rev "-dirty")
 endif()
 execute_process(COMMAND "${LOGITD}" --version OUTPUT_VARIABLE version
                 OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE version_failed)
