@@ -293,7 +293,7 @@ std::int64_t GradientBlockRows(std::int64_t a, std::int64_t b) {
 
 bool CrossEntropyGradInputReference(const double* g, const double* g_pre_err, std::int64_t m,
                                     Bf16Matrix w, bool dx_bf16, const RowBlockSink& sink,
-                                    const StopCheck& stop) {
+                                    const StopCheck& stop, Fp64Products* products) {
   const std::int64_t v = w.rows, k = w.cols;
   const double gamma = GradientProductGamma(v);
   const std::int64_t block = GradientBlockRows(v, k);
@@ -311,9 +311,9 @@ bool CrossEntropyGradInputReference(const double* g, const double* g_pre_err, st
     value.resize(static_cast<std::size_t>(rows * k));
     scratch.resize(value.size());
     bound.resize(value.size());
-    ReferenceGW(gb, rows, w, value.data(), nullptr);
+    FormGW(products, gb, rows, w, value.data(), nullptr);
     // C ≥ 0, so Σ|C|·|W| is C·|W|.
-    ReferenceGW(cb, rows, w, scratch.data(), bound.data());
+    FormGW(products, cb, rows, w, scratch.data(), bound.data());
     if (dx_bf16) {
       for (std::size_t i = 0; i < bound.size(); ++i) {
         bound[i] += kBf16UnitRoundoff * (std::fabs(value[i]) + bound[i]) + kBf16Underflow;

@@ -295,7 +295,7 @@ bool CheckCrossEntropyGradient(const VerifyCandidatePlan& c, const LmHeadInputs&
   if (c.name == "dx") {
     return CrossEntropyGradInputReference(g.data(), g_pre_err.data(), in.m,
                                           Bf16Matrix{in.w, in.v, in.k}, c.dtype == DType::kBf16,
-                                          add, stop);
+                                          add, stop, in.products);
   }
   return CrossEntropyGradWeightReference(g.data(), g_pre_err.data(), in.x, in.m, in.v, in.k, add,
                                          stop);

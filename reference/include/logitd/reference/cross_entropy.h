@@ -122,10 +122,12 @@ double GradientProductCoefficient(double g, double g_pre_err, double gamma);
 // [m, k] with bounds C·|W| (n = V), and dW = Gᵀ·X [v, k] with bounds Cᵀ·|X|
 // (n = M), handed to `sink` a block of rows at a time, in order. A bf16 dX
 // adds its own rounding to the bound when `dx_bf16`. `stop` is asked
-// between blocks: true returns false.
+// between blocks: true returns false. dX's two products go through
+// `products` (fp64_products.h: the engine of the weight w) when it is not
+// null, else OpenBLAS on the host.
 bool CrossEntropyGradInputReference(const double* g, const double* g_pre_err, std::int64_t m,
                                     Bf16Matrix w, bool dx_bf16, const RowBlockSink& sink,
-                                    const StopCheck& stop = {});
+                                    const StopCheck& stop = {}, Fp64Products* products = nullptr);
 bool CrossEntropyGradWeightReference(const double* g, const double* g_pre_err, const Bf16Bits* x,
                                      std::int64_t m, std::int64_t v, std::int64_t k,
                                      const RowBlockSink& sink, const StopCheck& stop = {});
