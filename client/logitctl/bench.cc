@@ -87,10 +87,17 @@ enum class Rpc {
   kFetchGradient,
   kBaseline,
   // Verify of logitd's own output of the operation (logits' Y, the
-  // cross-entropy's mean loss and lse), whose baseline is the operation.
+  // cross-entropy's mean loss and lse, LogProbs' log-prob, lse and
+  // entropy), whose baseline is the operation.
   kVerifyLogits,
   kVerifyCrossEntropy,
+  kVerifyLogProbs,
 };
+
+bool IsVerify(Rpc rpc) {
+  return rpc == Rpc::kVerifyLogits || rpc == Rpc::kVerifyCrossEntropy ||
+         rpc == Rpc::kVerifyLogProbs;
+}
 
 absl::string_view RpcName(Rpc rpc) {
   switch (rpc) {
@@ -110,6 +117,8 @@ absl::string_view RpcName(Rpc rpc) {
       return "verify-logits";
     case Rpc::kVerifyCrossEntropy:
       return "verify-cross-entropy";
+    case Rpc::kVerifyLogProbs:
+      return "verify-logprobs";
   }
   return "?";
 }
@@ -209,6 +218,14 @@ absl::Status ReadRpcOptions(Config* config) {
       c.up_bytes = m * k * 2 + m * 8 + 4 + m * 4;
       c.down_bytes = 0;
       break;
+    case Rpc::kVerifyLogProbs:
+      // X, int64 targets, the log-prob, lse and entropy [M] up (no top-k).
+      c.logprobs.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+      c.logprobs.want_lse = true;
+      c.logprobs.want_entropy = true;
+      c.up_bytes = m * k * 2 + m * 8 + 3 * m * 4;
+      c.down_bytes = 0;
+      break;
   }
   return absl::OkStatus();
 }
@@ -222,9 +239,10 @@ absl::StatusOr<Rpc> ParseRpc(const std::string& rpc) {
   if (rpc == "baseline") return Rpc::kBaseline;
   if (rpc == "verify-logits") return Rpc::kVerifyLogits;
   if (rpc == "verify-cross-entropy") return Rpc::kVerifyCrossEntropy;
+  if (rpc == "verify-logprobs") return Rpc::kVerifyLogProbs;
   return absl::InvalidArgumentError(absl::StrCat(
       "--rpc: expected logits, backward, cross-entropy, logprobs, fetch-gradient, baseline, "
-      "verify-logits or verify-cross-entropy, got '",
+      "verify-logits, verify-cross-entropy or verify-logprobs, got '",
       rpc, "'"));
 }
 
@@ -290,10 +308,10 @@ absl::StatusOr<Config> ReadConfig() {
   c.shm = absl::GetFlag(FLAGS_shm);
   c.shm_skip_digest = absl::GetFlag(FLAGS_shm_skip_digest);
   c.sample_rows = absl::GetFlag(FLAGS_sample_rows);
-  const bool verify = c.rpc == Rpc::kVerifyLogits || c.rpc == Rpc::kVerifyCrossEntropy;
-  if (c.sample_rows < 0 || (c.sample_rows > 0 && !verify)) {
+  if (c.sample_rows < 0 || (c.sample_rows > 0 && !IsVerify(c.rpc))) {
     return absl::InvalidArgumentError(
-        "--sample_rows: a count of rows >= 0, with --rpc=verify-logits or verify-cross-entropy");
+        "--sample_rows: a count of rows >= 0, with --rpc=verify-logits, verify-cross-entropy or "
+        "verify-logprobs");
   }
   if (c.shm_skip_digest && !c.shm) {
     return absl::InvalidArgumentError("--shm_skip_digest: only with --shm");
@@ -356,7 +374,8 @@ Inputs MakeInputs(const Config& c, int worker) {
   if (c.rpc == Rpc::kBaseline || c.rpc == Rpc::kFetchGradient) return in;
   in.x = RandomTensor(DType::kBf16, {c.m, c.k}, seed);
   if (c.rpc == Rpc::kBackward) in.dy = RandomTensor(c.out_dtype, {c.m, c.v}, seed + 1);
-  if (c.rpc == Rpc::kCrossEntropy || c.rpc == Rpc::kLogProbs || c.rpc == Rpc::kVerifyCrossEntropy) {
+  if (c.rpc == Rpc::kCrossEntropy || c.rpc == Rpc::kLogProbs || c.rpc == Rpc::kVerifyCrossEntropy ||
+      c.rpc == Rpc::kVerifyLogProbs) {
     in.targets = Tensor(DType::kInt64, {c.m});
     std::uint64_t state = seed + 2;
     std::int64_t* t = in.targets.data<std::int64_t>();
@@ -483,13 +502,18 @@ CallFn LogProbsCall(const Config& c, const std::string& handle) {
 CallFn VerifyCall(const Config& c, const std::string& handle) {
   return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
     client::VerifyArgs args;
-    args.operation = c.rpc == Rpc::kVerifyLogits ? client::VerifyOperation::kLogits
-                                                 : client::VerifyOperation::kCrossEntropy;
+    args.operation = c.rpc == Rpc::kVerifyLogits         ? client::VerifyOperation::kLogits
+                     : c.rpc == Rpc::kVerifyCrossEntropy ? client::VerifyOperation::kCrossEntropy
+                                                         : client::VerifyOperation::kLogProbs;
     args.weight_handle = handle;
     args.x = in.x;
     if (c.rpc == Rpc::kVerifyCrossEntropy) {
       args.targets = in.targets;
       args.cross_entropy = c.cross_entropy;
+    }
+    if (c.rpc == Rpc::kVerifyLogProbs) {
+      args.targets = in.targets;
+      args.logprobs = c.logprobs;
     }
     for (const auto& [name, t] : in.candidates) args.candidates.emplace(name, t);
     args.sample_rows = c.sample_rows;
@@ -507,6 +531,7 @@ CallFn MakeCall(const Config& c, Rpc rpc, const std::string& handle) {
   switch (rpc) {
     case Rpc::kVerifyLogits:
     case Rpc::kVerifyCrossEntropy:
+    case Rpc::kVerifyLogProbs:
       return VerifyCall(c, handle);
     case Rpc::kLogits:
       return LogitsCall(c, handle);
@@ -689,7 +714,7 @@ nlohmann::json MakeReport(const Config& c, const client::ClientOptions& options,
   report["phases"] = phases;
   report["efficiency"] = nullptr;
   report["verify_cost"] = nullptr;
-  if (c.rpc == Rpc::kVerifyLogits || c.rpc == Rpc::kVerifyCrossEntropy) {
+  if (IsVerify(c.rpc)) {
     // A verify's median latency over its operation's, same inputs, same run.
     if (phases.size() == 2 && phases[1]["latency_ms"]["p50"].get<double>() > 0) {
       report["verify_cost"] = phases[0]["latency_ms"]["p50"].get<double>() /
@@ -711,6 +736,14 @@ absl::Status OwnOutputs(const Config& c, Client& cl, const std::string& handle, 
     options.out_dtype = c.out_dtype;
     LOGITD_ASSIGN_OR_RETURN(Tensor y, cl.Logits(in->x, handle, options));
     in->candidates.emplace("y", std::move(y));
+    return absl::OkStatus();
+  }
+  if (c.rpc == Rpc::kVerifyLogProbs) {
+    LOGITD_ASSIGN_OR_RETURN(client::LogProbsResult r,
+                            cl.LogProbs(in->x, &in->targets, handle, c.logprobs));
+    if (r.logprob.has_value()) in->candidates.emplace("logprob", *std::move(r.logprob));
+    if (r.lse.has_value()) in->candidates.emplace("lse", *std::move(r.lse));
+    if (r.entropy.has_value()) in->candidates.emplace("entropy", *std::move(r.entropy));
     return absl::OkStatus();
   }
   LOGITD_ASSIGN_OR_RETURN(client::CrossEntropyResult r,
@@ -748,7 +781,7 @@ absl::Status Prepare(const Config& c, Client& cl, std::string* handle, std::vect
                                .status());
   }
   for (int i = 0; i < c.concurrency; ++i) inputs->push_back(MakeInputs(c, i));
-  if (c.rpc == Rpc::kVerifyLogits || c.rpc == Rpc::kVerifyCrossEntropy) {
+  if (IsVerify(c.rpc)) {
     *what = "logitd's own outputs, the candidates";
     for (Inputs& in : *inputs) LOGITD_RETURN_IF_ERROR(OwnOutputs(c, cl, *handle, &in));
   }
@@ -831,6 +864,8 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
     rpcs.push_back(Rpc::kLogits);  // what a verify costs against the call itself
   } else if (c.rpc == Rpc::kVerifyCrossEntropy) {
     rpcs.push_back(Rpc::kCrossEntropy);
+  } else if (c.rpc == Rpc::kVerifyLogProbs) {
+    rpcs.push_back(Rpc::kLogProbs);
   } else if (c.rpc != Rpc::kBaseline && c.baseline) {
     rpcs.push_back(Rpc::kBaseline);
   }
@@ -839,6 +874,11 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
   op.rpc = rpcs.back();
   if (absl::Status s = ReadRpcOptions(&op); !s.ok()) return server_error("options", s);
   op.cross_entropy.want_lse = c.cross_entropy.want_lse;
+  if (c.rpc == Rpc::kVerifyLogProbs) {
+    // The same outputs as the candidates: log-prob, lse and entropy.
+    op.logprobs = c.logprobs;
+    op.down_bytes = static_cast<std::uint64_t>(c.m) * 4 * 3;
+  }
   nlohmann::json phases = nlohmann::json::array();
   std::int64_t errors = 0;
   for (Rpc rpc : rpcs) {

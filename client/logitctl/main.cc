@@ -81,7 +81,7 @@ commands:
                                      bound); reports calls, errors, wrong results, hung calls
                                      and device memory before/after; exit 1 on any of them
   bench [--rpc=logits|backward|cross-entropy|logprobs|fetch-gradient|baseline|
-               verify-logits|verify-cross-entropy]
+               verify-logits|verify-cross-entropy|verify-logprobs]
         [--m=16 --k=4096 --v=32768] [--out_dtype=fp32|bf16] [--concurrency=1] [--channels=1]
         [--requests=N | --duration=SECONDS (default 10)] [--warmup=1] [--nobaseline]
         [--seed=1234] [--json] [--shm]
@@ -99,6 +99,8 @@ commands:
                                      shared memory (server --allow_shm); verify-* verifies
                                      logitd's own outputs (--sample_rows=N: rows checked)
                                      against the operation's own call: the verify cost
+                                     (verify-logprobs: log-prob, lse and entropy, with
+                                     --temperature)
   verify --op=logits|backward --x=FILE[:TENSOR] (--weight=HANDLE | --w=FILE[:TENSOR])
          [--dy=FILE[:TENSOR]] --candidate=[NAME=]FILE[:TENSOR] [--candidate=...]
          [--alpha=1] [--sample_rows=0] [--json=FILE] [--junit=FILE] [--report=DIR]

@@ -155,9 +155,11 @@ TEST_F(BenchTest, VerifyIsMeasuredAgainstItsOperation) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--rpc=verify-logits"},
         std::vector<std::string>{"--rpc=verify-logits", "--sample_rows=2"},
-        std::vector<std::string>{"--rpc=verify-cross-entropy"}}) {
-    std::vector<std::string> args = {"bench", "--m=6", "--k=64", "--v=256", "--requests=3",
-                                     "--json"};
+        std::vector<std::string>{"--rpc=verify-cross-entropy"},
+        std::vector<std::string>{"--rpc=verify-logprobs", "--temperature=0.75"},
+        std::vector<std::string>{"--rpc=verify-logprobs", "--sample_rows=2"}}) {
+    std::vector<std::string> args = {"bench",   "--m=6",        "--k=64",
+                                     "--v=256", "--requests=3", "--json"};
     args.insert(args.end(), extra.begin(), extra.end());
     const LogitctlRun r = Run(args);
     ASSERT_EQ(r.exit_code, 0) << extra[0] << "\n" << r.out;
@@ -167,9 +169,9 @@ TEST_F(BenchTest, VerifyIsMeasuredAgainstItsOperation) {
     const nlohmann::json& phases = report.at("phases");
     ASSERT_EQ(phases.size(), 2u);
     const bool logits = extra[0] == "--rpc=verify-logits";
-    EXPECT_EQ(phases[0].at("rpc").get<std::string>(),
-              logits ? "verify-logits" : "verify-cross-entropy");
-    EXPECT_EQ(phases[1].at("rpc").get<std::string>(), logits ? "logits" : "cross-entropy");
+    const std::string op = extra[0].substr(std::string("--rpc=verify-").size());
+    EXPECT_EQ(phases[0].at("rpc").get<std::string>(), "verify-" + op);
+    EXPECT_EQ(phases[1].at("rpc").get<std::string>(), op);
     for (std::size_t i = 0; i < 2; ++i) {
       EXPECT_EQ(phases[i].at("completed").get<std::int64_t>(), 3);
       EXPECT_EQ(phases[i].at("error_count").get<std::int64_t>(), 0);
@@ -179,6 +181,13 @@ TEST_F(BenchTest, VerifyIsMeasuredAgainstItsOperation) {
     if (logits) {
       EXPECT_EQ(phases[0].at("request_bytes").get<std::uint64_t>(), 6u * 64 * 2 + 6u * 256 * 4);
       EXPECT_EQ(phases[1].at("response_bytes").get<std::uint64_t>(), 6u * 256 * 4);
+    }
+    if (op == "logprobs") {
+      // X, the targets and three candidates up; the log-prob, lse and
+      // entropy down.
+      EXPECT_EQ(phases[0].at("request_bytes").get<std::uint64_t>(),
+                6u * 64 * 2 + 6u * 8 + 3u * 6 * 4);
+      EXPECT_EQ(phases[1].at("response_bytes").get<std::uint64_t>(), 3u * 6 * 4);
     }
     EXPECT_GT(report.at("verify_cost").get<double>(), 0);
     EXPECT_TRUE(report.at("efficiency").is_null());
