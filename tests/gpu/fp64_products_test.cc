@@ -111,8 +111,9 @@ TEST_F(Fp64ProductsTest, TheWidenedWeightIsFreedWithTheEngine) {
 }
 
 // The device engine's products, judged on the host: what CheckLogits and
-// CheckGradInput do when an engine cannot judge.
-class HostJudging final : public Fp64Products {
+// CheckGradInput do when an engine cannot judge (every other method keeps
+// Fp64Products' default: judges nowhere, sees no finite weight).
+class HostJudging : public Fp64Products {
  public:
   explicit HostJudging(Fp64Products* device) : device_(device) {}
   bool XWt(const double* x, std::int64_t m, double* y, double* y_abs) override {
@@ -124,20 +125,14 @@ class HostJudging final : public Fp64Products {
   std::string error() const override { return device_->error(); }
   std::string name() const override { return "host judging"; }
 
- private:
+ protected:
   Fp64Products* device_;
 };
 
-// The device engine, counting its calls of CeRowSums.
-class CountingRowSums final : public Fp64Products {
+// The device engine with its row sums, counting their calls.
+class CountingRowSums final : public HostJudging {
  public:
-  explicit CountingRowSums(Fp64Products* device) : device_(device) {}
-  bool XWt(const double* x, std::int64_t m, double* y, double* y_abs) override {
-    return device_->XWt(x, m, y, y_abs);
-  }
-  bool GW(const double* g, std::int64_t m, double* dx, double* dx_abs) override {
-    return device_->GW(g, m, dx, dx_abs);
-  }
+  using HostJudging::HostJudging;
   bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
                  double cap, judgement::CeRowSums* sums) override {
     ++row_sums_calls_;
@@ -147,12 +142,10 @@ class CountingRowSums final : public Fp64Products {
     return device_->JudgeBlockRows(cols);
   }
   bool WeightFinite() const override { return device_->WeightFinite(); }
-  std::string error() const override { return device_->error(); }
   std::string name() const override { return device_->name(); }
   int row_sums_calls() const { return row_sums_calls_; }
 
  private:
-  Fp64Products* device_;
   int row_sums_calls_ = 0;
 };
 
