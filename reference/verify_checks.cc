@@ -357,20 +357,37 @@ std::uint64_t WeightBlockBytes(std::int64_t v, std::int64_t k) {
   return BlockRows(v, k) * static_cast<std::uint64_t>(k) * kDouble;
 }
 
+// A block's operand widened when an engine judges it on its device: rows of
+// `operand_cols` doubles, as many as Fp64Products::JudgeBlockRows gives for
+// blocks of `block_cols` (at most kJudgeBlockElements / block_cols). What
+// the host holds then instead of the host's blocks.
+std::uint64_t JudgedBlockBytes(std::int64_t rows, std::int64_t block_cols,
+                               std::int64_t operand_cols) {
+  const std::int64_t n = std::min(
+      rows, std::max<std::int64_t>(1, kJudgeBlockElements / std::max<std::int64_t>(1, block_cols)));
+  return static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(operand_cols) * kDouble;
+}
+
 }  // namespace
 
 std::uint64_t LogitsCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k) {
-  // Rows of x and |x| widened, their references and sums of |x·w|, a row's
-  // bounds on each of up to 16 threads and the rows of W with a NaN or an
-  // infinity.
+  // Rows of x and |x| widened, their references and sums of |x·w| (or,
+  // judged on a device, a larger block of x), a row's bounds on each of up
+  // to 16 threads and the rows of W with a NaN or an infinity.
   const std::uint64_t n = BlockRows(rows, v);
-  return n * static_cast<std::uint64_t>(2 * k + 2 * v) * kDouble + WeightBlockBytes(v, k) +
+  return std::max(
+             JudgedBlockBytes(rows, v, k),
+             n * static_cast<std::uint64_t>(2 * k + 2 * v) * kDouble + WeightBlockBytes(v, k)) +
          static_cast<std::uint64_t>(v) * (16 * 2 * kDouble + sizeof(std::int64_t));
 }
 
 std::uint64_t GradInputCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k) {
+  // A block of g widened with its references and sums (or, judged on a
+  // device, a larger block of g).
   const std::uint64_t n = BlockRows(rows, std::max(v, k));
-  return n * static_cast<std::uint64_t>(2 * v + 2 * k) * kDouble + WeightBlockBytes(v, k) +
+  return std::max(
+             JudgedBlockBytes(rows, std::max(v, k), v),
+             n * static_cast<std::uint64_t>(2 * v + 2 * k) * kDouble + WeightBlockBytes(v, k)) +
          static_cast<std::uint64_t>(k) * (2 * kDouble + sizeof(std::int64_t));
 }
 

@@ -64,10 +64,11 @@ absl::StatusOr<std::unique_ptr<CudaFp64Products>> CudaFp64Products::Create(
 }
 
 std::int64_t CudaFp64Products::JudgeBlockRows(std::int64_t cols) const {
-  // 2^25 doubles a product (256 MiB; twice that with the magnitudes), in
-  // whole 128-row tiles of the DGEMM where there are that many.
+  // kJudgeBlockElements doubles a product (256 MiB; twice that with the
+  // magnitudes), in whole 128-row tiles of the DGEMM where there are that
+  // many.
   const std::int64_t rows =
-      std::max<std::int64_t>(1, (std::int64_t{1} << 25) / std::max<std::int64_t>(1, cols));
+      std::max<std::int64_t>(1, kJudgeBlockElements / std::max<std::int64_t>(1, cols));
   return rows >= 128 ? rows / 128 * 128 : rows;
 }
 

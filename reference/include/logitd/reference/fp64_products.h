@@ -20,6 +20,12 @@
 
 namespace logitd {
 
+// The most elements of an operand's block (and of its product's) that an
+// engine judging on its device takes at once: JudgeBlockRows(cols)·cols
+// stays within it, so a caller that admits work by its memory can count the
+// block (2^25 doubles, 256 MiB) whatever the engine.
+inline constexpr std::int64_t kJudgeBlockElements = std::int64_t{1} << 25;
+
 class Fp64Products {
  public:
   virtual ~Fp64Products() = default;
