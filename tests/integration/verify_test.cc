@@ -158,6 +158,34 @@ TEST_F(VerifyTest, AConformingFp32KernelIsWithinBoundsAndLogitdsOwnIsBitwiseEqua
       << ours.reference_engine;
 }
 
+TEST_F(VerifyTest, TensorsGivenAsTemporariesAreKeptForTheCall) {
+  // args.x = <a temporary>: the argument keeps the tensor, so the call
+  // streams its bytes, not memory freed and reused since (ASan reports a
+  // read of freed memory; here the verdict would be wrong).
+  const Tensor w = NormalBf16({48, 128}, 31);
+  const Tensor x = NormalBf16({5, 128}, 32);
+  const std::string handle = Register(w, "verify-temporaries");
+  VerifyArgs args;
+  args.operation = VerifyOperation::kLogits;
+  args.weight_handle = handle;
+  args.x = Copy(x);
+  args.candidates["y"] = ReverseOrderLogits(x, w);
+  // Memory of the same sizes, allocated and written after the temporaries
+  // went out of scope.
+  std::vector<Tensor> churn;
+  for (int i = 0; i < 8; ++i) {
+    churn.push_back(Copy(x));
+    std::memset(churn.back().bytes(), 0x7f, churn.back().nbytes());
+    churn.emplace_back(DType::kFp32, std::vector<std::int64_t>{5, 48});
+    std::memset(churn.back().bytes(), 0x7f, churn.back().nbytes());
+  }
+  const VerifyResult r = Verified(args);
+  EXPECT_TRUE(r.passed()) << r.verdict;
+  // The candidate the server judged is the one given: its digest.
+  const Tensor y = ReverseOrderLogits(x, w);
+  EXPECT_EQ(r.candidates[0].xxh3, y.Digest());
+}
+
 TEST_F(VerifyTest, OneUlpOffIsWithinBoundsAndCountedAgainstLogitd) {
   const Tensor w = NormalBf16({64, 256}, 3);
   const Tensor x = NormalBf16({8, 256}, 4);

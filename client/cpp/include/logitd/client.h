@@ -293,10 +293,14 @@ struct ShmSlot {
 // An input of a tensor call: a tensor the client streams to the server, or
 // a shared-memory slot the server reads it from (its dtype and shape given
 // here, its bytes in place before the call; the client computes the digest
-// from them). A Tensor converts to one.
+// from them). A Tensor converts to one: a named tensor is referred to (it
+// must outlive the call), a temporary is moved in and kept (so that
+// `args.x = MakeTensor();` stays valid until the call).
 struct TensorInput {
   TensorInput() = default;
   TensorInput(const Tensor& t) : tensor(&t) {}  // NOLINT: streamed
+  TensorInput(Tensor&& t)                       // NOLINT: streamed, kept
+      : owned(std::make_shared<const Tensor>(std::move(t))), tensor(owned.get()) {}
   static TensorInput Shm(ShmSlot slot, DType dtype, std::vector<std::int64_t> shape) {
     TensorInput in;
     in.slot = std::move(slot);
@@ -306,6 +310,8 @@ struct TensorInput {
   }
   bool given() const { return tensor != nullptr || slot.has_value(); }
 
+  // A temporary moved in; `tensor` points to it.
+  std::shared_ptr<const Tensor> owned;
   const Tensor* tensor = nullptr;
   std::optional<ShmSlot> slot;
   DType dtype = DType::kFp32;
