@@ -55,6 +55,10 @@ void ReportBounds(CaseResult& r, const char* key, const std::string& what,
   r.Check(stats.violations == 0, stats.Describe(what, shape));
 }
 
+std::string VerdictCounts::TotalText() const {
+  return absl::StrCat(total(), total() == 1 ? " case" : " cases");
+}
+
 VerdictCounts CountVerdicts(const std::vector<const CaseResult*>& results) {
   VerdictCounts c;
   for (const CaseResult* r : results) {
@@ -148,8 +152,9 @@ std::string SummaryText(const Report& report) {
   for (const CaseResult& r : report.results) all.push_back(&r);
   const VerdictCounts c = CountVerdicts(all);
   absl::StrAppend(&out, "\n", ServerLine(report), "\n");
-  absl::StrAppend(&out, absl::StrFormat("%d cases: %d passed, %d FAILED, %d not run in %.1f s",
-                                        c.total(), c.passed, c.failed, c.not_run, report.seconds));
+  absl::StrAppend(&out,
+                  absl::StrFormat("%s: %d passed, %d FAILED, %d not run in %.1f s", c.TotalText(),
+                                  c.passed, c.failed, c.not_run, report.seconds));
   absl::StrAppend(&out, NotRunReasons(report.results));
   if (!report.error.empty()) absl::StrAppend(&out, "\nerror: ", report.error);
   absl::StrAppend(&out, "\n", report.compare_text);

@@ -41,6 +41,8 @@ struct VerdictCounts {
   int not_run = 0;
   double seconds = 0;
   int total() const { return passed + failed + not_run; }
+  // "1 case", "42 cases".
+  std::string TotalText() const;
 };
 VerdictCounts CountVerdicts(const std::vector<const CaseResult*>& results);
 

@@ -87,7 +87,7 @@ std::string Verdicts(const Report& report) {
                     "</span><b>", E(s.suite), "</b>: ", CountsText(c), "</p>\n");
   }
   const VerdictCounts t = Totals(report);
-  absl::StrAppend(&out, "<p><b>", t.total(), " cases</b>: ", CountsText(t), " in ",
+  absl::StrAppend(&out, "<p><b>", t.TotalText(), "</b>: ", CountsText(t), " in ",
                   absl::StrFormat("%.1f", report.seconds), " s; exit code ", report.exit_code,
                   "</p>\n");
   return out;
@@ -432,7 +432,7 @@ std::string ReportMarkdown(const Report& report) {
                     " | ", c.failed, " | ", c.not_run, " |\n");
   }
   const VerdictCounts t = Totals(report);
-  absl::StrAppend(&out, "\n**", t.total(), " cases:** ", CountsText(t), " in ",
+  absl::StrAppend(&out, "\n**", t.TotalText(), ":** ", CountsText(t), " in ",
                   absl::StrFormat("%.1f", report.seconds), " s (exit code ", report.exit_code,
                   ")\n");
   bool any = false;

@@ -94,5 +94,12 @@ TEST(ReportTest, SummaryNamesFailures) {
   EXPECT_NE(s.find("\nnot run: golden (1): no --baseline"), std::string::npos) << s;
 }
 
+TEST(ReportTest, OneCaseIsOneCase) {
+  Report r = Sample();
+  r.results.resize(1);
+  const std::string s = SummaryText(r);
+  EXPECT_NE(s.find("1 case: 1 passed, 0 FAILED, 0 not run"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace logitd::validate

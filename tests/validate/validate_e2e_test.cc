@@ -443,9 +443,10 @@ TEST_F(ValidateE2eTest, ReportDirHoldsAPageAndASummaryWithTheJsonNumbers) {
     EXPECT_NE(md.find(row), std::string::npos) << row << "\n" << md;
   }
   const nlohmann::ordered_json& t = j["totals"];
-  const std::string totals =
-      absl::StrCat("**", t["cases"].get<int>(), " cases:** ", t["passed"].get<int>(), " passed, ",
-                   t["failed"].get<int>(), " failed, ", t["not_run"].get<int>(), " not run");
+  const std::string totals = absl::StrCat(
+      "**", t["cases"].get<int>(), t["cases"].get<int>() == 1 ? " case:** " : " cases:** ",
+      t["passed"].get<int>(), " passed, ", t["failed"].get<int>(), " failed, ",
+      t["not_run"].get<int>(), " not run");
   EXPECT_NE(md.find(totals), std::string::npos) << md;
   EXPECT_NE(md.find("backend " + j["server"]["backend"].get<std::string>()), std::string::npos)
       << md;
