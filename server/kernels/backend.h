@@ -296,6 +296,16 @@ class Backend {
     return Run(CheckLogitsArgs(w, args), [&] { return DoLogits(w, args, timing); });
   }
 
+  // The rows a Logits call of `m` rows may be cut into, one call a block
+  // (the service's row blocks), with every element the bits of the uncut
+  // call's: blocks of this many rows, the last one taking the rest. `m`
+  // where the backend computes those m rows in one product, so that any cut
+  // could change bits.
+  virtual std::int64_t LogitsBlockRows(const Weight& /*w*/, std::int64_t m,
+                                       DType /*out_dtype*/) const {
+    return m;
+  }
+
   // G = bf16(dY) (RNE, once); dX = G.W [m, K]; dW = G^T.X [V, K]; fp32
   // accumulation, outputs rounded once to their dtype.
   absl::Status Backward(Weight& w, const BackwardArgs& args, Timing* timing) {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -151,6 +152,48 @@ TEST_F(CudaBackendTest, LogitsIntoPinnedBuffersMatchPageable) {
   std::int64_t bad = 0;
   for (std::size_t i = 0; i < y.size(); ++i) bad += y[i] != static_cast<float>(ref.value[i]);
   EXPECT_EQ(bad, 0);
+}
+
+// The service's row blocks (LogitsHeader.pipeline) cut a call at multiples
+// of LogitsBlockRows, the last block taking the rest: every element keeps
+// the bits of the whole call (the same GEMM shapes on the same rows).
+TEST_F(CudaBackendTest, LogitsCutAtItsBlockRowsIsTheWholeCall) {
+  const std::int64_t v = 32768, k = 512;
+  const auto w = RandomBf16(v * k, 31);
+  auto weight = Load(backend(), w, v, k);
+  ASSERT_NE(weight, nullptr);
+  for (const DType out : {DType::kFp32, DType::kBf16}) {
+    // Y rows of 128 KiB (fp32): GEMMs of 1,024 rows; 2,600 = 1,024 + 1,576.
+    for (const std::int64_t m : {100, 1024, 2600, 3077}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << m << " " << DTypeName(out));
+      const auto x = RandomBf16(m * k, 32 + static_cast<std::uint64_t>(m));
+      const std::size_t row = static_cast<std::size_t>(v) * ElementSize(out);
+      std::vector<std::byte> whole(static_cast<std::size_t>(m) * row);
+      std::vector<std::byte> cut(whole.size(), std::byte{0xff});
+      LogitsArgs args;
+      args.x = x.data();
+      args.m = m;
+      args.out_dtype = out;
+      args.alpha = 0.75f;
+      args.y = whole.data();
+      ASSERT_TRUE(backend()->Logits(*weight, args, nullptr).ok());
+      const std::int64_t rows = backend()->LogitsBlockRows(*weight, m, out);
+      ASSERT_GE(rows, 1);
+      std::int64_t calls = 0;
+      for (std::int64_t r0 = 0; r0 < m; ++calls) {
+        const std::int64_t mb = m - r0 < 2 * rows ? m - r0 : rows;
+        args.x = x.data() + r0 * k;
+        args.m = mb;
+        args.y = cut.data() + static_cast<std::size_t>(r0) * row;
+        ASSERT_TRUE(backend()->Logits(*weight, args, nullptr).ok());
+        r0 += mb;
+      }
+      if (m > 2 * 1024 && out == DType::kFp32) {
+        EXPECT_GT(calls, 1) << "a call of " << m << " rows was not cut";
+      }
+      EXPECT_EQ(std::memcmp(whole.data(), cut.data(), whole.size()), 0);
+    }
+  }
 }
 
 class RandomLogitsTest : public CudaFixture, public ::testing::WithParamInterface<Shape> {};

@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -219,6 +221,47 @@ TEST_F(CpuBackend, LogitsBf16Bf16F32_IntegerExactK4096) {
 
 TEST_F(CpuBackend, LogitsBf16Bf16F32_IntegerExactSingleRow) {
   CheckIntegerExactLogits(*backend_, 1, 300, 4096, 13);
+}
+
+// The service's row blocks (LogitsHeader.pipeline) cut a call at multiples
+// of LogitsBlockRows, the last block taking the rest: every element keeps
+// the bits of the whole call, random operands and all.
+TEST_F(CpuBackend, LogitsCutAtItsBlockRowsIsTheWholeCall) {
+  const std::int64_t v = 300, k = 512;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<Bf16Bits> w(static_cast<std::size_t>(v * k));
+  for (Bf16Bits& e : w) e = FloatToBf16(normal(rng));
+  std::shared_ptr<Weight> weight = Load(w, v, k);
+  ASSERT_NE(weight, nullptr);
+  for (const DType out : {DType::kFp32, DType::kBf16}) {
+    for (const std::int64_t m : {7, 256, 700, 1029}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << m << " " << DTypeName(out));
+      std::vector<Bf16Bits> x(static_cast<std::size_t>(m * k));
+      for (Bf16Bits& e : x) e = FloatToBf16(normal(rng));
+      const std::size_t row = static_cast<std::size_t>(v) * ElementSize(out);
+      std::vector<std::byte> whole(static_cast<std::size_t>(m) * row);
+      std::vector<std::byte> cut(whole.size(), std::byte{0xff});
+      LogitsArgs args;
+      args.x = x.data();
+      args.m = m;
+      args.out_dtype = out;
+      args.alpha = 0.75f;
+      args.y = whole.data();
+      ASSERT_TRUE(backend_->Logits(*weight, args, nullptr).ok());
+      const std::int64_t rows = backend_->LogitsBlockRows(*weight, m, out);
+      EXPECT_EQ(rows, std::min<std::int64_t>(m, 256));
+      for (std::int64_t r0 = 0; r0 < m;) {
+        const std::int64_t mb = m - r0 < 2 * rows ? m - r0 : rows;
+        args.x = x.data() + r0 * k;
+        args.m = mb;
+        args.y = cut.data() + static_cast<std::size_t>(r0) * row;
+        ASSERT_TRUE(backend_->Logits(*weight, args, nullptr).ok());
+        r0 += mb;
+      }
+      EXPECT_EQ(std::memcmp(whole.data(), cut.data(), whole.size()), 0);
+    }
+  }
 }
 
 TEST_F(CpuBackend, LogitsBf16Bf16Bf16_IsRneOfExactSumK4096) {

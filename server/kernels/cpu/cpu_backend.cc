@@ -63,6 +63,9 @@ absl::StatusOr<FloatBuffer> AllocateFloats(std::int64_t n, bool zeroed, absl::st
   return FloatBuffer(static_cast<float*>(p));
 }
 
+// Logits' rows per sgemm (see DoLogits).
+constexpr std::int64_t kLogitsRows = 256;
+
 void Widen(const Bf16Bits* in, std::int64_t n, float* out) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
 }
@@ -370,35 +373,45 @@ class CpuBackend final : public Backend {
     const std::int64_t m = args.m;
     const std::int64_t v = w.v();
     const std::int64_t k = w.k();
-
-    absl::StatusOr<FloatBuffer> xf = AllocateFloats(m * k, false, "logits: x widened to fp32");
+    // One sgemm per block of kLogitsRows rows from the first: OpenBLAS's
+    // bits for a row depend on the rows it is given with it (its threads'
+    // split and its edge kernels), so a call cut at a multiple of the block
+    // (the service's row blocks) runs the very products of the uncut one.
+    const std::int64_t rows = std::min(m, kLogitsRows);
+    absl::StatusOr<FloatBuffer> xf = AllocateFloats(rows * k, false, "logits: x widened to fp32");
     if (!xf.ok()) return xf.status();
-    Widen(args.x, m * k, xf->get());
-
     // bf16 out goes through an fp32 accumulator so it is rounded exactly once.
     FloatBuffer tmp;
-    float* y = nullptr;
-    if (args.out_dtype == DType::kFp32) {
-      y = static_cast<float*>(args.y);
-    } else {
-      absl::StatusOr<FloatBuffer> t = AllocateFloats(m * v, false, "logits: fp32 accumulator");
+    if (args.out_dtype != DType::kFp32) {
+      absl::StatusOr<FloatBuffer> t = AllocateFloats(rows * v, false, "logits: fp32 accumulator");
       if (!t.ok()) return t.status();
       tmp = std::move(*t);
-      y = tmp.get();
     }
-    // alpha scales the finished fp32 accumulator once, Y = fl(alpha * acc), as
-    // a GEMM epilogue does. Handing alpha to sgemm instead would let OpenBLAS
-    // apply it per K block (different rounding), give +0 where alpha * +0 is
-    // -0, and skip the product entirely for alpha == 0, where IEEE says
-    // 0 * NaN = NaN.
-    Sgemm(CblasNoTrans, CblasTrans, m, v, k, 1.0f, xf->get(), k, w.data(), k, 0.0f, y, v);
-    if (args.alpha != 1.0f) {
-      const float alpha = args.alpha;
-      for (std::int64_t i = 0; i < m * v; ++i) y[i] *= alpha;
+    for (std::int64_t r0 = 0; r0 < m; r0 += rows) {
+      const std::int64_t mb = std::min(rows, m - r0);
+      Widen(args.x + r0 * k, mb * k, xf->get());
+      float* y = args.out_dtype == DType::kFp32 ? static_cast<float*>(args.y) + r0 * v : tmp.get();
+      // alpha scales the finished fp32 accumulator once, Y = fl(alpha * acc),
+      // as a GEMM epilogue does. Handing alpha to sgemm instead would let
+      // OpenBLAS apply it per K block (different rounding), give +0 where
+      // alpha * +0 is -0, and skip the product entirely for alpha == 0,
+      // where IEEE says 0 * NaN = NaN.
+      Sgemm(CblasNoTrans, CblasTrans, mb, v, k, 1.0f, xf->get(), k, w.data(), k, 0.0f, y, v);
+      if (args.alpha != 1.0f) {
+        const float alpha = args.alpha;
+        for (std::int64_t i = 0; i < mb * v; ++i) y[i] *= alpha;
+      }
+      if (args.out_dtype == DType::kBf16) {
+        Narrow(y, mb * v, static_cast<Bf16Bits*>(args.y) + r0 * v);
+      }
     }
-    if (args.out_dtype == DType::kBf16) Narrow(y, m * v, static_cast<Bf16Bits*>(args.y));
     SetTiming(timing, start);
     return absl::OkStatus();
+  }
+
+  std::int64_t LogitsBlockRows(const Weight& /*w*/, std::int64_t m,
+                               DType /*out_dtype*/) const override {
+    return std::min(m, kLogitsRows);
   }
 
   absl::Status DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) override {

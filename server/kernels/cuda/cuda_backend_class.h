@@ -238,6 +238,7 @@ class CudaBackend final : public Backend {
   absl::Status DoReadWeight(const Weight& w, Bf16Bits* out) override;
   absl::StatusOr<std::shared_ptr<Fp64Products>> DoReferenceProducts(const Weight& w) override;
   absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing) override;
+  std::int64_t LogitsBlockRows(const Weight& w, std::int64_t m, DType out_dtype) const override;
   absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing) override;
   absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out,
                                                 bool zero_after_fetch) override;

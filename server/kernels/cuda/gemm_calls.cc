@@ -39,17 +39,32 @@ struct LogitsBuffers {
   void* acc = nullptr;
 };
 
+namespace {
+
+// The rows of Logits' blocks of Y: the GEMMs it runs are of this many rows
+// (the last one of the rest), aligned at the call's first row.
+std::int64_t LogitsRows(std::int64_t m, std::size_t row_bytes) {
+  if (static_cast<std::size_t>(m) * row_bytes <= kLogitsBlockBytes) return m;
+  const std::int64_t rows = static_cast<std::int64_t>(kLogitsBlockBytes / row_bytes) / 128 * 128;
+  return std::min(m, std::max(kMinBlockRows, rows));
+}
+
+}  // namespace
+
+// A cut at a multiple of the GEMMs' rows runs the very GEMMs of the uncut
+// call: the same shapes (so the same algorithms) on the same rows.
+std::int64_t CudaBackend::LogitsBlockRows(const Weight& w, std::int64_t m, DType out_dtype) const {
+  if (m <= 0) return m;
+  return LogitsRows(m, static_cast<std::size_t>(w.v()) * ElementSize(out_dtype));
+}
+
 absl::StatusOr<LogitsBuffers> CudaBackend::AllocateLogits(Context& c, const LogitsArgs& args,
                                                           std::int64_t v, std::int64_t k,
                                                           bool acc_separate) {
   const std::int64_t m = args.m;
   LogitsBuffers b;
   b.row_bytes = static_cast<std::size_t>(v) * ElementSize(args.out_dtype);
-  b.rows = m;
-  if (static_cast<std::size_t>(m) * b.row_bytes > kLogitsBlockBytes) {
-    b.rows = static_cast<std::int64_t>(kLogitsBlockBytes / b.row_bytes) / 128 * 128;
-    b.rows = std::min(m, std::max(kMinBlockRows, b.rows));
-  }
+  b.rows = LogitsRows(m, b.row_bytes);
   b.blocks = (m + b.rows - 1) / b.rows;
   auto x = Scratch(c, kX, static_cast<std::size_t>(m * k) * 2, "logits: device x");
   if (!x.ok()) return x.status();

@@ -40,6 +40,10 @@ class FaultBackend final : public kernels::Backend {
     return inner_->ReferenceProducts(w);
   }
 
+  std::int64_t LogitsBlockRows(const kernels::Weight& w, std::int64_t m,
+                               DType out_dtype) const override {
+    return inner_->LogitsBlockRows(w, m, out_dtype);
+  }
   absl::Status DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
                         kernels::Timing* timing) override {
     absl::Status s = inner_->Logits(w, args, timing);
