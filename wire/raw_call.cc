@@ -12,9 +12,10 @@ std::string MethodPath(absl::string_view method) {
 RawClientCall::RawClientCall(grpc::GenericStub& stub, absl::string_view method,
                              grpc::ClientContext* context)
     : context_(context), stream_(stub.PrepareCall(context, MethodPath(method), &cq_)) {
-  stream_->StartCall(this);
+  Begin(&call_);
+  stream_->StartCall(&call_);
   // A call that could not start fails its first operation, and Finish says why.
-  Wait();
+  Wait(&call_);
 }
 
 RawClientCall::~RawClientCall() {
@@ -29,33 +30,65 @@ RawClientCall::~RawClientCall() {
   }
 }
 
-bool RawClientCall::Wait() {
-  void* tag = nullptr;
-  bool ok = false;
-  // One operation is in flight at a time: the next event is its completion.
-  if (!cq_.Next(&tag, &ok)) return false;
-  return ok;
+void RawClientCall::Begin(Op* op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  op->done = false;
+  op->ok = false;
+}
+
+bool RawClientCall::Wait(Op* op) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!op->done) {
+    if (polling_) {
+      // The other side is taking completions off the queue; it hands this
+      // one over when it comes.
+      completed_.wait(lock);
+      continue;
+    }
+    polling_ = true;
+    lock.unlock();
+    void* tag = nullptr;
+    bool ok = false;
+    const bool got = cq_.Next(&tag, &ok);
+    lock.lock();
+    polling_ = false;
+    if (!got) {
+      // The queue is shut down: nothing in flight will complete.
+      op->done = true;
+      op->ok = false;
+    } else {
+      auto* completed = static_cast<Op*>(tag);
+      completed->done = true;
+      completed->ok = ok;
+    }
+    completed_.notify_all();
+  }
+  return op->ok;
 }
 
 bool RawClientCall::Write(const grpc::ByteBuffer& message) {
-  stream_->Write(message, this);
-  return Wait();
+  Begin(&write_);
+  stream_->Write(message, &write_);
+  return Wait(&write_);
 }
 
 bool RawClientCall::WritesDone() {
-  stream_->WritesDone(this);
-  return Wait();
+  Begin(&write_);
+  stream_->WritesDone(&write_);
+  return Wait(&write_);
 }
 
 bool RawClientCall::Read(grpc::ByteBuffer* message) {
-  stream_->Read(message, this);
-  return Wait();
+  Begin(&read_);
+  stream_->Read(message, &read_);
+  return Wait(&read_);
 }
 
 grpc::Status RawClientCall::Finish() {
   grpc::Status status;
-  stream_->Finish(&status, this);
-  Wait();
+  Begin(&call_);
+  stream_->Finish(&status, &call_);
+  Wait(&call_);
   finished_ = true;
   return status;
 }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -74,6 +75,9 @@ struct Assembler::Pending {
   std::uint64_t expected_digest = 0;
   std::uint64_t received = 0;  // bytes accepted (checked and queued or copied)
   XXH3_state_t* state = nullptr;
+  std::string name;
+  const Landed* landed = nullptr;  // the Assembler's, when set
+  std::uint64_t copied = 0;        // bytes in place (the worker's, while it runs)
   bool taken = false;
 
   struct Work {
@@ -114,6 +118,8 @@ struct Assembler::Pending {
           dst += piece.size();
         }
         XXH3_64bits_update(state, data + w.offset, w.size);
+        copied = w.offset + w.size;
+        if (landed != nullptr) (*landed)(name, copied);
       }
     });
   }
@@ -197,6 +203,8 @@ absl::Status Assembler::Announce(const v1::TensorSpec& spec, Tensor* recycle, st
     p->data = p->tensor.bytes();
   }
   p->size = n;
+  p->name = spec.name();
+  if (landed_) p->landed = &landed_;
   p->expected_digest = spec.xxh3();
   p->state = XXH3_createState();
   if (p->state == nullptr || XXH3_64bits_reset(p->state) != XXH_OK) {
@@ -269,6 +277,8 @@ absl::Status Assembler::AddPieces(absl::string_view name, std::uint64_t offset, 
     XXH3_64bits_update(p.state, dst, piece.size());
     p.received += piece.size();
   }
+  p.copied = p.received;
+  if (p.landed != nullptr) (*p.landed)(p.name, p.copied);
   return absl::OkStatus();
 }
 
@@ -315,6 +325,18 @@ absl::StatusOr<Tensor> Assembler::Take(absl::string_view name) {
   it->second->StopWorker();
   it->second->taken = true;
   return std::move(it->second->tensor);
+}
+
+Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
+  if (state_ == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+Xxh3Stream::~Xxh3Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void Xxh3Stream::Update(const void* data, std::size_t bytes) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+}
+std::uint64_t Xxh3Stream::Digest() const {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
 }
 
 absl::Status SendChunks(absl::string_view name, const std::byte* data, std::size_t size,

@@ -37,6 +37,16 @@ Timing TimingOf(const v1::Timing& t, const grpc::ClientContext& context) {
   out.compute_us = t.compute_us();
   out.d2h_us = t.d2h_us();
   out.trailer = TrailerOf(context);
+  // A call run in row blocks sends its result before its timing is known:
+  // the trailer has it.
+  if (out.trailer && out.trailer->pipeline_rows) {
+    const TimingTrailer& tr = *out.trailer;
+    out.queue_us = tr.queue_us.value_or(0);
+    out.receive_us = tr.receive_us.value_or(0);
+    out.h2d_us = tr.h2d_us.value_or(0);
+    out.compute_us = tr.compute_us.value_or(0);
+    out.d2h_us = tr.d2h_us.value_or(0);
+  }
   return out;
 }
 

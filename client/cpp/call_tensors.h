@@ -13,11 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -147,12 +149,27 @@ template <typename Request, typename Response>
 class RawCall {
  public:
   RawCall(grpc::GenericStub& stub, absl::string_view method, grpc::ClientContext* context)
-      : call_(stub, method, context) {}
+      : context_(context), call_(stub, method, context) {}
+  ~RawCall() {
+    if (writer_.joinable()) {
+      context_->TryCancel();
+      writer_.join();
+    }
+  }
+  RawCall(const RawCall&) = delete;
+  RawCall& operator=(const RawCall&) = delete;
 
   bool Write(const Request& request) { return call_.Write(wire::SerializeMessage(request)); }
   bool Write(const grpc::ByteBuffer& message) { return call_.Write(message); }
   bool WritesDone() { return call_.WritesDone(); }
-  grpc::Status Finish() { return call_.Finish(); }
+  // Runs `write` (the request's writes) on a thread of its own while the
+  // caller reads the response: for a call whose server answers while it
+  // receives. Finish waits for it.
+  void StartWriting(std::function<void()> write) { writer_ = std::thread(std::move(write)); }
+  grpc::Status Finish() {
+    if (writer_.joinable()) writer_.join();
+    return call_.Finish();
+  }
 
   Next Read(Response* message, wire::ChunkView* chunk) {
     grpc::ByteBuffer buffer;
@@ -162,8 +179,28 @@ class RawCall {
   }
 
  private:
+  grpc::ClientContext* const context_;
   wire::RawClientCall call_;
+  std::thread writer_;
 };
+
+// Whether a request's header asks the server to answer while it receives
+// (LogitsHeader.pipeline): its inputs are then written on a thread of their
+// own while the response is read.
+template <typename Request, typename = void>
+struct HasPipelineField : std::false_type {};
+template <typename Request>
+struct HasPipelineField<Request,
+                        std::void_t<decltype(std::declval<const Request&>().header().pipeline())>>
+    : std::true_type {};
+template <typename Request>
+bool AsksPipeline(const Request& request) {
+  if constexpr (HasPipelineField<Request>::value) {
+    return request.header().pipeline();
+  } else {
+    return false;
+  }
+}
 
 // Into a raw stream, each chunk is copied once, into a buffer its message
 // owns (gRPC sends from it and frees it once sent), instead of into a chunk
@@ -338,8 +375,15 @@ absl::Status RunTensorCall(grpc::GenericStub& stub, absl::string_view method,
                            const Request& request, const CallTensors& slots, Result* result,
                            ResponseTensors* tensors) {
   RawCall<Request, Response> stream(stub, method, &context);
-  if (stream.Write(request) && slots.WriteInputs(stream, chunk_bytes)) stream.WritesDone();
+  const auto write = [&stream, &request, &slots, chunk_bytes] {
+    if (stream.Write(request) && slots.WriteInputs(stream, chunk_bytes)) stream.WritesDone();
+  };
   slots.OfferInto(tensors);
+  if (AsksPipeline(request)) {
+    stream.StartWriting(write);
+  } else {
+    write();
+  }
   return ReceiveResponse<Response>(stream, context, result, tensors, slots);
 }
 

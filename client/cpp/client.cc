@@ -132,6 +132,8 @@ absl::StatusOr<TimingTrailer> ParseTimingTrailer(absl::string_view text) {
       out.send_us = us;
     } else if (key == "total_us") {
       out.total_us = us;
+    } else if (key == "pipeline_rows") {
+      out.pipeline_rows = us;
     }
   }
   return out;

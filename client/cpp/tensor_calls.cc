@@ -163,6 +163,7 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
   h->set_out_dtype(wire::ToProto(options.out_dtype));
   h->set_alpha(options.alpha);
   h->set_digest_last(true);  // a streamed Y is hashed while its chunks travel
+  h->set_pipeline(options.pipeline);
   slots.FillHeader(h);
 
   return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<LogitsShmResult> {

@@ -6,7 +6,17 @@ import grpc
 import numpy as np
 import pytest
 
-from protocol import REQUEST_TENSOR_IDS, REQUEST_TENSORS, check_output, expected_order, expect_error, names, xxh3
+from protocol import (
+    REQUEST_TENSOR_IDS,
+    REQUEST_TENSORS,
+    Tensor,
+    check_output,
+    chunks_of,
+    expect_error,
+    expected_order,
+    names,
+    xxh3,
+)
 from stubs import pb
 
 
@@ -104,3 +114,49 @@ def test_digest_is_xxh3_64_seed_0_of_little_endian_bytes(conn):
     assert got.result.output.dtype == pb.DTYPE_BF16
     assert bytes(got.tensors["output"]) == bytes.fromhex("803f0040")
     assert got.result.output.xxh3 == 0xD73F38204880D085
+
+
+def _pipelined_logits(conn, handle, xt, digest=None, chunk_bytes=1000):
+    """A Logits call with pipeline set: what came back before the status, and the status."""
+    first = pb.LogitsRequest(
+        header=pb.LogitsHeader(weight_handle=handle, x=xt.spec(digest), digest_last=True, pipeline=True)
+    )
+    messages = [first] + [pb.LogitsRequest(chunk=c) for c in chunks_of(xt, chunk_bytes)]
+    parts = []
+    code = grpc.StatusCode.OK
+    try:
+        for message in conn.logits_stream(messages):
+            parts.append(message.WhichOneof("part"))
+    except grpc.RpcError as e:
+        code = e.code()
+    return parts, code
+
+
+def test_logits_pipeline_gives_the_bits_of_the_whole_call(conn, weights):
+    """pipeline: the same Y bit for bit, its digest after its chunks (as digest_last)."""
+    rng = np.random.default_rng(606)
+    w = rng.standard_normal((96, 200))
+    x = rng.standard_normal((777, 200))
+    info = weights(w)
+    whole = conn.logits(info.handle, x, chunk_bytes=1000, digest_last=True)
+    blocks = conn.logits(info.handle, x, chunk_bytes=1000, digest_last=True, pipeline=True)
+    assert blocks.order == expected_order(["y"], True)
+    y = check_output(blocks, blocks.result.y, digest_last=True)
+    np.testing.assert_array_equal(y.view(np.uint32), check_output(whole, whole.result.y, True).view(np.uint32))
+
+
+def test_logits_pipeline_with_damaged_x_sends_no_digest(conn, weights):
+    """pipeline with a wrong X digest: DATA_LOSS, and Y's digest never sent, whatever chunks went out.
+
+    A server may stream Y's first rows before X's last chunk arrives; the
+    digest that lets a client accept Y comes only after X matched its own.
+    """
+    rng = np.random.default_rng(607)
+    info = weights(rng.standard_normal((96, 200)))
+    xt = Tensor("x", pb.DTYPE_BF16, rng.standard_normal((777, 200)))
+    parts, code = _pipelined_logits(conn, info.handle, xt, digest=xxh3(xt.data) ^ 0x5A5A)
+    assert code == grpc.StatusCode.DATA_LOSS
+    assert "digest" not in parts
+    parts, code = _pipelined_logits(conn, info.handle, xt)
+    assert code == grpc.StatusCode.OK
+    assert parts[0] == "result" and parts[-1] == "digest"

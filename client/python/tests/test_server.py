@@ -137,6 +137,19 @@ def test_logits_random_within_fp32_bound(client, weights):
     assert np.max(err16) > 50 * np.max(err)
 
 
+def test_logits_in_row_blocks_give_the_bits_of_the_whole_call(client, weights):
+    # 777 rows: blocks of 256 rows, the last one taking the rest; the chunks
+    # on both sides fall inside rows. Random values, so every bit counts.
+    rng = rng_for(4321)
+    M, V, K = 777, 96, 200
+    x = to_bf16(rng.standard_normal((M, K)))
+    h = weights(to_bf16(rng.standard_normal((V, K)))).handle
+    for out in ("fp32", "bf16"):
+        whole = client.logits(x, h, out_dtype=out, alpha=0.3, pipeline=False)
+        blocks = client.logits(x, h, out_dtype=out, alpha=0.3, pipeline=True)
+        np.testing.assert_array_equal(bits(blocks), bits(whole))
+
+
 def test_logits_accepts_non_contiguous_input(client, weights):
     rng = rng_for(7)
     wi = int_tensor(rng, (64, 128))

@@ -72,6 +72,71 @@ absl::Status Call::Output(absl::string_view name, DType dtype, std::vector<std::
 }
 
 absl::Status Call::Receive(absl::string_view what, Transport& transport) {
+  LOGITD_ASSIGN_OR_RETURN(std::vector<InputSlot*> streamed, Admit(what, transport));
+  LOGITD_RETURN_IF_ERROR(transport.ReceiveStreamed(std::move(streamed)));
+  return AllocateOutputs(transport);
+}
+
+bool Call::Pipelines(const Transport& transport) const {
+  if (!transport.Pipelined()) return false;
+  // Outputs all streamed or all in shared memory: a result that names an
+  // output in a region carries its digest, so it could not go before the
+  // streamed ones.
+  std::size_t in_regions = 0;
+  for (const OutputSlot& s : outputs_) in_regions += s.slice ? 1 : 0;
+  if (in_regions != 0 && in_regions != outputs_.size()) return false;
+  for (const InputSlot& s : inputs_) {
+    if (s.in.from == CallInput::From::kStream) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport& transport,
+                                              std::int64_t m, std::int64_t block_rows,
+                                              OpResult early, const Block& block) {
+  LOGITD_ASSIGN_OR_RETURN(std::vector<InputSlot*> streamed, Admit(what, transport));
+  InputProgress progress;
+  for (const InputSlot* slot : streamed) progress.Expect(slot->name, slot->bytes, m);
+  LOGITD_RETURN_IF_ERROR(transport.StartReceive(streamed, &progress));
+  // From here the front door's thread is receiving: every way out waits for
+  // it (FinishReceive) before the buffers it fills can go.
+  absl::Status status = AllocateOutputs(transport);
+  if (status.ok()) status = transport.StartSend(early, m);
+  if (!status.ok()) {
+    transport.FinishReceive().IgnoreError();
+    return status;
+  }
+  stats_->pipeline_rows = block_rows;
+  OpResult result = std::move(early);
+  kernels::Timing& total = result.timing;
+  for (std::int64_t r0 = 0; r0 < m && status.ok();) {
+    const std::int64_t rows = m - r0 < 2 * block_rows ? m - r0 : block_rows;
+    status = progress.WaitRows(r0 + rows);
+    kernels::Timing t;
+    if (status.ok()) status = block(r0, rows, &t);
+    if (!status.ok()) break;
+    if (total.gemms.empty()) total.gemms = t.gemms;
+    if (total.plan.empty()) total.plan = t.plan;
+    total.h2d_us += t.h2d_us;
+    total.compute_us += t.compute_us;
+    total.d2h_us += t.d2h_us;
+    total.transfers_measured = t.transfers_measured;
+    r0 += rows;
+    transport.RowsDone(r0);
+  }
+  // The reception's status (every digest) before anything a client may
+  // accept goes out: a block that ran on bytes that then failed their
+  // digest is not sent as a result.
+  const absl::Status received = transport.FinishReceive();
+  if (status.ok()) status = received;
+  ReleaseInputs();
+  if (status.ok()) Finish(result.timing);
+  LOGITD_RETURN_IF_ERROR(transport.FinishSend(status));
+  result.sent = true;
+  return result;
+}
+
+absl::StatusOr<std::vector<InputSlot*>> Call::Admit(absl::string_view what, Transport& transport) {
   LOGITD_RETURN_IF_ERROR(transport.CheckSlots(inputs_, outputs_));
   std::uint64_t bytes = scratch_bytes_;
   for (const InputSlot& s : inputs_) bytes += s.bytes;
@@ -85,8 +150,7 @@ absl::Status Call::Receive(absl::string_view what, Transport& transport) {
     LOGITD_RETURN_IF_ERROR(FillInput(&slot));
     if (slot.in.from == CallInput::From::kStream) streamed.push_back(&slot);
   }
-  LOGITD_RETURN_IF_ERROR(transport.ReceiveStreamed(std::move(streamed)));
-  return AllocateOutputs(transport);
+  return streamed;
 }
 
 absl::Status Call::AllocateOutputs(Transport& transport) {

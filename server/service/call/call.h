@@ -22,6 +22,7 @@
 #include "logitd/tensor.h"
 #include "server/kernels/backend.h"
 #include "server/service/call/request.h"
+#include "server/service/call/row_blocks.h"
 #include "server/service/call/stats.h"
 #include "server/service/state/admission.h"
 #include "server/service/state/registry.h"
@@ -56,6 +57,16 @@ struct OutputSlot {
   kernels::HostBuffer buffer;
 };
 
+// What a call reports besides its outputs.
+struct OpResult {
+  kernels::Timing timing;
+  // CrossEntropy: the tokens not ignored; -1 for the other operations.
+  std::int64_t counted_tokens = -1;
+  // Run in blocks of rows (Call::RunInRowBlocks): the result and the outputs
+  // went out as the blocks ran, and the front door has nothing left to send.
+  bool sent = false;
+};
+
 // What a front door does that the call cannot: take in the bytes that
 // follow its request, and place outputs in its response.
 class Transport {
@@ -79,6 +90,32 @@ class Transport {
   // door's response; null for a host buffer of the call's own (streamed
   // after the result, or not returned at all).
   virtual std::byte* PlaceOutput(const OutputSlot& out) { return nullptr; }
+
+  // Blocks of rows (Call::RunInRowBlocks), for a front door whose request
+  // asked for them and that can receive, and send, while the backend works.
+  virtual bool Pipelined() const { return false; }
+  // Starts receiving the streamed inputs on a thread of the front door's,
+  // telling `progress` as their bytes land and when reception ends (every
+  // digest checked, or why not).
+  virtual absl::Status StartReceive(std::vector<InputSlot*> streamed, InputProgress* progress) {
+    return absl::InternalError("this front door does not receive while a call runs");
+  }
+  // Waits for the reception StartReceive began: its status.
+  virtual absl::Status FinishReceive() { return absl::OkStatus(); }
+  // Once the outputs are placed, before the first block: sends what
+  // precedes the outputs (the result, with `early` in it and the digests of
+  // streamed outputs to follow them), then streams each streamed output as
+  // the rows of `m` it covers are done (RowsDone), on a thread of its own.
+  virtual absl::Status StartSend(const OpResult& early, std::int64_t m) {
+    return absl::InternalError("this front door does not send while a call runs");
+  }
+  // Rows [0, rows) of every output are written.
+  virtual void RowsDone(std::int64_t rows) {}
+  // After the last block: `computed` is OK when every block and the
+  // reception were. Stops or finishes the streaming; when everything was OK
+  // sends the outputs' digests (nothing a client may accept goes out
+  // otherwise). Returns the call's status.
+  virtual absl::Status FinishSend(absl::Status computed) { return computed; }
 };
 
 // What a call uses of the service, which owns it all.
@@ -112,6 +149,23 @@ class Call {
   // from the message when aligned, received through `transport`; then the
   // outputs placed.
   absl::Status Receive(absl::string_view what, Transport& transport);
+  // Whether RunInRowBlocks overlaps this call with its front door: the
+  // front door asked for it and at least one input is streamed.
+  bool Pipelines(const Transport& transport) const;
+  // A block: rows [r0, r0 + rows) of every input to every output.
+  using Block =
+      std::function<absl::Status(std::int64_t r0, std::int64_t rows, kernels::Timing* timing)>;
+  // Receive's admission and inputs, but the streamed inputs arrive while
+  // `block` runs over rows [0, m) in blocks of `block_rows` (the last one
+  // takes the rest), each as soon as its rows of every input are in; the
+  // outputs go out as the blocks finish. `early` is what the result says
+  // before the first block. The inputs are let go and the outputs finished
+  // (as Finish) after the last block. Returns the blocks' timing summed, with
+  // `sent` set: the front door has nothing left to send.
+  absl::StatusOr<OpResult> RunInRowBlocks(absl::string_view what, Transport& transport,
+                                          std::int64_t m, std::int64_t block_rows, OpResult early,
+                                          const Block& block);
+
   // The outputs placed (Receive's last step), for a call that takes no
   // request memory (FetchGradient: its buffer counts against the weight
   // budget already).
@@ -142,6 +196,9 @@ class Call {
   const std::byte* InData(absl::string_view name) const;
   std::byte* OutData(absl::string_view name) const;
   absl::Status FillInput(InputSlot* slot);
+  // Receive's checks, admission and inputs but the streamed ones, which it
+  // returns.
+  absl::StatusOr<std::vector<InputSlot*>> Admit(absl::string_view what, Transport& transport);
 
   const CallEnv env_;
   const Tenant tenant_;

@@ -89,13 +89,26 @@ absl::StatusOr<OpResult> RunLogits(const OpEnv& env, const LogitsRequest& r, Cal
   LOGITD_ASSIGN_OR_RETURN(const LogitsPlan plan, PlanLogits(r, DimsOf(w), env.max_request_bytes));
   LOGITD_RETURN_IF_ERROR(call->Input("x", r.x, plan.x_bytes));
   LOGITD_RETURN_IF_ERROR(call->Output("y", plan.out_dtype, {plan.m, w.v}, plan.y_bytes, r.outputs));
+  // Rows [r0, r0 + rows) of X to the same rows of Y.
+  const auto rows_of = [&](std::int64_t r0, std::int64_t rows) {
+    kernels::LogitsArgs args;
+    args.x = call->in<Bf16Bits>("x") + r0 * w.k;
+    args.m = rows;
+    args.alpha = plan.alpha;
+    args.out_dtype = plan.out_dtype;
+    args.y = call->out("y") + static_cast<std::size_t>(r0 * w.v) * ElementSize(plan.out_dtype);
+    return args;
+  };
+  if (call->Pipelines(transport)) {
+    return call->RunInRowBlocks("logits", transport, plan.m,
+                                env.backend->LogitsBlockRows(*w.weight, plan.m, plan.out_dtype),
+                                OpResult{},
+                                [&](std::int64_t r0, std::int64_t rows, kernels::Timing* t) {
+                                  return env.backend->Logits(*w.weight, rows_of(r0, rows), t);
+                                });
+  }
   LOGITD_RETURN_IF_ERROR(call->Receive("logits", transport));
-  kernels::LogitsArgs args;
-  args.x = call->in<Bf16Bits>("x");
-  args.m = plan.m;
-  args.alpha = plan.alpha;
-  args.out_dtype = plan.out_dtype;
-  args.y = call->out("y");
+  const kernels::LogitsArgs args = rows_of(0, plan.m);
   return Compute(call, [&](kernels::Timing* t) { return env.backend->Logits(*w.weight, args, t); });
 }
 

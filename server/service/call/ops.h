@@ -22,13 +22,6 @@ struct OpEnv {
   std::uint64_t max_request_bytes = 0;
 };
 
-// What a call reports besides its outputs.
-struct OpResult {
-  kernels::Timing timing;
-  // CrossEntropy: the tokens not ignored; -1 for the other operations.
-  std::int64_t counted_tokens = -1;
-};
-
 // The weight a call names: a missing handle is InvalidArgument, an unknown
 // one NotFound (another tenant's too).
 absl::StatusOr<WeightRecord> FindWeight(const WeightRegistry& registry, const Tenant& tenant,

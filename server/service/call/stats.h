@@ -28,6 +28,8 @@ struct CallStats {
   std::int64_t h2d_us = -1;
   std::int64_t compute_us = -1;
   std::int64_t d2h_us = -1;
+  // Rows a block of a call run in row blocks; -1 for one run whole.
+  std::int64_t pipeline_rows = -1;
   // The GEMMs the backend ran, for the "logitd-gemm" trailer.
   std::string gemms;
   // When the response started streaming out: send_us runs from here to the

@@ -81,7 +81,8 @@ grpc::Status CallRunner::Run(absl::string_view method, grpc::ServerContextBase* 
                                               {"compute_us", stats.compute_us},
                                               {"d2h_us", stats.d2h_us},
                                               {"send_us", send_us},
-                                              {"total_us", Micros(end - start)}}));
+                                              {"total_us", Micros(end - start)},
+                                              {"pipeline_rows", stats.pipeline_rows}}));
   if (!stats.gemms.empty()) {
     context->AddTrailingMetadata(std::string(wire::kGemmTrailer), stats.gemms);
   }

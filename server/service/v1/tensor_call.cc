@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "logitd/tensor.h"
 #include "logitd/wire/chunk_message.h"
@@ -26,7 +27,7 @@ TensorCallBase::TensorCallBase(const TensorCallEnv& env, absl::string_view metho
           env.call, stats->tenant, absl::FromChrono(context->deadline()),
           [context] { return context->IsCancelled(); }, stats) {}
 
-absl::Status TensorCallBase::ReceiveStreamed(std::vector<InputSlot*> streamed) {
+absl::Status TensorCallBase::Announce(const std::vector<InputSlot*>& streamed) {
   for (InputSlot* slot : streamed) {
     v1::TensorSpec spec;
     spec.set_name(slot->in.name);
@@ -36,6 +37,120 @@ absl::Status TensorCallBase::ReceiveStreamed(std::vector<InputSlot*> streamed) {
     LOGITD_RETURN_IF_ERROR(
         assembler_.ExpectInto(spec, slot->buffer.data(), static_cast<std::uint64_t>(slot->bytes)));
   }
+  return absl::OkStatus();
+}
+
+TensorCallBase::~TensorCallBase() {
+  // Every path through RunInRowBlocks joins both; this is for one that
+  // returned before it could.
+  if (sender_.joinable()) FinishStreaming(absl::CancelledError(""), nullptr).IgnoreError();
+  if (receiver_.joinable()) receiver_.join();
+}
+
+absl::Status TensorCallBase::StartReceive(std::vector<InputSlot*> streamed,
+                                          InputProgress* progress) {
+  assembler_.OnLanded(
+      [progress](absl::string_view name, std::uint64_t bytes) { progress->Landed(name, bytes); });
+  LOGITD_RETURN_IF_ERROR(Announce(streamed));
+  receiver_ = std::thread([this, progress] {
+    absl::Status status = ReceiveChunks();
+    stats_->receive_us = Micros(absl::Now() - start_);
+    received_ = status;
+    progress->Ended(std::move(status));
+  });
+  return absl::OkStatus();
+}
+
+absl::Status TensorCallBase::FinishReceive() {
+  if (receiver_.joinable()) receiver_.join();
+  return received_;
+}
+
+void TensorCallBase::RowsDone(std::int64_t rows) {
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    rows_done_ = rows;
+  }
+  send_cv_.notify_all();
+}
+
+void TensorCallBase::StartStreaming(std::function<bool(const grpc::ByteBuffer&)> write,
+                                    std::int64_t m) {
+  sender_ = std::thread([this, write = std::move(write), m] { sent_ = StreamOutputs(write, m); });
+}
+
+absl::Status TensorCallBase::StreamOutputs(
+    const std::function<bool(const grpc::ByteBuffer&)>& write, std::int64_t m) {
+  const std::size_t chunk = env_.chunk_bytes != 0 ? env_.chunk_bytes : kDefaultChunkBytes;
+  for (OutputSlot& s : call_.outputs()) {
+    if (s.slice) continue;
+    // Held by the chunks' slices too: gRPC may send from it after the call
+    // has returned. The backend still writes through s.data.
+    const std::shared_ptr<const void> held = env_.sending->Hold(std::move(s.buffer));
+    const auto* data = static_cast<const std::byte*>(held.get());
+    // An output of one row per input row goes out as its rows are done;
+    // any other (a reduced loss) once every block is.
+    const std::uint64_t row_bytes =
+        !s.shape.empty() && s.shape[0] == m && m > 0 ? s.bytes / static_cast<std::uint64_t>(m) : 0;
+    wire::Xxh3Stream hash;
+    std::uint64_t sent = 0;
+    while (sent < s.bytes) {
+      std::uint64_t ready = 0;
+      {
+        std::unique_lock<std::mutex> lock(send_mu_);
+        const auto ready_now = [&] {
+          return all_done_ ? s.bytes
+                           : std::min(s.bytes, static_cast<std::uint64_t>(rows_done_) * row_bytes);
+        };
+        // Whole chunks only until the output is complete: every chunk but
+        // the last carries chunk_bytes.
+        send_cv_.wait(lock, [&] {
+          const std::uint64_t r = ready_now();
+          return stop_sending_ || r == s.bytes || r - sent >= chunk;
+        });
+        if (stop_sending_)
+          return absl::CancelledError("the call failed while its outputs went out");
+        ready = ready_now();
+      }
+      while (sent < ready && (ready - sent >= chunk || ready == s.bytes)) {
+        const std::size_t len =
+            static_cast<std::size_t>(std::min<std::uint64_t>(chunk, s.bytes - sent));
+        hash.Update(data + sent, len);
+        grpc::ByteBuffer message = wire::ChunkMessage(s.name, sent, data + sent, len, held);
+        stats_->bytes_out += message.Length();
+        stats_->tensor_bytes_out += len;
+        if (!write(message)) {
+          return absl::UnavailableError(absl::StrFormat(
+              "%s: the client stopped reading at byte %d of %d", s.name, sent, s.bytes));
+        }
+        sent += len;
+      }
+    }
+    sent_digests_.emplace_back(s.name, SentDigest(s.name, hash.Digest()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorCallBase::FinishStreaming(
+    absl::Status computed, std::vector<std::pair<std::string, std::uint64_t>>* digests) {
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    if (computed.ok()) {
+      all_done_ = true;
+    } else {
+      stop_sending_ = true;
+    }
+  }
+  send_cv_.notify_all();
+  if (sender_.joinable()) sender_.join();
+  LOGITD_RETURN_IF_ERROR(computed);
+  LOGITD_RETURN_IF_ERROR(sent_);
+  if (digests != nullptr) *digests = std::move(sent_digests_);
+  return absl::OkStatus();
+}
+
+absl::Status TensorCallBase::ReceiveStreamed(std::vector<InputSlot*> streamed) {
+  LOGITD_RETURN_IF_ERROR(Announce(streamed));
   LOGITD_RETURN_IF_ERROR(ReceiveChunks());
   stats_->receive_us = Micros(absl::Now() - start_);
   return absl::OkStatus();
@@ -51,7 +166,10 @@ void TensorCallBase::Timed(const kernels::Timing& t, v1::Timing* out) const {
 
 std::uint64_t TensorCallBase::Digest(absl::string_view name, const void* data,
                                      std::uint64_t bytes) const {
-  const std::uint64_t digest = Xxh3(data, static_cast<std::size_t>(bytes));
+  return SentDigest(name, Xxh3(data, static_cast<std::size_t>(bytes)));
+}
+
+std::uint64_t TensorCallBase::SentDigest(absl::string_view name, std::uint64_t digest) const {
 #ifdef LOGITD_TEST_FAULTS
   return env_.faults != nullptr ? env_.faults->OutputDigest(method_, name, digest) : digest;
 #else

@@ -11,10 +11,13 @@
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -23,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "logitd/status_macros.h"
 #include "logitd/v1/logitd.pb.h"
 #include "logitd/wire/wire.h"
 #include "server/kernels/backend.h"
@@ -58,9 +62,17 @@ class TensorCallBase : public Transport {
   CallStats* stats() const { return stats_; }
   const Tenant& tenant() const { return stats_->tenant; }
 
+  ~TensorCallBase() override;
+
   // Transport: the streamed inputs announced to the assembler, then the
   // request's chunks received into their buffers.
   absl::Status ReceiveStreamed(std::vector<InputSlot*> streamed) override;
+  // Transport, for a header that asked for pipeline: the same on a thread
+  // of the call's own, and the outputs streamed as rows are done.
+  bool Pipelined() const override { return pipeline_; }
+  absl::Status StartReceive(std::vector<InputSlot*> streamed, InputProgress* progress) override;
+  absl::Status FinishReceive() override;
+  void RowsDone(std::int64_t rows) override;
 
   // Whether the client went away.
   bool cancelled() const { return context_->IsCancelled(); }
@@ -87,8 +99,20 @@ class TensorCallBase : public Transport {
                             bool digest_last,
                             std::vector<std::pair<std::string, std::uint64_t>>* digests);
   std::uint64_t Digest(absl::string_view name, const void* data, std::uint64_t bytes) const;
+  // An output's digest as sent: `digest`, or what a test's fault makes of it.
+  std::uint64_t SentDigest(absl::string_view name, std::uint64_t digest) const;
+
+  // Row blocks: starts streaming the outputs not in shared memory, in
+  // declaration order, each as far as the rows done cover it, on a thread
+  // of its own (after the caller wrote the result).
+  void StartStreaming(std::function<bool(const grpc::ByteBuffer&)> write, std::int64_t m);
+  // Waits for that thread: with `computed` OK, once every output has gone,
+  // their digests; otherwise it stops it and returns `computed`.
+  absl::Status FinishStreaming(absl::Status computed,
+                               std::vector<std::pair<std::string, std::uint64_t>>* digests);
 
   const absl::Time start_;
+  bool pipeline_ = false;
 
  private:
   const TensorCallEnv env_;
@@ -97,7 +121,32 @@ class TensorCallBase : public Transport {
   CallStats* const stats_;
   wire::Assembler assembler_;
   Call call_;
+
+  // The streamed inputs announced to the assembler, each into its buffer.
+  absl::Status Announce(const std::vector<InputSlot*>& streamed);
+  // Row blocks: the thread receiving the request's chunks, and its status.
+  std::thread receiver_;
+  absl::Status received_;
+  // Row blocks: the thread streaming the outputs, and what it waits on.
+  absl::Status StreamOutputs(const std::function<bool(const grpc::ByteBuffer&)>& write,
+                             std::int64_t m);
+  std::thread sender_;
+  std::mutex send_mu_;
+  std::condition_variable send_cv_;
+  std::int64_t rows_done_ = 0;  // guarded by send_mu_
+  bool all_done_ = false;       // guarded by send_mu_
+  bool stop_sending_ = false;   // guarded by send_mu_
+  absl::Status sent_;           // the sender's, read after it is joined
+  std::vector<std::pair<std::string, std::uint64_t>> sent_digests_;
 };
+
+// Whether a request's header can ask for row blocks (has the field).
+template <typename Request, typename = void>
+struct HasPipeline : std::false_type {};
+template <typename Request>
+struct HasPipeline<Request,
+                   std::void_t<decltype(std::declval<const Request&>().header().pipeline())>>
+    : std::true_type {};
 
 // A tensor call over its RPC's message stream.
 template <typename Request, typename Response>
@@ -110,7 +159,13 @@ class TensorCall final : public TensorCallBase {
       : TensorCallBase(env, method, context, stats), stream_(stream) {}
 
   // Reads the header; header() is valid after it returns OK.
-  absl::Status ReadHeader() { return service::ReadHeader(stream_, &first_, &stats()->bytes_in); }
+  absl::Status ReadHeader() {
+    LOGITD_RETURN_IF_ERROR(service::ReadHeader(stream_, &first_, &stats()->bytes_in));
+    if constexpr (HasPipeline<Request>::value) {
+      pipeline_ = first_.header().pipeline();
+    }
+    return absl::OkStatus();
+  }
   const auto& header() const { return first_.header(); }
   // For a call of one request message and no chunks (FetchGradient): reads
   // it; request() is valid after it returns OK. The client's half-close
@@ -130,6 +185,58 @@ class TensorCall final : public TensorCallBase {
   absl::Status SendHead(const Response& head) {
     if (!stats()->send_start) stats()->send_start = absl::Now();
     return Write(head);
+  }
+
+  // What the handler puts in the result besides the outputs' specs and the
+  // timing (CrossEntropy's counted tokens), from the operation's result.
+  void OnResult(std::function<void(const OpResult&, Response*)> fill) { fill_ = std::move(fill); }
+
+  // The response to a call the operation ran: nothing left when it went out
+  // in row blocks; otherwise the result (filled by OnResult's function and
+  // with the timing) and the outputs, as Send.
+  absl::Status Respond(const OpResult& result, bool digest_last) {
+    if (result.sent) return absl::OkStatus();
+    Response head;
+    if (fill_) fill_(result, &head);
+    Timed(result.timing, head.mutable_result()->mutable_timing());
+    return Send(&head, head.mutable_result(), digest_last);
+  }
+
+  // Transport, for row blocks: the result (its timing left unset: the
+  // trailer has it) with every streamed output's digest to follow it, then
+  // the outputs as their rows are done.
+  absl::Status StartSend(const OpResult& early, std::int64_t m) override {
+    if constexpr (HasPipeline<Request>::value) {
+      early_ = early;
+      // Outputs all in shared memory: the result carries their digests, so
+      // it goes once they are written (FinishSend).
+      if (!StreamsAny()) return absl::OkStatus();
+      LOGITD_RETURN_IF_ERROR(SendHead(/*digest_last=*/true));
+      StartStreaming([this](const grpc::ByteBuffer& message) { return stream_->Write(message); },
+                     m);
+      return absl::OkStatus();
+    } else {
+      return Transport::StartSend(early, m);
+    }
+  }
+  absl::Status FinishSend(absl::Status computed) override {
+    if constexpr (HasPipeline<Request>::value) {
+      if (!StreamsAny()) {
+        LOGITD_RETURN_IF_ERROR(computed);
+        return SendHead(/*digest_last=*/true);
+      }
+      std::vector<std::pair<std::string, std::uint64_t>> digests;
+      LOGITD_RETURN_IF_ERROR(FinishStreaming(std::move(computed), &digests));
+      for (const auto& [name, xxh3] : digests) {
+        Response tail;
+        tail.mutable_digest()->set_name(name);
+        tail.mutable_digest()->set_xxh3(xxh3);
+        LOGITD_RETURN_IF_ERROR(Write(tail));
+      }
+      return absl::OkStatus();
+    } else {
+      return computed;
+    }
   }
 
   // Writes `head` (the outputs' specs filled into `result`, its result
@@ -156,6 +263,22 @@ class TensorCall final : public TensorCallBase {
   }
 
  private:
+  // Row blocks: the result, with what the operation said before its first
+  // block and the outputs' specs, their timing left to the trailer.
+  absl::Status SendHead(bool digest_last) {
+    Response head;
+    if (fill_) fill_(early_, &head);
+    LOGITD_RETURN_IF_ERROR(FillResult(head.mutable_result(), SlotMessage(), digest_last));
+    stats()->send_start = absl::Now();
+    return Write(head);
+  }
+  bool StreamsAny() {
+    for (const OutputSlot& s : call().outputs()) {
+      if (!s.slice) return true;
+    }
+    return false;
+  }
+
   // The message whose "<name>_shm" fields gave the outputs' slots.
   const google::protobuf::Message& SlotMessage() const {
     if constexpr (std::is_same_v<Request, v1::FetchGradientRequest>) {
@@ -182,6 +305,8 @@ class TensorCall final : public TensorCallBase {
 
   Stream* const stream_;
   Request first_;
+  std::function<void(const OpResult&, Response*)> fill_;
+  OpResult early_;
 };
 
 }  // namespace logitd::service

@@ -49,9 +49,7 @@ absl::Status LogitdService::DoLogits(LogitsCall* call) {
                           LogitsRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
   LOGITD_ASSIGN_OR_RETURN(const OpResult result,
                           RunLogits(op_env(), request, &call->call(), *call));
-  v1::LogitsResponse head;
-  call->Timed(result.timing, head.mutable_result()->mutable_timing());
-  return call->Send(&head, head.mutable_result(), call->header().digest_last());
+  return call->Respond(result, call->header().digest_last());
 }
 
 RawBidiReactor* LogitdService::Backward(grpc::CallbackServerContext* context) {
@@ -64,9 +62,7 @@ absl::Status LogitdService::DoBackward(BackwardCall* call) {
                           BackwardRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
   LOGITD_ASSIGN_OR_RETURN(const OpResult result,
                           RunBackward(op_env(), request, &call->call(), *call));
-  v1::BackwardResponse head;
-  call->Timed(result.timing, head.mutable_result()->mutable_timing());
-  return call->Send(&head, head.mutable_result(), call->header().digest_last());
+  return call->Respond(result, call->header().digest_last());
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* LogitdService::FetchGradient(
@@ -119,9 +115,7 @@ absl::Status LogitdService::DoCast(CastCall* call) {
   LOGITD_ASSIGN_OR_RETURN(const CastRequest request,
                           CastRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
   LOGITD_ASSIGN_OR_RETURN(const OpResult result, RunCast(op_env(), request, &call->call(), *call));
-  v1::CastResponse head;
-  call->Timed(result.timing, head.mutable_result()->mutable_timing());
-  return call->Send(&head, head.mutable_result(), call->header().digest_last());
+  return call->Respond(result, call->header().digest_last());
 }
 
 RawBidiReactor* LogitdService::CrossEntropy(grpc::CallbackServerContext* context) {
@@ -133,12 +127,12 @@ absl::Status LogitdService::DoCrossEntropy(CrossEntropyCall* call) {
   LOGITD_RETURN_IF_ERROR(call->ReadHeader());
   LOGITD_ASSIGN_OR_RETURN(const CrossEntropyRequest request,
                           CrossEntropyRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
+  call->OnResult([](const OpResult& result, v1::CrossEntropyResponse* head) {
+    head->mutable_result()->set_counted_tokens(result.counted_tokens);
+  });
   LOGITD_ASSIGN_OR_RETURN(const OpResult result,
                           RunCrossEntropy(op_env(), request, &call->call(), *call));
-  v1::CrossEntropyResponse head;
-  head.mutable_result()->set_counted_tokens(result.counted_tokens);
-  call->Timed(result.timing, head.mutable_result()->mutable_timing());
-  return call->Send(&head, head.mutable_result(), call->header().digest_last());
+  return call->Respond(result, call->header().digest_last());
 }
 
 RawBidiReactor* LogitdService::LogProbs(grpc::CallbackServerContext* context) {
@@ -151,9 +145,7 @@ absl::Status LogitdService::DoLogProbs(LogProbsCall* call) {
                           LogProbsRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
   LOGITD_ASSIGN_OR_RETURN(const OpResult result,
                           RunLogProbs(op_env(), request, &call->call(), *call));
-  v1::LogProbsResponse head;
-  call->Timed(result.timing, head.mutable_result()->mutable_timing());
-  return call->Send(&head, head.mutable_result(), call->header().digest_last());
+  return call->Respond(result, call->header().digest_last());
 }
 
 RawBidiReactor* LogitdService::Verify(grpc::CallbackServerContext* context) {

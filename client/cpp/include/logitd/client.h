@@ -177,6 +177,8 @@ struct TimingTrailer {
   std::optional<std::int64_t> d2h_us;
   std::optional<std::int64_t> send_us;
   std::optional<std::int64_t> total_us;
+  // Rows a block, for a call the server ran in row blocks (pipeline).
+  std::optional<std::int64_t> pipeline_rows;
   // The GEMM configurations the server ran for the call, from its
   // "logitd-gemm" trailer ("shape: configuration" entries separated by "; ";
   // the cuda backend's cuBLASLt algorithms), empty when not sent. Two runs
@@ -204,6 +206,11 @@ struct Timing {
 struct LogitsOptions {
   DType out_dtype = DType::kFp32;
   float alpha = 1.0f;
+  // Ask the server to start on X's first rows while the rest arrive and to
+  // stream Y's rows as they are done (LogitsHeader.pipeline), X written on
+  // a thread of its own meanwhile. Y's bits are the same either way; a
+  // server that predates the field runs the call whole.
+  bool pipeline = true;
 };
 
 struct BackwardOptions {

@@ -174,11 +174,17 @@ class Client(_Transport):
         alpha: float = 1.0,
         shm: Optional[SharedRegion] = None,
         verify: bool = True,
+        pipeline: bool = True,
     ):
         """Y[M, V] = alpha * X[M, K] . W[V, K]^T with fp32 accumulation.
 
         out_dtype "fp32" (default) returns the accumulator; "bf16" is the legacy
         path, the accumulator rounded to bf16 once.
+
+        pipeline (default True) asks the server to start on X's first rows
+        while the rest arrive and to stream Y's rows as they are done
+        (LogitsHeader.pipeline): the same bits, sooner. Y is returned only
+        once the call ended OK and Y matched the digest sent after it.
 
         shm: a registered SharedRegion (same host, server --allow_shm): X is
         copied to its start and the server writes Y right after it (64-byte
@@ -209,6 +215,7 @@ class Client(_Transport):
             return outputs["y"]
         # The server hashes Y while its chunks travel and sends the digest last.
         header.digest_last = True
+        header.pipeline = bool(pipeline)
         result, tensors = self._stream(
             self._stub.Logits, pb.LogitsRequest, "header", header, [xt], lambda r: [r.y]
         )

@@ -10,7 +10,9 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -26,9 +28,10 @@ inline constexpr absl::string_view kGemmTrailer = "logitd-gemm";
 // A logitd.v1.Logitd method's path, e.g. "/logitd.v1.Logitd/Logits".
 std::string MethodPath(absl::string_view method);
 
-// One call of a logitd.v1 method as a bidirectional stream of raw messages,
-// used by one thread at a time: each operation waits for its completion on
-// the call's own completion queue. A server-streaming method (FetchGradient)
+// One call of a logitd.v1 method as a bidirectional stream of raw messages:
+// each operation waits for its completion on the call's own completion
+// queue. One thread may write (Write, WritesDone) while another reads
+// (Read); Finish comes after both. A server-streaming method (FetchGradient)
 // is called the same way, writing its one request: the same messages on the
 // wire. The call is cancelled if it is destroyed before Finish.
 class RawClientCall {
@@ -46,13 +49,25 @@ class RawClientCall {
   grpc::Status Finish();
 
  private:
-  // Waits for the operation just started; its success.
-  bool Wait();
+  // An operation in flight; its address is its tag.
+  struct Op {
+    bool done = false;
+    bool ok = false;
+  };
+  // Marks `op` as started (before it is handed to gRPC).
+  void Begin(Op* op);
+  // Waits for `op` to complete, taking whichever completion comes first off
+  // the queue (the other side's too) until it is this one's; its success.
+  bool Wait(Op* op);
 
   grpc::ClientContext* const context_;
   grpc::CompletionQueue cq_;
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream_;
   bool finished_ = false;
+  std::mutex mu_;
+  std::condition_variable completed_;
+  bool polling_ = false;  // a thread is in cq_.Next; guarded by mu_
+  Op read_, write_, call_;
 };
 
 }  // namespace logitd::wire

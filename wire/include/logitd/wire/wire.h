@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,6 +63,13 @@ class Assembler {
   // it after the bytes (Expect() was given the spec without it). NotFound
   // when no tensor `name` was announced.
   absl::Status SetExpectedDigest(absl::string_view name, std::uint64_t xxh3);
+  // Told each time bytes of a tensor are in place in its buffer: the
+  // tensor's name and how many of its bytes, from offset 0, are. Called from
+  // the thread that copied them (the receiving thread, or a large tensor's
+  // own), so that a reader may start on a tensor's first bytes while the
+  // rest arrive. Their digest is checked only by Finish. Set before Expect.
+  using Landed = std::function<void(absl::string_view name, std::uint64_t bytes)>;
+  void OnLanded(Landed landed) { landed_ = std::move(landed); }
   // DataLoss when any tensor is incomplete or its digest does not match.
   absl::Status Finish();
   // Moves a finished tensor out. NotFound when it was never announced.
@@ -77,7 +85,23 @@ class Assembler {
                          absl::Span<const absl::Span<const std::byte>> pieces, ChunkView* view);
   std::uint64_t max_total_bytes_;
   std::uint64_t total_bytes_ = 0;
+  Landed landed_;
   std::map<std::string, std::unique_ptr<Pending>, std::less<>> pending_;
+};
+
+// The xxh3-64 (seed 0) of bytes given piece by piece, in order: the digest
+// of their concatenation.
+class Xxh3Stream {
+ public:
+  Xxh3Stream();
+  ~Xxh3Stream();
+  Xxh3Stream(const Xxh3Stream&) = delete;
+  Xxh3Stream& operator=(const Xxh3Stream&) = delete;
+  void Update(const void* data, std::size_t bytes);
+  std::uint64_t Digest() const;
+
+ private:
+  void* state_;
 };
 
 // Splits bytes into chunks of at most chunk_bytes and hands each to `write`

@@ -1,0 +1,56 @@
+#include "server/service/call/row_blocks.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace logitd::service {
+
+void InputProgress::Expect(absl::string_view name, std::uint64_t bytes, std::int64_t m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  inputs_.push_back(Input{std::string(name), bytes, m});
+}
+
+void InputProgress::Landed(absl::string_view name, std::uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Input& in : inputs_) {
+      if (in.name != name) continue;
+      in.landed = std::max(in.landed, bytes);
+      // Whole rows only: bytes / (bytes per row), in integers that cannot
+      // overflow (rows * bytes per row = landed * m / bytes).
+      const std::uint64_t row_bytes = in.m > 0 ? in.bytes / static_cast<std::uint64_t>(in.m) : 0;
+      in.rows_in = row_bytes == 0 ? in.m : static_cast<std::int64_t>(in.landed / row_bytes);
+    }
+  }
+  changed_.notify_all();
+}
+
+void InputProgress::Ended(absl::Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    status_ = std::move(status);
+  }
+  changed_.notify_all();
+}
+
+absl::Status InputProgress::WaitRows(std::int64_t rows) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto in_place = [&] {
+    for (const Input& in : inputs_) {
+      if (in.rows_in < std::min(rows, in.m)) return false;
+    }
+    return true;
+  };
+  changed_.wait(lock, [&] { return in_place() || ended_; });
+  if (!status_.ok()) return status_;
+  if (in_place()) return absl::OkStatus();
+  return absl::InternalError("the request stream ended OK before every row of its inputs arrived");
+}
+
+absl::Status InputProgress::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+}  // namespace logitd::service

@@ -1,0 +1,51 @@
+// A call run in blocks of rows (Call::RunInRowBlocks): what its blocks wait
+// on while the front door's thread receives the streamed inputs. Every
+// input of such a call is indexed by row (X [M, K], targets [M]), so the
+// first r rows of an input are its first r * bytes / M bytes.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace logitd::service {
+
+class InputProgress {
+ public:
+  // An input of `bytes` over `m` rows that arrives while blocks run.
+  void Expect(absl::string_view name, std::uint64_t bytes, std::int64_t m);
+  // Bytes [0, bytes) of input `name` are in place (wire::Assembler::OnLanded).
+  void Landed(absl::string_view name, std::uint64_t bytes);
+  // Reception ended: OK when every byte is in and matched its digest, else
+  // why not. Blocks waiting for rows that will not come are woken with it.
+  void Ended(absl::Status status);
+
+  // Waits until rows [0, rows) of every expected input are in place. The
+  // reception's error when it ended before they were; OK as soon as they
+  // are, before their digest is checked (that is Ended's status).
+  absl::Status WaitRows(std::int64_t rows);
+  // Whether reception has ended, and how; OK while it has not.
+  absl::Status status() const;
+
+ private:
+  struct Input {
+    std::string name;
+    std::uint64_t bytes = 0;
+    std::int64_t m = 0;
+    std::uint64_t landed = 0;
+    // Rows [0, rows_in) are in place.
+    std::int64_t rows_in = 0;
+  };
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::vector<Input> inputs_;
+  bool ended_ = false;
+  absl::Status status_;
+};
+
+}  // namespace logitd::service

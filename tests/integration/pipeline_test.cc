@@ -1,0 +1,252 @@
+// Logits in row blocks (LogitsHeader.pipeline) against the real server: the
+// bits equal those of the same call run whole, at odd row counts and with
+// chunks that split rows on both sides; what a client may accept when the
+// call fails after Y's first chunks went out (nothing: no digest, and the
+// call's status); and a call cancelled half way returns every byte.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "logitd/client.h"
+#include "logitd/v1/logitd.grpc.pb.h"
+#include "logitd/wire/wire.h"
+#include "tests/common/seeded_tensors.h"
+#include "tests/integration/integration_util.h"
+
+namespace logitd::testing {
+namespace {
+
+// X rows of 400 bytes; Y rows of 384 (fp32) or 192 (bf16) bytes.
+constexpr std::int64_t kV = 96;
+constexpr std::int64_t kK = 200;
+// The server's smallest chunk (64 KiB) and the client's 1,000-byte chunks
+// both fall inside rows.
+constexpr std::size_t kClientChunk = 1000;
+
+class PipelineTest : public SharedServerTest {
+ protected:
+  static void SetUpTestSuite() {
+    client::ClientOptions options;
+    options.chunk_bytes = kClientChunk;
+    StartSharedServer({"--chunk_bytes=65536"}, options);
+    if (server_ == nullptr) return;
+    weight_ = new Tensor(NormalBf16({kV, kK}, 7));
+    handle_ = new std::string(Register(*weight_, "w"));
+    channel_ = new std::shared_ptr<grpc::Channel>(
+        grpc::CreateChannel(server_->process.address(), grpc::InsecureChannelCredentials()));
+    stub_ = v1::Logitd::NewStub(*channel_).release();
+  }
+  static void TearDownTestSuite() {
+    delete stub_;
+    delete channel_;
+    delete handle_;
+    delete weight_;
+    SharedServerTest::TearDownTestSuite();
+  }
+
+  struct Ran {
+    Tensor y;
+    client::Timing timing;
+  };
+  static absl::StatusOr<Ran> Run(const Tensor& x, bool pipeline, DType out, float alpha) {
+    client::LogitsOptions options;
+    options.pipeline = pipeline;
+    options.out_dtype = out;
+    options.alpha = alpha;
+    Ran ran;
+    absl::StatusOr<Tensor> y = client().Logits(x, *handle_, options, &ran.timing);
+    if (!y.ok()) return y.status();
+    ran.y = *std::move(y);
+    return ran;
+  }
+
+  static v1::ServerInfo Info() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ServerInfo info;
+    const grpc::Status st = stub_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return info;
+  }
+
+  // A pipelined Logits request for `x` through the generated stub: the
+  // header, then X in 1,000-byte chunks.
+  static std::vector<v1::LogitsRequest> Messages(const Tensor& x) {
+    std::vector<v1::LogitsRequest> m(1);
+    v1::LogitsHeader* h = m[0].mutable_header();
+    h->set_weight_handle(*handle_);
+    *h->mutable_x() = wire::MakeSpec("x", x);
+    h->set_pipeline(true);
+    h->set_digest_last(true);
+    const absl::Status s =
+        wire::SendChunks("x", x.bytes(), x.nbytes(), kClientChunk, [&](v1::TensorChunk&& c) {
+          m.emplace_back();
+          *m.back().mutable_chunk() = std::move(c);
+          return true;
+        });
+    EXPECT_TRUE(s.ok()) << s;
+    return m;
+  }
+
+  // What came back for `messages`: the status, and how many result, chunk
+  // and digest messages.
+  struct Received {
+    grpc::Status status;
+    int results = 0;
+    int chunks = 0;
+    int digests = 0;
+  };
+  static Received RunRaw(const std::vector<v1::LogitsRequest>& messages) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto stream = stub_->Logits(&ctx);
+    Received got;
+    // Written while the response is read: the server answers as it receives.
+    std::thread writer([&] {
+      for (const v1::LogitsRequest& m : messages) {
+        if (!stream->Write(m)) break;
+      }
+      stream->WritesDone();
+    });
+    v1::LogitsResponse response;
+    while (stream->Read(&response)) {
+      got.results += response.has_result() ? 1 : 0;
+      got.chunks += response.has_chunk() ? 1 : 0;
+      got.digests += response.has_digest() ? 1 : 0;
+    }
+    writer.join();
+    got.status = stream->Finish();
+    return got;
+  }
+
+  static inline Tensor* weight_ = nullptr;
+  static inline std::string* handle_ = nullptr;
+  static inline std::shared_ptr<grpc::Channel>* channel_ = nullptr;
+  static inline v1::Logitd::Stub* stub_ = nullptr;
+};
+
+TEST_F(PipelineTest, RowBlocksGiveTheBitsOfTheWholeCall) {
+  // One row; one block; a block and one row; several blocks, the last one
+  // taking the rest (777 = 256 + 256 + 265); many.
+  for (const std::int64_t m : {1, 255, 256, 257, 777, 1029}) {
+    const Tensor x = NormalBf16({m, kK}, static_cast<std::uint32_t>(100 + m));
+    for (const DType out : {DType::kFp32, DType::kBf16}) {
+      for (const float alpha : {1.0f, 0.3f}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "M=" << m << " out=" << DTypeName(out) << " alpha=" << alpha);
+        absl::StatusOr<Ran> whole = Run(x, false, out, alpha);
+        absl::StatusOr<Ran> blocks = Run(x, true, out, alpha);
+        ASSERT_TRUE(whole.ok()) << whole.status();
+        ASSERT_TRUE(blocks.ok()) << blocks.status();
+        ASSERT_EQ(blocks->y.nbytes(), whole->y.nbytes());
+        EXPECT_EQ(blocks->y.Digest(), whole->y.Digest()) << "bits differ";
+        // The trailer says the call ran in blocks, and of how many rows;
+        // the whole call's says nothing of blocks.
+        ASSERT_TRUE(blocks->timing.trailer.has_value());
+        ASSERT_TRUE(blocks->timing.trailer->pipeline_rows.has_value());
+        EXPECT_EQ(*blocks->timing.trailer->pipeline_rows, std::min<std::int64_t>(m, 256));
+        EXPECT_GT(blocks->timing.compute_us + blocks->timing.receive_us, 0);
+        ASSERT_TRUE(whole->timing.trailer.has_value());
+        EXPECT_FALSE(whole->timing.trailer->pipeline_rows.has_value());
+      }
+    }
+  }
+}
+
+TEST_F(PipelineTest, WellFormedRawCallEndsWithTheDigest) {
+  // The baseline of the faults below: a result, Y's chunks, one digest.
+  const Tensor x = NormalBf16({777, kK}, 1);
+  const Received got = RunRaw(Messages(x));
+  EXPECT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.results, 1);
+  EXPECT_EQ(got.chunks, static_cast<int>((777 * kV * 4 + 65535) / 65536));
+  EXPECT_EQ(got.digests, 1);
+}
+
+TEST_F(PipelineTest, DamagedXIsDataLossAndNoDigestGoesOut) {
+  const Tensor x = NormalBf16({777, kK}, 2);
+  // The announced digest wrong: every row arrives and is computed, Y's
+  // chunks go out, and the call ends DATA_LOSS without Y's digest.
+  std::vector<v1::LogitsRequest> m = Messages(x);
+  m[0].mutable_header()->mutable_x()->set_xxh3(x.Digest() ^ 1);
+  Received got = RunRaw(m);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::DATA_LOSS) << got.status.error_message();
+  EXPECT_EQ(got.results, 1);
+  EXPECT_GT(got.chunks, 0) << "Y's first blocks went out before X's digest was known";
+  EXPECT_EQ(got.digests, 0);
+
+  // A byte flipped in the last chunk.
+  m = Messages(x);
+  (*m.back().mutable_chunk()->mutable_data())[3] ^= 0x10;
+  got = RunRaw(m);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::DATA_LOSS) << got.status.error_message();
+  EXPECT_EQ(got.digests, 0);
+
+  // A chunk out of order half way: INVALID_ARGUMENT, no digest.
+  m = Messages(x);
+  m[m.size() / 2].mutable_chunk()->set_offset(m[m.size() / 2].chunk().offset() + 2);
+  got = RunRaw(m);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << got.status.error_message();
+  EXPECT_EQ(got.digests, 0);
+
+  // The stream cut short: DATA_LOSS, no digest.
+  m = Messages(x);
+  m.resize(m.size() - 3);
+  got = RunRaw(m);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::DATA_LOSS) << got.status.error_message();
+  EXPECT_EQ(got.digests, 0);
+}
+
+TEST_F(PipelineTest, TheClientRefusesAResultWithoutItsDigest) {
+  // Through the client library: a damaged X is never a result.
+  // (The client computes X's digest itself, so the damage is done to the
+  // weight handle instead: an unknown handle is refused before any block.)
+  const Tensor x = NormalBf16({300, kK}, 3);
+  client::LogitsOptions options;
+  options.pipeline = true;
+  absl::StatusOr<Tensor> y = client().Logits(x, "w-not-registered", options);
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kNotFound) << y.status();
+}
+
+TEST_F(PipelineTest, CancelledHalfWayReturnsEveryByte) {
+  const v1::ServerInfo before = Info();
+  const Tensor x = NormalBf16({2048, kK}, 4);
+  const std::vector<v1::LogitsRequest> m = Messages(x);
+  grpc::ClientContext ctx;
+  auto stream = stub_->Logits(&ctx);
+  // The header and half of X: the first blocks run, Y's first chunks go out.
+  for (std::size_t i = 0; i < 1 + (m.size() - 1) / 2; ++i) ASSERT_TRUE(stream->Write(m[i]));
+  v1::LogitsResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_TRUE(response.has_result());
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_TRUE(response.has_chunk());
+  ctx.TryCancel();
+  while (stream->Read(&response)) {
+  }
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  v1::ServerInfo after;
+  do {
+    after = Info();
+    if (after.requests_in_flight() == before.requests_in_flight() &&
+        after.request_bytes_in_flight() == before.request_bytes_in_flight()) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  } while (absl::Now() < until);
+  EXPECT_EQ(after.requests_in_flight(), before.requests_in_flight());
+  EXPECT_EQ(after.request_bytes_in_flight(), before.request_bytes_in_flight());
+}
+
+}  // namespace
+}  // namespace logitd::testing
