@@ -58,6 +58,7 @@ ABSL_FLAG(bool, shm_skip_digest, false,
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(bool, shm);
 ABSL_DECLARE_FLAG(std::string, out_dtype);
+ABSL_DECLARE_FLAG(bool, pipeline);
 ABSL_DECLARE_FLAG(bool, no_dx);
 ABSL_DECLARE_FLAG(bool, no_dw);
 ABSL_DECLARE_FLAG(bool, accumulate);
@@ -129,6 +130,8 @@ struct Config {
   std::int64_t k = 0;
   std::int64_t v = 0;
   DType out_dtype = DType::kFp32;
+  // Logits in row blocks (LogitsOptions.pipeline).
+  bool pipeline = true;
   int concurrency = 1;
   int channels = 1;
   std::int64_t requests = 0;  // 0: run for `duration`
@@ -301,6 +304,7 @@ absl::StatusOr<Config> ReadConfig() {
     return absl::InvalidArgumentError(
         absl::StrCat("--out_dtype: expected fp32 or bf16, got '", out, "'"));
   }
+  c.pipeline = absl::GetFlag(FLAGS_pipeline);
   if (absl::Status s = ReadLoad(&c); !s.ok()) return s;
   c.baseline = absl::GetFlag(FLAGS_baseline);
   c.seed = absl::GetFlag(FLAGS_seed);
@@ -453,6 +457,7 @@ CallFn LogitsCall(const Config& c, const std::string& handle) {
   return [&c, handle](Client& cl, const Inputs& in, std::optional<TimingTrailer>* trailer) {
     client::LogitsOptions options;
     options.out_dtype = c.out_dtype;
+    options.pipeline = c.pipeline;
     if (c.shm) {
       client::LogitsShmArgs args;
       args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
@@ -691,6 +696,7 @@ nlohmann::json MakeReport(const Config& c, const client::ClientOptions& options,
                       {"k", c.k},
                       {"v", c.v},
                       {"out_dtype", c.out_dtype == DType::kFp32 ? "fp32" : "bf16"},
+                      {"pipeline", c.pipeline},
                       {"concurrency", c.concurrency},
                       {"channels", c.channels},
                       {"requests", c.requests},

@@ -37,6 +37,10 @@ ABSL_FLAG(bool, force, false,
 ABSL_FLAG(std::string, out_dtype, "fp32",
           "logits, bench: fp32 (the accumulator) or bf16 (legacy); bench: also dY's dtype");
 ABSL_FLAG(double, alpha, 1.0, "logits: scale applied to X.W^T (non-zero)");
+ABSL_FLAG(bool, pipeline, true,
+          "logits, bench --rpc=logits: ask the server to run the call in row blocks, starting "
+          "on X's first rows while the rest arrive and streaming Y's rows as they are done "
+          "(the same bits; --nopipeline runs it whole)");
 ABSL_FLAG(bool, shm, false,
           "logits, cast, cross-entropy, bench: move the call's tensors through a shared-memory "
           "region instead of gRPC (same host and user as a server started with --allow_shm)");

@@ -68,6 +68,7 @@ int CmdLogits(const std::vector<std::string>& words) {
     client::LogitsOptions options;
     options.out_dtype = *out_dtype;
     options.alpha = static_cast<float>(alpha);
+    options.pipeline = absl::GetFlag(FLAGS_pipeline);
     client::Timing timing;
     absl::StatusOr<Tensor> y = absl::GetFlag(FLAGS_shm)
                                    ? LogitsViaShm(c, *x, handle, options, &timing)

@@ -114,6 +114,13 @@ TEST_F(LogitctlTest, RegisterListLogitsRelease) {
   EXPECT_EQ(Field(r.out, "dtype"), "bf16");
   EXPECT_TRUE(Bf16EqualsRoundedExact(Read(Path("y16.safetensors"), "logits"), exact, {m, v}));
 
+  // Run whole instead of in row blocks: the same bits.
+  r = Run({"logits", "--x=" + Path("x.safetensors") + ":x", "--weight=" + handle,
+           "--out=" + Path("y_whole.safetensors"), "--nopipeline"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Read(Path("y_whole.safetensors"), "logits").Digest(),
+            Read(Path("y.safetensors"), "logits").Digest());
+
   // A file with two tensors needs the :TENSOR suffix.
   r = Run({"logits", "--x=" + Path("x.safetensors"), "--weight=" + handle,
            "--out=" + Path("y.safetensors")});
