@@ -108,6 +108,12 @@ ABSL_FLAG(bool, allow_shm, false,
 ABSL_FLAG(std::uint64_t, shm_max_region_bytes, std::uint64_t{16} << 30,
           "Largest shared-memory region RegisterShm or SystemSharedMemoryRegister (offset + "
           "byte_size) maps, bytes (with --allow_shm).");
+ABSL_FLAG(bool, shm_in_place, false,
+          "With --allow_shm: read a tensor call's inputs in shared memory where they lie "
+          "instead of copying them out first; their digest is computed while the backend "
+          "works and checked before the result goes out (DATA_LOSS when it does not match). "
+          "The client must not write an input's bytes until the call has returned: a change "
+          "after the digest has read them goes unnoticed.");
 ABSL_FLAG(bool, oip, true,
           "Serve the Open Inference Protocol (KServe v2 inference.GRPCInferenceService, the "
           "protocol Triton clients speak) on the same port, over the same weights, tokens and "
@@ -426,6 +432,7 @@ absl::StatusOr<service::ServiceOptions> ServiceOptionsFromFlags() {
   options.max_call_threads = max_threads;
   options.shm.allowed = absl::GetFlag(FLAGS_allow_shm);
   options.shm.max_region_bytes = absl::GetFlag(FLAGS_shm_max_region_bytes);
+  options.shm.in_place = absl::GetFlag(FLAGS_shm_in_place);
   if (options.shm.max_region_bytes == 0) {
     return absl::InvalidArgumentError("--shm_max_region_bytes: expected at least 1 byte, got 0");
   }

@@ -2,7 +2,9 @@
 // results through shared memory equal the streamed ones bitwise, and every
 // refusal (flag off, bounds, names, sizes, tenants, released regions, input
 // bytes that do not match their digest) has its status. Faults the client
-// library never produces go through the generated stub directly.
+// library never produces go through the generated stub directly. Built
+// twice: shm_in_place_test runs every test against a server that reads the
+// inputs in place (--shm_in_place).
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 
@@ -63,9 +65,14 @@ class ShmTest : public ::testing::Test {
     dir_ = new std::string(dir);
     tokens_ = new std::string(*dir_ + "/tokens");
     std::ofstream(*tokens_) << "tok-a team-a\ntok-b team-b\n";
-    absl::StatusOr<std::unique_ptr<SharedServer>> s = SharedServer::Start(
-        {"--allow_shm", "--shm_max_region_bytes=4194304", "--auth_tokens=" + *tokens_},
-        WithToken("tok-a"));
+    std::vector<std::string> flags = {"--allow_shm", "--shm_max_region_bytes=4194304",
+                                      "--auth_tokens=" + *tokens_};
+#ifdef LOGITD_SHM_IN_PLACE
+    // The same tests with inputs read where they lie (shm_in_place_test).
+    flags.push_back("--shm_in_place");
+#endif
+    absl::StatusOr<std::unique_ptr<SharedServer>> s =
+        SharedServer::Start(flags, WithToken("tok-a"));
     if (!s.ok()) {
       start_error_ = new absl::Status(s.status());
       return;

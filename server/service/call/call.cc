@@ -27,6 +27,23 @@ Call::Call(const CallEnv& env, const Tenant& tenant, absl::Time deadline,
       cancelled_(std::move(cancelled)),
       stats_(stats) {}
 
+Call::~Call() {
+  if (in_place_hasher_.joinable()) in_place_hasher_.join();
+}
+
+bool Call::InPlace(const InputSlot& slot) const {
+  if (!read_in_place_ || slot.in.from != CallInput::From::kShm || !slot.slice || !slot.in.xxh3) {
+    return false;
+  }
+  const std::optional<DType> dtype = DTypeOfName(slot.in.dtype);
+  return Aligned(slot.slice->data, dtype ? ElementSize(*dtype) : 8);
+}
+
+absl::Status Call::CheckInPlace() {
+  if (in_place_hasher_.joinable()) in_place_hasher_.join();
+  return in_place_status_;
+}
+
 absl::Status Call::Input(absl::string_view name, const CallInput& in, std::uint64_t bytes) {
   InputSlot slot;
   slot.name = std::string(name);
@@ -129,6 +146,8 @@ absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport&
   // digest is not sent as a result.
   const absl::Status received = transport.FinishReceive();
   if (status.ok()) status = received;
+  const absl::Status in_place = CheckInPlace();
+  if (status.ok()) status = in_place;
   ReleaseInputs();
   if (status.ok()) Finish(result.timing);
   LOGITD_RETURN_IF_ERROR(transport.FinishSend(status));
@@ -139,7 +158,8 @@ absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport&
 absl::StatusOr<std::vector<InputSlot*>> Call::Admit(absl::string_view what, Transport& transport) {
   LOGITD_RETURN_IF_ERROR(transport.CheckSlots(inputs_, outputs_));
   std::uint64_t bytes = scratch_bytes_;
-  for (const InputSlot& s : inputs_) bytes += s.bytes;
+  // An input read in place takes no memory of the call's.
+  for (const InputSlot& s : inputs_) bytes += InPlace(s) ? 0 : s.bytes;
   for (const OutputSlot& s : outputs_) bytes += s.bytes;
   LOGITD_ASSIGN_OR_RETURN(AdmissionTicket ticket,
                           env_.admission->Admit(what, bytes, deadline_, cancelled_, tenant_.id));
@@ -149,6 +169,26 @@ absl::StatusOr<std::vector<InputSlot*>> Call::Admit(absl::string_view what, Tran
   for (InputSlot& slot : inputs_) {
     LOGITD_RETURN_IF_ERROR(FillInput(&slot));
     if (slot.in.from == CallInput::From::kStream) streamed.push_back(&slot);
+  }
+  std::vector<const InputSlot*> in_place;
+  for (const InputSlot& slot : inputs_) {
+    if (InPlace(slot)) in_place.push_back(&slot);
+  }
+  if (!in_place.empty()) {
+    // Hashed while the backend reads the same bytes; CheckInPlace waits.
+    in_place_hasher_ = std::thread([this, in_place = std::move(in_place)] {
+      for (const InputSlot* slot : in_place) {
+        const ShmSlice& slice = *slot->slice;
+        const std::uint64_t got = Xxh3(slice.data, static_cast<std::size_t>(slot->bytes));
+        if (got == *slot->in.xxh3) continue;
+        in_place_status_ = absl::DataLossError(absl::StrFormat(
+            "'%s': xxh3 of the %d bytes read from shared memory in place (region offset %d) is "
+            "%016x, the spec says %016x: the region was changed after the spec was computed, or "
+            "while the call ran (--shm_in_place)",
+            slot->name, slice.bytes, slice.offset, got, *slot->in.xxh3));
+        return;
+      }
+    });
   }
   return streamed;
 }
@@ -194,6 +234,11 @@ absl::Status Call::FillInput(InputSlot* slot) {
     LOGITD_ASSIGN_OR_RETURN(slot->buffer, env_.backend->AllocateHost(bytes));
     std::memcpy(slot->buffer.data(), src, bytes);
     slot->data = slot->buffer.data();
+    return absl::OkStatus();
+  }
+  if (InPlace(*slot)) {
+    // Read where it lies; its digest is checked by CheckInPlace.
+    slot->data = slot->slice->data;
     return absl::OkStatus();
   }
   LOGITD_ASSIGN_OR_RETURN(slot->buffer, env_.backend->AllocateHost(bytes));

@@ -13,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -122,6 +123,8 @@ class Transport {
 struct CallEnv {
   kernels::Backend* backend = nullptr;
   RequestAdmission* admission = nullptr;
+  // --shm_in_place (ReadInPlace).
+  bool shm_in_place = false;
 };
 
 class Call {
@@ -129,6 +132,7 @@ class Call {
   // `deadline` and `cancelled` bound the wait for admission.
   Call(const CallEnv& env, const Tenant& tenant, absl::Time deadline,
        std::function<bool()> cancelled, CallStats* stats);
+  ~Call();
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
 
@@ -141,6 +145,14 @@ class Call {
                       std::uint64_t bytes, const CallOutputs& outputs);
   // Request memory the call takes besides its slots (scratch of its own).
   void Scratch(std::uint64_t bytes) { scratch_bytes_ += bytes; }
+  // For an operation that checks them (CheckInPlace) before its outputs go
+  // out: with --shm_in_place, inputs in shared memory (aligned for their
+  // dtype) are read where they lie, take no request memory, and are hashed
+  // on a thread of the call's own while the backend works.
+  void ReadInPlace() { read_in_place_ = env_.shm_in_place; }
+  // Waits for that hashing: DataLoss naming the input whose bytes are not
+  // the ones its spec describes. OK when nothing is read in place.
+  absl::Status CheckInPlace();
 
   // The front door's checks, then one admission for every slot's bytes and
   // the scratch (waiting at most until the deadline; a wait is the call's
@@ -209,6 +221,12 @@ class Call {
   std::vector<OutputSlot> outputs_;
   std::uint64_t scratch_bytes_ = 0;
   std::optional<AdmissionTicket> ticket_;
+  bool read_in_place_ = false;
+  // The hashing of the inputs read in place, and what it found.
+  std::thread in_place_hasher_;
+  absl::Status in_place_status_;
+  // An input read in place: in a region, aligned, with a digest to check.
+  bool InPlace(const InputSlot& slot) const;
 };
 
 }  // namespace logitd::service

@@ -17,6 +17,8 @@ template <typename Run>
 absl::StatusOr<OpResult> Compute(Call* call, Run run) {
   OpResult result;
   LOGITD_RETURN_IF_ERROR(run(&result.timing));
+  // Inputs read in place matched their digest before any output is trusted.
+  LOGITD_RETURN_IF_ERROR(call->CheckInPlace());
   call->ReleaseInputs();
   call->Finish(result.timing);
   return result;
@@ -99,6 +101,7 @@ absl::StatusOr<OpResult> RunLogits(const OpEnv& env, const LogitsRequest& r, Cal
     args.y = call->out("y") + static_cast<std::size_t>(r0 * w.v) * ElementSize(plan.out_dtype);
     return args;
   };
+  call->ReadInPlace();
   if (call->Pipelines(transport)) {
     return call->RunInRowBlocks("logits", transport, plan.m,
                                 env.backend->LogitsBlockRows(*w.weight, plan.m, plan.out_dtype),
@@ -133,6 +136,7 @@ absl::StatusOr<OpResult> RunBackward(const OpEnv& env, const BackwardRequest& r,
   if (plan.returns_dw()) {
     LOGITD_RETURN_IF_ERROR(call->Output("dw", plan.dw_dtype, {w.v, w.k}, plan.dw_bytes, r.outputs));
   }
+  call->ReadInPlace();
   LOGITD_RETURN_IF_ERROR(call->Receive("backward", transport));
   kernels::BackwardArgs args;
   args.dy = call->in("dy");
@@ -154,6 +158,7 @@ absl::StatusOr<OpResult> RunCast(const OpEnv& env, const CastRequest& r, Call* c
   LOGITD_RETURN_IF_ERROR(call->Input("input", r.input, plan.in_bytes));
   LOGITD_RETURN_IF_ERROR(
       call->Output("output", DType::kBf16, plan.shape, plan.out_bytes, r.outputs));
+  call->ReadInPlace();
   LOGITD_RETURN_IF_ERROR(call->Receive("cast", transport));
   return Compute(call, [&](kernels::Timing* t) {
     return env.backend->CastToBf16(call->in<float>("input"), plan.n, call->out<Bf16Bits>("output"),
@@ -179,6 +184,7 @@ absl::StatusOr<OpResult> RunCrossEntropy(const OpEnv& env, const CrossEntropyReq
   // the backend always writes (a reduced loss is formed from them here).
   const bool per_token = plan.reduction == Reduction::kNone;
   call->Scratch(static_cast<std::uint64_t>(m) * (sizeof(std::int64_t) + sizeof(float)));
+  call->ReadInPlace();
   LOGITD_RETURN_IF_ERROR(call->Receive("cross entropy", transport));
   std::vector<std::int64_t> targets;
   LOGITD_ASSIGN_OR_RETURN(
@@ -224,6 +230,7 @@ absl::StatusOr<OpResult> RunLogProbs(const OpEnv& env, const LogProbsRequest& r,
   LOGITD_RETURN_IF_ERROR(LogProbsSlots(r, plan, call));
   // Besides the slots: the targets widened to int64.
   if (plan.has_targets) call->Scratch(static_cast<std::uint64_t>(plan.m) * sizeof(std::int64_t));
+  call->ReadInPlace();
   LOGITD_RETURN_IF_ERROR(call->Receive("log probs", transport));
   std::vector<std::int64_t> targets;
   if (plan.has_targets) {

@@ -33,7 +33,7 @@ OipInferCall::OipInferCall(const ServiceCore& core, const OipShmRegions* regions
       stats_(stats),
       rpc_(rpc),
       call_(
-          CallEnv{core.backend, core.admission}, stats->tenant,
+          CallEnv{core.backend, core.admission, core.options->shm.in_place}, stats->tenant,
           absl::FromChrono(context->deadline()), [context] { return context->IsCancelled(); },
           stats) {}
 

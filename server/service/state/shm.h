@@ -33,6 +33,10 @@ struct ShmOptions {
   std::uint64_t max_region_bytes = std::uint64_t{16} << 30;
   // Regions one tenant may hold at once.
   std::uint32_t max_regions_per_tenant = 64;
+  // --shm_in_place: a tensor call's inputs in a region are read where they
+  // lie, their digest checked on a thread of its own while the backend
+  // works (Call::ReadInPlace), instead of copied out and checked first.
+  bool in_place = false;
 };
 
 // One mapped region; unmapped when the last reference goes (its release, or

@@ -16,6 +16,7 @@ TensorCallEnv LogitdService::tensor_env() {
   TensorCallEnv env;
   env.call.backend = backend_.get();
   env.call.admission = &admission_;
+  env.call.shm_in_place = options_.shm.in_place;
   env.sending = &sending_;
   env.faults = faults_.get();
   env.max_request_bytes = options_.max_request_bytes;
