@@ -64,6 +64,18 @@ print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out
   fi
   stop_server
   rm -f "$metrics_port_file"
+  # The same shared-memory calls against a server that reads inputs in place.
+  : >"$out/rpc_in_place_server.log"
+  if start_server "$out/rpc_in_place_server.log" --allow_shm --shm_in_place; then
+    echo "=== server --shm_in_place" >>"$out/rpc.log"
+    bench lp_m8192_c1_shm_in_place --rpc=logprobs --k=4096 --v=128256 --top_k=5 --entropy --lse \
+      --baseline=false --m=8192 --requests=12 --shm
+    bench m8192_shm_in_place --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm \
+      --baseline=false
+    stop_server
+  else
+    echo "  logitd --shm_in_place did not start (see rpc_in_place_server.log)" >>"$out/rpc.log"
+  fi
 }
 
 # The bench runs against the started server (RPC_BENCH_SET picks them).
@@ -71,18 +83,24 @@ rpc_runs() {
   r=${RPC_BENCH_REQUESTS:-30}
   if [ "${RPC_BENCH_SET:-all}" = all ]; then
     bench m1024_c1 --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r"
+    bench m1024_c1_whole --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r" --nopipeline
     bench m1024_c4 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=4 --channels=4 --requests="$r"
+    bench m1024_c4_whole --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=4 --channels=4 \
+      --requests="$r" --nopipeline
     bench m16_c1 --rpc=logits --m=16 --k=4096 --v=32768 --duration=5
     bench m16_c1_shm --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm --baseline=false
     bench m16_c1_shm_nodigest --rpc=logits --m=16 --k=4096 --v=32768 --duration=5 --shm \
       --shm_skip_digest --baseline=false
     busy m1024_c16 --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 --duration=10
+    busy m1024_c16_whole --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 \
+      --duration=10 --nopipeline
     busy m1024_c16_shm --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 \
       --duration=10 --shm --baseline=false
     busy m1024_c16_shm_nodigest --rpc=logits --m=1024 --k=4096 --v=32768 --concurrency=16 \
       --channels=16 --duration=10 --shm --shm_skip_digest --baseline=false
     df -h /dev/shm >>"$out/rpc.log" 2>&1
     bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
+    bench m8192_grpc_whole --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --nopipeline
     bench m8192_shm --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm --baseline=false
     bench m8192_shm_nodigest --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm \
       --shm_skip_digest --baseline=false
