@@ -42,11 +42,14 @@ struct LogitsBuffers {
 namespace {
 
 // The rows of Logits' blocks of Y: the GEMMs it runs are of this many rows
-// (the last one of the rest), aligned at the call's first row.
+// (the last one of the rest), aligned at the call's first row: about
+// kLogitsBlockBytes of Y, a multiple of 128 rows and at least kMinBlockRows.
+// A call of at most that many rows is one GEMM. The figure depends on the
+// row's bytes alone, so a call cut at its multiples runs the same GEMMs.
 std::int64_t LogitsRows(std::int64_t m, std::size_t row_bytes) {
-  if (static_cast<std::size_t>(m) * row_bytes <= kLogitsBlockBytes) return m;
-  const std::int64_t rows = static_cast<std::int64_t>(kLogitsBlockBytes / row_bytes) / 128 * 128;
-  return std::min(m, std::max(kMinBlockRows, rows));
+  const std::int64_t rows =
+      std::max(kMinBlockRows, static_cast<std::int64_t>(kLogitsBlockBytes / row_bytes) / 128 * 128);
+  return std::min(m, rows);
 }
 
 }  // namespace
