@@ -180,12 +180,28 @@ absl::Status CallTensors::Input(absl::string_view name, const Tensor* tensor,
   return absl::OkStatus();
 }
 
+absl::Status CallTensors::InputBytes(absl::string_view name, const std::byte* data, DType dtype,
+                                     const std::vector<std::int64_t>& shape) {
+  absl::StatusOr<std::int64_t> n = CheckedByteCount(shape, dtype);
+  if (!n.ok()) return n.status();
+  InputSlot in;
+  in.name = std::string(name);
+  in.data = data;
+  in.nbytes = static_cast<std::size_t>(*n);
+  in.spec.set_name(in.name);
+  in.spec.set_dtype(wire::ToProto(dtype));
+  for (std::int64_t d : shape) in.spec.add_shape(d);
+  in.spec.set_xxh3(Xxh3(data, in.nbytes));
+  inputs_.push_back(std::move(in));
+  return absl::OkStatus();
+}
+
 absl::Status CallTensors::Output(absl::string_view name, const std::optional<ShmSlot>& slot,
                                  Tensor* into) {
   if (slot) {
     if (absl::Status s = SlotBytes(name, *slot, 0).status(); !s.ok()) return s;
   }
-  outputs_.push_back(OutputSlot{std::string(name), slot, into});
+  outputs_.push_back(OutputSlot{std::string(name), slot, into, nullptr, 0});
   return absl::OkStatus();
 }
 
@@ -230,6 +246,7 @@ std::vector<const v1::TensorSpec*> CallTensors::Streamed(
 void CallTensors::OfferInto(ResponseTensors* tensors) const {
   for (const OutputSlot& out : outputs_) {
     if (out.into != nullptr) tensors->Recycle(out.name, out.into);
+    if (out.into_bytes != nullptr) tensors->Place(out.name, out.into_bytes, out.into_capacity);
   }
 }
 

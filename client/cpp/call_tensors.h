@@ -75,11 +75,30 @@ class ResponseTensors {
     }
     assembler_ = std::make_unique<wire::Assembler>(total);
     for (const v1::TensorSpec* spec : specs) {
+      if (auto placed = places_.find(spec->name()); placed != places_.end()) {
+        // Into the caller's memory, which must hold exactly this tensor
+        // (dtype and byte count checked in the loop above).
+        const std::vector<std::int64_t> shape(spec->shape().begin(), spec->shape().end());
+        if (static_cast<std::uint64_t>(*CheckedByteCount(shape, *wire::FromProto(spec->dtype()))) !=
+            placed->second.second) {
+          return absl::DataLossError(
+              absl::StrCat("response from server: '", spec->name(), "' is not the size asked for"));
+        }
+        absl::Status s = assembler_->ExpectInto(*spec, placed->second.first, placed->second.second);
+        if (!s.ok()) return Corrupt(s);
+        continue;
+      }
       auto it = recycle_.find(spec->name());
       Tensor* recycle = it != recycle_.end() ? it->second : nullptr;
       if (absl::Status s = assembler_->Expect(*spec, recycle); !s.ok()) return Corrupt(s);
     }
     return absl::OkStatus();
+  }
+
+  // Receives the tensor called `name` into [into, into + bytes), which must
+  // be its exact size (DataLoss otherwise); Take() then refuses it.
+  void Place(const std::string& name, std::byte* into, std::uint64_t bytes) {
+    places_[name] = {into, bytes};
   }
 
   // Offers `t`'s memory for the tensor called `name` (taken when the dtype
@@ -136,6 +155,7 @@ class ResponseTensors {
 
   std::unique_ptr<wire::Assembler> assembler_;
   std::map<std::string, Tensor*> recycle_;
+  std::map<std::string, std::pair<std::byte*, std::uint64_t>> places_;
 };
 
 // What reading a response stream produced.
@@ -206,16 +226,21 @@ bool AsksPipeline(const Request& request) {
 // owns (gRPC sends from it and frees it once sent), instead of into a chunk
 // message and again into gRPC's buffer when that is serialized.
 template <typename Stream>
-bool WriteRawTensor(Stream& stream, absl::string_view name, const Tensor& t,
-                    std::size_t chunk_bytes) {
+bool WriteRawBytes(Stream& stream, absl::string_view name, const std::byte* data, std::size_t size,
+                   std::size_t chunk_bytes) {
   if (chunk_bytes == 0) chunk_bytes = wire::kDefaultChunkBytes;
-  for (std::size_t off = 0; off < t.nbytes(); off += chunk_bytes) {
-    const std::size_t len = std::min(chunk_bytes, t.nbytes() - off);
+  for (std::size_t off = 0; off < size; off += chunk_bytes) {
+    const std::size_t len = std::min(chunk_bytes, size - off);
     std::shared_ptr<std::byte> copy(new std::byte[len], std::default_delete<std::byte[]>());
-    std::memcpy(copy.get(), t.bytes() + off, len);
+    std::memcpy(copy.get(), data + off, len);
     if (!stream.Write(wire::ChunkMessage(name, off, copy.get(), len, copy))) return false;
   }
   return true;
+}
+template <typename Stream>
+bool WriteRawTensor(Stream& stream, absl::string_view name, const Tensor& t,
+                    std::size_t chunk_bytes) {
+  return WriteRawBytes(stream, name, t.bytes(), t.nbytes(), chunk_bytes);
 }
 
 // The inputs and outputs of one tensor call. The proto names every slot
@@ -233,6 +258,14 @@ class CallTensors {
                      const std::vector<std::int64_t>& shape = {});
   absl::Status Input(absl::string_view name, const TensorInput& in) {
     return Input(name, in.tensor, in.slot, in.dtype, in.shape);
+  }
+  // An input streamed from bytes the caller keeps until the call returns
+  // (rows of a larger tensor): `dtype` and `shape` say what they are.
+  absl::Status InputBytes(absl::string_view name, const std::byte* data, DType dtype,
+                          const std::vector<std::int64_t>& shape);
+  // An output streamed back into [into, into + bytes), exactly its size.
+  void OutputBytes(absl::string_view name, std::byte* into, std::uint64_t bytes) {
+    outputs_.push_back(OutputSlot{std::string(name), std::nullopt, nullptr, into, bytes});
   }
   // An output the call may return: written by the server at `slot` when
   // given, else streamed back, into *into when given (its memory reused when
@@ -258,7 +291,10 @@ class CallTensors {
   bool WriteInputs(Stream& stream, std::size_t chunk_bytes) const {
     for (const InputSlot& in : inputs_) {
       if (in.ref) continue;
-      if (!WriteRawTensor(stream, in.name, *in.tensor, chunk_bytes)) return false;
+      const bool written = in.tensor != nullptr
+                               ? WriteRawTensor(stream, in.name, *in.tensor, chunk_bytes)
+                               : WriteRawBytes(stream, in.name, in.data, in.nbytes, chunk_bytes);
+      if (!written) return false;
     }
     return true;
   }
@@ -287,11 +323,17 @@ class CallTensors {
     const Tensor* tensor = nullptr;
     v1::TensorSpec spec;
     std::optional<v1::ShmRef> ref;
+    // InputBytes: streamed from here instead of `tensor`.
+    const std::byte* data = nullptr;
+    std::size_t nbytes = 0;
   };
   struct OutputSlot {
     std::string name;
     std::optional<ShmSlot> slot;
     Tensor* into = nullptr;
+    // OutputBytes: received into here.
+    std::byte* into_bytes = nullptr;
+    std::uint64_t into_capacity = 0;
   };
   const OutputSlot* FindOutput(absl::string_view name) const;
 

@@ -48,6 +48,8 @@ WeightInfo FromProto(const v1::WeightInfo& w) {
   out.already_registered = w.already_registered();
   out.registrations = w.registrations();
   out.converted_from = w.converted_from();
+  out.logits_block_rows_fp32 = w.logits_block_rows_fp32();
+  out.logits_block_rows_bf16 = w.logits_block_rows_bf16();
   return out;
 }
 
@@ -215,6 +217,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& addres
   impl->stub = v1::Logitd::NewStub(impl->channel);
   impl->generic = std::make_unique<grpc::GenericStub>(impl->channel);
   impl->options = std::move(options);
+  impl->address = address;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 

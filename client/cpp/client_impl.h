@@ -9,8 +9,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +29,12 @@ namespace logitd::client {
 
 struct Client::Impl {
   ClientOptions options;
+  std::string address;
+  // LogitsOptions.connections: the Clients of the further connections, and
+  // the weights' block rows seen so far (ListWeights), by handle.
+  std::mutex spread_mu;
+  std::vector<std::unique_ptr<Client>> spread;
+  std::map<std::string, WeightInfo> weights_seen;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Logitd::Stub> stub;
   // The calls that stream tensors back, made as raw streams (RawCall).

@@ -3,10 +3,14 @@
 // streamed or in shared memory. One implementation per RPC (the *Shm
 // methods); the plain methods are those calls without slots. How tensors
 // travel and are checked is call_tensors.h's.
+#include <algorithm>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/call_tensors.h"
@@ -26,6 +30,7 @@ absl::StatusOr<Tensor> Client::Logits(const Tensor& x, const std::string& handle
 absl::Status Client::LogitsInto(const Tensor& x, const std::string& handle, Tensor* y,
                                 const LogitsOptions& options, Timing* timing) {
   if (y == nullptr) return absl::InvalidArgumentError("y: expected a tensor to receive into");
+  if (options.connections != 1) return LogitsSpread(x, handle, y, options, timing);
   // LogitsShm without slots streams X up and Y back.
   LogitsShmArgs args;
   args.x = x;
@@ -34,6 +39,129 @@ absl::Status Client::LogitsInto(const Tensor& x, const std::string& handle, Tens
   if (!r.ok()) return r.status();
   if (timing != nullptr) *timing = std::move(r->timing);
   return absl::OkStatus();
+}
+
+namespace {
+
+// Most connections one call is spread over.
+constexpr int kMaxConnections = 64;
+
+}  // namespace
+
+absl::Status Client::LogitsSpread(const Tensor& x, const std::string& handle, Tensor* y,
+                                  const LogitsOptions& options, Timing* timing) {
+  if (options.connections < 1 || options.connections > kMaxConnections) {
+    return absl::InvalidArgumentError(absl::StrCat("connections: expected 1 to ", kMaxConnections,
+                                                   ", got ", options.connections));
+  }
+  LogitsOptions one = options;
+  one.connections = 1;
+  // What the server would refuse, it refuses for the whole call.
+  if (x.dtype() != DType::kBf16 || x.rank() != 2 || x.dim(0) < 2) {
+    return LogitsInto(x, handle, y, one, timing);
+  }
+  // The weight's V and block rows, from ListWeights the first time.
+  std::optional<WeightInfo> w;
+  {
+    std::lock_guard<std::mutex> lock(impl_->spread_mu);
+    if (auto it = impl_->weights_seen.find(handle); it != impl_->weights_seen.end()) w = it->second;
+  }
+  if (!w) {
+    absl::StatusOr<std::vector<WeightInfo>> listed = ListWeights();
+    if (!listed.ok()) return listed.status();
+    std::lock_guard<std::mutex> lock(impl_->spread_mu);
+    for (WeightInfo& info : *listed) impl_->weights_seen[info.handle] = info;
+    if (auto it = impl_->weights_seen.find(handle); it != impl_->weights_seen.end()) w = it->second;
+  }
+  const std::int64_t block = !w                                  ? 0
+                             : options.out_dtype == DType::kFp32 ? w->logits_block_rows_fp32
+                                                                 : w->logits_block_rows_bf16;
+  const std::int64_t m = x.dim(0);
+  // An unknown handle, a server that does not say, or a call of one block:
+  // one call (whose status is the server's).
+  if (!w || w->shape.size() != 2 || block <= 0 || m <= block) {
+    return LogitsInto(x, handle, y, one, timing);
+  }
+  const std::int64_t v = w->shape[0];
+  const std::int64_t blocks = (m + block - 1) / block;
+  // Whole blocks a part, as even as they come, the last part taking the
+  // rest: 5 blocks over 4 connections are 2 + 2 + 1 blocks.
+  const std::int64_t wanted = std::min<std::int64_t>(options.connections, blocks);
+  const std::int64_t blocks_per_part = (blocks + wanted - 1) / wanted;
+  const std::int64_t parts = (blocks + blocks_per_part - 1) / blocks_per_part;
+  const std::int64_t part_rows = blocks_per_part * block;
+  if (y->dtype() != options.out_dtype || y->shape() != std::vector<std::int64_t>{m, v}) {
+    absl::StatusOr<Tensor> fresh = Tensor::CreateUninitialized(options.out_dtype, {m, v});
+    if (!fresh.ok()) return fresh.status();
+    *y = *std::move(fresh);
+  }
+  const std::uint64_t row_bytes = static_cast<std::uint64_t>(v) * ElementSize(options.out_dtype);
+  // The further connections' Clients: the same options, each its own
+  // connection.
+  std::vector<Client*> clients = {this};
+  {
+    std::lock_guard<std::mutex> lock(impl_->spread_mu);
+    while (static_cast<std::int64_t>(impl_->spread.size()) < parts - 1) {
+      ClientOptions own = impl_->options;
+      own.own_connection = true;
+      absl::StatusOr<std::unique_ptr<Client>> c = Client::Create(impl_->address, own);
+      if (!c.ok()) return c.status();
+      impl_->spread.push_back(*std::move(c));
+    }
+    for (std::int64_t i = 0; i + 1 < parts; ++i) {
+      clients.push_back(impl_->spread[static_cast<std::size_t>(i)].get());
+    }
+  }
+  std::vector<absl::Status> status(static_cast<std::size_t>(parts));
+  std::vector<std::thread> threads;
+  for (std::int64_t i = 0; i < parts; ++i) {
+    const std::int64_t r0 = i * part_rows;
+    const std::int64_t rows = i + 1 == parts ? m - r0 : part_rows;
+    threads.emplace_back([&, i, r0, rows] {
+      status[static_cast<std::size_t>(i)] = clients[static_cast<std::size_t>(i)]->LogitsPart(
+          x, r0, rows, handle, y->bytes() + static_cast<std::uint64_t>(r0) * row_bytes,
+          static_cast<std::uint64_t>(rows) * row_bytes, one, i == 0 ? timing : nullptr);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::LogitsPart(const Tensor& x, std::int64_t r0, std::int64_t rows,
+                                const std::string& handle, std::byte* y, std::uint64_t y_bytes,
+                                const LogitsOptions& options, Timing* timing) {
+  const std::int64_t k = x.dim(1);
+  CallTensors slots;
+  absl::Status s = slots.InputBytes("x", x.bytes() + static_cast<std::uint64_t>(r0 * k) * 2,
+                                    DType::kBf16, {rows, k});
+  if (!s.ok()) return s;
+  slots.OutputBytes("y", y, y_bytes);
+  v1::LogitsRequest request;
+  v1::LogitsHeader* h = request.mutable_header();
+  h->set_weight_handle(handle);
+  h->set_out_dtype(wire::ToProto(options.out_dtype));
+  h->set_alpha(options.alpha);
+  h->set_digest_last(true);
+  h->set_pipeline(options.pipeline);
+  slots.FillHeader(h);
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::Status {
+    v1::LogitsResult result;
+    ResponseTensors tensors;
+    absl::Status st = RunTensorCall<v1::LogitsRequest, v1::LogitsResponse>(
+        *impl_->generic, "Logits", context, impl_->options.chunk_bytes, request, slots, &result,
+        &tensors);
+    if (!st.ok()) return st;
+    if (result.y().shape_size() != 2 || result.y().shape(0) != rows ||
+        result.y().dtype() != wire::ToProto(options.out_dtype)) {
+      return absl::DataLossError(absl::StrCat("response from server: rows ", r0, "+", rows,
+                                              " of the logits came back as another shape"));
+    }
+    if (timing != nullptr) *timing = TimingOf(result.timing(), context);
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<BackwardResult> Client::Backward(const Tensor& dy, const Tensor& x,

@@ -59,6 +59,7 @@ ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(bool, shm);
 ABSL_DECLARE_FLAG(std::string, out_dtype);
 ABSL_DECLARE_FLAG(bool, pipeline);
+ABSL_DECLARE_FLAG(std::int32_t, connections);
 ABSL_DECLARE_FLAG(bool, no_dx);
 ABSL_DECLARE_FLAG(bool, no_dw);
 ABSL_DECLARE_FLAG(bool, accumulate);
@@ -132,6 +133,8 @@ struct Config {
   DType out_dtype = DType::kFp32;
   // Logits in row blocks (LogitsOptions.pipeline).
   bool pipeline = true;
+  // Connections each Logits call is spread over (LogitsOptions.connections).
+  int connections = 1;
   int concurrency = 1;
   int channels = 1;
   std::int64_t requests = 0;  // 0: run for `duration`
@@ -305,6 +308,11 @@ absl::StatusOr<Config> ReadConfig() {
         absl::StrCat("--out_dtype: expected fp32 or bf16, got '", out, "'"));
   }
   c.pipeline = absl::GetFlag(FLAGS_pipeline);
+  c.connections = absl::GetFlag(FLAGS_connections);
+  if (c.connections < 1 || c.connections > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--connections: expected 1 to 64, got ", c.connections));
+  }
   if (absl::Status s = ReadLoad(&c); !s.ok()) return s;
   c.baseline = absl::GetFlag(FLAGS_baseline);
   c.seed = absl::GetFlag(FLAGS_seed);
@@ -458,6 +466,7 @@ CallFn LogitsCall(const Config& c, const std::string& handle) {
     client::LogitsOptions options;
     options.out_dtype = c.out_dtype;
     options.pipeline = c.pipeline;
+    options.connections = c.connections;
     if (c.shm) {
       client::LogitsShmArgs args;
       args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
@@ -697,6 +706,7 @@ nlohmann::json MakeReport(const Config& c, const client::ClientOptions& options,
                       {"v", c.v},
                       {"out_dtype", c.out_dtype == DType::kFp32 ? "fp32" : "bf16"},
                       {"pipeline", c.pipeline},
+                      {"connections", c.connections},
                       {"concurrency", c.concurrency},
                       {"channels", c.channels},
                       {"requests", c.requests},

@@ -28,8 +28,12 @@ void PrintBenchText(const nlohmann::json& report) {
       "logitctl bench: %s M=%d K=%d V=%d out=%s%s; concurrency %d, channels %d, %s, warmup %d\n",
       cfg["rpc"].get<std::string>(), cfg["m"].get<std::int64_t>(), cfg["k"].get<std::int64_t>(),
       cfg["v"].get<std::int64_t>(), cfg["out_dtype"].get<std::string>(),
-      cfg["rpc"].get<std::string>() == "logits" && !cfg.value("pipeline", true) ? " unpipelined"
-                                                                                : "",
+      absl::StrCat(cfg["rpc"].get<std::string>() == "logits" && !cfg.value("pipeline", true)
+                       ? " unpipelined"
+                       : "",
+                   cfg.value("connections", 1) > 1
+                       ? absl::StrCat(", ", cfg.value("connections", 1), " connections a call")
+                       : ""),
       cfg["concurrency"].get<int>(), cfg["channels"].get<int>(),
       cfg["requests"].get<std::int64_t>() > 0
           ? absl::StrCat(cfg["requests"].get<std::int64_t>(), " requests")

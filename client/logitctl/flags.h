@@ -31,6 +31,7 @@ ABSL_DECLARE_FLAG(bool, force);
 ABSL_DECLARE_FLAG(std::string, out_dtype);
 ABSL_DECLARE_FLAG(double, alpha);
 ABSL_DECLARE_FLAG(bool, pipeline);
+ABSL_DECLARE_FLAG(std::int32_t, connections);
 ABSL_DECLARE_FLAG(bool, shm);
 ABSL_DECLARE_FLAG(std::string, dx_dtype);
 ABSL_DECLARE_FLAG(std::string, dw_dtype);

@@ -69,6 +69,7 @@ int CmdLogits(const std::vector<std::string>& words) {
     options.out_dtype = *out_dtype;
     options.alpha = static_cast<float>(alpha);
     options.pipeline = absl::GetFlag(FLAGS_pipeline);
+    options.connections = absl::GetFlag(FLAGS_connections);
     client::Timing timing;
     absl::StatusOr<Tensor> y = absl::GetFlag(FLAGS_shm)
                                    ? LogitsViaShm(c, *x, handle, options, &timing)

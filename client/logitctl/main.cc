@@ -46,11 +46,12 @@ commands:
   weights release HANDLE [--force]   release one registration; the weight and its
                                      gradient buffer go with the last
   logits --x=FILE[:TENSOR] --weight=HANDLE --out=FILE [--out_dtype=fp32|bf16] [--alpha=1]
-         [--shm] [--nopipeline]
+         [--shm] [--nopipeline] [--connections=1]
                                      Y = alpha * X.W^T, written as tensor "logits";
                                      --shm: X and Y through shared memory (server
                                      --allow_shm, same host and user); --nopipeline:
-                                     the call run whole, not in row blocks (same bits)
+                                     the call run whole, not in row blocks (same bits);
+                                     --connections=N: spread over N connections (same bits)
   backward --dy=FILE[:TENSOR] --x=FILE[:TENSOR] --weight=HANDLE --out=FILE
            [--dx_dtype=bf16|fp32] [--dw_dtype=fp32|bf16] [--no_dx] [--no_dw] [--accumulate]
                                      dX = bf16(dY).W and dW = bf16(dY)^T.X, tensors "dx", "dw"
@@ -85,7 +86,7 @@ commands:
                verify-logits|verify-cross-entropy|verify-logprobs]
         [--m=16 --k=4096 --v=32768] [--out_dtype=fp32|bf16] [--concurrency=1] [--channels=1]
         [--requests=N | --duration=SECONDS (default 10)] [--warmup=1] [--nobaseline]
-        [--seed=1234] [--json] [--shm] [--nopipeline]
+        [--seed=1234] [--json] [--shm] [--nopipeline] [--connections=1]
                                      load test: registers a random bf16 weight, runs the
                                      RPC from --concurrency threads and reports requests/s,
                                      latency p50/p90/p99/max, payload GB/s each way, errors

@@ -6,8 +6,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,15 +106,25 @@ class PipelineTest : public SharedServerTest {
     int chunks = 0;
     int digests = 0;
   };
-  static Received RunRaw(const std::vector<v1::LogitsRequest>& messages) {
+  // With `last_after_a_chunk`, the last message is written only once a
+  // chunk of Y has come back: the call's first blocks ran before it.
+  static Received RunRaw(const std::vector<v1::LogitsRequest>& messages,
+                         bool last_after_a_chunk = false) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     auto stream = stub_->Logits(&ctx);
     Received got;
+    std::mutex mu;
+    std::condition_variable chunk_seen;
+    bool seen = false;
     // Written while the response is read: the server answers as it receives.
     std::thread writer([&] {
-      for (const v1::LogitsRequest& m : messages) {
-        if (!stream->Write(m)) break;
+      for (std::size_t i = 0; i < messages.size(); ++i) {
+        if (last_after_a_chunk && i + 1 == messages.size()) {
+          std::unique_lock<std::mutex> lock(mu);
+          chunk_seen.wait(lock, [&] { return seen; });
+        }
+        if (!stream->Write(messages[i])) break;
       }
       stream->WritesDone();
     });
@@ -121,6 +133,17 @@ class PipelineTest : public SharedServerTest {
       got.results += response.has_result() ? 1 : 0;
       got.chunks += response.has_chunk() ? 1 : 0;
       got.digests += response.has_digest() ? 1 : 0;
+      if (response.has_chunk()) {
+        std::lock_guard<std::mutex> lock(mu);
+        seen = true;
+        chunk_seen.notify_all();
+      }
+    }
+    {
+      // A call that ended before any chunk: let the writer finish.
+      std::lock_guard<std::mutex> lock(mu);
+      seen = true;
+      chunk_seen.notify_all();
     }
     writer.join();
     got.status = stream->Finish();
@@ -161,6 +184,62 @@ TEST_F(PipelineTest, RowBlocksGiveTheBitsOfTheWholeCall) {
   }
 }
 
+TEST_F(PipelineTest, ACallSpreadOverConnectionsGivesTheBitsOfOneCall) {
+  // The weight says where a call may be cut: the cpu backend's 256 rows.
+  absl::StatusOr<std::vector<client::WeightInfo>> listed = client().ListWeights();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].logits_block_rows_fp32, 256);
+  EXPECT_EQ((*listed)[0].logits_block_rows_bf16, 256);
+
+  // 1029 rows are 5 blocks: 2 connections take 768 + 261 rows, 3 take
+  // 512 + 512 + 5, 8 take five parts.
+  const Tensor x = NormalBf16({1029, kK}, 9);
+  for (const DType out : {DType::kFp32, DType::kBf16}) {
+    client::LogitsOptions options;
+    options.out_dtype = out;
+    options.alpha = 0.3f;
+    absl::StatusOr<Tensor> one = client().Logits(x, *handle_, options);
+    ASSERT_TRUE(one.ok()) << one.status();
+    for (const int connections : {2, 3, 4, 8}) {
+      for (const bool pipeline : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(out) << " connections=" << connections
+                                          << " pipeline=" << pipeline);
+        options.connections = connections;
+        options.pipeline = pipeline;
+        client::Timing timing;
+        absl::StatusOr<Tensor> spread = client().Logits(x, *handle_, options, &timing);
+        ASSERT_TRUE(spread.ok()) << spread.status();
+        EXPECT_EQ(spread->shape(), one->shape());
+        EXPECT_EQ(spread->Digest(), one->Digest()) << "bits differ";
+        EXPECT_TRUE(timing.trailer.has_value());
+      }
+    }
+    // Into a caller's tensor of the right shape: its memory is used.
+    options.connections = 3;
+    Tensor y = *Tensor::Create(out, {1029, kV});
+    const std::byte* memory = y.bytes();
+    ASSERT_TRUE(client().LogitsInto(x, *handle_, &y, options).ok());
+    EXPECT_EQ(y.bytes(), memory);
+    EXPECT_EQ(y.Digest(), one->Digest());
+  }
+  // Fewer rows than a block: one call; an unknown handle: the server's
+  // NOT_FOUND; a count out of range: INVALID_ARGUMENT.
+  client::LogitsOptions options;
+  options.connections = 4;
+  const Tensor small = NormalBf16({100, kK}, 10);
+  absl::StatusOr<Tensor> y = client().Logits(small, *handle_, options);
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(y->dim(0), 100);
+  EXPECT_EQ(client().Logits(x, "w-unknown", options).status().code(), absl::StatusCode::kNotFound);
+  options.connections = 0;
+  EXPECT_EQ(client().Logits(x, *handle_, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.connections = 65;
+  EXPECT_EQ(client().Logits(x, *handle_, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(PipelineTest, WellFormedRawCallEndsWithTheDigest) {
   // The baseline of the faults below: a result, Y's chunks, one digest.
   const Tensor x = NormalBf16({777, kK}, 1);
@@ -177,7 +256,7 @@ TEST_F(PipelineTest, DamagedXIsDataLossAndNoDigestGoesOut) {
   // chunks go out, and the call ends DATA_LOSS without Y's digest.
   std::vector<v1::LogitsRequest> m = Messages(x);
   m[0].mutable_header()->mutable_x()->set_xxh3(x.Digest() ^ 1);
-  Received got = RunRaw(m);
+  Received got = RunRaw(m, /*last_after_a_chunk=*/true);
   EXPECT_EQ(got.status.error_code(), grpc::StatusCode::DATA_LOSS) << got.status.error_message();
   EXPECT_EQ(got.results, 1);
   EXPECT_GT(got.chunks, 0) << "Y's first blocks went out before X's digest was known";

@@ -101,6 +101,14 @@ rpc_runs() {
     df -h /dev/shm >>"$out/rpc.log" 2>&1
     bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
     bench m8192_grpc_whole --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --nopipeline
+    # What more than one stream moves: the Probe with a 1 GiB response from
+    # 1, 2, 4 and 8 calls at once, over one connection and over as many.
+    for n in 1 2 4 8; do
+      bench "streams_${n}_one_connection" --rpc=baseline --m=8192 --k=4096 --v=32768 \
+        --concurrency="$n" --channels=1 --requests=$((4 * n))
+      bench "streams_${n}_connections" --rpc=baseline --m=8192 --k=4096 --v=32768 \
+        --concurrency="$n" --channels="$n" --requests=$((4 * n))
+    done
     bench m8192_shm --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm --baseline=false
     bench m8192_shm_nodigest --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm \
       --shm_skip_digest --baseline=false

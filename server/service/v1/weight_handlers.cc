@@ -22,7 +22,14 @@
 namespace logitd::service {
 namespace {
 
-void FillWeightInfo(const WeightRecord& w, bool already_registered, v1::WeightInfo* out) {
+// Rows of the longest Logits call on any weight (2^31): the block rows of a
+// call that long are the backend's whole-call figure.
+constexpr std::int64_t kLongestCall = std::int64_t{1} << 31;
+
+void FillWeightInfo(const kernels::Backend& backend, const WeightRecord& w, bool already_registered,
+                    v1::WeightInfo* out) {
+  out->set_logits_block_rows_fp32(backend.LogitsBlockRows(*w.weight, kLongestCall, DType::kFp32));
+  out->set_logits_block_rows_bf16(backend.LogitsBlockRows(*w.weight, kLongestCall, DType::kBf16));
   out->set_handle(w.handle);
   out->set_name(w.name);
   out->add_shape(w.v);
@@ -87,7 +94,7 @@ absl::Status LogitdService::DoRegisterWeight(
 
   if (absl::StatusOr<WeightRecord> existing = registry_.AddRegistration(stats->tenant, handle);
       existing.ok()) {
-    FillWeightInfo(*existing, /*already_registered=*/true, response);
+    FillWeightInfo(*backend_, *existing, /*already_registered=*/true, response);
     stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();
   }
@@ -96,7 +103,7 @@ absl::Status LogitdService::DoRegisterWeight(
                           InsertWeight(stats->tenant, std::move(reservation), label, handle,
                                        header.name(), plan.v, plan.k, spec.xxh3(), std::move(w),
                                        /*source=*/""));
-  FillWeightInfo(inserted.record, inserted.already_registered, response);
+  FillWeightInfo(*backend_, inserted.record, inserted.already_registered, response);
   stats->bytes_out = response->ByteSizeLong();
   return absl::OkStatus();
 }
@@ -238,7 +245,7 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
 
   if (absl::StatusOr<WeightRecord> existing = registry_.AddRegistration(stats->tenant, handle);
       existing.ok()) {
-    FillWeightInfo(*existing, /*already_registered=*/true, response);
+    FillWeightInfo(*backend_, *existing, /*already_registered=*/true, response);
     response->set_converted_from(converted);
     stats->bytes_out = response->ByteSizeLong();
     LogInfo(absl::StrCat("weight already registered: ", handle, " ", existing->Label(), source));
@@ -247,7 +254,7 @@ absl::Status LogitdService::DoLoadWeight(const v1::LoadWeightRequest& request,
   LOGITD_ASSIGN_OR_RETURN(const InsertResult inserted,
                           InsertWeight(stats->tenant, std::move(reservation), label, handle, name,
                                        plan.v, plan.k, digest, std::move(w), source));
-  FillWeightInfo(inserted.record, inserted.already_registered, response);
+  FillWeightInfo(*backend_, inserted.record, inserted.already_registered, response);
   response->set_converted_from(converted);
   stats->bytes_out = response->ByteSizeLong();
   return absl::OkStatus();
@@ -258,7 +265,7 @@ grpc::Status LogitdService::ListWeights(grpc::ServerContext* context,
                                         v1::ListWeightsResponse* response) {
   return runner_.Run("ListWeights", context, [&](CallStats* stats) {
     for (const WeightRecord& w : registry_.List(stats->tenant)) {
-      FillWeightInfo(w, /*already_registered=*/false, response->add_weights());
+      FillWeightInfo(*backend_, w, /*already_registered=*/false, response->add_weights());
     }
     stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();

@@ -163,6 +163,10 @@ struct WeightInfo {
   // LoadWeight only: "F32" or "F16" when the file's tensor was rounded to
   // bf16 (round to nearest even); empty when it was bf16 already.
   std::string converted_from;
+  // Rows at whose multiples a Logits call with fp32 (bf16) Y may be cut
+  // without changing a bit (0: a server that does not say).
+  std::int64_t logits_block_rows_fp32 = 0;
+  std::int64_t logits_block_rows_bf16 = 0;
 };
 
 // A call's "logitd-timing" trailing metadata (microseconds): the server's
@@ -211,6 +215,14 @@ struct LogitsOptions {
   // a thread of its own meanwhile. Y's bits are the same either way; a
   // server that predates the field runs the call whole.
   bool pipeline = true;
+  // Logits and LogitsInto: spread a call of many rows over this many
+  // connections at once (1 to 64). X's rows are cut at multiples of the
+  // weight's logits_block_rows, so that every row keeps the bits of the
+  // call made whole; each part is a Logits call of its own on a connection
+  // of its own (opened on first use and kept by the Client), received in
+  // place into Y. One connection carries about one core's worth of bytes a
+  // second; several carry more. 1 (the default): one call.
+  int connections = 1;
 };
 
 struct BackwardOptions {
@@ -671,6 +683,13 @@ class Client {
  private:
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
+  // LogitsOptions.connections: the call cut into parts, one a connection.
+  absl::Status LogitsSpread(const Tensor& x, const std::string& handle, Tensor* y,
+                            const LogitsOptions& options, Timing* timing);
+  // One part: X's rows [r0, r0 + rows) to Y's same rows at `y` (`y_bytes`).
+  absl::Status LogitsPart(const Tensor& x, std::int64_t r0, std::int64_t rows,
+                          const std::string& handle, std::byte* y, std::uint64_t y_bytes,
+                          const LogitsOptions& options, Timing* timing);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -51,6 +51,10 @@ class WeightInfo:
     registrations: int
     # "F32" or "F16" when load_weight rounded the file's tensor to bf16, else "".
     converted_from: str = ""
+    # A logits call on this weight cut at multiples of these rows (fp32 or
+    # bf16 out) keeps every row's bits (0 from a server that does not say).
+    logits_block_rows_fp32: int = 0
+    logits_block_rows_bf16: int = 0
 
 
 @dataclass(frozen=True)
