@@ -101,6 +101,11 @@ rpc_runs() {
     df -h /dev/shm >>"$out/rpc.log" 2>&1
     bench m8192_grpc --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6
     bench m8192_grpc_whole --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --nopipeline
+    # One call spread over several connections (LogitsOptions.connections).
+    for n in 2 4 8; do
+      bench "m8192_grpc_connections_$n" --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 \
+        --connections="$n" --baseline=false
+    done
     # What more than one stream moves: the Probe with a 1 GiB response from
     # 1, 2, 4 and 8 calls at once, over one connection and over as many.
     for n in 1 2 4 8; do
