@@ -81,15 +81,16 @@ class PipelineTest : public SharedServerTest {
 
   // A pipelined Logits request for `x` through the generated stub: the
   // header, then X in 1,000-byte chunks.
-  static std::vector<v1::LogitsRequest> Messages(const Tensor& x) {
+  // X's chunks travel under `name`, which the client chooses.
+  static std::vector<v1::LogitsRequest> Messages(const Tensor& x, const std::string& name = "x") {
     std::vector<v1::LogitsRequest> m(1);
     v1::LogitsHeader* h = m[0].mutable_header();
     h->set_weight_handle(*handle_);
-    *h->mutable_x() = wire::MakeSpec("x", x);
+    *h->mutable_x() = wire::MakeSpec(name, x);
     h->set_pipeline(true);
     h->set_digest_last(true);
     const absl::Status s =
-        wire::SendChunks("x", x.bytes(), x.nbytes(), kClientChunk, [&](v1::TensorChunk&& c) {
+        wire::SendChunks(name, x.bytes(), x.nbytes(), kClientChunk, [&](v1::TensorChunk&& c) {
           m.emplace_back();
           *m.back().mutable_chunk() = std::move(c);
           return true;
@@ -247,6 +248,14 @@ TEST_F(PipelineTest, WellFormedRawCallEndsWithTheDigest) {
   EXPECT_TRUE(got.status.ok()) << got.status.error_message();
   EXPECT_EQ(got.results, 1);
   EXPECT_EQ(got.chunks, static_cast<int>((777 * kV * 4 + 65535) / 65536));
+  EXPECT_EQ(got.digests, 1);
+}
+
+TEST_F(PipelineTest, XUnderANameOfTheClientsChoosing) {
+  // Blocks wait for X's rows by the name its chunks carry.
+  const Tensor x = NormalBf16({777, kK}, 5);
+  const Received got = RunRaw(Messages(x, "activations"), /*last_after_a_chunk=*/true);
+  EXPECT_TRUE(got.status.ok()) << got.status.error_message();
   EXPECT_EQ(got.digests, 1);
 }
 

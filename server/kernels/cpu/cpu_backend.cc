@@ -63,9 +63,7 @@ absl::StatusOr<FloatBuffer> AllocateFloats(std::int64_t n, bool zeroed, absl::st
   return FloatBuffer(static_cast<float*>(p));
 }
 
-// Logits' rows per sgemm (see DoLogits).
-constexpr std::int64_t kLogitsRows = 256;
-
+constexpr std::int64_t kLogitsRows = 256;  // Logits' rows per sgemm (see DoLogits)
 void Widen(const Bf16Bits* in, std::int64_t n, float* out) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
 }
@@ -373,10 +371,9 @@ class CpuBackend final : public Backend {
     const std::int64_t m = args.m;
     const std::int64_t v = w.v();
     const std::int64_t k = w.k();
-    // One sgemm per block of kLogitsRows rows from the first: OpenBLAS's
-    // bits for a row depend on the rows it is given with it (its threads'
-    // split and its edge kernels), so a call cut at a multiple of the block
-    // (the service's row blocks) runs the very products of the uncut one.
+    // One sgemm per kLogitsRows rows from the first: OpenBLAS's bits for a
+    // row depend on the rows beside it (threads' split, edge kernels), so a
+    // call cut at multiples of it runs the very products of the uncut one.
     const std::int64_t rows = std::min(m, kLogitsRows);
     absl::StatusOr<FloatBuffer> xf = AllocateFloats(rows * k, false, "logits: x widened to fp32");
     if (!xf.ok()) return xf.status();

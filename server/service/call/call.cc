@@ -113,7 +113,8 @@ absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport&
                                               OpResult early, const Block& block) {
   LOGITD_ASSIGN_OR_RETURN(std::vector<InputSlot*> streamed, Admit(what, transport));
   InputProgress progress;
-  for (const InputSlot* slot : streamed) progress.Expect(slot->name, slot->bytes, m);
+  // By the name its chunks travel under (the client's choice).
+  for (const InputSlot* slot : streamed) progress.Expect(slot->in.name, slot->bytes, m);
   LOGITD_RETURN_IF_ERROR(transport.StartReceive(streamed, &progress));
   // From here the front door's thread is receiving: every way out waits for
   // it (FinishReceive) before the buffers it fills can go.
