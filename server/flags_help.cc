@@ -48,7 +48,8 @@ bool DefinedByLogitd(const absl::CommandLineFlag& flag) {
 const std::vector<FlagGroup>& FlagGroups() {
   static const std::vector<FlagGroup> groups = {
       {"Network",
-       {"address", "port_file", "chunk_bytes", "oip", "allow_shm", "shm_max_region_bytes"}},
+       {"address", "port_file", "chunk_bytes", "oip", "allow_shm", "shm_max_region_bytes",
+        "shm_in_place"}},
       {"Backend",
        {"backend", "device", "split_k", "algo_cache", "cpu_threads", "ce_workspace_bytes",
         "pinned_cache_bytes", "device_timeout"}},
