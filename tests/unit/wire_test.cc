@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,45 @@ TEST(Wire, ChunkedTensorReassemblesAndFinishes) {
   // A tensor is moved out once.
   EXPECT_EQ(a.Take("x").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(a.Take("never").status().code(), absl::StatusCode::kNotFound);
+}
+
+// OnLanded tells a reader how much of a tensor is in place while it arrives:
+// from the receiving thread for a small tensor, from the tensor's own thread
+// for a large one (8 MiB and more); never more than is in place, and all of
+// it by Finish.
+TEST(Wire, OnLandedReportsBytesInPlaceAsTheyArrive) {
+  for (const std::int64_t rows : {3, 1100}) {  // 12 KB, and 8.8 MB (a thread of its own)
+    SCOPED_TRACE(rows);
+    const Tensor x = NormalFp32({rows, 2000}, 3);
+    std::vector<std::byte> into(x.nbytes());
+    Assembler a(x.nbytes());
+    std::mutex mu;
+    std::vector<std::uint64_t> reports;
+    bool in_place = true;
+    a.OnLanded([&](absl::string_view name, std::uint64_t bytes) {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_EQ(name, "x");
+      reports.push_back(bytes);
+      in_place = in_place && std::memcmp(into.data(), x.bytes(), bytes) == 0;
+    });
+    ASSERT_TRUE(a.ExpectInto(MakeSpec("x", x), into.data(), into.size()).ok());
+    for (const v1::TensorChunk& c : Split("x", x, 1 << 20)) ASSERT_TRUE(a.Add(c).ok());
+    ASSERT_TRUE(a.Finish().ok());
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_FALSE(reports.empty());
+    EXPECT_TRUE(std::is_sorted(reports.begin(), reports.end()));
+    EXPECT_EQ(reports.back(), x.nbytes());
+    EXPECT_TRUE(in_place) << "a report ran ahead of the bytes";
+  }
+}
+
+TEST(Wire, Xxh3StreamIsTheDigestOfTheWhole) {
+  const Tensor x = NormalFp32({5, 999}, 4);
+  Xxh3Stream h;
+  for (std::size_t off = 0; off < x.nbytes(); off += 1234) {
+    h.Update(x.bytes() + off, std::min<std::size_t>(1234, x.nbytes() - off));
+  }
+  EXPECT_EQ(h.Digest(), x.Digest());
 }
 
 TEST(Wire, OutOfOrderOffsetIsInvalidArgument) {

@@ -1,0 +1,64 @@
+// InputProgress: what a call run in row blocks waits on while its inputs
+// arrive on another thread.
+#include "server/service/call/row_blocks.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+
+namespace logitd::service {
+namespace {
+
+TEST(InputProgress, RowsAreInOnceEveryInputHasThemWhole) {
+  InputProgress p;
+  p.Expect("x", 10 * 400, 10);      // rows of 400 bytes
+  p.Expect("targets", 10 * 8, 10);  // rows of 8 bytes
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    EXPECT_TRUE(p.WaitRows(4).ok());
+    done = true;
+  });
+  p.Landed("x", 4 * 400 - 1);  // three whole rows and most of the fourth
+  p.Landed("targets", 10 * 8);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(done) << "a row counted before its last byte";
+  p.Landed("x", 4 * 400);
+  waiter.join();
+  EXPECT_TRUE(done);
+  // Rows already in do not wait; a report behind an earlier one changes nothing.
+  p.Landed("x", 100);
+  EXPECT_TRUE(p.WaitRows(3).ok());
+}
+
+TEST(InputProgress, AnEndedReceptionWakesWaitersWithItsStatus) {
+  InputProgress p;
+  p.Expect("x", 1000, 10);
+  std::thread waiter([&] {
+    const absl::Status s = p.WaitRows(10);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  });
+  p.Landed("x", 500);
+  p.Ended(absl::DataLossError("x: digest"));
+  waiter.join();
+  // Once reception failed, even rows that arrived are refused: the call stops.
+  EXPECT_EQ(p.WaitRows(1).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(InputProgress, AStreamThatEndedShortIsAnInternalError) {
+  // Reception says OK only when every byte arrived; rows missing after an
+  // OK end mean the caller and the receiver disagree.
+  InputProgress p;
+  p.Expect("x", 1000, 10);
+  p.Landed("x", 300);
+  p.Ended(absl::OkStatus());
+  EXPECT_TRUE(p.WaitRows(3).ok());
+  EXPECT_EQ(p.WaitRows(4).code(), absl::StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace logitd::service
