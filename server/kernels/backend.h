@@ -74,6 +74,14 @@ struct Timing {
   std::vector<std::string> gemms;
 };
 
+// The rows of the block that starts at row r0 when a call of m rows is cut
+// into blocks of `block_rows` (Backend::LogitsBlockRows), the last block
+// taking the rest: block_rows, or all that is left once less than two
+// blocks are.
+inline std::int64_t BlockRowsAt(std::int64_t m, std::int64_t r0, std::int64_t block_rows) {
+  return m - r0 < 2 * block_rows ? m - r0 : block_rows;
+}
+
 // A host buffer the backend copies from and to efficiently (page-locked on
 // cuda). Move-only; frees itself.
 class HostBuffer {

@@ -181,7 +181,7 @@ TEST_F(CudaBackendTest, LogitsCutAtItsBlockRowsIsTheWholeCall) {
       ASSERT_GE(rows, 1);
       std::int64_t calls = 0;
       for (std::int64_t r0 = 0; r0 < m; ++calls) {
-        const std::int64_t mb = m - r0 < 2 * rows ? m - r0 : rows;
+        const std::int64_t mb = BlockRowsAt(m, r0, rows);
         args.x = x.data() + r0 * k;
         args.m = mb;
         args.y = cut.data() + static_cast<std::size_t>(r0) * row;

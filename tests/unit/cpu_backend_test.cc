@@ -252,7 +252,7 @@ TEST_F(CpuBackend, LogitsCutAtItsBlockRowsIsTheWholeCall) {
       const std::int64_t rows = backend_->LogitsBlockRows(*weight, m, out);
       EXPECT_EQ(rows, std::min<std::int64_t>(m, 256));
       for (std::int64_t r0 = 0; r0 < m;) {
-        const std::int64_t mb = m - r0 < 2 * rows ? m - r0 : rows;
+        const std::int64_t mb = BlockRowsAt(m, r0, rows);
         args.x = x.data() + r0 * k;
         args.m = mb;
         args.y = cut.data() + static_cast<std::size_t>(r0) * row;

@@ -128,7 +128,7 @@ absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport&
   OpResult result = std::move(early);
   kernels::Timing& total = result.timing;
   for (std::int64_t r0 = 0; r0 < m && status.ok();) {
-    const std::int64_t rows = m - r0 < 2 * block_rows ? m - r0 : block_rows;
+    const std::int64_t rows = kernels::BlockRowsAt(m, r0, block_rows);
     status = progress.WaitRows(r0 + rows);
     kernels::Timing t;
     if (status.ok()) status = block(r0, rows, &t);
