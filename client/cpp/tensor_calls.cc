@@ -465,10 +465,12 @@ absl::StatusOr<LogProbsResult> Client::LogProbsShm(const LogProbsShmArgs& args,
     return absl::InvalidArgumentError(absl::StrCat("top_k: expected 0 to 64, got ", options.top_k));
   }
   CallTensors slots;
-  if (absl::Status s = slots.Input("x", Bf16(args.x)); !s.ok()) return s;
+  // The targets before X: in row blocks a block waits for its rows of both,
+  // and X's rows are then what it waits for.
   if (args.targets.given()) {
     if (absl::Status s = slots.Input("targets", args.targets); !s.ok()) return s;
   }
+  if (absl::Status s = slots.Input("x", Bf16(args.x)); !s.ok()) return s;
   for (absl::Status s :
        {slots.Output("logprob", args.logprob), slots.Output("lse", args.lse),
         slots.Output("entropy", args.entropy), slots.Output("topk_ids", args.topk_ids),
@@ -484,6 +486,7 @@ absl::StatusOr<LogProbsResult> Client::LogProbsShm(const LogProbsShmArgs& args,
   h->set_want_lse(options.want_lse);
   h->set_want_rank(options.want_rank);
   h->set_digest_last(true);  // streamed outputs hashed while they travel
+  h->set_pipeline(options.pipeline);
   slots.FillHeader(h);
 
   return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<LogProbsResult> {

@@ -131,7 +131,8 @@ struct Config {
   std::int64_t k = 0;
   std::int64_t v = 0;
   DType out_dtype = DType::kFp32;
-  // Logits in row blocks (LogitsOptions.pipeline).
+  // Logits and LogProbs in row blocks (LogitsOptions.pipeline,
+  // LogProbsOptions.pipeline).
   bool pipeline = true;
   // Connections each Logits call is spread over (LogitsOptions.connections).
   int connections = 1;
@@ -308,6 +309,7 @@ absl::StatusOr<Config> ReadConfig() {
         absl::StrCat("--out_dtype: expected fp32 or bf16, got '", out, "'"));
   }
   c.pipeline = absl::GetFlag(FLAGS_pipeline);
+  c.logprobs.pipeline = c.pipeline;
   c.connections = absl::GetFlag(FLAGS_connections);
   if (c.connections < 1 || c.connections > 64) {
     return absl::InvalidArgumentError(

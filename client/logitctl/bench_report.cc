@@ -28,7 +28,9 @@ void PrintBenchText(const nlohmann::json& report) {
       "logitctl bench: %s M=%d K=%d V=%d out=%s%s; concurrency %d, channels %d, %s, warmup %d\n",
       cfg["rpc"].get<std::string>(), cfg["m"].get<std::int64_t>(), cfg["k"].get<std::int64_t>(),
       cfg["v"].get<std::int64_t>(), cfg["out_dtype"].get<std::string>(),
-      absl::StrCat(cfg["rpc"].get<std::string>() == "logits" && !cfg.value("pipeline", true)
+      absl::StrCat((cfg["rpc"].get<std::string>() == "logits" ||
+                    cfg["rpc"].get<std::string>() == "logprobs") &&
+                           !cfg.value("pipeline", true)
                        ? " unpipelined"
                        : "",
                    cfg.value("connections", 1) > 1

@@ -41,9 +41,9 @@ ABSL_FLAG(std::int32_t, connections, 1,
           "logits, bench --rpc=logits: spread each call over this many connections (1 to 64), "
           "X's rows cut where the weight says the bits stay the same");
 ABSL_FLAG(bool, pipeline, true,
-          "logits, bench --rpc=logits: ask the server to run the call in row blocks, starting "
-          "on X's first rows while the rest arrive and streaming Y's rows as they are done "
-          "(the same bits; --nopipeline runs it whole)");
+          "logits, logprobs, bench --rpc=logits|logprobs: ask the server to run the call in "
+          "row blocks, starting on X's first rows while the rest arrive and streaming the "
+          "outputs' rows as they are done (the same bits; --nopipeline runs it whole)");
 ABSL_FLAG(bool, shm, false,
           "logits, cast, cross-entropy, bench: move the call's tensors through a shared-memory "
           "region instead of gRPC (same host and user as a server started with --allow_shm)");

@@ -208,6 +208,27 @@ struct LogProbsArgs {
   std::int64_t vocab_chunk = 0;
 };
 
+// Rows [r0, r0 + rows) of a LogProbs call with a weight of K columns as a
+// call of their own: the same options, every pointer moved to the block's
+// first row.
+inline LogProbsArgs LogProbsRowsOf(const LogProbsArgs& args, std::int64_t k, std::int64_t r0,
+                                   std::int64_t rows) {
+  LogProbsArgs b = args;
+  const auto at = [r0](auto* p, std::int64_t per_row) {
+    return p == nullptr ? p : p + r0 * per_row;
+  };
+  b.m = rows;
+  b.x = at(args.x, k);
+  b.targets = at(args.targets, 1);
+  b.logprob = at(args.logprob, 1);
+  b.lse = at(args.lse, 1);
+  b.entropy = at(args.entropy, 1);
+  b.topk_ids = at(args.topk_ids, args.top_k);
+  b.topk_logprobs = at(args.topk_logprobs, args.top_k);
+  b.rank = at(args.rank, 1);
+  return b;
+}
+
 // The checks every backend makes of a call's arguments before it touches
 // their memory, in one wording for all backends ("<call>: x is null",
 // "<call>: expected m (rows of x) >= 1, got 0", ...): InvalidArgument when a
@@ -313,6 +334,11 @@ class Backend {
                                        DType /*out_dtype*/) const {
     return m;
   }
+
+  // The rows a LogProbs call of `m` rows may be cut into, one call a block
+  // (LogProbsRowsOf), with every output the bits of the uncut call's; as
+  // LogitsBlockRows. `m` where the backend's products span all the rows.
+  virtual std::int64_t LogProbsBlockRows(const Weight& /*w*/, std::int64_t m) const { return m; }
 
   // G = bf16(dY) (RNE, once); dX = G.W [m, K]; dW = G^T.X [V, K]; fp32
   // accumulation, outputs rounded once to their dtype.

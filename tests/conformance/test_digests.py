@@ -15,6 +15,7 @@ from protocol import (
     expect_error,
     expected_order,
     names,
+    read_stream,
     xxh3,
 )
 from stubs import pb
@@ -160,3 +161,52 @@ def test_logits_pipeline_with_damaged_x_sends_no_digest(conn, weights):
     parts, code = _pipelined_logits(conn, info.handle, xt)
     assert code == grpc.StatusCode.OK
     assert parts[0] == "result" and parts[-1] == "digest"
+
+
+def _logprobs_messages(handle, xt, tt, x_first, pipeline, x_digest=None, chunk_bytes=1000):
+    """A LogProbs call asking logprob and lse: the header, then the chunks of X and of the
+    targets in the order asked (a server takes either)."""
+    header = pb.LogProbsHeader(
+        weight_handle=handle, x=xt.spec(x_digest), targets=tt.spec(), want_lse=True, digest_last=True,
+        pipeline=pipeline,
+    )
+    x_chunks = [pb.LogProbsRequest(chunk=c) for c in chunks_of(xt, chunk_bytes)]
+    t_chunks = [pb.LogProbsRequest(chunk=c) for c in chunks_of(tt, chunk_bytes)]
+    return [pb.LogProbsRequest(header=header)] + (x_chunks + t_chunks if x_first else t_chunks + x_chunks)
+
+
+def test_logprobs_pipeline_gives_the_bits_of_the_whole_call(conn, weights):
+    """LogProbs with pipeline: logprob and lse bit for bit the whole call's, their digests after
+    their chunks, whichever of X and the targets is sent first."""
+    rng = np.random.default_rng(608)
+    info = weights(rng.standard_normal((96, 200)))
+    xt = Tensor("x", pb.DTYPE_BF16, rng.standard_normal((777, 200)))
+    tt = Tensor("targets", pb.DTYPE_INT64, rng.integers(0, 96, size=777))
+    whole = read_stream(conn.logprobs_stream(_logprobs_messages(info.handle, xt, tt, True, False)))
+    expected = {
+        name: check_output(whole, getattr(whole.result, name), True).view(np.uint32) for name in ("logprob", "lse")
+    }
+    for x_first in (True, False):
+        blocks = read_stream(conn.logprobs_stream(_logprobs_messages(info.handle, xt, tt, x_first, True)))
+        assert blocks.order == expected_order(["logprob", "lse"], True)
+        for name in ("logprob", "lse"):
+            got = check_output(blocks, getattr(blocks.result, name), True)
+            np.testing.assert_array_equal(got.view(np.uint32), expected[name])
+
+
+def test_logprobs_pipeline_with_damaged_x_sends_no_digest(conn, weights):
+    """LogProbs with pipeline and a wrong X digest: DATA_LOSS, and no output's digest is sent."""
+    rng = np.random.default_rng(609)
+    info = weights(rng.standard_normal((96, 200)))
+    xt = Tensor("x", pb.DTYPE_BF16, rng.standard_normal((777, 200)))
+    tt = Tensor("targets", pb.DTYPE_INT32, rng.integers(0, 96, size=777))
+    messages = _logprobs_messages(info.handle, xt, tt, False, True, x_digest=xxh3(xt.data) ^ 0x5A5A)
+    parts = []
+    code = grpc.StatusCode.OK
+    try:
+        for message in conn.logprobs_stream(messages):
+            parts.append(message.WhichOneof("part"))
+    except grpc.RpcError as e:
+        code = e.code()
+    assert code == grpc.StatusCode.DATA_LOSS
+    assert "digest" not in parts

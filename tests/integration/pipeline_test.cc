@@ -1,17 +1,21 @@
-// Logits in row blocks (LogitsHeader.pipeline) against the real server: the
-// bits equal those of the same call run whole, at odd row counts and with
-// chunks that split rows on both sides; what a client may accept when the
-// call fails after Y's first chunks went out (nothing: no digest, and the
-// call's status); and a call cancelled half way returns every byte.
+// Logits and LogProbs in row blocks (LogitsHeader.pipeline,
+// LogProbsHeader.pipeline) against the real server: the bits equal those of
+// the same call run whole, at odd row counts and with chunks that split rows
+// on both sides; what a client may accept when the call fails after the
+// first chunks went out (nothing: no digest, and the call's status); and a
+// call cancelled half way returns every byte.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,6 +25,7 @@
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "logitd/wire/wire.h"
 #include "tests/common/seeded_tensors.h"
+#include "tests/common/targets.h"
 #include "tests/integration/integration_util.h"
 
 namespace logitd::testing {
@@ -334,6 +339,131 @@ TEST_F(PipelineTest, CancelledHalfWayReturnsEveryByte) {
   } while (absl::Now() < until);
   EXPECT_EQ(after.requests_in_flight(), before.requests_in_flight());
   EXPECT_EQ(after.request_bytes_in_flight(), before.request_bytes_in_flight());
+}
+
+// Targets for M rows of the test's weight, every 11th ignored.
+Tensor SomeTargets(std::int64_t m, DType dtype, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<std::int64_t> token(0, kV - 1);
+  std::vector<std::int64_t> t(static_cast<std::size_t>(m));
+  for (std::int64_t i = 0; i < m; ++i)
+    t[static_cast<std::size_t>(i)] = i % 11 == 5 ? -100 : token(rng);
+  return TargetsTensor(dtype, t);
+}
+
+client::LogProbsOptions EveryLogProbsOutput(bool pipeline) {
+  client::LogProbsOptions o;
+  o.pipeline = pipeline;
+  o.top_k = 5;
+  o.want_entropy = true;
+  o.want_lse = true;
+  o.want_rank = true;
+  o.temperature = 0.8f;
+  return o;
+}
+
+TEST_F(PipelineTest, LogProbsInRowBlocksGiveTheBitsOfTheWholeCall) {
+  for (const std::int64_t m : {1, 255, 257, 777, 1029}) {
+    for (const DType dtype : {DType::kInt32, DType::kInt64}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << m << " targets " << DTypeName(dtype));
+      const Tensor x = NormalBf16({m, kK}, static_cast<std::uint32_t>(300 + m));
+      const Tensor targets = SomeTargets(m, dtype, static_cast<std::uint32_t>(m));
+      absl::StatusOr<client::LogProbsResult> whole =
+          client().LogProbs(x, &targets, *handle_, EveryLogProbsOutput(false));
+      absl::StatusOr<client::LogProbsResult> blocks =
+          client().LogProbs(x, &targets, *handle_, EveryLogProbsOutput(true));
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      ASSERT_TRUE(blocks.ok()) << blocks.status();
+      for (const auto& [name, a, b] :
+           {std::make_tuple("logprob", &whole->logprob, &blocks->logprob),
+            std::make_tuple("lse", &whole->lse, &blocks->lse),
+            std::make_tuple("entropy", &whole->entropy, &blocks->entropy),
+            std::make_tuple("topk_ids", &whole->topk_ids, &blocks->topk_ids),
+            std::make_tuple("topk_logprobs", &whole->topk_logprobs, &blocks->topk_logprobs),
+            std::make_tuple("rank", &whole->rank, &blocks->rank)}) {
+        ASSERT_TRUE(a->has_value() && b->has_value()) << name;
+        EXPECT_EQ((*a)->shape(), (*b)->shape()) << name;
+        EXPECT_EQ((*a)->Digest(), (*b)->Digest()) << name << ": bits differ";
+      }
+      ASSERT_TRUE(blocks->timing.trailer.has_value());
+      ASSERT_TRUE(blocks->timing.trailer->pipeline_rows.has_value());
+      EXPECT_EQ(*blocks->timing.trailer->pipeline_rows, std::min<std::int64_t>(m, 256));
+      ASSERT_TRUE(whole->timing.trailer.has_value());
+      EXPECT_FALSE(whole->timing.trailer->pipeline_rows.has_value());
+    }
+  }
+}
+
+TEST_F(PipelineTest, LogProbsTargetOutOfRangeInALaterBlock) {
+  // Row 700 is in the third block: the first two have run when it is read.
+  const std::int64_t m = 777;
+  const Tensor x = NormalBf16({m, kK}, 11);
+  std::vector<std::int64_t> t(static_cast<std::size_t>(m), 3);
+  t[700] = kV;
+  const Tensor targets = TargetsTensor(DType::kInt32, t);
+  for (const bool pipeline : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "pipeline=" << pipeline);
+    absl::StatusOr<client::LogProbsResult> r =
+        client().LogProbs(x, &targets, *handle_, EveryLogProbsOutput(pipeline));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("targets[700] = 96"), std::string::npos) << r.status();
+  }
+  // And the server goes on.
+  t[700] = kV - 1;
+  const Tensor fixed = TargetsTensor(DType::kInt32, t);
+  EXPECT_TRUE(client().LogProbs(x, &fixed, *handle_, EveryLogProbsOutput(true)).ok());
+}
+
+TEST_F(PipelineTest, LogProbsTakesXBeforeTheTargetsToo) {
+  // The client sends the targets first; a client that sends X first gets
+  // the same call, its blocks waiting for the targets' rows.
+  const std::int64_t m = 600;
+  const Tensor x = NormalBf16({m, kK}, 12);
+  const Tensor targets = SomeTargets(m, DType::kInt64, 12);
+  absl::StatusOr<client::LogProbsResult> expected =
+      client().LogProbs(x, &targets, *handle_, EveryLogProbsOutput(false));
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub_->LogProbs(&ctx);
+  v1::LogProbsRequest head;
+  v1::LogProbsHeader* h = head.mutable_header();
+  h->set_weight_handle(*handle_);
+  *h->mutable_x() = wire::MakeSpec("x", x);
+  *h->mutable_targets() = wire::MakeSpec("targets", targets);
+  h->set_want_lse(true);
+  h->set_temperature(0.8f);  // EveryLogProbsOutput's
+  h->set_pipeline(true);
+  ASSERT_TRUE(stream->Write(head));
+  for (const auto& [name, tensor] :
+       {std::make_pair("x", &x), std::make_pair("targets", &targets)}) {
+    const absl::Status s = wire::SendChunks(name, tensor->bytes(), tensor->nbytes(), kClientChunk,
+                                            [&](v1::TensorChunk&& c) {
+                                              v1::LogProbsRequest r;
+                                              *r.mutable_chunk() = std::move(c);
+                                              return stream->Write(r);
+                                            });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  stream->WritesDone();
+  v1::LogProbsResponse response;
+  std::vector<std::byte> lse;
+  int digests = 0;
+  while (stream->Read(&response)) {
+    if (response.has_chunk() && response.chunk().name() == "lse") {
+      const std::string& d = response.chunk().data();
+      ASSERT_EQ(response.chunk().offset(), lse.size());
+      lse.insert(lse.end(), reinterpret_cast<const std::byte*>(d.data()),
+                 reinterpret_cast<const std::byte*>(d.data()) + d.size());
+    }
+    digests += response.has_digest() ? 1 : 0;
+  }
+  const grpc::Status st = stream->Finish();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(digests, 2);  // logprob and lse
+  ASSERT_EQ(lse.size(), expected->lse->nbytes());
+  EXPECT_EQ(std::memcmp(lse.data(), expected->lse->bytes(), lse.size()), 0);
 }
 
 }  // namespace

@@ -264,6 +264,101 @@ TEST_F(CpuBackend, LogitsCutAtItsBlockRowsIsTheWholeCall) {
   }
 }
 
+// LogProbs cut at multiples of LogProbsBlockRows (the service's row blocks)
+// gives every output the bits of the whole call, each block walking the
+// vocabulary with its own chunk; and the cross-entropy's loss stays bitwise
+// -logprob past one block (its first pass forms the same products).
+TEST_F(CpuBackend, LogProbsCutAtItsBlockRowsIsTheWholeCall) {
+  const std::int64_t v = 300, k = 512, top_k = 3;
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal;
+  std::vector<Bf16Bits> w(static_cast<std::size_t>(v * k));
+  for (Bf16Bits& e : w) e = FloatToBf16(normal(rng));
+  std::shared_ptr<Weight> weight = Load(w, v, k);
+  ASSERT_NE(weight, nullptr);
+  struct Outputs {
+    std::vector<float> logprob, lse, entropy, topk_logprobs;
+    std::vector<std::int32_t> topk_ids;
+    std::vector<std::int64_t> rank;
+    explicit Outputs(std::int64_t m)
+        : logprob(static_cast<std::size_t>(m), -1.0f),
+          lse(logprob),
+          entropy(logprob),
+          topk_logprobs(static_cast<std::size_t>(m * top_k), -1.0f),
+          topk_ids(static_cast<std::size_t>(m * top_k), -1),
+          rank(static_cast<std::size_t>(m), -2) {}
+    bool operator==(const Outputs& o) const {
+      const auto same = [](const auto& a, const auto& b) {
+        return a.size() == b.size() &&
+               std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+      };
+      return same(logprob, o.logprob) && same(lse, o.lse) && same(entropy, o.entropy) &&
+             same(topk_logprobs, o.topk_logprobs) && same(topk_ids, o.topk_ids) &&
+             same(rank, o.rank);
+    }
+  };
+  for (const float cap : {0.0f, 30.0f}) {
+    for (const std::int64_t m : {7, 256, 700, 1029}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << m << " softcap=" << cap);
+      std::vector<Bf16Bits> x(static_cast<std::size_t>(m * k));
+      for (Bf16Bits& e : x) e = FloatToBf16(normal(rng));
+      std::vector<std::int64_t> targets(static_cast<std::size_t>(m));
+      std::uniform_int_distribution<std::int64_t> token(0, v - 1);
+      for (std::int64_t i = 0; i < m; ++i) {
+        targets[static_cast<std::size_t>(i)] = i % 11 == 5 ? -100 : token(rng);
+      }
+      const auto args_into = [&](Outputs* o, float temperature) {
+        LogProbsArgs a;
+        a.x = x.data();
+        a.m = m;
+        a.targets = targets.data();
+        a.temperature = temperature;
+        a.logit_softcap = cap;
+        a.vocab = v;
+        a.logprob = o->logprob.data();
+        a.lse = o->lse.data();
+        a.entropy = o->entropy.data();
+        a.top_k = top_k;
+        a.topk_ids = o->topk_ids.data();
+        a.topk_logprobs = o->topk_logprobs.data();
+        a.rank = o->rank.data();
+        return a;
+      };
+      Outputs whole(m), cut(m);
+      const LogProbsArgs all = args_into(&whole, 0.7f);
+      ASSERT_TRUE(backend_->LogProbs(*weight, all, nullptr).ok());
+      const std::int64_t rows = backend_->LogProbsBlockRows(*weight, m);
+      EXPECT_EQ(rows, std::min<std::int64_t>(m, 256));
+      const LogProbsArgs into_cut = args_into(&cut, 0.7f);
+      for (std::int64_t r0 = 0; r0 < m;) {
+        const std::int64_t mb = BlockRowsAt(m, r0, rows);
+        ASSERT_TRUE(backend_->LogProbs(*weight, LogProbsRowsOf(into_cut, k, r0, mb), nullptr).ok());
+        r0 += mb;
+      }
+      EXPECT_TRUE(whole == cut) << "a cut call's outputs differ from the whole call's";
+
+      // Temperature 1: lse and logprob are the cross-entropy's lse and -loss.
+      Outputs plain(m);
+      ASSERT_TRUE(backend_->LogProbs(*weight, args_into(&plain, 1.0f), nullptr).ok());
+      std::vector<float> loss(static_cast<std::size_t>(m)), lse(loss.size());
+      CrossEntropyArgs ce;
+      ce.x = x.data();
+      ce.m = m;
+      ce.targets = targets.data();
+      ce.logit_softcap = cap;
+      ce.loss = loss.data();
+      ce.lse = lse.data();
+      ASSERT_TRUE(backend_->CrossEntropy(*weight, ce, nullptr).ok());
+      for (std::int64_t i = 0; i < m; ++i) {
+        const auto u = static_cast<std::size_t>(i);
+        ASSERT_EQ(FloatBits(lse[u]), FloatBits(plain.lse[u])) << "lse, row " << i;
+        if (targets[u] == -100) continue;  // loss and logprob both 0
+        ASSERT_EQ(FloatBits(-loss[u]), FloatBits(plain.logprob[u])) << "loss, row " << i;
+      }
+    }
+  }
+}
+
 TEST_F(CpuBackend, LogitsBf16Bf16Bf16_IsRneOfExactSumK4096) {
   const std::int64_t m = 16, v = 512, k = 4096;
   const IntMatrix x = RandomInts(m, k, -8, 8, 21);

@@ -150,6 +150,22 @@ def test_logits_in_row_blocks_give_the_bits_of_the_whole_call(client, weights):
         np.testing.assert_array_equal(bits(blocks), bits(whole))
 
 
+def test_logprobs_in_row_blocks_give_the_bits_of_the_whole_call(client, weights):
+    # 777 rows in blocks of 256; the targets travel before X, int32 with ignored rows.
+    rng = rng_for(4322)
+    M, V, K = 777, 96, 200
+    x = to_bf16(rng.standard_normal((M, K)))
+    h = weights(to_bf16(rng.standard_normal((V, K)))).handle
+    targets = rng.integers(0, V, size=M).astype(np.int32)
+    targets[::9] = -100
+    asked = dict(top_k=4, want_entropy=True, want_lse=True, want_rank=True, temperature=0.9)
+    whole = client.logprobs(x, h, targets=targets, pipeline=False, **asked)
+    blocks = client.logprobs(x, h, targets=targets, pipeline=True, **asked)
+    for name in ("logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank"):
+        np.testing.assert_array_equal(getattr(blocks, name), getattr(whole, name), err_msg=name)
+        assert getattr(blocks, name).tobytes() == getattr(whole, name).tobytes(), name
+
+
 def test_logits_accepts_non_contiguous_input(client, weights):
     rng = rng_for(7)
     wi = int_tensor(rng, (64, 128))

@@ -63,7 +63,30 @@ absl::StatusOr<FloatBuffer> AllocateFloats(std::int64_t n, bool zeroed, absl::st
   return FloatBuffer(static_cast<float*>(p));
 }
 
-constexpr std::int64_t kLogitsRows = 256;  // Logits' rows per sgemm (see DoLogits)
+// Rows per sgemm of the row-wise calls (Logits, LogProbs, the
+// cross-entropy's first pass), aligned at the call's first row: OpenBLAS's
+// bits for a row depend on the rows beside it (threads' split, edge kernels),
+// so a call cut at multiples of it runs the very products of the uncut one.
+constexpr std::int64_t kBlasRows = 256;
+
+// The vocabulary chunk of a block of `rows` rows of the row-wise walks
+// (CeChunkRows of the block, not of the call), and the floats its logits
+// take: with the block's own chunk every block of a cut call walks the
+// vocabulary as the same rows of the uncut call do.
+std::int64_t BlockChunk(std::int64_t requested, std::int64_t rows, std::int64_t v) {
+  return CeChunkRows(requested, rows, v);
+}
+// Floats of a buffer that holds any block's chunk of logits, and `m` rows
+// of `chunk` columns.
+std::int64_t BlockChunkFloats(std::int64_t requested, std::int64_t m, std::int64_t v,
+                              std::int64_t chunk) {
+  std::int64_t floats = m * chunk;
+  const std::int64_t full = std::min(m, kBlasRows);
+  floats = std::max(floats, full * BlockChunk(requested, full, v));
+  const std::int64_t rest = m % kBlasRows;
+  if (rest != 0) floats = std::max(floats, rest * BlockChunk(requested, rest, v));
+  return floats;
+}
 void Widen(const Bf16Bits* in, std::int64_t n, float* out) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
 }
@@ -178,30 +201,36 @@ absl::StatusOr<std::byte*> AllocateAligned(std::size_t bytes) {
   return static_cast<std::byte*>(p);
 }
 
-// The cross-entropy's first pass over the vocabulary, chunk by chunk: each
-// row's running max and sum of exponentials, tile by tile, and the
-// target's capped logit. `buf` holds a chunk of logits [m, chunk].
-void CeRowsPass(const CrossEntropyArgs& args, const CpuWeight& w, const float* xf,
-                std::int64_t chunk, float* buf, std::vector<CeRow>* rows,
-                std::vector<float>* z_target) {
+// The cross-entropy's first pass over the vocabulary, in blocks of
+// kBlasRows rows and each block chunk by chunk (BlockChunk): each row's
+// running max and sum of exponentials, tile by tile, and the target's capped
+// logit; the very products LogProbs forms, so that its lse and logprob are
+// this pass's bits. `buf` holds a block's chunk of logits.
+void CeRowsPass(const CrossEntropyArgs& args, const CpuWeight& w, const float* xf, float* buf,
+                std::vector<CeRow>* rows, std::vector<float>* z_target) {
   const std::int64_t m = args.m, v = w.v(), k = w.k();
-  for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
-    const std::int64_t c = std::min(chunk, v - v0);
-    float* y = buf;
-    Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf, k, w.data() + v0 * k, k, 0.0f, y, c);
-    for (std::int64_t i = 0; i < m; ++i) {
-      float* z = y + i * c;
-      CeSoftcap(args.logit_softcap, z, c);
-      CeRow& row = (*rows)[static_cast<std::size_t>(i)];
-      for (std::int64_t j = 0; j < c; j += kCeTile) {
-        float tile_max = 0.0f;
-        float tile_sum = 0.0f;
-        CeTileMaxSum(z + j, std::min(kCeTile, c - j), &tile_max, &tile_sum);
-        row.Fold(tile_max, tile_sum);
-      }
-      const std::int64_t t = args.targets[i];
-      if (t != args.ignore_index && t >= v0 && t < v0 + c) {
-        (*z_target)[static_cast<std::size_t>(i)] = z[t - v0];
+  for (std::int64_t r0 = 0; r0 < m; r0 += kBlasRows) {
+    const std::int64_t mb = std::min(kBlasRows, m - r0);
+    const std::int64_t chunk = BlockChunk(args.vocab_chunk, mb, v);
+    for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
+      const std::int64_t c = std::min(chunk, v - v0);
+      float* y = buf;
+      Sgemm(CblasNoTrans, CblasTrans, mb, c, k, 1.0f, xf + r0 * k, k, w.data() + v0 * k, k, 0.0f, y,
+            c);
+      for (std::int64_t i = r0; i < r0 + mb; ++i) {
+        float* z = y + (i - r0) * c;
+        CeSoftcap(args.logit_softcap, z, c);
+        CeRow& row = (*rows)[static_cast<std::size_t>(i)];
+        for (std::int64_t j = 0; j < c; j += kCeTile) {
+          float tile_max = 0.0f;
+          float tile_sum = 0.0f;
+          CeTileMaxSum(z + j, std::min(kCeTile, c - j), &tile_max, &tile_sum);
+          row.Fold(tile_max, tile_sum);
+        }
+        const std::int64_t t = args.targets[i];
+        if (t != args.ignore_index && t >= v0 && t < v0 + c) {
+          (*z_target)[static_cast<std::size_t>(i)] = z[t - v0];
+        }
       }
     }
   }
@@ -371,10 +400,8 @@ class CpuBackend final : public Backend {
     const std::int64_t m = args.m;
     const std::int64_t v = w.v();
     const std::int64_t k = w.k();
-    // One sgemm per kLogitsRows rows from the first: OpenBLAS's bits for a
-    // row depend on the rows beside it (threads' split, edge kernels), so a
-    // call cut at multiples of it runs the very products of the uncut one.
-    const std::int64_t rows = std::min(m, kLogitsRows);
+    // One sgemm per kBlasRows rows from the first.
+    const std::int64_t rows = std::min(m, kBlasRows);
     absl::StatusOr<FloatBuffer> xf = AllocateFloats(rows * k, false, "logits: x widened to fp32");
     if (!xf.ok()) return xf.status();
     // bf16 out goes through an fp32 accumulator so it is rounded exactly once.
@@ -408,7 +435,11 @@ class CpuBackend final : public Backend {
 
   std::int64_t LogitsBlockRows(const Weight& /*w*/, std::int64_t m,
                                DType /*out_dtype*/) const override {
-    return std::min(m, kLogitsRows);
+    return std::min(m, kBlasRows);
+  }
+
+  std::int64_t LogProbsBlockRows(const Weight& /*w*/, std::int64_t m) const override {
+    return std::min(m, kBlasRows);
   }
 
   absl::Status DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) override {
@@ -557,7 +588,7 @@ class CpuBackend final : public Backend {
     if (!xf.ok()) return xf.status();
     Widen(args.x, m * k, xf->get());
     absl::StatusOr<FloatBuffer> buf =
-        AllocateFloats(m * chunk, false,
+        AllocateFloats(BlockChunkFloats(args.vocab_chunk, m, v, chunk), false,
                        absl::StrFormat("cross entropy: fp32 logits of a chunk [%d, %d]", m, chunk));
     if (!buf.ok()) return buf.status();
     FloatBuffer dx_tmp;
@@ -578,7 +609,7 @@ class CpuBackend final : public Backend {
     // Pass 1: lse and the target's capped logit, row by row over the tiles.
     std::vector<CeRow> rows(static_cast<std::size_t>(m));
     std::vector<float> z_target(static_cast<std::size_t>(m), 0.0f);
-    CeRowsPass(args, w, xf->get(), chunk, buf->get(), &rows, &z_target);
+    CeRowsPass(args, w, xf->get(), buf->get(), &rows, &z_target);
     const std::vector<float> lse = CeLosses(args, rows, z_target);
 
     if (backward) {
@@ -597,12 +628,25 @@ class CpuBackend final : public Backend {
     if (cw == nullptr) return ForeignWeight("log probs", weight);
     const CpuWeight& w = *cw;
     if (absl::Status s = CheckBlasRows("log probs", args.m); !s.ok()) return s;
+    // In blocks of kBlasRows rows, each a walk of its own over the
+    // vocabulary (the cross-entropy's first pass does the same).
+    for (std::int64_t r0 = 0; r0 < args.m; r0 += kBlasRows) {
+      const LogProbsArgs block = LogProbsRowsOf(args, w.k(), r0, std::min(kBlasRows, args.m - r0));
+      if (absl::Status s = LogProbsBlock(w, block); !s.ok()) return s;
+    }
+    SetTiming(timing, start);
+    return absl::OkStatus();
+  }
+
+ private:
+  // DoLogProbs of one block of at most kBlasRows rows.
+  absl::Status LogProbsBlock(const CpuWeight& w, const LogProbsArgs& args) {
     const std::int64_t m = args.m;
     const std::int64_t v = args.vocab;
     const std::int64_t k = w.k();
     const std::int64_t top_k = args.top_k;
     const bool scaled = args.temperature != 1.0f;
-    const std::int64_t chunk = CeChunkRows(args.vocab_chunk, m, v);
+    const std::int64_t chunk = BlockChunk(args.vocab_chunk, m, v);
     absl::StatusOr<FloatBuffer> xf = AllocateFloats(m * k, false, "log probs: x widened");
     if (!xf.ok()) return xf.status();
     Widen(args.x, m * k, xf->get());
@@ -651,11 +695,9 @@ class CpuBackend final : public Backend {
 
     LpWriteRows(args, rows, z_target, &best);
     if (args.rank != nullptr) LpRanks(args, chunk, logits, z_target);
-    SetTiming(timing, start);
     return absl::OkStatus();
   }
 
- private:
 #ifdef LOGITD_TEST_FAULTS
   // The test-only device faults on a machine without one: a trap marks the
   // backend lost as a sticky CUDA error would; a hang sleeps 30 s (or until

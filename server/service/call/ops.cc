@@ -231,28 +231,52 @@ absl::StatusOr<OpResult> RunLogProbs(const OpEnv& env, const LogProbsRequest& r,
   // Besides the slots: the targets widened to int64.
   if (plan.has_targets) call->Scratch(static_cast<std::uint64_t>(plan.m) * sizeof(std::int64_t));
   call->ReadInPlace();
-  LOGITD_RETURN_IF_ERROR(call->Receive("log probs", transport));
+  // Sized once the call is admitted (the first block, or after Receive).
   std::vector<std::int64_t> targets;
+  // Every output but the targets, which are widened as their rows arrive.
+  const auto whole_args = [&] {
+    kernels::LogProbsArgs args;
+    args.x = call->in<Bf16Bits>("x");
+    args.m = plan.m;
+    args.targets = plan.has_targets ? targets.data() : nullptr;
+    args.ignore_index = plan.ignore_index;
+    args.temperature = plan.temperature;
+    args.logit_softcap = plan.logit_softcap;
+    args.vocab = plan.vocab;
+    args.logprob = call->out<float>("logprob");
+    args.lse = call->out<float>("lse");
+    args.entropy = call->out<float>("entropy");
+    args.top_k = plan.top_k;
+    args.topk_ids = call->out<std::int32_t>("topk_ids");
+    args.topk_logprobs = call->out<float>("topk_logprobs");
+    args.rank = call->out<std::int64_t>("rank");
+    return args;
+  };
+  // Rows [r0, r0 + rows): their targets checked and widened, then the block.
+  const auto block = [&](std::int64_t r0, std::int64_t rows, kernels::Timing* t) -> absl::Status {
+    if (plan.has_targets) {
+      targets.resize(static_cast<std::size_t>(plan.m));
+      LOGITD_RETURN_IF_ERROR(ConvertTargetRows(plan.targets_dtype, call->in("targets"), r0, rows,
+                                               plan.vocab, plan.ignore_index, targets.data())
+                                 .status());
+    }
+    return env.backend->LogProbs(*w.weight, kernels::LogProbsRowsOf(whole_args(), w.k, r0, rows),
+                                 t);
+  };
+  if (call->Pipelines(transport)) {
+    return call->RunInRowBlocks("log probs", transport, plan.m,
+                                env.backend->LogProbsBlockRows(*w.weight, plan.m), OpResult{},
+                                block);
+  }
+  LOGITD_RETURN_IF_ERROR(call->Receive("log probs", transport));
+  // Every target checked before anything is computed.
   if (plan.has_targets) {
-    LOGITD_RETURN_IF_ERROR(ConvertTargets(plan.targets_dtype, call->in("targets"), plan.m,
-                                          plan.vocab, plan.ignore_index, &targets)
+    targets.resize(static_cast<std::size_t>(plan.m));
+    LOGITD_RETURN_IF_ERROR(ConvertTargetRows(plan.targets_dtype, call->in("targets"), 0, plan.m,
+                                             plan.vocab, plan.ignore_index, targets.data())
                                .status());
   }
-  kernels::LogProbsArgs args;
-  args.x = call->in<Bf16Bits>("x");
-  args.m = plan.m;
-  args.targets = plan.has_targets ? targets.data() : nullptr;
-  args.ignore_index = plan.ignore_index;
-  args.temperature = plan.temperature;
-  args.logit_softcap = plan.logit_softcap;
-  args.vocab = plan.vocab;
-  args.logprob = call->out<float>("logprob");
-  args.lse = call->out<float>("lse");
-  args.entropy = call->out<float>("entropy");
-  args.top_k = plan.top_k;
-  args.topk_ids = call->out<std::int32_t>("topk_ids");
-  args.topk_logprobs = call->out<float>("topk_logprobs");
-  args.rank = call->out<std::int64_t>("rank");
+  const kernels::LogProbsArgs args = whole_args();
   return Compute(call,
                  [&](kernels::Timing* t) { return env.backend->LogProbs(*w.weight, args, t); });
 }

@@ -157,6 +157,11 @@ absl::StatusOr<std::int64_t> ConvertTargets(const Tensor& targets, std::int64_t 
 absl::StatusOr<std::int64_t> ConvertTargets(DType dtype, const std::byte* data, std::int64_t n,
                                             std::int64_t v, std::int64_t ignore_index,
                                             std::vector<std::int64_t>* out);
+// The same for rows [r0, r0 + rows) of the targets at `data` (row 0's
+// address), into the same rows of `out`, for a call run in row blocks.
+absl::StatusOr<std::int64_t> ConvertTargetRows(DType dtype, const std::byte* data, std::int64_t r0,
+                                               std::int64_t rows, std::int64_t v,
+                                               std::int64_t ignore_index, std::int64_t* out);
 
 // The scale the backend multiplies every counted token's dL/dz by before the
 // bf16 cast of G: grad_scale, divided (in fp32) by the counted tokens for a

@@ -20,24 +20,31 @@ absl::StatusOr<std::int64_t> ConvertTargets(const Tensor& targets, std::int64_t 
 absl::StatusOr<std::int64_t> ConvertTargets(DType dtype, const std::byte* data, std::int64_t n,
                                             std::int64_t v, std::int64_t ignore_index,
                                             std::vector<std::int64_t>* out) {
+  out->resize(static_cast<std::size_t>(n));
+  return ConvertTargetRows(dtype, data, 0, n, v, ignore_index, out->data());
+}
+
+absl::StatusOr<std::int64_t> ConvertTargetRows(DType dtype, const std::byte* data, std::int64_t r0,
+                                               std::int64_t rows, std::int64_t v,
+                                               std::int64_t ignore_index, std::int64_t* out) {
   if (dtype != DType::kInt32 && dtype != DType::kInt64) {
     return absl::InvalidArgumentError(
         absl::StrCat("targets: expected dtype INT32 or INT64, got ", DTypeName(dtype)));
   }
-  out->resize(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) {
+  const std::size_t size = dtype == DType::kInt32 ? 4 : 8;
+  for (std::int64_t i = r0; i < r0 + rows; ++i) {
     // memcpy: a slice of a shared-memory region need not be aligned.
     if (dtype == DType::kInt32) {
       std::int32_t t;
-      std::memcpy(&t, data + i * 4, 4);
-      (*out)[static_cast<std::size_t>(i)] = t;
+      std::memcpy(&t, data + static_cast<std::size_t>(i) * size, 4);
+      out[i] = t;
     } else {
-      std::memcpy(&(*out)[static_cast<std::size_t>(i)], data + i * 8, 8);
+      std::memcpy(&out[i], data + static_cast<std::size_t>(i) * size, 8);
     }
   }
   std::int64_t counted = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t t = (*out)[static_cast<std::size_t>(i)];
+  for (std::int64_t i = r0; i < r0 + rows; ++i) {
+    const std::int64_t t = out[i];
     if (t == ignore_index) continue;
     if (t < 0 || t >= v) {
       return absl::InvalidArgumentError(absl::StrCat("targets[", i, "] = ", t,

@@ -44,6 +44,9 @@ class FaultBackend final : public kernels::Backend {
                                DType out_dtype) const override {
     return inner_->LogitsBlockRows(w, m, out_dtype);
   }
+  std::int64_t LogProbsBlockRows(const kernels::Weight& w, std::int64_t m) const override {
+    return inner_->LogProbsBlockRows(w, m);
+  }
   absl::Status DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
                         kernels::Timing* timing) override {
     absl::Status s = inner_->Logits(w, args, timing);

@@ -447,6 +447,11 @@ struct LogProbsOptions {
   bool want_rank = false;
   // Vocabulary entries that count (padded vocabularies); 0 means all of V.
   std::int64_t vocab_size = 0;
+  // Ask the server to start on the first rows while the rest arrive
+  // (LogProbsHeader.pipeline), as LogitsOptions.pipeline: the targets go
+  // first, X is written on a thread of its own, the outputs' bits are the
+  // same either way.
+  bool pipeline = true;
 };
 
 struct LogProbsShmArgs {

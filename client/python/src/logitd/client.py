@@ -420,6 +420,7 @@ class Client(_Transport):
         want_rank: bool = False,
         vocab_size: int = 0,
         ignore_index: int = -100,
+        pipeline: bool = True,
     ) -> LogProbs:
         """Per-token log-probabilities of the fp32 logits x . W^T (divided by
         `temperature`, after tanh soft-capping when `logit_softcap` > 0, over
@@ -429,7 +430,12 @@ class Client(_Transport):
         (0 to 64) most likely tokens with their log-probs, and each target's
         rank. Only these per-token numbers travel, never the [M, V] logits.
         With temperature 1 and nothing capped or masked, logprob is bitwise
-        -loss of cross_entropy(..., reduction="none")."""
+        -loss of cross_entropy(..., reduction="none").
+
+        pipeline (default True) asks the server to start on the first rows
+        while the rest arrive (LogProbsHeader.pipeline), as logits() does:
+        the same bits; the outputs are returned only once the call ended OK
+        and each matched the digest sent after it."""
         temperature = float(temperature)
         if not math.isfinite(temperature) or temperature <= 0:
             raise InvalidArgumentError("temperature: expected a finite temperature > 0, got %r" % temperature)
@@ -449,12 +455,15 @@ class Client(_Transport):
             want_rank=bool(want_rank),
             vocab_size=int(vocab_size),
             digest_last=True,
+            pipeline=bool(pipeline),
         )
-        tensors_out = [xt]
+        # The targets before X: a row block waits for its rows of both.
+        tensors_out = []
         if targets is not None:
             tt = T.Outgoing("targets", targets, (pb.DTYPE_INT32, pb.DTYPE_INT64))
             header.targets.CopyFrom(tt.spec)
             tensors_out.append(tt)
+        tensors_out.append(xt)
 
         def specs_of(r):
             return [getattr(r, f) for f in _LOGPROBS_OUTPUTS if r.HasField(f)]
