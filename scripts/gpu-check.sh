@@ -29,6 +29,8 @@
 #   rpc       logitctl bench at the RPC level and the metrics endpoint
 #   oip       perf_analyzer over the Open Inference Protocol (not when rpc is skipped)
 #   chunks    the M=1024 logits call at several --chunk_bytes (not when rpc is skipped)
+#   veth      one client's streams on loopback and across a veth pair (scripts/veth-bench.sh;
+#             root only; not when rpc is skipped)
 #   example   the Python client's examples
 #   gemm      logitd_kernel_bench, noted bench
 #   torch     bench/torch_baseline.py (not when gemm is skipped)
@@ -39,7 +41,7 @@
 # Environment:
 #   GPU_CHECK_BUILD    build directory (default /tmp/logitd-gpu-build)
 #   GPU_CHECK_TARGETS  space-separated targets to build (default: everything)
-#   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate compare verify rpc oip chunks example
+#   GPU_CHECK_SKIP     any of: sweep tests sanitize golden stress validate compare verify rpc oip chunks veth example
 #                      bench torch gemm ce lp cutlass
 #                      ("bench" skips every benchmark, "gemm" the GEMM ones, "ce" the
 #                      cross-entropy one, "lp" the LogProbs one, "cutlass" the CUTLASS probes)
@@ -74,6 +76,8 @@
 #   CUTLASS_PROBE_RUNS op:MxNxK ... (op: logits, dx, dw; default: the token walk's products
 #                      at 4096x4096x128256 and 8192x2304x256000); CUTLASS_PROBE_ARGS more
 #                      arguments (--exact, --stream-k); CUTLASS_PROBE_TIMEOUT s per run (90)
+#   VETH_TIMEOUT       seconds allowed for the veth step (default 400); VETH_M, VETH_K, VETH_V,
+#                      VETH_REQUESTS as scripts/veth-bench.sh
 #   VERIFY_SHAPES      MxKxV[,...] of the verify step (default 64x4096x32768,256x8192x65536,64x4096x1024);
 #                      VERIFY_TIMEOUT seconds allowed for it (default 400)
 #   SANITIZE_TIMEOUT   seconds allowed per compute-sanitizer run (default 240)
@@ -93,7 +97,7 @@ root=$PWD
 
 # The order of a full round. A step may use what an earlier one left: the
 # benchmarks run with the example's PYTHONPATH.
-all_steps=(sweep tests sanitize golden stress validate compare verify rpc oip chunks example
+all_steps=(sweep tests sanitize golden stress validate compare verify rpc oip chunks veth example
            gemm torch ce lp cutlass)
 bench_steps="gemm torch ce lp cutlass"
 
