@@ -385,7 +385,9 @@ absl::StatusOr<CrossEntropyShmResult> Client::CrossEntropyShm(const CrossEntropy
         "got 0");
   }
   CallTensors slots;
-  for (absl::Status s : {slots.Input("x", Bf16(args.x)), slots.Input("targets", args.targets),
+  // The targets before X: in row blocks the server waits for all of them
+  // before the first block.
+  for (absl::Status s : {slots.Input("targets", args.targets), slots.Input("x", Bf16(args.x)),
                          slots.Output("loss", args.loss), slots.Output("lse", args.lse),
                          slots.Output("dx", args.dx), slots.Output("dw", args.dw)}) {
     if (!s.ok()) return s;
@@ -400,6 +402,7 @@ absl::StatusOr<CrossEntropyShmResult> Client::CrossEntropyShm(const CrossEntropy
   h->set_dx_dtype(wire::ToProto(options.dx_dtype));
   h->set_accumulate_dw(options.accumulate_dw);
   h->set_digest_last(true);  // streamed outputs hashed while they travel
+  h->set_pipeline(options.pipeline);
   slots.FillHeader(h);
 
   return impl_->Call(

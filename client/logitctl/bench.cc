@@ -131,8 +131,8 @@ struct Config {
   std::int64_t k = 0;
   std::int64_t v = 0;
   DType out_dtype = DType::kFp32;
-  // Logits and LogProbs in row blocks (LogitsOptions.pipeline,
-  // LogProbsOptions.pipeline).
+  // Logits, LogProbs and CrossEntropy in row blocks (their options'
+  // pipeline).
   bool pipeline = true;
   // Connections each Logits call is spread over (LogitsOptions.connections).
   int connections = 1;
@@ -310,6 +310,7 @@ absl::StatusOr<Config> ReadConfig() {
   }
   c.pipeline = absl::GetFlag(FLAGS_pipeline);
   c.logprobs.pipeline = c.pipeline;
+  c.cross_entropy.pipeline = c.pipeline;
   c.connections = absl::GetFlag(FLAGS_connections);
   if (c.connections < 1 || c.connections > 64) {
     return absl::InvalidArgumentError(

@@ -119,6 +119,7 @@ absl::StatusOr<client::CrossEntropyOptions> ReadOptions() {
   options.want_dx = absl::GetFlag(FLAGS_dx);
   options.want_dw = absl::GetFlag(FLAGS_dw);
   options.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
+  options.pipeline = absl::GetFlag(FLAGS_pipeline);
   if (options.accumulate_dw && !options.want_dw) {
     return absl::InvalidArgumentError(
         "cross-entropy: --accumulate adds dW into the server-held buffer; add --dw");

@@ -41,7 +41,7 @@ ABSL_FLAG(std::int32_t, connections, 1,
           "logits, bench --rpc=logits: spread each call over this many connections (1 to 64), "
           "X's rows cut where the weight says the bits stay the same");
 ABSL_FLAG(bool, pipeline, true,
-          "logits, logprobs, bench --rpc=logits|logprobs: ask the server to run the call in "
+          "logits, logprobs, cross-entropy, bench: ask the server to run the call in "
           "row blocks, starting on X's first rows while the rest arrive and streaming the "
           "outputs' rows as they are done (the same bits; --nopipeline runs it whole)");
 ABSL_FLAG(bool, shm, false,

@@ -64,10 +64,12 @@ commands:
   cross-entropy --x=FILE[:TENSOR] --targets=FILE[:TENSOR] --weight=HANDLE --out=FILE
            [--reduction=mean|sum|none] [--ignore_index=-100] [--z_loss=0] [--logit_softcap=0]
            [--grad_scale=1] [--lse] [--dx] [--dw] [--dx_dtype=bf16|fp32] [--accumulate] [--shm]
+           [--nopipeline]
                                      fused loss of the logits X.W^T against int32/int64
                                      targets, without the [M, V] logits; tensors "loss"
                                      ([M] for none, else [1]), "lse", "dx", "dw";
-                                     --shm: every tensor through shared memory
+                                     --shm: every tensor through shared memory;
+                                     --nopipeline: the call run whole (same bits)
   logprobs --x=FILE[:TENSOR] --weight=HANDLE --out=FILE [--targets=FILE[:TENSOR]]
            [--top_k=0] [--temperature=1] [--logit_softcap=0] [--entropy] [--lse] [--rank]
            [--vocab_size=0] [--ignore_index=-100] [--nopipeline]

@@ -339,6 +339,11 @@ class Backend {
   // (LogProbsRowsOf), with every output the bits of the uncut call's; as
   // LogitsBlockRows. `m` where the backend's products span all the rows.
   virtual std::int64_t LogProbsBlockRows(const Weight& /*w*/, std::int64_t m) const { return m; }
+  // The same for a CrossEntropy call without dW (loss, lse, dX): every
+  // block's a call of its own with the whole call's grad_scale.
+  virtual std::int64_t CrossEntropyBlockRows(const Weight& /*w*/, std::int64_t m) const {
+    return m;
+  }
 
   // G = bf16(dY) (RNE, once); dX = G.W [m, K]; dW = G^T.X [V, K]; fp32
   // accumulation, outputs rounded once to their dtype.

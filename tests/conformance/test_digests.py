@@ -210,3 +210,41 @@ def test_logprobs_pipeline_with_damaged_x_sends_no_digest(conn, weights):
         code = e.code()
     assert code == grpc.StatusCode.DATA_LOSS
     assert "digest" not in parts
+
+
+def _cross_entropy_messages(handle, xt, tt, x_first, pipeline, x_digest=None, chunk_bytes=1000):
+    """A CrossEntropy call asking per-token loss, lse and an fp32 dX, X and targets in the order asked."""
+    header = pb.CrossEntropyHeader(
+        weight_handle=handle, x=xt.spec(x_digest), targets=tt.spec(), reduction=pb.REDUCTION_NONE,
+        want_lse=True, want_dx=True, dx_dtype=pb.DTYPE_FP32, digest_last=True, pipeline=pipeline,
+    )
+    x_chunks = [pb.CrossEntropyRequest(chunk=c) for c in chunks_of(xt, chunk_bytes)]
+    t_chunks = [pb.CrossEntropyRequest(chunk=c) for c in chunks_of(tt, chunk_bytes)]
+    return [pb.CrossEntropyRequest(header=header)] + (x_chunks + t_chunks if x_first else t_chunks + x_chunks)
+
+
+def test_cross_entropy_pipeline_gives_the_bits_of_the_whole_call(conn, weights):
+    """CrossEntropy with pipeline (no dW): loss, lse and dX bit for bit the whole call's, digests last,
+    whichever of X and the targets is sent first; a wrong X digest is DATA_LOSS with no digest."""
+    rng = np.random.default_rng(610)
+    info = weights(rng.standard_normal((96, 200)))
+    xt = Tensor("x", pb.DTYPE_BF16, rng.standard_normal((600, 200)))
+    tt = Tensor("targets", pb.DTYPE_INT64, rng.integers(0, 96, size=600))
+    outputs = ("loss", "lse", "dx")
+    whole = read_stream(conn.cross_entropy_stream(_cross_entropy_messages(info.handle, xt, tt, True, False)))
+    expected = {n: check_output(whole, getattr(whole.result, n), True).view(np.uint32) for n in outputs}
+    for x_first in (True, False):
+        blocks = read_stream(conn.cross_entropy_stream(_cross_entropy_messages(info.handle, xt, tt, x_first, True)))
+        assert blocks.order == expected_order(list(outputs), True)
+        for n in outputs:
+            np.testing.assert_array_equal(check_output(blocks, getattr(blocks.result, n), True).view(np.uint32), expected[n])
+    messages = _cross_entropy_messages(info.handle, xt, tt, False, True, x_digest=xxh3(xt.data) ^ 0x5A5A)
+    parts = []
+    code = grpc.StatusCode.OK
+    try:
+        for message in conn.cross_entropy_stream(messages):
+            parts.append(message.WhichOneof("part"))
+    except grpc.RpcError as e:
+        code = e.code()
+    assert code == grpc.StatusCode.DATA_LOSS
+    assert "digest" not in parts

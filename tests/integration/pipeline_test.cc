@@ -1,5 +1,5 @@
-// Logits and LogProbs in row blocks (LogitsHeader.pipeline,
-// LogProbsHeader.pipeline) against the real server: the bits equal those of
+// Logits, LogProbs and CrossEntropy in row blocks (their headers' pipeline)
+// against the real server: the bits equal those of
 // the same call run whole, at odd row counts and with chunks that split rows
 // on both sides; what a client may accept when the call fails after the
 // first chunks went out (nothing: no digest, and the call's status); and a
@@ -464,6 +464,83 @@ TEST_F(PipelineTest, LogProbsTakesXBeforeTheTargetsToo) {
   EXPECT_EQ(digests, 2);  // logprob and lse
   ASSERT_EQ(lse.size(), expected->lse->nbytes());
   EXPECT_EQ(std::memcmp(lse.data(), expected->lse->bytes(), lse.size()), 0);
+}
+
+TEST_F(PipelineTest, CrossEntropyInRowBlocksGivesTheBitsOfTheWholeCall) {
+  for (const std::int64_t m : {1, 257, 777}) {
+    for (const client::Reduction reduction :
+         {client::Reduction::kNone, client::Reduction::kMean, client::Reduction::kSum}) {
+      for (const DType dx_dtype : {DType::kFp32, DType::kBf16}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "M=" << m << " reduction " << static_cast<int>(reduction) << " dX "
+                     << DTypeName(dx_dtype));
+        const Tensor x = NormalBf16({m, kK}, static_cast<std::uint32_t>(500 + m));
+        const Tensor targets = SomeTargets(m, DType::kInt32, static_cast<std::uint32_t>(m + 1));
+        client::CrossEntropyOptions o;
+        o.reduction = reduction;
+        o.z_loss = 1e-3f;
+        o.logit_softcap = 25.0f;
+        o.grad_scale = 0.5f;
+        o.want_lse = true;
+        o.want_dx = true;
+        o.dx_dtype = dx_dtype;
+        o.pipeline = false;
+        absl::StatusOr<client::CrossEntropyResult> whole =
+            client().CrossEntropy(x, targets, *handle_, o);
+        o.pipeline = true;
+        absl::StatusOr<client::CrossEntropyResult> blocks =
+            client().CrossEntropy(x, targets, *handle_, o);
+        ASSERT_TRUE(whole.ok()) << whole.status();
+        ASSERT_TRUE(blocks.ok()) << blocks.status();
+        EXPECT_EQ(blocks->loss.shape(), whole->loss.shape());
+        EXPECT_EQ(blocks->loss.Digest(), whole->loss.Digest()) << "loss bits differ";
+        ASSERT_TRUE(blocks->lse && blocks->dx);
+        EXPECT_EQ(blocks->lse->Digest(), whole->lse->Digest()) << "lse bits differ";
+        EXPECT_EQ(blocks->dx->Digest(), whole->dx->Digest()) << "dX bits differ";
+        EXPECT_EQ(blocks->counted_tokens, whole->counted_tokens);
+        ASSERT_TRUE(blocks->timing.trailer.has_value());
+        ASSERT_TRUE(blocks->timing.trailer->pipeline_rows.has_value());
+        EXPECT_EQ(*blocks->timing.trailer->pipeline_rows, std::min<std::int64_t>(m, 256));
+      }
+    }
+  }
+  // With dW the call runs whole whatever it asks: dW sums over every row.
+  const Tensor x = NormalBf16({300, kK}, 13);
+  const Tensor targets = SomeTargets(300, DType::kInt64, 13);
+  client::CrossEntropyOptions o;
+  o.want_dx = true;
+  o.want_dw = true;
+  absl::StatusOr<client::CrossEntropyResult> with_dw =
+      client().CrossEntropy(x, targets, *handle_, o);
+  ASSERT_TRUE(with_dw.ok()) << with_dw.status();
+  ASSERT_TRUE(with_dw->dw.has_value());
+  ASSERT_TRUE(with_dw->timing.trailer.has_value());
+  EXPECT_FALSE(with_dw->timing.trailer->pipeline_rows.has_value());
+  o.want_dw = false;
+  absl::StatusOr<client::CrossEntropyResult> without =
+      client().CrossEntropy(x, targets, *handle_, o);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(without->dx->Digest(), with_dw->dx->Digest()) << "dX differs with dW asked";
+}
+
+TEST_F(PipelineTest, CrossEntropyTargetOutOfRangeEndsTheCallBeforeAnyBlock) {
+  const std::int64_t m = 777;
+  const Tensor x = NormalBf16({m, kK}, 14);
+  std::vector<std::int64_t> t(static_cast<std::size_t>(m), 3);
+  t[700] = -7;
+  const Tensor targets = TargetsTensor(DType::kInt64, t);
+  client::CrossEntropyOptions o;
+  o.want_dx = true;
+  for (const bool pipeline : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "pipeline=" << pipeline);
+    o.pipeline = pipeline;
+    absl::StatusOr<client::CrossEntropyResult> r = client().CrossEntropy(x, targets, *handle_, o);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find("targets[700] = -7"), std::string::npos) << r.status();
+  }
+  t[700] = 4;
+  o.pipeline = true;
+  EXPECT_TRUE(client().CrossEntropy(x, TargetsTensor(DType::kInt64, t), *handle_, o).ok());
 }
 
 }  // namespace

@@ -49,6 +49,33 @@ TEST(InputProgress, AnEndedReceptionWakesWaitersWithItsStatus) {
   EXPECT_EQ(p.status().code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(InputProgress, AWholeInputIsWaitedForAlone) {
+  // CrossEntropy waits for every target before its first block, whatever
+  // X has sent by then.
+  InputProgress p;
+  p.Expect("x", 10 * 400, 10);
+  p.Expect("labels", 10 * 8, 10);
+  EXPECT_TRUE(p.WaitInput("not-expected").ok());
+  std::atomic<bool> done{false};
+  std::thread waiter([&] {
+    EXPECT_TRUE(p.WaitInput("labels").ok());
+    done = true;
+  });
+  p.Landed("labels", 9 * 8 + 7);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(done) << "the input counted whole before its last byte";
+  p.Landed("labels", 10 * 8);
+  waiter.join();
+  EXPECT_TRUE(done);
+  // A reception that failed wakes a waiter with its status.
+  InputProgress q;
+  q.Expect("labels", 80, 10);
+  std::thread failed(
+      [&] { EXPECT_EQ(q.WaitInput("labels").code(), absl::StatusCode::kCancelled); });
+  q.Ended(absl::CancelledError("gone"));
+  failed.join();
+}
+
 TEST(InputProgress, AStreamThatEndedShortIsAnInternalError) {
   // Reception says OK only when every byte arrived; rows missing after an
   // OK end mean the caller and the receiver disagree.

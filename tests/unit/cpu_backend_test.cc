@@ -359,6 +359,71 @@ TEST_F(CpuBackend, LogProbsCutAtItsBlockRowsIsTheWholeCall) {
   }
 }
 
+// CrossEntropy without dW cut at multiples of CrossEntropyBlockRows: loss,
+// lse and dX (fp32 and bf16) keep the whole call's bits, z-loss, soft-cap,
+// ignored tokens and a scale for a mean included.
+TEST_F(CpuBackend, CrossEntropyCutAtItsBlockRowsIsTheWholeCall) {
+  const std::int64_t v = 300, k = 384;
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal;
+  std::vector<Bf16Bits> w(static_cast<std::size_t>(v * k));
+  for (Bf16Bits& e : w) e = FloatToBf16(normal(rng));
+  std::shared_ptr<Weight> weight = Load(w, v, k);
+  ASSERT_NE(weight, nullptr);
+  for (const DType dx_dtype : {DType::kFp32, DType::kBf16}) {
+    for (const std::int64_t m : {7, 256, 700, 1029}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << m << " dX " << DTypeName(dx_dtype));
+      std::vector<Bf16Bits> x(static_cast<std::size_t>(m * k));
+      for (Bf16Bits& e : x) e = FloatToBf16(normal(rng));
+      std::vector<std::int64_t> targets(static_cast<std::size_t>(m));
+      std::uniform_int_distribution<std::int64_t> token(0, v - 1);
+      for (std::int64_t i = 0; i < m; ++i) {
+        targets[static_cast<std::size_t>(i)] = i % 13 == 4 ? -100 : token(rng);
+      }
+      const std::size_t dx_row = static_cast<std::size_t>(k) * ElementSize(dx_dtype);
+      struct Outputs {
+        std::vector<float> loss, lse;
+        std::vector<std::byte> dx;
+      };
+      const auto outputs = [&] {
+        return Outputs{std::vector<float>(static_cast<std::size_t>(m), -1.0f),
+                       std::vector<float>(static_cast<std::size_t>(m), -1.0f),
+                       std::vector<std::byte>(static_cast<std::size_t>(m) * dx_row, std::byte{7})};
+      };
+      Outputs whole = outputs(), cut = outputs();
+      CrossEntropyArgs args;
+      args.x = x.data();
+      args.m = m;
+      args.targets = targets.data();
+      args.z_loss = 1e-3f;
+      args.logit_softcap = 20.0f;
+      args.grad_scale = 1.0f / 613.0f;
+      args.dx_dtype = dx_dtype;
+      args.loss = whole.loss.data();
+      args.lse = whole.lse.data();
+      args.dx = whole.dx.data();
+      ASSERT_TRUE(backend_->CrossEntropy(*weight, args, nullptr).ok());
+      const std::int64_t rows = backend_->CrossEntropyBlockRows(*weight, m);
+      EXPECT_EQ(rows, std::min<std::int64_t>(m, 256));
+      for (std::int64_t r0 = 0; r0 < m;) {
+        const std::int64_t mb = BlockRowsAt(m, r0, rows);
+        CrossEntropyArgs b = args;
+        b.x = x.data() + r0 * k;
+        b.m = mb;
+        b.targets = targets.data() + r0;
+        b.loss = cut.loss.data() + r0;
+        b.lse = cut.lse.data() + r0;
+        b.dx = cut.dx.data() + static_cast<std::size_t>(r0) * dx_row;
+        ASSERT_TRUE(backend_->CrossEntropy(*weight, b, nullptr).ok());
+        r0 += mb;
+      }
+      EXPECT_EQ(std::memcmp(whole.loss.data(), cut.loss.data(), whole.loss.size() * 4), 0);
+      EXPECT_EQ(std::memcmp(whole.lse.data(), cut.lse.data(), whole.lse.size() * 4), 0);
+      EXPECT_EQ(std::memcmp(whole.dx.data(), cut.dx.data(), whole.dx.size()), 0) << "dX differs";
+    }
+  }
+}
+
 TEST_F(CpuBackend, LogitsBf16Bf16Bf16_IsRneOfExactSumK4096) {
   const std::int64_t m = 16, v = 512, k = 4096;
   const IntMatrix x = RandomInts(m, k, -8, 8, 21);

@@ -166,6 +166,22 @@ def test_logprobs_in_row_blocks_give_the_bits_of_the_whole_call(client, weights)
         assert getattr(blocks, name).tobytes() == getattr(whole, name).tobytes(), name
 
 
+def test_cross_entropy_in_row_blocks_gives_the_bits_of_the_whole_call(client, weights):
+    rng = rng_for(4323)
+    M, V, K = 600, 96, 200
+    x = to_bf16(rng.standard_normal((M, K)))
+    h = weights(to_bf16(rng.standard_normal((V, K)))).handle
+    targets = rng.integers(0, V, size=M).astype(np.int64)
+    targets[::7] = -100
+    for reduction in ("none", "mean"):
+        asked = dict(reduction=reduction, want_lse=True, want_dx=True, dx_dtype="fp32", z_loss=1e-3)
+        whole = client.cross_entropy(x, targets, h, pipeline=False, **asked)
+        blocks = client.cross_entropy(x, targets, h, pipeline=True, **asked)
+        for name in ("loss", "lse", "dx"):
+            assert getattr(blocks, name).tobytes() == getattr(whole, name).tobytes(), (reduction, name)
+        assert blocks.counted_tokens == whole.counted_tokens
+
+
 def test_logits_accepts_non_contiguous_input(client, weights):
     rng = rng_for(7)
     wi = int_tensor(rng, (64, 128))

@@ -76,13 +76,11 @@ constexpr std::int64_t kBlasRows = 256;
 std::int64_t BlockChunk(std::int64_t requested, std::int64_t rows, std::int64_t v) {
   return CeChunkRows(requested, rows, v);
 }
-// Floats of a buffer that holds any block's chunk of logits, and `m` rows
-// of `chunk` columns.
-std::int64_t BlockChunkFloats(std::int64_t requested, std::int64_t m, std::int64_t v,
-                              std::int64_t chunk) {
-  std::int64_t floats = m * chunk;
+// Floats of a buffer that holds any block's chunk of logits in a call of
+// `m` rows.
+std::int64_t BlockChunkFloats(std::int64_t requested, std::int64_t m, std::int64_t v) {
   const std::int64_t full = std::min(m, kBlasRows);
-  floats = std::max(floats, full * BlockChunk(requested, full, v));
+  std::int64_t floats = full * BlockChunk(requested, full, v);
   const std::int64_t rest = m % kBlasRows;
   if (rest != 0) floats = std::max(floats, rest * BlockChunk(requested, rest, v));
   return floats;
@@ -236,14 +234,16 @@ void CeRowsPass(const CrossEntropyArgs& args, const CpuWeight& w, const float* x
   }
 }
 
-// The cross-entropy's second pass: G chunk by chunk (the logits again, then
-// CeGradChunk), into dX (dx_acc, fp32, written whole by the first chunk)
-// and dW (returned, or added to the weight's gradient buffer under its lock
-// for the whole pass, so that FetchGradient never sees part of a call's dW;
-// the call counts once). A bf16 dX is rounded once at the end.
+// The cross-entropy's second pass, in the first pass's blocks of kBlasRows
+// rows with their chunks: G chunk by chunk (the logits again, then
+// CeGradChunk), into the block's rows of dX (dx_acc, fp32, written whole by
+// the block's first chunk), so that a row's dX depends on its block alone,
+// and into dW (every block's G_chunkᵀ.X_block added in turn; returned, or
+// added to the weight's gradient buffer under its lock for the whole pass,
+// so that FetchGradient never sees part of a call's dW; the call counts
+// once). A bf16 dX is rounded once at the end.
 absl::Status CeGradientPass(const CrossEntropyArgs& args, CpuWeight& w, const float* xf,
-                            std::int64_t chunk, const std::vector<float>& lse, float* buf,
-                            float* dx_acc) {
+                            const std::vector<float>& lse, float* buf, float* dx_acc) {
   const std::int64_t m = args.m, v = w.v(), k = w.k();
   const bool want_dx = args.dx != nullptr;
   std::optional<GradientState<FloatBuffer>::Lock> gradient;
@@ -258,19 +258,29 @@ absl::Status CeGradientPass(const CrossEntropyArgs& args, CpuWeight& w, const fl
     dw = (*g)->get();
     dw_beta = 1.0f;
   }
-  for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
-    const std::int64_t c = std::min(chunk, v - v0);
-    float* g = buf;
-    Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf, k, w.data() + v0 * k, k, 0.0f, g, c);
-    CeGradChunk(args, lse, v0, c, g);
-    if (want_dx) {
-      // dX [m, K] += G_chunk [m, c] . W_chunk [c, K]
-      Sgemm(CblasNoTrans, CblasNoTrans, m, k, c, 1.0f, g, c, w.data() + v0 * k, k,
-            v0 == 0 ? 0.0f : 1.0f, dx_acc, k);
-    }
-    if (dw != nullptr) {
-      // dW rows [v0, v0 + c) (+)= G_chunkᵀ [c, m] . X [m, K]
-      Sgemm(CblasTrans, CblasNoTrans, c, k, m, 1.0f, g, c, xf, k, dw_beta, dw + v0 * k, k);
+  for (std::int64_t r0 = 0; r0 < m; r0 += kBlasRows) {
+    const std::int64_t mb = std::min(kBlasRows, m - r0);
+    const std::int64_t chunk = BlockChunk(args.vocab_chunk, mb, v);
+    CrossEntropyArgs block = args;
+    block.m = mb;
+    block.targets = args.targets + r0;
+    const std::vector<float> block_lse(lse.begin() + r0, lse.begin() + r0 + mb);
+    const float* xb = xf + r0 * k;
+    for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
+      const std::int64_t c = std::min(chunk, v - v0);
+      float* g = buf;
+      Sgemm(CblasNoTrans, CblasTrans, mb, c, k, 1.0f, xb, k, w.data() + v0 * k, k, 0.0f, g, c);
+      CeGradChunk(block, block_lse, v0, c, g);
+      if (want_dx) {
+        // dX [mb, K] += G_chunk [mb, c] . W_chunk [c, K]
+        Sgemm(CblasNoTrans, CblasNoTrans, mb, k, c, 1.0f, g, c, w.data() + v0 * k, k,
+              v0 == 0 ? 0.0f : 1.0f, dx_acc + r0 * k, k);
+      }
+      if (dw != nullptr) {
+        // dW rows [v0, v0 + c) (+)= G_chunkᵀ [c, mb] . X_block [mb, K]
+        Sgemm(CblasTrans, CblasNoTrans, c, k, mb, 1.0f, g, c, xb, k, r0 == 0 ? dw_beta : 1.0f,
+              dw + v0 * k, k);
+      }
     }
   }
   if (args.accumulate_dw) gradient->CountCall();
@@ -441,6 +451,9 @@ class CpuBackend final : public Backend {
   std::int64_t LogProbsBlockRows(const Weight& /*w*/, std::int64_t m) const override {
     return std::min(m, kBlasRows);
   }
+  std::int64_t CrossEntropyBlockRows(const Weight& /*w*/, std::int64_t m) const override {
+    return std::min(m, kBlasRows);
+  }
 
   absl::Status DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) override {
     const auto start = std::chrono::steady_clock::now();
@@ -580,16 +593,16 @@ class CpuBackend final : public Backend {
     const bool want_dx = args.dx != nullptr;
     const bool return_dw = args.dw != nullptr && !args.accumulate_dw;
     const bool backward = want_dx || return_dw || args.accumulate_dw;
-    const std::int64_t chunk = CeChunkRows(args.vocab_chunk, m, v);
 
     // Everything is allocated before the gradient buffer is touched, so an
     // accumulating call either adds all of its dW or none of it.
     absl::StatusOr<FloatBuffer> xf = AllocateFloats(m * k, false, "cross entropy: x widened");
     if (!xf.ok()) return xf.status();
     Widen(args.x, m * k, xf->get());
-    absl::StatusOr<FloatBuffer> buf =
-        AllocateFloats(BlockChunkFloats(args.vocab_chunk, m, v, chunk), false,
-                       absl::StrFormat("cross entropy: fp32 logits of a chunk [%d, %d]", m, chunk));
+    const std::int64_t buf_floats = BlockChunkFloats(args.vocab_chunk, m, v);
+    absl::StatusOr<FloatBuffer> buf = AllocateFloats(
+        buf_floats, false,
+        absl::StrFormat("cross entropy: fp32 logits of a block's chunk (%d floats)", buf_floats));
     if (!buf.ok()) return buf.status();
     FloatBuffer dx_tmp;
     float* dx_acc = nullptr;
@@ -613,8 +626,7 @@ class CpuBackend final : public Backend {
     const std::vector<float> lse = CeLosses(args, rows, z_target);
 
     if (backward) {
-      if (absl::Status s = CeGradientPass(args, w, xf->get(), chunk, lse, buf->get(), dx_acc);
-          !s.ok()) {
+      if (absl::Status s = CeGradientPass(args, w, xf->get(), lse, buf->get(), dx_acc); !s.ok()) {
         return s;
       }
     }

@@ -111,6 +111,13 @@ bool Call::Pipelines(const Transport& transport) const {
 absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport& transport,
                                               std::int64_t m, std::int64_t block_rows,
                                               OpResult early, const Block& block) {
+  return RunInRowBlocks(what, transport, m, block_rows, std::move(early), block, RowBlockSteps{});
+}
+
+absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport& transport,
+                                              std::int64_t m, std::int64_t block_rows,
+                                              OpResult early, const Block& block,
+                                              const RowBlockSteps& steps) {
   LOGITD_ASSIGN_OR_RETURN(std::vector<InputSlot*> streamed, Admit(what, transport));
   InputProgress progress;
   // By the name its chunks travel under (the client's choice).
@@ -119,6 +126,15 @@ absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport&
   // From here the front door's thread is receiving: every way out waits for
   // it (FinishReceive) before the buffers it fills can go.
   absl::Status status = AllocateOutputs(transport);
+  if (status.ok() && steps.before) {
+    const RowBlockSteps::WaitWhole whole = [&](absl::string_view slot) {
+      for (const InputSlot* s : streamed) {
+        if (s->name == slot) return progress.WaitInput(s->in.name);
+      }
+      return absl::OkStatus();
+    };
+    status = steps.before(whole, &early);
+  }
   if (status.ok()) status = transport.StartSend(early, m);
   if (!status.ok()) {
     transport.FinishReceive().IgnoreError();
@@ -142,6 +158,7 @@ absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport&
     r0 += rows;
     transport.RowsDone(r0);
   }
+  if (status.ok() && steps.after) status = steps.after();
   // The reception's status (every digest) before anything a client may
   // accept goes out: a block that ran on bytes that then failed their
   // digest is not sent as a result.

@@ -177,6 +177,22 @@ class Call {
   absl::StatusOr<OpResult> RunInRowBlocks(absl::string_view what, Transport& transport,
                                           std::int64_t m, std::int64_t block_rows, OpResult early,
                                           const Block& block);
+  // What an operation does around its blocks (CrossEntropy's).
+  struct RowBlockSteps {
+    // Waits until every byte of input `slot` is in place (at once for one
+    // not streamed); not yet checked against its digest.
+    using WaitWhole = std::function<absl::Status(absl::string_view slot)>;
+    // Before the result goes out: may wait for whole inputs and say more in
+    // the result (the tokens the targets count). A failure ends the call
+    // before any block.
+    std::function<absl::Status(const WaitWhole& whole, OpResult* early)> before;
+    // After the last block succeeded, before the outputs are finished: the
+    // outputs formed from every block's (a reduced loss).
+    std::function<absl::Status()> after;
+  };
+  absl::StatusOr<OpResult> RunInRowBlocks(absl::string_view what, Transport& transport,
+                                          std::int64_t m, std::int64_t block_rows, OpResult early,
+                                          const Block& block, const RowBlockSteps& steps);
 
   // The outputs placed (Receive's last step), for a call that takes no
   // request memory (FetchGradient: its buffer counts against the weight

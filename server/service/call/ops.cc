@@ -185,37 +185,74 @@ absl::StatusOr<OpResult> RunCrossEntropy(const OpEnv& env, const CrossEntropyReq
   const bool per_token = plan.reduction == Reduction::kNone;
   call->Scratch(static_cast<std::uint64_t>(m) * (sizeof(std::int64_t) + sizeof(float)));
   call->ReadInPlace();
-  LOGITD_RETURN_IF_ERROR(call->Receive("cross entropy", transport));
   std::vector<std::int64_t> targets;
-  LOGITD_ASSIGN_OR_RETURN(
-      const std::int64_t counted,
-      ConvertTargets(plan.targets_dtype, call->in("targets"), m, w.v, plan.ignore_index, &targets));
   kernels::HostBuffer token_loss;
-  if (!per_token) {
-    LOGITD_ASSIGN_OR_RETURN(token_loss, env.backend->AllocateHost(m * sizeof(float)));
+  std::int64_t counted = 0;
+  // Every target checked (before anything is computed), counted, widened.
+  const auto convert_targets = [&]() -> absl::Status {
+    LOGITD_ASSIGN_OR_RETURN(counted, ConvertTargets(plan.targets_dtype, call->in("targets"), m, w.v,
+                                                    plan.ignore_index, &targets));
+    if (!per_token) {
+      LOGITD_ASSIGN_OR_RETURN(token_loss, env.backend->AllocateHost(m * sizeof(float)));
+    }
+    return absl::OkStatus();
+  };
+  // Rows [r0, r0 + rows) of every input and output (the loss per token).
+  const auto rows_of = [&](std::int64_t r0, std::int64_t rows) {
+    kernels::CrossEntropyArgs args;
+    args.x = call->in<Bf16Bits>("x") + r0 * w.k;
+    args.m = rows;
+    args.targets = targets.data() + r0;
+    args.ignore_index = plan.ignore_index;
+    args.z_loss = plan.z_loss;
+    args.logit_softcap = plan.logit_softcap;
+    args.grad_scale = CrossEntropyGradScale(plan, counted);
+    args.loss = (per_token ? call->out<float>("loss") : token_loss.as<float>()) + r0;
+    args.lse = plan.want_lse ? call->out<float>("lse") + r0 : nullptr;
+    args.dx = plan.want_dx ? call->out("dx") +
+                                 static_cast<std::size_t>(r0 * w.k) * ElementSize(plan.dx_dtype)
+                           : nullptr;
+    args.dx_dtype = plan.dx_dtype;
+    args.dw = call->out<float>("dw");
+    args.accumulate_dw = plan.accumulate_dw;
+    return args;
+  };
+  const auto reduce = [&] {
+    if (!per_token) {
+      const float reduced = ReduceLoss(plan, token_loss.as<float>(), m, counted);
+      std::memcpy(call->out("loss"), &reduced, sizeof(float));
+    }
+    return absl::OkStatus();
+  };
+  // In row blocks without dW (dW sums over every row): the targets whole
+  // first (a mean's scale counts them all; the clients send them first),
+  // then each block as its rows of X arrive, the reduced loss last.
+  if (call->Pipelines(transport) && !plan.returns_dw() && !plan.accumulate_dw) {
+    Call::RowBlockSteps steps;
+    steps.before = [&](const Call::RowBlockSteps::WaitWhole& whole, OpResult* early) {
+      LOGITD_RETURN_IF_ERROR(whole("targets"));
+      LOGITD_RETURN_IF_ERROR(convert_targets());
+      early->counted_tokens = counted;
+      return absl::OkStatus();
+    };
+    steps.after = reduce;
+    LOGITD_ASSIGN_OR_RETURN(OpResult result,
+                            call->RunInRowBlocks(
+                                "cross entropy", transport, m,
+                                env.backend->CrossEntropyBlockRows(*w.weight, m), OpResult{},
+                                [&](std::int64_t r0, std::int64_t rows, kernels::Timing* t) {
+                                  return env.backend->CrossEntropy(*w.weight, rows_of(r0, rows), t);
+                                },
+                                steps));
+    result.counted_tokens = counted;
+    return result;
   }
-  kernels::CrossEntropyArgs args;
-  args.x = call->in<Bf16Bits>("x");
-  args.m = m;
-  args.targets = targets.data();
-  args.ignore_index = plan.ignore_index;
-  args.z_loss = plan.z_loss;
-  args.logit_softcap = plan.logit_softcap;
-  args.grad_scale = CrossEntropyGradScale(plan, counted);
-  args.loss = per_token ? call->out<float>("loss") : token_loss.as<float>();
-  args.lse = call->out<float>("lse");
-  args.dx = call->out("dx");
-  args.dx_dtype = plan.dx_dtype;
-  args.dw = call->out<float>("dw");
-  args.accumulate_dw = plan.accumulate_dw;
+  LOGITD_RETURN_IF_ERROR(call->Receive("cross entropy", transport));
+  LOGITD_RETURN_IF_ERROR(convert_targets());
+  const kernels::CrossEntropyArgs args = rows_of(0, m);
   LOGITD_ASSIGN_OR_RETURN(OpResult result, Compute(call, [&](kernels::Timing* t) {
                             LOGITD_RETURN_IF_ERROR(env.backend->CrossEntropy(*w.weight, args, t));
-                            if (!per_token) {
-                              const float reduced =
-                                  ReduceLoss(plan, token_loss.as<float>(), m, counted);
-                              std::memcpy(call->out("loss"), &reduced, sizeof(float));
-                            }
-                            return absl::OkStatus();
+                            return reduce();
                           }));
   result.counted_tokens = counted;
   return result;

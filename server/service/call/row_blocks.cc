@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace logitd::service {
 
 void InputProgress::Expect(absl::string_view name, std::uint64_t bytes, std::int64_t m) {
@@ -46,6 +48,21 @@ absl::Status InputProgress::WaitRows(std::int64_t rows) {
   if (!status_.ok()) return status_;
   if (in_place()) return absl::OkStatus();
   return absl::InternalError("the request stream ended OK before every row of its inputs arrived");
+}
+
+absl::Status InputProgress::WaitInput(absl::string_view name) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto in_place = [&] {
+    for (const Input& in : inputs_) {
+      if (in.name == name && in.rows_in < in.m) return false;
+    }
+    return true;
+  };
+  changed_.wait(lock, [&] { return in_place() || ended_; });
+  if (!status_.ok()) return status_;
+  if (in_place()) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("the request stream ended OK before all of '", name, "' arrived"));
 }
 
 absl::Status InputProgress::status() const {

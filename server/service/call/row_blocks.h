@@ -29,6 +29,9 @@ class InputProgress {
   // reception's error when it ended before they were; OK as soon as they
   // are, before their digest is checked (that is Ended's status).
   absl::Status WaitRows(std::int64_t rows);
+  // Waits until every row of input `name` (as Expect named it) is in place,
+  // as WaitRows; OK at once for a name not expected.
+  absl::Status WaitInput(absl::string_view name);
   // Whether reception has ended, and how; OK while it has not.
   absl::Status status() const;
 

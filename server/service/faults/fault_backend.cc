@@ -47,6 +47,9 @@ class FaultBackend final : public kernels::Backend {
   std::int64_t LogProbsBlockRows(const kernels::Weight& w, std::int64_t m) const override {
     return inner_->LogProbsBlockRows(w, m);
   }
+  std::int64_t CrossEntropyBlockRows(const kernels::Weight& w, std::int64_t m) const override {
+    return inner_->CrossEntropyBlockRows(w, m);
+  }
   absl::Status DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
                         kernels::Timing* timing) override {
     absl::Status s = inner_->Logits(w, args, timing);

@@ -259,6 +259,11 @@ struct CrossEntropyOptions {
   DType dx_dtype = DType::kBf16;
   // Add dW into the server-held fp32 buffer instead of returning it.
   bool accumulate_dw = false;
+  // Ask the server to start on the first rows while the rest arrive
+  // (CrossEntropyHeader.pipeline), as LogitsOptions.pipeline: the targets go
+  // first, X is written on a thread of its own, the bits are the same either
+  // way. A call with dW runs whole.
+  bool pipeline = true;
 };
 
 struct CrossEntropyResult {

@@ -329,6 +329,7 @@ class Client(_Transport):
         accumulate_dw: bool = False,
         shm: Optional[SharedRegion] = None,
         verify: bool = True,
+        pipeline: bool = True,
     ) -> CrossEntropyResult:
         """Cross-entropy of the logits x . W^T against int32/int64 targets [M],
         computed by the server chunk by chunk over the vocabulary (the logits
@@ -345,6 +346,11 @@ class Client(_Transport):
         the region, overwritten by the next call that uses it: copy them to
         keep them. verify=False (with shm only) asks the server not to hash
         the outputs and skips the client's check.
+
+        pipeline (default True, streamed calls) asks the server to start on the
+        first rows while the rest arrive (CrossEntropyHeader.pipeline): the same
+        bits; a call with dW runs whole. The outputs are returned only once the
+        call ended OK and each matched the digest sent after it.
         """
         if reduction not in _REDUCTIONS:
             raise InvalidArgumentError(
@@ -393,12 +399,14 @@ class Client(_Transport):
                 outputs["loss"], outputs.get("lse"), outputs.get("dx"), outputs.get("dw"), int(result.counted_tokens)
             )
         header.digest_last = True
+        header.pipeline = bool(pipeline)
 
         def specs_of(r):
             return [spec for field, spec in ((f, getattr(r, f)) for f in ("loss", "lse", "dx", "dw")) if r.HasField(field)]
 
+        # The targets before X: in row blocks the server waits for all of them first.
         result, tensors = self._stream(
-            self._stub.CrossEntropy, pb.CrossEntropyRequest, "header", header, [xt, tt], specs_of
+            self._stub.CrossEntropy, pb.CrossEntropyRequest, "header", header, [tt, xt], specs_of
         )
 
         def get(field):
