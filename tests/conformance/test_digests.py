@@ -123,14 +123,7 @@ def _pipelined_logits(conn, handle, xt, digest=None, chunk_bytes=1000):
         header=pb.LogitsHeader(weight_handle=handle, x=xt.spec(digest), digest_last=True, pipeline=True)
     )
     messages = [first] + [pb.LogitsRequest(chunk=c) for c in chunks_of(xt, chunk_bytes)]
-    parts = []
-    code = grpc.StatusCode.OK
-    try:
-        for message in conn.logits_stream(messages):
-            parts.append(message.WhichOneof("part"))
-    except grpc.RpcError as e:
-        code = e.code()
-    return parts, code
+    return _parts_and_status(conn.logits_stream(messages))
 
 
 def test_logits_pipeline_gives_the_bits_of_the_whole_call(conn, weights):
@@ -163,88 +156,86 @@ def test_logits_pipeline_with_damaged_x_sends_no_digest(conn, weights):
     assert parts[0] == "result" and parts[-1] == "digest"
 
 
-def _logprobs_messages(handle, xt, tt, x_first, pipeline, x_digest=None, chunk_bytes=1000):
-    """A LogProbs call asking logprob and lse: the header, then the chunks of X and of the
-    targets in the order asked (a server takes either)."""
+def _parts_and_status(responses):
+    """The parts a response stream carried before its status, and the status."""
+    parts = []
+    code = grpc.StatusCode.OK
+    try:
+        for message in responses:
+            parts.append(message.WhichOneof("part"))
+    except grpc.RpcError as e:
+        code = e.code()
+    return parts, code
+
+
+def _rows_messages(request, header, xt, tt, x_first, chunk_bytes=1000):
+    """A header, then the chunks of X and of the targets in the order asked (a server takes either)."""
+    x_chunks = [request(chunk=c) for c in chunks_of(xt, chunk_bytes)]
+    t_chunks = [request(chunk=c) for c in chunks_of(tt, chunk_bytes)]
+    return [request(header=header)] + (x_chunks + t_chunks if x_first else t_chunks + x_chunks)
+
+
+def _logprobs_messages(handle, xt, tt, x_first, pipeline, x_digest=None):
+    """A LogProbs call asking logprob and lse."""
     header = pb.LogProbsHeader(
         weight_handle=handle, x=xt.spec(x_digest), targets=tt.spec(), want_lse=True, digest_last=True,
         pipeline=pipeline,
     )
-    x_chunks = [pb.LogProbsRequest(chunk=c) for c in chunks_of(xt, chunk_bytes)]
-    t_chunks = [pb.LogProbsRequest(chunk=c) for c in chunks_of(tt, chunk_bytes)]
-    return [pb.LogProbsRequest(header=header)] + (x_chunks + t_chunks if x_first else t_chunks + x_chunks)
+    return _rows_messages(pb.LogProbsRequest, header, xt, tt, x_first)
 
 
-def test_logprobs_pipeline_gives_the_bits_of_the_whole_call(conn, weights):
-    """LogProbs with pipeline: logprob and lse bit for bit the whole call's, their digests after
-    their chunks, whichever of X and the targets is sent first."""
-    rng = np.random.default_rng(608)
-    info = weights(rng.standard_normal((96, 200)))
-    xt = Tensor("x", pb.DTYPE_BF16, rng.standard_normal((777, 200)))
-    tt = Tensor("targets", pb.DTYPE_INT64, rng.integers(0, 96, size=777))
-    whole = read_stream(conn.logprobs_stream(_logprobs_messages(info.handle, xt, tt, True, False)))
-    expected = {
-        name: check_output(whole, getattr(whole.result, name), True).view(np.uint32) for name in ("logprob", "lse")
-    }
-    for x_first in (True, False):
-        blocks = read_stream(conn.logprobs_stream(_logprobs_messages(info.handle, xt, tt, x_first, True)))
-        assert blocks.order == expected_order(["logprob", "lse"], True)
-        for name in ("logprob", "lse"):
-            got = check_output(blocks, getattr(blocks.result, name), True)
-            np.testing.assert_array_equal(got.view(np.uint32), expected[name])
-
-
-def test_logprobs_pipeline_with_damaged_x_sends_no_digest(conn, weights):
-    """LogProbs with pipeline and a wrong X digest: DATA_LOSS, and no output's digest is sent."""
-    rng = np.random.default_rng(609)
-    info = weights(rng.standard_normal((96, 200)))
-    xt = Tensor("x", pb.DTYPE_BF16, rng.standard_normal((777, 200)))
-    tt = Tensor("targets", pb.DTYPE_INT32, rng.integers(0, 96, size=777))
-    messages = _logprobs_messages(info.handle, xt, tt, False, True, x_digest=xxh3(xt.data) ^ 0x5A5A)
-    parts = []
-    code = grpc.StatusCode.OK
-    try:
-        for message in conn.logprobs_stream(messages):
-            parts.append(message.WhichOneof("part"))
-    except grpc.RpcError as e:
-        code = e.code()
-    assert code == grpc.StatusCode.DATA_LOSS
-    assert "digest" not in parts
-
-
-def _cross_entropy_messages(handle, xt, tt, x_first, pipeline, x_digest=None, chunk_bytes=1000):
-    """A CrossEntropy call asking per-token loss, lse and an fp32 dX, X and targets in the order asked."""
+def _cross_entropy_messages(handle, xt, tt, x_first, pipeline, x_digest=None):
+    """A CrossEntropy call asking per-token loss, lse and an fp32 dX."""
     header = pb.CrossEntropyHeader(
         weight_handle=handle, x=xt.spec(x_digest), targets=tt.spec(), reduction=pb.REDUCTION_NONE,
         want_lse=True, want_dx=True, dx_dtype=pb.DTYPE_FP32, digest_last=True, pipeline=pipeline,
     )
-    x_chunks = [pb.CrossEntropyRequest(chunk=c) for c in chunks_of(xt, chunk_bytes)]
-    t_chunks = [pb.CrossEntropyRequest(chunk=c) for c in chunks_of(tt, chunk_bytes)]
-    return [pb.CrossEntropyRequest(header=header)] + (x_chunks + t_chunks if x_first else t_chunks + x_chunks)
+    return _rows_messages(pb.CrossEntropyRequest, header, xt, tt, x_first)
+
+
+def _check_row_blocks(stream, messages_of, outputs, xt, tt):
+    """In row blocks, with X first or the targets first: every output bit for bit the whole call's,
+    the digests after the chunks; with a wrong X digest, DATA_LOSS and no digest at all."""
+    whole = read_stream(stream(messages_of(xt, tt, True, False)))
+    expected = {n: check_output(whole, getattr(whole.result, n), True).view(np.uint32) for n in outputs}
+    for x_first in (True, False):
+        blocks = read_stream(stream(messages_of(xt, tt, x_first, True)))
+        assert blocks.order == expected_order(list(outputs), True)
+        for n in outputs:
+            got = check_output(blocks, getattr(blocks.result, n), True)
+            np.testing.assert_array_equal(got.view(np.uint32), expected[n])
+    parts, code = _parts_and_status(stream(messages_of(xt, tt, False, True, x_digest=xxh3(xt.data) ^ 0x5A5A)))
+    assert code == grpc.StatusCode.DATA_LOSS
+    assert "digest" not in parts
+
+
+def test_logprobs_pipeline_gives_the_bits_of_the_whole_call(conn, weights):
+    """LogProbs with pipeline: logprob and lse bit for bit the whole call's, their digests after
+    their chunks, whichever of X and the targets is sent first; a damaged X sends no digest."""
+    rng = np.random.default_rng(608)
+    info = weights(rng.standard_normal((96, 200)))
+    xt = Tensor("x", pb.DTYPE_BF16, rng.standard_normal((777, 200)))
+    tt = Tensor("targets", pb.DTYPE_INT32, rng.integers(0, 96, size=777))
+    _check_row_blocks(
+        conn.logprobs_stream,
+        lambda *a, **kw: _logprobs_messages(info.handle, *a, **kw),
+        ("logprob", "lse"),
+        xt,
+        tt,
+    )
 
 
 def test_cross_entropy_pipeline_gives_the_bits_of_the_whole_call(conn, weights):
     """CrossEntropy with pipeline (no dW): loss, lse and dX bit for bit the whole call's, digests last,
-    whichever of X and the targets is sent first; a wrong X digest is DATA_LOSS with no digest."""
+    whichever of X and the targets is sent first; a damaged X sends no digest."""
     rng = np.random.default_rng(610)
     info = weights(rng.standard_normal((96, 200)))
     xt = Tensor("x", pb.DTYPE_BF16, rng.standard_normal((600, 200)))
     tt = Tensor("targets", pb.DTYPE_INT64, rng.integers(0, 96, size=600))
-    outputs = ("loss", "lse", "dx")
-    whole = read_stream(conn.cross_entropy_stream(_cross_entropy_messages(info.handle, xt, tt, True, False)))
-    expected = {n: check_output(whole, getattr(whole.result, n), True).view(np.uint32) for n in outputs}
-    for x_first in (True, False):
-        blocks = read_stream(conn.cross_entropy_stream(_cross_entropy_messages(info.handle, xt, tt, x_first, True)))
-        assert blocks.order == expected_order(list(outputs), True)
-        for n in outputs:
-            np.testing.assert_array_equal(check_output(blocks, getattr(blocks.result, n), True).view(np.uint32), expected[n])
-    messages = _cross_entropy_messages(info.handle, xt, tt, False, True, x_digest=xxh3(xt.data) ^ 0x5A5A)
-    parts = []
-    code = grpc.StatusCode.OK
-    try:
-        for message in conn.cross_entropy_stream(messages):
-            parts.append(message.WhichOneof("part"))
-    except grpc.RpcError as e:
-        code = e.code()
-    assert code == grpc.StatusCode.DATA_LOSS
-    assert "digest" not in parts
+    _check_row_blocks(
+        conn.cross_entropy_stream,
+        lambda *a, **kw: _cross_entropy_messages(info.handle, *a, **kw),
+        ("loss", "lse", "dx"),
+        xt,
+        tt,
+    )
