@@ -182,6 +182,31 @@ def test_cross_entropy_in_row_blocks_gives_the_bits_of_the_whole_call(client, we
         assert blocks.counted_tokens == whole.counted_tokens
 
 
+def test_logits_spread_over_connections_gives_the_bits_of_one_call(client, weights):
+    # 1029 rows are 5 blocks of the cpu backend's 256 rows: 2 connections take
+    # 768 + 261 rows, 3 take 512 + 512 + 5, 8 take five parts.
+    rng = rng_for(4324)
+    M, V, K = 1029, 96, 200
+    x = to_bf16(rng.standard_normal((M, K)))
+    info = weights(to_bf16(rng.standard_normal((V, K))))
+    assert info.logits_block_rows_fp32 == 256
+    for out in ("fp32", "bf16"):
+        one = client.logits(x, info.handle, out_dtype=out, alpha=0.3)
+        for connections in (2, 3, 8):
+            for handle in (info, info.handle):  # the WeightInfo says the block; a handle asks the server
+                spread = client.logits(x, handle, out_dtype=out, alpha=0.3, connections=connections)
+                assert spread.shape == one.shape
+                assert spread.tobytes() == one.tobytes(), (out, connections)
+    # Fewer rows than a block: one call.
+    assert client.logits(x[:100], info, connections=4).shape == (100, V)
+    with pytest.raises(logitd.InvalidArgumentError, match="connections"):
+        client.logits(x, info, connections=0)
+    with pytest.raises(logitd.InvalidArgumentError, match="connections"):
+        client.logits(x, info, connections=65)
+    with pytest.raises(logitd.NotFoundError):
+        client.logits(x, "w-not-registered", connections=2)
+
+
 def test_logits_accepts_non_contiguous_input(client, weights):
     rng = rng_for(7)
     wi = int_tensor(rng, (64, 128))

@@ -16,6 +16,7 @@ import threading
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import grpc
+import numpy as np
 
 from . import _tensors as T
 from . import verify as _verify
@@ -28,6 +29,9 @@ from .shm import SharedRegion
 from .v1 import logitd_pb2 as pb
 from .v1 import logitd_pb2_grpc as pb_grpc
 from .verify import Verdict
+
+# Most connections one logits() call is spread over (as the C++ client's).
+_MAX_CONNECTIONS = 64
 
 # Most of these are defined elsewhere and re-exported: code imports them from logitd.client.
 __all__ = [
@@ -95,6 +99,11 @@ class Client(_Transport):
         self._stub = pb_grpc.LogitdStub(self._channel)
         self._closed = False
         self._lock = threading.Lock()
+        # logits(connections=N): the further connections, each a channel of its
+        # own (its own subchannel pool), made when first needed.
+        self._channel_args = (address, tls, chunk_bytes, lb_policy, retry, list(options or []))
+        self._spread = []
+        self._block_rows = {}
 
     # -- lifetime ---------------------------------------------------------------
 
@@ -103,6 +112,8 @@ class Client(_Transport):
             if not self._closed:
                 self._closed = True
                 self._channel.close()
+                for channel, _ in self._spread:
+                    channel.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -175,6 +186,7 @@ class Client(_Transport):
         shm: Optional[SharedRegion] = None,
         verify: bool = True,
         pipeline: bool = True,
+        connections: int = 1,
     ):
         """Y[M, V] = alpha * X[M, K] . W[V, K]^T with fp32 accumulation.
 
@@ -185,6 +197,13 @@ class Client(_Transport):
         while the rest arrive and to stream Y's rows as they are done
         (LogitsHeader.pipeline): the same bits, sooner. Y is returned only
         once the call ended OK and Y matched the digest sent after it.
+
+        connections (1 to 64, default 1) spreads a call of many rows over that
+        many connections at once, for a link one connection does not fill:
+        X's rows are cut at multiples of the weight's logits_block_rows, where
+        every row keeps its bits, each part a call of its own on a connection
+        of its own, and Y is the parts' rows in order (the same bits as one
+        call). Not with shm.
 
         shm: a registered SharedRegion (same host, server --allow_shm): X is
         copied to its start and the server writes Y right after it (64-byte
@@ -202,7 +221,15 @@ class Client(_Transport):
         if not math.isfinite(alpha):
             raise InvalidArgumentError("alpha: expected a finite scale, got %r" % alpha)
         out = T.dtype_enum("out_dtype", out_dtype, (pb.DTYPE_FP32, pb.DTYPE_BF16))
+        if not isinstance(connections, int) or not 1 <= connections <= _MAX_CONNECTIONS:
+            raise InvalidArgumentError("connections: expected 1 to %d, got %r" % (_MAX_CONNECTIONS, connections))
+        if connections > 1 and shm is not None:
+            raise InvalidArgumentError("connections: a call through shared memory is one call; leave connections at 1")
         xt = T.Outgoing("x", x, (pb.DTYPE_BF16,))
+        if connections > 1:
+            spread = self._logits_spread(xt, handle, out, alpha, pipeline, connections, T.is_torch(x))
+            if spread is not None:
+                return spread
         header = pb.LogitsHeader(weight_handle=_handle(handle), x=xt.spec, out_dtype=out, alpha=alpha)
         _verify_needs_shm(verify, shm)
         if shm is not None:
@@ -220,6 +247,83 @@ class Client(_Transport):
             self._stub.Logits, pb.LogitsRequest, "header", header, [xt], lambda r: [r.y]
         )
         return tensors[result.y.name].result(T.is_torch(x))
+
+    def _logits_spread(self, xt, handle, out, alpha, pipeline, connections, as_torch):
+        """logits() over several connections; None where it is one call (few rows, a weight the
+        server does not list or whose block it does not say)."""
+        shape = xt.array.shape
+        if len(shape) != 2 or shape[0] < 2:
+            return None
+        block, v = self._logits_block(handle, out)
+        m = int(shape[0])
+        if block <= 0 or m <= block:
+            return None
+        # Whole blocks a part, as even as they come, the last part taking the rest
+        # (5 blocks over 4 connections are 2 + 2 + 1), as the C++ client cuts.
+        blocks = -(-m // block)
+        wanted = min(connections, blocks)
+        per_part = -(-blocks // wanted)
+        parts = -(-blocks // per_part)
+        part_rows = per_part * block
+        stubs = [self._stub] + self._spread_stubs(parts - 1)
+        y = np.empty((m, v), dtype=T.NUMPY_DTYPE[out])
+        errors = [None] * parts
+
+        def run(i):
+            r0 = i * part_rows
+            rows = m - r0 if i + 1 == parts else part_rows
+            try:
+                part = T.Outgoing("x", xt.array[r0 : r0 + rows], (pb.DTYPE_BF16,))
+                header = pb.LogitsHeader(
+                    weight_handle=_handle(handle), x=part.spec, out_dtype=out, alpha=alpha,
+                    digest_last=True, pipeline=bool(pipeline),
+                )
+                result, tensors = self._stream(
+                    stubs[i].Logits, pb.LogitsRequest, "header", header, [part], lambda r: [r.y]
+                )
+                got = tensors[result.y.name].result(False)
+                if got.shape != (rows, v):
+                    raise DataLossError(
+                        "response from server: rows %d+%d of the logits came back as shape %s" % (r0, rows, got.shape)
+                    )
+                y[r0 : r0 + rows] = got
+            except BaseException as e:  # noqa: B036 -- handed to the caller's thread
+                errors[i] = e
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(parts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for e in errors:
+            if e is not None:
+                raise e
+        return T.as_result(y, as_torch)
+
+    def _logits_block(self, handle, out):
+        """The weight's rows per block for out (0 if unknown) and V, from the WeightInfo or once
+        from list_weights."""
+        field = "logits_block_rows_fp32" if out == pb.DTYPE_FP32 else "logits_block_rows_bf16"
+        if isinstance(handle, WeightInfo) and getattr(handle, field):
+            return int(getattr(handle, field)), int(handle.shape[0])
+        name = _handle(handle)
+        if name not in self._block_rows:
+            for w in self.list_weights():
+                self._block_rows[w.handle] = w
+        w = self._block_rows.get(name)
+        if w is None or len(w.shape) != 2:
+            return 0, 0
+        return int(getattr(w, field)), int(w.shape[0])
+
+    def _spread_stubs(self, n):
+        """n stubs, each on a connection of its own."""
+        with self._lock:
+            while len(self._spread) < n:
+                address, tls, chunk_bytes, lb_policy, retry, options = self._channel_args
+                own = options + [("grpc.use_local_subchannel_pool", 1)]
+                channel = _channel(address, tls, chunk_bytes, lb_policy, retry, own)
+                self._spread.append((channel, pb_grpc.LogitdStub(channel)))
+            return [stub for _, stub in self._spread[:n]]
 
     # -- shared memory -----------------------------------------------------------------------
 
