@@ -125,7 +125,13 @@ rpc_runs() {
   busy lp_m1024_v32k_c16 --rpc=logprobs --k=4096 --v=32768 --top_k=5 --entropy --lse \
     --baseline=false --m=1024 --concurrency=16 --channels=16 --duration=10
   bench lp_m8192_c1 "${lp[@]}" --m=8192 --requests=12
+  bench lp_m8192_c1_whole "${lp[@]}" --m=8192 --requests=12 --nopipeline
   bench lp_m8192_c1_shm "${lp[@]}" --m=8192 --requests=12 --shm
+  # CrossEntropy without dW (loss, lse, dX), in row blocks and whole.
+  bench ce_m8192_c1 --rpc=cross-entropy --k=4096 --v=128256 --dx --m=8192 --requests=6 \
+    --baseline=false
+  bench ce_m8192_c1_whole --rpc=cross-entropy --k=4096 --v=128256 --dx --m=8192 --requests=6 \
+    --baseline=false --nopipeline
   bench lp_m16_c1 "${lp[@]}" --m=16 --duration=5
   if [ "${RPC_BENCH_SET:-all}" = all ]; then
     bench backward_m1024 --rpc=backward --m=1024 --k=4096 --v=32768 --requests=6
