@@ -24,7 +24,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "server/kernels/cpu/cpu_blas.h"
 #include "server/kernels/cpu/row_walk.h"
+#include "server/kernels/cpu/walks.h"
 #include "server/kernels/device_health.h"
 #include "server/kernels/gradient_state.h"
 #include "server/kernels/host_pool.h"
@@ -32,84 +34,9 @@
 namespace logitd::kernels::cpu {
 namespace {
 
-constexpr std::size_t kAlignment = 64;
 // cblas takes 32-bit dimensions (blasint); element offsets inside OpenBLAS
 // are 64-bit, so only each single dimension has to fit.
 constexpr std::int64_t kMaxBlasDim = std::numeric_limits<int>::max();
-
-struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
-};
-// fp32 storage from aligned_alloc: unlike std::vector it is not zero-filled
-// (temporaries are written whole by the widening or by sgemm with beta=0),
-// and a failed allocation becomes a Status rather than std::bad_alloc.
-using FloatBuffer = std::unique_ptr<float[], FreeDeleter>;
-
-absl::StatusOr<FloatBuffer> AllocateFloats(std::int64_t n, bool zeroed, absl::string_view what) {
-  constexpr std::int64_t kMaxFloats =
-      static_cast<std::int64_t>((std::numeric_limits<std::size_t>::max() - kAlignment) / 4);
-  if (n <= 0 || n > kMaxFloats) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: cannot allocate %d fp32 elements", what, n));
-  }
-  std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
-  bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* p = std::aligned_alloc(kAlignment, bytes);
-  if (p == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("%s: cannot allocate %d bytes of host memory", what, bytes));
-  }
-  if (zeroed) std::memset(p, 0, bytes);
-  return FloatBuffer(static_cast<float*>(p));
-}
-
-// Rows per sgemm of the row-wise calls (Logits, LogProbs, the
-// cross-entropy's first pass), aligned at the call's first row: OpenBLAS's
-// bits for a row depend on the rows beside it (threads' split, edge kernels),
-// so a call cut at multiples of it runs the very products of the uncut one.
-constexpr std::int64_t kBlasRows = 256;
-
-// The vocabulary chunk of a block of `rows` rows of the row-wise walks
-// (CeChunkRows of the block, not of the call), and the floats its logits
-// take: with the block's own chunk every block of a cut call walks the
-// vocabulary as the same rows of the uncut call do.
-std::int64_t BlockChunk(std::int64_t requested, std::int64_t rows, std::int64_t v) {
-  return CeChunkRows(requested, rows, v);
-}
-// Floats of a buffer that holds any block's chunk of logits in a call of
-// `m` rows.
-std::int64_t BlockChunkFloats(std::int64_t requested, std::int64_t m, std::int64_t v) {
-  const std::int64_t full = std::min(m, kBlasRows);
-  std::int64_t floats = full * BlockChunk(requested, full, v);
-  const std::int64_t rest = m % kBlasRows;
-  if (rest != 0) floats = std::max(floats, rest * BlockChunk(requested, rest, v));
-  return floats;
-}
-void Widen(const Bf16Bits* in, std::int64_t n, float* out) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
-}
-
-void Narrow(const float* in, std::int64_t n, Bf16Bits* out) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
-}
-
-// OpenBLAS has one process-wide thread pool and already spreads one GEMM over
-// every core; running GEMMs one at a time keeps results reproducible, costs
-// no throughput, and keeps clear of the races the pthread build has had when
-// entered from several threads at once.
-std::mutex& BlasMutex() {
-  static std::mutex* mu = new std::mutex;
-  return *mu;
-}
-
-void Sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, std::int64_t m, std::int64_t n, std::int64_t k,
-           float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-           float beta, float* c, std::int64_t ldc) {
-  std::lock_guard<std::mutex> lock(BlasMutex());
-  cblas_sgemm(CblasRowMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
-              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
-}
 
 std::string CpuModelName() {
   std::ifstream in("/proc/cpuinfo");
@@ -140,38 +67,6 @@ absl::Status CheckBlasRows(absl::string_view op, std::int64_t m) {
   return absl::OkStatus();
 }
 
-// W [V, K] kept only as its fp32 widening: every bf16 value is an fp32 value,
-// so the bf16 bytes are recoverable exactly and sgemm reads W without a
-// per-call conversion.
-class CpuWeight final : public Weight {
- public:
-  CpuWeight(std::int64_t v, std::int64_t k, FloatBuffer w)
-      : Weight(v, k), w_(std::move(w)), gradient_(weight_bytes()) {}
-
-  std::uint64_t weight_bytes() const override {
-    return static_cast<std::uint64_t>(v()) * static_cast<std::uint64_t>(k()) * sizeof(float);
-  }
-  std::uint64_t gradient_bytes() const override { return gradient_.bytes(); }
-
-  const float* data() const { return w_.get(); }
-  std::int64_t numel() const { return v() * k(); }
-
-  // [V, K] fp32 in host memory, the same size as the fp32 weight.
-  GradientState<FloatBuffer>& gradient() { return gradient_; }
-
- private:
-  FloatBuffer w_;
-  GradientState<FloatBuffer> gradient_;
-};
-
-// Weights reach a backend through the shared interface; one loaded by
-// another backend is a caller error, not a crash.
-template <typename W>
-auto* AsCpuWeight(W& w) {
-  using Target = std::conditional_t<std::is_const_v<W>, const CpuWeight, CpuWeight>;
-  return dynamic_cast<Target*>(&w);
-}
-
 absl::Status ForeignWeight(absl::string_view op, const Weight& w) {
   return ForeignWeightError(op, "cpu", w);
 }
@@ -199,148 +94,6 @@ absl::StatusOr<std::byte*> AllocateAligned(std::size_t bytes) {
   return static_cast<std::byte*>(p);
 }
 
-// The cross-entropy's first pass over the vocabulary, in blocks of
-// kBlasRows rows and each block chunk by chunk (BlockChunk): each row's
-// running max and sum of exponentials, tile by tile, and the target's capped
-// logit; the very products LogProbs forms, so that its lse and logprob are
-// this pass's bits. `buf` holds a block's chunk of logits.
-void CeRowsPass(const CrossEntropyArgs& args, const CpuWeight& w, const float* xf, float* buf,
-                std::vector<CeRow>* rows, std::vector<float>* z_target) {
-  const std::int64_t m = args.m, v = w.v(), k = w.k();
-  for (std::int64_t r0 = 0; r0 < m; r0 += kBlasRows) {
-    const std::int64_t mb = std::min(kBlasRows, m - r0);
-    const std::int64_t chunk = BlockChunk(args.vocab_chunk, mb, v);
-    for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
-      const std::int64_t c = std::min(chunk, v - v0);
-      float* y = buf;
-      Sgemm(CblasNoTrans, CblasTrans, mb, c, k, 1.0f, xf + r0 * k, k, w.data() + v0 * k, k, 0.0f, y,
-            c);
-      for (std::int64_t i = r0; i < r0 + mb; ++i) {
-        float* z = y + (i - r0) * c;
-        CeSoftcap(args.logit_softcap, z, c);
-        CeRow& row = (*rows)[static_cast<std::size_t>(i)];
-        for (std::int64_t j = 0; j < c; j += kCeTile) {
-          float tile_max = 0.0f;
-          float tile_sum = 0.0f;
-          CeTileMaxSum(z + j, std::min(kCeTile, c - j), &tile_max, &tile_sum);
-          row.Fold(tile_max, tile_sum);
-        }
-        const std::int64_t t = args.targets[i];
-        if (t != args.ignore_index && t >= v0 && t < v0 + c) {
-          (*z_target)[static_cast<std::size_t>(i)] = z[t - v0];
-        }
-      }
-    }
-  }
-}
-
-// The cross-entropy's second pass, in the first pass's blocks of kBlasRows
-// rows with their chunks: G chunk by chunk (the logits again, then
-// CeGradChunk), into the block's rows of dX (dx_acc, fp32, written whole by
-// the block's first chunk), so that a row's dX depends on its block alone,
-// and into dW (every block's G_chunkᵀ.X_block added in turn; returned, or
-// added to the weight's gradient buffer under its lock for the whole pass,
-// so that FetchGradient never sees part of a call's dW; the call counts
-// once). A bf16 dX is rounded once at the end.
-absl::Status CeGradientPass(const CrossEntropyArgs& args, CpuWeight& w, const float* xf,
-                            const std::vector<float>& lse, float* buf, float* dx_acc) {
-  const std::int64_t m = args.m, v = w.v(), k = w.k();
-  const bool want_dx = args.dx != nullptr;
-  std::optional<GradientState<FloatBuffer>::Lock> gradient;
-  float* dw = args.dw;
-  float dw_beta = 0.0f;
-  if (args.accumulate_dw) {
-    gradient.emplace(w.gradient().Acquire());
-    absl::StatusOr<FloatBuffer*> g = gradient->GetOrCreate([&] {
-      return AllocateFloats(v * k, /*zeroed=*/true, "cross entropy: fp32 gradient buffer");
-    });
-    if (!g.ok()) return g.status();
-    dw = (*g)->get();
-    dw_beta = 1.0f;
-  }
-  for (std::int64_t r0 = 0; r0 < m; r0 += kBlasRows) {
-    const std::int64_t mb = std::min(kBlasRows, m - r0);
-    const std::int64_t chunk = BlockChunk(args.vocab_chunk, mb, v);
-    CrossEntropyArgs block = args;
-    block.m = mb;
-    block.targets = args.targets + r0;
-    const std::vector<float> block_lse(lse.begin() + r0, lse.begin() + r0 + mb);
-    const float* xb = xf + r0 * k;
-    for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
-      const std::int64_t c = std::min(chunk, v - v0);
-      float* g = buf;
-      Sgemm(CblasNoTrans, CblasTrans, mb, c, k, 1.0f, xb, k, w.data() + v0 * k, k, 0.0f, g, c);
-      CeGradChunk(block, block_lse, v0, c, g);
-      if (want_dx) {
-        // dX [mb, K] += G_chunk [mb, c] . W_chunk [c, K]
-        Sgemm(CblasNoTrans, CblasNoTrans, mb, k, c, 1.0f, g, c, w.data() + v0 * k, k,
-              v0 == 0 ? 0.0f : 1.0f, dx_acc + r0 * k, k);
-      }
-      if (dw != nullptr) {
-        // dW rows [v0, v0 + c) (+)= G_chunkᵀ [c, mb] . X_block [mb, K]
-        Sgemm(CblasTrans, CblasNoTrans, c, k, mb, 1.0f, g, c, xb, k, r0 == 0 ? dw_beta : 1.0f,
-              dw + v0 * k, k);
-      }
-    }
-  }
-  if (args.accumulate_dw) gradient->CountCall();
-  if (want_dx && args.dx_dtype == DType::kBf16) {
-    Narrow(dx_acc, m * k, static_cast<Bf16Bits*>(args.dx));
-  }
-  return absl::OkStatus();
-}
-
-// A LogProbs row's target, or ignore_index when the call gives none.
-std::int64_t LpTarget(const LogProbsArgs& args, std::int64_t i) {
-  return args.targets != nullptr ? args.targets[i] : args.ignore_index;
-}
-
-// LogProbs' per-token outputs from the rows' running sums: lse, entropy,
-// the target's log-prob (0 for an ignored token) and the top-k.
-void LpWriteRows(const LogProbsArgs& args, const std::vector<LpRow>& rows,
-                 const std::vector<float>& z_target, std::vector<LpTopK>* best) {
-  for (std::int64_t i = 0; i < args.m; ++i) {
-    const auto r = static_cast<std::size_t>(i);
-    const double lse = rows[r].lse.Lse();
-    if (args.lse != nullptr) args.lse[i] = static_cast<float>(lse);
-    if (args.entropy != nullptr) args.entropy[i] = static_cast<float>(rows[r].Entropy());
-    if (args.logprob != nullptr) {
-      args.logprob[i] = LpTarget(args, i) == args.ignore_index
-                            ? 0.0f
-                            : static_cast<float>(static_cast<double>(z_target[r]) - lse);
-    }
-    if (args.top_k > 0) {
-      (*best)[r].Write(lse, args.topk_ids + i * args.top_k, args.topk_logprobs + i * args.top_k);
-    }
-  }
-}
-
-// Each target's rank (-1 for an ignored token): a second pass over the
-// vocabulary counting the entries before it. logits(v0, c) gives the z of a
-// chunk, [m, c].
-template <typename Logits>
-void LpRanks(const LogProbsArgs& args, std::int64_t chunk, const Logits& logits,
-             const std::vector<float>& z_target) {
-  const std::int64_t m = args.m, v = args.vocab;
-  std::vector<std::int64_t> above(static_cast<std::size_t>(m), 0);
-  for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
-    const std::int64_t c = std::min(chunk, v - v0);
-    const float* y = logits(v0, c);
-    for (std::int64_t i = 0; i < m; ++i) {
-      const std::int64_t t = LpTarget(args, i);
-      if (t == args.ignore_index) continue;
-      const float zt = z_target[static_cast<std::size_t>(i)];
-      const float* z = y + i * c;
-      std::int64_t n = 0;
-      for (std::int64_t j = 0; j < c; ++j) n += LpBefore(z[j], v0 + j, zt, t) ? 1 : 0;
-      above[static_cast<std::size_t>(i)] += n;
-    }
-  }
-  for (std::int64_t i = 0; i < m; ++i) {
-    args.rank[i] = LpTarget(args, i) == args.ignore_index ? -1 : above[static_cast<std::size_t>(i)];
-  }
-}
-
 class CpuBackend final : public Backend {
  public:
   // Host buffers at least this large come from the pool.
@@ -352,8 +105,7 @@ class CpuBackend final : public Backend {
         test_device_faults_(options.test_device_faults),
         health_(options.device_timeout, options.events.device_lost) {
     if (options.cpu_threads > 0) {
-      std::lock_guard<std::mutex> lock(BlasMutex());
-      openblas_set_num_threads(options.cpu_threads);
+      SetBlasThreads(options.cpu_threads);
     }
     info_.backend = "cpu";
     info_.device_name = CpuModelName();
@@ -644,72 +396,13 @@ class CpuBackend final : public Backend {
     // vocabulary (the cross-entropy's first pass does the same).
     for (std::int64_t r0 = 0; r0 < args.m; r0 += kBlasRows) {
       const LogProbsArgs block = LogProbsRowsOf(args, w.k(), r0, std::min(kBlasRows, args.m - r0));
-      if (absl::Status s = LogProbsBlock(w, block); !s.ok()) return s;
+      if (absl::Status s = LogProbsRows(w, block); !s.ok()) return s;
     }
     SetTiming(timing, start);
     return absl::OkStatus();
   }
 
  private:
-  // DoLogProbs of one block of at most kBlasRows rows.
-  absl::Status LogProbsBlock(const CpuWeight& w, const LogProbsArgs& args) {
-    const std::int64_t m = args.m;
-    const std::int64_t v = args.vocab;
-    const std::int64_t k = w.k();
-    const std::int64_t top_k = args.top_k;
-    const bool scaled = args.temperature != 1.0f;
-    const std::int64_t chunk = BlockChunk(args.vocab_chunk, m, v);
-    absl::StatusOr<FloatBuffer> xf = AllocateFloats(m * k, false, "log probs: x widened");
-    if (!xf.ok()) return xf.status();
-    Widen(args.x, m * k, xf->get());
-    absl::StatusOr<FloatBuffer> buf = AllocateFloats(
-        m * chunk, false, absl::StrFormat("log probs: fp32 logits of a chunk [%d, %d]", m, chunk));
-    if (!buf.ok()) return buf.status();
-    // z of a chunk, capped and scaled, row by row.
-    const auto logits = [&](std::int64_t v0, std::int64_t c) {
-      float* y = buf->get();
-      Sgemm(CblasNoTrans, CblasTrans, m, c, k, 1.0f, xf->get(), k, w.data() + v0 * k, k, 0.0f, y,
-            c);
-      for (std::int64_t i = 0; i < m; ++i) {
-        float* z = y + i * c;
-        CeSoftcap(args.logit_softcap, z, c);
-        if (scaled) {
-          for (std::int64_t j = 0; j < c; ++j) z[j] /= args.temperature;
-        }
-      }
-      return y;
-    };
-    std::vector<LpRow> rows(static_cast<std::size_t>(m));
-    std::vector<LpTopK> best(static_cast<std::size_t>(top_k > 0 ? m : 0), LpTopK(top_k));
-    std::vector<float> z_target(static_cast<std::size_t>(m), 0.0f);
-    for (std::int64_t v0 = 0; v0 < v; v0 += chunk) {
-      const std::int64_t c = std::min(chunk, v - v0);
-      const float* y = logits(v0, c);
-      for (std::int64_t i = 0; i < m; ++i) {
-        const float* z = y + i * c;
-        LpRow& row = rows[static_cast<std::size_t>(i)];
-        for (std::int64_t j = 0; j < c; j += kCeTile) {
-          const std::int64_t n = std::min(kCeTile, c - j);
-          float tile_max = 0.0f;
-          float tile_sum = 0.0f;
-          CeTileMaxSum(z + j, n, &tile_max, &tile_sum);
-          row.Fold(tile_max, tile_sum,
-                   args.entropy != nullptr ? LpTileZSum(z + j, n, tile_max) : 0.0);
-        }
-        const std::int64_t t = LpTarget(args, i);
-        if (t != args.ignore_index && t >= v0 && t < v0 + c) {
-          z_target[static_cast<std::size_t>(i)] = z[t - v0];
-        }
-        if (top_k == 0) continue;
-        for (std::int64_t j = 0; j < c; ++j) best[static_cast<std::size_t>(i)].Offer(z[j], v0 + j);
-      }
-    }
-
-    LpWriteRows(args, rows, z_target, &best);
-    if (args.rank != nullptr) LpRanks(args, chunk, logits, z_target);
-    return absl::OkStatus();
-  }
-
 #ifdef LOGITD_TEST_FAULTS
   // The test-only device faults on a machine without one: a trap marks the
   // backend lost as a sticky CUDA error would; a hang sleeps 30 s (or until
