@@ -417,6 +417,12 @@ struct Tally {
   // total_us minus the parts, for requests whose trailer has a total.
   double unaccounted_sum = 0;
   std::int64_t unaccounted_count = 0;
+  // Each timed request's latency and server split: where the slowest went.
+  struct Timed {
+    double seconds = 0;
+    std::array<std::optional<std::int64_t>, 7> parts;
+  };
+  std::vector<Timed> timed;
 
   void Add(const absl::Status& status, double seconds, const std::optional<TimingTrailer>& t) {
     if (!status.ok()) {
@@ -427,6 +433,7 @@ struct Tally {
     latency_s.push_back(seconds);
     if (!t.has_value()) return;
     const auto parts = PartsOf(*t);
+    timed.push_back({seconds, parts});
     double accounted = 0;
     for (std::size_t i = 0; i < parts.size(); ++i) {
       if (!parts[i].has_value()) continue;
@@ -434,7 +441,8 @@ struct Tally {
       ++part_count[i];
       if (i + 1 < parts.size()) accounted += static_cast<double>(*parts[i]);
     }
-    if (t->total_us.has_value()) {
+    // In row blocks the phases overlap: their sum says nothing of a gap.
+    if (t->total_us.has_value() && !t->pipeline_rows.has_value()) {
       unaccounted_sum += static_cast<double>(*t->total_us) - accounted;
       ++unaccounted_count;
     }
@@ -442,6 +450,7 @@ struct Tally {
 
   void Merge(Tally&& o) {
     latency_s.insert(latency_s.end(), o.latency_s.begin(), o.latency_s.end());
+    timed.insert(timed.end(), o.timed.begin(), o.timed.end());
     for (const auto& [code, n] : o.errors) errors[code] += n;
     for (auto& [code, msg] : o.first_message) first_message.emplace(code, std::move(msg));
     for (std::size_t i = 0; i < part_sum.size(); ++i) {
@@ -650,6 +659,35 @@ double Percentile(const std::vector<double>& sorted, double q) {
   return sorted[std::min(sorted.size(), std::max<std::size_t>(rank, 1)) - 1];
 }
 
+// The server's split averaged over the slowest 1% of the timed requests (at
+// least one), by the client's latency, with their count and latency: which
+// phase a p99 spends its time in (queue, receive, compute, send).
+nlohmann::json SlowestSplit(const Tally& tally) {
+  if (tally.timed.empty()) return nullptr;
+  std::vector<Tally::Timed> timed = tally.timed;
+  const std::size_t n = std::max<std::size_t>(1, timed.size() / 100);
+  std::partial_sort(
+      timed.begin(), timed.begin() + static_cast<std::ptrdiff_t>(n), timed.end(),
+      [](const Tally::Timed& a, const Tally::Timed& b) { return a.seconds > b.seconds; });
+  nlohmann::json out = nlohmann::json::object();
+  out["requests"] = n;
+  double latency = 0;
+  for (std::size_t r = 0; r < n; ++r) latency += timed[r].seconds;
+  out["latency_ms"] = latency / static_cast<double>(n) * 1e3;
+  for (std::size_t i = 0; i < kBenchTimingParts.size(); ++i) {
+    double sum = 0;
+    std::int64_t count = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (!timed[r].parts[i].has_value()) continue;
+      sum += static_cast<double>(*timed[r].parts[i]);
+      ++count;
+    }
+    out[absl::StrCat(kBenchTimingParts[i], "_us")] =
+        count == 0 ? nlohmann::json(nullptr) : nlohmann::json(sum / static_cast<double>(count));
+  }
+  return out;
+}
+
 nlohmann::json Summary(const Config& c, Phase& p) {
   std::vector<double>& lat = p.tally.latency_s;
   std::sort(lat.begin(), lat.end());
@@ -695,6 +733,7 @@ nlohmann::json Summary(const Config& c, Phase& p) {
                                  : nlohmann::json(p.tally.unaccounted_sum /
                                                   static_cast<double>(p.tally.unaccounted_count));
   j["server_avg"] = server;
+  j["server_slowest"] = SlowestSplit(p.tally);
   return j;
 }
 

@@ -85,6 +85,20 @@ void PrintBenchText(const nlohmann::json& report) {
   }
   row("server unaccounted_us (avg)",
       [](const nlohmann::json& p) { return Cell(p["server_avg"]["unaccounted_us"], "%.0f"); });
+  // The slowest 1%: their latency and where the server spent it.
+  row("slowest 1% latency ms", [](const nlohmann::json& p) {
+    return p.contains("server_slowest") && !p["server_slowest"].is_null()
+               ? Cell(p["server_slowest"]["latency_ms"], "%.2f")
+               : std::string("-");
+  });
+  for (absl::string_view part : {"queue", "receive", "compute", "send"}) {
+    const std::string key = absl::StrCat(part, "_us");
+    row(absl::StrCat("slowest 1% server ", key), [key](const nlohmann::json& p) {
+      return p.contains("server_slowest") && !p["server_slowest"].is_null()
+                 ? Cell(p["server_slowest"][key], "%.0f")
+                 : std::string("-");
+    });
+  }
 
   PrintTable(rows);
   for (const nlohmann::json* p : phases) {

@@ -5,6 +5,7 @@
 // status codes of bad Probe requests.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -78,6 +79,15 @@ void ExpectSanePhase(const nlohmann::json& p, const std::string& rpc, std::int64
   // The cpu backend has no device copies: reported absent, not as 0.
   EXPECT_TRUE(server.at("h2d_us").is_null());
   EXPECT_TRUE(server.at("d2h_us").is_null());
+  // The slowest 1% (one request of fewer than 200): at least as slow as the
+  // p99, its server split as the average's.
+  const nlohmann::json& slowest = p.at("server_slowest");
+  EXPECT_EQ(slowest.at("requests").get<std::int64_t>(),
+            std::max<std::int64_t>(1, p.at("completed").get<std::int64_t>() / 100));
+  EXPECT_GE(slowest.at("latency_ms").get<double>(), p99 * 0.999);
+  EXPECT_LE(slowest.at("latency_ms").get<double>(), max * 1.001);
+  EXPECT_GT(slowest.at("total_us").get<double>(), 0);
+  EXPECT_TRUE(slowest.at("h2d_us").is_null());
 }
 
 TEST_F(BenchTest, LogitsReportsAndComparesWithTheBaseline) {

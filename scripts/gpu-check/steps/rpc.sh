@@ -16,7 +16,12 @@ for p in json.load(open(sys.argv[1]))["phases"]:
   s=p.get("server_avg",{})
   print("  %-9s req/s %8.2f p50 %9.3f p99 %9.3f ms  down %7.3f GB/s  server compute %s send %s total %s us" % (
     p["rpc"], p["requests_per_s"], p["latency_ms"]["p50"], p["latency_ms"]["p99"], p["down_gb_s"],
-    s.get("compute_us"), s.get("send_us"), s.get("total_us")))' "$out/rpc_$name.json" \
+    s.get("compute_us"), s.get("send_us"), s.get("total_us")))
+  w=p.get("server_slowest") or {}
+  if w:
+    print("  %-9s slowest 1%%: %d requests, %.3f ms; server queue %s receive %s compute %s send %s us" % (
+      "", w["requests"], w["latency_ms"], w.get("queue_us"), w.get("receive_us"), w.get("compute_us"),
+      w.get("send_us")))' "$out/rpc_$name.json" \
     >>"$out/rpc.log" 2>&1 || true
 }
 busy() {  # busy NAME ARGS...: a bench run with nvidia-smi sampling GPU utilisation
