@@ -44,13 +44,10 @@ class BadInputTest : public SharedServerTest {
       return;
     }
     handle_ = new std::string(info->handle);
-    channel_ = new std::shared_ptr<grpc::Channel>(
-        grpc::CreateChannel(server_->process.address(), grpc::InsecureChannelCredentials()));
-    stub_ = v1::Logitd::NewStub(*channel_).release();
+    stub_ = NewGeneratedStub<v1::Logitd>(server_->process.address());
   }
   static void TearDownTestSuite() {
     delete stub_;
-    delete channel_;
     delete handle_;
     delete weight_;
     SharedServerTest::TearDownTestSuite();
@@ -70,7 +67,6 @@ class BadInputTest : public SharedServerTest {
 
   static inline Tensor* weight_ = nullptr;
   static inline std::string* handle_ = nullptr;
-  static inline std::shared_ptr<grpc::Channel>* channel_ = nullptr;
   static inline v1::Logitd::Stub* stub_ = nullptr;
 };
 

@@ -75,6 +75,14 @@ struct SharedServer {
 // after each test that the server still answers. A suite that needs server
 // flags or client options derives from it and defines its own
 // SetUpTestSuite() calling StartSharedServer(flags, options).
+// A stub generated from the proto with default options (the stub keeps its
+// channel), for the calls the client library would not make.
+template <typename Service>
+typename Service::Stub* NewGeneratedStub(const std::string& address) {
+  return Service::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))
+      .release();
+}
+
 class SharedServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { StartSharedServer({}); }

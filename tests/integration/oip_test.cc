@@ -110,15 +110,12 @@ class OipTest : public SharedServerTest {
   static void SetUpTestSuite() {
     StartSharedServer({"--allow_shm"});
     if (server_ == nullptr) return;
-    channel_ = new std::shared_ptr<grpc::Channel>(
-        grpc::CreateChannel(server_->process.address(), grpc::InsecureChannelCredentials()));
-    stub_ = GRPCInferenceService::NewStub(*channel_).release();
+    stub_ = NewGeneratedStub<GRPCInferenceService>(server_->process.address());
     w_ = new Tensor(IntBf16({kV, kK}, 11));
     handle_ = new std::string(Register(*w_, "lm_head"));
   }
   static void TearDownTestSuite() {
     delete stub_;
-    delete channel_;
     delete w_;
     delete handle_;
     SharedServerTest::TearDownTestSuite();
@@ -192,7 +189,6 @@ class OipTest : public SharedServerTest {
     return t;
   }
 
-  static inline std::shared_ptr<grpc::Channel>* channel_ = nullptr;
   static inline GRPCInferenceService::Stub* stub_ = nullptr;
   static inline Tensor* w_ = nullptr;
   static inline std::string* handle_ = nullptr;

@@ -47,13 +47,10 @@ class PipelineTest : public SharedServerTest {
     if (server_ == nullptr) return;
     weight_ = new Tensor(NormalBf16({kV, kK}, 7));
     handle_ = new std::string(Register(*weight_, "w"));
-    channel_ = new std::shared_ptr<grpc::Channel>(
-        grpc::CreateChannel(server_->process.address(), grpc::InsecureChannelCredentials()));
-    stub_ = v1::Logitd::NewStub(*channel_).release();
+    stub_ = NewGeneratedStub<v1::Logitd>(server_->process.address());
   }
   static void TearDownTestSuite() {
     delete stub_;
-    delete channel_;
     delete handle_;
     delete weight_;
     SharedServerTest::TearDownTestSuite();
@@ -158,7 +155,6 @@ class PipelineTest : public SharedServerTest {
 
   static inline Tensor* weight_ = nullptr;
   static inline std::string* handle_ = nullptr;
-  static inline std::shared_ptr<grpc::Channel>* channel_ = nullptr;
   static inline v1::Logitd::Stub* stub_ = nullptr;
 };
 
