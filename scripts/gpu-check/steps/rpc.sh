@@ -132,7 +132,9 @@ rpc_runs() {
   bench lp_m8192_c1 "${lp[@]}" --m=8192 --requests=12
   bench lp_m8192_c1_whole "${lp[@]}" --m=8192 --requests=12 --nopipeline
   bench lp_m8192_c1_shm "${lp[@]}" --m=8192 --requests=12 --shm
-  # CrossEntropy without dW (loss, lse, dX), in row blocks and whole.
+  # CrossEntropy without dW (loss, lse, dX), in row blocks and whole; 16 clients.
+  busy ce_m1024_c16 --rpc=cross-entropy --k=4096 --v=128256 --dx --m=1024 --concurrency=16 \
+    --channels=16 --duration=10 --baseline=false
   bench ce_m8192_c1 --rpc=cross-entropy --k=4096 --v=128256 --dx --m=8192 --requests=6 \
     --baseline=false
   bench ce_m8192_c1_whole --rpc=cross-entropy --k=4096 --v=128256 --dx --m=8192 --requests=6 \
