@@ -19,9 +19,9 @@ for p in json.load(open(sys.argv[1]))["phases"]:
     s.get("compute_us"), s.get("send_us"), s.get("total_us")))
   w=p.get("server_slowest") or {}
   if w:
-    print("  %-9s slowest 1%%: %d requests, %.3f ms; server queue %s receive %s compute %s send %s us" % (
-      "", w["requests"], w["latency_ms"], w.get("queue_us"), w.get("receive_us"), w.get("compute_us"),
-      w.get("send_us")))' "$out/rpc_$name.json" \
+    print("  %-9s slowest 1%%: %d requests, %.3f ms; server queue %s receive %s h2d %s compute %s d2h %s send %s total %s us" % (
+      "", w["requests"], w["latency_ms"], w.get("queue_us"), w.get("receive_us"), w.get("h2d_us"),
+      w.get("compute_us"), w.get("d2h_us"), w.get("send_us"), w.get("total_us")))' "$out/rpc_$name.json" \
     >>"$out/rpc.log" 2>&1 || true
 }
 busy() {  # busy NAME ARGS...: a bench run with nvidia-smi sampling GPU utilisation
