@@ -229,6 +229,23 @@ inline LogProbsArgs LogProbsRowsOf(const LogProbsArgs& args, std::int64_t k, std
   return b;
 }
 
+// Rows [r0, r0 + rows) of a CrossEntropy call without dW as a call of its
+// own: the same options (grad_scale included), every pointer moved to the
+// block's first row.
+inline CrossEntropyArgs CrossEntropyRowsOf(const CrossEntropyArgs& args, std::int64_t k,
+                                           std::int64_t r0, std::int64_t rows) {
+  CrossEntropyArgs b = args;
+  b.m = rows;
+  b.x = args.x + r0 * k;
+  b.targets = args.targets == nullptr ? nullptr : args.targets + r0;
+  b.loss = args.loss == nullptr ? nullptr : args.loss + r0;
+  b.lse = args.lse == nullptr ? nullptr : args.lse + r0;
+  b.dx = args.dx == nullptr ? nullptr
+                            : static_cast<std::byte*>(args.dx) +
+                                  static_cast<std::size_t>(r0 * k) * ElementSize(args.dx_dtype);
+  return b;
+}
+
 // The checks every backend makes of a call's arguments before it touches
 // their memory, in one wording for all backends ("<call>: x is null",
 // "<call>: expected m (rows of x) >= 1, got 0", ...): InvalidArgument when a

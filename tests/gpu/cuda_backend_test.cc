@@ -17,6 +17,7 @@
 #include "gpu_test_util.h"
 #include "logitd/bf16.h"
 #include "server/kernels/backend.h"
+#include "tests/common/row_block_cuts.h"
 
 namespace logitd::kernels::testing {
 namespace {
@@ -194,6 +195,22 @@ TEST_F(CudaBackendTest, LogitsCutAtItsBlockRowsIsTheWholeCall) {
       EXPECT_EQ(std::memcmp(whole.data(), cut.data(), whole.size()), 0);
     }
   }
+}
+
+// LogProbs and CrossEntropy without dW walk in row blocks of 1,024 rows
+// (kWalkBlockRows), each planned as a call of its own rows: a call cut at
+// those multiples (the service's row blocks) keeps every output's bits.
+// 2,600 = 1,024 + 1,576 and 3,077 = 1,024 + 1,024 + 1,029 rows.
+TEST_F(CudaBackendTest, LogProbsCutAtItsBlockRowsIsTheWholeCall) {
+  ::logitd::testing::ExpectLogProbsCutIsTheWholeCall(
+      *backend(),
+      {/*v=*/32768, /*k=*/512, /*ms=*/{100, 1024, 2600, 3077}, /*block_rows=*/1024, /*seed=*/41});
+}
+
+TEST_F(CudaBackendTest, CrossEntropyCutAtItsBlockRowsIsTheWholeCall) {
+  ::logitd::testing::ExpectCrossEntropyCutIsTheWholeCall(
+      *backend(),
+      {/*v=*/32768, /*k=*/512, /*ms=*/{100, 1024, 2600, 3077}, /*block_rows=*/1024, /*seed=*/42});
 }
 
 class RandomLogitsTest : public CudaFixture, public ::testing::WithParamInterface<Shape> {};

@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "logitd/bf16.h"
+#include "tests/common/row_block_cuts.h"
 
 namespace logitd::kernels {
 namespace {
@@ -139,7 +140,7 @@ void ExpectAllBelow2To24(const std::vector<std::int64_t>& v) {
   for (std::int64_t s : v) ASSERT_LT(std::llabs(s), std::int64_t{1} << 24);
 }
 
-class CpuBackend : public testing::Test {
+class CpuBackend : public ::testing::Test {
  protected:
   void SetUp() override {
     backend_ = cpu::CreateCpuBackend(BackendOptions{});
@@ -269,159 +270,18 @@ TEST_F(CpuBackend, LogitsCutAtItsBlockRowsIsTheWholeCall) {
 // vocabulary with its own chunk; and the cross-entropy's loss stays bitwise
 // -logprob past one block (its first pass forms the same products).
 TEST_F(CpuBackend, LogProbsCutAtItsBlockRowsIsTheWholeCall) {
-  const std::int64_t v = 300, k = 512, top_k = 3;
-  std::mt19937 rng(6);
-  std::normal_distribution<float> normal;
-  std::vector<Bf16Bits> w(static_cast<std::size_t>(v * k));
-  for (Bf16Bits& e : w) e = FloatToBf16(normal(rng));
-  std::shared_ptr<Weight> weight = Load(w, v, k);
-  ASSERT_NE(weight, nullptr);
-  struct Outputs {
-    std::vector<float> logprob, lse, entropy, topk_logprobs;
-    std::vector<std::int32_t> topk_ids;
-    std::vector<std::int64_t> rank;
-    explicit Outputs(std::int64_t m)
-        : logprob(static_cast<std::size_t>(m), -1.0f),
-          lse(logprob),
-          entropy(logprob),
-          topk_logprobs(static_cast<std::size_t>(m * top_k), -1.0f),
-          topk_ids(static_cast<std::size_t>(m * top_k), -1),
-          rank(static_cast<std::size_t>(m), -2) {}
-    bool operator==(const Outputs& o) const {
-      const auto same = [](const auto& a, const auto& b) {
-        return a.size() == b.size() &&
-               std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
-      };
-      return same(logprob, o.logprob) && same(lse, o.lse) && same(entropy, o.entropy) &&
-             same(topk_logprobs, o.topk_logprobs) && same(topk_ids, o.topk_ids) &&
-             same(rank, o.rank);
-    }
-  };
-  for (const float cap : {0.0f, 30.0f}) {
-    for (const std::int64_t m : {7, 256, 700, 1029}) {
-      SCOPED_TRACE(::testing::Message() << "M=" << m << " softcap=" << cap);
-      std::vector<Bf16Bits> x(static_cast<std::size_t>(m * k));
-      for (Bf16Bits& e : x) e = FloatToBf16(normal(rng));
-      std::vector<std::int64_t> targets(static_cast<std::size_t>(m));
-      std::uniform_int_distribution<std::int64_t> token(0, v - 1);
-      for (std::int64_t i = 0; i < m; ++i) {
-        targets[static_cast<std::size_t>(i)] = i % 11 == 5 ? -100 : token(rng);
-      }
-      const auto args_into = [&](Outputs* o, float temperature) {
-        LogProbsArgs a;
-        a.x = x.data();
-        a.m = m;
-        a.targets = targets.data();
-        a.temperature = temperature;
-        a.logit_softcap = cap;
-        a.vocab = v;
-        a.logprob = o->logprob.data();
-        a.lse = o->lse.data();
-        a.entropy = o->entropy.data();
-        a.top_k = top_k;
-        a.topk_ids = o->topk_ids.data();
-        a.topk_logprobs = o->topk_logprobs.data();
-        a.rank = o->rank.data();
-        return a;
-      };
-      Outputs whole(m), cut(m);
-      const LogProbsArgs all = args_into(&whole, 0.7f);
-      ASSERT_TRUE(backend_->LogProbs(*weight, all, nullptr).ok());
-      const std::int64_t rows = backend_->LogProbsBlockRows(*weight, m);
-      EXPECT_EQ(rows, std::min<std::int64_t>(m, 256));
-      const LogProbsArgs into_cut = args_into(&cut, 0.7f);
-      for (std::int64_t r0 = 0; r0 < m;) {
-        const std::int64_t mb = BlockRowsAt(m, r0, rows);
-        ASSERT_TRUE(backend_->LogProbs(*weight, LogProbsRowsOf(into_cut, k, r0, mb), nullptr).ok());
-        r0 += mb;
-      }
-      EXPECT_TRUE(whole == cut) << "a cut call's outputs differ from the whole call's";
-
-      // Temperature 1: lse and logprob are the cross-entropy's lse and -loss.
-      Outputs plain(m);
-      ASSERT_TRUE(backend_->LogProbs(*weight, args_into(&plain, 1.0f), nullptr).ok());
-      std::vector<float> loss(static_cast<std::size_t>(m)), lse(loss.size());
-      CrossEntropyArgs ce;
-      ce.x = x.data();
-      ce.m = m;
-      ce.targets = targets.data();
-      ce.logit_softcap = cap;
-      ce.loss = loss.data();
-      ce.lse = lse.data();
-      ASSERT_TRUE(backend_->CrossEntropy(*weight, ce, nullptr).ok());
-      for (std::int64_t i = 0; i < m; ++i) {
-        const auto u = static_cast<std::size_t>(i);
-        ASSERT_EQ(FloatBits(lse[u]), FloatBits(plain.lse[u])) << "lse, row " << i;
-        if (targets[u] == -100) continue;  // loss and logprob both 0
-        ASSERT_EQ(FloatBits(-loss[u]), FloatBits(plain.logprob[u])) << "loss, row " << i;
-      }
-    }
-  }
+  ::logitd::testing::ExpectLogProbsCutIsTheWholeCall(
+      *backend_,
+      {/*v=*/300, /*k=*/512, /*ms=*/{7, 256, 700, 1029}, /*block_rows=*/256, /*seed=*/6});
 }
 
 // CrossEntropy without dW cut at multiples of CrossEntropyBlockRows: loss,
 // lse and dX (fp32 and bf16) keep the whole call's bits, z-loss, soft-cap,
 // ignored tokens and a scale for a mean included.
 TEST_F(CpuBackend, CrossEntropyCutAtItsBlockRowsIsTheWholeCall) {
-  const std::int64_t v = 300, k = 384;
-  std::mt19937 rng(8);
-  std::normal_distribution<float> normal;
-  std::vector<Bf16Bits> w(static_cast<std::size_t>(v * k));
-  for (Bf16Bits& e : w) e = FloatToBf16(normal(rng));
-  std::shared_ptr<Weight> weight = Load(w, v, k);
-  ASSERT_NE(weight, nullptr);
-  for (const DType dx_dtype : {DType::kFp32, DType::kBf16}) {
-    for (const std::int64_t m : {7, 256, 700, 1029}) {
-      SCOPED_TRACE(::testing::Message() << "M=" << m << " dX " << DTypeName(dx_dtype));
-      std::vector<Bf16Bits> x(static_cast<std::size_t>(m * k));
-      for (Bf16Bits& e : x) e = FloatToBf16(normal(rng));
-      std::vector<std::int64_t> targets(static_cast<std::size_t>(m));
-      std::uniform_int_distribution<std::int64_t> token(0, v - 1);
-      for (std::int64_t i = 0; i < m; ++i) {
-        targets[static_cast<std::size_t>(i)] = i % 13 == 4 ? -100 : token(rng);
-      }
-      const std::size_t dx_row = static_cast<std::size_t>(k) * ElementSize(dx_dtype);
-      struct Outputs {
-        std::vector<float> loss, lse;
-        std::vector<std::byte> dx;
-      };
-      const auto outputs = [&] {
-        return Outputs{std::vector<float>(static_cast<std::size_t>(m), -1.0f),
-                       std::vector<float>(static_cast<std::size_t>(m), -1.0f),
-                       std::vector<std::byte>(static_cast<std::size_t>(m) * dx_row, std::byte{7})};
-      };
-      Outputs whole = outputs(), cut = outputs();
-      CrossEntropyArgs args;
-      args.x = x.data();
-      args.m = m;
-      args.targets = targets.data();
-      args.z_loss = 1e-3f;
-      args.logit_softcap = 20.0f;
-      args.grad_scale = 1.0f / 613.0f;
-      args.dx_dtype = dx_dtype;
-      args.loss = whole.loss.data();
-      args.lse = whole.lse.data();
-      args.dx = whole.dx.data();
-      ASSERT_TRUE(backend_->CrossEntropy(*weight, args, nullptr).ok());
-      const std::int64_t rows = backend_->CrossEntropyBlockRows(*weight, m);
-      EXPECT_EQ(rows, std::min<std::int64_t>(m, 256));
-      for (std::int64_t r0 = 0; r0 < m;) {
-        const std::int64_t mb = BlockRowsAt(m, r0, rows);
-        CrossEntropyArgs b = args;
-        b.x = x.data() + r0 * k;
-        b.m = mb;
-        b.targets = targets.data() + r0;
-        b.loss = cut.loss.data() + r0;
-        b.lse = cut.lse.data() + r0;
-        b.dx = cut.dx.data() + static_cast<std::size_t>(r0) * dx_row;
-        ASSERT_TRUE(backend_->CrossEntropy(*weight, b, nullptr).ok());
-        r0 += mb;
-      }
-      EXPECT_EQ(std::memcmp(whole.loss.data(), cut.loss.data(), whole.loss.size() * 4), 0);
-      EXPECT_EQ(std::memcmp(whole.lse.data(), cut.lse.data(), whole.lse.size() * 4), 0);
-      EXPECT_EQ(std::memcmp(whole.dx.data(), cut.dx.data(), whole.dx.size()), 0) << "dX differs";
-    }
-  }
+  ::logitd::testing::ExpectCrossEntropyCutIsTheWholeCall(
+      *backend_,
+      {/*v=*/300, /*k=*/384, /*ms=*/{7, 256, 700, 1029}, /*block_rows=*/256, /*seed=*/8});
 }
 
 TEST_F(CpuBackend, LogitsBf16Bf16Bf16_IsRneOfExactSumK4096) {

@@ -45,6 +45,11 @@ inline constexpr std::size_t kWorkspaceBytes = 32u << 20;
 // stays bounded for any M.
 inline constexpr std::size_t kLogitsBlockBytes = 128u << 20;
 inline constexpr std::int64_t kMinBlockRows = 256;
+// LogProbs and CrossEntropy without dW walk the vocabulary in row blocks of
+// this many rows (the last block taking the rest, BlockRowsAt), each block
+// planned as a call of its own rows, so that a call cut at its multiples
+// (the service's row blocks) runs the very products of the uncut call.
+inline constexpr std::int64_t kWalkBlockRows = 1024;
 // dY travels and is cast block by block through a staging buffer this size.
 inline constexpr std::size_t kStagingBytes = 64u << 20;
 // Scratch buffers up to this size stay with their context between requests;
@@ -247,6 +252,8 @@ class CudaBackend final : public Backend {
                             Timing* timing) override;
   absl::Status DoCrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) override;
   absl::Status DoLogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing) override;
+  std::int64_t LogProbsBlockRows(const Weight& w, std::int64_t m) const override;
+  std::int64_t CrossEntropyBlockRows(const Weight& w, std::int64_t m) const override;
   // A sticky CUDA error marks the device lost (see Backend).
   void NoteFailure(const absl::Status& failure) override {
     if (IsDeviceLost(failure)) health_.MarkLost(failure);
@@ -267,6 +274,12 @@ class CudaBackend final : public Backend {
                                    const StreamTimer& timer, Timing* timing);
   absl::Status AllocateLogProbs(Context& c, std::int64_t m, std::int64_t k, int top_k,
                                 std::int64_t chunk, LpBuffers* b);
+  // One walk over all of args' rows on context c, planned for them alone
+  // and finished (both streams idle) when it returns.
+  absl::Status CrossEntropyRows(Context& c, CudaWeight& w, const CrossEntropyArgs& args,
+                                Timing* timing);
+  absl::Status LogProbsRows(Context& c, const CudaWeight& w, const LogProbsArgs& args,
+                            Timing* timing);
 #ifdef LOGITD_TEST_FAULTS
   // The test-only device faults (see kTestDeviceTrap) on context c.
   absl::Status TestDeviceFault(std::uint32_t trigger, Context& c);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -272,14 +273,76 @@ absl::Status CudaBackend::EnqueueCrossEntropy(Context& c, const CrossEntropyArgs
   return absl::OkStatus();
 }
 
+namespace {
+
+// Runs block(r0, rows, timing) for the blocks of `block_rows` rows (the last
+// one taking the rest, BlockRowsAt) of a call of m rows, in order, and sums
+// their times into `timing` (fresh); `call` names the call in errors.
+absl::Status InRowBlocks(
+    const char* call, std::int64_t m, std::int64_t block_rows, Timing* timing,
+    const std::function<absl::Status(std::int64_t, std::int64_t, Timing*)>& block) {
+  if (block_rows >= m) return block(0, m, timing);
+  std::int64_t blocks = 0;
+  std::string plan;
+  for (std::int64_t r0 = 0; r0 < m; ++blocks) {
+    const std::int64_t rows = BlockRowsAt(m, r0, block_rows);
+    Timing t;
+    const absl::Status done = block(r0, rows, timing != nullptr ? &t : nullptr);
+    if (!done.ok()) {
+      return absl::Status(done.code(), absl::StrCat(done.message(), " (", call, ", rows [", r0,
+                                                    ", ", r0 + rows, ") of ", m, ")"));
+    }
+    if (timing != nullptr) {
+      timing->h2d_us += t.h2d_us;
+      timing->compute_us += t.compute_us;
+      timing->d2h_us += t.d2h_us;
+      timing->transfers_measured = t.transfers_measured;
+      for (std::string& gemm : t.gemms) {
+        if (std::find(timing->gemms.begin(), timing->gemms.end(), gemm) == timing->gemms.end()) {
+          timing->gemms.push_back(std::move(gemm));
+        }
+      }
+      if (plan.empty()) plan = t.plan;
+    }
+    r0 += rows;
+  }
+  if (timing != nullptr) {
+    timing->plan = absl::StrCat(plan, "; in ", blocks, " row blocks of ", block_rows);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::int64_t CudaBackend::CrossEntropyBlockRows(const Weight& /*w*/, std::int64_t m) const {
+  return std::min(m, kWalkBlockRows);
+}
+
+std::int64_t CudaBackend::LogProbsBlockRows(const Weight& /*w*/, std::int64_t m) const {
+  return std::min(m, kWalkBlockRows);
+}
+
+// Without dW every row's outputs depend on its own row alone: the walk goes
+// in row blocks (kWalkBlockRows). dW sums over every row: one walk.
 absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs& args,
                                          Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("cross entropy", "cuda", weight);
-  const std::int64_t m = args.m;
   RETURN_IF_ERROR_(UseDevice(options_.device));
-  ACQUIRE_OR_RETURN_(lease, absl::StrCat("cross_entropy(M=", m, ",V=", w->v(), ",K=", w->k(), ")"));
+  ACQUIRE_OR_RETURN_(lease,
+                     absl::StrCat("cross_entropy(M=", args.m, ",V=", w->v(), ",K=", w->k(), ")"));
   Context& c = *lease;
+  if (args.dw != nullptr || args.accumulate_dw) return CrossEntropyRows(c, *w, args, timing);
+  return InRowBlocks("cross_entropy", args.m, CrossEntropyBlockRows(*w, args.m), timing,
+                     [&](std::int64_t r0, std::int64_t rows, Timing* t) {
+                       return CrossEntropyRows(c, *w, CrossEntropyRowsOf(args, w->k(), r0, rows),
+                                               t);
+                     });
+}
+
+absl::Status CudaBackend::CrossEntropyRows(Context& c, CudaWeight& w, const CrossEntropyArgs& args,
+                                           Timing* timing) {
+  const std::int64_t m = args.m;
   cudaStream_t cs = c.compute.get();
 
   // Accumulations into the weight's buffer go one at a time. The lock is
@@ -289,8 +352,8 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
   std::optional<GradientState<DeviceBuffer>::Lock> gradient;
   float* gradient_buffer = nullptr;
   if (args.accumulate_dw) {
-    gradient.emplace(w->gradient().Acquire());
-    absl::StatusOr<float*> buffer = GradientBuffer(*gradient, *w, cs, "cross_entropy");
+    gradient.emplace(w.gradient().Acquire());
+    absl::StatusOr<float*> buffer = GradientBuffer(*gradient, w, cs, "cross_entropy");
     if (!buffer.ok()) return buffer.status();
     gradient_buffer = *buffer;
   }
@@ -300,8 +363,8 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
   // chunk unless the device cannot hold it.
   CePlanRequest request;
   request.m = m;
-  request.v = w->v();
-  request.k = w->k();
+  request.v = w.v();
+  request.k = w.k();
   request.want_dx = args.dx != nullptr;
   request.dx_bf16 = request.want_dx && args.dx_dtype == DType::kBf16;
   request.want_dw = args.accumulate_dw || args.dw != nullptr;
@@ -311,12 +374,12 @@ absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs&
   request.device_memory_budget = options_.device_memory_budget;
   CePlan plan = PlanCrossEntropy(request);
   CeScratchSet scratch;
-  RETURN_IF_ERROR_(AllocateCrossEntropy(c, *w, args, request, &plan, &scratch));
+  RETURN_IF_ERROR_(AllocateCrossEntropy(c, w, args, request, &plan, &scratch));
 
   CeProblem p;
   p.m = m;
-  p.v = w->v();
-  p.k = w->k();
+  p.v = w.v();
+  p.k = w.k();
   p.walk = plan.walk;
   p.chunk = plan.chunk;
   p.ignore_index = args.ignore_index;
@@ -388,14 +451,23 @@ absl::Status CudaBackend::DoLogProbs(const Weight& weight, const LogProbsArgs& a
                                      Timing* timing) {
   const auto* w = dynamic_cast<const CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("log probs", "cuda", weight);
+  RETURN_IF_ERROR_(UseDevice(options_.device));
+  ACQUIRE_OR_RETURN_(lease,
+                     absl::StrCat("log_probs(M=", args.m, ",V=", args.vocab, ",K=", w->k(), ")"));
+  Context& c = *lease;
+  return InRowBlocks("log_probs", args.m, LogProbsBlockRows(*w, args.m), timing,
+                     [&](std::int64_t r0, std::int64_t rows, Timing* t) {
+                       return LogProbsRows(c, *w, LogProbsRowsOf(args, w->k(), r0, rows), t);
+                     });
+}
+
+absl::Status CudaBackend::LogProbsRows(Context& c, const CudaWeight& w, const LogProbsArgs& args,
+                                       Timing* timing) {
   const std::int64_t m = args.m;
   const std::int64_t v = args.vocab;
-  const std::int64_t k = w->k();
+  const std::int64_t k = w.k();
   const int top_k = static_cast<int>(args.top_k);
   const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
-  RETURN_IF_ERROR_(UseDevice(options_.device));
-  ACQUIRE_OR_RETURN_(lease, absl::StrCat("log_probs(M=", m, ",V=", v, ",K=", k, ")"));
-  Context& c = *lease;
   cudaStream_t cs = c.compute.get();
 
   // The cross-entropy's chunk without gradients, so that the same request
@@ -410,7 +482,7 @@ absl::Status CudaBackend::DoLogProbs(const Weight& weight, const LogProbsArgs& a
   request.device_memory_budget = options_.device_memory_budget;
   CePlan plan = PlanCrossEntropy(request);
   LpBuffers b;
-  b.w = w->data();
+  b.w = w.data();
   RETURN_IF_ERROR_(AllocateShrinking(c, request, &plan, {kX, kY0, kRows, kG}, [&]() {
     return AllocateLogProbs(c, m, k, top_k, plan.chunk, &b);
   }));
