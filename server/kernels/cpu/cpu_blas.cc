@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "server/kernels/cpu/row_walk.h"
+#include "server/kernels/fifo_mutex.h"
 
 namespace logitd::kernels::cpu {
 
@@ -58,9 +59,10 @@ namespace {
 // OpenBLAS has one process-wide thread pool and already spreads one GEMM over
 // every core; running GEMMs one at a time keeps results reproducible, costs
 // no throughput, and keeps clear of the races the pthread build has had when
-// entered from several threads at once.
-std::mutex& BlasMutex() {
-  static std::mutex* mu = new std::mutex;
+// entered from several threads at once. In the order asked: a call's many
+// row blocks queue behind the other calls' instead of barging ahead.
+FifoMutex& BlasMutex() {
+  static FifoMutex* mu = new FifoMutex;
   return *mu;
 }
 
@@ -69,14 +71,14 @@ std::mutex& BlasMutex() {
 void Sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, std::int64_t m, std::int64_t n, std::int64_t k,
            float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
            float beta, float* c, std::int64_t ldc) {
-  std::lock_guard<std::mutex> lock(BlasMutex());
+  std::lock_guard<FifoMutex> lock(BlasMutex());
   cblas_sgemm(CblasRowMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
 void SetBlasThreads(int threads) {
-  std::lock_guard<std::mutex> lock(BlasMutex());
+  std::lock_guard<FifoMutex> lock(BlasMutex());
   openblas_set_num_threads(threads);
 }
 

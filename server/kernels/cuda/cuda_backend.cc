@@ -73,6 +73,9 @@ Lease::~Lease() {
 }
 
 absl::StatusOr<Lease> CudaBackend::Acquire(std::string what) {
+  // Calls take contexts in the order they asked (a call in row blocks asks
+  // once a block): only the first in line waits on the pool.
+  std::lock_guard<FifoMutex> turn(pool_turns_);
   std::unique_lock<std::mutex> lock(pool_mu_);
   // Looks at the device's health every 100 ms while it waits: a call queued
   // behind a hung one must not wait for it forever.

@@ -29,6 +29,7 @@
 #include "server/kernels/cuda/logprobs.h"
 #include "server/kernels/cuda/lt_gemm.h"
 #include "server/kernels/device_health.h"
+#include "server/kernels/fifo_mutex.h"
 #include "server/kernels/gradient_state.h"
 #include "server/kernels/host_pool.h"
 
@@ -305,6 +306,7 @@ class CudaBackend final : public Backend {
   std::uint64_t device_bytes_total_ = 0;
 
   std::vector<std::unique_ptr<Context>> contexts_;
+  FifoMutex pool_turns_;  // taken before pool_mu_
   std::mutex pool_mu_;
   std::condition_variable pool_cv_;
   std::vector<Context*> free_;
