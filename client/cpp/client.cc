@@ -50,6 +50,7 @@ WeightInfo FromProto(const v1::WeightInfo& w) {
   out.converted_from = w.converted_from();
   out.logits_block_rows_fp32 = w.logits_block_rows_fp32();
   out.logits_block_rows_bf16 = w.logits_block_rows_bf16();
+  out.logprobs_block_rows = w.logprobs_block_rows();
   return out;
 }
 

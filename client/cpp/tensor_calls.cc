@@ -16,6 +16,7 @@
 #include "client/cpp/call_tensors.h"
 #include "client/cpp/client_impl.h"
 #include "logitd/client.h"
+#include "logitd/protocol.h"
 #include "logitd/wire/wire.h"
 
 namespace logitd::client {
@@ -46,56 +47,43 @@ namespace {
 // Most connections one call is spread over.
 constexpr int kMaxConnections = 64;
 
+absl::Status CheckConnections(int connections) {
+  if (connections < 1 || connections > kMaxConnections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("connections: expected 1 to ", kMaxConnections, ", got ", connections));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status Client::LogitsSpread(const Tensor& x, const std::string& handle, Tensor* y,
-                                  const LogitsOptions& options, Timing* timing) {
-  if (options.connections < 1 || options.connections > kMaxConnections) {
-    return absl::InvalidArgumentError(absl::StrCat("connections: expected 1 to ", kMaxConnections,
-                                                   ", got ", options.connections));
-  }
-  LogitsOptions one = options;
-  one.connections = 1;
-  // What the server would refuse, it refuses for the whole call.
-  if (x.dtype() != DType::kBf16 || x.rank() != 2 || x.dim(0) < 2) {
-    return LogitsInto(x, handle, y, one, timing);
-  }
-  // The weight's V and block rows, from ListWeights the first time.
-  std::optional<WeightInfo> w;
+absl::StatusOr<std::optional<WeightInfo>> Client::SpreadWeight(const std::string& handle) {
   {
     std::lock_guard<std::mutex> lock(impl_->spread_mu);
-    if (auto it = impl_->weights_seen.find(handle); it != impl_->weights_seen.end()) w = it->second;
+    if (auto it = impl_->weights_seen.find(handle); it != impl_->weights_seen.end()) {
+      return it->second;
+    }
   }
-  if (!w) {
-    absl::StatusOr<std::vector<WeightInfo>> listed = ListWeights();
-    if (!listed.ok()) return listed.status();
-    std::lock_guard<std::mutex> lock(impl_->spread_mu);
-    for (WeightInfo& info : *listed) impl_->weights_seen[info.handle] = info;
-    if (auto it = impl_->weights_seen.find(handle); it != impl_->weights_seen.end()) w = it->second;
+  absl::StatusOr<std::vector<WeightInfo>> listed = ListWeights();
+  if (!listed.ok()) return listed.status();
+  std::lock_guard<std::mutex> lock(impl_->spread_mu);
+  for (WeightInfo& info : *listed) impl_->weights_seen[info.handle] = info;
+  if (auto it = impl_->weights_seen.find(handle); it != impl_->weights_seen.end()) {
+    return it->second;
   }
-  const std::int64_t block = !w                                  ? 0
-                             : options.out_dtype == DType::kFp32 ? w->logits_block_rows_fp32
-                                                                 : w->logits_block_rows_bf16;
-  const std::int64_t m = x.dim(0);
-  // An unknown handle, a server that does not say, or a call of one block:
-  // one call (whose status is the server's).
-  if (!w || w->shape.size() != 2 || block <= 0 || m <= block) {
-    return LogitsInto(x, handle, y, one, timing);
-  }
-  const std::int64_t v = w->shape[0];
+  return std::nullopt;
+}
+
+absl::Status Client::RunSpread(
+    std::int64_t m, std::int64_t block, int connections,
+    const std::function<absl::Status(Client&, std::int64_t, std::int64_t, std::int64_t)>& part) {
   const std::int64_t blocks = (m + block - 1) / block;
   // Whole blocks a part, as even as they come, the last part taking the
   // rest: 5 blocks over 4 connections are 2 + 2 + 1 blocks.
-  const std::int64_t wanted = std::min<std::int64_t>(options.connections, blocks);
+  const std::int64_t wanted = std::min<std::int64_t>(connections, blocks);
   const std::int64_t blocks_per_part = (blocks + wanted - 1) / wanted;
   const std::int64_t parts = (blocks + blocks_per_part - 1) / blocks_per_part;
   const std::int64_t part_rows = blocks_per_part * block;
-  if (y->dtype() != options.out_dtype || y->shape() != std::vector<std::int64_t>{m, v}) {
-    absl::StatusOr<Tensor> fresh = Tensor::CreateUninitialized(options.out_dtype, {m, v});
-    if (!fresh.ok()) return fresh.status();
-    *y = *std::move(fresh);
-  }
-  const std::uint64_t row_bytes = static_cast<std::uint64_t>(v) * ElementSize(options.out_dtype);
   // The further connections' Clients: the same options, each its own
   // connection.
   std::vector<Client*> clients = {this};
@@ -118,9 +106,13 @@ absl::Status Client::LogitsSpread(const Tensor& x, const std::string& handle, Te
     const std::int64_t r0 = i * part_rows;
     const std::int64_t rows = i + 1 == parts ? m - r0 : part_rows;
     threads.emplace_back([&, i, r0, rows] {
-      status[static_cast<std::size_t>(i)] = clients[static_cast<std::size_t>(i)]->LogitsPart(
-          x, r0, rows, handle, y->bytes() + static_cast<std::uint64_t>(r0) * row_bytes,
-          static_cast<std::uint64_t>(rows) * row_bytes, one, i == 0 ? timing : nullptr);
+      const auto u = static_cast<std::size_t>(i);
+      const absl::Status s = part(*clients[u], r0, rows, i);
+      if (!s.ok()) {
+        status[u] =
+            absl::Status(s.code(), absl::StrCat("rows [", r0, ", ", r0 + rows, ") of ", m,
+                                                " (a part on its own connection): ", s.message()));
+      }
     });
   }
   for (std::thread& t : threads) t.join();
@@ -128,6 +120,42 @@ absl::Status Client::LogitsSpread(const Tensor& x, const std::string& handle, Te
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status Client::LogitsSpread(const Tensor& x, const std::string& handle, Tensor* y,
+                                  const LogitsOptions& options, Timing* timing) {
+  if (absl::Status s = CheckConnections(options.connections); !s.ok()) return s;
+  LogitsOptions one = options;
+  one.connections = 1;
+  // What the server would refuse, it refuses for the whole call.
+  if (x.dtype() != DType::kBf16 || x.rank() != 2 || x.dim(0) < 2) {
+    return LogitsInto(x, handle, y, one, timing);
+  }
+  absl::StatusOr<std::optional<WeightInfo>> w = SpreadWeight(handle);
+  if (!w.ok()) return w.status();
+  const std::int64_t block = !w->has_value()                     ? 0
+                             : options.out_dtype == DType::kFp32 ? (*w)->logits_block_rows_fp32
+                                                                 : (*w)->logits_block_rows_bf16;
+  const std::int64_t m = x.dim(0);
+  // An unknown handle, a server that does not say, or a call of one block:
+  // one call (whose status is the server's).
+  if (!w->has_value() || (*w)->shape.size() != 2 || block <= 0 || m <= block) {
+    return LogitsInto(x, handle, y, one, timing);
+  }
+  const std::int64_t v = (*w)->shape[0];
+  if (y->dtype() != options.out_dtype || y->shape() != std::vector<std::int64_t>{m, v}) {
+    absl::StatusOr<Tensor> fresh = Tensor::CreateUninitialized(options.out_dtype, {m, v});
+    if (!fresh.ok()) return fresh.status();
+    *y = *std::move(fresh);
+  }
+  const std::uint64_t row_bytes = static_cast<std::uint64_t>(v) * ElementSize(options.out_dtype);
+  return RunSpread(m, block, options.connections,
+                   [&](Client& c, std::int64_t r0, std::int64_t rows, std::int64_t i) {
+                     return c.LogitsPart(x, r0, rows, handle,
+                                         y->bytes() + static_cast<std::uint64_t>(r0) * row_bytes,
+                                         static_cast<std::uint64_t>(rows) * row_bytes, one,
+                                         i == 0 ? timing : nullptr);
+                   });
 }
 
 absl::Status Client::LogitsPart(const Tensor& x, std::int64_t r0, std::int64_t rows,
@@ -447,9 +475,37 @@ void SetLogProbsOptions(const LogProbsOptions& options, v1::LogProbsHeader* h) {
   h->set_vocab_size(options.vocab_size);
 }
 
+namespace {
+
+// A LogProbs header's options besides its tensors' specs.
+void FillLogProbsHeader(const std::string& handle, const LogProbsOptions& options,
+                        v1::LogProbsHeader* h) {
+  h->set_weight_handle(handle);
+  SetLogProbsOptions(options, h);
+  h->set_top_k(static_cast<std::uint32_t>(options.top_k));
+  h->set_want_entropy(options.want_entropy);
+  h->set_want_lse(options.want_lse);
+  h->set_want_rank(options.want_rank);
+  h->set_digest_last(true);  // streamed outputs hashed while they travel
+  h->set_pipeline(options.pipeline);
+}
+
+// The spec of LogProbs' output `name` in its result.
+const v1::TensorSpec& LogProbsOutputSpec(const v1::LogProbsResult& r, absl::string_view name) {
+  if (name == "logprob") return r.logprob();
+  if (name == "lse") return r.lse();
+  if (name == "entropy") return r.entropy();
+  if (name == "topk_ids") return r.topk_ids();
+  if (name == "topk_logprobs") return r.topk_logprobs();
+  return r.rank();
+}
+
+}  // namespace
+
 absl::StatusOr<LogProbsResult> Client::LogProbs(const Tensor& x, const Tensor* targets,
                                                 const std::string& handle,
                                                 const LogProbsOptions& options) {
+  if (options.connections != 1) return LogProbsSpread(x, targets, handle, options);
   LogProbsShmArgs args;
   args.x = x;
   if (targets != nullptr) args.targets = *targets;
@@ -482,14 +538,7 @@ absl::StatusOr<LogProbsResult> Client::LogProbsShm(const LogProbsShmArgs& args,
   }
   v1::LogProbsRequest request;
   v1::LogProbsHeader* h = request.mutable_header();
-  h->set_weight_handle(handle);
-  SetLogProbsOptions(options, h);
-  h->set_top_k(static_cast<std::uint32_t>(options.top_k));
-  h->set_want_entropy(options.want_entropy);
-  h->set_want_lse(options.want_lse);
-  h->set_want_rank(options.want_rank);
-  h->set_digest_last(true);  // streamed outputs hashed while they travel
-  h->set_pipeline(options.pipeline);
+  FillLogProbsHeader(handle, options, h);
   slots.FillHeader(h);
 
   return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<LogProbsResult> {
@@ -512,6 +561,106 @@ absl::StatusOr<LogProbsResult> Client::LogProbsShm(const LogProbsShmArgs& args,
     }
     return out;
   });
+}
+
+// The outputs are allocated whole and each part's rows received in place;
+// the first part's timing is the call's.
+absl::StatusOr<LogProbsResult> Client::LogProbsSpread(const Tensor& x, const Tensor* targets,
+                                                      const std::string& handle,
+                                                      const LogProbsOptions& options) {
+  if (absl::Status s = CheckConnections(options.connections); !s.ok()) return s;
+  LogProbsOptions one = options;
+  one.connections = 1;
+  const auto whole = [&] { return LogProbs(x, targets, handle, one); };
+  // What the server (or LogProbsShm) would refuse, it refuses for the
+  // whole call.
+  const bool targets_fit =
+      targets == nullptr ||
+      (targets->rank() == 1 && x.rank() == 2 && targets->dim(0) == x.dim(0) &&
+       (targets->dtype() == DType::kInt32 || targets->dtype() == DType::kInt64));
+  if (x.dtype() != DType::kBf16 || x.rank() != 2 || x.dim(0) < 2 || !targets_fit ||
+      options.temperature == 0.0f || options.top_k < 0 || options.top_k > kMaxTopK ||
+      (options.want_rank && targets == nullptr)) {
+    return whole();
+  }
+  absl::StatusOr<std::optional<WeightInfo>> w = SpreadWeight(handle);
+  if (!w.ok()) return w.status();
+  const std::int64_t block = w->has_value() ? (*w)->logprobs_block_rows : 0;
+  const std::int64_t m = x.dim(0);
+  const std::int64_t k = x.dim(1);
+  if (!w->has_value() || block <= 0 || m <= block) return whole();
+
+  // Every output the call returns, with the bytes of one of its rows.
+  struct Out {
+    const char* name;
+    std::optional<Tensor>* tensor;
+    DType dtype;
+    std::int64_t per_row;
+  };
+  LogProbsResult out;
+  std::vector<Out> outs;
+  if (targets != nullptr) outs.push_back({"logprob", &out.logprob, DType::kFp32, 1});
+  if (options.want_lse) outs.push_back({"lse", &out.lse, DType::kFp32, 1});
+  if (options.want_entropy) outs.push_back({"entropy", &out.entropy, DType::kFp32, 1});
+  if (options.top_k > 0) {
+    outs.push_back({"topk_ids", &out.topk_ids, DType::kInt32, options.top_k});
+    outs.push_back({"topk_logprobs", &out.topk_logprobs, DType::kFp32, options.top_k});
+  }
+  if (options.want_rank) outs.push_back({"rank", &out.rank, DType::kInt64, 1});
+  for (const Out& o : outs) {
+    const std::vector<std::int64_t> shape =
+        o.per_row == 1 ? std::vector<std::int64_t>{m} : std::vector<std::int64_t>{m, o.per_row};
+    absl::StatusOr<Tensor> fresh = Tensor::CreateUninitialized(o.dtype, shape);
+    if (!fresh.ok()) return fresh.status();
+    *o.tensor = *std::move(fresh);
+  }
+  v1::LogProbsHeader header;
+  FillLogProbsHeader(handle, one, &header);
+  absl::Status spread = RunSpread(
+      m, block, options.connections,
+      [&](Client& c, std::int64_t r0, std::int64_t rows, std::int64_t i) {
+        CallTensors slots;
+        if (targets != nullptr) {
+          const std::uint64_t t_row = ElementSize(targets->dtype());
+          absl::Status s =
+              slots.InputBytes("targets", targets->bytes() + r0 * t_row, targets->dtype(), {rows});
+          if (!s.ok()) return s;
+        }
+        absl::Status s = slots.InputBytes("x", x.bytes() + static_cast<std::uint64_t>(r0 * k) * 2,
+                                          DType::kBf16, {rows, k});
+        if (!s.ok()) return s;
+        for (const Out& o : outs) {
+          const std::uint64_t row_bytes =
+              static_cast<std::uint64_t>(o.per_row) * ElementSize(o.dtype);
+          slots.OutputBytes(o.name,
+                            (*o.tensor)->bytes() + static_cast<std::uint64_t>(r0) * row_bytes,
+                            static_cast<std::uint64_t>(rows) * row_bytes);
+        }
+        v1::LogProbsRequest request;
+        *request.mutable_header() = header;
+        slots.FillHeader(request.mutable_header());
+        return c.impl_->Call(true, [&](grpc::ClientContext& context) -> absl::Status {
+          v1::LogProbsResult result;
+          ResponseTensors tensors;
+          absl::Status st = RunTensorCall<v1::LogProbsRequest, v1::LogProbsResponse>(
+              *c.impl_->generic, "LogProbs", context, c.impl_->options.chunk_bytes, request, slots,
+              &result, &tensors);
+          if (!st.ok()) return st;
+          for (const Out& o : outs) {
+            const v1::TensorSpec& spec = LogProbsOutputSpec(result, o.name);
+            if (spec.shape_size() < 1 || spec.shape(0) != rows ||
+                spec.dtype() != wire::ToProto(o.dtype)) {
+              return absl::DataLossError(absl::StrCat("response from server: rows ", r0, "+", rows,
+                                                      " of ", o.name,
+                                                      " came back as another shape"));
+            }
+          }
+          if (i == 0) out.timing = TimingOf(result.timing(), context);
+          return absl::OkStatus();
+        });
+      });
+  if (!spread.ok()) return spread;
+  return out;
 }
 
 }  // namespace logitd::client

@@ -316,6 +316,7 @@ absl::StatusOr<Config> ReadConfig() {
     return absl::InvalidArgumentError(
         absl::StrCat("--connections: expected 1 to 64, got ", c.connections));
   }
+  c.logprobs.connections = c.connections;
   if (absl::Status s = ReadLoad(&c); !s.ok()) return s;
   c.baseline = absl::GetFlag(FLAGS_baseline);
   c.seed = absl::GetFlag(FLAGS_seed);
@@ -336,6 +337,10 @@ absl::StatusOr<Config> ReadConfig() {
         "--shm: only --rpc=logits and --rpc=logprobs use shared memory so far");
   }
 
+  if (c.connections > 1 && (c.shm || (c.rpc != Rpc::kLogits && c.rpc != Rpc::kLogProbs))) {
+    return absl::InvalidArgumentError(
+        "--connections: only --rpc=logits and --rpc=logprobs spread a call, and not with --shm");
+  }
   if (absl::Status s = ReadRpcOptions(&c); !s.ok()) return s;
   return c;
 }

@@ -38,8 +38,8 @@ ABSL_FLAG(std::string, out_dtype, "fp32",
           "logits, bench: fp32 (the accumulator) or bf16 (legacy); bench: also dY's dtype");
 ABSL_FLAG(double, alpha, 1.0, "logits: scale applied to X.W^T (non-zero)");
 ABSL_FLAG(std::int32_t, connections, 1,
-          "logits, bench --rpc=logits: spread each call over this many connections (1 to 64), "
-          "X's rows cut where the weight says the bits stay the same");
+          "logits, logprobs, bench --rpc=logits|logprobs: spread each call over this many "
+          "connections (1 to 64), X's rows cut where the weight says the bits stay the same");
 ABSL_FLAG(bool, pipeline, true,
           "logits, logprobs, cross-entropy, bench: ask the server to run the call in "
           "row blocks, starting on X's first rows while the rest arrive and streaming the "

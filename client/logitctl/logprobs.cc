@@ -44,6 +44,7 @@ int CmdLogProbs(const std::vector<std::string>& words) {
   options.vocab_size = absl::GetFlag(FLAGS_vocab_size);
   options.ignore_index = absl::GetFlag(FLAGS_ignore_index);
   options.pipeline = absl::GetFlag(FLAGS_pipeline);
+  options.connections = absl::GetFlag(FLAGS_connections);
 
   absl::StatusOr<NamedTensor> loaded_x = LoadTensorRef(absl::GetFlag(FLAGS_x), "--x");
   if (!loaded_x.ok()) return InputError(loaded_x.status());

@@ -72,11 +72,12 @@ commands:
                                      --nopipeline: the call run whole (same bits)
   logprobs --x=FILE[:TENSOR] --weight=HANDLE --out=FILE [--targets=FILE[:TENSOR]]
            [--top_k=0] [--temperature=1] [--logit_softcap=0] [--entropy] [--lse] [--rank]
-           [--vocab_size=0] [--ignore_index=-100] [--nopipeline]
+           [--vocab_size=0] [--ignore_index=-100] [--nopipeline] [--connections=1]
                                      per-token log-probs of the fp32 logits without the
                                      [M, V] logits: tensors "logprob" (with --targets),
                                      "lse", "entropy", "topk_ids", "topk_logprobs", "rank";
-                                     --nopipeline: the call run whole (same bits)
+                                     --nopipeline: the call run whole (same bits);
+                                     --connections=N: spread over N connections (same bits)
   stress [--clients=16] [--duration=SECONDS (default 60)] [--stress_max_m=4096]
          [--stress_max_v=128256] [--stress_max_k=4096] [--stress_max_output_bytes=1073741824]
          [--stress_slow_call=120] [--seed=1234] [--json]

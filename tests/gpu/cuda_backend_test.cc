@@ -200,7 +200,8 @@ TEST_F(CudaBackendTest, LogitsCutAtItsBlockRowsIsTheWholeCall) {
 // LogProbs and CrossEntropy without dW walk in row blocks of 1,024 rows
 // (kWalkBlockRows), each planned as a call of its own rows: a call cut at
 // those multiples (the service's row blocks) keeps every output's bits.
-// 2,600 = 1,024 + 1,576 and 3,077 = 1,024 + 1,024 + 1,029 rows.
+// The service cuts 2,600 rows into 1,024 + 1,576 and 3,077 into 1,024 +
+// 1,024 + 1,029; the whole call walks 1,024 + 1,024 + 552 and 3 × 1,024 + 5.
 TEST_F(CudaBackendTest, LogProbsCutAtItsBlockRowsIsTheWholeCall) {
   ::logitd::testing::ExpectLogProbsCutIsTheWholeCall(
       *backend(),

@@ -358,6 +358,21 @@ client::LogProbsOptions EveryLogProbsOutput(bool pipeline) {
   return o;
 }
 
+// Every output of two LogProbs results is there in both, with the same bits.
+void ExpectSameLogProbs(const client::LogProbsResult& whole, const client::LogProbsResult& other) {
+  for (const auto& [name, a, b] :
+       {std::make_tuple("logprob", &whole.logprob, &other.logprob),
+        std::make_tuple("lse", &whole.lse, &other.lse),
+        std::make_tuple("entropy", &whole.entropy, &other.entropy),
+        std::make_tuple("topk_ids", &whole.topk_ids, &other.topk_ids),
+        std::make_tuple("topk_logprobs", &whole.topk_logprobs, &other.topk_logprobs),
+        std::make_tuple("rank", &whole.rank, &other.rank)}) {
+    ASSERT_TRUE(a->has_value() && b->has_value()) << name;
+    EXPECT_EQ((*a)->shape(), (*b)->shape()) << name;
+    EXPECT_EQ((*a)->Digest(), (*b)->Digest()) << name << ": bits differ";
+  }
+}
+
 TEST_F(PipelineTest, LogProbsInRowBlocksGiveTheBitsOfTheWholeCall) {
   for (const std::int64_t m : {1, 255, 257, 777, 1029}) {
     for (const DType dtype : {DType::kInt32, DType::kInt64}) {
@@ -370,17 +385,7 @@ TEST_F(PipelineTest, LogProbsInRowBlocksGiveTheBitsOfTheWholeCall) {
           client().LogProbs(x, &targets, *handle_, EveryLogProbsOutput(true));
       ASSERT_TRUE(whole.ok()) << whole.status();
       ASSERT_TRUE(blocks.ok()) << blocks.status();
-      for (const auto& [name, a, b] :
-           {std::make_tuple("logprob", &whole->logprob, &blocks->logprob),
-            std::make_tuple("lse", &whole->lse, &blocks->lse),
-            std::make_tuple("entropy", &whole->entropy, &blocks->entropy),
-            std::make_tuple("topk_ids", &whole->topk_ids, &blocks->topk_ids),
-            std::make_tuple("topk_logprobs", &whole->topk_logprobs, &blocks->topk_logprobs),
-            std::make_tuple("rank", &whole->rank, &blocks->rank)}) {
-        ASSERT_TRUE(a->has_value() && b->has_value()) << name;
-        EXPECT_EQ((*a)->shape(), (*b)->shape()) << name;
-        EXPECT_EQ((*a)->Digest(), (*b)->Digest()) << name << ": bits differ";
-      }
+      ExpectSameLogProbs(*whole, *blocks);
       ASSERT_TRUE(blocks->timing.trailer.has_value());
       ASSERT_TRUE(blocks->timing.trailer->pipeline_rows.has_value());
       EXPECT_EQ(*blocks->timing.trailer->pipeline_rows, std::min<std::int64_t>(m, 256));
@@ -388,6 +393,71 @@ TEST_F(PipelineTest, LogProbsInRowBlocksGiveTheBitsOfTheWholeCall) {
       EXPECT_FALSE(whole->timing.trailer->pipeline_rows.has_value());
     }
   }
+}
+
+// LogProbsOptions.connections: the call cut at the weight's
+// logprobs_block_rows (the cpu backend's 256), each part on a connection of
+// its own, every output the bits of one call; a bad target in a later part
+// is the server's INVALID_ARGUMENT with the part's rows named.
+TEST_F(PipelineTest, LogProbsSpreadOverConnectionsGivesTheBitsOfOneCall) {
+  absl::StatusOr<std::vector<client::WeightInfo>> listed = client().ListWeights();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].logprobs_block_rows, 256);
+  for (const std::int64_t m : {300, 1029}) {
+    for (const DType dtype : {DType::kInt32, DType::kInt64}) {
+      const Tensor x = NormalBf16({m, kK}, static_cast<std::uint32_t>(500 + m));
+      const Tensor targets = SomeTargets(m, dtype, static_cast<std::uint32_t>(m + 1));
+      absl::StatusOr<client::LogProbsResult> one =
+          client().LogProbs(x, &targets, *handle_, EveryLogProbsOutput(true));
+      ASSERT_TRUE(one.ok()) << one.status();
+      for (const int connections : {2, 3, 8}) {
+        for (const bool pipeline : {true, false}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "M=" << m << " targets " << DTypeName(dtype)
+                       << " connections=" << connections << " pipeline=" << pipeline);
+          client::LogProbsOptions options = EveryLogProbsOutput(pipeline);
+          options.connections = connections;
+          absl::StatusOr<client::LogProbsResult> spread =
+              client().LogProbs(x, &targets, *handle_, options);
+          ASSERT_TRUE(spread.ok()) << spread.status();
+          ExpectSameLogProbs(*one, *spread);
+          EXPECT_TRUE(spread->timing.trailer.has_value());
+        }
+      }
+    }
+  }
+  // Without targets: lse, entropy and top-k alone.
+  const Tensor x = NormalBf16({700, kK}, 13);
+  client::LogProbsOptions options;
+  options.want_lse = true;
+  options.top_k = 2;
+  absl::StatusOr<client::LogProbsResult> one = client().LogProbs(x, nullptr, *handle_, options);
+  options.connections = 3;
+  absl::StatusOr<client::LogProbsResult> spread = client().LogProbs(x, nullptr, *handle_, options);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  EXPECT_FALSE(spread->logprob.has_value());
+  EXPECT_FALSE(spread->rank.has_value());
+  ASSERT_TRUE(spread->lse.has_value() && spread->topk_ids.has_value());
+  EXPECT_EQ(spread->lse->Digest(), one->lse->Digest());
+  EXPECT_EQ(spread->topk_ids->Digest(), one->topk_ids->Digest());
+  EXPECT_EQ(spread->topk_logprobs->Digest(), one->topk_logprobs->Digest());
+
+  // 777 rows are 4 blocks: 3 connections take 512 + 265 rows, row 700 in
+  // the second part.
+  std::vector<std::int64_t> t(777, 3);
+  t[700] = kV;
+  const Tensor bad = TargetsTensor(DType::kInt64, t);
+  const Tensor x777 = NormalBf16({777, kK}, 14);
+  client::LogProbsOptions every = EveryLogProbsOutput(true);
+  every.connections = 3;
+  absl::StatusOr<client::LogProbsResult> r = client().LogProbs(x777, &bad, *handle_, every);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("rows [512, 777) of 777"), std::string::npos) << r.status();
+  every.connections = 65;
+  EXPECT_EQ(client().LogProbs(x777, nullptr, *handle_, every).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(PipelineTest, LogProbsTargetOutOfRangeInALaterBlock) {

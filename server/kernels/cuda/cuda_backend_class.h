@@ -47,9 +47,9 @@ inline constexpr std::size_t kWorkspaceBytes = 32u << 20;
 inline constexpr std::size_t kLogitsBlockBytes = 128u << 20;
 inline constexpr std::int64_t kMinBlockRows = 256;
 // LogProbs and CrossEntropy without dW walk the vocabulary in row blocks of
-// this many rows (the last block taking the rest, BlockRowsAt), each block
-// planned as a call of its own rows, so that a call cut at its multiples
-// (the service's row blocks) runs the very products of the uncut call.
+// this many rows (the last block what is left), each block planned as a call
+// of its own rows, so that a call cut at its multiples (the service's row
+// blocks, a client's parts) runs the very products of the uncut call.
 inline constexpr std::int64_t kWalkBlockRows = 1024;
 // dY travels and is cast block by block through a staging buffer this size.
 inline constexpr std::size_t kStagingBytes = 64u << 20;

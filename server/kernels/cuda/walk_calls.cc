@@ -275,9 +275,11 @@ absl::Status CudaBackend::EnqueueCrossEntropy(Context& c, const CrossEntropyArgs
 
 namespace {
 
-// Runs block(r0, rows, timing) for the blocks of `block_rows` rows (the last
-// one taking the rest, BlockRowsAt) of a call of m rows, in order, and sums
-// their times into `timing` (fresh); `call` names the call in errors.
+// Runs block(r0, rows, timing) for the blocks of `block_rows` rows of a call
+// of m rows (the last one what is left), in order, and sums their times into
+// `timing` (fresh); `call` names the call in errors. Blocks start at the
+// multiples of block_rows, so a call cut anywhere at those multiples (the
+// service's BlockRowsAt, a client's parts) runs the same blocks.
 absl::Status InRowBlocks(
     const char* call, std::int64_t m, std::int64_t block_rows, Timing* timing,
     const std::function<absl::Status(std::int64_t, std::int64_t, Timing*)>& block) {
@@ -285,7 +287,7 @@ absl::Status InRowBlocks(
   std::int64_t blocks = 0;
   std::string plan;
   for (std::int64_t r0 = 0; r0 < m; ++blocks) {
-    const std::int64_t rows = BlockRowsAt(m, r0, block_rows);
+    const std::int64_t rows = std::min(block_rows, m - r0);
     Timing t;
     const absl::Status done = block(r0, rows, timing != nullptr ? &t : nullptr);
     if (!done.ok()) {

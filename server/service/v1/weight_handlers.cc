@@ -30,6 +30,7 @@ void FillWeightInfo(const kernels::Backend& backend, const WeightRecord& w, bool
                     v1::WeightInfo* out) {
   out->set_logits_block_rows_fp32(backend.LogitsBlockRows(*w.weight, kLongestCall, DType::kFp32));
   out->set_logits_block_rows_bf16(backend.LogitsBlockRows(*w.weight, kLongestCall, DType::kBf16));
+  out->set_logprobs_block_rows(backend.LogProbsBlockRows(*w.weight, kLongestCall));
   out->set_handle(w.handle);
   out->set_name(w.name);
   out->add_shape(w.v);

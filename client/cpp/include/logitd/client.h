@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -167,6 +168,8 @@ struct WeightInfo {
   // without changing a bit (0: a server that does not say).
   std::int64_t logits_block_rows_fp32 = 0;
   std::int64_t logits_block_rows_bf16 = 0;
+  // The same for a LogProbs call (every output of every row).
+  std::int64_t logprobs_block_rows = 0;
 };
 
 // A call's "logitd-timing" trailing metadata (microseconds): the server's
@@ -457,6 +460,12 @@ struct LogProbsOptions {
   // first, X is written on a thread of its own, the outputs' bits are the
   // same either way.
   bool pipeline = true;
+  // LogProbs (not LogProbsShm): spread a call of many rows over this many
+  // connections at once (1 to 64), as LogitsOptions.connections: X's and
+  // the targets' rows cut at multiples of the weight's logprobs_block_rows,
+  // each part a LogProbs call of its own on a connection of its own, its
+  // outputs received in place. The same bits. 1 (the default): one call.
+  int connections = 1;
 };
 
 struct LogProbsShmArgs {
@@ -693,13 +702,25 @@ class Client {
  private:
   struct Impl;
   explicit Client(std::unique_ptr<Impl> impl);
-  // LogitsOptions.connections: the call cut into parts, one a connection.
+  // A call spread over connections (LogitsOptions.connections,
+  // LogProbsOptions.connections): the weight's WeightInfo (from ListWeights
+  // the first time; nullopt for a handle the server does not list).
+  absl::StatusOr<std::optional<WeightInfo>> SpreadWeight(const std::string& handle);
+  // The parts of a call of m rows cut at multiples of `block` over at most
+  // `connections` connections, each run by part(client, r0, rows, index) on
+  // a thread of its own (index 0 on this Client); the first error.
+  absl::Status RunSpread(
+      std::int64_t m, std::int64_t block, int connections,
+      const std::function<absl::Status(Client&, std::int64_t, std::int64_t, std::int64_t)>& part);
   absl::Status LogitsSpread(const Tensor& x, const std::string& handle, Tensor* y,
                             const LogitsOptions& options, Timing* timing);
   // One part: X's rows [r0, r0 + rows) to Y's same rows at `y` (`y_bytes`).
   absl::Status LogitsPart(const Tensor& x, std::int64_t r0, std::int64_t rows,
                           const std::string& handle, std::byte* y, std::uint64_t y_bytes,
                           const LogitsOptions& options, Timing* timing);
+  absl::StatusOr<LogProbsResult> LogProbsSpread(const Tensor& x, const Tensor* targets,
+                                                const std::string& handle,
+                                                const LogProbsOptions& options);
   std::unique_ptr<Impl> impl_;
 };
 
