@@ -132,6 +132,10 @@ rpc_runs() {
   bench lp_m8192_c1 "${lp[@]}" --m=8192 --requests=12
   bench lp_m8192_c1_whole "${lp[@]}" --m=8192 --requests=12 --nopipeline
   bench lp_m8192_c1_shm "${lp[@]}" --m=8192 --requests=12 --shm
+  # One call spread over several connections (LogProbsOptions.connections).
+  for n in 2 4 8; do
+    bench "lp_m8192_c1_connections_$n" "${lp[@]}" --m=8192 --requests=12 --connections="$n"
+  done
   # CrossEntropy without dW (loss, lse, dX), in row blocks and whole; 16 clients.
   busy ce_m1024_c16 --rpc=cross-entropy --k=4096 --v=128256 --dx --m=1024 --concurrency=16 \
     --channels=16 --duration=10 --baseline=false
