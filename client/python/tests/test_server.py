@@ -207,6 +207,39 @@ def test_logits_spread_over_connections_gives_the_bits_of_one_call(client, weigh
         client.logits(x, "w-not-registered", connections=2)
 
 
+def test_logprobs_spread_over_connections_gives_the_bits_of_one_call(client, weights):
+    # 1029 rows, the cpu backend's blocks of 256: every output of every row
+    # keeps the bits of one call, targets int32 or int64, with or without them.
+    rng = rng_for(4325)
+    M, V, K = 1029, 96, 200
+    x = to_bf16(rng.standard_normal((M, K)))
+    info = weights(to_bf16(rng.standard_normal((V, K))))
+    assert info.logprobs_block_rows == 256
+    names = ("logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank")
+    asked = dict(top_k=3, want_entropy=True, want_lse=True, want_rank=True, temperature=0.8)
+    for dtype in (np.int32, np.int64):
+        targets = rng.integers(0, V, size=M).astype(dtype)
+        targets[::11] = -100
+        one = client.logprobs(x, info.handle, targets=targets, **asked)
+        for connections in (2, 3, 8):
+            for handle in (info, info.handle):
+                spread = client.logprobs(x, handle, targets=targets, connections=connections, **asked)
+                for name in names:
+                    assert getattr(spread, name).tobytes() == getattr(one, name).tobytes(), (connections, name)
+    one = client.logprobs(x, info, top_k=2, want_lse=True)
+    spread = client.logprobs(x, info, top_k=2, want_lse=True, connections=4)
+    assert spread.logprob is None and spread.rank is None and spread.entropy is None
+    for name in ("lse", "topk_ids", "topk_logprobs"):
+        assert getattr(spread, name).tobytes() == getattr(one, name).tobytes(), name
+    # A bad target in the second part: the server's INVALID_ARGUMENT, the part's rows named.
+    bad = np.full(M, 3, dtype=np.int64)
+    bad[900] = V
+    with pytest.raises(logitd.InvalidArgumentError, match=r"rows \[768, 1029\) of 1029"):
+        client.logprobs(x, info, targets=bad, connections=2)
+    with pytest.raises(logitd.InvalidArgumentError, match="connections"):
+        client.logprobs(x, info, connections=65)
+
+
 def test_logits_accepts_non_contiguous_input(client, weights):
     rng = rng_for(7)
     wi = int_tensor(rng, (64, 128))

@@ -254,10 +254,47 @@ class Client(_Transport):
         shape = xt.array.shape
         if len(shape) != 2 or shape[0] < 2:
             return None
-        block, v = self._logits_block(handle, out)
+        field = "logits_block_rows_fp32" if out == pb.DTYPE_FP32 else "logits_block_rows_bf16"
+        w = self._spread_weight(handle, field)
         m = int(shape[0])
-        if block <= 0 or m <= block:
+        if w is None or getattr(w, field) <= 0 or m <= getattr(w, field):
             return None
+        v = int(w.shape[0])
+        y = np.empty((m, v), dtype=T.NUMPY_DTYPE[out])
+
+        def part(stub, r0, rows):
+            x_part = T.Outgoing("x", xt.array[r0 : r0 + rows], (pb.DTYPE_BF16,))
+            header = pb.LogitsHeader(
+                weight_handle=_handle(handle), x=x_part.spec, out_dtype=out, alpha=alpha,
+                digest_last=True, pipeline=bool(pipeline),
+            )
+            result, tensors = self._stream(stub.Logits, pb.LogitsRequest, "header", header, [x_part], lambda r: [r.y])
+            got = tensors[result.y.name].result(False)
+            if got.shape != (rows, v):
+                raise DataLossError(
+                    "response from server: rows %d+%d of the logits came back as shape %s" % (r0, rows, got.shape)
+                )
+            y[r0 : r0 + rows] = got
+
+        self._spread_parts(m, int(getattr(w, field)), connections, part)
+        return T.as_result(y, as_torch)
+
+    def _spread_weight(self, handle, field):
+        """The weight's WeightInfo with `field` (a block's rows) set, from the one given or once
+        from list_weights; None for a weight the server does not list."""
+        if isinstance(handle, WeightInfo) and getattr(handle, field) and len(handle.shape) == 2:
+            return handle
+        name = _handle(handle)
+        if name not in self._block_rows:
+            for w in self.list_weights():
+                self._block_rows[w.handle] = w
+        w = self._block_rows.get(name)
+        return w if w is not None and len(w.shape) == 2 else None
+
+    def _spread_parts(self, m, block, connections, part):
+        """Runs part(stub, r0, rows) for a call of m rows cut at multiples of block over at most
+        `connections` connections, each part on a thread and a connection of its own; raises the
+        first part's error, naming its rows."""
         # Whole blocks a part, as even as they come, the last part taking the rest
         # (5 blocks over 4 connections are 2 + 2 + 1), as the C++ client cuts.
         blocks = -(-m // block)
@@ -266,27 +303,18 @@ class Client(_Transport):
         parts = -(-blocks // per_part)
         part_rows = per_part * block
         stubs = [self._stub] + self._spread_stubs(parts - 1)
-        y = np.empty((m, v), dtype=T.NUMPY_DTYPE[out])
         errors = [None] * parts
 
         def run(i):
             r0 = i * part_rows
             rows = m - r0 if i + 1 == parts else part_rows
             try:
-                part = T.Outgoing("x", xt.array[r0 : r0 + rows], (pb.DTYPE_BF16,))
-                header = pb.LogitsHeader(
-                    weight_handle=_handle(handle), x=part.spec, out_dtype=out, alpha=alpha,
-                    digest_last=True, pipeline=bool(pipeline),
+                part(stubs[i], r0, rows)
+            except LogitdError as e:
+                errors[i] = type(e)(
+                    "rows [%d, %d) of %d (a part on its own connection): %s" % (r0, r0 + rows, m, e.message),
+                    getattr(e, "code", None),
                 )
-                result, tensors = self._stream(
-                    stubs[i].Logits, pb.LogitsRequest, "header", header, [part], lambda r: [r.y]
-                )
-                got = tensors[result.y.name].result(False)
-                if got.shape != (rows, v):
-                    raise DataLossError(
-                        "response from server: rows %d+%d of the logits came back as shape %s" % (r0, rows, got.shape)
-                    )
-                y[r0 : r0 + rows] = got
             except BaseException as e:  # noqa: B036 -- handed to the caller's thread
                 errors[i] = e
 
@@ -298,22 +326,6 @@ class Client(_Transport):
         for e in errors:
             if e is not None:
                 raise e
-        return T.as_result(y, as_torch)
-
-    def _logits_block(self, handle, out):
-        """The weight's rows per block for out (0 if unknown) and V, from the WeightInfo or once
-        from list_weights."""
-        field = "logits_block_rows_fp32" if out == pb.DTYPE_FP32 else "logits_block_rows_bf16"
-        if isinstance(handle, WeightInfo) and getattr(handle, field):
-            return int(getattr(handle, field)), int(handle.shape[0])
-        name = _handle(handle)
-        if name not in self._block_rows:
-            for w in self.list_weights():
-                self._block_rows[w.handle] = w
-        w = self._block_rows.get(name)
-        if w is None or len(w.shape) != 2:
-            return 0, 0
-        return int(getattr(w, field)), int(w.shape[0])
 
     def _spread_stubs(self, n):
         """n stubs, each on a connection of its own."""
@@ -533,6 +545,7 @@ class Client(_Transport):
         vocab_size: int = 0,
         ignore_index: int = -100,
         pipeline: bool = True,
+        connections: int = 1,
     ) -> LogProbs:
         """Per-token log-probabilities of the fp32 logits x . W^T (divided by
         `temperature`, after tanh soft-capping when `logit_softcap` > 0, over
@@ -547,17 +560,23 @@ class Client(_Transport):
         pipeline (default True) asks the server to start on the first rows
         while the rest arrive (LogProbsHeader.pipeline), as logits() does:
         the same bits; the outputs are returned only once the call ended OK
-        and each matched the digest sent after it."""
+        and each matched the digest sent after it.
+
+        connections (1 to 64, default 1) spreads a call of many rows over that
+        many connections at once, as logits() does: X's and the targets' rows
+        cut at multiples of the weight's logprobs_block_rows, each part a call
+        of its own on a connection of its own, the same bits as one call."""
         temperature = float(temperature)
         if not math.isfinite(temperature) or temperature <= 0:
             raise InvalidArgumentError("temperature: expected a finite temperature > 0, got %r" % temperature)
         top_k = int(top_k)
         if top_k < 0:
             raise InvalidArgumentError("top_k: expected 0 to 64, got %d" % top_k)
+        if not isinstance(connections, int) or not 1 <= connections <= _MAX_CONNECTIONS:
+            raise InvalidArgumentError("connections: expected 1 to %d, got %r" % (_MAX_CONNECTIONS, connections))
         xt = T.Outgoing("x", x, (pb.DTYPE_BF16,))
-        header = pb.LogProbsHeader(
-            weight_handle=_handle(handle),
-            x=xt.spec,
+        tt = None if targets is None else T.Outgoing("targets", targets, (pb.DTYPE_INT32, pb.DTYPE_INT64))
+        options = dict(
             ignore_index=int(ignore_index),
             temperature=temperature,
             logit_softcap=float(logit_softcap),
@@ -569,10 +588,21 @@ class Client(_Transport):
             digest_last=True,
             pipeline=bool(pipeline),
         )
+        as_torch = T.is_torch(x)
+        if connections > 1:
+            spread = self._logprobs_spread(xt, tt, handle, options, connections, as_torch)
+            if spread is not None:
+                return spread
+        outputs = self._logprobs_call(self._stub, handle, xt, tt, options)
+        return LogProbs(*(None if o is None else T.as_result(o, as_torch) for o in outputs))
+
+    def _logprobs_call(self, stub, handle, xt, tt, options):
+        """One LogProbs call on `stub`: its outputs as numpy arrays (None where not returned), in
+        the order of _LOGPROBS_OUTPUTS."""
+        header = pb.LogProbsHeader(weight_handle=_handle(handle), x=xt.spec, **options)
         # The targets before X: a row block waits for its rows of both.
         tensors_out = []
-        if targets is not None:
-            tt = T.Outgoing("targets", targets, (pb.DTYPE_INT32, pb.DTYPE_INT64))
+        if tt is not None:
             header.targets.CopyFrom(tt.spec)
             tensors_out.append(tt)
         tensors_out.append(xt)
@@ -580,14 +610,45 @@ class Client(_Transport):
         def specs_of(r):
             return [getattr(r, f) for f in _LOGPROBS_OUTPUTS if r.HasField(f)]
 
-        result, tensors = self._stream(
-            self._stub.LogProbs, pb.LogProbsRequest, "header", header, tensors_out, specs_of
-        )
-        as_torch = T.is_torch(x)
+        result, tensors = self._stream(stub.LogProbs, pb.LogProbsRequest, "header", header, tensors_out, specs_of)
+        return [
+            tensors[getattr(result, f).name].result(False) if result.HasField(f) else None for f in _LOGPROBS_OUTPUTS
+        ]
+
+    def _logprobs_spread(self, xt, tt, handle, options, connections, as_torch):
+        """logprobs() over several connections; None where it is one call (few rows, targets
+        that do not match X's rows, a weight the server does not list or whose block it does not
+        say)."""
+        shape = xt.array.shape
+        if len(shape) != 2 or shape[0] < 2:
+            return None
+        m = int(shape[0])
+        if tt is not None and tuple(tt.array.shape) != (m,):
+            return None
+        w = self._spread_weight(handle, "logprobs_block_rows")
+        if w is None or w.logprobs_block_rows <= 0 or m <= w.logprobs_block_rows:
+            return None
+        parts = {}
+
+        def part(stub, r0, rows):
+            x_part = T.Outgoing("x", xt.array[r0 : r0 + rows], (pb.DTYPE_BF16,))
+            t_part = None
+            if tt is not None:
+                t_part = T.Outgoing("targets", tt.array[r0 : r0 + rows], (pb.DTYPE_INT32, pb.DTYPE_INT64))
+            got = self._logprobs_call(stub, handle, x_part, t_part, options)
+            for name, o in zip(_LOGPROBS_OUTPUTS, got):
+                if o is not None and (o.ndim < 1 or o.shape[0] != rows):
+                    raise DataLossError(
+                        "response from server: rows %d+%d of %s came back as shape %s" % (r0, rows, name, o.shape)
+                    )
+            parts[r0] = got
+
+        self._spread_parts(m, int(w.logprobs_block_rows), connections, part)
+        ordered = [parts[r0] for r0 in sorted(parts)]
         return LogProbs(
             *(
-                tensors[getattr(result, f).name].result(as_torch) if result.HasField(f) else None
-                for f in _LOGPROBS_OUTPUTS
+                None if ordered[0][i] is None else T.as_result(np.concatenate([p[i] for p in ordered]), as_torch)
+                for i in range(len(_LOGPROBS_OUTPUTS))
             )
         )
 

@@ -55,6 +55,8 @@ class WeightInfo:
     # bf16 out) keeps every row's bits (0 from a server that does not say).
     logits_block_rows_fp32: int = 0
     logits_block_rows_bf16: int = 0
+    # The same for a logprobs call (every output of every row).
+    logprobs_block_rows: int = 0
 
 
 @dataclass(frozen=True)
