@@ -247,6 +247,10 @@ std::string Stress::DoLogits(Client& c, const StressWeight& w, DType out, std::m
   const Tensor x = RandomTensor(DType::kBf16, {m, w.k}, w.integer, rng);
   client::LogitsOptions o;
   o.out_dtype = out;
+  // Row blocks most of the time, and a call of many rows over up to three
+  // connections (the same bits either way).
+  o.pipeline = rng() % 4 != 0;
+  o.connections = 1 + static_cast<int>(rng() % 3);
   absl::StatusOr<Tensor> y = c.Logits(x, w.handle, o);
   if (!y.ok()) {
     *status = y.status();
@@ -412,6 +416,7 @@ std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt1993
   o.want_dx = rng() % 2 == 0;
   o.want_dw = rng() % 4 == 0 && static_cast<std::uint64_t>(w.v * w.k) * 4 <=
                                     absl::GetFlag(FLAGS_stress_max_output_bytes);
+  o.pipeline = rng() % 4 != 0;
   absl::StatusOr<client::CrossEntropyResult> r = c.CrossEntropy(x, targets, w.handle, o);
   if (!r.ok()) {
     *status = r.status();
@@ -479,6 +484,8 @@ std::string Stress::DoLogProbs(Client& c, const StressWeight& w, std::mt19937_64
   o.want_entropy = true;
   o.want_lse = true;
   o.want_rank = rng() % 2 == 0;
+  o.pipeline = rng() % 4 != 0;
+  o.connections = 1 + static_cast<int>(rng() % 3);
   absl::StatusOr<client::LogProbsResult> r = c.LogProbs(x, &targets, w.handle, o);
   if (!r.ok()) {
     *status = r.status();
