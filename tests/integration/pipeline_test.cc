@@ -589,6 +589,32 @@ TEST_F(PipelineTest, CrossEntropyInRowBlocksGivesTheBitsOfTheWholeCall) {
   EXPECT_EQ(without->dx->Digest(), with_dw->dx->Digest()) << "dX differs with dW asked";
 }
 
+// A reduced loss of a one-row call has the shape of a row output ([1] for
+// M = 1): it goes out only once the last block's rows are reduced, never
+// before. Repeated, since the sender races the reduction when it is wrong.
+TEST_F(PipelineTest, AOneRowCallsReducedLossGoesOutReduced) {
+  const Tensor x = NormalBf16({1, kK}, 77);
+  const Tensor targets = SomeTargets(1, DType::kInt64, 78);
+  for (const client::Reduction reduction : {client::Reduction::kMean, client::Reduction::kSum}) {
+    client::CrossEntropyOptions o;
+    o.reduction = reduction;
+    o.grad_scale = 0.5f;
+    o.want_dx = true;
+    o.pipeline = false;
+    absl::StatusOr<client::CrossEntropyResult> whole =
+        client().CrossEntropy(x, targets, *handle_, o);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    o.pipeline = true;
+    for (int i = 0; i < 200; ++i) {
+      absl::StatusOr<client::CrossEntropyResult> blocks =
+          client().CrossEntropy(x, targets, *handle_, o);
+      ASSERT_TRUE(blocks.ok()) << blocks.status();
+      ASSERT_EQ(blocks->loss.Digest(), whole->loss.Digest())
+          << "reduction " << static_cast<int>(reduction) << ", call " << i;
+    }
+  }
+}
+
 TEST_F(PipelineTest, CrossEntropyTargetOutOfRangeEndsTheCallBeforeAnyBlock) {
   const std::int64_t m = 777;
   const Tensor x = NormalBf16({m, kK}, 14);

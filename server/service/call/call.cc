@@ -156,9 +156,15 @@ absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport&
     total.d2h_us += t.d2h_us;
     total.transfers_measured = t.transfers_measured;
     r0 += rows;
-    transport.RowsDone(r0);
+    // The last rows are done once `after` has formed what it forms: an
+    // output of one row in a call of one row (a reduced loss when M = 1)
+    // streams as a row output does.
+    if (r0 < m || !steps.after) transport.RowsDone(r0);
   }
-  if (status.ok() && steps.after) status = steps.after();
+  if (status.ok() && steps.after) {
+    status = steps.after();
+    if (status.ok()) transport.RowsDone(m);
+  }
   // The reception's status (every digest) before anything a client may
   // accept goes out: a block that ran on bytes that then failed their
   // digest is not sent as a result.
