@@ -51,6 +51,9 @@ class LtGemmTest : public CudaFixture {
     auto b = device_.memory->Allocate(bytes, "operand");
     EXPECT_TRUE(b.ok());
     EXPECT_EQ(cudaMemcpy(b->get(), data, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    // The GEMMs run on a non-blocking stream, which does not wait for copies
+    // on the legacy default stream.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return *std::move(b);
   }
 
@@ -102,6 +105,7 @@ TEST_F(LtGemmTest, SplitKPolicyIsHonouredAndResultsAreExact) {
         auto dc = device_.memory->Allocate(ref.value.size() * elt, "c");
         ASSERT_TRUE(dc.ok());
         ASSERT_EQ(cudaMemset(dc->get(), 0xff, dc->size()), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         ops.c = dc->get();
         const absl::Status st = engine.Run(shape, ops, device_.gemm());
         ASSERT_TRUE(st.ok()) << st;
@@ -162,6 +166,8 @@ TEST_F(LtGemmTest, WithoutTuningTheHeuristicsFirstChoiceRuns) {
   ASSERT_TRUE(choice.has_value());
   EXPECT_EQ(choice->timed, 0);
   EXPECT_EQ(choice->rank, 0);
+  // The GEMM ran on a non-blocking stream: a plain cudaMemcpy does not wait for it.
+  ASSERT_EQ(cudaStreamSynchronize(device_.stream.get()), cudaSuccess);
   std::vector<float> y(static_cast<std::size_t>(m * v));
   ASSERT_EQ(cudaMemcpy(y.data(), dc->get(), y.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   const Reference ref = LogitsReference(Widen(x), Widen(w), m, v, k);
@@ -244,6 +250,7 @@ TEST_F(LtGemmTest, EveryOfferedConfigurationIsAccurate) {
         std::int64_t int_bad = 0;
         for (int kind = 0; kind < 2; ++kind) {
           ASSERT_EQ(cudaMemset(dc->get(), 0xff, dc->size()), cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           const absl::Status st =
               lister.RunWith(shape, ops_of(data[kind], dc->get()), device_.gemm(), cand);
           ASSERT_TRUE(st.ok()) << st;
