@@ -186,6 +186,34 @@ TEST_F(PipelineTest, RowBlocksGiveTheBitsOfTheWholeCall) {
   }
 }
 
+TEST_F(PipelineTest, ALargeOutputHashedBesideTheSenderKeepsItsBitsAndDigest) {
+  // Y of fp32 past wire::kHashAsideBytes is hashed on a thread beside the
+  // sender; bf16 stays under it and is hashed in the sender's path. The
+  // client checks either digest against the bytes it received.
+  const std::int64_t m = static_cast<std::int64_t>(wire::kHashAsideBytes / (kV * 4)) + 155;
+  ASSERT_GE(static_cast<std::uint64_t>(m * kV * 4), wire::kHashAsideBytes);
+  ASSERT_LT(static_cast<std::uint64_t>(m * kV * 2), wire::kHashAsideBytes);
+  const Tensor x = NormalBf16({m, kK}, 21);
+  for (const DType out : {DType::kFp32, DType::kBf16}) {
+    SCOPED_TRACE(DTypeName(out));
+    absl::StatusOr<Ran> whole = Run(x, false, out, 1.0f);
+    absl::StatusOr<Ran> blocks = Run(x, true, out, 1.0f);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    ASSERT_TRUE(blocks.ok()) << blocks.status();
+    EXPECT_EQ(blocks->y.Digest(), whole->y.Digest()) << "bits differ";
+  }
+  // Damaged X: the hasher stops with the sender; DATA_LOSS, no digest.
+  std::vector<v1::LogitsRequest> msgs = Messages(x);
+  msgs[0].mutable_header()->mutable_x()->set_xxh3(x.Digest() ^ 1);
+  const Received got = RunRaw(msgs, /*last_after_a_chunk=*/true);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::DATA_LOSS) << got.status.error_message();
+  EXPECT_EQ(got.digests, 0);
+  // Intact: Y's digest follows its chunks.
+  const Received fine = RunRaw(Messages(x));
+  EXPECT_TRUE(fine.status.ok()) << fine.status.error_message();
+  EXPECT_EQ(fine.digests, 1);
+}
+
 TEST_F(PipelineTest, ACallSpreadOverConnectionsGivesTheBitsOfOneCall) {
   // The weight says where a call may be cut: the cpu backend's 256 rows.
   absl::StatusOr<std::vector<client::WeightInfo>> listed = client().ListWeights();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -76,47 +77,63 @@ void TensorCallBase::RowsDone(std::int64_t rows) {
 
 void TensorCallBase::StartStreaming(std::function<bool(const grpc::ByteBuffer&)> write,
                                     std::int64_t m) {
-  sender_ = std::thread([this, write = std::move(write), m] { sent_ = StreamOutputs(write, m); });
+  chunk_bytes_ = env_.chunk_bytes != 0 ? env_.chunk_bytes : kDefaultChunkBytes;
+  std::uint64_t total = 0;
+  for (OutputSlot& s : call_.outputs()) {
+    if (s.slice) continue;
+    // An output of one row per input row goes out as its rows are done;
+    // any other (a reduced loss) once every block is. Held by the chunks'
+    // slices too: gRPC may send from it after the call has returned. The
+    // backend still writes through s.data.
+    const std::uint64_t row_bytes =
+        !s.shape.empty() && s.shape[0] == m && m > 0 ? s.bytes / static_cast<std::uint64_t>(m) : 0;
+    streamed_.push_back({s.name, env_.sending->Hold(std::move(s.buffer)), s.bytes, row_bytes});
+    total += s.bytes;
+  }
+  // As SendStreamed: a large output's digest is worked out beside the
+  // sender, which then only builds and writes chunk messages.
+  if (total >= wire::kHashAsideBytes) hasher_ = std::thread([this] { HashOutputs(); });
+  sender_ = std::thread([this, write = std::move(write)] {
+    sent_ = StreamOutputs(write);
+    if (!sent_.ok()) {
+      std::lock_guard<std::mutex> lock(send_mu_);
+      sender_failed_ = true;
+    }
+    send_cv_.notify_all();
+  });
+}
+
+std::optional<std::uint64_t> TensorCallBase::AwaitReady(const Streamed& out, std::uint64_t want) {
+  std::unique_lock<std::mutex> lock(send_mu_);
+  const auto ready_now = [&] {
+    return all_done_ ? out.bytes
+                     : std::min(out.bytes, static_cast<std::uint64_t>(rows_done_) * out.row_bytes);
+  };
+  send_cv_.wait(lock, [&] {
+    const std::uint64_t r = ready_now();
+    return stop_sending_ || sender_failed_ || r >= std::min(want, out.bytes);
+  });
+  if (stop_sending_ || sender_failed_) return std::nullopt;
+  return ready_now();
 }
 
 absl::Status TensorCallBase::StreamOutputs(
-    const std::function<bool(const grpc::ByteBuffer&)>& write, std::int64_t m) {
-  const std::size_t chunk = env_.chunk_bytes != 0 ? env_.chunk_bytes : kDefaultChunkBytes;
-  for (OutputSlot& s : call_.outputs()) {
-    if (s.slice) continue;
-    // Held by the chunks' slices too: gRPC may send from it after the call
-    // has returned. The backend still writes through s.data.
-    const std::shared_ptr<const void> held = env_.sending->Hold(std::move(s.buffer));
-    const auto* data = static_cast<const std::byte*>(held.get());
-    // An output of one row per input row goes out as its rows are done;
-    // any other (a reduced loss) once every block is.
-    const std::uint64_t row_bytes =
-        !s.shape.empty() && s.shape[0] == m && m > 0 ? s.bytes / static_cast<std::uint64_t>(m) : 0;
+    const std::function<bool(const grpc::ByteBuffer&)>& write) {
+  const bool hash_here = !hasher_.joinable();
+  for (const Streamed& s : streamed_) {
+    const auto* data = static_cast<const std::byte*>(s.held.get());
     wire::Xxh3Stream hash;
     std::uint64_t sent = 0;
     while (sent < s.bytes) {
-      std::uint64_t ready = 0;
-      {
-        std::unique_lock<std::mutex> lock(send_mu_);
-        const auto ready_now = [&] {
-          return all_done_ ? s.bytes
-                           : std::min(s.bytes, static_cast<std::uint64_t>(rows_done_) * row_bytes);
-        };
-        // Whole chunks only until the output is complete: every chunk but
-        // the last carries chunk_bytes.
-        send_cv_.wait(lock, [&] {
-          const std::uint64_t r = ready_now();
-          return stop_sending_ || r == s.bytes || r - sent >= chunk;
-        });
-        if (stop_sending_)
-          return absl::CancelledError("the call failed while its outputs went out");
-        ready = ready_now();
-      }
-      while (sent < ready && (ready - sent >= chunk || ready == s.bytes)) {
+      // Whole chunks only until the output is complete: every chunk but
+      // the last carries chunk_bytes.
+      const std::optional<std::uint64_t> ready = AwaitReady(s, sent + chunk_bytes_);
+      if (!ready) return absl::CancelledError("the call failed while its outputs went out");
+      while (sent < *ready && (*ready - sent >= chunk_bytes_ || *ready == s.bytes)) {
         const std::size_t len =
-            static_cast<std::size_t>(std::min<std::uint64_t>(chunk, s.bytes - sent));
-        hash.Update(data + sent, len);
-        grpc::ByteBuffer message = wire::ChunkMessage(s.name, sent, data + sent, len, held);
+            static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes_, s.bytes - sent));
+        if (hash_here) hash.Update(data + sent, len);
+        grpc::ByteBuffer message = wire::ChunkMessage(s.name, sent, data + sent, len, s.held);
         stats_->bytes_out += message.Length();
         stats_->tensor_bytes_out += len;
         if (!write(message)) {
@@ -126,9 +143,24 @@ absl::Status TensorCallBase::StreamOutputs(
         sent += len;
       }
     }
-    sent_digests_.emplace_back(s.name, SentDigest(s.name, hash.Digest()));
+    if (hash_here) sent_digests_.emplace_back(s.name, SentDigest(s.name, hash.Digest()));
   }
   return absl::OkStatus();
+}
+
+void TensorCallBase::HashOutputs() {
+  for (const Streamed& s : streamed_) {
+    const auto* data = static_cast<const std::byte*>(s.held.get());
+    wire::Xxh3Stream hash;
+    std::uint64_t hashed = 0;
+    while (hashed < s.bytes) {
+      const std::optional<std::uint64_t> ready = AwaitReady(s, hashed + chunk_bytes_);
+      if (!ready) return;
+      hash.Update(data + hashed, static_cast<std::size_t>(*ready - hashed));
+      hashed = *ready;
+    }
+    sent_digests_.emplace_back(s.name, SentDigest(s.name, hash.Digest()));
+  }
 }
 
 absl::Status TensorCallBase::FinishStreaming(
@@ -143,6 +175,7 @@ absl::Status TensorCallBase::FinishStreaming(
   }
   send_cv_.notify_all();
   if (sender_.joinable()) sender_.join();
+  if (hasher_.joinable()) hasher_.join();
   LOGITD_RETURN_IF_ERROR(computed);
   LOGITD_RETURN_IF_ERROR(sent_);
   if (digests != nullptr) *digests = std::move(sent_digests_);

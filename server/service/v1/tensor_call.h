@@ -15,7 +15,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -127,16 +129,33 @@ class TensorCallBase : public Transport {
   // Row blocks: the thread receiving the request's chunks, and its status.
   std::thread receiver_;
   absl::Status received_;
-  // Row blocks: the thread streaming the outputs, and what it waits on.
-  absl::Status StreamOutputs(const std::function<bool(const grpc::ByteBuffer&)>& write,
-                             std::int64_t m);
+  // Row blocks: an output streamed as its rows are done.
+  struct Streamed {
+    std::string name;
+    std::shared_ptr<const void> held;  // its buffer, held for gRPC's slices
+    std::uint64_t bytes = 0;
+    std::uint64_t row_bytes = 0;  // 0: goes out once every block is done
+  };
+  // The bytes of `out` ready to go, at least `want` (or all of it), once
+  // they are; nullopt when the call stopped or the sender failed.
+  std::optional<std::uint64_t> AwaitReady(const Streamed& out, std::uint64_t want);
+  // The thread streaming the outputs, and the one hashing them beside it (a
+  // large output's digest is not worked out in the sender's path).
+  absl::Status StreamOutputs(const std::function<bool(const grpc::ByteBuffer&)>& write);
+  void HashOutputs();
+  std::vector<Streamed> streamed_;
+  std::size_t chunk_bytes_ = 0;
   std::thread sender_;
+  std::thread hasher_;
   std::mutex send_mu_;
   std::condition_variable send_cv_;
   std::int64_t rows_done_ = 0;  // guarded by send_mu_
   bool all_done_ = false;       // guarded by send_mu_
   bool stop_sending_ = false;   // guarded by send_mu_
+  bool sender_failed_ = false;  // guarded by send_mu_
   absl::Status sent_;           // the sender's, read after it is joined
+  // The outputs' digests, by the sender or the hasher, read after both are
+  // joined.
   std::vector<std::pair<std::string, std::uint64_t>> sent_digests_;
 };
 
