@@ -8,9 +8,14 @@
 bench() {  # bench NAME ARGS...: one logitctl bench run, its JSON to rpc_NAME.json
   local name=$1; shift
   echo "=== bench $name: $*" >>"$out/rpc.log"
-  timeout "${RPC_BENCH_TIMEOUT:-120}" "$logitctl_bin" --server="127.0.0.1:$port" bench "$@" \
-    --json >"$out/rpc_$name.json" 2>>"$out/rpc.log" ||
-    { local rc=$?; rpc_rc=1; echo "exit $rc" >>"$out/rpc.log"; }
+  # `times` in the subshell: the CPU time of logitctl (and timeout) alone.
+  (
+    timeout "${RPC_BENCH_TIMEOUT:-120}" "$logitctl_bin" --server="127.0.0.1:$port" bench "$@" \
+      --json >"$out/rpc_$name.json" 2>>"$out/rpc.log"
+    rc=$?
+    times >"$out/rpc_times_$name.txt"
+    exit $rc
+  ) || { local rc=$?; rpc_rc=1; echo "exit $rc" >>"$out/rpc.log"; }
   python3 -c 'import json,sys
 for p in json.load(open(sys.argv[1]))["phases"]:
   s=p.get("server_avg",{})
@@ -31,11 +36,45 @@ busy() {  # busy NAME ARGS...: a bench run with nvidia-smi sampling GPU utilisat
       >"$out/rpc_util_$name.txt" 2>/dev/null &
     smi_pid=$!
   fi
-  bench "$@"
+  accounted "$@"
   if [ -n "$smi_pid" ]; then
     kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
     echo "  GPU utilisation during $name (nvidia-smi, 100 ms samples): $(sort -n "$out/rpc_util_$name.txt" | awk '{s+=$1; a[NR]=$1} END {if (NR) printf "mean %.1f%% median %s%% over %d samples", s/NR, a[int((NR+1)/2)], NR}')" >>"$out/rpc.log"
   fi
+}
+
+# CPU time while a bench run lasts: the whole machine's busy share, the
+# server's and the client's seconds, and each per completed request (from
+# /proc/stat, /proc/PID/stat and the subshell's `times`). Where the 16-client
+# rows lose against the Probe, this says whether the machine's cores are the
+# limit, and which side spends them.
+machine_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat; }
+process_ticks() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+accounted() {  # accounted NAME ARGS...: bench, then the CPU line
+  local name=$1 busy0 idle0 busy1 idle1 srv0 srv1
+  read -r busy0 idle0 < <(machine_ticks)
+  srv0=$(process_ticks "$server_pid")
+  bench "$@"
+  read -r busy1 idle1 < <(machine_ticks)
+  srv1=$(process_ticks "$server_pid")
+  python3 - "$out/rpc_$name.json" "$out/rpc_times_$name.txt" "$busy0" "$idle0" "$busy1" \
+    "$idle1" "$srv0" "$srv1" "$(getconf CLK_TCK)" "$(nproc)" "$name" >>"$out/rpc.log" 2>&1 <<'PY' || true
+import json, re, sys
+j, t, b0, i0, b1, i1, s0, s1, hz, cores, name = sys.argv[1:]
+hz = float(hz)
+def secs(x):
+    m = re.match(r"(\d+)m([\d.]+)s", x)
+    return int(m.group(1)) * 60 + float(m.group(2))
+lines = open(t).read().split("\n")
+client = sum(secs(x) for x in lines[1].split())  # children: user + system
+done = sum(p["requests"] for p in json.load(open(j))["phases"])
+busy = (float(b1) - float(b0)) / max(1.0, (float(b1) - float(b0)) + (float(i1) - float(i0)))
+server = (float(s1) - float(s0)) / hz
+print("  CPU during %s: machine %.0f%% busy of %s cores; server %.2f s, client %.2f s; "
+      "per request server %.1f ms, client %.1f ms (%d requests)" % (
+      name, 100 * busy, cores, server, client, 1e3 * server / max(done, 1),
+      1e3 * client / max(done, 1), done))
+PY
 }
 
 step_rpc() {
@@ -69,6 +108,7 @@ print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out
   fi
   stop_server
   rm -f "$metrics_port_file"
+  [ "${RPC_BENCH_SET:-all}" = c16 ] && return
   # The same shared-memory calls against a server that reads inputs in place.
   : >"$out/rpc_in_place_server.log"
   if start_server "$out/rpc_in_place_server.log" --allow_shm --shm_in_place; then
@@ -86,6 +126,23 @@ print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out
 # The bench runs against the started server (RPC_BENCH_SET picks them).
 rpc_runs() {
   r=${RPC_BENCH_REQUESTS:-30}
+  if [ "${RPC_BENCH_SET:-all}" = c16 ]; then
+    # The 16-client M=1024 Logits rows and the Probe, each alone and with
+    # its CPU time, and the one-client 1 GiB call and its Probe, in turn,
+    # RPC_BENCH_ROUNDS times (default 3).
+    local round
+    for round in $(seq 1 "${RPC_BENCH_ROUNDS:-3}"); do
+      c16=(--m=1024 --k=4096 --v=32768 --concurrency=16 --channels=16 --duration=10)
+      accounted "c16_logits_$round" --rpc=logits "${c16[@]}" --baseline=false
+      accounted "c16_logits_whole_$round" --rpc=logits "${c16[@]}" --baseline=false --nopipeline
+      accounted "c16_probe_$round" --rpc=baseline "${c16[@]}"
+      m8k=(--m=8192 --k=4096 --v=32768 --requests=4)
+      accounted "m8192_logits_$round" --rpc=logits "${m8k[@]}" --baseline=false
+      accounted "m8192_logits_whole_$round" --rpc=logits "${m8k[@]}" --baseline=false --nopipeline
+      accounted "m8192_probe_$round" --rpc=baseline "${m8k[@]}"
+    done
+    return
+  fi
   if [ "${RPC_BENCH_SET:-all}" = all ]; then
     bench m1024_c1 --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r"
     bench m1024_c1_whole --rpc=logits --m=1024 --k=4096 --v=32768 --requests="$r" --nopipeline
