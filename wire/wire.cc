@@ -112,12 +112,19 @@ struct Assembler::Pending {
           queue.pop_front();
         }
         space.notify_one();
-        std::byte* dst = data + w.offset;
-        for (const absl::Span<const std::byte> piece : w.view.pieces) {
-          std::memcpy(dst, piece.data(), piece.size());
-          dst += piece.size();
+        if (w.view.pieces.empty()) {
+          // Copied on the receiving thread already.
+          XXH3_64bits_update(state, data + w.offset, w.size);
+        } else {
+          // Each piece is copied, then hashed while it is still in cache: a
+          // chunk (4 MiB) is larger than a core's cache, its pieces are not.
+          std::byte* dst = data + w.offset;
+          for (const absl::Span<const std::byte> piece : w.view.pieces) {
+            std::memcpy(dst, piece.data(), piece.size());
+            XXH3_64bits_update(state, dst, piece.size());
+            dst += piece.size();
+          }
         }
-        XXH3_64bits_update(state, data + w.offset, w.size);
         copied = w.offset + w.size;
         if (landed != nullptr) (*landed)(name, copied);
       }
