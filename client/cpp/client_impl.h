@@ -27,6 +27,58 @@
 
 namespace logitd::client {
 
+// The calls of one spread call's parts (RunSpread), so that the first part
+// to fail cancels the others instead of letting them run to their end. A
+// part's thread joins the group for as long as it runs (ScopedCallGroup);
+// Impl::Call adds each attempt's context to its thread's group.
+class CallGroup {
+ public:
+  // False (and the context cancelled at once) when the group is cancelled.
+  bool Add(grpc::ClientContext* context) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) {
+      context->TryCancel();
+      return false;
+    }
+    contexts_.push_back(context);
+    return true;
+  }
+  void Remove(grpc::ClientContext* context) {
+    std::lock_guard<std::mutex> lock(mu_);
+    contexts_.erase(std::remove(contexts_.begin(), contexts_.end(), context), contexts_.end());
+  }
+  // Cancels every call of the group, and those it makes from now on.
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    for (grpc::ClientContext* c : contexts_) c->TryCancel();
+  }
+
+  // The group of this thread's calls, if any.
+  static CallGroup*& Current() {
+    thread_local CallGroup* current = nullptr;
+    return current;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<grpc::ClientContext*> contexts_;
+  bool cancelled_ = false;
+};
+
+class ScopedCallGroup {
+ public:
+  explicit ScopedCallGroup(CallGroup* group) : before_(CallGroup::Current()) {
+    CallGroup::Current() = group;
+  }
+  ~ScopedCallGroup() { CallGroup::Current() = before_; }
+  ScopedCallGroup(const ScopedCallGroup&) = delete;
+  ScopedCallGroup& operator=(const ScopedCallGroup&) = delete;
+
+ private:
+  CallGroup* const before_;
+};
+
 struct Client::Impl {
   ClientOptions options;
   std::string address;
@@ -74,7 +126,10 @@ struct Client::Impl {
       attempts.fetch_add(1, std::memory_order_relaxed);
       grpc::ClientContext context;
       Prepare(context, deadline);
+      CallGroup* const group = CallGroup::Current();
+      if (group != nullptr) group->Add(&context);
       auto result = attempt(context);
+      if (group != nullptr) group->Remove(&context);
       const absl::Status status = StatusOf(result);
       if (status.code() == absl::StatusCode::kDataLoss) {
         data_loss.fetch_add(1, std::memory_order_relaxed);

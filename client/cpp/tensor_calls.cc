@@ -100,26 +100,32 @@ absl::Status Client::RunSpread(
       clients.push_back(impl_->spread[static_cast<std::size_t>(i)].get());
     }
   }
-  std::vector<absl::Status> status(static_cast<std::size_t>(parts));
+  // The first part to fail cancels the others (they would only run to their
+  // end for nothing) and its status is the call's: the others' CANCELLED
+  // follows from it.
+  CallGroup group;
+  std::mutex failed_mu;
+  absl::Status failed;
   std::vector<std::thread> threads;
   for (std::int64_t i = 0; i < parts; ++i) {
     const std::int64_t r0 = i * part_rows;
     const std::int64_t rows = i + 1 == parts ? m - r0 : part_rows;
     threads.emplace_back([&, i, r0, rows] {
-      const auto u = static_cast<std::size_t>(i);
-      const absl::Status s = part(*clients[u], r0, rows, i);
-      if (!s.ok()) {
-        status[u] =
+      ScopedCallGroup in_group(&group);
+      const absl::Status s = part(*clients[static_cast<std::size_t>(i)], r0, rows, i);
+      if (s.ok()) return;
+      {
+        std::lock_guard<std::mutex> lock(failed_mu);
+        if (!failed.ok()) return;  // cancelled by the first to fail, or failed after it
+        failed =
             absl::Status(s.code(), absl::StrCat("rows [", r0, ", ", r0 + rows, ") of ", m,
                                                 " (a part on its own connection): ", s.message()));
       }
+      group.Cancel();
     });
   }
   for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : status) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return failed;
 }
 
 absl::Status Client::LogitsSpread(const Tensor& x, const std::string& handle, Tensor* y,

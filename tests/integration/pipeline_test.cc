@@ -488,6 +488,38 @@ TEST_F(PipelineTest, LogProbsSpreadOverConnectionsGivesTheBitsOfOneCall) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(PipelineTest, ASpreadCallsFailingPartCancelsTheOthers) {
+  // Two parts of 390 blocks of 256 rows (40 MB of X each); the second has a
+  // bad target in its first block, so it fails while the first still uploads.
+  // The first is cancelled rather than run to its end (the server logs it
+  // CANCELLED), and the call's status is the failing part's.
+  const std::int64_t m = 2 * 390 * 256;
+  std::vector<std::int64_t> t(static_cast<std::size_t>(m), 3);
+  t[static_cast<std::size_t>(m / 2) + 5] = kV;
+  const Tensor targets = TargetsTensor(DType::kInt32, t);
+  const Tensor x = NormalBf16({m, kK}, 31);
+  const auto cancelled_calls = [] {
+    const std::string log = server_->process.Log();
+    std::size_t n = 0;
+    for (std::size_t at = log.find("rpc=LogProbs code=CANCELLED"); at != std::string::npos;
+         at = log.find("rpc=LogProbs code=CANCELLED", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const std::size_t before = cancelled_calls();
+  client::LogProbsOptions options;
+  options.pipeline = true;
+  options.connections = 2;
+  absl::StatusOr<client::LogProbsResult> r = client().LogProbs(x, &targets, *handle_, options);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("rows [99840, 199680) of 199680"), std::string::npos)
+      << r.status();
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (cancelled_calls() == before && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(cancelled_calls(), before + 1) << server_->process.Log();
+}
+
 TEST_F(PipelineTest, LogProbsTargetOutOfRangeInALaterBlock) {
   // Row 700 is in the third block: the first two have run when it is read.
   const std::int64_t m = 777;

@@ -137,6 +137,7 @@ absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport&
   }
   if (status.ok()) status = transport.StartSend(early, m);
   if (!status.ok()) {
+    transport.StopReceiving();
     transport.FinishReceive().IgnoreError();
     return status;
   }
@@ -167,7 +168,9 @@ absl::StatusOr<OpResult> Call::RunInRowBlocks(absl::string_view what, Transport&
   }
   // The reception's status (every digest) before anything a client may
   // accept goes out: a block that ran on bytes that then failed their
-  // digest is not sent as a result.
+  // digest is not sent as a result. A failed call does not wait for the
+  // rest of its request.
+  if (!status.ok()) transport.StopReceiving();
   const absl::Status received = transport.FinishReceive();
   if (status.ok()) status = received;
   const absl::Status in_place = CheckInPlace();

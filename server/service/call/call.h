@@ -103,6 +103,10 @@ class Transport {
   }
   // Waits for the reception StartReceive began: its status.
   virtual absl::Status FinishReceive() { return absl::OkStatus(); }
+  // The call failed while receiving: the rest of its request is not taken
+  // in, so that FinishReceive returns without waiting for the client to send
+  // it, and the call's status reaches the client at once.
+  virtual void StopReceiving() {}
   // Once the outputs are placed, before the first block: sends what
   // precedes the outputs (the result, with `early` in it and the digests of
   // streamed outputs to follow them), then streams each streamed output as

@@ -48,6 +48,7 @@ class MessageStream {
   }
   bool Write(const Response& message) { return raw_->Write(wire::SerializeMessage(message)); }
   bool Write(const grpc::ByteBuffer& message) { return raw_->Write(message); }
+  void StopReading() { raw_->StopReading(); }
   // Why the stream ended early: OK at its real end.
   const absl::Status& error() const { return error_; }
 

@@ -144,10 +144,26 @@ class Reading : public Base {
     return true;
   }
 
+  void StopReading() override {
+    {
+      std::lock_guard<std::mutex> lock(this->mu_);
+      stopped_ = true;
+      ended_ = true;
+      ready_.clear();
+    }
+    this->cv_.notify_all();
+  }
+
   void OnReadDone(bool ok) override {
     bool rearm = false;
     {
       std::lock_guard<std::mutex> lock(this->mu_);
+      if (stopped_) {
+        // A read that was in flight: its message is dropped, none follows.
+        incoming_.Clear();
+        pending_ = false;
+        return;
+      }
       if (ok) {
         ready_.push_back(incoming_);
         incoming_.Clear();
@@ -175,6 +191,7 @@ class Reading : public Base {
   std::deque<grpc::ByteBuffer> ready_;
   bool pending_ = false;
   bool ended_ = false;
+  bool stopped_ = false;  // StopReading: nothing more is read
 };
 
 // Queues writes: Write returns once gRPC has the message or it is queued

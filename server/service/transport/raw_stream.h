@@ -30,6 +30,10 @@ class RawStream {
   virtual ~RawStream() = default;
   virtual bool Read(grpc::ByteBuffer* message) = 0;
   virtual bool Write(const grpc::ByteBuffer& message) = 0;
+  // The call has failed: what the client still sends is not read (the
+  // status goes out without waiting for the rest of a large request), and
+  // Read returns false from now on.
+  virtual void StopReading() {}
 };
 
 // A handler: runs on its own thread, returns the call's status.

@@ -306,6 +306,7 @@ class TensorCall final : public TensorCallBase {
       return first_.header();
     }
   }
+  void StopReceiving() override { stream_->StopReading(); }
   absl::Status ReceiveChunks() override {
     if constexpr (std::is_same_v<Request, v1::FetchGradientRequest>) {
       return absl::InternalError("FetchGradient receives no tensors");
