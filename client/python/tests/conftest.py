@@ -36,14 +36,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    """Starts `logitd --backend=cpu` on a free loopback port; yields its address; stops it with SIGTERM."""
+def started_server(tmp_path_factory):
+    """Starts `logitd --backend=cpu` on a free loopback port; yields its ServerProcess; stops it with SIGTERM."""
     binary, reason = _binary()
     if binary is None:
         pytest.skip(reason)
     started = server_process.start(binary, tmp_path_factory.mktemp("logitd"), ["--chunk_bytes=%d" % SERVER_CHUNK_BYTES])
-    yield started.address
+    yield started
     started.stop(timeout_s=40)
+
+
+@pytest.fixture(scope="session")
+def server(started_server):
+    """The address of the session's server."""
+    return started_server.address
 
 
 @pytest.fixture

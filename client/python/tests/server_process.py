@@ -31,6 +31,11 @@ class ServerProcess:
         self._log = log
         self._log_path = log_path
 
+    def log_text(self):
+        """What the server has logged so far (warnings and errors: it runs with
+        --log_level=warning)."""
+        return self._log_path.read_text(errors="replace")
+
     def stop(self, timeout_s):
         """Sends SIGTERM; fails the test unless the server exits with status 0 within timeout_s."""
         self._proc.send_signal(signal.SIGTERM)

@@ -1,6 +1,7 @@
 """The Python client against a real logitd (cpu backend): numerics, weights, gradients, chunking, errors."""
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -238,6 +239,31 @@ def test_logprobs_spread_over_connections_gives_the_bits_of_one_call(client, wei
         client.logprobs(x, info, targets=bad, connections=2)
     with pytest.raises(logitd.InvalidArgumentError, match="connections"):
         client.logprobs(x, info, connections=65)
+
+
+def test_a_spread_calls_failing_part_cancels_the_others(client, weights, started_server):
+    # Two parts of 390 blocks of 256 rows (25 MB of X each); the second has a
+    # bad target in its first block, so it fails while the first still
+    # uploads. The first is cancelled, not run to its end (the server logs it
+    # CANCELLED), and the call's error is the failing part's.
+    rng = rng_for(4326)
+    M, V, K = 2 * 390 * 256, 96, 256
+    x = to_bf16(rng.standard_normal((M, K), dtype=np.float32))
+    info = weights(to_bf16(rng.standard_normal((V, K))))
+    assert info.logprobs_block_rows == 256
+    targets = np.full(M, 3, dtype=np.int32)
+    targets[M // 2 + 5] = V
+
+    def cancelled():
+        return started_server.log_text().count("rpc=LogProbs code=CANCELLED")
+
+    before = cancelled()
+    with pytest.raises(logitd.InvalidArgumentError, match=r"rows \[99840, 199680\) of 199680"):
+        client.logprobs(x, info, targets=targets, connections=2)
+    until = time.monotonic() + 10
+    while cancelled() == before and time.monotonic() < until:
+        time.sleep(0.01)
+    assert cancelled() == before + 1, started_server.log_text()[-2000:]
 
 
 def test_logits_accepts_non_contiguous_input(client, weights):

@@ -4,6 +4,7 @@ of idempotent calls, and tensors streamed in chunks and reassembled with their d
 import functools
 import inspect
 import random
+import threading
 import time
 from typing import Optional, Sequence
 
@@ -12,6 +13,46 @@ import grpc
 from . import _tensors as T
 from ._shm_layout import _ShmLayout
 from .errors import DataLossError, LogitdError, UnavailableError, from_rpc_error
+
+
+class _CallGroup:
+    """The calls of one spread call's parts, so that the first part to fail cancels the others
+    instead of letting them run to their end. A part's thread joins it (_joined); every
+    tensor call the thread makes meanwhile is in it."""
+
+    _current = threading.local()
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._calls = set()
+        self._cancelled = False
+
+    @classmethod
+    def of_this_thread(cls):
+        return getattr(cls._current, "group", None)
+
+    def joined(self, on):
+        """Makes this the group of the calling thread's calls (on=True), or none (False)."""
+        _CallGroup._current.group = self if on else None
+
+    def add(self, call):
+        with self._lock:
+            if not self._cancelled:
+                self._calls.add(call)
+                return
+        call.cancel()
+
+    def remove(self, call):
+        with self._lock:
+            self._calls.discard(call)
+
+    def cancel(self):
+        """Cancels every call of the group, and those it makes from now on."""
+        with self._lock:
+            self._cancelled = True
+            calls = list(self._calls)
+        for c in calls:
+            c.cancel()
 
 
 def _retried(unless: Optional[str] = None):
@@ -150,7 +191,14 @@ class _Transport:
             timeout=self._timeout(),
             metadata=self._metadata,
         )
-        return self._receive(call, specs_of)
+        group = _CallGroup.of_this_thread()
+        if group is None:
+            return self._receive(call, specs_of)
+        group.add(call)
+        try:
+            return self._receive(call, specs_of)
+        finally:
+            group.remove(call)
 
     def _call_shm(self, method, request_cls, header, layout: _ShmLayout, as_torch: bool):
         """A tensor call whose tensors all lie in shared memory (``layout``): only the header and

@@ -21,7 +21,7 @@ import numpy as np
 from . import _tensors as T
 from . import verify as _verify
 from ._shm_layout import _matrix, _ShmLayout, _verify_needs_shm, _weight_rows
-from ._transport import _retried, _Transport
+from ._transport import _CallGroup, _retried, _Transport
 from .errors import DataLossError, InvalidArgumentError, LogitdError, UnavailableError, from_rpc_error
 from .options import _MAX_CHUNK_BYTES, DEFAULT_CHUNK_BYTES, TLS, RetryPolicy, _channel
 from .results import CrossEntropyResult, Gradient, LogProbs, ReleaseResult, ServerInfo, WeightInfo, _from_proto
@@ -293,8 +293,8 @@ class Client(_Transport):
 
     def _spread_parts(self, m, block, connections, part):
         """Runs part(stub, r0, rows) for a call of m rows cut at multiples of block over at most
-        `connections` connections, each part on a thread and a connection of its own; raises the
-        first part's error, naming its rows."""
+        `connections` connections, each part on a thread and a connection of its own. The first
+        part to fail cancels the others; its error, naming its rows, is raised."""
         # Whole blocks a part, as even as they come, the last part taking the rest
         # (5 blocks over 4 connections are 2 + 2 + 1), as the C++ client cuts.
         blocks = -(-m // block)
@@ -303,29 +303,39 @@ class Client(_Transport):
         parts = -(-blocks // per_part)
         part_rows = per_part * block
         stubs = [self._stub] + self._spread_stubs(parts - 1)
-        errors = [None] * parts
+        group = _CallGroup()
+        lock = threading.Lock()
+        failed = []  # the first part's error to fail; the others' CANCELLED follows from it
 
         def run(i):
             r0 = i * part_rows
             rows = m - r0 if i + 1 == parts else part_rows
+            group.joined(True)
             try:
                 part(stubs[i], r0, rows)
+                return
             except LogitdError as e:
-                errors[i] = type(e)(
+                error = type(e)(
                     "rows [%d, %d) of %d (a part on its own connection): %s" % (r0, r0 + rows, m, e.message),
                     getattr(e, "code", None),
                 )
             except BaseException as e:  # noqa: B036 -- handed to the caller's thread
-                errors[i] = e
+                error = e
+            finally:
+                group.joined(False)
+            with lock:
+                if failed:
+                    return
+                failed.append(error)
+            group.cancel()
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(parts)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        for e in errors:
-            if e is not None:
-                raise e
+        if failed:
+            raise failed[0]
 
     def _spread_stubs(self, n):
         """n stubs, each on a connection of its own."""
