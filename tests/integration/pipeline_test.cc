@@ -520,6 +520,38 @@ TEST_F(PipelineTest, ASpreadCallsFailingPartCancelsTheOthers) {
   EXPECT_EQ(cancelled_calls(), before + 1) << server_->process.Log();
 }
 
+TEST_F(PipelineTest, ACallThatFailsInAnEarlyBlockStopsReadingItsRequest) {
+  // 100,000 rows of X (40 MB) and a bad target in the first block: the
+  // status comes back without the server taking in the rest of X (it logs
+  // the bytes it read).
+  const std::int64_t m = 100000;
+  std::vector<std::int64_t> t(static_cast<std::size_t>(m), 3);
+  t[5] = kV;
+  const Tensor targets = TargetsTensor(DType::kInt32, t);
+  const Tensor x = NormalBf16({m, kK}, 32);
+  const std::string key = "rpc=LogProbs code=INVALID_ARGUMENT in=";
+  const auto logged = [&key] {
+    const std::string log = server_->process.Log();
+    std::size_t n = 0;
+    for (std::size_t at = log.find(key); at != std::string::npos; at = log.find(key, at + 1)) ++n;
+    return n;
+  };
+  const std::size_t before = logged();
+  client::LogProbsOptions options;
+  options.pipeline = true;
+  absl::StatusOr<client::LogProbsResult> r = client().LogProbs(x, &targets, *handle_, options);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("targets[5]"), std::string::npos) << r.status();
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (logged() == before && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  const std::string log = server_->process.Log();
+  const std::size_t at = log.rfind(key);
+  ASSERT_EQ(logged(), before + 1) << log;
+  const std::uint64_t read = std::stoull(log.substr(at + key.size(), 20));
+  EXPECT_LT(read, x.nbytes() / 2) << "the server read " << read << " of the request's "
+                                  << x.nbytes() + targets.nbytes() << " bytes";
+}
+
 TEST_F(PipelineTest, LogProbsTargetOutOfRangeInALaterBlock) {
   // Row 700 is in the third block: the first two have run when it is read.
   const std::int64_t m = 777;
