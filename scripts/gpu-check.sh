@@ -26,7 +26,8 @@
 #   validate  logitctl validate and its report page, noted report
 #   compare   the cpu backend against the cuda backend (not when validate is skipped)
 #   verify    PyTorch's fp32-out, fp32, TF32 and bf16 logits and its gradients judged by Verify
-#   rpc       logitctl bench at the RPC level and the metrics endpoint
+#   rpc       logitctl bench at the RPC level and the metrics endpoint; rpc_targets.txt reads
+#             issue 32's targets off its rows (scripts/gpu-check/rpc_targets.py)
 #   oip       perf_analyzer over the Open Inference Protocol (not when rpc is skipped)
 #   chunks    the M=1024 logits call at several --chunk_bytes (not when rpc is skipped)
 #   veth      one client's streams on loopback and across a veth pair (scripts/veth-bench.sh;

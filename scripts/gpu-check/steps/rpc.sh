@@ -101,7 +101,7 @@ print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out
       rpc_rc=1
       echo "  metrics endpoint: FAILED (port '$metrics_port'; see rpc_metrics.txt, rpc_server.log)" >>"$out/rpc.log"
     fi
-    if [ "$rpc_rc" -eq 0 ]; then note rpc ok "rpc.log, rpc_*.json"
+    if [ "$rpc_rc" -eq 0 ]; then note rpc ok "rpc.log, rpc_*.json, rpc_targets.txt"
     else note rpc FAIL "see rpc.log"; fi
   else
     note rpc FAIL "logitd --backend=cuda --allow_shm did not start (see rpc_server.log)"
@@ -121,6 +121,9 @@ print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out
   else
     echo "  logitd --shm_in_place did not start (see rpc_in_place_server.log)" >>"$out/rpc.log"
   fi
+  # Issue 32's targets, each against the Probe or the kernel of this run.
+  python3 "$root/scripts/gpu-check/rpc_targets.py" "$out" >"$out/rpc_targets.txt" 2>&1 || true
+  cat "$out/rpc_targets.txt" >>"$out/rpc.log"
 }
 
 # The bench runs against the started server (RPC_BENCH_SET picks them).
