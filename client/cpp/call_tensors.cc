@@ -104,7 +104,7 @@ absl::StatusOr<v1::TensorSpec> InputSpec(absl::string_view name, const Tensor* t
   spec.set_name(std::string(name));
   spec.set_dtype(wire::ToProto(dtype));
   for (std::int64_t d : shape) spec.add_shape(d);
-  spec.set_xxh3(Xxh3(*bytes, static_cast<std::size_t>(*n)));
+  spec.set_xxh3(slot->xxh3 ? *slot->xxh3 : Xxh3(*bytes, static_cast<std::size_t>(*n)));
   v1::ShmRef r;
   r.set_region(slot->handle);
   r.set_offset(slot->offset);

@@ -54,6 +54,10 @@ ABSL_FLAG(std::uint64_t, seed, 1234, "bench: seed of the random weight and input
 ABSL_FLAG(bool, shm_skip_digest, false,
           "bench --shm: ask the server not to hash Y in the region, and do not check it "
           "(ShmRef.skip_digest): one pass over Y fewer on each side");
+ABSL_FLAG(bool, shm_digest_once, false,
+          "bench --shm: hash X once, as it is written to the region, and send that digest with "
+          "every call (ShmSlot.xxh3) instead of hashing the region each call; the server checks "
+          "X against it as always");
 
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(bool, shm);
@@ -147,6 +151,7 @@ struct Config {
   // X and Y through a same-host shared-memory region per worker (logits).
   bool shm = false;
   bool shm_skip_digest = false;
+  bool shm_digest_once = false;
   std::int64_t sample_rows = 0;  // verify
   client::BackwardOptions backward;
   client::CrossEntropyOptions cross_entropy;
@@ -323,11 +328,15 @@ absl::StatusOr<Config> ReadConfig() {
   c.json = absl::GetFlag(FLAGS_json);
   c.shm = absl::GetFlag(FLAGS_shm);
   c.shm_skip_digest = absl::GetFlag(FLAGS_shm_skip_digest);
+  c.shm_digest_once = absl::GetFlag(FLAGS_shm_digest_once);
   c.sample_rows = absl::GetFlag(FLAGS_sample_rows);
   if (c.sample_rows < 0 || (c.sample_rows > 0 && !IsVerify(c.rpc))) {
     return absl::InvalidArgumentError(
         "--sample_rows: a count of rows >= 0, with --rpc=verify-logits, verify-cross-entropy or "
         "verify-logprobs");
+  }
+  if (c.shm_digest_once && !c.shm) {
+    return absl::InvalidArgumentError("--shm_digest_once: only with --shm");
   }
   if (c.shm_skip_digest && !c.shm) {
     return absl::InvalidArgumentError("--shm_skip_digest: only with --shm");
@@ -382,6 +391,8 @@ struct Inputs {
   std::shared_ptr<client::SharedRegion> region;
   std::string region_handle;
   std::uint64_t y_offset = 0;
+  // --shm_digest_once: X's digest, taken when X was written to the region.
+  std::optional<std::uint64_t> x_xxh3;
   // The logits result (or dW), received into the same memory call after call.
   mutable Tensor y;
   // Verify: logitd's own outputs of the operation, the candidates.
@@ -486,8 +497,9 @@ CallFn LogitsCall(const Config& c, const std::string& handle) {
     options.connections = c.connections;
     if (c.shm) {
       client::LogitsShmArgs args;
-      args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
-                                        DType::kBf16, in.x.shape());
+      args.x = client::TensorInput::Shm(
+          client::ShmSlot{in.region_handle, in.region.get(), 0, false, in.x_xxh3}, DType::kBf16,
+          in.x.shape());
       args.y = client::TensorOutput::Shm(
           client::ShmSlot{in.region_handle, in.region.get(), in.y_offset, c.shm_skip_digest});
       absl::StatusOr<client::LogitsShmResult> r = cl.LogitsShm(args, handle, options);
@@ -515,8 +527,9 @@ CallFn LogProbsCall(const Config& c, const std::string& handle) {
       // X from the worker's region; the targets and the per-token
       // outputs (a few bytes a token) travel in the stream.
       client::LogProbsShmArgs args;
-      args.x = client::TensorInput::Shm(client::ShmSlot{in.region_handle, in.region.get(), 0},
-                                        DType::kBf16, in.x.shape());
+      args.x = client::TensorInput::Shm(
+          client::ShmSlot{in.region_handle, in.region.get(), 0, false, in.x_xxh3}, DType::kBf16,
+          in.x.shape());
       args.targets = in.targets;
       r = cl.LogProbsShm(args, handle, c.logprobs);
     } else {
@@ -762,6 +775,7 @@ nlohmann::json MakeReport(const Config& c, const client::ClientOptions& options,
                       {"seed", c.seed},
                       {"shm", c.shm},
                       {"shm_skip_digest", c.shm_skip_digest},
+                      {"shm_digest_once", c.shm_digest_once},
                       {"sample_rows", c.sample_rows},
                       {"request_bytes", c.up_bytes},
                       {"response_bytes", c.down_bytes},
@@ -858,6 +872,7 @@ absl::Status Prepare(const Config& c, Client& cl, std::string* handle, std::vect
                             client::SharedRegion::Create(in.y_offset + y_bytes));
     in.region = std::make_shared<client::SharedRegion>(std::move(region));
     std::copy_n(in.x.bytes(), in.x.nbytes(), in.region->data());
+    if (c.shm_digest_once) in.x_xxh3 = in.x.Digest();
     *what = "register shared memory";
     LOGITD_ASSIGN_OR_RETURN(in.region_handle, cl.RegisterShm(*in.region));
   }

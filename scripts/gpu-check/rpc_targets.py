@@ -66,6 +66,7 @@ def main(out):
             ("lp_m8192_c1_connections_8", "gRPC, 8 connections", 0.60),
             ("lp_m8192_c1_shm", "X in shared memory, copied", 0.85),
             ("lp_m8192_c1_shm_in_place", "X in shared memory, read in place", 0.85),
+            ("lp_m8192_c1_shm_in_place_digest_once", "X in shared memory, in place, hashed once", 0.85),
         ]:
             r = rate(out, name, "logprobs")
             row("LogProbs M=8192, " + what + ", of the kernel's rate", None if r is None else r / kernel_rate,

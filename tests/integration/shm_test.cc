@@ -191,6 +191,21 @@ TEST_F(ShmTest, RoundTripEqualsStreamedBitwise) {
     EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
                            r.region.data() + y_at));
 
+    // X's digest given with its slot (hashed as it was written): the same
+    // Y, and the server still checks X against it.
+    client::LogitsShmArgs known = args;
+    known.x.slot->xxh3 = x.Digest();
+    std::fill_n(r.region.data() + y_at, streamed->nbytes(), std::byte{0});
+    absl::StatusOr<client::LogitsShmResult> with_digest = a().LogitsShm(known, handle(), options);
+    ASSERT_TRUE(with_digest.ok()) << with_digest.status();
+    EXPECT_EQ(with_digest->y_shm->xxh3, streamed->Digest());
+    EXPECT_TRUE(std::equal(streamed->bytes(), streamed->bytes() + streamed->nbytes(),
+                           r.region.data() + y_at));
+    known.x.slot->xxh3 = x.Digest() ^ 1;
+    absl::StatusOr<client::LogitsShmResult> wrong = a().LogitsShm(known, handle(), options);
+    EXPECT_EQ(wrong.status().code(), absl::StatusCode::kDataLoss) << wrong.status();
+    EXPECT_THAT(wrong.status().message(), HasSubstr("read from shared memory"));
+
     // Only X in shared memory: Y streamed back.
     client::LogitsShmArgs x_only = args;
     x_only.y.slot.reset();
@@ -643,13 +658,21 @@ TEST_F(ShmTest, LogitctlLogitsAndBenchWithShm) {
   EXPECT_THAT(r.out, HasSubstr("\"shm_skip_digest\": true"));
   EXPECT_THAT(r.out, HasSubstr("\"error_count\": 0"));
 
-  // LogProbs with X in the worker's region.
-  r = Logitctl({"bench", "--rpc=logprobs", "--shm", "--top_k=3", "--entropy", "--m=8", "--k=64",
-                "--v=96", "--requests=3", "--nobaseline", "--json"},
-               /*merge_stderr=*/false);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("\"shm\": true"));
-  EXPECT_THAT(r.out, HasSubstr("\"error_count\": 0"));
+  // LogProbs with X in the worker's region, its digest taken each call or
+  // once when X was written.
+  for (const char* once : {"--noshm_digest_once", "--shm_digest_once"}) {
+    r = Logitctl({"bench", "--rpc=logprobs", "--shm", once, "--top_k=3", "--entropy", "--m=8",
+                  "--k=64", "--v=96", "--requests=3", "--nobaseline", "--json"},
+                 /*merge_stderr=*/false);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("\"shm\": true"));
+    EXPECT_THAT(r.out, HasSubstr("\"error_count\": 0"));
+  }
+  EXPECT_THAT(r.out, HasSubstr("\"shm_digest_once\": true"));
+  r = Logitctl(
+      {"bench", "--rpc=logits", "--shm_digest_once", "--m=8", "--k=64", "--v=96", "--requests=1"});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("--shm_digest_once: only with --shm"));
   r = Logitctl({"bench", "--rpc=backward", "--shm", "--m=8", "--k=64", "--v=96", "--requests=1"});
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("only --rpc=logits and --rpc=logprobs"));

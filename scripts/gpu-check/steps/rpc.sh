@@ -115,6 +115,9 @@ print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out
     echo "=== server --shm_in_place" >>"$out/rpc.log"
     bench lp_m8192_c1_shm_in_place --rpc=logprobs --k=4096 --v=128256 --top_k=5 --entropy --lse \
       --baseline=false --m=8192 --requests=12 --shm
+    # X hashed once as it was written (ShmSlot.xxh3): the client's share of the call.
+    bench lp_m8192_c1_shm_in_place_digest_once --rpc=logprobs --k=4096 --v=128256 --top_k=5 \
+      --entropy --lse --baseline=false --m=8192 --requests=12 --shm --shm_digest_once
     bench m8192_shm_in_place --rpc=logits --m=8192 --k=4096 --v=32768 --requests=6 --shm \
       --baseline=false
     stop_server

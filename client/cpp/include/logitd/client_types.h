@@ -316,6 +316,12 @@ struct ShmSlot {
   // check it (ShmRef.skip_digest). Saves a pass over the output on each
   // side; ShmOutput::xxh3 is then 0.
   bool skip_digest = false;
+  // For an input slot: the xxh3-64 (seed 0) of its bytes, when the caller
+  // has it (hashed as it wrote them, say). The client then sends it as the
+  // input's digest instead of hashing the slot on every call; the server
+  // checks the bytes it reads against it as always (DATA_LOSS when they
+  // differ). Ignored on an output slot.
+  std::optional<std::uint64_t> xxh3 = std::nullopt;
 };
 
 // An input of a tensor call: a tensor the client streams to the server, or
