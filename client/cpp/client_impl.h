@@ -33,15 +33,14 @@ namespace logitd::client {
 // Impl::Call adds each attempt's context to its thread's group.
 class CallGroup {
  public:
-  // False (and the context cancelled at once) when the group is cancelled.
-  bool Add(grpc::ClientContext* context) {
+  // A call of the group's; cancelled at once when the group is.
+  void Add(grpc::ClientContext* context) {
     std::lock_guard<std::mutex> lock(mu_);
     if (cancelled_) {
       context->TryCancel();
-      return false;
+      return;
     }
     contexts_.push_back(context);
-    return true;
   }
   void Remove(grpc::ClientContext* context) {
     std::lock_guard<std::mutex> lock(mu_);
