@@ -69,7 +69,8 @@
 #   RPC_BENCH_TIMEOUT  seconds allowed per logitctl bench run (default 120)
 #   RPC_BENCH_SET      all (default) | logprobs: the rpc step's LogProbs rows alone | c16: the
 #                      16-client M=1024 Logits rows (row blocks, whole) and the Probe, then the
-#                      one-client M=8192 ones, each with its CPU time, RPC_BENCH_ROUNDS times (3)
+#                      one-client M=8192 ones, each with its CPU time, RPC_BENCH_ROUNDS times (3) |
+#                      in_place: the rows of the server that reads shared-memory inputs in place
 #   COMPARE_ARGS       validate arguments of the compare step (default --quick; the cpu
 #                      side of the full suites takes minutes); COMPARE_TIMEOUT (default 300)
 #   PERF_ANALYZER      Triton's perf_analyzer, for the oip step (skipped without it)

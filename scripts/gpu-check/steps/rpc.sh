@@ -132,6 +132,8 @@ print("\n".join(lines[:8])); sys.exit(0 if lines else 1)' "$metrics_port" >"$out
 # The bench runs against the started server (RPC_BENCH_SET picks them).
 rpc_runs() {
   r=${RPC_BENCH_REQUESTS:-30}
+  # in_place: only the rows of the server that reads inputs in place (below).
+  [ "${RPC_BENCH_SET:-all}" = in_place ] && return
   if [ "${RPC_BENCH_SET:-all}" = c16 ]; then
     # The 16-client M=1024 Logits rows and the Probe, each alone and with
     # its CPU time, and the one-client 1 GiB call and its Probe, in turn,
