@@ -298,13 +298,17 @@ absl::Status Assembler::SetExpectedDigest(absl::string_view name, std::uint64_t 
   return absl::OkStatus();
 }
 
+void Assembler::StopWorkers() {
+  for (const auto& [name, p] : pending_) p->StopWorker();
+}
+
 absl::Status Assembler::Finish() {
+  StopWorkers();
   for (const auto& [name, p] : pending_) {
     if (p->received != p->size) {
       return absl::DataLossError(absl::StrFormat("%s: received %d of %d bytes (truncated stream)",
                                                  name, p->received, p->size));
     }
-    p->StopWorker();
     const std::uint64_t got = XXH3_64bits_digest(p->state);
     if (got != p->expected_digest) {
       return absl::DataLossError(

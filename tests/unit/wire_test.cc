@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "logitd/bf16.h"
+#include "logitd/wire/chunk_message.h"
 #include "tests/common/seeded_tensors.h"
 
 namespace logitd::wire {
@@ -408,6 +409,46 @@ TEST(Wire, ExpectIntoFillsTheCallersBufferSmallOrLarge) {
     Assembler small(t.nbytes());
     EXPECT_EQ(small.ExpectInto(MakeSpec("x", t), buffer.data(), t.nbytes() - 1).code(),
               absl::StatusCode::kInternal);
+  }
+}
+
+// A reception that ends early (a truncated tensor at Finish, or a receiver
+// that gives up and calls StopWorkers) returns only once every chunk it was
+// given is in the caller's buffer: a large tensor's own thread copies the
+// chunks taken from gRPC's slices, and the buffer may go back to its owner
+// (and to another call) the moment the reception ends.
+TEST(Wire, AReceptionThatEndsEarlyLeavesNoCopyBehind) {
+  const Tensor t = NormalFp32({static_cast<std::int64_t>(kHashAsideBytes / 4) * 8}, 13);
+  constexpr std::size_t kChunk = std::size_t{4} << 20;
+  const std::size_t given = 6 * kChunk;  // of 8 · kHashAsideBytes
+  ASSERT_LT(given, t.nbytes());
+  for (const bool finish : {true, false}) {
+    SCOPED_TRACE(finish ? "Finish on a truncated tensor" : "StopWorkers");
+    std::vector<std::byte> buffer(t.nbytes());
+    Assembler a(2 * t.nbytes());
+    // "a" before "x": Finish meets the truncated "x" after a whole tensor.
+    const Tensor small = NormalFp32({1000}, 14);
+    ASSERT_TRUE(a.Expect(MakeSpec("a", small)).ok());
+    ASSERT_TRUE(a.Add(Split("a", small, 1 << 20)[0]).ok());
+    ASSERT_TRUE(a.ExpectInto(MakeSpec("x", t), buffer.data(), buffer.size()).ok());
+    for (std::size_t offset = 0; offset < given; offset += kChunk) {
+      ChunkView view;
+      view.name = "x";
+      view.offset = offset;
+      view.size = kChunk;
+      // In pieces, as gRPC's slices come: the tensor's own thread copies them.
+      for (std::size_t p = 0; p < kChunk; p += kChunk / 4) {
+        view.pieces.emplace_back(t.bytes() + offset + p, kChunk / 4);
+      }
+      ASSERT_TRUE(a.Add(std::move(view)).ok());
+    }
+    if (finish) {
+      const absl::Status s = a.Finish();
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    } else {
+      a.StopWorkers();
+    }
+    EXPECT_EQ(std::memcmp(buffer.data(), t.bytes(), given), 0);
   }
 }
 

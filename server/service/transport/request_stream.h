@@ -59,6 +59,13 @@ absl::Status ReadHeader(Stream* stream, Request* first, std::uint64_t* bytes_in)
 template <typename Request, typename Stream, typename Stats, typename Cancelled>
 absl::Status ReceiveChunks(Stream* stream, wire::Assembler* assembler, Stats* stats,
                            Cancelled cancelled) {
+  // Whatever ends the reception (a refused chunk, a cancelled call), no
+  // tensor's thread still copies into a buffer once it has: the caller may
+  // let the buffers go as soon as this returns.
+  struct StopWorkers {
+    wire::Assembler* assembler;
+    ~StopWorkers() { assembler->StopWorkers(); }
+  } stop_workers{assembler};
   Request msg;
   wire::ChunkView chunk;
   for (;;) {

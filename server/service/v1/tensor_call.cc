@@ -23,10 +23,10 @@ TensorCallBase::TensorCallBase(const TensorCallEnv& env, absl::string_view metho
       method_(method),
       context_(context),
       stats_(stats),
-      assembler_(env.max_request_bytes),
       call_(
           env.call, stats->tenant, absl::FromChrono(context->deadline()),
-          [context] { return context->IsCancelled(); }, stats) {}
+          [context] { return context->IsCancelled(); }, stats),
+      assembler_(env.max_request_bytes) {}
 
 absl::Status TensorCallBase::Announce(const std::vector<InputSlot*>& streamed) {
   for (InputSlot* slot : streamed) {

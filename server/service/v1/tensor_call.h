@@ -121,8 +121,10 @@ class TensorCallBase : public Transport {
   const std::string method_;
   grpc::ServerContextBase* const context_;
   CallStats* const stats_;
-  wire::Assembler assembler_;
   Call call_;
+  // After call_, so that it goes first: its threads stop before the call's
+  // buffers are let go.
+  wire::Assembler assembler_;
 
   // The streamed inputs announced to the assembler, each into its buffer.
   absl::Status Announce(const std::vector<InputSlot*>& streamed);

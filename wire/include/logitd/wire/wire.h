@@ -71,7 +71,14 @@ class Assembler {
   using Landed = std::function<void(absl::string_view name, std::uint64_t bytes)>;
   void OnLanded(Landed landed) { landed_ = std::move(landed); }
   // DataLoss when any tensor is incomplete or its digest does not match.
+  // Stops every tensor's thread first (StopWorkers), whatever it returns.
   absl::Status Finish();
+  // Waits until each large tensor's own thread has copied and hashed every
+  // chunk it was given, and ends it: from then on nothing of the Assembler's
+  // writes into a buffer (chunks added later are copied on the caller's
+  // thread). A receiver that gives up before Finish calls it before the
+  // buffers go back to their owner.
+  void StopWorkers();
   // Moves a finished tensor out. NotFound when it was never announced.
   absl::StatusOr<Tensor> Take(absl::string_view name);
 
