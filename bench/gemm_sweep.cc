@@ -17,7 +17,9 @@
 // (after printing it) and the parent starts another from the next one.
 //
 //   usage: logitd_gemm_sweep [--sets=offered,forced,tuner] [--timeout_ms=3000]
-//                            [--max_seconds=150]
+//                            [--max_seconds=150] [--tokens=1,4,5,8,300]
+//
+// --tokens: the token counts M of every product (dW's reduction length).
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -59,12 +61,12 @@ struct Product {
 
 // The LM head's products for the weights and token counts of issue-style
 // workloads: small, odd, not multiples of 8.
-std::vector<Product> Products() {
+std::vector<Product> Products(const std::vector<std::int64_t>& tokens) {
   std::vector<Product> out;
   const std::vector<std::pair<std::int64_t, std::int64_t>> weights = {
       {256, 128}, {384, 200}, {512, 64}, {130, 257}, {1000, 96}, {77, 333}, {2048, 40}};
   for (const auto& [v, k] : weights) {
-    for (std::int64_t m : {1, 4, 5, 8, 300}) {
+    for (std::int64_t m : tokens) {
       for (const char* op : {"logits", "dx", "dw"}) {
         for (cudaDataType_t t : {CUDA_R_32F, CUDA_R_16BF}) out.push_back({op, m, v, k, t});
       }
@@ -101,8 +103,8 @@ struct Candidate {
 // The child: enumerates every (product, candidate) pair in a fixed order and
 // runs those from `start` on. Exit 0 when done, 3 after a hang, 4 after a
 // fault, printing one RESULT line per pair.
-int Child(std::size_t start, const std::vector<std::string>& sets, int timeout_ms,
-          int max_seconds) {
+int Child(std::size_t start, const std::vector<std::string>& sets,
+          const std::vector<std::int64_t>& tokens, int timeout_ms, int max_seconds) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(max_seconds);
   if (cudaSetDevice(0) != cudaSuccess) Die("cudaSetDevice(0)");
   auto memory = kc::DeviceMemory::Create(0, 0);
@@ -120,7 +122,7 @@ int Child(std::size_t start, const std::vector<std::string>& sets, int timeout_m
   kc::GemmEngine tuner(kc::GemmEngineOptions{}, memory);
 
   std::size_t index = 0;
-  for (const Product& p : Products()) {
+  for (const Product& p : Products(tokens)) {
     const kc::GemmShape shape = ShapeOf(p);
     const auto x = Integers(p.m * p.k, 1);
     const auto w = Integers(p.v * p.k, 2);
@@ -284,6 +286,8 @@ int main(int argc, char** argv) {
   int timeout_ms = 3000;
   int max_seconds = 150;
   long child_start = -1;
+  std::vector<std::int64_t> tokens = {1, 4, 5, 8, 300};
+  std::string tokens_text = "1,4,5,8,300";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--sets=", 0) == 0) {
@@ -292,15 +296,29 @@ int main(int argc, char** argv) {
       timeout_ms = std::atoi(a.c_str() + 13);
     } else if (a.rfind("--max_seconds=", 0) == 0) {
       max_seconds = std::atoi(a.c_str() + 14);
+    } else if (a.rfind("--tokens=", 0) == 0) {
+      tokens_text = a.substr(9);
+      tokens.clear();
+      for (absl::string_view t : absl::StrSplit(tokens_text, ',')) {
+        const long m = std::atol(std::string(t).c_str());
+        if (m <= 0) {
+          std::fprintf(stderr, "--tokens: %s is not a positive count\n", std::string(t).c_str());
+          return 2;
+        }
+        tokens.push_back(m);
+      }
     } else if (a.rfind("--child_start=", 0) == 0) {
       child_start = std::atol(a.c_str() + 14);
     } else {
-      std::fprintf(stderr, "usage: %s [--sets=offered,forced,tuner] [--timeout_ms=N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--sets=offered,forced,tuner] [--timeout_ms=N] [--max_seconds=N] "
+                   "[--tokens=M,...]\n",
+                   argv[0]);
       return 2;
     }
   }
   if (child_start >= 0) {
-    return Child(static_cast<std::size_t>(child_start), sets, timeout_ms, max_seconds);
+    return Child(static_cast<std::size_t>(child_start), sets, tokens, timeout_ms, max_seconds);
   }
 
   // The parent never touches CUDA: it runs children, reads their lines and
@@ -321,13 +339,14 @@ int main(int argc, char** argv) {
       const std::string start_arg = absl::StrCat("--child_start=", start);
       const std::string sets_arg = absl::StrCat("--sets=", absl::StrJoin(sets, ","));
       const std::string timeout_arg = absl::StrCat("--timeout_ms=", timeout_ms);
+      const std::string tokens_arg = absl::StrCat("--tokens=", tokens_text);
       // The child stops at the sweep's deadline too.
       const std::string seconds_arg = absl::StrCat(
           "--max_seconds=", std::max<long>(1, std::chrono::duration_cast<std::chrono::seconds>(
                                                   deadline - std::chrono::steady_clock::now())
                                                   .count()));
       execl("/proc/self/exe", argv[0], start_arg.c_str(), sets_arg.c_str(), timeout_arg.c_str(),
-            seconds_arg.c_str(), static_cast<char*>(nullptr));
+            tokens_arg.c_str(), seconds_arg.c_str(), static_cast<char*>(nullptr));
       std::_Exit(2);
     }
     close(fds[1]);
@@ -374,10 +393,11 @@ int main(int argc, char** argv) {
           }
         }
       } else if (now - last_output > quiet_limit || now > deadline + std::chrono::seconds(10)) {
-        std::printf("sweep: child silent for %lld s%s; killed\n",
-                    static_cast<long long>(
-                        std::chrono::duration_cast<std::chrono::seconds>(now - last_output).count()),
-                    now > deadline ? " past the deadline" : "");
+        std::printf(
+            "sweep: child silent for %lld s%s; killed\n",
+            static_cast<long long>(
+                std::chrono::duration_cast<std::chrono::seconds>(now - last_output).count()),
+            now > deadline ? " past the deadline" : "");
         std::fflush(stdout);
         kill(pid, SIGKILL);
         killed = true;

@@ -9,7 +9,8 @@ step_sweep() {
   if [ -z "$sweep_bin" ]; then
     note sweep FAIL "logitd_gemm_sweep was not built"
   elif timeout $((${SWEEP_SECONDS:-120} + 60)) "$sweep_bin" --max_seconds="${SWEEP_SECONDS:-120}" \
-    --timeout_ms=2000 >"$out/sweep.log" 2>&1; then
+    --timeout_ms=2000 ${SWEEP_TOKENS:+--tokens="$SWEEP_TOKENS"} \
+    ${SWEEP_SETS:+--sets="$SWEEP_SETS"} >"$out/sweep.log" 2>&1; then
     note sweep ok "$(grep -E '^tuner ' "$out/sweep.log" | tr -s ' ')"
   else
     note sweep FAIL "exit $? (see sweep.log)"
