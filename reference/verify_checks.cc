@@ -293,6 +293,22 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
 bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
                      CandidateCheck* check, const StopCheck& stop) {
   const std::int64_t m = in.m, v = in.v, k = in.k;
+  if (in.products != nullptr) {
+    // On the engine's device when it judges there and every value is
+    // finite; the host's walk below otherwise.
+    const double p_gamma32 =
+        std::min(ProbabilisticGamma(m, kFp32UnitRoundoff), Gamma(m, kFp32UnitRoundoff));
+    const judgement::ProductRule rule{
+        1.0, Gamma(m, kFp32UnitRoundoff) + Gamma(m, kFp64UnitRoundoff),
+        p_gamma32 + Gamma(m, kFp64UnitRoundoff), dtype == DType::kBf16};
+    CandidateCheck on_device(dtype);
+    if (in.products->JudgeGtX(in.dy, in.dy_dtype == DType::kBf16, in.x, m, candidate, own, rule,
+                              &on_device, stop)) {
+      check->Merge(on_device);
+      return true;
+    }
+    if (stop && stop()) return false;
+  }
   std::vector<double> g(static_cast<std::size_t>(m * v));
   for (std::int64_t i = 0; i < m * v; ++i) g[static_cast<std::size_t>(i)] = GAt(in, i);
   std::vector<double> xd(static_cast<std::size_t>(m * k));

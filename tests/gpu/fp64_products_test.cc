@@ -151,7 +151,8 @@ class CountingRowSums final : public HostJudging {
 
 void ExpectSameElement(const CheckedElement& a, const CheckedElement& b) {
   EXPECT_EQ(a.index, b.index);
-  EXPECT_EQ(a.candidate, b.candidate) << a.index;
+  EXPECT_TRUE(a.candidate == b.candidate || (std::isnan(a.candidate) && std::isnan(b.candidate)))
+      << a.index;
   EXPECT_EQ(a.reference, b.reference) << a.index;
   EXPECT_EQ(a.bound, b.bound) << a.index;
   EXPECT_EQ(a.probabilistic_bound, b.probabilistic_bound) << a.index;
@@ -317,6 +318,100 @@ TEST_F(Fp64ProductsTest, JudgingOnTheDeviceCountsWhatTheHostCounts) {
     ASSERT_TRUE(CheckGradInput(in, {}, candidate.data(), own.data(), dtype, &on_host));
     ExpectSameFigures(on_device, on_host);
     EXPECT_GT(on_host.outside(), 0);
+  }
+  EXPECT_TRUE(engine->error().empty()) << engine->error();
+}
+
+// dW = Gᵀ·X judged on the device, block after block of its rows, counts
+// what the host's OpenBLAS walk counts: integer operands make both sums
+// exact, so every figure is equal. dY in fp32 carries a perturbation that
+// only G's bf16 rounding removes, so a device that skipped the rounding
+// would get other references. A NaN in dY or X leaves it to the host.
+TEST_F(Fp64ProductsTest, TheWeightsGradientJudgedOnTheDeviceCountsWhatTheHostCounts) {
+  // 66,000 rows of M: blocks of 384 rows of dW (within 2^25 doubles of G's
+  // columns), three of them for V = 1,000.
+  const std::int64_t m = 66000, v = 1000, k = 96;
+  const std::vector<Bf16Bits> x = IntegerBf16(m * k, 21), w = RandomBf16(v * k, 22);
+  auto weight = backend()->LoadWeight(w.data(), v, k);
+  ASSERT_TRUE(weight.ok()) << weight.status();
+  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_LT(engine->JudgeBlockRows(m), v / 2);
+
+  const std::vector<Bf16Bits> g_bits = IntegerBf16(m * v, 23);
+  std::vector<float> dy32(g_bits.size());
+  for (std::size_t i = 0; i < dy32.size(); ++i) dy32[i] = Bf16ToFloat(g_bits[i]) * (1 + 0x1p-12f);
+  std::vector<double> dw(v * k);
+  ReferenceGtX(Widen(g_bits), Widen(x), m, v, k, false,
+               [&](std::int64_t row0, std::int64_t rows, const double* value, const double*) {
+                 std::copy(value, value + rows * k, dw.begin() + row0 * k);
+               });
+  const double p_gamma32 =
+      std::min(ProbabilisticGamma(m, kFp32UnitRoundoff), logitd::Gamma(m, kFp32UnitRoundoff));
+  for (const bool dy_bf16 : {false, true}) {
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "dY bf16 " << dy_bf16 << " dW bf16 " << bf16);
+      const DType dtype = bf16 ? DType::kBf16 : DType::kFp32;
+      std::vector<std::uint8_t> candidate, own;
+      Perturb(dw, k, bf16, &candidate, &own);
+      LmHeadInputs in = LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
+      in.dy = dy_bf16 ? static_cast<const void*>(g_bits.data()) : dy32.data();
+      in.dy_dtype = dy_bf16 ? DType::kBf16 : DType::kFp32;
+      const judgement::ProductRule rule{
+          1.0, logitd::Gamma(m, kFp32UnitRoundoff) + logitd::Gamma(m, kFp64UnitRoundoff),
+          p_gamma32 + logitd::Gamma(m, kFp64UnitRoundoff), bf16};
+      CandidateCheck direct(dtype), through(dtype), on_host(dtype);
+      ASSERT_TRUE(engine->JudgeGtX(in.dy, dy_bf16, x.data(), m, candidate.data(), own.data(), rule,
+                                   &direct, {}))
+          << engine->error();
+      in.products = engine.get();
+      ASSERT_TRUE(CheckGradWeight(in, candidate.data(), own.data(), dtype, &through));
+      in.products = nullptr;
+      ASSERT_TRUE(CheckGradWeight(in, candidate.data(), own.data(), dtype, &on_host));
+      ExpectSameFigures(direct, on_host);
+      ExpectSameFigures(through, on_host);
+      // Not a vacuous comparison: elements outside each bound, reported
+      // ones among them (a NaN too), and NaN and infinity mismatches.
+      EXPECT_EQ(on_host.elements(), v * k);
+      EXPECT_GT(on_host.outside(), 0);
+      EXPECT_GT(on_host.figures().outside_probabilistic, on_host.outside());
+      EXPECT_GT(on_host.figures().first_outside.size(), 10u);
+      EXPECT_GT(on_host.nan_inf_mismatches(), 0);
+    }
+  }
+  EXPECT_TRUE(engine->error().empty()) << engine->error();
+
+  // A stop asked for ends the walk; a NaN in G (late in the last block) or
+  // an infinity in X leaves dW to the host, which gets the same figures as
+  // without an engine; neither is the engine's error.
+  std::vector<std::uint8_t> candidate, own;
+  Perturb(dw, k, false, &candidate, &own);
+  LmHeadInputs in = LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
+  in.dy = dy32.data();
+  in.products = engine.get();
+  CandidateCheck stopped(DType::kFp32);
+  EXPECT_FALSE(CheckGradWeight(in, candidate.data(), own.data(), DType::kFp32, &stopped,
+                               [] { return true; }));
+  std::vector<float> dy_nan = dy32;
+  dy_nan[(m - 3) * v + v - 2] = std::nanf("");
+  std::vector<Bf16Bits> x_inf = x;
+  x_inf[17 * k + 5] = 0xff80;  // -Inf
+  for (const bool in_x : {false, true}) {
+    SCOPED_TRACE(in_x ? "infinity in X" : "NaN in dY");
+    LmHeadInputs bad = in;
+    if (in_x) {
+      bad.x = x_inf.data();
+    } else {
+      bad.dy = dy_nan.data();
+    }
+    CandidateCheck scratch(DType::kFp32), through(DType::kFp32), on_host(DType::kFp32);
+    EXPECT_FALSE(engine->JudgeGtX(bad.dy, false, bad.x, m, candidate.data(), own.data(),
+                                  judgement::ProductRule{}, &scratch, {}));
+    ASSERT_TRUE(CheckGradWeight(bad, candidate.data(), own.data(), DType::kFp32, &through));
+    bad.products = nullptr;
+    ASSERT_TRUE(CheckGradWeight(bad, candidate.data(), own.data(), DType::kFp32, &on_host));
+    ExpectSameFigures(through, on_host);
+    EXPECT_GT(on_host.nan_inf_mismatches(), 0);
   }
   EXPECT_TRUE(engine->error().empty()) << engine->error();
 }

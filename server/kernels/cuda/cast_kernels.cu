@@ -72,6 +72,22 @@ __global__ void WidenBf16Kernel(const std::uint16_t* __restrict__ in, std::int64
   if (non_finite != nullptr && seen) *non_finite = 1;
 }
 
+__global__ void RoundWidenFp32Kernel(const float* __restrict__ in, std::int64_t n,
+                                     double* __restrict__ out, double* __restrict__ out_abs,
+                                     unsigned int* non_finite) {
+  bool seen = false;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const std::uint32_t bits = ToBf16Bits(in[i]);
+    const double v = static_cast<double>(__uint_as_float(bits << 16));
+    out[i] = v;
+    out_abs[i] = fabs(v);
+    seen |= (bits & 0x7f80u) == 0x7f80u;
+  }
+  if (seen) *non_finite = 1;
+}
+
 __global__ void AbsDoubleKernel(const double* __restrict__ in, std::int64_t n,
                                 double* __restrict__ out) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -138,6 +154,13 @@ cudaError_t LaunchWidenBf16(const std::uint16_t* in, std::int64_t n, double* out
                             unsigned int* non_finite, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   WidenBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out, out_abs, non_finite);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRoundWidenFp32(const float* in, std::int64_t n, double* out, double* out_abs,
+                                 unsigned int* non_finite, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  RoundWidenFp32Kernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out, out_abs, non_finite);
   return cudaGetLastError();
 }
 

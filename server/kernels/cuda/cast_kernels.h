@@ -29,6 +29,12 @@ cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out,
 // and left as it was otherwise.
 cudaError_t LaunchWidenBf16(const std::uint16_t* in, std::int64_t n, double* out, double* out_abs,
                             unsigned int* non_finite, cudaStream_t stream);
+// out[i] = in[i] rounded once to bf16 (FloatToBf16's bits) and widened
+// exactly to fp64, out_abs[i] = |out[i]|: G = bf16(dY) of an fp32 dY as the
+// references take it. *non_finite is set to 1 if any rounded value is NaN
+// or infinite (an fp32 past bf16's range rounds to an infinity).
+cudaError_t LaunchRoundWidenFp32(const float* in, std::int64_t n, double* out, double* out_abs,
+                                 unsigned int* non_finite, cudaStream_t stream);
 // out[i] = |in[i]|.
 cudaError_t LaunchAbsDouble(const double* in, std::int64_t n, double* out, cudaStream_t stream);
 

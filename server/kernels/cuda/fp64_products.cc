@@ -172,12 +172,12 @@ absl::Status CudaFp64Products::Product(bool transposed, const double* a, std::in
   return absl::OkStatus();
 }
 
-absl::Status CudaFp64Products::Judge(bool transposed, const double* a, const std::int64_t* rows,
-                                     std::int64_t m, const void* candidate, const void* own,
+absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl::Status()>& form,
+                                     const std::int64_t* rows, std::int64_t m,
+                                     const void* candidate, const void* own,
                                      const judgement::ProductRule& rule, CheckFigures* figures) {
   LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
   cudaStream_t s = stream_.get();
-  const std::int64_t cols = transposed ? v_ : k_;
   const std::size_t row_bytes = static_cast<std::size_t>(cols) * (rule.bf16 ? 2 : 4);
   const std::size_t block_bytes = static_cast<std::size_t>(m) * row_bytes;
   LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&candidate_, block_bytes, "the candidate's rows"));
@@ -202,7 +202,7 @@ absl::Status CudaFp64Products::Judge(bool transposed, const double* a, const std
     r0 = r1;
   }
   RETURN_IF_CUDA_ERROR(cudaEventRecord(copied_.get(), copy), "verify: copy the rows");
-  LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(transposed, a, m, /*with_abs=*/true));
+  LOGITD_CUDA_RETURN_IF_ERROR(form());
   RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, copied_.get(), 0), "verify: copy the rows");
   // Room for every element of the rows that hold the first
   // kReportedOutside outside ones: fewer than that before the last of those
@@ -328,6 +328,100 @@ absl::Status CudaFp64Products::Judge(bool transposed, const double* a, const std
   return absl::OkStatus();
 }
 
+absl::Status CudaFp64Products::NonFinite(bool* seen) {
+  cudaStream_t s = stream_.get();
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host_flag_.get(), non_finite_.get(), sizeof(unsigned int),
+                                       cudaMemcpyDeviceToHost, s),
+                       "verify: copy the operands' finiteness to the host");
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s), "verify: widen the operands");
+  unsigned int flag = 0;
+  std::memcpy(&flag, host_flag_.get(), sizeof flag);
+  *seen = flag != 0;
+  return absl::OkStatus();
+}
+
+absl::Status CudaFp64Products::GtX(const void* dy, bool dy_bf16, const Bf16Bits* x, std::int64_t m,
+                                   const void* candidate, const void* own,
+                                   const judgement::ProductRule& rule, CandidateCheck* check,
+                                   const std::function<bool()>& stop, bool* judged) {
+  *judged = false;
+  LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
+  cudaStream_t s = stream_.get();
+  const auto doubles = [](std::int64_t n) { return static_cast<std::size_t>(n) * 8; };
+  // Rows of dW a block: its product [block, K] and G's columns [m, block]
+  // within kJudgeBlockElements each.
+  const std::int64_t block = std::min(v_, JudgeBlockRows(std::max(m, k_)));
+  const std::size_t dy_size = dy_bf16 ? 2 : 4;
+  const std::size_t staging =
+      std::max(static_cast<std::size_t>(m * k_) * 2, static_cast<std::size_t>(m * block) * dy_size);
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&x_, doubles(m * k_), "X as fp64"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&x_abs_, doubles(m * k_), "X's magnitudes"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&staging_, staging, "the operands as sent"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_, doubles(m * block), "G's columns as fp64"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_abs_, doubles(m * block), "G's magnitudes"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_, doubles(block * k_), "product"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_abs_, doubles(block * k_), "product of magnitudes"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&non_finite_, sizeof(unsigned int), "finiteness"));
+  LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_flag_, sizeof(unsigned int)));
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(non_finite_.get(), 0, sizeof(unsigned int), s),
+                       "verify: widen X");
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(staging_.get(), x, static_cast<std::size_t>(m * k_) * 2,
+                                       cudaMemcpyHostToDevice, s),
+                       "verify: copy X [", m, ", ", k_, "] to the device");
+  RETURN_IF_CUDA_ERROR(LaunchWidenBf16(staging_.as<std::uint16_t>(), m * k_, x_.as<double>(),
+                                       x_abs_.as<double>(), non_finite_.as<unsigned int>(), s),
+                       "verify: widen X");
+  bool non_finite = false;
+  LOGITD_CUDA_RETURN_IF_ERROR(NonFinite(&non_finite));
+  if (non_finite) return absl::OkStatus();
+
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(block));
+  for (std::int64_t j0 = 0; j0 < v_; j0 += block) {
+    if (stop && stop()) return absl::OkStatus();
+    const std::int64_t n = std::min(block, v_ - j0);
+    for (std::int64_t r = 0; r < n; ++r) rows[static_cast<std::size_t>(r)] = j0 + r;
+    // G's columns [j0, j0 + n) of every row, rounded and widened; their
+    // finiteness known before the products. Row-major dW [n, K] is
+    // column-major [K, n] = Xᵀ·G_cols: X's column-major view is [K, m]
+    // (leading dimension K), G_cols' is [n, m] (leading dimension n), taken
+    // transposed.
+    const auto form = [&]() -> absl::Status {
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpy2DAsync(
+              staging_.get(), static_cast<std::size_t>(n) * dy_size,
+              static_cast<const std::byte*>(dy) + static_cast<std::size_t>(j0) * dy_size,
+              static_cast<std::size_t>(v_) * dy_size, static_cast<std::size_t>(n) * dy_size,
+              static_cast<std::size_t>(m), cudaMemcpyHostToDevice, s),
+          "verify: copy dY's columns [", j0, ", ", j0 + n, ") to the device");
+      RETURN_IF_CUDA_ERROR(
+          dy_bf16 ? LaunchWidenBf16(staging_.as<std::uint16_t>(), m * n, a_.as<double>(),
+                                    a_abs_.as<double>(), non_finite_.as<unsigned int>(), s)
+                  : LaunchRoundWidenFp32(staging_.as<float>(), m * n, a_.as<double>(),
+                                         a_abs_.as<double>(), non_finite_.as<unsigned int>(), s),
+          "verify: G = bf16(dY)");
+      LOGITD_CUDA_RETURN_IF_ERROR(NonFinite(&non_finite));
+      if (non_finite) return absl::AbortedError("verify: G has a NaN or an infinity");
+      const double one = 1.0, zero = 0.0;
+      RETURN_IF_CUBLAS_ERROR(
+          cublasDgemm_64(handle_.get(), CUBLAS_OP_N, CUBLAS_OP_T, k_, n, m, &one, x_.as<double>(),
+                         k_, a_.as<double>(), n, &zero, out_.as<double>(), k_),
+          "reference products: DGEMM [", n, ", ", k_, "] of dW");
+      RETURN_IF_CUBLAS_ERROR(cublasDgemm_64(handle_.get(), CUBLAS_OP_N, CUBLAS_OP_T, k_, n, m, &one,
+                                            x_abs_.as<double>(), k_, a_abs_.as<double>(), n, &zero,
+                                            out_abs_.as<double>(), k_),
+                             "reference products: DGEMM of magnitudes [", n, ", ", k_, "] of dW");
+      return absl::OkStatus();
+    };
+    CheckFigures figures;
+    const absl::Status status = Judge(k_, form, rows.data(), n, candidate, own, rule, &figures);
+    if (non_finite) return absl::OkStatus();
+    LOGITD_CUDA_RETURN_IF_ERROR(status);
+    check->AddCounted(figures);
+  }
+  *judged = true;
+  return absl::OkStatus();
+}
+
 absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const std::int64_t* targets,
                                        double gamma, double cap, judgement::CeRowSums* sums) {
   LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
@@ -370,14 +464,35 @@ bool CudaFp64Products::JudgeXWt(const double* x, const std::int64_t* rows, std::
                                 const void* candidate, const void* own,
                                 const judgement::ProductRule& rule, CheckFigures* figures) {
   std::lock_guard<std::mutex> lock(mu_);
-  return Done(Judge(/*transposed=*/true, x, rows, m, candidate, own, rule, figures));
+  return Done(Judge(
+      v_, [&] { return FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true); }, rows, m,
+      candidate, own, rule, figures));
 }
 
 bool CudaFp64Products::JudgeGW(const double* g, const std::int64_t* rows, std::int64_t m,
                                const void* candidate, const void* own,
                                const judgement::ProductRule& rule, CheckFigures* figures) {
   std::lock_guard<std::mutex> lock(mu_);
-  return Done(Judge(/*transposed=*/false, g, rows, m, candidate, own, rule, figures));
+  return Done(Judge(
+      k_, [&] { return FormOnDevice(/*transposed=*/false, g, m, /*with_abs=*/true); }, rows, m,
+      candidate, own, rule, figures));
+}
+
+bool CudaFp64Products::JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x, std::int64_t m,
+                                const void* candidate, const void* own,
+                                const judgement::ProductRule& rule, CandidateCheck* check,
+                                const std::function<bool()>& stop) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool judged = false;
+  const absl::Status status = GtX(dy, dy_bf16, x, m, candidate, own, rule, check, stop, &judged);
+  // No copy of the caller's memory may outlive the call, whatever ended it.
+  const cudaError_t copies = cudaStreamSynchronize(copy_stream_.get());
+  if (!Done(status)) return false;
+  if (copies != cudaSuccess) {
+    return Done(absl::InternalError(
+        absl::StrCat("verify: copy the rows of dW: ", cudaGetErrorString(copies))));
+  }
+  return judged;
 }
 
 bool CudaFp64Products::CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets,

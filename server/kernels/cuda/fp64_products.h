@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,6 +40,9 @@ class CudaFp64Products final : public Fp64Products {
                 CheckFigures* figures) override;
   bool JudgeGW(const double* g, const std::int64_t* rows, std::int64_t m, const void* candidate,
                const void* own, const judgement::ProductRule& rule, CheckFigures* figures) override;
+  bool JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x, std::int64_t m,
+                const void* candidate, const void* own, const judgement::ProductRule& rule,
+                CandidateCheck* check, const std::function<bool()>& stop) override;
   bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
                  double cap, judgement::CeRowSums* sums) override;
   std::int64_t JudgeBlockRows(std::int64_t cols) const override;
@@ -61,11 +65,22 @@ class CudaFp64Products final : public Fp64Products {
   // FormOnDevice, then both products to the host.
   absl::Status Product(bool transposed, const double* a, std::int64_t m, double* out,
                        double* out_abs);
-  // FormOnDevice, the candidate's and logitd's rows to the device, and the
-  // judgement of every element there (judge_kernels.h).
-  absl::Status Judge(bool transposed, const double* a, const std::int64_t* rows, std::int64_t m,
-                     const void* candidate, const void* own, const judgement::ProductRule& rule,
-                     CheckFigures* figures);
+  // The candidate's and logitd's rows to the device, `form` (which queues
+  // the block's products [m, cols] into out_ and out_abs_ on stream_), and
+  // the judgement of every element there (judge_kernels.h).
+  absl::Status Judge(std::int64_t cols, const std::function<absl::Status()>& form,
+                     const std::int64_t* rows, std::int64_t m, const void* candidate,
+                     const void* own, const judgement::ProductRule& rule, CheckFigures* figures);
+  // JudgeGtX's walk over dW's rows in blocks: X widened once, then each
+  // block's columns of dY rounded to G and widened, its two DGEMMs and its
+  // judgement. *judged false (with an OK status) when a value of X or G is
+  // not finite or `stop` said to stop.
+  absl::Status GtX(const void* dy, bool dy_bf16, const Bf16Bits* x, std::int64_t m,
+                   const void* candidate, const void* own, const judgement::ProductRule& rule,
+                   CandidateCheck* check, const std::function<bool()>& stop, bool* judged);
+  // Whether the widening kernels queued on stream_ since non_finite_ was
+  // cleared saw a NaN or an infinity (waits for them).
+  absl::Status NonFinite(bool* seen);
   // FormOnDevice, then the cross-entropy's row sums (judge_kernels.h).
   absl::Status RowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
                        double cap, judgement::CeRowSums* sums);
@@ -96,7 +111,10 @@ class CudaFp64Products final : public Fp64Products {
   DeviceBuffer candidate_, own_, counts_, row_outside_, collected_, collected_count_;
   // RowSums': the rows' targets and sums.
   DeviceBuffer targets_, row_sums_;
-  PinnedBuffer host_out_, host_out_abs_, host_counts_;
+  // GtX's: X widened with its magnitudes, X or dY's columns as sent, and
+  // the widening's finiteness flag.
+  DeviceBuffer x_, x_abs_, staging_, non_finite_;
+  PinnedBuffer host_out_, host_out_abs_, host_counts_, host_flag_;
   mutable std::mutex mu_;  // one product at a time; error_
   std::string error_;
 };

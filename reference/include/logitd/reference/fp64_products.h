@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,24 @@ class Fp64Products {
   virtual bool JudgeGW(const double* /*g*/, const std::int64_t* /*rows*/, std::int64_t /*m*/,
                        const void* /*candidate*/, const void* /*own*/,
                        const judgement::ProductRule& /*rule*/, CheckFigures* /*figures*/) {
+    return false;
+  }
+
+  // dW [V, K] = Gᵀ·X judged where its products are formed, every row of it:
+  // G = bf16(dY) rounded to nearest even once (dy [m, V] fp32, or bf16 when
+  // dy_bf16, whose rounding is itself) and x [m, K], host memory; each
+  // element's reference and bounds follow `rule` (sums of m products) and it
+  // is judged as JudgeGW judges dX's, into *check (empty, of the rule's
+  // dtype), flat index row·K + column of the candidate and of logitd's own
+  // dW. False when the engine judges nowhere but the host (the default),
+  // when a value of G or X is NaN or infinite (which the host forms one
+  // product at a time), when `stop` said to stop, or when it could not
+  // (error() says why): the caller then judges dW on the host, and *check
+  // is not to be used.
+  virtual bool JudgeGtX(const void* /*dy*/, bool /*dy_bf16*/, const Bf16Bits* /*x*/,
+                        std::int64_t /*m*/, const void* /*candidate*/, const void* /*own*/,
+                        const judgement::ProductRule& /*rule*/, CandidateCheck* /*check*/,
+                        const std::function<bool()>& /*stop*/) {
     return false;
   }
 
