@@ -279,8 +279,18 @@ class CudaBackend final : public Backend {
   // and finished (both streams idle) when it returns.
   absl::Status CrossEntropyRows(Context& c, CudaWeight& w, const CrossEntropyArgs& args,
                                 Timing* timing);
+  // LogProbs' row blocks on one context: the next block's X (`prefetch`,
+  // may be null) is uploaded into kStaging on the copy stream while this
+  // block computes, and this block takes its own from there when the block
+  // before staged it. Neither stream holds a copy of the caller's memory
+  // once DoLogProbs returns.
+  struct XPrefetch {
+    const void* next = nullptr;  // the next block's X; null: none
+    std::size_t next_bytes = 0;
+    bool staged = false;  // this block's X waits in kStaging
+  };
   absl::Status LogProbsRows(Context& c, const CudaWeight& w, const LogProbsArgs& args,
-                            Timing* timing);
+                            Timing* timing, XPrefetch* prefetch = nullptr);
 #ifdef LOGITD_TEST_FAULTS
   // The test-only device faults (see kTestDeviceTrap) on context c.
   absl::Status TestDeviceFault(std::uint32_t trigger, Context& c);

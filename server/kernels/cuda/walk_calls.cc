@@ -457,14 +457,27 @@ absl::Status CudaBackend::DoLogProbs(const Weight& weight, const LogProbsArgs& a
   ACQUIRE_OR_RETURN_(lease,
                      absl::StrCat("log_probs(M=", args.m, ",V=", args.vocab, ",K=", w->k(), ")"));
   Context& c = *lease;
-  return InRowBlocks("log_probs", args.m, LogProbsBlockRows(*w, args.m), timing,
-                     [&](std::int64_t r0, std::int64_t rows, Timing* t) {
-                       return LogProbsRows(c, *w, LogProbsRowsOf(args, w->k(), r0, rows), t);
-                     });
+  const std::int64_t block_rows = LogProbsBlockRows(*w, args.m);
+  const std::size_t row_bytes = static_cast<std::size_t>(w->k()) * 2;
+  XPrefetch prefetch;
+  const absl::Status status = InRowBlocks(
+      "log_probs", args.m, block_rows, timing, [&](std::int64_t r0, std::int64_t rows, Timing* t) {
+        const std::int64_t next = r0 + rows;
+        prefetch.next = next < args.m ? args.x + next * w->k() : nullptr;
+        prefetch.next_bytes =
+            static_cast<std::size_t>(std::min(block_rows, args.m - next)) * row_bytes;
+        return LogProbsRows(c, *w, LogProbsRowsOf(args, w->k(), r0, rows), t, &prefetch);
+      });
+  // A block that failed may leave the next one's upload queued: it reads
+  // the caller's X, which must not outlive the call.
+  if (cudaStreamSynchronize(c.copy.get()) != cudaSuccess && status.ok()) {
+    RETURN_IF_CUDA_ERROR(cudaGetLastError(), "log_probs: the next row block's upload");
+  }
+  return status;
 }
 
 absl::Status CudaBackend::LogProbsRows(Context& c, const CudaWeight& w, const LogProbsArgs& args,
-                                       Timing* timing) {
+                                       Timing* timing, XPrefetch* prefetch) {
   const std::int64_t m = args.m;
   const std::int64_t v = args.vocab;
   const std::int64_t k = w.k();
@@ -506,10 +519,37 @@ absl::Status CudaBackend::LogProbsRows(Context& c, const CudaWeight& w, const Lo
   const LpRowsIo io = LpIo(b.rows, m, plan.chunk, top_k);
   const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k, ",chunk=", plan.chunk);
   const StreamTimer timer(c, "log_probs");
+  // The staging slot: this block's X when the block before staged it, and
+  // the next block's once this block has taken its own. Taken before
+  // anything is queued, and grown only then (a slot that grows frees its
+  // old memory); without it the next block uploads its own.
+  void* staging = nullptr;
+  if (prefetch != nullptr && prefetch->staged) {
+    staging = c.scratch[kStaging].get();
+    if (c.scratch[kStaging].size() < prefetch->next_bytes) prefetch->next = nullptr;
+  } else if (prefetch != nullptr && prefetch->next != nullptr) {
+    absl::StatusOr<void*> slot = Scratch(c, kStaging, prefetch->next_bytes, "log probs: next x");
+    if (slot.ok()) staging = *slot;
+  }
+  const bool stage_next = staging != nullptr && prefetch->next != nullptr;
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
-  RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(const_cast<void*>(b.x), args.x, x_bytes, cudaMemcpyHostToDevice, cs),
-      "log probs: copy x [", m, ", ", k, "] to the device");
+  if (prefetch != nullptr && prefetch->staged) {
+    // Uploaded while the block before computed (block_copied[1]).
+    prefetch->staged = false;
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(cs, c.block_copied[1].get(), 0),
+                         "log probs: wait for x");
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(const_cast<void*>(b.x), staging, x_bytes, cudaMemcpyDeviceToDevice, cs),
+        "log probs: x [", m, ", ", k, "] from its staging");
+  } else {
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(const_cast<void*>(b.x), args.x, x_bytes, cudaMemcpyHostToDevice, cs),
+        "log probs: copy x [", m, ", ", k, "] to the device");
+  }
+  if (stage_next) {
+    // The staging slot is free again from here on.
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[1].get(), cs), "log probs: stage x");
+  }
   if (args.targets != nullptr) {
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(io.targets, args.targets, static_cast<std::size_t>(m) * 8,
                                          cudaMemcpyHostToDevice, cs),
@@ -517,6 +557,18 @@ absl::Status CudaBackend::LogProbsRows(Context& c, const CudaWeight& w, const Lo
   }
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
   RETURN_IF_ERROR_(RunLogProbs(engine_, c.gemm(GemmRecord(timing)), p, b));
+  if (stage_next) {
+    // The next block's X beside this block's walk, queued after it so that
+    // a copy from pageable memory, which may hold this thread, holds no
+    // kernel back.
+    cudaStream_t copy = c.copy.get();
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(copy, c.block_done[1].get(), 0), "log probs: stage x");
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(staging, prefetch->next, prefetch->next_bytes,
+                                         cudaMemcpyHostToDevice, copy),
+                         "log probs: copy the next row block's x to the device");
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[1].get(), copy), "log probs: stage x");
+    prefetch->staged = true;
+  }
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
   RETURN_IF_ERROR_(CopyLogProbsHome(args, io, cs));
   RETURN_IF_ERROR_(timer.End(cs, absl::StrCat("log_probs(", shape, ")")));
