@@ -297,10 +297,21 @@ absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, T
   if (args.accumulate_dw) {
     // One accumulation at a time per weight; held until the stream is done.
     GradientState<DeviceBuffer>::Lock gradient = w->gradient().Acquire();
+    // Nothing of this call may still write the gradient once the lock goes,
+    // on failure too.
+    const auto drained = [&](absl::Status status) {
+      for (cudaStream_t stream : {cs, ss}) {
+        if (cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();
+      }
+      return status;
+    };
     absl::StatusOr<float*> buffer = GradientBuffer(gradient, *w, cs, "backward");
-    if (!buffer.ok()) return buffer.status();
-    RETURN_IF_ERROR_(engine_.Run(GradWeightShape(m, v, k, CUDA_R_32F),
-                                 GemmOperands{g, x, *buffer, 1.0f, 1.0f}, gs));
+    if (!buffer.ok()) return drained(buffer.status());
+    if (absl::Status run = engine_.Run(GradWeightShape(m, v, k, CUDA_R_32F),
+                                       GemmOperands{g, x, *buffer, 1.0f, 1.0f}, gs);
+        !run.ok()) {
+      return drained(std::move(run));
+    }
     RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
     RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(cs), "backward(", shape, "): accumulate dw");
     gradient.CountCall();
