@@ -17,9 +17,11 @@
 // (after printing it) and the parent starts another from the next one.
 //
 //   usage: logitd_gemm_sweep [--sets=offered,forced,tuner] [--timeout_ms=3000]
-//                            [--max_seconds=150] [--tokens=1,4,5,8,300]
+//                            [--max_seconds=150] [--tokens=1,4,5,8,300,1729]
 //
-// --tokens: the token counts M of every product (dW's reduction length).
+// --tokens: the token counts M of every product (dW's reduction length);
+// 1,729 is where a split-in-three variant of algorithm 66 summed dW wrongly
+// on an H100 (docs/notes/cuda.md, "Split-K").
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -286,8 +288,8 @@ int main(int argc, char** argv) {
   int timeout_ms = 3000;
   int max_seconds = 150;
   long child_start = -1;
-  std::vector<std::int64_t> tokens = {1, 4, 5, 8, 300};
-  std::string tokens_text = "1,4,5,8,300";
+  std::vector<std::int64_t> tokens = {1, 4, 5, 8, 300, 1729};
+  std::string tokens_text = "1,4,5,8,300,1729";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--sets=", 0) == 0) {

@@ -49,7 +49,7 @@
 #   GPU_CHECK_CTEST    ctest arguments choosing the tests (default: --preset gpu, the tests
 #                      labelled gpu; see CMakePresets.json)
 #   SWEEP_SECONDS      time budget of the sweep (default 120)
-#   SWEEP_TOKENS       the sweep's token counts M (default 1,4,5,8,300)
+#   SWEEP_TOKENS       the sweep's token counts M (default 1,4,5,8,300,1729)
 #   SWEEP_SETS         the sweep's candidate sets (default offered,forced,tuner)
 #   GPU_CHECK_WHEELS   a directory of wheels for what the example's python lacks
 #                      (xxhash, ml_dtypes, grpcio-tools)
