@@ -55,6 +55,16 @@ void NaiveDot(std::int64_t n, A a, B b, double* sum, double* abs) {
   *abs = s_abs;
 }
 
+// An unscaled sum of n products (dX's over V, dW's over M): the bounds of
+// SumOfProductsBound and ProbabilisticSumOfProductsBound (bounds.h) as a
+// rule for an engine that judges on its device.
+judgement::ProductRule SumOfProductsRule(std::int64_t n, DType dtype) {
+  const double p_gamma32 =
+      std::min(ProbabilisticGamma(n, kFp32UnitRoundoff), Gamma(n, kFp32UnitRoundoff));
+  return judgement::ProductRule{1.0, Gamma(n, kFp32UnitRoundoff) + Gamma(n, kFp64UnitRoundoff),
+                                p_gamma32 + Gamma(n, kFp64UnitRoundoff), dtype == DType::kBf16};
+}
+
 // The rows of M to walk: `rows`, or all of them.
 CheckedRows AllOr(const CheckedRows& rows, std::int64_t m) {
   if (!rows.empty()) return rows;
@@ -237,10 +247,7 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
   for (std::int64_t c = 0; c < k; ++c) {
     if (bad_col[static_cast<std::size_t>(c)]) bad_w_cols.push_back(c);
   }
-  const double p_gamma32 =
-      std::min(ProbabilisticGamma(v, kFp32UnitRoundoff), Gamma(v, kFp32UnitRoundoff));
-  const judgement::ProductRule rule{1.0, Gamma(v, kFp32UnitRoundoff) + Gamma(v, kFp64UnitRoundoff),
-                                    p_gamma32 + Gamma(v, kFp64UnitRoundoff), dtype == DType::kBf16};
+  const judgement::ProductRule rule = SumOfProductsRule(v, dtype);
   const CheckedRows walk = AllOr(rows, in.m);
   const auto g_rows = [&](std::size_t b0, std::size_t n) {
     std::vector<double> g(n * static_cast<std::size_t>(v));
@@ -296,14 +303,9 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
   if (in.products != nullptr) {
     // On the engine's device when it judges there and every value is
     // finite; the host's walk below otherwise.
-    const double p_gamma32 =
-        std::min(ProbabilisticGamma(m, kFp32UnitRoundoff), Gamma(m, kFp32UnitRoundoff));
-    const judgement::ProductRule rule{
-        1.0, Gamma(m, kFp32UnitRoundoff) + Gamma(m, kFp64UnitRoundoff),
-        p_gamma32 + Gamma(m, kFp64UnitRoundoff), dtype == DType::kBf16};
     CandidateCheck on_device(dtype);
-    if (in.products->JudgeGtX(in.dy, in.dy_dtype == DType::kBf16, in.x, m, candidate, own, rule,
-                              &on_device, stop)) {
+    if (in.products->JudgeGtX(in.dy, in.dy_dtype == DType::kBf16, in.x, m, candidate, own,
+                              SumOfProductsRule(m, dtype), &on_device, stop)) {
       check->Merge(on_device);
       return true;
     }
