@@ -238,9 +238,12 @@ std::string AlgoCachePlatform(const std::string& device_name, int multiprocessor
                               const std::string& driver, const std::string& runtime,
                               const std::string& cublaslt, std::size_t workspace_bytes,
                               SplitK split_k) {
+  // The tuner's candidate rule is part of it: a file written while the
+  // tuner also timed its own split variants (one of which summed wrongly,
+  // lt_gemm.h) holds choices no longer to be run.
   return absl::StrCat(device_name, "; ", multiprocessors, " SMs; driver ", driver, "; CUDA ",
                       runtime, "; cuBLASLt ", cublaslt, "; workspace ", workspace_bytes,
-                      "; split_k=", SplitKName(split_k));
+                      "; split_k=", SplitKName(split_k), "; the heuristic's configurations");
 }
 
 GemmEngine::GemmEngine(GemmEngineOptions options, std::shared_ptr<DeviceMemory> memory)

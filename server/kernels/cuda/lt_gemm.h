@@ -218,9 +218,9 @@ class GemmEngine {
 };
 
 // The key a cache file's entries are valid for: the device (name, SMs), the
-// driver, CUDA runtime and cuBLASLt versions, the workspace size and the
-// split-K policy. Any difference can change which algorithm is best or how
-// it sums.
+// driver, CUDA runtime and cuBLASLt versions, the workspace size, the
+// split-K policy and the tuner's candidate rule. Any difference can change
+// which algorithm is best or how it sums.
 std::string AlgoCachePlatform(const std::string& device_name, int multiprocessors,
                               const std::string& driver, const std::string& runtime,
                               const std::string& cublaslt, std::size_t workspace_bytes,
