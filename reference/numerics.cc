@@ -117,22 +117,41 @@ void ReferenceGW(const std::vector<double>& g, std::int64_t m, Bf16Matrix w, dou
 void ReferenceGtX(const std::vector<double>& g, const std::vector<double>& x, std::int64_t m,
                   std::int64_t n, std::int64_t k, bool with_abs, const RowBlockSink& sink,
                   std::int64_t block_elements, const std::function<bool()>& stop) {
-  const std::int64_t block = BlockRows(k, block_elements);
-  std::vector<double> value(static_cast<std::size_t>(std::min(block, n) * k));
+  ReferenceGtX(
+      [&](std::int64_t col0, std::int64_t cols, double* out) {
+        for (std::int64_t i = 0; i < m; ++i) {
+          std::copy_n(g.data() + i * n + col0, cols, out + i * cols);
+        }
+      },
+      x, m, n, k, with_abs, sink, block_elements, stop);
+}
+
+std::int64_t GtXBlockRows(std::int64_t m, std::int64_t k, std::int64_t block_elements) {
+  return BlockRows(std::max(m, k), block_elements);
+}
+
+void ReferenceGtX(const ColumnGather& g_columns, const std::vector<double>& x, std::int64_t m,
+                  std::int64_t n, std::int64_t k, bool with_abs, const RowBlockSink& sink,
+                  std::int64_t block_elements, const std::function<bool()>& stop) {
+  const std::int64_t block = std::min(GtXBlockRows(m, k, block_elements), n);
+  std::vector<double> gb(static_cast<std::size_t>(block * m));
+  std::vector<double> value(static_cast<std::size_t>(block * k));
   std::vector<double> abs(with_abs ? value.size() : 0);
-  const std::vector<double> g_abs = with_abs ? Abs(g) : std::vector<double>();
   const std::vector<double> x_abs = with_abs ? Abs(x) : std::vector<double>();
   for (std::int64_t r0 = 0; r0 < n; r0 += block) {
     if (stop && stop()) return;
     const std::int64_t rows = std::min(block, n - r0);
+    g_columns(r0, rows, gb.data());
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
-                static_cast<int>(k), static_cast<int>(m), 1.0, g.data() + r0, static_cast<int>(n),
+                static_cast<int>(k), static_cast<int>(m), 1.0, gb.data(), static_cast<int>(rows),
                 x.data(), static_cast<int>(k), 0.0, value.data(), static_cast<int>(k));
     if (with_abs) {
+      for (std::int64_t i = 0; i < rows * m; ++i) {
+        gb[static_cast<std::size_t>(i)] = std::fabs(gb[static_cast<std::size_t>(i)]);
+      }
       cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
-                  static_cast<int>(k), static_cast<int>(m), 1.0, g_abs.data() + r0,
-                  static_cast<int>(n), x_abs.data(), static_cast<int>(k), 0.0, abs.data(),
-                  static_cast<int>(k));
+                  static_cast<int>(k), static_cast<int>(m), 1.0, gb.data(), static_cast<int>(rows),
+                  x_abs.data(), static_cast<int>(k), 0.0, abs.data(), static_cast<int>(k));
     }
     sink(r0, rows, value.data(), with_abs ? abs.data() : nullptr);
   }

@@ -311,8 +311,8 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
     }
     if (stop && stop()) return false;
   }
-  std::vector<double> g(static_cast<std::size_t>(m * v));
-  for (std::int64_t i = 0; i < m * v; ++i) g[static_cast<std::size_t>(i)] = GAt(in, i);
+  // G is never whole on the host: its columns come a block at a time (one
+  // block of dW's rows each), X is widened once.
   std::vector<double> xd(static_cast<std::size_t>(m * k));
   for (std::int64_t i = 0; i < m * k; ++i) xd[static_cast<std::size_t>(i)] = Bf16At(in.x, i);
   // Columns of G (rows of dW) and of X (columns of dW) with a NaN or an
@@ -320,9 +320,7 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
   std::vector<bool> bad_g_col(static_cast<std::size_t>(v)), bad_x_col(static_cast<std::size_t>(k));
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < v; ++j) {
-      if (!std::isfinite(g[static_cast<std::size_t>(i * v + j)])) {
-        bad_g_col[static_cast<std::size_t>(j)] = true;
-      }
+      if (!std::isfinite(GAt(in, i * v + j))) bad_g_col[static_cast<std::size_t>(j)] = true;
     }
     for (std::int64_t c = 0; c < k; ++c) {
       if (!std::isfinite(xd[static_cast<std::size_t>(i * k + c)])) {
@@ -333,7 +331,12 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
   std::vector<double> bound(static_cast<std::size_t>(k)), p_bound(static_cast<std::size_t>(k)),
       fixed_ref(static_cast<std::size_t>(k));
   ReferenceGtX(
-      g, xd, m, v, k, true,
+      [&](std::int64_t col0, std::int64_t cols, double* out) {
+        for (std::int64_t i = 0; i < m; ++i) {
+          for (std::int64_t j = 0; j < cols; ++j) out[i * cols + j] = GAt(in, i * v + col0 + j);
+        }
+      },
+      xd, m, v, k, true,
       [&](std::int64_t row0, std::int64_t rows, const double* value, const double* abs) {
         for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t j = row0 + r;
@@ -342,7 +345,7 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
             double a = abs[r * k + c];
             if (bad_g_col[static_cast<std::size_t>(j)] || bad_x_col[static_cast<std::size_t>(c)]) {
               NaiveDot(
-                  m, [&](std::int64_t i) { return g[static_cast<std::size_t>(i * v + j)]; },
+                  m, [&](std::int64_t i) { return GAt(in, i * v + j); },
                   [&](std::int64_t i) { return xd[static_cast<std::size_t>(i * k + c)]; }, &ref,
                   &a);
             }
@@ -410,11 +413,13 @@ std::uint64_t GradInputCheckBytes(std::int64_t rows, std::int64_t v, std::int64_
 }
 
 std::uint64_t GradWeightCheckBytes(std::int64_t m, std::int64_t v, std::int64_t k) {
-  // G and X widened, with their magnitudes, and a block of dW's references
-  // and sums.
-  const std::uint64_t mv = static_cast<std::uint64_t>(m) * static_cast<std::uint64_t>(v);
+  // X widened with its magnitudes, a block of G's columns and a block of
+  // dW's references and sums (numerics.cc: GtXBlockRows), a row's bounds
+  // and the columns with a NaN or an infinity.
   const std::uint64_t mk = static_cast<std::uint64_t>(m) * static_cast<std::uint64_t>(k);
-  return 2 * (mv + mk) * kDouble + 2 * BlockRows(v, k) * static_cast<std::uint64_t>(k) * kDouble +
+  const std::uint64_t rows =
+      static_cast<std::uint64_t>(std::min<std::int64_t>(v, GtXBlockRows(m, k)));
+  return 2 * mk * kDouble + rows * static_cast<std::uint64_t>(m + 2 * k) * kDouble +
          static_cast<std::uint64_t>(3 * k) * kDouble + static_cast<std::uint64_t>(v + k);
 }
 

@@ -348,7 +348,7 @@ TEST_F(Fp64ProductsTest, TheWeightsGradientJudgedOnTheDeviceCountsWhatTheHostCou
   std::vector<float> dy32(g_bits.size());
   for (std::size_t i = 0; i < dy32.size(); ++i) dy32[i] = Bf16ToFloat(g_bits[i]) * (1 + 0x1p-12f);
   std::vector<double> dw(v * k), dw_abs(v * k);
-  ReferenceGtX(Widen(g_bits), Widen(x), m, v, k, false,
+  ReferenceGtX(Widen(g_bits), Widen(x), m, v, k, true,
                [&](std::int64_t row0, std::int64_t rows, const double* value, const double* abs) {
                  std::copy(value, value + rows * k, dw.begin() + row0 * k);
                  std::copy(abs, abs + rows * k, dw_abs.begin() + row0 * k);

@@ -274,5 +274,35 @@ TEST(PlanVerifyTest, TheByteLimitCountsEverythingAVerifyHolds) {
   EXPECT_THAT(s.message(), HasSubstr("--max_request_bytes"));
 }
 
+// A Backward whose only candidate is dW reads no weight back (dW = Gᵀ·X
+// has no W) and holds G a block of columns at a time, so a dW of the
+// largest shape gpu-check verifies fits its server's --max_request_bytes of
+// 8e9; with dX the weight comes back to the host.
+TEST(PlanVerifyTest, AWeightsGradientAloneNeedsNoWeightAndNoWholeG) {
+  VerifyRequest dw_only = Backward();
+  dw_only.candidates.erase(dw_only.candidates.begin());
+  absl::StatusOr<VerifyPlan> p = PlanVerify(dw_only, &kWeight, kNoLimit);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->weight_read_back);
+  absl::StatusOr<VerifyPlan> both = PlanVerify(Backward(), &kWeight, kNoLimit);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_TRUE(both->weight_read_back);
+  // The weight read back and logitd's own dX, at least.
+  EXPECT_GE(both->scratch_bytes - p->scratch_bytes, 1000u * 64 * 2 + 8u * 64 * 4);
+
+  const WeightDims large{128256, 4096, "large"};
+  VerifyRequest full;
+  full.operation = VerifyOperation::kBackward;
+  full.weight_handle = "w-1";
+  full.x = Spec("x", "BF16", {4096, 4096});
+  full.dy = Spec("dy", "FP32", {4096, 128256});
+  full.candidates.push_back(Spec("dw", "FP32", {128256, 4096}));
+  absl::StatusOr<VerifyPlan> f = PlanVerify(full, &large, 8000000000u);
+  ASSERT_TRUE(f.ok()) << f.status();
+  // dY, the candidate and logitd's own dW are 2.1 GB each; the host's
+  // references stay under 1 GB.
+  EXPECT_LT(f->scratch_bytes, 2101346304u + 1000000000u);
+}
+
 }  // namespace
 }  // namespace logitd::service

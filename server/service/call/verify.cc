@@ -81,7 +81,8 @@ absl::Status ReceiveVerify(const OpEnv& env, const VerifyRequest& r, const Verif
   return call->Receive("verify", transport);
 }
 
-// A streamed weight loaded for this call; a registered one read back.
+// A streamed weight loaded for this call; a registered one read back when a
+// reference needs its values.
 absl::StatusOr<VerifyWeight> WeightOfCall(const OpEnv& env, const VerifyRequest& r,
                                           const VerifyPlan& plan,
                                           const std::optional<WeightRecord>& record, Call* call) {
@@ -93,10 +94,11 @@ absl::StatusOr<VerifyWeight> WeightOfCall(const OpEnv& env, const VerifyRequest&
     return w;
   }
   w.weight = record->weight;
+  w.xxh3 = record->xxh3;
+  if (!plan.weight_read_back) return w;
   LOGITD_ASSIGN_OR_RETURN(w.copy, env.backend->AllocateHost(plan.w_bytes));
   LOGITD_RETURN_IF_ERROR(env.backend->ReadWeight(*w.weight, w.copy.as<Bf16Bits>()));
   w.host = w.copy.as<Bf16Bits>();
-  w.xxh3 = record->xxh3;
   return w;
 }
 

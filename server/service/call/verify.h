@@ -60,6 +60,9 @@ struct VerifyPlan {
   DType dy_dtype = DType::kFp32;
   bool weight_streamed = false;
   std::uint64_t w_bytes = 0;  // streamed, or read back from the backend
+  // A registered weight is read back to the host unless no reference needs
+  // it (a Backward whose only candidate is dW: dW = Gᵀ·X has no W).
+  bool weight_read_back = false;
   std::uint64_t x_bytes = 0;
   std::uint64_t dy_bytes = 0;
   // The cross-entropy's and LogProbs' plans (their options; targets_bytes

@@ -453,13 +453,16 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   plan.rows = SampleRows(plan.m, r.sample_rows);
   const std::uint64_t reference = ReferenceBytes(plan);
   parts.push_back({"fp64 references", DType::kFp32, {}, reference});
-  if (!plan.weight_streamed) {
+  plan.weight_read_back = !plan.weight_streamed &&
+                          !std::all_of(plan.candidates.begin(), plan.candidates.end(),
+                                       [](const VerifyCandidatePlan& c) { return c.name == "dw"; });
+  if (plan.weight_read_back) {
     parts.push_back({"the weight read back", DType::kBf16, {plan.v, plan.k}, plan.w_bytes});
   }
   // The cross-entropy's per-token losses, when the candidate is reduced.
   const std::uint64_t token_losses = plan.cross_entropy ? Mul(plan.m, 1, 4) : 0;
   if (token_losses > 0) parts.push_back({"per-token losses", DType::kFp32, {plan.m}, token_losses});
-  plan.scratch_bytes = own_bytes + reference + (plan.weight_streamed ? 0 : plan.w_bytes) +
+  plan.scratch_bytes = own_bytes + reference + (plan.weight_read_back ? plan.w_bytes : 0) +
                        (r.targets.given ? Mul(plan.m, 1, 8) : 0) + token_losses;
   LOGITD_RETURN_IF_ERROR(CheckCallBytes("verify", parts, max_request_bytes));
   return plan;

@@ -73,6 +73,21 @@ void ReferenceGtX(const std::vector<double>& g, const std::vector<double>& x, st
                   std::int64_t block_elements = kReferenceBlockElements,
                   const std::function<bool()>& stop = {});
 
+// The same walk with G never whole: `g_columns` writes G's columns
+// [col0, col0 + cols) as a row-major [m, cols] block of doubles, one block of
+// dW's rows at a time. Blocks hold at most block_elements elements of G's
+// block or of dW's, whichever is wider (one column or row at least), so the
+// walk holds X, |X| and two blocks of each kind.
+using ColumnGather = std::function<void(std::int64_t col0, std::int64_t cols, double* out)>;
+void ReferenceGtX(const ColumnGather& g_columns, const std::vector<double>& x, std::int64_t m,
+                  std::int64_t n, std::int64_t k, bool with_abs, const RowBlockSink& sink,
+                  std::int64_t block_elements = kReferenceBlockElements,
+                  const std::function<bool()>& stop = {});
+
+// Rows of dW in one block of that walk.
+std::int64_t GtXBlockRows(std::int64_t m, std::int64_t k,
+                          std::int64_t block_elements = kReferenceBlockElements);
+
 // Distance in units in the last place between two values of one format,
 // counting the representable values between them; ±0 are one value. Two
 // NaNs are 0 apart; a NaN and a number are infinitely apart (INT64_MAX).
