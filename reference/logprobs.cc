@@ -53,6 +53,8 @@
 #include <vector>
 
 #include "logit_rows.h"
+#include "logitd/bf16.h"
+#include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd {
@@ -65,72 +67,73 @@ bool IsPowerOfTwo(float t) {
   return t > 0 && std::frexp(static_cast<double>(t), &e) == 0.5;
 }
 
-// One row's values, without the top-k and ranks.
-struct LpRow {
-  double lse = 0, lse_bound = 0, entropy = 0, entropy_bound = 0, b = 0;
-};
-
 // z and e_z of one row over the first v entries of y (y_err null: exact
 // logits); returns B.
 double RowZ(const double* y, const double* y_err, std::int64_t v, const LpReferenceOptions& o,
             double* z, double* ez) {
-  const double cap = o.logit_softcap;
-  const double t = o.temperature;
   double b = 0;
   for (std::int64_t j = 0; j < v; ++j) {
-    const double dy = y_err != nullptr ? y_err[j] : 0.0;
-    double c = y[j], ec = dy;
-    if (cap > 0) {
-      const double th = std::tanh(y[j] / cap);
-      c = cap * th;
-      ec = (1 - th * th + 2 * dy / cap) * (dy + kU * std::fabs(y[j])) + 4 * kU * std::fabs(c);
-    }
-    z[j] = c / t;
-    ez[j] = ec / t + (y_err != nullptr && t != 1.0 ? kU * std::fabs(z[j]) : 0.0);
+    judgement::LpLogit(y[j], y_err != nullptr ? y_err[j] : 0.0, o.logit_softcap, o.temperature,
+                       y_err != nullptr, &z[j], &ez[j]);
     b = std::max(b, ez[j]);
   }
   return b;
 }
 
-LpRow ReferenceRow(const double* z, const double* ez, std::int64_t v, double b) {
-  double mx = -std::numeric_limits<double>::infinity();
-  for (std::int64_t j = 0; j < v; ++j) mx = std::max(mx, z[j]);
+// The sums of a row of z (judgement::LpRowSums), without the target's.
+judgement::LpRowSums RowSums(const double* z, const double* ez, std::int64_t v, double b) {
+  judgement::LpRowSums s;
+  s.b = b;
+  s.mx = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j < v; ++j) s.mx = std::max(s.mx, z[j]);
   double sum_exp = 0;
-  for (std::int64_t j = 0; j < v; ++j) sum_exp += std::exp(z[j] - mx);
-  const double log_s = std::log(sum_exp);
-  LpRow out;
-  out.b = b;
-  out.lse = mx + log_s;
-  const double gamma = Gamma(2 * v, kU);
-  double weighted_ez = 0, weighted_exp = 0, mean_d = 0, weighted_d = 0, h = 0;
+  for (std::int64_t j = 0; j < v; ++j) sum_exp += std::exp(z[j] - s.mx);
+  s.log_s = std::log(sum_exp);
+  s.lse = s.mx + s.log_s;
   for (std::int64_t j = 0; j < v; ++j) {
-    const double p = std::exp(z[j] - out.lse);
-    const double d = mx - z[j];
-    weighted_ez += p * ez[j];
-    weighted_exp += p * (3 + 2.2 * d);
-    mean_d += p * d;
-    weighted_d += p * d * ((4 + 2.2 * d) * kU + 2 * gamma);
-    h += p * (out.lse - z[j]);
+    const double p = std::exp(z[j] - s.lse);
+    const double d = s.mx - z[j];
+    s.weighted_ez += p * ez[j];
+    s.weighted_exp += p * (3 + 2.2 * d);
+    s.mean_d += p * d;
+    s.weighted_d += p * d * (4 + 2.2 * d);
+    s.entropy += p * (s.lse - z[j]);
   }
-  const double eval = gamma + kU * weighted_exp + 2 * kU * (2 + log_s) + kU * std::fabs(out.lse);
-  const double fp64 = Gamma(v, kFp64UnitRoundoff);
-  out.lse_bound = 2 * (weighted_ez + eval) + fp64 * (std::fabs(out.lse) + 1);
-  out.entropy = h;
-  const double eval_h = eval + weighted_d + kU * (mean_d + h);
-  out.entropy_bound = h * std::expm1(2 * b) + 2 * eval_h + fp64 * (h + mean_d + 1);
-  return out;
+  return s;
 }
 
-// Whether (za, a) ranks before (zb, b): z descending, ties to the lower id.
-bool Before(double za, std::int64_t a, double zb, std::int64_t b) {
-  return za != zb ? za > zb : a < b;
+// Row i of the reference from its sums, wherever they were formed: lse,
+// entropy, B, and with a target its log-prob and rank.
+void StoreRow(const judgement::LpRowSums& s, std::int64_t i, bool has_target,
+              LogProbsReference* ref) {
+  const std::int64_t v = ref->v;
+  const std::size_t at = static_cast<std::size_t>(i);
+  const double gamma = Gamma(2 * v, kU);
+  const double eval = gamma + kU * s.weighted_exp + 2 * kU * (2 + s.log_s) + kU * std::fabs(s.lse);
+  const double fp64 = Gamma(v, kFp64UnitRoundoff);
+  ref->lse[at] = s.lse;
+  ref->lse_bound[at] = 2 * (s.weighted_ez + eval) + fp64 * (std::fabs(s.lse) + 1);
+  ref->entropy[at] = s.entropy;
+  const double eval_h =
+      eval + kU * s.weighted_d + 2 * gamma * s.mean_d + kU * (s.mean_d + s.entropy);
+  ref->entropy_bound[at] =
+      s.entropy * std::expm1(2 * s.b) + 2 * eval_h + fp64 * (s.entropy + s.mean_d + 1);
+  ref->z_bound[at] = s.b;
+  if (!has_target) return;
+  ref->logprob[at] = s.zt - s.lse;
+  ref->logprob_bound[at] = ref->lse_bound[at] + 2 * s.ezt +
+                           4 * kU * (std::fabs(s.lse) + std::fabs(s.zt) + std::fabs(s.zt - s.lse));
+  ref->rank[at] = s.rank;
+  ref->rank_low[at] = ref->exact ? s.rank : s.low;
+  ref->rank_high[at] = ref->exact ? s.rank : s.high;
 }
 
 }  // namespace
 
 bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
                        const LpReferenceOptions& options, LogitModel logits, LogProbsReference* out,
-                       const LpZSink& z_sink, const StopCheck& stop, std::int64_t block_rows) {
+                       const LpZSink& z_sink, const StopCheck& stop, std::int64_t block_rows,
+                       const LpIdsZ& ids_z) {
   const std::int64_t m = in.m, v = in.v;
   LogProbsReference& ref = *out;
   ref = LogProbsReference();
@@ -153,9 +156,9 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
   const std::int64_t block = block_rows > 0 ? block_rows : reference_internal::DefaultBlockRows(v);
   const reference_internal::LogitRows logit_rows(in, logits);
   std::vector<double> y, y_err, z_block;
-  for (std::int64_t r0 = 0; r0 < m; r0 += block) {
-    if (stop && stop()) return false;
-    const std::int64_t n = std::min(block, m - r0);
+  // The rows [r0, r0 + n) on the host: their logits, then each row on
+  // threads.
+  const auto host_block = [&](std::int64_t r0, std::int64_t n) {
     logit_rows.Compute(r0, n, &y, &y_err);
     z_block.resize(static_cast<std::size_t>(n * vv));
     // The rows on threads, each with its own e_z and ids.
@@ -165,46 +168,90 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
           std::vector<std::int64_t> ids(static_cast<std::size_t>(vv));
           for (std::int64_t r = first; r < last; ++r) {
             const std::int64_t i = r0 + r;
-            const std::size_t s = static_cast<std::size_t>(i);
             double* z = z_block.data() + r * vv;
             const double b = RowZ(y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v,
                                   vv, options, z, ez.data());
-            const LpRow row = ReferenceRow(z, ez.data(), vv, b);
-            ref.lse[s] = row.lse;
-            ref.lse_bound[s] = row.lse_bound;
-            ref.entropy[s] = row.entropy;
-            ref.entropy_bound[s] = row.entropy_bound;
-            ref.z_bound[s] = b;
+            judgement::LpRowSums sums = RowSums(z, ez.data(), vv, b);
             std::iota(ids.begin(), ids.end(), std::int64_t{0});
             const auto mid = ids.begin() + ref.order_cols;
             std::partial_sort(ids.begin(), mid, ids.end(), [z](std::int64_t a, std::int64_t c) {
-              return Before(z[a], a, z[c], c);
+              return judgement::LpBefore(z[a], a, z[c], c);
             });
             for (std::int64_t p = 0; p < ref.order_cols; ++p) {
               const std::size_t at = static_cast<std::size_t>(i * ref.order_cols + p);
               ref.order[at] = ids[static_cast<std::size_t>(p)];
               ref.order_z[at] = z[ids[static_cast<std::size_t>(p)]];
             }
-            if (targets == nullptr || targets[i] == options.ignore_index) continue;
-            const std::int64_t t = targets[i];
-            const double zt = z[t];
-            ref.logprob[s] = zt - row.lse;
-            ref.logprob_bound[s] =
-                row.lse_bound + 2 * ez[static_cast<std::size_t>(t)] +
-                4 * kU * (std::fabs(row.lse) + std::fabs(zt) + std::fabs(zt - row.lse));
-            std::int64_t rank = 0, low = 0, high = 0;
-            for (std::int64_t j = 0; j < vv; ++j) {
-              if (j == t) continue;
-              rank += Before(z[j], j, zt, t) ? 1 : 0;
-              low += z[j] > zt + 2 * b ? 1 : 0;
-              high += z[j] >= zt - 2 * b ? 1 : 0;
+            const bool has_target = targets != nullptr && targets[i] != options.ignore_index;
+            if (has_target) {
+              const std::int64_t t = targets[i];
+              sums.zt = z[t];
+              sums.ezt = ez[static_cast<std::size_t>(t)];
+              sums.rank = sums.low = sums.high = 0;
+              for (std::int64_t j = 0; j < vv; ++j) {
+                if (j == t) continue;
+                sums.rank += judgement::LpBefore(z[j], j, sums.zt, t) ? 1 : 0;
+                sums.low += z[j] > sums.zt + 2 * b ? 1 : 0;
+                sums.high += z[j] >= sums.zt - 2 * b ? 1 : 0;
+              }
             }
-            ref.rank[s] = rank;
-            ref.rank_low[s] = ref.exact ? rank : low;
-            ref.rank_high[s] = ref.exact ? rank : high;
+            StoreRow(sums, i, has_target, &ref);
           }
         });
     if (z_sink) z_sink(r0, n, z_block.data());
+    if (ids_z.ids != nullptr) TopKIdsZ(ids_z.ids, ids_z.k, vv, ids_z.z)(r0, n, z_block.data());
+  };
+  // Where the engine forms the logits, when it does, every operand is
+  // finite (the rows of X are looked at as they are widened) and no caller
+  // wants z itself: each row's sums, order and the ids' z there, the rows
+  // finished here from them (StoreRow, as the host's).
+  const bool on_device = !z_sink && logits == LogitModel::kFp32Sum && in.products != nullptr &&
+                         in.products->WeightFinite();
+  const std::int64_t device_rows = on_device ? in.products->JudgeBlockRows(std::max(v, in.k)) : 0;
+  const auto device_block = [&](std::int64_t r0, std::int64_t n) {
+    const std::int64_t k = in.k;
+    std::vector<double> xd(static_cast<std::size_t>(n * k));
+    for (std::int64_t i = 0; i < n * k; ++i) {
+      xd[static_cast<std::size_t>(i)] = Bf16ToFloat(in.x[r0 * k + i]);
+      if (!std::isfinite(xd[static_cast<std::size_t>(i)])) return false;
+    }
+    std::vector<std::int64_t> row_targets(static_cast<std::size_t>(n), -1);
+    for (std::int64_t r = 0; r < n && targets != nullptr; ++r) {
+      if (targets[r0 + r] != options.ignore_index) {
+        row_targets[static_cast<std::size_t>(r)] = targets[r0 + r];
+      }
+    }
+    LpRowsRequest request;
+    request.targets = row_targets.data();
+    request.gamma = Gamma(k, kU) + Gamma(k, kFp64UnitRoundoff);
+    request.cap = options.logit_softcap;
+    request.temperature = options.temperature;
+    request.vocab = vv;
+    request.order_cols = ref.order_cols;
+    request.ids = ids_z.ids != nullptr ? ids_z.ids + r0 * ids_z.k : nullptr;
+    request.ids_k = ids_z.ids != nullptr ? ids_z.k : 0;
+    std::vector<judgement::LpRowSums> sums(static_cast<std::size_t>(n));
+    LpRowsResult result;
+    result.sums = sums.data();
+    result.order = ref.order.data() + r0 * ref.order_cols;
+    result.order_z = ref.order_z.data() + r0 * ref.order_cols;
+    result.ids_z = ids_z.ids != nullptr ? ids_z.z + r0 * ids_z.k : nullptr;
+    if (!in.products->LpRowSums(xd.data(), n, request, result)) return false;
+    for (std::int64_t r = 0; r < n; ++r) {
+      StoreRow(sums[static_cast<std::size_t>(r)], r0 + r,
+               row_targets[static_cast<std::size_t>(r)] >= 0, &ref);
+    }
+    return true;
+  };
+  const std::int64_t step = std::max(block, device_rows);
+  for (std::int64_t b0 = 0; b0 < m; b0 += step) {
+    if (stop && stop()) return false;
+    const std::int64_t bn = std::min(step, m - b0);
+    if (device_rows > 0 && device_block(b0, bn)) continue;
+    for (std::int64_t r0 = b0; r0 < b0 + bn; r0 += block) {
+      if (stop && stop()) return false;
+      host_block(r0, std::min(block, b0 + bn - r0));
+    }
   }
   return true;
 }

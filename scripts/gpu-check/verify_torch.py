@@ -9,8 +9,9 @@ would hand in as "fp32 logits": torch.mm with out_dtype=float32 (the fp32-out
 GEMM), an fp32 GEMM of the upcast operands with TF32 off and with TF32 on
 (bf16 values are exact in TF32), and bf16 logits upcast to fp32 (what a
 legacy path returns); for the backward, dX = bf16(dY)·W and dW = bf16(dY)ᵀ·X
-with fp32 outputs (the contract) and dX = dY·W without the cast (expected to
-fail only at small V, where the bounds are tight enough to see it). Each goes
+with fp32 outputs (the contract), and dX = dY·W and dW = dYᵀ·X without the
+cast (expected to fail at small V, and at few rows M, where the proven bounds
+are tight enough to see it; dW's may fail at any M). Each goes
 through `logitctl verify` against the server; the table says what each got.
 Tensors travel as safetensors files, written here without the safetensors
 package (an 8-byte header length, a JSON header, the raw bytes).
@@ -143,9 +144,16 @@ def main():
         if v <= 1024:
             expect_fail.add("dX = dY·W without the cast (fp32 GEMM)")
         # dW sums over M: its missing cast shows at few rows (the cast's
-        # error over √M terms against a bound of M·u·Σ|g·x|).
+        # error over √M terms against a bound of M·u·Σ|g·x|). At more rows
+        # the probabilistic bound still sees it nearly everywhere, and the
+        # proven one in a few elements of the tail or none (2 of 525M at
+        # 4096x4096x128256 on an H100): either verdict is right there.
+        dw_uncast = "dW = dYᵀ·X without the cast (fp32 GEMM)"
+        may_fail = set()
         if m <= 256:
-            expect_fail.add("dW = dYᵀ·X without the cast (fp32 GEMM)")
+            expect_fail.add(dw_uncast)
+        else:
+            may_fail.add(dw_uncast)
         jobs = [("logits", label, "y", t) for label, t in logits.items()]
         jobs += [("backward", label, out, t) for label, (out, t) in backward.items()]
         for i, (op, label, out, t) in enumerate(jobs):
@@ -169,7 +177,7 @@ def main():
                 wrong += 1
                 continue
             f = cases[0]["figures"]
-            ok = (cases[0]["verdict"] == "passed") != (label in expect_fail)
+            ok = label in may_fail or (cases[0]["verdict"] == "passed") != (label in expect_fail)
             wrong += 0 if ok else 1
             rows.append((shape, label, f["verdict"] + ("" if ok else "  UNEXPECTED"),
                          f"{f['worst_bound_fraction']:.3g}",

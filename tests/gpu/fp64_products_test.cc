@@ -17,6 +17,7 @@
 #include "gpu_test_util.h"
 #include "logitd/reference/cross_entropy.h"
 #include "logitd/reference/fp64_products.h"
+#include "logitd/reference/logprobs.h"
 #include "logitd/reference/numerics.h"
 #include "logitd/reference/verify_checks.h"
 #include "server/kernels/backend.h"
@@ -138,15 +139,22 @@ class CountingRowSums final : public HostJudging {
     ++row_sums_calls_;
     return device_->CeRowSums(x, m, targets, gamma, cap, sums);
   }
+  bool LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
+                 const LpRowsResult& result) override {
+    ++lp_row_sums_calls_;
+    return device_->LpRowSums(x, m, request, result);
+  }
   std::int64_t JudgeBlockRows(std::int64_t cols) const override {
     return device_->JudgeBlockRows(cols);
   }
   bool WeightFinite() const override { return device_->WeightFinite(); }
   std::string name() const override { return device_->name(); }
   int row_sums_calls() const { return row_sums_calls_; }
+  int lp_row_sums_calls() const { return lp_row_sums_calls_; }
 
  private:
   int row_sums_calls_ = 0;
+  int lp_row_sums_calls_ = 0;
 };
 
 // Equal, or both NaN (a NaN in an input makes the reference and its
@@ -484,6 +492,84 @@ TEST_F(Fp64ProductsTest, TheCrossEntropysSoftmaxSumsOnTheDeviceAreTheHostsWithin
     ExpectClose(on_device.mean_bound, on_host.mean_bound, 1e-6, "mean bound", 0);
     // The device formed them: one block of sums.
     EXPECT_EQ(counting.row_sums_calls(), calls_before + 1);
+  }
+}
+
+// LogProbs' rows formed on the device (sums, order, the targets' ranks and
+// the ids' z) are the host's from the same logits: the values within fp64
+// rounding of sums in another order (and the device's exp, log and tanh),
+// the order, ranks and invalid ids exactly. The vocabulary that counts is
+// shorter than V, some tokens are ignored, and the ids include one out of
+// range, a negative one and a repeat.
+TEST_F(Fp64ProductsTest, LogProbsRowsOnTheDeviceAreTheHostsWithinFp64Rounding) {
+  const std::int64_t m = 70, v = 5003, k = 384, vocab = 5000, top_k = 5;
+  const std::vector<Bf16Bits> x = RandomBf16(m * k, 12), w = RandomBf16(v * k, 13);
+  auto weight = backend()->LoadWeight(w.data(), v, k);
+  ASSERT_TRUE(weight.ok()) << weight.status();
+  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  ASSERT_NE(engine, nullptr);
+  HostJudging host(engine.get());
+  CountingRowSums counting(engine.get());
+  std::vector<std::int64_t> targets(m), ids(m * top_k);
+  for (std::int64_t i = 0; i < m; ++i) {
+    targets[i] = i % 9 == 4 ? -100 : (i * 7919) % vocab;
+    for (std::int64_t p = 0; p < top_k; ++p) ids[i * top_k + p] = (i * 31 + p * 977) % vocab;
+  }
+  ids[3 * top_k + 1] = vocab + 1;
+  ids[5 * top_k + 2] = -1;
+  ids[7 * top_k + 4] = ids[7 * top_k + 1];
+  LmHeadInputs in = LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
+  for (const auto& [cap, temperature] : {std::pair{0.0f, 1.0f}, std::pair{3.0f, 0.7f}}) {
+    SCOPED_TRACE(::testing::Message() << "softcap " << cap << " temperature " << temperature);
+    LpReferenceOptions o;
+    o.logit_softcap = cap;
+    o.temperature = temperature;
+    o.top_k = top_k;
+    o.vocab_size = vocab;
+    LogProbsReference on_device, on_host;
+    std::vector<double> z_device(ids.size()), z_host(ids.size());
+    const int calls_before = counting.lp_row_sums_calls();
+    in.products = &counting;
+    ASSERT_TRUE(ReferenceLogProbs(in, targets.data(), o, LogitModel::kFp32Sum, &on_device, {}, {},
+                                  0, LpIdsZ{ids.data(), top_k, z_device.data()}));
+    in.products = &host;
+    ASSERT_TRUE(ReferenceLogProbs(in, targets.data(), o, LogitModel::kFp32Sum, &on_host, {}, {}, 0,
+                                  LpIdsZ{ids.data(), top_k, z_host.data()}));
+    EXPECT_TRUE(engine->error().empty()) << engine->error();
+    EXPECT_EQ(counting.lp_row_sums_calls(), calls_before + 1);
+    ASSERT_EQ(on_device.order_cols, top_k + 1);
+    EXPECT_EQ(on_device.order, on_host.order);
+    EXPECT_EQ(on_device.rank, on_host.rank);
+    EXPECT_EQ(on_device.rank_low, on_host.rank_low);
+    EXPECT_EQ(on_device.rank_high, on_host.rank_high);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(m); ++i) {
+      ExpectClose(on_device.lse[i], on_host.lse[i], 1e-13, "lse", i);
+      ExpectClose(on_device.logprob[i], on_host.logprob[i], 1e-12, "logprob", i);
+      ExpectClose(on_device.entropy[i], on_host.entropy[i], 1e-12, "entropy", i);
+      ExpectClose(on_device.z_bound[i], on_host.z_bound[i], 1e-12, "B", i);
+      ExpectClose(on_device.lse_bound[i], on_host.lse_bound[i], 1e-6, "lse bound", i);
+      ExpectClose(on_device.logprob_bound[i], on_host.logprob_bound[i], 1e-6, "logprob bound", i);
+      ExpectClose(on_device.entropy_bound[i], on_host.entropy_bound[i], 1e-6, "entropy bound", i);
+      if (targets[i] == -100) {
+        EXPECT_EQ(on_device.logprob[i], 0.0) << i;
+        EXPECT_EQ(on_device.rank[i], -1) << i;
+      } else {
+        EXPECT_GE(on_device.rank[i], 0) << i;
+      }
+    }
+    for (std::size_t j = 0; j < on_device.order_z.size(); ++j) {
+      ExpectClose(on_device.order_z[j], on_host.order_z[j], 1e-13, "order z", j);
+    }
+    for (std::size_t j = 0; j < ids.size(); ++j) {
+      if (std::isnan(z_host[j])) {
+        EXPECT_TRUE(std::isnan(z_device[j])) << j;
+      } else {
+        ExpectClose(z_device[j], z_host[j], 1e-13, "ids' z", j);
+      }
+    }
+    EXPECT_TRUE(std::isnan(z_device[3 * top_k + 1]));
+    EXPECT_TRUE(std::isnan(z_device[5 * top_k + 2]));
+    EXPECT_TRUE(std::isnan(z_device[7 * top_k + 4]));
   }
 }
 

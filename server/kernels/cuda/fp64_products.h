@@ -45,6 +45,8 @@ class CudaFp64Products final : public Fp64Products {
                 CandidateCheck* check, const std::function<bool()>& stop) override;
   bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
                  double cap, judgement::CeRowSums* sums) override;
+  bool LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
+                 const LpRowsResult& result) override;
   std::int64_t JudgeBlockRows(std::int64_t cols) const override;
   bool WeightFinite() const override { return weight_finite_; }
   std::string error() const override;
@@ -84,6 +86,9 @@ class CudaFp64Products final : public Fp64Products {
   // FormOnDevice, then the cross-entropy's row sums (judge_kernels.h).
   absl::Status RowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
                        double cap, judgement::CeRowSums* sums);
+  // FormOnDevice, then LogProbs' row sums, order and ids' z (judge_kernels.h).
+  absl::Status LpRows(const double* x, std::int64_t m, const LpRowsRequest& request,
+                      const LpRowsResult& result);
   // The engine's answer for a call of Product, Judge or RowSums: true when it was
   // done here, else false with the first error kept.
   bool Done(const absl::Status& status);
@@ -109,8 +114,9 @@ class CudaFp64Products final : public Fp64Products {
   // Judge's: the candidate's and logitd's rows, the counts, the elements
   // outside per row, the collected elements and their count.
   DeviceBuffer candidate_, own_, counts_, row_outside_, collected_, collected_count_;
-  // RowSums': the rows' targets and sums.
-  DeviceBuffer targets_, row_sums_;
+  // RowSums' and LpRows': the rows' targets and sums; LpRows' order, its z,
+  // the ids asked for and their z.
+  DeviceBuffer targets_, row_sums_, order_, order_z_, ids_, ids_z_;
   // GtX's: X widened with its magnitudes, X or dY's columns as sent, and
   // the widening's finiteness flag.
   DeviceBuffer x_, x_abs_, staging_, non_finite_;

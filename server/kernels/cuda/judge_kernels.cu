@@ -225,6 +225,165 @@ __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __
   }
 }
 
+// The entry of the block that comes first by judgement::LpBefore among
+// every thread's (z, id) (id −1: none), given to every thread.
+__device__ void BlockFirst(double* z, std::int64_t* id, double* z_scratch,
+                           std::int64_t* id_scratch) {
+  const auto take = [&](double oz, std::int64_t oid) {
+    if (oid >= 0 && (*id < 0 || judgement::LpBefore(oz, oid, *z, *id))) {
+      *z = oz;
+      *id = oid;
+    }
+  };
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const double oz = __shfl_down_sync(0xffffffffu, *z, offset);
+    const std::int64_t oid = __shfl_down_sync(0xffffffffu, *id, offset);
+    take(oz, oid);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // the scratch may still be read from the last round
+  if (lane == 0) {
+    z_scratch[warp] = *z;
+    id_scratch[warp] = *id;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    *z = lane < kRowThreads / 32 ? z_scratch[lane] : 0.0;
+    *id = lane < kRowThreads / 32 ? id_scratch[lane] : -1;
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const double oz = __shfl_down_sync(0xffffffffu, *z, offset);
+      const std::int64_t oid = __shfl_down_sync(0xffffffffu, *id, offset);
+      take(oz, oid);
+    }
+    if (lane == 0) {
+      z_scratch[0] = *z;
+      id_scratch[0] = *id;
+    }
+  }
+  __syncthreads();
+  *z = z_scratch[0];
+  *id = id_scratch[0];
+}
+
+__global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
+                                std::int64_t cols, std::int64_t vocab,
+                                const std::int64_t* __restrict__ targets, double gamma, double cap,
+                                double temperature, std::int64_t order_cols,
+                                const std::int64_t* __restrict__ ids, std::int64_t ids_k,
+                                judgement::LpRowSums* sums, std::int64_t* order, double* order_z,
+                                double* ids_z) {
+  __shared__ double scratch[kRowThreads / 32];
+  __shared__ std::int64_t id_scratch[kRowThreads / 32];
+  const std::int64_t row = blockIdx.x;
+  const double* y = sum + row * cols;
+  const double* y_abs = abs_sum + row * cols;
+  const auto logit = [&](std::int64_t j, double* z, double* ez) {
+    judgement::LpLogit(y[j], gamma * y_abs[j], cap, temperature, /*rounded=*/true, z, ez);
+  };
+  // B and the largest z.
+  double mx = -INFINITY, b = 0;
+  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    double z, ez;
+    logit(j, &z, &ez);
+    mx = fmax(mx, z);
+    b = fmax(b, ez);
+  }
+  mx = BlockReduce(mx, /*max=*/true, scratch);
+  b = BlockReduce(b, /*max=*/true, scratch);
+  double s = 0;
+  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    double z, ez;
+    logit(j, &z, &ez);
+    s += exp(z - mx);
+  }
+  s = BlockReduce(s, /*max=*/false, scratch);
+  const double log_s = log(s);
+  const double lse = mx + log_s;
+  const std::int64_t t = targets[row];
+  const bool has_target = t >= 0 && t < vocab;
+  double zt = 0, ezt = 0;
+  if (has_target) logit(t, &zt, &ezt);
+  double w_ez = 0, w_exp = 0, mean_d = 0, w_d = 0, h = 0, rank = 0, low = 0, high = 0;
+  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    double z, ez;
+    logit(j, &z, &ez);
+    const double p = exp(z - lse);
+    const double d = mx - z;
+    w_ez += p * ez;
+    w_exp += p * (3 + 2.2 * d);
+    mean_d += p * d;
+    w_d += p * d * (4 + 2.2 * d);
+    h += p * (lse - z);
+    if (has_target && j != t) {
+      rank += judgement::LpBefore(z, j, zt, t) ? 1 : 0;
+      low += z > zt + 2 * b ? 1 : 0;
+      high += z >= zt - 2 * b ? 1 : 0;
+    }
+  }
+  w_ez = BlockReduce(w_ez, /*max=*/false, scratch);
+  w_exp = BlockReduce(w_exp, /*max=*/false, scratch);
+  mean_d = BlockReduce(mean_d, /*max=*/false, scratch);
+  w_d = BlockReduce(w_d, /*max=*/false, scratch);
+  h = BlockReduce(h, /*max=*/false, scratch);
+  rank = BlockReduce(rank, /*max=*/false, scratch);
+  low = BlockReduce(low, /*max=*/false, scratch);
+  high = BlockReduce(high, /*max=*/false, scratch);
+  if (threadIdx.x == 0) {
+    judgement::LpRowSums out;
+    out.b = b;
+    out.mx = mx;
+    out.log_s = log_s;
+    out.lse = lse;
+    out.weighted_ez = w_ez;
+    out.weighted_exp = w_exp;
+    out.mean_d = mean_d;
+    out.weighted_d = w_d;
+    out.entropy = h;
+    if (has_target) {
+      out.zt = zt;
+      out.ezt = ezt;
+      out.rank = static_cast<std::int64_t>(rank);
+      out.low = static_cast<std::int64_t>(low);
+      out.high = static_cast<std::int64_t>(high);
+    }
+    sums[row] = out;
+  }
+  // The first order_cols entries, one pass each: the first of those after
+  // the last one taken.
+  double last_z = 0;
+  std::int64_t last_id = -1;
+  for (std::int64_t p = 0; p < order_cols; ++p) {
+    double best_z = 0;
+    std::int64_t best_id = -1;
+    for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+      double z, ez;
+      logit(j, &z, &ez);
+      if (last_id >= 0 && !judgement::LpBefore(last_z, last_id, z, j)) continue;
+      if (best_id < 0 || judgement::LpBefore(z, j, best_z, best_id)) {
+        best_z = z;
+        best_id = j;
+      }
+    }
+    BlockFirst(&best_z, &best_id, scratch, id_scratch);
+    if (threadIdx.x == 0) {
+      order[row * order_cols + p] = best_id;
+      order_z[row * order_cols + p] = best_z;
+    }
+    last_z = best_z;
+    last_id = best_id;
+  }
+  if (ids == nullptr) return;
+  const std::int64_t* row_ids = ids + row * ids_k;
+  for (std::int64_t p = threadIdx.x; p < ids_k; p += blockDim.x) {
+    const std::int64_t id = row_ids[p];
+    bool valid = id >= 0 && id < vocab;
+    for (std::int64_t q = 0; q < p && valid; ++q) valid = row_ids[q] != id;
+    double z = NAN, ez;
+    if (valid) logit(id, &z, &ez);
+    ids_z[row * ids_k + p] = z;
+  }
+}
+
 unsigned int Blocks(std::int64_t n) {
   const std::int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned int>(blocks < 1 ? 1 : blocks > kMaxBlocks ? kMaxBlocks : blocks);
@@ -238,6 +397,19 @@ cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64
   if (rows <= 0) return cudaSuccess;
   CeRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
       sum, abs_sum, cols, targets, gamma, cap, sums);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
+                            std::int64_t cols, std::int64_t vocab, const std::int64_t* targets,
+                            double gamma, double cap, double temperature, std::int64_t order_cols,
+                            const std::int64_t* ids, std::int64_t ids_k, judgement::LpRowSums* sums,
+                            std::int64_t* order, double* order_z, double* ids_z,
+                            cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  LpRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
+      sum, abs_sum, cols, vocab, targets, gamma, cap, temperature, order_cols, ids, ids_k, sums,
+      order, order_z, ids_z);
   return cudaGetLastError();
 }
 

@@ -70,4 +70,18 @@ cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64
                             std::int64_t cols, const std::int64_t* targets, double gamma,
                             double cap, judgement::CeRowSums* sums, cudaStream_t stream);
 
+// LogProbs' sums of each row of the logits sum [rows, cols] (bounds
+// gamma·abs_sum) over its first `vocab` entries, z from judgement::LpLogit
+// at `cap` and `temperature`: sums[r] with the z and ranks of targets[r]
+// (none when outside [0, vocab)); the row's first order_cols entries by
+// judgement::LpBefore into order and order_z [rows, order_cols]; and, when
+// ids is not null, the z of ids [rows, ids_k] into ids_z (NaN for an id
+// outside [0, vocab) or repeated in its row). One thread block a row.
+cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
+                            std::int64_t cols, std::int64_t vocab, const std::int64_t* targets,
+                            double gamma, double cap, double temperature, std::int64_t order_cols,
+                            const std::int64_t* ids, std::int64_t ids_k, judgement::LpRowSums* sums,
+                            std::int64_t* order, double* order_z, double* ids_z,
+                            cudaStream_t stream);
+
 }  // namespace logitd::kernels::cuda

@@ -419,15 +419,15 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan,
     o.logit_softcap = lp.logit_softcap;
     o.vocab_size = lp.vocab;
     o.top_k = lp.top_k;
-    // The candidate's top-k ids, widened, and their z, gathered as the
-    // reference's z go by.
-    LpZSink z_sink;
+    // The candidate's top-k ids, widened, and their z, gathered with the
+    // reference's rows.
+    LpIdsZ ids_z;
     if (const VerifyCandidatePlan* c = Find(plan, "topk_ids"); c != nullptr) {
       top_k_ids = Integers(call->in(c->name), c->dtype, plan.m * lp.top_k);
       top_k_z.resize(top_k_ids.size());
-      z_sink = TopKIdsZ(top_k_ids.data(), lp.top_k, lp.vocab, top_k_z.data());
+      ids_z = LpIdsZ{top_k_ids.data(), lp.top_k, top_k_z.data()};
     }
-    done = ReferenceLogProbs(in, ref_targets, o, LogitModel::kFp32Sum, &lp_ref, z_sink, stop);
+    done = ReferenceLogProbs(in, ref_targets, o, LogitModel::kFp32Sum, &lp_ref, {}, stop, 0, ids_z);
     refs["logprob"] = {lp_ref.logprob, lp_ref.logprob_bound};
     refs["lse"] = {lp_ref.lse, lp_ref.lse_bound};
     refs["entropy"] = {lp_ref.entropy, lp_ref.entropy_bound};

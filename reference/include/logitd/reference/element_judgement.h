@@ -242,4 +242,46 @@ struct CeRowSums {
   double ezt = 0;
 };
 
+// LogProbs' z of one logit y with its bound dy (logprobs.cc states the
+// bounds): soft-capped as CappedLogit caps it, over the temperature t, and
+// the bound on z, with the division's own rounding when the logit is an
+// fp32 sum (`rounded`) and t is not 1.
+LOGITD_HD inline void LpLogit(double y, double dy, double cap, double t, bool rounded, double* z,
+                              double* ez) {
+  constexpr double kU = 0x1p-24;
+  double c, f, ec;
+  CappedLogit(y, dy, cap, &c, &f, &ec);
+  *z = c / t;
+  *ez = ec / t + (rounded && t != 1.0 ? kU * Abs(*z) : 0.0);
+}
+
+// LogProbs' order: (za, a) before (zb, b) when z is larger, ties to the
+// lower id.
+LOGITD_HD inline bool LpBefore(double za, std::int64_t a, double zb, std::int64_t b) {
+  return za != zb ? za > zb : a < b;
+}
+
+// A LogProbs row's sums over the vocabulary that counts (d = max − z,
+// p = exp(z − lse)), what the bounds of logprobs.cc are made of: the host
+// forms them from a row of z, a device where the logits are; the host
+// finishes the row from them either way. rank, low and high count the
+// entries j != t before the target, surely above it (z_j > z_t + 2B) and
+// possibly above it (z_j >= z_t − 2B); −1 without a target.
+struct LpRowSums {
+  double b = 0;             // B: the largest e_z of the row
+  double mx = 0;            // the largest z
+  double log_s = 0;         // log Σ exp(z − mx)
+  double lse = 0;           // mx + log_s
+  double weighted_ez = 0;   // Σ p·e_z
+  double weighted_exp = 0;  // Σ p·(3 + 2.2·d)
+  double mean_d = 0;        // Σ p·d
+  double weighted_d = 0;    // Σ p·d·(4 + 2.2·d)
+  double entropy = 0;       // Σ p·(lse − z)
+  double zt = 0;            // the target's z and e_z (0 without one)
+  double ezt = 0;
+  std::int64_t rank = -1;
+  std::int64_t low = -1;
+  std::int64_t high = -1;
+};
+
 }  // namespace logitd::judgement

@@ -27,6 +27,24 @@ namespace logitd {
 // block (2^25 doubles, 256 MiB) whatever the engine.
 inline constexpr std::int64_t kJudgeBlockElements = std::int64_t{1} << 25;
 
+// What LpRowSums forms for a block of rows, and where it puts it.
+struct LpRowsRequest {
+  const std::int64_t* targets = nullptr;  // [m], −1 for a row without one
+  double gamma = 0;
+  double cap = 0;  // 0: no soft-capping
+  double temperature = 1;
+  std::int64_t vocab = 0;
+  std::int64_t order_cols = 0;
+  const std::int64_t* ids = nullptr;  // [m, ids_k], or null
+  std::int64_t ids_k = 0;
+};
+struct LpRowsResult {
+  judgement::LpRowSums* sums = nullptr;  // [m]
+  std::int64_t* order = nullptr;         // [m, order_cols]
+  double* order_z = nullptr;             // [m, order_cols]
+  double* ids_z = nullptr;               // [m, ids_k] when ids are given
+};
+
 class Fp64Products {
  public:
   virtual ~Fp64Products() = default;
@@ -91,7 +109,21 @@ class Fp64Products {
     return false;
   }
 
-  // Rows of a block that JudgeXWt, JudgeGW and CeRowSums take best at once, for
+  // LogProbs' rows where the logits are formed, for x [m, K] as doubles
+  // (every value finite, and W's too): each row's sums (element_judgement.h:
+  // LpRowSums, z from judgement::LpLogit with the logits' bounds
+  // request.gamma·Σ|x·w|) over the first request.vocab entries, with
+  // request.targets[r]'s z and ranks (−1: no target); its first
+  // request.order_cols entries by judgement::LpBefore into result.order and
+  // result.order_z [m, order_cols]; and, when request.ids is not null, the z
+  // of ids [m, ids_k] into result.ids_z (NaN for an id outside [0, vocab) or
+  // repeated in its row). False as CeRowSums.
+  virtual bool LpRowSums(const double* /*x*/, std::int64_t /*m*/, const LpRowsRequest& /*request*/,
+                         const LpRowsResult& /*result*/) {
+    return false;
+  }
+
+  // Rows of a block that JudgeXWt, JudgeGW, CeRowSums and LpRowSums take best at once, for
   // blocks of `cols` doubles a row (the larger of the operand's and the
   // product's); 0 when the engine does not judge.
   virtual std::int64_t JudgeBlockRows(std::int64_t /*cols*/) const { return 0; }

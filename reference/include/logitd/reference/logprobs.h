@@ -62,15 +62,28 @@ struct LogProbsReference {
 // of rows.
 using LpZSink = std::function<void(std::int64_t row0, std::int64_t rows, const double* z)>;
 
+// Another implementation's ids [m, k] (its top-k) whose fp64 z the
+// reference gathers into z [m, k]: NaN for an id outside [0, vocab) or
+// repeated in its row (as TopKIdsZ).
+struct LpIdsZ {
+  const std::int64_t* ids = nullptr;  // null: none wanted
+  std::int64_t k = 0;
+  double* z = nullptr;
+};
+
 // The reference of `in` (x [m, k] and w [v, k]; dy unused) with targets [m]
 // (null: none; otherwise those other than ignore_index must lie in
 // [0, vocab)), a block of `block_rows` rows of M at a time (0: as many as
 // kReferenceBlockElements logits hold). `stop` is asked between blocks:
-// true returns false, *out then incomplete.
+// true returns false, *out then incomplete. With fp32-sum logits, an
+// engine (in.products) that judges on its device and a finite weight, and
+// no `z` sink, rows whose X is finite are formed there and only their sums,
+// order and the ids' z come back (Fp64Products::LpRowSums); the host forms
+// the rest as before.
 bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
                        const LpReferenceOptions& options, LogitModel logits, LogProbsReference* out,
                        const LpZSink& z = {}, const StopCheck& stop = {},
-                       std::int64_t block_rows = 0);
+                       std::int64_t block_rows = 0, const LpIdsZ& ids_z = {});
 
 // The top-k separation rule: whether the id at place p of row i is decided,
 // i.e. the same for every implementation within the bounds (always when
