@@ -211,12 +211,8 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
   const std::int64_t device_rows = on_device ? in.products->JudgeBlockRows(std::max(v, in.k)) : 0;
   const double logit_gamma = Gamma(in.k, kU) + Gamma(in.k, kFp64UnitRoundoff);
   const auto device_block = [&](std::int64_t r0, std::int64_t n) {
-    const std::int64_t k = in.k;
-    std::vector<double> xd(static_cast<std::size_t>(n * k));
-    for (std::int64_t i = 0; i < n * k; ++i) {
-      xd[static_cast<std::size_t>(i)] = Bf16ToFloat(in.x[r0 * k + i]);
-      if (!std::isfinite(xd[static_cast<std::size_t>(i)])) return false;
-    }
+    std::vector<double> xd;
+    if (!reference_internal::WidenFiniteRows(in.x, r0, n, in.k, &xd)) return false;
     std::vector<judgement::CeRowSums> sums(static_cast<std::size_t>(n));
     if (!in.products->CeRowSums(xd.data(), n, targets + r0, logit_gamma, options.logit_softcap,
                                 sums.data())) {

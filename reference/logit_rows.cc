@@ -36,6 +36,16 @@ bool AnyNonFiniteBf16(const Bf16Bits* data, std::int64_t n) {
   return any != 0;
 }
 
+bool WidenFiniteRows(const Bf16Bits* x, std::int64_t row0, std::int64_t n, std::int64_t k,
+                     std::vector<double>* out) {
+  if (AnyNonFiniteBf16(x + row0 * k, n * k)) return false;
+  out->resize(static_cast<std::size_t>(n * k));
+  for (std::int64_t i = 0; i < n * k; ++i) {
+    (*out)[static_cast<std::size_t>(i)] = Bf16ToFloat(x[row0 * k + i]);
+  }
+  return true;
+}
+
 int RowThreads(std::int64_t n, std::int64_t elements) {
   constexpr std::int64_t kMaxThreads = 16;
   constexpr std::int64_t kElementsPerThread = std::int64_t{1} << 18;

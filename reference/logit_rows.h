@@ -33,6 +33,11 @@ void ForRowsInParallel(std::int64_t n, std::int64_t elements,
                        const std::function<void(std::int64_t, std::int64_t, int)>& fn);
 // Whether any of n bf16 values is a NaN or an infinity (exponent all ones).
 bool AnyNonFiniteBf16(const Bf16Bits* data, std::int64_t n);
+// Rows [row0, row0 + n) of x [M, k] widened to doubles into *out, for an
+// engine that forms their logits on its device; false (and *out not to be
+// used) when one of them is a NaN or an infinity, which the host forms.
+bool WidenFiniteRows(const Bf16Bits* x, std::int64_t row0, std::int64_t n, std::int64_t k,
+                     std::vector<double>* out);
 
 class LogitRows {
  public:

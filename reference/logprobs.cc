@@ -209,12 +209,8 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
                          in.products->WeightFinite();
   const std::int64_t device_rows = on_device ? in.products->JudgeBlockRows(std::max(v, in.k)) : 0;
   const auto device_block = [&](std::int64_t r0, std::int64_t n) {
-    const std::int64_t k = in.k;
-    std::vector<double> xd(static_cast<std::size_t>(n * k));
-    for (std::int64_t i = 0; i < n * k; ++i) {
-      xd[static_cast<std::size_t>(i)] = Bf16ToFloat(in.x[r0 * k + i]);
-      if (!std::isfinite(xd[static_cast<std::size_t>(i)])) return false;
-    }
+    std::vector<double> xd;
+    if (!reference_internal::WidenFiniteRows(in.x, r0, n, in.k, &xd)) return false;
     std::vector<std::int64_t> row_targets(static_cast<std::size_t>(n), -1);
     for (std::int64_t r = 0; r < n && targets != nullptr; ++r) {
       if (targets[r0 + r] != options.ignore_index) {
@@ -223,7 +219,7 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
     }
     LpRowsRequest request;
     request.targets = row_targets.data();
-    request.gamma = Gamma(k, kU) + Gamma(k, kFp64UnitRoundoff);
+    request.gamma = Gamma(in.k, kU) + Gamma(in.k, kFp64UnitRoundoff);
     request.cap = options.logit_softcap;
     request.temperature = options.temperature;
     request.vocab = vv;

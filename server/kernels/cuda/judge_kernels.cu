@@ -175,6 +175,19 @@ __device__ double BlockReduce(double value, bool max, double* scratch) {
   return scratch[0];
 }
 
+// log Σ exp(z − mx) over the row's first n entries, z from logit(j, &z,
+// &ez), given to every thread.
+template <typename Logit>
+__device__ double LogSumExp(const Logit& logit, std::int64_t n, double mx, double* scratch) {
+  double s = 0;
+  for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    double z, ez;
+    logit(j, &z, &ez);
+    s += exp(z - mx);
+  }
+  return log(BlockReduce(s, /*max=*/false, scratch));
+}
+
 __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
                                 std::int64_t cols, const std::int64_t* __restrict__ targets,
                                 double gamma, double cap, judgement::CeRowSums* sums) {
@@ -193,14 +206,7 @@ __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __
     mx = fmax(mx, z);
   }
   mx = BlockReduce(mx, /*max=*/true, scratch);
-  double s = 0;
-  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    double z, ez;
-    logit(j, &z, &ez);
-    s += exp(z - mx);
-  }
-  s = BlockReduce(s, /*max=*/false, scratch);
-  const double log_s = log(s);
+  const double log_s = LogSumExp(logit, cols, mx, scratch);
   const double lse = mx + log_s;
   double w_ez = 0, w_exp = 0;
   for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
@@ -290,14 +296,7 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
   }
   mx = BlockReduce(mx, /*max=*/true, scratch);
   b = BlockReduce(b, /*max=*/true, scratch);
-  double s = 0;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    double z, ez;
-    logit(j, &z, &ez);
-    s += exp(z - mx);
-  }
-  s = BlockReduce(s, /*max=*/false, scratch);
-  const double log_s = log(s);
+  const double log_s = LogSumExp(logit, vocab, mx, scratch);
   const double lse = mx + log_s;
   const std::int64_t t = targets[row];
   const bool has_target = t >= 0 && t < vocab;
