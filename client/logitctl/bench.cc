@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/logitctl/bench_report.h"
+#include "client/logitctl/common.h"
 #include "logitd/bf16.h"
 #include "logitd/status_macros.h"
 #include "logitd/tensor.h"
@@ -74,13 +75,10 @@ ABSL_DECLARE_FLAG(double, temperature);
 ABSL_DECLARE_FLAG(bool, lse);
 ABSL_DECLARE_FLAG(bool, entropy);
 ABSL_DECLARE_FLAG(bool, rank);
+ABSL_DECLARE_FLAG(std::string, reduction);
 
 namespace logitd::logitctl {
 namespace {
-
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
 
 using client::Client;
 using client::TimingTrailer;
@@ -168,6 +166,12 @@ absl::Status PositiveDim(absl::string_view flag, std::int64_t value) {
 
 // The benchmarked RPC's own flags, and the payload bytes of one call each
 // way (what the Probe baseline moves).
+// The cross-entropy's loss: one per token without a reduction, else one.
+std::uint64_t LossBytes(const Config& c) {
+  return c.cross_entropy.reduction == client::Reduction::kNone ? static_cast<std::uint64_t>(c.m) * 4
+                                                               : 4;
+}
+
 absl::Status ReadRpcOptions(Config* config) {
   Config& c = *config;
   const std::uint64_t m = static_cast<std::uint64_t>(c.m);
@@ -192,15 +196,19 @@ absl::Status ReadRpcOptions(Config* config) {
       c.down_bytes = (c.backward.want_dx ? m * k * 2 : 0) +
                      (c.backward.want_dw && !c.backward.accumulate_dw ? v * k * 4 : 0);
       break;
-    case Rpc::kCrossEntropy:
+    case Rpc::kCrossEntropy: {
       c.cross_entropy.want_dx = absl::GetFlag(FLAGS_dx);
       c.cross_entropy.want_dw = absl::GetFlag(FLAGS_dw);
       c.cross_entropy.accumulate_dw = absl::GetFlag(FLAGS_accumulate);
-      // x, then int64 targets; the mean loss, dX and dW back.
+      LOGITD_ASSIGN_OR_RETURN(c.cross_entropy.reduction,
+                              ParseReduction(absl::GetFlag(FLAGS_reduction)));
+      // x, then int64 targets; the loss (per token or reduced), dX and dW
+      // back.
       c.up_bytes = m * k * 2 + m * 8;
-      c.down_bytes = 4 + (c.cross_entropy.want_dx ? m * k * 2 : 0) +
+      c.down_bytes = LossBytes(c) + (c.cross_entropy.want_dx ? m * k * 2 : 0) +
                      (c.cross_entropy.want_dw && !c.cross_entropy.accumulate_dw ? v * k * 4 : 0);
       break;
+    }
     case Rpc::kLogProbs:
       // x, then int64 targets; per token the log-prob, lse, entropy and
       // rank as asked, and the top-k ids and log-probs.
@@ -224,12 +232,15 @@ absl::Status ReadRpcOptions(Config* config) {
       c.up_bytes = m * k * 2 + m * v * out_size;
       c.down_bytes = 0;
       break;
-    case Rpc::kVerifyCrossEntropy:
-      // X, int64 targets, the mean loss and lse [M] up.
+    case Rpc::kVerifyCrossEntropy: {
+      // X, int64 targets, the loss (per token or reduced) and lse [M] up.
       c.cross_entropy.want_lse = true;
-      c.up_bytes = m * k * 2 + m * 8 + 4 + m * 4;
+      LOGITD_ASSIGN_OR_RETURN(c.cross_entropy.reduction,
+                              ParseReduction(absl::GetFlag(FLAGS_reduction)));
+      c.up_bytes = m * k * 2 + m * 8 + LossBytes(c) + m * 4;
       c.down_bytes = 0;
       break;
+    }
     case Rpc::kVerifyLogProbs:
       // X, int64 targets, the log-prob, lse and entropy [M] up (no top-k).
       c.logprobs.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
@@ -952,6 +963,10 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
   op.rpc = rpcs.back();
   if (absl::Status s = ReadRpcOptions(&op); !s.ok()) return server_error("options", s);
   op.cross_entropy.want_lse = c.cross_entropy.want_lse;
+  if (c.rpc == Rpc::kVerifyCrossEntropy) {
+    // The same outputs as the candidates: the loss and lse.
+    op.down_bytes += static_cast<std::uint64_t>(c.m) * 4;
+  }
   if (c.rpc == Rpc::kVerifyLogProbs) {
     // The same outputs as the candidates: log-prob, lse and entropy.
     op.logprobs = c.logprobs;

@@ -132,4 +132,14 @@ absl::StatusOr<DType> ParseDTypeFlag(absl::string_view flag, const std::string& 
       absl::StrCat("--", flag, ": expected ", absl::StrJoin(names, " or "), ", got '", value, "'"));
 }
 
+absl::StatusOr<client::Reduction> ParseReduction(const std::string& value) {
+  const std::string v = absl::AsciiStrToLower(value);
+  for (client::Reduction r :
+       {client::Reduction::kMean, client::Reduction::kSum, client::Reduction::kNone}) {
+    if (v == client::ReductionName(r)) return r;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--reduction: expected mean, sum or none, got '", value, "'"));
+}
+
 }  // namespace logitd::logitctl

@@ -90,4 +90,7 @@ int WithClient(Body body) {
 absl::StatusOr<DType> ParseDTypeFlag(absl::string_view flag, const std::string& value,
                                      std::initializer_list<DType> allowed);
 
+// The cross-entropy's --reduction: mean, sum or none (any case).
+absl::StatusOr<client::Reduction> ParseReduction(const std::string& value);
+
 }  // namespace logitd::logitctl

@@ -34,16 +34,6 @@ absl::StatusOr<float> FiniteFloatFlag(absl::string_view flag, double value) {
   return static_cast<float>(value);
 }
 
-absl::StatusOr<client::Reduction> ParseReduction(const std::string& value) {
-  const std::string v = absl::AsciiStrToLower(value);
-  for (client::Reduction r :
-       {client::Reduction::kMean, client::Reduction::kSum, client::Reduction::kNone}) {
-    if (v == client::ReductionName(r)) return r;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--reduction: expected mean, sum or none, got '", value, "'"));
-}
-
 // The fused cross-entropy with every tensor in one shared-memory region: X
 // and the targets copied in, the outputs copied out into tensors.
 absl::StatusOr<client::CrossEntropyResult> CrossEntropyViaShm(

@@ -97,7 +97,8 @@ commands:
                                      by status code and the server's time split; then the
                                      same bytes over the Probe RPC (plain gRPC) and the
                                      efficiency ratio. backward takes --no_dx --no_dw
-                                     --accumulate, cross-entropy --dx --dw --accumulate,
+                                     --accumulate, cross-entropy --dx --dw --accumulate
+                                     --reduction (also verify-cross-entropy),
                                      logprobs --top_k --entropy --lse --rank --temperature;
                                      fetch-gradient reads the fp32 dW [V, K] back;
                                      baseline alone moves the bytes of the logits call;

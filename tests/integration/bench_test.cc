@@ -166,6 +166,8 @@ TEST_F(BenchTest, VerifyIsMeasuredAgainstItsOperation) {
        {std::vector<std::string>{"--rpc=verify-logits"},
         std::vector<std::string>{"--rpc=verify-logits", "--sample_rows=2"},
         std::vector<std::string>{"--rpc=verify-cross-entropy"},
+        std::vector<std::string>{"--rpc=verify-cross-entropy", "--reduction=none",
+                                 "--sample_rows=2"},
         std::vector<std::string>{"--rpc=verify-logprobs", "--temperature=0.75"},
         std::vector<std::string>{"--rpc=verify-logprobs", "--sample_rows=2"}}) {
     std::vector<std::string> args = {"bench",   "--m=6",        "--k=64",
@@ -192,6 +194,14 @@ TEST_F(BenchTest, VerifyIsMeasuredAgainstItsOperation) {
       EXPECT_EQ(phases[0].at("request_bytes").get<std::uint64_t>(), 6u * 64 * 2 + 6u * 256 * 4);
       EXPECT_EQ(phases[1].at("response_bytes").get<std::uint64_t>(), 6u * 256 * 4);
     }
+    if (op == "cross-entropy") {
+      // X, the targets, the loss (one per token without a reduction) and
+      // lse up; the same loss and lse down.
+      const std::uint64_t loss = extra.size() > 1 ? 6u * 4 : 4u;
+      EXPECT_EQ(phases[0].at("request_bytes").get<std::uint64_t>(),
+                6u * 64 * 2 + 6u * 8 + loss + 6u * 4);
+      EXPECT_EQ(phases[1].at("response_bytes").get<std::uint64_t>(), loss + 6u * 4);
+    }
     if (op == "logprobs") {
       // X, the targets and three candidates up; the log-prob, lse and
       // entropy down.
@@ -202,13 +212,17 @@ TEST_F(BenchTest, VerifyIsMeasuredAgainstItsOperation) {
     EXPECT_GT(report.at("verify_cost").get<double>(), 0);
     EXPECT_TRUE(report.at("efficiency").is_null());
   }
-  // Rows sampled for the cross-entropy are refused by the server, each call
-  // counted; --sample_rows without a verify is a usage error.
+  // Rows sampled for the cross-entropy's mean loss are refused by the
+  // server, each call counted; --sample_rows without a verify and an
+  // unknown reduction are usage errors.
   const LogitctlRun sampled = Run({"bench", "--rpc=verify-cross-entropy", "--m=6", "--k=64",
                                    "--v=256", "--requests=2", "--warmup=0", "--sample_rows=2"});
   EXPECT_EQ(sampled.exit_code, 1) << sampled.out;
   EXPECT_NE(sampled.out.find("INVALID_ARGUMENT: sample_rows"), std::string::npos) << sampled.out;
   EXPECT_EQ(Run({"bench", "--rpc=logits", "--sample_rows=2"}).exit_code, 2);
+  const LogitctlRun bad = Run({"bench", "--rpc=verify-cross-entropy", "--reduction=median"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--reduction: expected mean, sum or none"), std::string::npos) << bad.err;
 }
 
 TEST_F(BenchTest, FailedRequestsAreCountedByCodeAndExitOne) {

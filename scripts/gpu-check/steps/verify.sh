@@ -26,8 +26,8 @@ step_verify() {
 
 # What a Verify of logitd's own output costs against the call itself, at
 # VERIFY_COST_SHAPE (MxKxV, default 4096x4096x128256): logits every row and
-# 64 rows, the cross-entropy and LogProbs every row (logitctl bench
-# --rpc=verify-*).
+# 64 rows, the cross-entropy every row and 64 rows (its loss per token, as
+# a sampled verify needs), LogProbs every row (logitctl bench --rpc=verify-*).
 verify_cost() {
   if [ "${VERIFY_COST:-1}" != 1 ]; then note verify-cost skip "VERIFY_COST=0"; return; fi
   local shape=${VERIFY_COST_SHAPE:-4096x4096x128256} m k v line failed=0
@@ -37,10 +37,12 @@ verify_cost() {
     note verify-cost FAIL "logitd --backend=cuda did not start (see verify-cost.log)"
     return
   fi
-  for run in "verify-logits 0" "verify-logits 64" "verify-cross-entropy 0" "verify-logprobs 0"; do
-    read -r rpc rows <<<"$run"
+  for run in "verify-logits 0" "verify-logits 64" "verify-cross-entropy 0" \
+    "verify-cross-entropy 64 --reduction=none" "verify-logprobs 0"; do
+    read -r rpc rows extra <<<"$run"
+    # shellcheck disable=SC2086 # extra: zero or one flag
     if ! "$(find_bin logitctl)" --server="127.0.0.1:$port" bench --rpc="$rpc" --m="$m" --k="$k" \
-      --v="$v" --requests="${VERIFY_COST_REQUESTS:-3}" --warmup=1 --sample_rows="$rows" \
+      --v="$v" --requests="${VERIFY_COST_REQUESTS:-3}" --warmup=1 --sample_rows="$rows" $extra \
       >>"$out/verify-cost.log" 2>&1; then
       failed=1
     fi
