@@ -249,14 +249,18 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
   }
   const judgement::ProductRule rule = SumOfProductsRule(v, dtype);
   const CheckedRows walk = AllOr(rows, in.m);
+  // A block's rows of G = bf16(dY) as doubles, the rows on threads.
   const auto g_rows = [&](std::size_t b0, std::size_t n) {
     std::vector<double> g(n * static_cast<std::size_t>(v));
-    for (std::size_t r = 0; r < n; ++r) {
-      for (std::int64_t j = 0; j < v; ++j) {
-        g[r * static_cast<std::size_t>(v) + static_cast<std::size_t>(j)] =
-            GAt(in, walk[b0 + r] * v + j);
-      }
-    }
+    reference_internal::ForRowsInParallel(
+        static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v,
+        [&](std::int64_t first, std::int64_t last, int /*part*/) {
+          for (std::int64_t r = first; r < last; ++r) {
+            double* row = g.data() + r * v;
+            const std::int64_t at = walk[b0 + static_cast<std::size_t>(r)] * v;
+            for (std::int64_t j = 0; j < v; ++j) row[j] = GAt(in, at + j);
+          }
+        });
     return g;
   };
   std::vector<double> ref, abs, bound(static_cast<std::size_t>(k)),
