@@ -561,5 +561,71 @@ TEST_F(ResourceTest, VerifyCancelledOrTooLargeReturnsEveryByte) {
   EXPECT_TRUE(InFlightBecomes(*server_, 0, 0));
 }
 
+// logitd's own outputs are formed while a Verify's candidates still
+// arrive: bytes that then miss their digest end the call with DATA_LOSS
+// (naming the tensor), a call cancelled then returns what it held, and
+// the server judges the next call as before.
+TEST_F(ResourceTest, VerifyBytesThatMissTheirDigestOrACancelLateInTheStreamKeepNothing) {
+  server_ = StartServer({});
+  ASSERT_NE(server_, nullptr);
+  const std::int64_t m = 256;
+  const Tensor x = IntBf16({m, kK}, 41);
+  absl::StatusOr<Tensor> own = server_->shared->client->Logits(x, server_->handle);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const Tensor other = IntBf16({m, kK}, 42);
+  const Tensor other_y = IntFp32({m, kV}, 43);
+  // The header announces `x_spec_of` and `y_spec_of`; x and the logits
+  // follow as they are.
+  const auto send = [&](const Tensor& x_spec_of, const Tensor& y_spec_of, bool cancel) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    auto stream = server_->stub->Verify(&ctx);
+    v1::VerifyRequest h;
+    h.mutable_header()->set_operation(v1::VERIFY_LOGITS);
+    h.mutable_header()->set_weight_handle(server_->handle);
+    *h.mutable_header()->mutable_x() = wire::MakeSpec("x", x_spec_of);
+    *h.mutable_header()->add_candidates() = wire::MakeSpec("y", y_spec_of);
+    EXPECT_TRUE(stream->Write(h));
+    for (const v1::VerifyRequest& c : ChunksOf<v1::VerifyRequest>("x", x)) {
+      EXPECT_TRUE(stream->Write(c));
+    }
+    std::vector<v1::VerifyRequest> y = ChunksOf<v1::VerifyRequest>("y", *own);
+    if (cancel) {
+      // x whole, half of y: logitd's own outputs may be under way.
+      for (std::size_t i = 0; i < y.size() / 2; ++i) EXPECT_TRUE(stream->Write(y[i]));
+      absl::SleepFor(absl::Milliseconds(200));
+      ctx.TryCancel();
+    } else {
+      for (const v1::VerifyRequest& c : y) EXPECT_TRUE(stream->Write(c));
+      stream->WritesDone();
+    }
+    v1::VerifyResponse response;
+    while (stream->Read(&response)) {
+    }
+    return stream->Finish();
+  };
+  grpc::Status st = send(other, *own, false);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::DATA_LOSS) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("x: xxh3 digest"));
+  EXPECT_TRUE(InFlightBecomes(*server_, 0, 0));
+  st = send(x, other_y, false);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::DATA_LOSS) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("y: xxh3 digest"));
+  EXPECT_TRUE(InFlightBecomes(*server_, 0, 0));
+  st = send(x, *own, true);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
+  EXPECT_TRUE(InFlightBecomes(*server_, 0, 0));
+
+  client::VerifyArgs ok;
+  ok.operation = client::VerifyOperation::kLogits;
+  ok.weight_handle = server_->handle;
+  ok.x = x;
+  ok.candidates["y"] = *own;
+  absl::StatusOr<client::VerifyResult> r = server_->shared->client->Verify(ok);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->verdict, "bitwise_equal_to_logitd");
+  EXPECT_TRUE(InFlightBecomes(*server_, 0, 0));
+}
+
 }  // namespace
 }  // namespace logitd::testing

@@ -94,6 +94,35 @@ absl::Status Call::Receive(absl::string_view what, Transport& transport) {
   return AllocateOutputs(transport);
 }
 
+absl::Status Call::ReceiveWhile(absl::string_view what, Transport& transport,
+                                const std::function<absl::Status(const WaitWhole& whole)>& early) {
+  if (!transport.ReceivesAside()) {
+    LOGITD_RETURN_IF_ERROR(Receive(what, transport));
+    return early([](absl::string_view) { return absl::OkStatus(); });
+  }
+  LOGITD_ASSIGN_OR_RETURN(std::vector<InputSlot*> streamed, Admit(what, transport));
+  InputProgress progress;
+  // Each input whole, as one row; by the name its chunks travel under.
+  for (const InputSlot* slot : streamed) progress.Expect(slot->in.name, slot->bytes, 1);
+  LOGITD_RETURN_IF_ERROR(transport.StartReceive(streamed, &progress));
+  // From here the front door's thread is receiving: every way out waits for
+  // it (FinishReceive) before the buffers it fills can go.
+  absl::Status status = early([&](absl::string_view slot) {
+    for (const InputSlot* s : streamed) {
+      if (s->name == slot) return progress.WaitInput(s->in.name);
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) {
+    // Not waiting for the rest of the request: its status is early's.
+    transport.StopReceiving();
+    transport.FinishReceive().IgnoreError();
+    return status;
+  }
+  LOGITD_RETURN_IF_ERROR(transport.FinishReceive());
+  return AllocateOutputs(transport);
+}
+
 bool Call::Pipelines(const Transport& transport) const {
   if (!transport.Pipelined()) return false;
   // Outputs all streamed or all in shared memory: a result that names an

@@ -92,6 +92,9 @@ class Transport {
   // after the result, or not returned at all).
   virtual std::byte* PlaceOutput(const OutputSlot& out) { return nullptr; }
 
+  // Whether StartReceive, StopReceiving and FinishReceive work for any call
+  // of this front door (Call::ReceiveWhile), its request's choices aside.
+  virtual bool ReceivesAside() const { return false; }
   // Blocks of rows (Call::RunInRowBlocks), for a front door whose request
   // asked for them and that can receive, and send, while the backend works.
   virtual bool Pipelined() const { return false; }
@@ -165,6 +168,18 @@ class Call {
   // from the message when aligned, received through `transport`; then the
   // outputs placed.
   absl::Status Receive(absl::string_view what, Transport& transport);
+  // Receive's admission and inputs, but the streamed inputs arrive on the
+  // front door's thread while `early` runs on this one: it may wait for
+  // whole inputs (`whole`, at once for one not streamed) and work on them
+  // while the rest arrive. Their digests are checked once every input is in
+  // (DataLoss then ends the call, and nothing `early` formed may be used); a
+  // failure of early's stops the reception and is the call's status. A
+  // front door that cannot receive aside (Transport::ReceivesAside) takes
+  // every input first, then runs `early`. Then the outputs placed, as
+  // Receive.
+  using WaitWhole = std::function<absl::Status(absl::string_view slot)>;
+  absl::Status ReceiveWhile(absl::string_view what, Transport& transport,
+                            const std::function<absl::Status(const WaitWhole& whole)>& early);
   // Whether RunInRowBlocks overlaps this call with its front door: the
   // front door asked for it and at least one input is streamed.
   bool Pipelines(const Transport& transport) const;
@@ -185,7 +200,7 @@ class Call {
   struct RowBlockSteps {
     // Waits until every byte of input `slot` is in place (at once for one
     // not streamed); not yet checked against its digest.
-    using WaitWhole = std::function<absl::Status(absl::string_view slot)>;
+    using WaitWhole = Call::WaitWhole;
     // Before the result goes out: may wait for whole inputs and say more in
     // the result (the tokens the targets count). A failure ends the call
     // before any block.

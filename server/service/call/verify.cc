@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -59,9 +60,9 @@ struct VerifyWeight {
 
 // Declares every tensor of the call (a streamed weight charged to the
 // weight budget and the tenant's quota before its bytes arrive, held by
-// *reservation) and receives them.
-absl::Status ReceiveVerify(const OpEnv& env, const VerifyRequest& r, const VerifyPlan& plan,
-                           Call* call, Transport& transport, BudgetReservation* reservation) {
+// *reservation).
+absl::Status DeclareVerify(const OpEnv& env, const VerifyRequest& r, const VerifyPlan& plan,
+                           Call* call, BudgetReservation* reservation) {
   if (plan.weight_streamed) {
     LOGITD_ASSIGN_OR_RETURN(
         *reservation,
@@ -78,11 +79,11 @@ absl::Status ReceiveVerify(const OpEnv& env, const VerifyRequest& r, const Verif
     LOGITD_RETURN_IF_ERROR(call->Input(c.name, r.candidates[c.index], c.bytes));
   }
   call->Scratch(plan.scratch_bytes);
-  return call->Receive("verify", transport);
+  return absl::OkStatus();
 }
 
-// A streamed weight loaded for this call; a registered one read back when a
-// reference needs its values.
+// A streamed weight loaded for this call (its bytes in), or the registered
+// one.
 absl::StatusOr<VerifyWeight> WeightOfCall(const OpEnv& env, const VerifyRequest& r,
                                           const VerifyPlan& plan,
                                           const std::optional<WeightRecord>& record, Call* call) {
@@ -95,11 +96,17 @@ absl::StatusOr<VerifyWeight> WeightOfCall(const OpEnv& env, const VerifyRequest&
   }
   w.weight = record->weight;
   w.xxh3 = record->xxh3;
-  if (!plan.weight_read_back) return w;
-  LOGITD_ASSIGN_OR_RETURN(w.copy, env.backend->AllocateHost(plan.w_bytes));
-  LOGITD_RETURN_IF_ERROR(env.backend->ReadWeight(*w.weight, w.copy.as<Bf16Bits>()));
-  w.host = w.copy.as<Bf16Bits>();
   return w;
+}
+
+// A registered weight's values read back to the host, when a reference
+// needs them.
+absl::Status ReadBackWeight(const OpEnv& env, const VerifyPlan& plan, VerifyWeight* w) {
+  if (plan.weight_streamed || !plan.weight_read_back) return absl::OkStatus();
+  LOGITD_ASSIGN_OR_RETURN(w->copy, env.backend->AllocateHost(plan.w_bytes));
+  LOGITD_RETURN_IF_ERROR(env.backend->ReadWeight(*w->weight, w->copy.as<Bf16Bits>()));
+  w->host = w->copy.as<Bf16Bits>();
+  return absl::OkStatus();
 }
 
 // The cross-entropy's or LogProbs' options, for the inputs' digest.
@@ -483,37 +490,66 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   LOGITD_ASSIGN_OR_RETURN(const VerifyPlan plan,
                           PlanVerify(r, record ? &registered : nullptr, env.max_request_bytes));
   BudgetReservation reservation;
-  LOGITD_RETURN_IF_ERROR(ReceiveVerify(env, r, plan, call, transport, &reservation));
+  LOGITD_RETURN_IF_ERROR(DeclareVerify(env, r, plan, call, &reservation));
+  // Where the call's time went, for the debug log.
   absl::Time mark = absl::Now();
-  // Where the call's time went after its inputs arrived, for the debug log.
   std::string stages;
   const auto stage = [&](const char* name) {
     const absl::Time now = absl::Now();
     absl::StrAppendFormat(&stages, " %s %.1f ms;", name, absl::ToDoubleMilliseconds(now - mark));
     mark = now;
   };
-  LOGITD_ASSIGN_OR_RETURN(VerifyWeight w, WeightOfCall(env, r, plan, record, call));
-  LOGITD_ASSIGN_OR_RETURN(const VerifyTargets targets, TargetsOfCall(r, plan, call));
-  stage("weight");
+  VerifyWeight w;
+  VerifyTargets targets;
   VerifyOutcome outcome;
   std::map<std::string, kernels::HostBuffer> own;
-  LOGITD_RETURN_IF_ERROR(RunOwn(env, plan, call, *w.weight, targets, &own, &outcome.timing));
-  stage("logitd's own outputs");
-
-  const absl::Time reference_start = absl::Now();
   // The fp64 products on the backend's device when it offers them; on the
   // host when it has none or cannot hold the widened weight.
   std::shared_ptr<Fp64Products> engine;
   outcome.reference_engine = kHostEngine;
-  if (absl::StatusOr<std::shared_ptr<Fp64Products>> e = env.backend->ReferenceProducts(*w.weight);
-      e.ok() && *e != nullptr) {
-    engine = *std::move(e);
-    outcome.reference_engine = engine->name();
-  } else if (!e.ok()) {
-    outcome.reference_engine =
-        absl::StrCat(kHostEngine, " (the device's engine: ", e.status().message(), ")");
-  }
-  stage("reference engine");
+  std::string aside;  // the side thread's stages
+  // While the candidates arrive (the bulk of a Logits or Backward verify's
+  // bytes): the weight read back and the reference engine made on a thread
+  // of their own, and logitd's own outputs formed on this one as soon as
+  // the inputs they need are in. Every digest is checked before a
+  // reference is formed or anything is judged.
+  LOGITD_RETURN_IF_ERROR(call->ReceiveWhile("verify", transport, [&](const Call::WaitWhole& whole) {
+    if (plan.weight_streamed) LOGITD_RETURN_IF_ERROR(whole("w"));
+    LOGITD_ASSIGN_OR_RETURN(w, WeightOfCall(env, r, plan, record, call));
+    absl::Status read_back;
+    std::thread side([&] {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<std::shared_ptr<Fp64Products>> e = env.backend->ReferenceProducts(*w.weight);
+      if (e.ok() && *e != nullptr) {
+        engine = *std::move(e);
+        outcome.reference_engine = engine->name();
+      } else if (!e.ok()) {
+        outcome.reference_engine =
+            absl::StrCat(kHostEngine, " (the device's engine: ", e.status().message(), ")");
+      }
+      const absl::Time made = absl::Now();
+      read_back = ReadBackWeight(env, plan, &w);
+      aside = absl::StrFormat(" (beside them: reference engine %.1f ms; weight read back %.1f ms)",
+                              absl::ToDoubleMilliseconds(made - start),
+                              absl::ToDoubleMilliseconds(absl::Now() - made));
+    });
+    absl::Status status = whole("x");
+    if (status.ok() && plan.operation == VerifyOperation::kBackward) status = whole("dy");
+    if (status.ok() && r.targets.given) status = whole("targets");
+    if (status.ok()) {
+      absl::StatusOr<VerifyTargets> t = TargetsOfCall(r, plan, call);
+      status = t.status();
+      if (t.ok()) targets = *std::move(t);
+    }
+    if (status.ok()) status = RunOwn(env, plan, call, *w.weight, targets, &own, &outcome.timing);
+    side.join();
+    if (status.ok()) status = read_back;
+    return status;
+  }));
+  stage("inputs and logitd's own outputs");
+  absl::StrAppend(&stages, aside);
+
+  const absl::Time reference_start = absl::Now();
   LmHeadInputs in;
   in.products = engine.get();
   in.x = call->in<Bf16Bits>("x");

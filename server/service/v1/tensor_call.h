@@ -72,6 +72,7 @@ class TensorCallBase : public Transport {
   // Transport, for a header that asked for pipeline: the same on a thread
   // of the call's own, and the outputs streamed as rows are done.
   bool Pipelined() const override { return pipeline_; }
+  bool ReceivesAside() const override { return true; }
   absl::Status StartReceive(std::vector<InputSlot*> streamed, InputProgress* progress) override;
   absl::Status FinishReceive() override;
   void RowsDone(std::int64_t rows) override;
