@@ -73,6 +73,7 @@ struct Assembler::Pending {
   std::uint64_t size = 0;     // its byte count
   bool external = false;      // announced with ExpectInto
   std::uint64_t expected_digest = 0;
+  bool digest_given = false;   // in its spec, or by SetExpectedDigest
   std::uint64_t received = 0;  // bytes accepted (checked and queued or copied)
   XXH3_state_t* state = nullptr;
   std::string name;
@@ -213,6 +214,7 @@ absl::Status Assembler::Announce(const v1::TensorSpec& spec, Tensor* recycle, st
   p->name = spec.name();
   if (landed_) p->landed = &landed_;
   p->expected_digest = spec.xxh3();
+  p->digest_given = spec.xxh3() != 0;
   p->state = XXH3_createState();
   if (p->state == nullptr || XXH3_64bits_reset(p->state) != XXH_OK) {
     return absl::ResourceExhaustedError("cannot allocate a digest state");
@@ -294,8 +296,19 @@ absl::Status Assembler::SetExpectedDigest(absl::string_view name, std::uint64_t 
   if (it == pending_.end()) {
     return absl::NotFoundError(absl::StrCat("no tensor '", name, "' was announced"));
   }
+  if (it->second->digest_given) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", name, "' has its digest already (its spec carried it, or a digest came before)"));
+  }
   it->second->expected_digest = xxh3;
+  it->second->digest_given = true;
   return absl::OkStatus();
+}
+
+std::optional<std::uint64_t> Assembler::ExpectedDigest(absl::string_view name) const {
+  auto it = pending_.find(name);
+  if (it == pending_.end() || !it->second->digest_given) return std::nullopt;
+  return it->second->expected_digest;
 }
 
 void Assembler::StopWorkers() {
@@ -308,6 +321,10 @@ absl::Status Assembler::Finish() {
     if (p->received != p->size) {
       return absl::DataLossError(absl::StrFormat("%s: received %d of %d bytes (truncated stream)",
                                                  name, p->received, p->size));
+    }
+    if (!p->digest_given) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s: its spec carried xxh3 0 and no digest followed its %d bytes", name, p->size));
     }
     const std::uint64_t got = XXH3_64bits_digest(p->state);
     if (got != p->expected_digest) {

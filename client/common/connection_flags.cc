@@ -51,6 +51,14 @@ absl::StatusOr<ClientOptions> ClientOptionsFromFlags() {
     }
     options.chunk_bytes = bytes;
   }
+  if (const std::string d = FlagValue("digest_after_bytes"); !d.empty()) {
+    std::uint64_t bytes = 0;
+    if (!absl::SimpleAtoi(d, &bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--digest_after_bytes: expected a number of bytes (0: never), got ", d));
+    }
+    options.digest_after_bytes = bytes;
+  }
   if (const std::string lb = FlagValue("lb"); !lb.empty()) {
     if (lb != "pick_first" && lb != "round_robin") {
       return absl::InvalidArgumentError(

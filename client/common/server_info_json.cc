@@ -32,6 +32,7 @@ nlohmann::ordered_json ServerInfoJson(const ServerInfo& i, bool with_request_mem
   j["max_receive_message_bytes"] = i.max_receive_message_bytes;
   j["max_request_chunk_bytes"] = i.max_request_chunk_bytes;
   j["max_send_message_bytes"] = i.max_send_message_bytes;
+  j["request_digest_last"] = i.request_digest_last;
   return j;
 }
 

@@ -173,6 +173,15 @@ absl::Status CallTensors::Input(absl::string_view name, const Tensor* tensor,
   InputSlot in;
   in.name = std::string(name);
   in.tensor = tensor;
+  if (!slot && tensor != nullptr && DigestAfter(tensor->nbytes())) {
+    if (absl::Status s = CheckNotEmpty(name, *tensor); !s.ok()) return s;
+    in.spec.set_name(in.name);
+    in.spec.set_dtype(wire::ToProto(tensor->dtype()));
+    for (std::int64_t d : tensor->shape()) in.spec.add_shape(d);
+    in.digest_after = true;  // xxh3 0: it follows the chunks
+    inputs_.push_back(std::move(in));
+    return absl::OkStatus();
+  }
   absl::StatusOr<v1::TensorSpec> spec = InputSpec(name, tensor, slot, dtype, shape, &in.ref);
   if (!spec.ok()) return spec.status();
   in.spec = *std::move(spec);
@@ -191,7 +200,11 @@ absl::Status CallTensors::InputBytes(absl::string_view name, const std::byte* da
   in.spec.set_name(in.name);
   in.spec.set_dtype(wire::ToProto(dtype));
   for (std::int64_t d : shape) in.spec.add_shape(d);
-  in.spec.set_xxh3(Xxh3(data, in.nbytes));
+  if (DigestAfter(in.nbytes)) {
+    in.digest_after = true;
+  } else {
+    in.spec.set_xxh3(Xxh3(data, in.nbytes));
+  }
   inputs_.push_back(std::move(in));
   return absl::OkStatus();
 }

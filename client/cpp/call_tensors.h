@@ -161,6 +161,13 @@ class ResponseTensors {
 // What reading a response stream produced.
 enum class Next { kEnd, kMessage, kChunk, kMalformed };
 
+// Whether a message type has a TensorDigest part (`digest`).
+template <typename Message, typename = void>
+struct CarriesDigest : std::false_type {};
+template <typename Message>
+struct CarriesDigest<Message, std::void_t<decltype(std::declval<Message&>().mutable_digest())>>
+    : std::true_type {};
+
 // A tensor call's stream as raw messages (see logitd/wire/chunk_message.h):
 // requests and results travel as their message types, while a response
 // chunk's bytes are read straight from gRPC's buffers into the tensor they
@@ -181,6 +188,18 @@ class RawCall {
 
   bool Write(const Request& request) { return call_.Write(wire::SerializeMessage(request)); }
   bool Write(const grpc::ByteBuffer& message) { return call_.Write(message); }
+  // The digest of tensor `name`, after its chunks (its spec said xxh3 0).
+  // False for a request type that streams no tensors (FetchGradient's).
+  bool WriteDigest(absl::string_view name, std::uint64_t xxh3) {
+    if constexpr (CarriesDigest<Request>::value) {
+      Request request;
+      request.mutable_digest()->set_name(std::string(name));
+      request.mutable_digest()->set_xxh3(xxh3);
+      return Write(request);
+    } else {
+      return false;
+    }
+  }
   bool WritesDone() { return call_.WritesDone(); }
   // Runs `write` (the request's writes) on a thread of its own while the
   // caller reads the response: for a call whose server answers while it
@@ -249,6 +268,11 @@ bool WriteRawTensor(Stream& stream, absl::string_view name, const Tensor& t,
 // output and a ShmRef "<name>_shm" for one written to shared memory.
 class CallTensors {
  public:
+  // Streamed inputs of `digest_after_bytes` and more (0: none) send their
+  // digest after their chunks (ClientOptions::digest_after_bytes).
+  explicit CallTensors(std::uint64_t digest_after_bytes = 0)
+      : digest_after_bytes_(digest_after_bytes) {}
+
   // An input streamed from `tensor`, or, with `slot`, read by the server from
   // shared memory (`dtype` and `shape` then say what is there; the digest is
   // computed here from the region's bytes). InvalidArgument for a slot
@@ -291,10 +315,18 @@ class CallTensors {
   bool WriteInputs(Stream& stream, std::size_t chunk_bytes) const {
     for (const InputSlot& in : inputs_) {
       if (in.ref) continue;
-      const bool written = in.tensor != nullptr
-                               ? WriteRawTensor(stream, in.name, *in.tensor, chunk_bytes)
-                               : WriteRawBytes(stream, in.name, in.data, in.nbytes, chunk_bytes);
-      if (!written) return false;
+      const std::byte* data = in.tensor != nullptr ? in.tensor->bytes() : in.data;
+      const std::size_t size = in.tensor != nullptr ? in.tensor->nbytes() : in.nbytes;
+      if (!in.digest_after) {
+        if (!WriteRawBytes(stream, in.name, data, size, chunk_bytes)) return false;
+        continue;
+      }
+      // Hashed beside the chunks, sent after them.
+      std::uint64_t digest = 0;
+      std::thread hasher([&] { digest = Xxh3(data, size); });
+      const bool written = WriteRawBytes(stream, in.name, data, size, chunk_bytes);
+      hasher.join();
+      if (!written || !stream.WriteDigest(in.name, digest)) return false;
     }
     return true;
   }
@@ -326,7 +358,13 @@ class CallTensors {
     // InputBytes: streamed from here instead of `tensor`.
     const std::byte* data = nullptr;
     std::size_t nbytes = 0;
+    // Announced with xxh3 0; the digest follows the chunks.
+    bool digest_after = false;
   };
+  bool DigestAfter(std::uint64_t bytes) const {
+    return digest_after_bytes_ != 0 && bytes >= digest_after_bytes_;
+  }
+  const std::uint64_t digest_after_bytes_;
   struct OutputSlot {
     std::string name;
     std::optional<ShmSlot> slot;

@@ -72,6 +72,7 @@ ServerInfo FromProto(const v1::ServerInfo& s) {
   out.chunk_bytes = s.chunk_bytes();
   out.max_receive_message_bytes = s.max_receive_message_bytes();
   out.max_request_chunk_bytes = s.max_request_chunk_bytes();
+  out.request_digest_last = s.request_digest_last();
   out.max_send_message_bytes = s.max_send_message_bytes();
   out.device_bytes_in_use = s.device_bytes_in_use();
   out.split_k = s.split_k();

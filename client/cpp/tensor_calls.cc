@@ -168,7 +168,7 @@ absl::Status Client::LogitsPart(const Tensor& x, std::int64_t r0, std::int64_t r
                                 const std::string& handle, std::byte* y, std::uint64_t y_bytes,
                                 const LogitsOptions& options, Timing* timing) {
   const std::int64_t k = x.dim(1);
-  CallTensors slots;
+  CallTensors slots(impl_->options.digest_after_bytes);
   absl::Status s = slots.InputBytes("x", x.bytes() + static_cast<std::uint64_t>(r0 * k) * 2,
                                     DType::kBf16, {rows, k});
   if (!s.ok()) return s;
@@ -225,7 +225,7 @@ absl::StatusOr<GradientResult> Client::FetchGradient(const std::string& handle,
 absl::StatusOr<GradientResult> Client::FetchGradientInto(const std::string& handle,
                                                          bool zero_after_fetch, Tensor* into) {
   if (into == nullptr) return absl::InvalidArgumentError("dw: expected a tensor to receive into");
-  CallTensors slots;
+  CallTensors slots(impl_->options.digest_after_bytes);
   if (absl::Status s = slots.Output("dw", std::nullopt, into); !s.ok()) return s;
   v1::FetchGradientRequest request;
   request.set_weight_handle(handle);
@@ -315,7 +315,7 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
     return absl::InvalidArgumentError(
         "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
   }
-  CallTensors slots;
+  CallTensors slots(impl_->options.digest_after_bytes);
   for (absl::Status s : {slots.Input("x", Bf16(args.x)), slots.Output("y", args.y)}) {
     if (!s.ok()) return s;
   }
@@ -349,7 +349,7 @@ absl::StatusOr<LogitsShmResult> Client::LogitsShm(const LogitsShmArgs& args,
 absl::StatusOr<BackwardShmResult> Client::BackwardShm(const BackwardShmArgs& args,
                                                       const std::string& handle,
                                                       const BackwardOptions& options) {
-  CallTensors slots;
+  CallTensors slots(impl_->options.digest_after_bytes);
   for (absl::Status s : {slots.Input("dy", args.dy), slots.Input("x", Bf16(args.x)),
                          slots.Output("dx", args.dx), slots.Output("dw", args.dw)}) {
     if (!s.ok()) return s;
@@ -383,7 +383,7 @@ absl::StatusOr<BackwardShmResult> Client::BackwardShm(const BackwardShmArgs& arg
 }
 
 absl::StatusOr<CastShmResult> Client::CastShm(const CastShmArgs& args) {
-  CallTensors slots;
+  CallTensors slots(impl_->options.digest_after_bytes);
   for (absl::Status s : {slots.Input("input", args.input), slots.Output("output", args.output)}) {
     if (!s.ok()) return s;
   }
@@ -418,7 +418,7 @@ absl::StatusOr<CrossEntropyShmResult> Client::CrossEntropyShm(const CrossEntropy
         "grad_scale: expected a non-zero loss gradient (0 on the wire means the default 1), "
         "got 0");
   }
-  CallTensors slots;
+  CallTensors slots(impl_->options.digest_after_bytes);
   // The targets before X: in row blocks the server waits for all of them
   // before the first block.
   for (absl::Status s : {slots.Input("targets", args.targets), slots.Input("x", Bf16(args.x)),
@@ -529,7 +529,7 @@ absl::StatusOr<LogProbsResult> Client::LogProbsShm(const LogProbsShmArgs& args,
   if (options.top_k < 0) {
     return absl::InvalidArgumentError(absl::StrCat("top_k: expected 0 to 64, got ", options.top_k));
   }
-  CallTensors slots;
+  CallTensors slots(impl_->options.digest_after_bytes);
   // The targets before X: in row blocks a block waits for its rows of both,
   // and X's rows are then what it waits for.
   if (args.targets.given()) {
@@ -625,7 +625,7 @@ absl::StatusOr<LogProbsResult> Client::LogProbsSpread(const Tensor& x, const Ten
   absl::Status spread = RunSpread(
       m, block, options.connections,
       [&](Client& c, std::int64_t r0, std::int64_t rows, std::int64_t i) {
-        CallTensors slots;
+        CallTensors slots(c.impl_->options.digest_after_bytes);
         if (targets != nullptr) {
           const std::uint64_t t_row = ElementSize(targets->dtype());
           absl::Status s =

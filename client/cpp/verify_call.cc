@@ -93,7 +93,7 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
     return absl::InvalidArgumentError(
         "alpha: expected a non-zero scale (0 on the wire means the default 1), got 0");
   }
-  CallTensors slots;
+  CallTensors slots(impl_->options.digest_after_bytes);
   if (absl::Status s = VerifySlots(args, &slots); !s.ok()) return s;
   v1::VerifyRequest request;
   v1::VerifyHeader* h = request.mutable_header();

@@ -15,8 +15,8 @@ namespace logitd::logitctl {
 namespace {
 
 bool IsConnectionFlag(absl::string_view name) {
-  for (absl::string_view f :
-       {"server", "timeout", "chunk_bytes", "token", "token_file", "ca", "cert", "key"}) {
+  for (absl::string_view f : {"server", "timeout", "chunk_bytes", "digest_after_bytes", "token",
+                              "token_file", "ca", "cert", "key"}) {
     if (name == f) return true;
   }
   return false;

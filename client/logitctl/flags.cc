@@ -11,6 +11,10 @@ ABSL_FLAG(std::string, server, "127.0.0.1:50051", "logitd server address (a gRPC
 ABSL_FLAG(double, timeout, 600, "per-call deadline in seconds; 0 for none");
 ABSL_FLAG(std::uint64_t, chunk_bytes, logitd::kDefaultChunkBytes,
           "chunk size for tensors sent to the server, bytes");
+ABSL_FLAG(std::uint64_t, digest_after_bytes, std::uint64_t{64} << 20,
+          "tensors of this many bytes or more are sent with their digest after their chunks, "
+          "hashed while they travel (servers whose info says request_digest_last); 0 hashes "
+          "every tensor before the call's header, as older servers need");
 ABSL_FLAG(std::string, token, "",
           "bearer token sent with every call (default: $LOGITD_TOKEN); visible to other users "
           "in the process list, so prefer $LOGITD_TOKEN or --token_file on shared machines");

@@ -12,6 +12,7 @@
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(double, timeout);
 ABSL_DECLARE_FLAG(std::uint64_t, chunk_bytes);
+ABSL_DECLARE_FLAG(std::uint64_t, digest_after_bytes);
 ABSL_DECLARE_FLAG(std::string, token);
 ABSL_DECLARE_FLAG(std::string, token_file);
 ABSL_DECLARE_FLAG(std::string, ca);

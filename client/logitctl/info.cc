@@ -53,7 +53,8 @@ int CmdInfo(const std::vector<std::string>& words) {
                {"max_concurrent_requests", absl::StrCat(i.max_concurrent_requests)},
                {"max_receive_message_bytes", Bytes(i.max_receive_message_bytes)},
                {"max_request_chunk_bytes", Bytes(i.max_request_chunk_bytes)},
-               {"max_send_message_bytes", Bytes(i.max_send_message_bytes)}});
+               {"max_send_message_bytes", Bytes(i.max_send_message_bytes)},
+               {"request_digest_last", i.request_digest_last ? "true" : "false"}});
     return kExitOk;
   });
 }

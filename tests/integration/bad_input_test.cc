@@ -473,20 +473,51 @@ TEST_F(BadInputTest, CastDigestMismatchIsDataLoss) {
             grpc::StatusCode::DATA_LOSS);
 }
 
-// 0 is the responses' "digest follows"; a request must carry its digest, and
-// is told which field lacks it (not that its bytes were damaged).
-TEST_F(BadInputTest, RequestSpecWithoutDigestIsInvalidArgumentNamingTheField) {
+// A streamed tensor announced with xxh3 0 sends its digest after its
+// chunks (TensorDigest): taken when it follows and matches; DATA_LOSS when
+// it never comes or does not match; INVALID_ARGUMENT for a digest of a
+// tensor whose spec carried one, or of no tensor announced.
+TEST_F(BadInputTest, ADigestAfterTheChunksIsCheckedAsOneInTheSpec) {
   const Tensor in = NormalFp32({16, 16}, 42);
-  v1::CastRequest header;
-  *header.mutable_header()->mutable_input() = wire::MakeSpec("input", in);
-  header.mutable_header()->mutable_input()->set_xxh3(0);
-  std::vector<v1::CastRequest> m = {header};
-  for (v1::TensorChunk& c : Chunks("input", in, 512)) m.push_back(ChunkMessage<v1::CastRequest>(c));
-  const grpc::Status status = RunBidi<v1::CastResponse>(
-      [](grpc::ClientContext* c) { return BadInputTest::StubForTest().Cast(c); }, m);
+  const std::uint64_t digest = in.Digest();
+  // The header with the input's spec (its xxh3 as given), the chunks, then
+  // the digest messages given.
+  const auto run = [&](std::uint64_t spec_xxh3,
+                       const std::vector<std::pair<std::string, std::uint64_t>>& digests) {
+    v1::CastRequest header;
+    *header.mutable_header()->mutable_input() = wire::MakeSpec("input", in);
+    header.mutable_header()->mutable_input()->set_xxh3(spec_xxh3);
+    std::vector<v1::CastRequest> m = {header};
+    for (v1::TensorChunk& c : Chunks("input", in, 512)) {
+      m.push_back(ChunkMessage<v1::CastRequest>(c));
+    }
+    for (const auto& [name, xxh3] : digests) {
+      v1::CastRequest d;
+      d.mutable_digest()->set_name(name);
+      d.mutable_digest()->set_xxh3(xxh3);
+      m.push_back(d);
+    }
+    return RunBidi<v1::CastResponse>(
+        [](grpc::ClientContext* c) { return BadInputTest::StubForTest().Cast(c); }, m);
+  };
+  EXPECT_TRUE(run(0, {{"input", digest}}).ok());
+  EXPECT_TRUE(run(digest, {}).ok());
+
+  grpc::Status status = run(0, {});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(status.error_message(), HasSubstr("input: its spec carried xxh3 0 and no digest"));
+  status = run(0, {{"input", digest ^ 1}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(status.error_message(), HasSubstr("input: xxh3 digest of the received bytes"));
+  status = run(digest, {{"input", digest}});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("input: TensorSpec.xxh3 is 0"), std::string::npos)
-      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("TensorDigest for 'input'"));
+  EXPECT_THAT(status.error_message(), HasSubstr("has its digest already"));
+  status = run(0, {{"input", digest}, {"input", digest}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  status = run(0, {{"other", digest}, {"input", digest}});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("no tensor 'other' was announced"));
 }
 
 }  // namespace

@@ -473,6 +473,61 @@ TEST_F(ClientTest, OddClientChunkSizeRoundTrips) {
   EXPECT_TRUE(Fp32EqualsExact(*y, ExactNT(x, w), {5, 70}));
 }
 
+// Tensors sent with their digest after their chunks (every one here:
+// digest_after_bytes 1) give the bits of tensors hashed before the header,
+// for every call that streams tensors; the server says it takes them.
+TEST_F(ClientTest, DigestsAfterTheChunksGiveTheSameResults) {
+  client::ClientOptions options;
+  options.digest_after_bytes = 1;
+  options.chunk_bytes = 1001;  // several chunks a tensor
+  absl::StatusOr<std::unique_ptr<client::Client>> c = server_->NewClient(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  client::Client& after = **c;
+  const Tensor x = IntBf16({6, 256}, 611);
+  const Tensor w = IntBf16({90, 256}, 612);
+  const Tensor dy = NormalFp32({6, 90}, 613);
+  const std::string handle = Register(w, "digest_after");
+  absl::StatusOr<client::ServerInfo> info = after.Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->request_digest_last);
+
+  absl::StatusOr<Tensor> y = after.Logits(x, handle);
+  absl::StatusOr<Tensor> y0 = client().Logits(x, handle);
+  ASSERT_TRUE(y.ok() && y0.ok()) << y.status() << " " << y0.status();
+  EXPECT_TRUE(BitwiseEqual(*y, *y0));
+  EXPECT_TRUE(Fp32EqualsExact(*y, ExactNT(x, w), {6, 90}));
+
+  absl::StatusOr<client::BackwardResult> b = after.Backward(dy, x, handle);
+  absl::StatusOr<client::BackwardResult> b0 = client().Backward(dy, x, handle);
+  ASSERT_TRUE(b.ok() && b0.ok()) << b.status() << " " << b0.status();
+  EXPECT_TRUE(BitwiseEqual(*b->dx, *b0->dx));
+  EXPECT_TRUE(BitwiseEqual(*b->dw, *b0->dw));
+
+  absl::StatusOr<Tensor> cast = after.CastToBf16(dy);
+  absl::StatusOr<Tensor> cast0 = client().CastToBf16(dy);
+  ASSERT_TRUE(cast.ok() && cast0.ok()) << cast.status() << " " << cast0.status();
+  EXPECT_TRUE(BitwiseEqual(*cast, *cast0));
+
+  Tensor targets(DType::kInt64, {6});
+  for (std::int64_t i = 0; i < 6; ++i) targets.data<std::int64_t>()[i] = (i * 37) % 90;
+  absl::StatusOr<client::CrossEntropyResult> ce = after.CrossEntropy(x, targets, handle);
+  absl::StatusOr<client::CrossEntropyResult> ce0 = client().CrossEntropy(x, targets, handle);
+  ASSERT_TRUE(ce.ok() && ce0.ok()) << ce.status() << " " << ce0.status();
+  EXPECT_TRUE(BitwiseEqual(ce->loss, ce0->loss));
+
+  client::VerifyArgs v;
+  v.operation = client::VerifyOperation::kLogits;
+  v.weight_handle = handle;
+  v.x = x;
+  v.candidates["y"] = *y0;
+  absl::StatusOr<client::VerifyResult> verdict = after.Verify(v);
+  ASSERT_TRUE(verdict.ok()) << verdict.status();
+  EXPECT_EQ(verdict->verdict, "bitwise_equal_to_logitd");
+  ASSERT_EQ(verdict->candidates.size(), 1u);
+  // The candidate's digest as the server received it, announced after it.
+  EXPECT_EQ(verdict->candidates[0].xxh3, y0->Digest());
+}
+
 TEST_F(ClientTest, ConcurrentClientsGetCorrectResults) {
   const std::int64_t v = 512, k = 1024;
   const Tensor w = IntBf16({v, k}, 701);

@@ -559,6 +559,12 @@ TEST_F(ShmTest, ScribbledInputIsDataLoss) {
   EXPECT_THAT(s.error_message(), HasSubstr("read from shared memory"));
   // Restored, the same header works and says where Y went.
   r.region.data()[5] ^= std::byte{0x40};
+  // A tensor in shared memory has no chunks for its digest to follow.
+  h.mutable_x()->set_xxh3(0);
+  const grpc::Status no_digest = RawLogits(h, &result);
+  EXPECT_EQ(no_digest.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(no_digest.error_message(), HasSubstr("x: TensorSpec.xxh3 is 0"));
+  *h.mutable_x() = wire::MakeSpec("x", x);
   ASSERT_TRUE(RawLogits(h, &result).ok());
   EXPECT_EQ(result.y_shm().offset(), x.nbytes());
   EXPECT_EQ(result.y_shm().bytes(), 4u * kV * 4);

@@ -94,6 +94,13 @@ absl::Status Call::Receive(absl::string_view what, Transport& transport) {
   return AllocateOutputs(transport);
 }
 
+std::optional<std::uint64_t> Call::InputDigest(absl::string_view name) const {
+  for (const InputSlot& s : inputs_) {
+    if (s.name == name) return s.in.xxh3;
+  }
+  return std::nullopt;
+}
+
 absl::Status Call::ReceiveWhile(absl::string_view what, Transport& transport,
                                 const std::function<absl::Status(const WaitWhole& whole)>& early) {
   if (!transport.ReceivesAside()) {

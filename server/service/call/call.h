@@ -227,6 +227,9 @@ class Call {
   T* out(absl::string_view name) const {
     return reinterpret_cast<T*>(OutData(name));
   }
+  // The xxh3-64 the request gave for input `name`: in its spec, or (once
+  // received) after its chunks; nullopt for none (or no such input).
+  std::optional<std::uint64_t> InputDigest(absl::string_view name) const;
   // Lets go of the input buffers once the backend is done with them, so that
   // they are not held while the response goes out.
   void ReleaseInputs();

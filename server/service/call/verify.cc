@@ -24,10 +24,11 @@
 namespace logitd::service {
 namespace {
 
-// The xxh3-64 the request announced for an input, else of its bytes.
-std::uint64_t DigestOf(const CallInput& in, const void* data, std::uint64_t bytes) {
-  if (in.xxh3.has_value()) return *in.xxh3;
-  return Xxh3(data, bytes);
+// The xxh3-64 the request gave for input `slot` (in its spec, or after its
+// chunks), else of its bytes.
+std::uint64_t DigestOf(const Call& call, absl::string_view slot, std::uint64_t bytes) {
+  if (std::optional<std::uint64_t> d = call.InputDigest(slot)) return *d;
+  return Xxh3(call.in(slot), bytes);
 }
 
 constexpr char kHostEngine[] = "OpenBLAS dgemm on the host";
@@ -91,7 +92,6 @@ absl::StatusOr<VerifyWeight> WeightOfCall(const OpEnv& env, const VerifyRequest&
   if (plan.weight_streamed) {
     w.host = call->in<Bf16Bits>("w");
     LOGITD_ASSIGN_OR_RETURN(w.weight, env.backend->LoadWeight(w.host, plan.v, plan.k));
-    w.xxh3 = DigestOf(r.w, w.host, plan.w_bytes);
     return w;
   }
   w.weight = record->weight;
@@ -259,7 +259,7 @@ absl::Status CheckCandidates(const VerifyRequest& r, const VerifyPlan& plan, con
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);
     const std::byte* mine = own.at(c.name).data();
-    v.xxh3 = DigestOf(r.candidates[c.index], data, c.bytes);
+    v.xxh3 = DigestOf(*call, c.name, c.bytes);
     bool done = false;
     if (c.name == "y") {
       done = CheckLogits(in, plan.alpha, plan.rows, data, mine, c.dtype, &v.check, stop);
@@ -445,7 +445,7 @@ absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan,
   for (const VerifyCandidatePlan& c : plan.candidates) {
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);
-    v.xxh3 = DigestOf(r.candidates[c.index], data, c.bytes);
+    v.xxh3 = DigestOf(*call, c.name, c.bytes);
     if (c.name == "topk_ids" || c.name == "topk_logprobs" || c.name == "rank") {
       CheckTopKOrRank(c, plan, lp_ref, top_k_ids, top_k_z, data, own.at(c.name).data(), &v.check);
       outcome->candidates.push_back(std::move(v));
@@ -546,6 +546,8 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
     if (status.ok()) status = read_back;
     return status;
   }));
+  // A streamed weight's digest, which may have followed its chunks.
+  if (plan.weight_streamed) w.xxh3 = DigestOf(*call, "w", plan.w_bytes);
   stage("inputs and logitd's own outputs");
   absl::StrAppend(&stages, aside);
 
@@ -573,11 +575,11 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   outcome.rows = plan.rows;
   std::string inputs = absl::StrFormat("verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x",
                                        VerifyOperationName(plan.operation), FloatBits(plan.alpha),
-                                       w.xxh3, DigestOf(r.x, in.x, plan.x_bytes),
-                                       r.dy.given ? DigestOf(r.dy, in.dy, plan.dy_bytes) : 0);
+                                       w.xxh3, DigestOf(*call, "x", plan.x_bytes),
+                                       r.dy.given ? DigestOf(*call, "dy", plan.dy_bytes) : 0);
   if (r.targets.given) {
     absl::StrAppendFormat(&inputs, ";targets=%016x",
-                          DigestOf(r.targets, call->in("targets"), plan.targets_bytes));
+                          DigestOf(*call, "targets", plan.targets_bytes));
   }
   absl::StrAppend(&inputs, OptionsText(plan));
   outcome.inputs_xxh3 = Xxh3(inputs.data(), inputs.size());

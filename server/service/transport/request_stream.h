@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "logitd/wire/wire.h"
 
 namespace logitd::service {
@@ -84,12 +85,22 @@ absl::Status ReceiveChunks(Stream* stream, wire::Assembler* assembler, Stats* st
         if (absl::Status s = assembler->Add(msg.chunk()); !s.ok()) return s;
         break;
       }
+      case Request::kDigest: {
+        const absl::Status s =
+            assembler->SetExpectedDigest(msg.digest().name(), msg.digest().xxh3());
+        if (!s.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "TensorDigest for '", msg.digest().name(), "': ", s.message(),
+              "; a digest follows the chunks only of a streamed tensor whose spec carried xxh3 0"));
+        }
+        break;
+      }
       case Request::kHeader:
         return absl::InvalidArgumentError(
             "expected chunks after the header, got a second header (one call carries one header)");
       default:
         return absl::InvalidArgumentError(
-            "expected a chunk, got a request message with neither header nor chunk");
+            "expected a chunk or a digest, got a request message with neither");
     }
   }
   if (cancelled()) {

@@ -20,7 +20,8 @@ CallInput InputOf(const v1::TensorSpec& spec, const v1::ShmRef* shm_ref, const V
   in.name = spec.name();
   in.dtype = ProtoDTypeName(spec.dtype());
   in.shape.assign(spec.shape().begin(), spec.shape().end());
-  in.xxh3 = spec.xxh3();
+  // 0: it follows the chunks (TensorDigest), and reaches the slot with them.
+  if (spec.xxh3() != 0) in.xxh3 = spec.xxh3();
   if (shm_ref != nullptr) {
     in.from = CallInput::From::kShm;
     in.shm = [registry = shm.registry, tenant = shm.tenant, ref = *shm_ref](
@@ -34,7 +35,7 @@ CallInput InputOf(const v1::TensorSpec& spec, const v1::ShmRef* shm_ref, const V
 // A required input: its spec checked, then translated.
 absl::StatusOr<CallInput> Required(absl::string_view what, bool present, const v1::TensorSpec& spec,
                                    bool has_shm, const v1::ShmRef& shm_ref, const V1Shm& shm) {
-  LOGITD_RETURN_IF_ERROR(CheckRequestSpec(what, present, spec));
+  LOGITD_RETURN_IF_ERROR(CheckRequestSpec(what, present, spec, /*streamed=*/!has_shm));
   return InputOf(spec, has_shm ? &shm_ref : nullptr, shm);
 }
 
@@ -72,7 +73,8 @@ std::string ProtoDTypeName(v1::DType dtype) {
   return std::string(n);
 }
 
-absl::Status CheckRequestSpec(absl::string_view what, bool present, const v1::TensorSpec& spec) {
+absl::Status CheckRequestSpec(absl::string_view what, bool present, const v1::TensorSpec& spec,
+                              bool streamed) {
   if (!present) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": the header has no TensorSpec"));
   }
@@ -80,13 +82,13 @@ absl::Status CheckRequestSpec(absl::string_view what, bool present, const v1::Te
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": TensorSpec.name is empty (chunks name the tensor they belong to)"));
   }
-  if (spec.xxh3() == 0) {
-    // 0 means "digest follows the chunks" on responses only; a request's
-    // digest is checked when its bytes have arrived, so it must be sent.
+  if (spec.xxh3() == 0 && !streamed) {
+    // 0 means "the digest follows the chunks", which only a streamed
+    // tensor has.
     return absl::InvalidArgumentError(absl::StrCat(
         what,
-        ": TensorSpec.xxh3 is 0; a request tensor's spec carries the xxh3-64 (seed 0) of "
-        "its bytes"));
+        ": TensorSpec.xxh3 is 0; this tensor's spec carries the xxh3-64 (seed 0) of its bytes "
+        "(only a streamed tensor of a call may send it after its chunks, as a TensorDigest)"));
   }
   return absl::OkStatus();
 }
@@ -276,7 +278,7 @@ absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& h, const V
     auto it = slots.find(std::string(what));
     const v1::ShmRef* ref = it == slots.end() ? nullptr : it->second;
     if (it != slots.end()) slots.erase(it);
-    LOGITD_RETURN_IF_ERROR(CheckRequestSpec(what, present, spec));
+    LOGITD_RETURN_IF_ERROR(CheckRequestSpec(what, present, spec, /*streamed=*/ref == nullptr));
     return InputOf(spec, ref, shm);
   };
   r.weight_handle = h.weight_handle();

@@ -39,7 +39,9 @@ absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& header, co
 // for a value this build does not know.
 std::string ProtoDTypeName(v1::DType dtype);
 
-// The header's checks of a request tensor: present, named, with a digest.
-absl::Status CheckRequestSpec(absl::string_view what, bool present, const v1::TensorSpec& spec);
+// The header's checks of a request tensor: present, named, with a digest
+// unless it is `streamed` (its digest may then follow its chunks).
+absl::Status CheckRequestSpec(absl::string_view what, bool present, const v1::TensorSpec& spec,
+                              bool streamed);
 
 }  // namespace logitd::service

@@ -94,6 +94,7 @@ grpc::Status LogitdService::GetServerInfo(grpc::ServerContext* context,
     response->set_split_k(info.split_k);
     response->set_algo_choices(info.algo_choices);
     response->set_algo_cache_path(info.algo_cache_path);
+    response->set_request_digest_last(true);
     response->set_request_memory_bytes(admission_.options().memory_bytes);
     response->set_max_concurrent_requests(admission_.options().max_concurrent_requests);
     // With tokens, a caller sees its own tenant's weights and calls only:

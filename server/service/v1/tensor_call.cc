@@ -53,9 +53,10 @@ absl::Status TensorCallBase::StartReceive(std::vector<InputSlot*> streamed,
   assembler_.OnLanded(
       [progress](absl::string_view name, std::uint64_t bytes) { progress->Landed(name, bytes); });
   LOGITD_RETURN_IF_ERROR(Announce(streamed));
-  receiver_ = std::thread([this, progress] {
+  receiver_ = std::thread([this, progress, streamed = std::move(streamed)] {
     absl::Status status = ReceiveChunks();
     stats_->receive_us = Micros(absl::Now() - start_);
+    if (status.ok()) DigestsReceived(streamed);
     received_ = status;
     progress->Ended(std::move(status));
   });
@@ -186,7 +187,14 @@ absl::Status TensorCallBase::ReceiveStreamed(std::vector<InputSlot*> streamed) {
   LOGITD_RETURN_IF_ERROR(Announce(streamed));
   LOGITD_RETURN_IF_ERROR(ReceiveChunks());
   stats_->receive_us = Micros(absl::Now() - start_);
+  DigestsReceived(streamed);
   return absl::OkStatus();
+}
+
+void TensorCallBase::DigestsReceived(const std::vector<InputSlot*>& streamed) {
+  for (InputSlot* slot : streamed) {
+    if (!slot->in.xxh3) slot->in.xxh3 = assembler_.ExpectedDigest(slot->in.name);
+  }
 }
 
 void TensorCallBase::Timed(const kernels::Timing& t, v1::Timing* out) const {

@@ -129,6 +129,9 @@ class TensorCallBase : public Transport {
 
   // The streamed inputs announced to the assembler, each into its buffer.
   absl::Status Announce(const std::vector<InputSlot*>& streamed);
+  // Once every digest matched: those that followed their chunks (a spec
+  // with xxh3 0) into their slots, for what reports an input's digest.
+  void DigestsReceived(const std::vector<InputSlot*>& streamed);
   // Row blocks: the thread receiving the request's chunks, and its status.
   std::thread receiver_;
   absl::Status received_;

@@ -107,7 +107,7 @@ absl::StatusOr<WeightPlan> ValidateRegisterWeight(const v1::RegisterWeightHeader
                                                    " bytes, got ", header.name().size()));
   }
   const v1::TensorSpec& w = header.weight();
-  LOGITD_RETURN_IF_ERROR(CheckRequestSpec("weight", header.has_weight(), w));
+  LOGITD_RETURN_IF_ERROR(CheckRequestSpec("weight", header.has_weight(), w, /*streamed=*/false));
   if (w.dtype() != v1::DTYPE_BF16) {
     return absl::InvalidArgumentError(
         absl::StrCat("weight: expected dtype BF16, got ", ProtoDTypeName(w.dtype())));

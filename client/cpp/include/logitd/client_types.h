@@ -84,6 +84,13 @@ struct CallStats {
 struct ClientOptions {
   // Chunk size for tensors sent to the server, bytes.
   std::size_t chunk_bytes = kDefaultChunkBytes;
+  // A tensor streamed to the server of this many bytes or more is announced
+  // with xxh3 0 and its digest sent after its chunks, worked out on a thread
+  // of its own while they travel, instead of before the call's header (a
+  // 2 GB candidate of a Verify, a Backward's dY). Servers that say
+  // ServerInfo.request_digest_last take it; 0 hashes every tensor first, as
+  // older servers need.
+  std::uint64_t digest_after_bytes = std::uint64_t{64} << 20;
   // Per-call deadline; absl::InfiniteDuration() for none.
   absl::Duration timeout = absl::Minutes(10);
   // Sent as "authorization: Bearer <token>" with every call when non-empty
@@ -136,6 +143,9 @@ struct ServerInfo {
   std::uint64_t max_receive_message_bytes = 0;
   std::uint64_t max_request_chunk_bytes = 0;
   std::uint64_t max_send_message_bytes = 0;
+  // Whether a streamed tensor's digest may follow its chunks
+  // (ClientOptions::digest_after_bytes).
+  bool request_digest_last = false;
   std::uint64_t device_bytes_in_use = 0;
   std::string split_k;
   // How long GEMM algorithm choices last: "fixed", "kept" (in

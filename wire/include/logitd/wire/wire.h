@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -61,8 +62,12 @@ class Assembler {
   absl::Status Add(ChunkView&& chunk);
   // Sets the digest a tensor's bytes must have, for a sender that announces
   // it after the bytes (Expect() was given the spec without it). NotFound
-  // when no tensor `name` was announced.
+  // when no tensor `name` was announced, FailedPrecondition when its digest
+  // was given already (in its spec, or before).
   absl::Status SetExpectedDigest(absl::string_view name, std::uint64_t xxh3);
+  // The digest tensor `name`'s bytes must have, once given; after an OK
+  // Finish, the digest of its bytes.
+  std::optional<std::uint64_t> ExpectedDigest(absl::string_view name) const;
   // Told each time bytes of a tensor are in place in its buffer: the
   // tensor's name and how many of its bytes, from offset 0, are. Called from
   // the thread that copied them (the receiving thread, or a large tensor's
@@ -70,7 +75,8 @@ class Assembler {
   // rest arrive. Their digest is checked only by Finish. Set before Expect.
   using Landed = std::function<void(absl::string_view name, std::uint64_t bytes)>;
   void OnLanded(Landed landed) { landed_ = std::move(landed); }
-  // DataLoss when any tensor is incomplete or its digest does not match.
+  // DataLoss when any tensor is incomplete, its digest never came, or its
+  // bytes do not have it.
   // Stops every tensor's thread first (StopWorkers), whatever it returns.
   absl::Status Finish();
   // Waits until each large tensor's own thread has copied and hashed every
