@@ -248,7 +248,35 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
     if (bad_col[static_cast<std::size_t>(c)]) bad_w_cols.push_back(c);
   }
   const judgement::ProductRule rule = SumOfProductsRule(v, dtype);
-  const CheckedRows walk = AllOr(rows, in.m);
+  CheckedRows walk = AllOr(rows, in.m);
+  // Blocks of rows judged on the engine's device from dY as it came (G
+  // rounded there); the rows of a block it did not judge (a NaN or an
+  // infinity in G) go the host's way below.
+  const std::int64_t device_rows = bad_w_cols.empty() && in.products != nullptr
+                                       ? in.products->JudgeBlockRows(std::max(v, k))
+                                       : 0;
+  // Counted apart, and merged last: the host's rows may come before them.
+  CandidateCheck on_device(check->dtype());
+  if (device_rows > 0) {
+    CheckedRows left;
+    for (std::size_t b0 = 0; b0 < walk.size(); b0 += static_cast<std::size_t>(device_rows)) {
+      if (stop && stop()) return false;
+      const std::size_t n = std::min(walk.size() - b0, static_cast<std::size_t>(device_rows));
+      CheckFigures figures;
+      if (in.products->JudgeGWOfDy(in.dy, in.dy_dtype == DType::kBf16, walk.data() + b0,
+                                   static_cast<std::int64_t>(n), candidate, own, rule, &figures)) {
+        on_device.AddCounted(figures);
+        continue;
+      }
+      left.insert(left.end(), walk.begin() + static_cast<std::ptrdiff_t>(b0),
+                  walk.begin() + static_cast<std::ptrdiff_t>(b0 + n));
+    }
+    if (left.empty()) {
+      check->Merge(on_device);
+      return true;
+    }
+    walk = std::move(left);
+  }
   // A block's rows of G = bf16(dY) as doubles, the rows on threads.
   const auto g_rows = [&](std::size_t b0, std::size_t n) {
     std::vector<double> g(n * static_cast<std::size_t>(v));
@@ -295,10 +323,12 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
                       bound.data(), p_bound.data());
     }
   };
-  return WalkBlocks(in, /*transposed=*/false, walk,
-                    std::max<std::int64_t>(1, kReferenceBlockElements / std::max(v, k)),
-                    std::max(v, k), bad_w_cols.empty(), candidate, own, rule, check, stop, g_rows,
-                    host_block);
+  const bool walked = WalkBlocks(
+      in, /*transposed=*/false, walk,
+      std::max<std::int64_t>(1, kReferenceBlockElements / std::max(v, k)), std::max(v, k),
+      bad_w_cols.empty(), candidate, own, rule, check, stop, g_rows, host_block);
+  check->Merge(on_device);
+  return walked;
 }
 
 bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,

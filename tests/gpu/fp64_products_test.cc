@@ -334,6 +334,52 @@ TEST_F(Fp64ProductsTest, JudgingOnTheDeviceCountsWhatTheHostCounts) {
     EXPECT_GT(on_host.outside(), 0);
   }
   EXPECT_TRUE(engine->error().empty()) << engine->error();
+
+  // dX judged from dY as sent, G rounded on the device (JudgeGWOfDy): an
+  // fp32 dY (whose rounding the reference needs: dy is G·1.3), a bf16 one,
+  // sampled rows; one NaN in a row of dY leaves its block to the host,
+  // which counts the same, and is not the engine's error.
+  std::vector<float> dy_nan = dy;
+  dy_nan[77 * v + 11] = std::nanf("");
+  for (const int kind : {0, 1, 2}) {
+    for (const CheckedRows& rows : {CheckedRows{}, CheckedRows{0, 2, 3, 4, 5, 9, 77, 149}}) {
+      SCOPED_TRACE(::testing::Message() << "dY kind " << kind << " rows " << rows.size());
+      const bool dy_bf16 = kind == 1;
+      in.dy = dy_bf16 ? static_cast<const void*>(dy_bits.data())
+                      : (kind == 2 ? dy_nan.data() : dy.data());
+      in.dy_dtype = dy_bf16 ? DType::kBf16 : DType::kFp32;
+      std::vector<std::uint8_t> candidate, own;
+      Perturb(dx_ref, k, false, &candidate, &own);
+      CandidateCheck direct(DType::kFp32), on_device(DType::kFp32), on_host(DType::kFp32);
+      const CheckedRows walk = rows.empty() ? [&] {
+        CheckedRows all(m);
+        for (std::int64_t i = 0; i < m; ++i) all[i] = i;
+        return all;
+      }() : rows;
+      CheckFigures figures;
+      const judgement::ProductRule rule{
+          1.0, logitd::Gamma(v, kFp32UnitRoundoff) + logitd::Gamma(v, kFp64UnitRoundoff),
+          std::min(ProbabilisticGamma(v, kFp32UnitRoundoff), logitd::Gamma(v, kFp32UnitRoundoff)) +
+              logitd::Gamma(v, kFp64UnitRoundoff),
+          false};
+      const bool judged =
+          engine->JudgeGWOfDy(in.dy, dy_bf16, walk.data(), static_cast<std::int64_t>(walk.size()),
+                              candidate.data(), own.data(), rule, &figures);
+      EXPECT_EQ(judged, kind != 2) << engine->error();
+      in.products = engine.get();
+      ASSERT_TRUE(CheckGradInput(in, rows, candidate.data(), own.data(), DType::kFp32, &on_device));
+      in.products = &host;
+      ASSERT_TRUE(CheckGradInput(in, rows, candidate.data(), own.data(), DType::kFp32, &on_host));
+      ExpectSameFigures(on_device, on_host);
+      if (judged) {
+        direct.AddCounted(figures);
+        ExpectSameFigures(direct, on_host);
+      }
+      EXPECT_EQ(on_host.elements(), static_cast<std::int64_t>(walk.size()) * k);
+      EXPECT_GT(on_host.outside(), 0);
+      EXPECT_TRUE(engine->error().empty()) << engine->error();
+    }
+  }
 }
 
 // dW = Gᵀ·X judged on the device, block after block of its rows, counts

@@ -422,6 +422,69 @@ absl::Status CudaFp64Products::GtX(const void* dy, bool dy_bf16, const Bf16Bits*
   return absl::OkStatus();
 }
 
+absl::Status CudaFp64Products::GWOfDy(const void* dy, bool dy_bf16, const std::int64_t* rows,
+                                      std::int64_t m, const void* candidate, const void* own,
+                                      const judgement::ProductRule& rule, CheckFigures* figures,
+                                      bool* judged) {
+  *judged = false;
+  LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
+  cudaStream_t s = stream_.get();
+  const std::size_t dy_size = dy_bf16 ? 2 : 4;
+  const std::size_t row_bytes = static_cast<std::size_t>(v_) * dy_size;
+  const auto doubles = [](std::int64_t n) { return static_cast<std::size_t>(n) * 8; };
+  LOGITD_CUDA_RETURN_IF_ERROR(
+      Reserve(&staging_, static_cast<std::size_t>(m) * row_bytes, "the operands as sent"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_, doubles(m * v_), "G's rows as fp64"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_abs_, doubles(m * v_), "G's magnitudes"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_, doubles(m * k_), "product"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_abs_, doubles(m * k_), "product of magnitudes"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&non_finite_, sizeof(unsigned int), "finiteness"));
+  LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_flag_, sizeof(unsigned int)));
+  bool non_finite = false;
+  // dY's rows (runs of consecutive ones in one copy each) rounded to G and
+  // widened, their finiteness known before the products. Row-major
+  // dX [m, K] is column-major [K, m] = W(col)·G(col): W's column-major view
+  // is [K, V] (leading dimension K), G's is [V, m] (leading dimension V).
+  const auto form = [&]() -> absl::Status {
+    RETURN_IF_CUDA_ERROR(cudaMemsetAsync(non_finite_.get(), 0, sizeof(unsigned int), s),
+                         "verify: G = bf16(dY)");
+    for (std::int64_t r0 = 0; r0 < m;) {
+      std::int64_t r1 = r0 + 1;
+      while (r1 < m && rows[r1] == rows[r1 - 1] + 1) ++r1;
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(
+              staging_.as<std::byte>() + static_cast<std::size_t>(r0) * row_bytes,
+              static_cast<const std::byte*>(dy) + static_cast<std::size_t>(rows[r0]) * row_bytes,
+              static_cast<std::size_t>(r1 - r0) * row_bytes, cudaMemcpyHostToDevice, s),
+          "verify: copy dY's rows to the device");
+      r0 = r1;
+    }
+    RETURN_IF_CUDA_ERROR(
+        dy_bf16 ? LaunchWidenBf16(staging_.as<std::uint16_t>(), m * v_, a_.as<double>(),
+                                  a_abs_.as<double>(), non_finite_.as<unsigned int>(), s)
+                : LaunchRoundWidenFp32(staging_.as<float>(), m * v_, a_.as<double>(),
+                                       a_abs_.as<double>(), non_finite_.as<unsigned int>(), s),
+        "verify: G = bf16(dY)");
+    LOGITD_CUDA_RETURN_IF_ERROR(NonFinite(&non_finite));
+    if (non_finite) return absl::AbortedError("verify: G has a NaN or an infinity");
+    const double one = 1.0, zero = 0.0;
+    RETURN_IF_CUBLAS_ERROR(
+        cublasDgemm_64(handle_.get(), CUBLAS_OP_N, CUBLAS_OP_N, k_, m, v_, &one, w_.as<double>(),
+                       k_, a_.as<double>(), v_, &zero, out_.as<double>(), k_),
+        "reference products: DGEMM [", m, ", ", k_, "] of dX");
+    RETURN_IF_CUBLAS_ERROR(cublasDgemm_64(handle_.get(), CUBLAS_OP_N, CUBLAS_OP_N, k_, m, v_, &one,
+                                          w_abs_.as<double>(), k_, a_abs_.as<double>(), v_, &zero,
+                                          out_abs_.as<double>(), k_),
+                           "reference products: DGEMM of magnitudes [", m, ", ", k_, "] of dX");
+    return absl::OkStatus();
+  };
+  const absl::Status status = Judge(k_, form, rows, m, candidate, own, rule, figures);
+  if (non_finite) return absl::OkStatus();
+  LOGITD_CUDA_RETURN_IF_ERROR(status);
+  *judged = true;
+  return absl::OkStatus();
+}
+
 absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const std::int64_t* targets,
                                        double gamma, double cap, judgement::CeRowSums* sums) {
   LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
@@ -531,6 +594,22 @@ bool CudaFp64Products::JudgeGW(const double* g, const std::int64_t* rows, std::i
   return Done(Judge(
       k_, [&] { return FormOnDevice(/*transposed=*/false, g, m, /*with_abs=*/true); }, rows, m,
       candidate, own, rule, figures));
+}
+
+bool CudaFp64Products::JudgeGWOfDy(const void* dy, bool dy_bf16, const std::int64_t* rows,
+                                   std::int64_t m, const void* candidate, const void* own,
+                                   const judgement::ProductRule& rule, CheckFigures* figures) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool judged = false;
+  const absl::Status status = GWOfDy(dy, dy_bf16, rows, m, candidate, own, rule, figures, &judged);
+  // No copy of the caller's memory may outlive the call, whatever ended it.
+  const cudaError_t copies = cudaStreamSynchronize(copy_stream_.get());
+  if (!Done(status)) return false;
+  if (copies != cudaSuccess) {
+    return Done(absl::InternalError(
+        absl::StrCat("verify: copy the rows of dX: ", cudaGetErrorString(copies))));
+  }
+  return judged;
 }
 
 bool CudaFp64Products::JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x, std::int64_t m,

@@ -40,6 +40,9 @@ class CudaFp64Products final : public Fp64Products {
                 CheckFigures* figures) override;
   bool JudgeGW(const double* g, const std::int64_t* rows, std::int64_t m, const void* candidate,
                const void* own, const judgement::ProductRule& rule, CheckFigures* figures) override;
+  bool JudgeGWOfDy(const void* dy, bool dy_bf16, const std::int64_t* rows, std::int64_t m,
+                   const void* candidate, const void* own, const judgement::ProductRule& rule,
+                   CheckFigures* figures) override;
   bool JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x, std::int64_t m,
                 const void* candidate, const void* own, const judgement::ProductRule& rule,
                 CandidateCheck* check, const std::function<bool()>& stop) override;
@@ -80,6 +83,12 @@ class CudaFp64Products final : public Fp64Products {
   absl::Status GtX(const void* dy, bool dy_bf16, const Bf16Bits* x, std::int64_t m,
                    const void* candidate, const void* own, const judgement::ProductRule& rule,
                    CandidateCheck* check, const std::function<bool()>& stop, bool* judged);
+  // JudgeGWOfDy's block: the rows of dY to the device, rounded to G and
+  // widened, its two DGEMMs and its judgement. *judged false (with an OK
+  // status) when a value of G is not finite.
+  absl::Status GWOfDy(const void* dy, bool dy_bf16, const std::int64_t* rows, std::int64_t m,
+                      const void* candidate, const void* own, const judgement::ProductRule& rule,
+                      CheckFigures* figures, bool* judged);
   // Whether the widening kernels queued on stream_ since non_finite_ was
   // cleared saw a NaN or an infinity (waits for them).
   absl::Status NonFinite(bool* seen);

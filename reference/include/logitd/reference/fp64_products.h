@@ -80,6 +80,18 @@ class Fp64Products {
     return false;
   }
 
+  // JudgeGW of the rows rows[0, m) of G = bf16(dY), rounded to nearest even
+  // once where the products are formed, from dY [M, V] as sent (fp32, or
+  // bf16 when dy_bf16, whose rounding is itself; host memory): what crosses
+  // is dY's bytes rather than G as doubles. False as JudgeGW, and when a
+  // value of those rows of G is a NaN or an infinity (the host then forms
+  // the block one product at a time where it must).
+  virtual bool JudgeGWOfDy(const void* /*dy*/, bool /*dy_bf16*/, const std::int64_t* /*rows*/,
+                           std::int64_t /*m*/, const void* /*candidate*/, const void* /*own*/,
+                           const judgement::ProductRule& /*rule*/, CheckFigures* /*figures*/) {
+    return false;
+  }
+
   // dW [V, K] = Gᵀ·X judged where its products are formed, every row of it:
   // G = bf16(dY) rounded to nearest even once (dy [m, V] fp32, or bf16 when
   // dy_bf16, whose rounding is itself) and x [m, K], host memory; each
