@@ -450,10 +450,15 @@ class Call:
     def chunk(self, c):
         return self.request_type(chunk=c)
 
-    def messages(self, digests=None, chunk_bytes=UPLOAD_CHUNK_BYTES):
+    def messages(self, digests=None, chunk_bytes=UPLOAD_CHUNK_BYTES, after=None):
+        """The header (each tensor's spec with its digest, or the one `digests`
+        gives), then each tensor's chunks; after them, for each name in
+        `after`, a TensorDigest of the xxh3 it maps to."""
         out = [self.header(digests)]
         for t in self.tensors.values():
             out += [self.chunk(c) for c in chunks_of(t, chunk_bytes)]
+            if after and t.name in after:
+                out.append(self.request_type(digest=pb.TensorDigest(name=t.name, xxh3=after[t.name])))
         return out
 
     def run(self, conn, messages):

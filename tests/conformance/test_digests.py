@@ -1,6 +1,7 @@
-"""Digest rules: every request tensor carries the xxh3-64 (seed 0) of its bytes;
-the server answers each output's digest in its spec, or after the chunks when
-the request sets digest_last."""
+"""Digest rules: every request tensor carries the xxh3-64 (seed 0) of its bytes,
+in its spec or (a streamed tensor of a call announced with xxh3 0) in a
+TensorDigest after its chunks; the server answers each output's digest in its
+spec, or after the chunks when the request sets digest_last."""
 
 import grpc
 import numpy as np
@@ -22,15 +23,37 @@ from stubs import pb
 
 
 @pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=REQUEST_TENSOR_IDS)
-def test_request_spec_without_digest_is_invalid_argument(conn, calls, rpc, tensor):
-    """A request TensorSpec with xxh3 0 is INVALID_ARGUMENT naming the field xxh3 and the tensor.
+def test_request_spec_without_digest_needs_one_after_the_chunks(conn, calls, rpc, tensor):
+    """A request TensorSpec with xxh3 0: the digest follows the tensor's chunks as a TensorDigest.
 
-    digest_last exists only for responses; a request must announce its
-    tensors' digests up front.
+    Sent, the call succeeds; not sent, it is DATA_LOSS naming the tensor and
+    the xxh3. RegisterWeight's weight (whose handle is formed from its
+    digest) must carry it in its spec: INVALID_ARGUMENT naming the field
+    xxh3 and the tensor.
     """
     call = calls[rpc]
-    message = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call.run, conn, call.messages({tensor: 0}))
+    digest = xxh3(call.tensors[tensor].data)
+    if rpc == "RegisterWeight":
+        message = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call.run, conn, call.messages({tensor: 0}))
+    else:
+        call.run(conn, call.messages({tensor: 0}, after={tensor: digest}))
+        message = expect_error(grpc.StatusCode.DATA_LOSS, call.run, conn, call.messages({tensor: 0}))
     assert names(message, "xxh3"), "the message does not name the field xxh3: %s" % message
+    assert names(message, tensor), "the message does not name the tensor '%s': %s" % (tensor, message)
+
+
+@pytest.mark.parametrize("rpc,tensor", REQUEST_TENSORS, ids=REQUEST_TENSOR_IDS)
+def test_a_digest_after_the_chunks_that_does_not_match_or_is_not_asked_for(conn, calls, rpc, tensor):
+    """A TensorDigest that does not match the bytes is DATA_LOSS naming the tensor; one for a
+    tensor whose spec carried its digest is INVALID_ARGUMENT naming it."""
+    call = calls[rpc]
+    digest = xxh3(call.tensors[tensor].data)
+    if rpc != "RegisterWeight":
+        message = expect_error(
+            grpc.StatusCode.DATA_LOSS, call.run, conn, call.messages({tensor: 0}, after={tensor: digest ^ 0x5A5A})
+        )
+        assert names(message, tensor), "the message does not name the tensor '%s': %s" % (tensor, message)
+    message = expect_error(grpc.StatusCode.INVALID_ARGUMENT, call.run, conn, call.messages(after={tensor: digest}))
     assert names(message, tensor), "the message does not name the tensor '%s': %s" % (tensor, message)
 
 

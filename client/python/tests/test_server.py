@@ -30,6 +30,7 @@ def test_info(client, server):
     assert info.chunk_bytes == 64 << 10
     # A server streaming 64 KiB chunks sends nothing near gRPC's 4 MiB default limit.
     assert info.max_send_message_bytes == 4 << 20
+    assert info.request_digest_last
     assert info.max_request_chunk_bytes == 4 << 20
     assert info.max_receive_message_bytes == (4 << 20) + 4096
     assert info.max_request_bytes > 0

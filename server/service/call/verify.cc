@@ -509,15 +509,16 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   outcome.reference_engine = kHostEngine;
   std::string aside;  // the side thread's stages
   // While the candidates arrive (the bulk of a Logits or Backward verify's
-  // bytes): the weight read back and the reference engine made on a thread
-  // of their own, and logitd's own outputs formed on this one as soon as
-  // the inputs they need are in. Every digest is checked before a
+  // bytes): the weight read back and the reference engine made, each on a
+  // thread of its own, and logitd's own outputs formed on this one as soon
+  // as the inputs they need are in. Every digest is checked before a
   // reference is formed or anything is judged.
   LOGITD_RETURN_IF_ERROR(call->ReceiveWhile("verify", transport, [&](const Call::WaitWhole& whole) {
     if (plan.weight_streamed) LOGITD_RETURN_IF_ERROR(whole("w"));
     LOGITD_ASSIGN_OR_RETURN(w, WeightOfCall(env, r, plan, record, call));
     absl::Status read_back;
-    std::thread side([&] {
+    absl::Duration made_in, read_in;
+    std::thread making([&] {
       const absl::Time start = absl::Now();
       absl::StatusOr<std::shared_ptr<Fp64Products>> e = env.backend->ReferenceProducts(*w.weight);
       if (e.ok() && *e != nullptr) {
@@ -527,11 +528,12 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
         outcome.reference_engine =
             absl::StrCat(kHostEngine, " (the device's engine: ", e.status().message(), ")");
       }
-      const absl::Time made = absl::Now();
+      made_in = absl::Now() - start;
+    });
+    std::thread reading([&] {
+      const absl::Time start = absl::Now();
       read_back = ReadBackWeight(env, plan, &w);
-      aside = absl::StrFormat(" (beside them: reference engine %.1f ms; weight read back %.1f ms)",
-                              absl::ToDoubleMilliseconds(made - start),
-                              absl::ToDoubleMilliseconds(absl::Now() - made));
+      read_in = absl::Now() - start;
     });
     absl::Status status = whole("x");
     if (status.ok() && plan.operation == VerifyOperation::kBackward) status = whole("dy");
@@ -542,7 +544,11 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
       if (t.ok()) targets = *std::move(t);
     }
     if (status.ok()) status = RunOwn(env, plan, call, *w.weight, targets, &own, &outcome.timing);
-    side.join();
+    making.join();
+    reading.join();
+    aside =
+        absl::StrFormat(" (beside them: reference engine %.1f ms; weight read back %.1f ms)",
+                        absl::ToDoubleMilliseconds(made_in), absl::ToDoubleMilliseconds(read_in));
     if (status.ok()) status = read_back;
     return status;
   }));

@@ -35,6 +35,9 @@ class ServerInfo:
     # other bits).
     algo_choices: str = ""
     algo_cache_path: str = ""
+    # Whether a streamed request tensor's digest may follow its chunks
+    # (docs/PROTOCOL.md, section 3); this client sends it up front.
+    request_digest_last: bool = False
 
 
 @dataclass(frozen=True)
