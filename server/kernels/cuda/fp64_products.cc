@@ -340,6 +340,48 @@ absl::Status CudaFp64Products::NonFinite(bool* seen) {
   return absl::OkStatus();
 }
 
+absl::Status CudaFp64Products::ReserveGBlock(std::size_t staging_bytes, std::int64_t g_elements,
+                                             std::int64_t out_elements) {
+  const auto doubles = [](std::int64_t n) { return static_cast<std::size_t>(n) * 8; };
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&staging_, staging_bytes, "the operands as sent"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_, doubles(g_elements), "G as fp64"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_abs_, doubles(g_elements), "G's magnitudes"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_, doubles(out_elements), "product"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_abs_, doubles(out_elements), "product of magnitudes"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&non_finite_, sizeof(unsigned int), "finiteness"));
+  return ReservePinned(&host_flag_, sizeof(unsigned int));
+}
+
+absl::Status CudaFp64Products::RoundG(bool dy_bf16, std::int64_t n, bool* non_finite) {
+  cudaStream_t s = stream_.get();
+  RETURN_IF_CUDA_ERROR(
+      dy_bf16 ? LaunchWidenBf16(staging_.as<std::uint16_t>(), n, a_.as<double>(),
+                                a_abs_.as<double>(), non_finite_.as<unsigned int>(), s)
+              : LaunchRoundWidenFp32(staging_.as<float>(), n, a_.as<double>(), a_abs_.as<double>(),
+                                     non_finite_.as<unsigned int>(), s),
+      "verify: G = bf16(dY)");
+  LOGITD_CUDA_RETURN_IF_ERROR(NonFinite(non_finite));
+  if (*non_finite) return absl::AbortedError("verify: G has a NaN or an infinity");
+  return absl::OkStatus();
+}
+
+absl::Status CudaFp64Products::Dgemms(cublasOperation_t ta, cublasOperation_t tb, std::int64_t rows,
+                                      std::int64_t cols, std::int64_t depth, const DeviceBuffer& a,
+                                      const DeviceBuffer& a_abs, std::int64_t lda,
+                                      const DeviceBuffer& b, const DeviceBuffer& b_abs,
+                                      std::int64_t ldb, const std::string& what) {
+  const double one = 1.0, zero = 0.0;
+  RETURN_IF_CUBLAS_ERROR(
+      cublasDgemm_64(handle_.get(), ta, tb, rows, cols, depth, &one, a.as<double>(), lda,
+                     b.as<double>(), ldb, &zero, out_.as<double>(), rows),
+      "reference products: DGEMM ", what);
+  RETURN_IF_CUBLAS_ERROR(
+      cublasDgemm_64(handle_.get(), ta, tb, rows, cols, depth, &one, a_abs.as<double>(), lda,
+                     b_abs.as<double>(), ldb, &zero, out_abs_.as<double>(), rows),
+      "reference products: DGEMM of magnitudes ", what);
+  return absl::OkStatus();
+}
+
 absl::Status CudaFp64Products::GtX(const void* dy, bool dy_bf16, const Bf16Bits* x, std::int64_t m,
                                    const void* candidate, const void* own,
                                    const judgement::ProductRule& rule, CandidateCheck* check,
@@ -356,13 +398,7 @@ absl::Status CudaFp64Products::GtX(const void* dy, bool dy_bf16, const Bf16Bits*
       std::max(static_cast<std::size_t>(m * k_) * 2, static_cast<std::size_t>(m * block) * dy_size);
   LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&x_, doubles(m * k_), "X as fp64"));
   LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&x_abs_, doubles(m * k_), "X's magnitudes"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&staging_, staging, "the operands as sent"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_, doubles(m * block), "G's columns as fp64"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_abs_, doubles(m * block), "G's magnitudes"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_, doubles(block * k_), "product"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_abs_, doubles(block * k_), "product of magnitudes"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&non_finite_, sizeof(unsigned int), "finiteness"));
-  LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_flag_, sizeof(unsigned int)));
+  LOGITD_CUDA_RETURN_IF_ERROR(ReserveGBlock(staging, m * block, block * k_));
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(non_finite_.get(), 0, sizeof(unsigned int), s),
                        "verify: widen X");
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(staging_.get(), x, static_cast<std::size_t>(m * k_) * 2,
@@ -393,24 +429,9 @@ absl::Status CudaFp64Products::GtX(const void* dy, bool dy_bf16, const Bf16Bits*
               static_cast<std::size_t>(v_) * dy_size, static_cast<std::size_t>(n) * dy_size,
               static_cast<std::size_t>(m), cudaMemcpyHostToDevice, s),
           "verify: copy dY's columns [", j0, ", ", j0 + n, ") to the device");
-      RETURN_IF_CUDA_ERROR(
-          dy_bf16 ? LaunchWidenBf16(staging_.as<std::uint16_t>(), m * n, a_.as<double>(),
-                                    a_abs_.as<double>(), non_finite_.as<unsigned int>(), s)
-                  : LaunchRoundWidenFp32(staging_.as<float>(), m * n, a_.as<double>(),
-                                         a_abs_.as<double>(), non_finite_.as<unsigned int>(), s),
-          "verify: G = bf16(dY)");
-      LOGITD_CUDA_RETURN_IF_ERROR(NonFinite(&non_finite));
-      if (non_finite) return absl::AbortedError("verify: G has a NaN or an infinity");
-      const double one = 1.0, zero = 0.0;
-      RETURN_IF_CUBLAS_ERROR(
-          cublasDgemm_64(handle_.get(), CUBLAS_OP_N, CUBLAS_OP_T, k_, n, m, &one, x_.as<double>(),
-                         k_, a_.as<double>(), n, &zero, out_.as<double>(), k_),
-          "reference products: DGEMM [", n, ", ", k_, "] of dW");
-      RETURN_IF_CUBLAS_ERROR(cublasDgemm_64(handle_.get(), CUBLAS_OP_N, CUBLAS_OP_T, k_, n, m, &one,
-                                            x_abs_.as<double>(), k_, a_abs_.as<double>(), n, &zero,
-                                            out_abs_.as<double>(), k_),
-                             "reference products: DGEMM of magnitudes [", n, ", ", k_, "] of dW");
-      return absl::OkStatus();
+      LOGITD_CUDA_RETURN_IF_ERROR(RoundG(dy_bf16, m * n, &non_finite));
+      return Dgemms(CUBLAS_OP_N, CUBLAS_OP_T, k_, n, m, x_, x_abs_, k_, a_, a_abs_, n,
+                    absl::StrCat("[", n, ", ", k_, "] of dW"));
     };
     CheckFigures figures;
     const absl::Status status = Judge(k_, form, rows.data(), n, candidate, own, rule, &figures);
@@ -431,15 +452,8 @@ absl::Status CudaFp64Products::GWOfDy(const void* dy, bool dy_bf16, const std::i
   cudaStream_t s = stream_.get();
   const std::size_t dy_size = dy_bf16 ? 2 : 4;
   const std::size_t row_bytes = static_cast<std::size_t>(v_) * dy_size;
-  const auto doubles = [](std::int64_t n) { return static_cast<std::size_t>(n) * 8; };
   LOGITD_CUDA_RETURN_IF_ERROR(
-      Reserve(&staging_, static_cast<std::size_t>(m) * row_bytes, "the operands as sent"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_, doubles(m * v_), "G's rows as fp64"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&a_abs_, doubles(m * v_), "G's magnitudes"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_, doubles(m * k_), "product"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&out_abs_, doubles(m * k_), "product of magnitudes"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&non_finite_, sizeof(unsigned int), "finiteness"));
-  LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_flag_, sizeof(unsigned int)));
+      ReserveGBlock(static_cast<std::size_t>(m) * row_bytes, m * v_, m * k_));
   bool non_finite = false;
   // dY's rows (runs of consecutive ones in one copy each) rounded to G and
   // widened, their finiteness known before the products. Row-major
@@ -459,24 +473,9 @@ absl::Status CudaFp64Products::GWOfDy(const void* dy, bool dy_bf16, const std::i
           "verify: copy dY's rows to the device");
       r0 = r1;
     }
-    RETURN_IF_CUDA_ERROR(
-        dy_bf16 ? LaunchWidenBf16(staging_.as<std::uint16_t>(), m * v_, a_.as<double>(),
-                                  a_abs_.as<double>(), non_finite_.as<unsigned int>(), s)
-                : LaunchRoundWidenFp32(staging_.as<float>(), m * v_, a_.as<double>(),
-                                       a_abs_.as<double>(), non_finite_.as<unsigned int>(), s),
-        "verify: G = bf16(dY)");
-    LOGITD_CUDA_RETURN_IF_ERROR(NonFinite(&non_finite));
-    if (non_finite) return absl::AbortedError("verify: G has a NaN or an infinity");
-    const double one = 1.0, zero = 0.0;
-    RETURN_IF_CUBLAS_ERROR(
-        cublasDgemm_64(handle_.get(), CUBLAS_OP_N, CUBLAS_OP_N, k_, m, v_, &one, w_.as<double>(),
-                       k_, a_.as<double>(), v_, &zero, out_.as<double>(), k_),
-        "reference products: DGEMM [", m, ", ", k_, "] of dX");
-    RETURN_IF_CUBLAS_ERROR(cublasDgemm_64(handle_.get(), CUBLAS_OP_N, CUBLAS_OP_N, k_, m, v_, &one,
-                                          w_abs_.as<double>(), k_, a_abs_.as<double>(), v_, &zero,
-                                          out_abs_.as<double>(), k_),
-                           "reference products: DGEMM of magnitudes [", m, ", ", k_, "] of dX");
-    return absl::OkStatus();
+    LOGITD_CUDA_RETURN_IF_ERROR(RoundG(dy_bf16, m * v_, &non_finite));
+    return Dgemms(CUBLAS_OP_N, CUBLAS_OP_N, k_, m, v_, w_, w_abs_, k_, a_, a_abs_, v_,
+                  absl::StrCat("[", m, ", ", k_, "] of dX"));
   };
   const absl::Status status = Judge(k_, form, rows, m, candidate, own, rule, figures);
   if (non_finite) return absl::OkStatus();
@@ -563,6 +562,17 @@ absl::Status CudaFp64Products::LpRows(const double* x, std::int64_t m, const LpR
   return absl::OkStatus();
 }
 
+bool CudaFp64Products::AfterCopies(const absl::Status& status, bool judged, const char* what) {
+  // No copy of the caller's memory may outlive the call, whatever ended it.
+  const cudaError_t copies = cudaStreamSynchronize(copy_stream_.get());
+  if (!Done(status)) return false;
+  if (copies != cudaSuccess) {
+    return Done(absl::InternalError(
+        absl::StrCat("verify: copy the rows of ", what, ": ", cudaGetErrorString(copies))));
+  }
+  return judged;
+}
+
 bool CudaFp64Products::Done(const absl::Status& status) {
   if (!status.ok() && error_.empty()) error_ = std::string(status.message());
   return status.ok();
@@ -602,14 +612,7 @@ bool CudaFp64Products::JudgeGWOfDy(const void* dy, bool dy_bf16, const std::int6
   std::lock_guard<std::mutex> lock(mu_);
   bool judged = false;
   const absl::Status status = GWOfDy(dy, dy_bf16, rows, m, candidate, own, rule, figures, &judged);
-  // No copy of the caller's memory may outlive the call, whatever ended it.
-  const cudaError_t copies = cudaStreamSynchronize(copy_stream_.get());
-  if (!Done(status)) return false;
-  if (copies != cudaSuccess) {
-    return Done(absl::InternalError(
-        absl::StrCat("verify: copy the rows of dX: ", cudaGetErrorString(copies))));
-  }
-  return judged;
+  return AfterCopies(status, judged, "dX");
 }
 
 bool CudaFp64Products::JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x, std::int64_t m,
@@ -619,14 +622,7 @@ bool CudaFp64Products::JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x,
   std::lock_guard<std::mutex> lock(mu_);
   bool judged = false;
   const absl::Status status = GtX(dy, dy_bf16, x, m, candidate, own, rule, check, stop, &judged);
-  // No copy of the caller's memory may outlive the call, whatever ended it.
-  const cudaError_t copies = cudaStreamSynchronize(copy_stream_.get());
-  if (!Done(status)) return false;
-  if (copies != cudaSuccess) {
-    return Done(absl::InternalError(
-        absl::StrCat("verify: copy the rows of dW: ", cudaGetErrorString(copies))));
-  }
-  return judged;
+  return AfterCopies(status, judged, "dW");
 }
 
 bool CudaFp64Products::CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets,

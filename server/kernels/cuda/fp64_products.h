@@ -89,6 +89,22 @@ class CudaFp64Products final : public Fp64Products {
   absl::Status GWOfDy(const void* dy, bool dy_bf16, const std::int64_t* rows, std::int64_t m,
                       const void* candidate, const void* own, const judgement::ProductRule& rule,
                       CheckFigures* figures, bool* judged);
+  // Room for a block of G: dY's bytes as sent (staging_), G and its
+  // magnitudes as doubles (a_, a_abs_), the two products (out_, out_abs_)
+  // and the finiteness flag.
+  absl::Status ReserveGBlock(std::size_t staging_bytes, std::int64_t g_elements,
+                             std::int64_t out_elements);
+  // staging_'s n values of dY rounded to G = bf16(dY) and widened into a_
+  // (and their magnitudes into a_abs_): Aborted, with *non_finite set, when
+  // one is a NaN or an infinity (waits to know).
+  absl::Status RoundG(bool dy_bf16, std::int64_t n, bool* non_finite);
+  // out_ [rows, cols] (column-major, leading dimension rows) = op(a)·op(b)
+  // over `depth` terms, and out_abs_ the same of the magnitudes, queued on
+  // stream_; `what` names the product in an error.
+  absl::Status Dgemms(cublasOperation_t ta, cublasOperation_t tb, std::int64_t rows,
+                      std::int64_t cols, std::int64_t depth, const DeviceBuffer& a,
+                      const DeviceBuffer& a_abs, std::int64_t lda, const DeviceBuffer& b,
+                      const DeviceBuffer& b_abs, std::int64_t ldb, const std::string& what);
   // Whether the widening kernels queued on stream_ since non_finite_ was
   // cleared saw a NaN or an infinity (waits for them).
   absl::Status NonFinite(bool* seen);
@@ -101,6 +117,10 @@ class CudaFp64Products final : public Fp64Products {
   // The engine's answer for a call of Product, Judge or RowSums: true when it was
   // done here, else false with the first error kept.
   bool Done(const absl::Status& status);
+  // JudgeGWOfDy's and JudgeGtX's answer, once every copy of the caller's
+  // memory (the candidate's and logitd's rows of `what`) has ended: Done's,
+  // and `judged` when the judging went through.
+  bool AfterCopies(const absl::Status& status, bool judged, const char* what);
   // Device buffers of at least these many bytes, kept between products.
   absl::Status Reserve(DeviceBuffer* buffer, std::size_t bytes, const char* what);
   // Page-locked host buffers the products are copied into before the
