@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/logitctl/common.h"
 #include "logitd/bf16.h"
 #include "logitd/status_macros.h"
 #include "logitd/tensor.h"
@@ -43,10 +44,6 @@ ABSL_DECLARE_FLAG(bool, json);
 
 namespace logitd::logitctl {
 namespace {
-
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
 // fp32's unit roundoff.
 constexpr double kU = 1.0 / 16777216.0;
 

@@ -38,14 +38,25 @@ class Fp64ProductsTest : public CudaFixture {
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? *e : nullptr;
   }
+  // W [v, k] loaded on the device (kept for the test, as an engine needs)
+  // and its engine; null, with the failure recorded, when either fails.
+  std::shared_ptr<Fp64Products> EngineOf(const std::vector<Bf16Bits>& w, std::int64_t v,
+                                         std::int64_t k) {
+    absl::StatusOr<std::shared_ptr<Weight>> weight = backend()->LoadWeight(w.data(), v, k);
+    EXPECT_TRUE(weight.ok()) << weight.status();
+    if (!weight.ok()) return nullptr;
+    weights_.push_back(*weight);
+    return Engine(**weight);
+  }
+
+ private:
+  std::vector<std::shared_ptr<Weight>> weights_;
 };
 
 TEST_F(Fp64ProductsTest, IntegerOperandsGiveTheHostsBits) {
   const std::int64_t m = 37, v = 1003, k = 520;
   const std::vector<Bf16Bits> x = IntegerBf16(m * k, 1), w = IntegerBf16(v * k, 2);
-  auto weight = backend()->LoadWeight(w.data(), v, k);
-  ASSERT_TRUE(weight.ok()) << weight.status();
-  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  std::shared_ptr<Fp64Products> engine = EngineOf(w, v, k);
   ASSERT_NE(engine, nullptr);
   EXPECT_NE(engine->name().find("cuBLAS DGEMM"), std::string::npos) << engine->name();
   const Bf16Matrix wm{w.data(), v, k};
@@ -74,9 +85,7 @@ TEST_F(Fp64ProductsTest, IntegerOperandsGiveTheHostsBits) {
 TEST_F(Fp64ProductsTest, RandomOperandsAgreeWithTheHostWithinFp64Rounding) {
   const std::int64_t m = 64, v = 4096, k = 1536;
   const std::vector<Bf16Bits> x = RandomBf16(m * k, 4), w = RandomBf16(v * k, 5);
-  auto weight = backend()->LoadWeight(w.data(), v, k);
-  ASSERT_TRUE(weight.ok()) << weight.status();
-  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  std::shared_ptr<Fp64Products> engine = EngineOf(w, v, k);
   ASSERT_NE(engine, nullptr);
   const std::vector<double> xd = Widen(x);
   std::vector<double> y(m * v), y_abs(m * v), hy(m * v), hy_abs(m * v);
@@ -243,9 +252,7 @@ void Perturb(const std::vector<double>& reference, std::int64_t cols, bool bf16,
 TEST_F(Fp64ProductsTest, JudgingOnTheDeviceCountsWhatTheHostCounts) {
   const std::int64_t m = 150, v = 3001, k = 640;
   const std::vector<Bf16Bits> x = RandomBf16(m * k, 7), w = RandomBf16(v * k, 8);
-  auto weight = backend()->LoadWeight(w.data(), v, k);
-  ASSERT_TRUE(weight.ok()) << weight.status();
-  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  std::shared_ptr<Fp64Products> engine = EngineOf(w, v, k);
   ASSERT_NE(engine, nullptr);
   HostJudging host(engine.get());
   std::vector<double> ref(m * v), ref_abs(m * v);
@@ -289,9 +296,7 @@ TEST_F(Fp64ProductsTest, JudgingOnTheDeviceCountsWhatTheHostCounts) {
   EXPECT_TRUE(engine->WeightFinite());
   std::vector<Bf16Bits> w_inf = w;
   w_inf[17 * k + 3] = 0x7f80;  // +Inf
-  auto weight_inf = backend()->LoadWeight(w_inf.data(), v, k);
-  ASSERT_TRUE(weight_inf.ok()) << weight_inf.status();
-  std::shared_ptr<Fp64Products> engine_inf = Engine(**weight_inf);
+  std::shared_ptr<Fp64Products> engine_inf = EngineOf(w_inf, v, k);
   ASSERT_NE(engine_inf, nullptr);
   EXPECT_FALSE(engine_inf->WeightFinite());
   {
@@ -392,9 +397,7 @@ TEST_F(Fp64ProductsTest, TheWeightsGradientJudgedOnTheDeviceCountsWhatTheHostCou
   // columns), three of them for V = 1,000.
   const std::int64_t m = 66000, v = 1000, k = 96;
   const std::vector<Bf16Bits> x = IntegerBf16(m * k, 21), w = RandomBf16(v * k, 22);
-  auto weight = backend()->LoadWeight(w.data(), v, k);
-  ASSERT_TRUE(weight.ok()) << weight.status();
-  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  std::shared_ptr<Fp64Products> engine = EngineOf(w, v, k);
   ASSERT_NE(engine, nullptr);
   ASSERT_LT(engine->JudgeBlockRows(m), v / 2);
 
@@ -501,9 +504,7 @@ void ExpectClose(double a, double b, double rel, const char* what, std::size_t i
 TEST_F(Fp64ProductsTest, TheCrossEntropysSoftmaxSumsOnTheDeviceAreTheHostsWithinFp64Rounding) {
   const std::int64_t m = 70, v = 5003, k = 384;
   const std::vector<Bf16Bits> x = RandomBf16(m * k, 10), w = RandomBf16(v * k, 11);
-  auto weight = backend()->LoadWeight(w.data(), v, k);
-  ASSERT_TRUE(weight.ok()) << weight.status();
-  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  std::shared_ptr<Fp64Products> engine = EngineOf(w, v, k);
   ASSERT_NE(engine, nullptr);
   HostJudging host(engine.get());
   CountingRowSums counting(engine.get());
@@ -550,9 +551,7 @@ TEST_F(Fp64ProductsTest, TheCrossEntropysSoftmaxSumsOnTheDeviceAreTheHostsWithin
 TEST_F(Fp64ProductsTest, LogProbsRowsOnTheDeviceAreTheHostsWithinFp64Rounding) {
   const std::int64_t m = 70, v = 5003, k = 384, vocab = 5000, top_k = 5;
   const std::vector<Bf16Bits> x = RandomBf16(m * k, 12), w = RandomBf16(v * k, 13);
-  auto weight = backend()->LoadWeight(w.data(), v, k);
-  ASSERT_TRUE(weight.ok()) << weight.status();
-  std::shared_ptr<Fp64Products> engine = Engine(**weight);
+  std::shared_ptr<Fp64Products> engine = EngineOf(w, v, k);
   ASSERT_NE(engine, nullptr);
   HostJudging host(engine.get());
   CountingRowSums counting(engine.get());

@@ -55,38 +55,33 @@ __global__ void ScaleKernel(const float* in, std::int64_t n, float scale, void* 
   }
 }
 
-__global__ void WidenBf16Kernel(const std::uint16_t* __restrict__ in, std::int64_t n,
-                                double* __restrict__ out, double* __restrict__ out_abs,
-                                unsigned int* non_finite) {
+// Each value's bf16 bits (Bits(in[i]): the value itself for bf16, its
+// round to nearest even for fp32) widened to fp64, exactly (bf16 is the
+// upper half of an fp32, and fp32 to fp64 is exact, NaN payloads and
+// infinities included), with its magnitude when out_abs is not null;
+// *non_finite set when one is a NaN or an infinity.
+template <typename In, typename Bits>
+__global__ void WidenKernel(const In* __restrict__ in, std::int64_t n, double* __restrict__ out,
+                            double* __restrict__ out_abs, unsigned int* non_finite, Bits bits_of) {
   bool seen = false;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    // bf16 is the upper half of an fp32; fp32 to fp64 is exact, NaN
-    // payloads and infinities included.
-    const double v = static_cast<double>(__uint_as_float(static_cast<std::uint32_t>(in[i]) << 16));
+    const std::uint32_t bits = bits_of(in[i]);
+    const double v = static_cast<double>(__uint_as_float(bits << 16));
     out[i] = v;
     if (out_abs != nullptr) out_abs[i] = fabs(v);
-    seen |= (in[i] & 0x7f80u) == 0x7f80u;
+    seen |= (bits & 0x7f80u) == 0x7f80u;
   }
   if (non_finite != nullptr && seen) *non_finite = 1;
 }
 
-__global__ void RoundWidenFp32Kernel(const float* __restrict__ in, std::int64_t n,
-                                     double* __restrict__ out, double* __restrict__ out_abs,
-                                     unsigned int* non_finite) {
-  bool seen = false;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const std::uint32_t bits = ToBf16Bits(in[i]);
-    const double v = static_cast<double>(__uint_as_float(bits << 16));
-    out[i] = v;
-    out_abs[i] = fabs(v);
-    seen |= (bits & 0x7f80u) == 0x7f80u;
-  }
-  if (seen) *non_finite = 1;
-}
+struct Bf16Bits16 {
+  __device__ std::uint32_t operator()(std::uint16_t b) const { return b; }
+};
+struct RoundedFp32 {
+  __device__ std::uint32_t operator()(float f) const { return ToBf16Bits(f); }
+};
 
 __global__ void AbsDoubleKernel(const double* __restrict__ in, std::int64_t n,
                                 double* __restrict__ out) {
@@ -153,14 +148,14 @@ cudaError_t LaunchScale(const float* in, std::int64_t n, float scale, void* out,
 cudaError_t LaunchWidenBf16(const std::uint16_t* in, std::int64_t n, double* out, double* out_abs,
                             unsigned int* non_finite, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  WidenBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out, out_abs, non_finite);
+  WidenKernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out, out_abs, non_finite, Bf16Bits16{});
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRoundWidenFp32(const float* in, std::int64_t n, double* out, double* out_abs,
                                  unsigned int* non_finite, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  RoundWidenFp32Kernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out, out_abs, non_finite);
+  WidenKernel<<<Blocks(n), kThreads, 0, stream>>>(in, n, out, out_abs, non_finite, RoundedFp32{});
   return cudaGetLastError();
 }
 
