@@ -252,8 +252,8 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
 
 // Each candidate against the references and logitd's own output, one after
 // the other; Cancelled when `stop` says the caller went away.
-absl::Status CheckCandidates(const VerifyRequest& r, const VerifyPlan& plan, const LmHeadInputs& in,
-                             Call* call, const std::map<std::string, kernels::HostBuffer>& own,
+absl::Status CheckCandidates(const VerifyPlan& plan, const LmHeadInputs& in, Call* call,
+                             const std::map<std::string, kernels::HostBuffer>& own,
                              const StopCheck& stop, VerifyOutcome* outcome) {
   for (const VerifyCandidatePlan& c : plan.candidates) {
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
@@ -355,8 +355,8 @@ void CheckTopKOrRank(const VerifyCandidatePlan& c, const VerifyPlan& plan,
 // The per-token candidates of the cross-entropy or LogProbs against one
 // reference of all of them (its proven bound is also the probabilistic
 // one: these bounds have no probabilistic form yet).
-absl::Status CheckPerToken(const VerifyRequest& r, const VerifyPlan& plan,
-                           const LmHeadInputs& call_in, const VerifyTargets& targets, Call* call,
+absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
+                           const VerifyTargets& targets, Call* call,
                            const std::map<std::string, kernels::HostBuffer>& own,
                            const StopCheck& stop, VerifyOutcome* outcome) {
   // With rows sampled, the references of those rows only, formed from their
@@ -568,9 +568,9 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   in.v = plan.v;
   in.k = plan.k;
   if (plan.cross_entropy || plan.logprobs) {
-    LOGITD_RETURN_IF_ERROR(CheckPerToken(r, plan, in, targets, call, own, stop, &outcome));
+    LOGITD_RETURN_IF_ERROR(CheckPerToken(plan, in, targets, call, own, stop, &outcome));
   } else {
-    LOGITD_RETURN_IF_ERROR(CheckCandidates(r, plan, in, call, own, stop, &outcome));
+    LOGITD_RETURN_IF_ERROR(CheckCandidates(plan, in, call, own, stop, &outcome));
   }
   outcome.reference_us = Micros(absl::Now() - reference_start);
   stage("references and checks");
