@@ -98,7 +98,12 @@ def _cast_is_exact(client, seed):
 
 def test_round_robin_reaches_every_server_and_survives_one_going(servers):
     target = "ipv4:" + ",".join("127.0.0.1:%d" % p for _, p, _ in servers)
-    with logitd.Client(target, timeout=30, lb_policy="round_robin") as c:
+    # A call picked for a server in the instant between its death and the
+    # channel seeing its connection go fails with UNAVAILABLE (the request may
+    # already be on the dead socket); a round-robin user retries it, and the
+    # retry goes to a live server.
+    retry = logitd.RetryPolicy(initial_backoff=0.01)
+    with logitd.Client(target, timeout=30, lb_policy="round_robin", retry=retry) as c:
         # round_robin spreads calls over the connections that are ready; on a
         # loaded machine one may take a while, so calls go on until every
         # server has served one (each call lands on exactly one server).
@@ -117,10 +122,13 @@ def test_round_robin_reaches_every_server_and_survives_one_going(servers):
         counts = [_casts(_scrape(m)) for _, _, m in servers]
         spread = [n - b for n, b in zip(counts, before)]
         assert sum(spread) == 30 and min(spread) >= 5, (before, counts)
+        assert c.retries == 0, "retries while all three served"
 
         servers[1][0].kill()
         servers[1][0].wait()
         for i in range(20):
             _cast_is_exact(c, 100 + i)
+        # Only the calls caught in that instant were retried, not one call in three.
+        assert c.retries <= 2, c.retries
         after = [_casts(_scrape(servers[i][2])) for i in (0, 2)]
         assert sum(after) - counts[0] - counts[2] == 20, (counts, after)
