@@ -9,16 +9,29 @@
 
 namespace logitd {
 
+judgement::ProductRule SumOfProductsRule(std::int64_t n, double alpha, DType out) {
+  const std::int64_t steps = alpha == 1.0 ? n : n + 2;
+  const double scale = std::fabs(alpha);
+  const double gamma32 = Gamma(steps, kFp32StepError);
+  const double gamma64 = Gamma(n + 1, kFp64UnitRoundoff);
+  judgement::ProductRule rule;
+  rule.scale_reference = alpha;
+  rule.gamma = scale * (gamma32 + gamma64);
+  rule.p_gamma =
+      scale * (std::min(ProbabilisticGamma(steps, kFp32UnitRoundoff), gamma32) + gamma64);
+  const double widest = std::max(1.0, scale);
+  rule.absolute = 2 * static_cast<double>(steps) * kFp32Underflow * widest;
+  rule.partial = widest * (1 + gamma32);
+  rule.bf16 = out == DType::kBf16;
+  return rule;
+}
+
 double SumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out) {
-  const double b = (Gamma(n, kFp32UnitRoundoff) + Gamma(n, kFp64UnitRoundoff)) * abs_sum;
-  return out == DType::kBf16 ? judgement::WithBf16Rounding(ref, b) : b;
+  return judgement::ProductBounds(SumOfProductsRule(n, 1.0, out), ref, abs_sum).bound;
 }
 
 double ProbabilisticSumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out) {
-  const double sum =
-      std::min(ProbabilisticGamma(n, kFp32UnitRoundoff), Gamma(n, kFp32UnitRoundoff));
-  const double b = (sum + Gamma(n, kFp64UnitRoundoff)) * abs_sum;
-  return out == DType::kBf16 ? judgement::WithBf16Rounding(ref, b) : b;
+  return judgement::ProductBounds(SumOfProductsRule(n, 1.0, out), ref, abs_sum).p_bound;
 }
 
 void BoundStats::Add(std::int64_t i, double got, double ref, double bound) {

@@ -62,7 +62,7 @@ constexpr double kU = kFp32UnitRoundoff;
 // Absolute slack for values that underflow: half the smallest bf16
 // subnormal spacing (2^-133), and fp32 intermediates near 2^-126.
 constexpr double kBf16Underflow = 0x1p-134;
-constexpr double kFp32Underflow = 0x1p-125;
+constexpr double kExpUnderflow = 0x1p-125;
 
 double Sq(double v) { return v * v; }
 
@@ -150,8 +150,7 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
     const double ef = cap > 0 ? 2 * std::fabs(z[s]) * ez[s] / (cap * cap) + 4 * kU : 0.0;
     g[j] = d * f[s] * scale;
     g_pre_err[j] = 2 * std::fabs(scale) * (ed * (f[s] + ef) + std::fabs(d) * ef) +
-                   3 * kU * std::fabs(g[j]) +
-                   kFp32Underflow * std::fabs(scale) * (std::fabs(c) + 1);
+                   3 * kU * std::fabs(g[j]) + kExpUnderflow * std::fabs(scale) * (std::fabs(c) + 1);
   }
   return out;
 }

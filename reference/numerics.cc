@@ -85,7 +85,9 @@ bool SameValue(float a, float b) {
 double Gamma(std::int64_t n, double u) {
   const double nu = static_cast<double>(n) * u;
   if (nu >= 1.0) return std::numeric_limits<double>::infinity();
-  return nu / (1.0 - nu);
+  // Up by a few units of fp64 rounding, so that the bound is never below
+  // the exact γ.
+  return nu / (1.0 - nu) * (1 + 0x1p-50);
 }
 
 double ProbabilisticGamma(std::int64_t n, double u, double lambda) {

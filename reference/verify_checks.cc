@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <set>
 
 #include "logit_rows.h"
+#include "logitd/reference/accumulation_models.h"
 #include "logitd/reference/bounds.h"
 #include "logitd/reference/element_judgement.h"
 #include "logitd/reference/fp64_products.h"
@@ -41,28 +44,54 @@ bool AnyNonFinite(std::int64_t n, At at) {
   return false;
 }
 
-// Σ a(t)·b(t) and Σ|a(t)·b(t)| over t < n in fp64, one product at a time:
-// IEEE 754's answer for operands that are NaN or infinite.
+// Σ a(t)·b(t) over t < n as IEEE 754 gives it for operands that are NaN or
+// infinite, with what ProductBounds needs (element_judgement.h): a finite
+// sum comes with Σ|a·b|; +Inf (only +Inf among the products, besides
+// finite ones) with the magnitude of the negative finite products, which
+// may overflow to −Inf first in some order and make a NaN; −Inf the same
+// way round; NaN (a NaN or 0·Inf product, or infinities of both signs)
+// with 0.
 template <typename A, typename B>
 void NaiveDot(std::int64_t n, A a, B b, double* sum, double* abs) {
-  double s = 0, s_abs = 0;
+  double plus = 0, minus = 0;
+  bool nan = false, pos_inf = false, neg_inf = false;
   for (std::int64_t t = 0; t < n; ++t) {
     const double p = a(t) * b(t);
-    s += p;
-    s_abs += std::fabs(p);
+    if (std::isnan(p)) {
+      nan = true;
+    } else if (std::isinf(p)) {
+      (p > 0 ? pos_inf : neg_inf) = true;
+    } else {
+      (p > 0 ? plus : minus) += std::fabs(p);
+    }
   }
-  *sum = s;
-  *abs = s_abs;
+  if (nan || (pos_inf && neg_inf)) {
+    *sum = std::numeric_limits<double>::quiet_NaN();
+    *abs = 0;
+  } else if (pos_inf || neg_inf) {
+    *sum = pos_inf ? std::numeric_limits<double>::infinity()
+                   : -std::numeric_limits<double>::infinity();
+    *abs = pos_inf ? minus : plus;
+  } else {
+    *sum = plus - minus;
+    *abs = plus + minus;
+  }
 }
 
-// An unscaled sum of n products (dX's over V, dW's over M): the bounds of
-// SumOfProductsBound and ProbabilisticSumOfProductsBound (bounds.h) as a
-// rule for an engine that judges on its device.
-judgement::ProductRule SumOfProductsRule(std::int64_t n, DType dtype) {
-  const double p_gamma32 =
-      std::min(ProbabilisticGamma(n, kFp32UnitRoundoff), Gamma(n, kFp32UnitRoundoff));
-  return judgement::ProductRule{1.0, Gamma(n, kFp32UnitRoundoff) + Gamma(n, kFp64UnitRoundoff),
-                                p_gamma32 + Gamma(n, kFp64UnitRoundoff), dtype == DType::kBf16};
+// The sequential and tensor-core models (accumulation_models.h) of rows
+// [first, last) of a block whose row i reduces a_row(i) (n floats) against
+// `panel`'s columns: seq and tc, [last − first, cols] each, on the caller's
+// thread.
+template <typename ARow>
+void ModelRows(std::int64_t first, std::int64_t last, std::int64_t cols, std::int64_t n,
+               const ARow& a_row, const PanelOf& panel, std::vector<float>* seq,
+               std::vector<double>* tc) {
+  const std::int64_t rows = last - first;
+  std::vector<float> a(static_cast<std::size_t>(rows * n));
+  for (std::int64_t r = 0; r < rows; ++r) a_row(first + r, a.data() + r * n);
+  seq->resize(static_cast<std::size_t>(rows * cols));
+  tc->resize(seq->size());
+  ModelSums(a.data(), rows, cols, n, panel, seq->data(), tc->data());
 }
 
 // The rows of M to walk: `rows`, or all of them.
@@ -147,14 +176,31 @@ bool WalkBlocks(const LmHeadInputs& in, bool transposed, const CheckedRows& walk
 
 }  // namespace
 
-CheckedRows SampleRows(std::int64_t m, std::int64_t count) {
+CheckedRows SampleRows(std::int64_t m, std::int64_t count, std::uint64_t seed) {
   if (count <= 0 || count >= m) return {};
   CheckedRows rows;
-  for (std::int64_t j = 0; j < count; ++j) {
-    const std::int64_t i = count == 1 ? 0 : j * (m - 1) / (count - 1);
-    if (rows.empty() || rows.back() != i) rows.push_back(i);
+  if (seed == 0) {
+    count = std::max<std::int64_t>(count, 2);
+    for (std::int64_t j = 0; j < count; ++j) {
+      const std::int64_t i = j * (m - 1) / (count - 1);
+      if (rows.empty() || rows.back() != i) rows.push_back(i);
+    }
+    return rows;
   }
-  return rows;
+  // Floyd's sampling: count distinct rows, each subset equally likely.
+  std::uint64_t state = seed;
+  const auto next = [&state] {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  std::set<std::int64_t> chosen;
+  for (std::int64_t j = m - count; j < m; ++j) {
+    const std::int64_t t = static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(j + 1));
+    chosen.insert(chosen.count(t) ? j : t);
+  }
+  return CheckedRows(chosen.begin(), chosen.end());
 }
 
 bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
@@ -162,15 +208,8 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
                  const StopCheck& stop) {
   const std::int64_t v = in.v, k = in.k;
   // With alpha, one more fp32 rounding per product (a BLAS may scale an
-  // operand) or of the sum: γ_{K+2} covers either.
-  const std::int64_t n = alpha == 1.0f ? k : k + 2;
-  const double gamma = Gamma(n, kFp32UnitRoundoff) + Gamma(k, kFp64UnitRoundoff);
-  const double p_gamma =
-      std::min(ProbabilisticGamma(n, kFp32UnitRoundoff), Gamma(n, kFp32UnitRoundoff)) +
-      Gamma(k, kFp64UnitRoundoff);
-  const double scale = std::fabs(static_cast<double>(alpha));
-  const judgement::ProductRule rule{static_cast<double>(alpha), scale * gamma, scale * p_gamma,
-                                    dtype == DType::kBf16};
+  // operand) or of the sum: bounds.h counts two more steps.
+  const judgement::ProductRule rule = SumOfProductsRule(k, static_cast<double>(alpha), dtype);
   // Rows of W with a NaN or an infinity, unless the engine has seen none.
   std::vector<std::int64_t> bad_w;
   if (in.products == nullptr || !in.products->WeightFinite()) {
@@ -189,6 +228,14 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
     }
     return xd;
   };
+  // W's rows [j0, j0 + count) as a panel [K][count] for the models.
+  const PanelOf w_rows = [&](std::int64_t j0, std::int64_t count, float* panel) {
+    for (std::int64_t l = 0; l < count; ++l) {
+      for (std::int64_t t = 0; t < k; ++t) {
+        panel[t * count + l] = Bf16ToFloat(in.w[(j0 + l) * k + t]);
+      }
+    }
+  };
   std::vector<double> ref, abs;
   const auto host_block = [&](std::size_t b0, std::size_t n, const std::vector<double>& xd) {
     ref.resize(n * static_cast<std::size_t>(v));
@@ -196,7 +243,14 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
     FormXWt(in.products, xd, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(),
             abs.data());
     const auto check_rows = [&](std::int64_t first, std::int64_t last, CandidateCheck* part) {
-      std::vector<double> bound(static_cast<std::size_t>(v)), p_bound(static_cast<std::size_t>(v));
+      std::vector<float> seq;
+      std::vector<double> tc;
+      ModelRows(
+          first, last, v, k,
+          [&](std::int64_t r, float* out) {
+            for (std::int64_t t = 0; t < k; ++t) out[t] = static_cast<float>(xd[r * k + t]);
+          },
+          w_rows, &seq, &tc);
       for (std::int64_t r = first; r < last; ++r) {
         const std::int64_t i = walk[b0 + static_cast<std::size_t>(r)];
         double* row_ref = ref.data() + r * v;
@@ -212,13 +266,9 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
         } else {
           for (std::int64_t j : bad_w) naive(j);
         }
-        for (std::int64_t j = 0; j < v; ++j) {
-          judgement::ProductBounds(rule, row_ref[j], row_abs[j], &row_ref[j],
-                                   &bound[static_cast<std::size_t>(j)],
-                                   &p_bound[static_cast<std::size_t>(j)]);
-        }
-        part->AddRange(i * v, v, At(candidate, i * v, dtype), At(own, i * v, dtype), row_ref,
-                       bound.data(), p_bound.data());
+        const ClassInputs models{seq.data() + (r - first) * v, tc.data() + (r - first) * v, v};
+        part->AddProducts(i * v, v, At(candidate, i * v, dtype), At(own, i * v, dtype), rule,
+                          row_ref, row_abs, &models);
       }
     };
     CheckRowsInParallel(static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v, check,
@@ -247,7 +297,7 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
   for (std::int64_t c = 0; c < k; ++c) {
     if (bad_col[static_cast<std::size_t>(c)]) bad_w_cols.push_back(c);
   }
-  const judgement::ProductRule rule = SumOfProductsRule(v, dtype);
+  const judgement::ProductRule rule = SumOfProductsRule(v, 1.0, dtype);
   CheckedRows walk = AllOr(rows, in.m);
   // Blocks of rows judged on the engine's device from dY as it came (G
   // rounded there); the rows of a block it did not judge (a NaN or an
@@ -291,13 +341,37 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
         });
     return g;
   };
-  std::vector<double> ref, abs, bound(static_cast<std::size_t>(k)),
-      p_bound(static_cast<std::size_t>(k));
+  // W's columns [c0, c0 + count) as a panel [V][count] for the models.
+  const PanelOf w_columns = [&](std::int64_t c0, std::int64_t count, float* panel) {
+    for (std::int64_t j = 0; j < v; ++j) {
+      for (std::int64_t l = 0; l < count; ++l) {
+        panel[j * count + l] = Bf16ToFloat(in.w[j * k + c0 + l]);
+      }
+    }
+  };
+  std::vector<double> ref, abs;
   const auto host_block = [&](std::size_t b0, std::size_t n, const std::vector<double>& g) {
     ref.resize(n * static_cast<std::size_t>(k));
     abs.resize(ref.size());
     FormGW(in.products, g, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(),
            abs.data());
+    // The models of the block's rows, on threads.
+    std::vector<float> seq(n * static_cast<std::size_t>(k));
+    std::vector<double> tc(seq.size());
+    reference_internal::ForRowsInParallel(
+        static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v * k / 64,
+        [&](std::int64_t first, std::int64_t last, int /*part*/) {
+          std::vector<float> part_seq;
+          std::vector<double> part_tc;
+          ModelRows(
+              first, last, k, v,
+              [&](std::int64_t r, float* out) {
+                for (std::int64_t j = 0; j < v; ++j) out[j] = static_cast<float>(g[r * v + j]);
+              },
+              w_columns, &part_seq, &part_tc);
+          std::copy(part_seq.begin(), part_seq.end(), seq.begin() + first * k);
+          std::copy(part_tc.begin(), part_tc.end(), tc.begin() + first * k);
+        });
     for (std::size_t r = 0; r < n; ++r) {
       const std::int64_t i = walk[b0 + r];
       double* row_ref = ref.data() + r * static_cast<std::size_t>(k);
@@ -314,13 +388,9 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
       } else {
         for (std::int64_t c : bad_w_cols) naive(c);
       }
-      for (std::int64_t c = 0; c < k; ++c) {
-        bound[static_cast<std::size_t>(c)] = SumOfProductsBound(v, row_abs[c], row_ref[c], dtype);
-        p_bound[static_cast<std::size_t>(c)] =
-            ProbabilisticSumOfProductsBound(v, row_abs[c], row_ref[c], dtype);
-      }
-      check->AddRange(i * k, k, At(candidate, i * k, dtype), At(own, i * k, dtype), row_ref,
-                      bound.data(), p_bound.data());
+      const ClassInputs models{seq.data() + r * k, tc.data() + r * k, k};
+      check->AddProducts(i * k, k, At(candidate, i * k, dtype), At(own, i * k, dtype), rule,
+                         row_ref, row_abs, &models);
     }
   };
   const bool walked = WalkBlocks(
@@ -339,7 +409,7 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
     // finite; the host's walk below otherwise.
     CandidateCheck on_device(dtype);
     if (in.products->JudgeGtX(in.dy, in.dy_dtype == DType::kBf16, in.x, m, candidate, own,
-                              SumOfProductsRule(m, dtype), &on_device, stop)) {
+                              SumOfProductsRule(m, 1.0, dtype), &on_device, stop)) {
       check->Merge(on_device);
       return true;
     }
@@ -362,8 +432,17 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
       }
     }
   }
-  std::vector<double> bound(static_cast<std::size_t>(k)), p_bound(static_cast<std::size_t>(k)),
-      fixed_ref(static_cast<std::size_t>(k));
+  const judgement::ProductRule rule = SumOfProductsRule(m, 1.0, dtype);
+  // X's columns [c0, c0 + count) as a panel [M][count] for the models.
+  const PanelOf x_columns = [&](std::int64_t c0, std::int64_t count, float* panel) {
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t l = 0; l < count; ++l) {
+        panel[i * count + l] = static_cast<float>(xd[static_cast<std::size_t>(i * k + c0 + l)]);
+      }
+    }
+  };
+  std::vector<double> fixed_ref(static_cast<std::size_t>(k)),
+      fixed_abs(static_cast<std::size_t>(k));
   ReferenceGtX(
       [&](std::int64_t col0, std::int64_t cols, double* out) {
         for (std::int64_t i = 0; i < m; ++i) {
@@ -372,6 +451,24 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
       },
       xd, m, v, k, true,
       [&](std::int64_t row0, std::int64_t rows, const double* value, const double* abs) {
+        // The models of the block's rows of dW (columns of G), on threads.
+        std::vector<float> seq(static_cast<std::size_t>(rows * k));
+        std::vector<double> tc(seq.size());
+        reference_internal::ForRowsInParallel(
+            rows, rows * m * k / 64, [&](std::int64_t first, std::int64_t last, int /*part*/) {
+              std::vector<float> part_seq;
+              std::vector<double> part_tc;
+              ModelRows(
+                  first, last, k, m,
+                  [&](std::int64_t r, float* out) {
+                    for (std::int64_t i = 0; i < m; ++i) {
+                      out[i] = static_cast<float>(GAt(in, i * v + row0 + r));
+                    }
+                  },
+                  x_columns, &part_seq, &part_tc);
+              std::copy(part_seq.begin(), part_seq.end(), seq.begin() + first * k);
+              std::copy(part_tc.begin(), part_tc.end(), tc.begin() + first * k);
+            });
         for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t j = row0 + r;
           for (std::int64_t c = 0; c < k; ++c) {
@@ -384,12 +481,11 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
                   &a);
             }
             fixed_ref[static_cast<std::size_t>(c)] = ref;
-            bound[static_cast<std::size_t>(c)] = SumOfProductsBound(m, a, ref, dtype);
-            p_bound[static_cast<std::size_t>(c)] =
-                ProbabilisticSumOfProductsBound(m, a, ref, dtype);
+            fixed_abs[static_cast<std::size_t>(c)] = a;
           }
-          check->AddRange(j * k, k, At(candidate, j * k, dtype), At(own, j * k, dtype),
-                          fixed_ref.data(), bound.data(), p_bound.data());
+          const ClassInputs models{seq.data() + r * k, tc.data() + r * k, k};
+          check->AddProducts(j * k, k, At(candidate, j * k, dtype), At(own, j * k, dtype), rule,
+                             fixed_ref.data(), fixed_abs.data(), &models);
         }
       },
       kReferenceBlockElements, stop);
@@ -425,36 +521,47 @@ std::uint64_t JudgedBlockBytes(std::int64_t rows, std::int64_t block_cols,
 
 }  // namespace
 
+// The models of a block of `rows` rows of `cols` outputs, each a sum of n
+// products (ModelRows): their outputs twice (a part's and the block's),
+// the rows' operands as floats and a panel on each of up to 16 threads.
+std::uint64_t ModelBytes(std::uint64_t rows, std::int64_t cols, std::int64_t n) {
+  const std::uint64_t c = static_cast<std::uint64_t>(cols), len = static_cast<std::uint64_t>(n);
+  return rows * c * 2 * (sizeof(float) + sizeof(double)) + rows * len * sizeof(float) +
+         16 * len * static_cast<std::uint64_t>(kModelPanel) * sizeof(float);
+}
+
 std::uint64_t LogitsCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k) {
-  // Rows of x and |x| widened, their references and sums of |x·w| (or,
-  // judged on a device, a larger block of x), a row's bounds on each of up
-  // to 16 threads and the rows of W with a NaN or an infinity.
+  // Rows of x and |x| widened, their references and sums of |x·w| and
+  // their models (or, judged on a device, a larger block of x), a row's
+  // bounds on each of up to 16 threads and the rows of W with a NaN or an
+  // infinity.
   const std::uint64_t n = BlockRows(rows, v);
-  return std::max(
-             JudgedBlockBytes(rows, v, k),
-             n * static_cast<std::uint64_t>(2 * k + 2 * v) * kDouble + WeightBlockBytes(v, k)) +
+  return std::max(JudgedBlockBytes(rows, v, k),
+                  n * static_cast<std::uint64_t>(2 * k + 2 * v) * kDouble + WeightBlockBytes(v, k) +
+                      ModelBytes(n, v, k)) +
          static_cast<std::uint64_t>(v) * (16 * 2 * kDouble + sizeof(std::int64_t));
 }
 
 std::uint64_t GradInputCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k) {
-  // A block of g widened with its references and sums (or, judged on a
-  // device, a larger block of g).
+  // A block of g widened with its references, sums and models (or, judged
+  // on a device, a larger block of g).
   const std::uint64_t n = BlockRows(rows, std::max(v, k));
-  return std::max(
-             JudgedBlockBytes(rows, std::max(v, k), v),
-             n * static_cast<std::uint64_t>(2 * v + 2 * k) * kDouble + WeightBlockBytes(v, k)) +
+  return std::max(JudgedBlockBytes(rows, std::max(v, k), v),
+                  n * static_cast<std::uint64_t>(2 * v + 2 * k) * kDouble + WeightBlockBytes(v, k) +
+                      ModelBytes(n, k, v)) +
          static_cast<std::uint64_t>(k) * (2 * kDouble + sizeof(std::int64_t));
 }
 
 std::uint64_t GradWeightCheckBytes(std::int64_t m, std::int64_t v, std::int64_t k) {
   // X widened with its magnitudes, a block of G's columns and a block of
-  // dW's references and sums (numerics.cc: GtXBlockRows), a row's bounds
-  // and the columns with a NaN or an infinity.
+  // dW's references, sums and models (numerics.cc: GtXBlockRows), a row's
+  // references and the columns with a NaN or an infinity.
   const std::uint64_t mk = static_cast<std::uint64_t>(m) * static_cast<std::uint64_t>(k);
   const std::uint64_t rows =
       static_cast<std::uint64_t>(std::min<std::int64_t>(v, GtXBlockRows(m, k)));
   return 2 * mk * kDouble + rows * static_cast<std::uint64_t>(m + 2 * k) * kDouble +
-         static_cast<std::uint64_t>(3 * k) * kDouble + static_cast<std::uint64_t>(v + k);
+         ModelBytes(rows, k, m) + static_cast<std::uint64_t>(3 * k) * kDouble +
+         static_cast<std::uint64_t>(v + k);
 }
 
 }  // namespace logitd

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "logitd/reference/bounds.h"
 #include "logitd/reference/cross_entropy.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/logprobs.h"
@@ -196,6 +197,29 @@ void ExpectSameFigures(const CandidateCheck& device, const CandidateCheck& host)
   EXPECT_EQ(d.histogram, h.histogram);
   EXPECT_EQ(d.max_ulp, h.max_ulp);
   EXPECT_EQ(d.ulp_counts, h.ulp_counts);
+  EXPECT_EQ(d.ulp_exact_elements, h.ulp_exact_elements);
+  EXPECT_EQ(d.max_ulp_exact, h.max_ulp_exact);
+  EXPECT_EQ(d.ulp_exact_counts, h.ulp_exact_counts);
+  // The precision-class test's rows: the same elements, models and largest
+  // errors; sums of squares formed in another order on the device, so equal
+  // to a few units of fp64 rounding.
+  ASSERT_EQ(d.class_rows.size(), h.class_rows.size());
+  const auto near = [](double a, double b) { return std::fabs(a - b) <= 1e-12 * std::fabs(b); };
+  for (const auto& [row, hr] : h.class_rows) {
+    ASSERT_EQ(d.class_rows.count(row), 1u) << row;
+    const judgement::ClassRow& dr = d.class_rows.at(row);
+    EXPECT_EQ(dr.n, hr.n) << row;
+    EXPECT_TRUE(near(dr.candidate_sq, hr.candidate_sq)) << row;
+    EXPECT_TRUE(near(dr.seq_sq, hr.seq_sq)) << row << ": " << dr.seq_sq << " " << hr.seq_sq;
+    EXPECT_TRUE(near(dr.envelope_sq, hr.envelope_sq)) << row;
+    EXPECT_EQ(dr.envelope_max, hr.envelope_max) << row;
+    EXPECT_EQ(dr.top1, hr.top1) << row;
+    EXPECT_EQ(dr.top2, hr.top2) << row;
+    EXPECT_EQ(dr.top1_index, hr.top1_index) << row;
+    EXPECT_EQ(dr.top1_seq, hr.top1_seq) << row;
+  }
+  EXPECT_EQ(device.precision_class().tested, host.precision_class().tested);
+  EXPECT_EQ(device.precision_class().outside, host.precision_class().outside);
   ASSERT_EQ(d.first_outside.size(), h.first_outside.size());
   for (std::size_t i = 0; i < d.first_outside.size(); ++i) {
     ExpectSameElement(d.first_outside[i], h.first_outside[i]);
@@ -362,11 +386,7 @@ TEST_F(Fp64ProductsTest, JudgingOnTheDeviceCountsWhatTheHostCounts) {
         return all;
       }() : rows;
       CheckFigures figures;
-      const judgement::ProductRule rule{
-          1.0, logitd::Gamma(v, kFp32UnitRoundoff) + logitd::Gamma(v, kFp64UnitRoundoff),
-          std::min(ProbabilisticGamma(v, kFp32UnitRoundoff), logitd::Gamma(v, kFp32UnitRoundoff)) +
-              logitd::Gamma(v, kFp64UnitRoundoff),
-          false};
+      const judgement::ProductRule rule = SumOfProductsRule(v, 1.0, DType::kFp32);
       const bool judged =
           engine->JudgeGWOfDy(in.dy, dy_bf16, walk.data(), static_cast<std::int64_t>(walk.size()),
                               candidate.data(), own.data(), rule, &figures);
@@ -410,13 +430,12 @@ TEST_F(Fp64ProductsTest, TheWeightsGradientJudgedOnTheDeviceCountsWhatTheHostCou
                  std::copy(value, value + rows * k, dw.begin() + row0 * k);
                  std::copy(abs, abs + rows * k, dw_abs.begin() + row0 * k);
                });
-  const double p_gamma32 =
-      std::min(ProbabilisticGamma(m, kFp32UnitRoundoff), logitd::Gamma(m, kFp32UnitRoundoff));
+  const double gamma32 = logitd::Gamma(m, kFp32StepError);
+  const double p_gamma32 = std::min(ProbabilisticGamma(m, kFp32UnitRoundoff), gamma32);
   // A 66,000-term sum's fp32 bound is wide (about 0.4% of Σ|g·x|), wider
   // than Perturb's fixed steps: in fp32 a dozen elements of row 5 go past
   // the proven bound, and a dozen of row 6 between the probabilistic and
   // the proven one (their geometric mean).
-  const double gamma32 = logitd::Gamma(m, kFp32UnitRoundoff);
   const auto past_the_bounds = [&](std::vector<std::uint8_t>* candidate) {
     for (std::int64_t c = 0; c < 12; ++c) {
       const std::size_t past = 5 * k + c, between = 6 * k + c;
@@ -437,9 +456,7 @@ TEST_F(Fp64ProductsTest, TheWeightsGradientJudgedOnTheDeviceCountsWhatTheHostCou
       LmHeadInputs in = LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
       in.dy = dy_bf16 ? static_cast<const void*>(g_bits.data()) : dy32.data();
       in.dy_dtype = dy_bf16 ? DType::kBf16 : DType::kFp32;
-      const judgement::ProductRule rule{
-          1.0, logitd::Gamma(m, kFp32UnitRoundoff) + logitd::Gamma(m, kFp64UnitRoundoff),
-          p_gamma32 + logitd::Gamma(m, kFp64UnitRoundoff), bf16};
+      const judgement::ProductRule rule = SumOfProductsRule(m, 1.0, dtype);
       CandidateCheck direct(dtype), through(dtype), on_host(dtype);
       ASSERT_TRUE(engine->JudgeGtX(in.dy, dy_bf16, x.data(), m, candidate.data(), own.data(), rule,
                                    &direct, {}))

@@ -173,8 +173,8 @@ absl::Status CudaFp64Products::Product(bool transposed, const double* a, std::in
 }
 
 absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl::Status()>& form,
-                                     const std::int64_t* rows, std::int64_t m,
-                                     const void* candidate, const void* own,
+                                     const ModelOperands& model, const std::int64_t* rows,
+                                     std::int64_t m, const void* candidate, const void* own,
                                      const judgement::ProductRule& rule, CheckFigures* figures) {
   LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
   cudaStream_t s = stream_.get();
@@ -203,6 +203,17 @@ absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl
   }
   RETURN_IF_CUDA_ERROR(cudaEventRecord(copied_.get(), copy), "verify: copy the rows");
   LOGITD_CUDA_RETURN_IF_ERROR(form());
+  // The models, from the operands `form` left on the device.
+  const std::size_t elements = static_cast<std::size_t>(m) * static_cast<std::size_t>(cols);
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&seq_, elements * sizeof(float), "the sequential model"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&tc_, elements * sizeof(double), "the tensor-core model"));
+  const std::size_t class_bytes = static_cast<std::size_t>(m) * sizeof(judgement::ClassRow);
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&class_rows_, class_bytes, "the rows' class counts"));
+  RETURN_IF_CUDA_ERROR(LaunchModelSums(model.a->as<double>(), model.sa_i, model.sa_t,
+                                       model.b->as<double>(), model.sb_t, model.sb_j, m, cols,
+                                       model.n, seq_.as<float>(), tc_.as<double>(), s),
+                       "verify: the precision-class models [", m, ", ", cols, "] of ", model.n,
+                       " terms");
   RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, copied_.get(), 0), "verify: copy the rows");
   // Room for every element of the rows that hold the first
   // kReportedOutside outside ones: fewer than that before the last of those
@@ -220,7 +231,8 @@ absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl
   const std::size_t host_rows_at = sizeof(JudgeCounts);
   const std::size_t host_collected_at = (host_rows_at + rows_bytes + 63) / 64 * 64;
   const std::size_t host_count_at = host_collected_at + collected_bytes;
-  LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_counts_, host_count_at + sizeof(unsigned int)));
+  const std::size_t host_class_at = (host_count_at + sizeof(unsigned int) + 63) / 64 * 64;
+  LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_counts_, host_class_at + class_bytes));
   std::byte* host = static_cast<std::byte*>(host_counts_.get());
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(counts_.get(), 0, sizeof(JudgeCounts), s),
                        "verify: clear the counts");
@@ -230,9 +242,16 @@ absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl
       LaunchJudge(out_.as<double>(), out_abs_.as<double>(), candidate_.get(), own_.get(), m, cols,
                   rule, counts_.as<JudgeCounts>(), row_outside_.as<unsigned int>(), s),
       "verify: judge the elements");
+  RETURN_IF_CUDA_ERROR(LaunchClassRows(out_.as<double>(), out_abs_.as<double>(), candidate_.get(),
+                                       own_.get(), seq_.as<float>(), tc_.as<double>(), m, cols,
+                                       rule, class_rows_.as<judgement::ClassRow>(), s),
+                       "verify: the rows' precision-class counts");
   RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(host, counts_.get(), sizeof(JudgeCounts), cudaMemcpyDeviceToHost, s),
       "verify: copy the counts to the host");
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + host_class_at, class_rows_.get(), class_bytes,
+                                       cudaMemcpyDeviceToHost, s),
+                       "verify: copy the rows' precision-class counts to the host");
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + host_rows_at, row_outside_.get(), rows_bytes,
                                        cudaMemcpyDeviceToHost, s),
                        "verify: copy the counts to the host");
@@ -259,6 +278,18 @@ absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl
   }
   for (std::size_t b = 0; b < figures->ulp_counts.size(); ++b) {
     figures->ulp_counts[b] = static_cast<std::int64_t>(c.ulp[b]);
+    figures->ulp_exact_counts[b] = static_cast<std::int64_t>(c.ulp_exact[b]);
+  }
+  figures->ulp_exact_elements = m * cols;
+  figures->max_ulp_exact = static_cast<std::int64_t>(c.max_ulp_exact);
+  // Each row's class counts under the call's row index, its largest
+  // element's position turned into the call's flat index.
+  const auto* class_rows = reinterpret_cast<const judgement::ClassRow*>(host + host_class_at);
+  for (std::int64_t r = 0; r < m; ++r) {
+    judgement::ClassRow row = class_rows[r];
+    if (row.n == 0) continue;
+    row.top1_index = rows[r] * cols + row.top1_index % cols;
+    judgement::MergeRows(&figures->class_rows[rows[r]], row);
   }
   if (c.outside == 0 && c.outside_probabilistic == 0) return absl::OkStatus();
 
@@ -310,8 +341,9 @@ absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl
   bool proven_found = false;
   for (const JudgedElement& e : found) {
     const std::int64_t row = e.position / cols, col = e.position % cols;
-    const CheckedElement element{rows[row] * cols + col, e.candidate, e.reference, e.bound,
-                                 e.probabilistic_bound,  e.own};
+    CheckedElement element{rows[row] * cols + col, e.candidate, e.reference, e.bound,
+                           e.probabilistic_bound,  e.own};
+    element.outside_bound = e.fraction > 1.0;
     if (e.fraction > 1.0 && !proven_found) {
       figures->first_proven_outside = element;
       proven_found = true;
@@ -433,8 +465,11 @@ absl::Status CudaFp64Products::GtX(const void* dy, bool dy_bf16, const Bf16Bits*
       return Dgemms(CUBLAS_OP_N, CUBLAS_OP_T, k_, n, m, x_, x_abs_, k_, a_, a_abs_, n,
                     absl::StrCat("[", n, ", ", k_, "] of dW"));
     };
+    // dW's row jj sums G[i, j0 + jj]·X[i, c] over the rows i of M.
+    const ModelOperands model{&a_, 1, n, &x_, k_, 1, m};
     CheckFigures figures;
-    const absl::Status status = Judge(k_, form, rows.data(), n, candidate, own, rule, &figures);
+    const absl::Status status =
+        Judge(k_, form, model, rows.data(), n, candidate, own, rule, &figures);
     if (non_finite) return absl::OkStatus();
     LOGITD_CUDA_RETURN_IF_ERROR(status);
     check->AddCounted(figures);
@@ -477,7 +512,8 @@ absl::Status CudaFp64Products::GWOfDy(const void* dy, bool dy_bf16, const std::i
     return Dgemms(CUBLAS_OP_N, CUBLAS_OP_N, k_, m, v_, w_, w_abs_, k_, a_, a_abs_, v_,
                   absl::StrCat("[", m, ", ", k_, "] of dX"));
   };
-  const absl::Status status = Judge(k_, form, rows, m, candidate, own, rule, figures);
+  const absl::Status status = Judge(k_, form, ModelOperands{&a_, v_, 1, &w_, k_, 1, v_}, rows, m,
+                                    candidate, own, rule, figures);
   if (non_finite) return absl::OkStatus();
   LOGITD_CUDA_RETURN_IF_ERROR(status);
   *judged = true;
@@ -593,8 +629,8 @@ bool CudaFp64Products::JudgeXWt(const double* x, const std::int64_t* rows, std::
                                 const judgement::ProductRule& rule, CheckFigures* figures) {
   std::lock_guard<std::mutex> lock(mu_);
   return Done(Judge(
-      v_, [&] { return FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true); }, rows, m,
-      candidate, own, rule, figures));
+      v_, [&] { return FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true); },
+      ModelOperands{&a_, k_, 1, &w_, 1, k_, k_}, rows, m, candidate, own, rule, figures));
 }
 
 bool CudaFp64Products::JudgeGW(const double* g, const std::int64_t* rows, std::int64_t m,
@@ -602,8 +638,8 @@ bool CudaFp64Products::JudgeGW(const double* g, const std::int64_t* rows, std::i
                                const judgement::ProductRule& rule, CheckFigures* figures) {
   std::lock_guard<std::mutex> lock(mu_);
   return Done(Judge(
-      k_, [&] { return FormOnDevice(/*transposed=*/false, g, m, /*with_abs=*/true); }, rows, m,
-      candidate, own, rule, figures));
+      k_, [&] { return FormOnDevice(/*transposed=*/false, g, m, /*with_abs=*/true); },
+      ModelOperands{&a_, v_, 1, &w_, k_, 1, v_}, rows, m, candidate, own, rule, figures));
 }
 
 bool CudaFp64Products::JudgeGWOfDy(const void* dy, bool dy_bf16, const std::int64_t* rows,

@@ -70,12 +70,24 @@ class CudaFp64Products final : public Fp64Products {
   // FormOnDevice, then both products to the host.
   absl::Status Product(bool transposed, const double* a, std::int64_t m, double* out,
                        double* out_abs);
+  // The operands of a block's products for the precision-class test's
+  // models (judge_kernels.h, LaunchModelSums): A(i, t) = a[i·sa_i + t·sa_t],
+  // B(t, j) = b[t·sb_t + j·sb_j], n terms.
+  struct ModelOperands {
+    const DeviceBuffer* a = nullptr;
+    std::int64_t sa_i = 0, sa_t = 0;
+    const DeviceBuffer* b = nullptr;
+    std::int64_t sb_t = 0, sb_j = 0;
+    std::int64_t n = 0;
+  };
   // The candidate's and logitd's rows to the device, `form` (which queues
-  // the block's products [m, cols] into out_ and out_abs_ on stream_), and
-  // the judgement of every element there (judge_kernels.h).
+  // the block's products [m, cols] into out_ and out_abs_ on stream_), the
+  // models of `model`'s operands, and the judgement of every element there
+  // with each row's counts of the precision-class test (judge_kernels.h).
   absl::Status Judge(std::int64_t cols, const std::function<absl::Status()>& form,
-                     const std::int64_t* rows, std::int64_t m, const void* candidate,
-                     const void* own, const judgement::ProductRule& rule, CheckFigures* figures);
+                     const ModelOperands& model, const std::int64_t* rows, std::int64_t m,
+                     const void* candidate, const void* own, const judgement::ProductRule& rule,
+                     CheckFigures* figures);
   // JudgeGtX's walk over dW's rows in blocks: X widened once, then each
   // block's columns of dY rounded to G and widened, its two DGEMMs and its
   // judgement. *judged false (with an OK status) when a value of X or G is
@@ -143,6 +155,9 @@ class CudaFp64Products final : public Fp64Products {
   // Judge's: the candidate's and logitd's rows, the counts, the elements
   // outside per row, the collected elements and their count.
   DeviceBuffer candidate_, own_, counts_, row_outside_, collected_, collected_count_;
+  // Judge's models of the block and its rows' counts of the precision-class
+  // test.
+  DeviceBuffer seq_, tc_, class_rows_;
   // RowSums' and LpRows': the rows' targets and sums; LpRows' order, its z,
   // the ids asked for and their z.
   DeviceBuffer targets_, row_sums_, order_, order_z_, ids_, ids_z_;

@@ -14,7 +14,7 @@ constexpr int kThreads = 256;
 constexpr std::int64_t kMaxBlocks = 2048;
 
 struct Element {
-  double candidate, own, reference, bound, p_bound;
+  double candidate, own, reference, bound, p_bound, abs_sum;
   judgement::Judged judged;
 };
 
@@ -34,9 +34,12 @@ __device__ __forceinline__ Element JudgeAt(const double* sum, const double* abs_
     e.candidate = static_cast<double>(__uint_as_float(cb));
     e.own = static_cast<double>(__uint_as_float(ob));
   }
-  judgement::ProductBounds(rule, sum[i], abs_sum[i], &e.reference, &e.bound, &e.p_bound);
-  e.judged = judgement::JudgeElement(rule.bf16, e.candidate, cb, e.own, ob, e.reference, e.bound,
-                                     e.p_bound);
+  const judgement::ElementBounds b = judgement::ProductBounds(rule, sum[i], abs_sum[i]);
+  e.reference = b.reference;
+  e.bound = b.bound;
+  e.p_bound = b.p_bound;
+  e.abs_sum = abs_sum[i];
+  e.judged = judgement::JudgeElement(rule.bf16, e.candidate, cb, e.own, ob, b);
   return e;
 }
 
@@ -61,28 +64,34 @@ __global__ void JudgeKernel(const double* __restrict__ sum, const double* __rest
                             JudgeCounts* counts, unsigned int* row_outside) {
   __shared__ unsigned int histogram[judgement::kHistogramBins];
   __shared__ unsigned int ulp[judgement::kUlpBuckets];
+  __shared__ unsigned int ulp_exact[judgement::kUlpBuckets];
   __shared__ unsigned int scalars[5];
-  __shared__ unsigned long long maxima[4];
-  for (int b = threadIdx.x; b < judgement::kUlpBuckets; b += blockDim.x) ulp[b] = 0;
+  __shared__ unsigned long long maxima[5];
+  for (int b = threadIdx.x; b < judgement::kUlpBuckets; b += blockDim.x) {
+    ulp[b] = 0;
+    ulp_exact[b] = 0;
+  }
   if (threadIdx.x < judgement::kHistogramBins) histogram[threadIdx.x] = 0;
   if (threadIdx.x < 5) scalars[threadIdx.x] = 0;
-  if (threadIdx.x < 4) maxima[threadIdx.x] = 0;
+  if (threadIdx.x < 5) maxima[threadIdx.x] = 0;
   __syncthreads();
 
   unsigned int outside = 0, outside_p = 0, own_outside_p = 0, bitwise = 0, mismatches = 0;
-  unsigned long long max_ulp = 0, worst = 0, worst_p = 0, first_proven = 0;
+  unsigned long long max_ulp = 0, worst = 0, worst_p = 0, first_proven = 0, max_ulp_exact = 0;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   // Every lane of a warp takes every step, so the bucket adds see whole
   // warps; lanes past the end count nothing.
   for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * blockDim.x; base < n;
        base += stride) {
     const std::int64_t i = base + threadIdx.x;
-    int h = -1, u = -1;
+    int h = -1, u = -1, ue = -1;
     if (i < n) {
       const Element e = JudgeAt(sum, abs_sum, candidate, own, i, rule);
       const judgement::Judged& j = e.judged;
       h = judgement::HistogramBin(j.fraction);
       u = judgement::UlpBucket(j.ulp);
+      ue = judgement::UlpBucket(j.ulp_exact);
+      max_ulp_exact = max(max_ulp_exact, static_cast<unsigned long long>(j.ulp_exact));
       bitwise += j.bitwise_equal;
       mismatches += j.mismatch;
       own_outside_p += j.own_outside_probabilistic;
@@ -98,6 +107,7 @@ __global__ void JudgeKernel(const double* __restrict__ sum, const double* __rest
     }
     AddToBucket(histogram, h);
     AddToBucket(ulp, u);
+    AddToBucket(ulp_exact, ue);
   }
   atomicAdd(&scalars[0], outside);
   atomicAdd(&scalars[1], outside_p);
@@ -108,9 +118,13 @@ __global__ void JudgeKernel(const double* __restrict__ sum, const double* __rest
   atomicMax(&maxima[1], worst);
   atomicMax(&maxima[2], worst_p);
   atomicMax(&maxima[3], first_proven);
+  atomicMax(&maxima[4], max_ulp_exact);
   __syncthreads();
   for (int b = threadIdx.x; b < judgement::kUlpBuckets; b += blockDim.x) {
     if (ulp[b] != 0) atomicAdd(&counts->ulp[b], static_cast<unsigned long long>(ulp[b]));
+    if (ulp_exact[b] != 0) {
+      atomicAdd(&counts->ulp_exact[b], static_cast<unsigned long long>(ulp_exact[b]));
+    }
   }
   if (threadIdx.x < judgement::kHistogramBins && histogram[threadIdx.x] != 0) {
     atomicAdd(&counts->histogram[threadIdx.x],
@@ -127,6 +141,120 @@ __global__ void JudgeKernel(const double* __restrict__ sum, const double* __rest
     atomicMax(&counts->worst_fraction_bits, maxima[1]);
     atomicMax(&counts->worst_probabilistic_fraction_bits, maxima[2]);
     atomicMax(&counts->first_proven_complement, maxima[3]);
+    atomicMax(&counts->max_ulp_exact, maxima[4]);
+  }
+}
+
+// One thread block a row: each thread counts its columns of the row into a
+// ClassRow of its own (element_judgement.h), then the block merges them
+// pairwise in shared memory.
+constexpr int kClassThreads = 256;
+
+__global__ void ClassRowsKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
+                                const void* __restrict__ candidate, const void* __restrict__ own,
+                                const float* __restrict__ seq, const double* __restrict__ tc,
+                                std::int64_t cols, judgement::ProductRule rule,
+                                judgement::ClassRow* out) {
+  // Raw storage: a __shared__ array of a class with member initializers
+  // cannot be declared as such.
+  __shared__ __align__(16) unsigned char storage[kClassThreads * sizeof(judgement::ClassRow)];
+  judgement::ClassRow* part = reinterpret_cast<judgement::ClassRow*>(storage);
+  const std::int64_t row = blockIdx.x;
+  const float alpha = static_cast<float>(rule.scale_reference);
+  const double scale = fabs(rule.scale_reference);
+  judgement::ClassRow mine;
+  for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const std::int64_t i = row * cols + c;
+    const Element e = JudgeAt(sum, abs_sum, candidate, own, i, rule);
+    const float s = alpha == 1.0f ? seq[i] : judgement::MulF(alpha, seq[i]);
+    const judgement::ClassTerms t = judgement::ClassTermsOf(
+        rule.bf16, e.candidate, e.own, e.reference, scale * e.abs_sum, s, scale * tc[i]);
+    judgement::AddToRow(&mine, t, i, e.candidate, e.reference);
+  }
+  part[threadIdx.x] = mine;
+  __syncthreads();
+  for (int half = kClassThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) judgement::MergeRows(&part[threadIdx.x], part[threadIdx.x + half]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[row] = part[0];
+}
+
+// The models (accumulation_models.h) of C = A·B, A(i, t) = a[i·sa_i + t·sa_t]
+// and B(t, j) = b[t·sb_t + j·sb_j] (bf16 values as doubles): a thread block
+// a tile of kModelRows × kModelCols outputs, each thread 8 × 4 of them,
+// kTensorCoreBlock terms a step, the tile's operands as fp32 in shared
+// memory. Every output's sum is sequential in t, each product fused with
+// its addition (exact products: the host's separate roundings give the
+// same bits), and the tensor-core model steps at the end of each block of
+// terms, where the host's does.
+constexpr int kModelRows = 128, kModelCols = 64, kModelThreads = 256;
+constexpr int kModelDepth = judgement::kTensorCoreBlock;
+
+__global__ void __launch_bounds__(kModelThreads)
+    ModelSumsKernel(const double* __restrict__ a, std::int64_t sa_i, std::int64_t sa_t,
+                    const double* __restrict__ b, std::int64_t sb_t, std::int64_t sb_j,
+                    std::int64_t rows, std::int64_t cols, std::int64_t n, float* __restrict__ seq,
+                    double* __restrict__ tc) {
+  __shared__ float as[kModelDepth][kModelRows];
+  __shared__ __align__(16) float bs[kModelDepth][kModelCols];
+  const int tid = threadIdx.x;
+  const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.y) * kModelRows;
+  const std::int64_t j0 = static_cast<std::int64_t>(blockIdx.x) * kModelCols;
+  const int ty = tid / 16, tx = tid % 16;  // rows ty·8 .. +8, columns tx·4 .. +4
+  float acc[8][4], s1[8][4], s2[8][4];
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[r][c] = s1[r][c] = s2[r][c] = 0.0f;
+  }
+  for (std::int64_t t0 = 0; t0 < n; t0 += kModelDepth) {
+    // The tile's operands, read along their unit stride.
+    for (int e = tid; e < kModelRows * kModelDepth; e += kModelThreads) {
+      const int il = sa_t == 1 ? e / kModelDepth : e % kModelRows;
+      const int tl = sa_t == 1 ? e % kModelDepth : e / kModelRows;
+      const std::int64_t i = i0 + il, t = t0 + tl;
+      as[tl][il] = i < rows && t < n ? static_cast<float>(a[i * sa_i + t * sa_t]) : 0.0f;
+    }
+    for (int e = tid; e < kModelCols * kModelDepth; e += kModelThreads) {
+      const int jl = sb_t == 1 ? e / kModelDepth : e % kModelCols;
+      const int tl = sb_t == 1 ? e % kModelDepth : e / kModelCols;
+      const std::int64_t j = j0 + jl, t = t0 + tl;
+      bs[tl][jl] = j < cols && t < n ? static_cast<float>(b[t * sb_t + j * sb_j]) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int tl = 0; tl < kModelDepth; ++tl) {
+      float av[8];
+#pragma unroll
+      for (int r = 0; r < 8; ++r) av[r] = as[tl][ty * 8 + r];
+      const float4 bv = *reinterpret_cast<const float4*>(&bs[tl][tx * 4]);
+#pragma unroll
+      for (int r = 0; r < 8; ++r) {
+        acc[r][0] = __fmaf_rn(av[r], bv.x, acc[r][0]);
+        acc[r][1] = __fmaf_rn(av[r], bv.y, acc[r][1]);
+        acc[r][2] = __fmaf_rn(av[r], bv.z, acc[r][2]);
+        acc[r][3] = __fmaf_rn(av[r], bv.w, acc[r][3]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) judgement::TensorCoreStep(acc[r][c], &s1[r][c], &s2[r][c]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 8; ++r) {
+    const std::int64_t i = i0 + ty * 8 + r;
+    if (i >= rows) continue;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const std::int64_t j = j0 + tx * 4 + c;
+      if (j >= cols) continue;
+      seq[i * cols + j] = acc[r][c];
+      tc[i * cols + j] = judgement::TensorCoreError(s1[r][c], s2[r][c]);
+    }
   }
 }
 
@@ -409,6 +537,28 @@ cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64
   LpRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
       sum, abs_sum, cols, vocab, targets, gamma, cap, temperature, order_cols, ids, ids_k, sums,
       order, order_z, ids_z);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchModelSums(const double* a, std::int64_t sa_i, std::int64_t sa_t, const double* b,
+                            std::int64_t sb_t, std::int64_t sb_j, std::int64_t rows,
+                            std::int64_t cols, std::int64_t n, float* seq, double* tc,
+                            cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned int>((cols + kModelCols - 1) / kModelCols),
+                  static_cast<unsigned int>((rows + kModelRows - 1) / kModelRows));
+  ModelSumsKernel<<<grid, kModelThreads, 0, stream>>>(a, sa_i, sa_t, b, sb_t, sb_j, rows, cols, n,
+                                                      seq, tc);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchClassRows(const double* sum, const double* abs_sum, const void* candidate,
+                            const void* own, const float* seq, const double* tc, std::int64_t rows,
+                            std::int64_t cols, const judgement::ProductRule& rule,
+                            judgement::ClassRow* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  ClassRowsKernel<<<static_cast<unsigned int>(rows), kClassThreads, 0, stream>>>(
+      sum, abs_sum, candidate, own, seq, tc, cols, rule, out);
   return cudaGetLastError();
 }
 

@@ -30,6 +30,9 @@ struct JudgeCounts {
   unsigned long long first_proven_complement;
   unsigned long long histogram[judgement::kHistogramBins];
   unsigned long long ulp[judgement::kUlpBuckets];
+  // Against the exact value correctly rounded to the dtype.
+  unsigned long long max_ulp_exact;
+  unsigned long long ulp_exact[judgement::kUlpBuckets];
 };
 
 // An element outside a bound, as collected.
@@ -52,6 +55,26 @@ cudaError_t LaunchJudge(const double* sum, const double* abs_sum, const void* ca
                         const void* own, std::int64_t rows, std::int64_t cols,
                         const judgement::ProductRule& rule, JudgeCounts* counts,
                         unsigned int* row_outside, cudaStream_t stream);
+
+// The precision-class test's models (accumulation_models.h) of the block's
+// products C [rows, cols] = A·B, sums of n terms, A(i, t) = a[i·sa_i +
+// t·sa_t] and B(t, j) = b[t·sb_t + j·sb_j] (bf16 values as doubles, one of
+// each operand's strides 1): seq [rows, cols] the sequential fp32 sums,
+// tc [rows, cols] the tensor-core model's errors, as the host's ModelSums
+// forms them.
+cudaError_t LaunchModelSums(const double* a, std::int64_t sa_i, std::int64_t sa_t, const double* b,
+                            std::int64_t sb_t, std::int64_t sb_j, std::int64_t rows,
+                            std::int64_t cols, std::int64_t n, float* seq, double* tc,
+                            cudaStream_t stream);
+
+// Each row's counts of the precision-class test (element_judgement.h,
+// ClassRow) over the block [rows, cols] as LaunchJudge judges it, with the
+// models seq and tc: out[r] (top1_index a position in the block). One
+// thread block a row.
+cudaError_t LaunchClassRows(const double* sum, const double* abs_sum, const void* candidate,
+                            const void* own, const float* seq, const double* tc, std::int64_t rows,
+                            std::int64_t cols, const judgement::ProductRule& rule,
+                            judgement::ClassRow* out, cudaStream_t stream);
 
 // The elements at positions [first, last) of the same block that lie
 // outside either bound, appended at entries[*count] in no

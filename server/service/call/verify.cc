@@ -35,18 +35,25 @@ constexpr char kHostEngine[] = "OpenBLAS dgemm on the host";
 
 }  // namespace
 
+std::string VerifiedCandidate::Verdict() const {
+  const std::string v = check.Verdict();
+  return sampled && check.passed() ? v + "_sampled" : v;
+}
+
 std::string VerifyOutcome::Verdict() const {
   // Worst first.
-  const char* const order[] = {"outside_bounds", "outside_probabilistic_bounds", "within_bounds",
+  const char* const order[] = {"outside_bounds", "outside_precision_class", "within_bounds",
                                "bitwise_equal_to_logitd"};
   std::size_t worst = 3;
+  bool sampled = false;
   for (const VerifiedCandidate& c : candidates) {
     const std::string v = c.check.Verdict();
+    sampled = sampled || c.sampled;
     for (std::size_t i = 0; i < worst; ++i) {
       if (v == order[i]) worst = i;
     }
   }
-  return order[worst];
+  return sampled && worst >= 2 ? std::string(order[worst]) + "_sampled" : order[worst];
 }
 
 namespace {
@@ -260,6 +267,7 @@ absl::Status CheckCandidates(const VerifyPlan& plan, const LmHeadInputs& in, Cal
     const std::byte* data = call->in(c.name);
     const std::byte* mine = own.at(c.name).data();
     v.xxh3 = DigestOf(*call, c.name, c.bytes);
+    v.sampled = !plan.rows.empty() && c.name != "dw";
     bool done = false;
     if (c.name == "y") {
       done = CheckLogits(in, plan.alpha, plan.rows, data, mine, c.dtype, &v.check, stop);
@@ -446,6 +454,9 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);
     v.xxh3 = DigestOf(*call, c.name, c.bytes);
+    // The reduced loss and dW are refused with sample_rows.
+    v.sampled = !plan.rows.empty() && c.name != "dw" && c.shape.size() >= 1 &&
+                !(c.name == "loss" && c.shape == std::vector<std::int64_t>{1});
     if (c.name == "topk_ids" || c.name == "topk_logprobs" || c.name == "rank") {
       CheckTopKOrRank(c, plan, lp_ref, top_k_ids, top_k_z, data, own.at(c.name).data(), &v.check);
       outcome->candidates.push_back(std::move(v));
@@ -579,6 +590,7 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
     absl::StrAppend(&outcome.reference_engine, " and ", kHostEngine, " after: ", engine->error());
   }
   outcome.rows = plan.rows;
+  outcome.rows_total = plan.m;
   std::string inputs = absl::StrFormat("verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x",
                                        VerifyOperationName(plan.operation), FloatBits(plan.alpha),
                                        w.xxh3, DigestOf(*call, "x", plan.x_bytes),

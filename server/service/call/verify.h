@@ -93,6 +93,12 @@ struct VerifiedCandidate {
   std::vector<std::int64_t> shape;
   std::uint64_t xxh3 = 0;
   CandidateCheck check;
+  // Only some rows of it were checked (sample_rows; dW never is).
+  bool sampled = false;
+
+  // The check's verdict, a passing one with "_sampled" when sampled.
+  std::string Verdict() const;
+  bool passed() const { return check.passed(); }
 };
 
 struct VerifyOutcome {
@@ -108,9 +114,13 @@ struct VerifyOutcome {
   std::string reference_engine;
 
   // The worst of the candidates' verdicts: "outside_bounds",
-  // "outside_probabilistic_bounds", "within_bounds" or
-  // "bitwise_equal_to_logitd" (CandidateCheck::Verdict).
+  // "outside_precision_class", "within_bounds" or "bitwise_equal_to_logitd"
+  // (CandidateCheck::Verdict), a passing one with "_sampled" when a
+  // candidate was sampled.
   std::string Verdict() const;
+  // Rows of M in all, and the sample's seed (0: evenly spaced).
+  std::int64_t rows_total = 0;
+  std::uint64_t sample_seed = 0;
 };
 
 // The call: the weight (registered, or streamed and loaded for this call

@@ -8,15 +8,26 @@
 #include <string>
 #include <vector>
 
+#include "logitd/reference/element_judgement.h"
 #include "logitd/tensor.h"
 
 namespace logitd {
 
-// |got − ref| may reach γ_n(fp32)·S + γ_n(fp64)·S, with S = Σ|a·b| over the
-// n products (Higham, Lemma 3.1, for the fp32 sum and for the fp64
-// reference); a bf16 output adds one rounding: relative 2^-8 of the fp32
-// value (at most |ref| plus that bound), or half the smallest bf16
-// subnormal spacing near zero.
+// How an output that sums n exact products of bf16 values in fp32, scaled
+// by alpha, is referenced and bounded (element_judgement.h, ProductRule;
+// docs/PROTOCOL.md, "The proven bound"): |got − ref| may reach
+// |alpha|·(γ_s(2^-23) + γ_{n+1}(2^-53))·S + A, with S = Σ|a·b| over the n
+// products, s = n accumulation steps (n + 2 with alpha ≠ 1: one more
+// rounding of the scale, and one more if a kernel scales products), the
+// fp64 reference's own error and A = 2·s·2^-149·max(1, |alpha|) for
+// products that underflow; a partial sum of any order lies within
+// max(1, |alpha|)·(1 + γ_s(2^-23)) times the sum of the products of one
+// sign. A bf16 output adds one rounding. The one place the bounds of sums
+// of products are composed: the harness, Verify and the device's judging
+// all take them from here.
+judgement::ProductRule SumOfProductsRule(std::int64_t n, double alpha, DType out);
+
+// The proven bound of such an output at one element (alpha 1).
 double SumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out);
 
 // The same with the probabilistic γ̃_n (numerics.h: ProbabilisticGamma) for

@@ -1,22 +1,25 @@
 // A candidate output of another implementation, checked element by element
-// the way the server's Verify judges it: against its fp64 reference and two
-// bounds (bounds.h): the proven one, which no conforming fp32 accumulation
-// can exceed in any order, and the probabilistic one, which it exceeds with
-// probability below 2^-89 when its rounding errors are independent; and
-// against logitd's own output of the same inputs, bit for bit and in units
-// in the last place. Non-finite values follow IEEE 754: where the reference
-// is NaN or ±Inf the candidate must be the same, and a NaN or infinity where
-// the reference is finite is a mismatch; either way the element lies
-// outside both bounds.
+// the way the server's Verify judges it: against its fp64 reference and
+// its proven bound (bounds.h), which no conforming fp32 accumulation can
+// exceed in any order; by the precision-class test (precision_class.h),
+// which tells fp32 accumulation from coarser arithmetic whose errors stay
+// inside the proven bound; and against logitd's own output of the same
+// inputs, bit for bit and in units in the last place. The probabilistic
+// bound of earlier servers is kept as a figure. Non-finite values follow
+// IEEE 754 and what a conforming order may reach (element_judgement.h,
+// Fraction); an element outside that lies outside its proven bound.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "logitd/reference/element_judgement.h"
+#include "logitd/reference/precision_class.h"
 #include "logitd/tensor.h"
 
 namespace logitd {
@@ -29,6 +32,8 @@ struct CheckedElement {
   double bound = 0;                // proven
   double probabilistic_bound = 0;  // at most `bound`
   double logitd = 0;               // logitd's own value
+  bool outside_bound = false;      // outside the proven bound
+  double class_threshold = 0;      // found by the precision-class test: what it allowed
 };
 
 // The figures of a check, as CandidateCheck keeps them: what a device that
@@ -47,18 +52,35 @@ struct CheckFigures {
   std::int64_t max_ulp = 0;
   // [0, kExactUlp] exactly, then one bucket per power of two up to 2^63.
   std::array<std::int64_t, judgement::kUlpBuckets> ulp_counts{};
+  // The same against the exact value correctly rounded to the dtype, over
+  // the elements that have one (not the integer outputs).
+  std::int64_t ulp_exact_elements = 0;
+  std::int64_t max_ulp_exact = 0;
+  std::array<std::int64_t, judgement::kUlpBuckets> ulp_exact_counts{};
   // The first elements outside their probabilistic bound in index order
   // (those outside the proven one among them), at most kReportedOutside:
   // for figures added, at least as many as the check still has room for.
   std::vector<CheckedElement> first_outside;
   // The first element outside its proven bound, when outside > 0.
   CheckedElement first_proven_outside;
+  // The precision-class test's rows (element_judgement.h, ClassRow), by
+  // row index.
+  std::map<std::int64_t, judgement::ClassRow> class_rows;
+};
+
+// The precision-class test's inputs for a range of products' elements
+// (element_judgement.h, ClassTermsOf): per element the sequential model's
+// output and the tensor-core model's error, unscaled (accumulation_models.h);
+// `cols` elements make a row.
+struct ClassInputs {
+  const float* seq = nullptr;
+  const double* tc = nullptr;
+  std::int64_t cols = 0;
 };
 
 class CandidateCheck {
  public:
-  // The elements outside their probabilistic bound that are reported (those
-  // outside the proven one among them), the first ones in index order.
+  // The elements reported (ReportedElements).
   static constexpr int kReportedOutside = 32;
   // |error| / bound is counted in bins: exactly 0, then up to each edge
   // (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 1), then over 1 (NaN
@@ -89,6 +111,13 @@ class CandidateCheck {
   // references and bounds given as arrays of n.
   void AddRange(std::int64_t offset, std::int64_t n, const void* candidate, const void* own,
                 const double* reference, const double* bound, const double* probabilistic_bound);
+  // A range of a product's elements: references and bounds from the fp64
+  // sums and sums of magnitudes by `rule` (element_judgement.h,
+  // ProductBounds), and, when `models` is not null, the precision-class
+  // test's terms (its arrays of n, row index = element index / cols).
+  void AddProducts(std::int64_t offset, std::int64_t n, const void* candidate, const void* own,
+                   const judgement::ProductRule& rule, const double* sum, const double* abs_sum,
+                   const ClassInputs* models);
 
   // Adds elements counted elsewhere, whose indices all come after those
   // added so far or are merged in index order: as if each had been added
@@ -107,11 +136,9 @@ class CandidateCheck {
   // Outside the probabilistic bound (those outside the proven one included).
   std::int64_t outside_probabilistic() const { return f_.outside_probabilistic; }
   double worst_probabilistic_fraction() const { return f_.worst_probabilistic_fraction; }
-  // logitd's own output outside the probabilistic bound: nonzero means the
-  // inputs' rounding errors are not independent (constant rows, say), and
-  // the probabilistic bound says nothing about the candidate either.
+  // logitd's own output outside the probabilistic figure: nonzero means
+  // the inputs' rounding errors are not independent (constant rows, say).
   std::int64_t own_outside_probabilistic() const { return f_.own_outside_probabilistic; }
-  bool probabilistic_applies() const { return f_.own_outside_probabilistic == 0; }
   const std::vector<CheckedElement>& first_outside() const { return f_.first_outside; }
   std::int64_t bitwise_equal() const { return f_.bitwise_equal; }
   std::int64_t nan_inf_mismatches() const { return f_.nan_inf_mismatches; }
@@ -122,37 +149,50 @@ class CandidateCheck {
   // number.
   std::int64_t max_ulp() const { return f_.max_ulp; }
   std::int64_t UlpPercentile(double p) const;
+  // The same against the correctly rounded exact value; −1 when no element
+  // has one.
+  std::int64_t max_ulp_exact() const { return f_.ulp_exact_elements > 0 ? f_.max_ulp_exact : -1; }
+  std::int64_t UlpExactPercentile(double p) const;
   const CheckFigures& figures() const { return f_; }
+  // The precision-class test over the rows counted (not tested for
+  // outputs added without models).
+  const PrecisionClassFigures& precision_class() const;
 
-  // "outside_bounds" (an element outside its proven bound), else
-  // "outside_probabilistic_bounds" (one outside its probabilistic bound,
-  // where logitd's own output is inside every one), else
-  // "bitwise_equal_to_logitd" (every element equal to logitd's own) or
-  // "within_bounds".
+  // "outside_bounds" (an element outside its proven bound, or a NaN or
+  // infinity no conforming order gives), else "outside_precision_class"
+  // (the precision-class test found the errors coarser than fp32
+  // accumulation's), else "bitwise_equal_to_logitd" (every element equal
+  // to logitd's own) or "within_bounds".
   std::string Verdict() const;
   bool passed() const;
   // "3 of 65536 elements of 'y' outside their proven bound ...; first [0,
   // 17]: candidate ..., fp64 reference ..., bound ..."; empty when it
   // passed.
   std::string Describe(const std::string& name, const std::vector<std::int64_t>& shape) const;
+  // The reported elements: those outside the proven bound first (index
+  // order), then those the precision-class test found (worst first), then
+  // those outside the probabilistic figure; at most kReportedOutside.
+  std::vector<CheckedElement> ReportedElements() const;
 
  private:
   // An element outside its proven or probabilistic bound: counted, and
   // kept among the reported ones while there is room.
   void NoteOutside(const CheckedElement& element, double fraction, double p_fraction);
-  void AddFp32Range(std::int64_t offset, std::int64_t n, const std::byte* candidate,
-                    const std::byte* own, const double* reference, const double* bound,
-                    const double* probabilistic_bound);
   // Counts one judged element; `element` is it as reported.
   void Tally(const judgement::Judged& j, const CheckedElement& element);
   // `shown` (when not null) is the element as reported, in place of the
   // values judged.
   void Count(std::int64_t index, double candidate, std::uint32_t candidate_bits, double own,
-             std::uint32_t own_bits, double reference, double bound, double probabilistic_bound,
+             std::uint32_t own_bits, const judgement::ElementBounds& bounds,
              const CheckedElement* shown = nullptr);
+  // The largest finite value of the dtype.
+  double MaxFinite() const;
+  // The row's counts of the precision-class test, made when first asked.
+  judgement::ClassRow& Row(std::int64_t row);
 
   DType dtype_;
   CheckFigures f_;
+  mutable std::optional<PrecisionClassFigures> class_;
 };
 
 }  // namespace logitd

@@ -21,9 +21,26 @@ inline constexpr double kBf16UnitRoundoff = 0x1p-8;
 
 // γ_n = n·u / (1 − n·u), the bound on the relative error of an n-term sum of
 // products in a precision with unit roundoff u, whatever the summation order
-// (Higham, Accuracy and Stability of Numerical Algorithms, Lemma 3.1).
-// +Inf when n·u >= 1.
+// (Higham, Accuracy and Stability of Numerical Algorithms, Lemma 3.1),
+// rounded up. +Inf when n·u >= 1.
 double Gamma(std::int64_t n, double u);
+
+// What the proven bounds assume of each step of an fp32 accumulation: its
+// result within one unit in the last place of the exact sum of its
+// operands, 2^-23 relative (docs/PROTOCOL.md, "The proven bound"): round to
+// nearest (half that), directed rounding, and the truncating multi-operand
+// adders of tensor cores, which bench/accumulation_probe.py checks on the
+// device. Their γ is Gamma(n, kFp32StepError).
+inline constexpr double kFp32StepError = 0x1p-23;
+// The absolute error a step may add below fp32's normal range, where its
+// spacing is 2^-149: a product or fused product that underflows (sums of
+// fp32 values are exact there). Gradual underflow is assumed: a kernel
+// that flushes subnormal results to zero errs by up to 2^-126 there.
+inline constexpr double kFp32Underflow = 0x1p-149;
+// The most terms a proven bound is formed for: γ_n(2^-23) is 1 at 2^22,
+// where the bound would reach Σ|products| and decide nothing (Verify
+// refuses longer sums).
+inline constexpr std::int64_t kMaxBoundTerms = std::int64_t{1} << 22;
 
 // The probabilistic counterpart of γ_n (Higham and Mary, "A new approach to
 // probabilistic rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019,

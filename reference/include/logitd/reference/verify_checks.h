@@ -50,9 +50,12 @@ struct LmHeadInputs {
 // Rows of M to check: all of them when empty.
 using CheckedRows = std::vector<std::int64_t>;
 
-// About `count` rows of m, evenly spaced, the first and the last included;
-// all of them when count is 0 or at least m.
-CheckedRows SampleRows(std::int64_t m, std::int64_t count);
+// `count` rows of m in increasing order, all of them when count is 0 or at
+// least m. With seed 0 evenly spaced, the first and the last always
+// included (so a count of 1 or 2 gives those two); else drawn uniformly
+// without replacement by a splitmix64 stream of that seed (the same rows
+// on every platform).
+CheckedRows SampleRows(std::int64_t m, std::int64_t count, std::uint64_t seed = 0);
 
 // Asked between blocks of rows: true stops a check early (a caller that
 // went away), which then returns false. Empty: never.
