@@ -15,6 +15,7 @@ void ModelSums(const float* a, std::int64_t rows, std::int64_t cols, std::int64_
                const PanelOf& panel, float* seq, double* tc) {
   constexpr std::int64_t kP = kModelPanel;
   constexpr std::int64_t kBlock = judgement::kTensorCoreBlock;
+  constexpr std::int64_t kGroup = judgement::kModelGroup;
   std::vector<float> b(static_cast<std::size_t>(n * kP));
   for (std::int64_t j0 = 0; j0 < cols; j0 += kP) {
     const std::int64_t count = std::min(kP, cols - j0);
@@ -31,14 +32,19 @@ void ModelSums(const float* a, std::int64_t rows, std::int64_t cols, std::int64_
     for (std::int64_t i = 0; i < rows; ++i) {
       const float* ai = a + i * n;
       float acc[kP] = {}, s1[kP] = {}, s2[kP] = {};
-      for (std::int64_t t0 = 0; t0 < n; t0 += kBlock) {
-        const std::int64_t t1 = std::min(n, t0 + kBlock);
-        for (std::int64_t t = t0; t < t1; ++t) {
-          const float av = ai[t];
-          const float* bt = b.data() + t * kP;
-          for (std::int64_t l = 0; l < kP; ++l) acc[l] = acc[l] + av * bt[l];
+      for (std::int64_t g0 = 0; g0 < n; g0 += kGroup) {
+        const std::int64_t g1 = std::min(n, g0 + kGroup);
+        for (std::int64_t t0 = g0; t0 < g1; t0 += kBlock) {
+          const std::int64_t t1 = std::min(g1, t0 + kBlock);
+          for (std::int64_t t = t0; t < t1; ++t) {
+            const float av = ai[t];
+            const float* bt = b.data() + t * kP;
+            for (std::int64_t l = 0; l < kP; ++l) acc[l] = acc[l] + av * bt[l];
+          }
+          for (std::int64_t l = 0; l < kP; ++l) judgement::TensorCoreDrift(acc[l], &s1[l]);
         }
-        for (std::int64_t l = 0; l < kP; ++l) judgement::TensorCoreStep(acc[l], &s1[l], &s2[l]);
+        const float blocks = static_cast<float>((g1 - g0 + kBlock - 1) / kBlock);
+        for (std::int64_t l = 0; l < kP; ++l) judgement::TensorCoreSpread(acc[l], blocks, &s2[l]);
       }
       for (std::int64_t l = 0; l < count; ++l) {
         seq[i * cols + j0 + l] = acc[l];

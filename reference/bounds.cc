@@ -23,6 +23,7 @@ judgement::ProductRule SumOfProductsRule(std::int64_t n, double alpha, DType out
   rule.absolute = 2 * static_cast<double>(steps) * kFp32Underflow * widest;
   rule.partial = widest * (1 + gamma32);
   rule.bf16 = out == DType::kBf16;
+  rule.terms = n;
   return rule;
 }
 

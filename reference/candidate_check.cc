@@ -90,6 +90,7 @@ void CandidateCheck::AddProducts(std::int64_t offset, std::int64_t n, const void
   const bool bf16 = dtype_ == DType::kBf16;
   const float alpha = static_cast<float>(rule.scale_reference);
   const double scale = std::fabs(rule.scale_reference);
+  const double floor = judgement::ClassFloor(rule.terms);
   judgement::ClassRow* row = nullptr;
   std::int64_t row_index = -1;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -109,7 +110,7 @@ void CandidateCheck::AddProducts(std::int64_t offset, std::int64_t n, const void
     // multiply, as a kernel that scales its sum does.
     const float seq = alpha == 1.0f ? models->seq[i] : judgement::MulF(alpha, models->seq[i]);
     const judgement::ClassTerms t = judgement::ClassTermsOf(
-        bf16, c, o, e.reference, scale * abs_sum[i], seq, scale * models->tc[i]);
+        bf16, c, o, e.reference, scale * abs_sum[i], seq, scale * models->tc[i], floor);
     judgement::AddToRow(row, t, offset + i, c, e.reference);
   }
 }
@@ -235,10 +236,16 @@ const PrecisionClassFigures& CandidateCheck::precision_class() const {
                            ? "an integer output: judged by its order against the reference's"
                            : "not a sum of products: held to its proven bound";
     } else {
-      class_ = JudgePrecisionClass(f_.class_rows);
+      class_ = JudgePrecisionClass(f_.class_rows, independent_per_row_, independent_total_);
     }
   }
   return *class_;
+}
+
+void CandidateCheck::LimitIndependent(std::int64_t per_row, std::int64_t total) {
+  independent_per_row_ = std::max<std::int64_t>(1, per_row);
+  independent_total_ = std::max<std::int64_t>(1, total);
+  class_.reset();
 }
 
 std::string CandidateCheck::Verdict() const {

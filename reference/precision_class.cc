@@ -28,7 +28,8 @@ struct RowOutcome {
   double severity = 0;  // the larger of ratio / threshold and the element's excess
 };
 
-RowOutcome JudgeRow(std::int64_t row, const judgement::ClassRow& r, double* alpha) {
+RowOutcome JudgeRow(std::int64_t row, const judgement::ClassRow& r, std::int64_t independent,
+                    double* alpha) {
   RowOutcome o;
   RowPrecisionFigures& f = o.figures;
   const double n = static_cast<double>(r.n);
@@ -36,9 +37,11 @@ RowOutcome JudgeRow(std::int64_t row, const judgement::ClassRow& r, double* alph
   f.elements = r.n;
   f.effective_bits = EffectiveBits(r.candidate_sq, r.seq_sq);
   f.class_bits = EffectiveBits(r.envelope_sq, r.seq_sq);
-  // Its RMS against the envelope's, with n' elements of equal weight.
-  const double n_eff =
-      r.envelope_max > 0 ? std::max(1.0, r.envelope_sq / (r.envelope_max * r.envelope_max)) : n;
+  // Its RMS against the envelope's, with n' elements of equal weight, at
+  // most as many as it holds independent ones.
+  const double n_eff = std::min(
+      static_cast<double>(independent),
+      r.envelope_max > 0 ? std::max(1.0, r.envelope_sq / (r.envelope_max * r.envelope_max)) : n);
   f.rms_ratio = r.envelope_sq > 0 ? std::sqrt(r.candidate_sq / r.envelope_sq) : 0;
   f.threshold = kClassSpread * std::sqrt(UpperMeanSquareQuantile(n_eff, kClassTestAlpha));
   f.outside = f.rms_ratio > f.threshold;
@@ -93,14 +96,15 @@ double EffectiveBits(double candidate_sq, double seq_sq) {
   return std::clamp(24 - 0.5 * std::log2(candidate_sq / seq_sq), -64.0, 64.0);
 }
 
-PrecisionClassFigures JudgePrecisionClass(const std::map<std::int64_t, judgement::ClassRow>& rows) {
+PrecisionClassFigures JudgePrecisionClass(const std::map<std::int64_t, judgement::ClassRow>& rows,
+                                          std::int64_t per_row, std::int64_t total) {
   PrecisionClassFigures p;
   judgement::ClassRow all;
   std::vector<RowOutcome> outcomes;
   for (const auto& [row, r] : rows) {
     if (r.n == 0) continue;
     judgement::MergeRows(&all, r);
-    outcomes.push_back(JudgeRow(row, r, &p.alpha));
+    outcomes.push_back(JudgeRow(row, r, per_row, &p.alpha));
   }
   if (all.n == 0) {
     p.reason = "no element qualifies (every one non-finite, or its Σ|products| below 2^-102)";
@@ -111,7 +115,9 @@ PrecisionClassFigures JudgePrecisionClass(const std::map<std::int64_t, judgement
   p.rows = static_cast<std::int64_t>(outcomes.size());
   p.effective_bits = EffectiveBits(all.candidate_sq, all.seq_sq);
   p.class_bits = EffectiveBits(all.envelope_sq, all.seq_sq);
-  const double n_eff = std::max(1.0, all.envelope_sq / (all.envelope_max * all.envelope_max));
+  const double n_eff =
+      std::min(static_cast<double>(total),
+               std::max(1.0, all.envelope_sq / (all.envelope_max * all.envelope_max)));
   p.rms_ratio = std::sqrt(all.candidate_sq / all.envelope_sq);
   p.threshold = kClassSpread * std::sqrt(UpperMeanSquareQuantile(n_eff, kClassTestAlpha));
   p.alpha += kClassTestAlpha;

@@ -78,6 +78,55 @@ void NaiveDot(std::int64_t n, A a, B b, double* sum, double* abs) {
   }
 }
 
+// The class of a vector of bf16 values: the values up to a common power of
+// two (zeros as zeros), hashed. Outputs whose operands share their classes
+// err alike, relative to their scale, in every order.
+class ScaledClass {
+ public:
+  // A first pass over the values finds the largest exponent; a second
+  // hashes each value with its exponent taken relative to it.
+  void See(Bf16Bits b) {
+    const int e = (b >> 7) & 0xff;
+    if ((b & 0x7fff) != 0 && e > top_) top_ = e;
+  }
+  void Hash(Bf16Bits b) {
+    const std::uint64_t e =
+        (b & 0x7fff) == 0 ? 0 : static_cast<std::uint64_t>(((b >> 7) & 0xff) - top_ + 512);
+    std::uint64_t z = (hash_ ^ ((e << 16) | (b & 0x807f))) + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    hash_ = z ^ (z >> 31);
+  }
+  std::uint64_t value() const { return hash_; }
+
+ private:
+  int top_ = 0;
+  std::uint64_t hash_ = 0;
+};
+
+// The number of distinct classes among the rows (by_rows) or the columns
+// of a [rows, cols] matrix whose element (i, j) is at(i, j), walked in row
+// order either way.
+template <typename At>
+std::int64_t DistinctClasses(std::int64_t rows, std::int64_t cols, bool by_rows, const At& at) {
+  std::vector<ScaledClass> classes(static_cast<std::size_t>(by_rows ? rows : cols));
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        ScaledClass& c = classes[static_cast<std::size_t>(by_rows ? i : j)];
+        pass == 0 ? c.See(at(i, j)) : c.Hash(at(i, j));
+      }
+    }
+  }
+  std::set<std::uint64_t> distinct;
+  for (const ScaledClass& c : classes) distinct.insert(c.value());
+  return static_cast<std::int64_t>(distinct.size());
+}
+
+Bf16Bits GBitsAt(const LmHeadInputs& in, std::int64_t i) {
+  return FloatToBf16(static_cast<float>(GAt(in, i)));
+}
+
 // The sequential and tensor-core models (accumulation_models.h) of rows
 // [first, last) of a block whose row i reduces a_row(i) (n floats) against
 // `panel`'s columns: seq and tc, [last − first, cols] each, on the caller's
@@ -274,6 +323,15 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
     CheckRowsInParallel(static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v, check,
                         check_rows);
   };
+  // Rows of W that are equal up to a power of two give one independent
+  // error a row; rows of X the same across rows.
+  const std::int64_t per_row =
+      DistinctClasses(v, k, true, [&](std::int64_t j, std::int64_t t) { return in.w[j * k + t]; });
+  const std::int64_t x_classes = DistinctClasses(
+      static_cast<std::int64_t>(walk.size()), k, true, [&](std::int64_t r, std::int64_t t) {
+        return in.x[walk[static_cast<std::size_t>(r)] * k + t];
+      });
+  check->LimitIndependent(per_row, per_row * x_classes);
   return WalkBlocks(in, /*transposed=*/true, walk,
                     std::max<std::int64_t>(1, kReferenceBlockElements / v), v, bad_w.empty(),
                     candidate, own, rule, check, stop, x_rows, host_block);
@@ -299,6 +357,17 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
   }
   const judgement::ProductRule rule = SumOfProductsRule(v, 1.0, dtype);
   CheckedRows walk = AllOr(rows, in.m);
+  // Columns of W equal up to a power of two give one independent error a
+  // row of dX; rows of G the same across rows.
+  {
+    const std::int64_t per_row = DistinctClasses(
+        v, k, false, [&](std::int64_t j, std::int64_t c) { return in.w[j * k + c]; });
+    const std::int64_t g_classes = DistinctClasses(
+        static_cast<std::int64_t>(walk.size()), v, true, [&](std::int64_t r, std::int64_t j) {
+          return GBitsAt(in, walk[static_cast<std::size_t>(r)] * v + j);
+        });
+    check->LimitIndependent(per_row, per_row * g_classes);
+  }
   // Blocks of rows judged on the engine's device from dY as it came (G
   // rounded there); the rows of a block it did not judge (a NaN or an
   // infinity in G) go the host's way below.
@@ -404,6 +473,13 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
 bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
                      CandidateCheck* check, const StopCheck& stop) {
   const std::int64_t m = in.m, v = in.v, k = in.k;
+  // Columns of X equal up to a power of two give one independent error a
+  // row of dW; columns of G the same across rows.
+  const std::int64_t per_row =
+      DistinctClasses(m, k, false, [&](std::int64_t i, std::int64_t c) { return in.x[i * k + c]; });
+  const std::int64_t g_classes = DistinctClasses(
+      m, v, false, [&](std::int64_t i, std::int64_t j) { return GBitsAt(in, i * v + j); });
+  check->LimitIndependent(per_row, per_row * g_classes);
   if (in.products != nullptr) {
     // On the engine's device when it judges there and every value is
     // finite; the host's walk below otherwise.

@@ -162,13 +162,14 @@ __global__ void ClassRowsKernel(const double* __restrict__ sum, const double* __
   const std::int64_t row = blockIdx.x;
   const float alpha = static_cast<float>(rule.scale_reference);
   const double scale = fabs(rule.scale_reference);
+  const double floor = judgement::ClassFloor(rule.terms);
   judgement::ClassRow mine;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const std::int64_t i = row * cols + c;
     const Element e = JudgeAt(sum, abs_sum, candidate, own, i, rule);
     const float s = alpha == 1.0f ? seq[i] : judgement::MulF(alpha, seq[i]);
     const judgement::ClassTerms t = judgement::ClassTermsOf(
-        rule.bf16, e.candidate, e.own, e.reference, scale * e.abs_sum, s, scale * tc[i]);
+        rule.bf16, e.candidate, e.own, e.reference, scale * e.abs_sum, s, scale * tc[i], floor);
     judgement::AddToRow(&mine, t, i, e.candidate, e.reference);
   }
   part[threadIdx.x] = mine;
@@ -183,13 +184,13 @@ __global__ void ClassRowsKernel(const double* __restrict__ sum, const double* __
 // The models (accumulation_models.h) of C = A·B, A(i, t) = a[i·sa_i + t·sa_t]
 // and B(t, j) = b[t·sb_t + j·sb_j] (bf16 values as doubles): a thread block
 // a tile of kModelRows × kModelCols outputs, each thread 8 × 4 of them,
-// kTensorCoreBlock terms a step, the tile's operands as fp32 in shared
-// memory. Every output's sum is sequential in t, each product fused with
+// kModelGroup terms a step, the tile's operands as fp32 in shared memory. Every output's sum is sequential in t, each product fused with
 // its addition (exact products: the host's separate roundings give the
 // same bits), and the tensor-core model steps at the end of each block of
 // terms, where the host's does.
 constexpr int kModelRows = 128, kModelCols = 64, kModelThreads = 256;
-constexpr int kModelDepth = judgement::kTensorCoreBlock;
+constexpr int kModelDepth = judgement::kModelGroup;
+static_assert(kModelDepth % judgement::kTensorCoreBlock == 0, "whole blocks a tile");
 
 __global__ void __launch_bounds__(kModelThreads)
     ModelSumsKernel(const double* __restrict__ a, std::int64_t sa_i, std::int64_t sa_t,
@@ -236,11 +237,26 @@ __global__ void __launch_bounds__(kModelThreads)
         acc[r][2] = __fmaf_rn(av[r], bv.z, acc[r][2]);
         acc[r][3] = __fmaf_rn(av[r], bv.w, acc[r][3]);
       }
+      // The end of a block, or of the sum (past it the terms are zeros,
+      // which leave the sums as they are).
+      const std::int64_t t = t0 + tl;
+      if (t < n && ((tl + 1) % judgement::kTensorCoreBlock == 0 || t == n - 1)) {
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) judgement::TensorCoreDrift(acc[r][c], &s1[r][c]);
+        }
+      }
     }
+    // The group's spread, weighted by its blocks.
+    const std::int64_t left = n - t0;
+    const float blocks = static_cast<float>(
+        ((left < kModelDepth ? left : kModelDepth) + judgement::kTensorCoreBlock - 1) /
+        judgement::kTensorCoreBlock);
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) judgement::TensorCoreStep(acc[r][c], &s1[r][c], &s2[r][c]);
+      for (int c = 0; c < 4; ++c) judgement::TensorCoreSpread(acc[r][c], blocks, &s2[r][c]);
     }
     __syncthreads();
   }

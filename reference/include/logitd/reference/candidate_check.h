@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -157,6 +158,11 @@ class CandidateCheck {
   // The precision-class test over the rows counted (not tested for
   // outputs added without models).
   const PrecisionClassFigures& precision_class() const;
+  // The most independent errors a row and the whole check hold: elements
+  // whose operands are equal up to a power of two have the same errors,
+  // relative to their scale, in every order, so they count once
+  // (DistinctClasses); the default is no limit.
+  void LimitIndependent(std::int64_t per_row, std::int64_t total);
 
   // "outside_bounds" (an element outside its proven bound, or a NaN or
   // infinity no conforming order gives), else "outside_precision_class"
@@ -192,6 +198,8 @@ class CandidateCheck {
 
   DType dtype_;
   CheckFigures f_;
+  std::int64_t independent_per_row_ = INT64_MAX;
+  std::int64_t independent_total_ = INT64_MAX;
   mutable std::optional<PrecisionClassFigures> class_;
 };
 

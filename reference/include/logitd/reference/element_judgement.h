@@ -193,6 +193,7 @@ struct ProductRule {
   double absolute = 0;
   double partial = 1;
   bool bf16 = false;
+  std::int64_t terms = 0;  // products a sum holds (the precision-class test's floor)
 };
 
 // `bound` widened by a bf16 output's rounding.
@@ -333,8 +334,11 @@ LOGITD_HD inline Judged JudgeElement(bool bf16, double candidate, std::uint32_t 
 // rounding in the element's sum.
 
 // Products summed exactly before each truncating step of the tensor-core
-// model (bench/accumulation_probe.py measures the device's).
-inline constexpr int kTensorCoreBlock = 16;
+// model: 4, the smallest block of the tensor cores that take bf16 or TF32
+// operands (bench/accumulation_probe.py measures the device's). The
+// model's spread term is sampled once per group of kModelGroup products.
+inline constexpr int kTensorCoreBlock = 4;
+inline constexpr int kModelGroup = 16;
 
 // The unit in the last place of an fp32 value (2^-149 in the subnormal
 // range).
@@ -370,10 +374,12 @@ LOGITD_HD inline float MulF(float a, float b) {
 // sum is s, a truncating adder loses a fraction of ulp(s) toward zero,
 // taken as uniform on [0, 1), with ulp(s) about 1.44·2^-24·|s| (its mean
 // over a binade). The losses' mean is then −0.72·2^-24·Σ s and their
-// variance (1.44·2^-24)²/12·Σ s²: s1 and s2 hold Σ s and Σ s², in fp32.
-LOGITD_HD inline void TensorCoreStep(float s, float* s1, float* s2) {
-  *s1 = AddF(*s1, s);
-  *s2 = AddF(*s2, MulF(s, s));
+// variance (1.44·2^-24)²/12·Σ s²: s1 holds Σ s over the blocks' ends, s2
+// Σ s² sampled at the end of each group of kModelGroup products (and at
+// the last), weighted by the blocks the group holds. Both in fp32.
+LOGITD_HD inline void TensorCoreDrift(float s, float* s1) { *s1 = AddF(*s1, s); }
+LOGITD_HD inline void TensorCoreSpread(float s, float blocks, float* s2) {
+  *s2 = AddF(*s2, MulF(MulF(s, s), blocks));
 }
 // The model's error magnitude, sqrt(mean² + variance).
 LOGITD_HD inline double TensorCoreError(float s1, float s2) {
@@ -384,6 +390,25 @@ LOGITD_HD inline double TensorCoreError(float s1, float s2) {
 #else
   return Mul(0x1p-24, __builtin_sqrt(sq));
 #endif
+}
+
+// The floor of the envelope, in units of 2^-24·Σ|products|, for sums of n
+// products: what an order that the inputs' structure does not favour errs
+// by (docs/PROTOCOL.md, "The precision-class test"). Summing the products
+// in an order independent of their signs, the partial sums walk like
+// random sums of n terms: a sequential round-to-nearest sum errs by about
+// 0.59·sqrt(n·Σp²)/Σ|p| and the tensor-core model by 0.42·sqrt(n)/4 times
+// that, with sqrt(n·Σp²) ≥ Σ|p|. Inputs whose structure makes the
+// sequential sum exact (products cancelling in adjacent pairs) are then
+// still held to what an interleaved or split order gives on them.
+LOGITD_HD inline double ClassFloor(std::int64_t n) {
+#if defined(__CUDA_ARCH__)
+  const double root = sqrt(static_cast<double>(n));
+#else
+  const double root = __builtin_sqrt(static_cast<double>(n));
+#endif
+  const double tc = Mul(0.42 / kTensorCoreBlock, root);
+  return tc > 1.0 ? tc : 1.0;
 }
 
 // An element's terms: its error, the sequential model's and the
@@ -399,13 +424,14 @@ struct ClassTerms {
 
 // `scale` = |alpha|·Σ|products|; `seq` the sequential model's output
 // (alpha applied as one fp32 multiply), `tc` the tensor-core model's error
-// (times |alpha|). The envelope: the largest of the sequential sum's
-// error, the tensor-core model's, logitd's own output's and half an fp32
-// ulp of the reference (a correctly rounded result's); for a bf16 output
-// the fp32 part widened by half a bf16 ulp of the reference (its
-// rounding), and logitd's own bf16 output's error.
+// (times |alpha|), `floor` ClassFloor of the sum's length. The envelope:
+// the largest of the sequential sum's error, the tensor-core model's,
+// logitd's own output's, half an fp32 ulp of the reference (a correctly
+// rounded result's) and the floor; for a bf16 output the fp32 part widened
+// by half a bf16 ulp of the reference (its rounding), and logitd's own
+// bf16 output's error.
 LOGITD_HD inline ClassTerms ClassTermsOf(bool bf16, double candidate, double own, double reference,
-                                         double scale, float seq, double tc) {
+                                         double scale, float seq, double tc, double floor) {
   ClassTerms t;
   const double w = Mul(0x1p-24, scale);
   if (!(IsFinite(candidate) && IsFinite(own) && IsFinite(reference) && IsFinite(scale) &&
@@ -413,11 +439,13 @@ LOGITD_HD inline ClassTerms ClassTermsOf(bool bf16, double candidate, double own
         Abs(reference) <= kFp32MaxFinite)) {
     return t;
   }
-  const double floor = Mul(0.5, Fp32Ulp(static_cast<float>(reference)));
+  const double half_ulp = Mul(0.5, Fp32Ulp(static_cast<float>(reference)));
   const double seq_err = Abs(Add(static_cast<double>(seq), -reference));
   const double own_err = Abs(Add(own, -reference));
-  const double seq_term = seq_err > floor ? seq_err : floor;
+  const double seq_term = seq_err > half_ulp ? seq_err : half_ulp;
   double env = seq_term > tc ? seq_term : tc;
+  const double floor_err = Mul(floor, w);
+  if (floor_err > env) env = floor_err;
   if (bf16) {
     // Half the bf16 spacing at the reference: 2^-8 of its binade's base.
     const double half = Mul(0.5, ScaleByPowerOfTwo(Fp32Ulp(static_cast<float>(reference)), 16));

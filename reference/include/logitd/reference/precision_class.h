@@ -12,6 +12,7 @@
 //   - each row's largest error against the row's own conforming scale.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -84,8 +85,12 @@ struct PrecisionClassFigures {
   static constexpr std::size_t kReportedOutliers = 32;
 };
 
-// The test over a candidate's rows (row index → its counts).
-PrecisionClassFigures JudgePrecisionClass(const std::map<std::int64_t, judgement::ClassRow>& rows);
+// The test over a candidate's rows (row index → its counts), with at most
+// `per_row` independent errors in a row and `total` in all (elements whose
+// operands are equal up to a power of two err alike in every order).
+PrecisionClassFigures JudgePrecisionClass(const std::map<std::int64_t, judgement::ClassRow>& rows,
+                                          std::int64_t per_row = INT64_MAX,
+                                          std::int64_t total = INT64_MAX);
 
 // "the sequential fp32 sum (round to nearest), a tensor-core model (blocks
 // of 16 truncated), logitd's own output and the correctly rounded result".

@@ -1,0 +1,155 @@
+#include "tests/reference/verdict_library.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "logitd/bf16.h"
+#include "logitd/reference/verify_checks.h"
+
+namespace logitd::verdicts {
+namespace {
+
+std::vector<float> Widen(const std::vector<Bf16Bits>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = Bf16ToFloat(v[i]);
+  return out;
+}
+
+std::vector<float> CastG(const std::vector<float>& dy) {
+  std::vector<float> g(dy.size());
+  for (std::size_t i = 0; i < dy.size(); ++i) g[i] = RoundToBf16(dy[i]);
+  return g;
+}
+
+// logitd's own output on the cpu backend: bf16 widened exactly, OpenBLAS
+// sgemm, alpha applied to the fp32 result.
+std::vector<float> Own(const CaseInputs& in, Output output, float alpha) {
+  const emulated::LmHeadCase& c = in.c;
+  const int m = static_cast<int>(c.m), v = static_cast<int>(c.v), k = static_cast<int>(c.k);
+  const std::vector<float> x = Widen(c.x), w = Widen(c.w);
+  std::vector<float> out;
+  if (output == Output::kLogits) {
+    out.resize(static_cast<std::size_t>(m) * v);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, v, k, 1.0f, x.data(), k, w.data(), k,
+                0.0f, out.data(), v);
+    if (alpha != 1.0f) {
+      for (float& f : out) f *= alpha;
+    }
+    return out;
+  }
+  const std::vector<float> g = CastG(in.dy);
+  if (output == Output::kGradInput) {
+    out.resize(static_cast<std::size_t>(m) * k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, v, 1.0f, g.data(), v, w.data(),
+                k, 0.0f, out.data(), k);
+    return out;
+  }
+  out.resize(static_cast<std::size_t>(v) * k);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, v, k, m, 1.0f, g.data(), v, x.data(), k,
+              0.0f, out.data(), k);
+  return out;
+}
+
+void Apply(Change change, std::int64_t cols, std::vector<float>* out) {
+  std::vector<float>& o = *out;
+  if (change == Change::kOneElementPlus1Percent) {
+    std::vector<std::pair<float, std::int64_t>> row;
+    for (std::int64_t j = 0; j < cols; ++j) row.push_back({std::fabs(o[j]), j});
+    std::nth_element(row.begin(), row.begin() + cols / 2, row.end());
+    o[row[cols / 2].second] *= 1.01f;
+  } else if (change == Change::kRowShifted) {
+    std::rotate(o.begin(), o.begin() + 1, o.begin() + cols);
+  }
+}
+
+}  // namespace
+
+const char* OutputName(Output output) {
+  switch (output) {
+    case Output::kLogits:
+      return "y";
+    case Output::kGradInput:
+      return "dx";
+    case Output::kGradWeight:
+      return "dw";
+  }
+  return "?";
+}
+
+const char* ChangeName(Change change) {
+  switch (change) {
+    case Change::kNone:
+      return "";
+    case Change::kOneElementPlus1Percent:
+      return "one element +1%";
+    case Change::kRowShifted:
+      return "a row shifted by one column";
+    case Change::kMissingCast:
+      return "the gradient cast missing";
+  }
+  return "?";
+}
+
+CaseInputs MakeInputs(const std::string& kind, std::int64_t m, std::int64_t v, std::int64_t k,
+                      std::uint64_t seed) {
+  CaseInputs in{emulated::MakeCase(kind, m, v, k, seed), {}};
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  in.dy.resize(static_cast<std::size_t>(m * v));
+  for (float& f : in.dy) f = normal(rng);
+  return in;
+}
+
+Judged JudgeImplementation(const emulated::Implementation& impl, const CaseInputs& in,
+                           Output output, Change change, float alpha) {
+  const emulated::LmHeadCase& c = in.c;
+  const bool cast = change != Change::kMissingCast;
+  std::vector<float> candidate;
+  std::int64_t cols = 0;
+  switch (output) {
+    case Output::kLogits:
+      candidate = emulated::Logits(impl, c.x, c.w, c.m, c.v, c.k, alpha);
+      cols = c.v;
+      break;
+    case Output::kGradInput:
+      candidate = emulated::GradInput(impl, in.dy, c.w, c.m, c.v, c.k, cast);
+      cols = c.k;
+      break;
+    case Output::kGradWeight:
+      candidate = emulated::GradWeight(impl, in.dy, c.x, c.m, c.v, c.k, cast);
+      cols = c.k;
+      break;
+  }
+  Apply(change, cols, &candidate);
+  const std::vector<float> own = Own(in, output, alpha);
+  LmHeadInputs inputs = LmHeadInputs::Forward(c.x.data(), c.w.data(), c.m, c.v, c.k);
+  inputs.dy = in.dy.data();
+  inputs.dy_dtype = DType::kFp32;
+  CandidateCheck check(DType::kFp32);
+  if (output == Output::kLogits) {
+    CheckLogits(inputs, alpha, {}, candidate.data(), own.data(), DType::kFp32, &check);
+  } else if (output == Output::kGradInput) {
+    CheckGradInput(inputs, {}, candidate.data(), own.data(), DType::kFp32, &check);
+  } else {
+    CheckGradWeight(inputs, candidate.data(), own.data(), DType::kFp32, &check);
+  }
+  Judged j;
+  j.verdict = check.Verdict();
+  j.passed = check.passed();
+  j.outside_bound = check.outside() > 0;
+  const PrecisionClassFigures& p = check.precision_class();
+  j.rms_ratio = p.rms_ratio;
+  j.threshold = p.threshold;
+  j.effective_bits = p.effective_bits;
+  j.class_bits = p.class_bits;
+  const std::vector<std::int64_t> shape = {
+      output == Output::kGradWeight ? c.v : c.m, output == Output::kLogits ? c.v : c.k};
+  j.describe = check.Describe(OutputName(output), shape);
+  return j;
+}
+
+}  // namespace logitd::verdicts

@@ -1,0 +1,58 @@
+// Verify's verdicts over the emulated implementations (emulated_kernels.h):
+// each implementation's outputs of a case judged by the checks the server
+// runs (verify_checks.h) against logitd's own (OpenBLAS sgemm, as the cpu
+// backend forms them), so that the false-fail and catch rates of the
+// verdicts can be counted, in a test and in bench/verdict_rates.
+#ifndef LOGITD_TESTS_REFERENCE_VERDICT_LIBRARY_H_
+#define LOGITD_TESTS_REFERENCE_VERDICT_LIBRARY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "logitd/reference/candidate_check.h"
+#include "tests/reference/emulated_kernels.h"
+
+namespace logitd::verdicts {
+
+enum class Output { kLogits, kGradInput, kGradWeight };
+const char* OutputName(Output output);  // "y", "dx", "dw"
+
+// A defect made by changing a conforming output rather than computing it
+// another way.
+enum class Change {
+  kNone,
+  kOneElementPlus1Percent,  // the element of median magnitude of row 0, ×1.01
+  kRowShifted,              // row 0's values moved one column over
+  kMissingCast,             // dX or dW from dY itself, without G = bf16(dY)
+};
+const char* ChangeName(Change change);
+
+struct Judged {
+  std::string verdict;
+  bool passed = false;
+  bool outside_bound = false;
+  double rms_ratio = 0;
+  double threshold = 0;
+  double effective_bits = 0;
+  double class_bits = 0;
+  std::string describe;
+};
+
+// The case's inputs for the outputs' products: dY [m, v] ~ N(0, 1) fp32
+// for the gradients, seeded.
+struct CaseInputs {
+  emulated::LmHeadCase c;
+  std::vector<float> dy;
+};
+CaseInputs MakeInputs(const std::string& kind, std::int64_t m, std::int64_t v, std::int64_t k,
+                      std::uint64_t seed);
+
+// `impl`'s output of `in` (with `change` applied), judged against logitd's
+// own; `alpha` for the logits.
+Judged JudgeImplementation(const emulated::Implementation& impl, const CaseInputs& in,
+                           Output output, Change change = Change::kNone, float alpha = 1.0f);
+
+}  // namespace logitd::verdicts
+
+#endif  // LOGITD_TESTS_REFERENCE_VERDICT_LIBRARY_H_
