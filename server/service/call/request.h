@@ -139,6 +139,9 @@ struct VerifyRequest {
   CallInput dy;        // backward
   float alpha = 0.0f;  // logits; 0 means 1
   std::int64_t sample_rows = 0;
+  // With sample_rows: 0 for evenly spaced rows, else the seed of a uniform
+  // random sample of them.
+  std::uint64_t sample_seed = 0;
   // Named as the operation names its outputs ("y"; "dx", "dw"; "loss",
   // "lse"; "logprob", "lse", "entropy").
   std::vector<CallInput> candidates;

@@ -591,6 +591,7 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   }
   outcome.rows = plan.rows;
   outcome.rows_total = plan.m;
+  outcome.sample_seed = r.sample_seed;
   std::string inputs = absl::StrFormat("verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x",
                                        VerifyOperationName(plan.operation), FloatBits(plan.alpha),
                                        w.xxh3, DigestOf(*call, "x", plan.x_bytes),

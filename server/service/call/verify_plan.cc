@@ -168,6 +168,13 @@ absl::Status CheckVerifyRequest(const VerifyRequest& r) {
     return absl::InvalidArgumentError(
         absl::StrCat("sample_rows: expected 0 (every row) or more, got ", r.sample_rows));
   }
+  if (r.sample_seed != 0 && r.sample_rows == 0) {
+    // Every row would be checked, which the caller who gave a seed did not
+    // mean.
+    return absl::InvalidArgumentError(
+        "sample_seed: given without sample_rows; give sample_rows (the number of rows to draw) "
+        "with it, or leave sample_seed 0 to check every row");
+  }
   return absl::OkStatus();
 }
 
@@ -450,7 +457,7 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   LOGITD_RETURN_IF_ERROR(PlanCandidates(r, shapes, dtypes, &plan, &parts));
   std::uint64_t own_bytes = 0;
   for (const VerifyCandidatePlan& c : plan.candidates) own_bytes += OwnBytes(c);
-  plan.rows = SampleRows(plan.m, r.sample_rows);
+  plan.rows = SampleRows(plan.m, r.sample_rows, r.sample_seed);
   const std::uint64_t reference = ReferenceBytes(plan);
   parts.push_back({"fp64 references", DType::kFp32, {}, reference});
   plan.weight_read_back = !plan.weight_streamed &&
