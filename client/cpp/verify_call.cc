@@ -9,6 +9,35 @@
 namespace logitd::client {
 namespace {
 
+PrecisionClass PrecisionClassOf(const v1::PrecisionClass& p) {
+  PrecisionClass out;
+  out.tested = p.tested();
+  out.reason = p.reason();
+  out.outside = p.outside();
+  out.alpha = p.alpha();
+  out.effective_bits = p.effective_bits();
+  out.class_bits = p.class_bits();
+  out.rms_ratio = p.rms_ratio();
+  out.threshold = p.threshold();
+  out.elements = p.elements();
+  out.rows = p.rows();
+  out.rows_outside = p.rows_outside();
+  out.elements_outside = p.elements_outside();
+  for (const v1::RowPrecision& r : p.worst_rows()) {
+    RowPrecision row;
+    row.row = r.row();
+    row.elements = r.elements();
+    row.effective_bits = r.effective_bits();
+    row.class_bits = r.class_bits();
+    row.rms_ratio = r.rms_ratio();
+    row.threshold = r.threshold();
+    row.outside = r.outside();
+    out.worst_rows.push_back(row);
+  }
+  out.envelope = p.envelope();
+  return out;
+}
+
 CandidateVerdict VerdictOf(const v1::CandidateVerdict& c) {
   CandidateVerdict out;
   out.name = c.name();
@@ -30,6 +59,8 @@ CandidateVerdict VerdictOf(const v1::CandidateVerdict& c) {
     element.bound = e.bound();
     element.probabilistic_bound = e.probabilistic_bound();
     element.logitd = e.logitd();
+    element.outside_bound = e.outside_bound();
+    element.class_threshold = e.class_threshold();
     out.first_outside.push_back(std::move(element));
   }
   out.nan_inf_mismatches = c.nan_inf_mismatches();
@@ -37,6 +68,13 @@ CandidateVerdict VerdictOf(const v1::CandidateVerdict& c) {
   out.max_ulp = c.max_ulp();
   out.p99_ulp = c.p99_ulp();
   out.p50_ulp = c.p50_ulp();
+  // Servers before these figures send no precision class either, and leave
+  // them 0, which would read as exact.
+  const bool has_exact = c.has_precision_class();
+  out.max_ulp_exact = has_exact ? c.max_ulp_exact() : -1;
+  out.p99_ulp_exact = has_exact ? c.p99_ulp_exact() : -1;
+  out.p50_ulp_exact = has_exact ? c.p50_ulp_exact() : -1;
+  out.precision_class = PrecisionClassOf(c.precision_class());
   out.error_histogram.assign(c.error_histogram().begin(), c.error_histogram().end());
   out.verdict = c.verdict();
   return out;
@@ -107,6 +145,7 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
   }
   if (logits) h->set_alpha(args.alpha);
   h->set_sample_rows(static_cast<std::uint32_t>(std::max<std::int64_t>(0, args.sample_rows)));
+  h->set_sample_seed(args.sample_seed);
   slots.ForEachInput(
       [&](const std::string& name, const v1::TensorSpec& spec, const v1::ShmRef* ref) {
         if (name == "x") {
@@ -141,6 +180,8 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
     }
     out.verdict = result.verdict();
     out.rows_checked.assign(result.rows_checked().begin(), result.rows_checked().end());
+    out.rows_total = result.rows_total();
+    out.sample_seed = result.sample_seed();
     out.inputs_xxh3 = result.inputs_xxh3();
     out.timing = TimingOf(result.timing(), context);
     out.reference_us = result.reference_us();

@@ -532,10 +532,14 @@ struct VerifyArgs {
   // "loss", "lse"; "logprob", "lse", "entropy"), of its shapes, fp32 or
   // bf16 (the cross-entropy's and LogProbs' fp32 only).
   std::map<std::string, TensorInput> candidates;
-  // 0 checks every row of M; else about this many, evenly spaced (dW, the
-  // cross-entropy's reduced loss and LogProbs' top-k and ranks need every
-  // row: InvalidArgument with them).
+  // 0 checks every row of M; else this many (all of them when it is M or
+  // more): evenly spaced with the first and the last always included when
+  // sample_seed is 0, else drawn uniformly by sample_seed, which finds a bug
+  // off the evenly spaced lattice too. dW, the cross-entropy's reduced loss
+  // and LogProbs' top-k and ranks need every row: InvalidArgument with them,
+  // and with a sample_seed but no sample_rows.
   std::int64_t sample_rows = 0;
+  std::uint64_t sample_seed = 0;
   // kCrossEntropy and kLogProbs: int32 or int64 [M] (LogProbs: needed for a
   // logprob candidate), and the operation's options (ignore_index,
   // reduction, z_loss, logit_softcap, grad_scale; ignore_index,
@@ -550,9 +554,62 @@ struct VerifyElement {
   double candidate = 0;
   double reference = 0;
   double bound = 0;                // proven
-  double probabilistic_bound = 0;  // never above `bound`
+  double probabilistic_bound = 0;  // never above `bound`; a figure only
   double logitd = 0;               // logitd's own output there
+  // Outside the proven bound (wrong for certain); else listed by the
+  // precision-class test or the probabilistic figure.
+  bool outside_bound = false;
+  // Found by the precision-class test: the largest |candidate - reference|
+  // a conforming implementation reaches there (0 otherwise).
+  double class_threshold = 0;
 };
+
+// One row of a candidate in the precision-class test (see logitd.proto,
+// RowPrecision).
+struct RowPrecision {
+  std::int64_t row = 0;
+  std::int64_t elements = 0;
+  double effective_bits = 0;
+  double class_bits = 0;
+  double rms_ratio = 0;
+  double threshold = 0;
+  bool outside = false;
+};
+
+// The precision-class test of a candidate (see logitd.proto,
+// PrecisionClass): are its errors those of fp32 accumulation?
+struct PrecisionClass {
+  // False when the test does not apply (integer outputs, a reduced loss:
+  // `reason` says why), or for a server that has no such test.
+  bool tested = false;
+  std::string reason;
+  bool outside = false;
+  // The bound on the probability that a conforming candidate is found
+  // outside.
+  double alpha = 0;
+  // The candidate's effective precision in bits (24 for fp32's own), and
+  // the least a conforming implementation reaches on these inputs.
+  double effective_bits = 0;
+  double class_bits = 0;
+  // The whole tensor's RMS error over the conforming envelope's, and the
+  // most a conforming candidate reaches.
+  double rms_ratio = 0;
+  double threshold = 0;
+  std::int64_t elements = 0;
+  std::int64_t rows = 0;
+  std::int64_t rows_outside = 0;
+  std::int64_t elements_outside = 0;
+  std::vector<RowPrecision> worst_rows;  // at most 8, worst first
+  std::string envelope;                  // the implementations it was formed from
+};
+
+// "within_bounds", "bitwise_equal_to_logitd" and their "_sampled" forms:
+// the verdicts that pass. Decided from the word, not the server's `passed`
+// field, which servers before the precision-class test do not set.
+inline bool VerdictPassed(absl::string_view verdict) {
+  return verdict == "within_bounds" || verdict == "bitwise_equal_to_logitd" ||
+         verdict == "within_bounds_sampled" || verdict == "bitwise_equal_to_logitd_sampled";
+}
 
 struct CandidateVerdict {
   std::string name;
@@ -563,37 +620,56 @@ struct CandidateVerdict {
   // Outside the proven bound: wrong for certain.
   std::int64_t outside_bound = 0;
   double worst_bound_fraction = 0;
-  // Outside the probabilistic bound (see logitd.proto), and logitd's own
-  // output outside it (nonzero: the bound decides nothing for these inputs).
+  // Outside the probabilistic bound, and logitd's own output outside it:
+  // figures kept for comparison, which decide no verdict (see
+  // logitd.proto).
   std::int64_t outside_probabilistic_bound = 0;
   double worst_probabilistic_fraction = 0;
   std::int64_t logitd_outside_probabilistic_bound = 0;
-  // The first 32 outside the probabilistic bound.
+  // At most 32: those outside the proven bound first, then those the
+  // precision-class test found, then those outside the probabilistic
+  // figure.
   std::vector<VerifyElement> first_outside;
+  PrecisionClass precision_class;
   std::int64_t nan_inf_mismatches = 0;
   double bitwise_equal_fraction = 0;
+  // ULP distance from logitd's own output.
   std::int64_t max_ulp = 0;
   std::int64_t p99_ulp = 0;
   std::int64_t p50_ulp = 0;
+  // ULP distance from the exact value correctly rounded to the dtype; -1
+  // for integer outputs and from servers that do not report it.
+  std::int64_t max_ulp_exact = -1;
+  std::int64_t p99_ulp_exact = -1;
+  std::int64_t p50_ulp_exact = -1;
   // |candidate - reference| / bound in ten bins (see logitd.proto).
   std::vector<std::int64_t> error_histogram;
-  // "outside_bounds", "outside_probabilistic_bounds", "within_bounds" or
-  // "bitwise_equal_to_logitd"; the last two pass.
+  // Worst first: "outside_bounds" (wrong for certain),
+  // "outside_precision_class" (inside the proven bound, but the errors are
+  // not those of fp32 accumulation), "within_bounds",
+  // "bitwise_equal_to_logitd"; with sampled rows the passing two end in
+  // "_sampled". (Servers before the precision-class test said
+  // "outside_probabilistic_bounds" where this says
+  // "outside_precision_class".)
   std::string verdict;
-  bool passed() const { return verdict == "within_bounds" || verdict == "bitwise_equal_to_logitd"; }
+  bool passed() const { return VerdictPassed(verdict); }
 };
 
 struct VerifyResult {
   std::vector<CandidateVerdict> candidates;
   std::string verdict;  // the worst of the candidates'
+  // With sample_rows: the rows of M checked, of rows_total (0 from servers
+  // that do not report it), and the sample's seed (0: evenly spaced).
   std::vector<std::int64_t> rows_checked;
+  std::int64_t rows_total = 0;
+  std::uint64_t sample_seed = 0;
   std::uint64_t inputs_xxh3 = 0;
   Timing timing;  // receiving, and logitd's own outputs
   std::int64_t reference_us = 0;
   // Where the fp64 products were formed ("cuBLAS DGEMM on ...", "OpenBLAS
   // dgemm on the host").
   std::string reference_engine;
-  bool passed() const { return verdict == "within_bounds" || verdict == "bitwise_equal_to_logitd"; }
+  bool passed() const { return VerdictPassed(verdict); }
   const CandidateVerdict* Find(const std::string& name) const {
     for (const CandidateVerdict& c : candidates) {
       if (c.name == name) return &c;
