@@ -48,7 +48,8 @@ RowOutcome JudgeRow(std::int64_t row, const judgement::ClassRow& r, std::int64_t
   *alpha += kClassTestAlpha;
   // Its largest error against the scale of its others, of the sequential
   // sum and of the sequential sum at that element.
-  double scale_sq = std::max(r.seq_sq / n, std::pow(kClassElementSpread * r.top1_seq, 2));
+  double scale_sq = std::max({r.seq_sq / n, std::pow(kClassElementSpread * r.top1_seq, 2),
+                              kClassElementFloor * kClassElementFloor});
   if (r.n >= 2) {
     const double others = std::max(0.0, r.candidate_sq - r.top1 * r.top1) / (n - 1);
     scale_sq = std::max(scale_sq, others / LowerMeanSquareQuantile(n - 1, kClassTestAlpha));

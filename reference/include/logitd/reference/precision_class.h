@@ -29,6 +29,12 @@ inline constexpr double kClassTestAlpha = 1e-12;
 // spread measured by the library of conforming implementations
 // (tests/reference/verdict_library_test.cc) is below it.
 inline constexpr double kClassSpread = 2.0;
+// The least scale, in units of 2^-24·Σ|products|, an element's error is
+// held to by the largest-error test: a sequential round-to-nearest sum in
+// an order the products' signs do not favour errs by about
+// 0.59·sqrt(n·Σp²)/Σ|p| (0.92 for products of normal values), whatever
+// the other elements of the row give.
+inline constexpr double kClassElementFloor = 1.0;
 // How far an element's error may exceed the sequential sum's there, where
 // the inputs' structure (equal products, a dominant term) makes every
 // order err alike.
