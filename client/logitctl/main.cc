@@ -110,11 +110,15 @@ commands:
                                      --temperature)
   verify --op=logits|backward --x=FILE[:TENSOR] (--weight=HANDLE | --w=FILE[:TENSOR])
          [--dy=FILE[:TENSOR]] --candidate=[NAME=]FILE[:TENSOR] [--candidate=...]
-         [--alpha=1] [--sample_rows=0] [--json=FILE] [--junit=FILE] [--report=DIR]
+         [--alpha=1] [--sample_rows=0 [--sample_seed=0]] [--json=FILE] [--junit=FILE]
+         [--report=DIR]
                                      another implementation's outputs (y; dx, dw) judged
                                      against the contract: every element against its fp64
-                                     reference and bounds, and against logitd's own output;
-                                     exit 1 when one fails (logitctl verify --help)
+                                     reference and proven bound, its errors against fp32
+                                     accumulation's (the precision class), and against
+                                     logitd's own output; exit 1 when one fails,
+                                     outside_bounds or outside_precision_class (logitctl
+                                     verify --help)
   validate [args]                    the validation harness
   help                               this text
 

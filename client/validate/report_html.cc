@@ -193,47 +193,69 @@ std::string GoldenDiff(const Report& report) {
   return out;
 }
 
-// verify's candidates: their verdict figures, and the first elements
-// outside a bound with their references.
+// verify's candidates: their verdict figures (the proven bound, the
+// precision-class test, ULPs against logitd's and the correctly rounded
+// value), and the elements the server listed with their references.
 std::string VerifySection(const Report& report) {
   std::string rows, elements;
   for (const CaseResult& r : report.results) {
     if (r.suite != "verify" || !r.figures.contains("verdict")) continue;
     const nlohmann::ordered_json& f = r.figures;
+    const nlohmann::ordered_json pc = f.value("precision_class", nlohmann::ordered_json::object());
+    const bool tested = pc.value("tested", false);
     const bool passed = r.verdict == Verdict::kPassed;
+    const auto class_cell = [&](const char* key, bool flag) {
+      if (!tested) return std::string("<td></td>");
+      if (!flag) return Cell(pc, key);
+      return absl::StrCat("<td class=\"n ", pc.value("outside", false) ? "bad" : "ok", "\">",
+                          E(FigureText(pc[key])), "</td>");
+    };
     absl::StrAppend(&rows, "<tr><td>", E(r.name), "</td><td class=\"", passed ? "ok" : "bad", "\">",
                     E(FigureText(f["verdict"])), "</td>", Cell(f, "elements"),
                     Cell(f, "outside_bound", true), Cell(f, "worst_bound_fraction"),
-                    Cell(f, "outside_probabilistic_bound", true),
-                    Cell(f, "worst_probabilistic_fraction"), Cell(f, "nan_inf_mismatches", true),
+                    class_cell("rms_ratio", true), class_cell("threshold", false),
+                    class_cell("effective_bits", false), class_cell("class_bits", false),
+                    class_cell("rows_outside", true), Cell(f, "nan_inf_mismatches", true),
                     Cell(f, "bitwise_equal_fraction"), Cell(f, "max_ulp"), Cell(f, "p99_ulp"),
-                    Cell(f, "p50_ulp"), "</tr>\n");
+                    Cell(f, "p50_ulp"), Cell(f, "max_ulp_exact"), Cell(f, "p99_ulp_exact"),
+                    Cell(f, "p50_ulp_exact"), "</tr>\n");
     if (!f.contains("first_outside") || f["first_outside"].empty()) continue;
     absl::StrAppend(&elements, "<h3>", E(r.name),
-                    ": first elements outside their probabilistic bound</h3>\n<table>\n"
+                    ": elements outside (the proven bound's first, then the precision-class "
+                    "test's, then the probabilistic figure's)</h3>\n<table>\n"
                     "<tr><th>index</th><th>candidate</th><th>fp64 reference</th><th>proven "
-                    "bound</th><th>probabilistic bound</th><th>logitd</th></tr>\n");
+                    "bound</th><th>outside it</th><th>class threshold</th><th>probabilistic "
+                    "figure</th><th>logitd</th></tr>\n");
     for (const nlohmann::ordered_json& e : f["first_outside"]) {
       std::vector<std::string> index;
       for (const auto& i : e.value("index", nlohmann::ordered_json::array())) {
         index.push_back(FigureText(i));
       }
+      const bool outside = e.value("outside_bound", false);
       absl::StrAppend(&elements, "<tr><td>[", E(absl::StrJoin(index, ", ")), "]</td>",
-                      Cell(e, "candidate"), Cell(e, "reference"), Cell(e, "bound"),
-                      Cell(e, "probabilistic_bound"), Cell(e, "logitd"), "</tr>\n");
+                      Cell(e, "candidate"), Cell(e, "reference"), Cell(e, "bound"), "<td class=\"",
+                      outside ? "bad" : "n", "\">", outside ? "yes" : "no", "</td>",
+                      Cell(e, "class_threshold"), Cell(e, "probabilistic_bound"), Cell(e, "logitd"),
+                      "</tr>\n");
     }
     absl::StrAppend(&elements, "</table>\n");
   }
   if (rows.empty()) return "";
   return absl::StrCat(
       "<h2>verify: candidates against the contract</h2>\n<p>Every element against the fp64 "
-      "reference of the exact products of the bf16 inputs: its proven bound (outside: wrong for "
-      "certain), its probabilistic bound (outside: not an fp32 accumulation), and logitd's own "
-      "output of the same inputs (bits and ulps). docs/PROTOCOL.md, \"Verify\", derives the "
-      "bounds.</p>\n<table>\n<tr><th>candidate</th><th>verdict</th><th>elements</th><th>outside "
-      "bound</th><th>worst ÷ bound</th><th>outside probabilistic</th><th>worst ÷ "
-      "probabilistic</th><th>NaN/Inf mismatches</th><th>bitwise logitd's</th><th>max ulp</th>"
-      "<th>p99 ulp</th><th>p50 ulp</th></tr>\n",
+      "reference of the exact products of the bf16 inputs and its proven bound (outside: wrong "
+      "for certain, <code>outside_bounds</code>); the candidate's errors against those of "
+      "conforming fp32 accumulations of the same inputs, the precision-class test (RMS error over "
+      "the conforming envelope's above its threshold: not fp32 accumulation, "
+      "<code>outside_precision_class</code>); and logitd's own output of the same inputs (bits "
+      "and ulps), with ulps from the correctly rounded exact value besides. Effective bits: the "
+      "significand of a sequential round-to-nearest accumulator with the same RMS error (24 for "
+      "fp32's own). docs/PROTOCOL.md, \"Verify\", derives the bounds and the test.</p>\n"
+      "<table>\n<tr><th>candidate</th><th>verdict</th><th>elements</th><th>outside "
+      "bound</th><th>worst ÷ bound</th><th>RMS ÷ envelope</th><th>threshold</th><th>effective "
+      "bits</th><th>class bits</th><th>rows outside class</th><th>NaN/Inf mismatches</th>"
+      "<th>bitwise logitd's</th><th>max ulp vs logitd</th><th>p99</th><th>p50</th><th>max ulp vs "
+      "correctly rounded</th><th>p99</th><th>p50</th></tr>\n",
       rows, "</table>\n", elements);
 }
 

@@ -50,6 +50,7 @@ struct VerifyCommandArgs {
   client::CrossEntropyOptions cross_entropy;
   client::LogProbsOptions logprobs;
   std::int64_t sample_rows = 0;
+  std::uint64_t sample_seed = 0;
   std::string json_path;
   std::string junit_path;
   std::string report_dir;
@@ -59,12 +60,12 @@ struct VerifyCommandArgs {
   bool help = false;
 };
 
-constexpr const char* kValueFlags[] = {"op",           "x",         "weight",        "w",
-                                       "dy",           "targets",   "candidate",     "alpha",
-                                       "sample_rows",  "json",      "junit",         "report",
-                                       "record",       "baseline",  "case",          "reduction",
-                                       "ignore_index", "z_loss",    "logit_softcap", "grad_scale",
-                                       "temperature",  "vocab_size"};
+constexpr const char* kValueFlags[] = {
+    "op",         "x",           "weight",       "w",           "dy",
+    "targets",    "candidate",   "alpha",        "sample_rows", "sample_seed",
+    "json",       "junit",       "report",       "record",      "baseline",
+    "case",       "reduction",   "ignore_index", "z_loss",      "logit_softcap",
+    "grad_scale", "temperature", "vocab_size"};
 
 // A finite float option.
 absl::StatusOr<float> FloatOption(const std::string& name, const std::string& value) {
@@ -143,6 +144,12 @@ absl::Status Apply(const std::string& name, const std::string& value, VerifyComm
       return absl::InvalidArgumentError(absl::StrCat(
           "--sample_rows: expected 0 (every row) or a number of rows, got '", value, "'"));
     }
+  } else if (name == "sample_seed") {
+    if (!absl::SimpleAtoi(value, &a->sample_seed)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sample_seed: expected 0 (evenly spaced rows) or a seed below 2^64, got '",
+                       value, "'"));
+    }
   } else if (name == "candidate") {
     a->candidates.push_back(value);
   } else {
@@ -208,9 +215,14 @@ std::string VerifyUsage() {
 
 Sends another implementation's outputs (the candidates) with the inputs they
 were computed from to the server's Verify, which holds every element against
-the fp64 reference of the exact products of the bf16 inputs, its proven bound
-and its probabilistic bound, and against logitd's own output of the same
-inputs (docs/PROTOCOL.md, "Verify").
+the fp64 reference of the exact products of the bf16 inputs and its proven
+bound, tests whether the errors are those of fp32 accumulation (the precision
+class), and compares with logitd's own output of the same inputs
+(docs/PROTOCOL.md, "Verify"). Verdicts, worst first: outside_bounds (wrong for
+certain), outside_precision_class (inside the proven bound, but coarser than
+fp32 accumulation: bf16 rounding passed off as fp32, say), within_bounds,
+bitwise_equal_to_logitd; the last two pass, and end in _sampled when rows were
+sampled.
 
   --op=logits         candidate y [M, V] = alpha . X . W^T (fp32, or bf16)
   --op=backward       candidates dx [M, K] and/or dw [V, K] (fp32 or bf16) from
@@ -243,9 +255,13 @@ inputs (docs/PROTOCOL.md, "Verify").
   --temperature=1 --vocab_size=0
                       logprobs (vocab_size 0: every row of W)
   --alpha=1           logits: the scale the candidate was computed with
-  --sample_rows=0     check about this many rows of M, evenly spaced (dW is
-                      always checked whole; a reduced loss and LogProbs'
-                      top-k and ranks need 0); 0 checks every row
+  --sample_rows=0     check this many rows of M, evenly spaced with the first
+                      and the last (dW is always checked whole; a reduced
+                      loss and LogProbs' top-k and ranks need 0); 0 checks
+                      every row
+  --sample_seed=0     with --sample_rows: draw the rows uniformly by this
+                      seed instead (the server reports them); 0 keeps them
+                      evenly spaced
   --json=FILE         write the report as JSON
   --junit=FILE        write the report as JUnit XML, a test case a candidate
   --report=DIR        write DIR/index.html and DIR/summary.md
@@ -258,8 +274,10 @@ inputs (docs/PROTOCOL.md, "Verify").
   --case=CASE         the case name under --record/--baseline (default: the
                       operation), to keep several calls in one file
 
-exit codes: 0 every candidate passed (within bounds, or bitwise logitd's),
-            1 one failed, or the server refused the call,
+exit codes: 0 every candidate passed (within_bounds or bitwise_equal_to_logitd,
+              sampled or not),
+            1 one failed (outside_bounds or outside_precision_class), or the
+              server refused the call,
             2 usage or input error, or the server could not be reached
 )";
 }
@@ -311,6 +329,181 @@ CandidateRef SplitCandidate(const std::string& text, const std::vector<std::stri
 
 std::string Percent(double fraction) { return absl::StrFormat("%.2f%%", 100.0 * fraction); }
 
+// "[3, 41]": an element's index.
+std::string IndexText(const client::VerifyElement& e) {
+  return absl::StrCat("[", absl::StrJoin(e.index, ", "), "]");
+}
+
+// An element as the failures list it: its values, what it was held to, and
+// logitd's own value there.
+std::string ElementText(const client::VerifyElement& e) {
+  std::string text =
+      absl::StrFormat("%s: candidate %.9g, fp64 reference %.17g, |error| %.3e", IndexText(e),
+                      e.candidate, e.reference, std::fabs(e.candidate - e.reference));
+  if (e.outside_bound) {
+    absl::StrAppendFormat(&text, ", outside its proven bound %.3e", e.bound);
+  } else if (e.class_threshold > 0) {
+    absl::StrAppendFormat(&text, ", over its class threshold %.3e", e.class_threshold);
+    // The precision-class test's elements may come without their bound and
+    // logitd's value (0 then).
+    if (e.bound == 0) return text;
+    absl::StrAppendFormat(&text, " (proven bound %.3e)", e.bound);
+  } else {
+    // Listed for the probabilistic figure, which decides nothing now.
+    absl::StrAppendFormat(&text, ", outside the probabilistic figure %.3e (proven bound %.3e)",
+                          e.probabilistic_bound, e.bound);
+  }
+  absl::StrAppendFormat(&text, ", logitd %.9g", e.logitd);
+  return text;
+}
+
+// The first element the server listed as outside the proven bound, or found
+// by the precision-class test (it lists those first, in that order).
+const client::VerifyElement* FirstListed(const client::CandidateVerdict& c, bool proven) {
+  for (const client::VerifyElement& e : c.first_outside) {
+    if (proven ? e.outside_bound : (!e.outside_bound && e.class_threshold > 0)) return &e;
+  }
+  return nullptr;
+}
+
+// "effective precision 11.2 bits (the envelope's 18.5)": the least the
+// conforming implementations reach on these inputs.
+std::string PrecisionText(const client::PrecisionClass& p) {
+  if (!p.tested) {
+    return p.reason.empty() ? "precision class not tested"
+                            : absl::StrCat("precision class not tested (", p.reason, ")");
+  }
+  return absl::StrFormat("effective precision %.1f bits (the envelope's %.1f)", p.effective_bits,
+                         p.class_bits);
+}
+
+// "ulp vs logitd's: max 3, p99 1, p50 0; ulp vs correctly rounded: ...";
+// the second only where the server has the exact value (not for integer
+// outputs, nor from servers before it).
+std::string UlpText(const client::CandidateVerdict& c) {
+  std::string text =
+      absl::StrFormat("ulp vs logitd's: max %d, p99 %d, p50 %d", c.max_ulp, c.p99_ulp, c.p50_ulp);
+  if (c.max_ulp_exact >= 0) {
+    absl::StrAppendFormat(&text, "; ulp vs correctly rounded: max %d, p99 %d, p50 %d",
+                          c.max_ulp_exact, c.p99_ulp_exact, c.p50_ulp_exact);
+  }
+  return text;
+}
+
+// "RMS error 5.31 times the conforming envelope's (threshold 2.05)".
+std::string RmsText(const client::PrecisionClass& p) {
+  return absl::StrFormat("RMS error %.3g times the conforming envelope's (threshold %.3g)",
+                         p.rms_ratio, p.threshold);
+}
+
+// The summary line: the verdict and what decided it.
+std::string SummaryOf(const client::CandidateVerdict& c, const client::VerifyResult& result) {
+  const client::PrecisionClass& p = c.precision_class;
+  std::string text;
+  if (c.verdict == "outside_bounds") {
+    text = absl::StrFormat(
+        "outside_bounds: %d of %d elements outside the proven bound (worst %.3g "
+        "times it)",
+        c.outside_bound, c.elements, c.worst_bound_fraction);
+    if (c.nan_inf_mismatches > 0) {
+      absl::StrAppendFormat(&text, ", %d NaN/Inf mismatches", c.nan_inf_mismatches);
+    }
+    if (const client::VerifyElement* e = FirstListed(c, /*proven=*/true); e != nullptr) {
+      absl::StrAppendFormat(&text, "; first %s: candidate %.9g, fp64 reference %.9g, bound %.3e",
+                            IndexText(*e), e->candidate, e->reference, e->bound);
+    }
+  } else if (c.verdict == "outside_precision_class") {
+    text = absl::StrFormat("outside_precision_class: %s; %s; alpha %.3g; %d of %d rows outside",
+                           RmsText(p), PrecisionText(p), p.alpha, p.rows_outside, p.rows);
+    if (const client::VerifyElement* e = FirstListed(c, /*proven=*/false); e != nullptr) {
+      absl::StrAppendFormat(&text, "; worst %s: |error| %.3e against its class threshold %.3e",
+                            IndexText(*e), std::fabs(e->candidate - e->reference),
+                            e->class_threshold);
+    }
+  } else if (c.passed()) {
+    text = absl::StrFormat("%s: %s; %s; worst %.3g of its bound; %s bitwise logitd's", c.verdict,
+                           PrecisionText(p), UlpText(c), c.worst_bound_fraction,
+                           Percent(c.bitwise_equal_fraction));
+  } else {
+    // A verdict this build does not know (a newer server's): its bound
+    // figures, which every server gives.
+    text =
+        absl::StrFormat("%s; worst %.3g of its bound; %s bitwise logitd's; max %d ulp", c.verdict,
+                        c.worst_bound_fraction, Percent(c.bitwise_equal_fraction), c.max_ulp);
+  }
+  if (!result.rows_checked.empty()) {
+    absl::StrAppendFormat(
+        &text, "; rows %d of %d, %s", result.rows_checked.size(), result.rows_total,
+        result.sample_seed == 0 ? std::string("evenly spaced")
+                                : absl::StrCat("drawn by seed ", result.sample_seed));
+  }
+  return text;
+}
+
+// Why a candidate failed, in full: the figures that decided it and the
+// first elements the server listed.
+std::string FailureOf(const client::CandidateVerdict& c) {
+  const client::PrecisionClass& p = c.precision_class;
+  std::string why;
+  if (c.verdict == "outside_precision_class") {
+    why = absl::StrFormat(
+        "%s: outside_precision_class: inside the proven bound, but the errors are not those of "
+        "fp32 accumulation: %s, %s (a conforming implementation is found outside with probability "
+        "at most %.3g); %d of %d rows and %d of %d elements outside",
+        c.name, RmsText(p), PrecisionText(p), p.alpha, p.rows_outside, p.rows, p.elements_outside,
+        p.elements);
+    for (std::size_t i = 0; i < p.worst_rows.size() && i < 3; ++i) {
+      const client::RowPrecision& row = p.worst_rows[i];
+      absl::StrAppendFormat(&why, "; row %d: RMS %.3g times (threshold %.3g), %.1f bits%s", row.row,
+                            row.rms_ratio, row.threshold, row.effective_bits,
+                            row.outside ? " (outside)" : "");
+    }
+    if (!p.envelope.empty()) absl::StrAppend(&why, "; envelope: ", p.envelope);
+  } else {
+    why = absl::StrFormat(
+        "%s: %s: %d of %d elements outside the proven bound (worst %.3g times it), %d NaN/Inf "
+        "mismatches",
+        c.name, c.verdict, c.outside_bound, c.elements, c.worst_bound_fraction,
+        c.nan_inf_mismatches);
+    if (p.tested && p.outside) {
+      absl::StrAppend(&why, "; outside the precision class too: ", RmsText(p));
+    }
+  }
+  for (std::size_t i = 0; i < c.first_outside.size() && i < 5; ++i) {
+    absl::StrAppend(&why, "; ", ElementText(c.first_outside[i]));
+  }
+  return why;
+}
+
+nlohmann::ordered_json PrecisionClassJson(const client::PrecisionClass& p) {
+  nlohmann::ordered_json j;
+  j["tested"] = p.tested;
+  if (!p.reason.empty()) j["reason"] = p.reason;
+  j["outside"] = p.outside;
+  j["alpha"] = JsonNumber(p.alpha);
+  j["effective_bits"] = JsonNumber(p.effective_bits);
+  j["class_bits"] = JsonNumber(p.class_bits);
+  j["rms_ratio"] = JsonNumber(p.rms_ratio);
+  j["threshold"] = JsonNumber(p.threshold);
+  j["elements"] = p.elements;
+  j["rows"] = p.rows;
+  j["rows_outside"] = p.rows_outside;
+  j["elements_outside"] = p.elements_outside;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const client::RowPrecision& r : p.worst_rows) {
+    rows.push_back({{"row", r.row},
+                    {"elements", r.elements},
+                    {"effective_bits", JsonNumber(r.effective_bits)},
+                    {"class_bits", JsonNumber(r.class_bits)},
+                    {"rms_ratio", JsonNumber(r.rms_ratio)},
+                    {"threshold", JsonNumber(r.threshold)},
+                    {"outside", r.outside}});
+  }
+  j["worst_rows"] = std::move(rows);
+  j["envelope"] = p.envelope;
+  return j;
+}
+
 // One candidate's verdict as a case of the report.
 CaseResult CaseOf(const std::string& case_prefix, const client::CandidateVerdict& c,
                   const client::VerifyResult& result, double seconds) {
@@ -319,18 +512,18 @@ CaseResult CaseOf(const std::string& case_prefix, const client::CandidateVerdict
   r.name = absl::StrCat(case_prefix, "/", c.name);
   r.seconds = seconds;
   r.verdict = c.passed() ? Verdict::kPassed : Verdict::kFailed;
-  r.summary =
-      absl::StrFormat("%s; worst %.3g of its bound; %s bitwise logitd's; max %d ulp", c.verdict,
-                      c.worst_bound_fraction, Percent(c.bitwise_equal_fraction), c.max_ulp);
+  r.summary = SummaryOf(c, result);
   nlohmann::ordered_json& f = r.figures;
   f["candidate"] = c.name;
   f["dtype"] = std::string(DTypeName(c.dtype));
   f["shape"] = c.shape;
   f["xxh3"] = absl::StrFormat("%016x", c.xxh3);
   f["verdict"] = c.verdict;
+  f["passed"] = c.passed();
   f["elements"] = c.elements;
   f["outside_bound"] = c.outside_bound;
   f["worst_bound_fraction"] = JsonNumber(c.worst_bound_fraction);
+  f["precision_class"] = PrecisionClassJson(c.precision_class);
   f["outside_probabilistic_bound"] = c.outside_probabilistic_bound;
   f["worst_probabilistic_fraction"] = JsonNumber(c.worst_probabilistic_fraction);
   f["logitd_outside_probabilistic_bound"] = c.logitd_outside_probabilistic_bound;
@@ -339,6 +532,9 @@ CaseResult CaseOf(const std::string& case_prefix, const client::CandidateVerdict
   f["max_ulp"] = c.max_ulp;
   f["p99_ulp"] = c.p99_ulp;
   f["p50_ulp"] = c.p50_ulp;
+  f["max_ulp_exact"] = c.max_ulp_exact;
+  f["p99_ulp_exact"] = c.p99_ulp_exact;
+  f["p50_ulp_exact"] = c.p50_ulp_exact;
   f["error_histogram"] = c.error_histogram;
   nlohmann::ordered_json worst = nlohmann::ordered_json::array();
   for (const client::VerifyElement& e : c.first_outside) {
@@ -346,30 +542,19 @@ CaseResult CaseOf(const std::string& case_prefix, const client::CandidateVerdict
                      {"candidate", JsonNumber(e.candidate)},
                      {"reference", JsonNumber(e.reference)},
                      {"bound", JsonNumber(e.bound)},
+                     {"outside_bound", e.outside_bound},
+                     {"class_threshold", JsonNumber(e.class_threshold)},
                      {"probabilistic_bound", JsonNumber(e.probabilistic_bound)},
                      {"logitd", JsonNumber(e.logitd)}});
   }
   f["first_outside"] = std::move(worst);
   f["inputs_xxh3"] = absl::StrFormat("%016x", result.inputs_xxh3);
   f["rows_checked"] = result.rows_checked;
+  f["rows_total"] = result.rows_total;
+  f["sample_seed"] = result.sample_seed;
   f["reference_us"] = result.reference_us;
   f["reference_engine"] = result.reference_engine;
-  if (!c.passed()) {
-    std::string why = absl::StrFormat(
-        "%s: %s: %d of %d elements outside the proven bound (worst %.3g times it), %d outside the "
-        "probabilistic bound (worst %.3g times it), %d NaN/Inf mismatches",
-        c.name, c.verdict, c.outside_bound, c.elements, c.worst_bound_fraction,
-        c.outside_probabilistic_bound, c.worst_probabilistic_fraction, c.nan_inf_mismatches);
-    for (std::size_t i = 0; i < c.first_outside.size() && i < 5; ++i) {
-      const client::VerifyElement& e = c.first_outside[i];
-      absl::StrAppendFormat(&why,
-                            "; [%s]: candidate %.9g, fp64 reference %.17g, bound %.3e "
-                            "(probabilistic %.3e), logitd %.9g",
-                            absl::StrJoin(e.index, ", "), e.candidate, e.reference, e.bound,
-                            e.probabilistic_bound, e.logitd);
-    }
-    r.failures.push_back(std::move(why));
-  }
+  if (!c.passed()) r.failures.push_back(FailureOf(c));
   return r;
 }
 
@@ -458,6 +643,10 @@ absl::Status CheckCombination(const VerifyCommandArgs& a, client::VerifyArgs* ca
   }
   if (!a.record_path.empty() && !a.baseline_path.empty()) {
     return absl::InvalidArgumentError("--baseline and --record exclude each other");
+  }
+  if (a.sample_seed != 0 && a.sample_rows == 0) {
+    return absl::InvalidArgumentError(
+        "--sample_seed: given without --sample_rows (the number of rows to draw)");
   }
   return absl::OkStatus();
 }
@@ -559,6 +748,7 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
   }
   call.alpha = a.alpha;
   call.sample_rows = a.sample_rows;
+  call.sample_seed = a.sample_seed;
 
   Report report;
   report.tool = kProgram;

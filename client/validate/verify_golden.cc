@@ -15,6 +15,8 @@ CaseRecord RecordVerifiedCandidate(const std::string& case_name, const Tensor& c
   rec.name = case_name;
   rec.inputs_xxh3 = inputs_xxh3;
   rec.outputs.push_back(RecordOutput(c.name, candidate));
+  // Passed: within_bounds or bitwise logitd's, sampled or not; a candidate
+  // outside the precision class is not recorded as within.
   rec.within_bounds = c.passed();
   rec.worst_bound_fraction = c.worst_bound_fraction;
   return rec;
@@ -90,7 +92,10 @@ void CompareVerifiedCandidate(const Baseline& baseline, const std::string& path,
            absl::StrFormat(
                "case '%s': %s; this candidate is %s (worst %.3g of its bound), the "
                "baseline's was %s (worst %.3g): %s",
-               case_name, cmp.message, c.passed() ? "within its bounds" : "OUTSIDE them",
+               case_name, cmp.message,
+               c.passed()                               ? "within its bounds"
+               : c.verdict == "outside_precision_class" ? "OUTSIDE fp32's precision class"
+                                                        : "OUTSIDE them",
                c.worst_bound_fraction, recorded_within ? "within its bounds" : "OUTSIDE them",
                rec->worst_bound_fraction, verdict));
 }
