@@ -132,7 +132,16 @@ TEST_F(LogitctlVerifyTest, LogitdsOwnLogitsPassAndBf16OnesPassedOffAsFp32Fail) {
   EXPECT_EQ(c["figures"]["verdict"], "bitwise_equal_to_logitd");
   EXPECT_EQ(c["figures"]["elements"], 16 * 96);
   EXPECT_EQ(c["figures"]["bitwise_equal_fraction"], 1.0);
+  EXPECT_EQ(c["figures"]["passed"], true);
+  EXPECT_EQ(c["figures"]["max_ulp_exact"].get<std::int64_t>() >= 0, true);
+  EXPECT_EQ(c["figures"]["precision_class"]["tested"], true);
+  EXPECT_EQ(c["figures"]["precision_class"]["outside"], false);
   EXPECT_THAT(Slurp(Path("pass.xml")), HasSubstr("tests=\"1\" failures=\"0\""));
+  // A pass names its effective precision and its ulps, each against what
+  // it is measured from.
+  EXPECT_THAT(r.out, HasSubstr("bitwise_equal_to_logitd: effective precision "));
+  EXPECT_THAT(r.out, HasSubstr("ulp vs logitd's: max 0, p99 0, p50 0"));
+  EXPECT_THAT(r.out, HasSubstr("ulp vs correctly rounded: max "));
 
   // The same logits rounded to bf16 and written back as fp32: at K=1024 a
   // good share of them lie outside the bound that fp32 logits keep.
@@ -150,15 +159,20 @@ TEST_F(LogitctlVerifyTest, LogitdsOwnLogitsPassAndBf16OnesPassedOffAsFp32Fail) {
   ASSERT_FALSE(j.is_discarded());
   const nlohmann::json& f = j["cases"][0]["figures"];
   EXPECT_EQ(f["verdict"], "outside_bounds");
+  EXPECT_EQ(f["passed"], false);
   EXPECT_GT(f["outside_bound"].get<std::int64_t>(), 0);
   EXPECT_GT(f["worst_bound_fraction"].get<double>(), 1.0);
   EXPECT_FALSE(f["first_outside"].empty());
+  EXPECT_EQ(f["first_outside"][0]["outside_bound"], true);
+  // The summary gives the proven bound's figures, which decided it.
+  EXPECT_THAT(r.out, HasSubstr("elements outside the proven bound (worst "));
   const std::string junit = Slurp(Path("fail.xml"));
   EXPECT_THAT(junit, HasSubstr("failures=\"1\""));
   EXPECT_THAT(junit, HasSubstr("fp64 reference"));
   const std::string page = Slurp(Path("report/index.html"));
   EXPECT_THAT(page, HasSubstr("<title>logitctl verify: FAILED"));
-  EXPECT_THAT(page, HasSubstr("first elements outside their probabilistic bound"));
+  EXPECT_THAT(page, HasSubstr("elements outside (the proven bound's first"));
+  EXPECT_THAT(page, HasSubstr("RMS ÷ envelope"));
   EXPECT_THAT(Slurp(Path("report/summary.md")), HasSubstr("logits/y"));
   // The page parses, its plots draw, and its verdicts are the JSON's.
   LogitctlRun check =
@@ -166,6 +180,111 @@ TEST_F(LogitctlVerifyTest, LogitdsOwnLogitsPassAndBf16OnesPassedOffAsFp32Fail) {
                                       Path("report/index.html"), Path("fail.json")});
   EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
   EXPECT_THAT(check.out, HasSubstr("|error| as a fraction of its bound"));
+}
+
+TEST_F(LogitctlVerifyTest, Bf16LogitsAtK4096AreOutsideThePrecisionClass) {
+  // Inside the proven bound at this K, but not fp32 accumulation: exit 1,
+  // with the figures of the precision-class test that decided it.
+  ASSERT_NO_FATAL_FAILURE(WriteLogitsCase(4, 4096, 64));
+  absl::StatusOr<Tensor> y = ReadSafetensorsTensor(Path("y.safetensors"), "logits");
+  ASSERT_TRUE(y.ok()) << y.status();
+  for (std::int64_t i = 0; i < y->numel(); ++i) {
+    y->data<float>()[i] = RoundToBf16(y->data<float>()[i]);
+  }
+  Write("y_bf16.safetensors", {{"y", &*y}});
+  LogitctlRun r =
+      Run({"verify", "--op=logits", "--x=" + Path("x.safetensors"), "--weight=" + handle_,
+           "--candidate=" + Path("y_bf16.safetensors"), "--json=" + Path("class.json"),
+           "--junit=" + Path("class.xml"), "--report=" + Path("class")});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("outside_precision_class: RMS error "));
+  EXPECT_THAT(r.out, HasSubstr("times the conforming envelope's (threshold "));
+  EXPECT_THAT(r.out, HasSubstr("effective precision "));
+  EXPECT_THAT(r.out, HasSubstr("bits (the envelope's "));
+  EXPECT_THAT(r.out, HasSubstr("; alpha "));
+  EXPECT_THAT(r.out, HasSubstr("of 4 rows outside"));
+  EXPECT_THAT(r.out, HasSubstr("FAILED"));
+  nlohmann::json j = nlohmann::json::parse(Slurp(Path("class.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["exit_code"], 1);
+  const nlohmann::json& f = j["cases"][0]["figures"];
+  EXPECT_EQ(f["verdict"], "outside_precision_class");
+  EXPECT_EQ(f["passed"], false);
+  EXPECT_EQ(f["outside_bound"], 0);
+  const nlohmann::json& p = f["precision_class"];
+  EXPECT_EQ(p["tested"], true);
+  EXPECT_EQ(p["outside"], true);
+  EXPECT_GT(p["rms_ratio"].get<double>(), p["threshold"].get<double>());
+  EXPECT_LT(p["effective_bits"].get<double>(), p["class_bits"].get<double>());
+  EXPECT_GT(p["alpha"].get<double>(), 0.0);
+  EXPECT_EQ(p["rows"], 4);
+  EXPECT_GT(p["rows_outside"].get<std::int64_t>(), 0);
+  EXPECT_FALSE(p["worst_rows"].empty());
+  EXPECT_FALSE(p["envelope"].get<std::string>().empty());
+  EXPECT_GT(f["max_ulp_exact"].get<std::int64_t>(), 0);
+  EXPECT_THAT(j["cases"][0]["failures"][0].get<std::string>(),
+              HasSubstr("not those of fp32 accumulation"));
+  // JUnit: a failure, its message the test's figures.
+  const std::string junit = Slurp(Path("class.xml"));
+  EXPECT_THAT(junit, HasSubstr("failures=\"1\""));
+  EXPECT_THAT(junit, HasSubstr("<failure message=\"y: outside_precision_class: "));
+  EXPECT_THAT(junit, HasSubstr("RMS error "));
+  EXPECT_THAT(Slurp(Path("class/index.html")), HasSubstr("outside_precision_class"));
+
+  // A failing candidate of this kind is not recorded as a baseline.
+  r = Run({"verify", "--op=logits", "--x=" + Path("x.safetensors"), "--weight=" + handle_,
+           "--candidate=" + Path("y_bf16.safetensors"), "--record=" + Path("class_gold.json")});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_FALSE(std::filesystem::exists(Path("class_gold.json")));
+}
+
+TEST_F(LogitctlVerifyTest, SampledRowsEvenlySpacedOrDrawnByASeed) {
+  ASSERT_NO_FATAL_FAILURE(WriteLogitsCase(30, 128, 16));
+  const std::vector<std::string> call = {"verify", "--op=logits", "--x=" + Path("x.safetensors"),
+                                         "--weight=" + handle_,
+                                         "--candidate=" + Path("y.safetensors")};
+  const auto with = [&](std::vector<std::string> words) {
+    words.insert(words.begin(), call.begin(), call.end());
+    return Run(words);
+  };
+  LogitctlRun r = with({"--sample_rows=1", "--json=" + Path("even.json")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("bitwise_equal_to_logitd_sampled"));
+  EXPECT_THAT(r.out, HasSubstr("rows 2 of 30, evenly spaced"));
+  nlohmann::json j = nlohmann::json::parse(Slurp(Path("even.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["cases"][0]["figures"]["rows_checked"], nlohmann::json::array({0, 29}));
+  EXPECT_EQ(j["cases"][0]["figures"]["sample_seed"], 0);
+
+  r = with({"--sample_rows=4", "--sample_seed=77", "--json=" + Path("seeded.json")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("bitwise_equal_to_logitd_sampled"));
+  EXPECT_THAT(r.out, HasSubstr("rows 4 of 30, drawn by seed 77"));
+  j = nlohmann::json::parse(Slurp(Path("seeded.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  const nlohmann::json f = j["cases"][0]["figures"];
+  EXPECT_EQ(f["verdict"], "bitwise_equal_to_logitd_sampled");
+  EXPECT_EQ(f["passed"], true);
+  EXPECT_EQ(f["sample_seed"], 77);
+  EXPECT_EQ(f["rows_total"], 30);
+  EXPECT_EQ(f["rows_checked"].size(), 4u);
+  // The same seed, the same rows.
+  r = with({"--sample_rows=4", "--sample_seed=77", "--json=" + Path("again.json")});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  j = nlohmann::json::parse(Slurp(Path("again.json")), nullptr, false);
+  EXPECT_EQ(j["cases"][0]["figures"]["rows_checked"], f["rows_checked"]);
+
+  r = with({"--sample_seed=77"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--sample_seed: given without --sample_rows"));
+  r = with({"--sample_rows=4", "--sample_seed=-1"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--sample_seed: expected"));
+  r = RunLogitctl({"verify", "--help"});
+  EXPECT_THAT(r.out, HasSubstr("--sample_seed=0"));
+  EXPECT_THAT(r.out, HasSubstr("outside_precision_class"));
+  r = RunLogitctl({"help"});
+  EXPECT_THAT(r.out, HasSubstr("--sample_seed"));
 }
 
 TEST_F(LogitctlVerifyTest, ARegisteredWeightAndABf16Candidate) {

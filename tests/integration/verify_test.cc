@@ -6,8 +6,10 @@
 // summation) passes; logitd's own outputs are bitwise equal to logitd; one
 // ulp off passes and is counted; bf16 logits passed off as fp32, a
 // transposed weight, a NaN where none belongs and a missing gradient cast
-// are refused with the element, its reference and bound named. Bad requests
-// get the operation's own statuses.
+// are refused with the element, its reference and bound named, or (bf16
+// rounding inside the proven bound at large K) by the precision-class test
+// with its figures. Sampled rows, evenly spaced or drawn by a seed, give
+// the "_sampled" verdicts. Bad requests get the operation's own statuses.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -36,6 +38,7 @@ namespace {
 constexpr char kBackend[] = LOGITD_VERIFY_BACKEND;
 
 using client::CandidateVerdict;
+using client::PrecisionClass;
 using client::VerifyArgs;
 using client::VerifyOperation;
 using client::VerifyResult;
@@ -138,6 +141,22 @@ TEST_F(VerifyTest, AConformingFp32KernelIsWithinBoundsAndLogitdsOwnIsBitwiseEqua
   for (std::int64_t n : c.error_histogram) counted += n;
   EXPECT_EQ(counted, c.elements);
   EXPECT_EQ(c.error_histogram.back(), 0);
+  // Another order of fp32 accumulation is in the class, and a few ulps from
+  // the correctly rounded value at most.
+  EXPECT_EQ(theirs.verdict, "within_bounds");
+  EXPECT_TRUE(c.precision_class.tested) << c.precision_class.reason;
+  EXPECT_FALSE(c.precision_class.outside);
+  EXPECT_LE(c.precision_class.rms_ratio, c.precision_class.threshold);
+  EXPECT_EQ(c.precision_class.elements, 12 * 200);
+  EXPECT_EQ(c.precision_class.rows, 12);
+  EXPECT_EQ(c.precision_class.rows_outside, 0);
+  EXPECT_GE(c.max_ulp_exact, c.p99_ulp_exact);
+  EXPECT_GE(c.p99_ulp_exact, c.p50_ulp_exact);
+  EXPECT_GE(c.p50_ulp_exact, 0);
+  // No sample: no rows listed, all of them counted.
+  EXPECT_TRUE(theirs.rows_checked.empty());
+  EXPECT_EQ(theirs.rows_total, 12);
+  EXPECT_EQ(theirs.sample_seed, 0u);
 
   absl::StatusOr<Tensor> own = client().Logits(x, handle);
   ASSERT_TRUE(own.ok()) << own.status();
@@ -219,6 +238,9 @@ TEST_F(VerifyTest, Bf16LogitsPassedOffAsFp32AreOutsideTheirBound) {
   EXPECT_EQ(c.logitd_outside_probabilistic_bound, 0);
   ASSERT_EQ(c.first_outside.size(), 32u);
   const client::VerifyElement& e = c.first_outside[0];
+  // Those outside the proven bound come first, each flagged.
+  EXPECT_TRUE(e.outside_bound);
+  EXPECT_GT(std::fabs(e.candidate - e.reference), e.bound);
   ASSERT_EQ(e.index.size(), 2u);
   const std::int64_t flat = e.index[0] * 96 + e.index[1];
   EXPECT_EQ(e.candidate, y.data<float>()[flat]);
@@ -228,21 +250,76 @@ TEST_F(VerifyTest, Bf16LogitsPassedOffAsFp32AreOutsideTheirBound) {
   EXPECT_LE(std::fabs(e.logitd - e.reference), e.probabilistic_bound);
 }
 
-TEST_F(VerifyTest, AtK4096Bf16LogitsAreOutsideTheProbabilisticBound) {
-  // The seed's hidden size: the proven bound grows as K and can hold bf16
-  // rounding (growing as √K); the probabilistic one cannot.
+TEST_F(VerifyTest, AtK4096Bf16LogitsAreOutsideThePrecisionClass) {
+  // The seed's hidden size: the proven bound grows as K and holds bf16
+  // rounding of the result (growing as √K), so no element is wrong for
+  // certain; the precision-class test finds the errors those of an 8-bit
+  // significand, not of fp32 accumulation.
   const Tensor w = NormalBf16({64, 4096}, 18);
   const Tensor x = NormalBf16({4, 4096}, 19);
   const std::string handle = Register(w, "verify-k4096");
   absl::StatusOr<Tensor> own = client().Logits(x, handle);
   ASSERT_TRUE(own.ok()) << own.status();
-  EXPECT_EQ(Verified(LogitsArgs(handle, x, *own)).verdict, "bitwise_equal_to_logitd");
+  const VerifyResult ours = Verified(LogitsArgs(handle, x, *own));
+  EXPECT_EQ(ours.verdict, "bitwise_equal_to_logitd");
+  EXPECT_TRUE(ours.candidates[0].precision_class.tested);
+  EXPECT_FALSE(ours.candidates[0].precision_class.outside);
+  // A conforming fp32 sum in another order.
+  const VerifyResult reversed = Verified(LogitsArgs(handle, x, ReverseOrderLogits(x, w)));
+  EXPECT_EQ(reversed.verdict, "within_bounds");
+  EXPECT_FALSE(reversed.candidates[0].precision_class.outside);
+
   Tensor y = Copy(*own);
   for (std::int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = RoundToBf16(y.data<float>()[i]);
   const VerifyResult r = Verified(LogitsArgs(handle, x, y));
   EXPECT_FALSE(r.passed());
-  EXPECT_THAT(r.verdict, ::testing::AnyOf("outside_bounds", "outside_probabilistic_bounds"));
-  EXPECT_GT(r.candidates[0].outside_probabilistic_bound, 0);
+  EXPECT_EQ(r.verdict, "outside_precision_class");
+  ASSERT_EQ(r.candidates.size(), 1u);
+  const CandidateVerdict& c = r.candidates[0];
+  EXPECT_EQ(c.verdict, "outside_precision_class");
+  EXPECT_FALSE(c.passed());
+  EXPECT_EQ(c.outside_bound, 0);
+  EXPECT_LE(c.worst_bound_fraction, 1.0);
+  const PrecisionClass& p = c.precision_class;
+  ASSERT_TRUE(p.tested) << p.reason;
+  EXPECT_TRUE(p.outside);
+  EXPECT_GT(p.rms_ratio, p.threshold);
+  EXPECT_GT(p.threshold, 1.0);
+  // About 8 bits plus half of log2(K) for bf16 rounding of the result;
+  // fp32 accumulation's are near 24.
+  EXPECT_LT(p.effective_bits, 16.0);
+  EXPECT_GT(p.class_bits, p.effective_bits + 4);
+  EXPECT_GT(p.alpha, 0.0);
+  EXPECT_LT(p.alpha, 1e-6);
+  EXPECT_EQ(p.elements, 4 * 64);
+  EXPECT_EQ(p.rows, 4);
+  EXPECT_GT(p.rows_outside, 0);
+  ASSERT_FALSE(p.worst_rows.empty());
+  EXPECT_LE(p.worst_rows.size(), 8u);
+  EXPECT_TRUE(p.worst_rows[0].outside);
+  EXPECT_GT(p.worst_rows[0].rms_ratio, p.worst_rows[0].threshold);
+  EXPECT_EQ(p.worst_rows[0].elements, 64);
+  EXPECT_FALSE(p.envelope.empty());
+  // Rounding to bf16 moves the result by up to half a bf16 ulp: many fp32
+  // ulps from the correctly rounded value.
+  EXPECT_GT(c.max_ulp_exact, 1000);
+  EXPECT_GE(c.max_ulp_exact, c.p50_ulp_exact);
+  // The elements listed: none outside the proven bound; those the test
+  // found (with the threshold they exceed) before the probabilistic
+  // figure's.
+  bool class_listed = true;
+  for (const client::VerifyElement& e : c.first_outside) {
+    EXPECT_FALSE(e.outside_bound);
+    if (e.class_threshold > 0) {
+      EXPECT_TRUE(class_listed) << "a class outlier after the probabilistic figure's";
+      EXPECT_GT(std::fabs(e.candidate - e.reference), e.class_threshold);
+    } else {
+      class_listed = false;
+      EXPECT_LE(std::fabs(e.candidate - e.reference), e.bound);
+    }
+  }
+  // Still a figure beside the verdict.
+  EXPECT_GT(c.outside_probabilistic_bound, 0);
 }
 
 TEST_F(VerifyTest, ATransposedWeightAndAStrayNanAreOutside) {
@@ -297,9 +374,78 @@ TEST_F(VerifyTest, AlphaAndBf16CandidatesAndSampledRows) {
   sampled.sample_rows = 5;
   const VerifyResult r = Verified(sampled);
   EXPECT_EQ(r.rows_checked, (std::vector<std::int64_t>{0, 12, 24, 36, 49}));
+  EXPECT_EQ(r.rows_total, 50);
+  EXPECT_EQ(r.sample_seed, 0u);
   EXPECT_EQ(r.candidates[0].elements, 5 * 40);
   EXPECT_TRUE(r.passed());
+  // A pass of some rows says so.
+  EXPECT_EQ(r.verdict, "within_bounds_sampled");
+  EXPECT_EQ(r.candidates[0].verdict, "within_bounds_sampled");
+  EXPECT_TRUE(r.candidates[0].passed());
   EXPECT_EQ(Verified(LogitsArgs(handle, x, y)).verdict, "outside_bounds");
+}
+
+TEST_F(VerifyTest, RowsSampledEvenlyOrDrawnByASeed) {
+  const Tensor w = NormalBf16({24, 128}, 45);
+  const Tensor x = NormalBf16({40, 128}, 46);
+  const std::string handle = Register(w, "verify-seeded");
+  absl::StatusOr<Tensor> own = client().Logits(x, handle);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const auto sampled = [&](const Tensor& y, std::int64_t rows, std::uint64_t seed) {
+    VerifyArgs args = LogitsArgs(handle, x, y);
+    args.sample_rows = rows;
+    args.sample_seed = seed;
+    return Verified(args);
+  };
+  // Evenly spaced: one row or two give the first and the last.
+  for (std::int64_t n : {1, 2}) {
+    const VerifyResult r = sampled(*own, n, 0);
+    EXPECT_EQ(r.rows_checked, (std::vector<std::int64_t>{0, 39})) << n;
+    EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd_sampled") << n;
+    EXPECT_EQ(r.candidates[0].elements, 2 * 24);
+  }
+  const std::vector<std::int64_t> lattice = sampled(*own, 6, 0).rows_checked;
+  ASSERT_EQ(lattice.size(), 6u);
+
+  // Drawn by a seed: six distinct rows in order, reported with the seed,
+  // the same for the same seed, off the lattice.
+  const VerifyResult a = sampled(*own, 6, 20261206);
+  EXPECT_EQ(a.sample_seed, 20261206u);
+  EXPECT_EQ(a.rows_total, 40);
+  EXPECT_EQ(a.verdict, "bitwise_equal_to_logitd_sampled");
+  ASSERT_EQ(a.rows_checked.size(), 6u);
+  EXPECT_TRUE(std::is_sorted(a.rows_checked.begin(), a.rows_checked.end()));
+  EXPECT_EQ(std::adjacent_find(a.rows_checked.begin(), a.rows_checked.end()), a.rows_checked.end());
+  for (std::int64_t row : a.rows_checked) {
+    EXPECT_GE(row, 0);
+    EXPECT_LT(row, 40);
+  }
+  EXPECT_NE(a.rows_checked, lattice);
+  EXPECT_EQ(sampled(*own, 6, 20261206).rows_checked, a.rows_checked);
+  EXPECT_NE(sampled(*own, 6, 7).rows_checked, a.rows_checked);
+
+  // A wrong row the lattice misses and the seeded sample draws.
+  std::int64_t off_lattice = -1;
+  for (std::int64_t row : a.rows_checked) {
+    if (std::find(lattice.begin(), lattice.end(), row) == lattice.end()) off_lattice = row;
+  }
+  ASSERT_GE(off_lattice, 0);
+  Tensor y = Copy(*own);
+  y.data<float>()[off_lattice * 24 + 3] += 1.0f;
+  EXPECT_EQ(sampled(y, 6, 0).verdict, "bitwise_equal_to_logitd_sampled");
+  const VerifyResult found = sampled(y, 6, 20261206);
+  EXPECT_EQ(found.verdict, "outside_bounds");
+  EXPECT_FALSE(found.passed());
+  ASSERT_FALSE(found.candidates[0].first_outside.empty());
+  EXPECT_EQ(found.candidates[0].first_outside[0].index,
+            (std::vector<std::int64_t>{off_lattice, 3}));
+
+  // A seed without a sample is refused.
+  VerifyArgs unsampled = LogitsArgs(handle, x, *own);
+  unsampled.sample_seed = 5;
+  const absl::Status s = client().Verify(unsampled).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("sample_seed: given without sample_rows"));
 }
 
 TEST_F(VerifyTest, BackwardHoldsTheGradientCastContract) {
@@ -324,6 +470,17 @@ TEST_F(VerifyTest, BackwardHoldsTheGradientCastContract) {
   ASSERT_EQ(ours.candidates.size(), 2u);
   ASSERT_NE(ours.Find("dw"), nullptr);
   EXPECT_EQ(ours.Find("dw")->elements, 384 * 40);
+  // Rows sampled: dX's, while dW, which every row feeds, is checked whole.
+  VerifyArgs some_rows = args;
+  some_rows.sample_rows = 4;
+  const VerifyResult sampled = Verified(some_rows);
+  EXPECT_EQ(sampled.verdict, "bitwise_equal_to_logitd_sampled");
+  ASSERT_NE(sampled.Find("dx"), nullptr);
+  EXPECT_EQ(sampled.Find("dx")->verdict, "bitwise_equal_to_logitd_sampled");
+  EXPECT_EQ(sampled.Find("dx")->elements, 4 * 40);
+  ASSERT_NE(sampled.Find("dw"), nullptr);
+  EXPECT_EQ(sampled.Find("dw")->verdict, "bitwise_equal_to_logitd");
+  EXPECT_EQ(sampled.Find("dw")->elements, 384 * 40);
 
   // dY used as it came, without the cast to bf16.
   const Tensor uncast = GradInput(dy, w, /*cast=*/false);
@@ -742,7 +899,8 @@ TEST_F(VerifyTest, SampledRowsOfTheCrossEntropyAndLogProbs) {
   args.candidates["dx"] = dx;
   VerifyResult r = Verified(args);
   EXPECT_EQ(r.rows_checked, (std::vector<std::int64_t>{0, 9, 19}));
-  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd_sampled");
+  EXPECT_EQ(r.Find("dx")->verdict, "bitwise_equal_to_logitd_sampled");
   EXPECT_EQ(r.Find("lse")->elements, 3);
   EXPECT_EQ(r.Find("dx")->elements, 3 * 96);
   dx.data<float>()[9 * 96 + 2] += 0.01f;
@@ -767,7 +925,7 @@ TEST_F(VerifyTest, SampledRowsOfTheCrossEntropyAndLogProbs) {
   la.candidates["lse"] = *lp->lse;
   Tensor logprob = Copy(*lp->logprob);
   la.candidates["logprob"] = logprob;
-  EXPECT_EQ(Verified(la).verdict, "bitwise_equal_to_logitd");
+  EXPECT_EQ(Verified(la).verdict, "bitwise_equal_to_logitd_sampled");
   logprob.data<float>()[0] += 0.01f;
   r = Verified(la);
   EXPECT_EQ(r.verdict, "outside_bounds");
