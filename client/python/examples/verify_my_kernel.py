@@ -4,13 +4,16 @@
 bf16 values of X [M, K] and W [V, K]. Put your own in its place (a framework's
 GEMM, a Triton kernel, a library upgrade): anything that returns fp32 or bf16
 [M, V] from the same bf16 inputs. The server computes, per element, an fp64
-reference of the exact products, the proven bound on any fp32 accumulation of
-them and logitd's own output, and answers with a verdict; this script prints
-it in words and exits 0 when the kernel passes (within bounds, or bitwise
-logitd's own), 1 when it does not or the call fails.
+reference of the exact products and the proven bound on any fp32 accumulation
+of them, tests whether the errors are those of fp32 accumulation (the precision
+class), compares with logitd's own output, and answers with a verdict; this
+script prints it in words and exits 0 when the kernel passes (within bounds, or
+bitwise logitd's own, on every row or the rows sampled), 1 when it does not
+(outside_bounds, outside_precision_class) or the call fails.
 
 --round-to-bf16 shows a failing kernel: the same logits rounded to bf16 and
-passed off as fp32.
+passed off as fp32 (outside_bounds at the default hidden size; at 4096 and up,
+where the proven bound holds bf16 rounding, outside_precision_class).
 
     python verify_my_kernel.py --server 127.0.0.1:50051 [--tokens 16 --hidden 1024 --vocab 4096]
 """
@@ -43,7 +46,10 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=1024, help="K (default %(default)s)")
     parser.add_argument("--vocab", type=int, default=4096, help="V, rows of W (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sample-rows", type=int, default=0, help="check about this many rows (default: all)")
+    parser.add_argument("--sample-rows", type=int, default=0, help="check this many rows (default: all)")
+    parser.add_argument(
+        "--sample-seed", type=int, default=0, help="with --sample-rows: draw the rows by this seed (default: evenly spaced)"
+    )
     parser.add_argument("--round-to-bf16", action="store_true", help="round my kernel's logits to bf16 (fails)")
     args = parser.parse_args(argv)
 
@@ -56,7 +62,9 @@ def main(argv=None) -> int:
         with logitd.Client(args.server, token=args.token) as client:
             weight = client.register_weights(w, name="verify_my_kernel")
             try:
-                verdict = client.verify_logits(x, y, weight, sample_rows=args.sample_rows)
+                verdict = client.verify_logits(
+                    x, y, weight, sample_rows=args.sample_rows, sample_seed=args.sample_seed
+                )
             finally:
                 client.release_weights(weight)
     except logitd.LogitdError as e:

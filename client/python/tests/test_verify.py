@@ -1,6 +1,8 @@
 """Verify through the real server (cpu backend): outputs computed here the ways
-kernels compute them, right and wrong, judged against the contract; the
-assertions of logitd.testing; and examples/verify_my_kernel.py run as a script."""
+kernels compute them, right and wrong, judged against the contract (the proven
+bound, the precision-class test, logitd's own output); rows sampled evenly or
+by a seed; the assertions of logitd.testing; and examples/verify_my_kernel.py
+run as a script."""
 
 import subprocess
 import sys
@@ -17,6 +19,7 @@ pytestmark = pytest.mark.needs_server
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "verify_my_kernel.py"
 PASSING = ("within_bounds", "bitwise_equal_to_logitd")
+SAMPLED_PASSING = ("within_bounds_sampled", "bitwise_equal_to_logitd_sampled")
 
 
 def normal_bf16(seed, shape):
@@ -30,6 +33,19 @@ def fp64_logits(x, w, alpha=1.0):
 
 def bf16_passed_off_as_fp32(y):
     return to_bf16(y).astype(np.float32)
+
+
+def reverse_order_fp32_logits(x, w):
+    """Each dot product summed in float32 from its last term to its first (products of bf16 values are
+    exact in float32): a conforming kernel whose order differs from logitd's."""
+    products = x.astype(np.float32)[:, None, ::-1] * w.astype(np.float32)[None, :, ::-1]
+    return np.cumsum(products, axis=-1, dtype=np.float32)[..., -1]
+
+
+def test_the_passing_verdicts():
+    assert set(logitd.PASSING_VERDICTS) == set(PASSING + SAMPLED_PASSING)
+    assert "outside_precision_class" not in logitd.PASSING_VERDICTS
+    assert "outside_probabilistic_bounds" not in logitd.PASSING_VERDICTS
 
 
 # ---------------------------------------------------------------------------
@@ -58,12 +74,21 @@ def test_logitds_own_logits_are_bitwise_equal(client, weights):
     assert c.first_outside == []
     assert len(c.error_histogram) == len(logitd.ERROR_HISTOGRAM_BINS) == 10
     assert sum(c.error_histogram) == c.elements and c.error_histogram[-1] == 0
-    assert v.rows_checked == ()
+    # In fp32 accumulation's precision class, a few ulps from the correctly rounded value.
+    p = c.precision_class
+    assert isinstance(p, logitd.PrecisionClass)
+    assert p.tested and not p.outside, p
+    assert p.rms_ratio <= p.threshold and p.elements == M * V and p.rows == M and p.rows_outside == 0
+    assert p.envelope
+    assert 0 <= c.p50_ulp_exact <= c.p99_ulp_exact <= c.max_ulp_exact
+    assert v.rows_checked == () and v.rows_total == M and v.sample_seed == 0
     assert v.inputs_xxh3 != 0 and v.reference_us >= 0
     # A WeightInfo names the weight as well as its handle; the inputs' key is the same.
     assert client.verify_logits(x, y, info).inputs_xxh3 == v.inputs_xxh3
     text = v.describe()
     assert "bitwise_equal_to_logitd" in text and "passed" in text and "y fp32 [12, 200]" in text
+    assert "ulp vs logitd's: max 0, p99 0, p50 0" in text and "ulp vs correctly rounded: max" in text
+    assert "effective precision" in text
 
 
 def test_an_fp64_reference_rounded_to_fp32_passes_and_alpha_is_checked(client, weights):
@@ -101,20 +126,84 @@ def test_bf16_logits_passed_off_as_fp32_are_outside_their_bound(client, weights)
     assert len(c.first_outside) == 32
     e = c.first_outside[0]
     assert isinstance(e, logitd.VerifyElement) and len(e.index) == 2
+    # Those outside the proven bound come first, flagged.
+    assert e.outside_bound and abs(e.candidate - e.reference) > e.bound
     assert e.candidate == y[e.index]
     assert abs(e.candidate - e.reference) > e.probabilistic_bound
     assert e.probabilistic_bound <= e.bound
     # logitd's own value there is inside the same bounds.
     assert abs(e.logitd - e.reference) <= e.probabilistic_bound
-    # The first 32 come in index order.
-    assert [f.index for f in c.first_outside] == sorted(f.index for f in c.first_outside)
+    # Those outside the proven bound come first, in index order.
+    flags = [f.outside_bound for f in c.first_outside]
+    assert flags == sorted(flags, reverse=True)
+    proven = [f.index for f in c.first_outside if f.outside_bound]
+    assert proven == sorted(proven)
 
     text = v.describe()
     assert "outside_bounds (failed)" in text
     assert "fp64 reference" in text and "bound" in text
     assert "[%d, %d]: candidate" % e.index in text
+    assert "outside its proven bound" in text
     assert "and 27 more" in text  # five of the 32 are shown
     assert v.describe(max_elements=1).count("fp64 reference") == 1
+
+
+def test_bf16_logits_at_k4096_are_outside_the_precision_class(client, weights):
+    # The seed's hidden size: the proven bound grows as K and holds bf16 rounding of the result
+    # (growing as sqrt(K)), so no element is wrong for certain; the precision-class test finds the
+    # errors those of an 8-bit significand, not of fp32 accumulation.
+    M, V, K = 4, 64, 4096
+    x, w = normal_bf16(41, (M, K)), normal_bf16(42, (V, K))
+    h = weights(w, name="verify-k4096").handle
+    own = client.logits(x, h)
+    assert client.verify_logits(x, own, h).verdict == "bitwise_equal_to_logitd"
+    # A conforming fp32 sum in another order.
+    reversed_order = client.verify_logits(x, reverse_order_fp32_logits(x, w), h)
+    assert reversed_order.verdict == "within_bounds", reversed_order.describe()
+    assert not reversed_order.candidates["y"].precision_class.outside
+
+    y = bf16_passed_off_as_fp32(own)
+    v = client.verify_logits(x, y, h)
+    assert not v.passed and v.verdict == "outside_precision_class", v.describe()
+    c = v.candidates["y"]
+    assert not c.passed and c.verdict == "outside_precision_class"
+    assert c.outside_bound == 0 and c.worst_bound_fraction <= 1.0
+    p = c.precision_class
+    assert p.tested and p.outside
+    assert p.rms_ratio > p.threshold > 1.0
+    # About 8 bits plus half of log2(K) for bf16 rounding; fp32 accumulation's are near 24.
+    assert p.effective_bits < 16.0 and p.class_bits > p.effective_bits + 4
+    assert 0.0 < p.alpha < 1e-6
+    assert p.elements == M * V and p.rows == M and p.rows_outside > 0
+    assert 0 < len(p.worst_rows) <= 8
+    r = p.worst_rows[0]
+    assert isinstance(r, logitd.RowPrecision) and r.outside and r.rms_ratio > r.threshold and r.elements == V
+    assert p.envelope
+    # Many fp32 ulps from the correctly rounded value.
+    assert c.max_ulp_exact > 1000
+    # The elements listed: none outside the proven bound; those the test found (each over its class
+    # threshold) before those of the probabilistic figure.
+    found = [e.class_threshold > 0 for e in c.first_outside]
+    assert found == sorted(found, reverse=True)
+    for e in c.first_outside:
+        assert not e.outside_bound
+        if e.class_threshold > 0:
+            assert abs(e.candidate - e.reference) > e.class_threshold
+        else:
+            assert abs(e.candidate - e.reference) <= e.bound
+    assert c.outside_probabilistic_bound > 0  # still a figure beside the verdict
+
+    text = v.describe()
+    assert "outside_precision_class (failed)" in text
+    assert "RMS error %.3g times the conforming envelope's (threshold %.3g)" % (p.rms_ratio, p.threshold) in text
+    assert "effective precision %.1f bits" % p.effective_bits in text
+    # The assertion of logitd.testing fails on it too, in the same words.
+    with pytest.raises(AssertionError) as e:
+        assert_logits_within_contract(client, x, y, h)
+    assert str(e.value) == text
+    if any(found):
+        first = next(e for e in c.first_outside if e.class_threshold > 0)
+        assert "[%d, %d]: candidate" % first.index in text and "over its class threshold" in text
 
 
 def test_one_ulp_off_is_within_bounds_and_counted(client, weights):
@@ -129,7 +218,7 @@ def test_one_ulp_off_is_within_bounds_and_counted(client, weights):
     c = v.candidates["y"]
     assert c.max_ulp == 1 and c.p50_ulp == 0
     assert c.bitwise_equal_fraction == pytest.approx(1.0 - 1.0 / (M * V), abs=0)
-    assert "max 1 ulp" in v.describe()
+    assert "ulp vs logitd's: max 1, p99 0, p50 0" in v.describe()
 
 
 def test_a_nan_where_none_belongs_fails(client, weights):
@@ -206,11 +295,51 @@ def test_sampled_rows(client, weights):
 
     sampled = client.verify_logits(x, y, h, sample_rows=5)
     assert sampled.rows_checked == (0, 12, 24, 36, 49)
-    assert len(sampled.rows_checked) < M
+    assert len(sampled.rows_checked) < M and sampled.rows_total == M and sampled.sample_seed == 0
     assert sampled.candidates["y"].elements == 5 * V
-    assert sampled.passed
-    assert "rows checked: 0, 12, 24, 36, 49 (5 rows)" in sampled.describe()
+    # A pass of some rows says so, and passes.
+    assert sampled.passed and sampled.verdict == "within_bounds_sampled"
+    assert sampled.candidates["y"].passed and sampled.candidates["y"].verdict == "within_bounds_sampled"
+    assert "rows checked: 0, 12, 24, 36, 49 (5 rows of 50, evenly spaced)" in sampled.describe()
     assert client.verify_logits(x, y, h).verdict == "outside_bounds"
+    # One row or two: the first and the last.
+    for n in (1, 2):
+        assert client.verify_logits(x, y, h, sample_rows=n).rows_checked == (0, M - 1)
+
+
+def test_rows_drawn_by_a_seed(client, weights):
+    M, V, K = 40, 24, 128
+    x, w = normal_bf16(43, (M, K)), normal_bf16(44, (V, K))
+    h = weights(w, name="verify-seeded").handle
+    own = client.logits(x, h)
+    lattice = client.verify_logits(x, own, h, sample_rows=6).rows_checked
+
+    v = client.verify_logits(x, own, h, sample_rows=6, sample_seed=20261206)
+    assert v.verdict == "bitwise_equal_to_logitd_sampled" and v.passed
+    assert v.sample_seed == 20261206 and v.rows_total == M
+    rows = v.rows_checked
+    assert len(rows) == 6 and list(rows) == sorted(set(rows)) and all(0 <= r < M for r in rows)
+    assert rows != lattice
+    assert "drawn by seed 20261206" in v.describe()
+    # The same seed, the same rows; another, others.
+    assert client.verify_logits(x, own, h, sample_rows=6, sample_seed=20261206).rows_checked == rows
+    assert client.verify_logits(x, own, h, sample_rows=6, sample_seed=7).rows_checked != rows
+
+    # A wrong row the evenly spaced sample misses and the seeded one draws.
+    row = next(r for r in rows if r not in lattice)
+    y = own.copy()
+    y[row, 3] += 1.0
+    assert client.verify_logits(x, y, h, sample_rows=6).verdict == "bitwise_equal_to_logitd_sampled"
+    found = client.verify_logits(x, y, h, sample_rows=6, sample_seed=20261206)
+    assert found.verdict == "outside_bounds" and not found.passed
+    assert found.candidates["y"].first_outside[0].index == (row, 3)
+
+    # A seed without a sample is the server's INVALID_ARGUMENT; a seed off the wire's range, the client's.
+    with pytest.raises(logitd.InvalidArgumentError, match="sample_seed: given without sample_rows"):
+        client.verify_logits(x, own, h, sample_seed=5)
+    for bad in (-1, 1 << 64, 1.5, True):
+        with pytest.raises(logitd.InvalidArgumentError, match="sample_seed"):
+            client.verify_logits(x, own, h, sample_rows=6, sample_seed=bad)
 
 
 # ---------------------------------------------------------------------------
@@ -244,11 +373,16 @@ def test_logitds_own_gradients_are_bitwise_equal(client, weights):
     only_dw = client.verify_backward(to_bf16(dy), x, h, dw=dw32)
     assert only_dw.verdict == "bitwise_equal_to_logitd" and list(only_dw.candidates) == ["dw"]
 
-    # Sampled rows leave dW whole.
+    # Sampled rows leave dW whole: its verdict is not a sampled one.
     sampled = client.verify_backward(dy, x, h, dx=dx, dw=dw, sample_rows=4)
     assert 0 < len(sampled.rows_checked) < M
     assert sampled.candidates["dx"].elements == len(sampled.rows_checked) * K
     assert sampled.candidates["dw"].elements == V * K
+    assert sampled.verdict == "bitwise_equal_to_logitd_sampled"
+    assert sampled.candidates["dx"].verdict == "bitwise_equal_to_logitd_sampled"
+    assert sampled.candidates["dw"].verdict == "bitwise_equal_to_logitd"
+    seeded = client.verify_backward(dy, x, h, dx=dx, dw=dw, sample_rows=4, sample_seed=3)
+    assert seeded.sample_seed == 3 and len(seeded.rows_checked) == 4 and seeded.passed
 
 
 def test_backward_holds_the_gradient_cast_contract(client, weights):
@@ -560,5 +694,16 @@ def test_sampled_rows_of_the_cross_entropy(client, weights):
     assert v.rows_checked == (0, 5, 11)
     assert v.candidates["lse"].elements == 3
     assert v.verdict == "outside_bounds"
+    assert v.candidates["lse"].verdict == "bitwise_equal_to_logitd_sampled"
+    seeded = client.verify_cross_entropy(
+        x, targets, info.handle, lse=own.lse, sample_rows=3, sample_seed=11
+    )
+    assert seeded.verdict == "bitwise_equal_to_logitd_sampled" and seeded.sample_seed == 11
+    assert len(seeded.rows_checked) == 3
+    lp = client.logprobs(x, info.handle, targets=targets, want_lse=True)
+    seeded = client.verify_logprobs(
+        x, info.handle, targets=targets, logprob=lp.logprob, lse=lp.lse, sample_rows=3, sample_seed=11
+    )
+    assert seeded.verdict == "bitwise_equal_to_logitd_sampled" and seeded.sample_seed == 11
     with pytest.raises(logitd.InvalidArgumentError, match="sums every row"):
         client.verify_cross_entropy(x, targets, info.handle, loss=own.loss, sample_rows=3)

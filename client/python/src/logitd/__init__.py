@@ -35,7 +35,15 @@ from .errors import (
     UnimplementedError,
 )
 from .shm import SharedRegion
-from .verify import ERROR_HISTOGRAM_BINS, CandidateVerdict, Verdict, VerifyElement
+from .verify import (
+    ERROR_HISTOGRAM_BINS,
+    PASSING_VERDICTS,
+    CandidateVerdict,
+    PrecisionClass,
+    RowPrecision,
+    Verdict,
+    VerifyElement,
+)
 
 __version__ = "0.1.0"
 
@@ -56,10 +64,13 @@ __all__ = [
     "InvalidArgumentError",
     "LogitdError",
     "NotFoundError",
+    "PASSING_VERDICTS",
     "PermissionDeniedError",
+    "PrecisionClass",
     "ReleaseResult",
     "ResourceExhaustedError",
     "RetryPolicy",
+    "RowPrecision",
     "ServerInfo",
     "SharedRegion",
     "UnauthenticatedError",

@@ -673,19 +673,25 @@ class Client(_Transport):
         *,
         alpha: float = 1.0,
         sample_rows: int = 0,
+        sample_seed: int = 0,
     ) -> Verdict:
         """Judges logits Y [M, V] computed elsewhere (fp32 or bf16) from X [M, K]
         and W [V, K] against the contract: per element an fp64 reference of the
-        exact products, its proven and probabilistic bounds, and logitd's own
-        output (see logitd.verify).
+        exact products and its proven bound, the errors against those of fp32
+        accumulation (the precision-class test), and logitd's own output (see
+        logitd.verify).
 
         weight: a handle, a WeightInfo, or W itself (bf16, streamed for this call
         only). X and W may be given as float32 when each value is a bf16 value.
         alpha: the scale Y was computed with. sample_rows: 0 checks every row,
-        else about this many rows, evenly spaced. Returns a Verdict; a candidate
-        outside its bounds is a verdict, not an error.
+        else this many rows: evenly spaced with the first and the last when
+        sample_seed is 0, else drawn uniformly by sample_seed (a seed without
+        sample_rows is InvalidArgumentError). A sampled pass reads
+        "within_bounds_sampled" or "bitwise_equal_to_logitd_sampled". Returns a
+        Verdict; a candidate outside its bounds or its precision class is a
+        verdict, not an error.
         """
-        return _verify.call(self, *_verify.logits_request(x, y, weight, alpha, sample_rows))
+        return _verify.call(self, *_verify.logits_request(x, y, weight, alpha, sample_rows, sample_seed))
 
     @_retried()
     def verify_backward(
@@ -697,15 +703,19 @@ class Client(_Transport):
         dx: Any = None,
         dw: Any = None,
         sample_rows: int = 0,
+        sample_seed: int = 0,
     ) -> Verdict:
         """Judges gradients computed elsewhere, dX [M, K] and/or dW [V, K] (fp32
         or bf16), from dY [M, V] (fp32 or bf16), X and W under the backward
         contract: G = bf16(dY) once, dX = G.W, dW = G^T.X with fp32 accumulation.
 
-        weight, sample_rows and the dtypes of X and W as in verify_logits; dW,
-        which every row feeds, is checked whole also when rows are sampled.
+        weight, sample_rows, sample_seed and the dtypes of X and W as in
+        verify_logits; dW, which every row feeds, is checked whole also when
+        rows are sampled (its verdict has no "_sampled").
         """
-        return _verify.call(self, *_verify.backward_request(dy, x, weight, dx, dw, sample_rows))
+        return _verify.call(
+            self, *_verify.backward_request(dy, x, weight, dx, dw, sample_rows, sample_seed)
+        )
 
     @_retried()
     def verify_cross_entropy(
@@ -724,6 +734,7 @@ class Client(_Transport):
         logit_softcap: float = 0.0,
         grad_scale: float = 1.0,
         sample_rows: int = 0,
+        sample_seed: int = 0,
     ) -> Verdict:
         """Judges a fused cross-entropy's outputs computed elsewhere: loss (fp32,
         [M] with reduction="none", else one value), lse (fp32 [M]), dx (fp32 or
@@ -732,8 +743,9 @@ class Client(_Transport):
         reference and its proven bound per element and logitd's own output. The
         gradients are judged under the bf16-G contract (G = bf16(dL/dlogits)
         once, fp32 accumulation). weight as in verify_logits. sample_rows: 0
-        checks every row, else about that many rows, evenly spaced, of the
-        per-token loss, lse and dx (a reduced loss and dw need every row)."""
+        checks every row, else that many rows of the per-token loss, lse and
+        dx (a reduced loss and dw need every row), chosen as sample_seed says
+        (verify_logits)."""
         options = dict(
             reduction=reduction,
             ignore_index=ignore_index,
@@ -741,6 +753,7 @@ class Client(_Transport):
             logit_softcap=logit_softcap,
             grad_scale=grad_scale,
             sample_rows=sample_rows,
+            sample_seed=sample_seed,
         )
         return _verify.call(
             self, *_verify.cross_entropy_request(x, targets, weight, loss, lse, options, dx, dw)
@@ -764,20 +777,22 @@ class Client(_Transport):
         vocab_size: int = 0,
         ignore_index: int = -100,
         sample_rows: int = 0,
+        sample_seed: int = 0,
     ) -> Verdict:
         """Judges LogProbs' outputs computed elsewhere: logprob (needs targets),
         lse and/or entropy (fp32 [M]), top-k ids (int32 or int64 [M, k], most
         likely first; judged up to ties within the bound) and log-probs (fp32
         [M, k]), and the target's rank (int32 or int64 [M], needs targets) of X
         and W with the options logprobs takes, as verify_cross_entropy does.
-        sample_rows: as there, for logprob, lse and entropy (the top-k and
-        ranks need every row)."""
+        sample_rows, sample_seed: as there, for logprob, lse and entropy (the
+        top-k and ranks need every row)."""
         options = dict(
             temperature=temperature,
             logit_softcap=logit_softcap,
             vocab_size=vocab_size,
             ignore_index=ignore_index,
             sample_rows=sample_rows,
+            sample_seed=sample_seed,
         )
         return _verify.call(
             self,

@@ -6,12 +6,18 @@
         y = my_kernel(x, w)                        # fp32 or bf16 [M, V]
         assert_logits_within_contract(client, x, y, w)
 
-Each helper runs a Verify call (see logitd.verify) and raises AssertionError,
-whose message is the verdict's describe() (each candidate's verdict and the
-first elements outside their bounds, with the fp64 reference and the bound),
-when a candidate does not pass; else it returns the Verdict. Errors of the call
-itself (an unknown weight, a candidate of the wrong shape) are raised as the
-client's LogitdError, not as a failed assertion.
+Each helper runs a Verify call (see logitd.verify) and raises AssertionError
+when a candidate does not pass: outside its proven bound ("outside_bounds"), or
+inside it with errors that are not those of fp32 accumulation
+("outside_precision_class": bf16 rounding passed off as fp32, say). The message
+is the verdict's describe(): each candidate's verdict and the figures that
+decided it (the proven bound's; the precision-class test's RMS ratio against
+its threshold and effective bits), and the first elements the server listed,
+those outside the proven bound first, with the fp64 reference and what each
+was held to. Else it returns the Verdict (a sampled pass included). Errors of
+the call itself (an unknown weight, a candidate of the wrong shape, a
+sample_seed without sample_rows) are raised as the client's LogitdError, not as
+a failed assertion.
 """
 
 from typing import Any
@@ -28,17 +34,37 @@ def _passed(verdict: Verdict) -> Verdict:
 
 
 def assert_logits_within_contract(
-    client: Any, x: Any, y: Any, weight: Any, *, alpha: float = 1.0, sample_rows: int = 0
+    client: Any,
+    x: Any,
+    y: Any,
+    weight: Any,
+    *,
+    alpha: float = 1.0,
+    sample_rows: int = 0,
+    sample_seed: int = 0,
 ) -> Verdict:
     """Asserts that logits Y [M, V] (fp32 or bf16) of X [M, K] and the weight are
-    within bounds or bitwise logitd's own; arguments as Client.verify_logits."""
-    return _passed(client.verify_logits(x, y, weight, alpha=alpha, sample_rows=sample_rows))
+    within bounds and fp32 accumulation's precision class, or bitwise logitd's
+    own; arguments as Client.verify_logits."""
+    return _passed(
+        client.verify_logits(x, y, weight, alpha=alpha, sample_rows=sample_rows, sample_seed=sample_seed)
+    )
 
 
 def assert_backward_within_contract(
-    client: Any, dy: Any, x: Any, weight: Any, *, dx: Any = None, dw: Any = None, sample_rows: int = 0
+    client: Any,
+    dy: Any,
+    x: Any,
+    weight: Any,
+    *,
+    dx: Any = None,
+    dw: Any = None,
+    sample_rows: int = 0,
+    sample_seed: int = 0,
 ) -> Verdict:
     """Asserts that dX [M, K] and/or dW [V, K] from dY [M, V], X and the weight are
-    within bounds or bitwise logitd's own (G = bf16(dY) once); arguments as
-    Client.verify_backward."""
-    return _passed(client.verify_backward(dy, x, weight, dx=dx, dw=dw, sample_rows=sample_rows))
+    within bounds and fp32 accumulation's precision class, or bitwise logitd's
+    own (G = bf16(dY) once); arguments as Client.verify_backward."""
+    return _passed(
+        client.verify_backward(dy, x, weight, dx=dx, dw=dw, sample_rows=sample_rows, sample_seed=sample_seed)
+    )
