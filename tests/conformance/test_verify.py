@@ -3,17 +3,25 @@
 Integer-valued inputs make every product and sum exact in fp32, so the
 reference of each element is known here without a bound, a correct
 candidate must be bitwise what logitd gives, and a candidate made wrong on
-purpose is outside its bound for certain. The verdict travels in one small
-message whatever the size of the candidates, so a stock stub (4 MiB receive
-limit) reads it for any call.
+purpose is outside its bound for certain. Normal inputs at K=4096 tell the
+precision-class test's verdict: bf16 rounding passed off as fp32 stays inside
+the proven bound but is not fp32 accumulation. The verdict travels in one
+small message whatever the size of the candidates, so a stock stub (4 MiB
+receive limit) reads it for any call.
+
+Verdicts, worst first: outside_bounds, outside_precision_class, within_bounds,
+bitwise_equal_to_logitd; with sample_rows the passing two end in "_sampled".
 """
 
 import grpc
 import numpy as np
 import pytest
 
-from protocol import DEFAULT_RECEIVE_LIMIT, Tensor, chunks_of, expect_error, xxh3
+from protocol import DEFAULT_RECEIVE_LIMIT, Tensor, as_bf16, chunks_of, expect_error, xxh3
 from stubs import pb
+
+PASSING = ("within_bounds", "bitwise_equal_to_logitd", "within_bounds_sampled", "bitwise_equal_to_logitd_sampled")
+FAILING = ("outside_bounds", "outside_precision_class")
 
 
 def verify(conn, operation, inputs, candidates, chunk_bytes=64 << 10, **header):
@@ -48,10 +56,14 @@ def test_verify_exact_logits_are_bitwise_logitds(conn, weights):
     (c,) = r.candidates
     assert c.name == "y" and c.dtype == pb.DTYPE_FP32 and list(c.shape) == [9, 130]
     assert c.xxh3 == xxh3(y.data)
+    assert c.verdict == "bitwise_equal_to_logitd" and c.passed
     assert c.elements == 9 * 130 and c.outside_bound == 0 and c.nan_inf_mismatches == 0
     assert c.bitwise_equal_fraction == 1.0 and c.max_ulp == 0
+    # The exact sums are the correctly rounded values.
+    assert c.max_ulp_exact == c.p99_ulp_exact == c.p50_ulp_exact == 0
+    assert c.HasField("precision_class") and not c.precision_class.outside
     assert sum(c.error_histogram) == c.elements and c.error_histogram[0] == c.elements
-    assert not r.rows_checked
+    assert not r.rows_checked and r.rows_total == 9 and r.sample_seed == 0
 
 
 def test_verify_names_the_wrong_element(conn, weights):
@@ -70,9 +82,12 @@ def test_verify_names_the_wrong_element(conn, weights):
     )
     assert r.verdict == "outside_bounds"
     (c,) = r.candidates
+    assert c.verdict == "outside_bounds" and not c.passed
     assert c.outside_bound == 1 and c.worst_bound_fraction > 1
-    (e,) = c.first_outside
-    assert list(e.index) == [4, 17]
+    # Listed first as outside its bound (the precision-class test may list it again).
+    e = c.first_outside[0]
+    assert list(e.index) == [4, 17] and e.outside_bound
+    assert {tuple(f.index) for f in c.first_outside} == {(4, 17)}
     assert e.candidate == float(bad[4, 17]) and e.reference == float(want[4, 17])
     assert e.logitd == float(want[4, 17]) and abs(e.candidate - e.reference) > e.bound
     assert c.error_histogram[-1] == 1
@@ -125,20 +140,85 @@ def test_verify_a_candidate_over_the_message_limit(conn, weights, chunk_bytes):
 
 
 def test_verify_sampled_rows_name_the_first_and_last(conn, weights):
-    """sample_rows checks about that many rows, the first and last included, and lists them."""
+    """sample_rows checks that many rows, the first and last included, lists them, and says so in
+    the verdict."""
     x, w = problem(307, 40, 30, 8)
     info = weights(w)
-    r = verify(
-        conn,
-        pb.VERIFY_LOGITS,
-        [Tensor("x", pb.DTYPE_BF16, x)],
-        [Tensor("y", pb.DTYPE_FP32, exact_logits(x, w))],
-        weight_handle=info.handle,
-        sample_rows=5,
-    )
+
+    def sampled(n, **header):
+        return verify(
+            conn,
+            pb.VERIFY_LOGITS,
+            [Tensor("x", pb.DTYPE_BF16, x)],
+            [Tensor("y", pb.DTYPE_FP32, exact_logits(x, w))],
+            weight_handle=info.handle,
+            sample_rows=n,
+            **header,
+        )
+
+    r = sampled(5)
     rows = list(r.rows_checked)
-    assert rows[0] == 0 and rows[-1] == 39 and rows == sorted(set(rows)) and len(rows) < 40
+    assert rows[0] == 0 and rows[-1] == 39 and rows == sorted(set(rows)) and len(rows) == 5
     assert r.candidates[0].elements == len(rows) * 30
+    assert r.rows_total == 40 and r.sample_seed == 0
+    assert r.verdict == "bitwise_equal_to_logitd_sampled" and r.verdict in PASSING
+    assert r.candidates[0].verdict == "bitwise_equal_to_logitd_sampled" and r.candidates[0].passed
+    # One row or two: the first and the last.
+    assert list(sampled(1).rows_checked) == [0, 39]
+    assert list(sampled(2).rows_checked) == [0, 39]
+
+
+def test_verify_rows_drawn_by_a_seed(conn, weights):
+    """sample_seed draws the rows: reported back, the same for the same seed; without sample_rows it is
+    INVALID_ARGUMENT."""
+    x, w = problem(312, 40, 30, 8)
+    info = weights(w)
+    inputs = [Tensor("x", pb.DTYPE_BF16, x)]
+    y = [Tensor("y", pb.DTYPE_FP32, exact_logits(x, w))]
+    r = verify(conn, pb.VERIFY_LOGITS, inputs, y, weight_handle=info.handle, sample_rows=5, sample_seed=4242)
+    rows = list(r.rows_checked)
+    assert len(rows) == 5 and rows == sorted(set(rows)) and all(0 <= i < 40 for i in rows)
+    assert r.sample_seed == 4242 and r.rows_total == 40
+    assert r.verdict == "bitwise_equal_to_logitd_sampled"
+    again = verify(conn, pb.VERIFY_LOGITS, inputs, y, weight_handle=info.handle, sample_rows=5, sample_seed=4242)
+    assert list(again.rows_checked) == rows
+    e = expect_error(
+        grpc.StatusCode.INVALID_ARGUMENT, verify, conn, pb.VERIFY_LOGITS, inputs, y, weight_handle=info.handle,
+        sample_seed=4242,
+    )
+    assert "sample_seed" in e
+
+
+def test_verify_bf16_rounding_at_k4096_is_outside_the_precision_class(conn, weights):
+    """The fp64 logits rounded to fp32 pass; rounded to bf16 and sent as fp32, they stay inside the proven
+    bound at K=4096 but fail the precision-class test, which reports its figures."""
+    rng = np.random.default_rng(313)
+    x, w = as_bf16(rng.standard_normal((4, 4096))), as_bf16(rng.standard_normal((64, 4096)))
+    info = weights(w)
+    inputs = [Tensor("x", pb.DTYPE_BF16, x)]
+    rounded = exact_logits(x, w)
+    r = verify(conn, pb.VERIFY_LOGITS, inputs, [Tensor("y", pb.DTYPE_FP32, rounded)], weight_handle=info.handle)
+    assert r.verdict in PASSING, r
+    assert not r.candidates[0].precision_class.outside
+
+    bf16 = as_bf16(rounded).astype(np.float32)
+    r = verify(conn, pb.VERIFY_LOGITS, inputs, [Tensor("y", pb.DTYPE_FP32, bf16)], weight_handle=info.handle)
+    assert r.verdict == "outside_precision_class" and r.verdict in FAILING, r
+    (c,) = r.candidates
+    assert c.verdict == "outside_precision_class" and not c.passed
+    assert c.outside_bound == 0
+    p = c.precision_class
+    assert p.tested and p.outside
+    assert p.rms_ratio > p.threshold and p.effective_bits < p.class_bits
+    assert 0 < p.alpha < 1 and p.rows == 4 and p.elements == 4 * 64 and p.rows_outside > 0
+    assert 0 < len(p.worst_rows) <= 8 and p.envelope
+    assert c.max_ulp_exact > 0
+    for e in c.first_outside:
+        assert not e.outside_bound
+        if e.class_threshold > 0:  # found by the precision-class test
+            assert abs(e.candidate - e.reference) > e.class_threshold
+        else:
+            assert abs(e.candidate - e.reference) <= e.bound
 
 
 def test_verify_bad_requests(conn, weights):
