@@ -413,8 +413,10 @@ std::string SummaryOf(const client::CandidateVerdict& c, const client::VerifyRes
                             IndexText(*e), e->candidate, e->reference, e->bound);
     }
   } else if (c.verdict == "outside_precision_class") {
-    text = absl::StrFormat("outside_precision_class: %s; %s; alpha %.3g; %d of %d rows outside",
-                           RmsText(p), PrecisionText(p), p.alpha, p.rows_outside, p.rows);
+    text = absl::StrFormat(
+        "outside_precision_class: %s; %s; alpha %.3g; %d of %d rows and %d of %d elements outside",
+        RmsText(p), PrecisionText(p), p.alpha, p.rows_outside, p.rows, p.elements_outside,
+        p.elements);
     if (const client::VerifyElement* e = FirstListed(c, /*proven=*/false); e != nullptr) {
       absl::StrAppendFormat(&text, "; worst %s: |error| %.3e against its class threshold %.3e",
                             IndexText(*e), std::fabs(e->candidate - e->reference),

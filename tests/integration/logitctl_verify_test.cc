@@ -202,7 +202,8 @@ TEST_F(LogitctlVerifyTest, Bf16LogitsAtK4096AreOutsideThePrecisionClass) {
   EXPECT_THAT(r.out, HasSubstr("effective precision "));
   EXPECT_THAT(r.out, HasSubstr("bits (the envelope's "));
   EXPECT_THAT(r.out, HasSubstr("; alpha "));
-  EXPECT_THAT(r.out, HasSubstr("of 4 rows outside"));
+  EXPECT_THAT(r.out, HasSubstr("of 4 rows and "));
+  EXPECT_THAT(r.out, HasSubstr("of 256 elements outside"));
   EXPECT_THAT(r.out, HasSubstr("FAILED"));
   nlohmann::json j = nlohmann::json::parse(Slurp(Path("class.json")), nullptr, false);
   ASSERT_FALSE(j.is_discarded());

@@ -3,7 +3,9 @@
 Copy into your test suite and replace `my_logits` / `my_backward` with calls
 into your kernel (a framework's FP32-output GEMM, a Triton or CUTLASS kernel,
 a torch.compile graph). The server forms an fp64 reference of every element
-and its bounds; a test fails with the worst elements named.
+and its proven bound, and tests whether the errors are those of fp32
+accumulation; a test fails (outside_bounds, or outside_precision_class) with
+the figures that decided it and the worst elements named.
 
 Environment: LOGITD_ADDR (host:port of the shared logitd), LOGITD_TOKEN (a
 bearer token, when the server has --auth_tokens). Needs the logitd Python
