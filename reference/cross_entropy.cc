@@ -5,38 +5,44 @@
 // operands; z, lse, loss and the pre-cast gradient g = dL/dy · scale are then
 // evaluated in fp64 with the formulas of logitd.v1.CrossEntropyHeader.
 //
-// The bounds. With u = 2^-24 (fp32), for one token and vocabulary entry v:
-//   logit      |Δy_v| ≤ e_y,v = (γ_K(fp32) + γ_K(fp64))·Σ_k|x_k·w_vk|: the
-//              fp32 accumulation bound for any summation order (Higham,
-//              Lemma 3.1), plus the reference's own; 0 for small integers,
-//              whose fp32 sums are exact.
-//   capped z   |Δz_v| ≤ e_z,v = (f_v + 2e_y,v/cap)·(e_y,v + u|y_v|) + 4u|z_v|
-//              with f_v = 1 − (z_v/cap)² = dz/dy: the logit error carried
-//              through tanh, the rounding of y/cap, and a tanh within a
-//              few ulps; e_z,v = e_y,v without capping.
-//   lse        lse is a softmax-weighted mean of its inputs' perturbations,
-//              |Δlse| ≤ Σ_v p_v·e_z,v, plus its own evaluation:
-//              Σ_v exp(z_v − max) over V terms (and the rescalings of an
-//              online max over at most V chunks) is within γ_2V relatively;
-//              each exp within (3 + 2.2·(max − z_v))·u relatively (the
-//              subtraction's rounding and an exp accurate to 2 + 1.2|arg|
-//              ulps, which covers fast device exponentials); log within
-//              2u·(2 + log s) absolutely; and max + log s rounds once. These
-//              are first-order bounds; they are doubled to cover the
-//              second-order terms.
-//   loss       Δlse·(1 + 2·z_loss·|lse|) + 2e_z,t + 4u·(|lse| + |z_t| +
-//              2·z_loss·lse² + |loss|) (the roundings of the three terms).
-//   sum, mean  Σ of the token bounds + γ_M·Σ(|loss_i| + bound_i); a mean
-//              adds 3u per term and 2u of its own (either order of dividing).
-//   g          p_v = exp(z_v − lse) is off by p_v·(e_z,v + Δlse + exp);
-//              dL/dz = p·(1 + 2·z_loss·lse) − onehot and its product with f
-//              and scale add a few u each; doubled as above. Then the bf16
-//              cast: |G − g| ≤ e_g + 2^-8·(|g| + e_g) + 2^-134.
-//   dX, dW     |ΔdX_ik| ≤ Σ_v (|G − g|_iv + (γ_V(fp32)·(1 + 2^-8) +
-//              γ_V(fp64))·|G|_iv)·|w_vk|, by one dgemm of the bounds with
-//              |W|; dW alike with γ_M and |X|. A bf16 dX adds its rounding.
-//              (The caller forms these from the blocks of g: CastGradientError,
-//              CastGradientMagnitude, GradientProductCoefficient.)
+// The bounds hold for any candidate whose fp32 logits obey the proven bound
+// of a sum of products (bounds.h) and whose exp, log and tanh obey the
+// kFnError model (element_judgement.h); each term below is an inequality,
+// not a first-order estimate. u = 2^-24, γ_n = n·2^-23/(1 − n·2^-23).
+//   logit      |Δy_v| ≤ e_y,v = (γ_K + γ_{K+1}(fp64))·Σ_k|x_k·w_vk| + 2K·2^-149.
+//   capped z   |Δz_v| ≤ e_z,v (judgement::CappedLogit): tanh is 1-Lipschitz,
+//              so |Δ tanh| ≤ |Δ(y/cap)| plus tanh's own error; y/cap and the
+//              product with cap round once each. e_z,v = e_y,v without a cap.
+//   lse        lse(z + δ) = lse(z) + log Σ_v p_v·e^{δ_v} exactly, so for
+//              |δ_v| ≤ a_v, |Δlse| ≤ log Σ_v p_v·e^{a_v} (Jensen:
+//              log Σ p·e^{−a} ≥ −Σ p·a ≥ −log Σ p·e^{a}). A candidate forms
+//              m̂ + log Σ_v exp(ẑ_v − m̂)·(1 + τ_v), each term off by its exp
+//              (kFnError + 3u·|argument|, the argument at most d_v + 2E with
+//              d_v = max − z_v and E = max e_z) and by its share of the fp32 sum
+//              of V positive terms (within γ_V of each), as the factor
+//              e^{±r_v} of judgement::ExpTermError. So with
+//              W = Σ_v p_v·(e^{e_z,v + r_v} − 1):
+//              |Δlse| ≤ log(1 + W) + kFnError·(1 + |log_s| + log(1 + W)) (its
+//              log) + 2u·(|lse| + log(1 + W)) (m̂ + log, rounded) + γ_V(fp64)·
+//              (|lse| + 1) (the reference's own evaluation).
+//   loss       lse − z_t + zl·lse²: B_lse·(1 + 2·zl·|lse|) + zl·B_lse² + e_z,t
+//              + 4u·(|lse| + |z_t| + 2·zl·lse² + |loss|) (the roundings of
+//              its three terms).
+//   sum, mean  Σ of the token bounds + γ_M·Σ(|loss_i| + bound_i) (an fp32 sum
+//              in any order) + γ_M(fp64)·Σ|loss_i|; a mean adds 3u per term
+//              and 2u of its own (either order of dividing).
+//   g          p_v = exp(z_v − lse): the candidate's p̂_v lies within the
+//              factor e^{a_v} of it, a_v = e_z,v + B_lse + ρ_v (its exp at an
+//              argument of at most lse − z_v + e_z,v + B_lse), so |p̂ − p| ≤
+//              p·(e^{a_v} − 1); dL/dz = p·c − onehot with c = 1 + 2·zl·lse
+//              off by 2·zl·B_lse + 2u|c|; the product with f = 1 − t² (f off
+//              by (2|t| + Δt)·Δt + 4u) and with scale round a few times more.
+//              Then the bf16 cast: |G − g| ≤ e_g + 2^-8·(|g| + e_g) + 2^-134.
+//   dX, dW     |ΔdX_ik| ≤ Σ_v (|G − g|_iv + (γ_V·(1 + 2^-8) + γ_V(fp64))·|G|_iv)·
+//              |w_vk|, by one dgemm of the bounds with |W|; dW alike with γ_M
+//              and |X|. A bf16 dX adds its rounding. (The caller forms these
+//              from the blocks of g: CastGradientError, CastGradientMagnitude,
+//              GradientProductCoefficient.)
 // Every value of a correct implementation lies inside its bound, element by
 // element.
 
@@ -86,18 +92,38 @@ CeTokenReference CrossEntropyTokenFromSums(const judgement::CeRowSums& sums, std
   const double zl = options.z_loss;
   CeTokenReference out;
   out.lse = sums.lse;
-  const double eval = Gamma(2 * v, kU) + kU * sums.weighted_exp + 2 * kU * (2 + sums.log_s) +
-                      kU * std::fabs(out.lse);
-  out.lse_bound =
-      2 * (sums.weighted_ez + eval) + Gamma(v, kFp64UnitRoundoff) * (std::fabs(out.lse) + 1);
+  const double spread = std::log1p(sums.weighted);
+  out.lse_bound = spread + judgement::kFnError * (1 + std::fabs(sums.log_s) + spread) +
+                  2 * kU * (std::fabs(out.lse) + spread) +
+                  Gamma(v, kFp64UnitRoundoff) * (std::fabs(out.lse) + 1);
   if (!counted) return out;
   const double lse = out.lse;
   const double zt = sums.zt;
   out.loss = lse - zt + zl * lse * lse;
   out.loss_bound =
-      out.lse_bound * (1 + 2 * zl * std::fabs(lse)) + zl * Sq(out.lse_bound) + 2 * sums.ezt +
+      out.lse_bound * (1 + 2 * zl * std::fabs(lse)) + zl * Sq(out.lse_bound) + sums.ezt +
       4 * kU * (std::fabs(lse) + std::fabs(zt) + 2 * zl * lse * lse + std::fabs(out.loss));
   return out;
+}
+
+judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std::int64_t v) {
+  judgement::CeRowSums sums;
+  sums.mx = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j < v; ++j) {
+    sums.mx = std::max(sums.mx, z[j]);
+    sums.b = std::max(sums.b, ez[j]);
+  }
+  double sum_exp = 0;
+  for (std::int64_t j = 0; j < v; ++j) sum_exp += std::exp(z[j] - sums.mx);
+  sums.log_s = std::log(sum_exp);
+  sums.lse = sums.mx + sums.log_s;
+  const double gamma_sum = Gamma(v, kFp32StepError);
+  for (std::int64_t j = 0; j < v; ++j) {
+    const double p = std::exp(z[j] - sums.lse);
+    const double r = judgement::ExpTermError(sums.mx - z[j], sums.b, gamma_sum);
+    sums.weighted += p * std::expm1(ez[j] + r);
+  }
+  return sums;
 }
 
 CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, std::int64_t v,
@@ -107,22 +133,11 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
   const double cap = options.logit_softcap;
   const double zl = options.z_loss;
   std::vector<double> z(static_cast<std::size_t>(v)), f(z.size()), ez(z.size());
-  judgement::CeRowSums sums;
-  sums.mx = -std::numeric_limits<double>::infinity();
   for (std::int64_t j = 0; j < v; ++j) {
     const std::size_t s = static_cast<std::size_t>(j);
     judgement::CappedLogit(y[j], y_err != nullptr ? y_err[j] : 0.0, cap, &z[s], &f[s], &ez[s]);
-    sums.mx = std::max(sums.mx, z[s]);
   }
-  double sum_exp = 0;
-  for (double zj : z) sum_exp += std::exp(zj - sums.mx);
-  sums.log_s = std::log(sum_exp);
-  sums.lse = sums.mx + sums.log_s;
-  for (std::size_t s = 0; s < z.size(); ++s) {
-    const double p = std::exp(z[s] - sums.lse);
-    sums.weighted_ez += p * ez[s];
-    sums.weighted_exp += p * (3 + 2.2 * (sums.mx - z[s]));
-  }
+  judgement::CeRowSums sums = CrossEntropyRowSums(z.data(), ez.data(), v);
   if (counted) {
     sums.zt = z[static_cast<std::size_t>(target)];
     sums.ezt = ez[static_cast<std::size_t>(target)];
@@ -139,18 +154,24 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
   const double lse = out.lse;
   const double c = 1 + 2 * zl * lse;
   const double dc = 2 * zl * out.lse_bound + 2 * kU * std::fabs(c);
+  const double gamma_sum = Gamma(v, kFp32StepError);
   for (std::int64_t j = 0; j < v; ++j) {
     const std::size_t s = static_cast<std::size_t>(j);
     const double onehot = j == target ? 1.0 : 0.0;
     const double p = std::exp(z[s] - lse);
     const double d = p * c - onehot;
-    const double arg = lse - z[s];
-    const double ep = p * (ez[s] + out.lse_bound + kU * (3 + 2.2 * arg));
-    const double ed = ep * std::fabs(c) + p * dc + 2 * kU * (p * std::fabs(c) + onehot);
-    const double ef = cap > 0 ? 2 * std::fabs(z[s]) * ez[s] / (cap * cap) + 4 * kU : 0.0;
+    // p̂ = exp(ẑ − L̂): its argument is off by at most e_z + B_lse and is
+    // at most lse − z + that in magnitude.
+    const double off = ez[s] + out.lse_bound;
+    const double ep = p * std::expm1(off + judgement::ExpTermError(lse - z[s] + off, 0, gamma_sum));
+    const double ed = ep * (std::fabs(c) + dc) + p * dc + 2 * kU * (p * std::fabs(c) + onehot);
+    // f = 1 − t², t = z/cap off by e_z/cap.
+    const double dt = cap > 0 ? ez[s] / cap : 0.0;
+    const double ef = cap > 0 ? (2 * std::fabs(z[s] / cap) + dt) * dt + 4 * kU : 0.0;
     g[j] = d * f[s] * scale;
-    g_pre_err[j] = 2 * std::fabs(scale) * (ed * (f[s] + ef) + std::fabs(d) * ef) +
-                   3 * kU * std::fabs(g[j]) + kExpUnderflow * std::fabs(scale) * (std::fabs(c) + 1);
+    g_pre_err[j] = std::fabs(scale) * (ed * (f[s] + ef) + std::fabs(d) * ef) +
+                   3 * kU * (std::fabs(g[j]) + std::fabs(scale) * ed * (f[s] + ef)) +
+                   kExpUnderflow * std::fabs(scale) * (std::fabs(c) + 1);
   }
   return out;
 }
@@ -208,13 +229,14 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
   const bool on_device = !gradients && logits == LogitModel::kFp32Sum && in.products != nullptr &&
                          in.products->WeightFinite();
   const std::int64_t device_rows = on_device ? in.products->JudgeBlockRows(std::max(v, in.k)) : 0;
-  const double logit_gamma = Gamma(in.k, kU) + Gamma(in.k, kFp64UnitRoundoff);
+  const double logit_gamma = Gamma(in.k, kFp32StepError) + Gamma(in.k + 1, kFp64UnitRoundoff);
+  const double logit_absolute = 2 * static_cast<double>(in.k) * kFp32Underflow;
   const auto device_block = [&](std::int64_t r0, std::int64_t n) {
     std::vector<double> xd;
     if (!reference_internal::WidenFiniteRows(in.x, r0, n, in.k, &xd)) return false;
     std::vector<judgement::CeRowSums> sums(static_cast<std::size_t>(n));
-    if (!in.products->CeRowSums(xd.data(), n, targets + r0, logit_gamma, options.logit_softcap,
-                                sums.data())) {
+    if (!in.products->CeRowSums(xd.data(), n, targets + r0, logit_gamma, logit_absolute,
+                                options.logit_softcap, sums.data())) {
       return false;
     }
     for (std::int64_t r = 0; r < n; ++r) {
@@ -246,8 +268,8 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
       sum_bounds += ref.loss_bound[s];
     }
   }
-  ref.sum_bound =
-      sum_bounds + Gamma(m, kU) * (sum_abs + sum_bounds) + Gamma(m, kFp64UnitRoundoff) * sum_abs;
+  ref.sum_bound = sum_bounds + Gamma(m, kFp32StepError) * (sum_abs + sum_bounds) +
+                  Gamma(m, kFp64UnitRoundoff) * sum_abs;
   if (ref.counted == 0) {
     ref.mean = std::numeric_limits<double>::quiet_NaN();
     ref.mean_bound = 0;
@@ -268,7 +290,7 @@ double CastGradientMagnitude(double g, double g_pre_err) {
 }
 
 double GradientProductGamma(std::int64_t n) {
-  return Gamma(n, kU) * (1 + kBf16UnitRoundoff) + Gamma(n, kFp64UnitRoundoff);
+  return Gamma(n, kFp32StepError) * (1 + kBf16UnitRoundoff) + Gamma(n, kFp64UnitRoundoff);
 }
 
 double GradientProductCoefficient(double g, double g_pre_err, double gamma) {
@@ -309,6 +331,8 @@ bool CrossEntropyGradInputReference(const double* g, const double* g_pre_err, st
     FormGW(products, gb, rows, w, value.data(), nullptr);
     // C ≥ 0, so Σ|C|·|W| is C·|W|.
     FormGW(products, cb, rows, w, scratch.data(), bound.data());
+    // Products of G and W that underflow fp32 (bounds.h).
+    for (double& b : bound) b += 2 * static_cast<double>(v) * kFp32Underflow;
     if (dx_bf16) {
       for (std::size_t i = 0; i < bound.size(); ++i) {
         bound[i] += kBf16UnitRoundoff * (std::fabs(value[i]) + bound[i]) + kBf16Underflow;
@@ -345,6 +369,7 @@ bool CrossEntropyGradWeightReference(const double* g, const double* g_pre_err, c
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
                 static_cast<int>(k), static_cast<int>(m), 1.0, c.data() + r0, static_cast<int>(v),
                 x_abs.data(), static_cast<int>(k), 0.0, bound.data(), static_cast<int>(k));
+    for (double& b : bound) b += 2 * static_cast<double>(m) * kFp32Underflow;
     sink(r0, rows, value.data(), bound.data());
   }
   return true;

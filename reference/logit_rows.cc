@@ -114,8 +114,10 @@ void LogitRows::Compute(std::int64_t row0, std::int64_t n, std::vector<double>* 
     }
   }
   if (bounded) {
-    const double gamma = Gamma(k, kFp32UnitRoundoff) + Gamma(k, kFp64UnitRoundoff);
-    for (double& e : *y_err) e *= gamma;
+    // The proven bound of an fp32 sum of K products (bounds.h).
+    const double gamma = Gamma(k, kFp32StepError) + Gamma(k + 1, kFp64UnitRoundoff);
+    const double absolute = 2 * static_cast<double>(k) * kFp32Underflow;
+    for (double& e : *y_err) e = e * gamma + absolute;
   } else if (model_ == LogitModel::kBf16Rounded) {
     for (double& value : *y) value = RoundDoubleToBf16(value);
   }

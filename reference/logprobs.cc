@@ -6,37 +6,37 @@
 // order of the entries (z descending, ties to the lower id) and each
 // target's rank in it are then evaluated in fp64.
 //
-// The bounds. With u = 2^-24 (fp32), for one token and vocabulary entry j:
-//   logit      |Δy_j| ≤ e_y,j = (γ_K(fp32) + γ_K(fp64))·Σ_l|x_l·w_jl|, with
-//              γ_K = K·u/(1 − K·u) (Higham, Lemma 3.1); 0 for exact logits.
-//   z          capped: e_c,j = (f_j + 2e_y,j/cap)·(e_y,j + u|y_j|) + 4u|c_j|
-//              with c = cap·tanh(y/cap), f = 1 − (c/cap)² (as cross_entropy);
-//              e_z,j = e_c,j / T, plus u|z_j| for the division when T != 1.
-//              B = max_j e_z,j over the row.
-//   lse        a softmax-weighted mean of its inputs' perturbations,
-//              Σ_j p_j·e_z,j ≤ B, plus its own evaluation (a sum of V' exps
-//              within γ_2V', each exp within (3 + 2.2·(max − z_j))·u, log
-//              and the final addition a few u): cross_entropy's formula,
-//              doubled for second-order terms.
-//   logprob    Δlse + 2e_z,t + 4u·(|lse| + |z_t| + |logprob|).
-//   entropy    dH/dz_j = −p_j·(log p_j + H), so for perturbations |e_j| ≤ B
-//              |dH| ≤ B·Σ_j p_j·|log p_j + H| ≤ B·(Σ_j p_j·|log p_j| + H) =
-//              2H·B (every −log p_j ≥ 0). Along the path z + s·e, s in
-//              [0, 1], H(s) ≤ H·exp(2Bs), so |ΔH| ≤ H·(exp(2B) − 1) = 2HB to
-//              first order. Its evaluation, H = log S − Z/S with
-//              S = Σ exp(d_j) and Z = Σ exp(d_j)·d_j (d_j = z_j − max ≤ 0,
-//              terms of one sign): log S as lse's, Z/S within
-//              Σ_j p_j·|d_j|·((4 + 2.2|d_j|)·u + 2γ_2V'), and u·(|Z/S| + H)
-//              for the roundings; doubled as above.
-//   top-k      a server z is within B of the reference's, so two entries
+// The bounds hold for any candidate whose fp32 logits obey the proven bound
+// of a sum of products (bounds.h) and whose exp, log and tanh obey the
+// kFnError model (element_judgement.h); each is an inequality, not a
+// first-order estimate. u = 2^-24, γ_n = n·2^-23/(1 − n·2^-23).
+//   logit      |Δy_j| ≤ e_y,j = (γ_K + γ_{K+1}(fp64))·Σ_l|x_l·w_jl| + 2K·2^-149;
+//              0 for exact logits.
+//   z          capped as cross_entropy.cc caps it (judgement::CappedLogit),
+//              over T: e_z,j = e_c,j / T, plus u·(|z_j| + e_c,j/T) for the
+//              division when T != 1. E = max_j e_z,j over the row.
+//   lse        as cross_entropy.cc proves it: log(1 + W) with
+//              W = Σ_j p_j·(e^{e_z,j + r_j} − 1), plus its log and its final
+//              addition and the reference's own evaluation.
+//   logprob    B_lse + e_z,t + 4u·(|lse| + |z_t| + |logprob|).
+//   entropy    Along the path ξ(s) = z + s·δ (|δ_j| ≤ e_z,j), dH/ds =
+//              −Σ_j p_j(ξ)·(log p_j(ξ) + H(ξ))·δ_j, with p_j(ξ) ≤ p_j·e^{2E},
+//              |log p_j(ξ)| ≤ lse − z_j + 2E and H(ξ) ≤ log V', so
+//              |ΔH| ≤ e^{2E}·(Σ_j p_j·(lse − z_j)·e_z,j + (2E + log V')·
+//              Σ_j p_j·e_z,j). Its evaluation Σ_j p̂_j·(L̂ − ẑ_j): with L̂ off
+//              by δ the terms sum to e^{−δ}·(H + δ), within (H + B_lse)·
+//              (e^{B_lse} − 1) + B_lse; each term's exp, subtraction,
+//              product and share of the fp32 sum within the factor e^{ρ_j}
+//              (judgement::EntropyTermError): Σ_j p_j·(lse − z_j)·(e^{ρ_j} − 1).
+//   top-k      a candidate's z is within B of the reference's, so two entries
 //              whose reference z differ by more than 2B are in the same
-//              order for the server. The id at place r is therefore
-//              decided when the reference's z at place r is more than 2B
-//              from those at places r − 1 and r + 1 (the entries before it
-//              are then exactly the ones more than 2B above it); the
-//              server's id must equal the reference's at every decided
-//              place. Its log-prob z_id − lse is within B + Δlse + 4u·(|lse|
-//              + |z_id| + |logprob|), taken at the id the server returned.
+//              order for it. The id at place r is therefore decided when the
+//              reference's z at place r is more than 2B from those at places
+//              r − 1 and r + 1 (the entries before it are then exactly the
+//              ones more than 2B above it); the candidate's id must equal the
+//              reference's at every decided place. Its log-prob z_id − lse
+//              is within B + B_lse + 4u·(|lse| + |z_id| + |logprob|), taken
+//              at the id the candidate returned.
 //   rank       at least the number of entries surely above the target
 //              (z_j > z_t + 2B), at most the number possibly above it
 //              (z_j ≥ z_t − 2B, j != t).
@@ -90,14 +90,17 @@ judgement::LpRowSums RowSums(const double* z, const double* ez, std::int64_t v, 
   for (std::int64_t j = 0; j < v; ++j) sum_exp += std::exp(z[j] - s.mx);
   s.log_s = std::log(sum_exp);
   s.lse = s.mx + s.log_s;
+  const double gamma_sum = Gamma(v, kFp32StepError);
   for (std::int64_t j = 0; j < v; ++j) {
     const double p = std::exp(z[j] - s.lse);
     const double d = s.mx - z[j];
+    const double a = s.lse - z[j];
+    s.weighted += p * std::expm1(ez[j] + judgement::ExpTermError(d, b, gamma_sum));
     s.weighted_ez += p * ez[j];
-    s.weighted_exp += p * (3 + 2.2 * d);
+    s.weighted_lez += p * a * ez[j];
+    s.eval_h += p * a * std::expm1(judgement::EntropyTermError(a, b, gamma_sum));
     s.mean_d += p * d;
-    s.weighted_d += p * d * (4 + 2.2 * d);
-    s.entropy += p * (s.lse - z[j]);
+    s.entropy += p * a;
   }
   return s;
 }
@@ -108,21 +111,23 @@ void StoreRow(const judgement::LpRowSums& s, std::int64_t i, bool has_target,
               LogProbsReference* ref) {
   const std::int64_t v = ref->v;
   const std::size_t at = static_cast<std::size_t>(i);
-  const double gamma = Gamma(2 * v, kU);
-  const double eval = gamma + kU * s.weighted_exp + 2 * kU * (2 + s.log_s) + kU * std::fabs(s.lse);
   const double fp64 = Gamma(v, kFp64UnitRoundoff);
+  const double spread = std::log1p(s.weighted);
+  const double lse_bound = spread + judgement::kFnError * (1 + std::fabs(s.log_s) + spread) +
+                           2 * kU * (std::fabs(s.lse) + spread) + fp64 * (std::fabs(s.lse) + 1);
   ref->lse[at] = s.lse;
-  ref->lse_bound[at] = 2 * (s.weighted_ez + eval) + fp64 * (std::fabs(s.lse) + 1);
+  ref->lse_bound[at] = lse_bound;
   ref->entropy[at] = s.entropy;
-  const double eval_h =
-      eval + kU * s.weighted_d + 2 * gamma * s.mean_d + kU * (s.mean_d + s.entropy);
-  ref->entropy_bound[at] =
-      s.entropy * std::expm1(2 * s.b) + 2 * eval_h + fp64 * (s.entropy + s.mean_d + 1);
+  const double logits =
+      std::exp(2 * s.b) *
+      (s.weighted_lez + (2 * s.b + std::log(static_cast<double>(v))) * s.weighted_ez);
+  const double evaluation = (s.entropy + lse_bound) * std::expm1(lse_bound) + lse_bound + s.eval_h;
+  ref->entropy_bound[at] = logits + evaluation + fp64 * (s.entropy + s.mean_d + 1);
   ref->z_bound[at] = s.b;
   if (!has_target) return;
   ref->logprob[at] = s.zt - s.lse;
-  ref->logprob_bound[at] = ref->lse_bound[at] + 2 * s.ezt +
-                           4 * kU * (std::fabs(s.lse) + std::fabs(s.zt) + std::fabs(s.zt - s.lse));
+  ref->logprob_bound[at] =
+      lse_bound + s.ezt + 4 * kU * (std::fabs(s.lse) + std::fabs(s.zt) + std::fabs(s.zt - s.lse));
   ref->rank[at] = s.rank;
   ref->rank_low[at] = ref->exact ? s.rank : s.low;
   ref->rank_high[at] = ref->exact ? s.rank : s.high;
@@ -219,7 +224,8 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
     }
     LpRowsRequest request;
     request.targets = row_targets.data();
-    request.gamma = Gamma(in.k, kU) + Gamma(in.k, kFp64UnitRoundoff);
+    request.gamma = Gamma(in.k, kFp32StepError) + Gamma(in.k + 1, kFp64UnitRoundoff);
+    request.absolute = 2 * static_cast<double>(in.k) * kFp32Underflow;
     request.cap = options.logit_softcap;
     request.temperature = options.temperature;
     request.vocab = vv;

@@ -145,9 +145,9 @@ class CountingRowSums final : public HostJudging {
  public:
   using HostJudging::HostJudging;
   bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
-                 double cap, judgement::CeRowSums* sums) override {
+                 double absolute, double cap, judgement::CeRowSums* sums) override {
     ++row_sums_calls_;
-    return device_->CeRowSums(x, m, targets, gamma, cap, sums);
+    return device_->CeRowSums(x, m, targets, gamma, absolute, cap, sums);
   }
   bool LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
                  const LpRowsResult& result) override {

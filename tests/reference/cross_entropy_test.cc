@@ -424,3 +424,57 @@ TEST(CrossEntropyGradientReference, ProductsOfGWithTheirBounds) {
 
 }  // namespace
 }  // namespace logitd
+
+namespace logitd {
+namespace {
+
+// Row 0 of a call whose logits' proven bounds are wide: vocabulary entry 0
+// sums K = 4096 products of ±a that cancel (y_0 = 0, Σ|x·w| = K·a, a bound
+// of about 2a), entry 1 is one product b (y_1 = b, a bound near 0).
+struct WideBounds {
+  std::vector<Bf16Bits> x, w;
+  std::int64_t k = 4096;
+  double e0 = 0;  // the proven bound of logit 0
+  double b = 0;
+};
+
+WideBounds MakeWideBounds(float a, float b) {
+  WideBounds c;
+  c.b = b;
+  for (std::int64_t t = 0; t < c.k; ++t) c.x.push_back(FloatToBf16(1.0f));
+  for (std::int64_t t = 0; t < c.k; ++t) c.w.push_back(FloatToBf16(t % 2 == 0 ? a : -a));
+  for (std::int64_t t = 0; t < c.k; ++t) c.w.push_back(FloatToBf16(t == 0 ? b : 0.0f));
+  c.e0 = Gamma(c.k, kFp32StepError) * static_cast<double>(c.k) * a;
+  return c;
+}
+
+TEST(CrossEntropyReferenceTest, TheLseBoundHoldsForLargeLogitErrors) {
+  // Logits within their proven bounds can move lse by log Σ p·e^{e_v}: with
+  // z = [0, 20] and e = [≈2a, ≈0.01], p_0 = e^-20, that is about
+  // log(e^-20·e^{2a} + e^{0.01}), 0.028 nats at a = 8 where the first-order
+  // Σ p·e is 0.0098. The bound holds the exact shift, every sign of it.
+  for (const float a : {1.0f, 8.0f, 12.0f}) {
+    const WideBounds c = MakeWideBounds(a, 20.0f);
+    CeReferenceOptions o;
+    o.reduction = CeReduction::kNone;
+    const Gathered g = Gather(Inputs(c.x, c.w, 1, 2, c.k), {1}, o, LogitModel::kFp32Sum);
+    // Entry 1's bound is that of a sum of K products too (K − 1 of them 0).
+    const long double e1 = Gamma(c.k, kFp32StepError) * c.b;
+    const long double p0 = 1 / (1 + std::exp(static_cast<long double>(c.b)));
+    const long double up = std::log(p0 * std::exp(static_cast<long double>(c.e0)) +
+                                    (1 - p0) * std::exp(e1));
+    const long double down = -std::log(p0 * std::exp(static_cast<long double>(-c.e0)) +
+                                       (1 - p0) * std::exp(-e1));
+    SCOPED_TRACE(::testing::Message() << "a " << a << " e0 " << c.e0);
+    EXPECT_GE(g.ref.lse_bound[0], static_cast<double>(up));
+    EXPECT_GE(g.ref.lse_bound[0], static_cast<double>(down));
+    // And it is not much more: the propagation is exact, the rest is fp32
+    // evaluation (a few 2^-21 of lse and of the shift).
+    EXPECT_LT(g.ref.lse_bound[0], static_cast<double>(up) * (1 + 1e-5) + 1e-4);
+    // The loss of target 1 (z = 20, bound ~0) moves with lse.
+    EXPECT_GE(g.ref.loss_bound[0], static_cast<double>(up));
+  }
+}
+
+}  // namespace
+}  // namespace logitd

@@ -258,3 +258,45 @@ TEST(LogProbsReferenceTest, MemoryEstimate) {
 
 }  // namespace
 }  // namespace logitd
+
+namespace logitd {
+namespace {
+
+TEST(LogProbsReferenceTest, TheEntropyAndLseBoundsHoldForLargeLogitErrors) {
+  // Entry 0 of 3 sums 4,096 products of ±a that cancel (z = 0, a proven
+  // bound of about 2a); entries 1 and 2 are one product each (z = 1 and 0.5,
+  // bounds near 0). The entropy of any z within the bounds, probed on a grid
+  // of entry 0's value, stays inside the entropy bound, and lse inside its.
+  const std::int64_t k = 4096, v = 3;
+  for (const float a : {0.5f, 2.0f, 4.0f}) {
+    std::vector<Bf16Bits> x(k, FloatToBf16(1.0f)), w;
+    for (std::int64_t t = 0; t < k; ++t) w.push_back(FloatToBf16(t % 2 == 0 ? a : -a));
+    for (const float b : {1.0f, 0.5f}) {
+      for (std::int64_t t = 0; t < k; ++t) w.push_back(FloatToBf16(t == 0 ? b : 0.0f));
+    }
+    const double e0 = Gamma(k, kFp32StepError) * static_cast<double>(k) * a;
+    LpReferenceOptions o;
+    o.vocab_size = v;
+    const LmHeadInputs in = LmHeadInputs::Forward(x.data(), w.data(), 1, v, k);
+    const Gathered g = Gather(in, {}, o, LogitModel::kFp32Sum);
+    const auto entropy_and_lse = [](long double z0) {
+      const long double z[3] = {z0, 1.0L, 0.5L};
+      long double s = 0;
+      for (long double zj : z) s += std::exp(zj);
+      const long double lse = std::log(s);
+      long double h = 0;
+      for (long double zj : z) h += std::exp(zj - lse) * (lse - zj);
+      return std::pair<long double, long double>{h, lse};
+    };
+    const auto [h0, lse0] = entropy_and_lse(0);
+    SCOPED_TRACE(::testing::Message() << "a " << a << " e0 " << e0);
+    for (int step = -20; step <= 20; ++step) {
+      const auto [h, lse] = entropy_and_lse(e0 * step / 20.0L);
+      EXPECT_GE(g.ref.entropy_bound[0], static_cast<double>(std::fabs(h - h0))) << step;
+      EXPECT_GE(g.ref.lse_bound[0], static_cast<double>(std::fabs(lse - lse0))) << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace logitd

@@ -521,7 +521,8 @@ absl::Status CudaFp64Products::GWOfDy(const void* dy, bool dy_bf16, const std::i
 }
 
 absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const std::int64_t* targets,
-                                       double gamma, double cap, judgement::CeRowSums* sums) {
+                                       double gamma, double absolute, double cap,
+                                       judgement::CeRowSums* sums) {
   LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
   cudaStream_t s = stream_.get();
   const std::size_t targets_bytes = static_cast<std::size_t>(m) * sizeof(std::int64_t);
@@ -534,7 +535,8 @@ absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const st
   LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
   RETURN_IF_CUDA_ERROR(
       LaunchCeRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, targets_.as<std::int64_t>(),
-                      gamma, cap, row_sums_.as<judgement::CeRowSums>(), s),
+                      gamma, absolute, cap, logitd::Gamma(v_, kFp32StepError),
+                      row_sums_.as<judgement::CeRowSums>(), s),
       "verify: the cross-entropy's softmax sums");
   RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(sums, row_sums_.get(), sums_bytes, cudaMemcpyDeviceToHost, s),
@@ -572,7 +574,8 @@ absl::Status CudaFp64Products::LpRows(const double* x, std::int64_t m, const LpR
   LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
   RETURN_IF_CUDA_ERROR(
       LaunchLpRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, request.vocab,
-                      targets_.as<std::int64_t>(), request.gamma, request.cap, request.temperature,
+                      targets_.as<std::int64_t>(), request.gamma, request.absolute, request.cap,
+                      request.temperature, logitd::Gamma(request.vocab, kFp32StepError),
                       request.order_cols, ids_n > 0 ? ids_.as<std::int64_t>() : nullptr,
                       request.ids_k, row_sums_.as<judgement::LpRowSums>(),
                       order_.as<std::int64_t>(), order_z_.as<double>(),
@@ -662,9 +665,10 @@ bool CudaFp64Products::JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x,
 }
 
 bool CudaFp64Products::CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets,
-                                 double gamma, double cap, judgement::CeRowSums* sums) {
+                                 double gamma, double absolute, double cap,
+                                 judgement::CeRowSums* sums) {
   std::lock_guard<std::mutex> lock(mu_);
-  return Done(RowSums(x, m, targets, gamma, cap, sums));
+  return Done(RowSums(x, m, targets, gamma, absolute, cap, sums));
 }
 
 bool CudaFp64Products::LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,

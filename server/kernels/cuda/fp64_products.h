@@ -47,7 +47,7 @@ class CudaFp64Products final : public Fp64Products {
                 const void* candidate, const void* own, const judgement::ProductRule& rule,
                 CandidateCheck* check, const std::function<bool()>& stop) override;
   bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
-                 double cap, judgement::CeRowSums* sums) override;
+                 double absolute, double cap, judgement::CeRowSums* sums) override;
   bool LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
                  const LpRowsResult& result) override;
   std::int64_t JudgeBlockRows(std::int64_t cols) const override;
@@ -122,7 +122,7 @@ class CudaFp64Products final : public Fp64Products {
   absl::Status NonFinite(bool* seen);
   // FormOnDevice, then the cross-entropy's row sums (judge_kernels.h).
   absl::Status RowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
-                       double cap, judgement::CeRowSums* sums);
+                       double absolute, double cap, judgement::CeRowSums* sums);
   // FormOnDevice, then LogProbs' row sums, order and ids' z (judge_kernels.h).
   absl::Status LpRows(const double* x, std::int64_t m, const LpRowsRequest& request,
                       const LpRowsResult& result);

@@ -184,10 +184,10 @@ __global__ void ClassRowsKernel(const double* __restrict__ sum, const double* __
 // The models (accumulation_models.h) of C = A·B, A(i, t) = a[i·sa_i + t·sa_t]
 // and B(t, j) = b[t·sb_t + j·sb_j] (bf16 values as doubles): a thread block
 // a tile of kModelRows × kModelCols outputs, each thread 8 × 4 of them,
-// kModelGroup terms a step, the tile's operands as fp32 in shared memory. Every output's sum is sequential in t, each product fused with
-// its addition (exact products: the host's separate roundings give the
-// same bits), and the tensor-core model steps at the end of each block of
-// terms, where the host's does.
+// kModelGroup terms a step, the tile's operands as fp32 in shared memory. Every output's sum is
+// sequential in t, each product fused with its addition (exact products: the host's separate
+// roundings give the same bits), and the tensor-core model steps at the end of each block of terms,
+// where the host's does.
 constexpr int kModelRows = 128, kModelCols = 64, kModelThreads = 256;
 constexpr int kModelDepth = judgement::kModelGroup;
 static_assert(kModelDepth % judgement::kTensorCoreBlock == 0, "whole blocks a tile");
@@ -334,41 +334,42 @@ __device__ double LogSumExp(const Logit& logit, std::int64_t n, double mx, doubl
 
 __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
                                 std::int64_t cols, const std::int64_t* __restrict__ targets,
-                                double gamma, double cap, judgement::CeRowSums* sums) {
+                                double gamma, double absolute, double cap, double gamma_sum,
+                                judgement::CeRowSums* sums) {
   __shared__ double scratch[kRowThreads / 32];
   const std::int64_t row = blockIdx.x;
   const double* y = sum + row * cols;
   const double* y_abs = abs_sum + row * cols;
   const auto logit = [&](std::int64_t j, double* z, double* ez) {
     double f;
-    judgement::CappedLogit(y[j], gamma * y_abs[j], cap, z, &f, ez);
+    judgement::CappedLogit(y[j], gamma * y_abs[j] + absolute, cap, z, &f, ez);
   };
-  double mx = -INFINITY;
+  double mx = -INFINITY, b = 0;
   for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     double z, ez;
     logit(j, &z, &ez);
     mx = fmax(mx, z);
+    b = fmax(b, ez);
   }
   mx = BlockReduce(mx, /*max=*/true, scratch);
+  b = BlockReduce(b, /*max=*/true, scratch);
   const double log_s = LogSumExp(logit, cols, mx, scratch);
   const double lse = mx + log_s;
-  double w_ez = 0, w_exp = 0;
+  double w = 0;
   for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     double z, ez;
     logit(j, &z, &ez);
     const double p = exp(z - lse);
-    w_ez += p * ez;
-    w_exp += p * (3 + 2.2 * (mx - z));
+    w += p * expm1(ez + judgement::ExpTermError(mx - z, b, gamma_sum));
   }
-  w_ez = BlockReduce(w_ez, /*max=*/false, scratch);
-  w_exp = BlockReduce(w_exp, /*max=*/false, scratch);
+  w = BlockReduce(w, /*max=*/false, scratch);
   if (threadIdx.x == 0) {
     judgement::CeRowSums out;
     out.mx = mx;
     out.log_s = log_s;
     out.lse = lse;
-    out.weighted_ez = w_ez;
-    out.weighted_exp = w_exp;
+    out.b = b;
+    out.weighted = w;
     const std::int64_t t = targets[row];
     if (t >= 0 && t < cols) logit(t, &out.zt, &out.ezt);
     sums[row] = out;
@@ -417,18 +418,19 @@ __device__ void BlockFirst(double* z, std::int64_t* id, double* z_scratch,
 
 __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
                                 std::int64_t cols, std::int64_t vocab,
-                                const std::int64_t* __restrict__ targets, double gamma, double cap,
-                                double temperature, std::int64_t order_cols,
-                                const std::int64_t* __restrict__ ids, std::int64_t ids_k,
-                                judgement::LpRowSums* sums, std::int64_t* order, double* order_z,
-                                double* ids_z) {
+                                const std::int64_t* __restrict__ targets, double gamma,
+                                double absolute, double cap, double temperature, double gamma_sum,
+                                std::int64_t order_cols, const std::int64_t* __restrict__ ids,
+                                std::int64_t ids_k, judgement::LpRowSums* sums, std::int64_t* order,
+                                double* order_z, double* ids_z) {
   __shared__ double scratch[kRowThreads / 32];
   __shared__ std::int64_t id_scratch[kRowThreads / 32];
   const std::int64_t row = blockIdx.x;
   const double* y = sum + row * cols;
   const double* y_abs = abs_sum + row * cols;
   const auto logit = [&](std::int64_t j, double* z, double* ez) {
-    judgement::LpLogit(y[j], gamma * y_abs[j], cap, temperature, /*rounded=*/true, z, ez);
+    judgement::LpLogit(y[j], gamma * y_abs[j] + absolute, cap, temperature, /*rounded=*/true, z,
+                       ez);
   };
   // B and the largest z.
   double mx = -INFINITY, b = 0;
@@ -446,27 +448,30 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
   const bool has_target = t >= 0 && t < vocab;
   double zt = 0, ezt = 0;
   if (has_target) logit(t, &zt, &ezt);
-  double w_ez = 0, w_exp = 0, mean_d = 0, w_d = 0, h = 0, rank = 0, low = 0, high = 0;
+  double w = 0, w_ez = 0, w_lez = 0, eval_h = 0, mean_d = 0, h = 0, rank = 0, low = 0, high = 0;
   for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     double z, ez;
     logit(j, &z, &ez);
     const double p = exp(z - lse);
     const double d = mx - z;
+    const double a = lse - z;
+    w += p * expm1(ez + judgement::ExpTermError(d, b, gamma_sum));
     w_ez += p * ez;
-    w_exp += p * (3 + 2.2 * d);
+    w_lez += p * a * ez;
+    eval_h += p * a * expm1(judgement::EntropyTermError(a, b, gamma_sum));
     mean_d += p * d;
-    w_d += p * d * (4 + 2.2 * d);
-    h += p * (lse - z);
+    h += p * a;
     if (has_target && j != t) {
       rank += judgement::LpBefore(z, j, zt, t) ? 1 : 0;
       low += z > zt + 2 * b ? 1 : 0;
       high += z >= zt - 2 * b ? 1 : 0;
     }
   }
+  w = BlockReduce(w, /*max=*/false, scratch);
   w_ez = BlockReduce(w_ez, /*max=*/false, scratch);
-  w_exp = BlockReduce(w_exp, /*max=*/false, scratch);
+  w_lez = BlockReduce(w_lez, /*max=*/false, scratch);
+  eval_h = BlockReduce(eval_h, /*max=*/false, scratch);
   mean_d = BlockReduce(mean_d, /*max=*/false, scratch);
-  w_d = BlockReduce(w_d, /*max=*/false, scratch);
   h = BlockReduce(h, /*max=*/false, scratch);
   rank = BlockReduce(rank, /*max=*/false, scratch);
   low = BlockReduce(low, /*max=*/false, scratch);
@@ -477,10 +482,11 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
     out.mx = mx;
     out.log_s = log_s;
     out.lse = lse;
+    out.weighted = w;
     out.weighted_ez = w_ez;
-    out.weighted_exp = w_exp;
+    out.weighted_lez = w_lez;
+    out.eval_h = eval_h;
     out.mean_d = mean_d;
-    out.weighted_d = w_d;
     out.entropy = h;
     if (has_target) {
       out.zt = zt;
@@ -536,23 +542,24 @@ unsigned int Blocks(std::int64_t n) {
 
 cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
                             std::int64_t cols, const std::int64_t* targets, double gamma,
-                            double cap, judgement::CeRowSums* sums, cudaStream_t stream) {
+                            double absolute, double cap, double gamma_sum,
+                            judgement::CeRowSums* sums, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   CeRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
-      sum, abs_sum, cols, targets, gamma, cap, sums);
+      sum, abs_sum, cols, targets, gamma, absolute, cap, gamma_sum, sums);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
                             std::int64_t cols, std::int64_t vocab, const std::int64_t* targets,
-                            double gamma, double cap, double temperature, std::int64_t order_cols,
-                            const std::int64_t* ids, std::int64_t ids_k, judgement::LpRowSums* sums,
-                            std::int64_t* order, double* order_z, double* ids_z,
-                            cudaStream_t stream) {
+                            double gamma, double absolute, double cap, double temperature,
+                            double gamma_sum, std::int64_t order_cols, const std::int64_t* ids,
+                            std::int64_t ids_k, judgement::LpRowSums* sums, std::int64_t* order,
+                            double* order_z, double* ids_z, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   LpRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
-      sum, abs_sum, cols, vocab, targets, gamma, cap, temperature, order_cols, ids, ids_k, sums,
-      order, order_z, ids_z);
+      sum, abs_sum, cols, vocab, targets, gamma, absolute, cap, temperature, gamma_sum, order_cols,
+      ids, ids_k, sums, order, order_z, ids_z);
   return cudaGetLastError();
 }
 

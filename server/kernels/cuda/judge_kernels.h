@@ -86,25 +86,28 @@ cudaError_t LaunchCollectOutside(const double* sum, const double* abs_sum, const
                                  unsigned int* count, unsigned int capacity, cudaStream_t stream);
 
 // The cross-entropy's softmax sums of each row of the logits sum [rows,
-// cols] with bounds gamma·abs_sum, soft-capped at `cap` (0: not):
-// sums[r], with the z of targets[r] when it lies in [0, cols). One thread
-// block a row.
+// cols] with bounds gamma·abs_sum + absolute, soft-capped at `cap` (0:
+// not): sums[r] (element_judgement.h, CeRowSums; gamma_sum = γ_V of the
+// candidate's sum of exponentials), with the z of targets[r] when it lies in
+// [0, cols). One thread block a row.
 cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
                             std::int64_t cols, const std::int64_t* targets, double gamma,
-                            double cap, judgement::CeRowSums* sums, cudaStream_t stream);
+                            double absolute, double cap, double gamma_sum,
+                            judgement::CeRowSums* sums, cudaStream_t stream);
 
 // LogProbs' sums of each row of the logits sum [rows, cols] (bounds
-// gamma·abs_sum) over its first `vocab` entries, z from judgement::LpLogit
-// at `cap` and `temperature`: sums[r] with the z and ranks of targets[r]
-// (none when outside [0, vocab)); the row's first order_cols entries by
+// gamma·abs_sum + absolute) over its first `vocab` entries, z from
+// judgement::LpLogit at `cap` and `temperature` (gamma_sum = γ_vocab of the
+// candidate's sums): sums[r] with the z and ranks of targets[r] (none when
+// outside [0, vocab)); the row's first order_cols entries by
 // judgement::LpBefore into order and order_z [rows, order_cols]; and, when
 // ids is not null, the z of ids [rows, ids_k] into ids_z (NaN for an id
 // outside [0, vocab) or repeated in its row). One thread block a row.
 cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
                             std::int64_t cols, std::int64_t vocab, const std::int64_t* targets,
-                            double gamma, double cap, double temperature, std::int64_t order_cols,
-                            const std::int64_t* ids, std::int64_t ids_k, judgement::LpRowSums* sums,
-                            std::int64_t* order, double* order_z, double* ids_z,
-                            cudaStream_t stream);
+                            double gamma, double absolute, double cap, double temperature,
+                            double gamma_sum, std::int64_t order_cols, const std::int64_t* ids,
+                            std::int64_t ids_k, judgement::LpRowSums* sums, std::int64_t* order,
+                            double* order_z, double* ids_z, cudaStream_t stream);
 
 }  // namespace logitd::kernels::cuda

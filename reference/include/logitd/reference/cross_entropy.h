@@ -98,6 +98,9 @@ double CrossEntropyGradScale(const CeReferenceOptions& options, std::int64_t cou
 // or the host's: CrossEntropyReferenceRow forms them and calls this).
 CeTokenReference CrossEntropyTokenFromSums(const judgement::CeRowSums& sums, std::int64_t v,
                                            bool counted, const CeReferenceOptions& options);
+// A row's softmax sums (judgement::CeRowSums, without the target's) from its
+// z [v] and their bounds ez [v].
+judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std::int64_t v);
 // One token from its logits y [v] and their bounds y_err [v] (null: exact
 // logits): lse, loss and their bounds; g [v] and its pre-cast bound
 // g_pre_err [v] for the row too unless g is null (zeros when not counted).

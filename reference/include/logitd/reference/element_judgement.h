@@ -537,14 +537,25 @@ LOGITD_HD inline void MergeRows(ClassRow* into, const ClassRow& from) {
 }
 
 // The cross-entropy's softmax reference, a row of logits at a time
-// (cross_entropy.cc states its bounds): the part a device forms where the
+// (cross_entropy.cc proves its bounds): the part a device forms where the
 // logits are, so that a row's sums cross back instead of its logits. Not
 // bitwise the host's (the sums run in another order, and a device's exp,
 // log and tanh are its own within an ulp or two); the reference's own fp64
 // evaluation is what the bounds' γ_V(fp64)·(|lse| + 1) term covers.
 
-// A logit y (fp64) with its bound dy, soft-capped at `cap` when it is
-// positive: z, dz/dy and the bound on z.
+// What the cross-entropy's and LogProbs' bounds assume of a candidate's
+// exp, log and tanh (docs/PROTOCOL.md, "The cross-entropy's and LogProbs'
+// bounds"): each within kFnError relatively (4 fp32 ulps), exp besides
+// within 3·2^-24 per unit of its argument's magnitude (the rounding of the
+// argument and a fast exponential's scaling of it by log2(e)), and log
+// within kFnError absolutely too. CUDA's expf, logf and tanhf and the fast
+// __expf and __logf meet it; the 11-bit tanh.approx does not.
+inline constexpr double kFnError = 0x1p-21;
+
+// A logit y (fp64) within dy of the candidate's fp32 logit, soft-capped at
+// `cap` when it is positive: z, dz/dy and the bound on the candidate's z.
+// tanh is 1-Lipschitz, so |Δ tanh| ≤ |Δ(y/cap)| plus tanh's own error;
+// the division y/cap and the multiplication by cap round once each.
 LOGITD_HD inline void CappedLogit(double y, double dy, double cap, double* z, double* f,
                                   double* ez) {
   constexpr double kU = 0x1p-24;
@@ -556,7 +567,9 @@ LOGITD_HD inline void CappedLogit(double y, double dy, double cap, double* z, do
 #endif
     *z = cap * t;
     *f = 1 - t * t;
-    *ez = (*f + 2 * dy / cap) * (dy + kU * Abs(y)) + 4 * kU * Abs(*z);
+    const double da = (dy + kU * (Abs(y) + dy)) / cap;
+    const double dt = da + kFnError * (Abs(t) + da);
+    *ez = cap * dt + kU * (Abs(*z) + cap * dt);
   } else {
     *z = y;
     *f = 1;
@@ -564,20 +577,47 @@ LOGITD_HD inline void CappedLogit(double y, double dy, double cap, double* z, do
   }
 }
 
-// A row's sums: the largest z, log Σ exp(z − max), lse = max + that,
-// Σ p·e_z and Σ p·(3 + 2.2·(max − z)) with p = exp(z − lse), and the
-// target's z and e_z (0 for a target outside the row).
+// The log of the factor by which a candidate's term exp(ẑ − m̂) of a row's
+// sum of exponentials may stand off exp(z − m), besides its logit's error:
+// its exp at an argument of magnitude at most d + 2E (d = max − z, E the
+// row's largest logit bound) and its share of an fp32 sum of positive terms
+// (gamma_sum = γ_V(2^-23): each term passes through at most V steps of a
+// faithful adder), as −log(1 − ρ).
+LOGITD_HD inline double ExpTermError(double d, double e_max, double gamma_sum) {
+  constexpr double kU = 0x1p-24;
+  const double rho = kFnError + 3 * kU * (d + 2 * e_max) + gamma_sum;
+#if defined(__CUDA_ARCH__)
+  return -log1p(-rho);
+#else
+  return -__builtin_log1p(-rho);
+#endif
+}
+
+// e^a − 1.
+LOGITD_HD inline double ExpM1(double a) {
+#if defined(__CUDA_ARCH__)
+  return expm1(a);
+#else
+  return __builtin_expm1(a);
+#endif
+}
+
+// A row's sums: the largest z, log Σ exp(z − max), lse = max + that, the
+// largest bound on z (E), W = Σ p·(exp(e_z + ExpTermError) − 1) with
+// p = exp(z − lse), and the target's z and e_z (0 for a target outside the
+// row). lse(ẑ) lies within log(1 + W) of lse(z) for any ẑ within e_z of z
+// evaluated as the kFnError model says (cross_entropy.cc).
 struct CeRowSums {
   double mx = 0;
   double log_s = 0;
   double lse = 0;
-  double weighted_ez = 0;
-  double weighted_exp = 0;
+  double b = 0;
+  double weighted = 0;
   double zt = 0;
   double ezt = 0;
 };
 
-// LogProbs' z of one logit y with its bound dy (logprobs.cc states the
+// LogProbs' z of one logit y with its bound dy (logprobs.cc proves the
 // bounds): soft-capped as CappedLogit caps it, over the temperature t, and
 // the bound on z, with the division's own rounding when the logit is an
 // fp32 sum (`rounded`) and t is not 1.
@@ -587,7 +627,17 @@ LOGITD_HD inline void LpLogit(double y, double dy, double cap, double t, bool ro
   double c, f, ec;
   CappedLogit(y, dy, cap, &c, &f, &ec);
   *z = c / t;
-  *ez = ec / t + (rounded && t != 1.0 ? kU * Abs(*z) : 0.0);
+  *ez = ec / t + (rounded && t != 1.0 ? kU * (Abs(*z) + ec / t) : 0.0);
+}
+
+// The log of the factor by which a candidate's entropy term p̂·(L̂ − ẑ) may
+// stand off p·(lse − z), besides the logits' and lse's errors: its exp (as
+// ExpTermError, at the argument lse − z), the subtraction's and the
+// product's roundings, and its share of the fp32 sum of V non-negative
+// terms.
+LOGITD_HD inline double EntropyTermError(double lse_minus_z, double e_max, double gamma_sum) {
+  constexpr double kU = 0x1p-24;
+  return ExpTermError(lse_minus_z, e_max, gamma_sum + 2 * kU);
 }
 
 // LogProbs' order: (za, a) before (zb, b) when z is larger, ties to the
@@ -607,10 +657,11 @@ struct LpRowSums {
   double mx = 0;            // the largest z
   double log_s = 0;         // log Σ exp(z − mx)
   double lse = 0;           // mx + log_s
+  double weighted = 0;      // W = Σ p·(exp(e_z + ExpTermError) − 1), as CeRowSums'
   double weighted_ez = 0;   // Σ p·e_z
-  double weighted_exp = 0;  // Σ p·(3 + 2.2·d)
+  double weighted_lez = 0;  // Σ p·(lse − z)·e_z
+  double eval_h = 0;        // Σ p·(lse − z)·(exp(EntropyTermError) − 1)
   double mean_d = 0;        // Σ p·d
-  double weighted_d = 0;    // Σ p·d·(4 + 2.2·d)
   double entropy = 0;       // Σ p·(lse − z)
   double zt = 0;            // the target's z and e_z (0 without one)
   double ezt = 0;

@@ -31,7 +31,8 @@ inline constexpr std::int64_t kJudgeBlockElements = std::int64_t{1} << 25;
 struct LpRowsRequest {
   const std::int64_t* targets = nullptr;  // [m], −1 for a row without one
   double gamma = 0;
-  double cap = 0;  // 0: no soft-capping
+  double absolute = 0;  // the logits' bounds are gamma·Σ|x·w| + absolute
+  double cap = 0;       // 0: no soft-capping
   double temperature = 1;
   std::int64_t vocab = 0;
   std::int64_t order_cols = 0;
@@ -112,12 +113,13 @@ class Fp64Products {
 
   // The cross-entropy's softmax sums of each row of x·Wᵀ where the logits
   // are formed, for x [m, K] as doubles (every value finite, and W's too):
-  // the logits' bounds are gamma·Σ|x·w|, `cap` soft-caps them (0: not),
-  // and sums[r] (element_judgement.h) takes the z of targets[r] (none
-  // outside [0, V)). False when the engine forms them nowhere but the host
-  // (the default) or could not (error() says why).
+  // the logits' bounds are gamma·Σ|x·w| + absolute, `cap` soft-caps them
+  // (0: not), and sums[r] (element_judgement.h) takes the z of targets[r]
+  // (none outside [0, V)). False when the engine forms them nowhere but the
+  // host (the default) or could not (error() says why).
   virtual bool CeRowSums(const double* /*x*/, std::int64_t /*m*/, const std::int64_t* /*targets*/,
-                         double /*gamma*/, double /*cap*/, judgement::CeRowSums* /*sums*/) {
+                         double /*gamma*/, double /*absolute*/, double /*cap*/,
+                         judgement::CeRowSums* /*sums*/) {
     return false;
   }
 
