@@ -79,7 +79,8 @@ have_server_and_client() { [ -n "$(find_bin logitd)" ] && [ -n "$(find_bin logit
 # start_server LOG ARGS...: starts `logitd --backend=cuda` (or $server_backend) on a free loopback
 # port with ARGS, its output appended to LOG; sets server_pid, and port once it
 # listens. Fails (port empty) when it does not start within 60 s.
-# With server_wrapper set (an array), the server runs under it.
+# With server_wrapper set (an array), the server runs under it; with server_bin set, that
+# binary instead of the build's.
 server_wrapper=()
 start_server() {
   local log=$1 port_file
@@ -87,7 +88,7 @@ start_server() {
   port_file=$(mktemp)
   rm -f "$port_file"
   port=""
-  "${server_wrapper[@]}" "$(find_bin logitd)" --backend="${server_backend:-cuda}" --address=127.0.0.1:0 \
+  "${server_wrapper[@]}" "${server_bin:-$(find_bin logitd)}" --backend="${server_backend:-cuda}" --address=127.0.0.1:0 \
     --port_file="$port_file" "$@" >>"$log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 120); do

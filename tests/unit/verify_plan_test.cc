@@ -306,3 +306,32 @@ TEST(PlanVerifyTest, AWeightsGradientAloneNeedsNoWeightAndNoWholeG) {
 
 }  // namespace
 }  // namespace logitd::service
+
+namespace logitd::service {
+namespace {
+
+TEST(PlanVerifyTest, SumsTooLongForTheProvenBoundAreRefused) {
+  // 2^22 products: γ_n(2^-23) reaches 1, the bound Σ|products| itself.
+  const std::int64_t n = std::int64_t{1} << 22;
+  const WeightDims wide{4, n, "'wide' [4, 4194304]"};
+  VerifyRequest r = Logits({2, 4});
+  r.x = Spec("x", "BF16", {2, n});
+  absl::Status s = PlanStatus(r, &wide);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("y: its elements sum 4194304 products (K)"));
+  // One fewer is judged.
+  const WeightDims narrower{4, n - 1, "'narrower' [4, 4194303]"};
+  r.x = Spec("x", "BF16", {2, n - 1});
+  EXPECT_TRUE(PlanStatus(r, &narrower).ok());
+  // dW sums M products.
+  VerifyRequest b = Backward();
+  b.x = Spec("x", "BF16", {n, 64});
+  b.dy = Spec("dy", "FP32", {n, 1000});
+  b.candidates = {Spec("dw", "FP32", {1000, 64})};
+  s = PlanStatus(b);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("dw: its elements sum 4194304 products (M)"));
+}
+
+}  // namespace
+}  // namespace logitd::service

@@ -22,36 +22,62 @@ step_verify() {
   fi
   stop_server
   verify_cost
+  accumulation_probe
 }
 
 # What a Verify of logitd's own output costs against the call itself, at
 # VERIFY_COST_SHAPE (MxKxV, default 4096x4096x128256): logits every row and
 # 64 rows, the cross-entropy every row and 64 rows (its loss per token, as
 # a sampled verify needs), LogProbs every row (logitctl bench --rpc=verify-*).
+# With VERIFY_COST_BASELINE (a directory holding the logitd of another
+# tree, scripts/gpu-check/build-tree.sh), each run goes to both servers,
+# this build's first, so the two are compared on one machine.
 verify_cost() {
   if [ "${VERIFY_COST:-1}" != 1 ]; then note verify-cost skip "VERIFY_COST=0"; return; fi
-  local shape=${VERIFY_COST_SHAPE:-4096x4096x128256} m k v line failed=0
+  local shape=${VERIFY_COST_SHAPE:-4096x4096x128256} m k v line failed=0 which
   IFS=x read -r m k v <<<"$shape"
   : >"$out/verify-cost.log"
-  if ! start_server "$out/verify-cost.log" --max_request_bytes=16000000000 --log_level=debug; then
-    note verify-cost FAIL "logitd --backend=cuda did not start (see verify-cost.log)"
-    return
-  fi
+  local servers=("this:$(find_bin logitd)")
+  [ -n "${VERIFY_COST_BASELINE:-}" ] && servers+=("baseline:$VERIFY_COST_BASELINE/logitd")
   for run in "verify-logits 0" "verify-logits 64" "verify-cross-entropy 0" \
     "verify-cross-entropy 64 --reduction=none" "verify-logprobs 0"; do
     read -r rpc rows extra <<<"$run"
-    # shellcheck disable=SC2086 # extra: zero or one flag
-    if ! "$(find_bin logitctl)" --server="127.0.0.1:$port" bench --rpc="$rpc" --m="$m" --k="$k" \
-      --v="$v" --requests="${VERIFY_COST_REQUESTS:-3}" --warmup=1 --sample_rows="$rows" $extra \
-      >>"$out/verify-cost.log" 2>&1; then
-      failed=1
-    fi
-    line=$(grep "^verify cost:" "$out/verify-cost.log" | tail -1)
-    echo "$shape $rpc sample_rows=$rows: ${line:-no result}"
-    # The server's stages of the last call (its debug log).
-    grep "verify VERIFY_" "$out/verify-cost.log" | tail -1
+    for entry in "${servers[@]}"; do
+      which=${entry%%:*}
+      server_bin=${entry#*:}
+      if ! start_server "$out/verify-cost.log" --max_request_bytes=16000000000 --log_level=debug; then
+        note verify-cost FAIL "$which logitd --backend=cuda did not start (see verify-cost.log)"
+        failed=1
+        continue
+      fi
+      # shellcheck disable=SC2086 # extra: zero or one flag
+      if ! "$(find_bin logitctl)" --server="127.0.0.1:$port" bench --rpc="$rpc" --m="$m" --k="$k" \
+        --v="$v" --requests="${VERIFY_COST_REQUESTS:-3}" --warmup=1 --sample_rows="$rows" $extra \
+        >>"$out/verify-cost.log" 2>&1; then
+        failed=1
+      fi
+      line=$(grep "^verify cost:" "$out/verify-cost.log" | tail -1)
+      echo "$shape $rpc sample_rows=$rows ($which): ${line:-no result}"
+      # The server's stages of the last call (its debug log).
+      grep "verify VERIFY_" "$out/verify-cost.log" | tail -1
+      stop_server
+    done
   done
-  stop_server
+  unset server_bin
   if [ $failed = 0 ]; then note verify-cost ok "$(grep -c "^verify cost:" "$out/verify-cost.log") runs (verify-cost.log)"
   else note verify-cost FAIL "see verify-cost.log"; fi
+}
+
+# How the device's GEMMs accumulate against the bound's and the
+# precision-class test's models (bench/accumulation_probe.py).
+accumulation_probe() {
+  find_python
+  if [ -z "$python" ]; then note probe skip "no python3 with torch"; return; fi
+  if PYTHONUNBUFFERED=1 timeout "${PROBE_TIMEOUT:-300}" "$python" bench/accumulation_probe.py \
+    --ks "${PROBE_KS:-1024,4096,16384}" --json "$out/probe.json" >"$out/probe.log" 2>&1; then
+    note probe ok "every path within the proven bound (probe.log)"
+  else
+    note probe FAIL "see probe.log"
+  fi
+  cat "$out/probe.log"
 }

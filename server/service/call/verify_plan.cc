@@ -16,6 +16,7 @@
 #include "logitd/bf16.h"
 #include "logitd/reference/cross_entropy.h"
 #include "logitd/reference/logprobs.h"
+#include "logitd/reference/numerics.h"
 #include "logitd/status_macros.h"
 #include "server/service/call/verify.h"
 
@@ -238,6 +239,24 @@ absl::Status CheckSampledOutputs(const VerifyRequest& r, const VerifyPlan& plan)
   return absl::OkStatus();
 }
 
+// Sums too long for their proven bound to decide anything
+// (kMaxBoundTerms: γ_n(2^-23) reaches 1 there): refused, naming the length.
+absl::Status CheckReductionLengths(const VerifyRequest& r, const VerifyPlan& plan) {
+  for (const CallInput& c : r.candidates) {
+    // dX sums V products, dW M, everything else rests on logits of K.
+    const std::int64_t terms = c.name == "dx" ? plan.v : c.name == "dw" ? plan.m : plan.k;
+    if (terms >= kMaxBoundTerms) {
+      const char* what = c.name == "dx" ? "V" : c.name == "dw" ? "M" : "K";
+      return absl::InvalidArgumentError(absl::StrCat(
+          c.name, ": its elements sum ", terms, " products (", what, "), at least ", kMaxBoundTerms,
+          ", where the proven bound of an fp32 sum reaches the sum of the products' magnitudes "
+          "and decides nothing; verify fewer ",
+          c.name == "dw" ? "rows of M at a time" : "terms"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The k of LogProbs' top-k candidates: the second dimension of topk_ids and
 // topk_logprobs (the same when both come); 0 when neither does.
 absl::StatusOr<std::int64_t> CandidateTopK(const VerifyRequest& r) {
@@ -444,6 +463,7 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   LOGITD_RETURN_IF_ERROR(CheckDistinctNames(r));
   std::map<std::string, std::vector<std::int64_t>> shapes;
   LOGITD_RETURN_IF_ERROR(PlanOperation(r, dims, dtypes, &plan, &shapes));
+  LOGITD_RETURN_IF_ERROR(CheckReductionLengths(r, plan));
 
   if (r.sample_rows > 0) LOGITD_RETURN_IF_ERROR(CheckSampledOutputs(r, plan));
   std::vector<CallPart> parts = {{"x", DType::kBf16, r.x.shape, plan.x_bytes}};
