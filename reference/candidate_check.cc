@@ -111,7 +111,7 @@ void CandidateCheck::AddProducts(std::int64_t offset, std::int64_t n, const void
     const float seq = alpha == 1.0f ? models->seq[i] : judgement::MulF(alpha, models->seq[i]);
     const judgement::ClassTerms t = judgement::ClassTermsOf(
         bf16, c, o, e.reference, scale * abs_sum[i], seq, scale * models->tc[i], floor);
-    judgement::AddToRow(row, t, offset + i, c, e.reference);
+    judgement::AddToRow(row, t, offset + i, c, o, e);
   }
 }
 
@@ -275,7 +275,12 @@ std::vector<CheckedElement> CandidateCheck::ReportedElements() const {
   }
   for (const ClassOutlier& o : precision_class().outliers) {
     if (!room()) break;
-    CheckedElement e{o.index, o.candidate, o.reference, 0, 0, 0};
+    // Listed once: an element outside the proven bound already is.
+    if (std::any_of(out.begin(), out.end(),
+                    [&](const CheckedElement& e) { return e.index == o.index; })) {
+      continue;
+    }
+    CheckedElement e{o.index, o.candidate, o.reference, o.bound, o.p_bound, o.logitd};
     e.class_threshold = o.threshold;
     out.push_back(e);
   }

@@ -61,7 +61,8 @@ RowOutcome JudgeRow(std::int64_t row, const judgement::ClassRow& r, std::int64_t
   *alpha += kClassTestAlpha;
   const double excess = t > 0 ? r.top1 / t : 0;
   o.element_outside = r.top1 > t;
-  o.outlier = ClassOutlier{r.top1_index, r.top1_candidate, r.top1_reference, t * r.top1_w, excess};
+  o.outlier = ClassOutlier{r.top1_index, r.top1_candidate, r.top1_reference, t * r.top1_w,
+                           excess,       r.top1_bound,     r.top1_p_bound,   r.top1_own};
   o.severity = std::max(f.threshold > 0 ? f.rms_ratio / f.threshold : 0, excess);
   return o;
 }

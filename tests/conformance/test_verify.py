@@ -253,6 +253,49 @@ def test_verify_bad_requests(conn, weights):
     assert "rank: expected dtype INT32 or INT64, got FP32" in e
 
 
+def test_verify_refuses_options_the_operation_does_not_read(conn, weights):
+    """Another operation's options, and fields of the operation's own block that Verify takes from
+    its header, are refused by name; a loss of the wrong shape with the reduction unset says that
+    unset means the mean."""
+    x, w = problem(312, 4, 32, 8)
+    info = weights(w)
+    xt = Tensor("x", pb.DTYPE_BF16, x)
+    y = Tensor("y", pb.DTYPE_FP32, exact_logits(x, w))
+    targets = Tensor("targets", pb.DTYPE_INT64, np.arange(4))
+    loss = Tensor("loss", pb.DTYPE_FP32, np.zeros(4, np.float32))
+
+    def call(operation, candidates, inputs=(xt,), **header):
+        header.setdefault("weight_handle", info.handle)
+        return verify(conn, operation, list(inputs), candidates, **header)
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    e = expect_error(code, call, pb.VERIFY_LOGITS, [y], cross_entropy=pb.CrossEntropyHeader(z_loss=1e-4))
+    assert "cross_entropy.z_loss: given, but VERIFY_LOGITS does not read it" in e
+    e = expect_error(
+        code, call, pb.VERIFY_CROSS_ENTROPY, [loss], inputs=(xt, targets), logprobs=pb.LogProbsHeader(temperature=0.7)
+    )
+    assert "logprobs.temperature: given, but VERIFY_CROSS_ENTROPY does not read it" in e
+    e = expect_error(
+        code,
+        call,
+        pb.VERIFY_CROSS_ENTROPY,
+        [loss],
+        inputs=(xt, targets),
+        cross_entropy=pb.CrossEntropyHeader(reduction=pb.REDUCTION_NONE, weight_handle=info.handle),
+    )
+    assert "cross_entropy.weight_handle: given, but VERIFY_CROSS_ENTROPY does not read it" in e
+    e = expect_error(code, call, pb.VERIFY_CROSS_ENTROPY, [loss], inputs=(xt, targets))
+    assert "cross_entropy.reduction is unset, which means REDUCTION_MEAN" in e
+    # What the operation reads passes.
+    r = call(
+        pb.VERIFY_CROSS_ENTROPY,
+        [loss],
+        inputs=(xt, targets),
+        cross_entropy=pb.CrossEntropyHeader(reduction=pb.REDUCTION_NONE, z_loss=0.0, grad_scale=1.0),
+    )
+    assert r.verdict == "outside_bounds"  # zeros are not the losses
+
+
 def softmax_parts(x, w, targets, temperature=1.0):
     """lse, the target's log-prob and the entropy of each row, in float64 (integer logits: exact z)."""
     z = (np.asarray(x, np.float64) @ np.asarray(w, np.float64).T) / temperature

@@ -533,3 +533,43 @@ TEST(ReferencesOnThreadsTest, TheCrossEntropyAndLogProbsOfABlockOnThreadsAreOneR
 
 }  // namespace
 }  // namespace logitd
+
+namespace logitd {
+namespace {
+
+TEST(CheckLogitsTest, Bf16OutputsRoundedOnceFromExactSumsAreWithinTheClass) {
+  // Integer operands: every fp32 sum is exact, and a bf16 output is that sum
+  // rounded to nearest even, ties included (281 is halfway between 280 and
+  // 282): an error of up to half a bf16 ulp, which the class allows a bf16
+  // output whatever the row's other elements (exact ones) give.
+  Problem p = MakeProblem(4, 40, 24, 17);
+  std::mt19937_64 rng(18);
+  std::uniform_int_distribution<int> value(-8, 8);
+  for (Bf16Bits& b : p.x) b = FloatToBf16(static_cast<float>(value(rng)));
+  for (Bf16Bits& b : p.w) b = FloatToBf16(static_cast<float>(value(rng)));
+  const std::vector<float> y = Logits(p, 1.0f);
+  std::vector<Bf16Bits> rounded(y.size());
+  int ties = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    rounded[i] = FloatToBf16(y[i]);
+    ties += std::fabs(Bf16ToFloat(rounded[i]) - y[i]) > 0;
+  }
+  ASSERT_GT(ties, 0) << "some sums need more than 8 bits";
+  CandidateCheck c(DType::kBf16);
+  CheckLogits(p.Inputs(), 1.0f, {}, rounded.data(), rounded.data(), DType::kBf16, &c);
+  EXPECT_EQ(c.Verdict(), "bitwise_equal_to_logitd") << c.Describe("y", {p.m, p.v});
+  // A bf16 value one ulp further off is outside.
+  std::vector<Bf16Bits> off = rounded;
+  for (std::size_t i = 0; i < off.size(); ++i) {
+    if (std::fabs(Bf16ToFloat(off[i])) > 64) {
+      off[i] = static_cast<Bf16Bits>(off[i] + 2);
+      break;
+    }
+  }
+  CandidateCheck d(DType::kBf16);
+  CheckLogits(p.Inputs(), 1.0f, {}, off.data(), rounded.data(), DType::kBf16, &d);
+  EXPECT_FALSE(d.passed()) << d.Describe("y", {p.m, p.v});
+}
+
+}  // namespace
+}  // namespace logitd

@@ -170,7 +170,11 @@ __global__ void ClassRowsKernel(const double* __restrict__ sum, const double* __
     const float s = alpha == 1.0f ? seq[i] : judgement::MulF(alpha, seq[i]);
     const judgement::ClassTerms t = judgement::ClassTermsOf(
         rule.bf16, e.candidate, e.own, e.reference, scale * e.abs_sum, s, scale * tc[i], floor);
-    judgement::AddToRow(&mine, t, i, e.candidate, e.reference);
+    judgement::ElementBounds b;
+    b.reference = e.reference;
+    b.bound = e.bound;
+    b.p_bound = e.p_bound;
+    judgement::AddToRow(&mine, t, i, e.candidate, e.own, b);
   }
   part[threadIdx.x] = mine;
   __syncthreads();

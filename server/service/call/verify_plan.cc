@@ -385,6 +385,16 @@ absl::Status PlanCandidates(const VerifyRequest& r,
     const CallInput& c = r.candidates[i];
     const std::vector<std::int64_t>& want = shapes.at(c.name);
     if (c.shape != want) {
+      // A loss of the wrong shape where the reduction was left unset: say
+      // that unset means the mean.
+      if (c.name == "loss" && r.operation == VerifyOperation::kCrossEntropy &&
+          r.cross_entropy.reduction == Reduction::kUnspecified) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "loss: expected shape ", ShapeString(want),
+            " (cross_entropy.reduction is unset, which means REDUCTION_MEAN: one loss for the "
+            "call; give REDUCTION_NONE for a loss per token, [M]), got ",
+            ShapeString(c.shape)));
+      }
       const char* dims_of = c.name == "y"    ? "[M, V]: x's M, the weight's V"
                             : c.name == "dx" ? "[M, K]: x's M, the weight's K"
                             : c.name == "dw" ? "[V, K]: the weight's"

@@ -1,5 +1,6 @@
 #include "server/service/v1/requests.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "logitd/status_macros.h"
 
 namespace logitd::service {
@@ -214,6 +216,52 @@ namespace {
 
 // The cross-entropy's or LogProbs' options a Verify carries in their own
 // headers (the rest of those headers is not read).
+// The fields of `options` that are set (proto3: different from their
+// defaults), by name.
+std::vector<std::string> SetFields(const google::protobuf::Message& options) {
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  options.GetReflection()->ListFields(options, &fields);
+  std::vector<std::string> names;
+  for (const google::protobuf::FieldDescriptor* f : fields) names.push_back(f->name());
+  return names;
+}
+
+// Options the operation does not read are refused, by name: another
+// operation's options block, or a field of the operation's own block that
+// Verify does not take from it (its tensors, wants, weight and shared
+// memory are the Verify header's).
+absl::Status CheckUnreadOptions(const v1::VerifyHeader& h, VerifyOperation op,
+                                const std::string& op_name) {
+  const auto refuse = [&](const std::string& block, const std::vector<std::string>& fields,
+                          const std::vector<std::string>& read) -> absl::Status {
+    for (const std::string& f : fields) {
+      if (std::find(read.begin(), read.end(), f) != read.end()) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          block, ".", f, ": given, but ", op_name, " does not read it",
+          read.empty() ? absl::StrCat(" (it reads no ", block, " options)")
+                       : absl::StrCat(" (it reads ", block, ".", absl::StrJoin(read, ", "),
+                                      "; tensors, the weight and shared memory come in the "
+                                      "Verify header)")));
+    }
+    return absl::OkStatus();
+  };
+  const std::vector<std::string> ce_read = {"ignore_index", "reduction", "z_loss", "logit_softcap",
+                                            "grad_scale"};
+  const std::vector<std::string> lp_read = {"ignore_index", "temperature", "logit_softcap",
+                                            "vocab_size"};
+  if (h.has_cross_entropy()) {
+    LOGITD_RETURN_IF_ERROR(
+        refuse("cross_entropy", SetFields(h.cross_entropy()),
+               op == VerifyOperation::kCrossEntropy ? ce_read : std::vector<std::string>{}));
+  }
+  if (h.has_logprobs()) {
+    LOGITD_RETURN_IF_ERROR(
+        refuse("logprobs", SetFields(h.logprobs()),
+               op == VerifyOperation::kLogProbs ? lp_read : std::vector<std::string>{}));
+  }
+  return absl::OkStatus();
+}
+
 void OperationOptionsOf(const v1::VerifyHeader& h, VerifyRequest* out) {
   VerifyRequest& r = *out;
   if (r.operation == VerifyOperation::kCrossEntropy) {
@@ -268,6 +316,7 @@ absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& h, const V
   if (r.operation == VerifyOperation::kUnspecified || r.operation == VerifyOperation::kUnknown) {
     return r;
   }
+  LOGITD_RETURN_IF_ERROR(CheckUnreadOptions(h, r.operation, r.operation_name));
   OperationOptionsOf(h, &r);
   // Slots by name; each one used is taken off, and any left over names a
   // tensor the header does not have.

@@ -422,14 +422,24 @@ struct ClassTerms {
   double envelope = 0;   // max of the conforming errors / w
 };
 
+// Half the bf16 spacing at |v| (2^-8 of its binade's base; 2^-134 below
+// bf16's normal range): what rounding an fp32 value to bf16 may move it by.
+LOGITD_HD inline double HalfBf16Ulp(double v) {
+  const double a = Abs(v);
+  if (!(a >= 0x1p-126)) return 0x1p-134;
+  return Mul(0.5, ScaleByPowerOfTwo(
+                      Fp32Ulp(static_cast<float>(a < kFp32MaxFinite ? a : kFp32MaxFinite)), 16));
+}
+
 // `scale` = |alpha|·Σ|products|; `seq` the sequential model's output
 // (alpha applied as one fp32 multiply), `tc` the tensor-core model's error
 // (times |alpha|), `floor` ClassFloor of the sum's length. The envelope:
 // the largest of the sequential sum's error, the tensor-core model's,
 // logitd's own output's, half an fp32 ulp of the reference (a correctly
-// rounded result's) and the floor; for a bf16 output the fp32 part widened
-// by half a bf16 ulp of the reference (its rounding), and logitd's own
-// bf16 output's error.
+// rounded result's) and the floor. A bf16 output is an fp32 value rounded
+// once: its error and logitd's own are taken past that rounding (less half
+// a bf16 ulp of the larger of the value and the reference, at least 0), so
+// that both tests hold what remains to the fp32 envelope.
 LOGITD_HD inline ClassTerms ClassTermsOf(bool bf16, double candidate, double own, double reference,
                                          double scale, float seq, double tc, double floor) {
   ClassTerms t;
@@ -439,26 +449,25 @@ LOGITD_HD inline ClassTerms ClassTermsOf(bool bf16, double candidate, double own
         Abs(reference) <= kFp32MaxFinite)) {
     return t;
   }
+  // The part of |value − reference| a bf16 output's rounding does not explain.
+  const auto past_rounding = [&](double value) {
+    const double err = Abs(Add(value, -reference));
+    if (!bf16) return err;
+    const double a = HalfBf16Ulp(value), b = HalfBf16Ulp(reference);
+    const double excess = Add(err, -(a > b ? a : b));
+    return excess > 0 ? excess : 0.0;
+  };
   const double half_ulp = Mul(0.5, Fp32Ulp(static_cast<float>(reference)));
   const double seq_err = Abs(Add(static_cast<double>(seq), -reference));
-  const double own_err = Abs(Add(own, -reference));
+  const double own_err = past_rounding(own);
   const double seq_term = seq_err > half_ulp ? seq_err : half_ulp;
   double env = seq_term > tc ? seq_term : tc;
   const double floor_err = Mul(floor, w);
   if (floor_err > env) env = floor_err;
-  if (bf16) {
-    // Half the bf16 spacing at the reference: 2^-8 of its binade's base.
-    const double half = Mul(0.5, ScaleByPowerOfTwo(Fp32Ulp(static_cast<float>(reference)), 16));
-#if defined(__CUDA_ARCH__)
-    env = sqrt(Add(Mul(env, env), Mul(half, half)));
-#else
-    env = __builtin_sqrt(Add(Mul(env, env), Mul(half, half)));
-#endif
-  }
   if (own_err > env) env = own_err;
   t.counted = true;
   t.w = w;
-  t.candidate = Abs(Add(candidate, -reference)) / w;
+  t.candidate = past_rounding(candidate) / w;
   t.seq = seq_term / w;
   t.envelope = env / w;
   return t;
@@ -481,6 +490,9 @@ struct ClassRow {
   double top1_candidate = 0;
   double top1_reference = 0;
   double top1_w = 0;
+  double top1_bound = 0;    // its proven bound
+  double top1_p_bound = 0;  // and probabilistic figure
+  double top1_own = 0;      // logitd's own value there
 };
 
 // Whether (a, ia) comes before (b, ib) among the largest: larger first,
@@ -490,7 +502,8 @@ LOGITD_HD inline bool ClassBefore(double a, std::int64_t ia, double b, std::int6
 }
 
 LOGITD_HD inline void AddToRow(ClassRow* r, const ClassTerms& t, std::int64_t index,
-                               double candidate, double reference) {
+                               double candidate, double own, const ElementBounds& e) {
+  const double reference = e.reference;
   if (!t.counted) return;
   ++r->n;
   r->candidate_sq = Add(r->candidate_sq, Mul(t.candidate, t.candidate));
@@ -505,6 +518,9 @@ LOGITD_HD inline void AddToRow(ClassRow* r, const ClassTerms& t, std::int64_t in
     r->top1_candidate = candidate;
     r->top1_reference = reference;
     r->top1_w = t.w;
+    r->top1_bound = e.bound;
+    r->top1_p_bound = e.p_bound;
+    r->top1_own = own;
   } else if (t.candidate > r->top2) {
     r->top2 = t.candidate;
   }

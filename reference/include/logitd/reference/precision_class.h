@@ -70,6 +70,9 @@ struct ClassOutlier {
   double reference = 0;
   double threshold = 0;
   double excess = 0;  // |candidate − reference| / threshold
+  double bound = 0;   // its proven bound, probabilistic figure and logitd's value
+  double p_bound = 0;
+  double logitd = 0;
 };
 
 struct PrecisionClassFigures {
