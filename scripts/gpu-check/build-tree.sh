@@ -8,11 +8,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 src=$(mktemp -d)
 tar -xJf "$1" -C "$src" || exit 2
-build=$2
 out=$(mktemp -d)
 only=""
 # shellcheck source=lib.sh
 source scripts/gpu-check/lib.sh
+build=$2  # after lib.sh, which sets gpu-check's own
 setup_deps
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOGITD_WITH_CUDA=ON \
   -DLOGITD_BUILD_TESTS=OFF -DLOGITD_BUILD_BENCH=OFF "${prefix_args[@]}" \
