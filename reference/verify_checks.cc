@@ -79,20 +79,26 @@ void NaiveDot(std::int64_t n, A a, B b, double* sum, double* abs) {
 }
 
 // The class of a vector of bf16 values: the values up to a common power of
-// two (zeros as zeros), hashed. Outputs whose operands share their classes
+// two, hashed in one pass. Each nonzero value contributes its sign and
+// significand and its exponent's step from the previous nonzero value's
+// (the first one's exponent is left out), which a common scaling keeps;
+// zeros contribute their place. Outputs whose operands share their classes
 // err alike, relative to their scale, in every order.
 class ScaledClass {
  public:
-  // A first pass over the values finds the largest exponent; a second
-  // hashes each value with its exponent taken relative to it.
-  void See(Bf16Bits b) {
-    const int e = (b >> 7) & 0xff;
-    if ((b & 0x7fff) != 0 && e > top_) top_ = e;
-  }
-  void Hash(Bf16Bits b) {
-    const std::uint64_t e =
-        (b & 0x7fff) == 0 ? 0 : static_cast<std::uint64_t>(((b >> 7) & 0xff) - top_ + 512);
-    std::uint64_t z = (hash_ ^ ((e << 16) | (b & 0x807f))) + 0x9e3779b97f4a7c15ull;
+  void Add(Bf16Bits b) {
+    std::uint64_t token;
+    if ((b & 0x7fff) == 0) {
+      token = 1;
+    } else {
+      const int e = (b >> 7) & 0xff;
+      token = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(seen_ ? e - last_ + 512 : 0))
+               << 16) |
+              (b & 0x807f) | (std::uint64_t{1} << 40);
+      last_ = e;
+      seen_ = true;
+    }
+    std::uint64_t z = (hash_ ^ token) + 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     hash_ = z ^ (z >> 31);
@@ -100,27 +106,38 @@ class ScaledClass {
   std::uint64_t value() const { return hash_; }
 
  private:
-  int top_ = 0;
+  int last_ = 0;
+  bool seen_ = false;
   std::uint64_t hash_ = 0;
 };
 
 // The number of distinct classes among the rows (by_rows) or the columns
-// of a [rows, cols] matrix whose element (i, j) is at(i, j), walked in row
-// order either way.
+// of a [rows, cols] matrix whose element (i, j) is at(i, j): rows hashed
+// on threads, columns walked in row order (a part of the columns a
+// thread).
 template <typename At>
 std::int64_t DistinctClasses(std::int64_t rows, std::int64_t cols, bool by_rows, const At& at) {
-  std::vector<ScaledClass> classes(static_cast<std::size_t>(by_rows ? rows : cols));
-  for (int pass = 0; pass < 2; ++pass) {
-    for (std::int64_t i = 0; i < rows; ++i) {
-      for (std::int64_t j = 0; j < cols; ++j) {
-        ScaledClass& c = classes[static_cast<std::size_t>(by_rows ? i : j)];
-        pass == 0 ? c.See(at(i, j)) : c.Hash(at(i, j));
-      }
-    }
-  }
-  std::set<std::uint64_t> distinct;
-  for (const ScaledClass& c : classes) distinct.insert(c.value());
-  return static_cast<std::int64_t>(distinct.size());
+  const std::int64_t count = by_rows ? rows : cols;
+  std::vector<ScaledClass> classes(static_cast<std::size_t>(count));
+  reference_internal::ForRowsInParallel(count, rows * cols,
+                                        [&](std::int64_t first, std::int64_t last, int /*part*/) {
+                                          if (by_rows) {
+                                            for (std::int64_t i = first; i < last; ++i) {
+                                              for (std::int64_t j = 0; j < cols; ++j)
+                                                classes[static_cast<std::size_t>(i)].Add(at(i, j));
+                                            }
+                                            return;
+                                          }
+                                          for (std::int64_t i = 0; i < rows; ++i) {
+                                            for (std::int64_t j = first; j < last; ++j)
+                                              classes[static_cast<std::size_t>(j)].Add(at(i, j));
+                                          }
+                                        });
+  std::vector<std::uint64_t> hashes;
+  hashes.reserve(classes.size());
+  for (const ScaledClass& c : classes) hashes.push_back(c.value());
+  std::sort(hashes.begin(), hashes.end());
+  return static_cast<std::int64_t>(std::unique(hashes.begin(), hashes.end()) - hashes.begin());
 }
 
 Bf16Bits GBitsAt(const LmHeadInputs& in, std::int64_t i) {
