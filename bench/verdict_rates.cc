@@ -7,7 +7,7 @@
 //
 //   usage: logitd_verdict_rates [--conforming_calls=N] [--defect_calls=N]
 //                               [--ks=1024,4096,16384,65536] [--threads=N]
-//                               [--seed=S] [--json=FILE]
+//                               [--seed=S] [--json=FILE] [--changes_only]
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -34,6 +34,7 @@ struct Flags {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::uint64_t seed = 47;
   std::string json;
+  bool changes_only = false;  // only the defects made by changing a conforming output
 };
 
 bool Take(const char* arg, const char* name, std::string* value) {
@@ -55,6 +56,8 @@ Flags Parse(int argc, char** argv) {
       f.threads = std::max(1, std::atoi(v.c_str()));
     } else if (Take(argv[i], "--seed", &v)) {
       f.seed = std::strtoull(v.c_str(), nullptr, 10);
+    } else if (std::strcmp(argv[i], "--changes_only") == 0) {
+      f.changes_only = true;
     } else if (Take(argv[i], "--json", &v)) {
       f.json = v;
     } else if (Take(argv[i], "--ks", &v)) {
@@ -162,10 +165,13 @@ struct Defect {
 
 void Defects(const Flags& f, std::string* json) {
   const std::vector<emulated::Implementation> bad = emulated::DefectiveImplementations();
-  const emulated::Implementation& base = emulated::ConformingImplementations().front();
+  const std::vector<emulated::Implementation> good = emulated::ConformingImplementations();
+  const emulated::Implementation& base = good.front();  // sequential fp32
   std::vector<Defect> defects;
-  for (const emulated::Implementation& d : bad) {
-    defects.push_back({d.name, &d, Change::kNone, Output::kLogits});
+  if (!f.changes_only) {
+    for (const emulated::Implementation& d : bad) {
+      defects.push_back({d.name, &d, Change::kNone, Output::kLogits});
+    }
   }
   defects.push_back({ChangeName(Change::kOneElementPlus1Percent), &base,
                      Change::kOneElementPlus1Percent, Output::kLogits});
