@@ -14,7 +14,9 @@
 #include "expect_same_counts.h"
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/accumulation_models.h"
 #include "logitd/reference/cross_entropy.h"
+#include "logitd/reference/element_judgement.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/logprobs.h"
 
@@ -569,6 +571,57 @@ TEST(CheckLogitsTest, Bf16OutputsRoundedOnceFromExactSumsAreWithinTheClass) {
   CandidateCheck d(DType::kBf16);
   CheckLogits(p.Inputs(), 1.0f, {}, off.data(), rounded.data(), DType::kBf16, &d);
   EXPECT_FALSE(d.passed()) << d.Describe("y", {p.m, p.v});
+}
+
+}  // namespace
+}  // namespace logitd
+
+namespace logitd {
+namespace {
+
+TEST(ModelSumsTest, TheVectorLoopsAreThePlainDefinitionBitForBit) {
+  // A sequential fp32 sum, each addition rounded, the tensor-core model's
+  // sums at the ends of its blocks and groups: the definition written as
+  // one scalar loop, against ModelSums' lanes and fixed loops, on odd
+  // shapes (rows, columns and lengths off every block and panel).
+  std::mt19937_64 rng(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const std::int64_t n : {1, 3, 4, 16, 37, 100, 1029}) {
+    const std::int64_t rows = 3, cols = 21;
+    std::vector<float> a(static_cast<std::size_t>(rows * n)), b(static_cast<std::size_t>(cols * n));
+    for (float& v : a) v = RoundToBf16(normal(rng));
+    for (float& v : b) v = RoundToBf16(normal(rng));
+    std::vector<float> seq(static_cast<std::size_t>(rows * cols));
+    std::vector<double> tc(seq.size());
+    ModelSums(
+        a.data(), rows, cols, n,
+        [&](std::int64_t j0, std::int64_t count, float* panel) {
+          for (std::int64_t l = 0; l < count; ++l) {
+            for (std::int64_t t = 0; t < n; ++t) panel[t * count + l] = b[(j0 + l) * n + t];
+          }
+        },
+        seq.data(), tc.data());
+    for (std::int64_t i = 0; i < rows; ++i) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        float acc = 0, s1 = 0, s2 = 0;
+        for (std::int64_t t = 0; t < n; ++t) {
+          acc = judgement::AddF(acc, judgement::MulF(a[i * n + t], b[j * n + t]));
+          if ((t + 1) % judgement::kTensorCoreBlock == 0 || t == n - 1) {
+            judgement::TensorCoreDrift(acc, &s1);
+          }
+          if ((t + 1) % judgement::kModelGroup == 0 || t == n - 1) {
+            const std::int64_t in_group = t % judgement::kModelGroup + 1;
+            const float blocks = static_cast<float>((in_group + judgement::kTensorCoreBlock - 1) /
+                                                    judgement::kTensorCoreBlock);
+            judgement::TensorCoreSpread(acc, blocks, &s2);
+          }
+        }
+        const std::size_t at = static_cast<std::size_t>(i * cols + j);
+        ASSERT_EQ(seq[at], acc) << "n " << n << " [" << i << ", " << j << "]";
+        ASSERT_EQ(tc[at], judgement::TensorCoreError(s1, s2)) << "n " << n;
+      }
+    }
+  }
 }
 
 }  // namespace
