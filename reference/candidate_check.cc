@@ -199,6 +199,18 @@ void CandidateCheck::AddCounted(const CheckFigures& o) {
     f_.ulp_exact_counts[b] += o.ulp_exact_counts[b];
   }
   for (const auto& [row, counts] : o.class_rows) judgement::MergeRows(&f_.class_rows[row], counts);
+  f_.value_class.insert(f_.value_class.end(), o.value_class.begin(), o.value_class.end());
+  class_.reset();
+}
+
+void CandidateCheck::AddValueClass(std::int64_t index, double candidate, double reference,
+                                   double envelope, double bound, double own) {
+  if (!(std::isfinite(candidate) && std::isfinite(reference) && std::isfinite(envelope) &&
+        envelope > 0)) {
+    return;
+  }
+  f_.value_class.push_back(ValueClassTerm{index, candidate, reference, envelope, bound, own});
+  class_.reset();
 }
 
 namespace {
@@ -230,7 +242,9 @@ std::int64_t CandidateCheck::UlpExactPercentile(double p) const {
 
 const PrecisionClassFigures& CandidateCheck::precision_class() const {
   if (!class_.has_value()) {
-    if (f_.class_rows.empty()) {
+    if (!f_.value_class.empty()) {
+      class_ = JudgeValueClass(f_.value_class, independent_total_);
+    } else if (f_.class_rows.empty()) {
       class_.emplace();
       class_->reason = dtype_ == DType::kInt32 || dtype_ == DType::kInt64
                            ? "an integer output: judged by its order against the reference's"

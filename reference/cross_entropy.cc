@@ -57,6 +57,7 @@
 
 #include "logit_rows.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/accumulation_models.h"
 #include "logitd/reference/element_judgement.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
@@ -96,17 +97,33 @@ CeTokenReference CrossEntropyTokenFromSums(const judgement::CeRowSums& sums, std
   out.lse_bound = spread + judgement::kFnError * (1 + std::fabs(sums.log_s) + spread) +
                   2 * kU * (std::fabs(out.lse) + spread) +
                   Gamma(v, kFp64UnitRoundoff) * (std::fabs(out.lse) + 1);
+  const bool classed = sums.class_formed && std::isfinite(sums.class_lin) &&
+                       std::isfinite(sums.class_zt) && std::isfinite(out.lse);
+  if (classed) {
+    out.lse_class =
+        sums.class_lin + judgement::LseEvalEnvelope(sums.log_s, sums.lse, sums.class_mean_d, v);
+  }
   if (!counted) return out;
   const double lse = out.lse;
   const double zt = sums.zt;
   out.loss = lse - zt + zl * lse * lse;
+  // (The z-loss terms only with a z-loss: 0·∞ is no bound.)
   out.loss_bound =
-      out.lse_bound * (1 + 2 * zl * std::fabs(lse)) + zl * Sq(out.lse_bound) + sums.ezt +
+      out.lse_bound * (1 + 2 * zl * std::fabs(lse)) + (zl > 0 ? zl * Sq(out.lse_bound) : 0.0) +
+      sums.ezt +
       4 * kU * (std::fabs(lse) + std::fabs(zt) + 2 * zl * lse * lse + std::fabs(out.loss));
+  if (classed) {
+    // dloss/dz_v = p_v·(1 + 2·zl·lse) − [v = t]: the lse's envelope times
+    // |1 + 2·zl·lse|, the target's, and the roundings of the three terms.
+    out.loss_class =
+        out.lse_class * std::fabs(1 + 2 * zl * lse) + sums.class_zt +
+        2 * kU * (std::fabs(lse) + std::fabs(zt) + 2 * zl * lse * lse + std::fabs(out.loss));
+  }
   return out;
 }
 
-judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std::int64_t v) {
+judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std::int64_t v,
+                                         const double* cz) {
   judgement::CeRowSums sums;
   sums.mx = -std::numeric_limits<double>::infinity();
   for (std::int64_t j = 0; j < v; ++j) {
@@ -121,15 +138,20 @@ judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std:
   for (std::int64_t j = 0; j < v; ++j) {
     const double p = std::exp(z[j] - sums.lse);
     const double r = judgement::ExpTermError(sums.mx - z[j], sums.b, gamma_sum);
-    sums.weighted += p * std::expm1(ez[j] + r);
+    sums.weighted += judgement::WeightedExpm1(z[j] - sums.lse, ez[j] + r);
+    if (cz != nullptr) {
+      sums.class_lin += p * cz[j];
+      sums.class_mean_d += p * (sums.mx - z[j]);
+    }
   }
+  sums.class_formed = cz != nullptr;
   return sums;
 }
 
 CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, std::int64_t v,
                                           std::int64_t target, bool counted, double scale,
                                           const CeReferenceOptions& options, double* g,
-                                          double* g_pre_err) {
+                                          double* g_pre_err, const double* y_class) {
   const double cap = options.logit_softcap;
   const double zl = options.z_loss;
   std::vector<double> z(static_cast<std::size_t>(v)), f(z.size()), ez(z.size());
@@ -137,10 +159,22 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
     const std::size_t s = static_cast<std::size_t>(j);
     judgement::CappedLogit(y[j], y_err != nullptr ? y_err[j] : 0.0, cap, &z[s], &f[s], &ez[s]);
   }
-  judgement::CeRowSums sums = CrossEntropyRowSums(z.data(), ez.data(), v);
+  // The class envelopes carried into z as the bounds are (a conforming
+  // tanh within kFnError, its roundings).
+  std::vector<double> cz;
+  if (y_class != nullptr) {
+    cz.resize(z.size());
+    for (std::int64_t j = 0; j < v; ++j) {
+      double zj, fj;
+      judgement::CappedLogit(y[j], y_class[j], cap, &zj, &fj, &cz[static_cast<std::size_t>(j)]);
+    }
+  }
+  judgement::CeRowSums sums =
+      CrossEntropyRowSums(z.data(), ez.data(), v, cz.empty() ? nullptr : cz.data());
   if (counted) {
     sums.zt = z[static_cast<std::size_t>(target)];
     sums.ezt = ez[static_cast<std::size_t>(target)];
+    if (!cz.empty()) sums.class_zt = cz[static_cast<std::size_t>(target)];
   }
   const CeTokenReference out = CrossEntropyTokenFromSums(sums, v, counted, options);
   if (!counted) {
@@ -153,7 +187,7 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
   if (g == nullptr) return out;
   const double lse = out.lse;
   const double c = 1 + 2 * zl * lse;
-  const double dc = 2 * zl * out.lse_bound + 2 * kU * std::fabs(c);
+  const double dc = (zl > 0 ? 2 * zl * out.lse_bound : 0.0) + 2 * kU * std::fabs(c);
   const double gamma_sum = Gamma(v, kFp32StepError);
   for (std::int64_t j = 0; j < v; ++j) {
     const std::size_t s = static_cast<std::size_t>(j);
@@ -163,7 +197,8 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
     // p̂ = exp(ẑ − L̂): its argument is off by at most e_z + B_lse and is
     // at most lse − z + that in magnitude.
     const double off = ez[s] + out.lse_bound;
-    const double ep = p * std::expm1(off + judgement::ExpTermError(lse - z[s] + off, 0, gamma_sum));
+    const double ep = judgement::WeightedExpm1(
+        z[s] - lse, off + judgement::ExpTermError(lse - z[s] + off, 0, gamma_sum));
     const double ed = ep * (std::fabs(c) + dc) + p * dc + 2 * kU * (p * std::fabs(c) + onehot);
     // f = 1 − t², t = z/cap off by e_z/cap.
     const double dt = cap > 0 ? ez[s] / cap : 0.0;
@@ -195,12 +230,17 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
   ref.loss_bound.resize(mm);
   const std::int64_t block = block_rows > 0 ? block_rows : reference_internal::DefaultBlockRows(v);
   const reference_internal::LogitRows rows(in, logits);
-  std::vector<double> y, y_err, g, g_pre_err;
+  const bool classed = options.class_envelope && logits == LogitModel::kFp32Sum;
+  if (classed) {
+    ref.lse_class.assign(mm, 0.0);
+    ref.loss_class.assign(mm, 0.0);
+  }
+  std::vector<double> y, y_err, y_class, g, g_pre_err;
   double sum_abs = 0, sum_bounds = 0;
   // The rows [r0, r0 + n) on the host: their logits, then each row on
   // threads.
   const auto host_block = [&](std::int64_t r0, std::int64_t n) {
-    rows.Compute(r0, n, &y, &y_err);
+    rows.Compute(r0, n, &y, &y_err, classed ? &y_class : nullptr);
     if (gradients) {
       g.resize(static_cast<std::size_t>(n * v));
       g_pre_err.resize(g.size());
@@ -214,11 +254,16 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
             const CeTokenReference row = CrossEntropyReferenceRow(
                 y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v, v, targets[i],
                 counted, ref.scale, options, gradients ? g.data() + r * v : nullptr,
-                gradients ? g_pre_err.data() + r * v : nullptr);
+                gradients ? g_pre_err.data() + r * v : nullptr,
+                classed ? y_class.data() + r * v : nullptr);
             ref.lse[s] = row.lse;
             ref.lse_bound[s] = row.lse_bound;
             ref.loss[s] = row.loss;
             ref.loss_bound[s] = row.loss_bound;
+            if (classed) {
+              ref.lse_class[s] = row.lse_class;
+              ref.loss_class[s] = row.loss_class;
+            }
           }
         });
     if (gradients) gradients(r0, n, g.data(), g_pre_err.data());
@@ -236,7 +281,7 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
     if (!reference_internal::WidenFiniteRows(in.x, r0, n, in.k, &xd)) return false;
     std::vector<judgement::CeRowSums> sums(static_cast<std::size_t>(n));
     if (!in.products->CeRowSums(xd.data(), n, targets + r0, logit_gamma, logit_absolute,
-                                options.logit_softcap, sums.data())) {
+                                options.logit_softcap, classed, sums.data())) {
       return false;
     }
     for (std::int64_t r = 0; r < n; ++r) {
@@ -247,6 +292,10 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
       ref.lse_bound[s] = row.lse_bound;
       ref.loss[s] = row.loss;
       ref.loss_bound[s] = row.loss_bound;
+      if (classed) {
+        ref.lse_class[s] = row.lse_class;
+        ref.loss_class[s] = row.loss_class;
+      }
     }
     return true;
   };
@@ -413,6 +462,10 @@ std::uint64_t CrossEntropyReferenceBytes(std::int64_t m, std::int64_t v, std::in
   const std::uint64_t w_rows =
       static_cast<std::uint64_t>(std::min(v, reference_internal::DefaultBlockRows(k)));
   bytes += 3 * uv * kDouble + w_rows * uk * kDouble + uv * sizeof(std::int64_t);
+  // The precision-class test's: the block's class envelopes and models
+  // (a float and a double a logit), a row's c_z, and the models' panels.
+  bytes += n * uv * (2 * kDouble + sizeof(float)) + uv * kDouble +
+           2 * uk * static_cast<std::uint64_t>(kModelPanel) * sizeof(float);
   return bytes;
 }
 

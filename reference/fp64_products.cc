@@ -2,6 +2,18 @@
 
 namespace logitd {
 
+std::int64_t WeightMemo::Get(Key key, const std::function<std::int64_t()>& count) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = values_.find(key);
+    if (it != values_.end()) return it->second;
+  }
+  const std::int64_t value = count();
+  std::lock_guard<std::mutex> lock(mu_);
+  values_.emplace(key, value);
+  return value;
+}
+
 void FormXWt(Fp64Products* engine, const std::vector<double>& x, std::int64_t m, Bf16Matrix w,
              double* y, double* y_abs) {
   if (engine != nullptr && engine->XWt(x.data(), m, y, y_abs)) return;

@@ -46,10 +46,17 @@ class LogitRows {
   // Rows [row0, row0 + n) of M: y [n, v] and, for LogitModel::kFp32Sum, the
   // bound y_err [n, v] on the server's fp32 logits; y_err is left empty
   // otherwise (the logits are taken as exact). kBf16Rounded rounds y to bf16.
+  // With y_class (kFp32Sum only), each logit's precision-class envelope
+  // [n, v] too (judgement::LogitClassEnvelope, from the models of
+  // accumulation_models.h formed on threads).
   void Compute(std::int64_t row0, std::int64_t n, std::vector<double>* y,
-               std::vector<double>* y_err) const;
+               std::vector<double>* y_err, std::vector<double>* y_class = nullptr) const;
 
  private:
+  // The class envelopes of the block's logits from y and Σ|x·w|.
+  void ClassEnvelopes(std::int64_t row0, std::int64_t n, const std::vector<double>& y,
+                      const std::vector<double>& y_abs, std::vector<double>* y_class) const;
+
   LmHeadInputs in_;
   LogitModel model_;
   std::vector<std::int64_t> bad_w_;  // rows of W with a NaN or an infinity

@@ -54,6 +54,7 @@
 
 #include "logit_rows.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/accumulation_models.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
 
@@ -80,8 +81,20 @@ double RowZ(const double* y, const double* y_err, std::int64_t v, const LpRefere
   return b;
 }
 
-// The sums of a row of z (judgement::LpRowSums), without the target's.
-judgement::LpRowSums RowSums(const double* z, const double* ez, std::int64_t v, double b) {
+// The class envelopes of a row's z [v] from its logits' (y_class [v]),
+// carried as the bounds are.
+void RowClassZ(const double* y, const double* y_class, std::int64_t v, const LpReferenceOptions& o,
+               double* cz) {
+  for (std::int64_t j = 0; j < v; ++j) {
+    double zj;
+    judgement::LpLogit(y[j], y_class[j], o.logit_softcap, o.temperature, true, &zj, &cz[j]);
+  }
+}
+
+// The sums of a row of z (judgement::LpRowSums), without the target's;
+// with the class sums when cz is given.
+judgement::LpRowSums RowSums(const double* z, const double* ez, std::int64_t v, double b,
+                             const double* cz = nullptr) {
   judgement::LpRowSums s;
   s.b = b;
   s.mx = -std::numeric_limits<double>::infinity();
@@ -95,13 +108,22 @@ judgement::LpRowSums RowSums(const double* z, const double* ez, std::int64_t v, 
     const double p = std::exp(z[j] - s.lse);
     const double d = s.mx - z[j];
     const double a = s.lse - z[j];
-    s.weighted += p * std::expm1(ez[j] + judgement::ExpTermError(d, b, gamma_sum));
+    s.weighted +=
+        judgement::WeightedExpm1(z[j] - s.lse, ez[j] + judgement::ExpTermError(d, b, gamma_sum));
     s.weighted_ez += p * ez[j];
     s.weighted_lez += p * a * ez[j];
-    s.eval_h += p * a * std::expm1(judgement::EntropyTermError(a, b, gamma_sum));
+    if (a > 0) {
+      s.eval_h +=
+          a * judgement::WeightedExpm1(z[j] - s.lse, judgement::EntropyTermError(a, b, gamma_sum));
+    }
     s.mean_d += p * d;
     s.entropy += p * a;
+    if (cz != nullptr) {
+      s.class_lin += p * cz[j];
+      s.class_lin_d += p * a * cz[j];
+    }
   }
+  s.class_formed = cz != nullptr;
   return s;
 }
 
@@ -124,10 +146,33 @@ void StoreRow(const judgement::LpRowSums& s, std::int64_t i, bool has_target,
   const double evaluation = (s.entropy + lse_bound) * std::expm1(lse_bound) + lse_bound + s.eval_h;
   ref->entropy_bound[at] = logits + evaluation + fp64 * (s.entropy + s.mean_d + 1);
   ref->z_bound[at] = s.b;
+  // The precision-class envelopes (docs/PROTOCOL.md, "The precision-class
+  // test of the per-token outputs"): each output's sensitivity to z_v,
+  // |∂/∂z_v|, times c_z,v summed (sound whatever the logits' errors'
+  // correlation), and its evaluation. The entropy's ∂H/∂z_v =
+  // −p_v·(log p_v + H), at most p_v·((lse − z_v) + H); its evaluation
+  // Σ p̂·(L̂ − ẑ) moves by |1 − H| per unit of L̂'s error, each term
+  // within kFnError, the fp32 sum as the lse's.
+  const bool classed = !ref->lse_class.empty() && s.class_formed && std::isfinite(s.class_lin) &&
+                       std::isfinite(s.class_lin_d) && std::isfinite(s.lse);
+  double lse_eval = 0;
+  if (classed) {
+    lse_eval = judgement::LseEvalEnvelope(s.log_s, s.lse, s.mean_d, v);
+    ref->lse_class[at] = s.class_lin + lse_eval;
+    ref->entropy_class[at] = s.class_lin_d + s.entropy * s.class_lin +
+                             std::fabs(1 - s.entropy) * lse_eval +
+                             judgement::kFnError * (s.entropy + 1) +
+                             kU * (4 * s.mean_d + std::sqrt(static_cast<double>(v)) * s.entropy);
+  }
   if (!has_target) return;
   ref->logprob[at] = s.zt - s.lse;
   ref->logprob_bound[at] =
       lse_bound + s.ezt + 4 * kU * (std::fabs(s.lse) + std::fabs(s.zt) + std::fabs(s.zt - s.lse));
+  if (classed && std::isfinite(s.class_zt)) {
+    ref->logprob_class[at] =
+        ref->lse_class[at] + s.class_zt +
+        2 * kU * (std::fabs(s.lse) + std::fabs(s.zt) + std::fabs(s.zt - s.lse));
+  }
   ref->rank[at] = s.rank;
   ref->rank_low[at] = ref->exact ? s.rank : s.low;
   ref->rank_high[at] = ref->exact ? s.rank : s.high;
@@ -158,25 +203,34 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
   ref.rank.assign(rows, -1);
   ref.rank_low.assign(rows, -1);
   ref.rank_high.assign(rows, -1);
+  const bool classed = options.class_envelope && logits == LogitModel::kFp32Sum;
+  if (classed) {
+    for (auto* vec : {&ref.lse_class, &ref.logprob_class, &ref.entropy_class}) {
+      vec->assign(rows, 0.0);
+    }
+  }
   const std::int64_t block = block_rows > 0 ? block_rows : reference_internal::DefaultBlockRows(v);
   const reference_internal::LogitRows logit_rows(in, logits);
-  std::vector<double> y, y_err, z_block;
+  std::vector<double> y, y_err, y_class, z_block;
   // The rows [r0, r0 + n) on the host: their logits, then each row on
   // threads.
   const auto host_block = [&](std::int64_t r0, std::int64_t n) {
-    logit_rows.Compute(r0, n, &y, &y_err);
+    logit_rows.Compute(r0, n, &y, &y_err, classed ? &y_class : nullptr);
     z_block.resize(static_cast<std::size_t>(n * vv));
     // The rows on threads, each with its own e_z and ids.
     reference_internal::ForRowsInParallel(
         n, n * vv, [&](std::int64_t first, std::int64_t last, int /*part*/) {
           std::vector<double> ez(static_cast<std::size_t>(vv));
+          std::vector<double> cz(classed ? ez.size() : 0);
           std::vector<std::int64_t> ids(static_cast<std::size_t>(vv));
           for (std::int64_t r = first; r < last; ++r) {
             const std::int64_t i = r0 + r;
             double* z = z_block.data() + r * vv;
             const double b = RowZ(y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v,
                                   vv, options, z, ez.data());
-            judgement::LpRowSums sums = RowSums(z, ez.data(), vv, b);
+            if (classed)
+              RowClassZ(y.data() + r * v, y_class.data() + r * v, vv, options, cz.data());
+            judgement::LpRowSums sums = RowSums(z, ez.data(), vv, b, classed ? cz.data() : nullptr);
             std::iota(ids.begin(), ids.end(), std::int64_t{0});
             const auto mid = ids.begin() + ref.order_cols;
             std::partial_sort(ids.begin(), mid, ids.end(), [z](std::int64_t a, std::int64_t c) {
@@ -192,6 +246,7 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
               const std::int64_t t = targets[i];
               sums.zt = z[t];
               sums.ezt = ez[static_cast<std::size_t>(t)];
+              if (classed) sums.class_zt = cz[static_cast<std::size_t>(t)];
               sums.rank = sums.low = sums.high = 0;
               for (std::int64_t j = 0; j < vv; ++j) {
                 if (j == t) continue;
@@ -232,6 +287,7 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
     request.order_cols = ref.order_cols;
     request.ids = ids_z.ids != nullptr ? ids_z.ids + r0 * ids_z.k : nullptr;
     request.ids_k = ids_z.ids != nullptr ? ids_z.k : 0;
+    request.class_envelope = classed;
     std::vector<judgement::LpRowSums> sums(static_cast<std::size_t>(n));
     LpRowsResult result;
     result.sums = sums.data();
@@ -351,6 +407,11 @@ std::uint64_t LogProbsReferenceBytes(std::int64_t m, std::int64_t v, std::int64_
       static_cast<std::uint64_t>(std::min(v, reference_internal::DefaultBlockRows(k)));
   bytes += 16 * uv * (kDouble + sizeof(std::int64_t)) + uv * sizeof(std::int64_t) +
            w_rows * uk * kDouble;
+  // The precision-class test's: the block's class envelopes and models (a
+  // float and a double a logit), a row's c_z on each thread, the models'
+  // panels.
+  bytes += n * uv * (2 * kDouble + sizeof(float)) + 16 * uv * kDouble +
+           2 * uk * static_cast<std::uint64_t>(kModelPanel) * sizeof(float);
   return bytes;
 }
 

@@ -147,6 +147,70 @@ PrecisionClassFigures JudgePrecisionClass(const std::map<std::int64_t, judgement
   return p;
 }
 
+PrecisionClassFigures JudgeValueClass(const std::vector<ValueClassTerm>& terms,
+                                      std::int64_t total) {
+  PrecisionClassFigures p;
+  if (terms.empty()) {
+    p.reason = "no value qualifies (every one non-finite, ignored, or without an envelope)";
+    return p;
+  }
+  const double n = static_cast<double>(terms.size());
+  struct Ratio {
+    double r;
+    std::size_t at;
+  };
+  std::vector<Ratio> ratios;
+  ratios.reserve(terms.size());
+  double sq = 0;
+  for (std::size_t i = 0; i < terms.size(); ++i) {
+    const ValueClassTerm& t = terms[i];
+    const double r = std::fabs(t.candidate - t.reference) / t.envelope;
+    sq += r * r;
+    ratios.push_back({r, i});
+  }
+  p.tested = true;
+  p.envelope =
+      "fp32 logits (each within its envelope: " + ClassEnvelopeName() +
+      ") through an fp32 softmax (exp and log within 2^-21, a sequential sum of the exponentials)";
+  p.elements = static_cast<std::int64_t>(terms.size());
+  p.rows = p.elements;
+  p.rms_ratio = std::sqrt(sq / n);
+  p.effective_bits = EffectiveBits(sq / n, 1);
+  p.class_bits = 24;
+  const double n_eff = std::min(static_cast<double>(total), n);
+  p.threshold =
+      kClassSpread * std::sqrt(UpperMeanSquareQuantile(std::max(1.0, n_eff), kClassTestAlpha));
+  const double each = kClassSpread * std::sqrt(UpperMeanSquareQuantile(1, kClassTestAlpha / n));
+  p.alpha = 2 * kClassTestAlpha;
+  std::sort(ratios.begin(), ratios.end(), [&](const Ratio& a, const Ratio& b) {
+    return a.r != b.r ? a.r > b.r : terms[a.at].index < terms[b.at].index;
+  });
+  for (const Ratio& q : ratios) {
+    if (q.r <= each) break;
+    ++p.elements_outside;
+    const ValueClassTerm& t = terms[q.at];
+    if (p.outliers.size() < PrecisionClassFigures::kReportedOutliers) {
+      p.outliers.push_back(ClassOutlier{t.index, t.candidate, t.reference, each * t.envelope,
+                                        q.r / each, t.bound, t.bound, t.logitd});
+    }
+  }
+  p.rows_outside = p.elements_outside;
+  p.outside = p.rms_ratio > p.threshold || p.elements_outside > 0;
+  for (std::size_t i = 0; i < ratios.size() && i < PrecisionClassFigures::kReportedRows; ++i) {
+    const ValueClassTerm& t = terms[ratios[i].at];
+    RowPrecisionFigures f;
+    f.row = t.index;
+    f.elements = 1;
+    f.effective_bits = EffectiveBits(ratios[i].r * ratios[i].r, 1);
+    f.class_bits = 24;
+    f.rms_ratio = ratios[i].r;
+    f.threshold = each;
+    f.outside = ratios[i].r > each;
+    p.worst_rows.push_back(f);
+  }
+  return p;
+}
+
 std::string ClassEnvelopeName() {
   return "the sequential fp32 sum (round to nearest), a tensor-core model (blocks of " +
          std::to_string(judgement::kTensorCoreBlock) +

@@ -12,6 +12,7 @@
 #include "logitd/reference/element_judgement.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
+#include "logitd/tensor.h"
 
 namespace logitd {
 namespace {
@@ -342,8 +343,13 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
   };
   // Rows of W that are equal up to a power of two give one independent
   // error a row; rows of X the same across rows.
+  const auto w_rows_classes = [&] {
+    return DistinctClasses(v, k, true,
+                           [&](std::int64_t j, std::int64_t t) { return in.w[j * k + t]; });
+  };
   const std::int64_t per_row =
-      DistinctClasses(v, k, true, [&](std::int64_t j, std::int64_t t) { return in.w[j * k + t]; });
+      in.products != nullptr ? in.products->WeightCount(WeightMemo::kRowClasses, w_rows_classes)
+                             : w_rows_classes();
   const std::int64_t x_classes = DistinctClasses(
       static_cast<std::int64_t>(walk.size()), k, true, [&](std::int64_t r, std::int64_t t) {
         return in.x[walk[static_cast<std::size_t>(r)] * k + t];
@@ -377,8 +383,14 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
   // Columns of W equal up to a power of two give one independent error a
   // row of dX; rows of G the same across rows.
   {
-    const std::int64_t per_row = DistinctClasses(
-        v, k, false, [&](std::int64_t j, std::int64_t c) { return in.w[j * k + c]; });
+    const auto w_column_classes = [&] {
+      return DistinctClasses(v, k, false,
+                             [&](std::int64_t j, std::int64_t c) { return in.w[j * k + c]; });
+    };
+    const std::int64_t per_row =
+        in.products != nullptr
+            ? in.products->WeightCount(WeightMemo::kColumnClasses, w_column_classes)
+            : w_column_classes();
     const std::int64_t g_classes = DistinctClasses(
         static_cast<std::int64_t>(walk.size()), v, true, [&](std::int64_t r, std::int64_t j) {
           return GBitsAt(in, walk[static_cast<std::size_t>(r)] * v + j);
@@ -655,6 +667,40 @@ std::uint64_t GradWeightCheckBytes(std::int64_t m, std::int64_t v, std::int64_t 
   return 2 * mk * kDouble + rows * static_cast<std::uint64_t>(m + 2 * k) * kDouble +
          ModelBytes(rows, k, m) + static_cast<std::uint64_t>(3 * k) * kDouble +
          static_cast<std::uint64_t>(v + k);
+}
+
+void CheckTokenValues(const std::vector<double>& values, const std::vector<double>& bounds,
+                      const std::vector<double>& envelopes, const CheckedRows& rows,
+                      const float* candidate, const float* own, std::int64_t independent,
+                      CandidateCheck* check) {
+  const auto at = [&](std::size_t j) {
+    return rows.empty() || values.size() == 1 ? static_cast<std::int64_t>(j) : rows[j];
+  };
+  if (rows.empty() || values.size() == 1) {
+    check->AddRange(0, static_cast<std::int64_t>(values.size()), candidate, own, values.data(),
+                    bounds.data(), bounds.data());
+  } else {
+    for (std::size_t j = 0; j < values.size(); ++j) {
+      const std::int64_t i = at(j);
+      check->Add(i, candidate + i, own + i, values[j], bounds[j], bounds[j]);
+    }
+  }
+  for (std::size_t j = 0; j < envelopes.size(); ++j) {
+    const std::int64_t i = at(j);
+    check->AddValueClass(i, candidate[i], values[j], envelopes[j], bounds[j], own[i]);
+  }
+  if (!envelopes.empty()) check->LimitIndependent(1, independent);
+}
+
+std::int64_t DistinctTokens(const LmHeadInputs& in, const std::int64_t* targets) {
+  std::vector<std::uint64_t> hashes(static_cast<std::size_t>(in.m));
+  for (std::int64_t i = 0; i < in.m; ++i) {
+    const std::uint64_t row[2] = {Xxh3(in.x + i * in.k, static_cast<std::size_t>(in.k) * 2),
+                                  static_cast<std::uint64_t>(targets != nullptr ? targets[i] : 0)};
+    hashes[static_cast<std::size_t>(i)] = Xxh3(row, sizeof row);
+  }
+  std::sort(hashes.begin(), hashes.end());
+  return static_cast<std::int64_t>(std::unique(hashes.begin(), hashes.end()) - hashes.begin());
 }
 
 }  // namespace logitd

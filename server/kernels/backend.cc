@@ -8,8 +8,13 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "logitd/reference/fp64_products.h"
 
 namespace logitd::kernels {
+
+Weight::Weight(std::int64_t v, std::int64_t k)
+    : v_(v), k_(k), memo_(std::make_shared<WeightMemo>()) {}
+
 namespace {
 
 absl::Status CheckNotNull(absl::string_view call, absl::string_view name, const void* p) {

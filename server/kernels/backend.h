@@ -23,6 +23,7 @@
 
 namespace logitd {
 class Fp64Products;  // logitd/reference/fp64_products.h
+class WeightMemo;    // logitd/reference/fp64_products.h
 }  // namespace logitd
 
 namespace logitd::kernels {
@@ -128,7 +129,7 @@ class HostBuffer {
 // alive by shared_ptr while any call uses it, so release during a call is safe.
 class Weight {
  public:
-  Weight(std::int64_t v, std::int64_t k) : v_(v), k_(k) {}
+  Weight(std::int64_t v, std::int64_t k);
   virtual ~Weight() = default;
   Weight(const Weight&) = delete;
   Weight& operator=(const Weight&) = delete;
@@ -139,10 +140,14 @@ class Weight {
   virtual std::uint64_t weight_bytes() const = 0;
   // Bytes held for the gradient buffer (0 until the first accumulate).
   virtual std::uint64_t gradient_bytes() const = 0;
+  // What Verify counts of the weight once for all its calls (a reference
+  // engine made for it keeps its counts here).
+  const std::shared_ptr<WeightMemo>& memo() const { return memo_; }
 
  private:
   std::int64_t v_;
   std::int64_t k_;
+  std::shared_ptr<WeightMemo> memo_;
 };
 
 struct LogitsArgs {

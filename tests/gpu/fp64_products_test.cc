@@ -145,9 +145,10 @@ class CountingRowSums final : public HostJudging {
  public:
   using HostJudging::HostJudging;
   bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
-                 double absolute, double cap, judgement::CeRowSums* sums) override {
+                 double absolute, double cap, bool class_envelope,
+                 judgement::CeRowSums* sums) override {
     ++row_sums_calls_;
-    return device_->CeRowSums(x, m, targets, gamma, absolute, cap, sums);
+    return device_->CeRowSums(x, m, targets, gamma, absolute, cap, class_envelope, sums);
   }
   bool LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
                  const LpRowsResult& result) override {
@@ -533,6 +534,7 @@ TEST_F(Fp64ProductsTest, TheCrossEntropysSoftmaxSumsOnTheDeviceAreTheHostsWithin
     CeReferenceOptions o;
     o.logit_softcap = cap;
     o.z_loss = 1e-3f;
+    o.class_envelope = true;
     CrossEntropyReference on_device, on_host;
     const int calls_before = counting.row_sums_calls();
     in.products = &counting;
@@ -548,8 +550,14 @@ TEST_F(Fp64ProductsTest, TheCrossEntropysSoftmaxSumsOnTheDeviceAreTheHostsWithin
       ExpectClose(on_device.loss[i], on_host.loss[i], 1e-12, "loss", i);
       ExpectClose(on_device.lse_bound[i], on_host.lse_bound[i], 1e-6, "lse bound", i);
       ExpectClose(on_device.loss_bound[i], on_host.loss_bound[i], 1e-6, "loss bound", i);
+      // The precision-class envelopes: the models' bits are the host's, the
+      // sums in another order.
+      ASSERT_GT(on_host.lse_class[i], 0.0) << i;
+      ExpectClose(on_device.lse_class[i], on_host.lse_class[i], 1e-6, "lse class", i);
+      ExpectClose(on_device.loss_class[i], on_host.loss_class[i], 1e-6, "loss class", i);
       if (targets[i] == -100) {
         EXPECT_EQ(on_device.loss[i], 0.0) << i;
+        EXPECT_EQ(on_device.loss_class[i], 0.0) << i;
       }
     }
     ExpectClose(on_device.mean, on_host.mean, 1e-12, "mean", 0);
@@ -588,6 +596,7 @@ TEST_F(Fp64ProductsTest, LogProbsRowsOnTheDeviceAreTheHostsWithinFp64Rounding) {
     o.temperature = temperature;
     o.top_k = top_k;
     o.vocab_size = vocab;
+    o.class_envelope = true;
     LogProbsReference on_device, on_host;
     std::vector<double> z_device(ids.size()), z_host(ids.size());
     const int calls_before = counting.lp_row_sums_calls();
@@ -612,6 +621,10 @@ TEST_F(Fp64ProductsTest, LogProbsRowsOnTheDeviceAreTheHostsWithinFp64Rounding) {
       ExpectClose(on_device.lse_bound[i], on_host.lse_bound[i], 1e-6, "lse bound", i);
       ExpectClose(on_device.logprob_bound[i], on_host.logprob_bound[i], 1e-6, "logprob bound", i);
       ExpectClose(on_device.entropy_bound[i], on_host.entropy_bound[i], 1e-6, "entropy bound", i);
+      ASSERT_GT(on_host.lse_class[i], 0.0) << i;
+      ExpectClose(on_device.lse_class[i], on_host.lse_class[i], 1e-6, "lse class", i);
+      ExpectClose(on_device.logprob_class[i], on_host.logprob_class[i], 1e-6, "logprob class", i);
+      ExpectClose(on_device.entropy_class[i], on_host.entropy_class[i], 1e-6, "entropy class", i);
       if (targets[i] == -100) {
         EXPECT_EQ(on_device.logprob[i], 0.0) << i;
         EXPECT_EQ(on_device.rank[i], -1) << i;

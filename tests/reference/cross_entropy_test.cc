@@ -461,10 +461,10 @@ TEST(CrossEntropyReferenceTest, TheLseBoundHoldsForLargeLogitErrors) {
     // Entry 1's bound is that of a sum of K products too (K − 1 of them 0).
     const long double e1 = Gamma(c.k, kFp32StepError) * c.b;
     const long double p0 = 1 / (1 + std::exp(static_cast<long double>(c.b)));
-    const long double up = std::log(p0 * std::exp(static_cast<long double>(c.e0)) +
-                                    (1 - p0) * std::exp(e1));
-    const long double down = -std::log(p0 * std::exp(static_cast<long double>(-c.e0)) +
-                                       (1 - p0) * std::exp(-e1));
+    const long double up =
+        std::log(p0 * std::exp(static_cast<long double>(c.e0)) + (1 - p0) * std::exp(e1));
+    const long double down =
+        -std::log(p0 * std::exp(static_cast<long double>(-c.e0)) + (1 - p0) * std::exp(-e1));
     SCOPED_TRACE(::testing::Message() << "a " << a << " e0 " << c.e0);
     EXPECT_GE(g.ref.lse_bound[0], static_cast<double>(up));
     EXPECT_GE(g.ref.lse_bound[0], static_cast<double>(down));

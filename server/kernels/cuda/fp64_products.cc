@@ -520,9 +520,26 @@ absl::Status CudaFp64Products::GWOfDy(const void* dy, bool dy_bf16, const std::i
   return absl::OkStatus();
 }
 
+absl::Status CudaFp64Products::ClassModels(bool wanted, std::int64_t m, RowClassModels* models) {
+  *models = RowClassModels();
+  if (!wanted) return absl::OkStatus();
+  const std::size_t elements = static_cast<std::size_t>(m) * static_cast<std::size_t>(v_);
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&seq_, elements * sizeof(float), "the sequential model"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&tc_, elements * sizeof(double), "the tensor-core model"));
+  // The logits' models from the operands FormOnDevice left: A = X [m, K]
+  // (a_), B(t, j) = W[j, t] (w_).
+  RETURN_IF_CUDA_ERROR(LaunchModelSums(a_.as<double>(), k_, 1, w_.as<double>(), 1, k_, m, v_, k_,
+                                       seq_.as<float>(), tc_.as<double>(), stream_.get()),
+                       "verify: the precision-class models [", m, ", ", v_, "] of ", k_, " terms");
+  models->seq = seq_.as<float>();
+  models->tc = tc_.as<double>();
+  models->floor = judgement::ClassFloor(k_);
+  return absl::OkStatus();
+}
+
 absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const std::int64_t* targets,
                                        double gamma, double absolute, double cap,
-                                       judgement::CeRowSums* sums) {
+                                       bool class_envelope, judgement::CeRowSums* sums) {
   LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
   cudaStream_t s = stream_.get();
   const std::size_t targets_bytes = static_cast<std::size_t>(m) * sizeof(std::int64_t);
@@ -533,9 +550,11 @@ absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const st
       cudaMemcpyAsync(targets_.get(), targets, targets_bytes, cudaMemcpyHostToDevice, s),
       "verify: copy the targets to the device");
   LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
+  RowClassModels models;
+  LOGITD_CUDA_RETURN_IF_ERROR(ClassModels(class_envelope, m, &models));
   RETURN_IF_CUDA_ERROR(
       LaunchCeRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, targets_.as<std::int64_t>(),
-                      gamma, absolute, cap, logitd::Gamma(v_, kFp32StepError),
+                      gamma, absolute, cap, logitd::Gamma(v_, kFp32StepError), models,
                       row_sums_.as<judgement::CeRowSums>(), s),
       "verify: the cross-entropy's softmax sums");
   RETURN_IF_CUDA_ERROR(
@@ -572,12 +591,14 @@ absl::Status CudaFp64Products::LpRows(const double* x, std::int64_t m, const LpR
       cudaMemcpyAsync(targets_.get(), request.targets, targets_bytes, cudaMemcpyHostToDevice, s),
       "verify: copy the targets to the device");
   LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
+  RowClassModels models;
+  LOGITD_CUDA_RETURN_IF_ERROR(ClassModels(request.class_envelope, m, &models));
   RETURN_IF_CUDA_ERROR(
       LaunchLpRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, request.vocab,
                       targets_.as<std::int64_t>(), request.gamma, request.absolute, request.cap,
                       request.temperature, logitd::Gamma(request.vocab, kFp32StepError),
                       request.order_cols, ids_n > 0 ? ids_.as<std::int64_t>() : nullptr,
-                      request.ids_k, row_sums_.as<judgement::LpRowSums>(),
+                      request.ids_k, models, row_sums_.as<judgement::LpRowSums>(),
                       order_.as<std::int64_t>(), order_z_.as<double>(),
                       ids_n > 0 ? ids_z_.as<double>() : nullptr, s),
       "verify: LogProbs' row sums");
@@ -665,10 +686,10 @@ bool CudaFp64Products::JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x,
 }
 
 bool CudaFp64Products::CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets,
-                                 double gamma, double absolute, double cap,
+                                 double gamma, double absolute, double cap, bool class_envelope,
                                  judgement::CeRowSums* sums) {
   std::lock_guard<std::mutex> lock(mu_);
-  return Done(RowSums(x, m, targets, gamma, absolute, cap, sums));
+  return Done(RowSums(x, m, targets, gamma, absolute, cap, class_envelope, sums));
 }
 
 bool CudaFp64Products::LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,

@@ -21,6 +21,8 @@
 
 namespace logitd::kernels::cuda {
 
+struct RowClassModels;  // judge_kernels.h
+
 using CublasHandle = UniqueHandle<cublasHandle_t, &cublasDestroy>;
 
 class CudaFp64Products final : public Fp64Products {
@@ -47,7 +49,8 @@ class CudaFp64Products final : public Fp64Products {
                 const void* candidate, const void* own, const judgement::ProductRule& rule,
                 CandidateCheck* check, const std::function<bool()>& stop) override;
   bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
-                 double absolute, double cap, judgement::CeRowSums* sums) override;
+                 double absolute, double cap, bool class_envelope,
+                 judgement::CeRowSums* sums) override;
   bool LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
                  const LpRowsResult& result) override;
   std::int64_t JudgeBlockRows(std::int64_t cols) const override;
@@ -122,7 +125,12 @@ class CudaFp64Products final : public Fp64Products {
   absl::Status NonFinite(bool* seen);
   // FormOnDevice, then the cross-entropy's row sums (judge_kernels.h).
   absl::Status RowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
-                       double absolute, double cap, judgement::CeRowSums* sums);
+                       double absolute, double cap, bool class_envelope,
+                       judgement::CeRowSums* sums);
+  // When `wanted`, the models of the m rows' logits [m, V] from the
+  // operands FormOnDevice left (queued on stream_), for the row kernels'
+  // precision-class sums; else none.
+  absl::Status ClassModels(bool wanted, std::int64_t m, RowClassModels* models);
   // FormOnDevice, then LogProbs' row sums, order and ids' z (judge_kernels.h).
   absl::Status LpRows(const double* x, std::int64_t m, const LpRowsRequest& request,
                       const LpRowsResult& result);

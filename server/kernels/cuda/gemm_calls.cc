@@ -381,6 +381,7 @@ absl::StatusOr<std::shared_ptr<Fp64Products>> CudaBackend::DoReferenceProducts(
   absl::StatusOr<std::unique_ptr<CudaFp64Products>> engine = CudaFp64Products::Create(
       w->data(), w->v(), w->k(), options_.device, memory_, info_.device_name);
   if (!engine.ok()) return engine.status();
+  (*engine)->set_weight_memo(w->memo());
   return std::shared_ptr<Fp64Products>(*std::move(engine));
 }
 

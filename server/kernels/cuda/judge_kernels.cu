@@ -339,7 +339,7 @@ __device__ double LogSumExp(const Logit& logit, std::int64_t n, double mx, doubl
 __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
                                 std::int64_t cols, const std::int64_t* __restrict__ targets,
                                 double gamma, double absolute, double cap, double gamma_sum,
-                                judgement::CeRowSums* sums) {
+                                RowClassModels models, judgement::CeRowSums* sums) {
   __shared__ double scratch[kRowThreads / 32];
   const std::int64_t row = blockIdx.x;
   const double* y = sum + row * cols;
@@ -359,14 +359,32 @@ __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __
   b = BlockReduce(b, /*max=*/true, scratch);
   const double log_s = LogSumExp(logit, cols, mx, scratch);
   const double lse = mx + log_s;
-  double w = 0;
+  // A logit's class envelope carried into z as its bound is.
+  const std::int64_t offset = row * cols;
+  const auto class_z = [&](std::int64_t j) {
+    const double c = judgement::LogitClassEnvelope(y[j], y_abs[j], models.seq[offset + j],
+                                                   models.tc[offset + j], models.floor);
+    double z, f, cz;
+    judgement::CappedLogit(y[j], c, cap, &z, &f, &cz);
+    return cz;
+  };
+  const bool classed = models.seq != nullptr;
+  double w = 0, lin = 0, mean_d = 0;
   for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     double z, ez;
     logit(j, &z, &ez);
     const double p = exp(z - lse);
-    w += p * expm1(ez + judgement::ExpTermError(mx - z, b, gamma_sum));
+    w += judgement::WeightedExpm1(z - lse, ez + judgement::ExpTermError(mx - z, b, gamma_sum));
+    if (classed) {
+      lin += p * class_z(j);
+      mean_d += p * (mx - z);
+    }
   }
   w = BlockReduce(w, /*max=*/false, scratch);
+  if (classed) {
+    lin = BlockReduce(lin, /*max=*/false, scratch);
+    mean_d = BlockReduce(mean_d, /*max=*/false, scratch);
+  }
   if (threadIdx.x == 0) {
     judgement::CeRowSums out;
     out.mx = mx;
@@ -376,6 +394,12 @@ __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __
     out.weighted = w;
     const std::int64_t t = targets[row];
     if (t >= 0 && t < cols) logit(t, &out.zt, &out.ezt);
+    if (classed) {
+      out.class_formed = true;
+      out.class_lin = lin;
+      out.class_mean_d = mean_d;
+      if (t >= 0 && t < cols) out.class_zt = class_z(t);
+    }
     sums[row] = out;
   }
 }
@@ -425,8 +449,9 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
                                 const std::int64_t* __restrict__ targets, double gamma,
                                 double absolute, double cap, double temperature, double gamma_sum,
                                 std::int64_t order_cols, const std::int64_t* __restrict__ ids,
-                                std::int64_t ids_k, judgement::LpRowSums* sums, std::int64_t* order,
-                                double* order_z, double* ids_z) {
+                                std::int64_t ids_k, RowClassModels models,
+                                judgement::LpRowSums* sums, std::int64_t* order, double* order_z,
+                                double* ids_z) {
   __shared__ double scratch[kRowThreads / 32];
   __shared__ std::int64_t id_scratch[kRowThreads / 32];
   const std::int64_t row = blockIdx.x;
@@ -452,6 +477,16 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
   const bool has_target = t >= 0 && t < vocab;
   double zt = 0, ezt = 0;
   if (has_target) logit(t, &zt, &ezt);
+  const std::int64_t offset = row * cols;
+  const auto class_z = [&](std::int64_t j) {
+    const double c = judgement::LogitClassEnvelope(y[j], y_abs[j], models.seq[offset + j],
+                                                   models.tc[offset + j], models.floor);
+    double z, cz;
+    judgement::LpLogit(y[j], c, cap, temperature, /*rounded=*/true, &z, &cz);
+    return cz;
+  };
+  const bool classed = models.seq != nullptr;
+  double lin = 0, lin_d = 0;
   double w = 0, w_ez = 0, w_lez = 0, eval_h = 0, mean_d = 0, h = 0, rank = 0, low = 0, high = 0;
   for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     double z, ez;
@@ -459,10 +494,16 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
     const double p = exp(z - lse);
     const double d = mx - z;
     const double a = lse - z;
-    w += p * expm1(ez + judgement::ExpTermError(d, b, gamma_sum));
+    if (classed) {
+      const double cz = class_z(j);
+      lin += p * cz;
+      lin_d += p * a * cz;
+    }
+    w += judgement::WeightedExpm1(z - lse, ez + judgement::ExpTermError(d, b, gamma_sum));
     w_ez += p * ez;
     w_lez += p * a * ez;
-    eval_h += p * a * expm1(judgement::EntropyTermError(a, b, gamma_sum));
+    if (a > 0)
+      eval_h += a * judgement::WeightedExpm1(z - lse, judgement::EntropyTermError(a, b, gamma_sum));
     mean_d += p * d;
     h += p * a;
     if (has_target && j != t) {
@@ -480,8 +521,18 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
   rank = BlockReduce(rank, /*max=*/false, scratch);
   low = BlockReduce(low, /*max=*/false, scratch);
   high = BlockReduce(high, /*max=*/false, scratch);
+  if (classed) {
+    lin = BlockReduce(lin, /*max=*/false, scratch);
+    lin_d = BlockReduce(lin_d, /*max=*/false, scratch);
+  }
   if (threadIdx.x == 0) {
     judgement::LpRowSums out;
+    if (classed) {
+      out.class_formed = true;
+      out.class_lin = lin;
+      out.class_lin_d = lin_d;
+      if (has_target) out.class_zt = class_z(t);
+    }
     out.b = b;
     out.mx = mx;
     out.log_s = log_s;
@@ -547,10 +598,11 @@ unsigned int Blocks(std::int64_t n) {
 cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
                             std::int64_t cols, const std::int64_t* targets, double gamma,
                             double absolute, double cap, double gamma_sum,
-                            judgement::CeRowSums* sums, cudaStream_t stream) {
+                            const RowClassModels& models, judgement::CeRowSums* sums,
+                            cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   CeRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
-      sum, abs_sum, cols, targets, gamma, absolute, cap, gamma_sum, sums);
+      sum, abs_sum, cols, targets, gamma, absolute, cap, gamma_sum, models, sums);
   return cudaGetLastError();
 }
 
@@ -558,12 +610,13 @@ cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64
                             std::int64_t cols, std::int64_t vocab, const std::int64_t* targets,
                             double gamma, double absolute, double cap, double temperature,
                             double gamma_sum, std::int64_t order_cols, const std::int64_t* ids,
-                            std::int64_t ids_k, judgement::LpRowSums* sums, std::int64_t* order,
-                            double* order_z, double* ids_z, cudaStream_t stream) {
+                            std::int64_t ids_k, const RowClassModels& models,
+                            judgement::LpRowSums* sums, std::int64_t* order, double* order_z,
+                            double* ids_z, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   LpRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
       sum, abs_sum, cols, vocab, targets, gamma, absolute, cap, temperature, gamma_sum, order_cols,
-      ids, ids_k, sums, order, order_z, ids_z);
+      ids, ids_k, models, sums, order, order_z, ids_z);
   return cudaGetLastError();
 }
 

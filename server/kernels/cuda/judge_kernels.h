@@ -85,6 +85,16 @@ cudaError_t LaunchCollectOutside(const double* sum, const double* abs_sum, const
                                  const judgement::ProductRule& rule, JudgedElement* entries,
                                  unsigned int* count, unsigned int capacity, cudaStream_t stream);
 
+// The models of the logits of a block of rows (LaunchModelSums: seq and tc
+// [rows, cols]) and the class floor of their sums, from which the row
+// kernels form the precision-class sums (judgement::LogitClassEnvelope);
+// seq null: none.
+struct RowClassModels {
+  const float* seq = nullptr;
+  const double* tc = nullptr;
+  double floor = 0;
+};
+
 // The cross-entropy's softmax sums of each row of the logits sum [rows,
 // cols] with bounds gamma·abs_sum + absolute, soft-capped at `cap` (0:
 // not): sums[r] (element_judgement.h, CeRowSums; gamma_sum = γ_V of the
@@ -93,7 +103,8 @@ cudaError_t LaunchCollectOutside(const double* sum, const double* abs_sum, const
 cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
                             std::int64_t cols, const std::int64_t* targets, double gamma,
                             double absolute, double cap, double gamma_sum,
-                            judgement::CeRowSums* sums, cudaStream_t stream);
+                            const RowClassModels& models, judgement::CeRowSums* sums,
+                            cudaStream_t stream);
 
 // LogProbs' sums of each row of the logits sum [rows, cols] (bounds
 // gamma·abs_sum + absolute) over its first `vocab` entries, z from
@@ -107,7 +118,8 @@ cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64
                             std::int64_t cols, std::int64_t vocab, const std::int64_t* targets,
                             double gamma, double absolute, double cap, double temperature,
                             double gamma_sum, std::int64_t order_cols, const std::int64_t* ids,
-                            std::int64_t ids_k, judgement::LpRowSums* sums, std::int64_t* order,
-                            double* order_z, double* ids_z, cudaStream_t stream);
+                            std::int64_t ids_k, const RowClassModels& models,
+                            judgement::LpRowSums* sums, std::int64_t* order, double* order_z,
+                            double* ids_z, cudaStream_t stream);
 
 }  // namespace logitd::kernels::cuda

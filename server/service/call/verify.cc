@@ -383,8 +383,12 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
     in.m = static_cast<std::int64_t>(plan.rows.size());
     if (ref_targets != nullptr) ref_targets = sampled_targets.data();
   }
-  // name -> (values, bounds), each [M] or [1].
-  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> refs;
+  // name -> values, bounds and precision-class envelopes (empty for a
+  // reduced loss), [M] or [1].
+  struct TokenReference {
+    std::vector<double> values, bounds, envelopes;
+  };
+  std::map<std::string, TokenReference> refs;
   // The cross-entropy's g and its pre-cast bound [M, V], for dX and dW.
   std::vector<double> g, g_pre_err;
   // LogProbs' reference, and a top-k ids candidate's ids and their z.
@@ -404,6 +408,7 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
     o.grad_scale = cp.grad_scale;
     // A mean divides by the call's counted tokens, sampled rows or not.
     o.counted_tokens = targets.counted;
+    o.class_envelope = true;
     CrossEntropyReference ref;
     CeGradientSink gather;
     if (cp.want_dx || cp.want_dw) {
@@ -418,13 +423,13 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
       };
     }
     done = ReferenceCrossEntropy(in, ref_targets, o, LogitModel::kFp32Sum, &ref, gather, stop);
-    refs["lse"] = {ref.lse, ref.lse_bound};
+    refs["lse"] = {ref.lse, ref.lse_bound, ref.lse_class};
     if (o.reduction == CeReduction::kNone) {
-      refs["loss"] = {ref.loss, ref.loss_bound};
+      refs["loss"] = {ref.loss, ref.loss_bound, ref.loss_class};
     } else if (o.reduction == CeReduction::kSum) {
-      refs["loss"] = {{ref.sum}, {ref.sum_bound}};
+      refs["loss"] = {{ref.sum}, {ref.sum_bound}, {}};
     } else {
-      refs["loss"] = {{ref.mean}, {ref.mean_bound}};
+      refs["loss"] = {{ref.mean}, {ref.mean_bound}, {}};
     }
   } else {
     const LogProbsPlan& lp = *plan.logprobs;
@@ -434,6 +439,7 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
     o.logit_softcap = lp.logit_softcap;
     o.vocab_size = lp.vocab;
     o.top_k = lp.top_k;
+    o.class_envelope = true;
     // The candidate's top-k ids, widened, and their z, gathered with the
     // reference's rows.
     LpIdsZ ids_z;
@@ -443,13 +449,14 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
       ids_z = LpIdsZ{top_k_ids.data(), lp.top_k, top_k_z.data()};
     }
     done = ReferenceLogProbs(in, ref_targets, o, LogitModel::kFp32Sum, &lp_ref, {}, stop, 0, ids_z);
-    refs["logprob"] = {lp_ref.logprob, lp_ref.logprob_bound};
-    refs["lse"] = {lp_ref.lse, lp_ref.lse_bound};
-    refs["entropy"] = {lp_ref.entropy, lp_ref.entropy_bound};
+    refs["logprob"] = {lp_ref.logprob, lp_ref.logprob_bound, lp_ref.logprob_class};
+    refs["lse"] = {lp_ref.lse, lp_ref.lse_bound, lp_ref.lse_class};
+    refs["entropy"] = {lp_ref.entropy, lp_ref.entropy_bound, lp_ref.entropy_class};
   }
   if (!done) {
     return absl::CancelledError("verify: the caller went away while the references were formed");
   }
+  const std::int64_t independent = DistinctTokens(in, ref_targets);
   for (const VerifyCandidatePlan& c : plan.candidates) {
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);
@@ -471,17 +478,10 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
       outcome->candidates.push_back(std::move(v));
       continue;
     }
-    const auto& [values, bounds] = refs.at(c.name);
-    if (plan.rows.empty() || values.size() == 1) {
-      v.check.AddRange(0, static_cast<std::int64_t>(values.size()), data, own.at(c.name).data(),
-                       values.data(), bounds.data(), bounds.data());
-    } else {
-      for (std::size_t j = 0; j < values.size(); ++j) {
-        const std::int64_t i = plan.rows[j];
-        v.check.Add(i, data + i * 4, own.at(c.name).data() + i * 4, values[j], bounds[j],
-                    bounds[j]);
-      }
-    }
+    const TokenReference& t = refs.at(c.name);
+    CheckTokenValues(t.values, t.bounds, t.envelopes, plan.rows,
+                     reinterpret_cast<const float*>(data),
+                     reinterpret_cast<const float*>(own.at(c.name).data()), independent, &v.check);
     outcome->candidates.push_back(std::move(v));
   }
   return absl::OkStatus();

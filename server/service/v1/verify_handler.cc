@@ -50,7 +50,7 @@ void FillPrecisionClass(const PrecisionClassFigures& p, v1::PrecisionClass* out)
     row->set_threshold(r.threshold);
     row->set_outside(r.outside);
   }
-  out->set_envelope(ClassEnvelopeName());
+  out->set_envelope(p.envelope.empty() ? ClassEnvelopeName() : p.envelope);
 }
 
 void FillCandidate(const VerifiedCandidate& c, v1::CandidateVerdict* out) {

@@ -67,6 +67,8 @@ struct CheckFigures {
   // The precision-class test's rows (element_judgement.h, ClassRow), by
   // row index.
   std::map<std::int64_t, judgement::ClassRow> class_rows;
+  // The precision-class test's per-token values (AddValueClass).
+  std::vector<ValueClassTerm> value_class;
 };
 
 // The precision-class test's inputs for a range of products' elements
@@ -119,6 +121,14 @@ class CandidateCheck {
   void AddProducts(std::int64_t offset, std::int64_t n, const void* candidate, const void* own,
                    const judgement::ProductRule& rule, const double* sum, const double* abs_sum,
                    const ClassInputs* models);
+
+  // The precision-class test's terms of a per-token value already added
+  // (Add, AddRange) at `index`: counted when the candidate, the reference
+  // and the envelope are finite and the envelope positive (a value of the
+  // cross-entropy or LogProbs, JudgeValueClass). A check with such values
+  // is judged by them.
+  void AddValueClass(std::int64_t index, double candidate, double reference, double envelope,
+                     double bound, double own);
 
   // Adds elements counted elsewhere, whose indices all come after those
   // added so far or are merged in index order: as if each had been added

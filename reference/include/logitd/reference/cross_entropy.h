@@ -49,11 +49,18 @@ struct CeReferenceOptions {
   // reference of some of a call's rows (Verify's sample_rows) gives the
   // whole call's count, so that its g are the call's.
   std::int64_t counted_tokens = 0;
+  // Form the per-token outputs' precision-class envelopes (fp32-sum
+  // logits only; Verify's): CrossEntropyReference::lse_class, loss_class.
+  bool class_envelope = false;
 };
 
 // One token's values and the bounds on |implementation − value|.
 struct CeTokenReference {
   double lse = 0, lse_bound = 0, loss = 0, loss_bound = 0;
+  // The precision-class test's envelopes (docs/PROTOCOL.md, "The
+  // precision-class test of the per-token outputs"): the scale of a
+  // conforming implementation's error; 0 where not formed.
+  double lse_class = 0, loss_class = 0;
 };
 
 struct CrossEntropyReference {
@@ -65,6 +72,10 @@ struct CrossEntropyReference {
   // Per token [M]: values and bounds. Ignored tokens have loss 0 with bound
   // 0; their lse is that of the row like any other.
   std::vector<double> lse, lse_bound, loss, loss_bound;
+  // With options.class_envelope, per token [M]: the precision-class
+  // test's envelopes of lse and loss (0 where not formed: a non-finite
+  // logit, an ignored token's loss). Empty otherwise.
+  std::vector<double> lse_class, loss_class;
   // The reduced loss (sum or mean over counted tokens; NaN mean when none
   // counts) and its bound. Both are filled whatever the reduction.
   double sum = 0, sum_bound = 0, mean = 0, mean_bound = 0;
@@ -99,15 +110,18 @@ double CrossEntropyGradScale(const CeReferenceOptions& options, std::int64_t cou
 CeTokenReference CrossEntropyTokenFromSums(const judgement::CeRowSums& sums, std::int64_t v,
                                            bool counted, const CeReferenceOptions& options);
 // A row's softmax sums (judgement::CeRowSums, without the target's) from its
-// z [v] and their bounds ez [v].
-judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std::int64_t v);
+// z [v] and their bounds ez [v], with the class sums when cz [v] (the
+// class envelopes of z) is given.
+judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std::int64_t v,
+                                         const double* cz = nullptr);
 // One token from its logits y [v] and their bounds y_err [v] (null: exact
-// logits): lse, loss and their bounds; g [v] and its pre-cast bound
+// logits): lse, loss and their bounds (and class envelopes, from the
+// logits' y_class [v] when given: LogitClassEnvelope); g [v] and its pre-cast bound
 // g_pre_err [v] for the row too unless g is null (zeros when not counted).
 CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, std::int64_t v,
                                           std::int64_t target, bool counted, double scale,
                                           const CeReferenceOptions& options, double* g,
-                                          double* g_pre_err);
+                                          double* g_pre_err, const double* y_class = nullptr);
 
 // The bf16 cast of g: bounds on |G − g| and on |G| for an implementation's
 // bf16 G, from g and its pre-cast bound.

@@ -602,6 +602,9 @@ LOGITD_HD inline void CappedLogit(double y, double dy, double cap, double* z, do
 LOGITD_HD inline double ExpTermError(double d, double e_max, double gamma_sum) {
   constexpr double kU = 0x1p-24;
   const double rho = kFnError + 3 * kU * (d + 2 * e_max) + gamma_sum;
+  // An argument so far below the largest (or logits so loose) that the
+  // term's relative error is not bounded: no finite factor.
+  if (!(rho < 1)) return Infinity();
 #if defined(__CUDA_ARCH__)
   return -log1p(-rho);
 #else
@@ -631,6 +634,14 @@ struct CeRowSums {
   double weighted = 0;
   double zt = 0;
   double ezt = 0;
+  // The precision-class test's sums (TokenClassTerms), when formed:
+  // Σ p·c_z (c_z the logit's class envelope, LogitClassEnvelope, carried
+  // into z as CappedLogit carries a bound), Σ p·(max − z), and the
+  // target's c_z.
+  bool class_formed = false;
+  double class_lin = 0;
+  double class_mean_d = 0;
+  double class_zt = 0;
 };
 
 // LogProbs' z of one logit y with its bound dy (logprobs.cc proves the
@@ -684,6 +695,61 @@ struct LpRowSums {
   std::int64_t rank = -1;
   std::int64_t low = -1;
   std::int64_t high = -1;
+  // The precision-class test's sums, as CeRowSums' (mean_d above), and
+  // Σ p·(lse − z)·c_z for the entropy.
+  bool class_formed = false;
+  double class_lin = 0;
+  double class_lin_d = 0;
+  double class_zt = 0;
 };
+
+// The precision-class test of a per-token output (docs/PROTOCOL.md, "The
+// precision-class test of the per-token outputs"). A logit's class
+// envelope c_y: the largest of the sequential fp32 sum's error, the
+// tensor-core model's, half an fp32 ulp of the value and the floor (in
+// units of 2^-24·Σ|x·w|), as ClassTermsOf forms it for Logits (without
+// logitd's own output, which a fused cross-entropy does not show). NaN
+// where a value is not finite: the token is then not counted.
+LOGITD_HD inline double LogitClassEnvelope(double y, double abs_sum, float seq, double tc,
+                                           double floor) {
+  if (!(IsFinite(y) && IsFinite(abs_sum) && IsFinite(static_cast<double>(seq)) && IsFinite(tc) &&
+        Abs(y) <= kFp32MaxFinite)) {
+    return Add(Infinity(), -Infinity());
+  }
+  const double half_ulp = Mul(0.5, Fp32Ulp(static_cast<float>(y)));
+  const double seq_err = Abs(Add(static_cast<double>(seq), -y));
+  double env = seq_err > half_ulp ? seq_err : half_ulp;
+  if (tc > env) env = tc;
+  const double floor_err = Mul(floor, Mul(0x1p-24, abs_sum));
+  return floor_err > env ? floor_err : env;
+}
+
+// p·(e^a − 1) for p = e^{log_p} (at most 1) and a ≥ 0, finite where p
+// underflows and e^a overflows (+Inf only where the product does): e^a − 1
+// < e^a, so past a = 700 the product is taken as e^{log_p + a}.
+LOGITD_HD inline double WeightedExpm1(double log_p, double a) {
+#if defined(__CUDA_ARCH__)
+  return a > 700 ? exp(log_p + a) : exp(log_p) * expm1(a);
+#else
+  return a > 700 ? __builtin_exp(log_p + a) : __builtin_exp(log_p) * __builtin_expm1(a);
+#endif
+}
+
+// The evaluation part of an lse's class envelope, in a conforming fp32
+// softmax: its exps and log within kFnError each (the bounds' assumption)
+// and an exp's argument rounding and scaling (2^-24 per unit of max − z,
+// four times over), the final addition's half ulp, and the fp32 sum of V
+// positive terms, whose rounding errors a sequential sum accumulates to a
+// standard deviation of at most 0.42·√V·2^-24 of the sum (every partial
+// sum at most the whole), taken as 0.5·√V·2^-24.
+LOGITD_HD inline double LseEvalEnvelope(double log_s, double lse, double mean_d, std::int64_t v) {
+  constexpr double kU = 0x1p-24;
+#if defined(__CUDA_ARCH__)
+  const double root = sqrt(static_cast<double>(v));
+#else
+  const double root = __builtin_sqrt(static_cast<double>(v));
+#endif
+  return kFnError * (2 + Abs(log_s)) + kU * (Abs(lse) + 4 * mean_d + 0.5 * root);
+}
 
 }  // namespace logitd::judgement

@@ -12,6 +12,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,7 @@ struct LpRowsRequest {
   std::int64_t order_cols = 0;
   const std::int64_t* ids = nullptr;  // [m, ids_k], or null
   std::int64_t ids_k = 0;
+  bool class_envelope = false;  // the precision-class sums too, as CeRowSums'
 };
 struct LpRowsResult {
   judgement::LpRowSums* sums = nullptr;  // [m]
@@ -46,9 +50,31 @@ struct LpRowsResult {
   double* ids_z = nullptr;               // [m, ids_k] when ids are given
 };
 
+// Counts of a weight that every check of it asks for (the distinct classes
+// of its rows and of its columns, verify_checks.cc), kept beside the
+// weight so that each is formed once: a registered weight never changes.
+class WeightMemo {
+ public:
+  enum Key { kRowClasses, kColumnClasses };
+  // The value of `key`, from `count` the first time (two callers at once
+  // may both count; they agree).
+  std::int64_t Get(Key key, const std::function<std::int64_t()>& count);
+
+ private:
+  std::mutex mu_;
+  std::map<Key, std::int64_t> values_;
+};
+
 class Fp64Products {
  public:
   virtual ~Fp64Products() = default;
+
+  // WeightMemo::Get of the memo the engine's maker gave it (set_weight_memo),
+  // else `count` itself.
+  std::int64_t WeightCount(WeightMemo::Key key, const std::function<std::int64_t()>& count) {
+    return memo_ != nullptr ? memo_->Get(key, count) : count();
+  }
+  void set_weight_memo(std::shared_ptr<WeightMemo> memo) { memo_ = std::move(memo); }
 
   // y [m, V] = x·Wᵀ and, when y_abs is not null, y_abs [m, V] = |x|·|W|ᵀ,
   // for x [m, K] as doubles and the weight W [V, K] this engine was made
@@ -115,11 +141,13 @@ class Fp64Products {
   // are formed, for x [m, K] as doubles (every value finite, and W's too):
   // the logits' bounds are gamma·Σ|x·w| + absolute, `cap` soft-caps them
   // (0: not), and sums[r] (element_judgement.h) takes the z of targets[r]
-  // (none outside [0, V)). False when the engine forms them nowhere but the
-  // host (the default) or could not (error() says why).
+  // (none outside [0, V)); with `class_envelope`, the precision-class
+  // sums too, from the models of each logit (accumulation_models.h) and
+  // judgement::LogitClassEnvelope. False when the engine forms them nowhere
+  // but the host (the default) or could not (error() says why).
   virtual bool CeRowSums(const double* /*x*/, std::int64_t /*m*/, const std::int64_t* /*targets*/,
                          double /*gamma*/, double /*absolute*/, double /*cap*/,
-                         judgement::CeRowSums* /*sums*/) {
+                         bool /*class_envelope*/, judgement::CeRowSums* /*sums*/) {
     return false;
   }
 
@@ -149,6 +177,9 @@ class Fp64Products {
   virtual std::string error() const = 0;
   // "cuBLAS DGEMM on NVIDIA H200", for logs and results.
   virtual std::string name() const = 0;
+
+ private:
+  std::shared_ptr<WeightMemo> memo_;
 };
 
 // ReferenceXWt and ReferenceGW (numerics.h) through `engine` when it is not

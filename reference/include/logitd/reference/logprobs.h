@@ -29,6 +29,9 @@ struct LpReferenceOptions {
   float logit_softcap = 0.0f;   // 0: no soft-capping
   std::int64_t top_k = 0;       // 0: no top-k
   std::int64_t vocab_size = 0;  // 0: all of V
+  // Form the per-token outputs' precision-class envelopes (fp32-sum
+  // logits only; Verify's): LogProbsReference::lse_class and the others.
+  bool class_envelope = false;
 };
 
 struct LogProbsReference {
@@ -42,6 +45,10 @@ struct LogProbsReference {
   // 0 with bound 0 for an ignored token (and for every token without
   // targets).
   std::vector<double> lse, lse_bound, logprob, logprob_bound, entropy, entropy_bound;
+  // With options.class_envelope, per token [M]: the precision-class test's
+  // envelopes (docs/PROTOCOL.md, "The precision-class test of the per-token
+  // outputs"); 0 where not formed. Empty otherwise.
+  std::vector<double> lse_class, logprob_class, entropy_class;
   // Per token: B, the largest bound on an implementation's z of the row.
   std::vector<double> z_bound;
   // [M, order_cols], order_cols = min(top_k + 1, v): the ids of the best

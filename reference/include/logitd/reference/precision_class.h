@@ -90,9 +90,34 @@ struct PrecisionClassFigures {
   std::int64_t elements_outside = 0;
   std::vector<RowPrecisionFigures> worst_rows;  // at most kReportedRows, worst first
   std::vector<ClassOutlier> outliers;           // at most kReportedOutliers, worst first
+  // The conforming implementations the envelope stands for (empty: the
+  // products', ClassEnvelopeName()).
+  std::string envelope;
   static constexpr std::size_t kReportedRows = 8;
   static constexpr std::size_t kReportedOutliers = 32;
 };
+
+// A per-token output's element as the precision-class test of those
+// outputs counts it (docs/PROTOCOL.md, "The precision-class test of the
+// per-token outputs"): the candidate's value, the reference, the
+// envelope (the scale of a conforming implementation's error there), and,
+// for the report, its proven bound and logitd's value.
+struct ValueClassTerm {
+  std::int64_t index = 0;
+  double candidate = 0;
+  double reference = 0;
+  double envelope = 0;
+  double bound = 0;
+  double logitd = 0;
+};
+
+// The test of per-token values, each its own row of one element: the
+// tensor's RMS of |error|/envelope against kClassSpread·√t with n' = the
+// values counted (at most `total` independent ones), and each value's
+// against kClassSpread·√t₁ at α₀/n. effective_bits is 24 − log2 of the RMS
+// ratio (the envelope's 24).
+PrecisionClassFigures JudgeValueClass(const std::vector<ValueClassTerm>& terms,
+                                      std::int64_t total = INT64_MAX);
 
 // The test over a candidate's rows (row index → its counts), with at most
 // `per_row` independent errors in a row and `total` in all (elements whose

@@ -79,6 +79,21 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
 bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
                      CandidateCheck* check, const StopCheck& stop = {});
 
+// A per-token output of the cross-entropy or LogProbs (fp32 [M]; with
+// `rows`, reference j is row rows[j]) against its reference's values,
+// proven bounds and precision-class envelopes (empty: a reduced loss,
+// held to its bound only), judged by the precision-class test of the
+// per-token outputs with at most `independent` independent errors
+// (DistinctTokens).
+void CheckTokenValues(const std::vector<double>& values, const std::vector<double>& bounds,
+                      const std::vector<double>& envelopes, const CheckedRows& rows,
+                      const float* candidate, const float* own, std::int64_t independent,
+                      CandidateCheck* check);
+// Tokens whose rows of X and targets (null: none) are equal have equal
+// values and errors in every implementation: how many distinct ones the
+// m rows of in.x hold.
+std::int64_t DistinctTokens(const LmHeadInputs& in, const std::int64_t* targets);
+
 // The most memory each check takes besides its arguments (the doubles of
 // its references, blocks of widened operands), for a caller that admits
 // work by its memory: `rows` is the number of rows of M checked.
