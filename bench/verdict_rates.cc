@@ -8,6 +8,7 @@
 //   usage: logitd_verdict_rates [--conforming_calls=N] [--defect_calls=N]
 //                               [--ks=1024,4096,16384,65536] [--threads=N]
 //                               [--seed=S] [--json=FILE] [--changes_only]
+//                               [--cross_entropy_calls=N]
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -35,6 +36,7 @@ struct Flags {
   std::uint64_t seed = 47;
   std::string json;
   bool changes_only = false;  // only the defects made by changing a conforming output
+  int cross_entropy_calls = 100;
 };
 
 bool Take(const char* arg, const char* name, std::string* value) {
@@ -56,6 +58,8 @@ Flags Parse(int argc, char** argv) {
       f.threads = std::max(1, std::atoi(v.c_str()));
     } else if (Take(argv[i], "--seed", &v)) {
       f.seed = std::strtoull(v.c_str(), nullptr, 10);
+    } else if (Take(argv[i], "--cross_entropy_calls", &v)) {
+      f.cross_entropy_calls = std::atoi(v.c_str());
     } else if (std::strcmp(argv[i], "--changes_only") == 0) {
       f.changes_only = true;
     } else if (Take(argv[i], "--json", &v)) {
@@ -219,6 +223,68 @@ void Defects(const Flags& f, std::string* json) {
   *json += "]";
 }
 
+// The cross-entropy's per-token loss and lse at V = 32,768 over 64 tokens:
+// logitd's own fp32 logits (OpenBLAS) through a conforming fp32 softmax,
+// which must pass, and the same logits rounded to bf16 first, which must
+// fail.
+void CrossEntropy(const Flags& f, std::string* json) {
+  constexpr std::int64_t kM = 64, kV = 32768;
+  std::printf(
+      "\nThe cross-entropy's per-token outputs, %d calls each of %lld tokens over V = %lld "
+      "(inputs \"lm logits\": z ~ N(0, 3²)): conforming (fp32 logits) failed, and from bf16 logits "
+      "caught\n\n",
+      f.cross_entropy_calls, static_cast<long long>(kM), static_cast<long long>(kV));
+  std::printf(
+      "| output | K | fp32 logits failed | bf16 logits caught | largest conforming "
+      "RMS ratio / threshold | smallest bf16 RMS ratio / threshold |\n"
+      "|---|---|---|---|---|---|\n");
+  *json += "\"cross_entropy\":[";
+  bool first = true;
+  for (std::int64_t k : f.ks) {
+    std::atomic<int> failed[2] = {0, 0}, caught[2] = {0, 0};
+    std::mutex mu;
+    double worst_pass[2] = {0, 0}, least_catch[2] = {1e300, 1e300};
+    Parallel(f.cross_entropy_calls, f.threads, [&](int i) {
+      const std::uint64_t seed =
+          f.seed * 104729 + static_cast<std::uint64_t>(i) * 37 + static_cast<std::uint64_t>(k);
+      const CaseInputs in = MakeInputs("lm logits", kM, kV, k, seed);
+      const std::vector<std::int64_t> targets = MakeTargets(kM, kV, seed);
+      const CeJudged fp32 = JudgeCrossEntropy(nullptr, in, targets, false, i % 2 == 1);
+      const CeJudged bf16 = JudgeCrossEntropy(nullptr, in, targets, true);
+      const Judged* pass[2] = {&fp32.loss, &fp32.lse};
+      const Judged* fail[2] = {&bf16.loss, &bf16.lse};
+      std::lock_guard<std::mutex> lock(mu);
+      for (int o = 0; o < 2; ++o) {
+        failed[o] += !pass[o]->passed;
+        caught[o] += !fail[o]->passed;
+        if (pass[o]->threshold > 0) {
+          worst_pass[o] = std::max(worst_pass[o], pass[o]->rms_ratio / pass[o]->threshold);
+        }
+        if (fail[o]->threshold > 0) {
+          least_catch[o] = std::min(least_catch[o], fail[o]->rms_ratio / fail[o]->threshold);
+        }
+        if (!pass[o]->passed) std::fprintf(stderr, "FALSE FAIL: %s\n", pass[o]->describe.c_str());
+      }
+    });
+    for (int o = 0; o < 2; ++o) {
+      const char* name = o == 0 ? "loss" : "lse";
+      std::printf("| %s | %lld | %d/%d | %d/%d | %.2f | %.2f |\n", name, static_cast<long long>(k),
+                  failed[o].load(), f.cross_entropy_calls, caught[o].load(), f.cross_entropy_calls,
+                  worst_pass[o], least_catch[o]);
+      char row[512];
+      std::snprintf(row, sizeof row,
+                    "%s{\"output\":\"%s\",\"k\":%lld,\"calls\":%d,\"fp32_failed\":%d,"
+                    "\"bf16_caught\":%d}",
+                    first ? "" : ",", name, static_cast<long long>(k), f.cross_entropy_calls,
+                    failed[o].load(), caught[o].load());
+      *json += row;
+      first = false;
+    }
+    std::fflush(stdout);
+  }
+  *json += "]";
+}
+
 }  // namespace
 }  // namespace logitd::verdicts
 
@@ -230,6 +296,10 @@ int main(int argc, char** argv) {
   if (f.defect_calls > 0) {
     if (f.conforming_calls > 0) json += ",";
     Defects(f, &json);
+  }
+  if (f.cross_entropy_calls > 0) {
+    if (json.size() > 1) json += ",";
+    CrossEntropy(f, &json);
   }
   json += "}";
   if (!f.json.empty()) std::ofstream(f.json) << json << "\n";

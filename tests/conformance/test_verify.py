@@ -296,17 +296,22 @@ def test_verify_refuses_options_the_operation_does_not_read(conn, weights):
     assert r.verdict == "outside_bounds"  # zeros are not the losses
 
 
-def softmax_parts(x, w, targets, temperature=1.0):
-    """lse, the target's log-prob and the entropy of each row, in float64 (integer logits: exact z)."""
-    z = (np.asarray(x, np.float64) @ np.asarray(w, np.float64).T) / temperature
+def softmax_of_logits(z, targets):
+    """lse, the target's loss (lse - z_t) and the entropy of each row of float64 logits z."""
     mx = z.max(axis=1, keepdims=True)
     p = np.exp(z - mx)
     s = p.sum(axis=1, keepdims=True)
     lse = (mx + np.log(s))[:, 0]
     prob = p / s
     entropy = -(prob * np.log(np.where(prob > 0, prob, 1))).sum(axis=1)
-    logprob = np.where(targets >= 0, z[np.arange(len(targets)), np.maximum(targets, 0)] - lse, 0)
-    return lse, logprob, entropy
+    return lse, lse - z[np.arange(len(targets)), targets], entropy
+
+
+def softmax_parts(x, w, targets, temperature=1.0):
+    """lse, the target's log-prob and the entropy of each row, in float64 (integer logits: exact z)."""
+    z = (np.asarray(x, np.float64) @ np.asarray(w, np.float64).T) / temperature
+    lse, loss, entropy = softmax_of_logits(z, np.maximum(targets, 0))
+    return lse, np.where(targets >= 0, -loss, 0), entropy
 
 
 def test_verify_cross_entropy_loss_and_lse(conn, weights):
@@ -332,6 +337,47 @@ def test_verify_cross_entropy_loss_and_lse(conn, weights):
     r = verify(conn, pb.VERIFY_CROSS_ENTROPY, inputs, [Tensor("loss", pb.DTYPE_FP32, bad)], **header)
     assert r.verdict == "outside_bounds"
     assert list(r.candidates[0].first_outside[0].index) == [2]
+
+
+def test_verify_per_token_outputs_from_bf16_logits_are_outside_the_precision_class(conn, weights):
+    """64 tokens over V = 32,768 with logits of an LM head's spread (z ~ N(0, 3²)): the cross-entropy's
+    per-token loss and lse, and LogProbs' log-prob, lse and entropy, from fp32 logits pass; from the
+    same logits rounded to bf16 they fail (every value still a correct softmax of its logits), each
+    with its precision-class figures, a token a row."""
+    rng = np.random.default_rng(47)
+    m, k, v = 64, 256, 32768
+    x = as_bf16(rng.standard_normal((m, k)))
+    w = as_bf16(rng.standard_normal((v, k)) * (3 / np.sqrt(k)))
+    targets = rng.integers(0, v, size=m)
+    info = weights(w)
+    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+    inputs = [Tensor("x", pb.DTYPE_BF16, x), Tensor("targets", pb.DTYPE_INT64, targets)]
+    ce = dict(weight_handle=info.handle, cross_entropy=pb.CrossEntropyHeader(reduction=pb.REDUCTION_NONE))
+    for logits, passes in ((exact.astype(np.float32), True), (as_bf16(exact.astype(np.float32)), False)):
+        lse, loss, entropy = softmax_of_logits(np.asarray(logits, np.float64), targets)
+        f32 = lambda a: a.astype(np.float32)  # noqa: E731
+        for op, cands, header in (
+            (pb.VERIFY_CROSS_ENTROPY, [Tensor("loss", pb.DTYPE_FP32, f32(loss)), Tensor("lse", pb.DTYPE_FP32, f32(lse))], ce),
+            (
+                pb.VERIFY_LOGPROBS,
+                [
+                    Tensor("logprob", pb.DTYPE_FP32, f32(-loss)),
+                    Tensor("lse", pb.DTYPE_FP32, f32(lse)),
+                    Tensor("entropy", pb.DTYPE_FP32, f32(entropy)),
+                ],
+                dict(weight_handle=info.handle),
+            ),
+        ):
+            r = verify(conn, op, inputs, cands, **header)
+            for c in r.candidates:
+                p = c.precision_class
+                assert p.tested and p.elements == m and p.rows == m, (c.name, p)
+                if passes:
+                    assert c.passed and not p.outside, (c.name, c.verdict, p)
+                else:
+                    assert not c.passed and c.verdict in FAILING, (c.name, c.verdict, p)
+                    assert p.outside and p.rms_ratio > p.threshold and p.effective_bits < p.class_bits, (c.name, p)
+                    assert 0 < len(p.worst_rows) <= 8 and p.worst_rows[0].elements == 1
 
 
 def test_verify_logprobs_at_a_temperature(conn, weights):

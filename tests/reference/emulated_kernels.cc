@@ -481,6 +481,14 @@ void NormalCase(LmHeadCase& c, Rng& rng) {
   c.w = NormalValues(c.v * c.k, 0.02f, rng);
 }
 
+// Logits of an LM head's spread: z ~ N(0, 3²) whatever K, so that a
+// softmax over them is as peaked as a language model's.
+void LmLogitsCase(LmHeadCase& c, Rng& rng) {
+  c.x = NormalValues(c.m * c.k, 1.0f, rng);
+  c.w = NormalValues(c.v * c.k,
+                     3.0f / std::sqrt(static_cast<float>(std::max<std::int64_t>(c.k, 1))), rng);
+}
+
 void UnitNormalCase(LmHeadCase& c, Rng& rng) {
   c.x = NormalValues(c.m * c.k, 1.0f, rng);
   c.w = NormalValues(c.v * c.k, 1.0f, rng);
@@ -581,6 +589,7 @@ const std::vector<std::pair<std::string, Filler>>& Kinds() {
   static const auto* kinds = new std::vector<std::pair<std::string, Filler>>{
       {"normal", NormalCase},
       {"unit normal", UnitNormalCase},
+      {"lm logits", LmLogitsCase},
       {"all positive", AllPositiveCase},
       {"equal products", EqualProductsCase},
       {"constant rows", ConstantRowsCase},

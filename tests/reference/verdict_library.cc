@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "logitd/bf16.h"
+#include "logitd/reference/cross_entropy.h"
 #include "logitd/reference/verify_checks.h"
 
 namespace logitd::verdicts {
@@ -44,8 +45,8 @@ std::vector<float> Own(const CaseInputs& in, Output output, float alpha) {
   const std::vector<float> g = CastG(in.dy);
   if (output == Output::kGradInput) {
     out.resize(static_cast<std::size_t>(m) * k);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, v, 1.0f, g.data(), v, w.data(),
-                k, 0.0f, out.data(), k);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, v, 1.0f, g.data(), v, w.data(), k,
+                0.0f, out.data(), k);
     return out;
   }
   out.resize(static_cast<std::size_t>(v) * k);
@@ -64,6 +65,22 @@ void Apply(Change change, std::int64_t cols, std::vector<float>* out) {
   } else if (change == Change::kRowShifted) {
     std::rotate(o.begin(), o.begin() + 1, o.begin() + cols);
   }
+}
+
+// A check's verdict and figures, as the library reports them.
+Judged JudgedOf(const CandidateCheck& check, const char* name,
+                const std::vector<std::int64_t>& shape) {
+  Judged j;
+  j.verdict = check.Verdict();
+  j.passed = check.passed();
+  j.outside_bound = check.outside() > 0;
+  const PrecisionClassFigures& p = check.precision_class();
+  j.rms_ratio = p.rms_ratio;
+  j.threshold = p.threshold;
+  j.effective_bits = p.effective_bits;
+  j.class_bits = p.class_bits;
+  j.describe = check.Describe(name, shape);
+  return j;
 }
 
 }  // namespace
@@ -137,19 +154,71 @@ Judged JudgeImplementation(const emulated::Implementation& impl, const CaseInput
   } else {
     CheckGradWeight(inputs, candidate.data(), own.data(), DType::kFp32, &check);
   }
-  Judged j;
-  j.verdict = check.Verdict();
-  j.passed = check.passed();
-  j.outside_bound = check.outside() > 0;
-  const PrecisionClassFigures& p = check.precision_class();
-  j.rms_ratio = p.rms_ratio;
-  j.threshold = p.threshold;
-  j.effective_bits = p.effective_bits;
-  j.class_bits = p.class_bits;
-  const std::vector<std::int64_t> shape = {
-      output == Output::kGradWeight ? c.v : c.m, output == Output::kLogits ? c.v : c.k};
-  j.describe = check.Describe(OutputName(output), shape);
-  return j;
+  return JudgedOf(
+      check, OutputName(output),
+      {output == Output::kGradWeight ? c.v : c.m, output == Output::kLogits ? c.v : c.k});
+}
+
+std::vector<std::int64_t> MakeTargets(std::int64_t m, std::int64_t v, std::uint64_t seed) {
+  std::mt19937_64 rng(seed ^ 0x7a6e);
+  std::uniform_int_distribution<std::int64_t> id(0, v - 1);
+  std::vector<std::int64_t> targets(static_cast<std::size_t>(m));
+  for (std::int64_t& t : targets) t = id(rng);
+  return targets;
+}
+
+namespace {
+
+// The conforming fp32 softmax of JudgeCrossEntropy over logits [m, v]:
+// loss and lse [m] each.
+void SoftmaxOutputs(const std::vector<float>& logits, std::int64_t m, std::int64_t v,
+                    const std::vector<std::int64_t>& targets, bool fast_exp,
+                    std::vector<float>* loss, std::vector<float>* lse) {
+  loss->resize(static_cast<std::size_t>(m));
+  lse->resize(loss->size());
+  for (std::int64_t i = 0; i < m; ++i) {
+    const float* z = logits.data() + i * v;
+    float mx = z[0];
+    for (std::int64_t j = 1; j < v; ++j) mx = std::max(mx, z[j]);
+    float sum = 0;
+    for (std::int64_t j = 0; j < v; ++j) {
+      const float a = z[j] - mx;
+      sum += fast_exp ? std::exp2f(a * 1.44269504f) : std::exp(a);
+    }
+    const float l = mx + std::log(sum);
+    (*lse)[static_cast<std::size_t>(i)] = l;
+    (*loss)[static_cast<std::size_t>(i)] = l - z[targets[static_cast<std::size_t>(i)]];
+  }
+}
+
+}  // namespace
+
+CeJudged JudgeCrossEntropy(const emulated::Implementation* impl, const CaseInputs& in,
+                           const std::vector<std::int64_t>& targets, bool bf16_logits,
+                           bool fast_exp) {
+  const emulated::LmHeadCase& c = in.c;
+  const std::vector<float> own_logits = Own(in, Output::kLogits, 1.0f);
+  std::vector<float> logits =
+      impl != nullptr ? emulated::Logits(*impl, c.x, c.w, c.m, c.v, c.k) : own_logits;
+  if (bf16_logits) {
+    for (float& f : logits) f = RoundToBf16(f);
+  }
+  std::vector<float> loss, lse, own_loss, own_lse;
+  SoftmaxOutputs(logits, c.m, c.v, targets, fast_exp, &loss, &lse);
+  SoftmaxOutputs(own_logits, c.m, c.v, targets, false, &own_loss, &own_lse);
+  const LmHeadInputs inputs = LmHeadInputs::Forward(c.x.data(), c.w.data(), c.m, c.v, c.k);
+  CeReferenceOptions options;
+  options.reduction = CeReduction::kNone;
+  options.class_envelope = true;
+  CrossEntropyReference ref;
+  ReferenceCrossEntropy(inputs, targets.data(), options, LogitModel::kFp32Sum, &ref);
+  const std::int64_t independent = DistinctTokens(inputs, targets.data());
+  CandidateCheck loss_check(DType::kFp32), lse_check(DType::kFp32);
+  CheckTokenValues(ref.loss, ref.loss_bound, ref.loss_class, {}, loss.data(), own_loss.data(),
+                   independent, &loss_check);
+  CheckTokenValues(ref.lse, ref.lse_bound, ref.lse_class, {}, lse.data(), own_lse.data(),
+                   independent, &lse_check);
+  return CeJudged{JudgedOf(loss_check, "loss", {c.m}), JudgedOf(lse_check, "lse", {c.m})};
 }
 
 }  // namespace logitd::verdicts

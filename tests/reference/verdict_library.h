@@ -53,6 +53,25 @@ CaseInputs MakeInputs(const std::string& kind, std::int64_t m, std::int64_t v, s
 Judged JudgeImplementation(const emulated::Implementation& impl, const CaseInputs& in,
                            Output output, Change change = Change::kNone, float alpha = 1.0f);
 
+// Targets [m], seeded, uniform over [0, v).
+std::vector<std::int64_t> MakeTargets(std::int64_t m, std::int64_t v, std::uint64_t seed);
+
+// The cross-entropy's per-token outputs (reduction none), judged.
+struct CeJudged {
+  Judged loss, lse;
+};
+
+// The per-token cross-entropy of `impl`'s fp32 logits of `in` (null:
+// logitd's own, OpenBLAS sgemm's blocked sums; rounded to bf16 first when
+// `bf16_logits`: the defect of a path through bf16 logits), evaluated by a
+// conforming fp32 softmax (the largest logit, the sequential fp32 sum of
+// expf(z − max), lse = max + logf(sum), loss = lse − z_t; `fast_exp`:
+// exp2f(x·log2(e)), as CUDA's __expf), judged as Verify judges it against
+// logitd's own (OpenBLAS logits, the same softmax).
+CeJudged JudgeCrossEntropy(const emulated::Implementation* impl, const CaseInputs& in,
+                           const std::vector<std::int64_t>& targets, bool bf16_logits = false,
+                           bool fast_exp = false);
+
 }  // namespace logitd::verdicts
 
 #endif  // LOGITD_TESTS_REFERENCE_VERDICT_LIBRARY_H_
