@@ -108,17 +108,20 @@ commands:
                                      against the operation's own call: the verify cost
                                      (verify-logprobs: log-prob, lse and entropy, with
                                      --temperature)
-  verify --op=logits|backward --x=FILE[:TENSOR] (--weight=HANDLE | --w=FILE[:TENSOR])
-         [--dy=FILE[:TENSOR]] --candidate=[NAME=]FILE[:TENSOR] [--candidate=...]
-         [--alpha=1] [--sample_rows=0 [--sample_seed=0]] [--json=FILE] [--junit=FILE]
-         [--report=DIR]
-                                     another implementation's outputs (y; dx, dw) judged
-                                     against the contract: every element against its fp64
-                                     reference and proven bound, its errors against fp32
-                                     accumulation's (the precision class), and against
-                                     logitd's own output; exit 1 when one fails,
-                                     outside_bounds or outside_precision_class (logitctl
-                                     verify --help)
+  verify --op=logits|backward|cross-entropy|logprobs --x=FILE[:TENSOR]
+         (--weight=HANDLE | --w=FILE[:TENSOR]) [--dy=FILE[:TENSOR]] [--targets=FILE[:TENSOR]]
+         --candidate=[NAME=]FILE[:TENSOR] [--candidate=...] [--alpha=1]
+         [--reduction=mean|sum|none] [--temperature=1] [--sample_rows=0 [--sample_seed=0]]
+         [--json=FILE] [--junit=FILE] [--report=DIR]
+                                     another implementation's outputs (y; dx, dw; loss, lse,
+                                     dx, dw; logprob, lse, entropy, topk_ids, topk_logprobs,
+                                     rank) judged against the contract: every element
+                                     against its fp64 reference and proven bound, its
+                                     errors against fp32 accumulation's (the precision
+                                     class), and against logitd's own output; exit 1 when
+                                     one fails (outside_bounds or outside_precision_class),
+                                     2 for a usage or input error, the server's refusal of
+                                     a shape among them (logitctl verify --help)
   validate [args]                    the validation harness
   help                               this text
 

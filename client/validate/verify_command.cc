@@ -277,8 +277,10 @@ sampled.
 exit codes: 0 every candidate passed (within_bounds or bitwise_equal_to_logitd,
               sampled or not),
             1 one failed (outside_bounds or outside_precision_class), or the
-              server refused the call,
-            2 usage or input error, or the server could not be reached
+              server failed the call (INTERNAL, a deadline),
+            2 usage or input error (the server's INVALID_ARGUMENT, NOT_FOUND,
+              RESOURCE_EXHAUSTED among them), or the server could not be
+              reached or refused the credentials
 )";
 }
 
@@ -717,6 +719,25 @@ absl::Status LoadTensors(const VerifyCommandArgs& a, const std::vector<std::stri
   return absl::OkStatus();
 }
 
+// A refusal of what was sent (a shape, a dtype, a handle, a size past the
+// server's limits) or of the connection: exit 2, as a usage error is. What
+// else the server answers (INTERNAL, a deadline) is 1.
+bool IsInputOrConnectionError(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 int RunVerifyCommand(const std::vector<std::string>& args) {
@@ -757,11 +778,15 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
   report.started_at = absl::FormatTime(absl::RFC3339_sec, start, absl::UTCTimeZone());
   report.address = absl::GetFlag(FLAGS_server);
   report.options.suites = {"verify"};
-  const auto finish = [&](int code) {
+  // `summary`: the table of candidates (none after a refused call, whose
+  // error was printed once, on stderr).
+  const auto finish = [&](int code, bool summary = true) {
     report.exit_code = code;
     report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    std::fputs(SummaryText(report).c_str(), stdout);
-    std::fflush(stdout);
+    if (summary) {
+      std::fputs(SummaryText(report).c_str(), stdout);
+      std::fflush(stdout);
+    }
     return WriteReportFiles(report, a.json_path, a.junit_path, a.report_dir, kProgram);
   };
   absl::StatusOr<std::unique_ptr<client::Client>> client = ConnectForReport(&report, kProgram);
@@ -774,11 +799,10 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
   absl::StatusOr<client::VerifyResult> result = (*client)->Verify(call);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - call_start);
   if (!result.ok()) {
-    const bool unreachable = result.status().code() == absl::StatusCode::kUnavailable;
     report.error = absl::StrCat("Verify: ", absl::StatusCodeToString(result.status().code()), ": ",
                                 result.status().message());
     std::fprintf(stderr, "%s: %s\n", kProgram, report.error.c_str());
-    return finish(unreachable ? 2 : 1);
+    return finish(IsInputOrConnectionError(result.status().code()) ? 2 : 1, /*summary=*/false);
   }
   JudgeCandidates(a, *result, seconds, held.candidates, baseline, &report);
   return finish(ExitCodeFor(report.results, false));

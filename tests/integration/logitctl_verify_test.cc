@@ -329,12 +329,15 @@ TEST_F(LogitctlVerifyTest, UsageAndInputErrorsExitTwo) {
     EXPECT_EQ(r.exit_code, 2) << c.message << ": " << r.out;
     EXPECT_THAT(r.err, HasSubstr(c.message));
   }
-  // A candidate of the wrong shape is the server's INVALID_ARGUMENT: exit 1.
+  // A candidate of the wrong shape is the server's INVALID_ARGUMENT, an
+  // input error: exit 2, the error printed once and no empty table.
   Tensor wrong = NormalBf16({4, 9}, 3);
   Write("wrong.safetensors", {{"y", &wrong}});
   LogitctlRun r = Run({"verify", "--op=logits", x, w, "--candidate=" + Path("wrong.safetensors")});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_EQ(r.out.find("INVALID_ARGUMENT"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("0 cases"), std::string::npos) << r.out;
   // No server: exit 2.
   r = RunLogitctl({"--server=127.0.0.1:1", "verify", "--op=logits", x, w, y});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
