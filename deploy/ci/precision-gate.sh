@@ -13,7 +13,9 @@
 #   LOGITD_COMPARE_ADDR  a second server to compare with (optional)
 #   GATE_RECORD=1        record OUT/baseline.json instead of comparing with one
 #   GATE_ARGS            more `logitctl validate` arguments (e.g. --quick)
-#   LOGITCTL             the logitctl binary (default build/gate/client/logitctl/logitctl)
+#   LOGITCTL             the logitctl binary (default: the first of logitctl on PATH and
+#                        build/{gate,default,demo,ci}/client/logitctl/logitctl, what
+#                        the CI examples and the README's commands build)
 #   BASELINES            the baselines folder (default baselines)
 #   GITHUB_STEP_SUMMARY  when set (GitHub Actions), the report's summary.md is
 #                        appended to it
@@ -25,9 +27,26 @@
 # both servers within bounds), 1 a check failed, 2 a server could not be
 # reached or refused, or bad options (a missing baseline among them).
 set -uo pipefail
-out=${1:?usage: precision-gate.sh OUT}
-logitctl=${LOGITCTL:-build/gate/client/logitctl/logitctl}
+if [ $# -ne 1 ]; then
+  echo "usage: precision-gate.sh OUT" >&2
+  exit 2
+fi
+out=$1
 baselines=${BASELINES:-baselines}
+logitctl=${LOGITCTL:-}
+if [ -z "$logitctl" ]; then
+  for candidate in "$(command -v logitctl 2>/dev/null)" build/{gate,default,demo,ci}/client/logitctl/logitctl; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then
+      logitctl=$candidate
+      break
+    fi
+  done
+fi
+if [ -z "$logitctl" ] || [ ! -x "$logitctl" ]; then
+  echo "precision-gate: no logitctl${LOGITCTL:+ at $LOGITCTL}: set LOGITCTL, or build it" \
+    "(cmake --preset default && cmake --build build/default --target logitctl)" >&2
+  exit 2
+fi
 mkdir -p "$out"
 if [ -z "${LOGITD_ADDR:-}" ]; then
   echo "precision-gate: set LOGITD_ADDR to the server's gRPC target" >&2

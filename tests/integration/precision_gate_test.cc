@@ -92,6 +92,18 @@ TEST_F(PrecisionGateTest, ExitCodes) {
   ASSERT_TRUE(a.ok()) << a.status();
   // No baseline for the platform named: a usage error, before any work.
   EXPECT_EQ(Gate("LOGITD_ADDR=" + a->address() + " LOGITD_PLATFORM=nowhere", &log), 2) << log;
+  // No logitctl named and none where the README's commands build it: a
+  // usage error that says what to build.
+  const std::string unset = "LOGITCTL= PATH=/usr/bin:/bin LOGITD_ADDR=" + a->address();
+  EXPECT_EQ(Gate(unset + " GATE_RECORD=1", &log), 2) << log;
+  EXPECT_NE(log.find("no logitctl"), std::string::npos) << log;
+  EXPECT_NE(log.find("cmake --preset default"), std::string::npos) << log;
+  // Built by `cmake --preset default`: found there.
+  std::filesystem::create_directories(dir_ + "/build/default/client/logitctl");
+  std::filesystem::create_symlink(LOGITCTL_PATH, dir_ + "/build/default/client/logitctl/logitctl");
+  EXPECT_EQ(Gate(unset + " GATE_RECORD=1", &log), 0) << log;
+  std::filesystem::remove_all(dir_ + "/build");
+  std::filesystem::remove_all(dir_ + "/out");
 #ifdef LOGITD_TEST_FAULTS_ENABLED
   // A candidate one ulp off on exact results fails the comparison.
   ASSERT_EQ(Gate("LOGITD_ADDR=" + a->address() + " GATE_RECORD=1", &log), 0) << log;
