@@ -13,7 +13,8 @@
 #    conformance suite (twice: plain, and behind a bearer token) against
 #    that server.
 # 2. AddressSanitizer + UndefinedBehaviorSanitizer (the `asan` preset, cpu
-#    backend): every unit, integration and harness test.
+#    backend): every unit, integration and harness test (logitd's code
+#    instrumented; the tests' own code and the generated protobuf code not).
 #
 # Each test runs in one build only; docs/OPERATIONS.md ("The test command")
 # has the minutes each step takes.
