@@ -21,6 +21,7 @@
 #include "client/common/argv.h"
 #include "client/common/tensor_files.h"
 #include "client/validate/cli.h"
+#include "client/validate/harness.h"
 #include "client/validate/report.h"
 #include "client/validate/report_html.h"
 #include "client/validate/verify_golden.h"
@@ -720,21 +721,18 @@ absl::Status LoadTensors(const VerifyCommandArgs& a, const std::vector<std::stri
 }
 
 // A refusal of what was sent (a shape, a dtype, a handle, a size past the
-// server's limits) or of the connection: exit 2, as a usage error is. What
-// else the server answers (INTERNAL, a deadline) is 1.
-bool IsInputOrConnectionError(absl::StatusCode code) {
-  switch (code) {
+// server's limits) or of the connection (IsServerUnreachable): exit 2, as a
+// usage error is. What else the server answers (INTERNAL, a deadline) is 1.
+bool IsInputOrConnectionError(const absl::Status& status) {
+  switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied:
       return true;
     default:
-      return false;
+      return IsServerUnreachable(status);
   }
 }
 
@@ -802,7 +800,7 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
     report.error = absl::StrCat("Verify: ", absl::StatusCodeToString(result.status().code()), ": ",
                                 result.status().message());
     std::fprintf(stderr, "%s: %s\n", kProgram, report.error.c_str());
-    return finish(IsInputOrConnectionError(result.status().code()) ? 2 : 1, /*summary=*/false);
+    return finish(IsInputOrConnectionError(result.status()) ? 2 : 1, /*summary=*/false);
   }
   JudgeCandidates(a, *result, seconds, held.candidates, baseline, &report);
   return finish(ExitCodeFor(report.results, false));
