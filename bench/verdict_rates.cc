@@ -8,7 +8,7 @@
 //   usage: logitd_verdict_rates [--conforming_calls=N] [--defect_calls=N]
 //                               [--ks=1024,4096,16384,65536] [--threads=N]
 //                               [--seed=S] [--json=FILE] [--changes_only]
-//                               [--cross_entropy_calls=N]
+//                               [--cross_entropy_calls=N] [--gradient_calls=N]
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -37,6 +37,7 @@ struct Flags {
   std::string json;
   bool changes_only = false;  // only the defects made by changing a conforming output
   int cross_entropy_calls = 100;
+  int gradient_calls = 30;
 };
 
 bool Take(const char* arg, const char* name, std::string* value) {
@@ -60,6 +61,8 @@ Flags Parse(int argc, char** argv) {
       f.seed = std::strtoull(v.c_str(), nullptr, 10);
     } else if (Take(argv[i], "--cross_entropy_calls", &v)) {
       f.cross_entropy_calls = std::atoi(v.c_str());
+    } else if (Take(argv[i], "--gradient_calls", &v)) {
+      f.gradient_calls = std::atoi(v.c_str());
     } else if (std::strcmp(argv[i], "--changes_only") == 0) {
       f.changes_only = true;
     } else if (Take(argv[i], "--json", &v)) {
@@ -285,6 +288,75 @@ void CrossEntropy(const Flags& f, std::string* json) {
   *json += "]";
 }
 
+// The cross-entropy's dX and dW (mean over 16 tokens, V = 4,096, inputs
+// "lm logits"): logitd's own fp32 logits through a conforming fp32 softmax,
+// G = bf16(g), each product summed in sequential fp32, which must pass; and
+// g off by 1% and 2%, and g from logits rounded to bf16, which must fail.
+void Gradients(const Flags& f, std::string* json) {
+  constexpr std::int64_t kM = 16, kV = 4096;
+  const emulated::Implementation base = emulated::ConformingImplementations().front();
+  std::printf(
+      "\nThe cross-entropy's gradients, %d calls each (mean over %lld tokens, V = %lld, inputs "
+      "\"lm logits\"): conforming failed, and each defect caught (dX / dW)\n\n",
+      f.gradient_calls, static_cast<long long>(kM), static_cast<long long>(kV));
+  std::printf(
+      "| K | conforming failed | g +1%% caught | g +2%% caught | g from bf16 logits caught | "
+      "largest conforming RMS ratio / threshold | smallest bf16-logits RMS ratio / threshold "
+      "|\n|---|---|---|---|---|---|---|\n");
+  *json += "\"gradients\":[";
+  bool first = true;
+  for (std::int64_t k : f.ks) {
+    // [variant][dx, dw]: conforming failed, then caught for +1%, +2%, bf16.
+    std::atomic<int> counts[4][2] = {};
+    std::mutex mu;
+    double worst_pass = 0, least_catch = 1e300;
+    Parallel(f.gradient_calls, f.threads, [&](int i) {
+      const std::uint64_t seed =
+          f.seed * 7727 + static_cast<std::uint64_t>(i) * 41 + static_cast<std::uint64_t>(k);
+      const CaseInputs in = MakeInputs("lm logits", kM, kV, k, seed);
+      const std::vector<std::int64_t> targets = MakeTargets(kM, kV, seed);
+      const CeGradJudged judged[4] = {
+          JudgeCrossEntropyGradients(nullptr, base, in, targets, GradientPath::kConforming, 0,
+                                     i % 2 == 1),
+          JudgeCrossEntropyGradients(nullptr, base, in, targets, GradientPath::kScaled, 0.01),
+          JudgeCrossEntropyGradients(nullptr, base, in, targets, GradientPath::kScaled, 0.02),
+          JudgeCrossEntropyGradients(nullptr, base, in, targets, GradientPath::kBf16Logits)};
+      std::lock_guard<std::mutex> lock(mu);
+      for (int d = 0; d < 4; ++d) {
+        const Judged* o[2] = {&judged[d].dx, &judged[d].dw};
+        for (int g = 0; g < 2; ++g) {
+          counts[d][g] += !o[g]->passed;
+          if (o[g]->threshold <= 0) continue;
+          const double r = o[g]->rms_ratio / o[g]->threshold;
+          if (d == 0) worst_pass = std::max(worst_pass, r);
+          if (d == 3) least_catch = std::min(least_catch, r);
+          if (d == 0 && !o[g]->passed) {
+            std::fprintf(stderr, "FALSE FAIL: %s\n", o[g]->describe.c_str());
+          }
+        }
+      }
+    });
+    std::printf("| %lld |", static_cast<long long>(k));
+    for (int d = 0; d < 4; ++d) {
+      std::printf(" %d/%d / %d/%d |", counts[d][0].load(), f.gradient_calls, counts[d][1].load(),
+                  f.gradient_calls);
+    }
+    std::printf(" %.2f | %.2f |\n", worst_pass, least_catch);
+    std::fflush(stdout);
+    char row[512];
+    std::snprintf(row, sizeof row,
+                  "%s{\"k\":%lld,\"calls\":%d,\"conforming_failed\":[%d,%d],"
+                  "\"plus1_caught\":[%d,%d],\"plus2_caught\":[%d,%d],\"bf16_caught\":[%d,%d]}",
+                  first ? "" : ",", static_cast<long long>(k), f.gradient_calls,
+                  counts[0][0].load(), counts[0][1].load(), counts[1][0].load(),
+                  counts[1][1].load(), counts[2][0].load(), counts[2][1].load(),
+                  counts[3][0].load(), counts[3][1].load());
+    *json += row;
+    first = false;
+  }
+  *json += "]";
+}
+
 }  // namespace
 }  // namespace logitd::verdicts
 
@@ -300,6 +372,10 @@ int main(int argc, char** argv) {
   if (f.cross_entropy_calls > 0) {
     if (json.size() > 1) json += ",";
     CrossEntropy(f, &json);
+  }
+  if (f.gradient_calls > 0) {
+    if (json.size() > 1) json += ",";
+    Gradients(f, &json);
   }
   json += "}";
   if (!f.json.empty()) std::ofstream(f.json) << json << "\n";

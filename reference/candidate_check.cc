@@ -115,6 +115,13 @@ void CandidateCheck::AddProducts(std::int64_t offset, std::int64_t n, const void
   }
 }
 
+void CandidateCheck::AddClassTerms(std::int64_t row, std::int64_t index,
+                                   const judgement::ClassTerms& terms, double candidate, double own,
+                                   const judgement::ElementBounds& bounds) {
+  judgement::AddToRow(&Row(row), terms, index, candidate, own, bounds);
+  class_.reset();
+}
+
 void CandidateCheck::Count(std::int64_t index, double candidate, std::uint32_t candidate_bits,
                            double own, std::uint32_t own_bits,
                            const judgement::ElementBounds& bounds, const CheckedElement* shown) {
@@ -251,6 +258,7 @@ const PrecisionClassFigures& CandidateCheck::precision_class() const {
                            : "not a sum of products: held to its proven bound";
     } else {
       class_ = JudgePrecisionClass(f_.class_rows, independent_per_row_, independent_total_);
+      class_->envelope = class_envelope_;
     }
   }
   return *class_;

@@ -61,6 +61,7 @@
 #include "logitd/reference/element_judgement.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
+#include "logitd/reference/precision_class.h"
 
 namespace logitd {
 namespace {
@@ -151,7 +152,8 @@ judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std:
 CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, std::int64_t v,
                                           std::int64_t target, bool counted, double scale,
                                           const CeReferenceOptions& options, double* g,
-                                          double* g_pre_err, const double* y_class) {
+                                          double* g_pre_err, const double* y_class,
+                                          double* flip_mean, double* flip_var) {
   const double cap = options.logit_softcap;
   const double zl = options.z_loss;
   std::vector<double> z(static_cast<std::size_t>(v)), f(z.size()), ez(z.size());
@@ -181,6 +183,10 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
     if (g != nullptr) {
       std::fill(g, g + v, 0.0);
       std::fill(g_pre_err, g_pre_err + v, 0.0);
+      if (flip_mean != nullptr) {
+        std::fill(flip_mean, flip_mean + v, 0.0);
+        std::fill(flip_var, flip_var + v, 0.0);
+      }
     }
     return out;
   }
@@ -207,7 +213,57 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
     g_pre_err[j] = std::fabs(scale) * (ed * (f[s] + ef) + std::fabs(d) * ef) +
                    3 * kU * (std::fabs(g[j]) + std::fabs(scale) * ed * (f[s] + ef)) +
                    kExpUnderflow * std::fabs(scale) * (std::fabs(c) + 1);
+    if (flip_mean == nullptr) continue;
+    if (cz.empty()) {
+      flip_mean[j] = flip_var[j] = 0;
+      continue;
+    }
+    // The scale of a conforming fp32 g's error, as the bounds carry theirs
+    // but from the class envelopes: p's argument z − lse off by the logit's
+    // c_z and the lse's envelope, its exp within kFnError and 4u per unit
+    // of the argument; c off by the z-loss's share of the lse's; f by the
+    // soft-cap's tanh (2|t|·Δt); three roundings of the products.
+    const double rel = cz[s] + out.lse_class + judgement::kFnError + 4 * kU * std::fabs(z[s] - lse);
+    const double dd = p * rel * std::fabs(c) + (zl > 0 ? p * 2 * zl * out.lse_class : 0.0);
+    const double df = cap > 0 ? 2 * std::fabs(z[s] / cap) * (cz[s] / cap) : 0.0;
+    const double eta =
+        std::fabs(scale) * (dd * f[s] + std::fabs(d) * df) + 3 * kU * std::fabs(g[j]);
+    const CastFlipWeights flip = CastFlip(g[j], kClassSpread * eta);
+    flip_mean[j] = flip.mean;
+    flip_var[j] = flip.var;
   }
+  return out;
+}
+
+double ModelCast(double g) { return RoundToBf16(static_cast<float>(g)); }
+
+namespace {
+
+// g's two bf16 neighbours (of fp32(g)): toward zero, and the next one away.
+bool Bf16Neighbours(double g, double* lo, double* hi) {
+  const float f = static_cast<float>(g);
+  if (!std::isfinite(f)) return false;
+  const std::uint32_t a = FloatBits(f) & 0xffff0000u;
+  *lo = BitsToFloat(a);
+  *hi = BitsToFloat(a + 0x10000u);
+  return std::isfinite(*hi);
+}
+
+}  // namespace
+
+CastFlipWeights CastFlip(double g, double sigma) {
+  CastFlipWeights out;
+  double lo, hi;
+  if (!(sigma > 0) || !Bf16Neighbours(g, &lo, &hi)) return out;
+  const double s = std::fabs(hi - lo), mid = 0.5 * (lo + hi);
+  const double model = ModelCast(g);
+  const double near = std::fabs(g - mid), far = std::max(0.0, s - near);
+  const double scale = sigma * std::sqrt(2.0);
+  const double p_near = 0.5 * std::erfc(near / scale), p_far = 0.5 * std::erfc(far / scale);
+  // fp32(g) a bf16 value itself: both midpoints about as far, no direction.
+  const double other = model == lo ? hi : lo;
+  out.mean = static_cast<float>(g) == static_cast<float>(lo) ? 0.0 : p_near * (other - model);
+  out.var = std::min(1.0, p_near + p_far) * s * s;
   return out;
 }
 
@@ -235,7 +291,7 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
     ref.lse_class.assign(mm, 0.0);
     ref.loss_class.assign(mm, 0.0);
   }
-  std::vector<double> y, y_err, y_class, g, g_pre_err;
+  std::vector<double> y, y_err, y_class, g, g_pre_err, flip_mean, flip_var;
   double sum_abs = 0, sum_bounds = 0;
   // The rows [r0, r0 + n) on the host: their logits, then each row on
   // threads.
@@ -244,6 +300,10 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
     if (gradients) {
       g.resize(static_cast<std::size_t>(n * v));
       g_pre_err.resize(g.size());
+      if (classed) {
+        flip_mean.resize(g.size());
+        flip_var.resize(g.size());
+      }
     }
     reference_internal::ForRowsInParallel(
         n, n * v, [&](std::int64_t first, std::int64_t last, int /*part*/) {
@@ -255,7 +315,9 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
                 y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v, v, targets[i],
                 counted, ref.scale, options, gradients ? g.data() + r * v : nullptr,
                 gradients ? g_pre_err.data() + r * v : nullptr,
-                classed ? y_class.data() + r * v : nullptr);
+                classed ? y_class.data() + r * v : nullptr,
+                gradients && classed ? flip_mean.data() + r * v : nullptr,
+                gradients && classed ? flip_var.data() + r * v : nullptr);
             ref.lse[s] = row.lse;
             ref.lse_bound[s] = row.lse_bound;
             ref.loss[s] = row.loss;
@@ -266,7 +328,10 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
             }
           }
         });
-    if (gradients) gradients(r0, n, g.data(), g_pre_err.data());
+    if (gradients) {
+      gradients(r0, n, g.data(), g_pre_err.data(), classed ? flip_mean.data() : nullptr,
+                classed ? flip_var.data() : nullptr);
+    }
   };
   // Without gradients, the rows' softmax sums where the engine forms the
   // logits, when it does and every operand is finite (the rows of X are
@@ -430,17 +495,28 @@ std::uint64_t CrossEntropyGradientReferenceBytes(std::int64_t m, std::int64_t v,
   const std::uint64_t um = static_cast<std::uint64_t>(m), uv = static_cast<std::uint64_t>(v),
                       uk = static_cast<std::uint64_t>(k);
   std::uint64_t bytes = 0;
+  // The precision-class test's (ce_gradient_check.cc) for a block of
+  // `rows` rows of the product reducing `n` terms: its model, magnitudes,
+  // flips' mean, variance and envelope, models (a float and a double) and
+  // W²'s panel of 2^22 doubles.
+  const auto class_block = [&](std::uint64_t rows, std::uint64_t n) {
+    return rows * uk * (6 * kDouble + sizeof(float)) + n * rows * sizeof(float) +
+           (std::uint64_t{1} << 22) * kDouble;
+  };
   if (dx) {
     // A block's g and C, three [rows, K] results, and ReferenceGW's
-    // widened block of W.
+    // widened block of W; the class test's G_m and flips' means [rows, V].
     const std::uint64_t rows = std::min(um, static_cast<std::uint64_t>(GradientBlockRows(v, k)));
-    bytes = std::max<std::uint64_t>(
-        bytes, (2 * rows * uv + 3 * rows * uk) * kDouble + 2 * kReferenceBlockElements * kDouble);
+    bytes = std::max<std::uint64_t>(bytes, (4 * rows * uv + 3 * rows * uk) * kDouble +
+                                               2 * kReferenceBlockElements * kDouble +
+                                               class_block(rows, uv));
   }
   if (dw) {
-    // X widened with its magnitudes, C whole, a block's value and bound.
+    // X widened with its magnitudes, C whole, a block's value and bound;
+    // the class test's G_m and |G_m| whole, X's squares.
     const std::uint64_t rows = std::min(uv, static_cast<std::uint64_t>(GradientBlockRows(k, 1)));
-    bytes = std::max<std::uint64_t>(bytes, (2 * um * uk + um * uv + 2 * rows * uk) * kDouble);
+    bytes = std::max<std::uint64_t>(
+        bytes, (3 * um * uk + 3 * um * uv + 2 * rows * uk) * kDouble + class_block(rows, um));
   }
   return bytes;
 }
@@ -453,9 +529,9 @@ std::uint64_t CrossEntropyReferenceBytes(std::int64_t m, std::int64_t v, std::in
   const std::uint64_t n = static_cast<std::uint64_t>(std::max<std::int64_t>(rows, 1));
   const std::uint64_t uv = static_cast<std::uint64_t>(v), uk = static_cast<std::uint64_t>(k);
   // The block's rows of X widened, with their magnitudes; its logits and
-  // their bounds; g and its bound.
+  // their bounds; g and its bound, and the flips' weights (CastFlip).
   std::uint64_t bytes = n * (2 * uk + 2 * uv) * kDouble;
-  if (with_gradients) bytes += 2 * n * uv * kDouble;
+  if (with_gradients) bytes += 4 * n * uv * kDouble;
   // A row's z, f and e_z; a block of W widened (whole rows, at most
   // kReferenceBlockElements elements); the rows of W with a NaN or an
   // infinity.

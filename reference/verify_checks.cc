@@ -270,6 +270,29 @@ CheckedRows SampleRows(std::int64_t m, std::int64_t count, std::uint64_t seed) {
   return CheckedRows(chosen.begin(), chosen.end());
 }
 
+std::int64_t WeightRowClasses(const LmHeadInputs& in) {
+  const auto count = [&] {
+    return DistinctClasses(in.v, in.k, true,
+                           [&](std::int64_t j, std::int64_t t) { return in.w[j * in.k + t]; });
+  };
+  return in.products != nullptr ? in.products->WeightCount(WeightMemo::kRowClasses, count)
+                                : count();
+}
+
+std::int64_t WeightColumnClasses(const LmHeadInputs& in) {
+  const auto count = [&] {
+    return DistinctClasses(in.v, in.k, false,
+                           [&](std::int64_t j, std::int64_t c) { return in.w[j * in.k + c]; });
+  };
+  return in.products != nullptr ? in.products->WeightCount(WeightMemo::kColumnClasses, count)
+                                : count();
+}
+
+std::int64_t InputColumnClasses(const LmHeadInputs& in) {
+  return DistinctClasses(in.m, in.k, false,
+                         [&](std::int64_t i, std::int64_t c) { return in.x[i * in.k + c]; });
+}
+
 bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
                  const void* candidate, const void* own, DType dtype, CandidateCheck* check,
                  const StopCheck& stop) {
@@ -343,13 +366,7 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
   };
   // Rows of W that are equal up to a power of two give one independent
   // error a row; rows of X the same across rows.
-  const auto w_rows_classes = [&] {
-    return DistinctClasses(v, k, true,
-                           [&](std::int64_t j, std::int64_t t) { return in.w[j * k + t]; });
-  };
-  const std::int64_t per_row =
-      in.products != nullptr ? in.products->WeightCount(WeightMemo::kRowClasses, w_rows_classes)
-                             : w_rows_classes();
+  const std::int64_t per_row = WeightRowClasses(in);
   const std::int64_t x_classes = DistinctClasses(
       static_cast<std::int64_t>(walk.size()), k, true, [&](std::int64_t r, std::int64_t t) {
         return in.x[walk[static_cast<std::size_t>(r)] * k + t];
@@ -383,14 +400,7 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
   // Columns of W equal up to a power of two give one independent error a
   // row of dX; rows of G the same across rows.
   {
-    const auto w_column_classes = [&] {
-      return DistinctClasses(v, k, false,
-                             [&](std::int64_t j, std::int64_t c) { return in.w[j * k + c]; });
-    };
-    const std::int64_t per_row =
-        in.products != nullptr
-            ? in.products->WeightCount(WeightMemo::kColumnClasses, w_column_classes)
-            : w_column_classes();
+    const std::int64_t per_row = WeightColumnClasses(in);
     const std::int64_t g_classes = DistinctClasses(
         static_cast<std::int64_t>(walk.size()), v, true, [&](std::int64_t r, std::int64_t j) {
           return GBitsAt(in, walk[static_cast<std::size_t>(r)] * v + j);
@@ -504,8 +514,7 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
   const std::int64_t m = in.m, v = in.v, k = in.k;
   // Columns of X equal up to a power of two give one independent error a
   // row of dW; columns of G the same across rows.
-  const std::int64_t per_row =
-      DistinctClasses(m, k, false, [&](std::int64_t i, std::int64_t c) { return in.x[i * k + c]; });
+  const std::int64_t per_row = InputColumnClasses(in);
   const std::int64_t g_classes = DistinctClasses(
       m, v, false, [&](std::int64_t i, std::int64_t j) { return GBitsAt(in, i * v + j); });
   check->LimitIndependent(per_row, per_row * g_classes);

@@ -174,7 +174,8 @@ CeReference ComputeReference(const Tensor& x, const Tensor& w, const CeRequest& 
   ref.g_pre_err.resize(ref.g.size());
   ReferenceCrossEntropy(
       in, request.targets.data(), request.ReferenceOptions(), logits, &ref,
-      [&](std::int64_t row0, std::int64_t rows, const double* g, const double* g_pre_err) {
+      [&](std::int64_t row0, std::int64_t rows, const double* g, const double* g_pre_err,
+          const double* /*flip_mean*/, const double* /*flip_var*/) {
         std::copy(g, g + rows * v, ref.g.begin() + row0 * v);
         std::copy(g_pre_err, g_pre_err + rows * v, ref.g_pre_err.begin() + row0 * v);
       });

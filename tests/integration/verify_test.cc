@@ -752,6 +752,25 @@ TEST_F(VerifyTest, CrossEntropyGradientsOfLogitdAndOfAnotherImplementation) {
   EXPECT_GT(r.Find("dw")->worst_bound_fraction, 0.0);
   std::cerr << "other dx worst " << r.Find("dx")->worst_bound_fraction << " dw worst "
             << r.Find("dw")->worst_bound_fraction << "\n";
+  // The precision-class test of the gradients holds it too.
+  for (const char* name : {"dx", "dw"}) {
+    const auto& p = r.Find(name)->precision_class;
+    EXPECT_TRUE(p.tested) << name << ": " << p.reason;
+    EXPECT_FALSE(p.outside) << name << ": " << p.rms_ratio << " / " << p.threshold;
+    EXPECT_GT(p.rms_ratio, 0.0) << name;
+    EXPECT_NE(p.envelope.find("bf16(g)"), std::string::npos) << p.envelope;
+  }
+
+  // g 2% off (a count of tokens off by one in 50, say): both fail.
+  {
+    auto [dx_off, dw_off] = OtherCrossEntropyGradients(x, w, targets, 1.02);
+    VerifyArgs off_args = args;
+    off_args.candidates["dx"] = dx_off;
+    off_args.candidates["dw"] = dw_off;
+    const VerifyResult off_r = Verified(off_args);
+    EXPECT_FALSE(off_r.Find("dx")->passed()) << off_r.Find("dx")->verdict;
+    EXPECT_FALSE(off_r.Find("dw")->passed()) << off_r.Find("dw")->verdict;
+  }
 
   // One element of dW 1% off: outside, named.
   Tensor off = Copy(dw);

@@ -45,7 +45,8 @@ Gathered Gather(const LmHeadInputs& in, const std::vector<std::int64_t>& targets
   out.g_pre_err.assign(out.g.size(), -1.0);
   EXPECT_TRUE(ReferenceCrossEntropy(
       in, targets.data(), o, logits, &out.ref,
-      [&](std::int64_t row0, std::int64_t rows, const double* g, const double* e) {
+      [&](std::int64_t row0, std::int64_t rows, const double* g, const double* e, const double*,
+          const double*) {
         out.block_starts.push_back(row0);
         for (std::int64_t i = 0; i < rows * in.v; ++i) {
           out.g[static_cast<std::size_t>(row0 * in.v + i)] = g[i];
@@ -238,7 +239,9 @@ TEST(CrossEntropyReferenceTest, StopEndsBetweenBlocks) {
   CrossEntropyReference ref;
   EXPECT_FALSE(ReferenceCrossEntropy(
       in, d.targets.data(), {}, LogitModel::kFp32Sum, &ref,
-      [&](std::int64_t, std::int64_t, const double*, const double*) { ++blocks; },
+      [&](std::int64_t, std::int64_t, const double*, const double*, const double*, const double*) {
+        ++blocks;
+      },
       [&] { return blocks == 2; }, 3));
   EXPECT_EQ(blocks, 2);
 }

@@ -191,7 +191,76 @@ void SoftmaxOutputs(const std::vector<float>& logits, std::int64_t m, std::int64
   }
 }
 
+// The conforming fp32 softmax's gradient g = (p − onehot)·scale over
+// logits [m, v], [m, v] in fp32.
+std::vector<float> SoftmaxGradient(const std::vector<float>& logits, std::int64_t m, std::int64_t v,
+                                   const std::vector<std::int64_t>& targets, bool fast_exp,
+                                   float scale) {
+  std::vector<float> loss, lse;
+  SoftmaxOutputs(logits, m, v, targets, fast_exp, &loss, &lse);
+  std::vector<float> g(logits.size());
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < v; ++j) {
+      const std::size_t e = static_cast<std::size_t>(i * v + j);
+      const float a = logits[e] - lse[static_cast<std::size_t>(i)];
+      const float p = fast_exp ? std::exp2f(a * 1.44269504f) : std::exp(a);
+      g[e] = (p - (targets[static_cast<std::size_t>(i)] == j ? 1.0f : 0.0f)) * scale;
+    }
+  }
+  return g;
+}
+
 }  // namespace
+
+CeGradJudged JudgeCrossEntropyGradients(const emulated::Implementation* logits_impl,
+                                        const emulated::Implementation& sum_impl,
+                                        const CaseInputs& in,
+                                        const std::vector<std::int64_t>& targets, GradientPath path,
+                                        double scale_error, bool fast_exp) {
+  const emulated::LmHeadCase& c = in.c;
+  const std::vector<float> own_logits = Own(in, Output::kLogits, 1.0f);
+  std::vector<float> logits =
+      logits_impl != nullptr ? emulated::Logits(*logits_impl, c.x, c.w, c.m, c.v, c.k) : own_logits;
+  if (path == GradientPath::kBf16Logits) {
+    for (float& f : logits) f = RoundToBf16(f);
+  }
+  const float scale = 1.0f / static_cast<float>(c.m);
+  std::vector<float> g = SoftmaxGradient(logits, c.m, c.v, targets, fast_exp, scale);
+  if (path == GradientPath::kScaled) {
+    for (float& f : g) f = static_cast<float>(f * (1 + scale_error));
+  }
+  const std::vector<float> own_g = SoftmaxGradient(own_logits, c.m, c.v, targets, false, scale);
+  CaseInputs own_in{c, own_g};
+  const std::vector<float> own_dx = Own(own_in, Output::kGradInput, 1.0f);
+  const std::vector<float> own_dw = Own(own_in, Output::kGradWeight, 1.0f);
+  const std::vector<float> dx = emulated::GradInput(sum_impl, g, c.w, c.m, c.v, c.k);
+  const std::vector<float> dw = emulated::GradWeight(sum_impl, g, c.x, c.m, c.v, c.k);
+  const LmHeadInputs inputs = LmHeadInputs::Forward(c.x.data(), c.w.data(), c.m, c.v, c.k);
+  CeReferenceOptions options;
+  options.reduction = CeReduction::kMean;
+  options.class_envelope = true;
+  CeGradients grads;
+  CrossEntropyReference ref;
+  ReferenceCrossEntropy(inputs, targets.data(), options, LogitModel::kFp32Sum, &ref,
+                        [&](std::int64_t row0, std::int64_t rows, const double* gb,
+                            const double* eb, const double* fm, const double* fv) {
+                          const std::size_t n = static_cast<std::size_t>(rows * c.v);
+                          grads.g.insert(grads.g.end(), gb, gb + n);
+                          grads.pre_err.insert(grads.pre_err.end(), eb, eb + n);
+                          if (fm != nullptr) {
+                            grads.flip_mean.insert(grads.flip_mean.end(), fm, fm + n);
+                            grads.flip_var.insert(grads.flip_var.end(), fv, fv + n);
+                          }
+                          (void)row0;
+                        });
+  const std::int64_t tokens = DistinctTokens(inputs, targets.data());
+  CandidateCheck dx_check(DType::kFp32), dw_check(DType::kFp32);
+  CheckCrossEntropyGradient(false, inputs, {}, grads, tokens, dx.data(), own_dx.data(),
+                            DType::kFp32, &dx_check);
+  CheckCrossEntropyGradient(true, inputs, {}, grads, tokens, dw.data(), own_dw.data(), DType::kFp32,
+                            &dw_check);
+  return CeGradJudged{JudgedOf(dx_check, "dx", {c.m, c.k}), JudgedOf(dw_check, "dw", {c.v, c.k})};
+}
 
 CeJudged JudgeCrossEntropy(const emulated::Implementation* impl, const CaseInputs& in,
                            const std::vector<std::int64_t>& targets, bool bf16_logits,

@@ -72,6 +72,33 @@ CeJudged JudgeCrossEntropy(const emulated::Implementation* impl, const CaseInput
                            const std::vector<std::int64_t>& targets, bool bf16_logits = false,
                            bool fast_exp = false);
 
+// The cross-entropy's gradients (reduction mean over every token),
+// judged: dX and dW.
+struct CeGradJudged {
+  Judged dx, dw;
+};
+
+// How the gradient's G comes about, for JudgeCrossEntropyGradients.
+enum class GradientPath {
+  kConforming,  // fp32 logits, an fp32 softmax, G = bf16(fp32 g)
+  kBf16Logits,  // the logits rounded to bf16 before the softmax
+  kScaled,      // g off by a factor (a mean over the wrong count, say)
+};
+
+// dX = G·W and dW = Gᵀ·X of the cross-entropy of `logits_impl`'s fp32
+// logits of `in` (null: logitd's own, OpenBLAS), G = bf16(g) with g = (p −
+// onehot)/M formed in fp32 by the softmax of JudgeCrossEntropy, each product
+// summed by `sum_impl` (emulated_kernels.h: GradInput, GradWeight); with
+// `path` kScaled, g times (1 + `scale_error`) before the cast. Judged as
+// Verify judges them against logitd's own (OpenBLAS logits, the same
+// softmax, sgemm).
+CeGradJudged JudgeCrossEntropyGradients(const emulated::Implementation* logits_impl,
+                                        const emulated::Implementation& sum_impl,
+                                        const CaseInputs& in,
+                                        const std::vector<std::int64_t>& targets,
+                                        GradientPath path = GradientPath::kConforming,
+                                        double scale_error = 0, bool fast_exp = false);
+
 }  // namespace logitd::verdicts
 
 #endif  // LOGITD_TESTS_REFERENCE_VERDICT_LIBRARY_H_

@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -118,6 +120,59 @@ TEST(VerdictLibraryTest, CrossEntropyFromBf16LogitsIsCaught) {
       EXPECT_TRUE(good->passed) << name << " at K=" << k << ": " << good->describe;
     }
   }
+}
+
+TEST(VerdictLibraryTest, NoConformingCrossEntropyGradientFails) {
+  // dX and dW of a mean cross-entropy: logits of a conforming
+  // implementation, an fp32 softmax (accurate or fast exp), G = bf16(g),
+  // each product summed by every conforming implementation, on every kind
+  // of input.
+  const std::vector<emulated::Implementation> impls = emulated::ConformingImplementations();
+  int calls = 0;
+  double worst = 0;
+  for (const std::string& kind : emulated::CaseKinds()) {
+    const CaseInputs in = MakeInputs(kind, 8, 512, 64, 3000 + calls);
+    const std::vector<std::int64_t> targets = MakeTargets(8, 512, 3000 + calls);
+    for (std::size_t i = 0; i < impls.size(); ++i) {
+      const CeGradJudged j =
+          JudgeCrossEntropyGradients(&impls[(i * 7) % impls.size()], impls[i], in, targets,
+                                     GradientPath::kConforming, 0, i % 2 == 1);
+      ++calls;
+      for (const Judged* o : {&j.dx, &j.dw}) {
+        EXPECT_TRUE(o->passed) << impls[i].name << " on " << kind << ": " << o->verdict << ": "
+                               << o->describe;
+        if (o->threshold > 0) worst = std::max(worst, o->rms_ratio / o->threshold);
+      }
+    }
+  }
+  EXPECT_GT(calls, 300);
+  std::printf("largest conforming RMS ratio / threshold: %.3f\n", worst);
+}
+
+TEST(VerdictLibraryTest, CrossEntropyGradientsAFewPercentOffAreCaught) {
+  // 16 tokens over V = 4,096 at K = 1,024, logits of an LM head's spread:
+  // g off by 1% or 2% (a mean over the wrong count, a scale applied twice)
+  // fails in dX and dW, and so does g from logits rounded to bf16; the
+  // conforming path passes. (More calls and K: bench/verdict_rates
+  // --gradient_calls.)
+  const emulated::Implementation base = emulated::ConformingImplementations().front();
+  const CaseInputs in = MakeInputs("lm logits", 16, 4096, 1024, 23);
+  const std::vector<std::int64_t> targets = MakeTargets(16, 4096, 23);
+  const CeGradJudged ok = JudgeCrossEntropyGradients(nullptr, base, in, targets);
+  EXPECT_TRUE(ok.dx.passed) << ok.dx.describe;
+  EXPECT_TRUE(ok.dw.passed) << ok.dw.describe;
+  for (const double e : {0.01, 0.02}) {
+    const CeGradJudged j =
+        JudgeCrossEntropyGradients(nullptr, base, in, targets, GradientPath::kScaled, e);
+    EXPECT_FALSE(j.dx.passed) << e << ": " << j.dx.describe;
+    EXPECT_FALSE(j.dw.passed) << e << ": " << j.dw.describe;
+  }
+  const CeGradJudged b =
+      JudgeCrossEntropyGradients(nullptr, base, in, targets, GradientPath::kBf16Logits);
+  EXPECT_FALSE(b.dx.passed) << b.dx.describe;
+  EXPECT_FALSE(b.dw.passed) << b.dw.describe;
+  std::printf("bf16 logits: dX %s %.3g / %.3g, dW %s %.3g / %.3g\n", b.dx.verdict.c_str(),
+              b.dx.rms_ratio, b.dx.threshold, b.dw.verdict.c_str(), b.dw.rms_ratio, b.dw.threshold);
 }
 
 }  // namespace

@@ -506,9 +506,8 @@ TEST(ReferencesOnThreadsTest, TheCrossEntropyAndLogProbsOfABlockOnThreadsAreOneR
   CrossEntropyReference block, rows;
   std::vector<double> g_block, g_rows;
   const auto gather = [](std::vector<double>* out) {
-    return [out](std::int64_t, std::int64_t rows, const double* g, const double*) {
-      out->insert(out->end(), g, g + rows * 32768);
-    };
+    return [out](std::int64_t, std::int64_t rows, const double* g, const double*, const double*,
+                 const double*) { out->insert(out->end(), g, g + rows * 32768); };
   };
   ASSERT_TRUE(ReferenceCrossEntropy(p.Inputs(), targets.data(), {}, LogitModel::kFp32Sum, &block,
                                     gather(&g_block)));

@@ -284,40 +284,6 @@ absl::Status CheckCandidates(const VerifyPlan& plan, const LmHeadInputs& in, Cal
   return absl::OkStatus();
 }
 
-// A cross-entropy's dX or dW candidate against the products of the
-// reference's g [M, V] (its proven bound is also the probabilistic one);
-// false when `stop` ended the walk.
-bool CheckCrossEntropyGradient(const VerifyCandidatePlan& c, const LmHeadInputs& in,
-                               const CheckedRows& rows_checked, const std::vector<double>& g,
-                               const std::vector<double>& g_pre_err, const std::byte* candidate,
-                               const std::byte* own, const StopCheck& stop, CandidateCheck* check) {
-  const std::size_t size = ElementSize(c.dtype);
-  // dX's reference row j is the call's row rows_checked[j] when rows were
-  // sampled (in then holds those rows only).
-  const auto add = [&](std::int64_t row0, std::int64_t rows, const double* value,
-                       const double* bound) {
-    if (c.name == "dw" || rows_checked.empty()) {
-      const std::int64_t first = row0 * in.k;
-      const std::size_t offset = static_cast<std::size_t>(first) * size;
-      check->AddRange(first, rows * in.k, candidate + offset, own + offset, value, bound, bound);
-      return;
-    }
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t first = rows_checked[static_cast<std::size_t>(row0 + r)] * in.k;
-      const std::size_t offset = static_cast<std::size_t>(first) * size;
-      check->AddRange(first, in.k, candidate + offset, own + offset, value + r * in.k,
-                      bound + r * in.k, bound + r * in.k);
-    }
-  };
-  if (c.name == "dx") {
-    return CrossEntropyGradInputReference(g.data(), g_pre_err.data(), in.m,
-                                          Bf16Matrix{in.w, in.v, in.k}, c.dtype == DType::kBf16,
-                                          add, stop, in.products);
-  }
-  return CrossEntropyGradWeightReference(g.data(), g_pre_err.data(), in.x, in.m, in.v, in.k, add,
-                                         stop);
-}
-
 const VerifyCandidatePlan* Find(const VerifyPlan& plan, const std::string& name) {
   for (const VerifyCandidatePlan& c : plan.candidates) {
     if (c.name == name) return &c;
@@ -389,8 +355,9 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
     std::vector<double> values, bounds, envelopes;
   };
   std::map<std::string, TokenReference> refs;
-  // The cross-entropy's g and its pre-cast bound [M, V], for dX and dW.
-  std::vector<double> g, g_pre_err;
+  // The cross-entropy's g, its pre-cast bound and flip weights [M, V], for
+  // dX and dW.
+  CeGradients grads;
   // LogProbs' reference, and a top-k ids candidate's ids and their z.
   LogProbsReference lp_ref;
   std::vector<std::int64_t> top_k_ids;
@@ -413,13 +380,22 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
     CeGradientSink gather;
     if (cp.want_dx || cp.want_dw) {
       const std::size_t n = static_cast<std::size_t>(in.m * in.v);
-      g.resize(n);
-      g_pre_err.resize(n);
-      gather = [&](std::int64_t row0, std::int64_t rows, const double* gb, const double* eb) {
+      grads.g.resize(n);
+      grads.pre_err.resize(n);
+      gather = [&](std::int64_t row0, std::int64_t rows, const double* gb, const double* eb,
+                   const double* fm, const double* fv) {
         const std::size_t first = static_cast<std::size_t>(row0 * in.v);
         const std::size_t count = static_cast<std::size_t>(rows * in.v);
-        std::copy(gb, gb + count, g.begin() + static_cast<std::ptrdiff_t>(first));
-        std::copy(eb, eb + count, g_pre_err.begin() + static_cast<std::ptrdiff_t>(first));
+        const auto into = [&](const double* from, std::vector<double>* to) {
+          to->resize(n);
+          std::copy(from, from + count, to->begin() + static_cast<std::ptrdiff_t>(first));
+        };
+        into(gb, &grads.g);
+        into(eb, &grads.pre_err);
+        if (fm != nullptr) {
+          into(fm, &grads.flip_mean);
+          into(fv, &grads.flip_var);
+        }
       };
     }
     done = ReferenceCrossEntropy(in, ref_targets, o, LogitModel::kFp32Sum, &ref, gather, stop);
@@ -473,8 +449,8 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
       continue;
     }
     if (c.name == "dx" || c.name == "dw") {
-      if (!CheckCrossEntropyGradient(c, in, plan.rows, g, g_pre_err, data, own.at(c.name).data(),
-                                     stop, &v.check)) {
+      if (!CheckCrossEntropyGradient(c.name == "dw", in, plan.rows, grads, independent, data,
+                                     own.at(c.name).data(), c.dtype, &v.check, stop)) {
         return absl::CancelledError(
             "verify: the caller went away while the references were formed");
       }

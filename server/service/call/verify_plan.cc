@@ -434,10 +434,10 @@ std::uint64_t ReferenceBytes(const VerifyPlan& plan) {
     if (!dx && !dw) {
       return CrossEntropyReferenceBytes(plan.m, plan.v, plan.k, /*with_gradients=*/false);
     }
-    // g and its pre-cast bound gathered whole [M, V], then the gradients'
-    // products from them.
+    // g, its pre-cast bound and the flips' weights gathered whole [M, V],
+    // then the gradients' products from them.
     return CrossEntropyReferenceBytes(plan.m, plan.v, plan.k, /*with_gradients=*/true) +
-           Mul(plan.m, plan.v, 2 * sizeof(double)) +
+           Mul(plan.m, plan.v, 4 * sizeof(double)) +
            CrossEntropyGradientReferenceBytes(plan.m, plan.v, plan.k, dx, dw);
   }
   if (plan.logprobs.has_value()) return LogProbsReferenceBytes(plan.m, plan.v, plan.k);

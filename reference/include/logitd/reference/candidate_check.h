@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "logitd/reference/element_judgement.h"
@@ -130,6 +131,19 @@ class CandidateCheck {
   void AddValueClass(std::int64_t index, double candidate, double reference, double envelope,
                      double bound, double own);
 
+  // An element's precision-class terms formed by the caller (the
+  // cross-entropy's gradients, whose G the candidate forms itself), into
+  // row `row`; the element itself is added as usual (Add, AddRange).
+  void AddClassTerms(std::int64_t row, std::int64_t index, const judgement::ClassTerms& terms,
+                     double candidate, double own, const judgement::ElementBounds& bounds);
+
+  // What the envelope of rows given by AddClassTerms stands for
+  // (PrecisionClassFigures::envelope; empty: the products' own).
+  void set_class_envelope(std::string name) {
+    class_envelope_ = std::move(name);
+    class_.reset();
+  }
+
   // Adds elements counted elsewhere, whose indices all come after those
   // added so far or are merged in index order: as if each had been added
   // here.
@@ -210,6 +224,7 @@ class CandidateCheck {
   CheckFigures f_;
   std::int64_t independent_per_row_ = INT64_MAX;
   std::int64_t independent_total_ = INT64_MAX;
+  std::string class_envelope_;
   mutable std::optional<PrecisionClassFigures> class_;
 };
 

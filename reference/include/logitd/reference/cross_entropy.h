@@ -84,9 +84,12 @@ struct CrossEntropyReference {
 // Rows [row0, row0 + rows) of M: the exact pre-cast gradient g = dL/dy ·
 // scale (0 on ignored rows) and a bound on |g_fp32 − g| for an
 // implementation's fp32 value of it before the bf16 cast, each [rows, V]
-// row-major, valid during the call only. Blocks come in order of rows.
-using CeGradientSink = std::function<void(std::int64_t row0, std::int64_t rows, const double* g,
-                                          const double* g_pre_err)>;
+// row-major, valid during the call only; with options.class_envelope, the
+// flips' weights too (CastFlip's mean and var, [rows, V] each), else null.
+// Blocks come in order of rows.
+using CeGradientSink =
+    std::function<void(std::int64_t row0, std::int64_t rows, const double* g,
+                       const double* g_pre_err, const double* flip_mean, const double* flip_var)>;
 
 // The reference of `in` (x [m, k] and w [v, k]; dy unused) with targets
 // [m], a block of `block_rows` rows of M at a time (0: as many as
@@ -118,10 +121,32 @@ judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std:
 // logits): lse, loss and their bounds (and class envelopes, from the
 // logits' y_class [v] when given: LogitClassEnvelope); g [v] and its pre-cast bound
 // g_pre_err [v] for the row too unless g is null (zeros when not counted).
+// With y_class, flip_mean and flip_var [v] get each element's CastFlip
+// (when not null).
 CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, std::int64_t v,
                                           std::int64_t target, bool counted, double scale,
                                           const CeReferenceOptions& options, double* g,
-                                          double* g_pre_err, const double* y_class = nullptr);
+                                          double* g_pre_err, const double* y_class = nullptr,
+                                          double* flip_mean = nullptr, double* flip_var = nullptr);
+
+// The precision-class test of the gradients (docs/PROTOCOL.md, "The
+// precision-class test of the gradients"). ModelCast(g) = bf16(fp32(g)),
+// each rounded to nearest even: the G of an implementation whose fp32 g is
+// g's nearest. A conforming implementation's fp32 g stands off the exact
+// one by an error of scale sigma (the class envelopes of its logits and of
+// its softmax, times kClassSpread); where that may carry it across the
+// midpoint between g's two bf16 neighbours its G is the other neighbour
+// (or, past the far midpoint, the one beyond ModelCast(g)). With the error
+// N(0, sigma), CastFlip(g, sigma) gives that G's change from ModelCast(g):
+// its mean, π_near·(other − ModelCast(g)), and a bound on its variance,
+// (π_near + π_far)·s², with π the probabilities of crossing each midpoint
+// and s the spacing.
+struct CastFlipWeights {
+  double mean = 0;
+  double var = 0;
+};
+double ModelCast(double g);
+CastFlipWeights CastFlip(double g, double sigma);
 
 // The bf16 cast of g: bounds on |G − g| and on |G| for an implementation's
 // bf16 G, from g and its pre-cast bound.

@@ -89,6 +89,33 @@ void CheckTokenValues(const std::vector<double>& values, const std::vector<doubl
                       const std::vector<double>& envelopes, const CheckedRows& rows,
                       const float* candidate, const float* own, std::int64_t independent,
                       CandidateCheck* check);
+// The cross-entropy's pre-cast gradient, gathered whole from
+// ReferenceCrossEntropy's blocks (CeGradientSink): g, its pre-cast bound
+// and, with class envelopes, CastFlip's weights, [m, V] each for the m rows
+// of the reference's inputs.
+struct CeGradients {
+  std::vector<double> g, pre_err, flip_mean, flip_var;
+};
+// A cross-entropy's dX (`dw` false: [M, K] in `dtype`, fp32 or bf16; with
+// `rows`, reference row j is the call's row rows[j]) or dW (fp32 [V, K])
+// candidate against the products of the reference's g: held to the proven
+// bound (CrossEntropyGradInputReference, CrossEntropyGradWeightReference)
+// and, when g.flip_mean is formed, by the precision-class test of the gradients
+// (docs/PROTOCOL.md) with `tokens` distinct rows of G (DistinctTokens).
+// dX's products go through in.products when it is not null. False when
+// `stop` ended the walk.
+bool CheckCrossEntropyGradient(bool dw, const LmHeadInputs& in, const CheckedRows& rows,
+                               const CeGradients& g, std::int64_t tokens, const void* candidate,
+                               const void* own, DType dtype, CandidateCheck* check,
+                               const StopCheck& stop = {});
+
+// Elements whose operands are equal up to a power of two err alike in
+// every order: the distinct classes of W's rows and of its columns (kept
+// in the engine's WeightMemo when in.products has one), and of X's columns.
+std::int64_t WeightRowClasses(const LmHeadInputs& in);
+std::int64_t WeightColumnClasses(const LmHeadInputs& in);
+std::int64_t InputColumnClasses(const LmHeadInputs& in);
+
 // Tokens whose rows of X and targets (null: none) are equal have equal
 // values and errors in every implementation: how many distinct ones the
 // m rows of in.x hold.
