@@ -341,6 +341,8 @@ def main(argv=None):
         p.error("--top-k: expected 1 to %d" % _MAX_TOP_K)
 
     def log(msg):
+        # What stdout holds first, so that a pipe of both keeps their order.
+        sys.stdout.flush()
         print(msg, file=sys.stderr, flush=True)
 
     t0 = time.monotonic()

@@ -206,6 +206,26 @@ def test_bf16_logits_at_k4096_are_outside_the_precision_class(client, weights):
         assert "[%d, %d]: candidate" % first.index in text and "over its class threshold" in text
 
 
+def test_describe_and_the_assertions_list_the_worst_elements_first(client, weights):
+    # Three elements outside the proven bound, the worst last in index order.
+    M, V, K = 4, 64, 128
+    x, w = normal_bf16(61, (M, K)), normal_bf16(62, (V, K))
+    h = weights(w, name="verify-worst-first").handle
+    y = client.logits(x, h).copy()
+    flat = y.reshape(-1)
+    for i, off in ((3, 0.01), (100, 0.1), (200, 10.0)):
+        flat[i] += np.float32(off)
+    v = client.verify_logits(x, y, h)
+    c = v.candidates["y"]
+    assert [tuple(e.index) for e in c.first_outside[:3]] == [(0, 3), (1, 36), (3, 8)]  # index order
+    with pytest.raises(AssertionError) as e:
+        assert_logits_within_contract(client, x, y, h)
+    text = str(e.value)
+    at = [text.index("[%d, %d]: candidate" % i) for i in ((3, 8), (1, 36), (0, 3))]
+    assert at == sorted(at), text
+    assert "worst first in each" in text
+
+
 def test_one_ulp_off_is_within_bounds_and_counted(client, weights):
     M, V, K = 8, 64, 256
     x, w = normal_bf16(7, (M, K)), normal_bf16(8, (V, K))

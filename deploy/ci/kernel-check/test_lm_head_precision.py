@@ -8,29 +8,59 @@ accumulation; a test fails (outside_bounds, or outside_precision_class) with
 the figures that decided it and the worst elements named.
 
 Environment: LOGITD_ADDR (host:port of the shared logitd), LOGITD_TOKEN (a
-bearer token, when the server has --auth_tokens). Needs the logitd Python
-client (pip install ./client/python from the logitd repository) and torch.
+bearer token, when the server has --auth_tokens), LOGITD_REQUIRE_GPU=1 (fail,
+rather than check a CPU stand-in, where torch sees no CUDA device: set it on
+a GPU runner, as the workflows beside this file do), LOGITD_CHECK_SHAPES
+("M,K,V;M,K,V": other shapes than SHAPES). Needs the logitd Python client
+(pip install ./client/python from the logitd repository) and torch; where
+torch is missing every test is skipped and says so (pytest -rs).
+
+Where there is no GPU the candidates run on the CPU: torch has no CPU kernel
+for a bf16 product with an fp32 output, so they multiply the operands
+widened to fp32 (exact products, fp32 sums: the same contract).
 """
 import os
 
 import pytest
-import torch
 
 import logitd
 from logitd.testing import assert_backward_within_contract, assert_logits_within_contract
 
+try:
+    import torch
+except ModuleNotFoundError as e:
+    if e.name != "torch":
+        raise
+    torch = None
+
 SHAPES = [(128, 4096, 32000), (7, 2048, 50257)]  # M, K, V: odd sizes too
+if os.environ.get("LOGITD_CHECK_SHAPES"):
+    SHAPES = [tuple(int(n) for n in s.split(",")) for s in os.environ["LOGITD_CHECK_SHAPES"].split(";")]
 
 
 def my_logits(x, w):
     """Your forward: fp32 logits of bf16 X [M, K] and W [V, K]."""
-    return torch.mm(x, w.t(), out_dtype=torch.float32)
+    if x.is_cuda:
+        return torch.mm(x, w.t(), out_dtype=torch.float32)
+    return torch.mm(x.float(), w.float().t())
 
 
 def my_backward(dy, x, w):
     """Your backward under the gradient-cast contract: G = bf16(dY) once."""
     g = dy.to(torch.bfloat16)
-    return torch.mm(g, w, out_dtype=torch.float32), torch.mm(g.t(), x, out_dtype=torch.float32)
+    if g.is_cuda:
+        return torch.mm(g, w, out_dtype=torch.float32), torch.mm(g.t(), x, out_dtype=torch.float32)
+    g = g.float()
+    return torch.mm(g, w.float()), torch.mm(g.t(), x.float())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_torch():
+    if torch is None:
+        pytest.skip(
+            "the kernel check needs torch (pip install torch; without a GPU, the CPU-only build: "
+            "pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +71,23 @@ def client():
     return logitd.Client(address, token=os.environ.get("LOGITD_TOKEN") or None)
 
 
+@pytest.fixture(scope="module")
+def device():
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("LOGITD_REQUIRE_GPU") == "1":
+        pytest.fail(
+            "LOGITD_REQUIRE_GPU=1, but torch %s sees no CUDA device (built for CUDA %s): this "
+            "runner cannot run the GPU kernel under test" % (torch.__version__, torch.version.cuda),
+            pytrace=False,
+        )
+    return "cpu"
+
+
 @pytest.fixture(params=SHAPES, ids=lambda s: "x".join(map(str, s)))
-def inputs(request):
+def inputs(request, device):
     m, k, v = request.param
     gen = torch.Generator().manual_seed(m * 31 + k + v)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
     w = torch.randn(v, k, generator=gen).to(device, torch.bfloat16)
     dy = (torch.randn(m, v, generator=gen) * 1e-3).to(device)

@@ -12,9 +12,9 @@ inside it with errors that are not those of fp32 accumulation
 ("outside_precision_class": bf16 rounding passed off as fp32, say). The message
 is the verdict's describe(): each candidate's verdict and the figures that
 decided it (the proven bound's; the precision-class test's RMS ratio against
-its threshold and effective bits), and the first elements the server listed,
-those outside the proven bound first, with the fp64 reference and what each
-was held to. Else it returns the Verdict (a sampled pass included). Errors of
+its threshold and effective bits), and the worst elements the server listed:
+those outside the proven bound first, each group worst first, with the fp64
+reference and what each was held to. Else it returns the Verdict (a sampled pass included). Errors of
 the call itself (an unknown weight, a candidate of the wrong shape, a
 sample_seed without sample_rows) are raised as the client's LogitdError, not as
 a failed assertion.

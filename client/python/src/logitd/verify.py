@@ -296,6 +296,25 @@ def _describe_precision_class(p: PrecisionClass) -> List[str]:
     return lines
 
 
+def _worst_first(elements: List[VerifyElement]) -> List[VerifyElement]:
+    """The server's list (outside the proven bound in index order, then the
+    precision-class test's worst first, then the probabilistic figure's),
+    each group ordered by how far past what it was held to, largest first."""
+
+    def key(e: VerifyElement) -> Tuple[int, float]:
+        error = abs(e.candidate - e.reference)
+        if e.outside_bound or not error <= e.bound:
+            group, held = 0, e.bound
+        elif e.class_threshold > 0:
+            group, held = 1, e.class_threshold
+        else:
+            group, held = 2, e.probabilistic_bound
+        excess = error / held if held > 0 else math.inf
+        return group, -(excess if excess == excess else math.inf)
+
+    return sorted(elements, key=key)
+
+
 def _describe_element(e: VerifyElement) -> str:
     error = abs(e.candidate - e.reference)
     logitd_value = ", logitd %.9g" % e.logitd
@@ -345,11 +364,12 @@ def _describe_candidate(c: CandidateVerdict, max_elements: int) -> List[str]:
             )
     lines.append("  %.2f%% bitwise equal to logitd's own output; %s" % (100.0 * c.bitwise_equal_fraction, ulps))
     if c.first_outside:
-        shown = c.first_outside[: max(0, max_elements)]
+        shown = _worst_first(c.first_outside)[: max(0, max_elements)]
         if shown:
             lines.append(
                 "  elements listed: %d (outside the proven bound first, then the precision-class test's, "
-                "then the probabilistic figure's); the first %d:" % (len(c.first_outside), len(shown))
+                "then the probabilistic figure's; worst first in each); the first %d:"
+                % (len(c.first_outside), len(shown))
             )
         for e in shown:
             lines.append(_describe_element(e))
