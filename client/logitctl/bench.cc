@@ -936,7 +936,7 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
   auto server_error = [](absl::string_view what, const absl::Status& s) {
     std::cerr << "logitctl: bench: " << what << ": " << absl::StatusCodeToString(s.code()) << ": "
               << s.message() << "\n";
-    return s.code() == absl::StatusCode::kUnavailable ? kExitUsage : kExitFailed;
+    return exit_codes::ForStatus(s);
   };
   absl::StatusOr<client::ServerInfo> info = clients[0]->Info();
   if (!info.ok()) return server_error("server info", info.status());

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/common/connection_flags.h"
+#include "client/common/exit_codes.h"
 #include "client/logitctl/flags.h"
 #include "logitd/bf16.h"
 #include "logitd/safetensors.h"
@@ -34,7 +35,7 @@ int InputError(const absl::Status& status) {
 int ServerError(const absl::Status& status) {
   std::cerr << "logitctl: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
             << "\n";
-  return status.code() == absl::StatusCode::kUnavailable ? kExitUsage : kExitFailed;
+  return exit_codes::ForStatus(status);
 }
 
 void PrintRows(const std::vector<std::pair<std::string, std::string>>& rows) {

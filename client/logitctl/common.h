@@ -14,17 +14,20 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/common/exit_codes.h"
 #include "client/common/tensor_files.h"
 #include "logitd/client.h"
 #include "logitd/tensor.h"
 
 namespace logitd::logitctl {
 
-// Exit codes: 0 success; 1 the server answered with an error status; 2 a
-// usage or local input error, or the server could not be reached.
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
+// Exit codes (client/common/exit_codes.h): 0 success; 1 a check failed or
+// the server failed the operation; 2 a usage or input error, what the
+// server refuses of what was sent among them, or a server that cannot be
+// reached.
+constexpr int kExitOk = exit_codes::kOk;
+constexpr int kExitFailed = exit_codes::kFailed;
+constexpr int kExitUsage = exit_codes::kUsage;
 
 // --- output helpers ----------------------------------------------------------
 
@@ -35,8 +38,9 @@ int UsageError(absl::string_view message);
 // returns kExitUsage.
 int InputError(const absl::Status& status);
 
-// A status that came back from the server: kExitFailed, except Unavailable,
-// which means it was never reached, an environment problem like a usage error.
+// A status that came back from the server, printed as "logitctl: CODE:
+// message": exit_codes::ForStatus (kExitUsage for a refusal of the input or
+// a server not reached, else kExitFailed).
 int ServerError(const absl::Status& status);
 
 // Prints key/value rows with the values in one column.

@@ -135,8 +135,12 @@ common flags:
 FILE[:TENSOR] names a tensor in a safetensors file; the tensor may be left out
 when the file holds exactly one.
 
-exit codes: 0 ok, 1 the server refused or failed the operation,
-            2 usage or input error, or the server could not be reached
+exit codes (every command): 0 ok; 1 a check failed, or the server failed the
+            operation (INTERNAL, DATA_LOSS, a deadline); 2 a usage or input
+            error: the command line, a file, what the server refuses of what
+            was sent (INVALID_ARGUMENT, NOT_FOUND, OUT_OF_RANGE,
+            FAILED_PRECONDITION, RESOURCE_EXHAUSTED), or a server that cannot
+            be reached or refuses the credentials
 )";
 
 int CmdBench(const std::vector<std::string>& words) {

@@ -185,7 +185,8 @@ options:
                       library version instead of refusing it
 
 exit codes: 0 every selected check passed, 1 a check failed,
-            2 the server could not be reached or refused, or bad options
+            2 bad options, or the server could not be reached or refused
+              (the same rule as every logitctl command: logitctl help)
 )";
 }
 

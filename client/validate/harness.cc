@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/common/exit_codes.h"
 
 namespace logitd::validate {
 
@@ -129,14 +130,7 @@ void OfferLogitsReplay(RunContext& ctx, const std::string& suite, std::string de
 }
 
 bool IsServerUnreachable(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied:
-      return true;
-    default:
-      return false;
-  }
+  return exit_codes::IsServerUnreachable(status);
 }
 
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/common/argv.h"
+#include "client/common/exit_codes.h"
 #include "client/common/tensor_files.h"
 #include "client/validate/cli.h"
 #include "client/validate/harness.h"
@@ -280,8 +281,9 @@ exit codes: 0 every candidate passed (within_bounds or bitwise_equal_to_logitd,
             1 one failed (outside_bounds or outside_precision_class), or the
               server failed the call (INTERNAL, a deadline),
             2 usage or input error (the server's INVALID_ARGUMENT, NOT_FOUND,
-              RESOURCE_EXHAUSTED among them), or the server could not be
-              reached or refused the credentials
+              OUT_OF_RANGE, FAILED_PRECONDITION, RESOURCE_EXHAUSTED among
+              them), or the server could not be reached or refused the
+              credentials (the rule of every logitctl command)
 )";
 }
 
@@ -724,16 +726,7 @@ absl::Status LoadTensors(const VerifyCommandArgs& a, const std::vector<std::stri
 // server's limits) or of the connection (IsServerUnreachable): exit 2, as a
 // usage error is. What else the server answers (INTERNAL, a deadline) is 1.
 bool IsInputOrConnectionError(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kResourceExhausted:
-      return true;
-    default:
-      return IsServerUnreachable(status);
-  }
+  return exit_codes::ForStatus(status) == exit_codes::kUsage;
 }
 
 }  // namespace

@@ -615,11 +615,11 @@ TEST_F(TlsTest, LogitctlTakesTokenCaCertAndKey) {
   r = RunWithToken("tok-b", with({"info"}));
   EXPECT_EQ(r.exit_code, 0) << r.out;
   r = RunWithToken(std::nullopt, with({"info"}));
-  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.out;  // a server that refuses the client
   EXPECT_THAT(r.out, HasSubstr("UNAUTHENTICATED"));
   // --token wins over $LOGITD_TOKEN.
   r = RunWithToken("tok-b", with({"--token=nope", "info"}));
-  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_THAT(r.out, HasSubstr("UNAUTHENTICATED"));
   // Without the client certificate the server cannot be reached: exit 2.
   r = RunWithToken("tok-a", {server, "--ca=" + Path("ca.pem"), "info"});

@@ -798,10 +798,10 @@ TEST_F(LogitctlCrossEntropyTest, EndToEnd) {
   EXPECT_LE(lib->counted_tokens, 16);
   EXPECT_TRUE(BitwiseEqual(Read(Path("opts.safetensors"), "loss"), lib->loss));
   EXPECT_TRUE(BitwiseEqual(Read(Path("opts.safetensors"), "dx"), *lib->dx));
-  // With ignore_index 3, the -100s of t64 are invalid targets: refused (exit 1).
+  // With ignore_index 3, the -100s of t64 are invalid targets: refused (exit 2).
   args[2] = "--targets=" + Path("t.safetensors") + ":t64";
   r = Run(args);
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.err;  // an input the server refuses
   EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
 
   // Accumulate, then fetch with `grad fetch`.
@@ -823,12 +823,12 @@ TEST_F(LogitctlCrossEntropyTest, EndToEnd) {
   // Exit codes: 1 for the server's refusal, 2 for usage and input errors.
   r = Run({"cross-entropy", x, "--targets=" + Path("t.safetensors") + ":bad", weight,
            "--out=" + Path("o.safetensors")});
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
   EXPECT_THAT(r.err, HasSubstr("targets[4]"));
   r = Run({"cross-entropy", x, "--targets=" + Path("t.safetensors") + ":t64",
            "--weight=no-such-handle", "--out=" + Path("o.safetensors")});
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"cross-entropy", x, weight, "--out=" + Path("o.safetensors")},

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/common/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "logitd/bf16.h"
@@ -135,7 +136,7 @@ TEST_F(LogitctlTest, RegisterListLogitsRelease) {
   r = Run({"weights", "release", handle});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = Run({"weights", "release", handle});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);  // an input the server refuses
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
 }
 
@@ -242,25 +243,56 @@ TEST_F(LogitctlTest, UsageAndInputErrorsExit2) {
   EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE"));
 }
 
-TEST_F(LogitctlTest, ServerErrorsExit1WithTheStatus) {
+// How many times `what` occurs in `text`.
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+// One rule for every command (client/common/exit_codes.h): what the server
+// refuses of what was sent is an input error, 2, printed once with its
+// status; a failure of the server itself is 1.
+TEST_F(LogitctlTest, InputsTheServerRefusesExit2WithTheStatus) {
   const Tensor x = IntBf16({2, 16}, 1051);
   const Tensor w = IntBf16({8, 32}, 1052);  // K = 32, X has K = 16
   Write("x.safetensors", {{"x", &x}});
   Write("w.safetensors", {{"w", &w}});
   LogitctlRun r = Run({"logits", "--x=" + Path("x.safetensors"), "--weight=no-such-handle",
                        "--out=" + Path("y.safetensors")});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("logitctl: NOT_FOUND: "));
+  EXPECT_EQ(CountOf(r.err, "NOT_FOUND"), 1) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
   EXPECT_FALSE(std::filesystem::exists(Path("y.safetensors")));
 
-  EXPECT_EQ(Run({"grad", "zero", "no-such-handle"}).exit_code, 1);
+  EXPECT_EQ(Run({"grad", "zero", "no-such-handle"}).exit_code, 2);
 
   const std::string handle = RegisterFile("w.safetensors", "w");
   ASSERT_FALSE(handle.empty());
   r = Run({"logits", "--x=" + Path("x.safetensors"), "--weight=" + handle,
            "--out=" + Path("y.safetensors")});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("logitctl: INVALID_ARGUMENT: "));
+  EXPECT_EQ(CountOf(r.err, "INVALID_ARGUMENT"), 1) << r.err;
+}
+
+TEST(ExitCodesTest, OneRuleForEveryStatus) {
+  EXPECT_EQ(exit_codes::ForStatus(absl::OkStatus()), 0);
+  for (const absl::Status& s :
+       {absl::InvalidArgumentError("shape"), absl::NotFoundError("handle"),
+        absl::OutOfRangeError("id"), absl::FailedPreconditionError("state"),
+        absl::ResourceExhaustedError("limit"), absl::UnavailableError("down"),
+        absl::UnauthenticatedError("token"), absl::PermissionDeniedError("tenant")}) {
+    EXPECT_EQ(exit_codes::ForStatus(s), 2) << s;
+  }
+  for (const absl::Status& s : {absl::InternalError("bug"), absl::DataLossError("digest"),
+                                absl::DeadlineExceededError("slow"), absl::UnknownError("?"),
+                                absl::AbortedError("race"), absl::CancelledError("gone")}) {
+    EXPECT_EQ(exit_codes::ForStatus(s), 1) << s;
+  }
 }
 
 }  // namespace
