@@ -6,7 +6,8 @@
 Each page is loaded from its file in a real browser (Playwright for Python driving
 the system's Chromium, Debian's `chromium` package by default): no console error or
 page error, no request leaving the file, every inline SVG plot laid out with a
-non-empty box, and the verdict heading visible. A full-page screenshot of each is
+non-empty box, the verdict heading visible, the page no wider than a 1400 px
+window, and on a verify page the precision-class test's figure. A full-page screenshot of each is
 kept under --screenshots (a CI artefact). Exit 1 on any problem, 2 when the
 browser or Playwright is missing.
 """
@@ -15,6 +16,9 @@ import os
 import pathlib
 import shutil
 import sys
+
+# The window a report is read in (and must fit).
+WIDTH = 1400
 
 
 def check(page, path, screenshots):
@@ -43,6 +47,17 @@ def check(page, path, screenshots):
             problems.append(f"plot '{name}' has an empty box ({box})")
         else:
             boxes.append(f"{name}: {box['width']:.0f}x{box['height']:.0f}")
+    # The page fits the width it is read at: no table or plot past it.
+    width = page.evaluate("document.documentElement.scrollWidth")
+    if width > WIDTH:
+        problems.append(f"the page is {width} px wide, past the {WIDTH} px window")
+    # A verify page shows what decided each candidate: the precision-class
+    # test's figure beside the proven bound's histogram.
+    if page.locator("h2", has_text="verify: candidates against the contract").count():
+        titles = [plots.nth(i).locator("title").first.text_content() or ""
+                  for i in range(plots.count()) if plots.nth(i).locator("title").count()]
+        if not any("the precision-class test" in t for t in titles):
+            problems.append("a verify page without the precision-class test's figure")
     if screenshots:
         os.makedirs(screenshots, exist_ok=True)
         stem = pathlib.Path(path).resolve().parent.name or "report"
@@ -73,7 +88,7 @@ def main():
         browser = pw.chromium.launch(executable_path=args.chromium,
                                      args=["--no-sandbox", "--disable-gpu"])
         for path in args.pages:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = browser.new_page(viewport={"width": WIDTH, "height": 900})
             problems = check(page, path, args.screenshots)
             page.close()
             for q in problems:

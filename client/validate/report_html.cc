@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <string>
 #include <system_error>
 #include <vector>
 
@@ -26,6 +28,7 @@ td, th { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical
 th { background: #f6f8fa; }
 td.n { text-align: right; font-family: monospace; }
 code, .figures { font-family: monospace; font-size: 0.9em; }
+td.figures { min-width: 360px; max-width: 560px; overflow-wrap: anywhere; }
 .pass { color: #1a7f37; } .fail { color: #cf222e; } .skip { color: #6e7781; }
 .badge { display: inline-block; min-width: 3.5em; text-align: center; color: #fff;
   border-radius: 4px; padding: 0 6px; margin-right: 8px; font-weight: bold; }
@@ -109,20 +112,41 @@ std::string Platform(const Report& report) {
     Row(&out, "server", "no server info");
   }
   const Options& o = report.options;
-  Row(&out, "suites", absl::StrJoin(o.suites, ", "));
-  Row(&out, "quick", o.quick ? "true" : "false");
-  Row(&out, "seed", absl::StrCat(o.seed));
+  // `logitctl verify`'s page: its cases are candidates, and the harness's
+  // suite options mean nothing for them.
+  const bool verify_only = !report.results.empty() &&
+                           std::all_of(report.results.begin(), report.results.end(),
+                                       [](const CaseResult& r) { return r.suite == "verify"; });
+  if (!verify_only) {
+    Row(&out, "suites", absl::StrJoin(o.suites, ", "));
+    Row(&out, "quick", o.quick ? "true" : "false");
+    Row(&out, "seed", absl::StrCat(o.seed));
+  }
   if (!o.baseline_path.empty()) Row(&out, "baseline", o.baseline_path);
   if (!o.record_path.empty()) Row(&out, "record", o.record_path);
   absl::StrAppend(&out, "</table>\n");
   return out;
 }
 
+// A figure as a table shows it: integers whole, other numbers to four
+// significant digits (the --json report and the figures column keep every
+// digit), text as it is.
+std::string ShortText(const nlohmann::ordered_json& figure) {
+  if (figure.is_number_float()) return absl::StrFormat("%.4g", figure.get<double>());
+  return FigureText(figure);
+}
+
+// Every digit: a value an element's row shows beside its reference.
+std::string FullCell(const nlohmann::ordered_json& f, const char* key) {
+  if (!f.contains(key)) return "<td></td>";
+  return absl::StrCat("<td class=\"n\">", E(FigureText(f[key])), "</td>");
+}
+
 std::string Cell(const nlohmann::ordered_json& f, const char* key, bool flag_nonzero = false) {
   if (!f.contains(key)) return "<td></td>";
   const double v = FigureValue(f[key]);
   const char* cls = !flag_nonzero ? "n" : v == 0 ? "n ok" : "n bad";
-  return absl::StrCat("<td class=\"", cls, "\">", E(FigureText(f[key])), "</td>");
+  return absl::StrCat("<td class=\"", cls, "\">", E(ShortText(f[key])), "</td>");
 }
 
 // special_values records, per output, what IEEE 754 predicts and what was wrong.
@@ -208,17 +232,31 @@ std::string VerifySection(const Report& report) {
       if (!tested) return std::string("<td></td>");
       if (!flag) return Cell(pc, key);
       return absl::StrCat("<td class=\"n ", pc.value("outside", false) ? "bad" : "ok", "\">",
-                          E(FigureText(pc[key])), "</td>");
+                          E(ShortText(pc[key])), "</td>");
     };
+    // Figures that read together share a cell: "a / b / c".
+    const auto joined = [&](const nlohmann::ordered_json& o,
+                            std::initializer_list<const char*> keys, const char* cls = "n") {
+      std::vector<std::string> parts;
+      for (const char* key : keys) {
+        if (o.contains(key)) parts.push_back(ShortText(o[key]));
+      }
+      return absl::StrCat("<td class=\"", cls, "\">", E(absl::StrJoin(parts, " / ")), "</td>");
+    };
+    const std::string class_figures =
+        !tested ? std::string("<td></td><td></td>")
+                : absl::StrCat(joined(pc, {"rms_ratio", "threshold"},
+                                      pc.value("outside", false) ? "n bad" : "n ok"),
+                               joined(pc, {"effective_bits", "class_bits"}));
     absl::StrAppend(&rows, "<tr><td>", E(r.name), "</td><td class=\"", passed ? "ok" : "bad", "\">",
                     E(FigureText(f["verdict"])), "</td>", Cell(f, "elements"),
-                    Cell(f, "outside_bound", true), Cell(f, "worst_bound_fraction"),
-                    class_cell("rms_ratio", true), class_cell("threshold", false),
-                    class_cell("effective_bits", false), class_cell("class_bits", false),
+                    Cell(f, "outside_bound", true), Cell(f, "worst_bound_fraction"), class_figures,
                     class_cell("rows_outside", true), Cell(f, "nan_inf_mismatches", true),
-                    Cell(f, "bitwise_equal_fraction"), Cell(f, "max_ulp"), Cell(f, "p99_ulp"),
-                    Cell(f, "p50_ulp"), Cell(f, "max_ulp_exact"), Cell(f, "p99_ulp_exact"),
-                    Cell(f, "p50_ulp_exact"), "</tr>\n");
+                    Cell(f, "bitwise_equal_fraction"), joined(f, {"max_ulp", "p99_ulp", "p50_ulp"}),
+                    f.value("max_ulp_exact", -1) >= 0
+                        ? joined(f, {"max_ulp_exact", "p99_ulp_exact", "p50_ulp_exact"})
+                        : std::string("<td></td>"),
+                    "</tr>\n");
     if (!f.contains("first_outside") || f["first_outside"].empty()) continue;
     absl::StrAppend(&elements, "<h3>", E(r.name),
                     ": elements outside (the proven bound's first, then the precision-class "
@@ -233,10 +271,10 @@ std::string VerifySection(const Report& report) {
       }
       const bool outside = e.value("outside_bound", false);
       absl::StrAppend(&elements, "<tr><td>[", E(absl::StrJoin(index, ", ")), "]</td>",
-                      Cell(e, "candidate"), Cell(e, "reference"), Cell(e, "bound"), "<td class=\"",
-                      outside ? "bad" : "n", "\">", outside ? "yes" : "no", "</td>",
-                      Cell(e, "class_threshold"), Cell(e, "probabilistic_bound"), Cell(e, "logitd"),
-                      "</tr>\n");
+                      FullCell(e, "candidate"), FullCell(e, "reference"), Cell(e, "bound"),
+                      "<td class=\"", outside ? "bad" : "n", "\">", outside ? "yes" : "no", "</td>",
+                      Cell(e, "class_threshold"), Cell(e, "probabilistic_bound"),
+                      FullCell(e, "logitd"), "</tr>\n");
     }
     absl::StrAppend(&elements, "</table>\n");
   }
@@ -252,10 +290,10 @@ std::string VerifySection(const Report& report) {
       "significand of a sequential round-to-nearest accumulator with the same RMS error (24 for "
       "fp32's own). docs/PROTOCOL.md, \"Verify\", derives the bounds and the test.</p>\n"
       "<table>\n<tr><th>candidate</th><th>verdict</th><th>elements</th><th>outside "
-      "bound</th><th>worst ÷ bound</th><th>RMS ÷ envelope</th><th>threshold</th><th>effective "
-      "bits</th><th>class bits</th><th>rows outside class</th><th>NaN/Inf mismatches</th>"
-      "<th>bitwise logitd's</th><th>max ulp vs logitd</th><th>p99</th><th>p50</th><th>max ulp vs "
-      "correctly rounded</th><th>p99</th><th>p50</th></tr>\n",
+      "bound</th><th>worst ÷ bound</th><th>RMS ÷ envelope / threshold</th><th>effective bits / "
+      "the envelope's</th><th>rows outside class</th><th>NaN/Inf mismatches</th>"
+      "<th>bitwise logitd's (fraction)</th><th>ulp vs logitd: max / p99 / p50</th><th>ulp vs "
+      "correctly rounded: max / p99 / p50</th></tr>\n",
       rows, "</table>\n", elements);
 }
 

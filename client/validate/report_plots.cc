@@ -262,6 +262,74 @@ std::string FractionHistograms(const std::vector<FractionGroup>& groups) {
   return out;
 }
 
+namespace {
+
+// The precision-class test of one verify candidate, as the server decided
+// it: the whole tensor's RMS error over the conforming envelope's and its
+// worst rows', each a bar against its own threshold (a tick), on a log
+// scale; red where outside. Empty where the test was not made.
+std::string ClassFigure(const CaseResult& r) {
+  if (!r.figures.contains("precision_class")) return "";
+  const nlohmann::ordered_json& p = r.figures["precision_class"];
+  if (!p.value("tested", false)) return "";
+  struct Bar {
+    std::string label;
+    double ratio, threshold;
+  };
+  std::vector<Bar> bars = {
+      {"tensor", FigureValue(p.value("rms_ratio", 0.0)), FigureValue(p.value("threshold", 0.0))}};
+  for (const auto& row : p.value("worst_rows", nlohmann::ordered_json::array())) {
+    bars.push_back({absl::StrCat("row ", FigureText(row.value("row", 0))),
+                    FigureValue(row.value("rms_ratio", 0.0)),
+                    FigureValue(row.value("threshold", 0.0))});
+  }
+  double lo = 1, hi = 1;
+  for (const Bar& b : bars) {
+    for (double v : {b.ratio, b.threshold}) {
+      if (v > 0 && std::isfinite(v)) {
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+      }
+    }
+  }
+  const auto [dlo, dhi] = svg::DecadeRange(lo, hi * 1.01);
+  const double height = 40 + 22 * static_cast<double>(bars.size());
+  svg::Canvas c(480, static_cast<int>(height + 40),
+                absl::StrCat(r.FullName(), ": the precision-class test"));
+  const double left = 70, right = 466, top = 14,
+               bottom = 14 + 22 * static_cast<double>(bars.size());
+  svg::Scale x{dlo, dhi, left, right, /*log=*/true};
+  svg::Scale y{0, static_cast<double>(bars.size()), top, bottom};
+  std::vector<svg::Tick> y_ticks;
+  c.Axes(x, y, svg::DecadeTicks(dlo, dhi), y_ticks,
+         "RMS |error| ÷ the conforming envelope's (tick: threshold)", "");
+  for (std::size_t i = 0; i < bars.size(); ++i) {
+    const Bar& b = bars[i];
+    const double y0 = top + 22 * static_cast<double>(i) + 4;
+    c.Text(left - 4, y0 + 11, b.label, svg::Canvas::Anchor::kEnd, 10);
+    if (!(b.ratio > 0) || !std::isfinite(b.ratio)) continue;
+    const bool outside = b.threshold > 0 && b.ratio > b.threshold;
+    c.Rect(left, y0, std::max(1.0, x(std::max(b.ratio, dlo)) - left), 14,
+           outside ? kOutsideColour : kWithinColour,
+           absl::StrCat(b.label, ": RMS ", FigureText(b.ratio), " times the envelope's, threshold ",
+                        FigureText(b.threshold)));
+    if (b.threshold > 0 && std::isfinite(b.threshold)) {
+      c.Line(x(b.threshold), y0 - 2, x(b.threshold), y0 + 16, "#222", 2);
+    }
+  }
+  const bool outside = p.value("outside", false);
+  return absl::StrCat(
+      "<figure>\n", c.Str(), "<figcaption><b>", XmlEscape(r.FullName()),
+      "</b>: the precision-class test", outside ? " (outside: it decided the verdict)" : "",
+      ". Each bar is an RMS error over the envelope of conforming fp32 accumulations of the same "
+      "inputs; the tick is what a conforming candidate stays below with probability 1 − ",
+      FigureText(p.value("alpha", 0.0)), ". Effective precision ",
+      FigureText(p.value("effective_bits", 0.0)), " bits (the envelope's ",
+      FigureText(p.value("class_bits", 0.0)), ").</figcaption>\n</figure>\n");
+}
+
+}  // namespace
+
 std::string ElementHistograms(const Report& report) {
   static constexpr const char* kBins[] = {"0",    "1e-6", "1e-5", "1e-4", "1e-3",
                                           "1e-2", "0.1",  "0.5",  "1",    "> 1"};
@@ -302,6 +370,7 @@ std::string ElementHistograms(const Report& report) {
                     "</b>: every element checked (", FigureText(r.figures.value("elements", 0)),
                     "), binned by |candidate − fp64 reference| ÷ its proven bound. The last bin, "
                     "in red, is outside the bound.</figcaption>\n</figure>\n");
+    absl::StrAppend(&out, ClassFigure(r));
   }
   if (out.empty()) return out;
   return absl::StrCat("<div class=\"plots\">\n", out, "</div>\n");

@@ -332,7 +332,14 @@ CandidateRef SplitCandidate(const std::string& text, const std::vector<std::stri
   return {"", text};
 }
 
-std::string Percent(double fraction) { return absl::StrFormat("%.2f%%", 100.0 * fraction); }
+// A fraction as a percentage with the digits it needs: "0.003%" rather than
+// "0.00%" for a few elements of many, "100%" only when it is all of them.
+std::string Percent(double fraction) {
+  const double p = 100.0 * fraction;
+  if (p == 0 || p == 100) return absl::StrFormat("%.0f%%", p);
+  if (p > 99.99) return absl::StrFormat("%.6g%%", p);
+  return absl::StrFormat(p < 0.01 ? "%.2g%%" : "%.2f%%", p);
+}
 
 // "[3, 41]": an element's index.
 std::string IndexText(const client::VerifyElement& e) {
