@@ -987,6 +987,13 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
     std::cerr << "logitctl: bench: " << RpcName(rpc) << ": measuring\n";
     Phase p = RunPhase(c, RpcName(rpc), call, clients, inputs, c.requests, c.duration);
     errors += p.tally.error_count();
+    // Whatever the report's form, the statuses that make the exit 1 are said
+    // on stderr too, each code with its count and first message.
+    for (const auto& [code, count] : p.tally.errors) {
+      std::cerr << "logitctl: bench: " << RpcName(rpc) << ": " << count << " request"
+                << (count == 1 ? "" : "s") << " failed with " << absl::StatusCodeToString(code)
+                << ": " << p.tally.first_message[code] << "\n";
+    }
     phases.push_back(Summary(pc, p));
   }
   Release(*clients[0], handle, inputs);

@@ -236,6 +236,10 @@ TEST_F(BenchTest, FailedRequestsAreCountedByCodeAndExitOne) {
   EXPECT_EQ(p.at("completed").get<std::int64_t>(), 0);
   EXPECT_EQ(p.at("error_count").get<std::int64_t>(), 3);
   EXPECT_EQ(p.at("errors").at("RESOURCE_EXHAUSTED").at("count").get<std::int64_t>(), 3);
+  // Said on stderr too, whatever the report's form: the exit 1 has its cause.
+  EXPECT_NE(r.err.find("logitctl: bench: logits: 3 requests failed with RESOURCE_EXHAUSTED: "),
+            std::string::npos)
+      << r.err;
 }
 
 TEST_F(BenchTest, UsageErrorsExitTwo) {
