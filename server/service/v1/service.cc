@@ -22,8 +22,11 @@ namespace {
 template <typename Response, typename Stream>
 absl::Status WriteMessage(Stream* stream, const Response& response, std::uint64_t* bytes_out) {
   *bytes_out += response.ByteSizeLong();
+  // A write fails only once the call is over: the client cancelled, its
+  // deadline passed or its connection went. Recorded as what it is, before
+  // gRPC's own cancellation flag may be seen.
   if (!stream->Write(response)) {
-    return absl::UnavailableError("the client stopped reading the response");
+    return absl::CancelledError("the client stopped reading the response");
   }
   return absl::OkStatus();
 }

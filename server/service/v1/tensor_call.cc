@@ -138,7 +138,8 @@ absl::Status TensorCallBase::StreamOutputs(
         stats_->bytes_out += message.Length();
         stats_->tensor_bytes_out += len;
         if (!write(message)) {
-          return absl::UnavailableError(absl::StrFormat(
+          // The call is over (see WriteMessage): recorded as cancelled.
+          return absl::CancelledError(absl::StrFormat(
               "%s: the client stopped reading at byte %d of %d", s.name, sent, s.bytes));
         }
         sent += len;
@@ -305,7 +306,10 @@ absl::Status TensorCallBase::SendStreamed(
         });
   }
   if (hasher.joinable()) hasher.join();
-  LOGITD_RETURN_IF_ERROR(status);
+  // A failed write means the call is over (the client cancelled, its
+  // deadline passed or its connection went): recorded as cancelled, not as
+  // the wire helper's UNAVAILABLE, whether or not gRPC's flag is set yet.
+  if (!status.ok()) return absl::CancelledError(status.message());
   if (!digest_last) return absl::OkStatus();
   for (std::size_t i = 0; i < sent.size(); ++i) digests->emplace_back(sent[i].name, hashed[i]);
   return absl::OkStatus();

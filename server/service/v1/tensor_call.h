@@ -324,7 +324,8 @@ class TensorCall final : public TensorCallBase {
   absl::Status Write(const Response& message) {
     stats()->bytes_out += message.ByteSizeLong();
     if (!stream_->Write(message)) {
-      return absl::UnavailableError("the client stopped reading the response");
+      // The call is over: recorded as cancelled (tensor_call.cc, SendOutputs).
+      return absl::CancelledError("the client stopped reading the response");
     }
     return absl::OkStatus();
   }
