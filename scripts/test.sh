@@ -19,7 +19,7 @@
 # Each test runs in one build only; docs/OPERATIONS.md ("The test command")
 # has the minutes each step takes.
 #   usage: scripts/test.sh [extra ctest args, given to both ctest runs...]
-# Environment: LOGITD_SOAK_SECONDS (the soak test's load, default 30 here).
+# Environment: LOGITD_SOAK_SECONDS (the soak test's load, default 20 here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +31,7 @@ step() { echo "test.sh: $* ($(date -u +%H:%M:%S))"; }
 step "Release build"
 cmake --preset ci
 cmake --build --preset ci-release -j "$jobs"
-LOGITD_SOAK_SECONDS=${LOGITD_SOAK_SECONDS:-30} ctest --preset ci-release -j "$jobs" "$@"
+LOGITD_SOAK_SECONDS=${LOGITD_SOAK_SECONDS:-20} ctest --preset ci-release -j "$jobs" "$@"
 
 step "the Python client's tests"
 bash scripts/test-python.sh build/ci/server/logitd

@@ -382,8 +382,9 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
       const std::size_t n = static_cast<std::size_t>(in.m * in.v);
       grads.g.resize(n);
       grads.pre_err.resize(n);
-      gather = [&](std::int64_t row0, std::int64_t rows, const double* gb, const double* eb,
-                   const double* fm, const double* fv) {
+      // (n by value: the sink outlives this block.)
+      gather = [&, n](std::int64_t row0, std::int64_t rows, const double* gb, const double* eb,
+                      const double* fm, const double* fv) {
         const std::size_t first = static_cast<std::size_t>(row0 * in.v);
         const std::size_t count = static_cast<std::size_t>(rows * in.v);
         const auto into = [&](const double* from, std::vector<double>* to) {
