@@ -270,23 +270,23 @@ CheckedRows SampleRows(std::int64_t m, std::int64_t count, std::uint64_t seed) {
   return CheckedRows(chosen.begin(), chosen.end());
 }
 
-std::int64_t WeightRowClasses(const LmHeadInputs& in) {
-  const auto count = [&] {
-    return DistinctClasses(in.v, in.k, true,
-                           [&](std::int64_t j, std::int64_t t) { return in.w[j * in.k + t]; });
-  };
-  return in.products != nullptr ? in.products->WeightCount(WeightMemo::kRowClasses, count)
-                                : count();
-}
+namespace {
 
-std::int64_t WeightColumnClasses(const LmHeadInputs& in) {
+// W's classes of rows (by_rows) or of columns, kept in the engine's memo.
+std::int64_t WeightClasses(const LmHeadInputs& in, bool by_rows) {
   const auto count = [&] {
-    return DistinctClasses(in.v, in.k, false,
+    return DistinctClasses(in.v, in.k, by_rows,
                            [&](std::int64_t j, std::int64_t c) { return in.w[j * in.k + c]; });
   };
-  return in.products != nullptr ? in.products->WeightCount(WeightMemo::kColumnClasses, count)
-                                : count();
+  if (in.products == nullptr) return count();
+  return in.products->WeightCount(by_rows ? WeightMemo::kRowClasses : WeightMemo::kColumnClasses,
+                                  count);
 }
+
+}  // namespace
+
+std::int64_t WeightRowClasses(const LmHeadInputs& in) { return WeightClasses(in, true); }
+std::int64_t WeightColumnClasses(const LmHeadInputs& in) { return WeightClasses(in, false); }
 
 std::int64_t InputColumnClasses(const LmHeadInputs& in) {
   return DistinctClasses(in.m, in.k, false,
