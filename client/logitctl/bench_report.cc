@@ -14,7 +14,7 @@
 namespace logitd::logitctl {
 namespace {
 
-std::string Cell(const nlohmann::json& v, const char* format) {
+std::string Cell(const nlohmann::json& v, const absl::FormatSpec<double>& format) {
   if (v.is_null()) return "absent";
   return absl::StrFormat(format, v.get<double>());
 }

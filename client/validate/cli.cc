@@ -38,7 +38,6 @@ ABSL_DECLARE_FLAG(std::string, server);
 namespace logitd::validate {
 namespace {
 
-constexpr int kExitFailed = 1;
 constexpr int kExitUnreachable = 2;
 // As for every logitctl subcommand: a run that cannot start for a reason of
 // its own invocation is not a precision failure.

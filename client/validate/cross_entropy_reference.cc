@@ -46,9 +46,6 @@ namespace logitd::validate {
 namespace {
 
 constexpr double kU = kFp32UnitRoundoff;
-// Absolute slack for a bf16 dX that underflows: half the smallest bf16
-// subnormal spacing (2^-133).
-constexpr double kBf16Underflow = 0x1p-134;
 // Relative Frobenius error of dX and dW: the bf16 unit roundoff of G with a
 // factor 2 for cancellation in the product.
 constexpr double kMaxGradRelFrobenius = 2 * kBf16UnitRoundoff;

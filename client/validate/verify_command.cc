@@ -338,7 +338,7 @@ std::string Percent(double fraction) {
   const double p = 100.0 * fraction;
   if (p == 0 || p == 100) return absl::StrFormat("%.0f%%", p);
   if (p > 99.99) return absl::StrFormat("%.6g%%", p);
-  return absl::StrFormat(p < 0.01 ? "%.2g%%" : "%.2f%%", p);
+  return p < 0.01 ? absl::StrFormat("%.2g%%", p) : absl::StrFormat("%.2f%%", p);
 }
 
 // "[3, 41]": an element's index.
