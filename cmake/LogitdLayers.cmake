@@ -118,6 +118,23 @@ function(logitd_check_layers)
                       "the wire links the core and the proto, never the server or a client")
   logitd_forbid_includes(wire "^(server/|client/|logitd/client\\.h)"
                          "the wire includes the core and the proto, never the server or a client")
+  # Inside the service (docs/ARCHITECTURE.md, "Inside the service"): the
+  # front doors are peers over the shared state, and below them nothing
+  # reaches up; the call core and the state take no protocol's types.
+  logitd_forbid_includes(server/service/oip "^server/service/v1/"
+                         "the front doors are peers: oip includes nothing of v1")
+  logitd_forbid_includes(server/service/v1 "^server/service/oip/"
+                         "the front doors are peers: v1 includes nothing of oip")
+  logitd_forbid_includes(server/service/shared "^server/service/(v1|oip)/"
+                         "the shared state is below the front doors: it includes neither")
+  logitd_forbid_includes(server/service/transport "^server/service/(v1|oip|shared)/"
+                         "the transport is below the front doors and the shared state")
+  logitd_forbid_includes(server/service/call
+                         "^(server/service/(v1|oip|shared|transport)/|logitd/v1/|kserve/|google/protobuf)"
+                         "the call core is protocol-neutral: no front door, transport or proto types")
+  logitd_forbid_includes(server/service/state
+                         "^(server/service/(v1|oip|shared|transport|call)/|logitd/v1/|kserve/|google/protobuf)"
+                         "the state is the service's floor: nothing above it, no proto types")
   # Clients: the wire and the client API, never the service or the kernels.
   foreach(target logitd_client logitd_connection_flags logitd_server_info_json logitd_argv
                  logitd_validate logitctl)

@@ -41,6 +41,7 @@
 #include "server/flags.h"
 #include "server/kernels/backend.h"
 #include "server/service/oip/oip_service.h"
+#include "server/service/shared/shared_state.h"
 #include "server/service/state/build_info.h"
 #include "server/service/state/logging.h"
 #include "server/service/state/metrics.h"
@@ -197,17 +198,17 @@ std::unique_ptr<kernels::Backend> StartBackend(const ServerConfig& config,
   return std::move(*backend);
 }
 
-// Serves `metrics` at --metrics_address, the gauges read from `service`, and
+// Serves `metrics` at --metrics_address, the gauges read from `state`, and
 // writes --metrics_port_file. Null after an error, logged.
 std::unique_ptr<service::MetricsHttpServer> StartMetricsEndpoint(
-    const ServerConfig& config, service::Metrics* metrics, const service::LogitdService& service) {
-  metrics->SetGaugeSource([&service] {
+    const ServerConfig& config, service::Metrics* metrics, const service::SharedState& state) {
+  metrics->SetGaugeSource([&state] {
     service::MetricsGauges g;
-    g.weight_bytes = service.registry().bytes_in_use();
-    g.weight_budget_bytes = service.registry().budget_bytes();
-    g.weights = service.registry().weight_count();
-    g.device_in_use_bytes = service.backend().DeviceBytesInUse();
-    g.device_total_bytes = service.backend().DeviceBytesTotal();
+    g.weight_bytes = state.registry().bytes_in_use();
+    g.weight_budget_bytes = state.registry().budget_bytes();
+    g.weights = state.registry().weight_count();
+    g.device_in_use_bytes = state.backend().DeviceBytesInUse();
+    g.device_total_bytes = state.backend().DeviceBytesTotal();
     return g;
   });
   absl::StatusOr<std::unique_ptr<service::MetricsHttpServer>> started =
@@ -243,7 +244,7 @@ std::unique_ptr<grpc::Server> BuildServer(const ServerConfig& config,
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.address, config.credentials, selected_port);
   builder.RegisterService(service);
-  // The Open Inference Protocol front door (--oip), over the same service.
+  // The Open Inference Protocol front door (--oip), a peer over the same state.
   if (oip != nullptr) builder.RegisterService(oip);
   // gRPC sets SO_REUSEPORT by default: a second server on a busy port would
   // start and quietly share it instead of failing.
@@ -309,7 +310,7 @@ void ReloadTokens(service::Authenticator& auth) {
 // kDeviceLostDrain at most), then exit with kExitDeviceLost.
 [[noreturn]] void ExitAfterDeviceLost(service::Metrics* metrics,
                                       grpc::HealthCheckServiceInterface* health,
-                                      const service::LogitdService& service) {
+                                      const service::SharedState& state) {
   // Said once, here: the calls that fail say it again only to their callers.
   absl::Status cause;
   {
@@ -333,11 +334,11 @@ void ReloadTokens(service::Authenticator& auth) {
   // drain has a limit.
   const auto start = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(kDeviceLostNotice);
-  while (service.admission().Stats().requests_in_flight > 0 &&
+  while (state.admission().Stats().requests_in_flight > 0 &&
          std::chrono::steady_clock::now() - start < kDeviceLostNotice + kDeviceLostDrain) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  const std::uint32_t stuck = service.admission().Stats().requests_in_flight;
+  const std::uint32_t stuck = state.admission().Stats().requests_in_flight;
   // A moment for the last responses' bytes to leave the sockets.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   LogError(absl::StrCat("exiting with status ", kExitDeviceLost, " (device lost",
@@ -351,15 +352,14 @@ void ReloadTokens(service::Authenticator& auth) {
 // NOT_SERVING first, and the calls in flight get kShutdownGrace. SIGHUP
 // reloads the tokens; a lost device ends the process (ExitAfterDeviceLost).
 void ServeUntilSignal(grpc::Server* server, grpc::HealthCheckServiceInterface* health,
-                      const service::LogitdService& service,
-                      const service::ServiceOptions& options) {
+                      const service::SharedState& state, const service::ServiceOptions& options) {
   std::thread waiter([&] {
     int signal_number = WaitForSignal();
     for (; signal_number == SIGHUP; signal_number = WaitForSignal()) {
       ReloadTokens(*options.auth);
     }
     if (signal_number == kDeviceLostMessage) {
-      ExitAfterDeviceLost(options.metrics, health, service);
+      ExitAfterDeviceLost(options.metrics, health, state);
     }
     LogInfo(absl::StrCat("received ", signal_number == SIGINT ? "SIGINT" : "SIGTERM",
                          ": not serving; in-flight calls have ", kShutdownGrace.count(),
@@ -383,7 +383,7 @@ int Serve(const ServerConfig& config) {
   if (backend == nullptr) return kExitRuntimeError;
 
   service::ServiceOptions options = config.service;
-  // Declared before the service, which records into it, so that it outlives it.
+  // Declared before the state, which records into it, so that it outlives it.
   std::unique_ptr<service::Metrics> metrics;
   if (!config.metrics_address.empty()) {
     metrics = std::make_unique<service::Metrics>(
@@ -392,18 +392,20 @@ int Serve(const ServerConfig& config) {
     options.metrics = metrics.get();
   }
 
-  service::LogitdService service(std::move(backend), options);
+  // What both front doors serve over; built first, so that it outlives them.
+  service::SharedState state(std::move(backend), options);
+  service::LogitdService service(&state);
 
-  // Declared after the service: it stops serving scrapes before the service goes.
+  // Declared after the state: it stops serving scrapes before the state goes.
   std::unique_ptr<service::MetricsHttpServer> metrics_http;
   if (metrics != nullptr) {
-    metrics_http = StartMetricsEndpoint(config, metrics.get(), service);
+    metrics_http = StartMetricsEndpoint(config, metrics.get(), state);
     if (metrics_http == nullptr) return kExitRuntimeError;
   }
 
   int selected_port = 0;
   std::unique_ptr<service::OipService> oip;
-  if (config.oip) oip = std::make_unique<service::OipService>(&service);
+  if (config.oip) oip = std::make_unique<service::OipService>(&state);
   std::unique_ptr<grpc::Server> server = BuildServer(config, &service, oip.get(), &selected_port);
   if (server == nullptr) return kExitRuntimeError;
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
@@ -427,7 +429,7 @@ int Serve(const ServerConfig& config) {
   }
   LogListening(config, info, bound);
 
-  ServeUntilSignal(server.get(), health, service, options);
+  ServeUntilSignal(server.get(), health, state, options);
   LogInfo("logitd stopped");
   return 0;
 }

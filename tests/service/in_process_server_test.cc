@@ -24,7 +24,7 @@ TEST_F(InProcessServerTest, ClientAndStubReachTheSameService) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   ASSERT_EQ(listed.weights_size(), 1);
   EXPECT_EQ(listed.weights(0).handle(), handle);
-  EXPECT_EQ(service().registry().weight_count(), 1u);
+  EXPECT_EQ(state().registry().weight_count(), 1u);
 }
 
 TEST_F(InProcessServerTest, FakeBackendResultsReachTheClient) {

@@ -93,8 +93,8 @@ TEST_F(ServiceAdmissionTest, CallWaitingForABusySlotIsResourceExhaustedAfterTheW
   const std::string handle = Register();
   absl::Status first;
   std::thread holder = StartBlockedLogits(handle, &first);
-  EXPECT_EQ(service().admission().Stats().requests_in_flight, 1u);
-  EXPECT_EQ(service().admission().Stats().bytes_in_flight, kLogitsBytes);
+  EXPECT_EQ(state().admission().Stats().requests_in_flight, 1u);
+  EXPECT_EQ(state().admission().Stats().bytes_in_flight, kLogitsBytes);
 
   const absl::Time t0 = absl::Now();
   const absl::Status second = client().CastToBf16(Ramp(DType::kFp32, {16})).status();
@@ -137,9 +137,9 @@ TEST_F(ServiceAdmissionTest, CallStuckInTheBackendPastItsDeadlineGivesItsMemoryB
   caller.join();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   // The handler is still in the backend, holding its memory, until released.
-  EXPECT_EQ(service().admission().Stats().bytes_in_flight, kLogitsBytes);
+  EXPECT_EQ(state().admission().Stats().bytes_in_flight, kLogitsBytes);
   fake().Release(FakeMethod::kLogits);
-  EXPECT_TRUE(NoRequestMemoryHeld(service()));
+  EXPECT_TRUE(NoRequestMemoryHeld(state()));
 }
 
 class ServiceRequestMemoryTest : public ServiceTest {

@@ -63,10 +63,10 @@ inline Tensor Targets(std::int64_t m) {
 
 // The request memory the service holds drops to nothing within a few
 // seconds (a call's ticket goes as its handler returns).
-inline ::testing::AssertionResult NoRequestMemoryHeld(service::LogitdService& service) {
+inline ::testing::AssertionResult NoRequestMemoryHeld(const service::SharedState& state) {
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
   for (;;) {
-    const service::AdmissionStats s = service.admission().Stats();
+    const service::AdmissionStats s = state.admission().Stats();
     if (s.bytes_in_flight == 0 && s.requests_in_flight == 0) {
       return ::testing::AssertionSuccess();
     }
@@ -100,7 +100,7 @@ class ServiceTest : public ::testing::Test {
     fake_->ReleaseAll();
     absl::StatusOr<client::ServerInfo> info = client().Info();
     EXPECT_TRUE(info.ok()) << "the server stopped answering: " << info.status();
-    EXPECT_TRUE(NoRequestMemoryHeld(server_->service()));
+    EXPECT_TRUE(NoRequestMemoryHeld(server_->state()));
     client_.reset();
     stub_.reset();
     server_.reset();
@@ -139,7 +139,7 @@ class ServiceTest : public ::testing::Test {
   client::Client& client() { return *client_; }
   v1::Logitd::Stub& stub() { return *stub_; }
   InProcessServer& server() { return *server_; }
-  service::LogitdService& service() { return server_->service(); }
+  service::SharedState& state() { return server_->state(); }
 
  private:
   FakeBackend* fake_ = nullptr;  // owned by the service

@@ -148,7 +148,7 @@ TEST_F(ServiceWeightTest, DamagedBytesAreDataLossAndRegisterNothing) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_THAT(status.error_message(), HasSubstr("xxh3"));
   EXPECT_EQ(fake().calls(FakeMethod::kLoadWeight), 0);
-  EXPECT_EQ(service().registry().bytes_in_use(), 0u);
+  EXPECT_EQ(state().registry().bytes_in_use(), 0u);
 }
 
 TEST_F(ServiceWeightTest, WeightThatIsNotBf16OrNotRank2IsInvalidArgument) {
@@ -176,8 +176,8 @@ TEST_F(ServiceWeightTest, BackendFailureIsPassedThroughAndGivesTheBudgetBack) {
   EXPECT_THAT(std::string(info.status().message()),
               HasSubstr("fake: no device memory for the weight"));
   EXPECT_EQ(fake().calls(FakeMethod::kLoadWeight), 1);
-  EXPECT_EQ(service().registry().bytes_in_use(), 0u);
-  EXPECT_EQ(service().registry().weight_count(), 0u);
+  EXPECT_EQ(state().registry().bytes_in_use(), 0u);
+  EXPECT_EQ(state().registry().weight_count(), 0u);
 
   fake().FailWith(FakeMethod::kLoadWeight, absl::OkStatus());
   EXPECT_TRUE(client().RegisterWeight(Ramp(DType::kBf16, {kV, kK}), "w").ok());
@@ -199,7 +199,7 @@ TEST_F(ServiceWeightBudgetTest, WeightOverTheBudgetIsResourceExhaustedBeforeItsB
   EXPECT_THAT(std::string(info.status().message()), HasSubstr("--weight_budget_bytes"));
   EXPECT_THAT(std::string(info.status().message()), HasSubstr("'big'"));
   EXPECT_EQ(fake().calls(FakeMethod::kLoadWeight), 0);
-  EXPECT_EQ(service().registry().bytes_in_use(), 0u);
+  EXPECT_EQ(state().registry().bytes_in_use(), 0u);
   // A smaller weight still fits.
   EXPECT_TRUE(client().RegisterWeight(Ramp(DType::kBf16, {kV / 2, kK}), "half").ok());
 }

@@ -37,7 +37,8 @@ absl::StatusOr<std::unique_ptr<InProcessServer>> InProcessServer::Start(
     options.auth = *std::move(created);
   }
   std::unique_ptr<InProcessServer> s(new InProcessServer());
-  s->service_ = std::make_unique<service::LogitdService>(std::move(backend), options);
+  s->state_ = std::make_unique<service::SharedState>(std::move(backend), options);
+  s->service_ = std::make_unique<service::LogitdService>(s->state_.get());
 
   // As server/main.cc: no shared ports, and gRPC's receive limit twice the
   // service's, so that the service names its own limit.

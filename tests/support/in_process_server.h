@@ -15,6 +15,7 @@
 #include "logitd/client.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/kernels/backend.h"
+#include "server/service/shared/shared_state.h"
 #include "server/service/state/options.h"
 #include "server/service/v1/service.h"
 
@@ -47,13 +48,15 @@ class InProcessServer {
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   std::unique_ptr<v1::Logitd::Stub> NewStub() const;
 
-  // The service itself: its registry, admission and shared-memory state.
-  service::LogitdService& service() { return *service_; }
+  // What the service serves over: its registry, admission and shared memory.
+  service::SharedState& state() { return *state_; }
 
  private:
   InProcessServer() = default;
 
-  // Declared before the server, so that the server is shut down first.
+  // Declared before the server, so that the server is shut down first,
+  // then the service, then the state it serves over.
+  std::unique_ptr<service::SharedState> state_;
   std::unique_ptr<service::LogitdService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -21,21 +21,21 @@ std::string ShapeOf(const OipInferCall::InputTensor& t) {
 
 }  // namespace
 
-OipInferCall::OipInferCall(const ServiceCore& core, const OipShmRegions* regions,
+OipInferCall::OipInferCall(SharedState* state, const OipShmRegions* regions,
                            grpc::ServerContext* context,
                            const inference::ModelInferRequest& request,
                            inference::ModelInferResponse* response, CallStats* stats,
                            absl::string_view rpc)
-    : core_(core),
+    : state_(state),
       regions_(regions),
       request_(request),
       response_(response),
       stats_(stats),
       rpc_(rpc),
       call_(
-          CallEnv{core.backend, core.admission, core.options->shm.in_place}, stats->tenant,
-          absl::FromChrono(context->deadline()), [context] { return context->IsCancelled(); },
-          stats) {}
+          CallEnv{&state->backend(), &state->admission(), state->options().shm.in_place},
+          stats->tenant, absl::FromChrono(context->deadline()),
+          [context] { return context->IsCancelled(); }, stats) {}
 
 absl::Status OipInferCall::BindInputs(std::initializer_list<absl::string_view> names,
                                       absl::string_view expected) {
@@ -166,7 +166,7 @@ absl::Status OipInferCall::CheckSlots(const std::vector<InputSlot>& inputs,
                    ", which can also use shared memory)");
   // gRPC lets requests of up to twice this limit through (see main.cc), so
   // that the refusal names it.
-  const std::uint64_t in_limit = core_.options->max_receive_message_bytes;
+  const std::uint64_t in_limit = state_->options().max_receive_message_bytes;
   if (request_.ByteSizeLong() > in_limit) {
     std::vector<std::string> raw;
     for (const auto& [name, in] : inputs_) {
@@ -189,7 +189,7 @@ absl::Status OipInferCall::CheckSlots(const std::vector<InputSlot>& inputs,
     if (!out.shape.empty()) m = std::max<std::int64_t>(out.shape[0], 1);
     raw.push_back(absl::StrCat(name, " ", ShapeString(out.shape), " ", UpperDTypeName(out.dtype)));
   }
-  const std::uint64_t limit = core_.options->max_send_message_bytes;
+  const std::uint64_t limit = state_->options().max_send_message_bytes;
   const std::uint64_t framing = kResponseFramingBytes + request_.id().size();
   if (bytes + framing <= limit) return absl::OkStatus();
   const std::uint64_t row = std::max<std::uint64_t>(bytes / static_cast<std::uint64_t>(m), 1);

@@ -25,7 +25,7 @@
 #include "logitd/tensor.h"
 #include "server/service/call/call.h"
 #include "server/service/oip/oip_shm.h"
-#include "server/service/v1/service.h"
+#include "server/service/shared/shared_state.h"
 
 namespace logitd::service {
 
@@ -35,7 +35,7 @@ class OipInferCall final : public Transport {
 
   // Not owning: everything outlives the call. `rpc` is logitd's streaming
   // RPC that serves the same operation, named when a message is too large.
-  OipInferCall(const ServiceCore& core, const OipShmRegions* regions, grpc::ServerContext* context,
+  OipInferCall(SharedState* state, const OipShmRegions* regions, grpc::ServerContext* context,
                const inference::ModelInferRequest& request, inference::ModelInferResponse* response,
                CallStats* stats, absl::string_view rpc);
   OipInferCall(const OipInferCall&) = delete;
@@ -94,7 +94,7 @@ class OipInferCall final : public Transport {
   // Returned in the response: named by the request, or the request names none.
   bool Returned(absl::string_view model_name) const;
 
-  ServiceCore core_;
+  SharedState* const state_;
   const OipShmRegions* regions_;
   const inference::ModelInferRequest& request_;
   inference::ModelInferResponse* response_;

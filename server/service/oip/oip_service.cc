@@ -222,7 +222,7 @@ absl::Status RequestedLogProbsOutputs(const OipInferCall& call, LogProbsRequest*
 grpc::Status OipService::ServerLive(grpc::ServerContext* context,
                                     const inference::ServerLiveRequest* /*request*/,
                                     inference::ServerLiveResponse* response) {
-  return core_.runner->Run("oip.ServerLive", context, [&](CallStats*) {
+  return state_->runner().Run("oip.ServerLive", context, [&](CallStats*) {
     response->set_live(true);
     return absl::OkStatus();
   });
@@ -231,8 +231,8 @@ grpc::Status OipService::ServerLive(grpc::ServerContext* context,
 grpc::Status OipService::ServerReady(grpc::ServerContext* context,
                                      const inference::ServerReadyRequest* /*request*/,
                                      inference::ServerReadyResponse* response) {
-  return core_.runner->Run("oip.ServerReady", context, [&](CallStats*) {
-    response->set_ready(core_.backend->Health().ok());
+  return state_->runner().Run("oip.ServerReady", context, [&](CallStats*) {
+    response->set_ready(state_->backend().Health().ok());
     return absl::OkStatus();
   });
 }
@@ -240,11 +240,11 @@ grpc::Status OipService::ServerReady(grpc::ServerContext* context,
 grpc::Status OipService::ModelReady(grpc::ServerContext* context,
                                     const inference::ModelReadyRequest* request,
                                     inference::ModelReadyResponse* response) {
-  return core_.runner->Run("oip.ModelReady", context, [&](CallStats* stats) {
+  return state_->runner().Run("oip.ModelReady", context, [&](CallStats* stats) {
     // As Triton: an unknown model is not ready, not an error.
     const bool found =
-        FindModel(*core_.registry, stats->tenant, request->name(), request->version()).ok();
-    response->set_ready(found && core_.backend->Health().ok());
+        FindModel(state_->registry(), stats->tenant, request->name(), request->version()).ok();
+    response->set_ready(found && state_->backend().Health().ok());
     return absl::OkStatus();
   });
 }
@@ -252,11 +252,11 @@ grpc::Status OipService::ModelReady(grpc::ServerContext* context,
 grpc::Status OipService::ServerMetadata(grpc::ServerContext* context,
                                         const inference::ServerMetadataRequest* /*request*/,
                                         inference::ServerMetadataResponse* response) {
-  return core_.runner->Run("oip.ServerMetadata", context, [&](CallStats*) {
+  return state_->runner().Run("oip.ServerMetadata", context, [&](CallStats*) {
     response->set_name("logitd");
     response->set_version(std::string(Version()));
     // Triton's name for the extension, listed where it is served.
-    if (core_.shm->allowed()) response->add_extensions("system_shared_memory");
+    if (state_->shm().allowed()) response->add_extensions("system_shared_memory");
     return absl::OkStatus();
   });
 }
@@ -264,8 +264,8 @@ grpc::Status OipService::ServerMetadata(grpc::ServerContext* context,
 grpc::Status OipService::ModelMetadata(grpc::ServerContext* context,
                                        const inference::ModelMetadataRequest* request,
                                        inference::ModelMetadataResponse* response) {
-  return core_.runner->Run("oip.ModelMetadata", context, [&](CallStats* stats) -> absl::Status {
-    LOGITD_ASSIGN_OR_RETURN(const OipModel model, FindModel(*core_.registry, stats->tenant,
+  return state_->runner().Run("oip.ModelMetadata", context, [&](CallStats* stats) -> absl::Status {
+    LOGITD_ASSIGN_OR_RETURN(const OipModel model, FindModel(state_->registry(), stats->tenant,
                                                             request->name(), request->version()));
     response->set_name(request->name());
     response->add_versions(std::string(kVersion));
@@ -295,7 +295,7 @@ grpc::Status OipService::ModelMetadata(grpc::ServerContext* context,
 grpc::Status OipService::ModelInfer(grpc::ServerContext* context,
                                     const inference::ModelInferRequest* request,
                                     inference::ModelInferResponse* response) {
-  return core_.runner->Run("oip.ModelInfer", context, [&](CallStats* stats) {
+  return state_->runner().Run("oip.ModelInfer", context, [&](CallStats* stats) {
     return DoModelInfer(context, *request, response, stats);
   });
 }
@@ -305,11 +305,11 @@ absl::Status OipService::DoModelInfer(grpc::ServerContext* context,
                                       inference::ModelInferResponse* response, CallStats* stats) {
   stats->bytes_in = request.ByteSizeLong();
   // A lost device fails the call at once, with its cause (UNAVAILABLE).
-  LOGITD_RETURN_IF_ERROR(core_.backend->Health());
+  LOGITD_RETURN_IF_ERROR(state_->backend().Health());
   LOGITD_ASSIGN_OR_RETURN(
       const OipModel model,
-      FindModel(*core_.registry, stats->tenant, request.model_name(), request.model_version()));
-  OipInferCall call(core_, &shm_regions_, context, request, response, stats,
+      FindModel(state_->registry(), stats->tenant, request.model_name(), request.model_version()));
+  OipInferCall call(state_, &shm_regions_, context, request, response, stats,
                     model.logprobs ? "LogProbs" : "Logits");
   return model.logprobs ? InferLogProbs(model.w, &call) : InferLogits(model.w, &call);
 }
@@ -317,7 +317,7 @@ absl::Status OipService::DoModelInfer(grpc::ServerContext* context,
 grpc::Status OipService::SystemSharedMemoryStatus(
     grpc::ServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
-  return core_.runner->Run(
+  return state_->runner().Run(
       "oip.SystemSharedMemoryStatus", context, [&](CallStats* stats) -> absl::Status {
         stats->bytes_in = request->ByteSizeLong();
         LOGITD_ASSIGN_OR_RETURN(const std::vector<OipRegion> regions,
@@ -337,14 +337,14 @@ grpc::Status OipService::SystemSharedMemoryStatus(
 grpc::Status OipService::SystemSharedMemoryRegister(
     grpc::ServerContext* context, const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse* /*response*/) {
-  return core_.runner->Run(
+  return state_->runner().Run(
       "oip.SystemSharedMemoryRegister", context, [&](CallStats* stats) -> absl::Status {
         stats->bytes_in = request->ByteSizeLong();
         const OipRegion region{request->name(), request->key(), request->offset(),
                                request->byte_size()};
         LOGITD_ASSIGN_OR_RETURN(const std::shared_ptr<ShmMapping> mapping,
                                 shm_regions_.Register(stats->tenant, region));
-        const std::string pinned = PinShmRegion(*core_.backend, mapping.get());
+        const std::string pinned = PinShmRegion(state_->backend(), mapping.get());
         Log(LogLevel::kInfo, absl::StrCat("oip shm region '", region.name, "' mapped: '",
                                           mapping->name(), "', bytes [", region.offset, ", ",
                                           region.offset + region.byte_size, "), ", pinned));
@@ -355,11 +355,11 @@ grpc::Status OipService::SystemSharedMemoryRegister(
 grpc::Status OipService::SystemSharedMemoryUnregister(
     grpc::ServerContext* context, const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse* /*response*/) {
-  return core_.runner->Run("oip.SystemSharedMemoryUnregister", context,
-                           [&](CallStats* stats) -> absl::Status {
-                             stats->bytes_in = request->ByteSizeLong();
-                             return shm_regions_.Unregister(stats->tenant, request->name());
-                           });
+  return state_->runner().Run("oip.SystemSharedMemoryUnregister", context,
+                              [&](CallStats* stats) -> absl::Status {
+                                stats->bytes_in = request->ByteSizeLong();
+                                return shm_regions_.Unregister(stats->tenant, request->name());
+                              });
 }
 
 absl::Status OipService::InferLogits(const WeightRecord& w, OipInferCall* call) {
@@ -408,7 +408,7 @@ absl::Status OipService::InferLogProbs(const WeightRecord& w, OipInferCall* call
 }
 
 OpEnv OipService::op_env() const {
-  return OpEnv{core_.backend, core_.registry, core_.options->max_request_bytes};
+  return OpEnv{&state_->backend(), &state_->registry(), state_->options().max_request_bytes};
 }
 
 }  // namespace logitd::service

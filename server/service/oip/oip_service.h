@@ -1,6 +1,7 @@
 // The Open Inference Protocol front door (KServe v2, the protocol Triton
-// speaks): inference.GRPCInferenceService on logitd's own port, over the same
-// weights, backend, admission and authentication as logitd.v1. A registered
+// speaks): inference.GRPCInferenceService on logitd's own port, a peer of
+// logitd.v1 over the same shared state (shared/shared_state.h): weights,
+// backend, admission and authentication. A registered
 // weight is two models, named by its registration name or its handle,
 // version "1": NAME (input `x` BF16 [M, K], output `logits` FP32 or BF16
 // [M, V], logitd's Logits) and NAME/logprobs (inputs `x` and optional
@@ -16,14 +17,14 @@
 #include "server/service/call/ops.h"
 #include "server/service/oip/oip_infer.h"
 #include "server/service/oip/oip_shm.h"
-#include "server/service/v1/service.h"
+#include "server/service/shared/shared_state.h"
 
 namespace logitd::service {
 
 class OipService final : public inference::GRPCInferenceService::Service {
  public:
-  // Not owning: `service` outlives this.
-  explicit OipService(LogitdService* service) : core_(service->core()), shm_regions_(core_.shm) {}
+  // Not owning: `state` outlives this.
+  explicit OipService(SharedState* state) : state_(state), shm_regions_(&state->shm()) {}
 
   grpc::Status ServerLive(grpc::ServerContext* context, const inference::ServerLiveRequest* request,
                           inference::ServerLiveResponse* response) override;
@@ -61,7 +62,7 @@ class OipService final : public inference::GRPCInferenceService::Service {
   absl::Status InferLogProbs(const WeightRecord& w, OipInferCall* call);
   OpEnv op_env() const;
 
-  ServiceCore core_;
+  SharedState* const state_;
   OipShmRegions shm_regions_;
 };
 

@@ -141,16 +141,10 @@ absl::StatusOr<ShmSlice> OipShmRegions::Resolve(const Tenant& tenant, absl::stri
                                                    " bytes the tensor takes"));
   }
   // First against the client's window, so that the message names its numbers.
-  v1::ShmRef in_window;
-  in_window.set_region(ref.region);
-  in_window.set_offset(ref.offset);
-  in_window.set_bytes(ref.byte_size);
+  const ShmRef in_window{ref.region, ref.offset, ref.byte_size};
   LOGITD_RETURN_IF_ERROR(ValidateShmRef(what, in_window, entry.region.byte_size, want_bytes,
                                         /*is_output=*/false, 1));
-  v1::ShmRef in_mapping;
-  in_mapping.set_region(entry.handle);
-  in_mapping.set_offset(entry.region.offset + ref.offset);
-  in_mapping.set_bytes(ref.byte_size);
+  const ShmRef in_mapping{entry.handle, entry.region.offset + ref.offset, ref.byte_size};
   absl::StatusOr<ShmSlice> slice =
       registry_->Resolve(tenant, what, in_mapping, want_bytes, /*is_output=*/false, 1);
   // NotFound: logitd.v1's ReleaseShm let go of the handle.

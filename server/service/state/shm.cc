@@ -79,23 +79,21 @@ absl::Status ValidateShmName(absl::string_view name) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateShmRef(absl::string_view what, const v1::ShmRef& ref,
-                            std::uint64_t region_bytes, std::uint64_t want_bytes, bool is_output,
-                            std::uint64_t align) {
-  if (is_output ? ref.bytes() < want_bytes : ref.bytes() != want_bytes) {
+absl::Status ValidateShmRef(absl::string_view what, const ShmRef& ref, std::uint64_t region_bytes,
+                            std::uint64_t want_bytes, bool is_output, std::uint64_t align) {
+  if (is_output ? ref.bytes < want_bytes : ref.bytes != want_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": shm bytes ", ref.bytes(), is_output ? " is less than the " : " is not the ",
+        what, ": shm bytes ", ref.bytes, is_output ? " is less than the " : " is not the ",
         want_bytes, " bytes the tensor takes"));
   }
-  if (ref.offset() > region_bytes || ref.bytes() > region_bytes - ref.offset()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": shm offset ", ref.offset(), " + bytes ",
-                                                   ref.bytes(), " exceeds region '", ref.region(),
+  if (ref.offset > region_bytes || ref.bytes > region_bytes - ref.offset) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shm offset ", ref.offset, " + bytes ",
+                                                   ref.bytes, " exceeds region '", ref.region,
                                                    "' of ", region_bytes, " bytes"));
   }
-  if (is_output && align > 1 && ref.offset() % align != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": shm offset ", ref.offset(),
-                                                   " is not a multiple of ", align,
-                                                   " (the element size)"));
+  if (is_output && align > 1 && ref.offset % align != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": shm offset ", ref.offset, " is not a multiple of ", align, " (the element size)"));
   }
   return absl::OkStatus();
 }
@@ -198,14 +196,14 @@ absl::Status ShmRegistry::Release(const Tenant& tenant, absl::string_view handle
 }
 
 absl::StatusOr<ShmSlice> ShmRegistry::Resolve(const Tenant& tenant, absl::string_view what,
-                                              const v1::ShmRef& ref, std::uint64_t want_bytes,
+                                              const ShmRef& ref, std::uint64_t want_bytes,
                                               bool is_output, std::uint64_t align) const {
   if (absl::Status s = CheckAllowed(what); !s.ok()) return s;
-  if (ref.region().empty()) {
+  if (ref.region.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": shm region: expected a handle from RegisterShm, got an empty one"));
   }
-  absl::StatusOr<ShmRecord> r = Find(tenant, ref.region());
+  absl::StatusOr<ShmRecord> r = Find(tenant, ref.region);
   if (!r.ok()) return r.status();
   if (absl::Status s = ValidateShmRef(what, ref, r->mapping->bytes(), want_bytes, is_output, align);
       !s.ok()) {
@@ -213,9 +211,9 @@ absl::StatusOr<ShmSlice> ShmRegistry::Resolve(const Tenant& tenant, absl::string
   }
   if (absl::Status s = r->mapping->CheckStillSized(); !s.ok()) return s;
   ShmSlice slice;
-  slice.data = r->mapping->base() + ref.offset();
-  slice.offset = ref.offset();
-  slice.bytes = ref.bytes();
+  slice.data = r->mapping->base() + ref.offset;
+  slice.offset = ref.offset;
+  slice.bytes = ref.bytes;
   slice.mapping = std::move(r->mapping);
   return slice;
 }

@@ -21,7 +21,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "logitd/v1/logitd.pb.h"
 #include "server/service/state/registry.h"
 
 namespace logitd::service {
@@ -71,6 +70,15 @@ struct ShmRecord {
   std::shared_ptr<ShmMapping> mapping;
 };
 
+// A slice of a region as a request names it, whichever front door it came
+// in by (logitd.v1's ShmRef, the Open Inference Protocol's parameters):
+// the region's handle, and bytes [offset, offset + bytes) of it.
+struct ShmRef {
+  std::string region;
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
 // A checked slice [offset, offset + bytes) of a region, and where it is.
 struct ShmSlice {
   std::shared_ptr<ShmMapping> mapping;
@@ -87,9 +95,8 @@ absl::Status ValidateShmName(absl::string_view name);
 // offset + bytes inside the region (no overflow), `bytes` equal to
 // `want_bytes` (an input) or at least it (an output), and an output offset
 // aligned to `align` bytes. InvalidArgument with the numbers otherwise.
-absl::Status ValidateShmRef(absl::string_view what, const v1::ShmRef& ref,
-                            std::uint64_t region_bytes, std::uint64_t want_bytes, bool is_output,
-                            std::uint64_t align);
+absl::Status ValidateShmRef(absl::string_view what, const ShmRef& ref, std::uint64_t region_bytes,
+                            std::uint64_t want_bytes, bool is_output, std::uint64_t align);
 
 // Thread-safe. Entries are keyed by (tenant, handle), as in WeightRegistry.
 class ShmRegistry {
@@ -123,8 +130,8 @@ class ShmRegistry {
   // Forgets the region; its mapping goes when calls still using it end.
   absl::Status Release(const Tenant& tenant, absl::string_view handle);
   // The slice `ref` names, checked (Find, then ValidateShmRef).
-  absl::StatusOr<ShmSlice> Resolve(const Tenant& tenant, absl::string_view what,
-                                   const v1::ShmRef& ref, std::uint64_t want_bytes, bool is_output,
+  absl::StatusOr<ShmSlice> Resolve(const Tenant& tenant, absl::string_view what, const ShmRef& ref,
+                                   std::uint64_t want_bytes, bool is_output,
                                    std::uint64_t align) const;
 
   std::size_t region_count() const;

@@ -14,6 +14,9 @@
 namespace logitd::service {
 namespace {
 
+// The slice a ShmRef names, as the service's shared memory takes it.
+ShmRef RefOf(const v1::ShmRef& ref) { return ShmRef{ref.region(), ref.offset(), ref.bytes()}; }
+
 // A present spec as a call input, from the chunks that follow the header
 // or from its shared-memory slot.
 CallInput InputOf(const v1::TensorSpec& spec, const v1::ShmRef* shm_ref, const V1Shm& shm) {
@@ -26,7 +29,7 @@ CallInput InputOf(const v1::TensorSpec& spec, const v1::ShmRef* shm_ref, const V
   if (spec.xxh3() != 0) in.xxh3 = spec.xxh3();
   if (shm_ref != nullptr) {
     in.from = CallInput::From::kShm;
-    in.shm = [registry = shm.registry, tenant = shm.tenant, ref = *shm_ref](
+    in.shm = [registry = shm.registry, tenant = shm.tenant, ref = RefOf(*shm_ref)](
                  absl::string_view what, std::uint64_t bytes, bool is_output, std::uint64_t align) {
       return registry->Resolve(tenant, what, ref, bytes, is_output, align);
     };
@@ -53,11 +56,11 @@ absl::Status NamedApart(absl::string_view what, const CallInput& in, const CallI
 void OutputSlot(CallOutputs* outputs, absl::string_view name, bool has_shm,
                 const v1::ShmRef& shm_ref, const V1Shm& shm) {
   if (!has_shm) return;
-  (*outputs)[std::string(name)].shm = [registry = shm.registry, tenant = shm.tenant, ref = shm_ref](
-                                          absl::string_view what, std::uint64_t bytes,
-                                          bool is_output, std::uint64_t align) {
-    return registry->Resolve(tenant, what, ref, bytes, is_output, align);
-  };
+  (*outputs)[std::string(name)].shm =
+      [registry = shm.registry, tenant = shm.tenant, ref = RefOf(shm_ref)](
+          absl::string_view what, std::uint64_t bytes, bool is_output, std::uint64_t align) {
+        return registry->Resolve(tenant, what, ref, bytes, is_output, align);
+      };
 }
 
 // An output dtype field: "" when unspecified.

@@ -9,7 +9,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/service/faults/fault_backend.h"
 #include "server/service/state/build_info.h"
 #include "server/service/state/logging.h"
 #include "server/service/state/status.h"
@@ -31,39 +30,18 @@ absl::Status WriteMessage(Stream* stream, const Response& response, std::uint64_
   return absl::OkStatus();
 }
 
-// Without --auth_tokens: no tokens, loopback peers only.
-std::shared_ptr<Authenticator> DefaultAuthenticator() {
-  absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(AuthOptions{});
-  return auth.ok() ? std::shared_ptr<Authenticator>(std::move(*auth)) : nullptr;
-}
-
 }  // namespace
 
-std::string PinShmRegion(kernels::Backend& backend, ShmMapping* mapping) {
-  // Page-locked, the device copies to and from the region at full speed;
-  // a region that cannot be stays usable at the pageable rate.
-  const absl::Time pin_start = absl::Now();
-  absl::StatusOr<std::shared_ptr<void>> pin =
-      backend.PinHostMemory(mapping->base(), static_cast<std::size_t>(mapping->bytes()));
-  if (!pin.ok()) {
-    return absl::StrCat("not page-locked (", pin.status().message(),
-                        "): device copies use the pageable path");
-  }
-  if (*pin == nullptr) return "not page-locked (the backend has no device)";
-  mapping->set_pin(*std::move(pin));
-  return absl::StrCat("page-locked in ", absl::FormatDuration(absl::Now() - pin_start));
-}
-
-LogitdService::LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceOptions options)
-    : faults_(std::make_shared<FaultInjector>(options.faults)),
-      backend_(WithOutputFaults(std::move(backend), faults_)),
-      options_(options),
-      auth_(options.auth != nullptr ? options.auth : DefaultAuthenticator()),
-      registry_(options.weight_budget_bytes),
-      admission_(options.admission),
-      shm_(options.shm),
-      runner_(auth_.get(), backend_.get(), options.metrics),
-      threads_(options.max_call_threads) {}
+LogitdService::LogitdService(SharedState* state)
+    : faults_(state->faults().get()),
+      backend_(&state->backend()),
+      options_(state->options()),
+      auth_(&state->authenticator()),
+      registry_(state->registry()),
+      admission_(state->admission()),
+      shm_(state->shm()),
+      runner_(state->runner()),
+      threads_(state->options().max_call_threads) {}
 
 LogitdService::~LogitdService() {
   // gRPC lets go of the last chunks' slices when their bytes are written,

@@ -1,4 +1,5 @@
-// The logitd.v1.Logitd gRPC service: thin handlers that translate a request
+// The logitd.v1.Logitd gRPC service, one of the server's front doors over
+// the state they share (shared/shared_state.h): thin handlers that translate a request
 // (v1/requests.h), run the operation every front door runs (call/ops.h) and
 // send the result back. Every call runs through CallRunner (call.h:
 // authentication, trailers, metrics, log); every tensor call through
@@ -29,6 +30,7 @@
 #include "server/kernels/backend.h"
 #include "server/service/call/ops.h"
 #include "server/service/faults/faults.h"
+#include "server/service/shared/shared_state.h"
 #include "server/service/state/admission.h"
 #include "server/service/state/auth.h"
 #include "server/service/state/metrics.h"
@@ -53,25 +55,10 @@ using RawTensorService =
                     v1::Logitd::WithRawCallbackMethod_Verify<v1::Logitd::Service>>>>>>>>;
 using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
-// What a second front door (oip_service.h) serves over: the service's own
-// backend, weights, admission, call runner, options and shared-memory
-// regions. Not owning.
-struct ServiceCore {
-  kernels::Backend* backend = nullptr;
-  WeightRegistry* registry = nullptr;
-  RequestAdmission* admission = nullptr;
-  const CallRunner* runner = nullptr;
-  const ServiceOptions* options = nullptr;
-  ShmRegistry* shm = nullptr;
-};
-
-// Page-locks a registered region for the device's copies where the backend
-// can (until the mapping goes); says how that went, for the log line.
-std::string PinShmRegion(kernels::Backend& backend, ShmMapping* mapping);
-
 class LogitdService final : public RawTensorService {
  public:
-  LogitdService(std::unique_ptr<kernels::Backend> backend, ServiceOptions options);
+  // Not owning: `state` outlives the service.
+  explicit LogitdService(SharedState* state);
   ~LogitdService() override;
   LogitdService(const LogitdService&) = delete;
   LogitdService& operator=(const LogitdService&) = delete;
@@ -104,15 +91,6 @@ class LogitdService final : public RawTensorService {
                            v1::ShmRegion* response) override;
   grpc::Status ReleaseShm(grpc::ServerContext* context, const v1::ReleaseShmRequest* request,
                           v1::ReleaseShmResponse* response) override;
-
-  const kernels::Backend& backend() const { return *backend_; }
-  const WeightRegistry& registry() const { return registry_; }
-  const RequestAdmission& admission() const { return admission_; }
-  const ShmRegistry& shm() const { return shm_; }
-  Authenticator& authenticator() const { return *auth_; }
-  ServiceCore core() {
-    return {backend_.get(), &registry_, &admission_, &runner_, &options_, &shm_};
-  }
 
  private:
   using LogitsCall = TensorCall<v1::LogitsRequest, v1::LogitsResponse>;
@@ -160,21 +138,18 @@ class LogitdService final : public RawTensorService {
                        grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
                        CallStats* stats);
 
-  // Shared with the backend decorator that applies them (fault_backend.h);
-  // the digest fault is applied by the tensor calls.
-  std::shared_ptr<FaultInjector> faults_;
-  // Declared before registry_ so that registered weights (backend objects)
-  // are destroyed before the backend that made them.
-  std::unique_ptr<kernels::Backend> backend_;
-  const ServiceOptions options_;
-  std::shared_ptr<Authenticator> auth_;
-  WeightRegistry registry_;
-  RequestAdmission admission_;
-  // Mapped regions; unmapped when the service goes (at shutdown).
-  ShmRegistry shm_;
-  // Output buffers gRPC still sends from; waited for before the backend goes.
+  // The shared state's parts, as the handlers use them.
+  FaultInjector* const faults_;
+  kernels::Backend* const backend_;
+  const ServiceOptions& options_;
+  Authenticator* const auth_;
+  WeightRegistry& registry_;
+  RequestAdmission& admission_;
+  ShmRegistry& shm_;
+  const CallRunner& runner_;
+  // Output buffers gRPC still sends from; waited for before the service
+  // goes (and with it, the backend that made them, later).
   SendingBuffers sending_;
-  CallRunner runner_;
   // The tensor calls' threads; last, so that they have all exited before
   // anything they use goes.
   CallThreads threads_;

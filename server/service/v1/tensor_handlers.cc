@@ -14,19 +14,17 @@ namespace logitd::service {
 
 TensorCallEnv LogitdService::tensor_env() {
   TensorCallEnv env;
-  env.call.backend = backend_.get();
+  env.call.backend = backend_;
   env.call.admission = &admission_;
   env.call.shm_in_place = options_.shm.in_place;
   env.sending = &sending_;
-  env.faults = faults_.get();
+  env.faults = faults_;
   env.max_request_bytes = options_.max_request_bytes;
   env.chunk_bytes = options_.chunk_bytes;
   return env;
 }
 
-OpEnv LogitdService::op_env() {
-  return OpEnv{backend_.get(), &registry_, options_.max_request_bytes};
-}
+OpEnv LogitdService::op_env() { return OpEnv{backend_, &registry_, options_.max_request_bytes}; }
 
 template <typename Request, typename Response>
 RawHandler LogitdService::TensorCallHandler(absl::string_view method,
