@@ -6,6 +6,7 @@
 // answers and that no request memory is left held).
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "logitd/shared_region.h"
+#include "server/service/transport/call_runner.h"
 #include "tests/service/service_test.h"
 
 namespace logitd::testing {
@@ -43,6 +45,13 @@ TEST_F(ServiceTest, LostDeviceMakesDeviceCallsUnavailableWithTheCause) {
   expect_unavailable(client().RegisterWeight(Ramp(DType::kBf16, {8, kK}), "w2").status(),
                      "RegisterWeight");
   expect_unavailable(client().LoadWeight("w.safetensors", "w", "").status(), "LoadWeight");
+  const Tensor targets = Targets(2);
+  expect_unavailable(client().LogProbs(x, &targets, handle).status(), "LogProbs");
+  client::VerifyArgs verify;
+  verify.weight_handle = handle;
+  verify.x = x;
+  verify.candidates["y"] = Ramp(DType::kFp32, {2, kV});
+  expect_unavailable(client().Verify(verify).status(), "Verify");
   for (FakeMethod m : {FakeMethod::kLogits, FakeMethod::kBackward, FakeMethod::kFetchGradient,
                        FakeMethod::kZeroGradient, FakeMethod::kCast, FakeMethod::kCrossEntropy}) {
     EXPECT_EQ(fake().calls(m), 0) << static_cast<int>(m);
@@ -57,6 +66,30 @@ TEST_F(ServiceTest, LostDeviceMakesDeviceCallsUnavailableWithTheCause) {
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_EQ(weights->size(), 1u);
   EXPECT_TRUE(client().ReleaseWeight(handle).ok());
+}
+
+// Which calls a lost device refuses: every one but those that only read or
+// forget the server's records, so that an operation added later is refused
+// too unless it is named as needing no device.
+TEST(NeedsDeviceTest, EveryCallButTheRecordKeepingOnesNeedsTheDevice) {
+  const google::protobuf::ServiceDescriptor* v1 =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::Logitd::service_full_name());
+  ASSERT_NE(v1, nullptr);
+  const std::set<std::string> no_device = {"GetServerInfo", "ListWeights", "ReleaseWeight",
+                                           "Probe",         "RegisterShm", "ReleaseShm"};
+  for (int i = 0; i < v1->method_count(); ++i) {
+    const std::string name = v1->method(i)->name();
+    EXPECT_EQ(service::NeedsDevice(name), no_device.count(name) == 0) << name;
+  }
+  EXPECT_TRUE(service::NeedsDevice("Verify"));
+  EXPECT_TRUE(service::NeedsDevice("oip.ModelInfer"));
+  for (const char* oip :
+       {"oip.ServerLive", "oip.ServerReady", "oip.ModelReady", "oip.ServerMetadata",
+        "oip.ModelMetadata", "oip.SystemSharedMemoryRegister", "oip.SystemSharedMemoryStatus",
+        "oip.SystemSharedMemoryUnregister"}) {
+    EXPECT_FALSE(service::NeedsDevice(oip)) << oip;
+  }
 }
 
 // --- admission ----------------------------------------------------------------------

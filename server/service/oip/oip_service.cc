@@ -304,8 +304,7 @@ absl::Status OipService::DoModelInfer(grpc::ServerContext* context,
                                       const inference::ModelInferRequest& request,
                                       inference::ModelInferResponse* response, CallStats* stats) {
   stats->bytes_in = request.ByteSizeLong();
-  // A lost device fails the call at once, with its cause (UNAVAILABLE).
-  LOGITD_RETURN_IF_ERROR(state_->backend().Health());
+  // (A lost device has failed the call already: the runner's NeedsDevice.)
   LOGITD_ASSIGN_OR_RETURN(
       const OipModel model,
       FindModel(state_->registry(), stats->tenant, request.model_name(), request.model_version()));

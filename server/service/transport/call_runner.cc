@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -26,15 +27,6 @@ std::string TimingTrailer(std::initializer_list<std::pair<absl::string_view, std
   return out;
 }
 
-// The calls that need the backend's device (refused once it is lost).
-bool UsesDevice(absl::string_view method) {
-  for (absl::string_view m : {"RegisterWeight", "LoadWeight", "Logits", "Backward", "FetchGradient",
-                              "ZeroGradient", "Cast", "CrossEntropy", "LogProbs"}) {
-    if (method == m) return true;
-  }
-  return false;
-}
-
 // Counts a call in logitd_inflight_requests while it runs.
 class InflightCall {
  public:
@@ -53,6 +45,14 @@ class InflightCall {
 
 }  // namespace
 
+bool NeedsDevice(absl::string_view method) {
+  for (absl::string_view m :
+       {"GetServerInfo", "ListWeights", "ReleaseWeight", "Probe", "RegisterShm", "ReleaseShm"}) {
+    if (method == m) return false;
+  }
+  return !absl::StartsWith(method, "oip.") || method == "oip.ModelInfer";
+}
+
 grpc::Status CallRunner::Run(absl::string_view method, grpc::ServerContextBase* context,
                              const CallBody& body) const {
   const absl::Time start = absl::Now();
@@ -63,7 +63,7 @@ grpc::Status CallRunner::Run(absl::string_view method, grpc::ServerContextBase* 
   absl::Status status;
   if (absl::StatusOr<Tenant> tenant = auth_->Authenticate(*context); !tenant.ok()) {
     status = tenant.status();
-  } else if (absl::Status health = backend_->Health(); !health.ok() && UsesDevice(method)) {
+  } else if (absl::Status health = backend_->Health(); !health.ok() && NeedsDevice(method)) {
     // A lost device fails every call that needs it at once, with the cause;
     // UNAVAILABLE tells clients to retry (another replica, or this one
     // after its restart).

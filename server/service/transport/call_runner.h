@@ -21,6 +21,14 @@
 
 namespace logitd::service {
 
+// Whether a call needs the backend's device, and so is refused with the
+// cause once the device is lost. Every call does, except those that only
+// read or forget the server's own records (server info, the weight list,
+// releasing a weight or a region, registering a region, the transport
+// probe) and the Open Inference Protocol's metadata calls ("oip.*" but
+// ModelInfer). A new operation needs the device unless it is added here.
+bool NeedsDevice(absl::string_view method);
+
 // The body of a call: its status, with `stats` filled as it goes.
 using CallBody = std::function<absl::Status(CallStats* stats)>;
 
