@@ -8,7 +8,6 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -21,10 +20,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/logitctl/common.h"
+#include "client/logitctl/stress_checks.h"
 #include "logitd/bf16.h"
+#include "logitd/reference/numerics.h"
 #include "logitd/status_macros.h"
 #include "logitd/tensor.h"
 #include "nlohmann/json.hpp"
@@ -44,72 +46,21 @@ ABSL_DECLARE_FLAG(bool, json);
 
 namespace logitd::logitctl {
 namespace {
-// fp32's unit roundoff.
-constexpr double kU = 1.0 / 16777216.0;
 
 using client::Client;
+using stress::Agrees;
+using stress::OwnGradient;
+using stress::RandomTargets;
+using stress::RandomTensor;
+using stress::Sample;
+using stress::SampleRows;
+using stress::Samples;
+using stress::StepGamma;
+using stress::StressWeight;
+using stress::Value;
 
-double Gamma(std::int64_t n) { return n * kU / (1.0 - n * kU); }
-
-// A weight of the run, on the server and here.
-struct StressWeight {
-  std::int64_t v = 0;
-  std::int64_t k = 0;
-  bool integer = false;  // integer values in [-8, 8]: exact results
-  std::string handle;
-  Tensor w;  // bf16 [v, k]
-};
-
-Tensor RandomTensor(DType dtype, std::vector<std::int64_t> shape, bool integer,
-                    std::mt19937_64& rng) {
-  Tensor t(dtype, std::move(shape));
-  std::uniform_int_distribution<int> ints(-8, 8);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    const float f = integer ? static_cast<float>(ints(rng)) : normal(rng);
-    if (dtype == DType::kBf16) {
-      t.data<Bf16Bits>()[i] = FloatToBf16(f);
-    } else {
-      t.data<float>()[i] = f;
-    }
-  }
-  return t;
-}
-
-double Value(const Tensor& t, std::int64_t i) { return t.At(i); }
-
-// got (element i of an fp32 or bf16 tensor) against an fp64 reference whose
-// terms' magnitudes sum to `abs_sum` over n terms: bitwise for exact
-// problems (a zero may be -0), else within the fp32 accumulation bound, plus
-// the final bf16 rounding for bf16 outputs.
-bool Agrees(const Tensor& got, std::int64_t i, double ref, double abs_sum, std::int64_t n,
-            bool exact) {
-  const double g = Value(got, i);
-  if (exact) {
-    const float want = static_cast<float>(ref);
-    if (got.dtype() == DType::kFp32) {
-      const float f = got.data<float>()[i];
-      return FloatBits(f) == FloatBits(want) || (f == 0.0f && want == 0.0f);
-    }
-    const Bf16Bits b = got.data<Bf16Bits>()[i];
-    return b == FloatToBf16(want) || (g == 0.0 && want == 0.0f);
-  }
-  double bound = Gamma(n) * abs_sum + 1e-30;
-  if (got.dtype() == DType::kBf16) bound += std::ldexp(std::fabs(ref) + bound, -8);
-  return std::isfinite(g) && std::fabs(g - ref) <= bound;
-}
-
-struct Sample {
-  std::int64_t i, j;
-};
-std::vector<Sample> Samples(std::int64_t rows, std::int64_t cols, std::mt19937_64& rng) {
-  std::vector<Sample> s = {{0, 0}, {rows - 1, cols - 1}, {rows - 1, 0}, {0, cols - 1}};
-  for (int n = 0; n < 44; ++n) {
-    s.push_back({static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(rows)),
-                 static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(cols))});
-  }
-  return s;
-}
+// fp32's unit roundoff.
+constexpr double kU = kFp32UnitRoundoff;
 
 struct Outcome {
   std::int64_t calls = 0;
@@ -120,62 +71,6 @@ struct Outcome {
   std::string first_problem;
 };
 
-// A worker's own weight for accumulation: its expected gradient is known
-// here exactly, integer products summed in fp64.
-struct OwnGradient {
-  StressWeight w;
-  std::vector<double> expected;  // [V, K]
-  std::uint64_t accumulated = 0;
-
-  // One accumulating Backward of random integer dY and X.
-  absl::Status Accumulate(Client& c, std::mt19937_64& rng) {
-    const std::int64_t m = 1 + static_cast<std::int64_t>(rng() % 64);
-    const Tensor dy = RandomTensor(DType::kFp32, {m, w.v}, true, rng);
-    const Tensor x = RandomTensor(DType::kBf16, {m, w.k}, true, rng);
-    client::BackwardOptions o;
-    o.accumulate_dw = true;
-    o.want_dx = rng() % 2 == 0;
-    absl::StatusOr<client::BackwardResult> r = c.Backward(dy, x, w.handle, o);
-    if (!r.ok()) return r.status();
-    ++accumulated;
-    for (std::int64_t i = 0; i < m; ++i) {
-      for (std::int64_t v = 0; v < w.v; ++v) {
-        const double gv = Value(dy, i * w.v + v);
-        if (gv == 0) continue;
-        for (std::int64_t j = 0; j < w.k; ++j) {
-          expected[static_cast<std::size_t>(v * w.k + j)] += gv * Value(x, i * w.k + j);
-        }
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // FetchGradient with zeroing: the count and every element exact; what is
-  // wrong, or empty.
-  std::string Fetch(Client& c, absl::Status* status) {
-    absl::StatusOr<client::GradientResult> r = c.FetchGradient(w.handle, true);
-    if (!r.ok()) {
-      *status = r.status();
-      return "";
-    }
-    std::string problem;
-    if (r->accumulated_calls != accumulated) {
-      problem =
-          absl::StrCat("counted ", r->accumulated_calls, " accumulations, made ", accumulated);
-    }
-    for (std::int64_t i = 0; i < r->dw.numel() && problem.empty(); ++i) {
-      const float want = static_cast<float>(expected[static_cast<std::size_t>(i)]);
-      const float got = r->dw.data<float>()[i];
-      if (FloatBits(got) != FloatBits(want) && !(got == 0.0f && want == 0.0f)) {
-        problem = absl::StrFormat("gradient[%d] = %.9g, exact sum %.9g", i, got, want);
-      }
-    }
-    std::fill(expected.begin(), expected.end(), 0.0);
-    accumulated = 0;
-    return problem;
-  }
-};
-
 class Stress {
  public:
   Stress(std::vector<std::unique_ptr<Client>> clients, std::vector<StressWeight> weights)
@@ -183,7 +78,7 @@ class Stress {
 
   void Worker(int index, absl::Time until);
   std::map<std::string, Outcome> Totals() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return totals_;
   }
 
@@ -213,13 +108,13 @@ class Stress {
 
   std::vector<std::unique_ptr<Client>> clients_;
   std::vector<StressWeight> weights_;
-  std::mutex mu_;
-  std::map<std::string, Outcome> totals_;
+  absl::Mutex mu_;
+  std::map<std::string, Outcome> totals_ ABSL_GUARDED_BY(mu_);
 };
 
 void Stress::Record(const std::string& rpc, const absl::Status& status, double seconds,
                     const std::string& problem) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Outcome& o = totals_[rpc];
   ++o.calls;
   o.seconds.push_back(seconds);
@@ -348,60 +243,6 @@ std::string Stress::DoCast(Client& c, std::mt19937_64& rng, absl::Status* status
   return "";
 }
 
-// Token ids in [0, v), one in twenty ignored (-100).
-Tensor RandomTargets(std::int64_t m, std::int64_t v, std::mt19937_64& rng) {
-  Tensor targets(DType::kInt64, {m});
-  for (std::int64_t i = 0; i < m; ++i) {
-    targets.data<std::int64_t>()[i] =
-        rng() % 20 == 0 ? -100 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(v));
-  }
-  return targets;
-}
-
-// One sampled row of the logits X.W^T in fp64: the n-th of a call's samples
-// (row 0 first, then random rows), its logits z, their log-sum-exp and the
-// largest gamma_K bound on their fp32 error.
-struct SampledRow {
-  std::int64_t i = 0;
-  std::vector<double> z;
-  double lse = 0;
-  double err = 0;
-};
-
-SampledRow SampleRow(const Tensor& x, const StressWeight& w, std::int64_t m, int n,
-                     std::mt19937_64& rng);
-
-// Three sampled rows of a call's logits (row 0 and two random ones).
-std::vector<SampledRow> SampleRows(const Tensor& x, const StressWeight& w, std::int64_t m,
-                                   std::mt19937_64& rng) {
-  std::vector<SampledRow> rows;
-  for (int n = 0; n < 3; ++n) rows.push_back(SampleRow(x, w, m, n, rng));
-  return rows;
-}
-
-SampledRow SampleRow(const Tensor& x, const StressWeight& w, std::int64_t m, int n,
-                     std::mt19937_64& rng) {
-  SampledRow row;
-  row.i = n == 0 ? 0 : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(m));
-  row.z.assign(static_cast<std::size_t>(w.v), 0.0);
-  double z_max = -INFINITY;
-  for (std::int64_t j = 0; j < w.v; ++j) {
-    double s = 0, a = 0;
-    for (std::int64_t l = 0; l < w.k; ++l) {
-      const double t = Value(x, row.i * w.k + l) * Value(w.w, j * w.k + l);
-      s += t;
-      a += std::fabs(t);
-    }
-    row.z[static_cast<std::size_t>(j)] = s;
-    z_max = std::max(z_max, s);
-    row.err = std::max(row.err, Gamma(w.k) * a);
-  }
-  double sum = 0;
-  for (double zj : row.z) sum += std::exp(zj - z_max);
-  row.lse = z_max + std::log(sum);
-  return row;
-}
-
 std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt19937_64& rng,
                                    absl::Status* status) {
   const std::int64_t m = std::min<std::int64_t>(PickM(rng, w.k * 4), 4096);
@@ -454,7 +295,7 @@ std::string Stress::DoCrossEntropy(Client& c, const StressWeight& w, std::mt1993
         // dX in bf16 (the default) is rounded once more at the end.
         const double out_rounding =
             r->dx->dtype() == DType::kBf16 ? std::ldexp(std::fabs(ref) + bound, -8) : 0.0;
-        if (!(std::fabs(got - ref) <= bound + Gamma(w.v) * bound + out_rounding + 1e-30)) {
+        if (!(std::fabs(got - ref) <= bound + StepGamma(w.v) * bound + out_rounding + 1e-30)) {
           return absl::StrFormat("dx[%d, %d] = %.9g, reference %.9g (M=%d, V=%d, K=%d)", i, j, got,
                                  ref, m, w.v, w.k);
         }
