@@ -16,6 +16,11 @@
    constructor (a row for `Client(`). Aliases assigned in the class body
    (`register_weight = register_weights`) need no row.
 
+4. Paths: every source path docs/ARCHITECTURE.md names in inline code
+   (`call/verify.cc`, `reference/candidate_check.h`: a folder, a file with
+   a source extension) is the end of a file of the repository, so that the
+   map of the code cannot name a file that moved or went.
+
 Exit 0 when the documents agree, 1 naming every disagreement, 2 for a usage
 error or a binary that cannot be run. Standard library only.
 """
@@ -489,6 +494,31 @@ common flags:
 """
 
 
+# A source path in inline code: folders and a file name with a source extension.
+SOURCE_PATH = re.compile(r"^[A-Za-z0-9_./-]*/[A-Za-z0-9_.-]+\.(?:cc|h|cu|cuh|py|cmake|sh|proto)$")
+
+
+def repository_files(root):
+    out = []
+    for base, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("build", "deps", "out")]
+        for f in files:
+            out.append(os.path.relpath(os.path.join(base, f), root).replace(os.sep, "/"))
+    return out
+
+
+def check_source_paths(doc, where, files, problems):
+    check = "paths"
+    _, outside = code_fences(doc)
+    for code in inline_code(outside):
+        for word in code.split():
+            word = word.strip(",;:()")
+            if "::" in word or not SOURCE_PATH.match(word):
+                continue
+            if not any(f == word or f.endswith("/" + word) for f in files):
+                problems.add(check, "%s names `%s`, which is no file of the repository" % (where, word))
+
+
 def self_test():
     assert parse_logitd_help(SAMPLE_HELP) == ["address", "port_file", "split_k"], parse_logitd_help(SAMPLE_HELP)
     assert parse_logitctl_commands(SAMPLE_USAGE) == ["info", "weights", "cross-entropy", "help"]
@@ -501,6 +531,10 @@ def self_test():
         '"$bin/client/logitctl/logitctl" weights register m.safetensors'
     )
     assert [c for c, _ in used] == ["info", "validate", "logits", "cast", "cross-entropy", "weights"], used
+    p = Problems()
+    check_source_paths("see `call/verify.cc` and `gone/file.h`, `Backend::Run`, `a.h`", "DOC",
+                       ["server/service/call/verify.cc", "core/a.h"], p)
+    assert [m for _, m in p.items] == ["DOC names `gone/file.h`, which is no file of the repository"], p.items
     assert split_row("| `--a`, `--b` | `x|y` | z |") == ["`--a`, `--b`", "`x|y`", "z"]
     assert flags_in_cell("`--tls_cert`, `--tls_key`") == ["tls_cert", "tls_key"]
     blocks, outside = code_fences("a `logitctl info` b `logitctl\nvalidate [--x]`\n```sh\nlogitctl grad fetch\n```\nc")
@@ -578,6 +612,8 @@ def main():
     check_logitd_flags(help_text, operations, readme, problems)
     check_logitctl_commands(usage, readme, problems)
     check_python_api(client_py, python_readme, problems)
+    check_source_paths(read(args.root, os.path.join("docs", "ARCHITECTURE.md")), "docs/ARCHITECTURE.md",
+                       repository_files(args.root), problems)
 
     if problems.items:
         print("check_docs: %d problem(s) where the documents and the code disagree:" % len(problems.items))
