@@ -579,6 +579,39 @@ void Release(Client& cl, const std::string& handle, const std::vector<Inputs>& i
   }
 }
 
+// The phases a run measures, in order: the RPC, then the operation a
+// verify is measured against or the Probe baseline of the same bytes; and
+// the configuration of the last one (its bytes, and a verify's outputs).
+absl::Status PhasesOf(const Config& c, std::vector<Rpc>* phases, Config* operation) {
+  std::vector<Rpc>& rpcs = *phases;
+  rpcs = {c.rpc};
+  if (c.rpc == Rpc::kVerifyLogits) {
+    rpcs.push_back(Rpc::kLogits);  // what a verify costs against the call itself
+  } else if (c.rpc == Rpc::kVerifyCrossEntropy) {
+    rpcs.push_back(Rpc::kCrossEntropy);
+  } else if (c.rpc == Rpc::kVerifyLogProbs) {
+    rpcs.push_back(Rpc::kLogProbs);
+  } else if (c.rpc != Rpc::kBaseline && c.baseline) {
+    rpcs.push_back(Rpc::kBaseline);
+  }
+  // The operation's own phase of a verify bench counts the operation's bytes.
+  Config& op = *operation;
+  op = c;
+  op.rpc = rpcs.back();
+  LOGITD_RETURN_IF_ERROR(ReadRpcOptions(&op));
+  op.cross_entropy.want_lse = c.cross_entropy.want_lse;
+  if (c.rpc == Rpc::kVerifyCrossEntropy) {
+    // The same outputs as the candidates: the loss and lse.
+    op.down_bytes += static_cast<std::uint64_t>(c.m) * 4;
+  }
+  if (c.rpc == Rpc::kVerifyLogProbs) {
+    // The same outputs as the candidates: log-prob, lse and entropy.
+    op.logprobs = c.logprobs;
+    op.down_bytes = static_cast<std::uint64_t>(c.m) * 4 * 3;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunBench(const std::vector<std::string>& words, const client::ClientOptions& options,
@@ -622,30 +655,9 @@ int RunBench(const std::vector<std::string>& words, const client::ClientOptions&
     return server_error(what, s);
   }
 
-  std::vector<Rpc> rpcs = {c.rpc};
-  if (c.rpc == Rpc::kVerifyLogits) {
-    rpcs.push_back(Rpc::kLogits);  // what a verify costs against the call itself
-  } else if (c.rpc == Rpc::kVerifyCrossEntropy) {
-    rpcs.push_back(Rpc::kCrossEntropy);
-  } else if (c.rpc == Rpc::kVerifyLogProbs) {
-    rpcs.push_back(Rpc::kLogProbs);
-  } else if (c.rpc != Rpc::kBaseline && c.baseline) {
-    rpcs.push_back(Rpc::kBaseline);
-  }
-  // The operation's own phase of a verify bench counts the operation's bytes.
-  Config op = c;
-  op.rpc = rpcs.back();
-  if (absl::Status s = ReadRpcOptions(&op); !s.ok()) return server_error("options", s);
-  op.cross_entropy.want_lse = c.cross_entropy.want_lse;
-  if (c.rpc == Rpc::kVerifyCrossEntropy) {
-    // The same outputs as the candidates: the loss and lse.
-    op.down_bytes += static_cast<std::uint64_t>(c.m) * 4;
-  }
-  if (c.rpc == Rpc::kVerifyLogProbs) {
-    // The same outputs as the candidates: log-prob, lse and entropy.
-    op.logprobs = c.logprobs;
-    op.down_bytes = static_cast<std::uint64_t>(c.m) * 4 * 3;
-  }
+  std::vector<Rpc> rpcs;
+  Config op;
+  if (absl::Status st = PhasesOf(c, &rpcs, &op); !st.ok()) return server_error("options", st);
   nlohmann::json phases = nlohmann::json::array();
   std::int64_t errors = 0;
   for (Rpc rpc : rpcs) {

@@ -19,9 +19,8 @@ std::string Cell(const nlohmann::json& v, const absl::FormatSpec<double>& format
   return absl::StrFormat(format, v.get<double>());
 }
 
-}  // namespace
-
-void PrintBenchText(const nlohmann::json& report) {
+// The run's configuration and the server, two lines.
+void PrintBenchHeader(const nlohmann::json& report) {
   const nlohmann::json& cfg = report["config"];
   const nlohmann::json& info = report["server_info"];
   std::cout << absl::StrFormat(
@@ -46,6 +45,11 @@ void PrintBenchText(const nlohmann::json& report) {
       info["backend"].get<std::string>(), info["device_name"].get<std::string>(),
       info["build_id"].get<std::string>(), info["chunk_bytes"].get<std::uint64_t>(),
       cfg["client_chunk_bytes"].get<std::uint64_t>());
+}
+
+// One column per phase (the RPC, then its baseline or the operation a verify
+// is measured against), one row per figure.
+std::vector<std::vector<std::string>> BenchTable(const nlohmann::json& report) {
   std::vector<const nlohmann::json*> phases;
   for (const nlohmann::json& p : report["phases"]) phases.push_back(&p);
 
@@ -99,11 +103,16 @@ void PrintBenchText(const nlohmann::json& report) {
                  : std::string("-");
     });
   }
+  return rows;
+}
 
-  PrintTable(rows);
-  for (const nlohmann::json* p : phases) {
-    for (const auto& [code, e] : p->at("errors").items()) {
-      std::cout << absl::StrFormat("%s: first %s: %s\n", p->at("rpc").get<std::string>(), code,
+// Each phase's first message of each failed status, the payload, and the
+// ratios of the phases.
+void PrintBenchFooter(const nlohmann::json& report) {
+  const nlohmann::json& cfg = report["config"];
+  for (const nlohmann::json& p : report["phases"]) {
+    for (const auto& [code, e] : p.at("errors").items()) {
+      std::cout << absl::StrFormat("%s: first %s: %s\n", p.at("rpc").get<std::string>(), code,
                                    e["first_message"].get<std::string>());
     }
   }
@@ -121,6 +130,14 @@ void PrintBenchText(const nlohmann::json& report) {
         "efficiency: %.3f (%s payload GB/s / raw gRPC Probe GB/s, same bytes, same run)\n",
         report["efficiency"].get<double>(), cfg["rpc"].get<std::string>());
   }
+}
+
+}  // namespace
+
+void PrintBenchText(const nlohmann::json& report) {
+  PrintBenchHeader(report);
+  PrintTable(BenchTable(report));
+  PrintBenchFooter(report);
 }
 
 }  // namespace logitd::logitctl
