@@ -326,6 +326,122 @@ void CheckTopKOrRank(const VerifyCandidatePlan& c, const VerifyPlan& plan,
   }
 }
 
+// The rows a per-token check references: all of the call's or, with rows
+// sampled, those rows' X and targets (reference row j is the call's row
+// plan.rows[j]).
+struct TokenInputs {
+  LmHeadInputs in;
+  const std::int64_t* targets = nullptr;
+  std::vector<Bf16Bits> x_rows;
+  std::vector<std::int64_t> target_rows;
+};
+
+void SampleTokens(const VerifyPlan& plan, const LmHeadInputs& call_in, const VerifyTargets& targets,
+                  TokenInputs* t) {
+  t->in = call_in;
+  t->targets = targets.ids.empty() ? nullptr : targets.ids.data();
+  if (plan.rows.empty()) return;
+  for (std::int64_t i : plan.rows) {
+    t->x_rows.insert(t->x_rows.end(), call_in.x + i * call_in.k, call_in.x + (i + 1) * call_in.k);
+    if (t->targets != nullptr) t->target_rows.push_back(t->targets[i]);
+  }
+  t->in.x = t->x_rows.data();
+  t->in.m = static_cast<std::int64_t>(plan.rows.size());
+  if (t->targets != nullptr) t->targets = t->target_rows.data();
+}
+
+// A per-token output's reference: values, proven bounds and
+// precision-class envelopes (empty for a reduced loss), [M] or [1].
+struct TokenReference {
+  std::vector<double> values, bounds, envelopes;
+};
+
+// The references of the cross-entropy's candidates: its per-token outputs
+// by name and, for dX and dW, g with its pre-cast bound and flip weights
+// [M, V]. False when `stop` ended it.
+bool CrossEntropyReferences(const CrossEntropyPlan& cp, const TokenInputs& t,
+                            const VerifyTargets& targets, const StopCheck& stop,
+                            std::map<std::string, TokenReference>* refs, CeGradients* grads) {
+  const LmHeadInputs& in = t.in;
+  CeReferenceOptions o;
+  o.ignore_index = cp.ignore_index;
+  o.reduction = cp.reduction == Reduction::kNone  ? CeReduction::kNone
+                : cp.reduction == Reduction::kSum ? CeReduction::kSum
+                                                  : CeReduction::kMean;
+  o.z_loss = cp.z_loss;
+  o.logit_softcap = cp.logit_softcap;
+  o.grad_scale = cp.grad_scale;
+  // A mean divides by the call's counted tokens, sampled rows or not.
+  o.counted_tokens = targets.counted;
+  o.class_envelope = true;
+  CrossEntropyReference ref;
+  CeGradientSink gather;
+  if (cp.want_dx || cp.want_dw) {
+    const std::size_t n = static_cast<std::size_t>(in.m * in.v);
+    grads->g.resize(n);
+    grads->pre_err.resize(n);
+    // (n by value: the sink outlives this block.)
+    gather = [&, n](std::int64_t row0, std::int64_t rows, const double* gb, const double* eb,
+                    const double* fm, const double* fv) {
+      const std::size_t first = static_cast<std::size_t>(row0 * in.v);
+      const std::size_t count = static_cast<std::size_t>(rows * in.v);
+      const auto into = [&](const double* from, std::vector<double>* to) {
+        to->resize(n);
+        std::copy(from, from + count, to->begin() + static_cast<std::ptrdiff_t>(first));
+      };
+      into(gb, &grads->g);
+      into(eb, &grads->pre_err);
+      if (fm != nullptr) {
+        into(fm, &grads->flip_mean);
+        into(fv, &grads->flip_var);
+      }
+    };
+  }
+  if (!ReferenceCrossEntropy(in, t.targets, o, LogitModel::kFp32Sum, &ref, gather, stop)) {
+    return false;
+  }
+  (*refs)["lse"] = {ref.lse, ref.lse_bound, ref.lse_class};
+  if (o.reduction == CeReduction::kNone) {
+    (*refs)["loss"] = {ref.loss, ref.loss_bound, ref.loss_class};
+  } else if (o.reduction == CeReduction::kSum) {
+    (*refs)["loss"] = {{ref.sum}, {ref.sum_bound}, {}};
+  } else {
+    (*refs)["loss"] = {{ref.mean}, {ref.mean_bound}, {}};
+  }
+  return true;
+}
+
+// LogProbs' references: its per-token outputs by name, and the whole
+// reference for the top-k and rank candidates (with a top-k ids
+// candidate's ids widened and their z, gathered with the reference's
+// rows). False when `stop` ended it.
+bool LogProbsReferences(const VerifyPlan& plan, const TokenInputs& t, Call* call,
+                        const StopCheck& stop, std::map<std::string, TokenReference>* refs,
+                        LogProbsReference* lp_ref, std::vector<std::int64_t>* top_k_ids,
+                        std::vector<double>* top_k_z) {
+  const LogProbsPlan& lp = *plan.logprobs;
+  LpReferenceOptions o;
+  o.ignore_index = lp.ignore_index;
+  o.temperature = lp.temperature;
+  o.logit_softcap = lp.logit_softcap;
+  o.vocab_size = lp.vocab;
+  o.top_k = lp.top_k;
+  o.class_envelope = true;
+  LpIdsZ ids_z;
+  if (const VerifyCandidatePlan* c = Find(plan, "topk_ids"); c != nullptr) {
+    *top_k_ids = Integers(call->in(c->name), c->dtype, plan.m * lp.top_k);
+    top_k_z->resize(top_k_ids->size());
+    ids_z = LpIdsZ{top_k_ids->data(), lp.top_k, top_k_z->data()};
+  }
+  if (!ReferenceLogProbs(t.in, t.targets, o, LogitModel::kFp32Sum, lp_ref, {}, stop, 0, ids_z)) {
+    return false;
+  }
+  (*refs)["logprob"] = {lp_ref->logprob, lp_ref->logprob_bound, lp_ref->logprob_class};
+  (*refs)["lse"] = {lp_ref->lse, lp_ref->lse_bound, lp_ref->lse_class};
+  (*refs)["entropy"] = {lp_ref->entropy, lp_ref->entropy_bound, lp_ref->entropy_class};
+  return true;
+}
+
 // The per-token candidates of the cross-entropy or LogProbs against one
 // reference of all of them (its proven bound is also the probabilistic
 // one: these bounds have no probabilistic form yet).
@@ -333,109 +449,24 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
                            const VerifyTargets& targets, Call* call,
                            const std::map<std::string, kernels::HostBuffer>& own,
                            const StopCheck& stop, VerifyOutcome* outcome) {
-  // With rows sampled, the references of those rows only, formed from their
-  // rows of X and their targets; reference row j is the call's row
-  // plan.rows[j].
-  std::vector<Bf16Bits> sampled_x;
-  std::vector<std::int64_t> sampled_targets;
-  LmHeadInputs in = call_in;
-  const std::int64_t* ref_targets = targets.ids.empty() ? nullptr : targets.ids.data();
-  if (!plan.rows.empty()) {
-    for (std::int64_t i : plan.rows) {
-      sampled_x.insert(sampled_x.end(), call_in.x + i * in.k, call_in.x + (i + 1) * in.k);
-      if (ref_targets != nullptr) sampled_targets.push_back(ref_targets[i]);
-    }
-    in.x = sampled_x.data();
-    in.m = static_cast<std::int64_t>(plan.rows.size());
-    if (ref_targets != nullptr) ref_targets = sampled_targets.data();
-  }
-  // name -> values, bounds and precision-class envelopes (empty for a
-  // reduced loss), [M] or [1].
-  struct TokenReference {
-    std::vector<double> values, bounds, envelopes;
-  };
+  const absl::Status gone =
+      absl::CancelledError("verify: the caller went away while the references were formed");
+  TokenInputs t;
+  SampleTokens(plan, call_in, targets, &t);
+  const LmHeadInputs& in = t.in;
   std::map<std::string, TokenReference> refs;
-  // The cross-entropy's g, its pre-cast bound and flip weights [M, V], for
-  // dX and dW.
   CeGradients grads;
-  // LogProbs' reference, and a top-k ids candidate's ids and their z.
   LogProbsReference lp_ref;
   std::vector<std::int64_t> top_k_ids;
   std::vector<double> top_k_z;
-  bool done = false;
-  if (plan.cross_entropy.has_value()) {
-    const CrossEntropyPlan& cp = *plan.cross_entropy;
-    CeReferenceOptions o;
-    o.ignore_index = cp.ignore_index;
-    o.reduction = cp.reduction == Reduction::kNone  ? CeReduction::kNone
-                  : cp.reduction == Reduction::kSum ? CeReduction::kSum
-                                                    : CeReduction::kMean;
-    o.z_loss = cp.z_loss;
-    o.logit_softcap = cp.logit_softcap;
-    o.grad_scale = cp.grad_scale;
-    // A mean divides by the call's counted tokens, sampled rows or not.
-    o.counted_tokens = targets.counted;
-    o.class_envelope = true;
-    CrossEntropyReference ref;
-    CeGradientSink gather;
-    if (cp.want_dx || cp.want_dw) {
-      const std::size_t n = static_cast<std::size_t>(in.m * in.v);
-      grads.g.resize(n);
-      grads.pre_err.resize(n);
-      // (n by value: the sink outlives this block.)
-      gather = [&, n](std::int64_t row0, std::int64_t rows, const double* gb, const double* eb,
-                      const double* fm, const double* fv) {
-        const std::size_t first = static_cast<std::size_t>(row0 * in.v);
-        const std::size_t count = static_cast<std::size_t>(rows * in.v);
-        const auto into = [&](const double* from, std::vector<double>* to) {
-          to->resize(n);
-          std::copy(from, from + count, to->begin() + static_cast<std::ptrdiff_t>(first));
-        };
-        into(gb, &grads.g);
-        into(eb, &grads.pre_err);
-        if (fm != nullptr) {
-          into(fm, &grads.flip_mean);
-          into(fv, &grads.flip_var);
-        }
-      };
-    }
-    done = ReferenceCrossEntropy(in, ref_targets, o, LogitModel::kFp32Sum, &ref, gather, stop);
-    refs["lse"] = {ref.lse, ref.lse_bound, ref.lse_class};
-    if (o.reduction == CeReduction::kNone) {
-      refs["loss"] = {ref.loss, ref.loss_bound, ref.loss_class};
-    } else if (o.reduction == CeReduction::kSum) {
-      refs["loss"] = {{ref.sum}, {ref.sum_bound}, {}};
-    } else {
-      refs["loss"] = {{ref.mean}, {ref.mean_bound}, {}};
-    }
-  } else {
-    const LogProbsPlan& lp = *plan.logprobs;
-    LpReferenceOptions o;
-    o.ignore_index = lp.ignore_index;
-    o.temperature = lp.temperature;
-    o.logit_softcap = lp.logit_softcap;
-    o.vocab_size = lp.vocab;
-    o.top_k = lp.top_k;
-    o.class_envelope = true;
-    // The candidate's top-k ids, widened, and their z, gathered with the
-    // reference's rows.
-    LpIdsZ ids_z;
-    if (const VerifyCandidatePlan* c = Find(plan, "topk_ids"); c != nullptr) {
-      top_k_ids = Integers(call->in(c->name), c->dtype, plan.m * lp.top_k);
-      top_k_z.resize(top_k_ids.size());
-      ids_z = LpIdsZ{top_k_ids.data(), lp.top_k, top_k_z.data()};
-    }
-    done = ReferenceLogProbs(in, ref_targets, o, LogitModel::kFp32Sum, &lp_ref, {}, stop, 0, ids_z);
-    refs["logprob"] = {lp_ref.logprob, lp_ref.logprob_bound, lp_ref.logprob_class};
-    refs["lse"] = {lp_ref.lse, lp_ref.lse_bound, lp_ref.lse_class};
-    refs["entropy"] = {lp_ref.entropy, lp_ref.entropy_bound, lp_ref.entropy_class};
-  }
-  if (!done) {
-    return absl::CancelledError("verify: the caller went away while the references were formed");
-  }
+  const bool done =
+      plan.cross_entropy.has_value()
+          ? CrossEntropyReferences(*plan.cross_entropy, t, targets, stop, &refs, &grads)
+          : LogProbsReferences(plan, t, call, stop, &refs, &lp_ref, &top_k_ids, &top_k_z);
+  if (!done) return gone;
   // lse and the entropy do not read the target: tokens with equal rows of X
   // err alike there whatever their targets.
-  const std::int64_t independent = DistinctTokens(in, ref_targets);
+  const std::int64_t independent = DistinctTokens(in, t.targets);
   const std::int64_t independent_rows = DistinctTokens(in, nullptr);
   for (const VerifyCandidatePlan& c : plan.candidates) {
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
@@ -446,23 +477,18 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
                 !(c.name == "loss" && c.shape == std::vector<std::int64_t>{1});
     if (c.name == "topk_ids" || c.name == "topk_logprobs" || c.name == "rank") {
       CheckTopKOrRank(c, plan, lp_ref, top_k_ids, top_k_z, data, own.at(c.name).data(), &v.check);
-      outcome->candidates.push_back(std::move(v));
-      continue;
-    }
-    if (c.name == "dx" || c.name == "dw") {
+    } else if (c.name == "dx" || c.name == "dw") {
       if (!CheckCrossEntropyGradient(c.name == "dw", in, plan.rows, grads, independent, data,
                                      own.at(c.name).data(), c.dtype, &v.check, stop)) {
-        return absl::CancelledError(
-            "verify: the caller went away while the references were formed");
+        return gone;
       }
-      outcome->candidates.push_back(std::move(v));
-      continue;
+    } else {
+      const TokenReference& r = refs.at(c.name);
+      CheckTokenValues(
+          r.values, r.bounds, r.envelopes, plan.rows, reinterpret_cast<const float*>(data),
+          reinterpret_cast<const float*>(own.at(c.name).data()),
+          c.name == "lse" || c.name == "entropy" ? independent_rows : independent, &v.check);
     }
-    const TokenReference& t = refs.at(c.name);
-    CheckTokenValues(
-        t.values, t.bounds, t.envelopes, plan.rows, reinterpret_cast<const float*>(data),
-        reinterpret_cast<const float*>(own.at(c.name).data()),
-        c.name == "lse" || c.name == "entropy" ? independent_rows : independent, &v.check);
     outcome->candidates.push_back(std::move(v));
   }
   return absl::OkStatus();
