@@ -494,29 +494,89 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
   return absl::OkStatus();
 }
 
+// Where a call's time went, stage by stage, for the debug log.
+class StageLog {
+ public:
+  void Mark(const char* name) {
+    const absl::Time now = absl::Now();
+    absl::StrAppendFormat(&text_, " %s %.1f ms;", name, absl::ToDoubleMilliseconds(now - mark_));
+    mark_ = now;
+  }
+  void Append(absl::string_view more) { absl::StrAppend(&text_, more); }
+  const std::string& text() const { return text_; }
+
+ private:
+  absl::Time mark_ = absl::Now();
+  std::string text_;
+};
+
+// The backend's engine of fp64 products for `weight`, when it offers one
+// (else *engine stays null: the host's), and its name or why not; how long
+// making it took.
+absl::Duration MakeEngine(kernels::Backend& backend, kernels::Weight& weight,
+                          std::shared_ptr<Fp64Products>* engine, std::string* name) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Fp64Products>> e = backend.ReferenceProducts(weight);
+  if (e.ok() && *e != nullptr) {
+    *engine = *std::move(e);
+    *name = (*engine)->name();
+  } else if (!e.ok()) {
+    *name = absl::StrCat(kHostEngine, " (the device's engine: ", e.status().message(), ")");
+  }
+  return absl::Now() - start;
+}
+
+// The call's inputs as the checks read them.
+LmHeadInputs InputsOf(const VerifyPlan& plan, const Call& call, const VerifyWeight& w,
+                      Fp64Products* engine) {
+  LmHeadInputs in;
+  in.products = engine;
+  in.x = call.in<Bf16Bits>("x");
+  in.w = w.host;
+  in.dy = call.in("dy");
+  in.dy_dtype = plan.dy_dtype;
+  in.m = plan.m;
+  in.v = plan.v;
+  in.k = plan.k;
+  return in;
+}
+
+// The digest of everything the verdicts depend on but the candidates: the
+// operation, alpha, the inputs' digests and the options (inputs_xxh3).
+std::uint64_t InputsDigest(const VerifyRequest& r, const VerifyPlan& plan, const Call& call,
+                           std::uint64_t w_xxh3) {
+  std::string inputs = absl::StrFormat("verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x",
+                                       VerifyOperationName(plan.operation), FloatBits(plan.alpha),
+                                       w_xxh3, DigestOf(call, "x", plan.x_bytes),
+                                       r.dy.given ? DigestOf(call, "dy", plan.dy_bytes) : 0);
+  if (r.targets.given) {
+    absl::StrAppendFormat(&inputs, ";targets=%016x", DigestOf(call, "targets", plan.targets_bytes));
+  }
+  absl::StrAppend(&inputs, OptionsText(plan));
+  return Xxh3(inputs.data(), inputs.size());
+}
+
+// The registered weight the request names, if any, and the call's plan.
+absl::StatusOr<VerifyPlan> PlanOfCall(const OpEnv& env, const VerifyRequest& r, const Call& call,
+                                      std::optional<WeightRecord>* record) {
+  WeightDims registered;
+  if (!r.weight_handle.empty()) {
+    LOGITD_ASSIGN_OR_RETURN(*record, FindWeight(*env.registry, call.tenant(), r.weight_handle));
+    registered = WeightDims{(*record)->v, (*record)->k, (*record)->Label()};
+  }
+  return PlanVerify(r, record->has_value() ? &registered : nullptr, env.max_request_bytes);
+}
+
 }  // namespace
 
 absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r, Call* call,
                                         Transport& transport, const StopCheck& stop) {
   LOGITD_RETURN_IF_ERROR(CheckVerifyRequest(r));
   std::optional<WeightRecord> record;
-  WeightDims registered;
-  if (!r.weight_handle.empty()) {
-    LOGITD_ASSIGN_OR_RETURN(record, FindWeight(*env.registry, call->tenant(), r.weight_handle));
-    registered = WeightDims{record->v, record->k, record->Label()};
-  }
-  LOGITD_ASSIGN_OR_RETURN(const VerifyPlan plan,
-                          PlanVerify(r, record ? &registered : nullptr, env.max_request_bytes));
+  LOGITD_ASSIGN_OR_RETURN(const VerifyPlan plan, PlanOfCall(env, r, *call, &record));
   BudgetReservation reservation;
   LOGITD_RETURN_IF_ERROR(DeclareVerify(env, r, plan, call, &reservation));
-  // Where the call's time went, for the debug log.
-  absl::Time mark = absl::Now();
-  std::string stages;
-  const auto stage = [&](const char* name) {
-    const absl::Time now = absl::Now();
-    absl::StrAppendFormat(&stages, " %s %.1f ms;", name, absl::ToDoubleMilliseconds(now - mark));
-    mark = now;
-  };
+  StageLog stages;
   VerifyWeight w;
   VerifyTargets targets;
   VerifyOutcome outcome;
@@ -536,18 +596,8 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
     LOGITD_ASSIGN_OR_RETURN(w, WeightOfCall(env, r, plan, record, call));
     absl::Status read_back;
     absl::Duration made_in, read_in;
-    std::thread making([&] {
-      const absl::Time start = absl::Now();
-      absl::StatusOr<std::shared_ptr<Fp64Products>> e = env.backend->ReferenceProducts(*w.weight);
-      if (e.ok() && *e != nullptr) {
-        engine = *std::move(e);
-        outcome.reference_engine = engine->name();
-      } else if (!e.ok()) {
-        outcome.reference_engine =
-            absl::StrCat(kHostEngine, " (the device's engine: ", e.status().message(), ")");
-      }
-      made_in = absl::Now() - start;
-    });
+    std::thread making(
+        [&] { made_in = MakeEngine(*env.backend, *w.weight, &engine, &outcome.reference_engine); });
     std::thread reading([&] {
       const absl::Time start = absl::Now();
       read_back = ReadBackWeight(env, plan, &w);
@@ -572,49 +622,31 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   }));
   // A streamed weight's digest, which may have followed its chunks.
   if (plan.weight_streamed) w.xxh3 = DigestOf(*call, "w", plan.w_bytes);
-  stage("inputs and logitd's own outputs");
-  absl::StrAppend(&stages, aside);
-
+  stages.Mark("inputs and logitd's own outputs");
+  stages.Append(aside);
   const absl::Time reference_start = absl::Now();
-  LmHeadInputs in;
-  in.products = engine.get();
-  in.x = call->in<Bf16Bits>("x");
-  in.w = w.host;
-  in.dy = call->in("dy");
-  in.dy_dtype = plan.dy_dtype;
-  in.m = plan.m;
-  in.v = plan.v;
-  in.k = plan.k;
+  const LmHeadInputs in = InputsOf(plan, *call, w, engine.get());
   if (plan.cross_entropy || plan.logprobs) {
     LOGITD_RETURN_IF_ERROR(CheckPerToken(plan, in, targets, call, own, stop, &outcome));
   } else {
     LOGITD_RETURN_IF_ERROR(CheckCandidates(plan, in, call, own, stop, &outcome));
   }
   outcome.reference_us = Micros(absl::Now() - reference_start);
-  stage("references and checks");
+  stages.Mark("references and checks");
+  // A product the device could not form was formed on the host.
   if (engine != nullptr && !engine->error().empty()) {
-    // A product the device could not form was formed on the host.
     absl::StrAppend(&outcome.reference_engine, " and ", kHostEngine, " after: ", engine->error());
   }
   outcome.rows = plan.rows;
   outcome.rows_total = plan.m;
   outcome.sample_seed = r.sample_seed;
-  std::string inputs = absl::StrFormat("verify;%s;alpha=%08x;w=%016x;x=%016x;dy=%016x",
-                                       VerifyOperationName(plan.operation), FloatBits(plan.alpha),
-                                       w.xxh3, DigestOf(*call, "x", plan.x_bytes),
-                                       r.dy.given ? DigestOf(*call, "dy", plan.dy_bytes) : 0);
-  if (r.targets.given) {
-    absl::StrAppendFormat(&inputs, ";targets=%016x",
-                          DigestOf(*call, "targets", plan.targets_bytes));
-  }
-  absl::StrAppend(&inputs, OptionsText(plan));
-  outcome.inputs_xxh3 = Xxh3(inputs.data(), inputs.size());
+  outcome.inputs_xxh3 = InputsDigest(r, plan, *call, w.xxh3);
   call->ReleaseInputs();
   call->Finish(outcome.timing);
-  stage("inputs released");
+  stages.Mark("inputs released");
   LogDebug(absl::StrCat("verify ", VerifyOperationName(plan.operation), " [", plan.m, ", ", plan.k,
-                        "] x [", plan.v, ", ", plan.k, "]:", stages, " (", outcome.reference_engine,
-                        ")"));
+                        "] x [", plan.v, ", ", plan.k, "]:", stages.text(), " (",
+                        outcome.reference_engine, ")"));
   return outcome;
 }
 
