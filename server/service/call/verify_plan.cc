@@ -279,6 +279,110 @@ absl::StatusOr<std::int64_t> CandidateTopK(const VerifyRequest& r) {
   return k;
 }
 
+// Verify of the logits: y [M, V], planned as the operation's own call of
+// these candidates' dtypes plans it; the candidates' shapes by name.
+absl::Status PlanLogitsVerify(const VerifyRequest& r, const WeightDims& dims,
+                              std::map<std::string, DType>& dtypes, VerifyPlan* plan,
+                              std::map<std::string, std::vector<std::int64_t>>* shapes) {
+  LOGITD_RETURN_IF_ERROR(NoneOf(r, false, true, false));
+  LogitsRequest lr;
+  lr.x = r.x;
+  lr.out_dtype = UpperDTypeName(dtypes["y"]);
+  lr.alpha = r.alpha;
+  LOGITD_ASSIGN_OR_RETURN(const LogitsPlan lp, PlanLogits(lr, dims, kNoLimit));
+  plan->m = lp.m;
+  plan->alpha = lp.alpha;
+  plan->x_bytes = lp.x_bytes;
+  (*shapes)["y"] = {plan->m, plan->v};
+  return absl::OkStatus();
+}
+
+// Verify of the backward GEMMs: dx [M, K] and dw [V, K], planned as the operation's own call of
+// these candidates' dtypes plans it; the candidates' shapes by name.
+absl::Status PlanBackwardVerify(const VerifyRequest& r, const WeightDims& dims,
+                                std::map<std::string, DType>& dtypes, VerifyPlan* plan,
+                                std::map<std::string, std::vector<std::int64_t>>* shapes) {
+  LOGITD_RETURN_IF_ERROR(NoneOf(r, true, false, false));
+  BackwardRequest br;
+  br.x = r.x;
+  br.dy = r.dy;
+  br.want_dx = dtypes.count("dx") > 0;
+  br.want_dw = dtypes.count("dw") > 0;
+  if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes["dx"]);
+  if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes["dw"]);
+  LOGITD_ASSIGN_OR_RETURN(const BackwardPlan bp, PlanBackward(br, dims, kNoLimit));
+  plan->m = bp.m;
+  plan->x_bytes = bp.x_bytes;
+  plan->dy_bytes = bp.dy_bytes;
+  plan->dy_dtype = bp.dy_dtype;
+  (*shapes)["dx"] = {plan->m, plan->k};
+  (*shapes)["dw"] = {plan->v, plan->k};
+  return absl::OkStatus();
+}
+
+// Verify of the cross-entropy: loss, lse [M], dx [M, K] and dw [V, K], planned as the operation's
+// own call of these candidates' dtypes plans it; the candidates' shapes by name.
+absl::Status PlanCrossEntropyVerify(const VerifyRequest& r, const WeightDims& dims,
+                                    std::map<std::string, DType>& dtypes, VerifyPlan* plan,
+                                    std::map<std::string, std::vector<std::int64_t>>* shapes) {
+  LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
+  LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
+  CrossEntropyRequest cr = r.cross_entropy;
+  cr.x = r.x;
+  cr.targets = r.targets;
+  cr.want_lse = dtypes.count("lse") > 0;
+  cr.want_dx = dtypes.count("dx") > 0;
+  cr.want_dw = dtypes.count("dw") > 0;
+  cr.accumulate_dw = false;
+  if (cr.want_dx) cr.dx_dtype = UpperDTypeName(dtypes["dx"]);
+  LOGITD_ASSIGN_OR_RETURN(CrossEntropyPlan cp, PlanCrossEntropy(cr, dims, kNoLimit));
+  plan->m = cp.m;
+  plan->x_bytes = cp.x_bytes;
+  plan->targets_dtype = cp.targets_dtype;
+  plan->targets_bytes = cp.targets_bytes;
+  (*shapes)["loss"] = cp.loss_shape;
+  (*shapes)["lse"] = {plan->m};
+  (*shapes)["dx"] = {plan->m, plan->k};
+  (*shapes)["dw"] = {plan->v, plan->k};
+  plan->cross_entropy = std::move(cp);
+  return absl::OkStatus();
+}
+
+// Verify of LogProbs: logprob, lse, entropy and rank [M], the top-k [M, top_k], planned as the
+// operation's own call of these candidates' dtypes plans it; the candidates' shapes by name.
+absl::Status PlanLogProbsVerify(const VerifyRequest& r, const WeightDims& dims,
+                                std::map<std::string, DType>& dtypes, VerifyPlan* plan,
+                                std::map<std::string, std::vector<std::int64_t>>* shapes) {
+  LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
+  LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
+  if (dtypes.count("logprob") > 0 && !r.targets.given) {
+    return absl::InvalidArgumentError(
+        "targets: a logprob candidate is the log-probability of each row's target; give "
+        "targets");
+  }
+  if (dtypes.count("rank") > 0 && !r.targets.given) {
+    return absl::InvalidArgumentError(
+        "targets: a rank candidate is each row's target's rank; give targets");
+  }
+  LogProbsRequest lr = r.logprobs;
+  lr.x = r.x;
+  lr.targets = r.targets;
+  lr.want_lse = dtypes.count("lse") > 0;
+  lr.want_entropy = dtypes.count("entropy") > 0;
+  lr.want_rank = dtypes.count("rank") > 0;
+  LOGITD_ASSIGN_OR_RETURN(lr.top_k, CandidateTopK(r));
+  LOGITD_ASSIGN_OR_RETURN(LogProbsPlan lp, PlanLogProbs(lr, dims, kNoLimit));
+  plan->m = lp.m;
+  plan->x_bytes = lp.x_bytes;
+  plan->targets_dtype = lp.targets_dtype;
+  plan->targets_bytes = lp.targets_bytes;
+  for (const char* name : {"logprob", "lse", "entropy", "rank"}) (*shapes)[name] = {plan->m};
+  (*shapes)["topk_ids"] = {plan->m, lp.top_k};
+  (*shapes)["topk_logprobs"] = {plan->m, lp.top_k};
+  plan->logprobs = std::move(lp);
+  return absl::OkStatus();
+}
+
 // The operation's own plan, with the candidates' dtypes as its outputs' and
 // no byte limit (Verify's is checked over everything it holds): fills the
 // plan's dims and input bytes, and the shape of each output by name.
@@ -286,90 +390,14 @@ absl::Status PlanOperation(const VerifyRequest& r, const WeightDims& dims,
                            std::map<std::string, DType>& dtypes, VerifyPlan* plan,
                            std::map<std::string, std::vector<std::int64_t>>* shapes) {
   switch (r.operation) {
-    case VerifyOperation::kLogits: {
-      LOGITD_RETURN_IF_ERROR(NoneOf(r, false, true, false));
-      LogitsRequest lr;
-      lr.x = r.x;
-      lr.out_dtype = UpperDTypeName(dtypes["y"]);
-      lr.alpha = r.alpha;
-      LOGITD_ASSIGN_OR_RETURN(const LogitsPlan lp, PlanLogits(lr, dims, kNoLimit));
-      plan->m = lp.m;
-      plan->alpha = lp.alpha;
-      plan->x_bytes = lp.x_bytes;
-      (*shapes)["y"] = {plan->m, plan->v};
-      return absl::OkStatus();
-    }
-    case VerifyOperation::kBackward: {
-      LOGITD_RETURN_IF_ERROR(NoneOf(r, true, false, false));
-      BackwardRequest br;
-      br.x = r.x;
-      br.dy = r.dy;
-      br.want_dx = dtypes.count("dx") > 0;
-      br.want_dw = dtypes.count("dw") > 0;
-      if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes["dx"]);
-      if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes["dw"]);
-      LOGITD_ASSIGN_OR_RETURN(const BackwardPlan bp, PlanBackward(br, dims, kNoLimit));
-      plan->m = bp.m;
-      plan->x_bytes = bp.x_bytes;
-      plan->dy_bytes = bp.dy_bytes;
-      plan->dy_dtype = bp.dy_dtype;
-      (*shapes)["dx"] = {plan->m, plan->k};
-      (*shapes)["dw"] = {plan->v, plan->k};
-      return absl::OkStatus();
-    }
-    case VerifyOperation::kCrossEntropy: {
-      LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
-      LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
-      CrossEntropyRequest cr = r.cross_entropy;
-      cr.x = r.x;
-      cr.targets = r.targets;
-      cr.want_lse = dtypes.count("lse") > 0;
-      cr.want_dx = dtypes.count("dx") > 0;
-      cr.want_dw = dtypes.count("dw") > 0;
-      cr.accumulate_dw = false;
-      if (cr.want_dx) cr.dx_dtype = UpperDTypeName(dtypes["dx"]);
-      LOGITD_ASSIGN_OR_RETURN(CrossEntropyPlan cp, PlanCrossEntropy(cr, dims, kNoLimit));
-      plan->m = cp.m;
-      plan->x_bytes = cp.x_bytes;
-      plan->targets_dtype = cp.targets_dtype;
-      plan->targets_bytes = cp.targets_bytes;
-      (*shapes)["loss"] = cp.loss_shape;
-      (*shapes)["lse"] = {plan->m};
-      (*shapes)["dx"] = {plan->m, plan->k};
-      (*shapes)["dw"] = {plan->v, plan->k};
-      plan->cross_entropy = std::move(cp);
-      return absl::OkStatus();
-    }
-    case VerifyOperation::kLogProbs: {
-      LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
-      LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
-      if (dtypes.count("logprob") > 0 && !r.targets.given) {
-        return absl::InvalidArgumentError(
-            "targets: a logprob candidate is the log-probability of each row's target; give "
-            "targets");
-      }
-      if (dtypes.count("rank") > 0 && !r.targets.given) {
-        return absl::InvalidArgumentError(
-            "targets: a rank candidate is each row's target's rank; give targets");
-      }
-      LogProbsRequest lr = r.logprobs;
-      lr.x = r.x;
-      lr.targets = r.targets;
-      lr.want_lse = dtypes.count("lse") > 0;
-      lr.want_entropy = dtypes.count("entropy") > 0;
-      lr.want_rank = dtypes.count("rank") > 0;
-      LOGITD_ASSIGN_OR_RETURN(lr.top_k, CandidateTopK(r));
-      LOGITD_ASSIGN_OR_RETURN(LogProbsPlan lp, PlanLogProbs(lr, dims, kNoLimit));
-      plan->m = lp.m;
-      plan->x_bytes = lp.x_bytes;
-      plan->targets_dtype = lp.targets_dtype;
-      plan->targets_bytes = lp.targets_bytes;
-      for (const char* name : {"logprob", "lse", "entropy", "rank"}) (*shapes)[name] = {plan->m};
-      (*shapes)["topk_ids"] = {plan->m, lp.top_k};
-      (*shapes)["topk_logprobs"] = {plan->m, lp.top_k};
-      plan->logprobs = std::move(lp);
-      return absl::OkStatus();
-    }
+    case VerifyOperation::kLogits:
+      return PlanLogitsVerify(r, dims, dtypes, plan, shapes);
+    case VerifyOperation::kBackward:
+      return PlanBackwardVerify(r, dims, dtypes, plan, shapes);
+    case VerifyOperation::kCrossEntropy:
+      return PlanCrossEntropyVerify(r, dims, dtypes, plan, shapes);
+    case VerifyOperation::kLogProbs:
+      return PlanLogProbsVerify(r, dims, dtypes, plan, shapes);
     default:
       return absl::InvalidArgumentError("operation: not one Verify knows");
   }
