@@ -166,6 +166,74 @@ absl::StatusOr<OpResult> RunCast(const OpEnv& env, const CastRequest& r, Call* c
   });
 }
 
+namespace {
+
+// One cross-entropy call's targets and losses, and its rows as the
+// backend takes them.
+class CrossEntropyCall {
+ public:
+  CrossEntropyCall(const OpEnv& env, const CrossEntropyPlan& plan, const WeightRecord& w,
+                   Call* call)
+      : env_(env), plan_(plan), w_(w), call_(call) {}
+
+  // Every target checked (before anything is computed), counted, widened;
+  // the per-token losses a reduced loss is formed from.
+  absl::Status ConvertTargets() {
+    LOGITD_ASSIGN_OR_RETURN(
+        counted_, logitd::service::ConvertTargets(plan_.targets_dtype, call_->in("targets"),
+                                                  plan_.m, w_.v, plan_.ignore_index, &targets_));
+    if (!per_token()) {
+      LOGITD_ASSIGN_OR_RETURN(token_loss_, env_.backend->AllocateHost(plan_.m * sizeof(float)));
+    }
+    return absl::OkStatus();
+  }
+
+  // Rows [r0, r0 + rows) of every input and output (the loss per token).
+  kernels::CrossEntropyArgs Rows(std::int64_t r0, std::int64_t rows) const {
+    kernels::CrossEntropyArgs args;
+    args.x = call_->in<Bf16Bits>("x") + r0 * w_.k;
+    args.m = rows;
+    args.targets = targets_.data() + r0;
+    args.ignore_index = plan_.ignore_index;
+    args.z_loss = plan_.z_loss;
+    args.logit_softcap = plan_.logit_softcap;
+    args.grad_scale = CrossEntropyGradScale(plan_, counted_);
+    args.loss = (per_token() ? call_->out<float>("loss") : token_loss_.as<float>()) + r0;
+    args.lse = plan_.want_lse ? call_->out<float>("lse") + r0 : nullptr;
+    args.dx = plan_.want_dx ? call_->out("dx") +
+                                  static_cast<std::size_t>(r0 * w_.k) * ElementSize(plan_.dx_dtype)
+                            : nullptr;
+    args.dx_dtype = plan_.dx_dtype;
+    args.dw = call_->out<float>("dw");
+    args.accumulate_dw = plan_.accumulate_dw;
+    return args;
+  }
+
+  // The reduced loss, once every token's is in.
+  absl::Status Reduce() {
+    if (!per_token()) {
+      const float reduced = ReduceLoss(plan_, token_loss_.as<float>(), plan_.m, counted_);
+      std::memcpy(call_->out("loss"), &reduced, sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+  std::int64_t counted() const { return counted_; }
+
+ private:
+  bool per_token() const { return plan_.reduction == Reduction::kNone; }
+
+  const OpEnv& env_;
+  const CrossEntropyPlan& plan_;
+  const WeightRecord& w_;
+  Call* const call_;
+  std::vector<std::int64_t> targets_;
+  kernels::HostBuffer token_loss_;
+  std::int64_t counted_ = 0;
+};
+
+}  // namespace
+
 absl::StatusOr<OpResult> RunCrossEntropy(const OpEnv& env, const CrossEntropyRequest& r, Call* call,
                                          Transport& transport) {
   LOGITD_ASSIGN_OR_RETURN(const WeightRecord w,
@@ -182,48 +250,9 @@ absl::StatusOr<OpResult> RunCrossEntropy(const OpEnv& env, const CrossEntropyReq
   LOGITD_RETURN_IF_ERROR(CrossEntropySlots(r, plan, w, call));
   // Besides the slots: the targets widened to int64 and the per-token losses
   // the backend always writes (a reduced loss is formed from them here).
-  const bool per_token = plan.reduction == Reduction::kNone;
   call->Scratch(static_cast<std::uint64_t>(m) * (sizeof(std::int64_t) + sizeof(float)));
   call->ReadInPlace();
-  std::vector<std::int64_t> targets;
-  kernels::HostBuffer token_loss;
-  std::int64_t counted = 0;
-  // Every target checked (before anything is computed), counted, widened.
-  const auto convert_targets = [&]() -> absl::Status {
-    LOGITD_ASSIGN_OR_RETURN(counted, ConvertTargets(plan.targets_dtype, call->in("targets"), m, w.v,
-                                                    plan.ignore_index, &targets));
-    if (!per_token) {
-      LOGITD_ASSIGN_OR_RETURN(token_loss, env.backend->AllocateHost(m * sizeof(float)));
-    }
-    return absl::OkStatus();
-  };
-  // Rows [r0, r0 + rows) of every input and output (the loss per token).
-  const auto rows_of = [&](std::int64_t r0, std::int64_t rows) {
-    kernels::CrossEntropyArgs args;
-    args.x = call->in<Bf16Bits>("x") + r0 * w.k;
-    args.m = rows;
-    args.targets = targets.data() + r0;
-    args.ignore_index = plan.ignore_index;
-    args.z_loss = plan.z_loss;
-    args.logit_softcap = plan.logit_softcap;
-    args.grad_scale = CrossEntropyGradScale(plan, counted);
-    args.loss = (per_token ? call->out<float>("loss") : token_loss.as<float>()) + r0;
-    args.lse = plan.want_lse ? call->out<float>("lse") + r0 : nullptr;
-    args.dx = plan.want_dx ? call->out("dx") +
-                                 static_cast<std::size_t>(r0 * w.k) * ElementSize(plan.dx_dtype)
-                           : nullptr;
-    args.dx_dtype = plan.dx_dtype;
-    args.dw = call->out<float>("dw");
-    args.accumulate_dw = plan.accumulate_dw;
-    return args;
-  };
-  const auto reduce = [&] {
-    if (!per_token) {
-      const float reduced = ReduceLoss(plan, token_loss.as<float>(), m, counted);
-      std::memcpy(call->out("loss"), &reduced, sizeof(float));
-    }
-    return absl::OkStatus();
-  };
+  CrossEntropyCall ce(env, plan, w, call);
   // In row blocks without dW (dW sums over every row): the targets whole
   // first (a mean's scale counts them all; the clients send them first),
   // then each block as its rows of X arrive, the reduced loss last.
@@ -231,30 +260,30 @@ absl::StatusOr<OpResult> RunCrossEntropy(const OpEnv& env, const CrossEntropyReq
     Call::RowBlockSteps steps;
     steps.before = [&](const Call::RowBlockSteps::WaitWhole& whole, OpResult* early) {
       LOGITD_RETURN_IF_ERROR(whole("targets"));
-      LOGITD_RETURN_IF_ERROR(convert_targets());
-      early->counted_tokens = counted;
+      LOGITD_RETURN_IF_ERROR(ce.ConvertTargets());
+      early->counted_tokens = ce.counted();
       return absl::OkStatus();
     };
-    steps.after = reduce;
+    steps.after = [&] { return ce.Reduce(); };
     LOGITD_ASSIGN_OR_RETURN(OpResult result,
                             call->RunInRowBlocks(
                                 "cross entropy", transport, m,
                                 env.backend->CrossEntropyBlockRows(*w.weight, m), OpResult{},
                                 [&](std::int64_t r0, std::int64_t rows, kernels::Timing* t) {
-                                  return env.backend->CrossEntropy(*w.weight, rows_of(r0, rows), t);
+                                  return env.backend->CrossEntropy(*w.weight, ce.Rows(r0, rows), t);
                                 },
                                 steps));
-    result.counted_tokens = counted;
+    result.counted_tokens = ce.counted();
     return result;
   }
   LOGITD_RETURN_IF_ERROR(call->Receive("cross entropy", transport));
-  LOGITD_RETURN_IF_ERROR(convert_targets());
-  const kernels::CrossEntropyArgs args = rows_of(0, m);
+  LOGITD_RETURN_IF_ERROR(ce.ConvertTargets());
+  const kernels::CrossEntropyArgs args = ce.Rows(0, m);
   LOGITD_ASSIGN_OR_RETURN(OpResult result, Compute(call, [&](kernels::Timing* t) {
                             LOGITD_RETURN_IF_ERROR(env.backend->CrossEntropy(*w.weight, args, t));
-                            return reduce();
+                            return ce.Reduce();
                           }));
-  result.counted_tokens = counted;
+  result.counted_tokens = ce.counted();
   return result;
 }
 
