@@ -571,6 +571,56 @@ absl::StatusOr<LogProbsResult> Client::LogProbsShm(const LogProbsShmArgs& args,
 
 // The outputs are allocated whole and each part's rows received in place;
 // the first part's timing is the call's.
+namespace {
+
+// An output of a LogProbs call spread over connections, with the
+// elements of one of its rows, allocated whole for the blocks to land in.
+struct SpreadOutput {
+  const char* name;
+  std::optional<Tensor>* tensor;
+  DType dtype;
+  std::int64_t per_row;
+};
+
+// Every output the call returns, allocated in *out for M rows.
+absl::StatusOr<std::vector<SpreadOutput>> LogProbsOutputs(const LogProbsOptions& options,
+                                                          bool targets, std::int64_t m,
+                                                          LogProbsResult* out) {
+  std::vector<SpreadOutput> outs;
+  if (targets) outs.push_back({"logprob", &out->logprob, DType::kFp32, 1});
+  if (options.want_lse) outs.push_back({"lse", &out->lse, DType::kFp32, 1});
+  if (options.want_entropy) outs.push_back({"entropy", &out->entropy, DType::kFp32, 1});
+  if (options.top_k > 0) {
+    outs.push_back({"topk_ids", &out->topk_ids, DType::kInt32, options.top_k});
+    outs.push_back({"topk_logprobs", &out->topk_logprobs, DType::kFp32, options.top_k});
+  }
+  if (options.want_rank) outs.push_back({"rank", &out->rank, DType::kInt64, 1});
+  for (const SpreadOutput& o : outs) {
+    const std::vector<std::int64_t> shape =
+        o.per_row == 1 ? std::vector<std::int64_t>{m} : std::vector<std::int64_t>{m, o.per_row};
+    absl::StatusOr<Tensor> fresh = Tensor::CreateUninitialized(o.dtype, shape);
+    if (!fresh.ok()) return fresh.status();
+    *o.tensor = *std::move(fresh);
+  }
+  return outs;
+}
+
+// DataLoss unless every output of one block's result has its rows.
+absl::Status CheckSpreadRows(const v1::LogProbsResult& result,
+                             const std::vector<SpreadOutput>& outs, std::int64_t r0,
+                             std::int64_t rows) {
+  for (const SpreadOutput& o : outs) {
+    const v1::TensorSpec& spec = LogProbsOutputSpec(result, o.name);
+    if (spec.shape_size() < 1 || spec.shape(0) != rows || spec.dtype() != wire::ToProto(o.dtype)) {
+      return absl::DataLossError(absl::StrCat("response from server: rows ", r0, "+", rows, " of ",
+                                              o.name, " came back as another shape"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<LogProbsResult> Client::LogProbsSpread(const Tensor& x, const Tensor* targets,
                                                       const std::string& handle,
                                                       const LogProbsOptions& options) {
@@ -596,30 +646,11 @@ absl::StatusOr<LogProbsResult> Client::LogProbsSpread(const Tensor& x, const Ten
   const std::int64_t k = x.dim(1);
   if (!w->has_value() || block <= 0 || m <= block) return whole();
 
-  // Every output the call returns, with the bytes of one of its rows.
-  struct Out {
-    const char* name;
-    std::optional<Tensor>* tensor;
-    DType dtype;
-    std::int64_t per_row;
-  };
   LogProbsResult out;
-  std::vector<Out> outs;
-  if (targets != nullptr) outs.push_back({"logprob", &out.logprob, DType::kFp32, 1});
-  if (options.want_lse) outs.push_back({"lse", &out.lse, DType::kFp32, 1});
-  if (options.want_entropy) outs.push_back({"entropy", &out.entropy, DType::kFp32, 1});
-  if (options.top_k > 0) {
-    outs.push_back({"topk_ids", &out.topk_ids, DType::kInt32, options.top_k});
-    outs.push_back({"topk_logprobs", &out.topk_logprobs, DType::kFp32, options.top_k});
-  }
-  if (options.want_rank) outs.push_back({"rank", &out.rank, DType::kInt64, 1});
-  for (const Out& o : outs) {
-    const std::vector<std::int64_t> shape =
-        o.per_row == 1 ? std::vector<std::int64_t>{m} : std::vector<std::int64_t>{m, o.per_row};
-    absl::StatusOr<Tensor> fresh = Tensor::CreateUninitialized(o.dtype, shape);
-    if (!fresh.ok()) return fresh.status();
-    *o.tensor = *std::move(fresh);
-  }
+  absl::StatusOr<std::vector<SpreadOutput>> made =
+      LogProbsOutputs(options, targets != nullptr, m, &out);
+  if (!made.ok()) return made.status();
+  const std::vector<SpreadOutput>& outs = *made;
   v1::LogProbsHeader header;
   FillLogProbsHeader(handle, one, &header);
   absl::Status spread = RunSpread(
@@ -635,7 +666,7 @@ absl::StatusOr<LogProbsResult> Client::LogProbsSpread(const Tensor& x, const Ten
         absl::Status s = slots.InputBytes("x", x.bytes() + static_cast<std::uint64_t>(r0 * k) * 2,
                                           DType::kBf16, {rows, k});
         if (!s.ok()) return s;
-        for (const Out& o : outs) {
+        for (const SpreadOutput& o : outs) {
           const std::uint64_t row_bytes =
               static_cast<std::uint64_t>(o.per_row) * ElementSize(o.dtype);
           slots.OutputBytes(o.name,
@@ -652,14 +683,8 @@ absl::StatusOr<LogProbsResult> Client::LogProbsSpread(const Tensor& x, const Ten
               *c.impl_->generic, "LogProbs", context, c.impl_->options.chunk_bytes, request, slots,
               &result, &tensors);
           if (!st.ok()) return st;
-          for (const Out& o : outs) {
-            const v1::TensorSpec& spec = LogProbsOutputSpec(result, o.name);
-            if (spec.shape_size() < 1 || spec.shape(0) != rows ||
-                spec.dtype() != wire::ToProto(o.dtype)) {
-              return absl::DataLossError(absl::StrCat("response from server: rows ", r0, "+", rows,
-                                                      " of ", o.name,
-                                                      " came back as another shape"));
-            }
+          if (absl::Status rows_ok = CheckSpreadRows(result, outs, r0, rows); !rows_ok.ok()) {
+            return rows_ok;
           }
           if (i == 0) out.timing = TimingOf(result.timing(), context);
           return absl::OkStatus();
