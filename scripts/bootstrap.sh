@@ -12,7 +12,7 @@ pkgs=(
   libabsl-dev libre2-dev libc-ares-dev libssl-dev zlib1g-dev
   libopenblas-dev libxxhash-dev nlohmann-json3-dev prometheus-cpp-dev libcivetweb-dev libmicrohttpd-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  openssl python3 python3-yaml
+  openssl python3 python3-yaml universal-ctags
 )
 for arg in "$@"; do
   case "$arg" in
