@@ -9,10 +9,10 @@
 2. Commands: every `logitctl ... COMMAND` in README.md's code (fenced blocks
    and inline code) names a command `logitctl help` lists; for a
    sub-command (`weights register`) only the first word is checked.
-3. Python API: every public method of logitd.Client (read from
-   client/python/src/logitd/client.py with ast, not imported) has a row
-   in the API table of client/python/README.md, whose signature gives the
-   same parameters, in the same order, with the same defaults; so does the
+3. Python API: every public method of logitd.Client (read with ast, not
+   imported, from client/python/src/logitd/client.py and the modules of its
+   mixins) has a row in the API table of client/python/README.md, whose
+   signature gives the same parameters, in the same order, with the same defaults; so does the
    constructor (a row for `Client(`). Aliases assigned in the class body
    (`register_weight = register_weights`) need no row.
 
@@ -288,22 +288,31 @@ def _is_property(fn):
 def client_methods(source):
     """{name: ast function} of class Client's public methods, and its __init__ under 'Client'.
 
-    Properties are left out (they are not calls), as are names assigned in the
-    class body (aliases).
+    `source` is the text of client.py and of the modules its mixins come
+    from, one after the other: a method of a base class that is defined in
+    them (the mixins `_VerifyCalls`, `_Spread`) counts as Client's, unless
+    Client overrides it. Properties are left out (they are not calls), as
+    are names assigned in the class body (aliases).
     """
-    tree = ast.parse(source)
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Client":
-            methods = {}
-            for item in node.body:
-                if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    continue
-                if item.name == "__init__":
+    classes = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            classes[node.name] = node
+    client = classes.get("Client")
+    if client is None:
+        return None
+    methods = {}
+    bases = [b.id for b in client.bases if isinstance(b, ast.Name)]
+    for cls in [classes[b] for b in reversed(bases) if b in classes] + [client]:
+        for item in cls.body:
+            if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if item.name == "__init__":
+                if cls is client:
                     methods["Client"] = item
-                elif not item.name.startswith("_") and not _is_property(item):
-                    methods[item.name] = item
-            return methods
-    return None
+            elif not item.name.startswith("_") and not _is_property(item):
+                methods[item.name] = item
+    return methods
 
 
 def code_params(fn):
@@ -605,7 +614,9 @@ def main():
     usage = run_for_text([args.logitctl, "help"])
     readme = read(args.root, "README.md")
     operations = read(args.root, os.path.join("docs", "OPERATIONS.md"))
-    client_py = read(args.root, os.path.join("client", "python", "src", "logitd", "client.py"))
+    package = os.path.join("client", "python", "src", "logitd")
+    client_py = "\n".join(read(args.root, os.path.join(package, f))
+                          for f in ("client.py", "_verify_calls.py", "_spread.py", "_transport.py"))
     python_readme = read(args.root, os.path.join("client", "python", "README.md"))
 
     problems = Problems()

@@ -16,12 +16,12 @@ import threading
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import grpc
-import numpy as np
 
 from . import _tensors as T
-from . import verify as _verify
+from ._spread import _handle, _Spread
 from ._shm_layout import _matrix, _ShmLayout, _verify_needs_shm, _weight_rows
-from ._transport import _CallGroup, _retried, _Transport
+from ._transport import _retried, _Transport
+from ._verify_calls import _VerifyCalls
 from .errors import DataLossError, InvalidArgumentError, LogitdError, UnavailableError, from_rpc_error
 from .options import _MAX_CHUNK_BYTES, DEFAULT_CHUNK_BYTES, TLS, RetryPolicy, _channel
 from .results import CrossEntropyResult, Gradient, LogProbs, ReleaseResult, ServerInfo, WeightInfo, _from_proto
@@ -42,10 +42,8 @@ __all__ = [
 
 _REDUCTIONS = {"none": pb.REDUCTION_NONE, "sum": pb.REDUCTION_SUM, "mean": pb.REDUCTION_MEAN}
 
-_LOGPROBS_OUTPUTS = ("logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank")
 
-
-class Client(_Transport):
+class Client(_VerifyCalls, _Spread, _Transport):
     """A connection to a logitd server.
 
     Args:
@@ -247,105 +245,6 @@ class Client(_Transport):
             self._stub.Logits, pb.LogitsRequest, "header", header, [xt], lambda r: [r.y]
         )
         return tensors[result.y.name].result(T.is_torch(x))
-
-    def _logits_spread(self, xt, handle, out, alpha, pipeline, connections, as_torch):
-        """logits() over several connections; None where it is one call (few rows, a weight the
-        server does not list or whose block it does not say)."""
-        shape = xt.array.shape
-        if len(shape) != 2 or shape[0] < 2:
-            return None
-        field = "logits_block_rows_fp32" if out == pb.DTYPE_FP32 else "logits_block_rows_bf16"
-        w = self._spread_weight(handle, field)
-        m = int(shape[0])
-        if w is None or getattr(w, field) <= 0 or m <= getattr(w, field):
-            return None
-        v = int(w.shape[0])
-        y = np.empty((m, v), dtype=T.NUMPY_DTYPE[out])
-
-        def part(stub, r0, rows):
-            x_part = T.Outgoing("x", xt.array[r0 : r0 + rows], (pb.DTYPE_BF16,))
-            header = pb.LogitsHeader(
-                weight_handle=_handle(handle), x=x_part.spec, out_dtype=out, alpha=alpha,
-                digest_last=True, pipeline=bool(pipeline),
-            )
-            result, tensors = self._stream(stub.Logits, pb.LogitsRequest, "header", header, [x_part], lambda r: [r.y])
-            got = tensors[result.y.name].result(False)
-            if got.shape != (rows, v):
-                raise DataLossError(
-                    "response from server: rows %d+%d of the logits came back as shape %s" % (r0, rows, got.shape)
-                )
-            y[r0 : r0 + rows] = got
-
-        self._spread_parts(m, int(getattr(w, field)), connections, part)
-        return T.as_result(y, as_torch)
-
-    def _spread_weight(self, handle, field):
-        """The weight's WeightInfo with `field` (a block's rows) set, from the one given or once
-        from list_weights; None for a weight the server does not list."""
-        if isinstance(handle, WeightInfo) and getattr(handle, field) and len(handle.shape) == 2:
-            return handle
-        name = _handle(handle)
-        if name not in self._block_rows:
-            for w in self.list_weights():
-                self._block_rows[w.handle] = w
-        w = self._block_rows.get(name)
-        return w if w is not None and len(w.shape) == 2 else None
-
-    def _spread_parts(self, m, block, connections, part):
-        """Runs part(stub, r0, rows) for a call of m rows cut at multiples of block over at most
-        `connections` connections, each part on a thread and a connection of its own. The first
-        part to fail cancels the others; its error, naming its rows, is raised."""
-        # Whole blocks a part, as even as they come, the last part taking the rest
-        # (5 blocks over 4 connections are 2 + 2 + 1), as the C++ client cuts.
-        blocks = -(-m // block)
-        wanted = min(connections, blocks)
-        per_part = -(-blocks // wanted)
-        parts = -(-blocks // per_part)
-        part_rows = per_part * block
-        stubs = [self._stub] + self._spread_stubs(parts - 1)
-        group = _CallGroup()
-        lock = threading.Lock()
-        failed = []  # the first part's error to fail; the others' CANCELLED follows from it
-
-        def run(i):
-            r0 = i * part_rows
-            rows = m - r0 if i + 1 == parts else part_rows
-            group.joined(True)
-            try:
-                part(stubs[i], r0, rows)
-                return
-            except LogitdError as e:
-                error = type(e)(
-                    "rows [%d, %d) of %d (a part on its own connection): %s" % (r0, r0 + rows, m, e.message),
-                    getattr(e, "code", None),
-                )
-            except BaseException as e:  # noqa: B036 -- handed to the caller's thread
-                error = e
-            finally:
-                group.joined(False)
-            with lock:
-                if failed:
-                    return
-                failed.append(error)
-            group.cancel()
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(parts)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if failed:
-            raise failed[0]
-
-    def _spread_stubs(self, n):
-        """n stubs, each on a connection of its own."""
-        with self._lock:
-            while len(self._spread) < n:
-                address, tls, chunk_bytes, lb_policy, retry, options = self._channel_args
-                own = options + [("grpc.use_local_subchannel_pool", 1)]
-                channel = _channel(address, tls, chunk_bytes, lb_policy, retry, own)
-                self._spread.append((channel, pb_grpc.LogitdStub(channel)))
-            return [stub for _, stub in self._spread[:n]]
 
     # -- shared memory -----------------------------------------------------------------------
 
@@ -606,201 +505,6 @@ class Client(_Transport):
         outputs = self._logprobs_call(self._stub, handle, xt, tt, options)
         return LogProbs(*(None if o is None else T.as_result(o, as_torch) for o in outputs))
 
-    def _logprobs_call(self, stub, handle, xt, tt, options):
-        """One LogProbs call on `stub`: its outputs as numpy arrays (None where not returned), in
-        the order of _LOGPROBS_OUTPUTS."""
-        header = pb.LogProbsHeader(weight_handle=_handle(handle), x=xt.spec, **options)
-        # The targets before X: a row block waits for its rows of both.
-        tensors_out = []
-        if tt is not None:
-            header.targets.CopyFrom(tt.spec)
-            tensors_out.append(tt)
-        tensors_out.append(xt)
-
-        def specs_of(r):
-            return [getattr(r, f) for f in _LOGPROBS_OUTPUTS if r.HasField(f)]
-
-        result, tensors = self._stream(stub.LogProbs, pb.LogProbsRequest, "header", header, tensors_out, specs_of)
-        return [
-            tensors[getattr(result, f).name].result(False) if result.HasField(f) else None for f in _LOGPROBS_OUTPUTS
-        ]
-
-    def _logprobs_spread(self, xt, tt, handle, options, connections, as_torch):
-        """logprobs() over several connections; None where it is one call (few rows, targets
-        that do not match X's rows, a weight the server does not list or whose block it does not
-        say)."""
-        shape = xt.array.shape
-        if len(shape) != 2 or shape[0] < 2:
-            return None
-        m = int(shape[0])
-        if tt is not None and tuple(tt.array.shape) != (m,):
-            return None
-        w = self._spread_weight(handle, "logprobs_block_rows")
-        if w is None or w.logprobs_block_rows <= 0 or m <= w.logprobs_block_rows:
-            return None
-        parts = {}
-
-        def part(stub, r0, rows):
-            x_part = T.Outgoing("x", xt.array[r0 : r0 + rows], (pb.DTYPE_BF16,))
-            t_part = None
-            if tt is not None:
-                t_part = T.Outgoing("targets", tt.array[r0 : r0 + rows], (pb.DTYPE_INT32, pb.DTYPE_INT64))
-            got = self._logprobs_call(stub, handle, x_part, t_part, options)
-            for name, o in zip(_LOGPROBS_OUTPUTS, got):
-                if o is not None and (o.ndim < 1 or o.shape[0] != rows):
-                    raise DataLossError(
-                        "response from server: rows %d+%d of %s came back as shape %s" % (r0, rows, name, o.shape)
-                    )
-            parts[r0] = got
-
-        self._spread_parts(m, int(w.logprobs_block_rows), connections, part)
-        ordered = [parts[r0] for r0 in sorted(parts)]
-        return LogProbs(
-            *(
-                None if ordered[0][i] is None else T.as_result(np.concatenate([p[i] for p in ordered]), as_torch)
-                for i in range(len(_LOGPROBS_OUTPUTS))
-            )
-        )
-
-    # -- verify -----------------------------------------------------------------------------
-
-    @_retried()
-    def verify_logits(
-        self,
-        x: Any,
-        y: Any,
-        weight: Any,
-        *,
-        alpha: float = 1.0,
-        sample_rows: int = 0,
-        sample_seed: int = 0,
-    ) -> Verdict:
-        """Judges logits Y [M, V] computed elsewhere (fp32 or bf16) from X [M, K]
-        and W [V, K] against the contract: per element an fp64 reference of the
-        exact products and its proven bound, the errors against those of fp32
-        accumulation (the precision-class test), and logitd's own output (see
-        logitd.verify).
-
-        weight: a handle, a WeightInfo, or W itself (bf16, streamed for this call
-        only). X and W may be given as float32 when each value is a bf16 value.
-        alpha: the scale Y was computed with. sample_rows: 0 checks every row,
-        else this many rows: evenly spaced with the first and the last when
-        sample_seed is 0, else drawn uniformly by sample_seed (a seed without
-        sample_rows is InvalidArgumentError). A sampled pass reads
-        "within_bounds_sampled" or "bitwise_equal_to_logitd_sampled". Returns a
-        Verdict; a candidate outside its bounds or its precision class is a
-        verdict, not an error.
-        """
-        return _verify.call(self, *_verify.logits_request(x, y, weight, alpha, sample_rows, sample_seed))
-
-    @_retried()
-    def verify_backward(
-        self,
-        dy: Any,
-        x: Any,
-        weight: Any,
-        *,
-        dx: Any = None,
-        dw: Any = None,
-        sample_rows: int = 0,
-        sample_seed: int = 0,
-    ) -> Verdict:
-        """Judges gradients computed elsewhere, dX [M, K] and/or dW [V, K] (fp32
-        or bf16), from dY [M, V] (fp32 or bf16), X and W under the backward
-        contract: G = bf16(dY) once, dX = G.W, dW = G^T.X with fp32 accumulation.
-
-        weight, sample_rows, sample_seed and the dtypes of X and W as in
-        verify_logits; dW, which every row feeds, is checked whole also when
-        rows are sampled (its verdict has no "_sampled").
-        """
-        return _verify.call(
-            self, *_verify.backward_request(dy, x, weight, dx, dw, sample_rows, sample_seed)
-        )
-
-    @_retried()
-    def verify_cross_entropy(
-        self,
-        x: Any,
-        targets: Any,
-        weight: Any,
-        *,
-        loss: Any = None,
-        lse: Any = None,
-        dx: Any = None,
-        dw: Any = None,
-        reduction: str = "mean",
-        ignore_index: int = -100,
-        z_loss: float = 0.0,
-        logit_softcap: float = 0.0,
-        grad_scale: float = 1.0,
-        sample_rows: int = 0,
-        sample_seed: int = 0,
-    ) -> Verdict:
-        """Judges a fused cross-entropy's outputs computed elsewhere: loss (fp32,
-        [M] with reduction="none", else one value), lse (fp32 [M]), dx (fp32 or
-        bf16 [M, K]) and/or dw (fp32 [V, K]) of X, the targets (int32 or int64
-        [M]) and W, with the options cross_entropy takes, against the fp64
-        reference and its proven bound per element and logitd's own output. The
-        gradients are judged under the bf16-G contract (G = bf16(dL/dlogits)
-        once, fp32 accumulation). weight as in verify_logits. sample_rows: 0
-        checks every row, else that many rows of the per-token loss, lse and
-        dx (a reduced loss and dw need every row), chosen as sample_seed says
-        (verify_logits)."""
-        options = dict(
-            reduction=reduction,
-            ignore_index=ignore_index,
-            z_loss=z_loss,
-            logit_softcap=logit_softcap,
-            grad_scale=grad_scale,
-            sample_rows=sample_rows,
-            sample_seed=sample_seed,
-        )
-        return _verify.call(
-            self, *_verify.cross_entropy_request(x, targets, weight, loss, lse, options, dx, dw)
-        )
-
-    @_retried()
-    def verify_logprobs(
-        self,
-        x: Any,
-        weight: Any,
-        *,
-        targets: Any = None,
-        logprob: Any = None,
-        lse: Any = None,
-        entropy: Any = None,
-        topk_ids: Any = None,
-        topk_logprobs: Any = None,
-        rank: Any = None,
-        temperature: float = 1.0,
-        logit_softcap: float = 0.0,
-        vocab_size: int = 0,
-        ignore_index: int = -100,
-        sample_rows: int = 0,
-        sample_seed: int = 0,
-    ) -> Verdict:
-        """Judges LogProbs' outputs computed elsewhere: logprob (needs targets),
-        lse and/or entropy (fp32 [M]), top-k ids (int32 or int64 [M, k], most
-        likely first; judged up to ties within the bound) and log-probs (fp32
-        [M, k]), and the target's rank (int32 or int64 [M], needs targets) of X
-        and W with the options logprobs takes, as verify_cross_entropy does.
-        sample_rows, sample_seed: as there, for logprob, lse and entropy (the
-        top-k and ranks need every row)."""
-        options = dict(
-            temperature=temperature,
-            logit_softcap=logit_softcap,
-            vocab_size=vocab_size,
-            ignore_index=ignore_index,
-            sample_rows=sample_rows,
-            sample_seed=sample_seed,
-        )
-        return _verify.call(
-            self,
-            *_verify.logprobs_request(
-                x, targets, weight, logprob, lse, entropy, options, topk_ids, topk_logprobs, rank
-            ),
-        )
-
     # -- server-held gradient buffers -----------------------------------------------------
 
     @_retried(unless="zero_after")
@@ -843,11 +547,3 @@ class Client(_Transport):
         header.digest_last = True
         result, tensors = self._stream(self._stub.Cast, pb.CastRequest, "header", header, [xt], lambda r: [r.output])
         return tensors[result.output.name].result(T.is_torch(x))
-
-
-def _handle(handle: Union[str, WeightInfo]) -> str:
-    if isinstance(handle, WeightInfo):
-        return handle.handle
-    if not isinstance(handle, str):
-        raise InvalidArgumentError("handle: expected a str or a WeightInfo, got %s" % type(handle).__name__)
-    return handle
