@@ -58,7 +58,7 @@
 #include "logit_rows.h"
 #include "logitd/bf16.h"
 #include "logitd/reference/accumulation_models.h"
-#include "logitd/reference/element_judgement.h"
+#include "logitd/reference/token_judgement.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
 #include "logitd/reference/precision_class.h"

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "logitd/reference/element_judgement.h"
+#include "logitd/reference/token_judgement.h"
 
 namespace logitd::kernels::cuda {
 

@@ -18,7 +18,7 @@
 #include <functional>
 #include <vector>
 
-#include "logitd/reference/element_judgement.h"
+#include "logitd/reference/token_judgement.h"
 #include "logitd/reference/numerics.h"
 #include "logitd/reference/verify_checks.h"
 

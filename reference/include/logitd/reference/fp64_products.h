@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "logitd/reference/candidate_check.h"
-#include "logitd/reference/element_judgement.h"
+#include "logitd/reference/token_judgement.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd {
