@@ -537,91 +537,6 @@ absl::Status CudaFp64Products::ClassModels(bool wanted, std::int64_t m, RowClass
   return absl::OkStatus();
 }
 
-absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const std::int64_t* targets,
-                                       double gamma, double absolute, double cap,
-                                       bool class_envelope, judgement::CeRowSums* sums) {
-  LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
-  cudaStream_t s = stream_.get();
-  const std::size_t targets_bytes = static_cast<std::size_t>(m) * sizeof(std::int64_t);
-  const std::size_t sums_bytes = static_cast<std::size_t>(m) * sizeof(judgement::CeRowSums);
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&targets_, targets_bytes, "the rows' targets"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&row_sums_, sums_bytes, "the rows' softmax sums"));
-  RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(targets_.get(), targets, targets_bytes, cudaMemcpyHostToDevice, s),
-      "verify: copy the targets to the device");
-  LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
-  RowClassModels models;
-  LOGITD_CUDA_RETURN_IF_ERROR(ClassModels(class_envelope, m, &models));
-  RETURN_IF_CUDA_ERROR(
-      LaunchCeRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, targets_.as<std::int64_t>(),
-                      gamma, absolute, cap, logitd::Gamma(v_, kFp32StepError), models,
-                      row_sums_.as<judgement::CeRowSums>(), s),
-      "verify: the cross-entropy's softmax sums");
-  RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(sums, row_sums_.get(), sums_bytes, cudaMemcpyDeviceToHost, s),
-      "verify: copy the softmax sums to the host");
-  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s), "verify: the cross-entropy's softmax sums");
-  return absl::OkStatus();
-}
-
-absl::Status CudaFp64Products::LpRows(const double* x, std::int64_t m, const LpRowsRequest& request,
-                                      const LpRowsResult& result) {
-  LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
-  cudaStream_t s = stream_.get();
-  const std::size_t rows = static_cast<std::size_t>(m);
-  const std::size_t targets_bytes = rows * sizeof(std::int64_t);
-  const std::size_t sums_bytes = rows * sizeof(judgement::LpRowSums);
-  const std::size_t order_n = rows * static_cast<std::size_t>(request.order_cols);
-  const std::size_t ids_n =
-      request.ids != nullptr ? rows * static_cast<std::size_t>(request.ids_k) : 0;
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&targets_, targets_bytes, "the rows' targets"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&row_sums_, sums_bytes, "the rows' sums"));
-  LOGITD_CUDA_RETURN_IF_ERROR(
-      Reserve(&order_, std::max<std::size_t>(order_n, 1) * sizeof(std::int64_t), "the order"));
-  LOGITD_CUDA_RETURN_IF_ERROR(
-      Reserve(&order_z_, std::max<std::size_t>(order_n, 1) * sizeof(double), "the order's z"));
-  if (ids_n > 0) {
-    LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&ids_, ids_n * sizeof(std::int64_t), "the top-k ids"));
-    LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&ids_z_, ids_n * sizeof(double), "the top-k ids' z"));
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(ids_.get(), request.ids, ids_n * sizeof(std::int64_t),
-                                         cudaMemcpyHostToDevice, s),
-                         "verify: copy the top-k ids to the device");
-  }
-  RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(targets_.get(), request.targets, targets_bytes, cudaMemcpyHostToDevice, s),
-      "verify: copy the targets to the device");
-  LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
-  RowClassModels models;
-  LOGITD_CUDA_RETURN_IF_ERROR(ClassModels(request.class_envelope, m, &models));
-  RETURN_IF_CUDA_ERROR(
-      LaunchLpRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, request.vocab,
-                      targets_.as<std::int64_t>(), request.gamma, request.absolute, request.cap,
-                      request.temperature, logitd::Gamma(request.vocab, kFp32StepError),
-                      request.order_cols, ids_n > 0 ? ids_.as<std::int64_t>() : nullptr,
-                      request.ids_k, models, row_sums_.as<judgement::LpRowSums>(),
-                      order_.as<std::int64_t>(), order_z_.as<double>(),
-                      ids_n > 0 ? ids_z_.as<double>() : nullptr, s),
-      "verify: LogProbs' row sums");
-  RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(result.sums, row_sums_.get(), sums_bytes, cudaMemcpyDeviceToHost, s),
-      "verify: copy LogProbs' row sums to the host");
-  if (order_n > 0) {
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(result.order, order_.get(), order_n * sizeof(std::int64_t),
-                                         cudaMemcpyDeviceToHost, s),
-                         "verify: copy the order to the host");
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(result.order_z, order_z_.get(), order_n * sizeof(double),
-                                         cudaMemcpyDeviceToHost, s),
-                         "verify: copy the order's z to the host");
-  }
-  if (ids_n > 0) {
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(result.ids_z, ids_z_.get(), ids_n * sizeof(double),
-                                         cudaMemcpyDeviceToHost, s),
-                         "verify: copy the top-k ids' z to the host");
-  }
-  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s), "verify: LogProbs' row sums");
-  return absl::OkStatus();
-}
-
 bool CudaFp64Products::AfterCopies(const absl::Status& status, bool judged, const char* what) {
   // No copy of the caller's memory may outlive the call, whatever ended it.
   const cudaError_t copies = cudaStreamSynchronize(copy_stream_.get());
@@ -683,19 +598,6 @@ bool CudaFp64Products::JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x,
   bool judged = false;
   const absl::Status status = GtX(dy, dy_bf16, x, m, candidate, own, rule, check, stop, &judged);
   return AfterCopies(status, judged, "dW");
-}
-
-bool CudaFp64Products::CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets,
-                                 double gamma, double absolute, double cap, bool class_envelope,
-                                 judgement::CeRowSums* sums) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return Done(RowSums(x, m, targets, gamma, absolute, cap, class_envelope, sums));
-}
-
-bool CudaFp64Products::LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
-                                 const LpRowsResult& result) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return Done(LpRows(x, m, request, result));
 }
 
 std::string CudaFp64Products::error() const {
