@@ -15,6 +15,7 @@
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/bounds.h"
 #include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
@@ -56,7 +57,7 @@ struct Measured {
 };
 
 Measured Measure(const std::vector<double>& ref, const std::vector<double>& abs_sum,
-                 const Tensor& y32, const Tensor& y16, double gamma) {
+                 const Tensor& y32, const Tensor& y16, std::int64_t k) {
   Measured f;
   double ref_sq = 0;
   const std::int64_t n = static_cast<std::int64_t>(ref.size());
@@ -66,7 +67,8 @@ Measured Measure(const std::vector<double>& ref, const std::vector<double>& abs_
     f.e32.Add(got32, want);
     f.e16.Add(y16.At(i), want);
     ref_sq += want * want;
-    const double bound = gamma * abs_sum[static_cast<std::size_t>(i)];
+    const double bound =
+        SumOfProductsBound(k, abs_sum[static_cast<std::size_t>(i)], want, DType::kFp32);
     const double err = std::fabs(got32 - want);
     if (!(err <= bound)) {
       if (f.violations++ == 0) f.first_violation = i;
@@ -135,10 +137,12 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   ReferenceXWt(ToDouble(*x), m, AsMatrix(*w), ref.data(), abs_sum.data());
   timer.Lap("reference");
 
-  // |Y − Y_exact| ≤ γ_K(fp32)·Σ|x·w| for any summation order, and the fp64
-  // reference is itself within γ_K(fp64)·Σ|x·w| of Y_exact.
-  const double gamma = Gamma(k, kFp32UnitRoundoff) + Gamma(k, kFp64UnitRoundoff);
-  const Measured f = Measure(ref, abs_sum, *y32, *y16, gamma);
+  // Each fp32 logit against the proven bound of a sum of K products in any
+  // order, round-to-nearest or a tensor core's truncating adder, with the
+  // fp64 reference's own error and an absolute term for products that
+  // underflow (logitd/reference/bounds.h, as Verify takes it).
+  const double gamma = SumOfProductsRule(k, 1.0, DType::kFp32).gamma;
+  const Measured f = Measure(ref, abs_sum, *y32, *y16, k);
   const double ratio = Ratio(f.rel16, f.rel32);
   const double ratio_max = Ratio(f.e16.max_abs, f.e32.max_abs);
 
@@ -150,12 +154,14 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   r.Check(f.e32.all_finite && f.e16.all_finite, "non-finite logits from finite inputs");
   if (f.violations > 0) {
     const std::int64_t i = f.first_violation;
-    r.Check(false,
-            absl::StrFormat(
-                "%d of %d fp32 logits lie outside the fp32 accumulation bound "
-                "γ_K·Σ|x·w| (γ_K=%.3e); first %s: got %.9g, fp64 reference %.17g, bound %.3e",
-                f.violations, n, gamma, IndexString(i, {m, v}), y32->At(i),
-                ref[static_cast<std::size_t>(i)], gamma * abs_sum[static_cast<std::size_t>(i)]));
+    r.Check(false, absl::StrFormat(
+                       "%d of %d fp32 logits lie outside the fp32 accumulation bound, the proven "
+                       "bound of a sum of K products (γ·Σ|x·w| + A, γ=%.3e); first %s: got %.9g, "
+                       "fp64 reference %.17g, bound %.3e",
+                       f.violations, n, gamma, IndexString(i, {m, v}), y32->At(i),
+                       ref[static_cast<std::size_t>(i)],
+                       SumOfProductsBound(k, abs_sum[static_cast<std::size_t>(i)],
+                                          ref[static_cast<std::size_t>(i)], DType::kFp32)));
   }
   r.Check(ratio >= kMinRatio,
           absl::StrFormat("bf16-out relative Frobenius error %.3e is only %.1fx the fp32-out "
