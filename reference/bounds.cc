@@ -35,18 +35,23 @@ double ProbabilisticSumOfProductsBound(std::int64_t n, double abs_sum, double re
   return judgement::ProductBounds(SumOfProductsRule(n, 1.0, out), ref, abs_sum).p_bound;
 }
 
-void BoundStats::Add(std::int64_t i, double got, double ref, double bound) {
+void BoundStats::Add(std::int64_t i, double got, const judgement::ElementBounds& e) {
   ++checked;
-  const double err = std::fabs(got - ref);
-  if (!(err <= bound)) {
+  bool mismatch = false;
+  const double fraction = judgement::Fraction(got, e, e.bound, &mismatch);
+  if (!(fraction <= 1)) {
     if (violations++ == 0) {
       first = i;
       first_got = got;
-      first_ref = ref;
-      first_bound = bound;
+      first_ref = e.reference;
+      first_bound = e.bound;
     }
   }
-  if (bound > 0) worst_fraction = std::max(worst_fraction, err / bound);
+  if (std::isfinite(fraction)) worst_fraction = std::max(worst_fraction, fraction);
+}
+
+void BoundStats::Add(std::int64_t i, double got, double ref, double bound) {
+  Add(i, got, judgement::ValueBounds(ref, bound, bound, judgement::kFp32MaxFinite));
 }
 
 std::string BoundStats::Describe(const std::string& what,
@@ -71,6 +76,7 @@ BoundStats CheckLogitsBounds(const Tensor& x, const Tensor& w, const Tensor& y) 
   BoundStats stats;
   // A block of rows at a time: the reference of a whole [M, V] can be large.
   const std::int64_t rows_per_block = std::max<std::int64_t>(1, kReferenceBlockElements / v);
+  const judgement::ProductRule rule = SumOfProductsRule(k, 1.0, y.dtype());
   std::vector<double> ref, abs;
   for (std::int64_t r0 = 0; r0 < m; r0 += rows_per_block) {
     const std::int64_t rows = std::min(rows_per_block, m - r0);
@@ -83,8 +89,8 @@ BoundStats CheckLogitsBounds(const Tensor& x, const Tensor& w, const Tensor& y) 
     ReferenceXWt(xd, rows, AsMatrix(w), ref.data(), abs.data());
     for (std::int64_t i = 0; i < rows * v; ++i) {
       const double want = ref[static_cast<std::size_t>(i)];
-      stats.Add(r0 * v + i, y.At(r0 * v + i), want,
-                SumOfProductsBound(k, abs[static_cast<std::size_t>(i)], want, y.dtype()));
+      stats.Add(r0 * v + i, y.At(r0 * v + i),
+                judgement::ProductBounds(rule, want, abs[static_cast<std::size_t>(i)]));
     }
   }
   return stats;
@@ -96,10 +102,11 @@ BoundStats CheckGradInputBounds(const Tensor& dy, const Tensor& w, const Tensor&
   std::vector<double> abs(ref.size());
   ReferenceGW(BackwardG(dy), m, AsMatrix(w), ref.data(), abs.data());
   BoundStats stats;
+  const judgement::ProductRule rule = SumOfProductsRule(v, 1.0, dx.dtype());
   for (std::int64_t i = 0; i < m * k; ++i) {
-    const double want = ref[static_cast<std::size_t>(i)];
-    stats.Add(i, dx.At(i), want,
-              SumOfProductsBound(v, abs[static_cast<std::size_t>(i)], want, dx.dtype()));
+    stats.Add(i, dx.At(i),
+              judgement::ProductBounds(rule, ref[static_cast<std::size_t>(i)],
+                                       abs[static_cast<std::size_t>(i)]));
   }
   return stats;
 }
@@ -107,11 +114,12 @@ BoundStats CheckGradInputBounds(const Tensor& dy, const Tensor& w, const Tensor&
 BoundStats CheckGradWeightBounds(const Tensor& dy, const Tensor& x, const Tensor& dw) {
   const std::int64_t m = dy.shape()[0], v = dy.shape()[1], k = x.shape()[1];
   BoundStats stats;
+  const judgement::ProductRule rule = SumOfProductsRule(m, 1.0, dw.dtype());
   ReferenceGtX(BackwardG(dy), ToDouble(x), m, v, k, true,
                [&](std::int64_t row0, std::int64_t rows, const double* value, const double* abs) {
                  for (std::int64_t j = 0; j < rows * k; ++j) {
-                   stats.Add(row0 * k + j, dw.At(row0 * k + j), value[j],
-                             SumOfProductsBound(m, abs[j], value[j], dw.dtype()));
+                   stats.Add(row0 * k + j, dw.At(row0 * k + j),
+                             judgement::ProductBounds(rule, value[j], abs[j]));
                  }
                });
   return stats;

@@ -38,7 +38,9 @@ double SumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out)
 double ProbabilisticSumOfProductsBound(std::int64_t n, double abs_sum, double ref, DType out);
 
 // Elements checked against their bounds: how many lie outside, the first
-// of them and the worst error as a fraction of its bound.
+// of them and the worst error as a fraction of its bound. The same rule as
+// Verify's (element_judgement.h, Fraction): a NaN or an infinity is right
+// only where a conforming order can give it there.
 struct BoundStats {
   std::int64_t checked = 0;
   std::int64_t violations = 0;
@@ -46,6 +48,8 @@ struct BoundStats {
   double worst_fraction = 0;
   double first_got = 0, first_ref = 0, first_bound = 0;
 
+  void Add(std::int64_t i, double got, const judgement::ElementBounds& bounds);
+  // An element known to lie within `bound` of `ref` (an fp32 value).
   void Add(std::int64_t i, double got, double ref, double bound);
   bool within() const { return violations == 0; }
   // "3 of 65536 dX elements outside their bound; first [0, 17]: got …, fp64
