@@ -293,6 +293,20 @@ std::int64_t InputColumnClasses(const LmHeadInputs& in) {
                          [&](std::int64_t i, std::int64_t c) { return in.x[i * in.k + c]; });
 }
 
+namespace {
+
+// Rows of W with a NaN or an infinity, unless the engine has seen none.
+std::vector<std::int64_t> NonFiniteWeightRows(const LmHeadInputs& in) {
+  std::vector<std::int64_t> rows;
+  if (in.products != nullptr && in.products->WeightFinite()) return rows;
+  for (std::int64_t j = 0; j < in.v; ++j) {
+    if (reference_internal::AnyNonFiniteBf16(in.w + j * in.k, in.k)) rows.push_back(j);
+  }
+  return rows;
+}
+
+}  // namespace
+
 bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
                  const void* candidate, const void* own, DType dtype, CandidateCheck* check,
                  const StopCheck& stop) {
@@ -300,13 +314,7 @@ bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
   // With alpha, one more fp32 rounding per product (a BLAS may scale an
   // operand) or of the sum: bounds.h counts two more steps.
   const judgement::ProductRule rule = SumOfProductsRule(k, static_cast<double>(alpha), dtype);
-  // Rows of W with a NaN or an infinity, unless the engine has seen none.
-  std::vector<std::int64_t> bad_w;
-  if (in.products == nullptr || !in.products->WeightFinite()) {
-    for (std::int64_t j = 0; j < v; ++j) {
-      if (reference_internal::AnyNonFiniteBf16(in.w + j * k, k)) bad_w.push_back(j);
-    }
-  }
+  const std::vector<std::int64_t> bad_w = NonFiniteWeightRows(in);
   const CheckedRows walk = AllOr(rows, in.m);
   const auto x_rows = [&](std::size_t b0, std::size_t n) {
     std::vector<double> xd(n * static_cast<std::size_t>(k));
