@@ -517,6 +517,43 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
   return walked;
 }
 
+namespace {
+
+// dW judged on the engine's device, where it judges there and every value
+// is finite: true when it was (*check has its counts).
+bool GtXJudgedOnDevice(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
+                       CandidateCheck* check, const StopCheck& stop) {
+  if (in.products == nullptr) return false;
+  CandidateCheck on_device(dtype);
+  if (!in.products->JudgeGtX(in.dy, in.dy_dtype == DType::kBf16, in.x, in.m, candidate, own,
+                             SumOfProductsRule(in.m, 1.0, dtype), &on_device, stop)) {
+    return false;
+  }
+  check->Merge(on_device);
+  return true;
+}
+
+// The columns of G [M, V] and of X [M, K] (widened: xd) holding a NaN or an
+// infinity.
+void NonFiniteColumns(const LmHeadInputs& in, const std::vector<double>& xd,
+                      std::vector<bool>* g_cols, std::vector<bool>* x_cols) {
+  const std::int64_t m = in.m, v = in.v, k = in.k;
+  g_cols->assign(static_cast<std::size_t>(v), false);
+  x_cols->assign(static_cast<std::size_t>(k), false);
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < v; ++j) {
+      if (!std::isfinite(GAt(in, i * v + j))) (*g_cols)[static_cast<std::size_t>(j)] = true;
+    }
+    for (std::int64_t c = 0; c < k; ++c) {
+      if (!std::isfinite(xd[static_cast<std::size_t>(i * k + c)])) {
+        (*x_cols)[static_cast<std::size_t>(c)] = true;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* own, DType dtype,
                      CandidateCheck* check, const StopCheck& stop) {
   const std::int64_t m = in.m, v = in.v, k = in.k;
@@ -526,34 +563,16 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
   const std::int64_t g_classes = DistinctClasses(
       m, v, false, [&](std::int64_t i, std::int64_t j) { return GBitsAt(in, i * v + j); });
   check->LimitIndependent(per_row, per_row * g_classes);
-  if (in.products != nullptr) {
-    // On the engine's device when it judges there and every value is
-    // finite; the host's walk below otherwise.
-    CandidateCheck on_device(dtype);
-    if (in.products->JudgeGtX(in.dy, in.dy_dtype == DType::kBf16, in.x, m, candidate, own,
-                              SumOfProductsRule(m, 1.0, dtype), &on_device, stop)) {
-      check->Merge(on_device);
-      return true;
-    }
-    if (stop && stop()) return false;
-  }
+  if (GtXJudgedOnDevice(in, candidate, own, dtype, check, stop)) return true;
+  if (stop && stop()) return false;
   // G is never whole on the host: its columns come a block at a time (one
   // block of dW's rows each), X is widened once.
   std::vector<double> xd(static_cast<std::size_t>(m * k));
   for (std::int64_t i = 0; i < m * k; ++i) xd[static_cast<std::size_t>(i)] = Bf16At(in.x, i);
   // Columns of G (rows of dW) and of X (columns of dW) with a NaN or an
   // infinity: those elements by hand.
-  std::vector<bool> bad_g_col(static_cast<std::size_t>(v)), bad_x_col(static_cast<std::size_t>(k));
-  for (std::int64_t i = 0; i < m; ++i) {
-    for (std::int64_t j = 0; j < v; ++j) {
-      if (!std::isfinite(GAt(in, i * v + j))) bad_g_col[static_cast<std::size_t>(j)] = true;
-    }
-    for (std::int64_t c = 0; c < k; ++c) {
-      if (!std::isfinite(xd[static_cast<std::size_t>(i * k + c)])) {
-        bad_x_col[static_cast<std::size_t>(c)] = true;
-      }
-    }
-  }
+  std::vector<bool> bad_g_col, bad_x_col;
+  NonFiniteColumns(in, xd, &bad_g_col, &bad_x_col);
   const judgement::ProductRule rule = SumOfProductsRule(m, 1.0, dtype);
   // X's columns [c0, c0 + count) as a panel [M][count] for the models.
   const PanelOf x_columns = [&](std::int64_t c0, std::int64_t count, float* panel) {
