@@ -149,6 +149,72 @@ def chunk_rows(info, tokens, hidden, vocab, chunk_bytes):
     return min(rows, tokens)
 
 
+def _bf16_row_figures(y16, m, block, sample, rng):
+    """The host's figures of a chunk of bf16 logits y16 [m, V], in blocks of rows in float64:
+    each row's log-sum-exp, top-1, whether its maximum is tied, the slack of the sampling's
+    acceptance test, and (with sample) a proposed token drawn from softmax(y16)."""
+    lse_b = np.empty(m)
+    top1 = np.empty(m, np.int64)
+    tie = np.empty(m, bool)
+    slack = np.empty(m)
+    proposal = np.empty(m, np.int64)
+    for r in range(0, m, block):
+        b = y16[r : r + block].astype(np.float64)
+        lse_b[r : r + block] = lse = _lse(b)
+        top1[r : r + block] = b.argmax(axis=1)  # ties to the lower id, as LogProbs' top-k
+        tie[r : r + block] = (b == b.max(axis=1, keepdims=True)).sum(axis=1) > 1
+        # f - b <= 2^-8 |b| for b = bf16(f) rounded to nearest; a little more for the
+        # fp32 logits of LogProbs, which may be summed in another order than those of Logits.
+        slack[r : r + block] = np.abs(b).max(axis=1) * 2.0**-8 * (1 + 2.0**-6) + 1e-6
+        if sample:
+            proposal[r : r + block] = _propose(b, lse, rng)
+    return lse_b, top1, tie, slack, proposal
+
+
+def _sample_targets(client, handle, xc, y16, t, lp, logp_f, lse_b, slack, rng):
+    """Turns the proposals t of a chunk into samples of logitd's fp32 distribution: rejected
+    rows draw a new proposal and ask LogProbs again, until every row is accepted. Updates t and
+    logp_f (the fp32 log-probs of t) in place; returns the LogProbs calls it made."""
+    # Accept each proposal with probability exp(f - b - slack), f = logprob + lse.
+    rounds = 0
+    pending = np.arange(lse_b.shape[0])
+    lse_f = lp.lse.astype(np.float64)
+    for n in range(_MAX_SAMPLING_ROUNDS):
+        f_minus_b = logp_f[pending] + lse_f[pending] - y16[pending, t[pending]].astype(np.float64)
+        accept = rng.random(pending.size) < np.exp(np.minimum(f_minus_b - slack[pending], 0.0))
+        pending = pending[~accept]
+        if pending.size == 0:
+            break
+        b = y16[pending].astype(np.float64)
+        t[pending] = _propose(b, lse_b[pending], rng)
+        again = client.logprobs(xc[pending], handle, targets=t[pending])
+        logp_f[pending] = again.logprob
+        rounds += 1
+    else:
+        raise SystemExit("sampling: %d rows still rejected after %d rounds" % (pending.size, n + 1))
+    return rounds
+
+
+def _store_chunk(out, sl, t, lp, logp_f, y16, lse_b, top1, tie):
+    """Writes a chunk's per-token figures into compare's arrays at rows sl."""
+    # The bf16 head's log-probs of the targets and of logitd's top-k.
+    ids = lp.topk_ids.astype(np.int64)
+    rows_idx = np.arange(lse_b.shape[0])
+    logq_t = y16[rows_idx, t].astype(np.float64) - lse_b
+    logq_k = y16[rows_idx[:, None], ids].astype(np.float64)  # lse cancels in the renormalisation
+    logp_k = lp.topk_logprobs.astype(np.float64)
+    logp_k = logp_k - _lse(logp_k)[:, None]
+    logq_k = logq_k - _lse(logq_k)[:, None]
+    out["targets"][sl] = t
+    out["logp_fp32"][sl] = logp_f
+    out["logp_bf16"][sl] = logq_t
+    out["kl_topk"][sl] = (np.exp(logp_k) * (logp_k - logq_k)).sum(axis=1)
+    out["top1_fp32"][sl] = ids[:, 0]
+    out["top1_bf16"][sl] = top1
+    out["bf16_tie"][sl] = tie
+    out["entropy_fp32"][sl] = lp.entropy
+
+
 def compare(client, handle, x, vocab, targets=None, top_k=16, seed=0, chunk_bytes=256 << 20, log=None):
     """Per-token figures of the bf16 head against logitd's LogProbs, computed chunk by chunk.
 
@@ -179,59 +245,14 @@ def compare(client, handle, x, vocab, targets=None, top_k=16, seed=0, chunk_byte
         xc = x[start:stop]
         m = stop - start
         y16 = np.asarray(client.logits(xc, handle, out_dtype="bf16"))
-        lse_b = np.empty(m)
-        top1 = np.empty(m, np.int64)
-        tie = np.empty(m, bool)
-        slack = np.empty(m)
-        proposal = np.empty(m, np.int64)
-        for r in range(0, m, block):
-            b = y16[r : r + block].astype(np.float64)
-            lse_b[r : r + block] = lse = _lse(b)
-            top1[r : r + block] = b.argmax(axis=1)  # ties to the lower id, as LogProbs' top-k
-            tie[r : r + block] = (b == b.max(axis=1, keepdims=True)).sum(axis=1) > 1
-            # f - b <= 2^-8 |b| for b = bf16(f) rounded to nearest; a little more for the
-            # fp32 logits of LogProbs, which may be summed in another order than those of Logits.
-            slack[r : r + block] = np.abs(b).max(axis=1) * 2.0**-8 * (1 + 2.0**-6) + 1e-6
-            if targets is None:
-                proposal[r : r + block] = _propose(b, lse, rng)
+        lse_b, top1, tie, slack, proposal = _bf16_row_figures(y16, m, block, targets is None, rng)
         t = targets[start:stop].copy() if targets is not None else proposal
         lp = client.logprobs(xc, handle, targets=t, top_k=k, want_entropy=True, want_lse=True)
         logp_f = lp.logprob.astype(np.float64)
         rounds += 1
         if targets is None:
-            # Accept each proposal with probability exp(f - b - slack), f = logprob + lse.
-            pending = np.arange(m)
-            lse_f = lp.lse.astype(np.float64)
-            for n in range(_MAX_SAMPLING_ROUNDS):
-                f_minus_b = logp_f[pending] + lse_f[pending] - y16[pending, t[pending]].astype(np.float64)
-                accept = rng.random(pending.size) < np.exp(np.minimum(f_minus_b - slack[pending], 0.0))
-                pending = pending[~accept]
-                if pending.size == 0:
-                    break
-                b = y16[pending].astype(np.float64)
-                t[pending] = _propose(b, lse_b[pending], rng)
-                again = client.logprobs(xc[pending], handle, targets=t[pending])
-                logp_f[pending] = again.logprob
-                rounds += 1
-            else:
-                raise SystemExit("sampling: %d rows still rejected after %d rounds" % (pending.size, n + 1))
-        # The bf16 head's log-probs of the targets and of logitd's top-k.
-        ids = lp.topk_ids.astype(np.int64)
-        rows_idx = np.arange(m)
-        logq_t = y16[rows_idx, t].astype(np.float64) - lse_b
-        logq_k = y16[rows_idx[:, None], ids].astype(np.float64)  # lse cancels in the renormalisation
-        logp_k = lp.topk_logprobs.astype(np.float64)
-        logp_k = logp_k - _lse(logp_k)[:, None]
-        logq_k = logq_k - _lse(logq_k)[:, None]
-        sl = slice(start, stop)
-        out["targets"][sl] = t
-        out["logp_fp32"][sl] = logp_f
-        out["logp_bf16"][sl] = logq_t
-        out["kl_topk"][sl] = (np.exp(logp_k) * (logp_k - logq_k)).sum(axis=1)
-        out["top1_fp32"][sl] = ids[:, 0]
-        out["top1_bf16"][sl] = top1
-        out["bf16_tie"][sl] = tie
-        out["entropy_fp32"][sl] = lp.entropy
+            rounds += _sample_targets(client, handle, xc, y16, t, lp, logp_f, lse_b, slack, rng)
+        _store_chunk(out, slice(start, stop), t, lp, logp_f, y16, lse_b, top1, tie)
         if log is not None:
             log("rows %d-%d of %d" % (start, stop, M))
     out["delta"] = out["logp_bf16"] - out["logp_fp32"]
@@ -316,7 +337,8 @@ def write_png(path, delta, title):
     return True
 
 
-def main(argv=None):
+def _parse_args(argv):
+    """The command line, checked: --weights with --hidden-states, --top-k within its range."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("address", help="logitd server, e.g. 127.0.0.1:50051")
     p.add_argument("--tokens", type=int, default=256, help="M: rows of X (random inputs)")
@@ -339,13 +361,12 @@ def main(argv=None):
         p.error("--weights and --hidden-states go together")
     if not 1 <= args.top_k <= _MAX_TOP_K:
         p.error("--top-k: expected 1 to %d" % _MAX_TOP_K)
+    return args
 
-    def log(msg):
-        # What stdout holds first, so that a pipe of both keeps their order.
-        sys.stdout.flush()
-        print(msg, file=sys.stderr, flush=True)
 
-    t0 = time.monotonic()
+def _load_inputs(args):
+    """W and X (read from safetensors files or made at random) and the report's account of
+    where they came from."""
     if args.weights is not None:
         w = read_safetensors(args.weights, "--weights")
         x = read_safetensors(args.hidden_states, "--hidden-states")
@@ -355,6 +376,35 @@ def main(argv=None):
     else:
         w, x = random_inputs(args.tokens, args.hidden, args.vocab, args.seed, args.scale)
         source = {"random": {"seed": args.seed, "scale": args.scale}}
+    return w, x, source
+
+
+def _write_outputs(args, r, summary, M, K, V):
+    """The files the command line asked for: the targets used, the JSON summary, the histogram."""
+    if args.save_targets:
+        np.save(args.save_targets, r["targets"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=2)
+            f.write("\n")
+    if args.png:
+        title = "BF16 head vs logitd FP32, M=%d K=%d V=%d" % (M, K, V)
+        if write_png(args.png, r["delta"], title):
+            print("histogram: %s" % args.png)
+        else:
+            print("matplotlib is not installed: no histogram written (pip install matplotlib for --png)")
+
+
+def main(argv=None):
+    args = _parse_args(argv)
+
+    def log(msg):
+        # What stdout holds first, so that a pipe of both keeps their order.
+        sys.stdout.flush()
+        print(msg, file=sys.stderr, flush=True)
+
+    t0 = time.monotonic()
+    w, x, source = _load_inputs(args)
     (V, K), M = w.shape, x.shape[0]
     targets = read_targets(args.targets, M, V) if args.targets else None
     source["targets"] = args.targets or "sampled from logitd's fp32 distribution (seed %d)" % args.seed
@@ -390,18 +440,7 @@ def main(argv=None):
         "seconds": elapsed,
         **s,
     }
-    if args.save_targets:
-        np.save(args.save_targets, r["targets"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
-            f.write("\n")
-    if args.png:
-        title = "BF16 head vs logitd FP32, M=%d K=%d V=%d" % (M, K, V)
-        if write_png(args.png, r["delta"], title):
-            print("histogram: %s" % args.png)
-        else:
-            print("matplotlib is not installed: no histogram written (pip install matplotlib for --png)")
+    _write_outputs(args, r, summary, M, K, V)
     return 0
 
 

@@ -405,24 +405,35 @@ class Client(_VerifyCalls, _Spread, _Transport):
         as_torch = T.is_torch(x)
         _verify_needs_shm(verify, shm)
         if shm is not None:
-            layout = _ShmLayout(shm, verify)
-            m, k = _matrix(xt, "M, K")
-            header.x_shm.CopyFrom(layout.input(xt))
-            header.targets_shm.CopyFrom(layout.input(tt))
-            header.loss_shm.CopyFrom(layout.output("loss", pb.DTYPE_FP32, (m if reduction == "none" else 1,)))
-            if header.want_lse:
-                header.lse_shm.CopyFrom(layout.output("lse", pb.DTYPE_FP32, (m,)))
-            if header.want_dx:
-                header.dx_shm.CopyFrom(layout.output("dx", dxt, (m, k)))
-            if header.want_dw and not header.accumulate_dw:
-                # Last: without the WeightInfo, V is unknown and dW gets the rest of the region.
-                header.dw_shm.CopyFrom(layout.output("dw", pb.DTYPE_FP32, (_weight_rows(handle), k)))
-            result, outputs = self._call_shm(
-                self._stub.CrossEntropy, pb.CrossEntropyRequest, header, layout, as_torch
-            )
-            return CrossEntropyResult(
-                outputs["loss"], outputs.get("lse"), outputs.get("dx"), outputs.get("dw"), int(result.counted_tokens)
-            )
+            return self._cross_entropy_shm(header, xt, tt, dxt, reduction, handle, shm, verify, as_torch)
+        return self._cross_entropy_stream(header, xt, tt, pipeline, as_torch)
+
+    def _cross_entropy_shm(self, header, xt, tt, dxt, reduction, handle, shm, verify, as_torch):
+        """cross_entropy() through a registered SharedRegion: x and the targets
+        copied to its start, then slots for loss, lse, dx and dw (those asked
+        for), in that order; the results are views of the region."""
+        layout = _ShmLayout(shm, verify)
+        m, k = _matrix(xt, "M, K")
+        header.x_shm.CopyFrom(layout.input(xt))
+        header.targets_shm.CopyFrom(layout.input(tt))
+        header.loss_shm.CopyFrom(layout.output("loss", pb.DTYPE_FP32, (m if reduction == "none" else 1,)))
+        if header.want_lse:
+            header.lse_shm.CopyFrom(layout.output("lse", pb.DTYPE_FP32, (m,)))
+        if header.want_dx:
+            header.dx_shm.CopyFrom(layout.output("dx", dxt, (m, k)))
+        if header.want_dw and not header.accumulate_dw:
+            # Last: without the WeightInfo, V is unknown and dW gets the rest of the region.
+            header.dw_shm.CopyFrom(layout.output("dw", pb.DTYPE_FP32, (_weight_rows(handle), k)))
+        result, outputs = self._call_shm(
+            self._stub.CrossEntropy, pb.CrossEntropyRequest, header, layout, as_torch
+        )
+        return CrossEntropyResult(
+            outputs["loss"], outputs.get("lse"), outputs.get("dx"), outputs.get("dw"), int(result.counted_tokens)
+        )
+
+    def _cross_entropy_stream(self, header, xt, tt, pipeline, as_torch):
+        """cross_entropy() over gRPC: the targets and x streamed in chunks, the
+        outputs returned once each matched the digest the server sent after it."""
         header.digest_last = True
         header.pipeline = bool(pipeline)
 
