@@ -58,10 +58,10 @@
 #include "logit_rows.h"
 #include "logitd/bf16.h"
 #include "logitd/reference/accumulation_models.h"
-#include "logitd/reference/token_judgement.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
 #include "logitd/reference/precision_class.h"
+#include "logitd/reference/token_judgement.h"
 
 namespace logitd {
 namespace {
@@ -149,21 +149,30 @@ judgement::CeRowSums CrossEntropyRowSums(const double* z, const double* ez, std:
   return sums;
 }
 
-CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, std::int64_t v,
-                                          std::int64_t target, bool counted, double scale,
-                                          const CeReferenceOptions& options, double* g,
-                                          double* g_pre_err, const double* y_class,
-                                          double* flip_mean, double* flip_var) {
-  const double cap = options.logit_softcap;
-  const double zl = options.z_loss;
-  std::vector<double> z(static_cast<std::size_t>(v)), f(z.size()), ez(z.size());
+namespace {
+
+// A row's capped logits z, their factors f = 1 − t² and bounds e_z, and
+// with class envelopes the envelopes c_z carried into z.
+struct CappedRow {
+  std::vector<double> z, f, ez, cz;
+};
+
+CappedRow CapRow(const double* y, const double* y_err, std::int64_t v, double cap,
+                 const double* y_class) {
+  CappedRow row;
+  std::vector<double>& z = row.z;
+  std::vector<double>& f = row.f;
+  std::vector<double>& ez = row.ez;
+  std::vector<double>& cz = row.cz;
+  z.resize(static_cast<std::size_t>(v));
+  f.resize(z.size());
+  ez.resize(z.size());
   for (std::int64_t j = 0; j < v; ++j) {
     const std::size_t s = static_cast<std::size_t>(j);
     judgement::CappedLogit(y[j], y_err != nullptr ? y_err[j] : 0.0, cap, &z[s], &f[s], &ez[s]);
   }
   // The class envelopes carried into z as the bounds are (a conforming
   // tanh within kFnError, its roundings).
-  std::vector<double> cz;
   if (y_class != nullptr) {
     cz.resize(z.size());
     for (std::int64_t j = 0; j < v; ++j) {
@@ -171,26 +180,21 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
       judgement::CappedLogit(y[j], y_class[j], cap, &zj, &fj, &cz[static_cast<std::size_t>(j)]);
     }
   }
-  judgement::CeRowSums sums =
-      CrossEntropyRowSums(z.data(), ez.data(), v, cz.empty() ? nullptr : cz.data());
-  if (counted) {
-    sums.zt = z[static_cast<std::size_t>(target)];
-    sums.ezt = ez[static_cast<std::size_t>(target)];
-    if (!cz.empty()) sums.class_zt = cz[static_cast<std::size_t>(target)];
-  }
-  const CeTokenReference out = CrossEntropyTokenFromSums(sums, v, counted, options);
-  if (!counted) {
-    if (g != nullptr) {
-      std::fill(g, g + v, 0.0);
-      std::fill(g_pre_err, g_pre_err + v, 0.0);
-      if (flip_mean != nullptr) {
-        std::fill(flip_mean, flip_mean + v, 0.0);
-        std::fill(flip_var, flip_var + v, 0.0);
-      }
-    }
-    return out;
-  }
-  if (g == nullptr) return out;
+  return row;
+}
+
+// A counted row's pre-cast gradient g [v] with its bound g_pre_err, and
+// with flip_mean CastFlip's weights (0 without class envelopes), from its
+// capped logits and its token's reference `out`.
+void RowGradient(const CappedRow& row, std::int64_t v, std::int64_t target, double scale,
+                 const CeReferenceOptions& options, const CeTokenReference& out, double* g,
+                 double* g_pre_err, double* flip_mean, double* flip_var) {
+  const double cap = options.logit_softcap;
+  const double zl = options.z_loss;
+  const std::vector<double>& z = row.z;
+  const std::vector<double>& f = row.f;
+  const std::vector<double>& ez = row.ez;
+  const std::vector<double>& cz = row.cz;
   const double lse = out.lse;
   const double c = 1 + 2 * zl * lse;
   const double dc = (zl > 0 ? 2 * zl * out.lse_bound : 0.0) + 2 * kU * std::fabs(c);
@@ -232,6 +236,41 @@ CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, 
     flip_mean[j] = flip.mean;
     flip_var[j] = flip.var;
   }
+}
+
+}  // namespace
+
+CeTokenReference CrossEntropyReferenceRow(const double* y, const double* y_err, std::int64_t v,
+                                          std::int64_t target, bool counted, double scale,
+                                          const CeReferenceOptions& options, double* g,
+                                          double* g_pre_err, const double* y_class,
+                                          double* flip_mean, double* flip_var) {
+  const double cap = options.logit_softcap;
+  const CappedRow capped = CapRow(y, y_err, v, cap, y_class);
+  const std::vector<double>& z = capped.z;
+  const std::vector<double>& ez = capped.ez;
+  const std::vector<double>& cz = capped.cz;
+  judgement::CeRowSums sums =
+      CrossEntropyRowSums(z.data(), ez.data(), v, cz.empty() ? nullptr : cz.data());
+  if (counted) {
+    sums.zt = z[static_cast<std::size_t>(target)];
+    sums.ezt = ez[static_cast<std::size_t>(target)];
+    if (!cz.empty()) sums.class_zt = cz[static_cast<std::size_t>(target)];
+  }
+  const CeTokenReference out = CrossEntropyTokenFromSums(sums, v, counted, options);
+  if (!counted) {
+    if (g != nullptr) {
+      std::fill(g, g + v, 0.0);
+      std::fill(g_pre_err, g_pre_err + v, 0.0);
+      if (flip_mean != nullptr) {
+        std::fill(flip_mean, flip_mean + v, 0.0);
+        std::fill(flip_var, flip_var + v, 0.0);
+      }
+    }
+    return out;
+  }
+  if (g == nullptr) return out;
+  RowGradient(capped, v, target, scale, options, out, g, g_pre_err, flip_mean, flip_var);
   return out;
 }
 
@@ -267,6 +306,110 @@ CastFlipWeights CastFlip(double g, double sigma) {
   return out;
 }
 
+namespace {
+
+// Token s's values into *ref: lse, loss and their bounds, and with class
+// envelopes theirs (from the host's rows or the engine's sums alike).
+void StoreToken(const CeTokenReference& row, std::size_t s, bool classed,
+                CrossEntropyReference* out) {
+  CrossEntropyReference& ref = *out;
+  ref.lse[s] = row.lse;
+  ref.lse_bound[s] = row.lse_bound;
+  ref.loss[s] = row.loss;
+  ref.loss_bound[s] = row.loss_bound;
+  if (classed) {
+    ref.lse_class[s] = row.lse_class;
+    ref.loss_class[s] = row.loss_class;
+  }
+}
+
+// The blocks of rows of one ReferenceCrossEntropy call, each formed on the
+// host or from the engine's sums, into the reference's tokens.
+class CrossEntropyBlocks {
+ public:
+  CrossEntropyBlocks(const LmHeadInputs& in, const std::int64_t* targets,
+                     const CeReferenceOptions& options, const reference_internal::LogitRows& rows,
+                     bool classed, const CeGradientSink& gradients, CrossEntropyReference* ref)
+      : in_(in),
+        targets_(targets),
+        options_(options),
+        rows_(rows),
+        classed_(classed),
+        gradients_(gradients),
+        ref_(*ref) {}
+
+  // The rows [r0, r0 + n) on the host: their logits, then each row on
+  // threads.
+  void Host(std::int64_t r0, std::int64_t n);
+  // The rows [r0, r0 + n) from the softmax sums the engine forms (logit_gamma
+  // and logit_absolute: the logits' bound); false when it did not form them.
+  bool Device(std::int64_t r0, std::int64_t n, double logit_gamma, double logit_absolute);
+
+ private:
+  const LmHeadInputs& in_;
+  const std::int64_t* const targets_;
+  const CeReferenceOptions& options_;
+  const reference_internal::LogitRows& rows_;
+  const bool classed_;
+  const CeGradientSink& gradients_;
+  CrossEntropyReference& ref_;
+  std::vector<double> y_, y_err_, y_class_, g_, g_pre_err_, flip_mean_, flip_var_;
+};
+
+void CrossEntropyBlocks::Host(std::int64_t r0, std::int64_t n) {
+  const std::int64_t v = in_.v;
+  rows_.Compute(r0, n, &y_, &y_err_, classed_ ? &y_class_ : nullptr);
+  if (gradients_) {
+    g_.resize(static_cast<std::size_t>(n * v));
+    g_pre_err_.resize(g_.size());
+    if (classed_) {
+      flip_mean_.resize(g_.size());
+      flip_var_.resize(g_.size());
+    }
+  }
+  reference_internal::ForRowsInParallel(
+      n, n * v, [&](std::int64_t first, std::int64_t last, int /*part*/) {
+        for (std::int64_t r = first; r < last; ++r) {
+          const std::int64_t i = r0 + r;
+          const std::size_t s = static_cast<std::size_t>(i);
+          const bool counted = targets_[i] != options_.ignore_index;
+          const CeTokenReference row = CrossEntropyReferenceRow(
+              y_.data() + r * v, y_err_.empty() ? nullptr : y_err_.data() + r * v, v, targets_[i],
+              counted, ref_.scale, options_, gradients_ ? g_.data() + r * v : nullptr,
+              gradients_ ? g_pre_err_.data() + r * v : nullptr,
+              classed_ ? y_class_.data() + r * v : nullptr,
+              gradients_ && classed_ ? flip_mean_.data() + r * v : nullptr,
+              gradients_ && classed_ ? flip_var_.data() + r * v : nullptr);
+          StoreToken(row, s, classed_, &ref_);
+        }
+      });
+  if (gradients_) {
+    gradients_(r0, n, g_.data(), g_pre_err_.data(), classed_ ? flip_mean_.data() : nullptr,
+               classed_ ? flip_var_.data() : nullptr);
+  }
+}
+
+bool CrossEntropyBlocks::Device(std::int64_t r0, std::int64_t n, double logit_gamma,
+                                double logit_absolute) {
+  std::vector<double> xd;
+  if (!reference_internal::WidenFiniteRows(in_.x, r0, n, in_.k, &xd)) return false;
+  std::vector<judgement::CeRowSums> sums(static_cast<std::size_t>(n));
+  if (!in_.products->CeRowSums(xd.data(), n, targets_ + r0, logit_gamma, logit_absolute,
+                               options_.logit_softcap, classed_, sums.data())) {
+    return false;
+  }
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::size_t s = static_cast<std::size_t>(r0 + r);
+    const CeTokenReference row =
+        CrossEntropyTokenFromSums(sums[static_cast<std::size_t>(r)], in_.v,
+                                  targets_[r0 + r] != options_.ignore_index, options_);
+    StoreToken(row, s, classed_, &ref_);
+  }
+  return true;
+}
+
+}  // namespace
+
 bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
                            const CeReferenceOptions& options, LogitModel logits,
                            CrossEntropyReference* out, const CeGradientSink& gradients,
@@ -291,48 +434,8 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
     ref.lse_class.assign(mm, 0.0);
     ref.loss_class.assign(mm, 0.0);
   }
-  std::vector<double> y, y_err, y_class, g, g_pre_err, flip_mean, flip_var;
+  CrossEntropyBlocks blocks(in, targets, options, rows, classed, gradients, &ref);
   double sum_abs = 0, sum_bounds = 0;
-  // The rows [r0, r0 + n) on the host: their logits, then each row on
-  // threads.
-  const auto host_block = [&](std::int64_t r0, std::int64_t n) {
-    rows.Compute(r0, n, &y, &y_err, classed ? &y_class : nullptr);
-    if (gradients) {
-      g.resize(static_cast<std::size_t>(n * v));
-      g_pre_err.resize(g.size());
-      if (classed) {
-        flip_mean.resize(g.size());
-        flip_var.resize(g.size());
-      }
-    }
-    reference_internal::ForRowsInParallel(
-        n, n * v, [&](std::int64_t first, std::int64_t last, int /*part*/) {
-          for (std::int64_t r = first; r < last; ++r) {
-            const std::int64_t i = r0 + r;
-            const std::size_t s = static_cast<std::size_t>(i);
-            const bool counted = targets[i] != options.ignore_index;
-            const CeTokenReference row = CrossEntropyReferenceRow(
-                y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v, v, targets[i],
-                counted, ref.scale, options, gradients ? g.data() + r * v : nullptr,
-                gradients ? g_pre_err.data() + r * v : nullptr,
-                classed ? y_class.data() + r * v : nullptr,
-                gradients && classed ? flip_mean.data() + r * v : nullptr,
-                gradients && classed ? flip_var.data() + r * v : nullptr);
-            ref.lse[s] = row.lse;
-            ref.lse_bound[s] = row.lse_bound;
-            ref.loss[s] = row.loss;
-            ref.loss_bound[s] = row.loss_bound;
-            if (classed) {
-              ref.lse_class[s] = row.lse_class;
-              ref.loss_class[s] = row.loss_class;
-            }
-          }
-        });
-    if (gradients) {
-      gradients(r0, n, g.data(), g_pre_err.data(), classed ? flip_mean.data() : nullptr,
-                classed ? flip_var.data() : nullptr);
-    }
-  };
   // Without gradients, the rows' softmax sums where the engine forms the
   // logits, when it does and every operand is finite (the rows of X are
   // looked at as they are widened); the tokens from them here.
@@ -341,37 +444,14 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
   const std::int64_t device_rows = on_device ? in.products->JudgeBlockRows(std::max(v, in.k)) : 0;
   const double logit_gamma = Gamma(in.k, kFp32StepError) + Gamma(in.k + 1, kFp64UnitRoundoff);
   const double logit_absolute = 2 * static_cast<double>(in.k) * kFp32Underflow;
-  const auto device_block = [&](std::int64_t r0, std::int64_t n) {
-    std::vector<double> xd;
-    if (!reference_internal::WidenFiniteRows(in.x, r0, n, in.k, &xd)) return false;
-    std::vector<judgement::CeRowSums> sums(static_cast<std::size_t>(n));
-    if (!in.products->CeRowSums(xd.data(), n, targets + r0, logit_gamma, logit_absolute,
-                                options.logit_softcap, classed, sums.data())) {
-      return false;
-    }
-    for (std::int64_t r = 0; r < n; ++r) {
-      const std::size_t s = static_cast<std::size_t>(r0 + r);
-      const CeTokenReference row = CrossEntropyTokenFromSums(
-          sums[static_cast<std::size_t>(r)], v, targets[r0 + r] != options.ignore_index, options);
-      ref.lse[s] = row.lse;
-      ref.lse_bound[s] = row.lse_bound;
-      ref.loss[s] = row.loss;
-      ref.loss_bound[s] = row.loss_bound;
-      if (classed) {
-        ref.lse_class[s] = row.lse_class;
-        ref.loss_class[s] = row.loss_class;
-      }
-    }
-    return true;
-  };
   const std::int64_t step = std::max(block, device_rows);
   for (std::int64_t b0 = 0; b0 < m; b0 += step) {
     if (stop && stop()) return false;
     const std::int64_t bn = std::min(step, m - b0);
-    if (device_rows == 0 || !device_block(b0, bn)) {
+    if (device_rows == 0 || !blocks.Device(b0, bn, logit_gamma, logit_absolute)) {
       for (std::int64_t r0 = b0; r0 < b0 + bn; r0 += block) {
         if (stop && stop()) return false;
-        host_block(r0, std::min(block, b0 + bn - r0));
+        blocks.Host(r0, std::min(block, b0 + bn - r0));
       }
     }
     // The sums in row order, whichever way the rows went.

@@ -178,6 +178,131 @@ void StoreRow(const judgement::LpRowSums& s, std::int64_t i, bool has_target,
   ref->rank_high[at] = ref->exact ? s.rank : s.high;
 }
 
+// The blocks of rows of one ReferenceLogProbs call, each formed on the host
+// or from the engine's sums, into the reference's rows.
+class LogProbsBlocks {
+ public:
+  LogProbsBlocks(const LmHeadInputs& in, const std::int64_t* targets,
+                 const LpReferenceOptions& options, const reference_internal::LogitRows& logit_rows,
+                 bool classed, const LpZSink& z_sink, const LpIdsZ& ids_z, LogProbsReference* ref)
+      : in_(in),
+        targets_(targets),
+        options_(options),
+        logit_rows_(logit_rows),
+        classed_(classed),
+        z_sink_(z_sink),
+        ids_z_(ids_z),
+        ref_(*ref) {}
+
+  // The rows [r0, r0 + n) on the host: their logits, then each row on
+  // threads.
+  void Host(std::int64_t r0, std::int64_t n);
+  // The rows [r0, r0 + n) from the sums, order and ids' z the engine forms;
+  // false when it did not form them.
+  bool Device(std::int64_t r0, std::int64_t n);
+
+ private:
+  // The block's rows [first, last) (from r0) on the caller's thread, with
+  // their own e_z and ids.
+  void HostRows(std::int64_t r0, std::int64_t first, std::int64_t last);
+
+  const LmHeadInputs& in_;
+  const std::int64_t* const targets_;
+  const LpReferenceOptions& options_;
+  const reference_internal::LogitRows& logit_rows_;
+  const bool classed_;
+  const LpZSink& z_sink_;
+  const LpIdsZ& ids_z_;
+  LogProbsReference& ref_;
+  std::vector<double> y_, y_err_, y_class_, z_block_;
+};
+
+void LogProbsBlocks::Host(std::int64_t r0, std::int64_t n) {
+  const std::int64_t vv = ref_.v;
+  logit_rows_.Compute(r0, n, &y_, &y_err_, classed_ ? &y_class_ : nullptr);
+  z_block_.resize(static_cast<std::size_t>(n * vv));
+  // The rows on threads, each with its own e_z and ids.
+  reference_internal::ForRowsInParallel(
+      n, n * vv,
+      [&](std::int64_t first, std::int64_t last, int /*part*/) { HostRows(r0, first, last); });
+  if (z_sink_) z_sink_(r0, n, z_block_.data());
+  if (ids_z_.ids != nullptr) TopKIdsZ(ids_z_.ids, ids_z_.k, vv, ids_z_.z)(r0, n, z_block_.data());
+}
+
+void LogProbsBlocks::HostRows(std::int64_t r0, std::int64_t first, std::int64_t last) {
+  const std::int64_t v = in_.v, vv = ref_.v;
+  std::vector<double> ez(static_cast<std::size_t>(vv));
+  std::vector<double> cz(classed_ ? ez.size() : 0);
+  std::vector<std::int64_t> ids(static_cast<std::size_t>(vv));
+  for (std::int64_t r = first; r < last; ++r) {
+    const std::int64_t i = r0 + r;
+    double* z = z_block_.data() + r * vv;
+    const double b = RowZ(y_.data() + r * v, y_err_.empty() ? nullptr : y_err_.data() + r * v, vv,
+                          options_, z, ez.data());
+    if (classed_) RowClassZ(y_.data() + r * v, y_class_.data() + r * v, vv, options_, cz.data());
+    judgement::LpRowSums sums = RowSums(z, ez.data(), vv, b, classed_ ? cz.data() : nullptr);
+    std::iota(ids.begin(), ids.end(), std::int64_t{0});
+    const auto mid = ids.begin() + ref_.order_cols;
+    std::partial_sort(ids.begin(), mid, ids.end(), [z](std::int64_t a, std::int64_t c) {
+      return judgement::LpBefore(z[a], a, z[c], c);
+    });
+    for (std::int64_t p = 0; p < ref_.order_cols; ++p) {
+      const std::size_t at = static_cast<std::size_t>(i * ref_.order_cols + p);
+      ref_.order[at] = ids[static_cast<std::size_t>(p)];
+      ref_.order_z[at] = z[ids[static_cast<std::size_t>(p)]];
+    }
+    const bool has_target = targets_ != nullptr && targets_[i] != options_.ignore_index;
+    if (has_target) {
+      const std::int64_t t = targets_[i];
+      sums.zt = z[t];
+      sums.ezt = ez[static_cast<std::size_t>(t)];
+      if (classed_) sums.class_zt = cz[static_cast<std::size_t>(t)];
+      sums.rank = sums.low = sums.high = 0;
+      for (std::int64_t j = 0; j < vv; ++j) {
+        if (j == t) continue;
+        sums.rank += judgement::LpBefore(z[j], j, sums.zt, t) ? 1 : 0;
+        sums.low += z[j] > sums.zt + 2 * b ? 1 : 0;
+        sums.high += z[j] >= sums.zt - 2 * b ? 1 : 0;
+      }
+    }
+    StoreRow(sums, i, has_target, &ref_);
+  }
+}
+
+bool LogProbsBlocks::Device(std::int64_t r0, std::int64_t n) {
+  std::vector<double> xd;
+  if (!reference_internal::WidenFiniteRows(in_.x, r0, n, in_.k, &xd)) return false;
+  std::vector<std::int64_t> row_targets(static_cast<std::size_t>(n), -1);
+  for (std::int64_t r = 0; r < n && targets_ != nullptr; ++r) {
+    if (targets_[r0 + r] != options_.ignore_index) {
+      row_targets[static_cast<std::size_t>(r)] = targets_[r0 + r];
+    }
+  }
+  LpRowsRequest request;
+  request.targets = row_targets.data();
+  request.gamma = Gamma(in_.k, kFp32StepError) + Gamma(in_.k + 1, kFp64UnitRoundoff);
+  request.absolute = 2 * static_cast<double>(in_.k) * kFp32Underflow;
+  request.cap = options_.logit_softcap;
+  request.temperature = options_.temperature;
+  request.vocab = ref_.v;
+  request.order_cols = ref_.order_cols;
+  request.ids = ids_z_.ids != nullptr ? ids_z_.ids + r0 * ids_z_.k : nullptr;
+  request.ids_k = ids_z_.ids != nullptr ? ids_z_.k : 0;
+  request.class_envelope = classed_;
+  std::vector<judgement::LpRowSums> sums(static_cast<std::size_t>(n));
+  LpRowsResult result;
+  result.sums = sums.data();
+  result.order = ref_.order.data() + r0 * ref_.order_cols;
+  result.order_z = ref_.order_z.data() + r0 * ref_.order_cols;
+  result.ids_z = ids_z_.ids != nullptr ? ids_z_.z + r0 * ids_z_.k : nullptr;
+  if (!in_.products->LpRowSums(xd.data(), n, request, result)) return false;
+  for (std::int64_t r = 0; r < n; ++r) {
+    StoreRow(sums[static_cast<std::size_t>(r)], r0 + r,
+             row_targets[static_cast<std::size_t>(r)] >= 0, &ref_);
+  }
+  return true;
+}
+
 }  // namespace
 
 bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
@@ -211,56 +336,7 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
   }
   const std::int64_t block = block_rows > 0 ? block_rows : reference_internal::DefaultBlockRows(v);
   const reference_internal::LogitRows logit_rows(in, logits);
-  std::vector<double> y, y_err, y_class, z_block;
-  // The rows [r0, r0 + n) on the host: their logits, then each row on
-  // threads.
-  const auto host_block = [&](std::int64_t r0, std::int64_t n) {
-    logit_rows.Compute(r0, n, &y, &y_err, classed ? &y_class : nullptr);
-    z_block.resize(static_cast<std::size_t>(n * vv));
-    // The rows on threads, each with its own e_z and ids.
-    reference_internal::ForRowsInParallel(
-        n, n * vv, [&](std::int64_t first, std::int64_t last, int /*part*/) {
-          std::vector<double> ez(static_cast<std::size_t>(vv));
-          std::vector<double> cz(classed ? ez.size() : 0);
-          std::vector<std::int64_t> ids(static_cast<std::size_t>(vv));
-          for (std::int64_t r = first; r < last; ++r) {
-            const std::int64_t i = r0 + r;
-            double* z = z_block.data() + r * vv;
-            const double b = RowZ(y.data() + r * v, y_err.empty() ? nullptr : y_err.data() + r * v,
-                                  vv, options, z, ez.data());
-            if (classed)
-              RowClassZ(y.data() + r * v, y_class.data() + r * v, vv, options, cz.data());
-            judgement::LpRowSums sums = RowSums(z, ez.data(), vv, b, classed ? cz.data() : nullptr);
-            std::iota(ids.begin(), ids.end(), std::int64_t{0});
-            const auto mid = ids.begin() + ref.order_cols;
-            std::partial_sort(ids.begin(), mid, ids.end(), [z](std::int64_t a, std::int64_t c) {
-              return judgement::LpBefore(z[a], a, z[c], c);
-            });
-            for (std::int64_t p = 0; p < ref.order_cols; ++p) {
-              const std::size_t at = static_cast<std::size_t>(i * ref.order_cols + p);
-              ref.order[at] = ids[static_cast<std::size_t>(p)];
-              ref.order_z[at] = z[ids[static_cast<std::size_t>(p)]];
-            }
-            const bool has_target = targets != nullptr && targets[i] != options.ignore_index;
-            if (has_target) {
-              const std::int64_t t = targets[i];
-              sums.zt = z[t];
-              sums.ezt = ez[static_cast<std::size_t>(t)];
-              if (classed) sums.class_zt = cz[static_cast<std::size_t>(t)];
-              sums.rank = sums.low = sums.high = 0;
-              for (std::int64_t j = 0; j < vv; ++j) {
-                if (j == t) continue;
-                sums.rank += judgement::LpBefore(z[j], j, sums.zt, t) ? 1 : 0;
-                sums.low += z[j] > sums.zt + 2 * b ? 1 : 0;
-                sums.high += z[j] >= sums.zt - 2 * b ? 1 : 0;
-              }
-            }
-            StoreRow(sums, i, has_target, &ref);
-          }
-        });
-    if (z_sink) z_sink(r0, n, z_block.data());
-    if (ids_z.ids != nullptr) TopKIdsZ(ids_z.ids, ids_z.k, vv, ids_z.z)(r0, n, z_block.data());
-  };
+  LogProbsBlocks blocks(in, targets, options, logit_rows, classed, z_sink, ids_z, &ref);
   // Where the engine forms the logits, when it does, every operand is
   // finite (the rows of X are looked at as they are widened) and no caller
   // wants z itself: each row's sums, order and the ids' z there, the rows
@@ -268,47 +344,14 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
   const bool on_device = !z_sink && logits == LogitModel::kFp32Sum && in.products != nullptr &&
                          in.products->WeightFinite();
   const std::int64_t device_rows = on_device ? in.products->JudgeBlockRows(std::max(v, in.k)) : 0;
-  const auto device_block = [&](std::int64_t r0, std::int64_t n) {
-    std::vector<double> xd;
-    if (!reference_internal::WidenFiniteRows(in.x, r0, n, in.k, &xd)) return false;
-    std::vector<std::int64_t> row_targets(static_cast<std::size_t>(n), -1);
-    for (std::int64_t r = 0; r < n && targets != nullptr; ++r) {
-      if (targets[r0 + r] != options.ignore_index) {
-        row_targets[static_cast<std::size_t>(r)] = targets[r0 + r];
-      }
-    }
-    LpRowsRequest request;
-    request.targets = row_targets.data();
-    request.gamma = Gamma(in.k, kFp32StepError) + Gamma(in.k + 1, kFp64UnitRoundoff);
-    request.absolute = 2 * static_cast<double>(in.k) * kFp32Underflow;
-    request.cap = options.logit_softcap;
-    request.temperature = options.temperature;
-    request.vocab = vv;
-    request.order_cols = ref.order_cols;
-    request.ids = ids_z.ids != nullptr ? ids_z.ids + r0 * ids_z.k : nullptr;
-    request.ids_k = ids_z.ids != nullptr ? ids_z.k : 0;
-    request.class_envelope = classed;
-    std::vector<judgement::LpRowSums> sums(static_cast<std::size_t>(n));
-    LpRowsResult result;
-    result.sums = sums.data();
-    result.order = ref.order.data() + r0 * ref.order_cols;
-    result.order_z = ref.order_z.data() + r0 * ref.order_cols;
-    result.ids_z = ids_z.ids != nullptr ? ids_z.z + r0 * ids_z.k : nullptr;
-    if (!in.products->LpRowSums(xd.data(), n, request, result)) return false;
-    for (std::int64_t r = 0; r < n; ++r) {
-      StoreRow(sums[static_cast<std::size_t>(r)], r0 + r,
-               row_targets[static_cast<std::size_t>(r)] >= 0, &ref);
-    }
-    return true;
-  };
   const std::int64_t step = std::max(block, device_rows);
   for (std::int64_t b0 = 0; b0 < m; b0 += step) {
     if (stop && stop()) return false;
     const std::int64_t bn = std::min(step, m - b0);
-    if (device_rows > 0 && device_block(b0, bn)) continue;
+    if (device_rows > 0 && blocks.Device(b0, bn)) continue;
     for (std::int64_t r0 = b0; r0 < b0 + bn; r0 += block) {
       if (stop && stop()) return false;
-      host_block(r0, std::min(block, b0 + bn - r0));
+      blocks.Host(r0, std::min(block, b0 + bn - r0));
     }
   }
   return true;

@@ -305,6 +305,91 @@ std::vector<std::int64_t> NonFiniteWeightRows(const LmHeadInputs& in) {
   return rows;
 }
 
+// The host's blocks of CheckGradInput's rows walk[]: G's rows from dY as
+// doubles, their products with W and models, the elements where G or W
+// holds a NaN or an infinity by hand (bad_w_cols: W's columns with one).
+struct GradInputHost {
+  const LmHeadInputs& in;
+  const CheckedRows& walk;
+  const std::vector<std::int64_t>& bad_w_cols;
+  const judgement::ProductRule& rule;
+  const void* candidate;
+  const void* own;
+  DType dtype;
+  CandidateCheck* check;
+  std::vector<double> ref, abs;
+
+  // A block's rows of G = bf16(dY) as doubles, the rows on threads.
+  std::vector<double> GRows(std::size_t b0, std::size_t n) const {
+    const std::int64_t v = in.v;
+    std::vector<double> g(n * static_cast<std::size_t>(v));
+    reference_internal::ForRowsInParallel(
+        static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v,
+        [&](std::int64_t first, std::int64_t last, int /*part*/) {
+          for (std::int64_t r = first; r < last; ++r) {
+            double* row = g.data() + r * v;
+            const std::int64_t at = walk[b0 + static_cast<std::size_t>(r)] * v;
+            for (std::int64_t j = 0; j < v; ++j) row[j] = GAt(in, at + j);
+          }
+        });
+    return g;
+  }
+
+  // Judges the rows walk[b0, b0 + n) of dX from their rows of G (GRows).
+  void Block(std::size_t b0, std::size_t n, const std::vector<double>& g) {
+    const std::int64_t v = in.v, k = in.k;
+    // W's columns [c0, c0 + count) as a panel [V][count] for the models.
+    const PanelOf w_columns = [&](std::int64_t c0, std::int64_t count, float* panel) {
+      for (std::int64_t j = 0; j < v; ++j) {
+        for (std::int64_t l = 0; l < count; ++l) {
+          panel[j * count + l] = Bf16ToFloat(in.w[j * k + c0 + l]);
+        }
+      }
+    };
+    ref.resize(n * static_cast<std::size_t>(k));
+    abs.resize(ref.size());
+    FormGW(in.products, g, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(),
+           abs.data());
+    // The models of the block's rows, on threads.
+    std::vector<float> seq(n * static_cast<std::size_t>(k));
+    std::vector<double> tc(seq.size());
+    reference_internal::ForRowsInParallel(
+        static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v * k / 64,
+        [&](std::int64_t first, std::int64_t last, int /*part*/) {
+          std::vector<float> part_seq;
+          std::vector<double> part_tc;
+          ModelRows(
+              first, last, k, v,
+              [&](std::int64_t r, float* out) {
+                for (std::int64_t j = 0; j < v; ++j) out[j] = static_cast<float>(g[r * v + j]);
+              },
+              w_columns, &part_seq, &part_tc);
+          std::copy(part_seq.begin(), part_seq.end(), seq.begin() + first * k);
+          std::copy(part_tc.begin(), part_tc.end(), tc.begin() + first * k);
+        });
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::int64_t i = walk[b0 + r];
+      double* row_ref = ref.data() + r * static_cast<std::size_t>(k);
+      double* row_abs = abs.data() + r * static_cast<std::size_t>(k);
+      const double* g_row = g.data() + r * static_cast<std::size_t>(v);
+      const auto g_at = [&](std::int64_t j) { return g_row[j]; };
+      const auto naive = [&](std::int64_t c) {
+        NaiveDot(
+            v, g_at, [&](std::int64_t j) { return Bf16At(in.w, j * k + c); }, &row_ref[c],
+            &row_abs[c]);
+      };
+      if (AnyNonFinite(v, g_at)) {
+        for (std::int64_t c = 0; c < k; ++c) naive(c);
+      } else {
+        for (std::int64_t c : bad_w_cols) naive(c);
+      }
+      const ClassInputs models{seq.data() + r * k, tc.data() + r * k, k};
+      check->AddProducts(i * k, k, At(candidate, i * k, dtype), At(own, i * k, dtype), rule,
+                         row_ref, row_abs, &models);
+    }
+  }
+};
+
 }  // namespace
 
 bool CheckLogits(const LmHeadInputs& in, float alpha, const CheckedRows& rows,
@@ -443,76 +528,13 @@ bool CheckGradInput(const LmHeadInputs& in, const CheckedRows& rows, const void*
     }
     walk = std::move(left);
   }
-  // A block's rows of G = bf16(dY) as doubles, the rows on threads.
-  const auto g_rows = [&](std::size_t b0, std::size_t n) {
-    std::vector<double> g(n * static_cast<std::size_t>(v));
-    reference_internal::ForRowsInParallel(
-        static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v,
-        [&](std::int64_t first, std::int64_t last, int /*part*/) {
-          for (std::int64_t r = first; r < last; ++r) {
-            double* row = g.data() + r * v;
-            const std::int64_t at = walk[b0 + static_cast<std::size_t>(r)] * v;
-            for (std::int64_t j = 0; j < v; ++j) row[j] = GAt(in, at + j);
-          }
-        });
-    return g;
-  };
-  // W's columns [c0, c0 + count) as a panel [V][count] for the models.
-  const PanelOf w_columns = [&](std::int64_t c0, std::int64_t count, float* panel) {
-    for (std::int64_t j = 0; j < v; ++j) {
-      for (std::int64_t l = 0; l < count; ++l) {
-        panel[j * count + l] = Bf16ToFloat(in.w[j * k + c0 + l]);
-      }
-    }
-  };
-  std::vector<double> ref, abs;
-  const auto host_block = [&](std::size_t b0, std::size_t n, const std::vector<double>& g) {
-    ref.resize(n * static_cast<std::size_t>(k));
-    abs.resize(ref.size());
-    FormGW(in.products, g, static_cast<std::int64_t>(n), Bf16Matrix{in.w, v, k}, ref.data(),
-           abs.data());
-    // The models of the block's rows, on threads.
-    std::vector<float> seq(n * static_cast<std::size_t>(k));
-    std::vector<double> tc(seq.size());
-    reference_internal::ForRowsInParallel(
-        static_cast<std::int64_t>(n), static_cast<std::int64_t>(n) * v * k / 64,
-        [&](std::int64_t first, std::int64_t last, int /*part*/) {
-          std::vector<float> part_seq;
-          std::vector<double> part_tc;
-          ModelRows(
-              first, last, k, v,
-              [&](std::int64_t r, float* out) {
-                for (std::int64_t j = 0; j < v; ++j) out[j] = static_cast<float>(g[r * v + j]);
-              },
-              w_columns, &part_seq, &part_tc);
-          std::copy(part_seq.begin(), part_seq.end(), seq.begin() + first * k);
-          std::copy(part_tc.begin(), part_tc.end(), tc.begin() + first * k);
-        });
-    for (std::size_t r = 0; r < n; ++r) {
-      const std::int64_t i = walk[b0 + r];
-      double* row_ref = ref.data() + r * static_cast<std::size_t>(k);
-      double* row_abs = abs.data() + r * static_cast<std::size_t>(k);
-      const double* g_row = g.data() + r * static_cast<std::size_t>(v);
-      const auto g_at = [&](std::int64_t j) { return g_row[j]; };
-      const auto naive = [&](std::int64_t c) {
-        NaiveDot(
-            v, g_at, [&](std::int64_t j) { return Bf16At(in.w, j * k + c); }, &row_ref[c],
-            &row_abs[c]);
-      };
-      if (AnyNonFinite(v, g_at)) {
-        for (std::int64_t c = 0; c < k; ++c) naive(c);
-      } else {
-        for (std::int64_t c : bad_w_cols) naive(c);
-      }
-      const ClassInputs models{seq.data() + r * k, tc.data() + r * k, k};
-      check->AddProducts(i * k, k, At(candidate, i * k, dtype), At(own, i * k, dtype), rule,
-                         row_ref, row_abs, &models);
-    }
-  };
+  GradInputHost host{in, walk, bad_w_cols, rule, candidate, own, dtype, check, {}, {}};
   const bool walked = WalkBlocks(
       in, /*transposed=*/false, walk,
       std::max<std::int64_t>(1, kReferenceBlockElements / std::max(v, k)), std::max(v, k),
-      bad_w_cols.empty(), candidate, own, rule, check, stop, g_rows, host_block);
+      bad_w_cols.empty(), candidate, own, rule, check, stop,
+      [&](std::size_t b0, std::size_t n) { return host.GRows(b0, n); },
+      [&](std::size_t b0, std::size_t n, const std::vector<double>& g) { host.Block(b0, n, g); });
   check->Merge(on_device);
   return walked;
 }
