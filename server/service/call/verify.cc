@@ -183,18 +183,18 @@ absl::Status RunOwnCrossEntropy(const OpEnv& env, const CrossEntropyPlan& cp, Ca
 // logitd's own outputs of the same inputs, by candidate name, in the
 // candidates' dtypes.
 absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernels::Weight& weight,
-                    const VerifyTargets& targets, std::map<std::string, kernels::HostBuffer>* own,
+                    const VerifyTargets& targets, std::map<VerifyOutput, kernels::HostBuffer>* own,
                     kernels::Timing* timing) {
   for (const VerifyCandidatePlan& c : plan.candidates) {
-    LOGITD_ASSIGN_OR_RETURN((*own)[c.name], env.backend->AllocateHost(OwnBytes(c)));
+    LOGITD_ASSIGN_OR_RETURN((*own)[c.output], env.backend->AllocateHost(OwnBytes(c)));
   }
-  const auto out = [&](const std::string& name) -> std::byte* {
-    auto it = own->find(name);
+  const auto out = [&](VerifyOutput output) -> std::byte* {
+    auto it = own->find(output);
     return it == own->end() ? nullptr : it->second.data();
   };
-  const auto dtype_of = [&](const std::string& name, DType fallback) {
+  const auto dtype_of = [&](VerifyOutput output, DType fallback) {
     for (const VerifyCandidatePlan& c : plan.candidates) {
-      if (c.name == name) return c.dtype;
+      if (c.output == output) return c.dtype;
     }
     return fallback;
   };
@@ -203,15 +203,16 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
     args.x = call->in<Bf16Bits>("x");
     args.m = plan.m;
     args.alpha = plan.alpha;
-    args.out_dtype = dtype_of("y", DType::kFp32);
-    args.y = out("y");
+    args.out_dtype = dtype_of(VerifyOutput::kY, DType::kFp32);
+    args.y = out(VerifyOutput::kY);
     return env.backend->Logits(weight, args, timing);
   }
   if (plan.cross_entropy.has_value()) {
     return RunOwnCrossEntropy(env, *plan.cross_entropy, call, weight, targets,
-                              reinterpret_cast<float*>(out("loss")),
-                              reinterpret_cast<float*>(out("lse")), out("dx"),
-                              reinterpret_cast<float*>(out("dw")), timing);
+                              reinterpret_cast<float*>(out(VerifyOutput::kLoss)),
+                              reinterpret_cast<float*>(out(VerifyOutput::kLse)),
+                              out(VerifyOutput::kDx),
+                              reinterpret_cast<float*>(out(VerifyOutput::kDw)), timing);
   }
   if (plan.logprobs.has_value()) {
     const LogProbsPlan& lp = *plan.logprobs;
@@ -223,26 +224,28 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
     args.temperature = lp.temperature;
     args.logit_softcap = lp.logit_softcap;
     args.vocab = lp.vocab;
-    args.logprob = reinterpret_cast<float*>(out("logprob"));
-    args.lse = reinterpret_cast<float*>(out("lse"));
-    args.entropy = reinterpret_cast<float*>(out("entropy"));
+    args.logprob = reinterpret_cast<float*>(out(VerifyOutput::kLogprob));
+    args.lse = reinterpret_cast<float*>(out(VerifyOutput::kLse));
+    args.entropy = reinterpret_cast<float*>(out(VerifyOutput::kEntropy));
     // The top-k comes as ids and log-probs together; the one no candidate
     // asked for goes to scratch.
     std::vector<std::int32_t> spare_ids;
     std::vector<float> spare_logprobs;
     if (lp.top_k > 0) {
-      spare_ids.resize(out("topk_ids") == nullptr ? static_cast<std::size_t>(plan.m * lp.top_k)
-                                                  : 0);
-      spare_logprobs.resize(
-          out("topk_logprobs") == nullptr ? static_cast<std::size_t>(plan.m * lp.top_k) : 0);
+      spare_ids.resize(
+          out(VerifyOutput::kTopkIds) == nullptr ? static_cast<std::size_t>(plan.m * lp.top_k) : 0);
+      spare_logprobs.resize(out(VerifyOutput::kTopkLogprobs) == nullptr
+                                ? static_cast<std::size_t>(plan.m * lp.top_k)
+                                : 0);
     }
     args.top_k = lp.top_k;
-    args.topk_ids = out("topk_ids") != nullptr ? reinterpret_cast<std::int32_t*>(out("topk_ids"))
-                                               : spare_ids.data();
-    args.topk_logprobs = out("topk_logprobs") != nullptr
-                             ? reinterpret_cast<float*>(out("topk_logprobs"))
+    args.topk_ids = out(VerifyOutput::kTopkIds) != nullptr
+                        ? reinterpret_cast<std::int32_t*>(out(VerifyOutput::kTopkIds))
+                        : spare_ids.data();
+    args.topk_logprobs = out(VerifyOutput::kTopkLogprobs) != nullptr
+                             ? reinterpret_cast<float*>(out(VerifyOutput::kTopkLogprobs))
                              : spare_logprobs.data();
-    args.rank = reinterpret_cast<std::int64_t*>(out("rank"));
+    args.rank = reinterpret_cast<std::int64_t*>(out(VerifyOutput::kRank));
     return env.backend->LogProbs(weight, args, timing);
   }
   kernels::BackwardArgs args;
@@ -250,28 +253,28 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
   args.dy_dtype = plan.dy_dtype;
   args.x = call->in<Bf16Bits>("x");
   args.m = plan.m;
-  args.dx = out("dx");
-  args.dx_dtype = dtype_of("dx", DType::kBf16);
-  args.dw = out("dw");
-  args.dw_dtype = dtype_of("dw", DType::kFp32);
+  args.dx = out(VerifyOutput::kDx);
+  args.dx_dtype = dtype_of(VerifyOutput::kDx, DType::kBf16);
+  args.dw = out(VerifyOutput::kDw);
+  args.dw_dtype = dtype_of(VerifyOutput::kDw, DType::kFp32);
   return env.backend->Backward(weight, args, timing);
 }
 
 // Each candidate against the references and logitd's own output, one after
 // the other; Cancelled when `stop` says the caller went away.
 absl::Status CheckCandidates(const VerifyPlan& plan, const LmHeadInputs& in, Call* call,
-                             const std::map<std::string, kernels::HostBuffer>& own,
+                             const std::map<VerifyOutput, kernels::HostBuffer>& own,
                              const StopCheck& stop, VerifyOutcome* outcome) {
   for (const VerifyCandidatePlan& c : plan.candidates) {
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);
-    const std::byte* mine = own.at(c.name).data();
+    const std::byte* mine = own.at(c.output).data();
     v.xxh3 = DigestOf(*call, c.name, c.bytes);
-    v.sampled = !plan.rows.empty() && c.name != "dw";
+    v.sampled = !plan.rows.empty() && c.output != VerifyOutput::kDw;
     bool done = false;
-    if (c.name == "y") {
+    if (c.output == VerifyOutput::kY) {
       done = CheckLogits(in, plan.alpha, plan.rows, data, mine, c.dtype, &v.check, stop);
-    } else if (c.name == "dx") {
+    } else if (c.output == VerifyOutput::kDx) {
       done = CheckGradInput(in, plan.rows, data, mine, c.dtype, &v.check, stop);
     } else {
       done = CheckGradWeight(in, data, mine, c.dtype, &v.check, stop);
@@ -284,9 +287,9 @@ absl::Status CheckCandidates(const VerifyPlan& plan, const LmHeadInputs& in, Cal
   return absl::OkStatus();
 }
 
-const VerifyCandidatePlan* Find(const VerifyPlan& plan, const std::string& name) {
+const VerifyCandidatePlan* Find(const VerifyPlan& plan, VerifyOutput output) {
   for (const VerifyCandidatePlan& c : plan.candidates) {
-    if (c.name == name) return &c;
+    if (c.output == output) return &c;
   }
   return nullptr;
 }
@@ -314,10 +317,10 @@ void CheckTopKOrRank(const VerifyCandidatePlan& c, const VerifyPlan& plan,
                      const std::vector<double>& ids_z, const std::byte* candidate,
                      const std::byte* own, CandidateCheck* check) {
   const std::int64_t k = plan.logprobs->top_k;
-  if (c.name == "topk_ids") {
+  if (c.output == VerifyOutput::kTopkIds) {
     CheckTopKIds(ref, k, ids.data(), Integers(own, DType::kInt32, plan.m * k).data(), ids_z.data(),
                  check);
-  } else if (c.name == "topk_logprobs") {
+  } else if (c.output == VerifyOutput::kTopkLogprobs) {
     CheckTopKLogProbs(ref, k, reinterpret_cast<const float*>(candidate),
                       reinterpret_cast<const float*>(own), check);
   } else {
@@ -361,7 +364,7 @@ struct TokenReference {
 // [M, V]. False when `stop` ended it.
 bool CrossEntropyReferences(const CrossEntropyPlan& cp, const TokenInputs& t,
                             const VerifyTargets& targets, const StopCheck& stop,
-                            std::map<std::string, TokenReference>* refs, CeGradients* grads) {
+                            std::map<VerifyOutput, TokenReference>* refs, CeGradients* grads) {
   const LmHeadInputs& in = t.in;
   CeReferenceOptions o;
   o.ignore_index = cp.ignore_index;
@@ -400,13 +403,13 @@ bool CrossEntropyReferences(const CrossEntropyPlan& cp, const TokenInputs& t,
   if (!ReferenceCrossEntropy(in, t.targets, o, LogitModel::kFp32Sum, &ref, gather, stop)) {
     return false;
   }
-  (*refs)["lse"] = {ref.lse, ref.lse_bound, ref.lse_class};
+  (*refs)[VerifyOutput::kLse] = {ref.lse, ref.lse_bound, ref.lse_class};
   if (o.reduction == CeReduction::kNone) {
-    (*refs)["loss"] = {ref.loss, ref.loss_bound, ref.loss_class};
+    (*refs)[VerifyOutput::kLoss] = {ref.loss, ref.loss_bound, ref.loss_class};
   } else if (o.reduction == CeReduction::kSum) {
-    (*refs)["loss"] = {{ref.sum}, {ref.sum_bound}, {}};
+    (*refs)[VerifyOutput::kLoss] = {{ref.sum}, {ref.sum_bound}, {}};
   } else {
-    (*refs)["loss"] = {{ref.mean}, {ref.mean_bound}, {}};
+    (*refs)[VerifyOutput::kLoss] = {{ref.mean}, {ref.mean_bound}, {}};
   }
   return true;
 }
@@ -416,7 +419,7 @@ bool CrossEntropyReferences(const CrossEntropyPlan& cp, const TokenInputs& t,
 // candidate's ids widened and their z, gathered with the reference's
 // rows). False when `stop` ended it.
 bool LogProbsReferences(const VerifyPlan& plan, const TokenInputs& t, Call* call,
-                        const StopCheck& stop, std::map<std::string, TokenReference>* refs,
+                        const StopCheck& stop, std::map<VerifyOutput, TokenReference>* refs,
                         LogProbsReference* lp_ref, std::vector<std::int64_t>* top_k_ids,
                         std::vector<double>* top_k_z) {
   const LogProbsPlan& lp = *plan.logprobs;
@@ -428,7 +431,7 @@ bool LogProbsReferences(const VerifyPlan& plan, const TokenInputs& t, Call* call
   o.top_k = lp.top_k;
   o.class_envelope = true;
   LpIdsZ ids_z;
-  if (const VerifyCandidatePlan* c = Find(plan, "topk_ids"); c != nullptr) {
+  if (const VerifyCandidatePlan* c = Find(plan, VerifyOutput::kTopkIds); c != nullptr) {
     *top_k_ids = Integers(call->in(c->name), c->dtype, plan.m * lp.top_k);
     top_k_z->resize(top_k_ids->size());
     ids_z = LpIdsZ{top_k_ids->data(), lp.top_k, top_k_z->data()};
@@ -436,9 +439,9 @@ bool LogProbsReferences(const VerifyPlan& plan, const TokenInputs& t, Call* call
   if (!ReferenceLogProbs(t.in, t.targets, o, LogitModel::kFp32Sum, lp_ref, {}, stop, 0, ids_z)) {
     return false;
   }
-  (*refs)["logprob"] = {lp_ref->logprob, lp_ref->logprob_bound, lp_ref->logprob_class};
-  (*refs)["lse"] = {lp_ref->lse, lp_ref->lse_bound, lp_ref->lse_class};
-  (*refs)["entropy"] = {lp_ref->entropy, lp_ref->entropy_bound, lp_ref->entropy_class};
+  (*refs)[VerifyOutput::kLogprob] = {lp_ref->logprob, lp_ref->logprob_bound, lp_ref->logprob_class};
+  (*refs)[VerifyOutput::kLse] = {lp_ref->lse, lp_ref->lse_bound, lp_ref->lse_class};
+  (*refs)[VerifyOutput::kEntropy] = {lp_ref->entropy, lp_ref->entropy_bound, lp_ref->entropy_class};
   return true;
 }
 
@@ -447,14 +450,14 @@ bool LogProbsReferences(const VerifyPlan& plan, const TokenInputs& t, Call* call
 // one: these bounds have no probabilistic form yet).
 absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
                            const VerifyTargets& targets, Call* call,
-                           const std::map<std::string, kernels::HostBuffer>& own,
+                           const std::map<VerifyOutput, kernels::HostBuffer>& own,
                            const StopCheck& stop, VerifyOutcome* outcome) {
   const absl::Status gone =
       absl::CancelledError("verify: the caller went away while the references were formed");
   TokenInputs t;
   SampleTokens(plan, call_in, targets, &t);
   const LmHeadInputs& in = t.in;
-  std::map<std::string, TokenReference> refs;
+  std::map<VerifyOutput, TokenReference> refs;
   CeGradients grads;
   LogProbsReference lp_ref;
   std::vector<std::int64_t> top_k_ids;
@@ -473,21 +476,24 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
     const std::byte* data = call->in(c.name);
     v.xxh3 = DigestOf(*call, c.name, c.bytes);
     // The reduced loss and dW are refused with sample_rows.
-    v.sampled = !plan.rows.empty() && c.name != "dw" && c.shape.size() >= 1 &&
-                !(c.name == "loss" && c.shape == std::vector<std::int64_t>{1});
-    if (c.name == "topk_ids" || c.name == "topk_logprobs" || c.name == "rank") {
-      CheckTopKOrRank(c, plan, lp_ref, top_k_ids, top_k_z, data, own.at(c.name).data(), &v.check);
-    } else if (c.name == "dx" || c.name == "dw") {
-      if (!CheckCrossEntropyGradient(c.name == "dw", in, plan.rows, grads, independent, data,
-                                     own.at(c.name).data(), c.dtype, &v.check, stop)) {
+    const VerifyOutput o = c.output;
+    v.sampled = !plan.rows.empty() && o != VerifyOutput::kDw && c.shape.size() >= 1 &&
+                !(o == VerifyOutput::kLoss && c.shape == std::vector<std::int64_t>{1});
+    if (o == VerifyOutput::kTopkIds || o == VerifyOutput::kTopkLogprobs ||
+        o == VerifyOutput::kRank) {
+      CheckTopKOrRank(c, plan, lp_ref, top_k_ids, top_k_z, data, own.at(o).data(), &v.check);
+    } else if (o == VerifyOutput::kDx || o == VerifyOutput::kDw) {
+      if (!CheckCrossEntropyGradient(o == VerifyOutput::kDw, in, plan.rows, grads, independent,
+                                     data, own.at(o).data(), c.dtype, &v.check, stop)) {
         return gone;
       }
     } else {
-      const TokenReference& r = refs.at(c.name);
+      const TokenReference& r = refs.at(o);
       CheckTokenValues(
           r.values, r.bounds, r.envelopes, plan.rows, reinterpret_cast<const float*>(data),
-          reinterpret_cast<const float*>(own.at(c.name).data()),
-          c.name == "lse" || c.name == "entropy" ? independent_rows : independent, &v.check);
+          reinterpret_cast<const float*>(own.at(o).data()),
+          o == VerifyOutput::kLse || o == VerifyOutput::kEntropy ? independent_rows : independent,
+          &v.check);
     }
     outcome->candidates.push_back(std::move(v));
   }
@@ -580,7 +586,7 @@ absl::StatusOr<VerifyOutcome> RunVerify(const OpEnv& env, const VerifyRequest& r
   VerifyWeight w;
   VerifyTargets targets;
   VerifyOutcome outcome;
-  std::map<std::string, kernels::HostBuffer> own;
+  std::map<VerifyOutput, kernels::HostBuffer> own;
   // The fp64 products on the backend's device when it offers them; on the
   // host when it has none or cannot hold the widened weight.
   std::shared_ptr<Fp64Products> engine;

@@ -38,8 +38,30 @@ std::string VerifyOperationName(VerifyOperation operation);
 // knows, and exactly one of weight_handle and w.
 absl::Status CheckVerifyRequest(const VerifyRequest& request);
 
+// The outputs Verify checks, one slot each; VerifyOutputName gives the
+// name the RPC's TensorSpec gives it ("y", "dx", ...), the one place names
+// and slots meet.
+enum class VerifyOutput {
+  kY,             // the logits
+  kDx,            // the backward's or the cross-entropy's dX
+  kDw,            // and dW
+  kLoss,          // the cross-entropy's loss, per token or reduced
+  kLse,           // the cross-entropy's and LogProbs' log-sum-exp
+  kEntropy,       // LogProbs'
+  kLogprob,       // the target's log-probability
+  kTopkIds,       // LogProbs' top-k, its ids
+  kTopkLogprobs,  // and their log-probabilities
+  kRank,          // the target's rank
+};
+const char* VerifyOutputName(VerifyOutput output);
+// The slot of a TensorSpec name; none when no operation gives it.
+std::optional<VerifyOutput> VerifyOutputOf(const std::string& name);
+// LogProbs' integer outputs (INT32 or INT64): the top-k ids and the rank.
+bool IsIntegerOutput(VerifyOutput output);
+
 struct VerifyCandidatePlan {
-  std::string name;  // "y", "dx", "dw"
+  std::string name;  // as the request gave it: VerifyOutputName(output)
+  VerifyOutput output = VerifyOutput::kY;
   DType dtype = DType::kFp32;
   std::vector<std::int64_t> shape;
   std::uint64_t bytes = 0;

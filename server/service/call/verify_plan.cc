@@ -23,27 +23,53 @@
 namespace logitd::service {
 namespace {
 
-// The outputs an operation gives, by the names its RPC gives them.
-std::vector<std::string> OutputsOf(VerifyOperation operation) {
+struct OutputName {
+  VerifyOutput output;
+  const char* name;
+};
+constexpr OutputName kOutputNames[] = {
+    {VerifyOutput::kY, "y"},
+    {VerifyOutput::kDx, "dx"},
+    {VerifyOutput::kDw, "dw"},
+    {VerifyOutput::kLoss, "loss"},
+    {VerifyOutput::kLse, "lse"},
+    {VerifyOutput::kEntropy, "entropy"},
+    {VerifyOutput::kLogprob, "logprob"},
+    {VerifyOutput::kTopkIds, "topk_ids"},
+    {VerifyOutput::kTopkLogprobs, "topk_logprobs"},
+    {VerifyOutput::kRank, "rank"},
+};
+
+// The outputs an operation gives.
+std::vector<VerifyOutput> OutputsOf(VerifyOperation operation) {
+  using O = VerifyOutput;
   switch (operation) {
     case VerifyOperation::kLogits:
-      return {"y"};
+      return {O::kY};
     case VerifyOperation::kCrossEntropy:
-      return {"loss", "lse", "dx", "dw"};
+      return {O::kLoss, O::kLse, O::kDx, O::kDw};
     case VerifyOperation::kLogProbs:
-      return {"logprob", "lse", "entropy", "topk_ids", "topk_logprobs", "rank"};
+      return {O::kLogprob, O::kLse, O::kEntropy, O::kTopkIds, O::kTopkLogprobs, O::kRank};
     default:
-      return {"dx", "dw"};
+      return {O::kDx, O::kDw};
   }
 }
 
 // The outputs of an operation Verify checks so far.
-std::vector<std::string> CheckedOutputsOf(VerifyOperation operation) {
+std::vector<VerifyOutput> CheckedOutputsOf(VerifyOperation operation) {
   return OutputsOf(operation);
 }
 
-// LogProbs' integer outputs: the top-k ids and the target's rank.
-bool IsIntegerOutput(const std::string& name) { return name == "topk_ids" || name == "rank"; }
+// "a, b, c": the outputs' names, for messages.
+std::string NamesOf(const std::vector<VerifyOutput>& outputs) {
+  std::vector<std::string> names;
+  for (VerifyOutput o : outputs) names.push_back(VerifyOutputName(o));
+  return absl::StrJoin(names, ", ");
+}
+
+// The slot of a candidate the request names (CheckCandidateNames has
+// refused any other name).
+VerifyOutput OutputOf(const CallInput& c) { return VerifyOutputOf(c.name).value(); }
 
 // A streamed W: BF16 [V, K]; its dims.
 absl::StatusOr<WeightDims> StreamedWeight(const CallInput& w, std::uint64_t* bytes) {
@@ -62,21 +88,23 @@ absl::StatusOr<WeightDims> StreamedWeight(const CallInput& w, std::uint64_t* byt
 
 // The candidates' names, dtypes and shapes against what the operation
 // gives; `dtypes` receives each output's candidate dtype by name.
-absl::Status CheckCandidateNames(const VerifyRequest& r, std::map<std::string, DType>* dtypes) {
-  const std::vector<std::string> outputs = OutputsOf(r.operation);
+absl::Status CheckCandidateNames(const VerifyRequest& r, std::map<VerifyOutput, DType>* dtypes) {
+  const std::vector<VerifyOutput> outputs = OutputsOf(r.operation);
   if (r.candidates.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("candidates: expected at least one (",
                                                    VerifyOperationName(r.operation), " gives ",
-                                                   absl::StrJoin(outputs, ", "), "), got none"));
+                                                   NamesOf(outputs), "), got none"));
   }
   for (const CallInput& c : r.candidates) {
-    if (std::find(outputs.begin(), outputs.end(), c.name) == outputs.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "candidates: '", c.name, "' is not an output of ", VerifyOperationName(r.operation),
-          " (it gives ", absl::StrJoin(outputs, ", "), ")"));
+    const std::optional<VerifyOutput> output = VerifyOutputOf(c.name);
+    if (!output.has_value() ||
+        std::find(outputs.begin(), outputs.end(), *output) == outputs.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("candidates: '", c.name, "' is not an output of ",
+                       VerifyOperationName(r.operation), " (it gives ", NamesOf(outputs), ")"));
     }
     const std::optional<DType> dtype = DTypeOfName(c.dtype);
-    if (IsIntegerOutput(c.name)) {
+    if (IsIntegerOutput(*output)) {
       if (dtype != DType::kInt32 && dtype != DType::kInt64) {
         return absl::InvalidArgumentError(
             absl::StrCat(c.name, ": expected dtype INT32 or INT64, got ", c.dtype));
@@ -86,7 +114,7 @@ absl::Status CheckCandidateNames(const VerifyRequest& r, std::map<std::string, D
           absl::StrCat(c.name, ": expected dtype FP32 or BF16 (the dtypes ",
                        VerifyOperationName(r.operation), " can give it in), got ", c.dtype));
     }
-    if (!dtypes->emplace(c.name, *dtype).second) {
+    if (!dtypes->emplace(*output, *dtype).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("candidates: '", c.name, "' is given twice; one candidate an output"));
     }
@@ -120,11 +148,29 @@ std::uint64_t Mul(std::int64_t a, std::int64_t b, std::uint64_t size) {
 
 }  // namespace
 
+const char* VerifyOutputName(VerifyOutput output) {
+  for (const OutputName& o : kOutputNames) {
+    if (o.output == output) return o.name;
+  }
+  return "?";
+}
+
+std::optional<VerifyOutput> VerifyOutputOf(const std::string& name) {
+  for (const OutputName& o : kOutputNames) {
+    if (name == o.name) return o.output;
+  }
+  return std::nullopt;
+}
+
+bool IsIntegerOutput(VerifyOutput output) {
+  return output == VerifyOutput::kTopkIds || output == VerifyOutput::kRank;
+}
+
 std::uint64_t OwnBytes(const VerifyCandidatePlan& c) {
-  if (c.name != "topk_ids" && c.name != "rank") return c.bytes;
+  if (!IsIntegerOutput(c.output)) return c.bytes;
   std::uint64_t n = 1;
   for (std::int64_t d : c.shape) n *= static_cast<std::uint64_t>(d);
-  return n * (c.name == "rank" ? 8 : 4);
+  return n * (c.output == VerifyOutput::kRank ? 8 : 4);
 }
 
 std::string VerifyOperationName(VerifyOperation operation) {
@@ -201,16 +247,19 @@ absl::Status NoneOf(const VerifyRequest& r, bool dy, bool alpha, bool targets) {
 // A candidate of an output Verify does not check yet (UNIMPLEMENTED), or of
 // a dtype other than FP32 where the operation gives FP32 only (the
 // cross-entropy's dX may be BF16 too: the CrossEntropy RPC's dx_dtype).
-absl::Status CheckedCandidates(const VerifyRequest& r, const std::map<std::string, DType>& dtypes) {
-  const std::vector<std::string> checked = CheckedOutputsOf(r.operation);
-  for (const auto& [name, dtype] : dtypes) {
-    if (std::find(checked.begin(), checked.end(), name) == checked.end()) {
+absl::Status CheckedCandidates(const VerifyRequest& r,
+                               const std::map<VerifyOutput, DType>& dtypes) {
+  const std::vector<VerifyOutput> checked = CheckedOutputsOf(r.operation);
+  for (const auto& [output, dtype] : dtypes) {
+    const char* name = VerifyOutputName(output);
+    if (std::find(checked.begin(), checked.end(), output) == checked.end()) {
       return absl::UnimplementedError(
           absl::StrCat("candidates: ", VerifyOperationName(r.operation), "'s '", name,
-                       "' is not checked yet; Verify checks its ", absl::StrJoin(checked, ", ")));
+                       "' is not checked yet; Verify checks its ", NamesOf(checked)));
     }
-    const bool bf16_allowed = r.operation == VerifyOperation::kCrossEntropy && name == "dx";
-    if (IsIntegerOutput(name)) continue;  // INT32 or INT64, checked with the names
+    const bool bf16_allowed =
+        r.operation == VerifyOperation::kCrossEntropy && output == VerifyOutput::kDx;
+    if (IsIntegerOutput(output)) continue;  // INT32 or INT64, checked with the names
     if (dtype != DType::kFp32 && !(bf16_allowed && dtype == DType::kBf16)) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": expected dtype FP32 (the dtype ",
                                                      VerifyOperationName(r.operation),
@@ -225,10 +274,11 @@ absl::Status CheckedCandidates(const VerifyRequest& r, const std::map<std::strin
 // whose reference's order this check does not sample).
 absl::Status CheckSampledOutputs(const VerifyRequest& r, const VerifyPlan& plan) {
   for (const CallInput& c : r.candidates) {
-    const bool reduced_loss = plan.cross_entropy.has_value() && c.name == "loss" &&
+    const VerifyOutput o = OutputOf(c);
+    const bool reduced_loss = plan.cross_entropy.has_value() && o == VerifyOutput::kLoss &&
                               plan.cross_entropy->reduction != Reduction::kNone;
-    const bool whole = c.name == "dw" || reduced_loss || c.name == "topk_ids" ||
-                       c.name == "topk_logprobs" || c.name == "rank";
+    const bool whole = o == VerifyOutput::kDw || reduced_loss || o == VerifyOutput::kTopkIds ||
+                       o == VerifyOutput::kTopkLogprobs || o == VerifyOutput::kRank;
     if (whole && (plan.cross_entropy || plan.logprobs)) {
       return absl::InvalidArgumentError(
           absl::StrCat("sample_rows: ", VerifyOperationName(r.operation), "'s '", c.name, "' ",
@@ -244,14 +294,16 @@ absl::Status CheckSampledOutputs(const VerifyRequest& r, const VerifyPlan& plan)
 absl::Status CheckReductionLengths(const VerifyRequest& r, const VerifyPlan& plan) {
   for (const CallInput& c : r.candidates) {
     // dX sums V products, dW M, everything else rests on logits of K.
-    const std::int64_t terms = c.name == "dx" ? plan.v : c.name == "dw" ? plan.m : plan.k;
+    const VerifyOutput o = OutputOf(c);
+    const bool dx = o == VerifyOutput::kDx, dw = o == VerifyOutput::kDw;
+    const std::int64_t terms = dx ? plan.v : dw ? plan.m : plan.k;
     if (terms >= kMaxBoundTerms) {
-      const char* what = c.name == "dx" ? "V" : c.name == "dw" ? "M" : "K";
+      const char* what = dx ? "V" : dw ? "M" : "K";
       return absl::InvalidArgumentError(absl::StrCat(
           c.name, ": its elements sum ", terms, " products (", what, "), at least ", kMaxBoundTerms,
           ", where the proven bound of an fp32 sum reaches the sum of the products' magnitudes "
           "and decides nothing; verify fewer ",
-          c.name == "dw" ? "rows of M at a time" : "terms"));
+          dw ? "rows of M at a time" : "terms"));
     }
   }
   return absl::OkStatus();
@@ -263,7 +315,8 @@ absl::StatusOr<std::int64_t> CandidateTopK(const VerifyRequest& r) {
   std::int64_t k = 0;
   std::string first;
   for (const CallInput& c : r.candidates) {
-    if (c.name != "topk_ids" && c.name != "topk_logprobs") continue;
+    const VerifyOutput o = OutputOf(c);
+    if (o != VerifyOutput::kTopkIds && o != VerifyOutput::kTopkLogprobs) continue;
     if (c.shape.size() != 2 || c.shape[1] < 1 || c.shape[1] > kMaxTopK) {
       return absl::InvalidArgumentError(absl::StrCat(c.name,
                                                      ": expected shape [M, k] with k in 1..",
@@ -282,68 +335,68 @@ absl::StatusOr<std::int64_t> CandidateTopK(const VerifyRequest& r) {
 // Verify of the logits: y [M, V], planned as the operation's own call of
 // these candidates' dtypes plans it; the candidates' shapes by name.
 absl::Status PlanLogitsVerify(const VerifyRequest& r, const WeightDims& dims,
-                              std::map<std::string, DType>& dtypes, VerifyPlan* plan,
-                              std::map<std::string, std::vector<std::int64_t>>* shapes) {
+                              std::map<VerifyOutput, DType>& dtypes, VerifyPlan* plan,
+                              std::map<VerifyOutput, std::vector<std::int64_t>>* shapes) {
   LOGITD_RETURN_IF_ERROR(NoneOf(r, false, true, false));
   LogitsRequest lr;
   lr.x = r.x;
-  lr.out_dtype = UpperDTypeName(dtypes["y"]);
+  lr.out_dtype = UpperDTypeName(dtypes[VerifyOutput::kY]);
   lr.alpha = r.alpha;
   LOGITD_ASSIGN_OR_RETURN(const LogitsPlan lp, PlanLogits(lr, dims, kNoLimit));
   plan->m = lp.m;
   plan->alpha = lp.alpha;
   plan->x_bytes = lp.x_bytes;
-  (*shapes)["y"] = {plan->m, plan->v};
+  (*shapes)[VerifyOutput::kY] = {plan->m, plan->v};
   return absl::OkStatus();
 }
 
 // Verify of the backward GEMMs: dx [M, K] and dw [V, K], planned as the operation's own call of
 // these candidates' dtypes plans it; the candidates' shapes by name.
 absl::Status PlanBackwardVerify(const VerifyRequest& r, const WeightDims& dims,
-                                std::map<std::string, DType>& dtypes, VerifyPlan* plan,
-                                std::map<std::string, std::vector<std::int64_t>>* shapes) {
+                                std::map<VerifyOutput, DType>& dtypes, VerifyPlan* plan,
+                                std::map<VerifyOutput, std::vector<std::int64_t>>* shapes) {
   LOGITD_RETURN_IF_ERROR(NoneOf(r, true, false, false));
   BackwardRequest br;
   br.x = r.x;
   br.dy = r.dy;
-  br.want_dx = dtypes.count("dx") > 0;
-  br.want_dw = dtypes.count("dw") > 0;
-  if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes["dx"]);
-  if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes["dw"]);
+  br.want_dx = dtypes.count(VerifyOutput::kDx) > 0;
+  br.want_dw = dtypes.count(VerifyOutput::kDw) > 0;
+  if (br.want_dx) br.dx_dtype = UpperDTypeName(dtypes[VerifyOutput::kDx]);
+  if (br.want_dw) br.dw_dtype = UpperDTypeName(dtypes[VerifyOutput::kDw]);
   LOGITD_ASSIGN_OR_RETURN(const BackwardPlan bp, PlanBackward(br, dims, kNoLimit));
   plan->m = bp.m;
   plan->x_bytes = bp.x_bytes;
   plan->dy_bytes = bp.dy_bytes;
   plan->dy_dtype = bp.dy_dtype;
-  (*shapes)["dx"] = {plan->m, plan->k};
-  (*shapes)["dw"] = {plan->v, plan->k};
+  (*shapes)[VerifyOutput::kDx] = {plan->m, plan->k};
+  (*shapes)[VerifyOutput::kDw] = {plan->v, plan->k};
   return absl::OkStatus();
 }
 
 // Verify of the cross-entropy: loss, lse [M], dx [M, K] and dw [V, K], planned as the operation's
 // own call of these candidates' dtypes plans it; the candidates' shapes by name.
 absl::Status PlanCrossEntropyVerify(const VerifyRequest& r, const WeightDims& dims,
-                                    std::map<std::string, DType>& dtypes, VerifyPlan* plan,
-                                    std::map<std::string, std::vector<std::int64_t>>* shapes) {
+                                    std::map<VerifyOutput, DType>& dtypes, VerifyPlan* plan,
+                                    std::map<VerifyOutput, std::vector<std::int64_t>>* shapes) {
   LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
   LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
   CrossEntropyRequest cr = r.cross_entropy;
   cr.x = r.x;
   cr.targets = r.targets;
-  cr.want_lse = dtypes.count("lse") > 0;
-  cr.want_dx = dtypes.count("dx") > 0;
-  cr.want_dw = dtypes.count("dw") > 0;
+  cr.want_lse = dtypes.count(VerifyOutput::kLse) > 0;
+  cr.want_dx = dtypes.count(VerifyOutput::kDx) > 0;
+  cr.want_dw = dtypes.count(VerifyOutput::kDw) > 0;
   cr.accumulate_dw = false;
-  if (cr.want_dx) cr.dx_dtype = UpperDTypeName(dtypes["dx"]);
+  if (cr.want_dx) cr.dx_dtype = UpperDTypeName(dtypes[VerifyOutput::kDx]);
   LOGITD_ASSIGN_OR_RETURN(CrossEntropyPlan cp, PlanCrossEntropy(cr, dims, kNoLimit));
   plan->m = cp.m;
   plan->x_bytes = cp.x_bytes;
   plan->targets_dtype = cp.targets_dtype;
   plan->targets_bytes = cp.targets_bytes;
-  (*shapes)["loss"] = cp.loss_shape;
-  (*shapes)["lse"] = {plan->m};
-  (*shapes)["dx"] = {plan->m, plan->k};
-  (*shapes)["dw"] = {plan->v, plan->k};
+  (*shapes)[VerifyOutput::kLoss] = cp.loss_shape;
+  (*shapes)[VerifyOutput::kLse] = {plan->m};
+  (*shapes)[VerifyOutput::kDx] = {plan->m, plan->k};
+  (*shapes)[VerifyOutput::kDw] = {plan->v, plan->k};
   plan->cross_entropy = std::move(cp);
   return absl::OkStatus();
 }
@@ -351,34 +404,37 @@ absl::Status PlanCrossEntropyVerify(const VerifyRequest& r, const WeightDims& di
 // Verify of LogProbs: logprob, lse, entropy and rank [M], the top-k [M, top_k], planned as the
 // operation's own call of these candidates' dtypes plans it; the candidates' shapes by name.
 absl::Status PlanLogProbsVerify(const VerifyRequest& r, const WeightDims& dims,
-                                std::map<std::string, DType>& dtypes, VerifyPlan* plan,
-                                std::map<std::string, std::vector<std::int64_t>>* shapes) {
+                                std::map<VerifyOutput, DType>& dtypes, VerifyPlan* plan,
+                                std::map<VerifyOutput, std::vector<std::int64_t>>* shapes) {
   LOGITD_RETURN_IF_ERROR(NoneOf(r, false, false, true));
   LOGITD_RETURN_IF_ERROR(CheckedCandidates(r, dtypes));
-  if (dtypes.count("logprob") > 0 && !r.targets.given) {
+  if (dtypes.count(VerifyOutput::kLogprob) > 0 && !r.targets.given) {
     return absl::InvalidArgumentError(
         "targets: a logprob candidate is the log-probability of each row's target; give "
         "targets");
   }
-  if (dtypes.count("rank") > 0 && !r.targets.given) {
+  if (dtypes.count(VerifyOutput::kRank) > 0 && !r.targets.given) {
     return absl::InvalidArgumentError(
         "targets: a rank candidate is each row's target's rank; give targets");
   }
   LogProbsRequest lr = r.logprobs;
   lr.x = r.x;
   lr.targets = r.targets;
-  lr.want_lse = dtypes.count("lse") > 0;
-  lr.want_entropy = dtypes.count("entropy") > 0;
-  lr.want_rank = dtypes.count("rank") > 0;
+  lr.want_lse = dtypes.count(VerifyOutput::kLse) > 0;
+  lr.want_entropy = dtypes.count(VerifyOutput::kEntropy) > 0;
+  lr.want_rank = dtypes.count(VerifyOutput::kRank) > 0;
   LOGITD_ASSIGN_OR_RETURN(lr.top_k, CandidateTopK(r));
   LOGITD_ASSIGN_OR_RETURN(LogProbsPlan lp, PlanLogProbs(lr, dims, kNoLimit));
   plan->m = lp.m;
   plan->x_bytes = lp.x_bytes;
   plan->targets_dtype = lp.targets_dtype;
   plan->targets_bytes = lp.targets_bytes;
-  for (const char* name : {"logprob", "lse", "entropy", "rank"}) (*shapes)[name] = {plan->m};
-  (*shapes)["topk_ids"] = {plan->m, lp.top_k};
-  (*shapes)["topk_logprobs"] = {plan->m, lp.top_k};
+  for (VerifyOutput o :
+       {VerifyOutput::kLogprob, VerifyOutput::kLse, VerifyOutput::kEntropy, VerifyOutput::kRank}) {
+    (*shapes)[o] = {plan->m};
+  }
+  (*shapes)[VerifyOutput::kTopkIds] = {plan->m, lp.top_k};
+  (*shapes)[VerifyOutput::kTopkLogprobs] = {plan->m, lp.top_k};
   plan->logprobs = std::move(lp);
   return absl::OkStatus();
 }
@@ -387,8 +443,8 @@ absl::Status PlanLogProbsVerify(const VerifyRequest& r, const WeightDims& dims,
 // no byte limit (Verify's is checked over everything it holds): fills the
 // plan's dims and input bytes, and the shape of each output by name.
 absl::Status PlanOperation(const VerifyRequest& r, const WeightDims& dims,
-                           std::map<std::string, DType>& dtypes, VerifyPlan* plan,
-                           std::map<std::string, std::vector<std::int64_t>>* shapes) {
+                           std::map<VerifyOutput, DType>& dtypes, VerifyPlan* plan,
+                           std::map<VerifyOutput, std::vector<std::int64_t>>* shapes) {
   switch (r.operation) {
     case VerifyOperation::kLogits:
       return PlanLogitsVerify(r, dims, dtypes, plan, shapes);
@@ -406,16 +462,17 @@ absl::Status PlanOperation(const VerifyRequest& r, const WeightDims& dims,
 // Each candidate against the shape its output has; its plan, and its bytes
 // and logitd's own output's among `parts`.
 absl::Status PlanCandidates(const VerifyRequest& r,
-                            const std::map<std::string, std::vector<std::int64_t>>& shapes,
-                            const std::map<std::string, DType>& dtypes, VerifyPlan* plan,
+                            const std::map<VerifyOutput, std::vector<std::int64_t>>& shapes,
+                            const std::map<VerifyOutput, DType>& dtypes, VerifyPlan* plan,
                             std::vector<CallPart>* parts) {
   for (std::size_t i = 0; i < r.candidates.size(); ++i) {
     const CallInput& c = r.candidates[i];
-    const std::vector<std::int64_t>& want = shapes.at(c.name);
+    const VerifyOutput o = OutputOf(c);
+    const std::vector<std::int64_t>& want = shapes.at(o);
     if (c.shape != want) {
       // A loss of the wrong shape where the reduction was left unset: say
       // that unset means the mean.
-      if (c.name == "loss" && r.operation == VerifyOperation::kCrossEntropy &&
+      if (o == VerifyOutput::kLoss && r.operation == VerifyOperation::kCrossEntropy &&
           r.cross_entropy.reduction == Reduction::kUnspecified) {
         return absl::InvalidArgumentError(absl::StrCat(
             "loss: expected shape ", ShapeString(want),
@@ -423,22 +480,23 @@ absl::Status PlanCandidates(const VerifyRequest& r,
             "call; give REDUCTION_NONE for a loss per token, [M]), got ",
             ShapeString(c.shape)));
       }
-      const char* dims_of = c.name == "y"    ? "[M, V]: x's M, the weight's V"
-                            : c.name == "dx" ? "[M, K]: x's M, the weight's K"
-                            : c.name == "dw" ? "[V, K]: the weight's"
-                            : c.name == "topk_ids" || c.name == "topk_logprobs" ? "[M, k]: x's M"
-                            : want.size() == 1 && want[0] == 1 &&
-                                    r.operation == VerifyOperation::kCrossEntropy &&
-                                    c.name == "loss"
-                                ? "[1]: the reduced loss"
-                                : "[M]: one per row of x";
+      const char* dims_of =
+          o == VerifyOutput::kY    ? "[M, V]: x's M, the weight's V"
+          : o == VerifyOutput::kDx ? "[M, K]: x's M, the weight's K"
+          : o == VerifyOutput::kDw ? "[V, K]: the weight's"
+          : o == VerifyOutput::kTopkIds || o == VerifyOutput::kTopkLogprobs ? "[M, k]: x's M"
+          : want.size() == 1 && want[0] == 1 && r.operation == VerifyOperation::kCrossEntropy &&
+                  o == VerifyOutput::kLoss
+              ? "[1]: the reduced loss"
+              : "[M]: one per row of x";
       return absl::InvalidArgumentError(absl::StrCat(c.name, ": expected shape ", ShapeString(want),
                                                      " (", dims_of, "), got ",
                                                      ShapeString(c.shape)));
     }
     VerifyCandidatePlan p;
     p.name = c.name;
-    p.dtype = dtypes.at(c.name);
+    p.output = o;
+    p.dtype = dtypes.at(o);
     p.shape = want;
     p.bytes = ElementSize(p.dtype);
     for (std::int64_t d : want) p.bytes *= static_cast<std::uint64_t>(d);
@@ -471,9 +529,10 @@ std::uint64_t ReferenceBytes(const VerifyPlan& plan) {
   if (plan.logprobs.has_value()) return LogProbsReferenceBytes(plan.m, plan.v, plan.k);
   std::uint64_t reference = 0;
   for (const VerifyCandidatePlan& c : plan.candidates) {
-    const std::uint64_t bytes = c.name == "y"    ? LogitsCheckBytes(checked, plan.v, plan.k)
-                                : c.name == "dx" ? GradInputCheckBytes(checked, plan.v, plan.k)
-                                                 : GradWeightCheckBytes(plan.m, plan.v, plan.k);
+    const std::uint64_t bytes =
+        c.output == VerifyOutput::kY    ? LogitsCheckBytes(checked, plan.v, plan.k)
+        : c.output == VerifyOutput::kDx ? GradInputCheckBytes(checked, plan.v, plan.k)
+                                        : GradWeightCheckBytes(plan.m, plan.v, plan.k);
     reference = std::max(reference, bytes);
   }
   return reference;
@@ -496,10 +555,10 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   }
   plan.v = dims.v;
   plan.k = dims.k;
-  std::map<std::string, DType> dtypes;
+  std::map<VerifyOutput, DType> dtypes;
   LOGITD_RETURN_IF_ERROR(CheckCandidateNames(r, &dtypes));
   LOGITD_RETURN_IF_ERROR(CheckDistinctNames(r));
-  std::map<std::string, std::vector<std::int64_t>> shapes;
+  std::map<VerifyOutput, std::vector<std::int64_t>> shapes;
   LOGITD_RETURN_IF_ERROR(PlanOperation(r, dims, dtypes, &plan, &shapes));
   LOGITD_RETURN_IF_ERROR(CheckReductionLengths(r, plan));
 
@@ -518,9 +577,10 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   plan.rows = SampleRows(plan.m, r.sample_rows, r.sample_seed);
   const std::uint64_t reference = ReferenceBytes(plan);
   parts.push_back({"fp64 references", DType::kFp32, {}, reference});
-  plan.weight_read_back = !plan.weight_streamed &&
-                          !std::all_of(plan.candidates.begin(), plan.candidates.end(),
-                                       [](const VerifyCandidatePlan& c) { return c.name == "dw"; });
+  plan.weight_read_back =
+      !plan.weight_streamed &&
+      !std::all_of(plan.candidates.begin(), plan.candidates.end(),
+                   [](const VerifyCandidatePlan& c) { return c.output == VerifyOutput::kDw; });
   if (plan.weight_read_back) {
     parts.push_back({"the weight read back", DType::kBf16, {plan.v, plan.k}, plan.w_bytes});
   }
