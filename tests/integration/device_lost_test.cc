@@ -6,8 +6,9 @@
 // the log says so once, and the process exits with status 75 so that its
 // supervisor restarts it; a retrying client finishes its job with exact
 // results across that restart. On the cpu backend the faults are simulated
-// (CI runs that); built with LOGITD_DEVICE_LOST_BACKEND="cuda" the same
-// tests fault a real GPU, and skip where none is visible.
+// (CI runs that); with LOGITD_TEST_BACKEND=cuda in the environment (the
+// cuda. variant) the same tests fault a real GPU, and skip where none is
+// visible.
 #include <sys/wait.h>
 
 #include <atomic>
@@ -25,14 +26,10 @@
 #include "logitd/client.h"
 #include "tests/integration/integration_util.h"
 
-#ifndef LOGITD_DEVICE_LOST_BACKEND
-#define LOGITD_DEVICE_LOST_BACKEND "cpu"
-#endif
-
 namespace logitd::testing {
 namespace {
 
-constexpr char kBackend[] = LOGITD_DEVICE_LOST_BACKEND;
+const std::string kBackend = TestBackend();
 constexpr int kExitDeviceLost = 75;
 // The trigger values of backend.h (kTestDeviceTrap, kTestDeviceHang).
 constexpr std::uint32_t kTrap = 0x7fbadbadu;
@@ -59,7 +56,7 @@ absl::StatusOr<ServerProcess> StartFaultyServer(std::vector<std::string> extra) 
 
 #define START_OR_SKIP(var, extra)                                         \
   absl::StatusOr<ServerProcess> var##_started = StartFaultyServer(extra); \
-  if (!var##_started.ok() && std::string(kBackend) == "cuda") {           \
+  if (!var##_started.ok() && kBackend == "cuda") {                        \
     GTEST_SKIP() << "no cuda backend here: " << var##_started.status();   \
   }                                                                       \
   ASSERT_TRUE(var##_started.ok()) << var##_started.status();              \
@@ -137,7 +134,7 @@ TEST(DeviceLostTest, FaultTurnsHealthNotServingCallsUnavailableAndExits75) {
   // The cause, as the backend saw it: the trap's own error on a GPU, the
   // simulated fault's name on the cpu backend.
   EXPECT_TRUE(absl::StrContains(
-      log, std::string(kBackend) == "cuda" ? "cudaErrorLaunchFailure" : "test fault device_trap"))
+      log, kBackend == "cuda" ? "cudaErrorLaunchFailure" : "test fault device_trap"))
       << log;
 }
 
@@ -171,7 +168,7 @@ TEST(DeviceLostTest, HungCallIsReportedAndTheServerExits75) {
 TEST(DeviceLostTest, RetryingClientFinishesItsJobAcrossARestart) {
   const int port = UnusedPort();
   absl::StatusOr<ServerProcess> first = StartServerOnPort(port, Args({}));
-  if (!first.ok() && std::string(kBackend) == "cuda") GTEST_SKIP() << first.status();
+  if (!first.ok() && kBackend == "cuda") GTEST_SKIP() << first.status();
   ASSERT_TRUE(first.ok()) << first.status();
   ServerProcess server = *std::move(first);
   std::atomic<bool> job_done{false};

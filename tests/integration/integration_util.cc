@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -33,6 +34,16 @@ TempDir::~TempDir() {
 }
 
 std::string ServerBinary() { return LOGITD_SERVER_PATH; }
+
+std::string TestVariant(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+std::string TestBackend() {
+  const std::string backend = TestVariant("LOGITD_TEST_BACKEND");
+  return backend.empty() ? "cpu" : backend;
+}
 
 int UnusedPort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

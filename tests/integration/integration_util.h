@@ -42,6 +42,13 @@ class TempDir {
 // LogitctlBinary() and RunLogitctl() are in tests/support/run_logitctl.h.
 std::string ServerBinary();
 
+// A test binary run as more than one variant (tests/CMakeLists.txt,
+// logitd_add_test_variant) learns which from its environment: the value of
+// `name`, empty when unset. TestBackend() is LOGITD_TEST_BACKEND's, "cpu"
+// when unset.
+std::string TestVariant(const char* name);
+std::string TestBackend();
+
 // A loopback port with nothing listening on it (bound, then released).
 int UnusedPort();
 

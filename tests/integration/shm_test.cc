@@ -2,9 +2,10 @@
 // results through shared memory equal the streamed ones bitwise, and every
 // refusal (flag off, bounds, names, sizes, tenants, released regions, input
 // bytes that do not match their digest) has its status. Faults the client
-// library never produces go through the generated stub directly. Built
-// twice: shm_in_place_test runs every test against a server that reads the
-// inputs in place (--shm_in_place).
+// library never produces go through the generated stub directly. Run twice:
+// the in_place. variant (LOGITD_TEST_SHM_IN_PLACE=1 in the environment) runs
+// every test against a server that reads the inputs in place
+// (--shm_in_place).
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 
@@ -67,10 +68,8 @@ class ShmTest : public ::testing::Test {
     std::ofstream(*tokens_) << "tok-a team-a\ntok-b team-b\n";
     std::vector<std::string> flags = {"--allow_shm", "--shm_max_region_bytes=4194304",
                                       "--auth_tokens=" + *tokens_};
-#ifdef LOGITD_SHM_IN_PLACE
-    // The same tests with inputs read where they lie (shm_in_place_test).
-    flags.push_back("--shm_in_place");
-#endif
+    // The same tests with inputs read where they lie (the in_place. variant).
+    if (TestVariant("LOGITD_TEST_SHM_IN_PLACE") == "1") flags.push_back("--shm_in_place");
     absl::StatusOr<std::unique_ptr<SharedServer>> s =
         SharedServer::Start(flags, WithToken("tok-a"));
     if (!s.ok()) {

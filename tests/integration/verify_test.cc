@@ -1,6 +1,7 @@
-// Verify through the real server and the client library (cpu backend; built
-// with LOGITD_VERIFY_BACKEND="cuda", the same tests against --backend=cuda,
-// skipped where no device is visible): a
+// Verify through the real server and the client library (cpu backend; with
+// LOGITD_TEST_BACKEND=cuda in the environment, as ctest runs the cuda.
+// variant, the same tests against --backend=cuda, skipped where no device
+// is visible): a
 // team's outputs of the LM head's products, computed here the ways kernels
 // compute them, right and wrong. A conforming fp32 kernel (another order of
 // summation) passes; logitd's own outputs are bitwise equal to logitd; one
@@ -32,10 +33,7 @@
 namespace logitd::testing {
 namespace {
 
-#ifndef LOGITD_VERIFY_BACKEND
-#define LOGITD_VERIFY_BACKEND "cpu"
-#endif
-constexpr char kBackend[] = LOGITD_VERIFY_BACKEND;
+const std::string kBackend = TestBackend();
 
 using client::CandidateVerdict;
 using client::PrecisionClass;
@@ -91,7 +89,7 @@ class VerifyTest : public SharedServerTest {
  protected:
   static void SetUpTestSuite() { StartSharedServer({std::string("--backend=") + kBackend}); }
   void SetUp() override {
-    if (server_ == nullptr && std::string(kBackend) == "cuda") {
+    if (server_ == nullptr && kBackend == "cuda") {
       GTEST_SKIP() << "no cuda backend here: " << *start_error_;
     }
     SharedServerTest::SetUp();
@@ -170,10 +168,9 @@ TEST_F(VerifyTest, AConformingFp32KernelIsWithinBoundsAndLogitdsOwnIsBitwiseEqua
   EXPECT_GE(ours.reference_us, 0);
   // The cuda backend forms the fp64 products on its device, the cpu backend
   // with OpenBLAS.
-  EXPECT_EQ(
-      ours.reference_engine.rfind(
-          std::string(kBackend) == "cuda" ? "cuBLAS DGEMM on " : "OpenBLAS dgemm on the host", 0),
-      0u)
+  EXPECT_EQ(ours.reference_engine.rfind(
+                kBackend == "cuda" ? "cuBLAS DGEMM on " : "OpenBLAS dgemm on the host", 0),
+            0u)
       << ours.reference_engine;
 }
 
