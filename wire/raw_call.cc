@@ -31,26 +31,26 @@ RawClientCall::~RawClientCall() {
 }
 
 void RawClientCall::Begin(Op* op) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   op->done = false;
   op->ok = false;
 }
 
 bool RawClientCall::Wait(Op* op) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!op->done) {
     if (polling_) {
       // The other side is taking completions off the queue; it hands this
       // one over when it comes.
-      completed_.wait(lock);
+      completed_.Wait(&mu_);
       continue;
     }
     polling_ = true;
-    lock.unlock();
+    mu_.Unlock();
     void* tag = nullptr;
     bool ok = false;
     const bool got = cq_.Next(&tag, &ok);
-    lock.lock();
+    mu_.Lock();
     polling_ = false;
     if (!got) {
       // The queue is shut down: nothing in flight will complete.
@@ -61,7 +61,7 @@ bool RawClientCall::Wait(Op* op) {
       completed->done = true;
       completed->ok = ok;
     }
-    completed_.notify_all();
+    completed_.SignalAll();
   }
   return op->ok;
 }

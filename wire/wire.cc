@@ -8,15 +8,15 @@
 #endif
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <new>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 namespace logitd::wire {
 
@@ -90,11 +90,13 @@ struct Assembler::Pending {
   static constexpr std::size_t kMaxQueued = 8;
 
   std::thread worker;
-  std::mutex mu;
-  std::condition_variable more;   // work queued, or closed
-  std::condition_variable space;  // the queue shrank
-  std::deque<Work> queue;         // guarded by mu
-  bool closed = false;            // guarded by mu
+  absl::Mutex mu;
+  absl::CondVar more;   // work queued, or closed
+  absl::CondVar space;  // the queue shrank
+  // The chunks waiting for the worker, and whether more can come; mu guards
+  // both.
+  std::deque<Work> queue ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;
 
   ~Pending() {
     StopWorker();
@@ -106,13 +108,13 @@ struct Assembler::Pending {
       for (;;) {
         Work w;
         {
-          std::unique_lock<std::mutex> lock(mu);
-          more.wait(lock, [&] { return !queue.empty() || closed; });
+          absl::MutexLock lock(&mu);
+          while (queue.empty() && !closed) more.Wait(&mu);
           if (queue.empty()) return;  // closed, and everything done
           w = std::move(queue.front());
           queue.pop_front();
         }
-        space.notify_one();
+        space.Signal();
         if (w.view.pieces.empty()) {
           // Copied on the receiving thread already.
           XXH3_64bits_update(state, data + w.offset, w.size);
@@ -134,11 +136,11 @@ struct Assembler::Pending {
 
   void Queue(Work w) {
     {
-      std::unique_lock<std::mutex> lock(mu);
-      space.wait(lock, [&] { return queue.size() < kMaxQueued; });
+      absl::MutexLock lock(&mu);
+      while (queue.size() >= kMaxQueued) space.Wait(&mu);
       queue.push_back(std::move(w));
     }
-    more.notify_one();
+    more.Signal();
   }
 
   // Waits until the worker has done every queued chunk; then the tensor and
@@ -146,10 +148,10 @@ struct Assembler::Pending {
   void StopWorker() {
     if (!worker.joinable()) return;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       closed = true;
     }
-    more.notify_one();
+    more.Signal();
     worker.join();
   }
 };

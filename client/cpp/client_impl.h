@@ -11,15 +11,16 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "logitd/client.h"
@@ -35,7 +36,7 @@ class CallGroup {
  public:
   // A call of the group's; cancelled at once when the group is.
   void Add(grpc::ClientContext* context) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (cancelled_) {
       context->TryCancel();
       return;
@@ -43,12 +44,12 @@ class CallGroup {
     contexts_.push_back(context);
   }
   void Remove(grpc::ClientContext* context) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     contexts_.erase(std::remove(contexts_.begin(), contexts_.end(), context), contexts_.end());
   }
   // Cancels every call of the group, and those it makes from now on.
   void Cancel() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     cancelled_ = true;
     for (grpc::ClientContext* c : contexts_) c->TryCancel();
   }
@@ -60,9 +61,11 @@ class CallGroup {
   }
 
  private:
-  std::mutex mu_;
-  std::vector<grpc::ClientContext*> contexts_;
-  bool cancelled_ = false;
+  // The group's calls in flight, and whether it is cancelled; mu_ guards
+  // both.
+  absl::Mutex mu_;
+  std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class ScopedCallGroup {
@@ -82,10 +85,11 @@ struct Client::Impl {
   ClientOptions options;
   std::string address;
   // LogitsOptions.connections: the Clients of the further connections, and
-  // the weights' block rows seen so far (ListWeights), by handle.
-  std::mutex spread_mu;
-  std::vector<std::unique_ptr<Client>> spread;
-  std::map<std::string, WeightInfo> weights_seen;
+  // the weights' block rows seen so far (ListWeights), by handle; spread_mu
+  // guards both.
+  absl::Mutex spread_mu;
+  std::vector<std::unique_ptr<Client>> spread ABSL_GUARDED_BY(spread_mu);
+  std::map<std::string, WeightInfo> weights_seen ABSL_GUARDED_BY(spread_mu);
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Logitd::Stub> stub;
   // The calls that stream tensors back, made as raw streams (RawCall).

@@ -4,7 +4,6 @@
 // methods); the plain methods are those calls without slots. How tensors
 // travel and are checked is call_tensors.h's.
 #include <algorithm>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/cpp/call_tensors.h"
 #include "client/cpp/client_impl.h"
 #include "logitd/client.h"
@@ -59,14 +59,14 @@ absl::Status CheckConnections(int connections) {
 
 absl::StatusOr<std::optional<WeightInfo>> Client::SpreadWeight(const std::string& handle) {
   {
-    std::lock_guard<std::mutex> lock(impl_->spread_mu);
+    absl::MutexLock lock(&impl_->spread_mu);
     if (auto it = impl_->weights_seen.find(handle); it != impl_->weights_seen.end()) {
       return it->second;
     }
   }
   absl::StatusOr<std::vector<WeightInfo>> listed = ListWeights();
   if (!listed.ok()) return listed.status();
-  std::lock_guard<std::mutex> lock(impl_->spread_mu);
+  absl::MutexLock lock(&impl_->spread_mu);
   for (WeightInfo& info : *listed) impl_->weights_seen[info.handle] = info;
   if (auto it = impl_->weights_seen.find(handle); it != impl_->weights_seen.end()) {
     return it->second;
@@ -88,7 +88,7 @@ absl::Status Client::RunSpread(
   // connection.
   std::vector<Client*> clients = {this};
   {
-    std::lock_guard<std::mutex> lock(impl_->spread_mu);
+    absl::MutexLock lock(&impl_->spread_mu);
     while (static_cast<std::int64_t>(impl_->spread.size()) < parts - 1) {
       ClientOptions own = impl_->options;
       own.own_connection = true;
@@ -104,7 +104,8 @@ absl::Status Client::RunSpread(
   // end for nothing) and its status is the call's: the others' CANCELLED
   // follows from it.
   CallGroup group;
-  std::mutex failed_mu;
+  // The first part's failure; failed_mu guards it while the parts run.
+  absl::Mutex failed_mu;
   absl::Status failed;
   std::vector<std::thread> threads;
   for (std::int64_t i = 0; i < parts; ++i) {
@@ -115,7 +116,7 @@ absl::Status Client::RunSpread(
       const absl::Status s = part(*clients[static_cast<std::size_t>(i)], r0, rows, i);
       if (s.ok()) return;
       {
-        std::lock_guard<std::mutex> lock(failed_mu);
+        absl::MutexLock lock(&failed_mu);
         if (!failed.ok()) return;  // cancelled by the first to fail, or failed after it
         failed =
             absl::Status(s.code(), absl::StrCat("rows [", r0, ", ", r0 + rows, ") of ", m,

@@ -10,12 +10,12 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/status.h>
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace logitd::wire {
 
@@ -55,19 +55,24 @@ class RawClientCall {
     bool ok = false;
   };
   // Marks `op` as started (before it is handed to gRPC).
-  void Begin(Op* op);
+  void Begin(Op* op) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for `op` to complete, taking whichever completion comes first off
   // the queue (the other side's too) until it is this one's; its success.
-  bool Wait(Op* op);
+  bool Wait(Op* op) ABSL_LOCKS_EXCLUDED(mu_);
 
   grpc::ClientContext* const context_;
   grpc::CompletionQueue cq_;
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream_;
   bool finished_ = false;
-  std::mutex mu_;
-  std::condition_variable completed_;
-  bool polling_ = false;  // a thread is in cq_.Next; guarded by mu_
-  Op read_, write_, call_;
+  absl::Mutex mu_;
+  absl::CondVar completed_;
+  // Whether a thread is in cq_.Next, and each operation's state; mu_ guards
+  // them (the operations' addresses go to gRPC as tags, their fields are
+  // read and written only under mu_).
+  bool polling_ ABSL_GUARDED_BY(mu_) = false;
+  Op read_ ABSL_GUARDED_BY(mu_);
+  Op write_ ABSL_GUARDED_BY(mu_);
+  Op call_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace logitd::wire
