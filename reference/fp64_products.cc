@@ -4,12 +4,12 @@ namespace logitd {
 
 std::int64_t WeightMemo::Get(Key key, const std::function<std::int64_t()>& count) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const auto it = values_.find(key);
     if (it != values_.end()) return it->second;
   }
   const std::int64_t value = count();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   values_.emplace(key, value);
   return value;
 }

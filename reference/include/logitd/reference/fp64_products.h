@@ -14,13 +14,14 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "logitd/reference/candidate_check.h"
-#include "logitd/reference/token_judgement.h"
 #include "logitd/reference/numerics.h"
+#include "logitd/reference/token_judgement.h"
 
 namespace logitd {
 
@@ -61,8 +62,9 @@ class WeightMemo {
   std::int64_t Get(Key key, const std::function<std::int64_t()>& count);
 
  private:
-  std::mutex mu_;
-  std::map<Key, std::int64_t> values_;
+  // The values counted so far; mu_ guards them (not the counting itself).
+  absl::Mutex mu_;
+  std::map<Key, std::int64_t> values_ ABSL_GUARDED_BY(mu_);
 };
 
 class Fp64Products {
