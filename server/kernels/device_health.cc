@@ -1,6 +1,5 @@
 #include "server/kernels/device_health.h"
 
-#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,27 +15,27 @@ DeviceHealth::DeviceHealth(absl::Duration timeout, std::function<void(const absl
 
 DeviceHealth::~DeviceHealth() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (watchdog_.joinable()) watchdog_.join();
 }
 
 absl::Status DeviceHealth::status() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return cause_;
 }
 
 bool DeviceHealth::lost() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return !cause_.ok();
 }
 
 void DeviceHealth::MarkLost(const absl::Status& cause) {
   absl::Status reported;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!cause_.ok()) return;
     cause_ = absl::UnavailableError(
         absl::StrCat("device lost: ", cause.message().empty() ? "unknown cause" : cause.message()));
@@ -58,7 +57,7 @@ DeviceHealth::Watch& DeviceHealth::Watch::operator=(Watch&& o) noexcept {
 void DeviceHealth::Watch::End() {
   if (health_ == nullptr) return;
   {
-    std::lock_guard<std::mutex> lock(health_->mu_);
+    absl::MutexLock lock(&health_->mu_);
     health_->running_.erase(id_);
   }
   health_ = nullptr;
@@ -66,7 +65,7 @@ void DeviceHealth::Watch::End() {
 
 DeviceHealth::Watch DeviceHealth::Begin(std::string what) {
   if (timeout_ <= absl::ZeroDuration()) return Watch();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const std::uint64_t id = next_id_++;
   running_.emplace(id, Running{std::move(what), absl::Now()});
   return Watch(this, id);
@@ -76,9 +75,12 @@ void DeviceHealth::WatchdogLoop() {
   // Looks four times per timeout (at most every 250 ms), so a hang is
   // reported within 1.25 timeouts.
   const absl::Duration period = std::min(timeout_ / 4, absl::Milliseconds(250));
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [this] { return stopping_; });
+    // Until stopped or the period ends.
+    const absl::Time wake = absl::Now() + period;
+    while (!stopping_ && !cv_.WaitWithDeadline(&mu_, wake)) {
+    }
     if (stopping_ || !cause_.ok()) continue;
     const absl::Time now = absl::Now();
     for (const auto& [id, r] : running_) {
@@ -87,9 +89,9 @@ void DeviceHealth::WatchdogLoop() {
           "%s has not finished after %s (device_timeout %s): the device is presumed hung", r.what,
           absl::FormatDuration(absl::Trunc(now - r.since, absl::Milliseconds(1))),
           absl::FormatDuration(timeout_)));
-      lock.unlock();
+      mu_.Unlock();
       MarkLost(hung);
-      lock.lock();
+      mu_.Lock();
       break;
     }
   }

@@ -4,15 +4,15 @@
 // CUDA here.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace logitd::kernels {
@@ -65,12 +65,14 @@ class DeviceHealth {
 
   const absl::Duration timeout_;
   const std::function<void(const absl::Status&)> lost_callback_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  absl::Status cause_;  // OK until lost
-  bool stopping_ = false;
-  std::uint64_t next_id_ = 1;
-  std::map<std::uint64_t, Running> running_;
+  // mu_ guards the cause, the watchdog's stop and the work running; cv_
+  // wakes the watchdog to stop.
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  absl::Status cause_ ABSL_GUARDED_BY(mu_);  // OK until lost
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::uint64_t, Running> running_ ABSL_GUARDED_BY(mu_);
   std::thread watchdog_;
 };
 

@@ -9,11 +9,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace logitd::kernels {
 
@@ -37,16 +38,31 @@ class GradientState {
 
   class Lock {
    public:
-    Lock(Lock&&) noexcept = default;
-    Lock& operator=(Lock&&) noexcept = default;
+    // A Lock holds the state's mutex from Acquire to its destruction; a move
+    // hands it on (the moved-from Lock holds nothing).
+    Lock(Lock&& o) noexcept : state_(std::exchange(o.state_, nullptr)) {}
+    Lock& operator=(Lock&& o) noexcept {
+      if (this != &o) {
+        Release();
+        state_ = std::exchange(o.state_, nullptr);
+      }
+      return *this;
+    }
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
+    ~Lock() { Release(); }
 
     // The buffer, or null before the first accumulation.
-    Buffer* buffer() const { return state_->buffer_ ? &*state_->buffer_ : nullptr; }
+    Buffer* buffer() const {
+      state_->mu_.AssertHeld();
+      return state_->buffer_ ? &*state_->buffer_ : nullptr;
+    }
     // The buffer, created first when there is none yet by `create`, a
     // callable returning absl::StatusOr<Buffer> of zero-filled memory;
     // create's error when it fails (and then there is still no buffer).
     template <typename Create>
     absl::StatusOr<Buffer*> GetOrCreate(Create&& create) {
+      state_->mu_.AssertHeld();
       if (!state_->buffer_) {
         absl::StatusOr<Buffer> fresh = std::forward<Create>(create)();
         if (!fresh.ok()) return fresh.status();
@@ -58,18 +74,35 @@ class GradientState {
     }
 
     // Accumulating calls since the buffer was last zeroed.
-    std::uint64_t calls() const { return state_->calls_; }
+    std::uint64_t calls() const {
+      state_->mu_.AssertHeld();
+      return state_->calls_;
+    }
     // One more accumulating call has added all of its dW.
-    void CountCall() { ++state_->calls_; }
+    void CountCall() {
+      state_->mu_.AssertHeld();
+      ++state_->calls_;
+    }
     // The buffer has been zeroed.
-    void ResetCalls() { state_->calls_ = 0; }
+    void ResetCalls() {
+      state_->mu_.AssertHeld();
+      state_->calls_ = 0;
+    }
 
    private:
     friend class GradientState;
-    explicit Lock(GradientState* state) : state_(state), lock_(state->mu_) {}
+    // The thread-safety analysis cannot follow a lock that moves with its
+    // holder, so taking and giving back the mutex go unchecked; the accessors
+    // above assert it held instead.
+    explicit Lock(GradientState* state) ABSL_NO_THREAD_SAFETY_ANALYSIS : state_(state) {
+      state_->mu_.Lock();
+    }
+    void Release() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      if (state_ != nullptr) state_->mu_.Unlock();
+      state_ = nullptr;
+    }
 
-    GradientState* state_;
-    std::unique_lock<std::mutex> lock_;
+    GradientState* state_;  // null once moved from
   };
 
   // Waits for the buffer and the count to be free.
@@ -77,9 +110,9 @@ class GradientState {
 
  private:
   const std::uint64_t bytes_;
-  std::mutex mu_;
-  std::optional<Buffer> buffer_;  // under mu_
-  std::uint64_t calls_ = 0;       // under mu_
+  absl::Mutex mu_;
+  std::optional<Buffer> buffer_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> created_{false};
 };
 
