@@ -23,18 +23,20 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "logitd/reference/blas_kernels.h"
 #include "logitd/v1/logitd.grpc.pb.h"
@@ -99,14 +101,14 @@ absl::Status InstallStopSignalHandlers() {
   return absl::OkStatus();
 }
 
-// The device's loss, as the backend reported it; the waiter thread is told
-// through the stop pipe.
-std::mutex g_device_lost_mu;
-absl::Status g_device_lost;
+// The device's loss, as the backend reported it, guarded by
+// g_device_lost_mu; the waiter thread is told through the stop pipe.
+ABSL_CONST_INIT absl::Mutex g_device_lost_mu(absl::kConstInit);
+absl::Status g_device_lost ABSL_GUARDED_BY(g_device_lost_mu);
 
 void OnDeviceLost(const absl::Status& cause) {
   {
-    std::lock_guard<std::mutex> lock(g_device_lost_mu);
+    absl::MutexLock lock(&g_device_lost_mu);
     g_device_lost = cause;
   }
   const unsigned char b = kDeviceLostMessage;
@@ -314,7 +316,7 @@ void ReloadTokens(service::Authenticator& auth) {
   // Said once, here: the calls that fail say it again only to their callers.
   absl::Status cause;
   {
-    std::lock_guard<std::mutex> lock(g_device_lost_mu);
+    absl::MutexLock lock(&g_device_lost_mu);
     cause = g_device_lost;
   }
   LogError(absl::StrCat(cause.message(), ". Not serving; in-flight calls have ",

@@ -8,13 +8,13 @@
 namespace logitd::service {
 
 void InputProgress::Expect(absl::string_view name, std::uint64_t bytes, std::int64_t m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   inputs_.push_back(Input{std::string(name), bytes, m});
 }
 
 void InputProgress::Landed(absl::string_view name, std::uint64_t bytes) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (Input& in : inputs_) {
       if (in.name != name) continue;
       in.landed = std::max(in.landed, bytes);
@@ -24,41 +24,41 @@ void InputProgress::Landed(absl::string_view name, std::uint64_t bytes) {
       in.rows_in = row_bytes == 0 ? in.m : static_cast<std::int64_t>(in.landed / row_bytes);
     }
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void InputProgress::Ended(absl::Status status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ended_ = true;
     status_ = std::move(status);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 absl::Status InputProgress::WaitRows(std::int64_t rows) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto in_place = [&] {
+  absl::MutexLock lock(&mu_);
+  const auto in_place = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const Input& in : inputs_) {
       if (in.rows_in < std::min(rows, in.m)) return false;
     }
     return true;
   };
-  changed_.wait(lock, [&] { return in_place() || ended_; });
+  while (!in_place() && !ended_) changed_.Wait(&mu_);
   if (!status_.ok()) return status_;
   if (in_place()) return absl::OkStatus();
   return absl::InternalError("the request stream ended OK before every row of its inputs arrived");
 }
 
 absl::Status InputProgress::WaitInput(absl::string_view name) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const auto in_place = [&] {
+  absl::MutexLock lock(&mu_);
+  const auto in_place = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const Input& in : inputs_) {
       if (in.name == name && in.rows_in < in.m) return false;
     }
     return true;
   };
-  changed_.wait(lock, [&] { return in_place() || ended_; });
+  while (!in_place() && !ended_) changed_.Wait(&mu_);
   if (!status_.ok()) return status_;
   if (in_place()) return absl::OkStatus();
   return absl::InternalError(
@@ -66,7 +66,7 @@ absl::Status InputProgress::WaitInput(absl::string_view name) {
 }
 
 absl::Status InputProgress::status() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return status_;
 }
 

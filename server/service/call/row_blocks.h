@@ -4,14 +4,14 @@
 // first r rows of an input are its first r * bytes / M bytes.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace logitd::service {
 
@@ -44,11 +44,13 @@ class InputProgress {
     // Rows [0, rows_in) are in place.
     std::int64_t rows_in = 0;
   };
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  std::vector<Input> inputs_;
-  bool ended_ = false;
-  absl::Status status_;
+  // mu_ guards the inputs' progress and the reception's end; changed_ is
+  // signalled when either moves.
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::vector<Input> inputs_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace logitd::service

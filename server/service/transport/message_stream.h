@@ -7,13 +7,14 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "logitd/wire/chunk_message.h"
 #include "server/kernels/backend.h"
@@ -103,34 +104,40 @@ class SendingBuffers {
   std::shared_ptr<const void> Hold(kernels::HostBuffer buffer) {
     auto* owned = new kernels::HostBuffer(std::move(buffer));
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       ++state_->count;
     }
     return std::shared_ptr<const void>(owned->data(), [state = state_, owned](const void*) {
       delete owned;
-      std::lock_guard<std::mutex> lock(state->mu);
-      if (--state->count == 0) state->idle.notify_all();
+      absl::MutexLock lock(&state->mu);
+      if (--state->count == 0) state->idle.SignalAll();
     });
   }
 
   // True when none is held any more; false when `timeout` passed first.
   bool WaitIdle(absl::Duration timeout) {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    return state_->idle.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                                 [this] { return state_->count == 0; });
+    absl::MutexLock lock(&state_->mu);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (state_->count != 0) {
+      // Timed out: idle only if the last holder let go just then.
+      if (state_->idle.WaitWithDeadline(&state_->mu, deadline)) return state_->count == 0;
+    }
+    return true;
   }
 
   int held() const {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     return state_->count;
   }
 
  private:
   // Shared with the holders' deleters, which may run after this is gone.
+  // mu guards the count of buffers held; idle is signalled when it
+  // reaches 0.
   struct State {
-    std::mutex mu;
-    std::condition_variable idle;
-    int count = 0;
+    absl::Mutex mu;
+    absl::CondVar idle;
+    int count ABSL_GUARDED_BY(mu) = 0;
   };
   std::shared_ptr<State> state_;
 };

@@ -1,13 +1,14 @@
 #include "server/service/transport/raw_stream.h"
 
-#include <chrono>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace logitd::service {
 
@@ -15,18 +16,18 @@ namespace logitd::service {
 
 namespace {
 // How long a thread with nothing to do waits for a call before it exits.
-constexpr std::chrono::seconds kIdleExit{30};
+constexpr absl::Duration kIdleExit = absl::Seconds(30);
 }  // namespace
 
 CallThreads::~CallThreads() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   stopping_ = true;
-  wake_.notify_all();
-  exited_.wait(lock, [this] { return threads_ == 0; });
+  wake_.SignalAll();
+  while (threads_ != 0) exited_.Wait(&mu_);
 }
 
 bool CallThreads::Run(std::function<void()> work) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // Every queued call needs a thread of its own: a handler blocks on its
   // client for as long as the call lasts.
   if (threads_ - busy_ < static_cast<int>(queue_.size()) + 1) {
@@ -35,15 +36,18 @@ bool CallThreads::Run(std::function<void()> work) {
     std::thread([this] { Work(); }).detach();
   }
   queue_.push_back(std::move(work));
-  wake_.notify_one();
+  wake_.Signal();
   return true;
 }
 
 void CallThreads::Work() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (true) {
-    const bool woke =
-        wake_.wait_for(lock, kIdleExit, [this] { return !queue_.empty() || stopping_; });
+    // Until a call or the stop comes, or kIdleExit passes without either.
+    const absl::Time idle_until = absl::Now() + kIdleExit;
+    while (queue_.empty() && !stopping_ && !wake_.WaitWithDeadline(&mu_, idle_until)) {
+    }
+    const bool woke = !queue_.empty() || stopping_;
     if (queue_.empty()) {
       if (stopping_ || !woke) break;
       continue;
@@ -51,14 +55,14 @@ void CallThreads::Work() {
     std::function<void()> work = std::move(queue_.front());
     queue_.pop_front();
     ++busy_;
-    lock.unlock();
+    mu_.Unlock();
     work();
     work = nullptr;
-    lock.lock();
+    mu_.Lock();
     --busy_;
   }
   --threads_;
-  exited_.notify_all();
+  exited_.SignalAll();
 }
 
 // --- Reactors ------------------------------------------------------------------
@@ -100,7 +104,7 @@ class CallCore : public Reactor, public RawStream {
 
   void FinishWhenWritten(grpc::Status status) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       finishing_ = true;
       if (writing_) {
         finish_status_ = std::move(status);
@@ -111,14 +115,17 @@ class CallCore : public Reactor, public RawStream {
     this->Finish(status);
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  // mu_ guards the call's finish and writes here, and the reading and
+  // writing state of the classes built on this; cv_ wakes the handler when
+  // a message comes, a write is done or reading stops.
+  absl::Mutex mu_;
+  absl::CondVar cv_;
   // A finish was asked for: no read is started any more.
-  bool finishing_ = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   // A write is with gRPC; the finish waits for the last one.
-  bool writing_ = false;
-  bool finish_when_written_ = false;
-  grpc::Status finish_status_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_when_written_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
 
  private:
   grpc::CallbackServerContext* const context_;
@@ -132,32 +139,32 @@ class Reading : public Base {
   using Base::Base;
 
   bool Read(grpc::ByteBuffer* message) override {
-    std::unique_lock<std::mutex> lock(this->mu_);
-    this->cv_.wait(lock, [this] { return !ready_.empty() || ended_; });
+    absl::ReleasableMutexLock lock(&this->mu_);
+    while (ready_.empty() && !ended_) this->cv_.Wait(&this->mu_);
     if (ready_.empty()) return false;
     *message = ready_.front();
     ready_.pop_front();
     const bool rearm = !pending_ && !ended_ && !this->finishing_;
     if (rearm) pending_ = true;
-    lock.unlock();
+    lock.Release();
     if (rearm) this->StartRead(&incoming_);
     return true;
   }
 
   void StopReading() override {
     {
-      std::lock_guard<std::mutex> lock(this->mu_);
+      absl::MutexLock lock(&this->mu_);
       stopped_ = true;
       ended_ = true;
       ready_.clear();
     }
-    this->cv_.notify_all();
+    this->cv_.SignalAll();
   }
 
   void OnReadDone(bool ok) override {
     bool rearm = false;
     {
-      std::lock_guard<std::mutex> lock(this->mu_);
+      absl::MutexLock lock(&this->mu_);
       if (stopped_) {
         // A read that was in flight: its message is dropped, none follows.
         incoming_.Clear();
@@ -173,14 +180,14 @@ class Reading : public Base {
       }
       pending_ = rearm;
     }
-    this->cv_.notify_all();
+    this->cv_.SignalAll();
     if (rearm) this->StartRead(&incoming_);
   }
 
  protected:
   void BeginReading() override {
     {
-      std::lock_guard<std::mutex> lock(this->mu_);
+      absl::MutexLock lock(&this->mu_);
       pending_ = true;
     }
     this->StartRead(&incoming_);
@@ -188,10 +195,12 @@ class Reading : public Base {
 
  private:
   grpc::ByteBuffer incoming_;  // the target of the read in flight
-  std::deque<grpc::ByteBuffer> ready_;
-  bool pending_ = false;
-  bool ended_ = false;
-  bool stopped_ = false;  // StopReading: nothing more is read
+  // The messages read ahead, whether a read is in flight, and whether the
+  // stream has ended; Base::mu_ guards them.
+  std::deque<grpc::ByteBuffer> ready_ ABSL_GUARDED_BY(Base::mu_);
+  bool pending_ ABSL_GUARDED_BY(Base::mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(Base::mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(Base::mu_) = false;  // StopReading: nothing more is read
 };
 
 // Queues writes: Write returns once gRPC has the message or it is queued
@@ -202,14 +211,14 @@ class Writing : public Base {
   using Base::Base;
 
   bool Write(const grpc::ByteBuffer& message) override {
-    std::unique_lock<std::mutex> lock(this->mu_);
-    this->cv_.wait(lock, [this] { return queue_.size() < kWriteQueue || failed_; });
+    absl::ReleasableMutexLock lock(&this->mu_);
+    while (queue_.size() >= kWriteQueue && !failed_) this->cv_.Wait(&this->mu_);
     if (failed_) return false;
     queue_.push_back(message);  // shares the slices
     if (this->writing_) return true;
     this->writing_ = true;
     const grpc::ByteBuffer* next = &queue_.front();
-    lock.unlock();
+    lock.Release();
     this->StartWrite(next);
     return true;
   }
@@ -219,7 +228,7 @@ class Writing : public Base {
     bool finish = false;
     grpc::Status status;
     {
-      std::lock_guard<std::mutex> lock(this->mu_);
+      absl::MutexLock lock(&this->mu_);
       queue_.pop_front();
       if (!ok) {
         failed_ = true;
@@ -233,7 +242,7 @@ class Writing : public Base {
         status = this->finish_status_;
       }
     }
-    this->cv_.notify_all();
+    this->cv_.SignalAll();
     if (next != nullptr) {
       this->StartWrite(next);
     } else if (finish) {
@@ -242,8 +251,11 @@ class Writing : public Base {
   }
 
  private:
-  std::deque<grpc::ByteBuffer> queue_;
-  bool failed_ = false;
+  // The messages written and not yet taken by gRPC (the first is with it
+  // while a write is in flight), and whether a write failed; Base::mu_
+  // guards them.
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(Base::mu_);
+  bool failed_ ABSL_GUARDED_BY(Base::mu_) = false;
 };
 
 using BidiCall =

@@ -14,11 +14,12 @@
 #include <grpcpp/support/server_callback.h>
 #include <grpcpp/support/status.h>
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace logitd::service {
 
@@ -58,13 +59,16 @@ class CallThreads {
   void Work();
 
   const int max_threads_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::condition_variable exited_;
-  std::deque<std::function<void()>> queue_;
-  int threads_ = 0;
-  int busy_ = 0;
-  bool stopping_ = false;
+  // mu_ guards the calls waiting for a thread, the threads' counts and the
+  // stop; wake_ tells the threads of a call or the stop, exited_ tells the
+  // destructor of a thread's end.
+  absl::Mutex mu_;
+  absl::CondVar wake_;
+  absl::CondVar exited_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  int threads_ ABSL_GUARDED_BY(mu_) = 0;
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The reactor of a bidirectional raw call that runs `handler` on `threads`.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "logitd/tensor.h"
 #include "logitd/wire/chunk_message.h"
@@ -70,10 +71,10 @@ absl::Status TensorCallBase::FinishReceive() {
 
 void TensorCallBase::RowsDone(std::int64_t rows) {
   {
-    std::lock_guard<std::mutex> lock(send_mu_);
+    absl::MutexLock lock(&send_mu_);
     rows_done_ = rows;
   }
-  send_cv_.notify_all();
+  send_cv_.SignalAll();
 }
 
 void TensorCallBase::StartStreaming(std::function<bool(const grpc::ByteBuffer&)> write,
@@ -97,23 +98,22 @@ void TensorCallBase::StartStreaming(std::function<bool(const grpc::ByteBuffer&)>
   sender_ = std::thread([this, write = std::move(write)] {
     sent_ = StreamOutputs(write);
     if (!sent_.ok()) {
-      std::lock_guard<std::mutex> lock(send_mu_);
+      absl::MutexLock lock(&send_mu_);
       sender_failed_ = true;
     }
-    send_cv_.notify_all();
+    send_cv_.SignalAll();
   });
 }
 
 std::optional<std::uint64_t> TensorCallBase::AwaitReady(const Streamed& out, std::uint64_t want) {
-  std::unique_lock<std::mutex> lock(send_mu_);
-  const auto ready_now = [&] {
+  absl::MutexLock lock(&send_mu_);
+  const auto ready_now = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_) {
     return all_done_ ? out.bytes
                      : std::min(out.bytes, static_cast<std::uint64_t>(rows_done_) * out.row_bytes);
   };
-  send_cv_.wait(lock, [&] {
-    const std::uint64_t r = ready_now();
-    return stop_sending_ || sender_failed_ || r >= std::min(want, out.bytes);
-  });
+  while (!stop_sending_ && !sender_failed_ && ready_now() < std::min(want, out.bytes)) {
+    send_cv_.Wait(&send_mu_);
+  }
   if (stop_sending_ || sender_failed_) return std::nullopt;
   return ready_now();
 }
@@ -168,14 +168,14 @@ void TensorCallBase::HashOutputs() {
 absl::Status TensorCallBase::FinishStreaming(
     absl::Status computed, std::vector<std::pair<std::string, std::uint64_t>>* digests) {
   {
-    std::lock_guard<std::mutex> lock(send_mu_);
+    absl::MutexLock lock(&send_mu_);
     if (computed.ok()) {
       all_done_ = true;
     } else {
       stop_sending_ = true;
     }
   }
-  send_cv_.notify_all();
+  send_cv_.SignalAll();
   if (sender_.joinable()) sender_.join();
   if (hasher_.joinable()) hasher_.join();
   LOGITD_RETURN_IF_ERROR(computed);

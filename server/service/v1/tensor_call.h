@@ -11,12 +11,10 @@
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/byte_buffer.h>
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -24,9 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "logitd/status_macros.h"
 #include "logitd/v1/logitd.pb.h"
@@ -153,13 +153,15 @@ class TensorCallBase : public Transport {
   std::size_t chunk_bytes_ = 0;
   std::thread sender_;
   std::thread hasher_;
-  std::mutex send_mu_;
-  std::condition_variable send_cv_;
-  std::int64_t rows_done_ = 0;  // guarded by send_mu_
-  bool all_done_ = false;       // guarded by send_mu_
-  bool stop_sending_ = false;   // guarded by send_mu_
-  bool sender_failed_ = false;  // guarded by send_mu_
-  absl::Status sent_;           // the sender's, read after it is joined
+  // send_mu_ guards the rows done and how the sending stands; send_cv_ is
+  // signalled when either moves.
+  absl::Mutex send_mu_;
+  absl::CondVar send_cv_;
+  std::int64_t rows_done_ ABSL_GUARDED_BY(send_mu_) = 0;
+  bool all_done_ ABSL_GUARDED_BY(send_mu_) = false;
+  bool stop_sending_ ABSL_GUARDED_BY(send_mu_) = false;
+  bool sender_failed_ ABSL_GUARDED_BY(send_mu_) = false;
+  absl::Status sent_;  // the sender's, read after it is joined
   // The outputs' digests, by the sender or the hasher, read after both are
   // joined.
   std::vector<std::pair<std::string, std::uint64_t>> sent_digests_;
