@@ -86,7 +86,7 @@ class Metrics {
     prometheus::Counter* bytes_sent = nullptr;
   };
   PerRpc& ForRpc(absl::string_view rpc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  void UpdateGauges();
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
