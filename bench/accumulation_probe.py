@@ -25,11 +25,12 @@ the upcast operands with TF32 on and off. Exit 0 unless a path breaks the bound
 γ_n(2u)·Σ|x·w| that Verify proves (then 1, with the element).
 """
 import argparse
-import json
 import math
 import sys
 
 import torch
+
+import bench_report
 
 U = 2.0 ** -24
 
@@ -195,9 +196,7 @@ def main():
     print("\nedges")
     for n, e in report["edges"].items():
         print(f"  {n}: {e}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    bench_report.write_json_report(args.json, report)
     return 1 if failed else 0
 
 

@@ -34,7 +34,6 @@ scale). Writes JSON and prints a table last.
 """
 import argparse
 import ctypes
-import json
 import math
 import statistics
 import sys
@@ -43,6 +42,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import bench_report
 import logitd_capi
 
 IGNORE = -100
@@ -428,9 +428,7 @@ def main():
 
     report["mm_out_dtype"] = _MM_OUT_DTYPE
     table = render(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    bench_report.write_json_report(args.json, report, indent=2)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table + "\n")

@@ -24,6 +24,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_report  # noqa: E402
 import logitd_capi  # noqa: E402
 
 IGNORE = -100
@@ -201,9 +202,7 @@ def main():
             report[title] = entry
             lib.logitd_bench_engine_destroy(ctypes.c_void_p(engine))
 
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    bench_report.write_json_report(args.json, report)
     return 0
 
 

@@ -21,13 +21,13 @@ prints a table (times and ratios against the fastest PyTorch variant).
 """
 import argparse
 import ctypes
-import json
 import math
 import statistics
 import sys
 
 import torch
 
+import bench_report
 import logitd_capi
 
 
@@ -183,9 +183,7 @@ def main():
         report["shapes"].append(entry)
         del x, w, t, results
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    bench_report.write_json_report(args.json, report)
     return 0
 
 

@@ -10,13 +10,13 @@ read of 2x L2, each at least 1 ms long) with the variants interleaved. Writes JS
 """
 import argparse
 import ctypes
-import json
 import math
 import statistics
 import sys
 
 import torch
 
+import bench_report
 import logitd_capi
 
 
@@ -270,9 +270,8 @@ def main():
         torch.cuda.empty_cache()
 
     report["mm_out_dtype_into_out"] = _OUT_DTYPE_TAKES_OUT
+    bench_report.write_json_report(args.json, report, indent=2)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
         print(f"wrote {args.json}")
     return 0
 
