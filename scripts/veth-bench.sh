@@ -16,6 +16,8 @@
 #   VETH_REQUESTS           requests per stream and row (default 4)
 #   VETH_BACKEND            logitd --backend (default cpu)
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib/port-file.sh
+source "$(dirname "$(readlink -f "$0")")/lib/port-file.sh"
 if [ $# -lt 3 ]; then
   sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
@@ -62,11 +64,7 @@ rm -f "$port_file"
 ip netns exec "$ns" "$logitd" --backend="$backend" --address=0.0.0.0:0 --port_file="$port_file" \
   --insecure_allow_remote "$@" >"$out/veth_server.log" 2>&1 &
 server_pid=$!
-for _ in $(seq 1 120); do
-  [ -s "$port_file" ] && break
-  kill -0 "$server_pid" 2>/dev/null || break
-  sleep 0.5
-done
+wait_for_port_file "$port_file" "$server_pid" || true  # no port is reported below
 port=$(tr -dc '0-9' <"$port_file" 2>/dev/null || true)
 rm -f "$port_file"
 if [ -z "$port" ]; then

@@ -72,6 +72,9 @@ setup_build() {
   fi
 }
 
+# wait_for_port_file, for start_server.
+# shellcheck source-path=SCRIPTDIR source=../lib/port-file.sh
+source "$root/scripts/lib/port-file.sh"
 find_bin() { find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -1; }
 # Both logitd and logitctl, for the steps that talk to a server.
 have_server_and_client() { [ -n "$(find_bin logitd)" ] && [ -n "$(find_bin logitctl)" ]; }
@@ -91,12 +94,7 @@ start_server() {
   "${server_wrapper[@]}" "${server_bin:-$(find_bin logitd)}" --backend="${server_backend:-cuda}" --address=127.0.0.1:0 \
     --port_file="$port_file" "$@" >>"$log" 2>&1 &
   server_pid=$!
-  for _ in $(seq 1 120); do
-    [ -s "$port_file" ] && break
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  [ -s "$port_file" ] && port=$(tr -dc '0-9' <"$port_file")
+  wait_for_port_file "$port_file" "$server_pid" && port=$(tr -dc '0-9' <"$port_file")
   rm -f "$port_file"
   [ -n "$port" ]
 }
