@@ -45,54 +45,56 @@ struct Problem {
   std::vector<std::int64_t> targets;
 };
 
-Problem RandomProblem(std::int64_t m, std::int64_t v, std::int64_t k, float w_sigma,
-                      std::uint32_t seed) {
+// Rounds n draws to bf16 into bits, with the exact value of each rounded
+// element in values.
+template <typename Draw>
+void FillBf16(std::int64_t n, Draw draw, std::vector<Bf16Bits>* bits, std::vector<double>* values) {
+  bits->resize(static_cast<std::size_t>(n));
+  values->resize(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < bits->size(); ++i) {
+    (*bits)[i] = FloatToBf16(draw());
+    (*values)[i] = Bf16ToFloat((*bits)[i]);
+  }
+}
+
+// A problem of the given shape: fill_operands draws X and W from one
+// generator seeded with seed, then the targets are drawn uniformly from
+// [0, V) by the same generator.
+template <typename FillOperands>
+Problem DrawProblem(std::int64_t m, std::int64_t v, std::int64_t k, std::uint32_t seed,
+                    FillOperands fill_operands) {
   Problem p;
   p.m = m;
   p.v = v;
   p.k = k;
   std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  auto fill = [&](std::int64_t n, float sigma, std::vector<Bf16Bits>* bits,
-                  std::vector<double>* values) {
-    bits->resize(static_cast<std::size_t>(n));
-    values->resize(static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < bits->size(); ++i) {
-      (*bits)[i] = FloatToBf16(sigma * normal(rng));
-      (*values)[i] = Bf16ToFloat((*bits)[i]);
-    }
-  };
-  fill(m * k, 1.0f, &p.x, &p.xv);
-  fill(v * k, w_sigma, &p.w, &p.wv);
+  fill_operands(rng, p);
   std::uniform_int_distribution<std::int64_t> token(0, v - 1);
   p.targets.resize(static_cast<std::size_t>(m));
   for (std::int64_t& t : p.targets) t = token(rng);
   return p;
 }
 
+Problem RandomProblem(std::int64_t m, std::int64_t v, std::int64_t k, float w_sigma,
+                      std::uint32_t seed) {
+  return DrawProblem(m, v, k, seed, [&](std::mt19937& rng, Problem& p) {
+    std::normal_distribution<float> normal;
+    auto x_draw = [&] { return normal(rng); };
+    auto w_draw = [&] { return w_sigma * normal(rng); };
+    FillBf16(m * k, x_draw, &p.x, &p.xv);
+    FillBf16(v * k, w_draw, &p.w, &p.wv);
+  });
+}
+
 // Integers in [lo, hi] (exact in bf16): sums stay exact in fp32.
 Problem IntegerProblem(std::int64_t m, std::int64_t v, std::int64_t k, int lo, int hi,
                        std::uint32_t seed) {
-  Problem p;
-  p.m = m;
-  p.v = v;
-  p.k = k;
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(lo, hi);
-  auto fill = [&](std::int64_t n, std::vector<Bf16Bits>* bits, std::vector<double>* values) {
-    bits->resize(static_cast<std::size_t>(n));
-    values->resize(static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < bits->size(); ++i) {
-      (*values)[i] = dist(rng);
-      (*bits)[i] = FloatToBf16(static_cast<float>((*values)[i]));
-    }
-  };
-  fill(m * k, &p.x, &p.xv);
-  fill(v * k, &p.w, &p.wv);
-  std::uniform_int_distribution<std::int64_t> token(0, v - 1);
-  p.targets.resize(static_cast<std::size_t>(m));
-  for (std::int64_t& t : p.targets) t = token(rng);
-  return p;
+  return DrawProblem(m, v, k, seed, [&](std::mt19937& rng, Problem& p) {
+    std::uniform_int_distribution<int> dist(lo, hi);
+    auto draw = [&] { return static_cast<float>(dist(rng)); };
+    FillBf16(m * k, draw, &p.x, &p.xv);
+    FillBf16(v * k, draw, &p.w, &p.wv);
+  });
 }
 
 struct CeOptions {
