@@ -19,6 +19,7 @@
 #include "logitd/wire/wire.h"
 #include "tests/common/stub_stream.h"
 #include "tests/integration/integration_util.h"
+#include "tests/integration/shared_weight_test.h"
 
 namespace logitd::testing {
 namespace {
@@ -28,7 +29,7 @@ using ::testing::HasSubstr;
 constexpr std::int64_t kV = 64;
 constexpr std::int64_t kK = 128;
 
-class BadInputTest : public SharedServerTest {
+class BadInputTest : public SharedWeightTest {
  public:
   // For the raw-stream helpers below.
   static v1::Logitd::Stub& StubForTest() { return *stub_; }
@@ -44,13 +45,7 @@ class BadInputTest : public SharedServerTest {
       return;
     }
     handle_ = new std::string(info->handle);
-    stub_ = NewGeneratedStub<v1::Logitd>(server_->process.address());
-  }
-  static void TearDownTestSuite() {
-    delete stub_;
-    delete handle_;
-    delete weight_;
-    SharedServerTest::TearDownTestSuite();
+    OpenStub();
   }
   void SetUp() override { ASSERT_EQ(start_error_, nullptr) << *start_error_; }
   // The point of every test here: a refused call leaves a working server.
@@ -64,10 +59,6 @@ class BadInputTest : public SharedServerTest {
 
   static const std::string& handle() { return *handle_; }
   static v1::Logitd::Stub& stub() { return *stub_; }
-
-  static inline Tensor* weight_ = nullptr;
-  static inline std::string* handle_ = nullptr;
-  static inline v1::Logitd::Stub* stub_ = nullptr;
 };
 
 // --- through the client --------------------------------------------------------

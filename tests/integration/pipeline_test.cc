@@ -27,6 +27,7 @@
 #include "tests/common/seeded_tensors.h"
 #include "tests/common/targets.h"
 #include "tests/integration/integration_util.h"
+#include "tests/integration/shared_weight_test.h"
 
 namespace logitd::testing {
 namespace {
@@ -38,7 +39,7 @@ constexpr std::int64_t kK = 200;
 // both fall inside rows.
 constexpr std::size_t kClientChunk = 1000;
 
-class PipelineTest : public SharedServerTest {
+class PipelineTest : public SharedWeightTest {
  protected:
   static void SetUpTestSuite() {
     client::ClientOptions options;
@@ -47,13 +48,7 @@ class PipelineTest : public SharedServerTest {
     if (server_ == nullptr) return;
     weight_ = new Tensor(NormalBf16({kV, kK}, 7));
     handle_ = new std::string(Register(*weight_, "w"));
-    stub_ = NewGeneratedStub<v1::Logitd>(server_->process.address());
-  }
-  static void TearDownTestSuite() {
-    delete stub_;
-    delete handle_;
-    delete weight_;
-    SharedServerTest::TearDownTestSuite();
+    OpenStub();
   }
 
   struct Ran {
@@ -152,10 +147,6 @@ class PipelineTest : public SharedServerTest {
     got.status = stream->Finish();
     return got;
   }
-
-  static inline Tensor* weight_ = nullptr;
-  static inline std::string* handle_ = nullptr;
-  static inline v1::Logitd::Stub* stub_ = nullptr;
 };
 
 TEST_F(PipelineTest, RowBlocksGiveTheBitsOfTheWholeCall) {
