@@ -74,7 +74,7 @@ setup_build() {
 
 # wait_for_port_file, for start_server.
 # shellcheck source-path=SCRIPTDIR source=../lib/port-file.sh
-source "$root/scripts/lib/port-file.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/port-file.sh"
 find_bin() { find "$build" -type f -name "$1" -perm -u+x 2>/dev/null | head -1; }
 # Both logitd and logitctl, for the steps that talk to a server.
 have_server_and_client() { [ -n "$(find_bin logitd)" ] && [ -n "$(find_bin logitctl)" ]; }
