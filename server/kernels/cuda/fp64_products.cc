@@ -11,6 +11,7 @@
 #include "server/kernels/cuda/cast_kernels.h"
 #include "server/kernels/cuda/cuda_status.h"
 #include "server/kernels/cuda/judge_kernels.h"
+#include "server/kernels/cuda/model_kernels.h"
 
 namespace logitd::kernels::cuda {
 
@@ -172,13 +173,101 @@ absl::Status CudaFp64Products::Product(bool transposed, const double* a, std::in
   return absl::OkStatus();
 }
 
-absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl::Status()>& form,
-                                     const ModelOperands& model, const std::int64_t* rows,
-                                     std::int64_t m, const void* candidate, const void* own,
-                                     const judgement::ProductRule& rule, CheckFigures* figures) {
-  LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
-  cudaStream_t s = stream_.get();
-  const std::size_t row_bytes = static_cast<std::size_t>(cols) * (rule.bf16 ? 2 : 4);
+// Where Judge's counts land on the host (host_counts_): the counts, the
+// elements outside per row, the collected elements and their count, and
+// the rows' class counts, one after the other.
+struct CudaFp64Products::JudgeLayout {
+  JudgeLayout(std::int64_t m, std::int64_t cols)
+      : capacity(static_cast<std::size_t>(cols) + CandidateCheck::kReportedOutside + 1),
+        rows_bytes(static_cast<std::size_t>(m) * sizeof(unsigned int)),
+        collected_bytes(capacity * sizeof(JudgedElement)),
+        class_bytes(static_cast<std::size_t>(m) * sizeof(judgement::ClassRow)),
+        rows_at(sizeof(JudgeCounts)),
+        collected_at((rows_at + rows_bytes + 63) / 64 * 64),
+        count_at(collected_at + collected_bytes),
+        class_at((count_at + sizeof(unsigned int) + 63) / 64 * 64) {}
+  // Room for every element of the rows that hold the first
+  // kReportedOutside outside ones: fewer than that before the last of those
+  // rows, at most a row in it, and the first outside the proven bound.
+  std::size_t capacity;
+  std::size_t rows_bytes, collected_bytes, class_bytes;
+  std::size_t rows_at, collected_at, count_at, class_at;
+};
+
+namespace {
+
+double DoubleOfBits(unsigned long long bits) {
+  double d;
+  std::memcpy(&d, &bits, 8);
+  return d;
+}
+
+// The figures of a block of `elements` from its counts on the device.
+void FiguresOfCounts(const JudgeCounts& c, std::int64_t elements, CheckFigures* figures) {
+  *figures = CheckFigures();
+  figures->elements = elements;
+  figures->outside = static_cast<std::int64_t>(c.outside);
+  figures->worst_fraction = DoubleOfBits(c.worst_fraction_bits);
+  figures->outside_probabilistic = static_cast<std::int64_t>(c.outside_probabilistic);
+  figures->worst_probabilistic_fraction = DoubleOfBits(c.worst_probabilistic_fraction_bits);
+  figures->own_outside_probabilistic = static_cast<std::int64_t>(c.own_outside_probabilistic);
+  figures->bitwise_equal = static_cast<std::int64_t>(c.bitwise_equal);
+  figures->nan_inf_mismatches = static_cast<std::int64_t>(c.nan_inf_mismatches);
+  figures->max_ulp = static_cast<std::int64_t>(c.max_ulp);
+  for (std::size_t b = 0; b < figures->histogram.size(); ++b) {
+    figures->histogram[b] = static_cast<std::int64_t>(c.histogram[b]);
+  }
+  for (std::size_t b = 0; b < figures->ulp_counts.size(); ++b) {
+    figures->ulp_counts[b] = static_cast<std::int64_t>(c.ulp[b]);
+    figures->ulp_exact_counts[b] = static_cast<std::int64_t>(c.ulp_exact[b]);
+  }
+  figures->ulp_exact_elements = elements;
+  figures->max_ulp_exact = static_cast<std::int64_t>(c.max_ulp_exact);
+}
+
+// Each row's class counts under the call's row index, its largest
+// element's position turned into the call's flat index.
+void AddClassRows(const judgement::ClassRow* class_rows, const std::int64_t* rows, std::int64_t m,
+                  std::int64_t cols, CheckFigures* figures) {
+  for (std::int64_t r = 0; r < m; ++r) {
+    judgement::ClassRow row = class_rows[r];
+    if (row.n == 0) continue;
+    row.top1_index = rows[r] * cols + row.top1_index % cols;
+    judgement::MergeRows(&figures->class_rows[rows[r]], row);
+  }
+}
+
+// The collected elements in the call's flat indices: the first
+// kReportedOutside outside either bound, and the first outside the proven
+// one. False when that one was to be found and was not.
+bool AddCollected(std::vector<JudgedElement> found, const std::int64_t* rows, std::int64_t cols,
+                  bool proven_wanted, CheckFigures* figures) {
+  std::sort(found.begin(), found.end(),
+            [](const JudgedElement& a, const JudgedElement& b) { return a.position < b.position; });
+  bool proven_found = false;
+  for (const JudgedElement& e : found) {
+    const std::int64_t row = e.position / cols, col = e.position % cols;
+    CheckedElement element{rows[row] * cols + col, e.candidate, e.reference, e.bound,
+                           e.probabilistic_bound,  e.own};
+    element.outside_bound = e.fraction > 1.0;
+    if (e.fraction > 1.0 && !proven_found) {
+      figures->first_proven_outside = element;
+      proven_found = true;
+    }
+    if (e.probabilistic_fraction > 1.0 &&
+        figures->first_outside.size() <
+            static_cast<std::size_t>(CandidateCheck::kReportedOutside)) {
+      figures->first_outside.push_back(element);
+    }
+  }
+  return proven_found || !proven_wanted;
+}
+
+}  // namespace
+
+absl::Status CudaFp64Products::CopyRows(const std::int64_t* rows, std::int64_t m,
+                                        std::size_t row_bytes, const void* candidate,
+                                        const void* own) {
   const std::size_t block_bytes = static_cast<std::size_t>(m) * row_bytes;
   LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&candidate_, block_bytes, "the candidate's rows"));
   LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&own_, block_bytes, "logitd's own rows"));
@@ -202,41 +291,24 @@ absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl
     r0 = r1;
   }
   RETURN_IF_CUDA_ERROR(cudaEventRecord(copied_.get(), copy), "verify: copy the rows");
-  LOGITD_CUDA_RETURN_IF_ERROR(form());
-  // The models, from the operands `form` left on the device.
-  const std::size_t elements = static_cast<std::size_t>(m) * static_cast<std::size_t>(cols);
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&seq_, elements * sizeof(float), "the sequential model"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&tc_, elements * sizeof(double), "the tensor-core model"));
-  const std::size_t class_bytes = static_cast<std::size_t>(m) * sizeof(judgement::ClassRow);
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&class_rows_, class_bytes, "the rows' class counts"));
-  RETURN_IF_CUDA_ERROR(LaunchModelSums(model.a->as<double>(), model.sa_i, model.sa_t,
-                                       model.b->as<double>(), model.sb_t, model.sb_j, m, cols,
-                                       model.n, seq_.as<float>(), tc_.as<double>(), s),
-                       "verify: the precision-class models [", m, ", ", cols, "] of ", model.n,
-                       " terms");
-  RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, copied_.get(), 0), "verify: copy the rows");
-  // Room for every element of the rows that hold the first
-  // kReportedOutside outside ones: fewer than that before the last of those
-  // rows, at most a row in it, and the first outside the proven bound.
-  const std::size_t capacity =
-      static_cast<std::size_t>(cols) + CandidateCheck::kReportedOutside + 1;
-  const std::size_t rows_bytes = static_cast<std::size_t>(m) * sizeof(unsigned int);
-  const std::size_t collected_bytes = capacity * sizeof(JudgedElement);
+  return absl::OkStatus();
+}
+
+absl::Status CudaFp64Products::CountOnDevice(const JudgeLayout& at, std::int64_t m,
+                                             std::int64_t cols,
+                                             const judgement::ProductRule& rule) {
+  cudaStream_t s = stream_.get();
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&class_rows_, at.class_bytes, "the rows' class counts"));
   LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&counts_, sizeof(JudgeCounts), "the counts"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&row_outside_, rows_bytes, "outside elements per row"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&collected_, collected_bytes, "outside elements"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&row_outside_, at.rows_bytes, "outside elements per row"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&collected_, at.collected_bytes, "outside elements"));
   LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&collected_count_, sizeof(unsigned int), "their count"));
-  // Host side: the counts, the elements outside per row, the collected
-  // elements and their count, one after the other.
-  const std::size_t host_rows_at = sizeof(JudgeCounts);
-  const std::size_t host_collected_at = (host_rows_at + rows_bytes + 63) / 64 * 64;
-  const std::size_t host_count_at = host_collected_at + collected_bytes;
-  const std::size_t host_class_at = (host_count_at + sizeof(unsigned int) + 63) / 64 * 64;
-  LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_counts_, host_class_at + class_bytes));
+  LOGITD_CUDA_RETURN_IF_ERROR(ReservePinned(&host_counts_, at.class_at + at.class_bytes));
   std::byte* host = static_cast<std::byte*>(host_counts_.get());
+  RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(s, copied_.get(), 0), "verify: copy the rows");
   RETURN_IF_CUDA_ERROR(cudaMemsetAsync(counts_.get(), 0, sizeof(JudgeCounts), s),
                        "verify: clear the counts");
-  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(row_outside_.get(), 0, rows_bytes, s),
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(row_outside_.get(), 0, at.rows_bytes, s),
                        "verify: clear the counts");
   RETURN_IF_CUDA_ERROR(
       LaunchJudge(out_.as<double>(), out_abs_.as<double>(), candidate_.get(), own_.get(), m, cols,
@@ -249,54 +321,26 @@ absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl
   RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(host, counts_.get(), sizeof(JudgeCounts), cudaMemcpyDeviceToHost, s),
       "verify: copy the counts to the host");
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + host_class_at, class_rows_.get(), class_bytes,
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + at.class_at, class_rows_.get(), at.class_bytes,
                                        cudaMemcpyDeviceToHost, s),
                        "verify: copy the rows' precision-class counts to the host");
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + host_rows_at, row_outside_.get(), rows_bytes,
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + at.rows_at, row_outside_.get(), at.rows_bytes,
                                        cudaMemcpyDeviceToHost, s),
                        "verify: copy the counts to the host");
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s), "verify: judge the elements");
-  JudgeCounts c;
-  std::memcpy(&c, host, sizeof c);
-  const auto as_double = [](unsigned long long bits) {
-    double d;
-    std::memcpy(&d, &bits, 8);
-    return d;
-  };
-  *figures = CheckFigures();
-  figures->elements = m * cols;
-  figures->outside = static_cast<std::int64_t>(c.outside);
-  figures->worst_fraction = as_double(c.worst_fraction_bits);
-  figures->outside_probabilistic = static_cast<std::int64_t>(c.outside_probabilistic);
-  figures->worst_probabilistic_fraction = as_double(c.worst_probabilistic_fraction_bits);
-  figures->own_outside_probabilistic = static_cast<std::int64_t>(c.own_outside_probabilistic);
-  figures->bitwise_equal = static_cast<std::int64_t>(c.bitwise_equal);
-  figures->nan_inf_mismatches = static_cast<std::int64_t>(c.nan_inf_mismatches);
-  figures->max_ulp = static_cast<std::int64_t>(c.max_ulp);
-  for (std::size_t b = 0; b < figures->histogram.size(); ++b) {
-    figures->histogram[b] = static_cast<std::int64_t>(c.histogram[b]);
-  }
-  for (std::size_t b = 0; b < figures->ulp_counts.size(); ++b) {
-    figures->ulp_counts[b] = static_cast<std::int64_t>(c.ulp[b]);
-    figures->ulp_exact_counts[b] = static_cast<std::int64_t>(c.ulp_exact[b]);
-  }
-  figures->ulp_exact_elements = m * cols;
-  figures->max_ulp_exact = static_cast<std::int64_t>(c.max_ulp_exact);
-  // Each row's class counts under the call's row index, its largest
-  // element's position turned into the call's flat index.
-  const auto* class_rows = reinterpret_cast<const judgement::ClassRow*>(host + host_class_at);
-  for (std::int64_t r = 0; r < m; ++r) {
-    judgement::ClassRow row = class_rows[r];
-    if (row.n == 0) continue;
-    row.top1_index = rows[r] * cols + row.top1_index % cols;
-    judgement::MergeRows(&figures->class_rows[rows[r]], row);
-  }
-  if (c.outside == 0 && c.outside_probabilistic == 0) return absl::OkStatus();
+  return absl::OkStatus();
+}
 
+absl::Status CudaFp64Products::CollectOutside(const JudgeLayout& at, const JudgeCounts& c,
+                                              const std::int64_t* rows, std::int64_t m,
+                                              std::int64_t cols, const judgement::ProductRule& rule,
+                                              CheckFigures* figures) {
+  cudaStream_t s = stream_.get();
+  std::byte* host = static_cast<std::byte*>(host_counts_.get());
   // The rows up to the one where the kReportedOutside-th outside element
   // lies, collected whole; and the first outside the proven bound when it
   // lies past them.
-  const auto* per_row = reinterpret_cast<const unsigned int*>(host + host_rows_at);
+  const auto* per_row = reinterpret_cast<const unsigned int*>(host + at.rows_at);
   std::int64_t last_row = m - 1;
   std::uint64_t seen = 0;
   for (std::int64_t r = 0; r < m; ++r) {
@@ -313,7 +357,7 @@ absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl
     return LaunchCollectOutside(out_.as<double>(), out_abs_.as<double>(), candidate_.get(),
                                 own_.get(), first, last, rule, collected_.as<JudgedElement>(),
                                 collected_count_.as<unsigned int>(),
-                                static_cast<unsigned int>(capacity), s);
+                                static_cast<unsigned int>(at.capacity), s);
   };
   RETURN_IF_CUDA_ERROR(collect(0, prefix_end), "verify: collect the outside elements");
   const std::int64_t first_proven = static_cast<std::int64_t>(~c.first_proven_complement);
@@ -321,43 +365,47 @@ absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl
     RETURN_IF_CUDA_ERROR(collect(first_proven, first_proven + 1),
                          "verify: collect the outside elements");
   }
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + host_count_at, collected_count_.get(),
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + at.count_at, collected_count_.get(),
                                        sizeof(unsigned int), cudaMemcpyDeviceToHost, s),
                        "verify: copy the outside elements to the host");
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + host_collected_at, collected_.get(), collected_bytes,
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host + at.collected_at, collected_.get(), at.collected_bytes,
                                        cudaMemcpyDeviceToHost, s),
                        "verify: copy the outside elements to the host");
   RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s), "verify: collect the outside elements");
   unsigned int count = 0;
-  std::memcpy(&count, host + host_count_at, sizeof count);
-  if (count > capacity) {
+  std::memcpy(&count, host + at.count_at, sizeof count);
+  if (count > at.capacity) {
     return absl::InternalError(absl::StrCat(
-        "verify: ", count, " outside elements collected, more than the room for ", capacity));
+        "verify: ", count, " outside elements collected, more than the room for ", at.capacity));
   }
   std::vector<JudgedElement> found(count);
-  std::memcpy(found.data(), host + host_collected_at, count * sizeof(JudgedElement));
-  std::sort(found.begin(), found.end(),
-            [](const JudgedElement& a, const JudgedElement& b) { return a.position < b.position; });
-  bool proven_found = false;
-  for (const JudgedElement& e : found) {
-    const std::int64_t row = e.position / cols, col = e.position % cols;
-    CheckedElement element{rows[row] * cols + col, e.candidate, e.reference, e.bound,
-                           e.probabilistic_bound,  e.own};
-    element.outside_bound = e.fraction > 1.0;
-    if (e.fraction > 1.0 && !proven_found) {
-      figures->first_proven_outside = element;
-      proven_found = true;
-    }
-    if (e.probabilistic_fraction > 1.0 &&
-        figures->first_outside.size() <
-            static_cast<std::size_t>(CandidateCheck::kReportedOutside)) {
-      figures->first_outside.push_back(element);
-    }
-  }
-  if (c.outside > 0 && !proven_found) {
+  std::memcpy(found.data(), host + at.collected_at, count * sizeof(JudgedElement));
+  if (!AddCollected(std::move(found), rows, cols, c.outside > 0, figures)) {
     return absl::InternalError("verify: the first element outside its proven bound was not found");
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaFp64Products::Judge(std::int64_t cols, const std::function<absl::Status()>& form,
+                                     const ModelOperands& model, const std::int64_t* rows,
+                                     std::int64_t m, const void* candidate, const void* own,
+                                     const judgement::ProductRule& rule, CheckFigures* figures) {
+  LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
+  const std::size_t row_bytes = static_cast<std::size_t>(cols) * (rule.bf16 ? 2 : 4);
+  LOGITD_CUDA_RETURN_IF_ERROR(CopyRows(rows, m, row_bytes, candidate, own));
+  LOGITD_CUDA_RETURN_IF_ERROR(form());
+  // The models, from the operands `form` left on the device.
+  LOGITD_CUDA_RETURN_IF_ERROR(Models(model, m, cols));
+  const JudgeLayout at(m, cols);
+  LOGITD_CUDA_RETURN_IF_ERROR(CountOnDevice(at, m, cols, rule));
+  const std::byte* host = static_cast<const std::byte*>(host_counts_.get());
+  JudgeCounts c;
+  std::memcpy(&c, host, sizeof c);
+  FiguresOfCounts(c, m * cols, figures);
+  AddClassRows(reinterpret_cast<const judgement::ClassRow*>(host + at.class_at), rows, m, cols,
+               figures);
+  if (c.outside == 0 && c.outside_probabilistic == 0) return absl::OkStatus();
+  return CollectOutside(at, c, rows, m, cols, rule, figures);
 }
 
 absl::Status CudaFp64Products::NonFinite(bool* seen) {
@@ -520,17 +568,45 @@ absl::Status CudaFp64Products::GWOfDy(const void* dy, bool dy_bf16, const std::i
   return absl::OkStatus();
 }
 
+absl::Status CudaFp64Products::Models(const ModelOperands& model, std::int64_t m,
+                                      std::int64_t cols) {
+  cudaStream_t s = stream_.get();
+  const std::size_t elements = static_cast<std::size_t>(m) * static_cast<std::size_t>(cols);
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&seq_, elements * sizeof(float), "the sequential model"));
+  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&tc_, elements * sizeof(double), "the tensor-core model"));
+  const ModelPanelShape shape = ModelPanelShapeOf(m, cols, model.n);
+  LOGITD_CUDA_RETURN_IF_ERROR(
+      Reserve(&a_panel_, shape.a_floats() * sizeof(float), "the models' panel of A"));
+  RETURN_IF_CUDA_ERROR(
+      LaunchPackModelPanel(model.a->as<double>(), model.sa_i, model.sa_t, m, model.n, shape.rows,
+                           shape.terms, a_panel_.as<float>(), s),
+      "verify: the models' panel of A [", m, ", ", model.n, "]");
+  // W's panel stays for the next block of the same product; another
+  // operand's (dW's X) is packed each time.
+  const std::array<std::int64_t, 4> layout = {model.sb_t, model.sb_j, cols, model.n};
+  if (model.b != &w_ || weight_panel_ != layout) {
+    weight_panel_ = {0, 0, 0, 0};
+    LOGITD_CUDA_RETURN_IF_ERROR(
+        Reserve(&b_panel_, shape.b_floats() * sizeof(float), "the models' panel of B"));
+    RETURN_IF_CUDA_ERROR(
+        LaunchPackModelPanel(model.b->as<double>(), model.sb_j, model.sb_t, cols, model.n,
+                             shape.cols, shape.terms, b_panel_.as<float>(), s),
+        "verify: the models' panel of B [", model.n, ", ", cols, "]");
+    if (model.b == &w_) weight_panel_ = layout;
+  }
+  RETURN_IF_CUDA_ERROR(LaunchModelSums(a_panel_.as<float>(), b_panel_.as<float>(), shape, m, cols,
+                                       model.n, seq_.as<float>(), tc_.as<double>(), s),
+                       "verify: the precision-class models [", m, ", ", cols, "] of ", model.n,
+                       " terms");
+  return absl::OkStatus();
+}
+
 absl::Status CudaFp64Products::ClassModels(bool wanted, std::int64_t m, RowClassModels* models) {
   *models = RowClassModels();
   if (!wanted) return absl::OkStatus();
-  const std::size_t elements = static_cast<std::size_t>(m) * static_cast<std::size_t>(v_);
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&seq_, elements * sizeof(float), "the sequential model"));
-  LOGITD_CUDA_RETURN_IF_ERROR(Reserve(&tc_, elements * sizeof(double), "the tensor-core model"));
   // The logits' models from the operands FormOnDevice left: A = X [m, K]
   // (a_), B(t, j) = W[j, t] (w_).
-  RETURN_IF_CUDA_ERROR(LaunchModelSums(a_.as<double>(), k_, 1, w_.as<double>(), 1, k_, m, v_, k_,
-                                       seq_.as<float>(), tc_.as<double>(), stream_.get()),
-                       "verify: the precision-class models [", m, ", ", v_, "] of ", k_, " terms");
+  LOGITD_CUDA_RETURN_IF_ERROR(Models(ModelOperands{&a_, k_, 1, &w_, 1, k_, k_}, m, v_));
   models->seq = seq_.as<float>();
   models->tc = tc_.as<double>();
   models->floor = judgement::ClassFloor(k_);
@@ -554,19 +630,19 @@ bool CudaFp64Products::Done(const absl::Status& status) {
 }
 
 bool CudaFp64Products::XWt(const double* x, std::int64_t m, double* y, double* y_abs) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return Done(Product(/*transposed=*/true, x, m, y, y_abs));
 }
 
 bool CudaFp64Products::GW(const double* g, std::int64_t m, double* dx, double* dx_abs) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return Done(Product(/*transposed=*/false, g, m, dx, dx_abs));
 }
 
 bool CudaFp64Products::JudgeXWt(const double* x, const std::int64_t* rows, std::int64_t m,
                                 const void* candidate, const void* own,
                                 const judgement::ProductRule& rule, CheckFigures* figures) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return Done(Judge(
       v_, [&] { return FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true); },
       ModelOperands{&a_, k_, 1, &w_, 1, k_, k_}, rows, m, candidate, own, rule, figures));
@@ -575,7 +651,7 @@ bool CudaFp64Products::JudgeXWt(const double* x, const std::int64_t* rows, std::
 bool CudaFp64Products::JudgeGW(const double* g, const std::int64_t* rows, std::int64_t m,
                                const void* candidate, const void* own,
                                const judgement::ProductRule& rule, CheckFigures* figures) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return Done(Judge(
       k_, [&] { return FormOnDevice(/*transposed=*/false, g, m, /*with_abs=*/true); },
       ModelOperands{&a_, v_, 1, &w_, k_, 1, v_}, rows, m, candidate, own, rule, figures));
@@ -584,7 +660,7 @@ bool CudaFp64Products::JudgeGW(const double* g, const std::int64_t* rows, std::i
 bool CudaFp64Products::JudgeGWOfDy(const void* dy, bool dy_bf16, const std::int64_t* rows,
                                    std::int64_t m, const void* candidate, const void* own,
                                    const judgement::ProductRule& rule, CheckFigures* figures) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   bool judged = false;
   const absl::Status status = GWOfDy(dy, dy_bf16, rows, m, candidate, own, rule, figures, &judged);
   return AfterCopies(status, judged, "dX");
@@ -594,14 +670,14 @@ bool CudaFp64Products::JudgeGtX(const void* dy, bool dy_bf16, const Bf16Bits* x,
                                 const void* candidate, const void* own,
                                 const judgement::ProductRule& rule, CandidateCheck* check,
                                 const std::function<bool()>& stop) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   bool judged = false;
   const absl::Status status = GtX(dy, dy_bf16, x, m, candidate, own, rule, check, stop, &judged);
   return AfterCopies(status, judged, "dW");
 }
 
 std::string CudaFp64Products::error() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return error_;
 }
 

@@ -8,19 +8,21 @@
 
 #include <cublas_v2.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "logitd/reference/fp64_products.h"
 #include "server/kernels/cuda/cuda_handles.h"
 
 namespace logitd::kernels::cuda {
 
+struct JudgeCounts;     // judge_kernels.h
 struct RowClassModels;  // judge_kernels.h
 
 using CublasHandle = UniqueHandle<cublasHandle_t, &cublasDestroy>;
@@ -83,6 +85,10 @@ class CudaFp64Products final : public Fp64Products {
     std::int64_t sb_t = 0, sb_j = 0;
     std::int64_t n = 0;
   };
+  // seq_ and tc_ [m, cols]: the models of `model`'s operands (model_kernels.h),
+  // queued on stream_. Each operand packed into its panel first; W's
+  // panel is kept for the next block while its layout is the same.
+  absl::Status Models(const ModelOperands& model, std::int64_t m, std::int64_t cols);
   // The candidate's and logitd's rows to the device, `form` (which queues
   // the block's products [m, cols] into out_ and out_abs_ on stream_), the
   // models of `model`'s operands, and the judgement of every element there
@@ -91,6 +97,18 @@ class CudaFp64Products final : public Fp64Products {
                      const ModelOperands& model, const std::int64_t* rows, std::int64_t m,
                      const void* candidate, const void* own, const judgement::ProductRule& rule,
                      CheckFigures* figures);
+  // Judge's steps: the rows to the device (on copy_stream_, copied_
+  // recorded after them); the judgement and the class counts of the block
+  // and their copies to the host (waits for them); the elements outside
+  // either bound that are reported, when there are any.
+  struct JudgeLayout;
+  absl::Status CopyRows(const std::int64_t* rows, std::int64_t m, std::size_t row_bytes,
+                        const void* candidate, const void* own);
+  absl::Status CountOnDevice(const JudgeLayout& at, std::int64_t m, std::int64_t cols,
+                             const judgement::ProductRule& rule);
+  absl::Status CollectOutside(const JudgeLayout& at, const JudgeCounts& c, const std::int64_t* rows,
+                              std::int64_t m, std::int64_t cols, const judgement::ProductRule& rule,
+                              CheckFigures* figures);
   // JudgeGtX's walk over dW's rows in blocks: X widened once, then each
   // block's columns of dY rounded to G and widened, its two DGEMMs and its
   // judgement. *judged false (with an OK status) when a value of X or G is
@@ -136,7 +154,7 @@ class CudaFp64Products final : public Fp64Products {
                       const LpRowsResult& result);
   // The engine's answer for a call of Product, Judge or RowSums: true when it was
   // done here, else false with the first error kept.
-  bool Done(const absl::Status& status);
+  bool Done(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // JudgeGWOfDy's and JudgeGtX's answer, once every copy of the caller's
   // memory (the candidate's and logitd's rows of `what`) has ended: Done's,
   // and `judged` when the judging went through.
@@ -166,6 +184,10 @@ class CudaFp64Products final : public Fp64Products {
   // Judge's models of the block and its rows' counts of the precision-class
   // test.
   DeviceBuffer seq_, tc_, class_rows_;
+  // The models' panels: A's, and B's (W's, while weight_panel_ names the
+  // layout it holds: B's strides, its columns and terms).
+  DeviceBuffer a_panel_, b_panel_;
+  std::array<std::int64_t, 4> weight_panel_ = {0, 0, 0, 0};
   // RowSums' and LpRows': the rows' targets and sums; LpRows' order, its z,
   // the ids asked for and their z.
   DeviceBuffer targets_, row_sums_, order_, order_z_, ids_, ids_z_;
@@ -173,8 +195,9 @@ class CudaFp64Products final : public Fp64Products {
   // the widening's finiteness flag.
   DeviceBuffer x_, x_abs_, staging_, non_finite_;
   PinnedBuffer host_out_, host_out_abs_, host_counts_, host_flag_;
-  mutable std::mutex mu_;  // one product at a time; error_
-  std::string error_;
+  // One product at a time: every buffer above belongs to the one under way.
+  mutable absl::Mutex mu_;
+  std::string error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace logitd::kernels::cuda

@@ -3,7 +3,6 @@
 // are, so that the sums cross back instead of the logits.
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "server/kernels/cuda/cuda_status.h"
@@ -100,13 +99,13 @@ absl::Status CudaFp64Products::LpRows(const double* x, std::int64_t m, const LpR
 bool CudaFp64Products::CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets,
                                  double gamma, double absolute, double cap, bool class_envelope,
                                  judgement::CeRowSums* sums) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return Done(RowSums(x, m, targets, gamma, absolute, cap, class_envelope, sums));
 }
 
 bool CudaFp64Products::LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
                                  const LpRowsResult& result) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return Done(LpRows(x, m, request, result));
 }
 

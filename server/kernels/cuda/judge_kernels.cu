@@ -58,6 +58,36 @@ __device__ __forceinline__ unsigned long long FractionBits(double f) {
   return f == f ? static_cast<unsigned long long>(__double_as_longlong(f)) : 0ull;
 }
 
+// A thread block's counts in shared memory added into *counts, once per
+// block (after every thread's are in).
+__device__ void FlushCounts(const unsigned int* histogram, const unsigned int* ulp,
+                            const unsigned int* ulp_exact, const unsigned int* scalars,
+                            const unsigned long long* maxima, JudgeCounts* counts) {
+  for (int b = threadIdx.x; b < judgement::kUlpBuckets; b += blockDim.x) {
+    if (ulp[b] != 0) atomicAdd(&counts->ulp[b], static_cast<unsigned long long>(ulp[b]));
+    if (ulp_exact[b] != 0) {
+      atomicAdd(&counts->ulp_exact[b], static_cast<unsigned long long>(ulp_exact[b]));
+    }
+  }
+  if (threadIdx.x < judgement::kHistogramBins && histogram[threadIdx.x] != 0) {
+    atomicAdd(&counts->histogram[threadIdx.x],
+              static_cast<unsigned long long>(histogram[threadIdx.x]));
+  }
+  if (threadIdx.x == 0) {
+    unsigned long long* sums[5] = {&counts->outside, &counts->outside_probabilistic,
+                                   &counts->own_outside_probabilistic, &counts->bitwise_equal,
+                                   &counts->nan_inf_mismatches};
+    for (int s = 0; s < 5; ++s) {
+      if (scalars[s] != 0) atomicAdd(sums[s], static_cast<unsigned long long>(scalars[s]));
+    }
+    atomicMax(&counts->max_ulp, maxima[0]);
+    atomicMax(&counts->worst_fraction_bits, maxima[1]);
+    atomicMax(&counts->worst_probabilistic_fraction_bits, maxima[2]);
+    atomicMax(&counts->first_proven_complement, maxima[3]);
+    atomicMax(&counts->max_ulp_exact, maxima[4]);
+  }
+}
+
 __global__ void JudgeKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
                             const void* __restrict__ candidate, const void* __restrict__ own,
                             std::int64_t n, std::int64_t cols, judgement::ProductRule rule,
@@ -120,29 +150,7 @@ __global__ void JudgeKernel(const double* __restrict__ sum, const double* __rest
   atomicMax(&maxima[3], first_proven);
   atomicMax(&maxima[4], max_ulp_exact);
   __syncthreads();
-  for (int b = threadIdx.x; b < judgement::kUlpBuckets; b += blockDim.x) {
-    if (ulp[b] != 0) atomicAdd(&counts->ulp[b], static_cast<unsigned long long>(ulp[b]));
-    if (ulp_exact[b] != 0) {
-      atomicAdd(&counts->ulp_exact[b], static_cast<unsigned long long>(ulp_exact[b]));
-    }
-  }
-  if (threadIdx.x < judgement::kHistogramBins && histogram[threadIdx.x] != 0) {
-    atomicAdd(&counts->histogram[threadIdx.x],
-              static_cast<unsigned long long>(histogram[threadIdx.x]));
-  }
-  if (threadIdx.x == 0) {
-    unsigned long long* sums[5] = {&counts->outside, &counts->outside_probabilistic,
-                                   &counts->own_outside_probabilistic, &counts->bitwise_equal,
-                                   &counts->nan_inf_mismatches};
-    for (int s = 0; s < 5; ++s) {
-      if (scalars[s] != 0) atomicAdd(sums[s], static_cast<unsigned long long>(scalars[s]));
-    }
-    atomicMax(&counts->max_ulp, maxima[0]);
-    atomicMax(&counts->worst_fraction_bits, maxima[1]);
-    atomicMax(&counts->worst_probabilistic_fraction_bits, maxima[2]);
-    atomicMax(&counts->first_proven_complement, maxima[3]);
-    atomicMax(&counts->max_ulp_exact, maxima[4]);
-  }
+  FlushCounts(histogram, ulp, ulp_exact, scalars, maxima, counts);
 }
 
 // One thread block a row: each thread counts its columns of the row into a
@@ -183,99 +191,6 @@ __global__ void ClassRowsKernel(const double* __restrict__ sum, const double* __
     __syncthreads();
   }
   if (threadIdx.x == 0) out[row] = part[0];
-}
-
-// The models (accumulation_models.h) of C = A·B, A(i, t) = a[i·sa_i + t·sa_t]
-// and B(t, j) = b[t·sb_t + j·sb_j] (bf16 values as doubles): a thread block
-// a tile of kModelRows × kModelCols outputs, each thread 8 × 4 of them,
-// kModelGroup terms a step, the tile's operands as fp32 in shared memory. Every output's sum is
-// sequential in t, each product fused with its addition (exact products: the host's separate
-// roundings give the same bits), and the tensor-core model steps at the end of each block of terms,
-// where the host's does.
-constexpr int kModelRows = 128, kModelCols = 64, kModelThreads = 256;
-constexpr int kModelDepth = judgement::kModelGroup;
-static_assert(kModelDepth % judgement::kTensorCoreBlock == 0, "whole blocks a tile");
-
-__global__ void __launch_bounds__(kModelThreads)
-    ModelSumsKernel(const double* __restrict__ a, std::int64_t sa_i, std::int64_t sa_t,
-                    const double* __restrict__ b, std::int64_t sb_t, std::int64_t sb_j,
-                    std::int64_t rows, std::int64_t cols, std::int64_t n, float* __restrict__ seq,
-                    double* __restrict__ tc) {
-  __shared__ float as[kModelDepth][kModelRows];
-  __shared__ __align__(16) float bs[kModelDepth][kModelCols];
-  const int tid = threadIdx.x;
-  const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.y) * kModelRows;
-  const std::int64_t j0 = static_cast<std::int64_t>(blockIdx.x) * kModelCols;
-  const int ty = tid / 16, tx = tid % 16;  // rows ty·8 .. +8, columns tx·4 .. +4
-  float acc[8][4], s1[8][4], s2[8][4];
-#pragma unroll
-  for (int r = 0; r < 8; ++r) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[r][c] = s1[r][c] = s2[r][c] = 0.0f;
-  }
-  for (std::int64_t t0 = 0; t0 < n; t0 += kModelDepth) {
-    // The tile's operands, read along their unit stride.
-    for (int e = tid; e < kModelRows * kModelDepth; e += kModelThreads) {
-      const int il = sa_t == 1 ? e / kModelDepth : e % kModelRows;
-      const int tl = sa_t == 1 ? e % kModelDepth : e / kModelRows;
-      const std::int64_t i = i0 + il, t = t0 + tl;
-      as[tl][il] = i < rows && t < n ? static_cast<float>(a[i * sa_i + t * sa_t]) : 0.0f;
-    }
-    for (int e = tid; e < kModelCols * kModelDepth; e += kModelThreads) {
-      const int jl = sb_t == 1 ? e / kModelDepth : e % kModelCols;
-      const int tl = sb_t == 1 ? e % kModelDepth : e / kModelCols;
-      const std::int64_t j = j0 + jl, t = t0 + tl;
-      bs[tl][jl] = j < cols && t < n ? static_cast<float>(b[t * sb_t + j * sb_j]) : 0.0f;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int tl = 0; tl < kModelDepth; ++tl) {
-      float av[8];
-#pragma unroll
-      for (int r = 0; r < 8; ++r) av[r] = as[tl][ty * 8 + r];
-      const float4 bv = *reinterpret_cast<const float4*>(&bs[tl][tx * 4]);
-#pragma unroll
-      for (int r = 0; r < 8; ++r) {
-        acc[r][0] = __fmaf_rn(av[r], bv.x, acc[r][0]);
-        acc[r][1] = __fmaf_rn(av[r], bv.y, acc[r][1]);
-        acc[r][2] = __fmaf_rn(av[r], bv.z, acc[r][2]);
-        acc[r][3] = __fmaf_rn(av[r], bv.w, acc[r][3]);
-      }
-      // The end of a block, or of the sum (past it the terms are zeros,
-      // which leave the sums as they are).
-      const std::int64_t t = t0 + tl;
-      if (t < n && ((tl + 1) % judgement::kTensorCoreBlock == 0 || t == n - 1)) {
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) judgement::TensorCoreDrift(acc[r][c], &s1[r][c]);
-        }
-      }
-    }
-    // The group's spread, weighted by its blocks.
-    const std::int64_t left = n - t0;
-    const float blocks = static_cast<float>(
-        ((left < kModelDepth ? left : kModelDepth) + judgement::kTensorCoreBlock - 1) /
-        judgement::kTensorCoreBlock);
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) judgement::TensorCoreSpread(acc[r][c], blocks, &s2[r][c]);
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const std::int64_t i = i0 + ty * 8 + r;
-    if (i >= rows) continue;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const std::int64_t j = j0 + tx * 4 + c;
-      if (j >= cols) continue;
-      seq[i * cols + j] = acc[r][c];
-      tc[i * cols + j] = judgement::TensorCoreError(s1[r][c], s2[r][c]);
-    }
-  }
 }
 
 __global__ void CollectOutsideKernel(const double* __restrict__ sum,
@@ -323,6 +238,22 @@ __device__ double BlockReduce(double value, bool max, double* scratch) {
   return scratch[0];
 }
 
+// A row's largest z and largest bound of a z (B), over its first n entries.
+struct RowMax {
+  double mx, b;
+};
+template <typename Logit>
+__device__ RowMax RowMaxOf(const Logit& logit, std::int64_t n, double* scratch) {
+  double mx = -INFINITY, b = 0;
+  for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    double z, ez;
+    logit(j, &z, &ez);
+    mx = fmax(mx, z);
+    b = fmax(b, ez);
+  }
+  return RowMax{BlockReduce(mx, /*max=*/true, scratch), BlockReduce(b, /*max=*/true, scratch)};
+}
+
 // log Σ exp(z − mx) over the row's first n entries, z from logit(j, &z,
 // &ez), given to every thread.
 template <typename Logit>
@@ -348,15 +279,8 @@ __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __
     double f;
     judgement::CappedLogit(y[j], gamma * y_abs[j] + absolute, cap, z, &f, ez);
   };
-  double mx = -INFINITY, b = 0;
-  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    double z, ez;
-    logit(j, &z, &ez);
-    mx = fmax(mx, z);
-    b = fmax(b, ez);
-  }
-  mx = BlockReduce(mx, /*max=*/true, scratch);
-  b = BlockReduce(b, /*max=*/true, scratch);
+  const RowMax r = RowMaxOf(logit, cols, scratch);
+  const double mx = r.mx, b = r.b;
   const double log_s = LogSumExp(logit, cols, mx, scratch);
   const double lse = mx + log_s;
   // A logit's class envelope carried into z as its bound is.
@@ -444,99 +368,38 @@ __device__ void BlockFirst(double* z, std::int64_t* id, double* z_scratch,
   *id = id_scratch[0];
 }
 
-__global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
-                                std::int64_t cols, std::int64_t vocab,
-                                const std::int64_t* __restrict__ targets, double gamma,
-                                double absolute, double cap, double temperature, double gamma_sum,
-                                std::int64_t order_cols, const std::int64_t* __restrict__ ids,
-                                std::int64_t ids_k, RowClassModels models,
-                                judgement::LpRowSums* sums, std::int64_t* order, double* order_z,
-                                double* ids_z) {
-  __shared__ double scratch[kRowThreads / 32];
-  __shared__ std::int64_t id_scratch[kRowThreads / 32];
-  const std::int64_t row = blockIdx.x;
-  const double* y = sum + row * cols;
-  const double* y_abs = abs_sum + row * cols;
-  const auto logit = [&](std::int64_t j, double* z, double* ez) {
-    judgement::LpLogit(y[j], gamma * y_abs[j] + absolute, cap, temperature, /*rounded=*/true, z,
-                       ez);
-  };
-  // B and the largest z.
-  double mx = -INFINITY, b = 0;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    double z, ez;
-    logit(j, &z, &ez);
-    mx = fmax(mx, z);
-    b = fmax(b, ez);
-  }
-  mx = BlockReduce(mx, /*max=*/true, scratch);
-  b = BlockReduce(b, /*max=*/true, scratch);
-  const double log_s = LogSumExp(logit, vocab, mx, scratch);
-  const double lse = mx + log_s;
-  const std::int64_t t = targets[row];
-  const bool has_target = t >= 0 && t < vocab;
-  double zt = 0, ezt = 0;
-  if (has_target) logit(t, &zt, &ezt);
-  const std::int64_t offset = row * cols;
-  const auto class_z = [&](std::int64_t j) {
-    const double c = judgement::LogitClassEnvelope(y[j], y_abs[j], models.seq[offset + j],
-                                                   models.tc[offset + j], models.floor);
-    double z, cz;
-    judgement::LpLogit(y[j], c, cap, temperature, /*rounded=*/true, &z, &cz);
-    return cz;
-  };
-  const bool classed = models.seq != nullptr;
+// A LogProbs row's sums over its entries: each thread's share, then the
+// block's (Reduce, in this order on every call: the same bits each time).
+struct LpTerms {
   double lin = 0, lin_d = 0;
   double w = 0, w_ez = 0, w_lez = 0, eval_h = 0, mean_d = 0, h = 0, rank = 0, low = 0, high = 0;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    double z, ez;
-    logit(j, &z, &ez);
-    const double p = exp(z - lse);
-    const double d = mx - z;
-    const double a = lse - z;
+
+  __device__ void Reduce(bool classed, double* scratch) {
+    w = BlockReduce(w, /*max=*/false, scratch);
+    w_ez = BlockReduce(w_ez, /*max=*/false, scratch);
+    w_lez = BlockReduce(w_lez, /*max=*/false, scratch);
+    eval_h = BlockReduce(eval_h, /*max=*/false, scratch);
+    mean_d = BlockReduce(mean_d, /*max=*/false, scratch);
+    h = BlockReduce(h, /*max=*/false, scratch);
+    rank = BlockReduce(rank, /*max=*/false, scratch);
+    low = BlockReduce(low, /*max=*/false, scratch);
+    high = BlockReduce(high, /*max=*/false, scratch);
     if (classed) {
-      const double cz = class_z(j);
-      lin += p * cz;
-      lin_d += p * a * cz;
-    }
-    w += judgement::WeightedExpm1(z - lse, ez + judgement::ExpTermError(d, b, gamma_sum));
-    w_ez += p * ez;
-    w_lez += p * a * ez;
-    if (a > 0)
-      eval_h += a * judgement::WeightedExpm1(z - lse, judgement::EntropyTermError(a, b, gamma_sum));
-    mean_d += p * d;
-    h += p * a;
-    if (has_target && j != t) {
-      rank += judgement::LpBefore(z, j, zt, t) ? 1 : 0;
-      low += z > zt + 2 * b ? 1 : 0;
-      high += z >= zt - 2 * b ? 1 : 0;
+      lin = BlockReduce(lin, /*max=*/false, scratch);
+      lin_d = BlockReduce(lin_d, /*max=*/false, scratch);
     }
   }
-  w = BlockReduce(w, /*max=*/false, scratch);
-  w_ez = BlockReduce(w_ez, /*max=*/false, scratch);
-  w_lez = BlockReduce(w_lez, /*max=*/false, scratch);
-  eval_h = BlockReduce(eval_h, /*max=*/false, scratch);
-  mean_d = BlockReduce(mean_d, /*max=*/false, scratch);
-  h = BlockReduce(h, /*max=*/false, scratch);
-  rank = BlockReduce(rank, /*max=*/false, scratch);
-  low = BlockReduce(low, /*max=*/false, scratch);
-  high = BlockReduce(high, /*max=*/false, scratch);
-  if (classed) {
-    lin = BlockReduce(lin, /*max=*/false, scratch);
-    lin_d = BlockReduce(lin_d, /*max=*/false, scratch);
-  }
-  if (threadIdx.x == 0) {
+  // The row's sums as the host reads them (the target's when it has one),
+  // with its largest error bound b, largest z, log Σ exp(z − mx) and lse.
+  __device__ judgement::LpRowSums Out(bool has_target, double zt, double ezt, double b, double mx,
+                                      double log_s, double lse) const {
     judgement::LpRowSums out;
-    if (classed) {
-      out.class_formed = true;
-      out.class_lin = lin;
-      out.class_lin_d = lin_d;
-      if (has_target) out.class_zt = class_z(t);
-    }
     out.b = b;
     out.mx = mx;
     out.log_s = log_s;
     out.lse = lse;
+    out.class_lin = lin;
+    out.class_lin_d = lin_d;
     out.weighted = w;
     out.weighted_ez = w_ez;
     out.weighted_lez = w_lez;
@@ -550,10 +413,16 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
       out.low = static_cast<std::int64_t>(low);
       out.high = static_cast<std::int64_t>(high);
     }
-    sums[row] = out;
+    return out;
   }
-  // The first order_cols entries, one pass each: the first of those after
-  // the last one taken.
+};
+
+// The first order_cols entries of a row's order (judgement::LpBefore), one
+// pass over the row each: the first of those after the last one taken.
+template <typename Logit>
+__device__ void WriteOrder(const Logit& logit, std::int64_t vocab, std::int64_t order_cols,
+                           std::int64_t row, std::int64_t* order, double* order_z, double* scratch,
+                           std::int64_t* id_scratch) {
   double last_z = 0;
   std::int64_t last_id = -1;
   for (std::int64_t p = 0; p < order_cols; ++p) {
@@ -576,16 +445,93 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
     last_z = best_z;
     last_id = best_id;
   }
-  if (ids == nullptr) return;
-  const std::int64_t* row_ids = ids + row * ids_k;
+}
+
+// The z of each of a row's ids (NaN for one out of range or repeated).
+template <typename Logit>
+__device__ void WriteIdsZ(const Logit& logit, std::int64_t vocab, const std::int64_t* row_ids,
+                          std::int64_t ids_k, double* row_ids_z) {
   for (std::int64_t p = threadIdx.x; p < ids_k; p += blockDim.x) {
     const std::int64_t id = row_ids[p];
     bool valid = id >= 0 && id < vocab;
     for (std::int64_t q = 0; q < p && valid; ++q) valid = row_ids[q] != id;
     double z = NAN, ez;
     if (valid) logit(id, &z, &ez);
-    ids_z[row * ids_k + p] = z;
+    row_ids_z[p] = z;
   }
+}
+
+__global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __restrict__ abs_sum,
+                                std::int64_t cols, std::int64_t vocab,
+                                const std::int64_t* __restrict__ targets, double gamma,
+                                double absolute, double cap, double temperature, double gamma_sum,
+                                std::int64_t order_cols, const std::int64_t* __restrict__ ids,
+                                std::int64_t ids_k, RowClassModels models,
+                                judgement::LpRowSums* sums, std::int64_t* order, double* order_z,
+                                double* ids_z) {
+  __shared__ double scratch[kRowThreads / 32];
+  __shared__ std::int64_t id_scratch[kRowThreads / 32];
+  const std::int64_t row = blockIdx.x;
+  const double* y = sum + row * cols;
+  const double* y_abs = abs_sum + row * cols;
+  const auto logit = [&](std::int64_t j, double* z, double* ez) {
+    judgement::LpLogit(y[j], gamma * y_abs[j] + absolute, cap, temperature, /*rounded=*/true, z,
+                       ez);
+  };
+  // B and the largest z.
+  const RowMax r = RowMaxOf(logit, vocab, scratch);
+  const double mx = r.mx, b = r.b;
+  const double log_s = LogSumExp(logit, vocab, mx, scratch);
+  const double lse = mx + log_s;
+  const std::int64_t t = targets[row];
+  const bool has_target = t >= 0 && t < vocab;
+  double zt = 0, ezt = 0;
+  if (has_target) logit(t, &zt, &ezt);
+  const std::int64_t offset = row * cols;
+  const auto class_z = [&](std::int64_t j) {
+    const double c = judgement::LogitClassEnvelope(y[j], y_abs[j], models.seq[offset + j],
+                                                   models.tc[offset + j], models.floor);
+    double z, cz;
+    judgement::LpLogit(y[j], c, cap, temperature, /*rounded=*/true, &z, &cz);
+    return cz;
+  };
+  const bool classed = models.seq != nullptr;
+  LpTerms terms;
+  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    double z, ez;
+    logit(j, &z, &ez);
+    const double p = exp(z - lse);
+    const double d = mx - z;
+    const double a = lse - z;
+    if (classed) {
+      const double cz = class_z(j);
+      terms.lin += p * cz;
+      terms.lin_d += p * a * cz;
+    }
+    terms.w += judgement::WeightedExpm1(z - lse, ez + judgement::ExpTermError(d, b, gamma_sum));
+    terms.w_ez += p * ez;
+    terms.w_lez += p * a * ez;
+    if (a > 0) {
+      terms.eval_h +=
+          a * judgement::WeightedExpm1(z - lse, judgement::EntropyTermError(a, b, gamma_sum));
+    }
+    terms.mean_d += p * d;
+    terms.h += p * a;
+    if (has_target && j != t) {
+      terms.rank += judgement::LpBefore(z, j, zt, t) ? 1 : 0;
+      terms.low += z > zt + 2 * b ? 1 : 0;
+      terms.high += z >= zt - 2 * b ? 1 : 0;
+    }
+  }
+  terms.Reduce(classed, scratch);
+  if (threadIdx.x == 0) {
+    judgement::LpRowSums out = terms.Out(has_target, zt, ezt, b, mx, log_s, lse);
+    out.class_formed = classed;
+    if (classed && has_target) out.class_zt = class_z(t);
+    sums[row] = out;
+  }
+  WriteOrder(logit, vocab, order_cols, row, order, order_z, scratch, id_scratch);
+  if (ids != nullptr) WriteIdsZ(logit, vocab, ids + row * ids_k, ids_k, ids_z + row * ids_k);
 }
 
 unsigned int Blocks(std::int64_t n) {
@@ -617,18 +563,6 @@ cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64
   LpRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
       sum, abs_sum, cols, vocab, targets, gamma, absolute, cap, temperature, gamma_sum, order_cols,
       ids, ids_k, models, sums, order, order_z, ids_z);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchModelSums(const double* a, std::int64_t sa_i, std::int64_t sa_t, const double* b,
-                            std::int64_t sb_t, std::int64_t sb_j, std::int64_t rows,
-                            std::int64_t cols, std::int64_t n, float* seq, double* tc,
-                            cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned int>((cols + kModelCols - 1) / kModelCols),
-                  static_cast<unsigned int>((rows + kModelRows - 1) / kModelRows));
-  ModelSumsKernel<<<grid, kModelThreads, 0, stream>>>(a, sa_i, sa_t, b, sb_t, sb_j, rows, cols, n,
-                                                      seq, tc);
   return cudaGetLastError();
 }
 

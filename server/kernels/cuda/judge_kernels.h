@@ -56,17 +56,6 @@ cudaError_t LaunchJudge(const double* sum, const double* abs_sum, const void* ca
                         const judgement::ProductRule& rule, JudgeCounts* counts,
                         unsigned int* row_outside, cudaStream_t stream);
 
-// The precision-class test's models (accumulation_models.h) of the block's
-// products C [rows, cols] = A·B, sums of n terms, A(i, t) = a[i·sa_i +
-// t·sa_t] and B(t, j) = b[t·sb_t + j·sb_j] (bf16 values as doubles, one of
-// each operand's strides 1): seq [rows, cols] the sequential fp32 sums,
-// tc [rows, cols] the tensor-core model's errors, as the host's ModelSums
-// forms them.
-cudaError_t LaunchModelSums(const double* a, std::int64_t sa_i, std::int64_t sa_t, const double* b,
-                            std::int64_t sb_t, std::int64_t sb_j, std::int64_t rows,
-                            std::int64_t cols, std::int64_t n, float* seq, double* tc,
-                            cudaStream_t stream);
-
 // Each row's counts of the precision-class test (element_judgement.h,
 // ClassRow) over the block [rows, cols] as LaunchJudge judges it, with the
 // models seq and tc: out[r] (top1_index a position in the block). One
