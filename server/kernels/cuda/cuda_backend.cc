@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -76,14 +75,14 @@ absl::StatusOr<Lease> CudaBackend::Acquire(std::string what) {
   // Calls take contexts in the order they asked (a call in row blocks asks
   // once a block): only the first in line waits on the pool.
   std::lock_guard<FifoMutex> turn(pool_turns_);
-  std::unique_lock<std::mutex> lock(pool_mu_);
+  absl::MutexLock lock(&pool_mu_);
   // Looks at the device's health every 100 ms while it waits: a call queued
   // behind a hung one must not wait for it forever.
   for (;;) {
     absl::Status health = health_.status();
     if (!health.ok()) return health;
     if (!free_.empty()) break;
-    pool_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    pool_cv_.WaitWithTimeout(&pool_mu_, absl::Milliseconds(100));
   }
   Context* c = free_.back();
   free_.pop_back();
@@ -105,10 +104,10 @@ void CudaBackend::Return(Context* c) {
     if (buffer.size() > kRetainBytes) buffer.Reset();
   }
   {
-    std::lock_guard<std::mutex> lock(pool_mu_);
+    absl::MutexLock lock(&pool_mu_);
     free_.push_back(c);
   }
-  pool_cv_.notify_one();
+  pool_cv_.Signal();
 }
 
 absl::StatusOr<void*> CudaBackend::Scratch(Context& c, Slot slot, std::size_t bytes,

@@ -10,11 +10,9 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
-#include <condition_variable>
 #include <functional>
 #include <initializer_list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "server/kernels/backend.h"
 #include "server/kernels/cuda/cross_entropy.h"
 #include "server/kernels/cuda/cuda_handles.h"
@@ -291,6 +290,13 @@ class CudaBackend final : public Backend {
   };
   absl::Status LogProbsRows(Context& c, const CudaWeight& w, const LogProbsArgs& args,
                             Timing* timing, XPrefetch* prefetch = nullptr);
+  // LogProbsRows' steps: this block's X [m, k] into dst on the compute
+  // stream (from `staging` when the block before staged it; staging free
+  // again after it when `stage_next`), and the next block's X into staging
+  // on the copy stream.
+  absl::Status LpBlockX(Context& c, XPrefetch* prefetch, void* staging, bool stage_next,
+                        const void* x, void* dst, std::int64_t m, std::int64_t k);
+  absl::Status LpStageNextX(Context& c, XPrefetch* prefetch, void* staging);
 #ifdef LOGITD_TEST_FAULTS
   // The test-only device faults (see kTestDeviceTrap) on context c.
   absl::Status TestDeviceFault(std::uint32_t trigger, Context& c);
@@ -317,9 +323,9 @@ class CudaBackend final : public Backend {
 
   std::vector<std::unique_ptr<Context>> contexts_;
   FifoMutex pool_turns_;  // taken before pool_mu_
-  std::mutex pool_mu_;
-  std::condition_variable pool_cv_;
-  std::vector<Context*> free_;
+  absl::Mutex pool_mu_;
+  absl::CondVar pool_cv_;
+  std::vector<Context*> free_ ABSL_GUARDED_BY(pool_mu_);
 };
 
 }  // namespace logitd::kernels::cuda

@@ -93,10 +93,10 @@ LpRowsIo LpIo(void* rows, std::int64_t m, std::int64_t chunk, int top_k) {
   return io;
 }
 
-absl::Status RunLogProbs(GemmEngine& engine, const GemmStream& s, const LpProblem& p,
-                         const LpBuffers& b) {
-  const std::string shape =
-      absl::StrCat("M=", p.m, ",V=", p.v, ",K=", p.k, ",vocabulary chunk=", p.chunk);
+namespace {
+
+// The problem and its buffers as RunLogProbs needs them; `shape` names it.
+absl::Status CheckLpProblem(const LpProblem& p, const LpBuffers& b, const std::string& shape) {
   if (p.m <= 0 || p.v <= 0 || p.k <= 0 || p.chunk <= 0 || p.chunk > p.v || p.top_k < 0 ||
       p.top_k > kMaxTopK || p.top_k > p.v) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -116,6 +116,16 @@ absl::Status RunLogProbs(GemmEngine& engine, const GemmStream& s, const LpProble
     return absl::InvalidArgumentError(absl::StrCat(
         "log probs: ", shape, " needs more than 2^31 row segments; use a smaller chunk"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunLogProbs(GemmEngine& engine, const GemmStream& s, const LpProblem& p,
+                         const LpBuffers& b) {
+  const std::string shape =
+      absl::StrCat("M=", p.m, ",V=", p.v, ",K=", p.k, ",vocabulary chunk=", p.chunk);
+  LOGITD_CUDA_RETURN_IF_ERROR(CheckLpProblem(p, b, shape));
   const Layout l = MakeLayout(p.m, p.chunk, p.top_k);
   const LpRowsIo io = LpIo(b.rows, p.m, p.chunk, p.top_k);
   LpRowState state;

@@ -258,14 +258,14 @@ GemmEngine::Key GemmEngine::MakeKey(const GemmShape& s, const GemmOperands& o,
 
 std::optional<AlgoChoice> GemmEngine::Cached(const GemmShape& shape, const GemmOperands& operands,
                                              std::size_t workspace_bytes) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = cache_.find(MakeKey(shape, operands, workspace_bytes));
   if (it == cache_.end()) return std::nullopt;
   return it->second;
 }
 
 std::size_t GemmEngine::cache_size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return cache_.size();
 }
 
@@ -562,7 +562,7 @@ absl::Status GemmEngine::Run(const GemmShape& shape, const GemmOperands& operand
   AlgoChoice chosen;
   bool found = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) {
       chosen = it->second;
@@ -576,7 +576,7 @@ absl::Status GemmEngine::Run(const GemmShape& shape, const GemmOperands& operand
     auto choice = Choose(shape, operands, s, h);
     if (!choice.ok()) return choice.status();
     const AlgoChoice settled = Settle(key, shape, s, *choice);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     chosen = cache_.emplace(key, settled).first->second;
   }
   if (s.record != nullptr) {

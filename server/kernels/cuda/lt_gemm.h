@@ -15,7 +15,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -23,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
 #include "server/kernels/algo_cache_file.h"
 #include "server/kernels/backend.h"
@@ -210,8 +210,8 @@ class GemmEngine {
 
   GemmEngineOptions options_;
   std::shared_ptr<DeviceMemory> memory_;
-  mutable std::mutex mu_;
-  std::map<Key, AlgoChoice> cache_;
+  mutable absl::Mutex mu_;
+  std::map<Key, AlgoChoice> cache_ ABSL_GUARDED_BY(mu_);
   // The algorithm cache file, when one is kept.
   std::optional<AlgoCacheFile> file_;
   std::atomic<bool> file_failure_reported_{false};

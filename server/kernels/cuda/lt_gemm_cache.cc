@@ -100,7 +100,7 @@ absl::Status GemmEngine::UseCacheFile(const std::string& path, const std::string
       if (first_refusal.empty()) first_refusal = std::string(entry.status().message());
       continue;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     cache_.insert(*std::move(entry));
     ++accepted;
   }

@@ -476,13 +476,72 @@ absl::Status CudaBackend::DoLogProbs(const Weight& weight, const LogProbsArgs& a
   return status;
 }
 
+namespace {
+
+// LogProbs' problem for RunLogProbs: the call's options and the outputs it
+// asks for, over a walk of `chunk` columns at a time.
+LpProblem LpProblemOf(const LogProbsArgs& args, std::int64_t k, std::int64_t chunk) {
+  LpProblem p;
+  p.m = args.m;
+  p.v = args.vocab;
+  p.k = k;
+  p.chunk = chunk;
+  p.has_targets = args.targets != nullptr;
+  p.ignore_index = args.ignore_index;
+  p.temperature = args.temperature;
+  p.logit_softcap = args.logit_softcap;
+  p.top_k = static_cast<int>(args.top_k);
+  p.want_logprob = args.logprob != nullptr;
+  p.want_rank = args.rank != nullptr;
+  p.want_lse = args.lse != nullptr;
+  p.want_entropy = args.entropy != nullptr;
+  return p;
+}
+
+}  // namespace
+
+absl::Status CudaBackend::LpBlockX(Context& c, XPrefetch* prefetch, void* staging, bool stage_next,
+                                   const void* x, void* dst, std::int64_t m, std::int64_t k) {
+  cudaStream_t cs = c.compute.get();
+  const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
+  if (prefetch != nullptr && prefetch->staged) {
+    // Uploaded while the block before computed (block_copied[1]).
+    prefetch->staged = false;
+    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(cs, c.block_copied[1].get(), 0),
+                         "log probs: wait for x");
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, staging, x_bytes, cudaMemcpyDeviceToDevice, cs),
+                         "log probs: x [", m, ", ", k, "] from its staging");
+  } else {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst, x, x_bytes, cudaMemcpyHostToDevice, cs),
+                         "log probs: copy x [", m, ", ", k, "] to the device");
+  }
+  if (stage_next) {
+    // The staging slot is free again from here on.
+    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[1].get(), cs), "log probs: stage x");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LpStageNextX(Context& c, XPrefetch* prefetch, void* staging) {
+  // The next block's X beside this block's walk, queued after it so that
+  // a copy from pageable memory, which may hold this thread, holds no
+  // kernel back.
+  cudaStream_t copy = c.copy.get();
+  RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(copy, c.block_done[1].get(), 0), "log probs: stage x");
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpyAsync(staging, prefetch->next, prefetch->next_bytes, cudaMemcpyHostToDevice, copy),
+      "log probs: copy the next row block's x to the device");
+  RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[1].get(), copy), "log probs: stage x");
+  prefetch->staged = true;
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::LogProbsRows(Context& c, const CudaWeight& w, const LogProbsArgs& args,
                                        Timing* timing, XPrefetch* prefetch) {
   const std::int64_t m = args.m;
   const std::int64_t v = args.vocab;
   const std::int64_t k = w.k();
   const int top_k = static_cast<int>(args.top_k);
-  const std::size_t x_bytes = static_cast<std::size_t>(m * k) * 2;
   cudaStream_t cs = c.compute.get();
 
   // The cross-entropy's chunk without gradients, so that the same request
@@ -502,20 +561,7 @@ absl::Status CudaBackend::LogProbsRows(Context& c, const CudaWeight& w, const Lo
     return AllocateLogProbs(c, m, k, top_k, plan.chunk, &b);
   }));
 
-  LpProblem p;
-  p.m = m;
-  p.v = v;
-  p.k = k;
-  p.chunk = plan.chunk;
-  p.has_targets = args.targets != nullptr;
-  p.ignore_index = args.ignore_index;
-  p.temperature = args.temperature;
-  p.logit_softcap = args.logit_softcap;
-  p.top_k = top_k;
-  p.want_logprob = args.logprob != nullptr;
-  p.want_rank = args.rank != nullptr;
-  p.want_lse = args.lse != nullptr;
-  p.want_entropy = args.entropy != nullptr;
+  const LpProblem p = LpProblemOf(args, k, plan.chunk);
   const LpRowsIo io = LpIo(b.rows, m, plan.chunk, top_k);
   const std::string shape = absl::StrCat("M=", m, ",V=", v, ",K=", k, ",chunk=", plan.chunk);
   const StreamTimer timer(c, "log_probs");
@@ -533,23 +579,8 @@ absl::Status CudaBackend::LogProbsRows(Context& c, const CudaWeight& w, const Lo
   }
   const bool stage_next = staging != nullptr && prefetch->next != nullptr;
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
-  if (prefetch != nullptr && prefetch->staged) {
-    // Uploaded while the block before computed (block_copied[1]).
-    prefetch->staged = false;
-    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(cs, c.block_copied[1].get(), 0),
-                         "log probs: wait for x");
-    RETURN_IF_CUDA_ERROR(
-        cudaMemcpyAsync(const_cast<void*>(b.x), staging, x_bytes, cudaMemcpyDeviceToDevice, cs),
-        "log probs: x [", m, ", ", k, "] from its staging");
-  } else {
-    RETURN_IF_CUDA_ERROR(
-        cudaMemcpyAsync(const_cast<void*>(b.x), args.x, x_bytes, cudaMemcpyHostToDevice, cs),
-        "log probs: copy x [", m, ", ", k, "] to the device");
-  }
-  if (stage_next) {
-    // The staging slot is free again from here on.
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_done[1].get(), cs), "log probs: stage x");
-  }
+  RETURN_IF_ERROR_(
+      LpBlockX(c, prefetch, staging, stage_next, args.x, const_cast<void*>(b.x), m, k));
   if (args.targets != nullptr) {
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(io.targets, args.targets, static_cast<std::size_t>(m) * 8,
                                          cudaMemcpyHostToDevice, cs),
@@ -557,18 +588,7 @@ absl::Status CudaBackend::LogProbsRows(Context& c, const CudaWeight& w, const Lo
   }
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
   RETURN_IF_ERROR_(RunLogProbs(engine_, c.gemm(GemmRecord(timing)), p, b));
-  if (stage_next) {
-    // The next block's X beside this block's walk, queued after it so that
-    // a copy from pageable memory, which may hold this thread, holds no
-    // kernel back.
-    cudaStream_t copy = c.copy.get();
-    RETURN_IF_CUDA_ERROR(cudaStreamWaitEvent(copy, c.block_done[1].get(), 0), "log probs: stage x");
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(staging, prefetch->next, prefetch->next_bytes,
-                                         cudaMemcpyHostToDevice, copy),
-                         "log probs: copy the next row block's x to the device");
-    RETURN_IF_CUDA_ERROR(cudaEventRecord(c.block_copied[1].get(), copy), "log probs: stage x");
-    prefetch->staged = true;
-  }
+  if (stage_next) RETURN_IF_ERROR_(LpStageNextX(c, prefetch, staging));
   RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
   RETURN_IF_ERROR_(CopyLogProbsHome(args, io, cs));
   RETURN_IF_ERROR_(timer.End(cs, absl::StrCat("log_probs(", shape, ")")));
