@@ -251,6 +251,7 @@ const PrecisionClassFigures& CandidateCheck::precision_class() const {
   if (!class_.has_value()) {
     if (!f_.value_class.empty()) {
       class_ = JudgeValueClass(f_.value_class, independent_total_);
+      class_->drawn_from = class_drawn_from_;
     } else if (f_.class_rows.empty()) {
       class_.emplace();
       class_->reason = dtype_ == DType::kInt32 || dtype_ == DType::kInt64

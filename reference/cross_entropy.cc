@@ -346,6 +346,10 @@ class CrossEntropyBlocks {
   bool Device(std::int64_t r0, std::int64_t n, double logit_gamma, double logit_absolute);
 
  private:
+  // The block's rows from r0 whose class envelopes to form: null for none
+  // (classed_ false) or, with options_.class_rows empty, every row.
+  const std::uint8_t* ClassRows(std::int64_t r0, std::int64_t n);
+
   const LmHeadInputs& in_;
   const std::int64_t* const targets_;
   const CeReferenceOptions& options_;
@@ -354,11 +358,20 @@ class CrossEntropyBlocks {
   const CeGradientSink& gradients_;
   CrossEntropyReference& ref_;
   std::vector<double> y_, y_err_, y_class_, g_, g_pre_err_, flip_mean_, flip_var_;
+  std::vector<std::uint8_t> every_row_;
 };
+
+const std::uint8_t* CrossEntropyBlocks::ClassRows(std::int64_t r0, std::int64_t n) {
+  if (!classed_) return nullptr;
+  if (!options_.class_rows.empty()) return options_.class_rows.data() + r0;
+  every_row_.assign(static_cast<std::size_t>(n), 1);
+  return every_row_.data();
+}
 
 void CrossEntropyBlocks::Host(std::int64_t r0, std::int64_t n) {
   const std::int64_t v = in_.v;
-  rows_.Compute(r0, n, &y_, &y_err_, classed_ ? &y_class_ : nullptr);
+  const std::uint8_t* class_rows = ClassRows(r0, n);
+  rows_.Compute(r0, n, &y_, &y_err_, classed_ ? &y_class_ : nullptr, class_rows);
   if (gradients_) {
     g_.resize(static_cast<std::size_t>(n * v));
     g_pre_err_.resize(g_.size());
@@ -377,7 +390,7 @@ void CrossEntropyBlocks::Host(std::int64_t r0, std::int64_t n) {
               y_.data() + r * v, y_err_.empty() ? nullptr : y_err_.data() + r * v, v, targets_[i],
               counted, ref_.scale, options_, gradients_ ? g_.data() + r * v : nullptr,
               gradients_ ? g_pre_err_.data() + r * v : nullptr,
-              classed_ ? y_class_.data() + r * v : nullptr,
+              classed_ && class_rows[r] != 0 ? y_class_.data() + r * v : nullptr,
               gradients_ && classed_ ? flip_mean_.data() + r * v : nullptr,
               gradients_ && classed_ ? flip_var_.data() + r * v : nullptr);
           StoreToken(row, s, classed_, &ref_);
@@ -395,7 +408,7 @@ bool CrossEntropyBlocks::Device(std::int64_t r0, std::int64_t n, double logit_ga
   if (!reference_internal::WidenFiniteRows(in_.x, r0, n, in_.k, &xd)) return false;
   std::vector<judgement::CeRowSums> sums(static_cast<std::size_t>(n));
   if (!in_.products->CeRowSums(xd.data(), n, targets_ + r0, logit_gamma, logit_absolute,
-                               options_.logit_softcap, classed_, sums.data())) {
+                               options_.logit_softcap, ClassRows(r0, n), sums.data())) {
     return false;
   }
   for (std::int64_t r = 0; r < n; ++r) {

@@ -6,9 +6,9 @@
 
 #include "logitd/bf16.h"
 #include "logitd/reference/accumulation_models.h"
-#include "logitd/reference/token_judgement.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/numerics.h"
+#include "logitd/reference/token_judgement.h"
 
 namespace logitd::reference_internal {
 namespace {
@@ -84,7 +84,8 @@ LogitRows::LogitRows(const LmHeadInputs& in, LogitModel model) : in_(in), model_
 }
 
 void LogitRows::Compute(std::int64_t row0, std::int64_t n, std::vector<double>* y,
-                        std::vector<double>* y_err, std::vector<double>* y_class) const {
+                        std::vector<double>* y_err, std::vector<double>* y_class,
+                        const std::uint8_t* class_rows) const {
   const std::int64_t v = in_.v, k = in_.k;
   const bool bounded = model_ == LogitModel::kFp32Sum;
   std::vector<double> xd(static_cast<std::size_t>(n * k));
@@ -116,7 +117,7 @@ void LogitRows::Compute(std::int64_t row0, std::int64_t n, std::vector<double>* 
       for (std::int64_t j : bad_w_) naive(j);
     }
   }
-  if (bounded && y_class != nullptr) ClassEnvelopes(row0, n, *y, *y_err, y_class);
+  if (bounded && y_class != nullptr) ClassEnvelopes(row0, n, *y, *y_err, class_rows, y_class);
   if (bounded) {
     // The proven bound of an fp32 sum of K products (bounds.h).
     const double gamma = Gamma(k, kFp32StepError) + Gamma(k + 1, kFp64UnitRoundoff);
@@ -128,33 +129,47 @@ void LogitRows::Compute(std::int64_t row0, std::int64_t n, std::vector<double>* 
 }
 
 void LogitRows::ClassEnvelopes(std::int64_t row0, std::int64_t n, const std::vector<double>& y,
-                               const std::vector<double>& y_abs,
+                               const std::vector<double>& y_abs, const std::uint8_t* class_rows,
                                std::vector<double>* y_class) const {
   const std::int64_t v = in_.v, k = in_.k;
   y_class->assign(y.size(), 0.0);
+  std::vector<std::int64_t> picked;
+  for (std::int64_t r = 0; r < n; ++r) {
+    if (class_rows == nullptr || class_rows[r] != 0) picked.push_back(r);
+  }
+  const std::int64_t count = static_cast<std::int64_t>(picked.size());
+  if (count == 0) return;
   const double floor = judgement::ClassFloor(k);
-  const PanelOf w_rows = [&](std::int64_t j0, std::int64_t count, float* panel) {
-    for (std::int64_t l = 0; l < count; ++l) {
+  const PanelOf w_rows = [&](std::int64_t j0, std::int64_t cols, float* panel) {
+    for (std::int64_t l = 0; l < cols; ++l) {
       for (std::int64_t t = 0; t < k; ++t) {
-        panel[t * count + l] = Bf16ToFloat(in_.w[(j0 + l) * k + t]);
+        panel[t * cols + l] = Bf16ToFloat(in_.w[(j0 + l) * k + t]);
       }
     }
   };
-  ForRowsInParallel(n, n * v * std::max<std::int64_t>(1, k / 16),
+  // Parts of the picked rows, each one ModelSums of its rows gathered.
+  ForRowsInParallel(count, count * v * std::max<std::int64_t>(1, k / 16),
                     [&](std::int64_t first, std::int64_t last, int /*part*/) {
                       const std::int64_t rows = last - first;
                       std::vector<float> a(static_cast<std::size_t>(rows * k));
-                      for (std::int64_t i = 0; i < rows * k; ++i) {
-                        a[static_cast<std::size_t>(i)] = Bf16ToFloat(in_.x[(row0 + first) * k + i]);
+                      for (std::int64_t q = 0; q < rows; ++q) {
+                        const Bf16Bits* x_row =
+                            in_.x + (row0 + picked[static_cast<std::size_t>(first + q)]) * k;
+                        for (std::int64_t t = 0; t < k; ++t) {
+                          a[static_cast<std::size_t>(q * k + t)] = Bf16ToFloat(x_row[t]);
+                        }
                       }
                       std::vector<float> seq(static_cast<std::size_t>(rows * v));
                       std::vector<double> tc(seq.size());
                       ModelSums(a.data(), rows, v, k, w_rows, seq.data(), tc.data());
-                      for (std::int64_t i = 0; i < rows * v; ++i) {
-                        const std::size_t at = static_cast<std::size_t>(first * v + i);
-                        (*y_class)[at] = judgement::LogitClassEnvelope(
-                            y[at], y_abs[at], seq[static_cast<std::size_t>(i)],
-                            tc[static_cast<std::size_t>(i)], floor);
+                      for (std::int64_t q = 0; q < rows; ++q) {
+                        const std::int64_t r = picked[static_cast<std::size_t>(first + q)];
+                        for (std::int64_t j = 0; j < v; ++j) {
+                          const std::size_t at = static_cast<std::size_t>(r * v + j);
+                          const std::size_t from = static_cast<std::size_t>(q * v + j);
+                          (*y_class)[at] = judgement::LogitClassEnvelope(
+                              y[at], y_abs[at], seq[from], tc[from], floor);
+                        }
                       }
                     });
 }

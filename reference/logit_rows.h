@@ -48,14 +48,18 @@ class LogitRows {
   // otherwise (the logits are taken as exact). kBf16Rounded rounds y to bf16.
   // With y_class (kFp32Sum only), each logit's precision-class envelope
   // [n, v] too (judgement::LogitClassEnvelope, from the models of
-  // accumulation_models.h formed on threads).
+  // accumulation_models.h formed on threads), for the rows r with
+  // class_rows[r] non-zero (class_rows null: every row; the others' 0).
   void Compute(std::int64_t row0, std::int64_t n, std::vector<double>* y,
-               std::vector<double>* y_err, std::vector<double>* y_class = nullptr) const;
+               std::vector<double>* y_err, std::vector<double>* y_class = nullptr,
+               const std::uint8_t* class_rows = nullptr) const;
 
  private:
-  // The class envelopes of the block's logits from y and Σ|x·w|.
+  // The class envelopes of the block's logits from y and Σ|x·w|, for the
+  // rows Compute's class_rows names.
   void ClassEnvelopes(std::int64_t row0, std::int64_t n, const std::vector<double>& y,
-                      const std::vector<double>& y_abs, std::vector<double>* y_class) const;
+                      const std::vector<double>& y_abs, const std::uint8_t* class_rows,
+                      std::vector<double>* y_class) const;
 
   LmHeadInputs in_;
   LogitModel model_;

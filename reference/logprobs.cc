@@ -205,6 +205,9 @@ class LogProbsBlocks {
   // The block's rows [first, last) (from r0) on the caller's thread, with
   // their own e_z and ids.
   void HostRows(std::int64_t r0, std::int64_t first, std::int64_t last);
+  // The block's rows from r0 whose class envelopes to form: null for none
+  // (classed_ false) or, with options_.class_rows empty, every row.
+  const std::uint8_t* ClassRows(std::int64_t r0, std::int64_t n);
 
   const LmHeadInputs& in_;
   const std::int64_t* const targets_;
@@ -215,11 +218,21 @@ class LogProbsBlocks {
   const LpIdsZ& ids_z_;
   LogProbsReference& ref_;
   std::vector<double> y_, y_err_, y_class_, z_block_;
+  std::vector<std::uint8_t> every_row_;
+  const std::uint8_t* block_class_rows_ = nullptr;  // Host's block's ClassRows
 };
+
+const std::uint8_t* LogProbsBlocks::ClassRows(std::int64_t r0, std::int64_t n) {
+  if (!classed_) return nullptr;
+  if (!options_.class_rows.empty()) return options_.class_rows.data() + r0;
+  every_row_.assign(static_cast<std::size_t>(n), 1);
+  return every_row_.data();
+}
 
 void LogProbsBlocks::Host(std::int64_t r0, std::int64_t n) {
   const std::int64_t vv = ref_.v;
-  logit_rows_.Compute(r0, n, &y_, &y_err_, classed_ ? &y_class_ : nullptr);
+  block_class_rows_ = ClassRows(r0, n);
+  logit_rows_.Compute(r0, n, &y_, &y_err_, classed_ ? &y_class_ : nullptr, block_class_rows_);
   z_block_.resize(static_cast<std::size_t>(n * vv));
   // The rows on threads, each with its own e_z and ids.
   reference_internal::ForRowsInParallel(
@@ -239,8 +252,9 @@ void LogProbsBlocks::HostRows(std::int64_t r0, std::int64_t first, std::int64_t 
     double* z = z_block_.data() + r * vv;
     const double b = RowZ(y_.data() + r * v, y_err_.empty() ? nullptr : y_err_.data() + r * v, vv,
                           options_, z, ez.data());
-    if (classed_) RowClassZ(y_.data() + r * v, y_class_.data() + r * v, vv, options_, cz.data());
-    judgement::LpRowSums sums = RowSums(z, ez.data(), vv, b, classed_ ? cz.data() : nullptr);
+    const bool classed = classed_ && block_class_rows_[r] != 0;
+    if (classed) RowClassZ(y_.data() + r * v, y_class_.data() + r * v, vv, options_, cz.data());
+    judgement::LpRowSums sums = RowSums(z, ez.data(), vv, b, classed ? cz.data() : nullptr);
     std::iota(ids.begin(), ids.end(), std::int64_t{0});
     const auto mid = ids.begin() + ref_.order_cols;
     std::partial_sort(ids.begin(), mid, ids.end(), [z](std::int64_t a, std::int64_t c) {
@@ -256,7 +270,7 @@ void LogProbsBlocks::HostRows(std::int64_t r0, std::int64_t first, std::int64_t 
       const std::int64_t t = targets_[i];
       sums.zt = z[t];
       sums.ezt = ez[static_cast<std::size_t>(t)];
-      if (classed_) sums.class_zt = cz[static_cast<std::size_t>(t)];
+      if (classed) sums.class_zt = cz[static_cast<std::size_t>(t)];
       sums.rank = sums.low = sums.high = 0;
       for (std::int64_t j = 0; j < vv; ++j) {
         if (j == t) continue;
@@ -288,7 +302,7 @@ bool LogProbsBlocks::Device(std::int64_t r0, std::int64_t n) {
   request.order_cols = ref_.order_cols;
   request.ids = ids_z_.ids != nullptr ? ids_z_.ids + r0 * ids_z_.k : nullptr;
   request.ids_k = ids_z_.ids != nullptr ? ids_z_.k : 0;
-  request.class_envelope = classed_;
+  request.class_rows = ClassRows(r0, n);
   std::vector<judgement::LpRowSums> sums(static_cast<std::size_t>(n));
   LpRowsResult result;
   result.sums = sums.data();

@@ -23,6 +23,7 @@ PrecisionClass PrecisionClassOf(const v1::PrecisionClass& p) {
   out.rows = p.rows();
   out.rows_outside = p.rows_outside();
   out.elements_outside = p.elements_outside();
+  out.drawn_from = p.drawn_from();
   for (const v1::RowPrecision& r : p.worst_rows()) {
     RowPrecision row;
     row.row = r.row();

@@ -68,8 +68,12 @@ std::string PrecisionText(const client::PrecisionClass& p) {
     return p.reason.empty() ? "precision class not tested"
                             : absl::StrCat("precision class not tested (", p.reason, ")");
   }
-  return absl::StrFormat("effective precision %.1f bits (the envelope's %.1f)", p.effective_bits,
-                         p.class_bits);
+  std::string text = absl::StrFormat("effective precision %.1f bits (the envelope's %.1f)",
+                                     p.effective_bits, p.class_bits);
+  if (p.drawn_from > 0) {
+    absl::StrAppendFormat(&text, " over %d tokens drawn of %d", p.rows, p.drawn_from);
+  }
+  return text;
 }
 
 // "ulp vs logitd's: max 3, p99 1, p50 0; ulp vs correctly rounded: ...";

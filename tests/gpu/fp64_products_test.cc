@@ -12,6 +12,8 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -145,10 +147,10 @@ class CountingRowSums final : public HostJudging {
  public:
   using HostJudging::HostJudging;
   bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
-                 double absolute, double cap, bool class_envelope,
+                 double absolute, double cap, const std::uint8_t* class_rows,
                  judgement::CeRowSums* sums) override {
     ++row_sums_calls_;
-    return device_->CeRowSums(x, m, targets, gamma, absolute, cap, class_envelope, sums);
+    return device_->CeRowSums(x, m, targets, gamma, absolute, cap, class_rows, sums);
   }
   bool LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
                  const LpRowsResult& result) override {
@@ -529,12 +531,17 @@ TEST_F(Fp64ProductsTest, TheCrossEntropysSoftmaxSumsOnTheDeviceAreTheHostsWithin
   std::vector<std::int64_t> targets(m);
   for (std::int64_t i = 0; i < m; ++i) targets[i] = i % 9 == 4 ? -100 : (i * 7919) % v;
   LmHeadInputs in = LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
-  for (const float cap : {0.0f, 3.0f}) {
-    SCOPED_TRACE(::testing::Message() << "softcap " << cap);
+  // Every row's envelopes, then a draw of 23 rows' (the device gathers
+  // their rows of X and maps each row to its models).
+  for (const auto& [cap, drawn] :
+       {std::pair{0.0f, false}, std::pair{3.0f, false}, std::pair{3.0f, true}}) {
+    SCOPED_TRACE(::testing::Message() << "softcap " << cap << (drawn ? ", 23 rows drawn" : ""));
     CeReferenceOptions o;
     o.logit_softcap = cap;
     o.z_loss = 1e-3f;
     o.class_envelope = true;
+    if (drawn) o.class_rows = ClassTokenRows(targets.data(), m, -100, 23, 7);
+    const auto picked = [&](std::size_t i) { return !drawn || o.class_rows[i] != 0; };
     CrossEntropyReference on_device, on_host;
     const int calls_before = counting.row_sums_calls();
     in.products = &counting;
@@ -551,7 +558,13 @@ TEST_F(Fp64ProductsTest, TheCrossEntropysSoftmaxSumsOnTheDeviceAreTheHostsWithin
       ExpectClose(on_device.lse_bound[i], on_host.lse_bound[i], 1e-6, "lse bound", i);
       ExpectClose(on_device.loss_bound[i], on_host.loss_bound[i], 1e-6, "loss bound", i);
       // The precision-class envelopes: the models' bits are the host's, the
-      // sums in another order.
+      // sums in another order; none for a row not drawn.
+      if (!picked(i)) {
+        EXPECT_EQ(on_host.lse_class[i], 0.0) << i;
+        EXPECT_EQ(on_device.lse_class[i], 0.0) << i;
+        EXPECT_EQ(on_device.loss_class[i], 0.0) << i;
+        continue;
+      }
       ASSERT_GT(on_host.lse_class[i], 0.0) << i;
       ExpectClose(on_device.lse_class[i], on_host.lse_class[i], 1e-6, "lse class", i);
       ExpectClose(on_device.loss_class[i], on_host.loss_class[i], 1e-6, "loss class", i);
@@ -589,14 +602,18 @@ TEST_F(Fp64ProductsTest, LogProbsRowsOnTheDeviceAreTheHostsWithinFp64Rounding) {
   ids[5 * top_k + 2] = -1;
   ids[7 * top_k + 4] = ids[7 * top_k + 1];
   LmHeadInputs in = LmHeadInputs::Forward(x.data(), w.data(), m, v, k);
-  for (const auto& [cap, temperature] : {std::pair{0.0f, 1.0f}, std::pair{3.0f, 0.7f}}) {
-    SCOPED_TRACE(::testing::Message() << "softcap " << cap << " temperature " << temperature);
+  for (const auto& [cap, temperature, drawn] :
+       {std::tuple{0.0f, 1.0f, false}, std::tuple{3.0f, 0.7f, false},
+        std::tuple{0.0f, 1.0f, true}}) {
+    SCOPED_TRACE(::testing::Message() << "softcap " << cap << " temperature " << temperature
+                                      << (drawn ? ", 23 rows drawn" : ""));
     LpReferenceOptions o;
     o.logit_softcap = cap;
     o.temperature = temperature;
     o.top_k = top_k;
     o.vocab_size = vocab;
     o.class_envelope = true;
+    if (drawn) o.class_rows = ClassTokenRows(targets.data(), m, -100, 23, 7);
     LogProbsReference on_device, on_host;
     std::vector<double> z_device(ids.size()), z_host(ids.size());
     const int calls_before = counting.lp_row_sums_calls();
@@ -621,7 +638,14 @@ TEST_F(Fp64ProductsTest, LogProbsRowsOnTheDeviceAreTheHostsWithinFp64Rounding) {
       ExpectClose(on_device.lse_bound[i], on_host.lse_bound[i], 1e-6, "lse bound", i);
       ExpectClose(on_device.logprob_bound[i], on_host.logprob_bound[i], 1e-6, "logprob bound", i);
       ExpectClose(on_device.entropy_bound[i], on_host.entropy_bound[i], 1e-6, "entropy bound", i);
-      ASSERT_GT(on_host.lse_class[i], 0.0) << i;
+      if (drawn && o.class_rows[i] == 0) {
+        EXPECT_EQ(on_host.lse_class[i], 0.0) << i;
+        EXPECT_EQ(on_device.lse_class[i], 0.0) << i;
+        EXPECT_EQ(on_device.entropy_class[i], 0.0) << i;
+      }
+      if (!drawn || o.class_rows[i] != 0) {
+        ASSERT_GT(on_host.lse_class[i], 0.0) << i;
+      }
       ExpectClose(on_device.lse_class[i], on_host.lse_class[i], 1e-6, "lse class", i);
       ExpectClose(on_device.logprob_class[i], on_host.logprob_class[i], 1e-6, "logprob class", i);
       ExpectClose(on_device.entropy_class[i], on_host.entropy_class[i], 1e-6, "entropy class", i);

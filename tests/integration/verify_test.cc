@@ -85,6 +85,16 @@ Tensor Copy(const Tensor& t) {
   return out;
 }
 
+// The first `rows` rows of t (its first dimension), a copy.
+Tensor FirstRows(const Tensor& t, std::int64_t rows) {
+  std::vector<std::int64_t> shape = t.shape();
+  const std::size_t row_bytes = t.nbytes() / static_cast<std::size_t>(shape[0]);
+  shape[0] = rows;
+  Tensor out(t.dtype(), shape);
+  std::memcpy(out.bytes(), t.bytes(), row_bytes * static_cast<std::size_t>(rows));
+  return out;
+}
+
 class VerifyTest : public SharedServerTest {
  protected:
   static void SetUpTestSuite() { StartSharedServer({std::string("--backend=") + kBackend}); }
@@ -946,6 +956,71 @@ TEST_F(VerifyTest, SampledRowsOfTheCrossEntropyAndLogProbs) {
   r = Verified(la);
   EXPECT_EQ(r.verdict, "outside_bounds");
   EXPECT_EQ(r.Find("logprob")->first_outside[0].index, (std::vector<std::int64_t>{0}));
+}
+
+// More tokens than the per-token outputs' precision-class test takes
+// (512): it draws 512 of them (counted targets first), says how many it drew
+// from, draws the same ones for the same inputs, and the proven bound still
+// holds every token.
+TEST_F(VerifyTest, ThePerTokenClassTestDrawsAtMost512Tokens) {
+  const std::int64_t m = 700;
+  const Tensor w = NormalBf16({200, 64}, 45);
+  const Tensor x = NormalBf16({m, 64}, 46);
+  const Tensor targets = Targets(m, 200);  // 560 counted
+  const std::string handle = Register(w, "verify-class-draw");
+  client::CrossEntropyOptions o;
+  o.reduction = client::Reduction::kNone;
+  o.want_lse = true;
+  absl::StatusOr<client::CrossEntropyResult> own = client().CrossEntropy(x, targets, handle, o);
+  ASSERT_TRUE(own.ok()) << own.status();
+  VerifyArgs args = PerTokenArgs(VerifyOperation::kCrossEntropy, handle, x, targets);
+  args.cross_entropy = o;
+  args.candidates["loss"] = own->loss;
+  args.candidates["lse"] = *own->lse;
+  VerifyResult r = Verified(args);
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  for (const char* name : {"loss", "lse"}) {
+    const CandidateVerdict* c = r.Find(name);
+    ASSERT_NE(c, nullptr) << name;
+    EXPECT_EQ(c->elements, m) << name;
+    EXPECT_TRUE(c->precision_class.tested) << name;
+    EXPECT_EQ(c->precision_class.drawn_from, m) << name;
+    EXPECT_EQ(c->precision_class.rows, 512) << name;
+  }
+  const double rms = r.Find("loss")->precision_class.rms_ratio;
+  EXPECT_EQ(Verified(args).Find("loss")->precision_class.rms_ratio, rms) << "the same draw";
+
+  // Every token is still held to its proven bound: each of a few, off by
+  // 0.01, is found whether the draw took it or not.
+  for (const std::int64_t i : {0, 1, 2, 3, 5, 6, 7, 8, 698}) {
+    Tensor off = Copy(own->loss);
+    off.data<float>()[i] += 0.01f;
+    args.candidates["loss"] = off;
+    r = Verified(args);
+    EXPECT_EQ(r.verdict, "outside_bounds") << i;
+    ASSERT_FALSE(r.Find("loss")->first_outside.empty()) << i;
+    EXPECT_EQ(r.Find("loss")->first_outside[0].index, (std::vector<std::int64_t>{i}));
+  }
+
+  // LogProbs draws as the cross-entropy does; 64 tokens are all tested.
+  client::LogProbsOptions lo;
+  absl::StatusOr<client::LogProbsResult> lp = client().LogProbs(x, &targets, handle, lo);
+  ASSERT_TRUE(lp.ok()) << lp.status();
+  VerifyArgs la = PerTokenArgs(VerifyOperation::kLogProbs, handle, x, targets);
+  la.logprobs = lo;
+  la.candidates["logprob"] = *lp->logprob;
+  r = Verified(la);
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  EXPECT_EQ(r.Find("logprob")->precision_class.drawn_from, m);
+  EXPECT_EQ(r.Find("logprob")->precision_class.rows, 512);
+  args.candidates.erase("lse");
+  args.x = FirstRows(x, 64);
+  args.targets = FirstRows(targets, 64);
+  args.candidates["loss"] = FirstRows(own->loss, 64);
+  r = Verified(args);
+  EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
+  EXPECT_EQ(r.Find("loss")->precision_class.drawn_from, 0);
+  EXPECT_EQ(r.Find("loss")->precision_class.rows, 64 - 64 / 5);
 }
 
 TEST_F(VerifyTest, CrossEntropyAndLogProbsBadRequests) {

@@ -154,6 +154,39 @@ TEST(SampleRowsTest, ASeedDrawsDistinctRowsOffTheLattice) {
   for (int n : seen) EXPECT_NEAR(n, 1000, 150);
 }
 
+TEST(ClassTokenRowsTest, AtMostCapRowsCountedTargetsFirst) {
+  std::vector<std::int64_t> targets(1000);
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = i % 4 == 3 ? -100 : 7;
+  // No more rows than the cap: every one (empty).
+  EXPECT_TRUE(ClassTokenRows(targets.data(), 512, -100, 512, 0).empty());
+  const auto count = [](const std::vector<std::uint8_t>& mask, bool counted,
+                        const std::vector<std::int64_t>& t) {
+    std::int64_t n = 0;
+    for (std::size_t i = 0; i < mask.size(); ++i) n += mask[i] != 0 && (t[i] != -100) == counted;
+    return n;
+  };
+  // 750 counted: 512 of them, none of the others.
+  std::vector<std::uint8_t> a = ClassTokenRows(targets.data(), 1000, -100, 512, 0);
+  ASSERT_EQ(a.size(), 1000u);
+  EXPECT_EQ(count(a, true, targets), 512);
+  EXPECT_EQ(count(a, false, targets), 0);
+  EXPECT_EQ(ClassTokenRows(targets.data(), 1000, -100, 512, 0), a)
+      << "the same seed, the same rows";
+  EXPECT_NE(ClassTokenRows(targets.data(), 1000, -100, 512, 1), a);
+  // Not SampleRows' lattice at seed 0: a draw, not evenly spaced.
+  std::int64_t first = 0;
+  while (a[static_cast<std::size_t>(first)] == 0) ++first;
+  EXPECT_FALSE(first == 0 && a[999] != 0 && a[1] != 0 && a[2] != 0);
+  // 250 counted of 1000 with a cap of 400: all 250, then 150 of the rest.
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = i % 4 == 0 ? 7 : -100;
+  const std::vector<std::uint8_t> b = ClassTokenRows(targets.data(), 1000, -100, 400, 9);
+  EXPECT_EQ(count(b, true, targets), 250);
+  EXPECT_EQ(count(b, false, targets), 150);
+  // No targets: any 400 rows.
+  const std::vector<std::uint8_t> c = ClassTokenRows(nullptr, 1000, -100, 400, 9);
+  EXPECT_EQ(std::count(c.begin(), c.end(), 1), 400);
+}
+
 TEST(CheckLogitsTest, AConformingFp32KernelIsWithinBounds) {
   const Problem p = MakeProblem(7, 33, 520, 1);
   const std::vector<float> y = Logits(p, 1.0f);

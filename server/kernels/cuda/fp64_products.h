@@ -51,7 +51,7 @@ class CudaFp64Products final : public Fp64Products {
                 const void* candidate, const void* own, const judgement::ProductRule& rule,
                 CandidateCheck* check, const std::function<bool()>& stop) override;
   bool CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
-                 double absolute, double cap, bool class_envelope,
+                 double absolute, double cap, const std::uint8_t* class_rows,
                  judgement::CeRowSums* sums) override;
   bool LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,
                  const LpRowsResult& result) override;
@@ -143,12 +143,14 @@ class CudaFp64Products final : public Fp64Products {
   absl::Status NonFinite(bool* seen);
   // FormOnDevice, then the cross-entropy's row sums (judge_kernels.h).
   absl::Status RowSums(const double* x, std::int64_t m, const std::int64_t* targets, double gamma,
-                       double absolute, double cap, bool class_envelope,
+                       double absolute, double cap, const std::uint8_t* class_rows,
                        judgement::CeRowSums* sums);
-  // When `wanted`, the models of the m rows' logits [m, V] from the
-  // operands FormOnDevice left (queued on stream_), for the row kernels'
-  // precision-class sums; else none.
-  absl::Status ClassModels(bool wanted, std::int64_t m, RowClassModels* models);
+  // The models of the logits [count, V] of the rows r of the m that
+  // FormOnDevice left with class_rows[r] non-zero (none when class_rows is
+  // null), queued on stream_, for the row kernels' precision-class sums:
+  // those rows' operand gathered first when not all are, with the map from
+  // a row to its models' row (RowClassModels::rows).
+  absl::Status ClassModels(const std::uint8_t* class_rows, std::int64_t m, RowClassModels* models);
   // FormOnDevice, then LogProbs' row sums, order and ids' z (judge_kernels.h).
   absl::Status LpRows(const double* x, std::int64_t m, const LpRowsRequest& request,
                       const LpRowsResult& result);
@@ -184,6 +186,9 @@ class CudaFp64Products final : public Fp64Products {
   // Judge's models of the block and its rows' counts of the precision-class
   // test.
   DeviceBuffer seq_, tc_, class_rows_;
+  // ClassModels': the rows of the operand it gathered, and each row's row
+  // of the models (−1: none).
+  DeviceBuffer a_class_, class_map_;
   // The models' panels: A's, and B's (W's, while weight_panel_ names the
   // layout it holds: B's strides, its columns and terms).
   DeviceBuffer a_panel_, b_panel_;

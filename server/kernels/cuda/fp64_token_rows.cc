@@ -13,7 +13,7 @@ namespace logitd::kernels::cuda {
 
 absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const std::int64_t* targets,
                                        double gamma, double absolute, double cap,
-                                       bool class_envelope, judgement::CeRowSums* sums) {
+                                       const std::uint8_t* class_rows, judgement::CeRowSums* sums) {
   LOGITD_CUDA_RETURN_IF_ERROR(UseDevice(device_));
   cudaStream_t s = stream_.get();
   const std::size_t targets_bytes = static_cast<std::size_t>(m) * sizeof(std::int64_t);
@@ -25,7 +25,7 @@ absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const st
       "verify: copy the targets to the device");
   LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
   RowClassModels models;
-  LOGITD_CUDA_RETURN_IF_ERROR(ClassModels(class_envelope, m, &models));
+  LOGITD_CUDA_RETURN_IF_ERROR(ClassModels(class_rows, m, &models));
   RETURN_IF_CUDA_ERROR(
       LaunchCeRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, targets_.as<std::int64_t>(),
                       gamma, absolute, cap, logitd::Gamma(v_, kFp32StepError), models,
@@ -66,7 +66,7 @@ absl::Status CudaFp64Products::LpRows(const double* x, std::int64_t m, const LpR
       "verify: copy the targets to the device");
   LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
   RowClassModels models;
-  LOGITD_CUDA_RETURN_IF_ERROR(ClassModels(request.class_envelope, m, &models));
+  LOGITD_CUDA_RETURN_IF_ERROR(ClassModels(request.class_rows, m, &models));
   RETURN_IF_CUDA_ERROR(
       LaunchLpRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, request.vocab,
                       targets_.as<std::int64_t>(), request.gamma, request.absolute, request.cap,
@@ -97,10 +97,10 @@ absl::Status CudaFp64Products::LpRows(const double* x, std::int64_t m, const LpR
 }
 
 bool CudaFp64Products::CeRowSums(const double* x, std::int64_t m, const std::int64_t* targets,
-                                 double gamma, double absolute, double cap, bool class_envelope,
-                                 judgement::CeRowSums* sums) {
+                                 double gamma, double absolute, double cap,
+                                 const std::uint8_t* class_rows, judgement::CeRowSums* sums) {
   absl::MutexLock lock(&mu_);
-  return Done(RowSums(x, m, targets, gamma, absolute, cap, class_envelope, sums));
+  return Done(RowSums(x, m, targets, gamma, absolute, cap, class_rows, sums));
 }
 
 bool CudaFp64Products::LpRowSums(const double* x, std::int64_t m, const LpRowsRequest& request,

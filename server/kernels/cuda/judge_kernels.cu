@@ -284,7 +284,8 @@ __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __
   const double log_s = LogSumExp(logit, cols, mx, scratch);
   const double lse = mx + log_s;
   // A logit's class envelope carried into z as its bound is.
-  const std::int64_t offset = row * cols;
+  const std::int64_t model_row = models.rows != nullptr ? models.rows[row] : row;
+  const std::int64_t offset = model_row * cols;
   const auto class_z = [&](std::int64_t j) {
     const double c = judgement::LogitClassEnvelope(y[j], y_abs[j], models.seq[offset + j],
                                                    models.tc[offset + j], models.floor);
@@ -292,7 +293,7 @@ __global__ void CeRowSumsKernel(const double* __restrict__ sum, const double* __
     judgement::CappedLogit(y[j], c, cap, &z, &f, &cz);
     return cz;
   };
-  const bool classed = models.seq != nullptr;
+  const bool classed = models.seq != nullptr && model_row >= 0;
   double w = 0, lin = 0, mean_d = 0;
   for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     double z, ez;
@@ -487,7 +488,8 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
   const bool has_target = t >= 0 && t < vocab;
   double zt = 0, ezt = 0;
   if (has_target) logit(t, &zt, &ezt);
-  const std::int64_t offset = row * cols;
+  const std::int64_t model_row = models.rows != nullptr ? models.rows[row] : row;
+  const std::int64_t offset = model_row * cols;
   const auto class_z = [&](std::int64_t j) {
     const double c = judgement::LogitClassEnvelope(y[j], y_abs[j], models.seq[offset + j],
                                                    models.tc[offset + j], models.floor);
@@ -495,7 +497,7 @@ __global__ void LpRowSumsKernel(const double* __restrict__ sum, const double* __
     judgement::LpLogit(y[j], c, cap, temperature, /*rounded=*/true, &z, &cz);
     return cz;
   };
-  const bool classed = models.seq != nullptr;
+  const bool classed = models.seq != nullptr && model_row >= 0;
   LpTerms terms;
   for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     double z, ez;

@@ -77,11 +77,13 @@ cudaError_t LaunchCollectOutside(const double* sum, const double* abs_sum, const
 // The models of the logits of a block of rows (LaunchModelSums: seq and tc
 // [rows, cols]) and the class floor of their sums, from which the row
 // kernels form the precision-class sums (judgement::LogitClassEnvelope);
-// seq null: none.
+// seq null: none. With `rows` (device, [rows]), row r's models are row
+// rows[r] of seq and tc, none where it is −1; null: row r's are row r.
 struct RowClassModels {
   const float* seq = nullptr;
   const double* tc = nullptr;
   double floor = 0;
+  const std::int32_t* rows = nullptr;
 };
 
 // The cross-entropy's softmax sums of each row of the logits sum [rows,

@@ -363,8 +363,9 @@ struct TokenReference {
 // by name and, for dX and dW, g with its pre-cast bound and flip weights
 // [M, V]. False when `stop` ended it.
 bool CrossEntropyReferences(const CrossEntropyPlan& cp, const TokenInputs& t,
-                            const VerifyTargets& targets, const StopCheck& stop,
-                            std::map<VerifyOutput, TokenReference>* refs, CeGradients* grads) {
+                            const VerifyTargets& targets, const std::vector<std::uint8_t>& classed,
+                            const StopCheck& stop, std::map<VerifyOutput, TokenReference>* refs,
+                            CeGradients* grads) {
   const LmHeadInputs& in = t.in;
   CeReferenceOptions o;
   o.ignore_index = cp.ignore_index;
@@ -377,6 +378,7 @@ bool CrossEntropyReferences(const CrossEntropyPlan& cp, const TokenInputs& t,
   // A mean divides by the call's counted tokens, sampled rows or not.
   o.counted_tokens = targets.counted;
   o.class_envelope = true;
+  o.class_rows = classed;
   CrossEntropyReference ref;
   CeGradientSink gather;
   if (cp.want_dx || cp.want_dw) {
@@ -418,10 +420,10 @@ bool CrossEntropyReferences(const CrossEntropyPlan& cp, const TokenInputs& t,
 // reference for the top-k and rank candidates (with a top-k ids
 // candidate's ids widened and their z, gathered with the reference's
 // rows). False when `stop` ended it.
-bool LogProbsReferences(const VerifyPlan& plan, const TokenInputs& t, Call* call,
-                        const StopCheck& stop, std::map<VerifyOutput, TokenReference>* refs,
-                        LogProbsReference* lp_ref, std::vector<std::int64_t>* top_k_ids,
-                        std::vector<double>* top_k_z) {
+bool LogProbsReferences(const VerifyPlan& plan, const TokenInputs& t,
+                        const std::vector<std::uint8_t>& classed, Call* call, const StopCheck& stop,
+                        std::map<VerifyOutput, TokenReference>* refs, LogProbsReference* lp_ref,
+                        std::vector<std::int64_t>* top_k_ids, std::vector<double>* top_k_z) {
   const LogProbsPlan& lp = *plan.logprobs;
   LpReferenceOptions o;
   o.ignore_index = lp.ignore_index;
@@ -430,6 +432,7 @@ bool LogProbsReferences(const VerifyPlan& plan, const TokenInputs& t, Call* call
   o.vocab_size = lp.vocab;
   o.top_k = lp.top_k;
   o.class_envelope = true;
+  o.class_rows = classed;
   LpIdsZ ids_z;
   if (const VerifyCandidatePlan* c = Find(plan, VerifyOutput::kTopkIds); c != nullptr) {
     *top_k_ids = Integers(call->in(c->name), c->dtype, plan.m * lp.top_k);
@@ -443,6 +446,26 @@ bool LogProbsReferences(const VerifyPlan& plan, const TokenInputs& t, Call* call
   (*refs)[VerifyOutput::kLse] = {lp_ref->lse, lp_ref->lse_bound, lp_ref->lse_class};
   (*refs)[VerifyOutput::kEntropy] = {lp_ref->entropy, lp_ref->entropy_bound, lp_ref->entropy_class};
   return true;
+}
+
+// The tokens of t whose per-token outputs take the precision-class test
+// (ClassTokenRows: empty, every one): at most kClassTokens, drawn by a seed
+// of the inputs, so that the same inputs draw the same tokens everywhere;
+// every token when the cross-entropy's gradients are checked, whose test
+// needs every row's envelopes.
+std::vector<std::uint8_t> ClassTokens(const VerifyPlan& plan, const TokenInputs& t) {
+  const LmHeadInputs& in = t.in;
+  if (plan.cross_entropy.has_value() &&
+      (plan.cross_entropy->want_dx || plan.cross_entropy->want_dw)) {
+    return {};
+  }
+  const std::int64_t ignore_index = plan.cross_entropy.has_value()
+                                        ? plan.cross_entropy->ignore_index
+                                        : plan.logprobs->ignore_index;
+  const std::uint64_t seed =
+      t.targets != nullptr ? Xxh3(t.targets, static_cast<std::size_t>(in.m) * sizeof(std::int64_t))
+                           : Xxh3(in.x, static_cast<std::size_t>(in.k) * sizeof(Bf16Bits));
+  return ClassTokenRows(t.targets, in.m, ignore_index, kClassTokens, seed);
 }
 
 // The per-token candidates of the cross-entropy or LogProbs against one
@@ -462,15 +485,19 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
   LogProbsReference lp_ref;
   std::vector<std::int64_t> top_k_ids;
   std::vector<double> top_k_z;
+  const std::vector<std::uint8_t> classed = ClassTokens(plan, t);
   const bool done =
       plan.cross_entropy.has_value()
-          ? CrossEntropyReferences(*plan.cross_entropy, t, targets, stop, &refs, &grads)
-          : LogProbsReferences(plan, t, call, stop, &refs, &lp_ref, &top_k_ids, &top_k_z);
+          ? CrossEntropyReferences(*plan.cross_entropy, t, targets, classed, stop, &refs, &grads)
+          : LogProbsReferences(plan, t, classed, call, stop, &refs, &lp_ref, &top_k_ids, &top_k_z);
   if (!done) return gone;
   // lse and the entropy do not read the target: tokens with equal rows of X
-  // err alike there whatever their targets.
-  const std::int64_t independent = DistinctTokens(in, t.targets);
-  const std::int64_t independent_rows = DistinctTokens(in, nullptr);
+  // err alike there whatever their targets. Counted among those the
+  // precision-class test takes.
+  const std::uint8_t* class_rows = classed.empty() ? nullptr : classed.data();
+  const std::int64_t drawn_from = classed.empty() ? 0 : in.m;
+  const std::int64_t independent = DistinctTokens(in, t.targets, class_rows);
+  const std::int64_t independent_rows = DistinctTokens(in, nullptr, class_rows);
   for (const VerifyCandidatePlan& c : plan.candidates) {
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);
@@ -493,7 +520,7 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
           r.values, r.bounds, r.envelopes, plan.rows, reinterpret_cast<const float*>(data),
           reinterpret_cast<const float*>(own.at(o).data()),
           o == VerifyOutput::kLse || o == VerifyOutput::kEntropy ? independent_rows : independent,
-          &v.check);
+          &v.check, drawn_from);
     }
     outcome->candidates.push_back(std::move(v));
   }

@@ -40,6 +40,7 @@ void FillPrecisionClass(const PrecisionClassFigures& p, v1::PrecisionClass* out)
   out->set_rows(p.rows);
   out->set_rows_outside(p.rows_outside);
   out->set_elements_outside(p.elements_outside);
+  out->set_drawn_from(p.drawn_from);
   for (const RowPrecisionFigures& r : p.worst_rows) {
     v1::RowPrecision* row = out->add_worst_rows();
     row->set_row(r.row);

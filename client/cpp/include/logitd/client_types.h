@@ -599,6 +599,9 @@ struct PrecisionClass {
   std::int64_t rows = 0;
   std::int64_t rows_outside = 0;
   std::int64_t elements_outside = 0;
+  // The per-token outputs' test on a draw of at most 512 tokens: how many
+  // it was drawn from (0: every token tested).
+  std::int64_t drawn_from = 0;
   std::vector<RowPrecision> worst_rows;  // at most 8, worst first
   std::string envelope;                  // the implementations it was formed from
 };

@@ -139,7 +139,9 @@ class PrecisionClass:
     conforming implementation reaches. rms_ratio, threshold: the whole
     tensor's RMS error over the envelope's, and the most a conforming
     candidate reaches. rows_outside, elements_outside: rows outside (their RMS
-    error, or their largest). worst_rows: at most 8, worst first.
+    error, or their largest). worst_rows: at most 8, worst first. drawn_from:
+    for a per-token output, the tokens its test drew at most 512 from (0:
+    every token tested; the others are held to the proven bound).
     """
 
     tested: bool = False
@@ -155,6 +157,7 @@ class PrecisionClass:
     rows_outside: int = 0
     elements_outside: int = 0
     worst_rows: Tuple[RowPrecision, ...] = ()
+    drawn_from: int = 0
     envelope: str = ""
 
 
@@ -287,6 +290,8 @@ def _describe_precision_class(p: PrecisionClass) -> List[str]:
             p.elements,
         )
     ]
+    if p.drawn_from:
+        lines[0] += "; the test took %d tokens drawn of %d" % (p.rows, p.drawn_from)
     if p.outside:
         for r in p.worst_rows[:3]:
             lines.append(
@@ -453,6 +458,7 @@ def _precision_class_of(p: pb.PrecisionClass) -> PrecisionClass:
         rows=int(p.rows),
         rows_outside=int(p.rows_outside),
         elements_outside=int(p.elements_outside),
+        drawn_from=int(p.drawn_from),
         worst_rows=tuple(
             RowPrecision(
                 row=int(r.row),

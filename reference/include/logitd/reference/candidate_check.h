@@ -143,6 +143,12 @@ class CandidateCheck {
     class_envelope_ = std::move(name);
     class_.reset();
   }
+  // The values a test of per-token values (AddValueClass) drew those
+  // added from (PrecisionClassFigures::drawn_from; 0: not drawn).
+  void set_class_drawn_from(std::int64_t n) {
+    class_drawn_from_ = n;
+    class_.reset();
+  }
 
   // Adds elements counted elsewhere, whose indices all come after those
   // added so far or are merged in index order: as if each had been added
@@ -225,6 +231,7 @@ class CandidateCheck {
   std::int64_t independent_per_row_ = INT64_MAX;
   std::int64_t independent_total_ = INT64_MAX;
   std::string class_envelope_;
+  std::int64_t class_drawn_from_ = 0;
   mutable std::optional<PrecisionClassFigures> class_;
 };
 

@@ -18,8 +18,8 @@
 #include <functional>
 #include <vector>
 
-#include "logitd/reference/token_judgement.h"
 #include "logitd/reference/numerics.h"
+#include "logitd/reference/token_judgement.h"
 #include "logitd/reference/verify_checks.h"
 
 namespace logitd {
@@ -52,6 +52,9 @@ struct CeReferenceOptions {
   // Form the per-token outputs' precision-class envelopes (fp32-sum
   // logits only; Verify's): CrossEntropyReference::lse_class, loss_class.
   bool class_envelope = false;
+  // With class_envelope, the rows [M] to form them for (non-zero), the
+  // others' left 0 (ClassTokenRows); empty: every row.
+  std::vector<std::uint8_t> class_rows;
 };
 
 // One token's values and the bounds on |implementation − value|.

@@ -42,7 +42,9 @@ struct LpRowsRequest {
   std::int64_t order_cols = 0;
   const std::int64_t* ids = nullptr;  // [m, ids_k], or null
   std::int64_t ids_k = 0;
-  bool class_envelope = false;  // the precision-class sums too, as CeRowSums'
+  // The rows [m] whose precision-class sums to form too, as CeRowSums'
+  // class_rows (null: none).
+  const std::uint8_t* class_rows = nullptr;
 };
 struct LpRowsResult {
   judgement::LpRowSums* sums = nullptr;  // [m]
@@ -143,13 +145,14 @@ class Fp64Products {
   // are formed, for x [m, K] as doubles (every value finite, and W's too):
   // the logits' bounds are gamma·Σ|x·w| + absolute, `cap` soft-caps them
   // (0: not), and sums[r] (element_judgement.h) takes the z of targets[r]
-  // (none outside [0, V)); with `class_envelope`, the precision-class
-  // sums too, from the models of each logit (accumulation_models.h) and
+  // (none outside [0, V)); for the rows r with class_rows[r] non-zero
+  // (class_rows null: none), the precision-class sums too, from the models
+  // of each logit (accumulation_models.h) and
   // judgement::LogitClassEnvelope. False when the engine forms them nowhere
   // but the host (the default) or could not (error() says why).
   virtual bool CeRowSums(const double* /*x*/, std::int64_t /*m*/, const std::int64_t* /*targets*/,
                          double /*gamma*/, double /*absolute*/, double /*cap*/,
-                         bool /*class_envelope*/, judgement::CeRowSums* /*sums*/) {
+                         const std::uint8_t* /*class_rows*/, judgement::CeRowSums* /*sums*/) {
     return false;
   }
 

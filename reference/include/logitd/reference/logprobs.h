@@ -32,6 +32,9 @@ struct LpReferenceOptions {
   // Form the per-token outputs' precision-class envelopes (fp32-sum
   // logits only; Verify's): LogProbsReference::lse_class and the others.
   bool class_envelope = false;
+  // With class_envelope, the rows [M] to form them for (non-zero), the
+  // others' left 0 (ClassTokenRows); empty: every row.
+  std::vector<std::uint8_t> class_rows;
 };
 
 struct LogProbsReference {

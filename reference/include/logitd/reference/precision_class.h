@@ -88,6 +88,9 @@ struct PrecisionClassFigures {
   std::int64_t rows = 0;
   std::int64_t rows_outside = 0;
   std::int64_t elements_outside = 0;
+  // The values the tested ones were drawn from, when the test took a
+  // sample of them (kClassTokens); 0: every value that qualified.
+  std::int64_t drawn_from = 0;
   std::vector<RowPrecisionFigures> worst_rows;  // at most kReportedRows, worst first
   std::vector<ClassOutlier> outliers;           // at most kReportedOutliers, worst first
   // The conforming implementations the envelope stands for (empty: the

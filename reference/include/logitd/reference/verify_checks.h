@@ -57,6 +57,22 @@ using CheckedRows = std::vector<std::int64_t>;
 // on every platform).
 CheckedRows SampleRows(std::int64_t m, std::int64_t count, std::uint64_t seed = 0);
 
+// The most tokens the precision-class test of the per-token outputs takes
+// in one call (docs/PROTOCOL.md, "The precision-class test of the
+// per-token outputs"): their envelopes need the models of every logit of
+// their rows, an fp32 pass over M·V·K products.
+inline constexpr std::int64_t kClassTokens = 512;
+// The rows of m whose per-token outputs that test takes: every row when m
+// is at most `cap` (then empty); else a mask [m] of `cap` rows drawn
+// uniformly without replacement by SampleRows' splitmix64 stream of a
+// seed mixed from `seed`, first among the rows with a counted target
+// (targets[i] != ignore_index; every row when targets is null), then, when
+// fewer than `cap` are counted, among the others. The same rows on every
+// platform.
+std::vector<std::uint8_t> ClassTokenRows(const std::int64_t* targets, std::int64_t m,
+                                         std::int64_t ignore_index, std::int64_t cap,
+                                         std::uint64_t seed);
+
 // Asked between blocks of rows: true stops a check early (a caller that
 // went away), which then returns false. Empty: never.
 using StopCheck = std::function<bool()>;
@@ -84,11 +100,12 @@ bool CheckGradWeight(const LmHeadInputs& in, const void* candidate, const void* 
 // proven bounds and precision-class envelopes (empty: a reduced loss,
 // held to its bound only), judged by the precision-class test of the
 // per-token outputs with at most `independent` independent errors
-// (DistinctTokens).
+// (DistinctTokens); `drawn_from` > 0: the envelopes were formed for a draw
+// of the tokens (ClassTokenRows) out of that many.
 void CheckTokenValues(const std::vector<double>& values, const std::vector<double>& bounds,
                       const std::vector<double>& envelopes, const CheckedRows& rows,
                       const float* candidate, const float* own, std::int64_t independent,
-                      CandidateCheck* check);
+                      CandidateCheck* check, std::int64_t drawn_from = 0);
 // The cross-entropy's pre-cast gradient, gathered whole from
 // ReferenceCrossEntropy's blocks (CeGradientSink): g, its pre-cast bound
 // and, with class envelopes, CastFlip's weights, [m, V] each for the m rows
@@ -118,8 +135,9 @@ std::int64_t InputColumnClasses(const LmHeadInputs& in);
 
 // Tokens whose rows of X and targets (null: none) are equal have equal
 // values and errors in every implementation: how many distinct ones the
-// m rows of in.x hold.
-std::int64_t DistinctTokens(const LmHeadInputs& in, const std::int64_t* targets);
+// m rows of in.x hold (with `rows`, those i with rows[i] non-zero).
+std::int64_t DistinctTokens(const LmHeadInputs& in, const std::int64_t* targets,
+                            const std::uint8_t* rows = nullptr);
 
 // The most memory each check takes besides its arguments (the doubles of
 // its references, blocks of widened operands), for a caller that admits
