@@ -556,6 +556,11 @@ TEST_F(ShmTest, ScribbledInputIsDataLoss) {
   const grpc::Status s = RawLogits(h, &result);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_THAT(s.error_message(), HasSubstr("read from shared memory"));
+  // Where the server read it: in place in the in_place. variant (so that
+  // variant fails if its flag stops reaching the server), a copy otherwise.
+  const bool in_place = TestVariant("LOGITD_TEST_SHM_IN_PLACE") == "1";
+  EXPECT_EQ(absl::StrContains(s.error_message(), "in place (region offset"), in_place)
+      << s.error_message();
   // Restored, the same header works and says where Y went.
   r.region.data()[5] ^= std::byte{0x40};
   // A tensor in shared memory has no chunks for its digest to follow.
