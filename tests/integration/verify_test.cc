@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -121,6 +122,25 @@ class VerifyTest : public SharedServerTest {
     args.weight_handle = handle;
     args.x = x;
     args.targets = targets;
+    return args;
+  }
+  // w registered as `name`, logitd's per-token loss and lse of x and
+  // targets into *own (left empty on failure), and a Verify of them.
+  static VerifyArgs OwnLossAndLse(const Tensor& w, const Tensor& x, const Tensor& targets,
+                                  const std::string& name,
+                                  std::optional<client::CrossEntropyResult>* own) {
+    const std::string handle = Register(w, name);
+    client::CrossEntropyOptions o;
+    o.reduction = client::Reduction::kNone;
+    o.want_lse = true;
+    absl::StatusOr<client::CrossEntropyResult> r = client().CrossEntropy(x, targets, handle, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    VerifyArgs args = PerTokenArgs(VerifyOperation::kCrossEntropy, handle, x, targets);
+    args.cross_entropy = o;
+    if (!r.ok()) return args;
+    *own = *std::move(r);
+    args.candidates["loss"] = (*own)->loss;
+    args.candidates["lse"] = *(*own)->lse;
     return args;
   }
   static VerifyResult Verified(const VerifyArgs& args) {
@@ -606,17 +626,9 @@ TEST_F(VerifyTest, CrossEntropyLossAndLseOfAnotherImplementationAndLogitdsOwn) {
   const Tensor w = NormalBf16({300, 256}, 31);
   const Tensor x = NormalBf16({20, 256}, 32);
   const Tensor targets = Targets(20, 300);
-  const std::string handle = Register(w, "verify-ce");
-  client::CrossEntropyOptions o;
-  o.reduction = client::Reduction::kNone;
-  o.want_lse = true;
-  absl::StatusOr<client::CrossEntropyResult> own = client().CrossEntropy(x, targets, handle, o);
-  ASSERT_TRUE(own.ok()) << own.status();
-
-  VerifyArgs args = PerTokenArgs(VerifyOperation::kCrossEntropy, handle, x, targets);
-  args.cross_entropy = o;
-  args.candidates["loss"] = own->loss;
-  args.candidates["lse"] = *own->lse;
+  std::optional<client::CrossEntropyResult> own;
+  VerifyArgs args = OwnLossAndLse(w, x, targets, "verify-ce", &own);
+  ASSERT_TRUE(own.has_value());
   VerifyResult r = Verified(args);
   EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
   ASSERT_EQ(r.candidates.size(), 2u);
@@ -967,16 +979,10 @@ TEST_F(VerifyTest, ThePerTokenClassTestDrawsAtMost512Tokens) {
   const Tensor w = NormalBf16({200, 64}, 45);
   const Tensor x = NormalBf16({m, 64}, 46);
   const Tensor targets = Targets(m, 200);  // 560 counted
-  const std::string handle = Register(w, "verify-class-draw");
-  client::CrossEntropyOptions o;
-  o.reduction = client::Reduction::kNone;
-  o.want_lse = true;
-  absl::StatusOr<client::CrossEntropyResult> own = client().CrossEntropy(x, targets, handle, o);
-  ASSERT_TRUE(own.ok()) << own.status();
-  VerifyArgs args = PerTokenArgs(VerifyOperation::kCrossEntropy, handle, x, targets);
-  args.cross_entropy = o;
-  args.candidates["loss"] = own->loss;
-  args.candidates["lse"] = *own->lse;
+  std::optional<client::CrossEntropyResult> own;
+  VerifyArgs args = OwnLossAndLse(w, x, targets, "verify-class-draw", &own);
+  ASSERT_TRUE(own.has_value());
+  const std::string handle = args.weight_handle;
   VerifyResult r = Verified(args);
   EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd");
   for (const char* name : {"loss", "lse"}) {
