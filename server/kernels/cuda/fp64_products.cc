@@ -601,56 +601,6 @@ absl::Status CudaFp64Products::Models(const ModelOperands& model, std::int64_t m
   return absl::OkStatus();
 }
 
-absl::Status CudaFp64Products::ClassModels(const std::uint8_t* class_rows, std::int64_t m,
-                                           RowClassModels* models) {
-  *models = RowClassModels();
-  if (class_rows == nullptr) return absl::OkStatus();
-  std::vector<std::int32_t> map(static_cast<std::size_t>(m), -1);
-  std::int32_t count = 0;
-  for (std::int64_t r = 0; r < m; ++r) {
-    if (class_rows[r] != 0) map[static_cast<std::size_t>(r)] = count++;
-  }
-  if (count == 0) return absl::OkStatus();
-  // The logits' models from the operands FormOnDevice left: A = X [m, K]
-  // (a_, or the picked rows of it), B(t, j) = W[j, t] (w_).
-  const DeviceBuffer* a = &a_;
-  if (count < m) {
-    cudaStream_t s = stream_.get();
-    const std::size_t row_bytes = static_cast<std::size_t>(k_) * sizeof(double);
-    LOGITD_CUDA_RETURN_IF_ERROR(
-        Reserve(&a_class_, static_cast<std::size_t>(count) * row_bytes, "the class rows of X"));
-    LOGITD_CUDA_RETURN_IF_ERROR(
-        Reserve(&class_map_, map.size() * sizeof(std::int32_t), "the class rows' map"));
-    // One copy per run of consecutive picked rows.
-    for (std::int64_t r = 0; r < m;) {
-      if (class_rows[r] == 0) {
-        ++r;
-        continue;
-      }
-      const std::int64_t first = r;
-      while (r < m && class_rows[r] != 0) ++r;
-      RETURN_IF_CUDA_ERROR(
-          cudaMemcpyAsync(a_class_.as<double>() + map[static_cast<std::size_t>(first)] * k_,
-                          a_.as<double>() + first * k_,
-                          static_cast<std::size_t>(r - first) * row_bytes, cudaMemcpyDeviceToDevice,
-                          s),
-          "verify: gather the class rows of X");
-    }
-    // (Pageable: the copy has left `map` when cudaMemcpyAsync returns.)
-    RETURN_IF_CUDA_ERROR(
-        cudaMemcpyAsync(class_map_.get(), map.data(), map.size() * sizeof(std::int32_t),
-                        cudaMemcpyHostToDevice, s),
-        "verify: copy the class rows' map to the device");
-    a = &a_class_;
-    models->rows = class_map_.as<std::int32_t>();
-  }
-  LOGITD_CUDA_RETURN_IF_ERROR(Models(ModelOperands{a, k_, 1, &w_, 1, k_, k_}, count, v_));
-  models->seq = seq_.as<float>();
-  models->tc = tc_.as<double>();
-  models->floor = judgement::ClassFloor(k_);
-  return absl::OkStatus();
-}
-
 bool CudaFp64Products::AfterCopies(const absl::Status& status, bool judged, const char* what) {
   // No copy of the caller's memory may outlive the call, whatever ended it.
   const cudaError_t copies = cudaStreamSynchronize(copy_stream_.get());

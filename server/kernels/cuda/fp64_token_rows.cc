@@ -3,6 +3,7 @@
 // are, so that the sums cross back instead of the logits.
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/kernels/cuda/cuda_status.h"
@@ -10,6 +11,56 @@
 #include "server/kernels/cuda/judge_kernels.h"
 
 namespace logitd::kernels::cuda {
+
+absl::Status CudaFp64Products::ClassModels(const std::uint8_t* class_rows, std::int64_t m,
+                                           RowClassModels* models) {
+  *models = RowClassModels();
+  if (class_rows == nullptr) return absl::OkStatus();
+  std::vector<std::int32_t> map(static_cast<std::size_t>(m), -1);
+  std::int32_t count = 0;
+  for (std::int64_t r = 0; r < m; ++r) {
+    if (class_rows[r] != 0) map[static_cast<std::size_t>(r)] = count++;
+  }
+  if (count == 0) return absl::OkStatus();
+  // The logits' models from the operands FormOnDevice left: A = X [m, K]
+  // (a_, or the picked rows of it), B(t, j) = W[j, t] (w_).
+  const DeviceBuffer* a = &a_;
+  if (count < m) {
+    cudaStream_t s = stream_.get();
+    const std::size_t row_bytes = static_cast<std::size_t>(k_) * sizeof(double);
+    LOGITD_CUDA_RETURN_IF_ERROR(
+        Reserve(&a_class_, static_cast<std::size_t>(count) * row_bytes, "the class rows of X"));
+    LOGITD_CUDA_RETURN_IF_ERROR(
+        Reserve(&class_map_, map.size() * sizeof(std::int32_t), "the class rows' map"));
+    // One copy per run of consecutive picked rows.
+    for (std::int64_t r = 0; r < m;) {
+      if (class_rows[r] == 0) {
+        ++r;
+        continue;
+      }
+      const std::int64_t first = r;
+      while (r < m && class_rows[r] != 0) ++r;
+      RETURN_IF_CUDA_ERROR(
+          cudaMemcpyAsync(a_class_.as<double>() + map[static_cast<std::size_t>(first)] * k_,
+                          a_.as<double>() + first * k_,
+                          static_cast<std::size_t>(r - first) * row_bytes, cudaMemcpyDeviceToDevice,
+                          s),
+          "verify: gather the class rows of X");
+    }
+    // (Pageable: the copy has left `map` when cudaMemcpyAsync returns.)
+    RETURN_IF_CUDA_ERROR(
+        cudaMemcpyAsync(class_map_.get(), map.data(), map.size() * sizeof(std::int32_t),
+                        cudaMemcpyHostToDevice, s),
+        "verify: copy the class rows' map to the device");
+    a = &a_class_;
+    models->rows = class_map_.as<std::int32_t>();
+  }
+  LOGITD_CUDA_RETURN_IF_ERROR(Models(ModelOperands{a, k_, 1, &w_, 1, k_, k_}, count, v_));
+  models->seq = seq_.as<float>();
+  models->tc = tc_.as<double>();
+  models->floor = judgement::ClassFloor(k_);
+  return absl::OkStatus();
+}
 
 absl::Status CudaFp64Products::RowSums(const double* x, std::int64_t m, const std::int64_t* targets,
                                        double gamma, double absolute, double cap,
@@ -67,15 +118,27 @@ absl::Status CudaFp64Products::LpRows(const double* x, std::int64_t m, const LpR
   LOGITD_CUDA_RETURN_IF_ERROR(FormOnDevice(/*transposed=*/true, x, m, /*with_abs=*/true));
   RowClassModels models;
   LOGITD_CUDA_RETURN_IF_ERROR(ClassModels(request.class_rows, m, &models));
-  RETURN_IF_CUDA_ERROR(
-      LaunchLpRowSums(out_.as<double>(), out_abs_.as<double>(), m, v_, request.vocab,
-                      targets_.as<std::int64_t>(), request.gamma, request.absolute, request.cap,
-                      request.temperature, logitd::Gamma(request.vocab, kFp32StepError),
-                      request.order_cols, ids_n > 0 ? ids_.as<std::int64_t>() : nullptr,
-                      request.ids_k, models, row_sums_.as<judgement::LpRowSums>(),
-                      order_.as<std::int64_t>(), order_z_.as<double>(),
-                      ids_n > 0 ? ids_z_.as<double>() : nullptr, s),
-      "verify: LogProbs' row sums");
+  LpRowSumsArgs a;
+  a.sum = out_.as<double>();
+  a.abs_sum = out_abs_.as<double>();
+  a.rows = m;
+  a.cols = v_;
+  a.vocab = request.vocab;
+  a.targets = targets_.as<std::int64_t>();
+  a.gamma = request.gamma;
+  a.absolute = request.absolute;
+  a.cap = request.cap;
+  a.temperature = request.temperature;
+  a.gamma_sum = logitd::Gamma(request.vocab, kFp32StepError);
+  a.order_cols = request.order_cols;
+  a.ids = ids_n > 0 ? ids_.as<std::int64_t>() : nullptr;
+  a.ids_k = request.ids_k;
+  a.models = models;
+  a.sums = row_sums_.as<judgement::LpRowSums>();
+  a.order = order_.as<std::int64_t>();
+  a.order_z = order_z_.as<double>();
+  a.ids_z = ids_n > 0 ? ids_z_.as<double>() : nullptr;
+  RETURN_IF_CUDA_ERROR(LaunchLpRowSums(a, s), "verify: LogProbs' row sums");
   RETURN_IF_CUDA_ERROR(
       cudaMemcpyAsync(result.sums, row_sums_.get(), sums_bytes, cudaMemcpyDeviceToHost, s),
       "verify: copy LogProbs' row sums to the host");

@@ -554,17 +554,11 @@ cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64
   return cudaGetLastError();
 }
 
-cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
-                            std::int64_t cols, std::int64_t vocab, const std::int64_t* targets,
-                            double gamma, double absolute, double cap, double temperature,
-                            double gamma_sum, std::int64_t order_cols, const std::int64_t* ids,
-                            std::int64_t ids_k, const RowClassModels& models,
-                            judgement::LpRowSums* sums, std::int64_t* order, double* order_z,
-                            double* ids_z, cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
-  LpRowSumsKernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
-      sum, abs_sum, cols, vocab, targets, gamma, absolute, cap, temperature, gamma_sum, order_cols,
-      ids, ids_k, models, sums, order, order_z, ids_z);
+cudaError_t LaunchLpRowSums(const LpRowSumsArgs& a, cudaStream_t stream) {
+  if (a.rows <= 0) return cudaSuccess;
+  LpRowSumsKernel<<<static_cast<unsigned int>(a.rows), kRowThreads, 0, stream>>>(
+      a.sum, a.abs_sum, a.cols, a.vocab, a.targets, a.gamma, a.absolute, a.cap, a.temperature,
+      a.gamma_sum, a.order_cols, a.ids, a.ids_k, a.models, a.sums, a.order, a.order_z, a.ids_z);
   return cudaGetLastError();
 }
 

@@ -105,12 +105,21 @@ cudaError_t LaunchCeRowSums(const double* sum, const double* abs_sum, std::int64
 // judgement::LpBefore into order and order_z [rows, order_cols]; and, when
 // ids is not null, the z of ids [rows, ids_k] into ids_z (NaN for an id
 // outside [0, vocab) or repeated in its row). One thread block a row.
-cudaError_t LaunchLpRowSums(const double* sum, const double* abs_sum, std::int64_t rows,
-                            std::int64_t cols, std::int64_t vocab, const std::int64_t* targets,
-                            double gamma, double absolute, double cap, double temperature,
-                            double gamma_sum, std::int64_t order_cols, const std::int64_t* ids,
-                            std::int64_t ids_k, const RowClassModels& models,
-                            judgement::LpRowSums* sums, std::int64_t* order, double* order_z,
-                            double* ids_z, cudaStream_t stream);
+struct LpRowSumsArgs {
+  const double* sum = nullptr;
+  const double* abs_sum = nullptr;
+  std::int64_t rows = 0, cols = 0, vocab = 0;
+  const std::int64_t* targets = nullptr;
+  double gamma = 0, absolute = 0, cap = 0, temperature = 1, gamma_sum = 0;
+  std::int64_t order_cols = 0;
+  const std::int64_t* ids = nullptr;
+  std::int64_t ids_k = 0;
+  RowClassModels models;
+  judgement::LpRowSums* sums = nullptr;
+  std::int64_t* order = nullptr;
+  double* order_z = nullptr;
+  double* ids_z = nullptr;
+};
+cudaError_t LaunchLpRowSums(const LpRowSumsArgs& a, cudaStream_t stream);
 
 }  // namespace logitd::kernels::cuda
