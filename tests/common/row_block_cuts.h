@@ -72,6 +72,44 @@ std::int64_t ForEachBlock(std::int64_t m, std::int64_t rows, Block block) {
 
 }  // namespace cut_detail
 
+// Logits (alpha 0.75, fp32 and bf16 out): the cut call's bits are the whole
+// call's. `check_rows(m, out, rows)` judges the backend's LogitsBlockRows.
+template <typename CheckRows>
+void ExpectLogitsCutIsTheWholeCall(kernels::Backend& backend, const CutCase& c,
+                                   CheckRows check_rows) {
+  std::mt19937 rng(c.seed);
+  const std::vector<Bf16Bits> w = cut_detail::Normal(c.v * c.k, rng);
+  auto loaded = backend.LoadWeight(w.data(), c.v, c.k);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  kernels::Weight& weight = **loaded;
+  for (const DType out : {DType::kFp32, DType::kBf16}) {
+    for (const std::int64_t m : c.ms) {
+      SCOPED_TRACE(::testing::Message() << "M=" << m << " " << DTypeName(out));
+      const std::vector<Bf16Bits> x = cut_detail::Normal(m * c.k, rng);
+      const std::size_t row = static_cast<std::size_t>(c.v) * ElementSize(out);
+      std::vector<std::byte> whole(static_cast<std::size_t>(m) * row);
+      std::vector<std::byte> cut(whole.size(), std::byte{0xff});
+      kernels::LogitsArgs args;
+      args.x = x.data();
+      args.m = m;
+      args.out_dtype = out;
+      args.alpha = 0.75f;
+      args.y = whole.data();
+      ASSERT_TRUE(backend.Logits(weight, args, nullptr).ok());
+      const std::int64_t rows = backend.LogitsBlockRows(weight, m, out);
+      ASSERT_GE(rows, 1);
+      check_rows(m, out, rows);
+      cut_detail::ForEachBlock(m, rows, [&](std::int64_t r0, std::int64_t mb) {
+        args.x = x.data() + r0 * c.k;
+        args.m = mb;
+        args.y = cut.data() + static_cast<std::size_t>(r0) * row;
+        EXPECT_TRUE(backend.Logits(weight, args, nullptr).ok()) << "rows from " << r0;
+      });
+      EXPECT_TRUE(cut_detail::SameBits(whole, cut));
+    }
+  }
+}
+
 // LogProbs with every output (top-k, rank, entropy), soft-cap off and on, a
 // temperature: the cut call's bits are the whole call's. At temperature 1,
 // lse and logprob are bitwise the loss-only CrossEntropy's lse and -loss

@@ -849,26 +849,49 @@ TEST_F(CrossEntropyTest, TokenWalkInChunksAgreesWithTheVocabularyWalk) {
 
 // --- against the cpu backend ------------------------------------------------
 
-using CrossEntropyVsCpuTest = CudaAndCpuTest;
+// One weight in both backends and a call of each on it.
+class CrossEntropyVsCpuTest : public CudaAndCpuTest {
+ protected:
+  // w [v, k] into both backends; false (a failure recorded) when either
+  // refused it.
+  bool LoadBoth(const std::vector<Bf16Bits>& w, std::int64_t v, std::int64_t k) {
+    auto wg = cuda_->LoadWeight(w.data(), v, k);
+    auto wc = cpu_->LoadWeight(w.data(), v, k);
+    EXPECT_TRUE(wg.ok() && wc.ok());
+    if (!wg.ok() || !wc.ok()) return false;
+    wg_ = *std::move(wg);
+    wc_ = *std::move(wc);
+    return true;
+  }
+  // The cross-entropy of x and t under o in both backends, *g the cuda's and
+  // *c the cpu's; false when one failed (recorded) or the cpu backend has
+  // none (the test skipped).
+  bool RunBoth(const std::vector<Bf16Bits>& x, const std::vector<std::int64_t>& t, const Options& o,
+               Outputs* g, Outputs* c) {
+    const absl::Status sg = RunCe(cuda_.get(), *wg_, x, t, o, g);
+    EXPECT_TRUE(sg.ok()) << sg;
+    const absl::Status sc = RunCe(cpu_.get(), *wc_, x, t, o, c);
+    if (sc.code() == absl::StatusCode::kUnimplemented) {
+      [&] { GTEST_SKIP() << "the cpu backend has no cross-entropy: " << sc.message(); }();
+      return false;
+    }
+    EXPECT_TRUE(sc.ok()) << sc;
+    return sg.ok() && sc.ok();
+  }
+  std::shared_ptr<Weight> wg_, wc_;
+};
 
 TEST_F(CrossEntropyVsCpuTest, AgreesWithinTheFp32Bounds) {
   const std::int64_t m = 72, v = 4500, k = 320;
   const auto x = ScaledBf16(m * k, 111, 0.5f);
   const auto w = RandomBf16(v * k, 112);
   const auto t = Targets(m, v, 0.15, 113);
-  auto wg = cuda_->LoadWeight(w.data(), v, k);
-  auto wc = cpu_->LoadWeight(w.data(), v, k);
-  ASSERT_TRUE(wg.ok() && wc.ok());
+  ASSERT_TRUE(LoadBoth(w, v, k));
   for (const Options& o :
        {With(0, 0, 1.0f / 60, DType::kBf16, 0), With(1e-2f, 3.0f, 1.0f, DType::kFp32, 2048)}) {
     Outputs g;
     Outputs c;
-    ASSERT_TRUE(RunCe(cuda_.get(), **wg, x, t, o, &g).ok());
-    const absl::Status st = RunCe(cpu_.get(), **wc, x, t, o, &c);
-    if (st.code() == absl::StatusCode::kUnimplemented) {
-      GTEST_SKIP() << "the cpu backend has no cross-entropy: " << st.message();
-    }
-    ASSERT_TRUE(st.ok()) << st;
+    if (!RunBoth(x, t, o, &g, &c)) return;
     const CeReference r = Reference(Widen(x), Widen(w), t, v, k, o);
     ExpectLossAndLseWithinBounds(r, t, o, g, "cuda");
     ExpectLossAndLseWithinBounds(r, t, o, c, "cpu");
@@ -886,18 +909,10 @@ TEST_F(CrossEntropyVsCpuTest, SameBitsWhereTheContractMakesThemUnique) {
   const std::vector<Bf16Bits> w(static_cast<std::size_t>(v * k), 0);
   const auto x = IntegerBf16(m * k, 121);
   const auto t = Targets(m, v, 0.2, 122);
-  auto wg = cuda_->LoadWeight(w.data(), v, k);
-  auto wc = cpu_->LoadWeight(w.data(), v, k);
-  ASSERT_TRUE(wg.ok() && wc.ok());
-  const Options o = With(0, 0, 1, DType::kFp32, 1024);
+  ASSERT_TRUE(LoadBoth(w, v, k));
   Outputs g;
   Outputs c;
-  ASSERT_TRUE(RunCe(cuda_.get(), **wg, x, t, o, &g).ok());
-  const absl::Status st = RunCe(cpu_.get(), **wc, x, t, o, &c);
-  if (st.code() == absl::StatusCode::kUnimplemented) {
-    GTEST_SKIP() << "the cpu backend has no cross-entropy: " << st.message();
-  }
-  ASSERT_TRUE(st.ok()) << st;
+  if (!RunBoth(x, t, With(0, 0, 1, DType::kFp32, 1024), &g, &c)) return;
   EXPECT_EQ(std::memcmp(g.dw.data(), c.dw.data(), g.dw.size() * 4), 0);
   for (std::size_t i = 0; i < g.dx32.size(); ++i) {
     ASSERT_EQ(g.dx32[i], 0.0f) << i;  // G . 0

@@ -48,6 +48,34 @@ std::shared_ptr<Weight> Load(Backend* b, const std::vector<Bf16Bits>& w, std::in
   return loaded.ok() ? *loaded : nullptr;
 }
 
+// A logits problem of shape s: its operands, the weight loaded into the
+// backend (null, a failure recorded, when it was refused), the fp64
+// reference, and the arguments of a call into y.
+struct LogitsProblem {
+  Shape s;
+  std::vector<Bf16Bits> x, w;
+  std::shared_ptr<Weight> weight;
+  Reference ref;
+
+  LogitsArgs Args(void* y, DType out = DType::kFp32, float alpha = 1.0f) const {
+    LogitsArgs args;
+    args.x = x.data();
+    args.m = s.m;
+    args.alpha = alpha;
+    args.out_dtype = out;
+    args.y = y;
+    return args;
+  }
+};
+
+LogitsProblem MakeLogitsProblem(Backend* b, const Shape& s, std::vector<Bf16Bits> x,
+                                std::vector<Bf16Bits> w) {
+  LogitsProblem p{s, std::move(x), std::move(w), nullptr, {}};
+  p.weight = Load(b, p.w, s.v, s.k);
+  if (p.weight != nullptr) p.ref = LogitsReference(Widen(p.x), Widen(p.w), s.m, s.v, s.k);
+  return p;
+}
+
 TEST(CudaBackendOptions, NoDeviceIsFailedPrecondition) {
   auto b = cuda::CreateCudaBackend(BackendOptions{});
   if (b.ok()) GTEST_SKIP() << "a device is visible";
@@ -79,22 +107,17 @@ class IntegerLogitsTest : public CudaFixture, public ::testing::WithParamInterfa
 // algorithm, split or order.
 TEST_P(IntegerLogitsTest, Bf16Bf16F32_TN_EqualsExactSums) {
   const Shape s = GetParam();
-  const auto x = IntegerBf16(s.m * s.k, 11 + s.k);
-  const auto w = IntegerBf16(s.v * s.k, 12 + s.v);
-  auto weight = Load(backend(), w, s.v, s.k);
-  ASSERT_NE(weight, nullptr);
-  const Reference ref = LogitsReference(Widen(x), Widen(w), s.m, s.v, s.k);
+  const LogitsProblem p = MakeLogitsProblem(backend(), s, IntegerBf16(s.m * s.k, 11 + s.k),
+                                            IntegerBf16(s.v * s.k, 12 + s.v));
+  ASSERT_NE(p.weight, nullptr);
 
   std::vector<float> y = PoisonedFp32(s.m * s.v);
-  LogitsArgs args;
-  args.x = x.data();
-  args.m = s.m;
-  args.y = y.data();
+  LogitsArgs args = p.Args(y.data());
   Timing timing;
-  ASSERT_TRUE(backend()->Logits(*weight, args, &timing).ok());
+  ASSERT_TRUE(backend()->Logits(*p.weight, args, &timing).ok());
   std::int64_t bad = 0;
   for (std::size_t i = 0; i < y.size(); ++i) {
-    const float exact = static_cast<float>(ref.value[i]);
+    const float exact = static_cast<float>(p.ref.value[i]);
     if (FloatBits(y[i]) != FloatBits(exact) && ++bad <= 5) {
       ADD_FAILURE() << "fp32 y[" << i << "] = " << y[i] << ", exact " << exact;
     }
@@ -105,10 +128,10 @@ TEST_P(IntegerLogitsTest, Bf16Bf16F32_TN_EqualsExactSums) {
   std::vector<Bf16Bits> yb(static_cast<std::size_t>(s.m * s.v), kPoison16);
   args.out_dtype = DType::kBf16;
   args.y = yb.data();
-  ASSERT_TRUE(backend()->Logits(*weight, args, nullptr).ok());
+  ASSERT_TRUE(backend()->Logits(*p.weight, args, nullptr).ok());
   bad = 0;
   for (std::size_t i = 0; i < yb.size(); ++i) {
-    const Bf16Bits exact = FloatToBf16(static_cast<float>(ref.value[i]));
+    const Bf16Bits exact = FloatToBf16(static_cast<float>(p.ref.value[i]));
     if (yb[i] != exact && ++bad <= 5) {
       ADD_FAILURE() << "bf16 y[" << i << "] = 0x" << std::hex << yb[i] << ", expected 0x" << exact;
     }
@@ -159,42 +182,14 @@ TEST_F(CudaBackendTest, LogitsIntoPinnedBuffersMatchPageable) {
 // of LogitsBlockRows, the last block taking the rest: every element keeps
 // the bits of the whole call (the same GEMM shapes on the same rows).
 TEST_F(CudaBackendTest, LogitsCutAtItsBlockRowsIsTheWholeCall) {
-  const std::int64_t v = 32768, k = 512;
-  const auto w = RandomBf16(v * k, 31);
-  auto weight = Load(backend(), w, v, k);
-  ASSERT_NE(weight, nullptr);
-  for (const DType out : {DType::kFp32, DType::kBf16}) {
-    // Y rows of 128 KiB (fp32): GEMMs of 1,024 rows; 2,600 = 1,024 + 1,576.
-    for (const std::int64_t m : {100, 1024, 2600, 3077}) {
-      SCOPED_TRACE(::testing::Message() << "M=" << m << " " << DTypeName(out));
-      const auto x = RandomBf16(m * k, 32 + static_cast<std::uint64_t>(m));
-      const std::size_t row = static_cast<std::size_t>(v) * ElementSize(out);
-      std::vector<std::byte> whole(static_cast<std::size_t>(m) * row);
-      std::vector<std::byte> cut(whole.size(), std::byte{0xff});
-      LogitsArgs args;
-      args.x = x.data();
-      args.m = m;
-      args.out_dtype = out;
-      args.alpha = 0.75f;
-      args.y = whole.data();
-      ASSERT_TRUE(backend()->Logits(*weight, args, nullptr).ok());
-      const std::int64_t rows = backend()->LogitsBlockRows(*weight, m, out);
-      ASSERT_GE(rows, 1);
-      std::int64_t calls = 0;
-      for (std::int64_t r0 = 0; r0 < m; ++calls) {
-        const std::int64_t mb = BlockRowsAt(m, r0, rows);
-        args.x = x.data() + r0 * k;
-        args.m = mb;
-        args.y = cut.data() + static_cast<std::size_t>(r0) * row;
-        ASSERT_TRUE(backend()->Logits(*weight, args, nullptr).ok());
-        r0 += mb;
-      }
-      if (m > 2 * 1024 && out == DType::kFp32) {
-        EXPECT_GT(calls, 1) << "a call of " << m << " rows was not cut";
-      }
-      EXPECT_EQ(std::memcmp(whole.data(), cut.data(), whole.size()), 0);
-    }
-  }
+  // Y rows of 128 KiB (fp32): GEMMs of 1,024 rows; 2,600 = 1,024 + 1,576.
+  ::logitd::testing::ExpectLogitsCutIsTheWholeCall(
+      *backend(), {/*v=*/32768, /*k=*/512, /*ms=*/{100, 1024, 2600, 3077}, 0, /*seed=*/31},
+      [](std::int64_t m, DType out, std::int64_t rows) {
+        if (m > 2 * 1024 && out == DType::kFp32) {
+          EXPECT_LE(2 * rows, m) << "a call of " << m << " rows was not cut";
+        }
+      });
 }
 
 // LogProbs and CrossEntropy without dW walk in row blocks of 1,024 rows
@@ -220,36 +215,30 @@ class RandomLogitsTest : public CudaFixture, public ::testing::WithParamInterfac
 // value; bf16 out within one more rounding; fp32 out far more accurate.
 TEST_P(RandomLogitsTest, WithinFp32AccumulationBound) {
   const Shape s = GetParam();
-  const auto x = RandomBf16(s.m * s.k, 31 + s.k);
-  const auto w = RandomBf16(s.v * s.k, 32 + s.v);
-  auto weight = Load(backend(), w, s.v, s.k);
-  ASSERT_NE(weight, nullptr);
-  const Reference ref = LogitsReference(Widen(x), Widen(w), s.m, s.v, s.k);
+  const LogitsProblem p = MakeLogitsProblem(backend(), s, RandomBf16(s.m * s.k, 31 + s.k),
+                                            RandomBf16(s.v * s.k, 32 + s.v));
+  ASSERT_NE(p.weight, nullptr);
   for (float alpha : {1.0f, 0.37f}) {
     std::vector<float> y = PoisonedFp32(s.m * s.v);
-    LogitsArgs args;
-    args.x = x.data();
-    args.m = s.m;
-    args.alpha = alpha;
-    args.y = y.data();
-    ASSERT_TRUE(backend()->Logits(*weight, args, nullptr).ok());
+    LogitsArgs args = p.Args(y.data(), DType::kFp32, alpha);
+    ASSERT_TRUE(backend()->Logits(*p.weight, args, nullptr).ok());
     EXPECT_EQ(CheckWithinBound(
-                  ref, s.k, alpha, false,
+                  p.ref, s.k, alpha, false,
                   [&](std::int64_t i) { return y[static_cast<std::size_t>(i)]; }, "fp32 out"),
               0);
     std::vector<Bf16Bits> yb(static_cast<std::size_t>(s.m * s.v), kPoison16);
     args.out_dtype = DType::kBf16;
     args.y = yb.data();
-    ASSERT_TRUE(backend()->Logits(*weight, args, nullptr).ok());
+    ASSERT_TRUE(backend()->Logits(*p.weight, args, nullptr).ok());
     EXPECT_EQ(CheckWithinBound(
-                  ref, s.k, alpha, true,
+                  p.ref, s.k, alpha, true,
                   [&](std::int64_t i) { return Bf16ToFloat(yb[static_cast<std::size_t>(i)]); },
                   "bf16 out"),
               0);
     double err32 = 0;
     double err16 = 0;
     for (std::size_t i = 0; i < y.size(); ++i) {
-      const double exact = static_cast<double>(alpha) * ref.value[i];
+      const double exact = static_cast<double>(alpha) * p.ref.value[i];
       err32 += std::fabs(y[i] - exact);
       err16 += std::fabs(Bf16ToFloat(yb[i]) - exact);
     }
@@ -268,20 +257,14 @@ TEST_F(CudaBackendTest, AlphaZeroKeepsIeeeProducts) {
   auto x = IntegerBf16(s.m * s.k, 41, /*nonzero=*/true);
   const auto w = IntegerBf16(s.v * s.k, 42, /*nonzero=*/true);
   x[0] = FloatToBf16(std::numeric_limits<float>::infinity());  // row 0 sums to +-Inf
-  auto weight = Load(backend(), w, s.v, s.k);
-  ASSERT_NE(weight, nullptr);
-  const Reference ref = LogitsReference(Widen(x), Widen(w), s.m, s.v, s.k);
+  const LogitsProblem p = MakeLogitsProblem(backend(), s, x, w);
+  ASSERT_NE(p.weight, nullptr);
   for (DType out : {DType::kFp32, DType::kBf16}) {
     std::vector<float> y = PoisonedFp32(s.m * s.v);
-    LogitsArgs args;
-    args.x = x.data();
-    args.m = s.m;
-    args.alpha = 0.0f;
-    args.out_dtype = out;
-    args.y = y.data();
-    ASSERT_TRUE(backend()->Logits(*weight, args, nullptr).ok());
+    const LogitsArgs args = p.Args(y.data(), out, 0.0f);
+    ASSERT_TRUE(backend()->Logits(*p.weight, args, nullptr).ok());
     for (std::int64_t i = 0; i < s.m * s.v; ++i) {
-      const float expected = 0.0f * static_cast<float>(ref.value[static_cast<std::size_t>(i)]);
+      const float expected = 0.0f * static_cast<float>(p.ref.value[static_cast<std::size_t>(i)]);
       const float got = out == DType::kFp32
                             ? y[static_cast<std::size_t>(i)]
                             : Bf16ToFloat(reinterpret_cast<const Bf16Bits*>(y.data())[i]);
@@ -426,6 +409,18 @@ TEST_F(CudaBackendTest, BackwardContractAndBound) {
             0);
 }
 
+// A backward call that adds x's and dy's dW [V, K] into the weight's
+// gradient.
+absl::Status AccumulateDw(Backend* b, Weight& weight, const std::vector<Bf16Bits>& x,
+                          const std::vector<float>& dy, std::int64_t m) {
+  BackwardArgs args;
+  args.dy = dy.data();
+  args.x = x.data();
+  args.m = m;
+  args.accumulate_dw = true;
+  return b->Backward(weight, args, nullptr);
+}
+
 TEST_F(CudaBackendTest, AccumulatesIntoTheWeightsGradient) {
   const Shape s{96, 2048, 384};
   const auto w = IntegerBf16(s.v * s.k, 71);
@@ -437,12 +432,7 @@ TEST_F(CudaBackendTest, AccumulatesIntoTheWeightsGradient) {
   for (int call = 0; call < kCalls; ++call) {
     const auto x = IntegerBf16(s.m * s.k, 80 + call);
     const auto dy = IntegerFp32(s.m * s.v, 90 + call);
-    BackwardArgs args;
-    args.dy = dy.data();
-    args.x = x.data();
-    args.m = s.m;
-    args.accumulate_dw = true;
-    ASSERT_TRUE(backend()->Backward(*weight, args, nullptr).ok());
+    ASSERT_TRUE(AccumulateDw(backend(), *weight, x, dy, s.m).ok());
     const Reference r = GradWeightReference(dy, Widen(x), s.m, s.v, s.k);
     for (std::size_t i = 0; i < expected.size(); ++i) expected[i] += r.value[i];
   }
@@ -466,12 +456,7 @@ TEST_F(CudaBackendTest, AccumulatesIntoTheWeightsGradient) {
   // Once more, then ZeroGradient.
   const auto x = IntegerBf16(s.m * s.k, 99);
   const auto dy = IntegerFp32(s.m * s.v, 98);
-  BackwardArgs args;
-  args.dy = dy.data();
-  args.x = x.data();
-  args.m = s.m;
-  args.accumulate_dw = true;
-  ASSERT_TRUE(backend()->Backward(*weight, args, nullptr).ok());
+  ASSERT_TRUE(AccumulateDw(backend(), *weight, x, dy, s.m).ok());
   ASSERT_TRUE(backend()->ZeroGradient(*weight).ok());
   count = backend()->FetchGradient(*weight, grad.data(), false);
   ASSERT_TRUE(count.ok());

@@ -228,41 +228,11 @@ TEST_F(CpuBackend, LogitsBf16Bf16F32_IntegerExactSingleRow) {
 // of LogitsBlockRows, the last block taking the rest: every element keeps
 // the bits of the whole call, random operands and all.
 TEST_F(CpuBackend, LogitsCutAtItsBlockRowsIsTheWholeCall) {
-  const std::int64_t v = 300, k = 512;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal;
-  std::vector<Bf16Bits> w(static_cast<std::size_t>(v * k));
-  for (Bf16Bits& e : w) e = FloatToBf16(normal(rng));
-  std::shared_ptr<Weight> weight = Load(w, v, k);
-  ASSERT_NE(weight, nullptr);
-  for (const DType out : {DType::kFp32, DType::kBf16}) {
-    for (const std::int64_t m : {7, 256, 700, 1029}) {
-      SCOPED_TRACE(::testing::Message() << "M=" << m << " " << DTypeName(out));
-      std::vector<Bf16Bits> x(static_cast<std::size_t>(m * k));
-      for (Bf16Bits& e : x) e = FloatToBf16(normal(rng));
-      const std::size_t row = static_cast<std::size_t>(v) * ElementSize(out);
-      std::vector<std::byte> whole(static_cast<std::size_t>(m) * row);
-      std::vector<std::byte> cut(whole.size(), std::byte{0xff});
-      LogitsArgs args;
-      args.x = x.data();
-      args.m = m;
-      args.out_dtype = out;
-      args.alpha = 0.75f;
-      args.y = whole.data();
-      ASSERT_TRUE(backend_->Logits(*weight, args, nullptr).ok());
-      const std::int64_t rows = backend_->LogitsBlockRows(*weight, m, out);
-      EXPECT_EQ(rows, std::min<std::int64_t>(m, 256));
-      for (std::int64_t r0 = 0; r0 < m;) {
-        const std::int64_t mb = BlockRowsAt(m, r0, rows);
-        args.x = x.data() + r0 * k;
-        args.m = mb;
-        args.y = cut.data() + static_cast<std::size_t>(r0) * row;
-        ASSERT_TRUE(backend_->Logits(*weight, args, nullptr).ok());
-        r0 += mb;
-      }
-      EXPECT_EQ(std::memcmp(whole.data(), cut.data(), whole.size()), 0);
-    }
-  }
+  ::logitd::testing::ExpectLogitsCutIsTheWholeCall(
+      *backend_, {/*v=*/300, /*k=*/512, /*ms=*/{7, 256, 700, 1029}, 0, /*seed=*/5},
+      [](std::int64_t m, DType, std::int64_t rows) {
+        EXPECT_EQ(rows, std::min<std::int64_t>(m, 256));
+      });
 }
 
 // LogProbs cut at multiples of LogProbsBlockRows (the service's row blocks)
