@@ -10,10 +10,13 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "logitd/shared_region.h"
+#include "server/service/call/operations.h"
+#include "server/service/call/verify.h"
 #include "server/service/transport/call_runner.h"
 #include "tests/service/service_test.h"
 
@@ -90,6 +93,62 @@ TEST(NeedsDeviceTest, EveryCallButTheRecordKeepingOnesNeedsTheDevice) {
         "oip.SystemSharedMemoryUnregister"}) {
     EXPECT_FALSE(service::NeedsDevice(oip)) << oip;
   }
+}
+
+// The service's table of methods (operations.h) is the proto's: a row for
+// every method of logitd.v1.Logitd and none besides, and each row's tensors
+// the TensorSpec fields of its header (or request) and of its result (or
+// response), so a method or a tensor added without its row fails here.
+std::vector<std::string> TensorFields(const google::protobuf::Descriptor* message,
+                                      const char* part) {
+  const google::protobuf::FieldDescriptor* nested = message->FindFieldByName(part);
+  if (nested != nullptr && nested->message_type() != nullptr) message = nested->message_type();
+  std::vector<std::string> names;
+  for (int i = 0; i < message->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = message->field(i);
+    if (!f->is_repeated() && f->message_type() != nullptr &&
+        f->message_type()->full_name() == "logitd.v1.TensorSpec") {
+      names.push_back(f->name());
+    }
+  }
+  return names;
+}
+
+std::vector<std::string> Strings(absl::Span<const absl::string_view> names) {
+  return std::vector<std::string>(names.begin(), names.end());
+}
+
+TEST(OperationsTest, TheTableIsTheProtosMethodsAndTensors) {
+  const google::protobuf::ServiceDescriptor* v1 =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::Logitd::service_full_name());
+  ASSERT_NE(v1, nullptr);
+  ASSERT_EQ(service::Operations().size(), static_cast<std::size_t>(v1->method_count()));
+  for (int i = 0; i < v1->method_count(); ++i) {
+    const google::protobuf::MethodDescriptor* m = v1->method(i);
+    SCOPED_TRACE(m->name());
+    const service::OperationInfo* op = service::FindOperation(m->name());
+    ASSERT_NE(op, nullptr) << "no row in server/service/call/operations.cc";
+    EXPECT_EQ(op, &service::Operations()[static_cast<std::size_t>(i)])
+        << "not in the proto's order";
+    EXPECT_EQ(Strings(op->inputs), TensorFields(m->input_type(), "header"));
+    EXPECT_EQ(Strings(op->outputs), TensorFields(m->output_type(), "result"));
+  }
+  // Verify's operations are the methods it names, each giving what Verify
+  // accepts as candidates.
+  for (const auto& [operation, method] :
+       {std::pair{service::VerifyOperation::kLogits, "Logits"},
+        std::pair{service::VerifyOperation::kBackward, "Backward"},
+        std::pair{service::VerifyOperation::kCrossEntropy, "CrossEntropy"},
+        std::pair{service::VerifyOperation::kLogProbs, "LogProbs"}}) {
+    const service::OperationInfo* op = service::FindVerifiable(operation);
+    ASSERT_NE(op, nullptr) << method;
+    EXPECT_EQ(op->method, method);
+    for (absl::string_view name : op->outputs) {
+      EXPECT_TRUE(service::VerifyOutputOf(std::string(name)).has_value()) << name;
+    }
+  }
+  EXPECT_EQ(service::FindVerifiable(service::VerifyOperation::kUnknown), nullptr);
 }
 
 // --- admission ----------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include "logitd/reference/logprobs.h"
 #include "logitd/reference/numerics.h"
 #include "logitd/status_macros.h"
+#include "server/service/call/operations.h"
 #include "server/service/call/verify.h"
 
 namespace logitd::service {
@@ -40,19 +41,18 @@ constexpr OutputName kOutputNames[] = {
     {VerifyOutput::kRank, "rank"},
 };
 
-// The outputs an operation gives.
+// The outputs an operation gives: its method's in the service's table
+// (operations.h), in the proto's order.
 std::vector<VerifyOutput> OutputsOf(VerifyOperation operation) {
-  using O = VerifyOutput;
-  switch (operation) {
-    case VerifyOperation::kLogits:
-      return {O::kY};
-    case VerifyOperation::kCrossEntropy:
-      return {O::kLoss, O::kLse, O::kDx, O::kDw};
-    case VerifyOperation::kLogProbs:
-      return {O::kLogprob, O::kLse, O::kEntropy, O::kTopkIds, O::kTopkLogprobs, O::kRank};
-    default:
-      return {O::kDx, O::kDw};
+  std::vector<VerifyOutput> outputs;
+  const OperationInfo* op = FindVerifiable(operation);
+  if (op == nullptr) return outputs;
+  for (absl::string_view name : op->outputs) {
+    if (const std::optional<VerifyOutput> o = VerifyOutputOf(std::string(name)); o.has_value()) {
+      outputs.push_back(*o);
+    }
   }
+  return outputs;
 }
 
 // The outputs of an operation Verify checks so far.
