@@ -83,6 +83,15 @@ LogitRows::LogitRows(const LmHeadInputs& in, LogitModel model) : in_(in), model_
   }
 }
 
+const std::uint8_t* BlockClassRows(bool classed, const std::vector<std::uint8_t>& class_rows,
+                                   std::int64_t r0, std::int64_t n,
+                                   std::vector<std::uint8_t>* every_row) {
+  if (!classed) return nullptr;
+  if (!class_rows.empty()) return class_rows.data() + r0;
+  every_row->assign(static_cast<std::size_t>(n), 1);
+  return every_row->data();
+}
+
 void LogitRows::Compute(std::int64_t row0, std::int64_t n, std::vector<double>* y,
                         std::vector<double>* y_err, std::vector<double>* y_class,
                         const std::uint8_t* class_rows) const {

@@ -39,6 +39,13 @@ bool AnyNonFiniteBf16(const Bf16Bits* data, std::int64_t n);
 bool WidenFiniteRows(const Bf16Bits* x, std::int64_t row0, std::int64_t n, std::int64_t k,
                      std::vector<double>* out);
 
+// The rows [r0, r0 + n) of a block whose class envelopes to form: null for
+// none (`classed` false), class_rows + r0 where the caller named rows (the
+// options' class_rows), else *every_row filled with n ones.
+const std::uint8_t* BlockClassRows(bool classed, const std::vector<std::uint8_t>& class_rows,
+                                   std::int64_t r0, std::int64_t n,
+                                   std::vector<std::uint8_t>* every_row);
+
 class LogitRows {
  public:
   LogitRows(const LmHeadInputs& in, LogitModel model);

@@ -223,10 +223,7 @@ class LogProbsBlocks {
 };
 
 const std::uint8_t* LogProbsBlocks::ClassRows(std::int64_t r0, std::int64_t n) {
-  if (!classed_) return nullptr;
-  if (!options_.class_rows.empty()) return options_.class_rows.data() + r0;
-  every_row_.assign(static_cast<std::size_t>(n), 1);
-  return every_row_.data();
+  return reference_internal::BlockClassRows(classed_, options_.class_rows, r0, n, &every_row_);
 }
 
 void LogProbsBlocks::Host(std::int64_t r0, std::int64_t n) {
