@@ -702,6 +702,25 @@ def test_logprobs_top_k_and_ranks_from_numpy(client, weights):
         client.verify_logprobs(x, info.handle, topk_ids=order.astype(np.float32))
 
 
+def test_the_per_token_class_test_draws_at_most_512_tokens(client, weights):
+    M, V, K = 600, 100, 32
+    x, w = normal_bf16(29, (M, K)), normal_bf16(30, (V, K))
+    targets = (np.arange(M, dtype=np.int64) * 37) % V
+    info = weights(w, name="verify-ce-drawn")
+    own = client.cross_entropy(x, targets, info.handle, reduction="none", want_lse=True)
+    v = client.verify_cross_entropy(x, targets, info.handle, loss=own.loss, lse=own.lse, reduction="none")
+    assert v.verdict == "bitwise_equal_to_logitd", v.describe()
+    for name in ("loss", "lse"):
+        p = v.candidates[name].precision_class
+        assert (p.tested, p.rows, p.drawn_from) == (True, 512, M), (name, p)
+        assert v.candidates[name].elements == M
+    assert "the test took 512 tokens drawn of 600" in v.describe()
+    small = client.verify_cross_entropy(
+        x[:64], targets[:64], info.handle, loss=own.loss[:64], reduction="none"
+    )
+    assert small.candidates["loss"].precision_class.drawn_from == 0
+
+
 def test_sampled_rows_of_the_cross_entropy(client, weights):
     M, V, K = 12, 150, 64
     x, w = normal_bf16(27, (M, K)), normal_bf16(28, (V, K))
