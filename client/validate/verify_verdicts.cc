@@ -190,6 +190,7 @@ nlohmann::ordered_json PrecisionClassJson(const client::PrecisionClass& p) {
   j["rows"] = p.rows;
   j["rows_outside"] = p.rows_outside;
   j["elements_outside"] = p.elements_outside;
+  if (p.drawn_from > 0) j["drawn_from"] = p.drawn_from;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const client::RowPrecision& r : p.worst_rows) {
     rows.push_back({{"row", r.row},
