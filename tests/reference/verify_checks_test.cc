@@ -19,6 +19,7 @@
 #include "logitd/reference/element_judgement.h"
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/logprobs.h"
+#include "logitd/reference/precision_class.h"
 
 namespace logitd {
 namespace {
@@ -185,6 +186,19 @@ TEST(ClassTokenRowsTest, AtMostCapRowsCountedTargetsFirst) {
   // No targets: any 400 rows.
   const std::vector<std::uint8_t> c = ClassTokenRows(nullptr, 1000, -100, 400, 9);
   EXPECT_EQ(std::count(c.begin(), c.end(), 1), 400);
+}
+
+// The per-token test's RMS threshold, in units of kClassSpread, at the
+// token counts PROTOCOL and BENCHMARKS quote (64 a call in the rates' calls,
+// the 512 the test draws at most, 4,096): the square root of
+// UpperMeanSquareQuantile at kClassTestAlpha.
+TEST(ClassTokenRowsTest, TheThresholdsQuotedForTheDraw) {
+  const auto threshold = [](double n) {
+    return std::sqrt(UpperMeanSquareQuantile(n, kClassTestAlpha));
+  };
+  EXPECT_NEAR(threshold(64), 1.72, 0.005);
+  EXPECT_NEAR(threshold(512), 1.24, 0.005);
+  EXPECT_NEAR(threshold(4096), 1.08, 0.005);
 }
 
 TEST(CheckLogitsTest, AConformingFp32KernelIsWithinBounds) {

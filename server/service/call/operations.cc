@@ -3,8 +3,6 @@
 namespace logitd::service {
 namespace {
 
-constexpr absl::string_view kNone[] = {""};
-
 constexpr absl::string_view kWeight[] = {"weight"};
 constexpr absl::string_view kX[] = {"x"};
 constexpr absl::string_view kY[] = {"y"};
@@ -19,8 +17,8 @@ constexpr absl::string_view kLpOutputs[] = {"logprob",  "lse",           "entrop
                                             "topk_ids", "topk_logprobs", "rank"};
 constexpr absl::string_view kVerifyInputs[] = {"w", "x", "dy", "targets"};
 
-// A span of none of them.
-constexpr absl::Span<const absl::string_view> Empty() { return {kNone, 0}; }
+// A span of no tensors.
+constexpr absl::Span<const absl::string_view> Empty() { return {}; }
 
 const OperationInfo kOperations[] = {
     {"GetServerInfo", false, Empty(), Empty(), std::nullopt},
