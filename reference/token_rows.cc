@@ -67,18 +67,29 @@ std::vector<std::uint8_t> ClassTokenRows(const std::int64_t* targets, std::int64
   return mask;
 }
 
-std::int64_t DistinctTokens(const LmHeadInputs& in, const std::int64_t* targets,
-                            const std::uint8_t* rows) {
-  std::vector<std::uint64_t> hashes;
-  hashes.reserve(static_cast<std::size_t>(in.m));
+DistinctTokenCounts CountDistinctTokens(const LmHeadInputs& in, const std::int64_t* targets,
+                                        const std::uint8_t* rows) {
+  std::vector<std::uint64_t> pairs, alone;
+  pairs.reserve(static_cast<std::size_t>(in.m));
+  alone.reserve(static_cast<std::size_t>(in.m));
   for (std::int64_t i = 0; i < in.m; ++i) {
     if (rows != nullptr && rows[i] == 0) continue;
-    const std::uint64_t row[2] = {Xxh3(in.x + i * in.k, static_cast<std::size_t>(in.k) * 2),
+    const std::uint64_t x = Xxh3(in.x + i * in.k, static_cast<std::size_t>(in.k) * 2);
+    const std::uint64_t row[2] = {x,
                                   static_cast<std::uint64_t>(targets != nullptr ? targets[i] : 0)};
-    hashes.push_back(Xxh3(row, sizeof row));
+    pairs.push_back(Xxh3(row, sizeof row));
+    alone.push_back(x);
   }
-  std::sort(hashes.begin(), hashes.end());
-  return static_cast<std::int64_t>(std::unique(hashes.begin(), hashes.end()) - hashes.begin());
+  const auto distinct = [](std::vector<std::uint64_t>* h) {
+    std::sort(h->begin(), h->end());
+    return static_cast<std::int64_t>(std::unique(h->begin(), h->end()) - h->begin());
+  };
+  return DistinctTokenCounts{distinct(&pairs), distinct(&alone)};
+}
+
+std::int64_t DistinctTokens(const LmHeadInputs& in, const std::int64_t* targets,
+                            const std::uint8_t* rows) {
+  return CountDistinctTokens(in, targets, rows).with_targets;
 }
 
 }  // namespace logitd

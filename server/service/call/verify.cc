@@ -496,8 +496,9 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
   // precision-class test takes.
   const std::uint8_t* class_rows = classed.empty() ? nullptr : classed.data();
   const std::int64_t drawn_from = classed.empty() ? 0 : in.m;
-  const std::int64_t independent = DistinctTokens(in, t.targets, class_rows);
-  const std::int64_t independent_rows = DistinctTokens(in, nullptr, class_rows);
+  const DistinctTokenCounts distinct = CountDistinctTokens(in, t.targets, class_rows);
+  const std::int64_t independent = distinct.with_targets;
+  const std::int64_t independent_rows = distinct.rows;
   for (const VerifyCandidatePlan& c : plan.candidates) {
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);

@@ -138,6 +138,14 @@ std::int64_t InputColumnClasses(const LmHeadInputs& in);
 // m rows of in.x hold (with `rows`, those i with rows[i] non-zero).
 std::int64_t DistinctTokens(const LmHeadInputs& in, const std::int64_t* targets,
                             const std::uint8_t* rows = nullptr);
+// Both counts from one pass over X: the distinct (row of X, target) pairs
+// and the distinct rows of X alone.
+struct DistinctTokenCounts {
+  std::int64_t with_targets = 0;
+  std::int64_t rows = 0;
+};
+DistinctTokenCounts CountDistinctTokens(const LmHeadInputs& in, const std::int64_t* targets,
+                                        const std::uint8_t* rows = nullptr);
 
 // The most memory each check takes besides its arguments (the doubles of
 // its references, blocks of widened operands), for a caller that admits
