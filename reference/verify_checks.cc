@@ -632,10 +632,12 @@ void CheckTokenValues(const std::vector<double>& values, const std::vector<doubl
                       const std::vector<double>& envelopes, const CheckedRows& rows,
                       const float* candidate, const float* own, std::int64_t independent,
                       CandidateCheck* check, std::int64_t drawn_from) {
-  const auto at = [&](std::size_t j) {
-    return rows.empty() || values.size() == 1 ? static_cast<std::int64_t>(j) : rows[j];
-  };
-  if (rows.empty() || values.size() == 1) {
+  // Reference j is the candidate's element rows[j] when it holds one value
+  // per sampled row; else (every row, or the reduced loss [1]) element j. A
+  // sample of one row is a sample: its value is that row's.
+  const bool whole = rows.empty() || values.size() != rows.size();
+  const auto at = [&](std::size_t j) { return whole ? static_cast<std::int64_t>(j) : rows[j]; };
+  if (whole) {
     check->AddRange(0, static_cast<std::int64_t>(values.size()), candidate, own, values.data(),
                     bounds.data(), bounds.data());
   } else {

@@ -968,6 +968,36 @@ TEST_F(VerifyTest, SampledRowsOfTheCrossEntropyAndLogProbs) {
   r = Verified(la);
   EXPECT_EQ(r.verdict, "outside_bounds");
   EXPECT_EQ(r.Find("logprob")->first_outside[0].index, (std::vector<std::int64_t>{0}));
+
+  // A seeded sample of one row: that row's value against that row's
+  // reference (not row 0's), for both operations, and a wrong value there
+  // named at its row.
+  logprob.data<float>()[0] -= 0.01f;
+  std::vector<std::int64_t> rows_seen;
+  for (VerifyArgs* a : {&args, &la}) {
+    a->candidates.erase("loss");
+    a->candidates.erase("dx");
+    a->sample_rows = 1;
+    for (const std::uint64_t seed : {5u, 6u, 7u}) {
+      a->sample_seed = seed;
+      r = Verified(*a);
+      ASSERT_EQ(r.rows_checked.size(), 1u);
+      const std::int64_t row = r.rows_checked[0];
+      rows_seen.push_back(row);
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << ", row " << row);
+      EXPECT_EQ(r.verdict, "bitwise_equal_to_logitd_sampled");
+      EXPECT_EQ(r.Find("lse")->elements, 1);
+      Tensor lse = Copy(a == &args ? *own->lse : *lp->lse);
+      lse.data<float>()[row] += 0.01f;
+      a->candidates["lse"] = lse;
+      r = Verified(*a);
+      EXPECT_EQ(r.verdict, "outside_bounds");
+      ASSERT_FALSE(r.Find("lse")->first_outside.empty());
+      EXPECT_EQ(r.Find("lse")->first_outside[0].index, (std::vector<std::int64_t>{row}));
+      a->candidates["lse"] = a == &args ? *own->lse : *lp->lse;
+    }
+  }
+  EXPECT_GT(*std::max_element(rows_seen.begin(), rows_seen.end()), 0);
 }
 
 // More tokens than the per-token outputs' precision-class test takes
