@@ -341,9 +341,9 @@ class CrossEntropyBlocks {
   // The rows [r0, r0 + n) on the host: their logits, then each row on
   // threads.
   void Host(std::int64_t r0, std::int64_t n);
-  // The rows [r0, r0 + n) from the softmax sums the engine forms (logit_gamma
+  // The chunk's rows from the softmax sums the engine forms (logit_gamma
   // and logit_absolute: the logits' bound); false when it did not form them.
-  bool Device(std::int64_t r0, std::int64_t n, double logit_gamma, double logit_absolute);
+  bool Device(const reference_internal::RowChunk& chunk, double logit_gamma, double logit_absolute);
 
  private:
   // The block's rows from r0 whose class envelopes to form: null for none
@@ -399,21 +399,25 @@ void CrossEntropyBlocks::Host(std::int64_t r0, std::int64_t n) {
   }
 }
 
-bool CrossEntropyBlocks::Device(std::int64_t r0, std::int64_t n, double logit_gamma,
+bool CrossEntropyBlocks::Device(const reference_internal::RowChunk& chunk, double logit_gamma,
                                 double logit_absolute) {
+  const std::vector<std::int64_t>& rows = chunk.rows;
+  const std::int64_t n = static_cast<std::int64_t>(rows.size());
   std::vector<double> xd;
-  if (!reference_internal::WidenFiniteRows(in_.x, r0, n, in_.k, &xd)) return false;
-  std::vector<judgement::CeRowSums> sums(static_cast<std::size_t>(n));
-  if (!in_.products->CeRowSums(xd.data(), n, targets_ + r0, logit_gamma, logit_absolute,
-                               options_.logit_softcap, ClassRows(r0, n), sums.data())) {
+  if (!reference_internal::WidenFiniteRows(in_.x, rows, in_.k, &xd)) return false;
+  std::vector<std::int64_t> targets(rows.size());
+  for (std::size_t r = 0; r < rows.size(); ++r) targets[r] = targets_[rows[r]];
+  every_row_.assign(rows.size(), 1);
+  std::vector<judgement::CeRowSums> sums(rows.size());
+  if (!in_.products->CeRowSums(xd.data(), n, targets.data(), logit_gamma, logit_absolute,
+                               options_.logit_softcap, chunk.classed ? every_row_.data() : nullptr,
+                               sums.data())) {
     return false;
   }
-  for (std::int64_t r = 0; r < n; ++r) {
-    const std::size_t s = static_cast<std::size_t>(r0 + r);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
     const CeTokenReference row =
-        CrossEntropyTokenFromSums(sums[static_cast<std::size_t>(r)], in_.v,
-                                  targets_[r0 + r] != options_.ignore_index, options_);
-    StoreToken(row, s, classed_, &ref_);
+        CrossEntropyTokenFromSums(sums[r], in_.v, targets[r] != options_.ignore_index, options_);
+    StoreToken(row, static_cast<std::size_t>(rows[r]), classed_, &ref_);
   }
   return true;
 }
@@ -454,23 +458,19 @@ bool ReferenceCrossEntropy(const LmHeadInputs& in, const std::int64_t* targets,
   const std::int64_t device_rows = on_device ? in.products->JudgeBlockRows(std::max(v, in.k)) : 0;
   const double logit_gamma = Gamma(in.k, kFp32StepError) + Gamma(in.k + 1, kFp64UnitRoundoff);
   const double logit_absolute = 2 * static_cast<double>(in.k) * kFp32Underflow;
-  const std::int64_t step = std::max(block, device_rows);
-  for (std::int64_t b0 = 0; b0 < m; b0 += step) {
-    if (stop && stop()) return false;
-    const std::int64_t bn = std::min(step, m - b0);
-    if (device_rows == 0 || !blocks.Device(b0, bn, logit_gamma, logit_absolute)) {
-      for (std::int64_t r0 = b0; r0 < b0 + bn; r0 += block) {
-        if (stop && stop()) return false;
-        blocks.Host(r0, std::min(block, b0 + bn - r0));
-      }
-    }
-    // The sums in row order, whichever way the rows went.
-    for (std::int64_t i = b0; i < b0 + bn; ++i) {
-      const std::size_t s = static_cast<std::size_t>(i);
-      ref.sum += ref.loss[s];
-      sum_abs += std::fabs(ref.loss[s]);
-      sum_bounds += ref.loss_bound[s];
-    }
+  if (!reference_internal::FormRows(
+          m, block, device_rows, classed, options.class_rows,
+          [&](const reference_internal::RowChunk& chunk) {
+            return blocks.Device(chunk, logit_gamma, logit_absolute);
+          },
+          [&](std::int64_t r0, std::int64_t n) { blocks.Host(r0, n); }, stop)) {
+    return false;
+  }
+  // The sums in row order, whichever way and order the rows went.
+  for (std::size_t s = 0; s < mm; ++s) {
+    ref.sum += ref.loss[s];
+    sum_abs += std::fabs(ref.loss[s]);
+    sum_bounds += ref.loss_bound[s];
   }
   ref.sum_bound = sum_bounds + Gamma(m, kFp32StepError) * (sum_abs + sum_bounds) +
                   Gamma(m, kFp64UnitRoundoff) * sum_abs;

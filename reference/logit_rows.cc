@@ -39,12 +39,65 @@ bool AnyNonFiniteBf16(const Bf16Bits* data, std::int64_t n) {
   return any != 0;
 }
 
-bool WidenFiniteRows(const Bf16Bits* x, std::int64_t row0, std::int64_t n, std::int64_t k,
+bool WidenFiniteRows(const Bf16Bits* x, const std::vector<std::int64_t>& rows, std::int64_t k,
                      std::vector<double>* out) {
-  if (AnyNonFiniteBf16(x + row0 * k, n * k)) return false;
-  out->resize(static_cast<std::size_t>(n * k));
-  for (std::int64_t i = 0; i < n * k; ++i) {
-    (*out)[static_cast<std::size_t>(i)] = Bf16ToFloat(x[row0 * k + i]);
+  out->resize(rows.size() * static_cast<std::size_t>(k));
+  double* to = out->data();
+  for (const std::int64_t row : rows) {
+    const Bf16Bits* from = x + row * k;
+    if (AnyNonFiniteBf16(from, k)) return false;
+    for (std::int64_t t = 0; t < k; ++t) *to++ = Bf16ToFloat(from[t]);
+  }
+  return true;
+}
+
+std::vector<RowChunk> EngineRowChunks(std::int64_t m, bool classed,
+                                      const std::vector<std::uint8_t>& class_rows,
+                                      std::int64_t size) {
+  std::vector<RowChunk> chunks;
+  const auto add = [&](bool drawn, bool chunk_classed) {
+    for (std::int64_t i = 0; i < m; ++i) {
+      if (drawn && class_rows[static_cast<std::size_t>(i)] == 0) continue;
+      if (!drawn && !class_rows.empty() && class_rows[static_cast<std::size_t>(i)] != 0) continue;
+      if (chunks.empty() || chunks.back().classed != chunk_classed ||
+          static_cast<std::int64_t>(chunks.back().rows.size()) >= size) {
+        chunks.push_back(RowChunk{{}, chunk_classed});
+      }
+      chunks.back().rows.push_back(i);
+    }
+  };
+  if (classed && !class_rows.empty()) {
+    add(/*drawn=*/true, /*chunk_classed=*/true);
+    add(/*drawn=*/false, /*chunk_classed=*/false);  // a chunk of their own
+  } else {
+    add(/*drawn=*/false, classed);
+  }
+  return chunks;
+}
+
+bool FormRows(std::int64_t m, std::int64_t block, std::int64_t engine_rows, bool classed,
+              const std::vector<std::uint8_t>& class_rows,
+              const std::function<bool(const RowChunk&)>& engine,
+              const std::function<void(std::int64_t, std::int64_t)>& host, const StopCheck& stop) {
+  const auto host_run = [&](std::int64_t r0, std::int64_t n) {
+    for (std::int64_t b0 = r0; b0 < r0 + n; b0 += block) {
+      if (stop && stop()) return false;
+      host(b0, std::min(block, r0 + n - b0));
+    }
+    return true;
+  };
+  if (engine_rows <= 0) return host_run(0, m);
+  for (const RowChunk& chunk : EngineRowChunks(m, classed, class_rows, engine_rows)) {
+    if (stop && stop()) return false;
+    if (engine(chunk)) continue;
+    // The chunk's runs of consecutive rows on the host.
+    const std::vector<std::int64_t>& rows = chunk.rows;
+    for (std::size_t a = 0; a < rows.size();) {
+      std::size_t b = a + 1;
+      while (b < rows.size() && rows[b] == rows[b - 1] + 1) ++b;
+      if (!host_run(rows[a], static_cast<std::int64_t>(b - a))) return false;
+      a = b;
+    }
   }
   return true;
 }

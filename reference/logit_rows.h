@@ -33,11 +33,39 @@ void ForRowsInParallel(std::int64_t n, std::int64_t elements,
                        const std::function<void(std::int64_t, std::int64_t, int)>& fn);
 // Whether any of n bf16 values is a NaN or an infinity (exponent all ones).
 bool AnyNonFiniteBf16(const Bf16Bits* data, std::int64_t n);
-// Rows [row0, row0 + n) of x [M, k] widened to doubles into *out, for an
-// engine that forms their logits on its device; false (and *out not to be
-// used) when one of them is a NaN or an infinity, which the host forms.
-bool WidenFiniteRows(const Bf16Bits* x, std::int64_t row0, std::int64_t n, std::int64_t k,
+// The rows `rows` of x [M, k] widened to doubles into *out, in that order,
+// for an engine that forms their logits on its device; false (and *out not
+// to be used) when one of them holds a NaN or an infinity, which the host
+// forms.
+bool WidenFiniteRows(const Bf16Bits* x, const std::vector<std::int64_t>& rows, std::int64_t k,
                      std::vector<double>* out);
+
+// Rows of M the engine forms together, and whether their class envelopes
+// are formed (all of them or none).
+struct RowChunk {
+  std::vector<std::int64_t> rows;
+  bool classed = false;
+};
+
+// The rows [0, m) in chunks of at most `size` rows for the engine. Where
+// the caller drew rows for the class test (`classed` with class_rows not
+// empty), the drawn rows come first, then the others without envelopes:
+// the models of the drawn rows are formed in full chunks, rather than a
+// few rows in every chunk at the cost of the whole chunk's tiles. Else the
+// rows in order, every chunk `classed`.
+std::vector<RowChunk> EngineRowChunks(std::int64_t m, bool classed,
+                                      const std::vector<std::uint8_t>& class_rows,
+                                      std::int64_t size);
+
+// Every row of M formed once: where engine_rows > 0, chunk by chunk on the
+// engine (engine(chunk) false: it did not form them), the rows it did not
+// form, or every row where engine_rows is 0, on the host by runs of
+// consecutive rows in blocks of at most `block` (host(r0, n)). false when
+// `stop` said to stop (checked before every chunk and block).
+bool FormRows(std::int64_t m, std::int64_t block, std::int64_t engine_rows, bool classed,
+              const std::vector<std::uint8_t>& class_rows,
+              const std::function<bool(const RowChunk&)>& engine,
+              const std::function<void(std::int64_t, std::int64_t)>& host, const StopCheck& stop);
 
 // The rows [r0, r0 + n) of a block whose class envelopes to form: null for
 // none (`classed` false), class_rows + r0 where the caller named rows (the

@@ -197,9 +197,9 @@ class LogProbsBlocks {
   // The rows [r0, r0 + n) on the host: their logits, then each row on
   // threads.
   void Host(std::int64_t r0, std::int64_t n);
-  // The rows [r0, r0 + n) from the sums, order and ids' z the engine forms;
+  // The chunk's rows from the sums, order and ids' z the engine forms;
   // false when it did not form them.
-  bool Device(std::int64_t r0, std::int64_t n);
+  bool Device(const reference_internal::RowChunk& chunk);
 
  private:
   // The block's rows [first, last) (from r0) on the caller's thread, with
@@ -280,15 +280,26 @@ void LogProbsBlocks::HostRows(std::int64_t r0, std::int64_t first, std::int64_t 
   }
 }
 
-bool LogProbsBlocks::Device(std::int64_t r0, std::int64_t n) {
+bool LogProbsBlocks::Device(const reference_internal::RowChunk& chunk) {
+  const std::vector<std::int64_t>& rows = chunk.rows;
+  const std::int64_t n = static_cast<std::int64_t>(rows.size());
   std::vector<double> xd;
-  if (!reference_internal::WidenFiniteRows(in_.x, r0, n, in_.k, &xd)) return false;
-  std::vector<std::int64_t> row_targets(static_cast<std::size_t>(n), -1);
-  for (std::int64_t r = 0; r < n && targets_ != nullptr; ++r) {
-    if (targets_[r0 + r] != options_.ignore_index) {
-      row_targets[static_cast<std::size_t>(r)] = targets_[r0 + r];
-    }
+  if (!reference_internal::WidenFiniteRows(in_.x, rows, in_.k, &xd)) return false;
+  std::vector<std::int64_t> row_targets(rows.size(), -1);
+  for (std::size_t r = 0; r < rows.size() && targets_ != nullptr; ++r) {
+    if (targets_[rows[r]] != options_.ignore_index) row_targets[r] = targets_[rows[r]];
   }
+  // The ids of the chunk's rows in its order; the order and the ids' z
+  // come back in it and go to their rows.
+  const std::int64_t ids_k = ids_z_.ids != nullptr ? ids_z_.k : 0;
+  std::vector<std::int64_t> ids(rows.size() * static_cast<std::size_t>(ids_k));
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    std::copy_n(ids_z_.ids + rows[r] * ids_k, ids_k, ids.begin() + r * ids_k);
+  }
+  const std::int64_t cols = ref_.order_cols;
+  std::vector<std::int64_t> order(rows.size() * static_cast<std::size_t>(cols));
+  std::vector<double> order_z(order.size()), ids_z(ids.size());
+  every_row_.assign(rows.size(), 1);
   LpRowsRequest request;
   request.targets = row_targets.data();
   request.gamma = Gamma(in_.k, kFp32StepError) + Gamma(in_.k + 1, kFp64UnitRoundoff);
@@ -297,19 +308,22 @@ bool LogProbsBlocks::Device(std::int64_t r0, std::int64_t n) {
   request.temperature = options_.temperature;
   request.vocab = ref_.v;
   request.order_cols = ref_.order_cols;
-  request.ids = ids_z_.ids != nullptr ? ids_z_.ids + r0 * ids_z_.k : nullptr;
-  request.ids_k = ids_z_.ids != nullptr ? ids_z_.k : 0;
-  request.class_rows = ClassRows(r0, n);
-  std::vector<judgement::LpRowSums> sums(static_cast<std::size_t>(n));
+  request.ids = ids_k > 0 ? ids.data() : nullptr;
+  request.ids_k = ids_k;
+  request.class_rows = chunk.classed ? every_row_.data() : nullptr;
+  std::vector<judgement::LpRowSums> sums(rows.size());
   LpRowsResult result;
   result.sums = sums.data();
-  result.order = ref_.order.data() + r0 * ref_.order_cols;
-  result.order_z = ref_.order_z.data() + r0 * ref_.order_cols;
-  result.ids_z = ids_z_.ids != nullptr ? ids_z_.z + r0 * ids_z_.k : nullptr;
+  result.order = order.data();
+  result.order_z = order_z.data();
+  result.ids_z = ids_k > 0 ? ids_z.data() : nullptr;
   if (!in_.products->LpRowSums(xd.data(), n, request, result)) return false;
-  for (std::int64_t r = 0; r < n; ++r) {
-    StoreRow(sums[static_cast<std::size_t>(r)], r0 + r,
-             row_targets[static_cast<std::size_t>(r)] >= 0, &ref_);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const std::int64_t i = rows[r];
+    std::copy_n(order.begin() + r * cols, cols, ref_.order.begin() + i * cols);
+    std::copy_n(order_z.begin() + r * cols, cols, ref_.order_z.begin() + i * cols);
+    std::copy_n(ids_z.begin() + r * ids_k, ids_k, ids_z_.z + i * ids_k);
+    StoreRow(sums[r], i, row_targets[r] >= 0, &ref_);
   }
   return true;
 }
@@ -355,17 +369,10 @@ bool ReferenceLogProbs(const LmHeadInputs& in, const std::int64_t* targets,
   const bool on_device = !z_sink && logits == LogitModel::kFp32Sum && in.products != nullptr &&
                          in.products->WeightFinite();
   const std::int64_t device_rows = on_device ? in.products->JudgeBlockRows(std::max(v, in.k)) : 0;
-  const std::int64_t step = std::max(block, device_rows);
-  for (std::int64_t b0 = 0; b0 < m; b0 += step) {
-    if (stop && stop()) return false;
-    const std::int64_t bn = std::min(step, m - b0);
-    if (device_rows > 0 && blocks.Device(b0, bn)) continue;
-    for (std::int64_t r0 = b0; r0 < b0 + bn; r0 += block) {
-      if (stop && stop()) return false;
-      blocks.Host(r0, std::min(block, b0 + bn - r0));
-    }
-  }
-  return true;
+  return reference_internal::FormRows(
+      m, block, device_rows, classed, options.class_rows,
+      [&](const reference_internal::RowChunk& chunk) { return blocks.Device(chunk); },
+      [&](std::int64_t r0, std::int64_t n) { blocks.Host(r0, n); }, stop);
 }
 
 bool TopKPlaceDecided(const LogProbsReference& ref, std::int64_t i, std::int64_t p) {

@@ -20,6 +20,7 @@
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/logprobs.h"
 #include "logitd/reference/precision_class.h"
+#include "reference/logit_rows.h"
 
 namespace logitd {
 namespace {
@@ -199,6 +200,72 @@ TEST(ClassTokenRowsTest, TheThresholdsQuotedForTheDraw) {
   EXPECT_NEAR(threshold(64), 1.72, 0.005);
   EXPECT_NEAR(threshold(512), 1.24, 0.005);
   EXPECT_NEAR(threshold(4096), 1.08, 0.005);
+}
+
+// The engine's chunks: drawn rows first in chunks of their own (their
+// models formed in full chunks), then the others without envelopes; no
+// draw: the rows in order.
+TEST(EngineRowChunksTest, DrawnRowsFirstThenTheOthersEachRowOnce) {
+  using reference_internal::EngineRowChunks;
+  using reference_internal::RowChunk;
+  std::vector<std::uint8_t> drawn(10, 0);
+  for (int i : {1, 4, 5, 9}) drawn[static_cast<std::size_t>(i)] = 1;
+  const std::vector<RowChunk> a = EngineRowChunks(10, true, drawn, 3);
+  ASSERT_EQ(a.size(), 4u);
+  EXPECT_EQ(a[0].rows, (std::vector<std::int64_t>{1, 4, 5}));
+  EXPECT_EQ(a[1].rows, (std::vector<std::int64_t>{9}));
+  EXPECT_EQ(a[2].rows, (std::vector<std::int64_t>{0, 2, 3}));
+  EXPECT_EQ(a[3].rows, (std::vector<std::int64_t>{6, 7, 8}));
+  EXPECT_TRUE(a[0].classed && a[1].classed);
+  EXPECT_FALSE(a[2].classed || a[3].classed);
+  for (const bool classed : {true, false}) {
+    const std::vector<RowChunk> b = EngineRowChunks(7, classed, {}, 3);
+    ASSERT_EQ(b.size(), 3u);
+    EXPECT_EQ(b[0].rows, (std::vector<std::int64_t>{0, 1, 2}));
+    EXPECT_EQ(b[2].rows, (std::vector<std::int64_t>{6}));
+    for (const RowChunk& c : b) EXPECT_EQ(c.classed, classed);
+  }
+  // A draw is ignored where no envelope is formed.
+  for (const RowChunk& c : EngineRowChunks(10, false, drawn, 3)) EXPECT_FALSE(c.classed);
+}
+
+// Every row formed once: the chunks the engine refuses go to the host by
+// runs of consecutive rows in blocks; a stop is obeyed.
+TEST(EngineRowChunksTest, FormRowsFormsEveryRowOnceAndTheHostTheRefusedChunksRuns) {
+  using reference_internal::FormRows;
+  using reference_internal::RowChunk;
+  const std::int64_t m = 23;
+  std::vector<std::uint8_t> drawn(m, 0);
+  for (int i : {0, 2, 3, 4, 11, 22}) drawn[static_cast<std::size_t>(i)] = 1;
+  std::vector<int> formed(m, 0);
+  std::vector<std::pair<std::int64_t, std::int64_t>> host_blocks;
+  int engine_calls = 0;
+  // Chunks of 4: the drawn [0, 2, 3, 4] and [11, 22], then the others. The
+  // engine refuses the second.
+  const auto engine = [&](const RowChunk& chunk) {
+    if (engine_calls++ == 1) return false;
+    for (std::int64_t r : chunk.rows) ++formed[static_cast<std::size_t>(r)];
+    return true;
+  };
+  const auto host = [&](std::int64_t r0, std::int64_t n) {
+    host_blocks.emplace_back(r0, n);
+    for (std::int64_t r = r0; r < r0 + n; ++r) ++formed[static_cast<std::size_t>(r)];
+  };
+  ASSERT_TRUE(FormRows(m, 2, 4, true, drawn, engine, host, {}));
+  for (int n : formed) EXPECT_EQ(n, 1);
+  EXPECT_EQ(host_blocks, (std::vector<std::pair<std::int64_t, std::int64_t>>{{11, 1}, {22, 1}}));
+  // No engine: the host in blocks of 5 in order.
+  host_blocks.clear();
+  ASSERT_TRUE(FormRows(12, 5, 0, true, drawn, engine, host, {}));
+  EXPECT_EQ(host_blocks,
+            (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 5}, {5, 5}, {10, 2}}));
+  // Refused chunks of consecutive rows split by the block.
+  host_blocks.clear();
+  ASSERT_TRUE(FormRows(12, 5, 8, false, {}, [](const RowChunk&) { return false; }, host, {}));
+  EXPECT_EQ(host_blocks,
+            (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 5}, {5, 3}, {8, 4}}));
+  int checks = 0;
+  EXPECT_FALSE(FormRows(12, 5, 8, false, {}, engine, host, [&] { return ++checks > 1; }));
 }
 
 TEST(CheckLogitsTest, AConformingFp32KernelIsWithinBounds) {
