@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "client/logitctl/common.h"
 #include "client/logitctl/stress_checks.h"
+#include "client/logitctl/stress_verify.h"
 #include "logitd/bf16.h"
 #include "logitd/reference/numerics.h"
 #include "logitd/status_macros.h"
@@ -428,12 +429,14 @@ void Stress::Worker(int index, absl::Time until) {
     } else if (pick < 75) {
       rpc = "Cast";
       problem = DoCast(c, rng, &status);
-    } else if (pick < 87) {
+    } else if (pick < 85) {
       rpc = "LogProbs";
       problem = DoLogProbs(c, w, rng, &status);
-    } else {
+    } else if (pick < 93) {
       rpc = "CrossEntropy";
       problem = DoCrossEntropy(c, w, rng, &status);
+    } else {
+      problem = stress::VerifyOwnOutputs(c, w, PickM(rng, w.v * 4), rng, &rpc, &status);
     }
     Record(rpc, status, absl::ToDoubleSeconds(absl::Now() - t0), problem);
   }

@@ -387,6 +387,12 @@ TEST_F(StressTest, EveryRpcRightAndExitZero) {
   for (const char* rpc : {"Logits(fp32)", "Backward", "CrossEntropy", "LogProbs"}) {
     EXPECT_GT(report.at("rpcs").at(rpc).at("calls").get<std::int64_t>(), 0) << rpc;
   }
+  // Verify of the server's own outputs, each operation's row by its name.
+  std::int64_t verifies = 0;
+  for (const auto& [rpc, row] : report.at("rpcs").items()) {
+    if (rpc.rfind("Verify(", 0) == 0) verifies += row.at("calls").get<std::int64_t>();
+  }
+  EXPECT_GT(verifies, 0) << r.out;
   // Its weights are released again.
   absl::StatusOr<std::vector<client::WeightInfo>> left = client().ListWeights();
   ASSERT_TRUE(left.ok()) << left.status();
