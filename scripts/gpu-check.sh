@@ -85,7 +85,10 @@
 #   VETH_TIMEOUT       seconds allowed for the veth step (default 400); VETH_M, VETH_K, VETH_V,
 #                      VETH_REQUESTS as scripts/veth-bench.sh
 #   VERIFY_SHAPES      MxKxV[,...] of the verify step (default 64x4096x32768,256x8192x65536,64x4096x1024);
-#                      VERIFY_TIMEOUT seconds allowed for it (default 400)
+#                      VERIFY_TIMEOUT seconds allowed for it (default 400); VERIFY_TORCH=0 skips
+#                      PyTorch's candidates, PROBE=0 the accumulation probe
+#   VERIFY_COST_SHAPE, VERIFY_COST_RUNS, VERIFY_COST_BASELINE, VERIFY_COST_REQUESTS  the
+#                      verify step's cost runs (scripts/gpu-check/steps/verify.sh)
 #   SANITIZE_TIMEOUT   seconds allowed per compute-sanitizer run (default 240)
 #   GOLDEN_RESTARTS    server restarts compared against a golden baseline (default 5), with the
 #                      algorithm cache file kept and again without one

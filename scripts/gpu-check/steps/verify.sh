@@ -2,6 +2,12 @@
 # --- PyTorch's outputs judged by Verify (scripts/gpu-check/verify_torch.py) ---
 step_verify() {
   if skipped verify; then note verify skip "GPU_CHECK_SKIP"; return; fi
+  if [ "${VERIFY_TORCH:-1}" = 1 ]; then verify_torch; else note verify skip "VERIFY_TORCH=0"; fi
+  verify_cost
+  if [ "${PROBE:-1}" = 1 ]; then accumulation_probe; else note probe skip "PROBE=0"; fi
+}
+
+verify_torch() {
   find_python
   if [ -z "$python" ]; then note verify skip "no python3 with torch"; return; fi
   if ! have_server_and_client; then note verify skip "logitd or logitctl was not built"; return; fi
@@ -21,8 +27,6 @@ step_verify() {
     note verify FAIL "logitd --backend=cuda did not start (see verify.log)"
   fi
   stop_server
-  verify_cost
-  accumulation_probe
 }
 
 # What a Verify of logitd's own output costs against the call itself, at
@@ -32,6 +36,8 @@ step_verify() {
 # With VERIFY_COST_BASELINE (a directory holding the logitd of another
 # tree, scripts/gpu-check/build-tree.sh), each run goes to both servers,
 # this build's first, so the two are compared on one machine.
+# VERIFY_COST_RUNS: "rpc rows [flag]" entries separated by ';' (default the
+# five above).
 verify_cost() {
   if [ "${VERIFY_COST:-1}" != 1 ]; then note verify-cost skip "VERIFY_COST=0"; return; fi
   local shape=${VERIFY_COST_SHAPE:-4096x4096x128256} m k v line failed=0 which
@@ -39,8 +45,10 @@ verify_cost() {
   : >"$out/verify-cost.log"
   local servers=("this:$(find_bin logitd)")
   [ -n "${VERIFY_COST_BASELINE:-}" ] && servers+=("baseline:$VERIFY_COST_BASELINE/logitd")
-  for run in "verify-logits 0" "verify-logits 64" "verify-cross-entropy 0" \
-    "verify-cross-entropy 64 --reduction=none" "verify-logprobs 0"; do
+  local runs=("verify-logits 0" "verify-logits 64" "verify-cross-entropy 0"
+    "verify-cross-entropy 64 --reduction=none" "verify-logprobs 0")
+  [ -n "${VERIFY_COST_RUNS:-}" ] && IFS=';' read -r -a runs <<<"$VERIFY_COST_RUNS"
+  for run in "${runs[@]}"; do
     read -r rpc rows extra <<<"$run"
     for entry in "${servers[@]}"; do
       which=${entry%%:*}
