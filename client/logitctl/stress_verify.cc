@@ -75,6 +75,47 @@ client::VerifyArgs ArgsOf(const OwnCall& call, const StressWeight& w,
 
 std::string Rows(const std::vector<std::int64_t>& rows) { return absl::StrJoin(rows, ", "); }
 
+// One element of one of the call's outputs set to 1e30 in `row` (a row
+// args checks): outside the proven bound, and listed first. What is wrong,
+// or empty.
+std::string MovedElementIsFound(client::Client& c, const StressWeight& w, const OwnCall& call,
+                                const client::VerifyArgs& args, std::int64_t row,
+                                const std::string& shape, std::mt19937_64& rng,
+                                absl::Status* status) {
+  auto it = call.outputs.begin();
+  std::advance(it, static_cast<long>(rng() % call.outputs.size()));
+  std::string name = it->first;
+  // An ignored token's loss and log-prob are 0 whatever the logits: its lse.
+  if (call.op != VerifyOperation::kLogits && call.targets.data<std::int64_t>()[row] == -100) {
+    name = "lse";
+  }
+  std::map<std::string, Tensor> candidates;
+  for (const auto& [n, t] : call.outputs) candidates[n] = t.Clone();
+  const std::int64_t cols = call.op == VerifyOperation::kLogits ? w.v : 1;
+  const std::int64_t col = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(cols));
+  Tensor& bad = candidates[name];
+  if (bad.dtype() != DType::kFp32) return "";
+  bad.data<float>()[row * cols + col] = 1e30f;
+  client::VerifyArgs bad_args = ArgsOf(call, w, candidates);
+  bad_args.sample_rows = args.sample_rows;
+  bad_args.sample_seed = args.sample_seed;
+  absl::StatusOr<client::VerifyResult> r = c.Verify(bad_args);
+  if (!r.ok()) {
+    *status = r.status();
+    return "";
+  }
+  const client::CandidateVerdict* v = r->Find(name);
+  const std::vector<std::int64_t> where =
+      cols > 1 ? std::vector<std::int64_t>{row, col} : std::vector<std::int64_t>{row};
+  if (r->verdict != "outside_bounds" || v == nullptr || v->outside_bound != 1 ||
+      v->first_outside.empty() || v->first_outside[0].index != where) {
+    return absl::StrCat(name, "[", Rows(where), "] = 1e30 judged ", r->verdict,
+                        v != nullptr ? absl::StrCat(" with ", v->outside_bound, " outside") : "",
+                        " (", shape, ")");
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string VerifyOwnOutputs(client::Client& c, const StressWeight& w, std::int64_t m,
@@ -125,42 +166,9 @@ std::string VerifyOwnOutputs(client::Client& c, const StressWeight& w, std::int6
   }
   if (rng() % 3 != 0) return "";
 
-  // One element of one output far from its value, in a row the sample
-  // checks: outside the proven bound, and listed first.
   const std::int64_t row =
       sampled ? checked[rng() % checked.size()] : static_cast<std::int64_t>(rng() % m);
-  auto it = call.outputs.begin();
-  std::advance(it, static_cast<long>(rng() % call.outputs.size()));
-  std::string name = it->first;
-  // An ignored token's loss and log-prob are 0 whatever the logits: its lse.
-  if (call.op != VerifyOperation::kLogits && call.targets.data<std::int64_t>()[row] == -100) {
-    name = "lse";
-  }
-  std::map<std::string, Tensor> candidates;
-  for (const auto& [n, t] : call.outputs) candidates[n] = t.Clone();
-  const std::int64_t cols = call.op == VerifyOperation::kLogits ? w.v : 1;
-  const std::int64_t col = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(cols));
-  Tensor& bad = candidates[name];
-  if (bad.dtype() != DType::kFp32) return "";
-  bad.data<float>()[row * cols + col] = 1e30f;
-  client::VerifyArgs bad_args = ArgsOf(call, w, candidates);
-  bad_args.sample_rows = args.sample_rows;
-  bad_args.sample_seed = args.sample_seed;
-  absl::StatusOr<client::VerifyResult> r = c.Verify(bad_args);
-  if (!r.ok()) {
-    *status = r.status();
-    return "";
-  }
-  const client::CandidateVerdict* v = r->Find(name);
-  const std::vector<std::int64_t> where =
-      cols > 1 ? std::vector<std::int64_t>{row, col} : std::vector<std::int64_t>{row};
-  if (r->verdict != "outside_bounds" || v == nullptr || v->outside_bound != 1 ||
-      v->first_outside.empty() || v->first_outside[0].index != where) {
-    return absl::StrCat(name, "[", Rows(where), "] = 1e30 judged ", r->verdict,
-                        v != nullptr ? absl::StrCat(" with ", v->outside_bound, " outside") : "",
-                        " (", shape, ")");
-  }
-  return "";
+  return MovedElementIsFound(c, w, call, args, row, shape, rng, status);
 }
 
 }  // namespace logitd::logitctl::stress
