@@ -157,7 +157,7 @@ int CmdStress(const std::vector<std::string>& words) {
 
 int CmdValidate(const std::vector<std::string>& args) {
 #ifdef LOGITCTL_HAVE_VALIDATE
-  return validate::RunValidateCommand(args);
+  return validate::RunValidateCommand(absl::GetFlag(FLAGS_server), args);
 #else
   std::cerr << "logitctl: validate: this logitctl was built without the validation harness "
                "(target logitd_validate)\n";
@@ -167,7 +167,7 @@ int CmdValidate(const std::vector<std::string>& args) {
 
 int CmdVerify(const std::vector<std::string>& args) {
 #ifdef LOGITCTL_HAVE_VALIDATE
-  return validate::RunVerifyCommand(args);
+  return validate::RunVerifyCommand(absl::GetFlag(FLAGS_server), args);
 #else
   std::cerr << "logitctl: verify: this logitctl was built without the validation harness "
                "(target logitd_validate)\n";

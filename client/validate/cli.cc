@@ -12,7 +12,6 @@
 #include <sstream>
 
 #include "absl/flags/commandlineflag.h"
-#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
@@ -33,7 +32,6 @@
 #include "logitd/status_macros.h"
 
 // Defined by logitctl, which applies it before dispatching here.
-ABSL_DECLARE_FLAG(std::string, server);
 
 namespace logitd::validate {
 namespace {
@@ -180,11 +178,11 @@ absl::Status ReadOptions(const ValidateArgs& parsed, Options* options) {
 
 }  // namespace
 
-int RunValidateCommand(const std::vector<std::string>& args) {
+int RunValidateCommand(const std::string& server, const std::vector<std::string>& args) {
   const absl::Time start = absl::Now();
   Report report;
   report.started_at = absl::FormatTime(absl::RFC3339_sec, start, absl::UTCTimeZone());
-  report.address = absl::GetFlag(FLAGS_server);
+  report.address = server;
 
   absl::StatusOr<ValidateArgs> parsed = ParseValidateArgs(args, HostConnectionFlag);
   if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));

@@ -14,13 +14,15 @@
 
 namespace logitd::validate {
 
-// Returns the process exit code: 0 when every selected check passed, 1 when
-// one failed, 2 when the server could not be reached or refused.
-int RunValidateCommand(const std::vector<std::string>& args);
+// `logitctl validate` against the server at `server` (HOST:PORT, logitctl's
+// --server). Returns the process exit code: 0 when every selected check
+// passed, 1 when one failed, 2 when the server could not be reached or
+// refused.
+int RunValidateCommand(const std::string& server, const std::vector<std::string>& args);
 
 // Entry point of `logitctl verify` (verify_command.cc): the same exit codes,
 // 1 meaning a candidate failed its contract.
-int RunVerifyCommand(const std::vector<std::string>& args);
+int RunVerifyCommand(const std::string& server, const std::vector<std::string>& args);
 
 // What validate and verify share of logitctl: whether --name is one of its
 // connection flags (and boolean), which it applies before dispatching; and

@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/flags/declare.h"
-#include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -32,12 +30,11 @@
 #include "logitd/status_macros.h"
 
 // Defined by logitctl, which applies it before dispatching here.
-ABSL_DECLARE_FLAG(std::string, server);
 
 namespace logitd::validate {
 namespace {
 
-constexpr int kExitUsage = 2;
+constexpr int kVerifyExitUsage = 2;
 constexpr char kProgram[] = "logitctl verify";
 
 struct VerifyCommandArgs {
@@ -288,9 +285,9 @@ exit codes: 0 every candidate passed (within_bounds or bitwise_equal_to_logitd,
 )";
 }
 
-int UsageError(const std::string& message) {
+int VerifyUsageError(const std::string& message) {
   std::fprintf(stderr, "%s: %s\n", kProgram, message.c_str());
-  return kExitUsage;
+  return kVerifyExitUsage;
 }
 
 // X and W go to the server as bf16: an fp32 tensor is taken only when each
@@ -499,10 +496,10 @@ bool IsInputOrConnectionError(const absl::Status& status) {
 
 }  // namespace
 
-int RunVerifyCommand(const std::vector<std::string>& args) {
+int RunVerifyCommand(const std::string& server, const std::vector<std::string>& args) {
   const absl::Time start = absl::Now();
   absl::StatusOr<VerifyCommandArgs> parsed = ParseArgs(args);
-  if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
+  if (!parsed.ok()) return VerifyUsageError(std::string(parsed.status().message()));
   const VerifyCommandArgs& a = *parsed;
   if (a.help) {
     std::fputs(VerifyUsage().c_str(), stdout);
@@ -511,22 +508,22 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
   client::VerifyArgs call;
   std::vector<std::string> outputs;
   if (absl::Status s = CheckCombination(a, &call, &outputs); !s.ok()) {
-    return UsageError(std::string(s.message()));
+    return VerifyUsageError(std::string(s.message()));
   }
   std::optional<Baseline> baseline;
   if (!a.baseline_path.empty()) {
     absl::StatusOr<Baseline> b = ReadBaseline(a.baseline_path);
-    if (!b.ok()) return UsageError(std::string(b.status().message()));
+    if (!b.ok()) return VerifyUsageError(std::string(b.status().message()));
     baseline = *std::move(b);
   }
   if (!a.report_dir.empty()) {
     if (absl::Status s = PrepareReportDir(a.report_dir); !s.ok()) {
-      return UsageError(std::string(s.message()));
+      return VerifyUsageError(std::string(s.message()));
     }
   }
   VerifyTensors held;
   if (absl::Status s = LoadTensors(a, outputs, &held, &call); !s.ok()) {
-    return UsageError(std::string(s.message()));
+    return VerifyUsageError(std::string(s.message()));
   }
   call.alpha = a.alpha;
   call.sample_rows = a.sample_rows;
@@ -535,7 +532,7 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
   Report report;
   report.tool = kProgram;
   report.started_at = absl::FormatTime(absl::RFC3339_sec, start, absl::UTCTimeZone());
-  report.address = absl::GetFlag(FLAGS_server);
+  report.address = server;
   report.options.suites = {"verify"};
   // `summary`: the table of candidates (none after a refused call, whose
   // error was printed once, on stderr).
@@ -550,7 +547,7 @@ int RunVerifyCommand(const std::vector<std::string>& args) {
   };
   absl::StatusOr<std::unique_ptr<client::Client>> client = ConnectForReport(&report, kProgram);
   if (!client.ok()) {
-    if (report.error.empty()) return UsageError(std::string(client.status().message()));
+    if (report.error.empty()) return VerifyUsageError(std::string(client.status().message()));
     return finish(2);
   }
 
