@@ -61,7 +61,7 @@
 namespace logitd {
 namespace {
 
-constexpr double kU = kFp32UnitRoundoff;
+constexpr double kFp32U = kFp32UnitRoundoff;
 
 bool IsPowerOfTwo(float t) {
   int e = 0;
@@ -136,7 +136,7 @@ void StoreRow(const judgement::LpRowSums& s, std::int64_t i, bool has_target,
   const double fp64 = Gamma(v, kFp64UnitRoundoff);
   const double spread = std::log1p(s.weighted);
   const double lse_bound = spread + judgement::kFnError * (1 + std::fabs(s.log_s) + spread) +
-                           2 * kU * (std::fabs(s.lse) + spread) + fp64 * (std::fabs(s.lse) + 1);
+                           2 * kFp32U * (std::fabs(s.lse) + spread) + fp64 * (std::fabs(s.lse) + 1);
   ref->lse[at] = s.lse;
   ref->lse_bound[at] = lse_bound;
   ref->entropy[at] = s.entropy;
@@ -159,19 +159,20 @@ void StoreRow(const judgement::LpRowSums& s, std::int64_t i, bool has_target,
   if (classed) {
     lse_eval = judgement::LseEvalEnvelope(s.log_s, s.lse, s.mean_d, v);
     ref->lse_class[at] = s.class_lin + lse_eval;
-    ref->entropy_class[at] = s.class_lin_d + s.entropy * s.class_lin +
-                             std::fabs(1 - s.entropy) * lse_eval +
-                             judgement::kFnError * (s.entropy + 1) +
-                             kU * (4 * s.mean_d + std::sqrt(static_cast<double>(v)) * s.entropy);
+    ref->entropy_class[at] =
+        s.class_lin_d + s.entropy * s.class_lin + std::fabs(1 - s.entropy) * lse_eval +
+        judgement::kFnError * (s.entropy + 1) +
+        kFp32U * (4 * s.mean_d + std::sqrt(static_cast<double>(v)) * s.entropy);
   }
   if (!has_target) return;
   ref->logprob[at] = s.zt - s.lse;
   ref->logprob_bound[at] =
-      lse_bound + s.ezt + 4 * kU * (std::fabs(s.lse) + std::fabs(s.zt) + std::fabs(s.zt - s.lse));
+      lse_bound + s.ezt +
+      4 * kFp32U * (std::fabs(s.lse) + std::fabs(s.zt) + std::fabs(s.zt - s.lse));
   if (classed && std::isfinite(s.class_zt)) {
     ref->logprob_class[at] =
         ref->lse_class[at] + s.class_zt +
-        2 * kU * (std::fabs(s.lse) + std::fabs(s.zt) + std::fabs(s.zt - s.lse));
+        2 * kFp32U * (std::fabs(s.lse) + std::fabs(s.zt) + std::fabs(s.zt - s.lse));
   }
   ref->rank[at] = s.rank;
   ref->rank_low[at] = ref->exact ? s.rank : s.low;
@@ -387,7 +388,7 @@ double TopKLogProbBound(const LogProbsReference& ref, std::int64_t i, double z_i
   const double lse = ref.lse[s];
   const double lp = z_id - lse;
   return ref.z_bound[s] + ref.lse_bound[s] +
-         4 * kU * (std::fabs(lse) + std::fabs(z_id) + std::fabs(lp));
+         4 * kFp32U * (std::fabs(lse) + std::fabs(z_id) + std::fabs(lp));
 }
 
 void CheckTopKIds(const LogProbsReference& ref, std::int64_t k, const std::int64_t* ids,

@@ -17,7 +17,7 @@ namespace {
 constexpr std::uint64_t kDouble = sizeof(double);
 
 // Rows of a block of `cols` columns, as the references walk them.
-std::uint64_t BlockRows(std::int64_t limit, std::int64_t cols) {
+std::uint64_t RowsPerBlock(std::int64_t limit, std::int64_t cols) {
   return static_cast<std::uint64_t>(std::min(
       limit, std::max<std::int64_t>(1, kReferenceBlockElements / std::max<std::int64_t>(1, cols))));
 }
@@ -25,7 +25,7 @@ std::uint64_t BlockRows(std::int64_t limit, std::int64_t cols) {
 // A block of the weight widened to doubles (numerics.cc: whole rows of at
 // most kReferenceBlockElements elements).
 std::uint64_t WeightBlockBytes(std::int64_t v, std::int64_t k) {
-  return BlockRows(v, k) * static_cast<std::uint64_t>(k) * kDouble;
+  return RowsPerBlock(v, k) * static_cast<std::uint64_t>(k) * kDouble;
 }
 
 // A block's operand widened when an engine judges it on its device: rows of
@@ -55,7 +55,7 @@ std::uint64_t LogitsCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k
   // their models (or, judged on a device, a larger block of x), a row's
   // bounds on each of up to 16 threads and the rows of W with a NaN or an
   // infinity.
-  const std::uint64_t n = BlockRows(rows, v);
+  const std::uint64_t n = RowsPerBlock(rows, v);
   return std::max(JudgedBlockBytes(rows, v, k),
                   n * static_cast<std::uint64_t>(2 * k + 2 * v) * kDouble + WeightBlockBytes(v, k) +
                       ModelBytes(n, v, k)) +
@@ -65,7 +65,7 @@ std::uint64_t LogitsCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k
 std::uint64_t GradInputCheckBytes(std::int64_t rows, std::int64_t v, std::int64_t k) {
   // A block of g widened with its references, sums and models (or, judged
   // on a device, a larger block of g).
-  const std::uint64_t n = BlockRows(rows, std::max(v, k));
+  const std::uint64_t n = RowsPerBlock(rows, std::max(v, k));
   return std::max(JudgedBlockBytes(rows, std::max(v, k), v),
                   n * static_cast<std::uint64_t>(2 * v + 2 * k) * kDouble + WeightBlockBytes(v, k) +
                       ModelBytes(n, k, v)) +

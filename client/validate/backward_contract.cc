@@ -24,7 +24,7 @@
 namespace logitd::validate {
 namespace {
 
-constexpr char kSuite[] = "backward_contract";
+constexpr char kBackwardContractSuite[] = "backward_contract";
 
 // ---------------------------------------------------------------------------
 // cast
@@ -85,9 +85,9 @@ absl::Status RunCast(RunContext& ctx, CaseResult& r) {
   absl::StatusOr<Tensor> out = ctx.client().CastToBf16(*input);
   if (!out.ok()) return Annotate(out.status(), "Cast");
   ctx.RecordOutput("cast", *out);
-  if (ctx.WantsReplay(kSuite)) {
+  if (ctx.WantsReplay(kBackwardContractSuite)) {
     Replay replay;
-    replay.suite = kSuite;
+    replay.suite = kBackwardContractSuite;
     replay.description = absl::StrCat("Cast of ", bits.size(), " fp32 values");
     replay.send = [input](client::Client& c) -> absl::StatusOr<std::vector<Tensor>> {
       absl::StatusOr<Tensor> again = c.CastToBf16(*input);
@@ -436,7 +436,7 @@ absl::Status RunBounds(RunContext& ctx, CaseResult& r) {
 
 class BackwardContractSuite final : public Suite {
  public:
-  std::string name() const override { return kSuite; }
+  std::string name() const override { return kBackwardContractSuite; }
   std::vector<Case> Cases(const Options&) override {
     return {{"cast_rne", RunCast},
             {"fp32_dy_equals_bf16_dy", RunSameAsLegacy},

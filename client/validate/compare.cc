@@ -14,7 +14,7 @@
 namespace logitd::validate {
 namespace {
 
-std::uint64_t ElementBits(const Tensor& t, std::int64_t i) {
+std::uint64_t RawBits(const Tensor& t, std::int64_t i) {
   switch (t.dtype()) {
     case DType::kBf16:
       return t.data<std::uint16_t>()[i];
@@ -100,7 +100,7 @@ void OutputLog::Record(absl::string_view case_name, absl::string_view what, cons
   out.stride =
       std::max<std::int64_t>(1, (t.numel() + kMaxRecordedElements - 1) / kMaxRecordedElements);
   out.bits.reserve(static_cast<std::size_t>(t.numel() / out.stride + 1));
-  for (std::int64_t i = 0; i < t.numel(); i += out.stride) out.bits.push_back(ElementBits(t, i));
+  for (std::int64_t i = 0; i < t.numel(); i += out.stride) out.bits.push_back(RawBits(t, i));
   outputs_.push_back(std::move(out));
 }
 
@@ -161,10 +161,9 @@ CompareReport CompareRuns(const std::string& a_address, const std::vector<Record
     both_pass = both_pass && cb.a_passed && cb.b_passed;
     r.cases.push_back(cb);
   }
-  const bool identical =
-      r.only_in_a.empty() && r.only_in_b.empty() &&
-      std::all_of(r.outputs.begin(), r.outputs.end(),
-                  [](const OutputDiff& c) { return c.equal_fraction == 1.0; });
+  const bool identical = r.only_in_a.empty() && r.only_in_b.empty() &&
+                         std::all_of(r.outputs.begin(), r.outputs.end(),
+                                     [](const OutputDiff& c) { return c.equal_fraction == 1.0; });
   if (!both_pass) {
     r.verdict = "outside its bounds";
     r.exit_code = 1;

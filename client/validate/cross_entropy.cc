@@ -29,7 +29,7 @@
 namespace logitd::validate {
 namespace {
 
-constexpr char kSuite[] = "cross_entropy";
+constexpr char kCrossEntropySuite[] = "cross_entropy";
 
 }  // namespace
 
@@ -159,7 +159,7 @@ void OfferNumericReplay(RunContext& ctx, const NumericCase& nc, const CeShapes& 
                         const NormalData& d, const CeRequest& none, const CeWants& all,
                         const client::CrossEntropyResult& r_none) {
   Replay replay;
-  replay.suite = kSuite;
+  replay.suite = kCrossEntropySuite;
   replay.description =
       absl::StrCat("CrossEntropy ", nc.name, ", reduction none, lse, dX, dW, V=", s.v);
   const DType td = nc.targets_dtype;
@@ -214,7 +214,7 @@ absl::Status RunNumeric(RunContext& ctx, CaseResult& r, const NumericCase& nc) {
   absl::StatusOr<client::CrossEntropyResult> r_none =
       Send(ctx, *d.x, none, nc.targets_dtype, handle, all, false, "none");
   if (!r_none.ok()) return r_none.status();
-  if (ctx.WantsReplay(kSuite)) OfferNumericReplay(ctx, nc, s, d, none, all, *r_none);
+  if (ctx.WantsReplay(kCrossEntropySuite)) OfferNumericReplay(ctx, nc, s, d, none, all, *r_none);
   absl::StatusOr<client::CrossEntropyResult> r_sum =
       Send(ctx, *d.x, sum, nc.targets_dtype, handle, {}, false, "sum");
   if (!r_sum.ok()) return r_sum.status();
@@ -596,7 +596,7 @@ double Figure(const nlohmann::ordered_json& j, const char* key) {
 
 class CrossEntropySuite final : public Suite {
  public:
-  std::string name() const override { return kSuite; }
+  std::string name() const override { return kCrossEntropySuite; }
   std::vector<Case> Cases(const Options& options) override {
     shapes_ = ShapesOf(options);
     std::vector<Case> cases;

@@ -9,17 +9,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
 namespace {
 
-constexpr char kSuite[] = "determinism";
+constexpr char kDeterminismSuite[] = "determinism";
 constexpr CompareOptions kStrict{/*signed_zero_equal=*/false, /*any_nan_equal=*/false};
 
-using Send = std::function<absl::StatusOr<std::vector<Tensor>>(client::Client&)>;
+using SendTwice = std::function<absl::StatusOr<std::vector<Tensor>>(client::Client&)>;
 
 // Compares two sets of outputs; returns the number of differing elements.
 std::int64_t CompareOutputs(CaseResult& r, const std::vector<Tensor>& first,
@@ -59,7 +59,8 @@ absl::Status RunReplay(RunContext& ctx, CaseResult& r, const std::string& suite)
   return absl::OkStatus();
 }
 
-absl::Status RunTwice(RunContext& ctx, CaseResult& r, const std::string& what, const Send& send) {
+absl::Status RunTwice(RunContext& ctx, CaseResult& r, const std::string& what,
+                      const SendTwice& send) {
   absl::StatusOr<std::vector<Tensor>> first = send(ctx.client());
   if (!first.ok()) return Annotate(first.status(), absl::StrCat(what, ", first"));
   absl::StatusOr<std::vector<Tensor>> second = send(ctx.client());
@@ -69,17 +70,17 @@ absl::Status RunTwice(RunContext& ctx, CaseResult& r, const std::string& what, c
   return absl::OkStatus();
 }
 
-struct Data {
+struct TwiceInputs {
   std::shared_ptr<Tensor> x, w, dy;
 };
 
-Data MakeData(const Options& o) {
+TwiceInputs MakeTwiceInputs(const Options& o) {
   const Shapes s = ShapesFor(o);
   const std::int64_t k = 1024;
   Rng x_rng = Rng::Stream(o.seed, "determinism/x");
   Rng w_rng = Rng::Stream(o.seed, "determinism/w");
   Rng g_rng = Rng::Stream(o.seed, "determinism/dy");
-  Data d;
+  TwiceInputs d;
   d.x = std::make_shared<Tensor>(RandomNormal(DType::kBf16, {s.m, k}, 1.0, x_rng));
   d.w = std::make_shared<Tensor>(RandomNormal(DType::kBf16, {s.v, k}, 1.0, w_rng));
   d.dy = std::make_shared<Tensor>(RandomNormal(DType::kFp32, {s.m, s.v}, 1.0, g_rng));
@@ -87,7 +88,7 @@ Data MakeData(const Options& o) {
 }
 
 absl::Status RunLogitsTwice(RunContext& ctx, CaseResult& r, DType out_dtype) {
-  const Data d = MakeData(ctx.options());
+  const TwiceInputs d = MakeTwiceInputs(ctx.options());
   absl::StatusOr<ScopedWeight> weight = ScopedWeight::Register(ctx.client(), *d.w, "determinism");
   if (!weight.ok()) return weight.status();
   client::LogitsOptions o;
@@ -104,7 +105,7 @@ absl::Status RunLogitsTwice(RunContext& ctx, CaseResult& r, DType out_dtype) {
 }
 
 absl::Status RunBackwardTwice(RunContext& ctx, CaseResult& r) {
-  const Data d = MakeData(ctx.options());
+  const TwiceInputs d = MakeTwiceInputs(ctx.options());
   absl::StatusOr<ScopedWeight> weight = ScopedWeight::Register(ctx.client(), *d.w, "determinism");
   if (!weight.ok()) return weight.status();
   const std::string handle = weight->handle();
@@ -120,7 +121,7 @@ absl::Status RunBackwardTwice(RunContext& ctx, CaseResult& r) {
 }
 
 absl::Status RunCastTwice(RunContext& ctx, CaseResult& r) {
-  const Data d = MakeData(ctx.options());
+  const TwiceInputs d = MakeTwiceInputs(ctx.options());
   return RunTwice(ctx, r, "Cast", [&](client::Client& c) -> absl::StatusOr<std::vector<Tensor>> {
     absl::StatusOr<Tensor> y = c.CastToBf16(*d.dy);
     if (!y.ok()) return y.status();
@@ -132,11 +133,11 @@ absl::Status RunCastTwice(RunContext& ctx, CaseResult& r) {
 
 class DeterminismSuite final : public Suite {
  public:
-  std::string name() const override { return kSuite; }
+  std::string name() const override { return kDeterminismSuite; }
   std::vector<Case> Cases(const Options& options) override {
     std::vector<Case> cases;
     for (const std::string& suite : options.suites) {
-      if (suite == kSuite) continue;
+      if (suite == kDeterminismSuite) continue;
       cases.push_back({absl::StrCat("replay_", suite), [suite](RunContext& ctx, CaseResult& r) {
                          return RunReplay(ctx, r, suite);
                        }});

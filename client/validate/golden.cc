@@ -25,7 +25,7 @@
 namespace logitd::validate {
 namespace {
 
-constexpr char kSuite[] = "golden";
+constexpr char kGoldenSuite[] = "golden";
 // Golden inputs never follow --seed: a baseline must mean the same inputs.
 constexpr std::uint64_t kGoldenSeed = 0x676f6c64656e0001ull;
 
@@ -84,9 +84,9 @@ GoldenCase LogitsCase(std::string name, std::int64_t v, std::int64_t k, DType ou
                 SendLogits(ctx.client(), *x, *w, out_dtype, &gemms);
             if (!out.ok()) return out.status();
             ctx.RecordOutput("y", (*out)[0]);
-            if (ctx.WantsReplay(kSuite)) {
+            if (ctx.WantsReplay(kGoldenSuite)) {
               Replay replay;
-              replay.suite = kSuite;
+              replay.suite = kGoldenSuite;
               replay.description = absl::StrCat("golden ", name);
               replay.send = [x, w, out_dtype](client::Client& c) {
                 return SendLogits(c, *x, *w, out_dtype);
@@ -154,7 +154,7 @@ GoldenCase CastCase() {
 
 class GoldenSuite final : public Suite {
  public:
-  std::string name() const override { return kSuite; }
+  std::string name() const override { return kGoldenSuite; }
 
   std::vector<Case> Cases(const Options&) override {
     const std::vector<GoldenCase> golden = {

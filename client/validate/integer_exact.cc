@@ -17,7 +17,7 @@
 namespace logitd::validate {
 namespace {
 
-constexpr char kSuite[] = "integer_exact";
+constexpr char kIntegerExactSuite[] = "integer_exact";
 constexpr std::int64_t kMaxMagnitude = 8;
 // dW is [V, K] fp32: 2 GiB at V=32768, K=16384. Its reduction width is M
 // whatever K is, so wider K adds columns but no new arithmetic; it is checked
@@ -35,8 +35,8 @@ std::vector<float> ToFloats(const std::vector<double>& exact) {
   return out;
 }
 
-void Report(CaseResult& r, const char* key, const char* what, const BitwiseComparison& c,
-            const std::vector<std::int64_t>& shape) {
+void ReportComparison(CaseResult& r, const char* key, const char* what, const BitwiseComparison& c,
+                      const std::vector<std::int64_t>& shape) {
   r.figures[key] = {{"compared", c.compared}, {"differing", c.differing}, {"max_ulp", c.max_ulp}};
   r.Check(c.differing == 0,
           absl::StrCat(what, " ", ShapeString(shape),
@@ -62,7 +62,7 @@ absl::Status CheckGradients(RunContext& ctx, CaseResult& r, const Tensor& dy, co
     ReferenceGW(gd, m, AsMatrix(w), dx_exact.data(), nullptr);
     const std::vector<float> dx_want = ToFloats(dx_exact);
     const BitwiseComparison c = CompareWith(*grads->dx, dx_want.data(), m * k);
-    Report(r, "dx_fp32", "dX", c, {m, k});
+    ReportComparison(r, "dx_fp32", "dX", c, {m, k});
     absl::StrAppend(summary, ", dx ", c.differing, "/", c.compared);
   }
   if (bw.want_dw) {
@@ -80,13 +80,14 @@ absl::Status CheckGradients(RunContext& ctx, CaseResult& r, const Tensor& dy, co
                    block.assign(value, value + rows * k);
                    CompareRangeInto(dw, row0 * k, block.data(), rows * k, {}, &total);
                  });
-    Report(r, "dw_fp32", "dW", total, {v, k});
+    ReportComparison(r, "dw_fp32", "dW", total, {v, k});
     absl::StrAppend(summary, ", dw ", total.differing, "/", total.compared);
   }
   return absl::OkStatus();
 }
 
-absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v, std::int64_t k) {
+absl::Status RunIntegerK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v,
+                         std::int64_t k) {
   if (!WidthIsExact(k)) {
     return absl::InvalidArgumentError(absl::StrCat("K=", k, " is too wide for exact sums"));
   }
@@ -117,8 +118,8 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   absl::StatusOr<Tensor> y = ctx.client().Logits(*x, handle, fp32_out);
   if (!y.ok()) return Annotate(y.status(), "Logits(fp32 out)");
   ctx.RecordOutput("y fp32", *y);
-  OfferLogitsReplay(ctx, kSuite, absl::StrCat("Logits fp32 out, integers, K=", k), x, w, fp32_out,
-                    *y);
+  OfferLogitsReplay(ctx, kIntegerExactSuite, absl::StrCat("Logits fp32 out, integers, K=", k), x, w,
+                    fp32_out, *y);
 
   client::LogitsOptions bf16_out;
   bf16_out.out_dtype = DType::kBf16;
@@ -133,10 +134,10 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   ReferenceXWt(xd, m, AsMatrix(*w), y_exact.data(), nullptr);
   const std::vector<float> y_want = ToFloats(y_exact);
   const BitwiseComparison y_cmp = CompareWith(*y, y_want.data(), m * v);
-  Report(r, "y_fp32", "fp32 logits", y_cmp, {m, v});
+  ReportComparison(r, "y_fp32", "fp32 logits", y_cmp, {m, v});
   // The exact accumulator rounded once to bf16 is unique, whatever the order.
   const BitwiseComparison y16_cmp = CompareWith(*y16, y_want.data(), m * v);
-  Report(r, "y_bf16", "bf16 logits (the exact sums rounded once, RNE)", y16_cmp, {m, v});
+  ReportComparison(r, "y_bf16", "bf16 logits (the exact sums rounded once, RNE)", y16_cmp, {m, v});
   timer.Lap("reference");
 
   client::BackwardOptions bw;
@@ -162,14 +163,14 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
 
 class IntegerExactSuite final : public Suite {
  public:
-  std::string name() const override { return kSuite; }
+  std::string name() const override { return kIntegerExactSuite; }
   std::vector<Case> Cases(const Options& options) override {
     const Shapes shapes = ShapesFor(options);
     std::vector<Case> cases;
     for (std::int64_t k : shapes.ks) {
       cases.push_back(
           {absl::StrCat("K=", k), [m = shapes.m, v = shapes.v, k](RunContext& ctx, CaseResult& r) {
-             return RunK(ctx, r, m, v, k);
+             return RunIntegerK(ctx, r, m, v, k);
            }});
     }
     return cases;

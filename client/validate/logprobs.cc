@@ -46,7 +46,7 @@
 namespace logitd::validate {
 namespace {
 
-constexpr char kSuite[] = "logprobs";
+constexpr char kLogprobsSuite[] = "logprobs";
 
 struct LpShape {
   std::int64_t m, k, v;
@@ -59,8 +59,8 @@ struct Data {
 // X ~ N(0, 1) and W ~ N(0, logit_std²/K): logits of standard deviation
 // about logit_std, as an LM head's.
 Data NormalData(const Options& o, const LpShape& s, const std::string& stream, double logit_std) {
-  Rng x_rng = Rng::Stream(o.seed, absl::StrCat(kSuite, "/", stream, "/x"));
-  Rng w_rng = Rng::Stream(o.seed, absl::StrCat(kSuite, "/", stream, "/w"));
+  Rng x_rng = Rng::Stream(o.seed, absl::StrCat(kLogprobsSuite, "/", stream, "/x"));
+  Rng w_rng = Rng::Stream(o.seed, absl::StrCat(kLogprobsSuite, "/", stream, "/w"));
   Data d;
   d.x = std::make_shared<Tensor>(RandomNormal(DType::kBf16, {s.m, s.k}, 1.0, x_rng));
   d.w = std::make_shared<Tensor>(RandomNormal(
@@ -73,7 +73,7 @@ Data NormalData(const Options& o, const LpShape& s, const std::string& stream, d
 std::vector<std::int64_t> RandomTargets(const Options& o, const std::string& stream, std::int64_t m,
                                         std::int64_t v, std::int64_t ignore_index,
                                         int ignore_one_in) {
-  Rng rng = Rng::Stream(o.seed, absl::StrCat(kSuite, "/", stream, "/t"));
+  Rng rng = Rng::Stream(o.seed, absl::StrCat(kLogprobsSuite, "/", stream, "/t"));
   return validate::RandomTargets(rng, m, v, ignore_index, ignore_one_in);
 }
 
@@ -115,9 +115,9 @@ std::vector<Tensor> Outputs(const client::LogProbsResult& res) {
 
 void OfferReplay(RunContext& ctx, const Data& d, const LpRequest& rq, std::string description,
                  const client::LogProbsResult& first) {
-  if (!ctx.WantsReplay(kSuite)) return;
+  if (!ctx.WantsReplay(kLogprobsSuite)) return;
   Replay replay;
-  replay.suite = kSuite;
+  replay.suite = kLogprobsSuite;
   replay.description = std::move(description);
   replay.send = [x = d.x, w = d.w, rq](client::Client& c) -> absl::StatusOr<std::vector<Tensor>> {
     absl::StatusOr<ScopedWeight> again = ScopedWeight::Register(c, *w, "logprobs_replay");
@@ -355,7 +355,7 @@ absl::Status RunBf16HeadMismatch(RunContext& ctx, CaseResult& r, const LpShape& 
 
 class LogProbsSuite final : public Suite {
  public:
-  std::string name() const override { return kSuite; }
+  std::string name() const override { return kLogprobsSuite; }
   std::vector<Case> Cases(const Options& options) override {
     const bool q = options.quick;
     const LpShape normal = q ? LpShape{37, 1000, 5003} : LpShape{61, 2047, 32003};

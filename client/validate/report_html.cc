@@ -100,7 +100,7 @@ void Row(std::string* out, absl::string_view key, absl::string_view value) {
   absl::StrAppend(out, "<tr><th>", E(key), "</th><td><code>", E(value), "</code></td></tr>\n");
 }
 
-std::string Platform(const Report& report) {
+std::string PlatformTable(const Report& report) {
   std::string out = "<h2>Platform</h2>\n<table>\n";
   Row(&out, "server_address", report.address);
   Row(&out, "started_at", report.started_at);
@@ -469,9 +469,10 @@ std::string ReportHtml(const Report& report) {
   if (!report.error.empty()) {
     absl::StrAppend(&out, "<p class=\"error\">", E(report.error), "</p>\n");
   }
-  absl::StrAppend(&out, Verdicts(report), Failures(report), Platform(report), VerifySection(report),
-                  Plots(report), SpecialValuesGrid(report), GoldenDiff(report),
-                  CompareSection(report), CaseTable(report), "</body>\n</html>\n");
+  absl::StrAppend(&out, Verdicts(report), Failures(report), PlatformTable(report),
+                  VerifySection(report), Plots(report), SpecialValuesGrid(report),
+                  GoldenDiff(report), CompareSection(report), CaseTable(report),
+                  "</body>\n</html>\n");
   return out;
 }
 

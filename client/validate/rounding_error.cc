@@ -21,7 +21,7 @@
 namespace logitd::validate {
 namespace {
 
-constexpr char kSuite[] = "rounding_error";
+constexpr char kRoundingErrorSuite[] = "rounding_error";
 constexpr double kMinRatio = 50.0;
 
 struct ErrorStats {
@@ -117,8 +117,8 @@ absl::Status RunK(RunContext& ctx, CaseResult& r, std::int64_t m, std::int64_t v
   absl::StatusOr<Tensor> y32 = ctx.client().Logits(*x, weight->handle(), fp32_out);
   if (!y32.ok()) return Annotate(y32.status(), "Logits(fp32 out)");
   ctx.RecordOutput("y fp32", *y32);
-  OfferLogitsReplay(ctx, kSuite, absl::StrCat("Logits fp32 out, normal data, K=", k), x, w,
-                    fp32_out, *y32);
+  OfferLogitsReplay(ctx, kRoundingErrorSuite, absl::StrCat("Logits fp32 out, normal data, K=", k),
+                    x, w, fp32_out, *y32);
   client::LogitsOptions bf16_out;
   bf16_out.out_dtype = DType::kBf16;
   absl::StatusOr<Tensor> y16 = ctx.client().Logits(*x, weight->handle(), bf16_out);
@@ -186,7 +186,7 @@ double Figure(const CaseResult& r, const char* key) {
 
 class RoundingErrorSuite final : public Suite {
  public:
-  std::string name() const override { return kSuite; }
+  std::string name() const override { return kRoundingErrorSuite; }
   std::vector<Case> Cases(const Options& options) override {
     shapes_ = ShapesFor(options);
     seed_ = options.seed;

@@ -11,19 +11,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "logitd/reference/numerics.h"
 #include "client/validate/random.h"
 #include "client/validate/suites.h"
+#include "logitd/reference/numerics.h"
 
 namespace logitd::validate {
 namespace {
 
-constexpr char kSuite[] = "special_values";
+constexpr char kSpecialValuesSuite[] = "special_values";
 constexpr std::int64_t kM = 16;
 constexpr std::int64_t kV = 32;
 constexpr std::int64_t kK = 16;
 
-constexpr Bf16Bits kNan = 0x7fc0, kPosInf = 0x7f80, kNegInf = 0xff80;
+constexpr Bf16Bits kBf16Nan = 0x7fc0, kBf16PosInf = 0x7f80, kBf16NegInf = 0xff80;
 constexpr Bf16Bits kMax = 0x7f7f, kNegMax = 0xff7f;
 constexpr Bf16Bits kMinSub = 0x0001, kMaxSub = 0x007f;
 
@@ -36,16 +36,16 @@ struct Placement {
 // Special rows of X, one column each, all distinct (so a column of X holds
 // at most one special, which keeps dW = Gᵀ·X predictable too).
 constexpr Placement kXSpecials[] = {
-    {0, kNan, 0},    {1, kPosInf, 1}, {2, kNegInf, 2}, {3, kMax, 3},
-    {4, kNegMax, 4}, {5, kMinSub, 5}, {6, kMaxSub, 6}, {7, 0x8040, 7},  // -2^-127
+    {0, kBf16Nan, 0}, {1, kBf16PosInf, 1}, {2, kBf16NegInf, 2}, {3, kMax, 3},
+    {4, kNegMax, 4},  {5, kMinSub, 5},     {6, kMaxSub, 6},     {7, 0x8040, 7},  // -2^-127
 };
 // Special rows of W. Where a W special shares a column with an X special the
 // two meet in one product: Inf·max, -max·max (overflow to -Inf),
 // subnormal·max (finite), subnormal·subnormal (underflow to 0), Inf·Inf...
 constexpr Placement kWSpecials[] = {
-    {0, kNan, 9},    {1, kPosInf, 3}, {2, kNegInf, 5},  {3, kMax, 4},
-    {4, kMax, 6},    {5, 0x0003, 7},  {6, 0x8001, 10},  {7, kMax, 11},
-    {8, kNegMax, 1}, {9, 0x807f, 0},  {10, kNegInf, 2}, {11, kMaxSub, 13},
+    {0, kBf16Nan, 9}, {1, kBf16PosInf, 3}, {2, kBf16NegInf, 5},  {3, kMax, 4},
+    {4, kMax, 6},     {5, 0x0003, 7},      {6, 0x8001, 10},      {7, kMax, 11},
+    {8, kNegMax, 1},  {9, 0x807f, 0},      {10, kBf16NegInf, 2}, {11, kMaxSub, 13},
 };
 constexpr std::int64_t kXOnesRow = 8, kXZeroRow = 9;
 constexpr std::int64_t kWOnesRow = 12, kWZeroRow = 13;
@@ -197,7 +197,7 @@ absl::Status RunLogits(RunContext& ctx, CaseResult& r, DType out_dtype) {
   absl::StatusOr<Tensor> y = ctx.client().Logits(*in.x, weight->handle(), o);
   if (!y.ok()) return Annotate(y.status(), absl::StrCat("Logits(", DTypeName(out_dtype), " out)"));
   ctx.RecordOutput(absl::StrCat("y ", DTypeName(out_dtype)), *y);
-  OfferLogitsReplay(ctx, kSuite,
+  OfferLogitsReplay(ctx, kSpecialValuesSuite,
                     absl::StrCat("Logits ", DTypeName(out_dtype), " out, special values"), in.x,
                     in.w, o, *y);
   absl::StatusOr<std::vector<float>> want =
@@ -244,7 +244,7 @@ absl::Status RunBackward(RunContext& ctx, CaseResult& r, DType dx_dtype) {
 
 class SpecialValuesSuite final : public Suite {
  public:
-  std::string name() const override { return kSuite; }
+  std::string name() const override { return kSpecialValuesSuite; }
   std::vector<Case> Cases(const Options&) override {
     return {
         {"logits_fp32", [](RunContext& c, CaseResult& r) { return RunLogits(c, r, DType::kFp32); }},

@@ -16,7 +16,7 @@ namespace {
 constexpr std::size_t kAlignment = 256;
 
 // Byte offsets of a call's arrays in its rows and lists buffers.
-struct Layout {
+struct LpLayout {
   std::size_t run_max = 0, run_sum = 0, target_z = 0, seg_max = 0, seg_sum = 0;
   std::size_t run_zsum = 0, seg_zsum = 0;
   std::size_t targets = 0, logprob = 0, lse = 0, entropy = 0, rank = 0;
@@ -27,12 +27,12 @@ struct Layout {
   std::size_t lists_total = 0;
 };
 
-Layout MakeLayout(std::int64_t m, std::int64_t chunk, int top_k) {
+LpLayout MakeLpLayout(std::int64_t m, std::int64_t chunk, int top_k) {
   const auto rows = static_cast<std::size_t>(m);
   const std::int64_t segments = CeSegments(chunk);
   const std::size_t partials = rows * static_cast<std::size_t>(segments);
   const std::size_t topk = rows * static_cast<std::size_t>(top_k);
-  Layout l;
+  LpLayout l;
   std::size_t at = 0;
   auto take = [&at](std::size_t bytes) {
     const std::size_t here = at;
@@ -72,7 +72,7 @@ T* At(void* base, std::size_t offset) {
 }  // namespace
 
 LpScratchSizes LpScratch(std::int64_t m, std::int64_t chunk, int top_k) {
-  const Layout l = MakeLayout(m, chunk, top_k);
+  const LpLayout l = MakeLpLayout(m, chunk, top_k);
   LpScratchSizes s;
   s.logits = static_cast<std::size_t>(m) * static_cast<std::size_t>(chunk) * sizeof(float);
   s.rows = l.rows_total;
@@ -81,7 +81,7 @@ LpScratchSizes LpScratch(std::int64_t m, std::int64_t chunk, int top_k) {
 }
 
 LpRowsIo LpIo(void* rows, std::int64_t m, std::int64_t chunk, int top_k) {
-  const Layout l = MakeLayout(m, chunk, top_k);
+  const LpLayout l = MakeLpLayout(m, chunk, top_k);
   LpRowsIo io;
   io.targets = At<std::int64_t>(rows, l.targets);
   io.logprob = At<float>(rows, l.logprob);
@@ -126,7 +126,7 @@ absl::Status RunLogProbs(GemmEngine& engine, const GemmStream& s, const LpProble
   const std::string shape =
       absl::StrCat("M=", p.m, ",V=", p.v, ",K=", p.k, ",vocabulary chunk=", p.chunk);
   LOGITD_CUDA_RETURN_IF_ERROR(CheckLpProblem(p, b, shape));
-  const Layout l = MakeLayout(p.m, p.chunk, p.top_k);
+  const LpLayout l = MakeLpLayout(p.m, p.chunk, p.top_k);
   const LpRowsIo io = LpIo(b.rows, p.m, p.chunk, p.top_k);
   LpRowState state;
   state.ce.run_max = At<float>(b.rows, l.run_max);
