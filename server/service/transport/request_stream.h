@@ -22,8 +22,8 @@ struct StreamBytes {
 // Why a stream's Read() returned false when that was not the end of the
 // stream. A stream type that parses its messages itself overloads this to
 // report the message it could not parse (see message_stream.h).
-template <typename Stream>
-absl::Status ReadError(const Stream& /*stream*/) {
+template <typename Reader>
+absl::Status ReadError(const Reader& /*stream*/) {
   return absl::OkStatus();
 }
 
@@ -33,14 +33,14 @@ enum class RequestPart { kEnd, kMessage, kChunk };
 // The next message of a request stream, parsed as a Request. A stream type
 // that can hand over a chunk's bytes without parsing them into a message
 // overloads this (message_stream.h) and returns kChunk with *chunk filled.
-template <typename Stream, typename Request>
-RequestPart ReadRequest(Stream* stream, Request* message, wire::ChunkView* /*chunk*/) {
+template <typename Reader, typename Request>
+RequestPart ReadRequest(Reader* stream, Request* message, wire::ChunkView* /*chunk*/) {
   return stream->Read(message) ? RequestPart::kMessage : RequestPart::kEnd;
 }
 
 // Reads the call's first message, which must be its header.
-template <typename Request, typename Stream>
-absl::Status ReadHeader(Stream* stream, Request* first, std::uint64_t* bytes_in) {
+template <typename Request, typename Reader>
+absl::Status ReadHeader(Reader* stream, Request* first, std::uint64_t* bytes_in) {
   if (!stream->Read(first)) {
     if (absl::Status s = ReadError(*stream); !s.ok()) return s;
     return absl::InvalidArgumentError("expected a header first, got an empty request stream");
@@ -54,12 +54,12 @@ absl::Status ReadHeader(Stream* stream, Request* first, std::uint64_t* bytes_in)
 }
 
 // Feeds the rest of the request stream into `assembler` and checks that every
-// announced tensor arrived whole and undamaged. `cancelled()` is asked between
+// announced tensor arrived whole and undamaged. `stop()` is asked between
 // messages: a client gone mid-stream (or past its deadline) is noticed between
 // chunks, not only when the stream ends.
-template <typename Request, typename Stream, typename Stats, typename Cancelled>
-absl::Status ReceiveChunks(Stream* stream, wire::Assembler* assembler, Stats* stats,
-                           Cancelled cancelled) {
+template <typename Request, typename Reader, typename Stats, typename ShouldStop>
+absl::Status ReceiveChunks(Reader* stream, wire::Assembler* assembler, Stats* stats,
+                           ShouldStop stop) {
   // Whatever ends the reception (a refused chunk, a cancelled call), no
   // tensor's thread still copies into a buffer once it has: the caller may
   // let the buffers go as soon as this returns.
@@ -71,7 +71,7 @@ absl::Status ReceiveChunks(Stream* stream, wire::Assembler* assembler, Stats* st
   wire::ChunkView chunk;
   for (;;) {
     const RequestPart part = ReadRequest(stream, &msg, &chunk);
-    if (part == RequestPart::kEnd || cancelled()) break;
+    if (part == RequestPart::kEnd || stop()) break;
     if (part == RequestPart::kChunk) {
       stats->bytes_in += chunk.message_bytes;
       stats->tensor_bytes_in += chunk.size;
@@ -103,7 +103,7 @@ absl::Status ReceiveChunks(Stream* stream, wire::Assembler* assembler, Stats* st
             "expected a chunk or a digest, got a request message with neither");
     }
   }
-  if (cancelled()) {
+  if (stop()) {
     return absl::CancelledError("the client cancelled the call while sending its tensors");
   }
   if (absl::Status s = ReadError(*stream); !s.ok()) return s;
