@@ -4,6 +4,8 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(absl CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
+# The server's history of recorded runs (server/history).
+find_package(SQLite3 REQUIRED)
 # Metrics: prometheus-cpp's core (metric types and the text format; its CMake
 # package also looks for civetweb and curl, which logitd does not link) and
 # GNU libmicrohttpd for the HTTP endpoint (a header and a library, no CMake

@@ -118,6 +118,12 @@ function(logitd_check_layers)
                       "the wire links the core and the proto, never the server or a client")
   logitd_forbid_includes(wire "^(server/|client/|logitd/client\\.h)"
                          "the wire includes the core and the proto, never the server or a client")
+  # The history store: SQLite and Abseil only, below the service and
+  # protocol-neutral.
+  logitd_forbid_links(logitd_history "^(${wire}|${service}|${kernels}|${clients})$"
+                      "the history store links SQLite and Abseil, nothing of the wire or above")
+  logitd_forbid_includes(server/history "^(logitd/v1/|logitd/wire/|grpc|google/protobuf|kserve/|server/service/|server/kernels/|client/|logitd/client\\.h)"
+                         "the history store includes nothing of the wire, the service or the kernels")
   # Inside the service (docs/ARCHITECTURE.md, "Inside the service"): the
   # front doors are peers over the shared state, and below them nothing
   # reaches up; the call core and the state take no protocol's types.

@@ -1,0 +1,335 @@
+#include "server/history/history_store.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace logitd::history {
+namespace {
+
+// The schema, one step per version: migration i takes a file from version i
+// to i + 1 (PRAGMA user_version holds the version). Steps are only ever
+// appended.
+constexpr const char* kMigrations[] = {
+    // 0 -> 1: runs and their candidates.
+    R"sql(
+      CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        tenant TEXT NOT NULL,
+        project TEXT NOT NULL,
+        case_name TEXT NOT NULL,
+        branch TEXT NOT NULL,
+        ref TEXT NOT NULL,
+        operation TEXT NOT NULL,
+        inputs_xxh3 INTEGER NOT NULL,
+        verdict TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        device TEXT NOT NULL,
+        logitd_version TEXT NOT NULL,
+        recorded_unix_us INTEGER NOT NULL);
+      CREATE INDEX runs_by_case ON runs (tenant, project, case_name, id);
+      CREATE TABLE candidates (
+        run_id INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        position INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        verdict TEXT NOT NULL,
+        xxh3 INTEGER NOT NULL,
+        elements INTEGER NOT NULL,
+        outside_bound INTEGER NOT NULL,
+        worst_bound_fraction REAL NOT NULL,
+        bitwise_equal_fraction REAL NOT NULL,
+        max_ulp INTEGER NOT NULL,
+        p99_ulp INTEGER NOT NULL,
+        rms_ratio REAL NOT NULL,
+        effective_bits REAL NOT NULL,
+        PRIMARY KEY (run_id, position));
+    )sql",
+};
+static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == HistoryStore::kSchemaVersion,
+              "one migration per schema version");
+
+absl::Status SqliteError(sqlite3* db, absl::string_view what) {
+  return absl::InternalError(absl::StrCat("history: ", what, ": ", sqlite3_errmsg(db)));
+}
+
+absl::Status Exec(sqlite3* db, const char* sql, absl::string_view what) {
+  char* message = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+    absl::Status s =
+        absl::InternalError(absl::StrCat("history: ", what, ": ", message ? message : "?"));
+    sqlite3_free(message);
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+// A prepared statement, finalized when it goes.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    ok_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) == SQLITE_OK;
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  absl::Status status(absl::string_view what) const {
+    return ok_ ? absl::OkStatus() : SqliteError(db_, what);
+  }
+  void Bind(int i, const std::string& s) {
+    sqlite3_bind_text(stmt_, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
+  }
+  void Bind(int i, std::int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void Bind(int i, std::uint64_t v) {
+    std::int64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    sqlite3_bind_int64(stmt_, i, bits);
+  }
+  void Bind(int i, double v) { sqlite3_bind_double(stmt_, i, v); }
+  // SQLITE_ROW, SQLITE_DONE or an error code.
+  int Step() { return sqlite3_step(stmt_); }
+  // Ready to run again with new bindings.
+  void Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
+  std::string Text(int i) const {
+    const unsigned char* t = sqlite3_column_text(stmt_, i);
+    return t == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(t));
+  }
+  std::int64_t Int(int i) const { return sqlite3_column_int64(stmt_, i); }
+  std::uint64_t Uint(int i) const {
+    const std::int64_t bits = sqlite3_column_int64(stmt_, i);
+    std::uint64_t v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  }
+  double Real(int i) const { return sqlite3_column_double(stmt_, i); }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  bool ok_ = false;
+};
+
+absl::Status InsertCandidates(sqlite3* db, const RunRecord& run) {
+  Statement s(db,
+              "INSERT INTO candidates (run_id, position, name, verdict, xxh3, elements, "
+              "outside_bound, worst_bound_fraction, bitwise_equal_fraction, max_ulp, p99_ulp, "
+              "rms_ratio, effective_bits) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
+              "?12, ?13)");
+  if (absl::Status st = s.status("prepare the candidates' insert"); !st.ok()) return st;
+  for (std::size_t p = 0; p < run.candidates.size(); ++p) {
+    const CandidateFigures& c = run.candidates[p];
+    s.Reset();
+    s.Bind(1, run.id);
+    s.Bind(2, static_cast<std::int64_t>(p));
+    s.Bind(3, c.name);
+    s.Bind(4, c.verdict);
+    s.Bind(5, c.xxh3);
+    s.Bind(6, c.elements);
+    s.Bind(7, c.outside_bound);
+    s.Bind(8, c.worst_bound_fraction);
+    s.Bind(9, c.bitwise_equal_fraction);
+    s.Bind(10, c.max_ulp);
+    s.Bind(11, c.p99_ulp);
+    s.Bind(12, c.rms_ratio);
+    s.Bind(13, c.effective_bits);
+    if (s.Step() != SQLITE_DONE) return SqliteError(db, "insert a candidate");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadCandidates(sqlite3* db, RunRecord* run) {
+  Statement s(db,
+              "SELECT name, verdict, xxh3, elements, outside_bound, worst_bound_fraction, "
+              "bitwise_equal_fraction, max_ulp, p99_ulp, rms_ratio, effective_bits FROM "
+              "candidates WHERE run_id = ?1 ORDER BY position");
+  if (absl::Status st = s.status("prepare the candidates' query"); !st.ok()) return st;
+  s.Bind(1, run->id);
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    CandidateFigures c;
+    c.name = s.Text(0);
+    c.verdict = s.Text(1);
+    c.xxh3 = s.Uint(2);
+    c.elements = s.Int(3);
+    c.outside_bound = s.Int(4);
+    c.worst_bound_fraction = s.Real(5);
+    c.bitwise_equal_fraction = s.Real(6);
+    c.max_ulp = s.Int(7);
+    c.p99_ulp = s.Int(8);
+    c.rms_ratio = s.Real(9);
+    c.effective_bits = s.Real(10);
+    run->candidates.push_back(std::move(c));
+  }
+  return rc == SQLITE_DONE ? absl::OkStatus() : SqliteError(db, "read the candidates");
+}
+
+}  // namespace
+
+absl::Status CheckLabels(const RunLabels& labels) {
+  for (const auto& [name, value, required] :
+       {std::tuple{"project", &labels.project, true},
+        std::tuple{"case_name", &labels.case_name, true},
+        std::tuple{"branch", &labels.branch, false}, std::tuple{"ref", &labels.ref, false}}) {
+    if (required && value->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("record.", name, ": required to record a run (it names where the run ",
+                       "belongs); leave `record` unset not to record"));
+    }
+    if (value->size() > kMaxLabelBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("record.", name, ": ", value->size(),
+                                                     " bytes, more than the ", kMaxLabelBytes,
+                                                     " a label may hold"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<HistoryStore>> HistoryStore::OpenSqlite(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    absl::Status s = absl::InternalError(absl::StrCat("history: cannot open ", path, ": ",
+                                                      db ? sqlite3_errmsg(db) : "out of memory"));
+    sqlite3_close(db);
+    return s;
+  }
+  std::unique_ptr<HistoryStore> store(new HistoryStore(db, path));
+  absl::MutexLock lock(&store->mu_);
+  sqlite3_busy_timeout(db, 5000);
+  if (absl::Status s = Exec(db, "PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;", "set WAL mode");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = store->Migrate(); !s.ok()) return s;
+  return store;
+}
+
+HistoryStore::~HistoryStore() { sqlite3_close(db_); }
+
+absl::Status HistoryStore::Migrate() {
+  // Each step in a write transaction that reads the version first: servers
+  // that open one file at once migrate it once, one after the other.
+  for (;;) {
+    if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE;", "begin a migration"); !s.ok()) return s;
+    const auto fail = [&](absl::Status s) {
+      (void)Exec(db_, "ROLLBACK;", "roll back");
+      return s;
+    };
+    int have = 0;
+    {
+      Statement version(db_, "PRAGMA user_version");
+      if (absl::Status s = version.status("read the schema version"); !s.ok()) return fail(s);
+      if (version.Step() != SQLITE_ROW) return fail(SqliteError(db_, "read the schema version"));
+      have = static_cast<int>(version.Int(0));
+    }
+    if (have > kSchemaVersion) {
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+          "history: ", path_, " holds schema version ", have, ", newer than this logitd's ",
+          kSchemaVersion, "; run a newer logitd or give another --history")));
+    }
+    if (have == kSchemaVersion) return Exec(db_, "COMMIT;", "end the migration");
+    const std::string sql =
+        absl::StrCat(kMigrations[have], "PRAGMA user_version = ", have + 1, ";");
+    if (absl::Status s = Exec(db_, sql.c_str(), absl::StrCat("migrate to version ", have + 1));
+        !s.ok()) {
+      return fail(s);
+    }
+    if (absl::Status s = Exec(db_, "COMMIT;", "commit a migration"); !s.ok()) return fail(s);
+  }
+}
+
+absl::Status HistoryStore::Record(RunRecord* run) {
+  if (run->recorded_unix_us == 0) run->recorded_unix_us = absl::ToUnixMicros(absl::Now());
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE;", "begin a run's write"); !s.ok()) return s;
+  const auto fail = [&](absl::Status s) {
+    (void)Exec(db_, "ROLLBACK;", "roll back");
+    return s;
+  };
+  Statement insert(db_,
+                   "INSERT INTO runs (tenant, project, case_name, branch, ref, operation, "
+                   "inputs_xxh3, verdict, backend, device, logitd_version, recorded_unix_us) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
+  if (absl::Status s = insert.status("prepare the run's insert"); !s.ok()) return fail(s);
+  insert.Bind(1, run->tenant);
+  insert.Bind(2, run->labels.project);
+  insert.Bind(3, run->labels.case_name);
+  insert.Bind(4, run->labels.branch);
+  insert.Bind(5, run->labels.ref);
+  insert.Bind(6, run->operation);
+  insert.Bind(7, run->inputs_xxh3);
+  insert.Bind(8, run->verdict);
+  insert.Bind(9, run->backend);
+  insert.Bind(10, run->device);
+  insert.Bind(11, run->logitd_version);
+  insert.Bind(12, run->recorded_unix_us);
+  if (insert.Step() != SQLITE_DONE) return fail(SqliteError(db_, "insert a run"));
+  run->id = sqlite3_last_insert_rowid(db_);
+  if (absl::Status s = InsertCandidates(db_, *run); !s.ok()) return fail(s);
+  return Exec(db_, "COMMIT;", "commit a run");
+}
+
+absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filter) {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_,
+              "SELECT id, tenant, project, case_name, branch, ref, operation, inputs_xxh3, "
+              "verdict, backend, device, logitd_version, recorded_unix_us FROM runs WHERE "
+              "tenant = ?1 AND (?2 = '' OR project = ?2) AND (?3 = '' OR case_name = ?3) AND "
+              "(?4 = '' OR branch = ?4) AND (?5 = 0 OR id < ?5) ORDER BY id DESC LIMIT ?6");
+  if (absl::Status st = s.status("prepare the runs' query"); !st.ok()) return st;
+  s.Bind(1, filter.tenant);
+  s.Bind(2, filter.project);
+  s.Bind(3, filter.case_name);
+  s.Bind(4, filter.branch);
+  s.Bind(5, filter.before_id);
+  s.Bind(6, static_cast<std::int64_t>(
+                filter.limit <= 0 ? kMaxListedRuns : std::min(filter.limit, kMaxListedRuns + 1)));
+  std::vector<RunRecord> runs;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    RunRecord r;
+    r.id = s.Int(0);
+    r.tenant = s.Text(1);
+    r.labels = RunLabels{s.Text(2), s.Text(3), s.Text(4), s.Text(5)};
+    r.operation = s.Text(6);
+    r.inputs_xxh3 = s.Uint(7);
+    r.verdict = s.Text(8);
+    r.backend = s.Text(9);
+    r.device = s.Text(10);
+    r.logitd_version = s.Text(11);
+    r.recorded_unix_us = s.Int(12);
+    runs.push_back(std::move(r));
+  }
+  if (rc != SQLITE_DONE) return SqliteError(db_, "read the runs");
+  for (RunRecord& r : runs) {
+    if (absl::Status st = ReadCandidates(db_, &r); !st.ok()) return st;
+  }
+  return runs;
+}
+
+absl::StatusOr<int> HistoryStore::SchemaVersion() {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_, "PRAGMA user_version");
+  if (s.Step() != SQLITE_ROW) return SqliteError(db_, "read the schema version");
+  return static_cast<int>(s.Int(0));
+}
+
+absl::StatusOr<std::string> HistoryStore::JournalMode() {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_, "PRAGMA journal_mode");
+  if (s.Step() != SQLITE_ROW) return SqliteError(db_, "read the journal mode");
+  return s.Text(0);
+}
+
+}  // namespace logitd::history

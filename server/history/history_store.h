@@ -1,0 +1,117 @@
+// The server's memory of verdicts: each recorded Verify run (its labels,
+// operation, inputs' digest, platform and each candidate's figures) kept in
+// an SQLite database, so that a team's CI can ask what a kernel's numbers
+// were on another commit, branch or machine. One file, WAL mode, a
+// versioned schema migrated forward when the server starts, every write one
+// transaction. Runs belong to the tenant whose call made them and are only
+// listed to it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+struct sqlite3;
+
+namespace logitd::history {
+
+// Where a run belongs: the caller's project and case, and its branch and
+// ref (a commit). project and case_name are required to record.
+struct RunLabels {
+  std::string project;
+  std::string case_name;
+  std::string branch;
+  std::string ref;
+};
+
+// A candidate's figures as Verify gave them.
+struct CandidateFigures {
+  std::string name;
+  std::string verdict;
+  std::uint64_t xxh3 = 0;
+  std::int64_t elements = 0;
+  std::int64_t outside_bound = 0;
+  double worst_bound_fraction = 0;
+  double bitwise_equal_fraction = 0;
+  std::int64_t max_ulp = 0;
+  std::int64_t p99_ulp = 0;
+  double rms_ratio = 0;
+  double effective_bits = 0;
+};
+
+struct RunRecord {
+  std::int64_t id = 0;  // set by Record
+  std::string tenant;
+  RunLabels labels;
+  std::string operation;  // "logits", "backward", "cross_entropy", "logprobs"
+  std::uint64_t inputs_xxh3 = 0;
+  std::string verdict;
+  // The platform that judged it.
+  std::string backend;
+  std::string device;
+  std::string logitd_version;
+  std::int64_t recorded_unix_us = 0;  // set by Record when 0
+  std::vector<CandidateFigures> candidates;
+};
+
+// Which runs to list: the tenant's, narrowed by the labels given (empty:
+// any), newest first, at most `limit` (at most kMaxListedRuns + 1), with ids
+// below `before_id` (0: from the newest) for paging.
+struct RunFilter {
+  std::string tenant;
+  std::string project;
+  std::string case_name;
+  std::string branch;
+  std::int64_t before_id = 0;
+  int limit = 100;
+};
+
+// The most runs one List returns.
+inline constexpr int kMaxListedRuns = 1000;  // a page; List takes one more
+// The longest label (bytes).
+inline constexpr std::size_t kMaxLabelBytes = 256;
+
+// InvalidArgument naming the label that is missing (project, case_name) or
+// longer than kMaxLabelBytes.
+absl::Status CheckLabels(const RunLabels& labels);
+
+class HistoryStore {
+ public:
+  // Opens (creating) the SQLite database at `path`, in WAL mode, and
+  // migrates its schema to kSchemaVersion. FailedPrecondition when the file
+  // holds a schema newer than this server's, Internal for what SQLite
+  // refuses (its message included).
+  static absl::StatusOr<std::unique_ptr<HistoryStore>> OpenSqlite(const std::string& path);
+  ~HistoryStore();
+  HistoryStore(const HistoryStore&) = delete;
+  HistoryStore& operator=(const HistoryStore&) = delete;
+
+  static constexpr int kSchemaVersion = 1;
+
+  // Stores `run` and its candidates in one transaction; sets run->id (and
+  // recorded_unix_us when 0).
+  absl::Status Record(RunRecord* run);
+  absl::StatusOr<std::vector<RunRecord>> List(const RunFilter& filter);
+
+  const std::string& path() const { return path_; }
+  // The schema version the file holds (kSchemaVersion once opened).
+  absl::StatusOr<int> SchemaVersion();
+  // SQLite's journal mode for the file ("wal").
+  absl::StatusOr<std::string> JournalMode();
+
+ private:
+  HistoryStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  absl::Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
+  const std::string path_;
+};
+
+}  // namespace logitd::history

@@ -1,0 +1,203 @@
+// The history store on a real SQLite file: created and migrated in WAL
+// mode, runs and their candidates kept across a reopen, listed per tenant
+// newest first with filters and pages, servers opening one new file at once
+// migrate it once, and a file from a newer logitd refused.
+#include "server/history/history_store.h"
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace logitd::history {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A scratch directory, removed with what it holds.
+class TempDir {
+ public:
+  TempDir() {
+    char name[] = "/tmp/logitd-history-XXXXXX";
+    if (mkdtemp(name) != nullptr) path_ = name;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+RunRecord MakeRun(const std::string& tenant, const std::string& project, const std::string& c,
+                  const std::string& branch, int n) {
+  RunRecord r;
+  r.tenant = tenant;
+  r.labels = RunLabels{project, c, branch, "ref" + std::to_string(n)};
+  r.operation = "VERIFY_LOGITS";
+  r.inputs_xxh3 = 0xfedcba9876543210ull + static_cast<std::uint64_t>(n);
+  r.verdict = n % 2 == 0 ? "within_bounds" : "outside_bounds";
+  r.backend = "cpu";
+  r.device = "a CPU";
+  r.logitd_version = "0.1.0";
+  r.recorded_unix_us = 1000 + n;
+  CandidateFigures y;
+  y.name = "y";
+  y.verdict = r.verdict;
+  y.xxh3 = 0x8000000000000001ull;  // the top bit survives SQLite's signed integers
+  y.elements = 4096;
+  y.outside_bound = n % 2;
+  y.worst_bound_fraction = 0.25 + n;
+  y.bitwise_equal_fraction = 0.5;
+  y.max_ulp = 7;
+  y.p99_ulp = 3;
+  y.rms_ratio = 0.125;
+  y.effective_bits = 21.5;
+  CandidateFigures lse = y;
+  lse.name = "lse";
+  r.candidates = {y, lse};
+  return r;
+}
+
+TEST(HistoryStoreTest, ANewFileIsMigratedInWalModeAndKeepsRunsAcrossAReopen) {
+  TempDir dir;
+  const std::string path = dir / "history.sqlite3";
+  std::vector<std::int64_t> ids;
+  {
+    absl::StatusOr<std::unique_ptr<HistoryStore>> store = HistoryStore::OpenSqlite(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ(*(*store)->SchemaVersion(), HistoryStore::kSchemaVersion);
+    EXPECT_EQ(*(*store)->JournalMode(), "wal");
+    for (int n = 0; n < 3; ++n) {
+      RunRecord r = MakeRun("t1", "p", "c", "main", n);
+      ASSERT_TRUE((*store)->Record(&r).ok());
+      EXPECT_GT(r.id, 0);
+      ids.push_back(r.id);
+    }
+    EXPECT_LT(ids[0], ids[1]);
+  }
+  absl::StatusOr<std::unique_ptr<HistoryStore>> again = HistoryStore::OpenSqlite(path);
+  ASSERT_TRUE(again.ok()) << again.status();
+  RunFilter f;
+  f.tenant = "t1";
+  absl::StatusOr<std::vector<RunRecord>> runs = (*again)->List(f);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), 3u);
+  // Newest first, every field as recorded.
+  const RunRecord want = MakeRun("t1", "p", "c", "main", 2);
+  const RunRecord& got = (*runs)[0];
+  EXPECT_EQ(got.id, ids[2]);
+  EXPECT_EQ(got.labels.ref, "ref2");
+  EXPECT_EQ(got.inputs_xxh3, want.inputs_xxh3);
+  EXPECT_EQ(got.verdict, want.verdict);
+  EXPECT_EQ(got.recorded_unix_us, want.recorded_unix_us);
+  ASSERT_EQ(got.candidates.size(), 2u);
+  EXPECT_EQ(got.candidates[0].name, "y");
+  EXPECT_EQ(got.candidates[1].name, "lse");
+  EXPECT_EQ(got.candidates[0].xxh3, 0x8000000000000001ull);
+  EXPECT_EQ(got.candidates[0].worst_bound_fraction, 2.25);
+  EXPECT_EQ(got.candidates[0].effective_bits, 21.5);
+  EXPECT_EQ(got.candidates[0].max_ulp, 7);
+}
+
+TEST(HistoryStoreTest, ListsATenantsRunsByLabelsAPageAtATime) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<HistoryStore>> store =
+      HistoryStore::OpenSqlite(dir / "history.sqlite3");
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int n = 0; n < 10; ++n) {
+    RunRecord r = MakeRun(n < 8 ? "t1" : "t2", n % 2 ? "p" : "q", n % 3 ? "c" : "d",
+                          n < 5 ? "main" : "dev", n);
+    ASSERT_TRUE((*store)->Record(&r).ok());
+  }
+  const auto list = [&](RunFilter f) {
+    absl::StatusOr<std::vector<RunRecord>> runs = (*store)->List(f);
+    EXPECT_TRUE(runs.ok()) << runs.status();
+    std::vector<std::string> refs;
+    for (const RunRecord& r : *runs) refs.push_back(r.labels.ref);
+    return refs;
+  };
+  RunFilter f;
+  f.tenant = "t2";
+  EXPECT_EQ(list(f), (std::vector<std::string>{"ref9", "ref8"}));
+  f.tenant = "nobody";
+  EXPECT_TRUE(list(f).empty());
+  f.tenant = "t1";
+  f.project = "p";
+  EXPECT_EQ(list(f), (std::vector<std::string>{"ref7", "ref5", "ref3", "ref1"}));
+  f.case_name = "c";
+  f.branch = "main";
+  EXPECT_EQ(list(f), (std::vector<std::string>{"ref1"}));
+  // Pages: 3 newest, then those before the last of them.
+  RunFilter page;
+  page.tenant = "t1";
+  page.limit = 3;
+  EXPECT_EQ(list(page), (std::vector<std::string>{"ref7", "ref6", "ref5"}));
+  absl::StatusOr<std::vector<RunRecord>> first = (*store)->List(page);
+  page.before_id = first->back().id;
+  EXPECT_EQ(list(page), (std::vector<std::string>{"ref4", "ref3", "ref2"}));
+}
+
+TEST(HistoryStoreTest, ServersOpeningOneNewFileAtOnceMigrateItOnce) {
+  TempDir dir;
+  const std::string path = dir / "history.sqlite3";
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> opened(8);
+  for (std::size_t i = 0; i < opened.size(); ++i) {
+    threads.emplace_back([&, i] {
+      absl::StatusOr<std::unique_ptr<HistoryStore>> s = HistoryStore::OpenSqlite(path);
+      opened[i] = s.status();
+      if (!s.ok()) return;
+      RunRecord r = MakeRun("t", "p", "c", "b", static_cast<int>(i));
+      opened[i] = (*s)->Record(&r);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : opened) EXPECT_TRUE(s.ok()) << s;
+  absl::StatusOr<std::unique_ptr<HistoryStore>> store = HistoryStore::OpenSqlite(path);
+  ASSERT_TRUE(store.ok());
+  RunFilter f;
+  f.tenant = "t";
+  EXPECT_EQ((*store)->List(f)->size(), opened.size());
+}
+
+TEST(HistoryStoreTest, AFileOfANewerSchemaIsRefusedAndAnUnopenablePathSaysWhy) {
+  TempDir dir;
+  const std::string path = dir / "history.sqlite3";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 99;", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  absl::StatusOr<std::unique_ptr<HistoryStore>> store = HistoryStore::OpenSqlite(path);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr("schema version 99"));
+  store = HistoryStore::OpenSqlite(dir / "no/such/dir/history.sqlite3");
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(store.status().message(), HasSubstr("no/such/dir"));
+}
+
+TEST(HistoryStoreTest, LabelsNeedAProjectAndACaseAndAreBounded) {
+  EXPECT_TRUE(CheckLabels(RunLabels{"p", "c", "", ""}).ok());
+  absl::Status s = CheckLabels(RunLabels{"", "c", "", ""});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("record.project"));
+  s = CheckLabels(RunLabels{"p", "", "", ""});
+  EXPECT_THAT(s.message(), HasSubstr("record.case_name"));
+  s = CheckLabels(RunLabels{"p", "c", std::string(kMaxLabelBytes + 1, 'b'), ""});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("record.branch: 257 bytes"));
+}
+
+}  // namespace
+}  // namespace logitd::history
