@@ -147,6 +147,11 @@ ABSL_FLAG(std::string, algo_cache, "auto",
           "~/.local/state/logitd/algo_cache.json. none: chosen anew by timing in every "
           "process (a restart may give other bits). Entries are keyed by device, SM count, "
           "driver, CUDA and cuBLASLt versions, workspace and --split_k.");
+ABSL_FLAG(std::string, history, "auto",
+          "Where Verify records the runs its callers ask it to (VerifyHeader.record) and ListRuns "
+          "reads them: an SQLite file (WAL mode, its schema migrated at start). auto: "
+          "history.sqlite3 in the per-user state directory, as --algo_cache's; none: no history "
+          "(recording Verify calls and ListRuns get FAILED_PRECONDITION); or a file path.");
 ABSL_FLAG(std::string, log_level, "info", "error|warning|info|debug.");
 ABSL_FLAG(std::string, test_fault, "",
           "Testing only, in builds with LOGITD_ENABLE_TEST_FAULTS=ON: comma-separated faults "
@@ -157,6 +162,7 @@ ABSL_FLAG(std::string, test_fault, "",
 namespace logitd {
 namespace {
 
+using service::LogInfo;
 using service::LogWarning;
 
 constexpr std::uint64_t kMinChunkBytes = std::uint64_t{64} << 10;
@@ -511,6 +517,36 @@ absl::Status SetLogLevelFromFlag() {
   return absl::OkStatus();
 }
 
+// The history --history asks for: null for none; an explicit file that
+// cannot be opened is an error, the state directory's (auto) a warning.
+absl::StatusOr<std::shared_ptr<history::HistoryStore>> HistoryFromFlags() {
+  const std::string flag = absl::GetFlag(FLAGS_history);
+  absl::StatusOr<std::string> path = HistoryPathFromFlag(flag, std::getenv);
+  const auto unavailable = [&](absl::string_view why) {
+    LogWarning(absl::StrCat("--history=auto: ", why,
+                            "; no history is kept (pass --history=FILE to keep one)"));
+    return std::shared_ptr<history::HistoryStore>();
+  };
+  if (!path.ok()) {
+    if (flag == "auto") return unavailable(path.status().message());
+    return path.status();
+  }
+  if (path->empty()) return std::shared_ptr<history::HistoryStore>();
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(*path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  absl::StatusOr<std::unique_ptr<history::HistoryStore>> store =
+      history::HistoryStore::OpenSqlite(*path);
+  if (!store.ok()) {
+    if (flag == "auto") return unavailable(store.status().message());
+    return absl::Status(store.status().code(),
+                        absl::StrCat("--history=", flag, ": ", store.status().message()));
+  }
+  LogInfo(absl::StrCat("history: recording runs in ", *path, " (schema version ",
+                       history::HistoryStore::kSchemaVersion, ")"));
+  return std::shared_ptr<history::HistoryStore>(*std::move(store));
+}
+
 absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   ServerConfig config;
   config.address = absl::GetFlag(FLAGS_address);
@@ -526,6 +562,7 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   LOGITD_ASSIGN_OR_RETURN(config.service, ServiceOptionsFromFlags());
   config.backend.test_device_faults = config.service.faults.has(service::FaultSet::kDeviceFaults);
   LOGITD_ASSIGN_OR_RETURN(config.service.auth, AuthenticatorFromFlags());
+  LOGITD_ASSIGN_OR_RETURN(config.service.history, HistoryFromFlags());
   LOGITD_ASSIGN_OR_RETURN(config.credentials, ServerCredentialsFromFlags(&config.tls_mode));
   config.auth_mode = AuthMode(config);
   config.oip = absl::GetFlag(FLAGS_oip);

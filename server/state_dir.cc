@@ -58,4 +58,19 @@ absl::StatusOr<std::string> AlgoCachePathFromFlag(absl::string_view flag, const 
   return std::string(flag);
 }
 
+absl::StatusOr<std::string> HistoryPathFromFlag(absl::string_view flag, const GetEnv& getenv) {
+  if (flag == "none") return std::string();
+  if (flag == "auto") {
+    absl::StatusOr<std::string> dir = DefaultStateDirectory(getenv);
+    if (!dir.ok()) return dir.status();
+    return absl::StrCat(*dir, "/history.sqlite3");
+  }
+  if (flag.empty()) {
+    return absl::InvalidArgumentError(
+        "--history: expected auto (the per-user state directory's history.sqlite3), none, or "
+        "a file path; got an empty value");
+  }
+  return std::string(flag);
+}
+
 }  // namespace logitd

@@ -23,4 +23,8 @@ absl::StatusOr<std::string> DefaultStateDirectory(const GetEnv& getenv);
 // algo_cache.json), "none" (no file: empty result) or a path.
 absl::StatusOr<std::string> AlgoCachePathFromFlag(absl::string_view flag, const GetEnv& getenv);
 
+// The file --history names: "auto" (the state directory's
+// history.sqlite3), "none" (no history: empty result) or a path.
+absl::StatusOr<std::string> HistoryPathFromFlag(absl::string_view flag, const GetEnv& getenv);
+
 }  // namespace logitd

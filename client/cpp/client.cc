@@ -296,6 +296,48 @@ absl::StatusOr<std::vector<WeightInfo>> Client::ListWeights() {
       });
 }
 
+absl::StatusOr<ListRunsResult> Client::ListRuns(const ListRunsArgs& args) {
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<ListRunsResult> {
+    v1::ListRunsRequest request;
+    request.set_project(args.project);
+    request.set_case_name(args.case_name);
+    request.set_branch(args.branch);
+    request.set_page_size(args.page_size);
+    request.set_before_run_id(args.before_run_id);
+    v1::ListRunsResponse response;
+    if (absl::Status s = FromGrpc(impl_->stub->ListRuns(&context, request, &response)); !s.ok()) {
+      return s;
+    }
+    ListRunsResult out;
+    out.next_before_run_id = response.next_before_run_id();
+    for (const v1::RunSummary& r : response.runs()) {
+      RunSummary run;
+      run.run_id = r.run_id();
+      run.labels = RunLabels{r.labels().project(), r.labels().case_name(), r.labels().branch(),
+                             r.labels().ref()};
+      run.operation = r.operation() == v1::VERIFY_LOGITS          ? "logits"
+                      : r.operation() == v1::VERIFY_BACKWARD      ? "backward"
+                      : r.operation() == v1::VERIFY_CROSS_ENTROPY ? "cross_entropy"
+                      : r.operation() == v1::VERIFY_LOGPROBS      ? "logprobs"
+                                                                  : "unspecified";
+      run.inputs_xxh3 = r.inputs_xxh3();
+      run.verdict = r.verdict();
+      run.backend = r.backend();
+      run.device = r.device();
+      run.logitd_version = r.logitd_version();
+      run.recorded_unix_micros = r.recorded_unix_micros();
+      for (const v1::CandidateSummary& c : r.candidates()) {
+        run.candidates.push_back(CandidateSummary{c.name(), c.verdict(), c.xxh3(), c.elements(),
+                                                  c.outside_bound(), c.worst_bound_fraction(),
+                                                  c.bitwise_equal_fraction(), c.max_ulp(),
+                                                  c.p99_ulp(), c.rms_ratio(), c.effective_bits()});
+      }
+      out.runs.push_back(std::move(run));
+    }
+    return out;
+  });
+}
+
 absl::StatusOr<std::uint64_t> Client::ReleaseWeight(const std::string& handle, bool force) {
   return impl_->Call(false, [&](grpc::ClientContext& context) -> absl::StatusOr<std::uint64_t> {
     v1::ReleaseWeightRequest request;

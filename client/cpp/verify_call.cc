@@ -147,6 +147,13 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
   if (logits) h->set_alpha(args.alpha);
   h->set_sample_rows(static_cast<std::uint32_t>(std::max<std::int64_t>(0, args.sample_rows)));
   h->set_sample_seed(args.sample_seed);
+  if (args.record.has_value()) {
+    v1::RunLabels* r = h->mutable_record();
+    r->set_project(args.record->project);
+    r->set_case_name(args.record->case_name);
+    r->set_branch(args.record->branch);
+    r->set_ref(args.record->ref);
+  }
   slots.ForEachInput(
       [&](const std::string& name, const v1::TensorSpec& spec, const v1::ShmRef* ref) {
         if (name == "x") {
@@ -163,32 +170,34 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
         if (ref != nullptr) (*h->mutable_shm())[name] = *ref;
       });
 
-  // Idempotent: the server keeps nothing of a Verify.
-  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<VerifyResult> {
-    v1::VerifyResult result;
-    // One attempt: the header, the streamed tensors, then exactly one
-    // result, which is all a Verify response carries.
-    ResponseTensors no_outputs;
-    if (absl::Status s = RunTensorCall<v1::VerifyRequest, v1::VerifyResponse>(
-            *impl_->generic, "Verify", context, impl_->options.chunk_bytes, request, slots, &result,
-            &no_outputs);
-        !s.ok()) {
-      return s;
-    }
-    VerifyResult out;
-    for (const v1::CandidateVerdict& c : result.candidates()) {
-      out.candidates.push_back(VerdictOf(c));
-    }
-    out.verdict = result.verdict();
-    out.rows_checked.assign(result.rows_checked().begin(), result.rows_checked().end());
-    out.rows_total = result.rows_total();
-    out.sample_seed = result.sample_seed();
-    out.inputs_xxh3 = result.inputs_xxh3();
-    out.timing = TimingOf(result.timing(), context);
-    out.reference_us = result.reference_us();
-    out.reference_engine = result.reference_engine();
-    return out;
-  });
+  // Idempotent unless it records a run: a retry would record it twice.
+  return impl_->Call(
+      !args.record.has_value(), [&](grpc::ClientContext& context) -> absl::StatusOr<VerifyResult> {
+        v1::VerifyResult result;
+        // One attempt: the header, the streamed tensors, then exactly one
+        // result, which is all a Verify response carries.
+        ResponseTensors no_outputs;
+        if (absl::Status s = RunTensorCall<v1::VerifyRequest, v1::VerifyResponse>(
+                *impl_->generic, "Verify", context, impl_->options.chunk_bytes, request, slots,
+                &result, &no_outputs);
+            !s.ok()) {
+          return s;
+        }
+        VerifyResult out;
+        for (const v1::CandidateVerdict& c : result.candidates()) {
+          out.candidates.push_back(VerdictOf(c));
+        }
+        out.verdict = result.verdict();
+        out.rows_checked.assign(result.rows_checked().begin(), result.rows_checked().end());
+        out.rows_total = result.rows_total();
+        out.sample_seed = result.sample_seed();
+        out.inputs_xxh3 = result.inputs_xxh3();
+        out.timing = TimingOf(result.timing(), context);
+        out.reference_us = result.reference_us();
+        out.reference_engine = result.reference_engine();
+        out.run_id = result.run_id();
+        return out;
+      });
 }
 
 }  // namespace logitd::client

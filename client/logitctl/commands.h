@@ -36,4 +36,7 @@ int CmdCrossEntropy(const std::vector<std::string>& words);
 // logprobs.cc
 int CmdLogProbs(const std::vector<std::string>& words);
 
+// runs.cc
+int CmdRuns(const std::vector<std::string>& words);
+
 }  // namespace logitd::logitctl

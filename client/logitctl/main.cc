@@ -113,6 +113,7 @@ commands:
          --candidate=[NAME=]FILE[:TENSOR] [--candidate=...] [--alpha=1]
          [--reduction=mean|sum|none] [--temperature=1] [--sample_rows=0 [--sample_seed=0]]
          [--json=FILE] [--junit=FILE] [--report=DIR]
+         [--project=P --case=C [--branch=B] [--ref=R]]
                                      another implementation's outputs (y; dx, dw; loss, lse,
                                      dx, dw; logprob, lse, entropy, topk_ids, topk_logprobs,
                                      rank) judged against the contract: every element
@@ -121,7 +122,12 @@ commands:
                                      class), and against logitd's own output; exit 1 when
                                      one fails (outside_bounds or outside_precision_class),
                                      2 for a usage or input error, the server's refusal of
-                                     a shape among them (logitctl verify --help)
+                                     a shape among them (logitctl verify --help);
+                                     --project: recorded in the server's history
+  runs [--project=P] [--case=C] [--branch=B] [--limit=20] [--before=RUN] [--json]
+                                     the Verify runs the server recorded for this caller
+                                     (verify --project=P --case=C), newest first: their
+                                     labels, verdicts and candidates' verdicts
   validate [args]                    the validation harness
   help                               this text
 
@@ -213,6 +219,7 @@ int Main(int argc, char** argv) {
   if (cmd == "logprobs") return CmdLogProbs(w);
   if (cmd == "bench") return CmdBench(w);
   if (cmd == "stress") return CmdStress(w);
+  if (cmd == "runs") return CmdRuns(w);
   return UsageError(absl::StrCat("unknown command '", cmd, "'"));
 }
 

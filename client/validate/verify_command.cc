@@ -57,6 +57,10 @@ struct VerifyCommandArgs {
   std::string record_path;
   std::string baseline_path;
   std::string case_name;
+  // The server's history (--project, --branch, --ref; the case is --case).
+  std::string project;
+  std::string branch;
+  std::string ref;
   bool help = false;
 };
 
@@ -65,7 +69,8 @@ constexpr const char* kValueFlags[] = {
     "targets",    "candidate",   "alpha",        "sample_rows", "sample_seed",
     "json",       "junit",       "report",       "record",      "baseline",
     "case",       "reduction",   "ignore_index", "z_loss",      "logit_softcap",
-    "grad_scale", "temperature", "vocab_size"};
+    "grad_scale", "temperature", "vocab_size",   "project",     "branch",
+    "ref"};
 
 // A finite float option.
 absl::StatusOr<float> FloatOption(const std::string& name, const std::string& value) {
@@ -164,6 +169,9 @@ absl::Status Apply(const std::string& name, const std::string& value, VerifyComm
                          : name == "record"   ? &a->record_path
                          : name == "baseline" ? &a->baseline_path
                          : name == "case"     ? &a->case_name
+                         : name == "project"  ? &a->project
+                         : name == "branch"   ? &a->branch
+                         : name == "ref"      ? &a->ref
                                               : &a->report_dir;
     *field = value;
   }
@@ -206,6 +214,17 @@ absl::StatusOr<VerifyCommandArgs> ParseArgs(const std::vector<std::string>& args
   }
   return a;
 }
+
+constexpr char kVerifyExitCodes[] =
+    R"(exit codes: 0 every candidate passed (within_bounds or bitwise_equal_to_logitd,
+              sampled or not),
+            1 one failed (outside_bounds or outside_precision_class), or the
+              server failed the call (INTERNAL, a deadline),
+            2 usage or input error (the server's INVALID_ARGUMENT, NOT_FOUND,
+              OUT_OF_RANGE, FAILED_PRECONDITION, RESOURCE_EXHAUSTED among
+              them), or the server could not be reached or refused the
+              credentials (the rule of every logitctl command)
+)";
 
 std::string VerifyUsage() {
   return R"(usage: logitctl verify --op=logits|backward|cross-entropy|logprobs
@@ -272,17 +291,14 @@ sampled.
                       identical, different (both within bounds), or
                       different (outside bounds); any difference fails
   --case=CASE         the case name under --record/--baseline (default: the
-                      operation), to keep several calls in one file
+                      operation), to keep several calls in one file; with
+                      --project, the case the server records the run under
+  --project=PROJECT   record the run in the server's history (logitd
+                      --history) under PROJECT and --case, with
+                      --branch=BRANCH and --ref=REF (a commit) if given;
+                      `logitctl runs` lists the recorded runs
 
-exit codes: 0 every candidate passed (within_bounds or bitwise_equal_to_logitd,
-              sampled or not),
-            1 one failed (outside_bounds or outside_precision_class), or the
-              server failed the call (INTERNAL, a deadline),
-            2 usage or input error (the server's INVALID_ARGUMENT, NOT_FOUND,
-              OUT_OF_RANGE, FAILED_PRECONDITION, RESOURCE_EXHAUSTED among
-              them), or the server could not be reached or refused the
-              credentials (the rule of every logitctl command)
-)";
+)" + std::string(kVerifyExitCodes);
 }
 
 int VerifyUsageError(const std::string& message) {
@@ -419,6 +435,18 @@ absl::Status CheckCombination(const VerifyCommandArgs& a, client::VerifyArgs* ca
   if (a.sample_seed != 0 && a.sample_rows == 0) {
     return absl::InvalidArgumentError(
         "--sample_seed: given without --sample_rows (the number of rows to draw)");
+  }
+  if (a.project.empty() && !(a.branch.empty() && a.ref.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        a.branch.empty() ? "--ref" : "--branch",
+        ": given without --project (the server records a run under a project and a case)"));
+  }
+  if (!a.project.empty()) {
+    if (a.case_name.empty()) {
+      return absl::InvalidArgumentError(
+          "--project: needs --case=CASE, the case the server records the run under");
+    }
+    call->record = client::RunLabels{a.project, a.case_name, a.branch, a.ref};
   }
   return absl::OkStatus();
 }
@@ -561,6 +589,10 @@ int RunVerifyCommand(const std::string& server, const std::vector<std::string>& 
     return finish(IsInputOrConnectionError(result.status()) ? 2 : 1, /*summary=*/false);
   }
   JudgeCandidates(a, *result, seconds, held.candidates, baseline, &report);
+  if (result->run_id > 0) {
+    std::printf("recorded as run %lld in the server's history (project %s, case %s)\n",
+                static_cast<long long>(result->run_id), a.project.c_str(), a.case_name.c_str());
+  }
   return finish(ExitCodeFor(report.results, false));
 }
 

@@ -34,6 +34,7 @@ const OperationInfo kOperations[] = {
     {"CrossEntropy", true, kXTargets, kCeOutputs, VerifyOperation::kCrossEntropy},
     {"LogProbs", true, kXTargets, kLpOutputs, VerifyOperation::kLogProbs},
     {"Verify", true, kVerifyInputs, Empty(), std::nullopt},
+    {"ListRuns", false, Empty(), Empty(), std::nullopt},
     {"Probe", false, Empty(), Empty(), std::nullopt},
     {"RegisterShm", false, Empty(), Empty(), std::nullopt},
     {"ReleaseShm", false, Empty(), Empty(), std::nullopt},

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "logitd/protocol.h"
+#include "server/history/history_store.h"
 #include "server/service/faults/faults.h"
 #include "server/service/state/admission.h"
 #include "server/service/state/auth.h"
@@ -45,6 +46,9 @@ struct ServiceOptions {
   // refused with RESOURCE_EXHAUSTED. Admission (above) is what normally
   // limits load; this bounds the threads when calls pile up anyway.
   int max_call_threads = 64;
+  // Where Verify records the runs a caller asks it to (--history); null:
+  // the server keeps no history.
+  std::shared_ptr<history::HistoryStore> history;
 };
 
 }  // namespace logitd::service

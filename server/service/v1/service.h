@@ -53,6 +53,7 @@ using RawTensorService =
             v1::Logitd::WithRawCallbackMethod_Cast<v1::Logitd::WithRawCallbackMethod_CrossEntropy<
                 v1::Logitd::WithRawCallbackMethod_LogProbs<
                     v1::Logitd::WithRawCallbackMethod_Verify<v1::Logitd::Service>>>>>>>>;
+// (ListRuns is a generated synchronous method: history_handlers.cc.)
 using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 class LogitdService final : public RawTensorService {
@@ -85,6 +86,8 @@ class LogitdService final : public RawTensorService {
   RawBidiReactor* CrossEntropy(grpc::CallbackServerContext* context) override;
   RawBidiReactor* LogProbs(grpc::CallbackServerContext* context) override;
   RawBidiReactor* Verify(grpc::CallbackServerContext* context) override;
+  grpc::Status ListRuns(grpc::ServerContext* context, const v1::ListRunsRequest* request,
+                        v1::ListRunsResponse* response) override;
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
   grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,
@@ -134,6 +137,12 @@ class LogitdService final : public RawTensorService {
   absl::Status DoCrossEntropy(CrossEntropyCall* call);
   absl::Status DoLogProbs(LogProbsCall* call);
   absl::Status DoVerify(VerifyCall* call);
+  // Verify's history (history_handlers.cc): whether the header's `record`
+  // can be kept (before the run), and the run kept (after it), its id in
+  // *result.
+  absl::Status CheckRecord(const v1::VerifyHeader& header) const;
+  absl::Status Record(const v1::VerifyHeader& header, const Tenant& tenant,
+                      v1::VerifyResult* result) const;
   absl::Status DoProbe(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
                        CallStats* stats);

@@ -98,6 +98,7 @@ void FillCandidate(const VerifiedCandidate& c, v1::CandidateVerdict* out) {
 
 absl::Status LogitdService::DoVerify(VerifyCall* call) {
   LOGITD_RETURN_IF_ERROR(call->ReadHeader());
+  LOGITD_RETURN_IF_ERROR(CheckRecord(call->header()));
   LOGITD_ASSIGN_OR_RETURN(const VerifyRequest request,
                           VerifyRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
   LOGITD_ASSIGN_OR_RETURN(
@@ -114,6 +115,7 @@ absl::Status LogitdService::DoVerify(VerifyCall* call) {
   result->set_reference_us(outcome.reference_us);
   result->set_reference_engine(outcome.reference_engine);
   call->Timed(outcome.timing, result->mutable_timing());
+  LOGITD_RETURN_IF_ERROR(Record(call->header(), call->tenant(), result));
   return call->SendHead(head);
 }
 

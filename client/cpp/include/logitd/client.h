@@ -127,6 +127,11 @@ class Client {
   // input is InvalidArgument, as for the operation's own call.
   absl::StatusOr<VerifyResult> Verify(const VerifyArgs& args);
 
+  // The runs Verify recorded for this caller's tenant, newest first
+  // (history_types.h). FailedPrecondition from a server that keeps no
+  // history.
+  absl::StatusOr<ListRunsResult> ListRuns(const ListRunsArgs& args);
+
   // Calls, attempts and retries so far (see CallStats).
   CallStats call_stats() const;
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "logitd/history_types.h"
 #include "logitd/protocol.h"
 #include "logitd/shared_region.h"
 #include "logitd/tensor.h"
@@ -547,6 +548,9 @@ struct VerifyArgs {
   TensorInput targets;
   CrossEntropyOptions cross_entropy;
   LogProbsOptions logprobs;
+  // Set: the server records the run in its history (VerifyResult::run_id);
+  // FailedPrecondition from a server that keeps none.
+  std::optional<RunLabels> record;
 };
 
 struct VerifyElement {
@@ -672,6 +676,8 @@ struct VerifyResult {
   // Where the fp64 products were formed ("cuBLAS DGEMM on ...", "OpenBLAS
   // dgemm on the host").
   std::string reference_engine;
+  // The recorded run's id (VerifyArgs::record); 0 when not recorded.
+  std::int64_t run_id = 0;
   bool passed() const { return VerdictPassed(verdict); }
   const CandidateVerdict* Find(const std::string& name) const {
     for (const CandidateVerdict& c : candidates) {

@@ -1,0 +1,64 @@
+// The server's history of Verify runs as the C++ client sees it: the labels
+// a recorded run carries (VerifyArgs::record), and ListRuns' arguments and
+// runs (see logitd.proto, RunLabels and ListRuns).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace logitd::client {
+
+// Where a recorded run belongs: project and case_name are required; each at
+// most 256 bytes.
+struct RunLabels {
+  std::string project;
+  std::string case_name;
+  std::string branch;
+  std::string ref;
+};
+
+// A candidate's figures as its run's Verify gave them.
+struct CandidateSummary {
+  std::string name;
+  std::string verdict;
+  std::uint64_t xxh3 = 0;
+  std::int64_t elements = 0;
+  std::int64_t outside_bound = 0;
+  double worst_bound_fraction = 0;
+  double bitwise_equal_fraction = 0;
+  std::int64_t max_ulp = 0;
+  std::int64_t p99_ulp = 0;
+  double rms_ratio = 0;       // 0 where the precision class was not tested
+  double effective_bits = 0;  // likewise
+};
+
+struct RunSummary {
+  std::int64_t run_id = 0;
+  RunLabels labels;
+  std::string operation;  // "logits", "backward", "cross_entropy", "logprobs"
+  std::uint64_t inputs_xxh3 = 0;
+  std::string verdict;
+  std::string backend;
+  std::string device;
+  std::string logitd_version;
+  std::int64_t recorded_unix_micros = 0;
+  std::vector<CandidateSummary> candidates;
+};
+
+// Empty labels match any; a page of page_size runs (0: 100; at most 1000)
+// older than before_run_id (0: from the newest).
+struct ListRunsArgs {
+  std::string project;
+  std::string case_name;
+  std::string branch;
+  int page_size = 0;
+  std::int64_t before_run_id = 0;
+};
+
+struct ListRunsResult {
+  std::vector<RunSummary> runs;         // newest first
+  std::int64_t next_before_run_id = 0;  // 0: this page is the last
+};
+
+}  // namespace logitd::client

@@ -1,0 +1,111 @@
+// logitctl runs: the Verify runs the server recorded for this caller
+// (ListRuns), newest first, as a table or JSON.
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "client/logitctl/commands.h"
+#include "client/logitctl/common.h"
+#include "client/logitctl/flags.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, project, "", "runs: only the runs of this project");
+ABSL_FLAG(std::string, case, "", "runs: only the runs of this case");
+ABSL_FLAG(std::string, branch, "", "runs: only the runs of this branch");
+ABSL_FLAG(std::int32_t, limit, 20, "runs: at most this many runs (1 to 1000)");
+ABSL_FLAG(std::int64_t, before, 0, "runs: only runs older than this run id (0: from the newest)");
+
+namespace logitd::logitctl {
+namespace {
+
+std::string Time(std::int64_t unix_micros) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMicros(unix_micros),
+                          absl::UTCTimeZone());
+}
+
+nlohmann::ordered_json RunJson(const client::RunSummary& r) {
+  nlohmann::ordered_json j;
+  j["run_id"] = r.run_id;
+  j["project"] = r.labels.project;
+  j["case"] = r.labels.case_name;
+  j["branch"] = r.labels.branch;
+  j["ref"] = r.labels.ref;
+  j["operation"] = r.operation;
+  j["inputs_xxh3"] = Hex64(r.inputs_xxh3);
+  j["verdict"] = r.verdict;
+  j["backend"] = r.backend;
+  j["device"] = r.device;
+  j["logitd_version"] = r.logitd_version;
+  j["recorded_at"] = Time(r.recorded_unix_micros);
+  nlohmann::ordered_json cands = nlohmann::ordered_json::array();
+  for (const client::CandidateSummary& c : r.candidates) {
+    nlohmann::ordered_json cj;
+    cj["name"] = c.name;
+    cj["verdict"] = c.verdict;
+    cj["xxh3"] = Hex64(c.xxh3);
+    cj["elements"] = c.elements;
+    cj["outside_bound"] = c.outside_bound;
+    cj["worst_bound_fraction"] = c.worst_bound_fraction;
+    cj["bitwise_equal_fraction"] = c.bitwise_equal_fraction;
+    cj["max_ulp"] = c.max_ulp;
+    cj["p99_ulp"] = c.p99_ulp;
+    cj["rms_ratio"] = c.rms_ratio;
+    cj["effective_bits"] = c.effective_bits;
+    cands.push_back(std::move(cj));
+  }
+  j["candidates"] = std::move(cands);
+  return j;
+}
+
+}  // namespace
+
+int CmdRuns(const std::vector<std::string>& words) {
+  if (words.size() != 1) return UsageError("runs takes no arguments (its filters are flags)");
+  const std::int32_t limit = absl::GetFlag(FLAGS_limit);
+  if (limit < 1 || limit > 1000) {
+    return UsageError(absl::StrCat("--limit: expected 1 to 1000, got ", limit));
+  }
+  client::ListRunsArgs args;
+  args.project = absl::GetFlag(FLAGS_project);
+  args.case_name = absl::GetFlag(FLAGS_case);
+  args.branch = absl::GetFlag(FLAGS_branch);
+  args.page_size = limit;
+  args.before_run_id = absl::GetFlag(FLAGS_before);
+  return WithClient([&](client::Client& c) {
+    absl::StatusOr<client::ListRunsResult> runs = c.ListRuns(args);
+    if (!runs.ok()) return ServerError(runs.status());
+    if (absl::GetFlag(FLAGS_json)) {
+      nlohmann::ordered_json j;
+      j["runs"] = nlohmann::ordered_json::array();
+      for (const client::RunSummary& r : runs->runs) j["runs"].push_back(RunJson(r));
+      j["next_before"] = runs->next_before_run_id;
+      std::cout << j.dump(1) << "\n";
+      return kExitOk;
+    }
+    std::vector<std::vector<std::string>> rows = {{"RUN", "RECORDED (UTC)", "PROJECT", "CASE",
+                                                   "BRANCH", "REF", "OPERATION", "VERDICT",
+                                                   "CANDIDATES", "DEVICE"}};
+    for (const client::RunSummary& r : runs->runs) {
+      std::string cands;
+      for (const client::CandidateSummary& cs : r.candidates) {
+        absl::StrAppend(&cands, cands.empty() ? "" : " ", cs.name, ":", cs.verdict);
+      }
+      rows.push_back({absl::StrCat(r.run_id), Time(r.recorded_unix_micros), r.labels.project,
+                      r.labels.case_name, r.labels.branch.empty() ? "-" : r.labels.branch,
+                      r.labels.ref.empty() ? "-" : r.labels.ref, r.operation, r.verdict, cands,
+                      absl::StrCat(r.backend, " ", r.device)});
+    }
+    PrintTable(rows);
+    if (runs->next_before_run_id > 0) {
+      std::cout << "more: --before=" << runs->next_before_run_id << "\n";
+    }
+    return kExitOk;
+  });
+}
+
+}  // namespace logitd::logitctl

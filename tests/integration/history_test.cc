@@ -1,0 +1,263 @@
+// The server's history through the real binary and client: a Verify that
+// asks to be recorded gets a run id, ListRuns gives the run back with its
+// labels, platform and each candidate's figures as the verdict said them,
+// newest first, filtered and a page at a time; the runs outlive a restart on
+// the same file; two tenants see only their own; a server with
+// --history=none refuses both with FAILED_PRECONDITION and still verifies
+// what asks for no record; bad labels are INVALID_ARGUMENT before any work.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "logitd/client.h"
+#include "logitd/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/seeded_tensors.h"
+#include "tests/integration/integration_util.h"
+#include "tests/support/run_logitctl.h"
+
+namespace logitd::testing {
+namespace {
+
+using client::ListRunsArgs;
+using client::RunLabels;
+using client::VerifyArgs;
+using client::VerifyOperation;
+using client::VerifyResult;
+using ::testing::HasSubstr;
+
+std::unique_ptr<client::Client> Connect(const ServerProcess& server,
+                                        const std::string& token = "") {
+  client::ClientOptions o;
+  o.auth_token = token;
+  absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Create(server.address(), o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+// A logits Verify of logitd's own output of random x over w (registered),
+// recorded under `labels` when given.
+absl::StatusOr<VerifyResult> VerifyOwnLogits(client::Client& c, const std::string& handle,
+                                             std::uint32_t seed,
+                                             const std::optional<RunLabels>& labels) {
+  const Tensor x = NormalBf16({5, 48}, seed);
+  absl::StatusOr<Tensor> y = c.Logits(x, handle);
+  if (!y.ok()) return y.status();
+  VerifyArgs args;
+  args.operation = VerifyOperation::kLogits;
+  args.weight_handle = handle;
+  args.x = x;
+  args.candidates["y"] = *y;
+  args.record = labels;
+  return c.Verify(args);
+}
+
+std::string Register(client::Client& c, const Tensor& w) {
+  absl::StatusOr<client::WeightInfo> info = c.RegisterWeight(w, "history-w");
+  EXPECT_TRUE(info.ok()) << info.status();
+  return info.ok() ? info->handle : "";
+}
+
+TEST(HistoryTest, VerifyRecordsRunsThatListRunsGivesBackAcrossARestart) {
+  TempDir dir;
+  const std::string file = dir / "history.sqlite3";
+  const std::vector<std::string> args = {"--backend=cpu", "--history=" + file};
+  absl::StatusOr<ServerProcess> server = ServerProcess::Start(ServerBinary(), args);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_THAT(server->Log(), HasSubstr("history: recording runs in " + file));
+  std::unique_ptr<client::Client> c = Connect(*server);
+  ASSERT_NE(c, nullptr);
+  const std::string handle = Register(*c, NormalBf16({70, 48}, 1));
+
+  // Not asked: nothing recorded.
+  absl::StatusOr<VerifyResult> plain = VerifyOwnLogits(*c, handle, 2, std::nullopt);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->run_id, 0);
+  // Three recorded runs on two branches.
+  std::vector<VerifyResult> recorded;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<VerifyResult> r = VerifyOwnLogits(
+        *c, handle, 10 + i,
+        RunLabels{"lm-head", "logits-5x48", i < 2 ? "main" : "dev", absl::StrCat("commit", i)});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_GT(r->run_id, 0);
+    recorded.push_back(*std::move(r));
+  }
+  EXPECT_LT(recorded[0].run_id, recorded[1].run_id);
+
+  absl::StatusOr<client::ServerInfo> info = c->Info();
+  ASSERT_TRUE(info.ok());
+  absl::StatusOr<client::ListRunsResult> all = c->ListRuns(ListRunsArgs{});
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->runs.size(), 3u);
+  EXPECT_EQ(all->next_before_run_id, 0);
+  const client::RunSummary& newest = all->runs[0];
+  EXPECT_EQ(newest.run_id, recorded[2].run_id);
+  EXPECT_EQ(newest.labels.project, "lm-head");
+  EXPECT_EQ(newest.labels.case_name, "logits-5x48");
+  EXPECT_EQ(newest.labels.branch, "dev");
+  EXPECT_EQ(newest.labels.ref, "commit2");
+  EXPECT_EQ(newest.operation, "logits");
+  EXPECT_EQ(newest.inputs_xxh3, recorded[2].inputs_xxh3);
+  EXPECT_EQ(newest.verdict, recorded[2].verdict);
+  EXPECT_EQ(newest.backend, "cpu");
+  EXPECT_EQ(newest.device, info->device_name);
+  EXPECT_FALSE(newest.logitd_version.empty());
+  EXPECT_GT(newest.recorded_unix_micros, 0);
+  ASSERT_EQ(newest.candidates.size(), 1u);
+  const client::CandidateVerdict& said = recorded[2].candidates[0];
+  const client::CandidateSummary& kept = newest.candidates[0];
+  EXPECT_EQ(kept.name, "y");
+  EXPECT_EQ(kept.verdict, said.verdict);
+  EXPECT_EQ(kept.xxh3, said.xxh3);
+  EXPECT_EQ(kept.elements, said.elements);
+  EXPECT_EQ(kept.worst_bound_fraction, said.worst_bound_fraction);
+  EXPECT_EQ(kept.bitwise_equal_fraction, said.bitwise_equal_fraction);
+  EXPECT_EQ(kept.max_ulp, said.max_ulp);
+  EXPECT_EQ(kept.effective_bits, said.precision_class.effective_bits);
+
+  // Filtered, and a page at a time.
+  ListRunsArgs main_only;
+  main_only.branch = "main";
+  EXPECT_EQ(c->ListRuns(main_only)->runs.size(), 2u);
+  ListRunsArgs other;
+  other.project = "another";
+  EXPECT_TRUE(c->ListRuns(other)->runs.empty());
+  ListRunsArgs page;
+  page.page_size = 2;
+  absl::StatusOr<client::ListRunsResult> first = c->ListRuns(page);
+  ASSERT_EQ(first->runs.size(), 2u);
+  EXPECT_EQ(first->next_before_run_id, recorded[1].run_id);
+  page.before_run_id = first->next_before_run_id;
+  absl::StatusOr<client::ListRunsResult> second = c->ListRuns(page);
+  ASSERT_EQ(second->runs.size(), 1u);
+  EXPECT_EQ(second->runs[0].run_id, recorded[0].run_id);
+  EXPECT_EQ(second->next_before_run_id, 0);
+  page.page_size = 1001;
+  EXPECT_EQ(c->ListRuns(page).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Bad labels: refused before the work, nothing recorded.
+  absl::StatusOr<VerifyResult> no_case =
+      VerifyOwnLogits(*c, handle, 20, RunLabels{"lm-head", "", "", ""});
+  EXPECT_EQ(no_case.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_case.status().message(), HasSubstr("record.case_name"));
+  EXPECT_EQ(c->ListRuns(ListRunsArgs{})->runs.size(), 3u);
+
+  // The same file after a restart.
+  c.reset();
+  ASSERT_EQ(server->Stop(), 0) << server->Log();
+  absl::StatusOr<ServerProcess> again = ServerProcess::Start(ServerBinary(), args);
+  ASSERT_TRUE(again.ok()) << again.status();
+  c = Connect(*again);
+  absl::StatusOr<client::ListRunsResult> after = c->ListRuns(ListRunsArgs{});
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->runs.size(), 3u);
+  EXPECT_EQ(after->runs[0].run_id, recorded[2].run_id);
+  EXPECT_EQ(after->runs[2].labels.ref, "commit0");
+}
+
+TEST(HistoryTest, EachTenantSeesItsOwnRuns) {
+  TempDir dir;
+  const std::string tokens = dir / "tokens";
+  {
+    FILE* f = std::fopen(tokens.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("token-a tenant-a\ntoken-b tenant-b\n", f);
+    std::fclose(f);
+  }
+  absl::StatusOr<ServerProcess> server = ServerProcess::Start(
+      ServerBinary(),
+      {"--backend=cpu", "--history=" + (dir / "h.sqlite3"), "--auth_tokens=" + tokens});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<client::Client> a = Connect(*server, "token-a");
+  std::unique_ptr<client::Client> b = Connect(*server, "token-b");
+  const std::string handle_a = Register(*a, NormalBf16({33, 48}, 3));
+  const std::string handle_b = Register(*b, NormalBf16({33, 48}, 3));
+  ASSERT_TRUE(VerifyOwnLogits(*a, handle_a, 4, RunLabels{"p", "c", "", ""}).ok());
+  ASSERT_TRUE(VerifyOwnLogits(*a, handle_a, 5, RunLabels{"p", "c", "", ""}).ok());
+  ASSERT_TRUE(VerifyOwnLogits(*b, handle_b, 6, RunLabels{"p", "c", "", ""}).ok());
+  EXPECT_EQ(a->ListRuns(ListRunsArgs{})->runs.size(), 2u);
+  EXPECT_EQ(b->ListRuns(ListRunsArgs{})->runs.size(), 1u);
+}
+
+TEST(HistoryTest, AServerWithoutHistoryRefusesToRecordAndToListButStillVerifies) {
+  absl::StatusOr<ServerProcess> server =
+      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--history=none"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<client::Client> c = Connect(*server);
+  const std::string handle = Register(*c, NormalBf16({40, 48}, 7));
+  absl::StatusOr<VerifyResult> recorded =
+      VerifyOwnLogits(*c, handle, 8, RunLabels{"p", "c", "", ""});
+  EXPECT_EQ(recorded.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(recorded.status().message(), HasSubstr("--history=none"));
+  absl::StatusOr<client::ListRunsResult> runs = c->ListRuns(ListRunsArgs{});
+  EXPECT_EQ(runs.status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<VerifyResult> plain = VerifyOwnLogits(*c, handle, 9, std::nullopt);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->passed());
+  EXPECT_EQ(plain->run_id, 0);
+}
+
+// logitctl: verify --project records (and says the run's id), runs lists
+// the runs as a table or JSON, filtered; --project without --case and
+// --branch without --project are usage errors (exit 2) before any call.
+TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
+  TempDir dir;
+  absl::StatusOr<ServerProcess> server =
+      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--history=" + (dir / "h.sqlite3")});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<client::Client> c = Connect(*server);
+  const Tensor x = NormalBf16({6, 40}, 21), w = NormalBf16({50, 40}, 22);
+  const std::string handle = Register(*c, w);
+  absl::StatusOr<Tensor> y = c->Logits(x, handle);
+  ASSERT_TRUE(y.ok()) << y.status();
+  ASSERT_TRUE(WriteSafetensors(dir / "x.safetensors", {{"x", &x}}).ok());
+  ASSERT_TRUE(WriteSafetensors(dir / "y.safetensors", {{"y", &*y}}).ok());
+  const std::string at = "--server=" + server->address();
+  const std::vector<std::string> verify = {at,
+                                           "verify",
+                                           "--op=logits",
+                                           "--x=" + (dir / "x.safetensors"),
+                                           "--weight=" + handle,
+                                           "--candidate=" + (dir / "y.safetensors")};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> all = verify;
+    all.insert(all.end(), more.begin(), more.end());
+    return RunLogitctl(all);
+  };
+  LogitctlRun r = with({"--project=lm", "--case=six", "--branch=main", "--ref=c0ffee"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("recorded as run 1 in the server's history (project lm, case six)"));
+  r = with({"--project=lm", "--case=other"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = with({"--project=lm"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--project: needs --case=CASE"));
+  r = with({"--branch=main"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--branch: given without --project"));
+
+  r = RunLogitctl({at, "runs"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("c0ffee"));
+  EXPECT_THAT(r.out, HasSubstr("y:bitwise_equal_to_logitd"));
+  r = RunLogitctl({at, "runs", "--case=six", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["runs"].size(), 1u);
+  EXPECT_EQ(j["runs"][0]["run_id"], 1);
+  EXPECT_EQ(j["runs"][0]["branch"], "main");
+  EXPECT_EQ(j["runs"][0]["candidates"][0]["verdict"], "bitwise_equal_to_logitd");
+  EXPECT_EQ(j["next_before"], 0);
+  r = RunLogitctl({at, "runs", "--limit=1"});
+  EXPECT_THAT(r.out, HasSubstr("more: --before=2"));
+  EXPECT_EQ(RunLogitctl({at, "runs", "--limit=0"}).exit_code, 2);
+}
+
+}  // namespace
+}  // namespace logitd::testing
