@@ -6,6 +6,13 @@ find_package(absl CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
 # The server's history of recorded runs (server/history).
 find_package(SQLite3 REQUIRED)
+# CMake 3.25's FindSQLite3 names its target SQLite::SQLite3; newer ones
+# SQLite3::SQLite3 (the old name deprecated).
+if(TARGET SQLite3::SQLite3)
+  set(LOGITD_SQLITE SQLite3::SQLite3)
+else()
+  set(LOGITD_SQLITE SQLite::SQLite3)
+endif()
 # Metrics: prometheus-cpp's core (metric types and the text format; its CMake
 # package also looks for civetweb and curl, which logitd does not link) and
 # GNU libmicrohttpd for the HTTP endpoint (a header and a library, no CMake
