@@ -34,6 +34,7 @@ from .errors import (
     UnavailableError,
     UnimplementedError,
 )
+from .history import CandidateSummary, RunLabels, RunPage, RunSummary
 from .shm import SharedRegion
 from .verify import (
     ERROR_HISTOGRAM_BINS,
@@ -52,6 +53,7 @@ __all__ = [
     "ERROR_HISTOGRAM_BINS",
     "TLS",
     "CancelledError",
+    "CandidateSummary",
     "CandidateVerdict",
     "Client",
     "DataLossError",
@@ -71,6 +73,9 @@ __all__ = [
     "ResourceExhaustedError",
     "RetryPolicy",
     "RowPrecision",
+    "RunLabels",
+    "RunPage",
+    "RunSummary",
     "ServerInfo",
     "SharedRegion",
     "UnauthenticatedError",

@@ -3,15 +3,16 @@ Verify (the request built and the verdict read by logitd.verify). A mixin
 of Client.
 """
 
-from typing import Any
+from typing import Any, Optional
 
 from . import verify as _verify
 from ._transport import _retried
+from .history import RunLabels
 from .verify import Verdict
 
 
 class _VerifyCalls:
-    @_retried()
+    @_retried(unless="record")
     def verify_logits(
         self,
         x: Any,
@@ -21,6 +22,7 @@ class _VerifyCalls:
         alpha: float = 1.0,
         sample_rows: int = 0,
         sample_seed: int = 0,
+        record: Optional[RunLabels] = None,
     ) -> Verdict:
         """Judges logits Y [M, V] computed elsewhere (fp32 or bf16) from X [M, K]
         and W [V, K] against the contract: per element an fp64 reference of the
@@ -34,13 +36,18 @@ class _VerifyCalls:
         else this many rows: evenly spaced with the first and the last when
         sample_seed is 0, else drawn uniformly by sample_seed (a seed without
         sample_rows is InvalidArgumentError). A sampled pass reads
-        "within_bounds_sampled" or "bitwise_equal_to_logitd_sampled". Returns a
-        Verdict; a candidate outside its bounds or its precision class is a
-        verdict, not an error.
+        "within_bounds_sampled" or "bitwise_equal_to_logitd_sampled". record: a
+        logitd.RunLabels(project, case, branch, ref) to have the server record
+        the run in its history (Verdict.run_id; Client.list_runs lists it; such
+        a call is not retried); FailedPreconditionError from a server without
+        history. Returns a Verdict; a candidate outside its bounds or its
+        precision class is a verdict, not an error.
         """
-        return _verify.call(self, *_verify.logits_request(x, y, weight, alpha, sample_rows, sample_seed))
+        return _verify.call(
+            self, *_verify.logits_request(x, y, weight, alpha, sample_rows, sample_seed), record=record
+        )
 
-    @_retried()
+    @_retried(unless="record")
     def verify_backward(
         self,
         dy: Any,
@@ -51,6 +58,7 @@ class _VerifyCalls:
         dw: Any = None,
         sample_rows: int = 0,
         sample_seed: int = 0,
+        record: Optional[RunLabels] = None,
     ) -> Verdict:
         """Judges gradients computed elsewhere, dX [M, K] and/or dW [V, K] (fp32
         or bf16), from dY [M, V] (fp32 or bf16), X and W under the backward
@@ -61,10 +69,10 @@ class _VerifyCalls:
         rows are sampled (its verdict has no "_sampled").
         """
         return _verify.call(
-            self, *_verify.backward_request(dy, x, weight, dx, dw, sample_rows, sample_seed)
+            self, *_verify.backward_request(dy, x, weight, dx, dw, sample_rows, sample_seed), record=record
         )
 
-    @_retried()
+    @_retried(unless="record")
     def verify_cross_entropy(
         self,
         x: Any,
@@ -82,6 +90,7 @@ class _VerifyCalls:
         grad_scale: float = 1.0,
         sample_rows: int = 0,
         sample_seed: int = 0,
+        record: Optional[RunLabels] = None,
     ) -> Verdict:
         """Judges a fused cross-entropy's outputs computed elsewhere: loss (fp32,
         [M] with reduction="none", else one value), lse (fp32 [M]), dx (fp32 or
@@ -103,10 +112,12 @@ class _VerifyCalls:
             sample_seed=sample_seed,
         )
         return _verify.call(
-            self, *_verify.cross_entropy_request(x, targets, weight, loss, lse, options, dx, dw)
+            self,
+            *_verify.cross_entropy_request(x, targets, weight, loss, lse, options, dx, dw),
+            record=record,
         )
 
-    @_retried()
+    @_retried(unless="record")
     def verify_logprobs(
         self,
         x: Any,
@@ -125,6 +136,7 @@ class _VerifyCalls:
         ignore_index: int = -100,
         sample_rows: int = 0,
         sample_seed: int = 0,
+        record: Optional[RunLabels] = None,
     ) -> Verdict:
         """Judges LogProbs' outputs computed elsewhere: logprob (needs targets),
         lse and/or entropy (fp32 [M]), top-k ids (int32 or int64 [M, k], most
@@ -146,4 +158,5 @@ class _VerifyCalls:
             *_verify.logprobs_request(
                 x, targets, weight, logprob, lse, entropy, options, topk_ids, topk_logprobs, rank
             ),
+            record=record,
         )

@@ -22,6 +22,7 @@ from ._spread import _handle, _Spread
 from ._shm_layout import _matrix, _ShmLayout, _verify_needs_shm, _weight_rows
 from ._transport import _retried, _Transport
 from ._verify_calls import _VerifyCalls
+from .history import RunPage, page_of
 from .errors import DataLossError, InvalidArgumentError, LogitdError, UnavailableError, from_rpc_error
 from .options import _MAX_CHUNK_BYTES, DEFAULT_CHUNK_BYTES, TLS, RetryPolicy, _channel
 from .results import CrossEntropyResult, Gradient, LogProbs, ReleaseResult, ServerInfo, WeightInfo, _from_proto
@@ -159,6 +160,20 @@ class Client(_VerifyCalls, _Spread, _Transport):
     def list_weights(self) -> List[WeightInfo]:
         response = self._unary(self._stub.ListWeights, pb.ListWeightsRequest())
         return [_from_proto(WeightInfo, w) for w in response.weights]
+
+    @_retried()
+    def list_runs(
+        self, project: str = "", case: str = "", branch: str = "", page_size: int = 0, before_run_id: int = 0
+    ) -> RunPage:
+        """The Verify runs the server recorded for this caller's tenant (verify_*'s
+        ``record=``), newest first, those whose labels equal the non-empty ones
+        given; a page of page_size runs (0: 100; at most 1000) older than
+        before_run_id (0: from the newest). FailedPreconditionError from a
+        server that keeps no history (logitd --history=none)."""
+        request = pb.ListRunsRequest(
+            project=project, case_name=case, branch=branch, page_size=page_size, before_run_id=before_run_id
+        )
+        return page_of(self._unary(self._stub.ListRuns, request))
 
     def release_weights(self, handle: Union[str, WeightInfo], force: bool = False) -> ReleaseResult:
         """Releases one registration (all of them with force=True)."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
 from . import _tensors as T
+from . import history as _history
 # The requests, built in _verify_requests.py; Client.verify_* reach them here.
 from ._verify_requests import (  # noqa: F401
     backward_request,
@@ -230,6 +231,8 @@ class Verdict:
     reference_us: the server's time forming the fp64 references and checking.
     reference_engine: where the fp64 products were formed ("cuBLAS DGEMM on
     <device>", "OpenBLAS dgemm on the host").
+    run_id: the run's id in the server's history when the call asked to
+    record it (``record=``), else 0.
     """
 
     verdict: str
@@ -240,6 +243,7 @@ class Verdict:
     reference_engine: str = ""
     rows_total: int = 0
     sample_seed: int = 0
+    run_id: int = 0
 
     @property
     def passed(self) -> bool:
@@ -387,8 +391,12 @@ def _describe_candidate(c: CandidateVerdict, max_elements: int) -> List[str]:
 # -- the call -----------------------------------------------------------------------------
 
 
-def call(transport: Any, header: pb.VerifyHeader, tensors: Sequence[T.Outgoing]) -> Verdict:
-    """Streams the header and tensors through a Client (its _Transport) and reads the one result."""
+def call(
+    transport: Any, header: pb.VerifyHeader, tensors: Sequence[T.Outgoing], record: Any = None
+) -> Verdict:
+    """Streams the header and tensors through a Client (its _Transport) and reads the one result;
+    with ``record`` (a RunLabels) the server records the run (Verdict.run_id)."""
+    _history.set_record(header, record)
     result, _ = transport._stream(transport._stub.Verify, pb.VerifyRequest, "header", header, tensors, lambda r: [])
     return _verdict_of(result)
 
@@ -485,5 +493,6 @@ def _verdict_of(result: pb.VerifyResult) -> Verdict:
         reference_engine=result.reference_engine,
         rows_total=int(result.rows_total),
         sample_seed=int(result.sample_seed),
+        run_id=int(result.run_id),
     )
 

@@ -1,0 +1,121 @@
+"""The server's history of Verify runs (docs/PROTOCOL.md, "Recording a Verify
+run, and ListRuns"): the labels a recorded run carries (``record=`` of the
+verify_* calls) and what Client.list_runs gives back.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+from .errors import InvalidArgumentError
+from .v1 import logitd_pb2 as pb
+
+_OPERATIONS = {
+    pb.VERIFY_LOGITS: "logits",
+    pb.VERIFY_BACKWARD: "backward",
+    pb.VERIFY_CROSS_ENTROPY: "cross_entropy",
+    pb.VERIFY_LOGPROBS: "logprobs",
+}
+
+
+@dataclass(frozen=True)
+class RunLabels:
+    """Where a recorded run belongs: project and case are required; branch and
+    ref (a commit) are the caller's; each at most 256 bytes."""
+
+    project: str
+    case: str
+    branch: str = ""
+    ref: str = ""
+
+
+@dataclass(frozen=True)
+class CandidateSummary:
+    """A candidate's figures as its run's Verify gave them (rms_ratio and
+    effective_bits 0 where the precision class was not tested)."""
+
+    name: str
+    verdict: str
+    xxh3: int
+    elements: int
+    outside_bound: int
+    worst_bound_fraction: float
+    bitwise_equal_fraction: float
+    max_ulp: int
+    p99_ulp: int
+    rms_ratio: float
+    effective_bits: float
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One recorded Verify run: its id, labels, operation ("logits",
+    "backward", "cross_entropy", "logprobs"), inputs' digest, verdict, the
+    platform that judged it and when, and its candidates' figures."""
+
+    run_id: int
+    labels: RunLabels
+    operation: str
+    inputs_xxh3: int
+    verdict: str
+    backend: str
+    device: str
+    logitd_version: str
+    recorded_unix_micros: int
+    candidates: Tuple[CandidateSummary, ...]
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """A page of runs, newest first; next_before_run_id is the before_run_id of
+    the next page (0: this is the last)."""
+
+    runs: Tuple[RunSummary, ...]
+    next_before_run_id: int
+
+
+def set_record(header: pb.VerifyHeader, record: Optional[RunLabels]) -> None:
+    """Asks the server to record the run under ``record`` (None: not recorded)."""
+    if record is None:
+        return
+    if not isinstance(record, RunLabels):
+        raise InvalidArgumentError("record: expected a logitd.RunLabels, got %r" % (record,))
+    header.record.CopyFrom(
+        pb.RunLabels(project=record.project, case_name=record.case, branch=record.branch, ref=record.ref)
+    )
+
+
+def _run_of(r: Any) -> RunSummary:
+    return RunSummary(
+        run_id=int(r.run_id),
+        labels=RunLabels(r.labels.project, r.labels.case_name, r.labels.branch, r.labels.ref),
+        operation=_OPERATIONS.get(r.operation, "unspecified"),
+        inputs_xxh3=int(r.inputs_xxh3),
+        verdict=r.verdict,
+        backend=r.backend,
+        device=r.device,
+        logitd_version=r.logitd_version,
+        recorded_unix_micros=int(r.recorded_unix_micros),
+        candidates=tuple(
+            CandidateSummary(
+                name=c.name,
+                verdict=c.verdict,
+                xxh3=int(c.xxh3),
+                elements=int(c.elements),
+                outside_bound=int(c.outside_bound),
+                worst_bound_fraction=float(c.worst_bound_fraction),
+                bitwise_equal_fraction=float(c.bitwise_equal_fraction),
+                max_ulp=int(c.max_ulp),
+                p99_ulp=int(c.p99_ulp),
+                rms_ratio=float(c.rms_ratio),
+                effective_bits=float(c.effective_bits),
+            )
+            for c in r.candidates
+        ),
+    )
+
+
+def page_of(response: pb.ListRunsResponse) -> RunPage:
+    return RunPage(
+        runs=tuple(_run_of(r) for r in response.runs),
+        next_before_run_id=int(response.next_before_run_id),
+    )

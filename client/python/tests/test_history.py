@@ -1,0 +1,90 @@
+"""The server's history from Python: verify_*(record=RunLabels(...)) records
+a run (Verdict.run_id), list_runs gives it back with its figures, filtered and
+a page at a time; a server with --history=none refuses both."""
+
+import os
+
+import numpy as np
+import pytest
+import server_process
+from reference import to_bf16
+
+import logitd
+
+pytestmark = pytest.mark.needs_server
+
+
+def _binary():
+    binary = os.environ.get("LOGITD_BIN", "")
+    if not (binary and os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        pytest.skip("LOGITD_BIN is not set to a logitd binary")
+    return binary
+
+
+def normal_bf16(seed, shape):
+    return to_bf16(np.random.default_rng(seed).standard_normal(shape))
+
+
+@pytest.fixture
+def history_server(tmp_path):
+    started = server_process.start(_binary(), tmp_path, ["--history=%s" % (tmp_path / "h.sqlite3")])
+    yield started.address
+    started.stop(timeout_s=40)
+
+
+def test_verify_records_runs_that_list_runs_gives_back(history_server):
+    with logitd.Client(history_server, timeout=120) as c:
+        w = normal_bf16(1, (60, 32))
+        info = c.register_weights(w, name="h")
+        x = normal_bf16(2, (4, 32))
+        y = c.logits(x, info)
+        plain = c.verify_logits(x, y, info)
+        assert plain.run_id == 0
+        ids = []
+        for i, branch in enumerate(["main", "main", "dev"]):
+            v = c.verify_logits(x, y, info, record=logitd.RunLabels("lm", "logits", branch, "c%d" % i))
+            assert v.passed and v.run_id > 0
+            ids.append(v.run_id)
+        targets = np.array([3, 7, -100, 59], dtype=np.int64)
+        ce = c.cross_entropy(x, targets, info, reduction="none", want_lse=True)
+        v = c.verify_cross_entropy(
+            x, targets, info, loss=ce.loss, lse=ce.lse, reduction="none", record=logitd.RunLabels("lm", "ce")
+        )
+        assert v.passed and v.run_id > ids[-1]
+
+        page = c.list_runs(project="lm", case="logits")
+        assert [r.run_id for r in page.runs] == ids[::-1]
+        assert page.next_before_run_id == 0
+        newest = page.runs[0]
+        assert newest.labels == logitd.RunLabels("lm", "logits", "dev", "c2")
+        assert newest.operation == "logits" and newest.backend == "cpu"
+        assert newest.verdict in ("within_bounds", "bitwise_equal_to_logitd")
+        (cand,) = newest.candidates
+        assert cand.name == "y" and cand.elements == 4 * 60
+        assert [r.labels.ref for r in c.list_runs(branch="main").runs] == ["c1", "c0"]
+        assert c.list_runs(case="ce").runs[0].operation == "cross_entropy"
+        first = c.list_runs(page_size=2)
+        assert len(first.runs) == 2 and first.next_before_run_id == first.runs[-1].run_id
+        rest = c.list_runs(page_size=2, before_run_id=first.next_before_run_id)
+        assert [r.run_id for r in rest.runs] == [ids[1], ids[0]] and rest.next_before_run_id == 0
+
+        with pytest.raises(logitd.InvalidArgumentError, match="record.case_name"):
+            c.verify_logits(x, y, info, record=logitd.RunLabels("lm", ""))
+        with pytest.raises(logitd.InvalidArgumentError, match="record"):
+            c.verify_logits(x, y, info, record={"project": "lm"})
+
+
+def test_a_server_without_history_refuses_to_record_and_to_list(tmp_path):
+    started = server_process.start(_binary(), tmp_path, ["--history=none"])
+    try:
+        with logitd.Client(started.address, timeout=120) as c:
+            info = c.register_weights(normal_bf16(3, (20, 16)), name="h")
+            x = normal_bf16(4, (2, 16))
+            y = c.logits(x, info)
+            with pytest.raises(logitd.FailedPreconditionError, match="--history=none"):
+                c.verify_logits(x, y, info, record=logitd.RunLabels("p", "c"))
+            with pytest.raises(logitd.FailedPreconditionError):
+                c.list_runs()
+            assert c.verify_logits(x, y, info).passed
+    finally:
+        started.stop(timeout_s=40)
