@@ -124,6 +124,40 @@ absl::Status VerifySlots(const VerifyArgs& args, CallTensors* slots) {
   return absl::OkStatus();
 }
 
+// The header's history fields: the labels to record the run under and the
+// run to compare with.
+void SetHistory(const VerifyArgs& args, v1::VerifyHeader* h) {
+  if (args.record.has_value()) {
+    v1::RunLabels* r = h->mutable_record();
+    r->set_project(args.record->project);
+    r->set_case_name(args.record->case_name);
+    r->set_branch(args.record->branch);
+    r->set_ref(args.record->ref);
+  }
+  if (args.compare.has_value()) {
+    v1::BaselineSelector* c = h->mutable_compare();
+    if (!args.compare->branch.empty()) c->set_branch(args.compare->branch);
+    if (!args.compare->ref.empty()) c->set_ref(args.compare->ref);
+    if (args.compare->run_id != 0) c->set_run_id(args.compare->run_id);
+  }
+}
+
+RunComparison ComparisonOf(const v1::RunComparison& rc) {
+  RunComparison c;
+  c.baseline_run_id = rc.baseline_run_id();
+  c.baseline_labels = RunLabels{rc.baseline_labels().project(), rc.baseline_labels().case_name(),
+                                rc.baseline_labels().branch(), rc.baseline_labels().ref()};
+  c.baseline_verdict = rc.baseline_verdict();
+  c.platform_difference = rc.platform_difference();
+  c.same_inputs = rc.same_inputs();
+  for (const v1::CandidateComparison& cc : rc.candidates()) {
+    c.candidates.push_back(CandidateComparison{cc.name(), cc.bits(), cc.baseline_verdict(),
+                                               cc.worst_bound_fraction_delta(), cc.max_ulp_delta(),
+                                               cc.effective_bits_delta()});
+  }
+  return c;
+}
+
 }  // namespace
 
 absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
@@ -147,13 +181,7 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
   if (logits) h->set_alpha(args.alpha);
   h->set_sample_rows(static_cast<std::uint32_t>(std::max<std::int64_t>(0, args.sample_rows)));
   h->set_sample_seed(args.sample_seed);
-  if (args.record.has_value()) {
-    v1::RunLabels* r = h->mutable_record();
-    r->set_project(args.record->project);
-    r->set_case_name(args.record->case_name);
-    r->set_branch(args.record->branch);
-    r->set_ref(args.record->ref);
-  }
+  SetHistory(args, h);
   slots.ForEachInput(
       [&](const std::string& name, const v1::TensorSpec& spec, const v1::ShmRef* ref) {
         if (name == "x") {
@@ -196,6 +224,7 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
         out.reference_us = result.reference_us();
         out.reference_engine = result.reference_engine();
         out.run_id = result.run_id();
+        if (result.has_comparison()) out.comparison = ComparisonOf(result.comparison());
         return out;
       });
 }

@@ -61,16 +61,43 @@ struct VerifyCommandArgs {
   std::string project;
   std::string branch;
   std::string ref;
+  // The recorded run to compare with (--compare_branch, --compare_ref,
+  // --compare_run).
+  std::string compare_branch;
+  std::string compare_ref;
+  std::string compare_run;
   bool help = false;
 };
 
-constexpr const char* kValueFlags[] = {
-    "op",         "x",           "weight",       "w",           "dy",
-    "targets",    "candidate",   "alpha",        "sample_rows", "sample_seed",
-    "json",       "junit",       "report",       "record",      "baseline",
-    "case",       "reduction",   "ignore_index", "z_loss",      "logit_softcap",
-    "grad_scale", "temperature", "vocab_size",   "project",     "branch",
-    "ref"};
+constexpr const char* kValueFlags[] = {"op",
+                                       "x",
+                                       "weight",
+                                       "w",
+                                       "dy",
+                                       "targets",
+                                       "candidate",
+                                       "alpha",
+                                       "sample_rows",
+                                       "sample_seed",
+                                       "json",
+                                       "junit",
+                                       "report",
+                                       "record",
+                                       "baseline",
+                                       "case",
+                                       "reduction",
+                                       "ignore_index",
+                                       "z_loss",
+                                       "logit_softcap",
+                                       "grad_scale",
+                                       "temperature",
+                                       "vocab_size",
+                                       "project",
+                                       "branch",
+                                       "ref",
+                                       "compare_branch",
+                                       "compare_ref",
+                                       "compare_run"};
 
 // A finite float option.
 absl::StatusOr<float> FloatOption(const std::string& name, const std::string& value) {
@@ -158,21 +185,24 @@ absl::Status Apply(const std::string& name, const std::string& value, VerifyComm
   } else if (name == "candidate") {
     a->candidates.push_back(value);
   } else {
-    std::string* field = name == "op"         ? &a->op
-                         : name == "x"        ? &a->x
-                         : name == "weight"   ? &a->weight
-                         : name == "w"        ? &a->w
-                         : name == "dy"       ? &a->dy
-                         : name == "targets"  ? &a->targets
-                         : name == "json"     ? &a->json_path
-                         : name == "junit"    ? &a->junit_path
-                         : name == "record"   ? &a->record_path
-                         : name == "baseline" ? &a->baseline_path
-                         : name == "case"     ? &a->case_name
-                         : name == "project"  ? &a->project
-                         : name == "branch"   ? &a->branch
-                         : name == "ref"      ? &a->ref
-                                              : &a->report_dir;
+    std::string* field = name == "op"               ? &a->op
+                         : name == "x"              ? &a->x
+                         : name == "weight"         ? &a->weight
+                         : name == "w"              ? &a->w
+                         : name == "dy"             ? &a->dy
+                         : name == "targets"        ? &a->targets
+                         : name == "json"           ? &a->json_path
+                         : name == "junit"          ? &a->junit_path
+                         : name == "record"         ? &a->record_path
+                         : name == "baseline"       ? &a->baseline_path
+                         : name == "case"           ? &a->case_name
+                         : name == "project"        ? &a->project
+                         : name == "branch"         ? &a->branch
+                         : name == "ref"            ? &a->ref
+                         : name == "compare_branch" ? &a->compare_branch
+                         : name == "compare_ref"    ? &a->compare_ref
+                         : name == "compare_run"    ? &a->compare_run
+                                                    : &a->report_dir;
     *field = value;
   }
   return absl::OkStatus();
@@ -297,6 +327,12 @@ sampled.
                       --history) under PROJECT and --case, with
                       --branch=BRANCH and --ref=REF (a commit) if given;
                       `logitctl runs` lists the recorded runs
+  --compare_branch=B | --compare_ref=R | --compare_run=ID
+                      with --project: compare the candidates with that
+                      recorded run of the project and case (a branch's or
+                      ref's latest): bits identical, different (both within
+                      bounds) or different (outside bounds), the figures'
+                      deltas, and whether the platform or inputs differ
 
 )" + std::string(kVerifyExitCodes);
 }
@@ -448,6 +484,24 @@ absl::Status CheckCombination(const VerifyCommandArgs& a, client::VerifyArgs* ca
     }
     call->record = client::RunLabels{a.project, a.case_name, a.branch, a.ref};
   }
+  const int selectors = !a.compare_branch.empty() + !a.compare_ref.empty() + !a.compare_run.empty();
+  if (selectors > 1) {
+    return absl::InvalidArgumentError(
+        "--compare_branch, --compare_ref and --compare_run exclude each other");
+  }
+  if (selectors == 1) {
+    if (a.project.empty()) {
+      return absl::InvalidArgumentError(
+          "--compare_*: needs --project and --case (the runs it compares with are theirs)");
+    }
+    client::BaselineSelector sel{a.compare_branch, a.compare_ref, 0};
+    if (!a.compare_run.empty() &&
+        (!absl::SimpleAtoi(a.compare_run, &sel.run_id) || sel.run_id <= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--compare_run: expected a run id (logitctl runs), got '", a.compare_run, "'"));
+    }
+    call->compare = sel;
+  }
   return absl::OkStatus();
 }
 
@@ -518,6 +572,23 @@ absl::Status LoadTensors(const VerifyCommandArgs& a, const std::vector<std::stri
 // A refusal of what was sent (a shape, a dtype, a handle, a size past the
 // server's limits) or of the connection (IsServerUnreachable): exit 2, as a
 // usage error is. What else the server answers (INTERNAL, a deadline) is 1.
+// The candidates against the baseline run, a line each, and what differs
+// between the two runs' platforms and inputs.
+void PrintComparison(const client::RunComparison& c) {
+  std::printf("against run %lld (%s%s%s, %s):%s%s\n", static_cast<long long>(c.baseline_run_id),
+              c.baseline_labels.branch.empty() ? "no branch" : c.baseline_labels.branch.c_str(),
+              c.baseline_labels.ref.empty() ? "" : " at ", c.baseline_labels.ref.c_str(),
+              c.baseline_verdict.c_str(), c.same_inputs ? "" : " OTHER INPUTS,",
+              c.platform_difference.empty()
+                  ? " the same platform"
+                  : absl::StrCat(" ANOTHER PLATFORM (", c.platform_difference, ")").c_str());
+  for (const client::CandidateComparison& cc : c.candidates) {
+    std::printf("  %s: %s (worst bound fraction %+.3g, max ulp %+lld, effective bits %+.2f)\n",
+                cc.name.c_str(), cc.bits.c_str(), cc.worst_bound_fraction_delta,
+                static_cast<long long>(cc.max_ulp_delta), cc.effective_bits_delta);
+  }
+}
+
 bool IsInputOrConnectionError(const absl::Status& status) {
   return exit_codes::ForStatus(status) == exit_codes::kUsage;
 }
@@ -593,6 +664,7 @@ int RunVerifyCommand(const std::string& server, const std::vector<std::string>& 
     std::printf("recorded as run %lld in the server's history (project %s, case %s)\n",
                 static_cast<long long>(result->run_id), a.project.c_str(), a.case_name.c_str());
   }
+  if (result->comparison.has_value()) PrintComparison(*result->comparison);
   return finish(ExitCodeFor(report.results, false));
 }
 

@@ -286,7 +286,8 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
               "SELECT id, tenant, project, case_name, branch, ref, operation, inputs_xxh3, "
               "verdict, backend, device, logitd_version, recorded_unix_us FROM runs WHERE "
               "tenant = ?1 AND (?2 = '' OR project = ?2) AND (?3 = '' OR case_name = ?3) AND "
-              "(?4 = '' OR branch = ?4) AND (?5 = 0 OR id < ?5) ORDER BY id DESC LIMIT ?6");
+              "(?4 = '' OR branch = ?4) AND (?5 = 0 OR id < ?5) AND (?7 = '' OR ref = ?7) AND "
+              "(?8 = 0 OR id = ?8) ORDER BY id DESC LIMIT ?6");
   if (absl::Status st = s.status("prepare the runs' query"); !st.ok()) return st;
   s.Bind(1, filter.tenant);
   s.Bind(2, filter.project);
@@ -295,6 +296,8 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
   s.Bind(5, filter.before_id);
   s.Bind(6, static_cast<std::int64_t>(
                 filter.limit <= 0 ? kMaxListedRuns : std::min(filter.limit, kMaxListedRuns + 1)));
+  s.Bind(7, filter.ref);
+  s.Bind(8, filter.run_id);
   std::vector<RunRecord> runs;
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) {

@@ -68,6 +68,8 @@ struct RunFilter {
   std::string project;
   std::string case_name;
   std::string branch;
+  std::string ref;
+  std::int64_t run_id = 0;  // 0: any
   std::int64_t before_id = 0;
   int limit = 100;
 };

@@ -5,7 +5,9 @@
 // the same file; two tenants see only their own; a server with
 // --history=none refuses both with FAILED_PRECONDITION and still verifies
 // what asks for no record; bad labels are INVALID_ARGUMENT before any work.
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -202,6 +204,91 @@ TEST(HistoryTest, AServerWithoutHistoryRefusesToRecordAndToListButStillVerifies)
   EXPECT_EQ(plain->run_id, 0);
 }
 
+// A Verify compared with a recorded run: the same bits are "identical",
+// one ulp off "different_within_bounds", far off "different_outside_bounds",
+// with the figures' deltas; other inputs are said; a baseline that is not
+// there is NOT_FOUND before any work, and compare without record is
+// INVALID_ARGUMENT.
+TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
+  TempDir dir;
+  absl::StatusOr<ServerProcess> server =
+      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--history=" + (dir / "h.sqlite3")});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<client::Client> c = Connect(*server);
+  const std::string handle = Register(*c, NormalBf16({64, 48}, 31));
+  const Tensor x = NormalBf16({5, 48}, 32);
+  absl::StatusOr<Tensor> y = c->Logits(x, handle);
+  ASSERT_TRUE(y.ok()) << y.status();
+  const auto verify = [&](const Tensor& candidate, const Tensor& inputs, const std::string& branch,
+                          std::optional<client::BaselineSelector> compare) {
+    VerifyArgs args;
+    args.operation = VerifyOperation::kLogits;
+    args.weight_handle = handle;
+    args.x = inputs;
+    args.candidates["y"] = candidate;
+    args.record = RunLabels{"p", "logits", branch, ""};
+    args.compare = std::move(compare);
+    return c->Verify(args);
+  };
+  absl::StatusOr<VerifyResult> base = verify(*y, x, "main", std::nullopt);
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_FALSE(base->comparison.has_value());
+
+  absl::StatusOr<VerifyResult> same = verify(*y, x, "dev", client::BaselineSelector{"main", "", 0});
+  ASSERT_TRUE(same.ok()) << same.status();
+  ASSERT_TRUE(same->comparison.has_value());
+  EXPECT_EQ(same->comparison->baseline_run_id, base->run_id);
+  EXPECT_EQ(same->comparison->baseline_labels.branch, "main");
+  EXPECT_TRUE(same->comparison->same_inputs);
+  EXPECT_EQ(same->comparison->platform_difference, "");
+  ASSERT_EQ(same->comparison->candidates.size(), 1u);
+  EXPECT_EQ(same->comparison->candidates[0].bits, "identical");
+  EXPECT_EQ(same->comparison->candidates[0].max_ulp_delta, 0);
+
+  Tensor ulp(DType::kFp32, y->shape());
+  std::memcpy(ulp.bytes(), y->bytes(), y->nbytes());
+  float* v = ulp.data<float>();
+  v[7] = std::nextafter(v[7], 1e30f);
+  absl::StatusOr<VerifyResult> off = verify(ulp, x, "dev", client::BaselineSelector{"main", "", 0});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->comparison->candidates[0].bits, "different_within_bounds");
+  EXPECT_EQ(off->comparison->candidates[0].max_ulp_delta, 1);
+  v[7] = 1e30f;
+  absl::StatusOr<VerifyResult> far =
+      verify(ulp, x, "dev", client::BaselineSelector{"", "", base->run_id});
+  ASSERT_TRUE(far.ok()) << far.status();
+  EXPECT_EQ(far->verdict, "outside_bounds");
+  EXPECT_EQ(far->comparison->candidates[0].bits, "different_outside_bounds");
+  EXPECT_GT(far->comparison->candidates[0].worst_bound_fraction_delta, 1);
+  // The branch's latest run is the one before this one.
+  absl::StatusOr<VerifyResult> latest =
+      verify(*y, x, "dev", client::BaselineSelector{"dev", "", 0});
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->comparison->baseline_run_id, far->run_id);
+  EXPECT_EQ(latest->comparison->candidates[0].bits, "different_outside_bounds");
+  // Other inputs are said.
+  const Tensor x2 = NormalBf16({5, 48}, 33);
+  absl::StatusOr<Tensor> y2 = c->Logits(x2, handle);
+  absl::StatusOr<VerifyResult> other =
+      verify(*y2, x2, "dev", client::BaselineSelector{"main", "", 0});
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_FALSE(other->comparison->same_inputs);
+
+  absl::StatusOr<VerifyResult> none = verify(*y, x, "dev", client::BaselineSelector{"nope", "", 0});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(none.status().message(),
+              HasSubstr("no recorded run of project 'p', case 'logits' on branch 'nope'"));
+  VerifyArgs unrecorded;
+  unrecorded.operation = VerifyOperation::kLogits;
+  unrecorded.weight_handle = handle;
+  unrecorded.x = x;
+  unrecorded.candidates["y"] = *y;
+  unrecorded.compare = client::BaselineSelector{"main", "", 0};
+  EXPECT_EQ(c->Verify(unrecorded).status().code(), absl::StatusCode::kInvalidArgument);
+  // Nothing was recorded by the refused calls.
+  EXPECT_EQ(c->ListRuns(ListRunsArgs{})->runs.size(), 6u);
+}
+
 // logitctl: verify --project records (and says the run's id), runs lists
 // the runs as a table or JSON, filtered; --project without --case and
 // --branch without --project are usage errors (exit 2) before any call.
@@ -232,6 +319,17 @@ TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
   LogitctlRun r = with({"--project=lm", "--case=six", "--branch=main", "--ref=c0ffee"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("recorded as run 1 in the server's history (project lm, case six)"));
+  r = with({"--project=lm", "--case=six", "--branch=dev", "--compare_branch=main"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("against run 1 (main at c0ffee, bitwise_equal_to_logitd): the same "
+                               "platform"));
+  EXPECT_THAT(r.out, HasSubstr("  y: identical"));
+  r = with({"--project=lm", "--case=six", "--compare_run=99"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("no recorded run of project 'lm', case 'six' with id 99"));
+  r = with({"--compare_branch=main"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--compare_*: needs --project"));
   r = with({"--project=lm", "--case=other"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   r = with({"--project=lm"});
@@ -249,13 +347,13 @@ TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
-  ASSERT_EQ(j["runs"].size(), 1u);
-  EXPECT_EQ(j["runs"][0]["run_id"], 1);
-  EXPECT_EQ(j["runs"][0]["branch"], "main");
+  ASSERT_EQ(j["runs"].size(), 2u);
+  EXPECT_EQ(j["runs"][1]["run_id"], 1);
+  EXPECT_EQ(j["runs"][1]["branch"], "main");
   EXPECT_EQ(j["runs"][0]["candidates"][0]["verdict"], "bitwise_equal_to_logitd");
   EXPECT_EQ(j["next_before"], 0);
   r = RunLogitctl({at, "runs", "--limit=1"});
-  EXPECT_THAT(r.out, HasSubstr("more: --before=2"));
+  EXPECT_THAT(r.out, HasSubstr("more: --before=3"));
   EXPECT_EQ(RunLogitctl({at, "runs", "--limit=0"}).exit_code, 2);
 }
 

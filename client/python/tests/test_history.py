@@ -68,6 +68,24 @@ def test_verify_records_runs_that_list_runs_gives_back(history_server):
         rest = c.list_runs(page_size=2, before_run_id=first.next_before_run_id)
         assert [r.run_id for r in rest.runs] == [ids[1], ids[0]] and rest.next_before_run_id == 0
 
+        # Compared with main's latest run: the same bits; one value far off.
+        same = c.verify_logits(
+            x, y, info, record=logitd.RunLabels("lm", "logits", "pr"), compare=logitd.Baseline(branch="main")
+        )
+        assert same.comparison.baseline_run_id == ids[1]
+        assert same.comparison.same_inputs and same.comparison.platform_difference == ""
+        assert [(cc.name, cc.bits) for cc in same.comparison.candidates] == [("y", "identical")]
+        bad = y.copy()
+        bad[0, 0] = 1e30
+        far = c.verify_logits(
+            x, bad, info, record=logitd.RunLabels("lm", "logits", "pr"), compare=logitd.Baseline(run_id=ids[0])
+        )
+        assert far.verdict == "outside_bounds"
+        assert far.comparison.candidates[0].bits == "different_outside_bounds"
+        assert c.verify_logits(x, y, info).comparison is None
+        with pytest.raises(logitd.NotFoundError, match="on branch 'nope'"):
+            c.verify_logits(x, y, info, record=logitd.RunLabels("lm", "logits"), compare=logitd.Baseline(branch="nope"))
+
         with pytest.raises(logitd.InvalidArgumentError, match="record.case_name"):
             c.verify_logits(x, y, info, record=logitd.RunLabels("lm", ""))
         with pytest.raises(logitd.InvalidArgumentError, match="record"):

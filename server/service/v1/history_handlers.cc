@@ -2,10 +2,12 @@
 // (VerifyHeader.record), and ListRuns, the tenant's runs newest first. The
 // store is the server's (--history, server/history/history_store.h).
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "logitd/status_macros.h"
 #include "server/history/history_store.h"
 #include "server/service/state/build_info.h"
 #include "server/service/v1/service.h"
@@ -72,6 +74,84 @@ void FillRun(const history::RunRecord& r, v1::RunSummary* out) {
   }
 }
 
+// What differs between this server's platform and the run's ("" for none).
+std::string PlatformDifference(const history::RunRecord& base, const std::string& backend,
+                               const std::string& device, const std::string& version) {
+  std::string out;
+  for (const auto& [what, was, is] :
+       {std::tuple{"backend", &base.backend, &backend}, std::tuple{"device", &base.device, &device},
+        std::tuple{"logitd version", &base.logitd_version, &version}}) {
+    if (*was != *is) {
+      absl::StrAppend(&out, out.empty() ? "" : "; ", what, " ", *was, " then, ", *is, " now");
+    }
+  }
+  return out;
+}
+
+bool Passing(const std::string& verdict) {
+  return verdict.rfind("within_bounds", 0) == 0 || verdict.rfind("bitwise_equal", 0) == 0;
+}
+
+// This run's candidates against the baseline's, into *out.
+void Compare(const history::RunRecord& base, const v1::VerifyResult& result,
+             const std::string& platform_difference, v1::RunComparison* out) {
+  out->set_baseline_run_id(base.id);
+  v1::RunLabels* labels = out->mutable_baseline_labels();
+  labels->set_project(base.labels.project);
+  labels->set_case_name(base.labels.case_name);
+  labels->set_branch(base.labels.branch);
+  labels->set_ref(base.labels.ref);
+  out->set_baseline_verdict(base.verdict);
+  out->set_platform_difference(platform_difference);
+  out->set_same_inputs(base.inputs_xxh3 == result.inputs_xxh3());
+  for (const v1::CandidateVerdict& c : result.candidates()) {
+    v1::CandidateComparison* cc = out->add_candidates();
+    cc->set_name(c.name());
+    const history::CandidateFigures* was = nullptr;
+    for (const history::CandidateFigures& b : base.candidates) {
+      if (b.name == c.name()) was = &b;
+    }
+    if (was == nullptr) {
+      cc->set_bits("new");
+      continue;
+    }
+    cc->set_baseline_verdict(was->verdict);
+    cc->set_bits(was->xxh3 == c.xxh3()                           ? "identical"
+                 : Passing(was->verdict) && Passing(c.verdict()) ? "different_within_bounds"
+                                                                 : "different_outside_bounds");
+    cc->set_worst_bound_fraction_delta(c.worst_bound_fraction() - was->worst_bound_fraction);
+    cc->set_max_ulp_delta(c.max_ulp() - was->max_ulp);
+    const double bits = c.precision_class().tested() ? c.precision_class().effective_bits() : 0;
+    cc->set_effective_bits_delta(bits - was->effective_bits);
+  }
+}
+
+// The latest run of the header's project and case that its `compare`
+// selects, the tenant's; NOT_FOUND when there is none.
+absl::StatusOr<history::RunRecord> FindBaseline(history::HistoryStore& store,
+                                                const v1::VerifyHeader& header,
+                                                const Tenant& tenant) {
+  const v1::BaselineSelector& sel = header.compare();
+  history::RunFilter f;
+  f.tenant = tenant.id;
+  f.project = header.record().project();
+  f.case_name = header.record().case_name();
+  f.branch = sel.has_branch() ? sel.branch() : "";
+  f.ref = sel.has_ref() ? sel.ref() : "";
+  f.run_id = sel.has_run_id() ? sel.run_id() : 0;
+  f.limit = 1;
+  LOGITD_ASSIGN_OR_RETURN(std::vector<history::RunRecord> base, store.List(f));
+  if (base.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "compare: no recorded run of project '", f.project, "', case '", f.case_name, "' ",
+        sel.has_branch() ? absl::StrCat("on branch '", f.branch, "'")
+        : sel.has_ref()  ? absl::StrCat("at ref '", f.ref, "'")
+                         : absl::StrCat("with id ", f.run_id),
+        " for this caller"));
+  }
+  return std::move(base.front());
+}
+
 }  // namespace
 
 absl::Status LogitdService::CheckRecord(const v1::VerifyHeader& header) const {
@@ -80,16 +160,39 @@ absl::Status LogitdService::CheckRecord(const v1::VerifyHeader& header) const {
   return history::CheckLabels(LabelsOf(header.record()));
 }
 
+absl::Status LogitdService::CheckCompare(const v1::VerifyHeader& header,
+                                         const Tenant& tenant) const {
+  if (!header.has_compare()) return absl::OkStatus();
+  if (!header.has_record()) {
+    return absl::InvalidArgumentError(
+        "compare: needs record, whose project and case_name name the runs it compares with");
+  }
+  if (header.compare().baseline_case() == v1::BaselineSelector::BASELINE_NOT_SET) {
+    return absl::InvalidArgumentError("compare: expected one of branch, ref and run_id");
+  }
+  // Before the work: a baseline that is not there now is refused at once.
+  return FindBaseline(*options_.history, header, tenant).status();
+}
+
 absl::Status LogitdService::Record(const v1::VerifyHeader& header, const Tenant& tenant,
                                    v1::VerifyResult* result) const {
   if (!header.has_record() || options_.history == nullptr) return absl::OkStatus();
+  const kernels::BackendInfo info = backend_->Info();
+  if (header.has_compare()) {
+    // The baseline before this run is recorded (a branch's latest is
+    // another run than this one).
+    LOGITD_ASSIGN_OR_RETURN(const history::RunRecord base,
+                            FindBaseline(*options_.history, header, tenant));
+    Compare(base, *result,
+            PlatformDifference(base, info.backend, info.device_name, std::string(Version())),
+            result->mutable_comparison());
+  }
   history::RunRecord run;
   run.tenant = tenant.id;
   run.labels = LabelsOf(header.record());
   run.operation = v1::VerifyOperation_Name(header.operation());
   run.inputs_xxh3 = result->inputs_xxh3();
   run.verdict = result->verdict();
-  const kernels::BackendInfo info = backend_->Info();
   run.backend = info.backend;
   run.device = info.device_name;
   run.logitd_version = std::string(Version());

@@ -138,9 +138,11 @@ class LogitdService final : public RawTensorService {
   absl::Status DoLogProbs(LogProbsCall* call);
   absl::Status DoVerify(VerifyCall* call);
   // Verify's history (history_handlers.cc): whether the header's `record`
-  // can be kept (before the run), and the run kept (after it), its id in
-  // *result.
+  // can be kept (before the run), and the run compared with its baseline
+  // and kept (after it), its id and comparison in *result.
   absl::Status CheckRecord(const v1::VerifyHeader& header) const;
+  // Whether the header's `compare` can be answered (it needs `record`).
+  absl::Status CheckCompare(const v1::VerifyHeader& header, const Tenant& tenant) const;
   absl::Status Record(const v1::VerifyHeader& header, const Tenant& tenant,
                       v1::VerifyResult* result) const;
   absl::Status DoProbe(grpc::ServerContext* context,

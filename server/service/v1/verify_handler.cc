@@ -99,6 +99,7 @@ void FillCandidate(const VerifiedCandidate& c, v1::CandidateVerdict* out) {
 absl::Status LogitdService::DoVerify(VerifyCall* call) {
   LOGITD_RETURN_IF_ERROR(call->ReadHeader());
   LOGITD_RETURN_IF_ERROR(CheckRecord(call->header()));
+  LOGITD_RETURN_IF_ERROR(CheckCompare(call->header(), call->tenant()));
   LOGITD_ASSIGN_OR_RETURN(const VerifyRequest request,
                           VerifyRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
   LOGITD_ASSIGN_OR_RETURN(

@@ -551,6 +551,9 @@ struct VerifyArgs {
   // Set: the server records the run in its history (VerifyResult::run_id);
   // FailedPrecondition from a server that keeps none.
   std::optional<RunLabels> record;
+  // With record: compare the candidates with this recorded run of the same
+  // project and case (VerifyResult::comparison); NotFound when none.
+  std::optional<BaselineSelector> compare;
 };
 
 struct VerifyElement {
@@ -678,6 +681,7 @@ struct VerifyResult {
   std::string reference_engine;
   // The recorded run's id (VerifyArgs::record); 0 when not recorded.
   std::int64_t run_id = 0;
+  std::optional<RunComparison> comparison;  // with VerifyArgs::compare
   bool passed() const { return VerdictPassed(verdict); }
   const CandidateVerdict* Find(const std::string& name) const {
     for (const CandidateVerdict& c : candidates) {

@@ -18,6 +18,38 @@ struct RunLabels {
   std::string ref;
 };
 
+// Which recorded run a Verify compares with (VerifyArgs::compare): the
+// latest of a branch, of a ref, or a run by id; exactly one set.
+struct BaselineSelector {
+  std::string branch;
+  std::string ref;
+  std::int64_t run_id = 0;
+};
+
+// A candidate against the baseline run's of the same name: bits
+// "identical", "different_within_bounds", "different_outside_bounds" or
+// "new"; the deltas are this run's figure less the baseline's.
+struct CandidateComparison {
+  std::string name;
+  std::string bits;
+  std::string baseline_verdict;
+  double worst_bound_fraction_delta = 0;
+  std::int64_t max_ulp_delta = 0;
+  double effective_bits_delta = 0;
+};
+
+// A Verify's candidates against a recorded run's (VerifyResult::comparison).
+// platform_difference: "" when the baseline was judged on this platform,
+// else what differs; same_inputs: the same operation, options and tensors.
+struct RunComparison {
+  std::int64_t baseline_run_id = 0;
+  RunLabels baseline_labels;
+  std::string baseline_verdict;
+  std::string platform_difference;
+  bool same_inputs = false;
+  std::vector<CandidateComparison> candidates;
+};
+
 // A candidate's figures as its run's Verify gave them.
 struct CandidateSummary {
   std::string name;

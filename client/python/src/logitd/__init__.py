@@ -34,7 +34,7 @@ from .errors import (
     UnavailableError,
     UnimplementedError,
 )
-from .history import CandidateSummary, RunLabels, RunPage, RunSummary
+from .history import Baseline, CandidateComparison, CandidateSummary, RunComparison, RunLabels, RunPage, RunSummary
 from .shm import SharedRegion
 from .verify import (
     ERROR_HISTOGRAM_BINS,
@@ -50,6 +50,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BF16",
+    "Baseline",
+    "CandidateComparison",
     "ERROR_HISTOGRAM_BINS",
     "TLS",
     "CancelledError",
@@ -73,6 +75,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RetryPolicy",
     "RowPrecision",
+    "RunComparison",
     "RunLabels",
     "RunPage",
     "RunSummary",

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from . import verify as _verify
 from ._transport import _retried
-from .history import RunLabels
+from .history import Baseline, RunLabels
 from .verify import Verdict
 
 
@@ -23,6 +23,7 @@ class _VerifyCalls:
         sample_rows: int = 0,
         sample_seed: int = 0,
         record: Optional[RunLabels] = None,
+        compare: Optional[Baseline] = None,
     ) -> Verdict:
         """Judges logits Y [M, V] computed elsewhere (fp32 or bf16) from X [M, K]
         and W [V, K] against the contract: per element an fp64 reference of the
@@ -40,11 +41,17 @@ class _VerifyCalls:
         logitd.RunLabels(project, case, branch, ref) to have the server record
         the run in its history (Verdict.run_id; Client.list_runs lists it; such
         a call is not retried); FailedPreconditionError from a server without
-        history. Returns a Verdict; a candidate outside its bounds or its
+        history. compare: with record, a logitd.Baseline(branch=, ref= or
+        run_id=) to compare the candidates with that recorded run of the same
+        project and case (Verdict.comparison); NotFoundError when there is
+        none. Returns a Verdict; a candidate outside its bounds or its
         precision class is a verdict, not an error.
         """
         return _verify.call(
-            self, *_verify.logits_request(x, y, weight, alpha, sample_rows, sample_seed), record=record
+            self,
+            *_verify.logits_request(x, y, weight, alpha, sample_rows, sample_seed),
+            record=record,
+            compare=compare,
         )
 
     @_retried(unless="record")
@@ -59,6 +66,7 @@ class _VerifyCalls:
         sample_rows: int = 0,
         sample_seed: int = 0,
         record: Optional[RunLabels] = None,
+        compare: Optional[Baseline] = None,
     ) -> Verdict:
         """Judges gradients computed elsewhere, dX [M, K] and/or dW [V, K] (fp32
         or bf16), from dY [M, V] (fp32 or bf16), X and W under the backward
@@ -69,7 +77,10 @@ class _VerifyCalls:
         rows are sampled (its verdict has no "_sampled").
         """
         return _verify.call(
-            self, *_verify.backward_request(dy, x, weight, dx, dw, sample_rows, sample_seed), record=record
+            self,
+            *_verify.backward_request(dy, x, weight, dx, dw, sample_rows, sample_seed),
+            record=record,
+            compare=compare,
         )
 
     @_retried(unless="record")
@@ -91,6 +102,7 @@ class _VerifyCalls:
         sample_rows: int = 0,
         sample_seed: int = 0,
         record: Optional[RunLabels] = None,
+        compare: Optional[Baseline] = None,
     ) -> Verdict:
         """Judges a fused cross-entropy's outputs computed elsewhere: loss (fp32,
         [M] with reduction="none", else one value), lse (fp32 [M]), dx (fp32 or
@@ -115,6 +127,7 @@ class _VerifyCalls:
             self,
             *_verify.cross_entropy_request(x, targets, weight, loss, lse, options, dx, dw),
             record=record,
+            compare=compare,
         )
 
     @_retried(unless="record")
@@ -137,6 +150,7 @@ class _VerifyCalls:
         sample_rows: int = 0,
         sample_seed: int = 0,
         record: Optional[RunLabels] = None,
+        compare: Optional[Baseline] = None,
     ) -> Verdict:
         """Judges LogProbs' outputs computed elsewhere: logprob (needs targets),
         lse and/or entropy (fp32 [M]), top-k ids (int32 or int64 [M, k], most
@@ -159,4 +173,5 @@ class _VerifyCalls:
                 x, targets, weight, logprob, lse, entropy, options, topk_ids, topk_logprobs, rank
             ),
             record=record,
+            compare=compare,
         )

@@ -29,6 +29,45 @@ class RunLabels:
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """The recorded run a Verify compares with (``compare=`` of the verify_*
+    calls, which need ``record=``): the latest of a branch, of a ref, or a run
+    by id; exactly one given."""
+
+    branch: str = ""
+    ref: str = ""
+    run_id: int = 0
+
+
+@dataclass(frozen=True)
+class CandidateComparison:
+    """A candidate against the baseline run's of the same name: bits
+    "identical", "different_within_bounds", "different_outside_bounds" or
+    "new"; the deltas are this run's figure less the baseline's."""
+
+    name: str
+    bits: str
+    baseline_verdict: str
+    worst_bound_fraction_delta: float
+    max_ulp_delta: int
+    effective_bits_delta: float
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """A Verify's candidates against a recorded run's (Verdict.comparison).
+    platform_difference: "" when the baseline was judged on this platform,
+    else what differs; same_inputs: the same operation, options and tensors."""
+
+    baseline_run_id: int
+    baseline_labels: "RunLabels"
+    baseline_verdict: str
+    platform_difference: str
+    same_inputs: bool
+    candidates: Tuple[CandidateComparison, ...]
+
+
+@dataclass(frozen=True)
 class CandidateSummary:
     """A candidate's figures as its run's Verify gave them (rms_ratio and
     effective_bits 0 where the precision class was not tested)."""
@@ -81,6 +120,48 @@ def set_record(header: pb.VerifyHeader, record: Optional[RunLabels]) -> None:
         raise InvalidArgumentError("record: expected a logitd.RunLabels, got %r" % (record,))
     header.record.CopyFrom(
         pb.RunLabels(project=record.project, case_name=record.case, branch=record.branch, ref=record.ref)
+    )
+
+
+def set_compare(header: pb.VerifyHeader, compare: Optional[Baseline]) -> None:
+    """Asks the server to compare with a recorded run (None: no comparison)."""
+    if compare is None:
+        return
+    if not isinstance(compare, Baseline):
+        raise InvalidArgumentError("compare: expected a logitd.Baseline, got %r" % (compare,))
+    if compare.branch:
+        header.compare.branch = compare.branch
+    elif compare.ref:
+        header.compare.ref = compare.ref
+    elif compare.run_id:
+        header.compare.run_id = int(compare.run_id)
+    else:
+        raise InvalidArgumentError("compare: expected a branch, a ref or a run_id")
+
+
+def comparison_of(result: Any) -> Optional[RunComparison]:
+    if not result.HasField("comparison"):
+        return None
+    c = result.comparison
+    return RunComparison(
+        baseline_run_id=int(c.baseline_run_id),
+        baseline_labels=RunLabels(
+            c.baseline_labels.project, c.baseline_labels.case_name, c.baseline_labels.branch, c.baseline_labels.ref
+        ),
+        baseline_verdict=c.baseline_verdict,
+        platform_difference=c.platform_difference,
+        same_inputs=bool(c.same_inputs),
+        candidates=tuple(
+            CandidateComparison(
+                name=cc.name,
+                bits=cc.bits,
+                baseline_verdict=cc.baseline_verdict,
+                worst_bound_fraction_delta=float(cc.worst_bound_fraction_delta),
+                max_ulp_delta=int(cc.max_ulp_delta),
+                effective_bits_delta=float(cc.effective_bits_delta),
+            )
+            for cc in c.candidates
+        ),
     )
 
 

@@ -232,7 +232,8 @@ class Verdict:
     reference_engine: where the fp64 products were formed ("cuBLAS DGEMM on
     <device>", "OpenBLAS dgemm on the host").
     run_id: the run's id in the server's history when the call asked to
-    record it (``record=``), else 0.
+    record it (``record=``), else 0. comparison: with ``compare=``, the
+    candidates against that recorded run (a logitd.RunComparison), else None.
     """
 
     verdict: str
@@ -244,6 +245,7 @@ class Verdict:
     rows_total: int = 0
     sample_seed: int = 0
     run_id: int = 0
+    comparison: Any = None
 
     @property
     def passed(self) -> bool:
@@ -392,11 +394,17 @@ def _describe_candidate(c: CandidateVerdict, max_elements: int) -> List[str]:
 
 
 def call(
-    transport: Any, header: pb.VerifyHeader, tensors: Sequence[T.Outgoing], record: Any = None
+    transport: Any,
+    header: pb.VerifyHeader,
+    tensors: Sequence[T.Outgoing],
+    record: Any = None,
+    compare: Any = None,
 ) -> Verdict:
     """Streams the header and tensors through a Client (its _Transport) and reads the one result;
-    with ``record`` (a RunLabels) the server records the run (Verdict.run_id)."""
+    with ``record`` (a RunLabels) the server records the run (Verdict.run_id), with ``compare`` (a
+    Baseline) it compares it with a recorded run (Verdict.comparison)."""
     _history.set_record(header, record)
+    _history.set_compare(header, compare)
     result, _ = transport._stream(transport._stub.Verify, pb.VerifyRequest, "header", header, tensors, lambda r: [])
     return _verdict_of(result)
 
@@ -494,5 +502,6 @@ def _verdict_of(result: pb.VerifyResult) -> Verdict:
         rows_total=int(result.rows_total),
         sample_seed=int(result.sample_seed),
         run_id=int(result.run_id),
+        comparison=_history.comparison_of(result),
     )
 
