@@ -152,6 +152,9 @@ ABSL_FLAG(std::string, history, "auto",
           "reads them: an SQLite file (WAL mode, its schema migrated at start). auto: "
           "history.sqlite3 in the per-user state directory, as --algo_cache's; none: no history "
           "(recording Verify calls and ListRuns get FAILED_PRECONDITION); or a file path.");
+ABSL_FLAG(std::int64_t, history_max_runs, 100000,
+          "The most recorded runs the history keeps per tenant: recording one more prunes the "
+          "tenant's oldest (with their candidates). 0 keeps every run.");
 ABSL_FLAG(std::string, log_level, "info", "error|warning|info|debug.");
 ABSL_FLAG(std::string, test_fault, "",
           "Testing only, in builds with LOGITD_ENABLE_TEST_FAULTS=ON: comma-separated faults "
@@ -563,6 +566,12 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
   config.backend.test_device_faults = config.service.faults.has(service::FaultSet::kDeviceFaults);
   LOGITD_ASSIGN_OR_RETURN(config.service.auth, AuthenticatorFromFlags());
   LOGITD_ASSIGN_OR_RETURN(config.service.history, HistoryFromFlags());
+  config.service.history_max_runs = absl::GetFlag(FLAGS_history_max_runs);
+  if (config.service.history_max_runs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--history_max_runs: expected 0 (keep every run) or more, got ",
+                     config.service.history_max_runs));
+  }
   LOGITD_ASSIGN_OR_RETURN(config.credentials, ServerCredentialsFromFlags(&config.tls_mode));
   config.auth_mode = AuthMode(config);
   config.oip = absl::GetFlag(FLAGS_oip);

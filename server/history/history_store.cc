@@ -249,7 +249,7 @@ absl::Status HistoryStore::Migrate() {
   }
 }
 
-absl::Status HistoryStore::Record(RunRecord* run) {
+absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs) {
   if (run->recorded_unix_us == 0) run->recorded_unix_us = absl::ToUnixMicros(absl::Now());
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE;", "begin a run's write"); !s.ok()) return s;
@@ -277,6 +277,17 @@ absl::Status HistoryStore::Record(RunRecord* run) {
   if (insert.Step() != SQLITE_DONE) return fail(SqliteError(db_, "insert a run"));
   run->id = sqlite3_last_insert_rowid(db_);
   if (absl::Status s = InsertCandidates(db_, *run); !s.ok()) return fail(s);
+  if (max_runs > 0) {
+    // The tenant's runs older than its newest max_runs (their candidates
+    // with them: ON DELETE CASCADE).
+    Statement prune(db_,
+                    "DELETE FROM runs WHERE tenant = ?1 AND id <= (SELECT id FROM runs WHERE "
+                    "tenant = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)");
+    if (absl::Status s = prune.status("prepare the pruning"); !s.ok()) return fail(s);
+    prune.Bind(1, run->tenant);
+    prune.Bind(2, max_runs);
+    if (prune.Step() != SQLITE_DONE) return fail(SqliteError(db_, "prune old runs"));
+  }
   return Exec(db_, "COMMIT;", "commit a run");
 }
 

@@ -97,8 +97,9 @@ class HistoryStore {
   static constexpr int kSchemaVersion = 1;
 
   // Stores `run` and its candidates in one transaction; sets run->id (and
-  // recorded_unix_us when 0).
-  absl::Status Record(RunRecord* run);
+  // recorded_unix_us when 0). With max_runs > 0, the tenant's oldest runs
+  // past the newest max_runs go in the same transaction.
+  absl::Status Record(RunRecord* run, std::int64_t max_runs = 0);
   absl::StatusOr<std::vector<RunRecord>> List(const RunFilter& filter);
 
   const std::string& path() const { return path_; }

@@ -147,6 +147,41 @@ TEST(HistoryStoreTest, ListsATenantsRunsByLabelsAPageAtATime) {
   EXPECT_EQ(list(page), (std::vector<std::string>{"ref4", "ref3", "ref2"}));
 }
 
+// A tenant's runs past the newest max_runs are pruned with their
+// candidates, oldest first; another tenant's are not touched.
+TEST(HistoryStoreTest, RetentionPrunesATenantsOldestRuns) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<HistoryStore>> store =
+      HistoryStore::OpenSqlite(dir / "history.sqlite3");
+  ASSERT_TRUE(store.ok()) << store.status();
+  RunRecord other = MakeRun("t2", "p", "c", "main", 100);
+  ASSERT_TRUE((*store)->Record(&other, 3).ok());
+  for (int n = 0; n < 7; ++n) {
+    RunRecord r = MakeRun("t1", "p", "c", "main", n);
+    ASSERT_TRUE((*store)->Record(&r, 3).ok());
+  }
+  RunFilter f;
+  f.tenant = "t1";
+  absl::StatusOr<std::vector<RunRecord>> runs = (*store)->List(f);
+  ASSERT_TRUE(runs.ok());
+  std::vector<std::string> refs;
+  for (const RunRecord& r : *runs) refs.push_back(r.labels.ref);
+  EXPECT_EQ(refs, (std::vector<std::string>{"ref6", "ref5", "ref4"}));
+  for (const RunRecord& r : *runs) EXPECT_EQ(r.candidates.size(), 2u);
+  f.tenant = "t2";
+  EXPECT_EQ((*store)->List(f)->size(), 1u);
+  // The pruned runs' candidates went with them.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir / "history.sqlite3").c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM candidates", -1, &stmt, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(stmt, 0), 4 * 2);
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+}
+
 TEST(HistoryStoreTest, ServersOpeningOneNewFileAtOnceMigrateItOnce) {
   TempDir dir;
   const std::string path = dir / "history.sqlite3";

@@ -49,6 +49,8 @@ struct ServiceOptions {
   // Where Verify records the runs a caller asks it to (--history); null:
   // the server keeps no history.
   std::shared_ptr<history::HistoryStore> history;
+  // The most runs the history keeps per tenant (--history_max_runs); 0: all.
+  std::int64_t history_max_runs = 100000;
 };
 
 }  // namespace logitd::service

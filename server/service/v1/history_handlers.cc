@@ -199,7 +199,7 @@ absl::Status LogitdService::Record(const v1::VerifyHeader& header, const Tenant&
   for (const v1::CandidateVerdict& c : result->candidates()) {
     run.candidates.push_back(FiguresOf(c));
   }
-  if (absl::Status s = options_.history->Record(&run); !s.ok()) {
+  if (absl::Status s = options_.history->Record(&run, options_.history_max_runs); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("the verdict was formed but could not be recorded "
                                                "in the server's history: ",
                                                s.message()));
