@@ -85,12 +85,15 @@ struct MetricsServer {
   std::unique_ptr<ServerProcess> process;
   int metrics_port = 0;
 
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start() {
+  // `history`: the --history file under the server's directory ("": none).
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& history = "") {
     auto s = std::make_unique<MetricsServer>();
     const std::string port_file = s->dir.path() + "/metrics_port";
     absl::StatusOr<ServerProcess> p = ServerProcess::Start(
-        ServerBinary(), {"--backend=cpu", "--cpu_threads=1", "--metrics_address=127.0.0.1:0",
-                         absl::StrCat("--metrics_port_file=", port_file)});
+        ServerBinary(),
+        {"--backend=cpu", "--cpu_threads=1", "--metrics_address=127.0.0.1:0",
+         absl::StrCat("--metrics_port_file=", port_file),
+         "--history=" + (history.empty() ? std::string("none") : s->dir / history)});
     if (!p.ok()) return p.status();
     s->process = std::make_unique<ServerProcess>(*std::move(p));
     // Written before the gRPC port file that Start waited for.
@@ -102,6 +105,38 @@ struct MetricsServer {
     return s;
   }
 };
+
+// Recorded Verify runs count by verdict, and their candidates compared with a
+// baseline by how their bits compared.
+TEST(MetricsIntegrationTest, RecordedRunsAndComparisonsAreCounted) {
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start("h.sqlite3");
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<client::Client>> c =
+      client::Client::Create((*server)->process->address());
+  ASSERT_TRUE(c.ok()) << c.status();
+  Tensor w(DType::kBf16, {16, 8}), x(DType::kBf16, {3, 8});
+  for (std::int64_t i = 0; i < w.numel(); ++i) w.data<Bf16Bits>()[i] = FloatToBf16((i % 5) - 2.0f);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<Bf16Bits>()[i] = FloatToBf16((i % 3) - 1.0f);
+  absl::StatusOr<client::WeightInfo> info = (*c)->RegisterWeight(w, "m");
+  ASSERT_TRUE(info.ok()) << info.status();
+  absl::StatusOr<Tensor> y = (*c)->Logits(x, info->handle);
+  ASSERT_TRUE(y.ok()) << y.status();
+  client::VerifyArgs args;
+  args.operation = client::VerifyOperation::kLogits;
+  args.weight_handle = info->handle;
+  args.x = x;
+  args.candidates["y"] = *y;
+  args.record = client::RunLabels{"p", "c", "main", ""};
+  ASSERT_TRUE((*c)->Verify(args).ok());
+  args.compare = client::BaselineSelector{"main", "", 0};
+  ASSERT_TRUE((*c)->Verify(args).ok());
+  ASSERT_TRUE((*c)->Verify(args).ok());
+  absl::StatusOr<std::string> text = Scrape((*server)->metrics_port);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(Value(*text, "logitd_history_runs_recorded_total{verdict=\"bitwise_equal_to_logitd\"}"),
+            3);
+  EXPECT_EQ(Value(*text, "logitd_history_candidates_compared_total{bits=\"identical\"}"), 2);
+}
 
 TEST(MetricsIntegrationTest, CountersMoveExactlyWithCalls) {
   absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start();

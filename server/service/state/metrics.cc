@@ -74,6 +74,17 @@ Metrics::Metrics(const MetricsBuildInfo& build, const std::vector<std::string>& 
                "CUDA context; cause=hang: device work outlived --device_timeout). The server "
                "then stops serving and exits for its supervisor to restart it.")
            .Register(*registry_);
+  runs_recorded_ = &prometheus::BuildCounter()
+                        .Name("logitd_history_runs_recorded_total")
+                        .Help("Verify runs recorded in the server's history, by verdict.")
+                        .Register(*registry_);
+  compared_ = &prometheus::BuildCounter()
+                   .Name("logitd_history_candidates_compared_total")
+                   .Help(
+                       "Candidates of recorded runs compared with a baseline run, by how their "
+                       "bits compared (identical, different_within_bounds, "
+                       "different_outside_bounds, new).")
+                   .Register(*registry_);
   device_healthy_ = &prometheus::BuildGauge()
                          .Name("logitd_device_healthy")
                          .Help("1 while the backend's device can serve calls, 0 once it is lost.")
@@ -137,6 +148,11 @@ void Metrics::RecordCall(absl::string_view rpc, absl::string_view code, double s
   per.duration->Observe(seconds);
   per.bytes_received->Increment(static_cast<double>(tensor_bytes_in));
   per.bytes_sent->Increment(static_cast<double>(tensor_bytes_out));
+}
+
+void Metrics::RecordRun(absl::string_view verdict, const std::vector<std::string>& compared_bits) {
+  runs_recorded_->Add({{"verdict", std::string(verdict)}}).Increment();
+  for (const std::string& bits : compared_bits) compared_->Add({{"bits", bits}}).Increment();
 }
 
 void Metrics::RecordDeviceLost(absl::string_view cause) {

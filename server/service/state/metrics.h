@@ -75,6 +75,10 @@ class Metrics {
   void CallFinished();
   // The device was lost; `cause` is "fault" or "hang".
   void RecordDeviceLost(absl::string_view cause);
+  // A Verify run recorded in the history, by its verdict, and each of its
+  // candidates compared with a baseline run by how its bits compared
+  // ("identical", "different_within_bounds", ...; none without a baseline).
+  void RecordRun(absl::string_view verdict, const std::vector<std::string>& compared_bits);
 
   // Every metric in the text exposition format.
   std::string Expose();
@@ -98,6 +102,8 @@ class Metrics {
   prometheus::Gauge* weights_ = nullptr;
   prometheus::Gauge* inflight_ = nullptr;
   prometheus::Family<prometheus::Counter>* device_lost_ = nullptr;
+  prometheus::Family<prometheus::Counter>* runs_recorded_ = nullptr;
+  prometheus::Family<prometheus::Counter>* compared_ = nullptr;
   prometheus::Gauge* device_healthy_ = nullptr;
 
   absl::Mutex mutex_;

@@ -205,6 +205,13 @@ absl::Status LogitdService::Record(const v1::VerifyHeader& header, const Tenant&
                                                s.message()));
   }
   result->set_run_id(run.id);
+  if (options_.metrics != nullptr) {
+    std::vector<std::string> bits;
+    for (const v1::CandidateComparison& c : result->comparison().candidates()) {
+      bits.push_back(c.bits());
+    }
+    options_.metrics->RecordRun(result->verdict(), bits);
+  }
   return absl::OkStatus();
 }
 
