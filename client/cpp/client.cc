@@ -338,6 +338,22 @@ absl::StatusOr<ListRunsResult> Client::ListRuns(const ListRunsArgs& args) {
   });
 }
 
+absl::Status Client::PromoteRun(std::int64_t run_id, const std::string& name) {
+  absl::StatusOr<bool> done =
+      impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<bool> {
+        v1::PromoteRunRequest request;
+        request.set_run_id(run_id);
+        request.set_name(name);
+        v1::PromoteRunResponse response;
+        if (absl::Status s = FromGrpc(impl_->stub->PromoteRun(&context, request, &response));
+            !s.ok()) {
+          return s;
+        }
+        return true;
+      });
+  return done.status();
+}
+
 absl::StatusOr<std::uint64_t> Client::ReleaseWeight(const std::string& handle, bool force) {
   return impl_->Call(false, [&](grpc::ClientContext& context) -> absl::StatusOr<std::uint64_t> {
     v1::ReleaseWeightRequest request;

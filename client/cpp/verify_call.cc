@@ -139,6 +139,7 @@ void SetHistory(const VerifyArgs& args, v1::VerifyHeader* h) {
     if (!args.compare->branch.empty()) c->set_branch(args.compare->branch);
     if (!args.compare->ref.empty()) c->set_ref(args.compare->ref);
     if (args.compare->run_id != 0) c->set_run_id(args.compare->run_id);
+    if (!args.compare->name.empty()) c->set_name(args.compare->name);
   }
 }
 

@@ -128,6 +128,8 @@ commands:
                                      the Verify runs the server recorded for this caller
                                      (verify --project=P --case=C), newest first: their
                                      labels, verdicts and candidates' verdicts
+  runs promote RUN NAME              name a recorded run a baseline of its project and case
+                                     (verify --compare_baseline=NAME; never pruned)
   validate [args]                    the validation harness
   help                               this text
 

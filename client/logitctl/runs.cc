@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -65,7 +66,20 @@ nlohmann::ordered_json RunJson(const client::RunSummary& r) {
 }  // namespace
 
 int CmdRuns(const std::vector<std::string>& words) {
-  if (words.size() != 1) return UsageError("runs takes no arguments (its filters are flags)");
+  if (words.size() >= 2 && words[1] == "promote") {
+    std::int64_t run = 0;
+    if (words.size() != 4 || !absl::SimpleAtoi(words[2], &run) || run <= 0) {
+      return UsageError("usage: runs promote RUN NAME (RUN: a run id from `logitctl runs`)");
+    }
+    return WithClient([&](client::Client& c) {
+      if (absl::Status s = c.PromoteRun(run, words[3]); !s.ok()) return ServerError(s);
+      std::cout << "run " << run << " is baseline '" << words[3] << "' of its project and case\n";
+      return kExitOk;
+    });
+  }
+  if (words.size() != 1) {
+    return UsageError("runs takes no arguments (its filters are flags), or: runs promote RUN NAME");
+  }
   const std::int32_t limit = absl::GetFlag(FLAGS_limit);
   if (limit < 1 || limit > 1000) {
     return UsageError(absl::StrCat("--limit: expected 1 to 1000, got ", limit));

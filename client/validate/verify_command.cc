@@ -66,6 +66,7 @@ struct VerifyCommandArgs {
   std::string compare_branch;
   std::string compare_ref;
   std::string compare_run;
+  std::string compare_baseline;
   bool help = false;
 };
 
@@ -97,7 +98,8 @@ constexpr const char* kValueFlags[] = {"op",
                                        "ref",
                                        "compare_branch",
                                        "compare_ref",
-                                       "compare_run"};
+                                       "compare_run",
+                                       "compare_baseline"};
 
 // A finite float option.
 absl::StatusOr<float> FloatOption(const std::string& name, const std::string& value) {
@@ -185,24 +187,25 @@ absl::Status Apply(const std::string& name, const std::string& value, VerifyComm
   } else if (name == "candidate") {
     a->candidates.push_back(value);
   } else {
-    std::string* field = name == "op"               ? &a->op
-                         : name == "x"              ? &a->x
-                         : name == "weight"         ? &a->weight
-                         : name == "w"              ? &a->w
-                         : name == "dy"             ? &a->dy
-                         : name == "targets"        ? &a->targets
-                         : name == "json"           ? &a->json_path
-                         : name == "junit"          ? &a->junit_path
-                         : name == "record"         ? &a->record_path
-                         : name == "baseline"       ? &a->baseline_path
-                         : name == "case"           ? &a->case_name
-                         : name == "project"        ? &a->project
-                         : name == "branch"         ? &a->branch
-                         : name == "ref"            ? &a->ref
-                         : name == "compare_branch" ? &a->compare_branch
-                         : name == "compare_ref"    ? &a->compare_ref
-                         : name == "compare_run"    ? &a->compare_run
-                                                    : &a->report_dir;
+    std::string* field = name == "op"                 ? &a->op
+                         : name == "x"                ? &a->x
+                         : name == "weight"           ? &a->weight
+                         : name == "w"                ? &a->w
+                         : name == "dy"               ? &a->dy
+                         : name == "targets"          ? &a->targets
+                         : name == "json"             ? &a->json_path
+                         : name == "junit"            ? &a->junit_path
+                         : name == "record"           ? &a->record_path
+                         : name == "baseline"         ? &a->baseline_path
+                         : name == "case"             ? &a->case_name
+                         : name == "project"          ? &a->project
+                         : name == "branch"           ? &a->branch
+                         : name == "ref"              ? &a->ref
+                         : name == "compare_branch"   ? &a->compare_branch
+                         : name == "compare_ref"      ? &a->compare_ref
+                         : name == "compare_run"      ? &a->compare_run
+                         : name == "compare_baseline" ? &a->compare_baseline
+                                                      : &a->report_dir;
     *field = value;
   }
   return absl::OkStatus();
@@ -244,6 +247,21 @@ absl::StatusOr<VerifyCommandArgs> ParseArgs(const std::vector<std::string>& args
   }
   return a;
 }
+
+constexpr char kVerifyHistoryFlags[] =
+    R"(  --project=PROJECT   record the run in the server's history (logitd
+                      --history) under PROJECT and --case, with
+                      --branch=BRANCH and --ref=REF (a commit) if given;
+                      `logitctl runs` lists the recorded runs
+  --compare_branch=B | --compare_ref=R | --compare_run=ID | --compare_baseline=N
+                      with --project: compare the candidates with that
+                      recorded run of the project and case (a branch's or
+                      ref's latest, or the run promoted as N: logitctl runs
+                      promote RUN N): bits identical, different (both within
+                      bounds) or different (outside bounds), the figures'
+                      deltas, and whether the platform or inputs differ
+
+)";
 
 constexpr char kVerifyExitCodes[] =
     R"(exit codes: 0 every candidate passed (within_bounds or bitwise_equal_to_logitd,
@@ -323,18 +341,8 @@ sampled.
   --case=CASE         the case name under --record/--baseline (default: the
                       operation), to keep several calls in one file; with
                       --project, the case the server records the run under
-  --project=PROJECT   record the run in the server's history (logitd
-                      --history) under PROJECT and --case, with
-                      --branch=BRANCH and --ref=REF (a commit) if given;
-                      `logitctl runs` lists the recorded runs
-  --compare_branch=B | --compare_ref=R | --compare_run=ID
-                      with --project: compare the candidates with that
-                      recorded run of the project and case (a branch's or
-                      ref's latest): bits identical, different (both within
-                      bounds) or different (outside bounds), the figures'
-                      deltas, and whether the platform or inputs differ
-
-)" + std::string(kVerifyExitCodes);
+)" + std::string(kVerifyHistoryFlags) +
+         std::string(kVerifyExitCodes);
 }
 
 int VerifyUsageError(const std::string& message) {
@@ -422,6 +430,43 @@ void JudgeCandidates(const VerifyCommandArgs& a, const client::VerifyResult& res
   }
 }
 
+// The server's history: the labels to record the run under (--project,
+// --case, --branch, --ref) and the run to compare with (--compare_*).
+absl::Status HistoryArgs(const VerifyCommandArgs& a, client::VerifyArgs* call) {
+  if (a.project.empty() && !(a.branch.empty() && a.ref.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        a.branch.empty() ? "--ref" : "--branch",
+        ": given without --project (the server records a run under a project and a case)"));
+  }
+  if (!a.project.empty()) {
+    if (a.case_name.empty()) {
+      return absl::InvalidArgumentError(
+          "--project: needs --case=CASE, the case the server records the run under");
+    }
+    call->record = client::RunLabels{a.project, a.case_name, a.branch, a.ref};
+  }
+  const int selectors = !a.compare_branch.empty() + !a.compare_ref.empty() +
+                        !a.compare_run.empty() + !a.compare_baseline.empty();
+  if (selectors > 1) {
+    return absl::InvalidArgumentError(
+        "--compare_branch, --compare_ref, --compare_run and --compare_baseline exclude each other");
+  }
+  if (selectors == 1) {
+    if (a.project.empty()) {
+      return absl::InvalidArgumentError(
+          "--compare_*: needs --project and --case (the runs it compares with are theirs)");
+    }
+    client::BaselineSelector sel{a.compare_branch, a.compare_ref, 0, a.compare_baseline};
+    if (!a.compare_run.empty() &&
+        (!absl::SimpleAtoi(a.compare_run, &sel.run_id) || sel.run_id <= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--compare_run: expected a run id (logitctl runs), got '", a.compare_run, "'"));
+    }
+    call->compare = sel;
+  }
+  return absl::OkStatus();
+}
+
 // The operation and the combination of flags it needs; the outputs it
 // gives, by name.
 absl::Status CheckCombination(const VerifyCommandArgs& a, client::VerifyArgs* call,
@@ -472,37 +517,7 @@ absl::Status CheckCombination(const VerifyCommandArgs& a, client::VerifyArgs* ca
     return absl::InvalidArgumentError(
         "--sample_seed: given without --sample_rows (the number of rows to draw)");
   }
-  if (a.project.empty() && !(a.branch.empty() && a.ref.empty())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        a.branch.empty() ? "--ref" : "--branch",
-        ": given without --project (the server records a run under a project and a case)"));
-  }
-  if (!a.project.empty()) {
-    if (a.case_name.empty()) {
-      return absl::InvalidArgumentError(
-          "--project: needs --case=CASE, the case the server records the run under");
-    }
-    call->record = client::RunLabels{a.project, a.case_name, a.branch, a.ref};
-  }
-  const int selectors = !a.compare_branch.empty() + !a.compare_ref.empty() + !a.compare_run.empty();
-  if (selectors > 1) {
-    return absl::InvalidArgumentError(
-        "--compare_branch, --compare_ref and --compare_run exclude each other");
-  }
-  if (selectors == 1) {
-    if (a.project.empty()) {
-      return absl::InvalidArgumentError(
-          "--compare_*: needs --project and --case (the runs it compares with are theirs)");
-    }
-    client::BaselineSelector sel{a.compare_branch, a.compare_ref, 0};
-    if (!a.compare_run.empty() &&
-        (!absl::SimpleAtoi(a.compare_run, &sel.run_id) || sel.run_id <= 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--compare_run: expected a run id (logitctl runs), got '", a.compare_run, "'"));
-    }
-    call->compare = sel;
-  }
-  return absl::OkStatus();
+  return HistoryArgs(a, call);
 }
 
 // The tensors of the call, held here while VerifyArgs points at them.

@@ -51,6 +51,16 @@ constexpr const char* kMigrations[] = {
         effective_bits REAL NOT NULL,
         PRIMARY KEY (run_id, position));
     )sql",
+    // 1 -> 2: named baselines, a run each, per project and case.
+    R"sql(
+      CREATE TABLE baselines (
+        tenant TEXT NOT NULL,
+        project TEXT NOT NULL,
+        case_name TEXT NOT NULL,
+        name TEXT NOT NULL,
+        run_id INTEGER NOT NULL REFERENCES runs (id),
+        PRIMARY KEY (tenant, project, case_name, name));
+    )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == HistoryStore::kSchemaVersion,
               "one migration per schema version");
@@ -282,7 +292,8 @@ absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs) {
     // with them: ON DELETE CASCADE).
     Statement prune(db_,
                     "DELETE FROM runs WHERE tenant = ?1 AND id <= (SELECT id FROM runs WHERE "
-                    "tenant = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)");
+                    "tenant = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2) AND id NOT IN (SELECT "
+                    "run_id FROM baselines WHERE tenant = ?1)");
     if (absl::Status s = prune.status("prepare the pruning"); !s.ok()) return fail(s);
     prune.Bind(1, run->tenant);
     prune.Bind(2, max_runs);
@@ -298,7 +309,9 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
               "verdict, backend, device, logitd_version, recorded_unix_us FROM runs WHERE "
               "tenant = ?1 AND (?2 = '' OR project = ?2) AND (?3 = '' OR case_name = ?3) AND "
               "(?4 = '' OR branch = ?4) AND (?5 = 0 OR id < ?5) AND (?7 = '' OR ref = ?7) AND "
-              "(?8 = 0 OR id = ?8) ORDER BY id DESC LIMIT ?6");
+              "(?8 = 0 OR id = ?8) AND (?9 = '' OR id = (SELECT run_id FROM baselines b WHERE "
+              "b.tenant = ?1 AND b.project = ?2 AND b.case_name = ?3 AND b.name = ?9)) ORDER BY "
+              "id DESC LIMIT ?6");
   if (absl::Status st = s.status("prepare the runs' query"); !st.ok()) return st;
   s.Bind(1, filter.tenant);
   s.Bind(2, filter.project);
@@ -309,6 +322,7 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
                 filter.limit <= 0 ? kMaxListedRuns : std::min(filter.limit, kMaxListedRuns + 1)));
   s.Bind(7, filter.ref);
   s.Bind(8, filter.run_id);
+  s.Bind(9, filter.baseline);
   std::vector<RunRecord> runs;
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) {
@@ -330,6 +344,24 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
     if (absl::Status st = ReadCandidates(db_, &r); !st.ok()) return st;
   }
   return runs;
+}
+
+absl::Status HistoryStore::Promote(const std::string& tenant, std::int64_t run_id,
+                                   const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_,
+              "INSERT OR REPLACE INTO baselines (tenant, project, case_name, name, run_id) SELECT "
+              "tenant, project, case_name, ?3, id FROM runs WHERE tenant = ?1 AND id = ?2");
+  if (absl::Status st = s.status("prepare the promotion"); !st.ok()) return st;
+  s.Bind(1, tenant);
+  s.Bind(2, run_id);
+  s.Bind(3, name);
+  if (s.Step() != SQLITE_DONE) return SqliteError(db_, "promote a run");
+  if (sqlite3_changes(db_) == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("run_id: no recorded run ", run_id, " for this caller"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> HistoryStore::SchemaVersion() {

@@ -70,6 +70,8 @@ struct RunFilter {
   std::string branch;
   std::string ref;
   std::int64_t run_id = 0;  // 0: any
+  // The run promoted under this name for project and case_name ("": any).
+  std::string baseline;
   std::int64_t before_id = 0;
   int limit = 100;
 };
@@ -94,13 +96,18 @@ class HistoryStore {
   HistoryStore(const HistoryStore&) = delete;
   HistoryStore& operator=(const HistoryStore&) = delete;
 
-  static constexpr int kSchemaVersion = 1;
+  // 1: runs and candidates; 2: named baselines.
+  static constexpr int kSchemaVersion = 2;
 
   // Stores `run` and its candidates in one transaction; sets run->id (and
   // recorded_unix_us when 0). With max_runs > 0, the tenant's oldest runs
   // past the newest max_runs go in the same transaction.
   absl::Status Record(RunRecord* run, std::int64_t max_runs = 0);
   absl::StatusOr<std::vector<RunRecord>> List(const RunFilter& filter);
+  // Names the tenant's run `run_id` a baseline of its project and case
+  // (the run that name named before is no longer it); NotFound for no such
+  // run. Retention never prunes a baseline's run.
+  absl::Status Promote(const std::string& tenant, std::int64_t run_id, const std::string& name);
 
   const std::string& path() const { return path_; }
   // The schema version the file holds (kSchemaVersion once opened).

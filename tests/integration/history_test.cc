@@ -274,6 +274,15 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_FALSE(other->comparison->same_inputs);
 
+  // A promoted run, by its name.
+  ASSERT_TRUE(c->PromoteRun(base->run_id, "golden").ok());
+  EXPECT_EQ(c->PromoteRun(9999, "golden").code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<VerifyResult> golden =
+      verify(*y, x, "dev", client::BaselineSelector{"", "", 0, "golden"});
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  EXPECT_EQ(golden->comparison->baseline_run_id, base->run_id);
+  EXPECT_EQ(golden->comparison->candidates[0].bits, "identical");
+
   absl::StatusOr<VerifyResult> none = verify(*y, x, "dev", client::BaselineSelector{"nope", "", 0});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(none.status().message(),
@@ -286,7 +295,7 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   unrecorded.compare = client::BaselineSelector{"main", "", 0};
   EXPECT_EQ(c->Verify(unrecorded).status().code(), absl::StatusCode::kInvalidArgument);
   // Nothing was recorded by the refused calls.
-  EXPECT_EQ(c->ListRuns(ListRunsArgs{})->runs.size(), 6u);
+  EXPECT_EQ(c->ListRuns(ListRunsArgs{})->runs.size(), 7u);
 }
 
 // logitctl: verify --project records (and says the run's id), runs lists
@@ -327,6 +336,13 @@ TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
   r = with({"--project=lm", "--case=six", "--compare_run=99"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("no recorded run of project 'lm', case 'six' with id 99"));
+  r = RunLogitctl({at, "runs", "promote", "1", "golden"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("run 1 is baseline 'golden'"));
+  r = with({"--project=lm", "--case=six", "--compare_baseline=golden"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("against run 1 (main at c0ffee"));
+  EXPECT_EQ(RunLogitctl({at, "runs", "promote", "x", "golden"}).exit_code, 2);
   r = with({"--compare_branch=main"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--compare_*: needs --project"));
@@ -347,13 +363,13 @@ TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
-  ASSERT_EQ(j["runs"].size(), 2u);
-  EXPECT_EQ(j["runs"][1]["run_id"], 1);
-  EXPECT_EQ(j["runs"][1]["branch"], "main");
+  ASSERT_EQ(j["runs"].size(), 3u);
+  EXPECT_EQ(j["runs"][2]["run_id"], 1);
+  EXPECT_EQ(j["runs"][2]["branch"], "main");
   EXPECT_EQ(j["runs"][0]["candidates"][0]["verdict"], "bitwise_equal_to_logitd");
   EXPECT_EQ(j["next_before"], 0);
   r = RunLogitctl({at, "runs", "--limit=1"});
-  EXPECT_THAT(r.out, HasSubstr("more: --before=3"));
+  EXPECT_THAT(r.out, HasSubstr("more: --before=4"));
   EXPECT_EQ(RunLogitctl({at, "runs", "--limit=0"}).exit_code, 2);
 }
 

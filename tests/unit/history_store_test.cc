@@ -182,6 +182,69 @@ TEST(HistoryStoreTest, RetentionPrunesATenantsOldestRuns) {
   sqlite3_close(db);
 }
 
+// A file of schema version 1 (runs and candidates only, as the first
+// logitd with a history wrote it) is migrated to the current version at
+// open, its runs kept; a promoted run is found by its name and survives
+// retention; promoting another tenant's run is NotFound.
+TEST(HistoryStoreTest, AVersion1FileMigratesAndPromotedRunsOutliveRetention) {
+  TempDir dir;
+  const std::string path = dir / "history.sqlite3";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    const char* v1 =
+        "CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, tenant TEXT NOT NULL, project "
+        "TEXT NOT NULL, case_name TEXT NOT NULL, branch TEXT NOT NULL, ref TEXT NOT NULL, "
+        "operation TEXT NOT NULL, inputs_xxh3 INTEGER NOT NULL, verdict TEXT NOT NULL, backend "
+        "TEXT NOT NULL, device TEXT NOT NULL, logitd_version TEXT NOT NULL, recorded_unix_us "
+        "INTEGER NOT NULL);"
+        "CREATE INDEX runs_by_case ON runs (tenant, project, case_name, id);"
+        "CREATE TABLE candidates (run_id INTEGER NOT NULL REFERENCES runs (id) ON DELETE "
+        "CASCADE, position INTEGER NOT NULL, name TEXT NOT NULL, verdict TEXT NOT NULL, xxh3 "
+        "INTEGER NOT NULL, elements INTEGER NOT NULL, outside_bound INTEGER NOT NULL, "
+        "worst_bound_fraction REAL NOT NULL, bitwise_equal_fraction REAL NOT NULL, max_ulp "
+        "INTEGER NOT NULL, p99_ulp INTEGER NOT NULL, rms_ratio REAL NOT NULL, effective_bits "
+        "REAL NOT NULL, PRIMARY KEY (run_id, position));"
+        "INSERT INTO runs VALUES (1, 't', 'p', 'c', 'main', 'old', 'VERIFY_LOGITS', 7, "
+        "'within_bounds', 'cpu', 'a CPU', '0.1.0', 5);"
+        "PRAGMA user_version = 1;";
+    ASSERT_EQ(sqlite3_exec(db, v1, nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+    sqlite3_close(db);
+  }
+  absl::StatusOr<std::unique_ptr<HistoryStore>> store = HistoryStore::OpenSqlite(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(*(*store)->SchemaVersion(), HistoryStore::kSchemaVersion);
+  ASSERT_TRUE((*store)->Promote("t", 1, "golden").ok());
+  EXPECT_EQ((*store)->Promote("other", 1, "golden").code(), absl::StatusCode::kNotFound);
+  for (int n = 0; n < 5; ++n) {
+    RunRecord r = MakeRun("t", "p", "c", "main", n);
+    ASSERT_TRUE((*store)->Record(&r, 2).ok());
+  }
+  RunFilter f;
+  f.tenant = "t";
+  std::vector<std::string> refs;
+  absl::StatusOr<std::vector<RunRecord>> kept = (*store)->List(f);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  for (const RunRecord& r : *kept) refs.push_back(r.labels.ref);
+  EXPECT_EQ(refs, (std::vector<std::string>{"ref4", "ref3", "old"}));
+  f.project = "p";
+  f.case_name = "c";
+  f.baseline = "golden";
+  absl::StatusOr<std::vector<RunRecord>> golden = (*store)->List(f);
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  ASSERT_EQ(golden->size(), 1u);
+  EXPECT_EQ((*golden)[0].id, 1);
+  // The name moves to another run.
+  RunFilter all;
+  all.tenant = "t";
+  absl::StatusOr<std::vector<RunRecord>> newest = (*store)->List(all);
+  ASSERT_TRUE(newest.ok() && !newest->empty());
+  ASSERT_TRUE((*store)->Promote("t", (*newest)[0].id, "golden").ok());
+  golden = (*store)->List(f);
+  ASSERT_TRUE(golden.ok() && golden->size() == 1u);
+  EXPECT_EQ((*golden)[0].labels.ref, "ref4");
+}
+
 TEST(HistoryStoreTest, ServersOpeningOneNewFileAtOnceMigrateItOnce) {
   TempDir dir;
   const std::string path = dir / "history.sqlite3";

@@ -83,6 +83,13 @@ def test_verify_records_runs_that_list_runs_gives_back(history_server):
         assert far.verdict == "outside_bounds"
         assert far.comparison.candidates[0].bits == "different_outside_bounds"
         assert c.verify_logits(x, y, info).comparison is None
+        c.promote_run(ids[0], "golden")
+        golden = c.verify_logits(
+            x, y, info, record=logitd.RunLabels("lm", "logits", "pr"), compare=logitd.Baseline(name="golden")
+        )
+        assert golden.comparison.baseline_run_id == ids[0]
+        with pytest.raises(logitd.NotFoundError):
+            c.promote_run(10**9, "golden")
         with pytest.raises(logitd.NotFoundError, match="on branch 'nope'"):
             c.verify_logits(x, y, info, record=logitd.RunLabels("lm", "logits"), compare=logitd.Baseline(branch="nope"))
 

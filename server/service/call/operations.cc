@@ -35,6 +35,7 @@ const OperationInfo kOperations[] = {
     {"LogProbs", true, kXTargets, kLpOutputs, VerifyOperation::kLogProbs},
     {"Verify", true, kVerifyInputs, Empty(), std::nullopt},
     {"ListRuns", false, Empty(), Empty(), std::nullopt},
+    {"PromoteRun", false, Empty(), Empty(), std::nullopt},
     {"Probe", false, Empty(), Empty(), std::nullopt},
     {"RegisterShm", false, Empty(), Empty(), std::nullopt},
     {"ReleaseShm", false, Empty(), Empty(), std::nullopt},

@@ -139,6 +139,7 @@ absl::StatusOr<history::RunRecord> FindBaseline(history::HistoryStore& store,
   f.branch = sel.has_branch() ? sel.branch() : "";
   f.ref = sel.has_ref() ? sel.ref() : "";
   f.run_id = sel.has_run_id() ? sel.run_id() : 0;
+  f.baseline = sel.has_name() ? sel.name() : "";
   f.limit = 1;
   LOGITD_ASSIGN_OR_RETURN(std::vector<history::RunRecord> base, store.List(f));
   if (base.empty()) {
@@ -146,6 +147,7 @@ absl::StatusOr<history::RunRecord> FindBaseline(history::HistoryStore& store,
         "compare: no recorded run of project '", f.project, "', case '", f.case_name, "' ",
         sel.has_branch() ? absl::StrCat("on branch '", f.branch, "'")
         : sel.has_ref()  ? absl::StrCat("at ref '", f.ref, "'")
+        : sel.has_name() ? absl::StrCat("promoted as '", f.baseline, "'")
                          : absl::StrCat("with id ", f.run_id),
         " for this caller"));
   }
@@ -168,7 +170,7 @@ absl::Status LogitdService::CheckCompare(const v1::VerifyHeader& header,
         "compare: needs record, whose project and case_name name the runs it compares with");
   }
   if (header.compare().baseline_case() == v1::BaselineSelector::BASELINE_NOT_SET) {
-    return absl::InvalidArgumentError("compare: expected one of branch, ref and run_id");
+    return absl::InvalidArgumentError("compare: expected one of branch, ref, run_id and name");
   }
   // Before the work: a baseline that is not there now is refused at once.
   return FindBaseline(*options_.history, header, tenant).status();
@@ -246,6 +248,20 @@ grpc::Status LogitdService::ListRuns(grpc::ServerContext* context,
     if (more) response->set_next_before_run_id(runs->back().id);
     stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();
+  });
+}
+
+grpc::Status LogitdService::PromoteRun(grpc::ServerContext* context,
+                                       const v1::PromoteRunRequest* request,
+                                       v1::PromoteRunResponse* /*response*/) {
+  return runner_.Run("PromoteRun", context, [&](CallStats* stats) -> absl::Status {
+    stats->bytes_in = request->ByteSizeLong();
+    if (options_.history == nullptr) return absl::FailedPreconditionError(kNoHistory);
+    if (request->name().empty() || request->name().size() > history::kMaxLabelBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name: expected 1 to ", history::kMaxLabelBytes, " bytes, got ", request->name().size()));
+    }
+    return options_.history->Promote(stats->tenant.id, request->run_id(), request->name());
   });
 }
 

@@ -88,6 +88,8 @@ class LogitdService final : public RawTensorService {
   RawBidiReactor* Verify(grpc::CallbackServerContext* context) override;
   grpc::Status ListRuns(grpc::ServerContext* context, const v1::ListRunsRequest* request,
                         v1::ListRunsResponse* response) override;
+  grpc::Status PromoteRun(grpc::ServerContext* context, const v1::PromoteRunRequest* request,
+                          v1::PromoteRunResponse* response) override;
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
   grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,

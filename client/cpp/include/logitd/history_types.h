@@ -19,11 +19,13 @@ struct RunLabels {
 };
 
 // Which recorded run a Verify compares with (VerifyArgs::compare): the
-// latest of a branch, of a ref, or a run by id; exactly one set.
+// latest of a branch, of a ref, a run by id, or the run promoted under a
+// name (Client::PromoteRun); exactly one set.
 struct BaselineSelector {
   std::string branch;
   std::string ref;
   std::int64_t run_id = 0;
+  std::string name;
 };
 
 // A candidate against the baseline run's of the same name: bits

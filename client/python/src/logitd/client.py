@@ -175,6 +175,12 @@ class Client(_VerifyCalls, _Spread, _Transport):
         )
         return page_of(self._unary(self._stub.ListRuns, request))
 
+    @_retried()
+    def promote_run(self, run_id: int, name: str) -> None:
+        """Names the recorded run ``run_id`` a baseline of its project and case
+        (``compare=logitd.Baseline(name=...)``); retention never prunes it."""
+        self._unary(self._stub.PromoteRun, pb.PromoteRunRequest(run_id=int(run_id), name=name))
+
     def release_weights(self, handle: Union[str, WeightInfo], force: bool = False) -> ReleaseResult:
         """Releases one registration (all of them with force=True)."""
         request = pb.ReleaseWeightRequest(handle=_handle(handle), force=force)

@@ -31,12 +31,14 @@ class RunLabels:
 @dataclass(frozen=True)
 class Baseline:
     """The recorded run a Verify compares with (``compare=`` of the verify_*
-    calls, which need ``record=``): the latest of a branch, of a ref, or a run
-    by id; exactly one given."""
+    calls, which need ``record=``): the latest of a branch, of a ref, a run by
+    id, or the run promoted under a name (Client.promote_run); exactly one
+    given."""
 
     branch: str = ""
     ref: str = ""
     run_id: int = 0
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,10 @@ def set_compare(header: pb.VerifyHeader, compare: Optional[Baseline]) -> None:
         header.compare.ref = compare.ref
     elif compare.run_id:
         header.compare.run_id = int(compare.run_id)
+    elif compare.name:
+        header.compare.name = compare.name
     else:
-        raise InvalidArgumentError("compare: expected a branch, a ref or a run_id")
+        raise InvalidArgumentError("compare: expected a branch, a ref, a run_id or a name")
 
 
 def comparison_of(result: Any) -> Optional[RunComparison]:
