@@ -234,7 +234,8 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   ASSERT_TRUE(base.ok()) << base.status();
   EXPECT_FALSE(base->comparison.has_value());
 
-  absl::StatusOr<VerifyResult> same = verify(*y, x, "dev", client::BaselineSelector{"main", "", 0});
+  absl::StatusOr<VerifyResult> same =
+      verify(*y, x, "dev", client::BaselineSelector{"main", "", 0, ""});
   ASSERT_TRUE(same.ok()) << same.status();
   ASSERT_TRUE(same->comparison.has_value());
   EXPECT_EQ(same->comparison->baseline_run_id, base->run_id);
@@ -249,20 +250,21 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   std::memcpy(ulp.bytes(), y->bytes(), y->nbytes());
   float* v = ulp.data<float>();
   v[7] = std::nextafter(v[7], 1e30f);
-  absl::StatusOr<VerifyResult> off = verify(ulp, x, "dev", client::BaselineSelector{"main", "", 0});
+  absl::StatusOr<VerifyResult> off =
+      verify(ulp, x, "dev", client::BaselineSelector{"main", "", 0, ""});
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ(off->comparison->candidates[0].bits, "different_within_bounds");
   EXPECT_EQ(off->comparison->candidates[0].max_ulp_delta, 1);
   v[7] = 1e30f;
   absl::StatusOr<VerifyResult> far =
-      verify(ulp, x, "dev", client::BaselineSelector{"", "", base->run_id});
+      verify(ulp, x, "dev", client::BaselineSelector{"", "", base->run_id, ""});
   ASSERT_TRUE(far.ok()) << far.status();
   EXPECT_EQ(far->verdict, "outside_bounds");
   EXPECT_EQ(far->comparison->candidates[0].bits, "different_outside_bounds");
   EXPECT_GT(far->comparison->candidates[0].worst_bound_fraction_delta, 1);
   // The branch's latest run is the one before this one.
   absl::StatusOr<VerifyResult> latest =
-      verify(*y, x, "dev", client::BaselineSelector{"dev", "", 0});
+      verify(*y, x, "dev", client::BaselineSelector{"dev", "", 0, ""});
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->comparison->baseline_run_id, far->run_id);
   EXPECT_EQ(latest->comparison->candidates[0].bits, "different_outside_bounds");
@@ -270,7 +272,7 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   const Tensor x2 = NormalBf16({5, 48}, 33);
   absl::StatusOr<Tensor> y2 = c->Logits(x2, handle);
   absl::StatusOr<VerifyResult> other =
-      verify(*y2, x2, "dev", client::BaselineSelector{"main", "", 0});
+      verify(*y2, x2, "dev", client::BaselineSelector{"main", "", 0, ""});
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_FALSE(other->comparison->same_inputs);
 
@@ -283,7 +285,8 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   EXPECT_EQ(golden->comparison->baseline_run_id, base->run_id);
   EXPECT_EQ(golden->comparison->candidates[0].bits, "identical");
 
-  absl::StatusOr<VerifyResult> none = verify(*y, x, "dev", client::BaselineSelector{"nope", "", 0});
+  absl::StatusOr<VerifyResult> none =
+      verify(*y, x, "dev", client::BaselineSelector{"nope", "", 0, ""});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(none.status().message(),
               HasSubstr("no recorded run of project 'p', case 'logits' on branch 'nope'"));
@@ -292,7 +295,7 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   unrecorded.weight_handle = handle;
   unrecorded.x = x;
   unrecorded.candidates["y"] = *y;
-  unrecorded.compare = client::BaselineSelector{"main", "", 0};
+  unrecorded.compare = client::BaselineSelector{"main", "", 0, ""};
   EXPECT_EQ(c->Verify(unrecorded).status().code(), absl::StatusCode::kInvalidArgument);
   // Nothing was recorded by the refused calls.
   EXPECT_EQ(c->ListRuns(ListRunsArgs{})->runs.size(), 7u);

@@ -128,7 +128,7 @@ TEST(MetricsIntegrationTest, RecordedRunsAndComparisonsAreCounted) {
   args.candidates["y"] = *y;
   args.record = client::RunLabels{"p", "c", "main", ""};
   ASSERT_TRUE((*c)->Verify(args).ok());
-  args.compare = client::BaselineSelector{"main", "", 0};
+  args.compare = client::BaselineSelector{"main", "", 0, ""};
   ASSERT_TRUE((*c)->Verify(args).ok());
   ASSERT_TRUE((*c)->Verify(args).ok());
   absl::StatusOr<std::string> text = Scrape((*server)->metrics_port);
