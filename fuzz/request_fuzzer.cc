@@ -2,7 +2,7 @@
 // stream before any backend runs: the header is validated
 // (server/service/v1/validation.cc) and the chunks are reassembled and checked
 // (wire/wire.cc, wire::Assembler), in the order the handlers in
-// server/service/v1/tensor_handlers.cc do it. The input format is in request_input.h.
+// server/service/v1/tensor_methods.h do it. The input format is in request_input.h.
 //
 // Invariants checked (a violation aborts, which the fuzzer reports):
 //  - a rejected call ends with a non-OK status of the codes the contract

@@ -245,7 +245,7 @@ std::unique_ptr<grpc::Server> BuildServer(const ServerConfig& config,
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config.address, config.credentials, selected_port);
-  builder.RegisterService(service);
+  service->RegisterWith(&builder);
   // The Open Inference Protocol front door (--oip), a peer over the same state.
   if (oip != nullptr) builder.RegisterService(oip);
   // gRPC sets SO_REUSEPORT by default: a second server on a busy port would

@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<InProcessServer>> InProcessServer::Start(
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(s->service_.get());
+  s->service_->RegisterWith(&builder);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(2 * options.max_receive_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_send_message_bytes));

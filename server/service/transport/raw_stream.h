@@ -1,5 +1,6 @@
 // The tensor calls served as raw byte streams through gRPC's public callback
-// API (the generated WithRawCallbackMethod_* services), and read and written
+// API (the methods the service marks generic, served by its callback generic
+// service, and the generated WithRawCallbackMethod_* ones), and read and written
 // by handlers that block.
 //
 // A handler reads a request stream chunk by chunk, hands the tensors to the

@@ -41,7 +41,9 @@ LogitdService::LogitdService(SharedState* state)
       admission_(state->admission()),
       shm_(state->shm()),
       runner_(state->runner()),
-      threads_(state->options().max_call_threads) {}
+      threads_(state->options().max_call_threads) {
+  MarkTensorMethodsGeneric();
+}
 
 LogitdService::~LogitdService() {
   // gRPC lets go of the last chunks' slices when their bytes are written,

@@ -10,6 +10,7 @@
 // weight_handlers.cc, tensor_handlers.cc and verify_handler.cc.
 #pragma once
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 
 #include <cstddef>
@@ -41,19 +42,17 @@
 #include "server/service/transport/message_stream.h"
 #include "server/service/transport/raw_stream.h"
 #include "server/service/v1/tensor_call.h"
+#include "server/service/v1/tensor_methods.h"
 
 namespace logitd::service {
 
-// The generated service with the tensor calls served as raw byte streams
-// (see raw_stream.h and message_stream.h); the other calls are the generated
-// synchronous methods.
-using RawTensorService =
-    v1::Logitd::WithRawCallbackMethod_RegisterWeight<v1::Logitd::WithRawCallbackMethod_Logits<
-        v1::Logitd::WithRawCallbackMethod_Backward<v1::Logitd::WithRawCallbackMethod_FetchGradient<
-            v1::Logitd::WithRawCallbackMethod_Cast<v1::Logitd::WithRawCallbackMethod_CrossEntropy<
-                v1::Logitd::WithRawCallbackMethod_LogProbs<
-                    v1::Logitd::WithRawCallbackMethod_Verify<v1::Logitd::Service>>>>>>>>;
-// (ListRuns is a generated synchronous method: history_handlers.cc.)
+// The generated service with RegisterWeight and FetchGradient served as raw
+// byte streams (see raw_stream.h and message_stream.h); the bidirectional
+// tensor calls are marked generic and served from tensor_methods.h's table
+// (and Verify) by the service's generic service; the other calls are the
+// generated synchronous methods.
+using RawTensorService = v1::Logitd::WithRawCallbackMethod_RegisterWeight<
+    v1::Logitd::WithRawCallbackMethod_FetchGradient<v1::Logitd::Service>>;
 using RawBidiReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 class LogitdService final : public RawTensorService {
@@ -63,6 +62,10 @@ class LogitdService final : public RawTensorService {
   ~LogitdService() override;
   LogitdService(const LogitdService&) = delete;
   LogitdService& operator=(const LogitdService&) = delete;
+
+  // Registers the service and its generic service (the tensor calls) with
+  // `builder`; the service outlives the server built.
+  void RegisterWith(grpc::ServerBuilder* builder);
 
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;
@@ -76,16 +79,10 @@ class LogitdService final : public RawTensorService {
                              v1::ReleaseWeightResponse* response) override;
   // The calls that stream tensors back, served as raw streams: each handler
   // runs on a thread of its own (raw_stream.h).
-  RawBidiReactor* Logits(grpc::CallbackServerContext* context) override;
-  RawBidiReactor* Backward(grpc::CallbackServerContext* context) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchGradient(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::Status ZeroGradient(grpc::ServerContext* context, const v1::ZeroGradientRequest* request,
                             v1::ZeroGradientResponse* response) override;
-  RawBidiReactor* Cast(grpc::CallbackServerContext* context) override;
-  RawBidiReactor* CrossEntropy(grpc::CallbackServerContext* context) override;
-  RawBidiReactor* LogProbs(grpc::CallbackServerContext* context) override;
-  RawBidiReactor* Verify(grpc::CallbackServerContext* context) override;
   grpc::Status ListRuns(grpc::ServerContext* context, const v1::ListRunsRequest* request,
                         v1::ListRunsResponse* response) override;
   grpc::Status PromoteRun(grpc::ServerContext* context, const v1::PromoteRunRequest* request,
@@ -98,12 +95,8 @@ class LogitdService final : public RawTensorService {
                           v1::ReleaseShmResponse* response) override;
 
  private:
-  using LogitsCall = TensorCall<v1::LogitsRequest, v1::LogitsResponse>;
-  using BackwardCall = TensorCall<v1::BackwardRequest, v1::BackwardResponse>;
+  class GenericMethods;
   using FetchGradientCall = TensorCall<v1::FetchGradientRequest, v1::FetchGradientResponse>;
-  using CastCall = TensorCall<v1::CastRequest, v1::CastResponse>;
-  using CrossEntropyCall = TensorCall<v1::CrossEntropyRequest, v1::CrossEntropyResponse>;
-  using LogProbsCall = TensorCall<v1::LogProbsRequest, v1::LogProbsResponse>;
   using VerifyCall = TensorCall<v1::VerifyRequest, v1::VerifyResponse>;
   // A tensor handler: validate, declare the call's slots, receive, run the
   // backend, send.
@@ -116,6 +109,12 @@ class LogitdService final : public RawTensorService {
                                TensorHandler<TensorCall<Request, Response>> handler);
   TensorCallEnv tensor_env();
   OpEnv op_env();
+  V1Env v1_env();
+  // Marks the tensor methods generic (the constructor's).
+  void MarkTensorMethodsGeneric();
+  // The reactor of a call of a method marked generic: its row's, Verify's,
+  // or UNIMPLEMENTED for a method of no row.
+  RawBidiReactor* ServeGeneric(grpc::GenericCallbackServerContext* context);
 
   absl::Status DoRegisterWeight(grpc::ServerContextBase* context,
                                 MessageStream<v1::WeightInfo, v1::RegisterWeightRequest>* reader,
@@ -132,12 +131,7 @@ class LogitdService final : public RawTensorService {
                                             absl::string_view label, const std::string& handle,
                                             const std::string& name, std::int64_t v, std::int64_t k,
                                             std::uint64_t xxh3, Tensor w, absl::string_view source);
-  absl::Status DoLogits(LogitsCall* call);
-  absl::Status DoBackward(BackwardCall* call);
   absl::Status DoFetchGradient(FetchGradientCall* call);
-  absl::Status DoCast(CastCall* call);
-  absl::Status DoCrossEntropy(CrossEntropyCall* call);
-  absl::Status DoLogProbs(LogProbsCall* call);
   absl::Status DoVerify(VerifyCall* call);
   // Verify's history (history_handlers.cc): whether the header's `record`
   // can be kept (before the run), and the run compared with its baseline
@@ -163,9 +157,24 @@ class LogitdService final : public RawTensorService {
   // Output buffers gRPC still sends from; waited for before the service
   // goes (and with it, the backend that made them, later).
   SendingBuffers sending_;
+  // Serves the methods marked generic.
+  std::unique_ptr<GenericMethods> generic_;
   // The tensor calls' threads; last, so that they have all exited before
   // anything they use goes.
   CallThreads threads_;
+};
+
+// Hands the calls of the methods marked generic to the service.
+class LogitdService::GenericMethods final : public grpc::CallbackGenericService {
+ public:
+  explicit GenericMethods(LogitdService* service) : service_(service) {}
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override {
+    return service_->ServeGeneric(context);
+  }
+
+ private:
+  LogitdService* const service_;
 };
 
 }  // namespace logitd::service

@@ -1,11 +1,16 @@
-// The tensor calls of logitd.v1: Logits, Backward, FetchGradient,
-// ZeroGradient, Cast, CrossEntropy and LogProbs. Each reads its header,
-// translates it (v1/requests.h), runs the operation every front door runs
-// (call/ops.h) and sends the result; how tensors travel (chunks or shared
+// The tensor calls of logitd.v1 as the service serves them: the methods
+// marked generic (tensor_methods.h's rows and Verify) dispatched by name,
+// FetchGradient and ZeroGradient. How tensors travel (chunks or shared
 // memory) is TensorCall's (tensor_call.h).
+#include <cstdlib>
+#include <memory>
+#include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "server/service/call/ops.h"
+#include "server/service/state/logging.h"
 #include "server/service/state/status.h"
 #include "server/service/v1/requests.h"
 #include "server/service/v1/service.h"
@@ -26,6 +31,63 @@ TensorCallEnv LogitdService::tensor_env() {
 
 OpEnv LogitdService::op_env() { return OpEnv{backend_, &registry_, options_.max_request_bytes}; }
 
+V1Env LogitdService::v1_env() {
+  return V1Env{tensor_env(), op_env(), &shm_, &runner_, options_.max_receive_message_bytes};
+}
+
+namespace {
+
+// The reactor of a call of a method this service does not serve.
+class UnimplementedReactor final : public RawBidiReactor {
+ public:
+  explicit UnimplementedReactor(const std::string& method) {
+    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        absl::StrCat("method ", method, " is not served by this server")));
+  }
+  void OnDone() override { delete this; }
+};
+
+constexpr absl::string_view kServicePrefix = "/logitd.v1.Logitd/";
+
+}  // namespace
+
+void LogitdService::MarkTensorMethodsGeneric() {
+  const google::protobuf::ServiceDescriptor* service =
+      v1::LogitsRequest::descriptor()->file()->FindServiceByName("Logitd");
+  auto mark = [&](absl::string_view name) {
+    const google::protobuf::MethodDescriptor* method = service->FindMethodByName(std::string(name));
+    if (method == nullptr) {
+      LogError(absl::StrCat("tensor_methods.cc names ", name, ", which logitd.v1.Logitd lacks"));
+      std::abort();
+    }
+    MarkMethodGeneric(method->index());
+  };
+  for (const V1Method& m : V1TensorMethods()) mark(m.method);
+  mark("Verify");
+  generic_ = std::make_unique<GenericMethods>(this);
+}
+
+void LogitdService::RegisterWith(grpc::ServerBuilder* builder) {
+  builder->RegisterService(this);
+  builder->RegisterCallbackGenericService(generic_.get());
+}
+
+RawBidiReactor* LogitdService::ServeGeneric(grpc::GenericCallbackServerContext* context) {
+  absl::string_view name = context->method();
+  if (absl::ConsumePrefix(&name, kServicePrefix)) {
+    if (const V1Method* m = FindV1TensorMethod(name)) {
+      return ServeBidi(context, &threads_,
+                       [this, m](grpc::CallbackServerContext* c, RawStream* raw) {
+                         return m->serve(v1_env(), m->method, c, raw);
+                       });
+    }
+    if (name == "Verify") {
+      return ServeBidi(context, &threads_, TensorCallHandler("Verify", &LogitdService::DoVerify));
+    }
+  }
+  return new UnimplementedReactor(context->method());
+}
+
 template <typename Request, typename Response>
 RawHandler LogitdService::TensorCallHandler(absl::string_view method,
                                             TensorHandler<TensorCall<Request, Response>> handler) {
@@ -36,32 +98,6 @@ RawHandler LogitdService::TensorCallHandler(absl::string_view method,
       return (this->*handler)(&call);
     });
   };
-}
-
-RawBidiReactor* LogitdService::Logits(grpc::CallbackServerContext* context) {
-  return ServeBidi(context, &threads_, TensorCallHandler("Logits", &LogitdService::DoLogits));
-}
-
-absl::Status LogitdService::DoLogits(LogitsCall* call) {
-  LOGITD_RETURN_IF_ERROR(call->ReadHeader());
-  LOGITD_ASSIGN_OR_RETURN(const LogitsRequest request,
-                          LogitsRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
-  LOGITD_ASSIGN_OR_RETURN(const OpResult result,
-                          RunLogits(op_env(), request, &call->call(), *call));
-  return call->Respond(result, call->header().digest_last());
-}
-
-RawBidiReactor* LogitdService::Backward(grpc::CallbackServerContext* context) {
-  return ServeBidi(context, &threads_, TensorCallHandler("Backward", &LogitdService::DoBackward));
-}
-
-absl::Status LogitdService::DoBackward(BackwardCall* call) {
-  LOGITD_RETURN_IF_ERROR(call->ReadHeader());
-  LOGITD_ASSIGN_OR_RETURN(const BackwardRequest request,
-                          BackwardRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
-  LOGITD_ASSIGN_OR_RETURN(const OpResult result,
-                          RunBackward(op_env(), request, &call->call(), *call));
-  return call->Respond(result, call->header().digest_last());
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* LogitdService::FetchGradient(
@@ -103,52 +139,6 @@ grpc::Status LogitdService::ZeroGradient(grpc::ServerContext* context,
                             FindWeight(registry_, stats->tenant, request->weight_handle()));
     return backend_->ZeroGradient(*w.weight);
   });
-}
-
-RawBidiReactor* LogitdService::Cast(grpc::CallbackServerContext* context) {
-  return ServeBidi(context, &threads_, TensorCallHandler("Cast", &LogitdService::DoCast));
-}
-
-absl::Status LogitdService::DoCast(CastCall* call) {
-  LOGITD_RETURN_IF_ERROR(call->ReadHeader());
-  LOGITD_ASSIGN_OR_RETURN(const CastRequest request,
-                          CastRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
-  LOGITD_ASSIGN_OR_RETURN(const OpResult result, RunCast(op_env(), request, &call->call(), *call));
-  return call->Respond(result, call->header().digest_last());
-}
-
-RawBidiReactor* LogitdService::CrossEntropy(grpc::CallbackServerContext* context) {
-  return ServeBidi(context, &threads_,
-                   TensorCallHandler("CrossEntropy", &LogitdService::DoCrossEntropy));
-}
-
-absl::Status LogitdService::DoCrossEntropy(CrossEntropyCall* call) {
-  LOGITD_RETURN_IF_ERROR(call->ReadHeader());
-  LOGITD_ASSIGN_OR_RETURN(const CrossEntropyRequest request,
-                          CrossEntropyRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
-  call->OnResult([](const OpResult& result, v1::CrossEntropyResponse* head) {
-    head->mutable_result()->set_counted_tokens(result.counted_tokens);
-  });
-  LOGITD_ASSIGN_OR_RETURN(const OpResult result,
-                          RunCrossEntropy(op_env(), request, &call->call(), *call));
-  return call->Respond(result, call->header().digest_last());
-}
-
-RawBidiReactor* LogitdService::LogProbs(grpc::CallbackServerContext* context) {
-  return ServeBidi(context, &threads_, TensorCallHandler("LogProbs", &LogitdService::DoLogProbs));
-}
-
-absl::Status LogitdService::DoLogProbs(LogProbsCall* call) {
-  LOGITD_RETURN_IF_ERROR(call->ReadHeader());
-  LOGITD_ASSIGN_OR_RETURN(const LogProbsRequest request,
-                          LogProbsRequestOf(call->header(), V1Shm{&shm_, call->tenant()}));
-  LOGITD_ASSIGN_OR_RETURN(const OpResult result,
-                          RunLogProbs(op_env(), request, &call->call(), *call));
-  return call->Respond(result, call->header().digest_last());
-}
-
-RawBidiReactor* LogitdService::Verify(grpc::CallbackServerContext* context) {
-  return ServeBidi(context, &threads_, TensorCallHandler("Verify", &LogitdService::DoVerify));
 }
 
 }  // namespace logitd::service

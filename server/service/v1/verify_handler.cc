@@ -1,7 +1,7 @@
 // logitd.v1's Verify: the header translated (v1/requests.h), the call every
 // front door would run (call/verify.h), and its outcome as one
-// VerifyResponse. (Its raw method, beside the others that share the tensor
-// calls' handler template, is in tensor_handlers.cc.)
+// VerifyResponse. (Its dispatch by name, beside the tensor methods' rows, is
+// in tensor_handlers.cc.)
 #include <cmath>
 #include <limits>
 
