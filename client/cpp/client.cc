@@ -332,6 +332,7 @@ absl::StatusOr<ListRunsResult> Client::ListRuns(const ListRunsArgs& args) {
                                                   c.bitwise_equal_fraction(), c.max_ulp(),
                                                   c.p99_ulp(), c.rms_ratio(), c.effective_bits()});
       }
+      run.alerts = AlertsOf(r.alerts());
       out.runs.push_back(std::move(run));
     }
     return out;

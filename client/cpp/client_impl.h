@@ -183,6 +183,9 @@ struct Client::Impl {
 // (the defaults live in the options structs, not on the wire): ignore_index,
 // reduction, z_loss, logit_softcap, grad_scale; ignore_index, temperature,
 // logit_softcap, vocab_size. Tensors, wants and shm are left alone.
+// The alerts of a verify result or a recorded run.
+std::vector<Alert> AlertsOf(const google::protobuf::RepeatedPtrField<v1::Alert>& alerts);
+
 void SetCrossEntropyOptions(const CrossEntropyOptions& options, v1::CrossEntropyHeader* h);
 void SetLogProbsOptions(const LogProbsOptions& options, v1::LogProbsHeader* h);
 

@@ -226,6 +226,7 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
         out.reference_engine = result.reference_engine();
         out.run_id = result.run_id();
         if (result.has_comparison()) out.comparison = ComparisonOf(result.comparison());
+        out.alerts = AlertsOf(result.alerts());
         return out;
       });
 }

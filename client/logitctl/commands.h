@@ -38,5 +38,6 @@ int CmdLogProbs(const std::vector<std::string>& words);
 
 // runs.cc
 int CmdRuns(const std::vector<std::string>& words);
+int CmdRules(const std::vector<std::string>& words);
 
 }  // namespace logitd::logitctl

@@ -130,6 +130,12 @@ commands:
                                      labels, verdicts and candidates' verdicts
   runs promote RUN NAME              name a recorded run a baseline of its project and case
                                      (verify --compare_baseline=NAME; never pruned)
+  rules --project=P                  the project's rules, a line each
+  rules set --project=P [RULE ...]   replace them (none: no rules). RULE: CHECK[=LIMIT]
+                                     [case=C] [branch=B] [candidate=Y], one argument, CHECK
+                                     bits_unchanged, max_worst_fraction_growth=F (F >= 1) or
+                                     max_p99_ulp=N; a recorded run that breaks one is an
+                                     alert (logitctl verify exits 1)
   validate [args]                    the validation harness
   help                               this text
 
@@ -222,6 +228,7 @@ int Main(int argc, char** argv) {
   if (cmd == "bench") return CmdBench(w);
   if (cmd == "stress") return CmdStress(w);
   if (cmd == "runs") return CmdRuns(w);
+  if (cmd == "rules") return CmdRules(w);
   return UsageError(absl::StrCat("unknown command '", cmd, "'"));
 }
 

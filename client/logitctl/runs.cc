@@ -1,5 +1,6 @@
 // logitctl runs: the Verify runs the server recorded for this caller
-// (ListRuns), newest first, as a table or JSON.
+// (ListRuns), newest first, as a table or JSON; and logitctl rules, a
+// project's rules (ListRules, SetRules).
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -9,13 +10,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "client/logitctl/commands.h"
 #include "client/logitctl/common.h"
 #include "client/logitctl/flags.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, project, "", "runs: only the runs of this project");
+ABSL_FLAG(std::string, project, "", "runs: only the runs of this project; rules: the project");
 ABSL_FLAG(std::string, case, "", "runs: only the runs of this case");
 ABSL_FLAG(std::string, branch, "", "runs: only the runs of this branch");
 ABSL_FLAG(std::int32_t, limit, 20, "runs: at most this many runs (1 to 1000)");
@@ -60,6 +62,11 @@ nlohmann::ordered_json RunJson(const client::RunSummary& r) {
     cands.push_back(std::move(cj));
   }
   j["candidates"] = std::move(cands);
+  nlohmann::ordered_json alerts = nlohmann::ordered_json::array();
+  for (const client::Alert& a : r.alerts) {
+    alerts.push_back({{"rule", a.rule}, {"candidate", a.candidate}, {"message", a.message}});
+  }
+  j["alerts"] = std::move(alerts);
   return j;
 }
 
@@ -118,6 +125,82 @@ int CmdRuns(const std::vector<std::string>& words) {
     if (runs->next_before_run_id > 0) {
       std::cout << "more: --before=" << runs->next_before_run_id << "\n";
     }
+    return kExitOk;
+  });
+}
+
+namespace {
+
+// "CHECK[=LIMIT] [case=C] [branch=B] [candidate=Y]" as a rule.
+absl::StatusOr<client::HistoryRule> ParseRule(const std::string& text) {
+  client::HistoryRule rule;
+  const std::vector<std::string> words = absl::StrSplit(text, ' ', absl::SkipEmpty());
+  const auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("rule '", text, "': ", why));
+  };
+  if (words.empty()) return bad("empty");
+  const std::vector<std::string> check = absl::StrSplit(words[0], absl::MaxSplits('=', 1));
+  if (check[0] == "bits_unchanged" && check.size() == 1) {
+    rule.check = client::HistoryRule::Check::kBitsUnchanged;
+  } else if (check[0] == "max_worst_fraction_growth" && check.size() == 2 &&
+             absl::SimpleAtod(check[1], &rule.limit)) {
+    rule.check = client::HistoryRule::Check::kMaxWorstFractionGrowth;
+  } else if (check[0] == "max_p99_ulp" && check.size() == 2 &&
+             absl::SimpleAtod(check[1], &rule.limit)) {
+    rule.check = client::HistoryRule::Check::kMaxP99Ulp;
+  } else {
+    return bad("expected bits_unchanged, max_worst_fraction_growth=F or max_p99_ulp=N first");
+  }
+  for (std::size_t i = 1; i < words.size(); ++i) {
+    const std::vector<std::string> kv = absl::StrSplit(words[i], absl::MaxSplits('=', 1));
+    std::string* field = kv[0] == "case"        ? &rule.case_name
+                         : kv[0] == "branch"    ? &rule.branch
+                         : kv[0] == "candidate" ? &rule.candidate
+                                                : nullptr;
+    if (field == nullptr || kv.size() != 2) {
+      return bad(absl::StrCat("'", words[i], "': expected case=C, branch=B or candidate=Y"));
+    }
+    *field = kv[1];
+  }
+  return rule;
+}
+
+std::string RuleText(const client::HistoryRule& r) {
+  std::string text = r.check == client::HistoryRule::Check::kBitsUnchanged ? "bits_unchanged"
+                     : r.check == client::HistoryRule::Check::kMaxWorstFractionGrowth
+                         ? absl::StrCat("max_worst_fraction_growth=", r.limit)
+                         : absl::StrCat("max_p99_ulp=", r.limit);
+  if (!r.case_name.empty()) absl::StrAppend(&text, " case=", r.case_name);
+  if (!r.branch.empty()) absl::StrAppend(&text, " branch=", r.branch);
+  if (!r.candidate.empty()) absl::StrAppend(&text, " candidate=", r.candidate);
+  return text;
+}
+
+}  // namespace
+
+int CmdRules(const std::vector<std::string>& words) {
+  const std::string project = absl::GetFlag(FLAGS_project);
+  if (project.empty()) return UsageError("rules: --project=P names the project");
+  const bool set = words.size() >= 2 && words[1] == "set";
+  if (!set && words.size() != 1) {
+    return UsageError("usage: rules --project=P, or rules set --project=P [RULE ...]");
+  }
+  std::vector<client::HistoryRule> rules;
+  for (std::size_t i = 2; set && i < words.size(); ++i) {
+    absl::StatusOr<client::HistoryRule> rule = ParseRule(words[i]);
+    if (!rule.ok()) return UsageError(std::string(rule.status().message()));
+    rules.push_back(*std::move(rule));
+  }
+  return WithClient([&](client::Client& c) {
+    if (set) {
+      if (absl::Status s = c.SetRules(project, rules); !s.ok()) return ServerError(s);
+      std::cout << "project " << project << " has " << rules.size() << " rule"
+                << (rules.size() == 1 ? "" : "s") << "\n";
+      return kExitOk;
+    }
+    absl::StatusOr<std::vector<client::HistoryRule>> listed = c.ListRules(project);
+    if (!listed.ok()) return ServerError(listed.status());
+    for (const client::HistoryRule& r : *listed) std::cout << RuleText(r) << "\n";
     return kExitOk;
   });
 }

@@ -266,8 +266,10 @@ constexpr char kVerifyHistoryFlags[] =
 constexpr char kVerifyExitCodes[] =
     R"(exit codes: 0 every candidate passed (within_bounds or bitwise_equal_to_logitd,
               sampled or not),
-            1 one failed (outside_bounds or outside_precision_class), or the
-              server failed the call (INTERNAL, a deadline),
+            1 one failed (outside_bounds or outside_precision_class), the
+              recorded run broke a rule of its project (an ALERT line each;
+              logitctl rules), or the server failed the call (INTERNAL, a
+              deadline),
             2 usage or input error (the server's INVALID_ARGUMENT, NOT_FOUND,
               OUT_OF_RANGE, FAILED_PRECONDITION, RESOURCE_EXHAUSTED among
               them), or the server could not be reached or refused the
@@ -587,23 +589,6 @@ absl::Status LoadTensors(const VerifyCommandArgs& a, const std::vector<std::stri
 // A refusal of what was sent (a shape, a dtype, a handle, a size past the
 // server's limits) or of the connection (IsServerUnreachable): exit 2, as a
 // usage error is. What else the server answers (INTERNAL, a deadline) is 1.
-// The candidates against the baseline run, a line each, and what differs
-// between the two runs' platforms and inputs.
-void PrintComparison(const client::RunComparison& c) {
-  std::printf("against run %lld (%s%s%s, %s):%s%s\n", static_cast<long long>(c.baseline_run_id),
-              c.baseline_labels.branch.empty() ? "no branch" : c.baseline_labels.branch.c_str(),
-              c.baseline_labels.ref.empty() ? "" : " at ", c.baseline_labels.ref.c_str(),
-              c.baseline_verdict.c_str(), c.same_inputs ? "" : " OTHER INPUTS,",
-              c.platform_difference.empty()
-                  ? " the same platform"
-                  : absl::StrCat(" ANOTHER PLATFORM (", c.platform_difference, ")").c_str());
-  for (const client::CandidateComparison& cc : c.candidates) {
-    std::printf("  %s: %s (worst bound fraction %+.3g, max ulp %+lld, effective bits %+.2f)\n",
-                cc.name.c_str(), cc.bits.c_str(), cc.worst_bound_fraction_delta,
-                static_cast<long long>(cc.max_ulp_delta), cc.effective_bits_delta);
-  }
-}
-
 bool IsInputOrConnectionError(const absl::Status& status) {
   return exit_codes::ForStatus(status) == exit_codes::kUsage;
 }
@@ -680,7 +665,10 @@ int RunVerifyCommand(const std::string& server, const std::vector<std::string>& 
                 static_cast<long long>(result->run_id), a.project.c_str(), a.case_name.c_str());
   }
   if (result->comparison.has_value()) PrintComparison(*result->comparison);
-  return finish(ExitCodeFor(report.results, false));
+  PrintAlerts(result->alerts);
+  // An alert fails the run as a failing verdict does: exit 1.
+  const int code = ExitCodeFor(report.results, false);
+  return finish(code == 0 && !result->alerts.empty() ? 1 : code);
 }
 
 }  // namespace logitd::validate

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -259,6 +260,32 @@ CaseResult CaseOf(const std::string& case_prefix, const client::CandidateVerdict
   f["reference_engine"] = result.reference_engine;
   if (!c.passed()) r.failures.push_back(FailureOf(c));
   return r;
+}
+
+// The candidates against the baseline run, a line each, and what differs
+// between the two runs' platforms and inputs.
+void PrintComparison(const client::RunComparison& c) {
+  std::printf("against run %lld (%s%s%s, %s):%s%s\n", static_cast<long long>(c.baseline_run_id),
+              c.baseline_labels.branch.empty() ? "no branch" : c.baseline_labels.branch.c_str(),
+              c.baseline_labels.ref.empty() ? "" : " at ", c.baseline_labels.ref.c_str(),
+              c.baseline_verdict.c_str(), c.same_inputs ? "" : " OTHER INPUTS,",
+              c.platform_difference.empty()
+                  ? " the same platform"
+                  : absl::StrCat(" ANOTHER PLATFORM (", c.platform_difference, ")").c_str());
+  for (const client::CandidateComparison& cc : c.candidates) {
+    std::printf("  %s: %s (worst bound fraction %+.3g, max ulp %+lld, effective bits %+.2f)\n",
+                cc.name.c_str(), cc.bits.c_str(), cc.worst_bound_fraction_delta,
+                static_cast<long long>(cc.max_ulp_delta), cc.effective_bits_delta);
+  }
+}
+
+void PrintAlerts(const std::vector<client::Alert>& alerts) {
+  if (alerts.empty()) return;
+  std::printf("ALERT: this run broke %zu rule%s of its project:\n", alerts.size(),
+              alerts.size() == 1 ? "" : "s");
+  for (const client::Alert& a : alerts) {
+    std::printf("  %s: %s\n", a.rule.c_str(), a.message.c_str());
+  }
 }
 
 }  // namespace logitd::validate

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "client/validate/harness.h"
 #include "logitd/client.h"
@@ -17,5 +18,11 @@ namespace logitd::validate {
 // that says what decided it when it did not pass.
 CaseResult CaseOf(const std::string& case_prefix, const client::CandidateVerdict& c,
                   const client::VerifyResult& result, double seconds);
+
+// The candidates against the baseline run, a line each, and what differs
+// between the two runs' platforms and inputs.
+void PrintComparison(const client::RunComparison& c);
+// The rules of its project a recorded run broke (none: nothing).
+void PrintAlerts(const std::vector<client::Alert>& alerts);
 
 }  // namespace logitd::validate

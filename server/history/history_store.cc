@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/history/rules.h"
 
 namespace logitd::history {
 namespace {
@@ -60,6 +61,26 @@ constexpr const char* kMigrations[] = {
         name TEXT NOT NULL,
         run_id INTEGER NOT NULL REFERENCES runs (id),
         PRIMARY KEY (tenant, project, case_name, name));
+    )sql",
+    // 2 -> 3: a project's rules, and the alerts a run raised against them.
+    R"sql(
+      CREATE TABLE rules (
+        tenant TEXT NOT NULL,
+        project TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        case_name TEXT NOT NULL,
+        branch TEXT NOT NULL,
+        candidate TEXT NOT NULL,
+        check_name TEXT NOT NULL,
+        limit_value REAL NOT NULL,
+        PRIMARY KEY (tenant, project, position));
+      CREATE TABLE alerts (
+        run_id INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        position INTEGER NOT NULL,
+        rule TEXT NOT NULL,
+        candidate TEXT NOT NULL,
+        message TEXT NOT NULL,
+        PRIMARY KEY (run_id, position));
     )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == HistoryStore::kSchemaVersion,
@@ -128,6 +149,62 @@ class Statement {
   sqlite3_stmt* stmt_ = nullptr;
   bool ok_ = false;
 };
+
+// A write transaction (BEGIN IMMEDIATE): rolled back when it goes
+// uncommitted, so that every early return of a failed step undoes the
+// others.
+class WriteTransaction {
+ public:
+  explicit WriteTransaction(sqlite3* db) : db_(db) {}
+  ~WriteTransaction() {
+    if (open_) (void)Exec(db_, "ROLLBACK;", "roll back");
+  }
+  WriteTransaction(const WriteTransaction&) = delete;
+  WriteTransaction& operator=(const WriteTransaction&) = delete;
+
+  absl::Status Begin(absl::string_view what) {
+    absl::Status s = Exec(db_, "BEGIN IMMEDIATE;", absl::StrCat("begin ", what));
+    open_ = s.ok();
+    return s;
+  }
+  absl::Status Commit(absl::string_view what) {
+    absl::Status s = Exec(db_, "COMMIT;", absl::StrCat("commit ", what));
+    if (s.ok()) open_ = false;
+    return s;
+  }
+
+ private:
+  sqlite3* const db_;
+  bool open_ = false;
+};
+
+absl::Status InsertAlerts(sqlite3* db, const RunRecord& run) {
+  Statement s(db,
+              "INSERT INTO alerts (run_id, position, rule, candidate, message) VALUES (?1, ?2, "
+              "?3, ?4, ?5)");
+  if (absl::Status st = s.status("prepare the alerts' insert"); !st.ok()) return st;
+  for (std::size_t p = 0; p < run.alerts.size(); ++p) {
+    s.Reset();
+    s.Bind(1, run.id);
+    s.Bind(2, static_cast<std::int64_t>(p));
+    s.Bind(3, run.alerts[p].rule);
+    s.Bind(4, run.alerts[p].candidate);
+    s.Bind(5, run.alerts[p].message);
+    if (s.Step() != SQLITE_DONE) return SqliteError(db, "insert an alert");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAlerts(sqlite3* db, RunRecord* run) {
+  Statement s(db,
+              "SELECT rule, candidate, message FROM alerts WHERE run_id = ?1 ORDER BY position");
+  if (absl::Status st = s.status("prepare the alerts' query"); !st.ok()) return st;
+  s.Bind(1, run->id);
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW)
+    run->alerts.push_back(Alert{s.Text(0), s.Text(1), s.Text(2)});
+  return rc == SQLITE_DONE ? absl::OkStatus() : SqliteError(db, "read the alerts");
+}
 
 absl::Status InsertCandidates(sqlite3* db, const RunRecord& run) {
   Statement s(db,
@@ -231,47 +308,41 @@ absl::Status HistoryStore::Migrate() {
   // Each step in a write transaction that reads the version first: servers
   // that open one file at once migrate it once, one after the other.
   for (;;) {
-    if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE;", "begin a migration"); !s.ok()) return s;
-    const auto fail = [&](absl::Status s) {
-      (void)Exec(db_, "ROLLBACK;", "roll back");
-      return s;
-    };
+    WriteTransaction txn(db_);
+    if (absl::Status s = txn.Begin("a migration"); !s.ok()) return s;
     int have = 0;
     {
       Statement version(db_, "PRAGMA user_version");
-      if (absl::Status s = version.status("read the schema version"); !s.ok()) return fail(s);
-      if (version.Step() != SQLITE_ROW) return fail(SqliteError(db_, "read the schema version"));
+      if (absl::Status s = version.status("read the schema version"); !s.ok()) return s;
+      if (version.Step() != SQLITE_ROW) return SqliteError(db_, "read the schema version");
       have = static_cast<int>(version.Int(0));
     }
     if (have > kSchemaVersion) {
-      return fail(absl::FailedPreconditionError(absl::StrCat(
+      return absl::FailedPreconditionError(absl::StrCat(
           "history: ", path_, " holds schema version ", have, ", newer than this logitd's ",
-          kSchemaVersion, "; run a newer logitd or give another --history")));
+          kSchemaVersion, "; run a newer logitd or give another --history"));
     }
-    if (have == kSchemaVersion) return Exec(db_, "COMMIT;", "end the migration");
+    if (have == kSchemaVersion) return txn.Commit("the migration's end");
     const std::string sql =
         absl::StrCat(kMigrations[have], "PRAGMA user_version = ", have + 1, ";");
     if (absl::Status s = Exec(db_, sql.c_str(), absl::StrCat("migrate to version ", have + 1));
         !s.ok()) {
-      return fail(s);
+      return s;
     }
-    if (absl::Status s = Exec(db_, "COMMIT;", "commit a migration"); !s.ok()) return fail(s);
+    if (absl::Status s = txn.Commit("a migration"); !s.ok()) return s;
   }
 }
 
 absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs) {
   if (run->recorded_unix_us == 0) run->recorded_unix_us = absl::ToUnixMicros(absl::Now());
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE;", "begin a run's write"); !s.ok()) return s;
-  const auto fail = [&](absl::Status s) {
-    (void)Exec(db_, "ROLLBACK;", "roll back");
-    return s;
-  };
+  WriteTransaction txn(db_);
+  if (absl::Status s = txn.Begin("a run's write"); !s.ok()) return s;
   Statement insert(db_,
                    "INSERT INTO runs (tenant, project, case_name, branch, ref, operation, "
                    "inputs_xxh3, verdict, backend, device, logitd_version, recorded_unix_us) "
                    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
-  if (absl::Status s = insert.status("prepare the run's insert"); !s.ok()) return fail(s);
+  if (absl::Status s = insert.status("prepare the run's insert"); !s.ok()) return s;
   insert.Bind(1, run->tenant);
   insert.Bind(2, run->labels.project);
   insert.Bind(3, run->labels.case_name);
@@ -284,9 +355,10 @@ absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs) {
   insert.Bind(10, run->device);
   insert.Bind(11, run->logitd_version);
   insert.Bind(12, run->recorded_unix_us);
-  if (insert.Step() != SQLITE_DONE) return fail(SqliteError(db_, "insert a run"));
+  if (insert.Step() != SQLITE_DONE) return SqliteError(db_, "insert a run");
   run->id = sqlite3_last_insert_rowid(db_);
-  if (absl::Status s = InsertCandidates(db_, *run); !s.ok()) return fail(s);
+  if (absl::Status s = InsertCandidates(db_, *run); !s.ok()) return s;
+  if (absl::Status s = InsertAlerts(db_, *run); !s.ok()) return s;
   if (max_runs > 0) {
     // The tenant's runs older than its newest max_runs (their candidates
     // with them: ON DELETE CASCADE).
@@ -294,12 +366,12 @@ absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs) {
                     "DELETE FROM runs WHERE tenant = ?1 AND id <= (SELECT id FROM runs WHERE "
                     "tenant = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2) AND id NOT IN (SELECT "
                     "run_id FROM baselines WHERE tenant = ?1)");
-    if (absl::Status s = prune.status("prepare the pruning"); !s.ok()) return fail(s);
+    if (absl::Status s = prune.status("prepare the pruning"); !s.ok()) return s;
     prune.Bind(1, run->tenant);
     prune.Bind(2, max_runs);
-    if (prune.Step() != SQLITE_DONE) return fail(SqliteError(db_, "prune old runs"));
+    if (prune.Step() != SQLITE_DONE) return SqliteError(db_, "prune old runs");
   }
-  return Exec(db_, "COMMIT;", "commit a run");
+  return txn.Commit("a run");
 }
 
 absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filter) {
@@ -342,6 +414,7 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
   if (rc != SQLITE_DONE) return SqliteError(db_, "read the runs");
   for (RunRecord& r : runs) {
     if (absl::Status st = ReadCandidates(db_, &r); !st.ok()) return st;
+    if (absl::Status st = ReadAlerts(db_, &r); !st.ok()) return st;
   }
   return runs;
 }
@@ -362,6 +435,64 @@ absl::Status HistoryStore::Promote(const std::string& tenant, std::int64_t run_i
         absl::StrCat("run_id: no recorded run ", run_id, " for this caller"));
   }
   return absl::OkStatus();
+}
+
+absl::Status HistoryStore::SetRules(const std::string& tenant, const std::string& project,
+                                    const std::vector<Rule>& rules) {
+  absl::MutexLock lock(&mu_);
+  WriteTransaction txn(db_);
+  if (absl::Status s = txn.Begin("the rules' write"); !s.ok()) return s;
+  Statement clear(db_, "DELETE FROM rules WHERE tenant = ?1 AND project = ?2");
+  if (absl::Status s = clear.status("prepare the rules' removal"); !s.ok()) return s;
+  clear.Bind(1, tenant);
+  clear.Bind(2, project);
+  if (clear.Step() != SQLITE_DONE) return SqliteError(db_, "remove the rules");
+  Statement insert(db_,
+                   "INSERT INTO rules (tenant, project, position, case_name, branch, candidate, "
+                   "check_name, limit_value) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  if (absl::Status s = insert.status("prepare the rules' insert"); !s.ok()) return s;
+  for (std::size_t p = 0; p < rules.size(); ++p) {
+    const Rule& r = rules[p];
+    insert.Reset();
+    insert.Bind(1, tenant);
+    insert.Bind(2, project);
+    insert.Bind(3, static_cast<std::int64_t>(p));
+    insert.Bind(4, r.case_name);
+    insert.Bind(5, r.branch);
+    insert.Bind(6, r.candidate);
+    insert.Bind(7, std::string(CheckName(r.check)));
+    insert.Bind(8, r.limit);
+    if (insert.Step() != SQLITE_DONE) return SqliteError(db_, "insert a rule");
+  }
+  return txn.Commit("the rules");
+}
+
+absl::StatusOr<std::vector<Rule>> HistoryStore::Rules(const std::string& tenant,
+                                                      const std::string& project) {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_,
+              "SELECT case_name, branch, candidate, check_name, limit_value FROM rules WHERE "
+              "tenant = ?1 AND project = ?2 ORDER BY position");
+  if (absl::Status st = s.status("prepare the rules' query"); !st.ok()) return st;
+  s.Bind(1, tenant);
+  s.Bind(2, project);
+  std::vector<Rule> rules;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    Rule r;
+    r.case_name = s.Text(0);
+    r.branch = s.Text(1);
+    r.candidate = s.Text(2);
+    const std::string check = s.Text(3);
+    for (Rule::Check c : {Rule::Check::kBitsUnchanged, Rule::Check::kMaxWorstFractionGrowth,
+                          Rule::Check::kMaxP99Ulp}) {
+      if (check == CheckName(c)) r.check = c;
+    }
+    r.limit = s.Real(4);
+    rules.push_back(std::move(r));
+  }
+  if (rc != SQLITE_DONE) return SqliteError(db_, "read the rules");
+  return rules;
 }
 
 absl::StatusOr<int> HistoryStore::SchemaVersion() {

@@ -45,6 +45,26 @@ struct CandidateFigures {
   double effective_bits = 0;
 };
 
+// A project's rule on its recorded runs (rules.h checks runs against them).
+struct Rule {
+  // Where it applies; empty matches any.
+  std::string case_name;
+  std::string branch;
+  std::string candidate;
+  enum class Check { kBitsUnchanged, kMaxWorstFractionGrowth, kMaxP99Ulp };
+  Check check = Check::kBitsUnchanged;
+  // The growth factor or the ULP limit (none for kBitsUnchanged).
+  double limit = 0;
+};
+
+// A rule a recorded run broke: the rule as text (RuleText), the candidate,
+// and what broke it.
+struct Alert {
+  std::string rule;
+  std::string candidate;
+  std::string message;
+};
+
 struct RunRecord {
   std::int64_t id = 0;  // set by Record
   std::string tenant;
@@ -58,6 +78,7 @@ struct RunRecord {
   std::string logitd_version;
   std::int64_t recorded_unix_us = 0;  // set by Record when 0
   std::vector<CandidateFigures> candidates;
+  std::vector<Alert> alerts;
 };
 
 // Which runs to list: the tenant's, narrowed by the labels given (empty:
@@ -96,8 +117,8 @@ class HistoryStore {
   HistoryStore(const HistoryStore&) = delete;
   HistoryStore& operator=(const HistoryStore&) = delete;
 
-  // 1: runs and candidates; 2: named baselines.
-  static constexpr int kSchemaVersion = 2;
+  // 1: runs and candidates; 2: named baselines; 3: rules and alerts.
+  static constexpr int kSchemaVersion = 3;
 
   // Stores `run` and its candidates in one transaction; sets run->id (and
   // recorded_unix_us when 0). With max_runs > 0, the tenant's oldest runs
@@ -108,6 +129,11 @@ class HistoryStore {
   // (the run that name named before is no longer it); NotFound for no such
   // run. Retention never prunes a baseline's run.
   absl::Status Promote(const std::string& tenant, std::int64_t run_id, const std::string& name);
+  // Replaces the tenant's rules of `project`, in one transaction.
+  absl::Status SetRules(const std::string& tenant, const std::string& project,
+                        const std::vector<Rule>& rules);
+  // The tenant's rules of `project`, in the order they were set.
+  absl::StatusOr<std::vector<Rule>> Rules(const std::string& tenant, const std::string& project);
 
   const std::string& path() const { return path_; }
   // The schema version the file holds (kSchemaVersion once opened).

@@ -445,5 +445,97 @@ TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
   EXPECT_EQ(RunLogitctl({at, "runs", "--limit=0"}).exit_code, 2);
 }
 
+// A project's rules through logitctl: set and listed back; a run on main
+// whose candidate's bits changed against main's last run is an alert
+// (logitctl verify exits 1 and says the rule and what broke it, the run is
+// listed with it); the same candidate on another branch is not; bad rules
+// are refused before anything is kept.
+TEST(HistoryTest, ARunThatBreaksARuleOfItsProjectIsAnAlertAndLogitctlExits1) {
+  TempDir dir;
+  absl::StatusOr<ServerProcess> server =
+      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--history=" + (dir / "h.sqlite3")});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<client::Client> c = Connect(*server);
+  const Tensor x = NormalBf16({6, 40}, 31), w = NormalBf16({50, 40}, 32);
+  const std::string handle = Register(*c, w);
+  absl::StatusOr<Tensor> y = c->Logits(x, handle);
+  ASSERT_TRUE(y.ok()) << y.status();
+  ASSERT_TRUE(WriteSafetensors(dir / "x.safetensors", {{"x", &x}}).ok());
+  ASSERT_TRUE(WriteSafetensors(dir / "y.safetensors", {{"y", &*y}}).ok());
+  std::uint32_t bits;
+  std::memcpy(&bits, &y->data<float>()[7], sizeof bits);
+  bits ^= 1u;  // the last mantissa bit: still within the bound
+  std::memcpy(&y->data<float>()[7], &bits, sizeof bits);
+  ASSERT_TRUE(WriteSafetensors(dir / "f.safetensors", {{"y", &*y}}).ok());
+  const std::string at = "--server=" + server->address();
+  const auto verify = [&](const std::string& candidate, std::vector<std::string> more) {
+    std::vector<std::string> all = {at,
+                                    "verify",
+                                    "--op=logits",
+                                    "--x=" + (dir / "x.safetensors"),
+                                    "--weight=" + handle,
+                                    "--candidate=" + (dir / candidate),
+                                    "--project=lm",
+                                    "--case=six"};
+    all.insert(all.end(), more.begin(), more.end());
+    return RunLogitctl(all);
+  };
+
+  LogitctlRun r = RunLogitctl({at, "rules", "set", "--project=lm",
+                               "bits_unchanged branch=main candidate=y", "max_p99_ulp=1000"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("project lm has 2 rules"));
+  r = RunLogitctl({at, "rules", "--project=lm"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "bits_unchanged branch=main candidate=y\nmax_p99_ulp=1000\n");
+
+  r = verify("y.safetensors", {"--branch=main", "--ref=r1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = verify("y.safetensors", {"--branch=main", "--ref=r2", "--compare_branch=main"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  y: identical"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("ALERT")));
+  r = verify("f.safetensors", {"--branch=main", "--ref=r3", "--compare_branch=main"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  y: different_within_bounds"));
+  EXPECT_THAT(r.out, HasSubstr("ALERT: this run broke 1 rule of its project:\n  bits_unchanged "
+                               "branch=main candidate=y: y's bits changed against run 2 (ref "
+                               "r2): different_within_bounds"));
+  r = verify("f.safetensors", {"--branch=dev", "--compare_branch=main"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+
+  ListRunsArgs list;
+  list.project = "lm";
+  absl::StatusOr<client::ListRunsResult> runs = c->ListRuns(list);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->runs.size(), 4u);
+  EXPECT_TRUE(runs->runs[0].alerts.empty());  // dev
+  ASSERT_EQ(runs->runs[1].alerts.size(), 1u);
+  EXPECT_EQ(runs->runs[1].alerts[0].rule, "bits_unchanged branch=main candidate=y");
+  EXPECT_EQ(runs->runs[1].alerts[0].candidate, "y");
+  r = RunLogitctl({at, "runs", "--project=lm", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["runs"][1]["alerts"][0]["rule"], "bits_unchanged branch=main candidate=y");
+  EXPECT_EQ(j["runs"][0]["alerts"].size(), 0u);
+
+  for (const char* bad : {"max_worst_fraction_growth=0.5", "max_p99_ulp=-1"}) {
+    r = RunLogitctl({at, "rules", "set", "--project=lm", bad});
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_THAT(r.err, HasSubstr("rules[0]")) << bad;
+  }
+  r = RunLogitctl({at, "rules", "set", "--project=lm", "bits_unchanged colour=red"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("'colour=red': expected case=C, branch=B or candidate=Y"));
+  EXPECT_EQ(RunLogitctl({at, "rules"}).exit_code, 2);
+  absl::StatusOr<std::vector<client::HistoryRule>> kept = c->ListRules("lm");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->size(), 2u);  // the refused sets kept nothing
+  EXPECT_EQ(c->SetRules("", {}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(c->SetRules("lm", {}).ok());
+  EXPECT_TRUE(c->ListRules("lm")->empty());
+}
+
 }  // namespace
 }  // namespace logitd::testing

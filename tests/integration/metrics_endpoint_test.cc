@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -131,11 +133,23 @@ TEST(MetricsIntegrationTest, RecordedRunsAndComparisonsAreCounted) {
   args.compare = client::BaselineSelector{"main", "", 0, ""};
   ASSERT_TRUE((*c)->Verify(args).ok());
   ASSERT_TRUE((*c)->Verify(args).ok());
+  // A rule that the next run breaks: one element's last bit flipped.
+  client::HistoryRule rule;
+  rule.check = client::HistoryRule::Check::kBitsUnchanged;
+  ASSERT_TRUE((*c)->SetRules("p", {rule}).ok());
+  std::uint32_t bits;
+  std::memcpy(&bits, &y->data<float>()[4], sizeof bits);
+  bits ^= 1u;
+  std::memcpy(&y->data<float>()[4], &bits, sizeof bits);
+  absl::StatusOr<client::VerifyResult> broke = (*c)->Verify(args);
+  ASSERT_TRUE(broke.ok()) << broke.status();
+  EXPECT_EQ(broke->alerts.size(), 1u);
   absl::StatusOr<std::string> text = Scrape((*server)->metrics_port);
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(Value(*text, "logitd_history_runs_recorded_total{verdict=\"bitwise_equal_to_logitd\"}"),
             3);
   EXPECT_EQ(Value(*text, "logitd_history_candidates_compared_total{bits=\"identical\"}"), 2);
+  EXPECT_EQ(Value(*text, "logitd_history_alerts_total{check=\"bits_unchanged\"}"), 1);
 }
 
 TEST(MetricsIntegrationTest, CountersMoveExactlyWithCalls) {

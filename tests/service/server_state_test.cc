@@ -81,7 +81,8 @@ TEST(NeedsDeviceTest, EveryCallButTheRecordKeepingOnesNeedsTheDevice) {
   ASSERT_NE(v1, nullptr);
   const std::set<std::string> no_device = {"GetServerInfo", "ListWeights", "ReleaseWeight",
                                            "Probe",         "RegisterShm", "ReleaseShm",
-                                           "ListRuns",      "PromoteRun"};
+                                           "ListRuns",      "PromoteRun",  "SetRules",
+                                           "ListRules"};
   for (int i = 0; i < v1->method_count(); ++i) {
     const std::string name = v1->method(i)->name();
     EXPECT_EQ(service::NeedsDevice(name), no_device.count(name) == 0) << name;

@@ -113,3 +113,40 @@ def test_a_server_without_history_refuses_to_record_and_to_list(tmp_path):
             assert c.verify_logits(x, y, info).passed
     finally:
         started.stop(timeout_s=40)
+
+
+def test_rules_set_from_python_raise_alerts_on_the_runs_that_break_them(history_server):
+    with logitd.Client(history_server, timeout=120) as c:
+        info = c.register_weights(normal_bf16(11, (60, 32)), name="r")
+        x = normal_bf16(12, (4, 32))
+        y = c.logits(x, info)
+        rules = (
+            logitd.Rule(bits_unchanged=True, branch="main", candidate="y"),
+            logitd.Rule(max_worst_fraction_growth=2.0, case="logits"),
+            logitd.Rule(max_p99_ulp=0, branch="strict"),
+        )
+        c.set_rules("lm", rules)
+        assert c.list_rules("lm") == rules
+        assert c.list_rules("other") == ()
+        labels = logitd.RunLabels("lm", "logits", "main")
+        first = c.verify_logits(x, y, info, record=labels)
+        assert first.alerts == ()
+        same = c.verify_logits(x, y, info, record=labels, compare=logitd.Baseline(branch="main"))
+        assert same.alerts == ()
+        moved = y.copy()
+        moved[1, 2] = np.nextafter(moved[1, 2], np.float32(np.inf), dtype=np.float32)
+        v = c.verify_logits(x, moved, info, record=labels, compare=logitd.Baseline(branch="main"))
+        assert v.passed  # within the contract; the rule is what breaks
+        (alert,) = v.alerts
+        assert alert == logitd.Alert(
+            rule="bits_unchanged branch=main candidate=y",
+            candidate="y",
+            message="y's bits changed against run %d: different_within_bounds" % same.run_id,
+        )
+        assert c.list_runs(project="lm").runs[0].alerts == (alert,)
+        with pytest.raises(logitd.InvalidArgumentError, match=r"rules\[0\].max_worst_fraction_growth"):
+            c.set_rules("lm", [logitd.Rule(max_worst_fraction_growth=0.5)])
+        with pytest.raises(logitd.InvalidArgumentError, match="rules"):
+            c.set_rules("lm", ["bits_unchanged"])
+        c.set_rules("lm", [])
+        assert c.list_rules("lm") == ()

@@ -36,6 +36,8 @@ const OperationInfo kOperations[] = {
     {"Verify", true, kVerifyInputs, Empty(), std::nullopt},
     {"ListRuns", false, Empty(), Empty(), std::nullopt},
     {"PromoteRun", false, Empty(), Empty(), std::nullopt},
+    {"SetRules", false, Empty(), Empty(), std::nullopt},
+    {"ListRules", false, Empty(), Empty(), std::nullopt},
     {"Probe", false, Empty(), Empty(), std::nullopt},
     {"RegisterShm", false, Empty(), Empty(), std::nullopt},
     {"ReleaseShm", false, Empty(), Empty(), std::nullopt},

@@ -74,17 +74,7 @@ Metrics::Metrics(const MetricsBuildInfo& build, const std::vector<std::string>& 
                "CUDA context; cause=hang: device work outlived --device_timeout). The server "
                "then stops serving and exits for its supervisor to restart it.")
            .Register(*registry_);
-  runs_recorded_ = &prometheus::BuildCounter()
-                        .Name("logitd_history_runs_recorded_total")
-                        .Help("Verify runs recorded in the server's history, by verdict.")
-                        .Register(*registry_);
-  compared_ = &prometheus::BuildCounter()
-                   .Name("logitd_history_candidates_compared_total")
-                   .Help(
-                       "Candidates of recorded runs compared with a baseline run, by how their "
-                       "bits compared (identical, different_within_bounds, "
-                       "different_outside_bounds, new).")
-                   .Register(*registry_);
+  RegisterHistoryFamilies();
   device_healthy_ = &prometheus::BuildGauge()
                          .Name("logitd_device_healthy")
                          .Help("1 while the backend's device can serve calls, 0 once it is lost.")
@@ -150,9 +140,31 @@ void Metrics::RecordCall(absl::string_view rpc, absl::string_view code, double s
   per.bytes_sent->Increment(static_cast<double>(tensor_bytes_out));
 }
 
-void Metrics::RecordRun(absl::string_view verdict, const std::vector<std::string>& compared_bits) {
+void Metrics::RegisterHistoryFamilies() {
+  runs_recorded_ = &prometheus::BuildCounter()
+                        .Name("logitd_history_runs_recorded_total")
+                        .Help("Verify runs recorded in the server's history, by verdict.")
+                        .Register(*registry_);
+  compared_ = &prometheus::BuildCounter()
+                   .Name("logitd_history_candidates_compared_total")
+                   .Help(
+                       "Candidates of recorded runs compared with a baseline run, by how their "
+                       "bits compared (identical, different_within_bounds, "
+                       "different_outside_bounds, new).")
+                   .Register(*registry_);
+  alerts_ = &prometheus::BuildCounter()
+                 .Name("logitd_history_alerts_total")
+                 .Help(
+                     "Alerts raised by recorded runs that broke a rule of their project, by the "
+                     "rule's check (bits_unchanged, max_worst_fraction_growth, max_p99_ulp).")
+                 .Register(*registry_);
+}
+
+void Metrics::RecordRun(absl::string_view verdict, const std::vector<std::string>& compared_bits,
+                        const std::vector<std::string>& alert_checks) {
   runs_recorded_->Add({{"verdict", std::string(verdict)}}).Increment();
   for (const std::string& bits : compared_bits) compared_->Add({{"bits", bits}}).Increment();
+  for (const std::string& check : alert_checks) alerts_->Add({{"check", check}}).Increment();
 }
 
 void Metrics::RecordDeviceLost(absl::string_view cause) {

@@ -77,8 +77,10 @@ class Metrics {
   void RecordDeviceLost(absl::string_view cause);
   // A Verify run recorded in the history, by its verdict, and each of its
   // candidates compared with a baseline run by how its bits compared
-  // ("identical", "different_within_bounds", ...; none without a baseline).
-  void RecordRun(absl::string_view verdict, const std::vector<std::string>& compared_bits);
+  // ("identical", "different_within_bounds", ...; none without a baseline),
+  // and each alert it raised by its rule's check ("bits_unchanged", ...).
+  void RecordRun(absl::string_view verdict, const std::vector<std::string>& compared_bits,
+                 const std::vector<std::string>& alert_checks);
 
   // Every metric in the text exposition format.
   std::string Expose();
@@ -102,8 +104,12 @@ class Metrics {
   prometheus::Gauge* weights_ = nullptr;
   prometheus::Gauge* inflight_ = nullptr;
   prometheus::Family<prometheus::Counter>* device_lost_ = nullptr;
+  // The history's counters (runs recorded, candidates compared, alerts).
+  void RegisterHistoryFamilies();
+
   prometheus::Family<prometheus::Counter>* runs_recorded_ = nullptr;
   prometheus::Family<prometheus::Counter>* compared_ = nullptr;
+  prometheus::Family<prometheus::Counter>* alerts_ = nullptr;
   prometheus::Gauge* device_healthy_ = nullptr;
 
   absl::Mutex mutex_;

@@ -1,6 +1,11 @@
 // logitd.v1's history: Verify's runs recorded when its header asks
-// (VerifyHeader.record), and ListRuns, the tenant's runs newest first. The
-// store is the server's (--history, server/history/history_store.h).
+// (VerifyHeader.record), compared with a baseline and checked against the
+// project's rules; ListRuns, the tenant's runs newest first; PromoteRun;
+// SetRules and ListRules. The store is the server's (--history,
+// server/history/history_store.h).
+#include <cmath>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -9,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "logitd/status_macros.h"
 #include "server/history/history_store.h"
+#include "server/history/rules.h"
 #include "server/service/state/build_info.h"
 #include "server/service/v1/service.h"
 
@@ -71,6 +77,98 @@ void FillRun(const history::RunRecord& r, v1::RunSummary* out) {
     s->set_p99_ulp(c.p99_ulp);
     s->set_rms_ratio(c.rms_ratio);
     s->set_effective_bits(c.effective_bits);
+  }
+  for (const history::Alert& a : r.alerts) {
+    v1::Alert* alert = out->add_alerts();
+    alert->set_rule(a.rule);
+    alert->set_candidate(a.candidate);
+    alert->set_message(a.message);
+  }
+}
+
+// The baseline's figures as the rules read them.
+history::RunBaseline BaselineOf(const history::RunRecord& base,
+                                const v1::RunComparison& comparison) {
+  history::RunBaseline out;
+  out.run_id = base.id;
+  out.ref = base.labels.ref;
+  for (const v1::CandidateComparison& c : comparison.candidates()) {
+    for (const history::CandidateFigures& b : base.candidates) {
+      if (b.name == c.name()) out.candidates[c.name()] = {c.bits(), b.worst_bound_fraction};
+    }
+  }
+  return out;
+}
+
+absl::Status CheckProject(const std::string& project) {
+  if (project.empty() || project.size() > history::kMaxLabelBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "project: expected 1 to ", history::kMaxLabelBytes, " bytes, got ", project.size()));
+  }
+  return absl::OkStatus();
+}
+
+// A rule as the store keeps it, or INVALID_ARGUMENT naming what is wrong
+// with rules[i].
+absl::StatusOr<history::Rule> RuleOf(const v1::HistoryRule& r, int i) {
+  const std::string at = absl::StrCat("rules[", i, "]");
+  history::Rule rule;
+  for (const auto& [name, value, out] :
+       {std::tuple{"case_name", &r.case_name(), &rule.case_name},
+        std::tuple{"branch", &r.branch(), &rule.branch},
+        std::tuple{"candidate", &r.candidate(), &rule.candidate}}) {
+    if (value->size() > history::kMaxLabelBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".", name, ": ", value->size(),
+                                                     " bytes, more than the ",
+                                                     history::kMaxLabelBytes, " a label may hold"));
+    }
+    *out = *value;
+  }
+  switch (r.check_case()) {
+    case v1::HistoryRule::kBitsUnchanged:
+      if (!r.bits_unchanged()) break;
+      rule.check = history::Rule::Check::kBitsUnchanged;
+      return rule;
+    case v1::HistoryRule::kMaxWorstFractionGrowth:
+      if (!std::isfinite(r.max_worst_fraction_growth()) || r.max_worst_fraction_growth() < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(at,
+                         ".max_worst_fraction_growth: expected a finite factor of at least 1, "
+                         "got ",
+                         r.max_worst_fraction_growth()));
+      }
+      rule.check = history::Rule::Check::kMaxWorstFractionGrowth;
+      rule.limit = r.max_worst_fraction_growth();
+      return rule;
+    case v1::HistoryRule::kMaxP99Ulp:
+      if (r.max_p99_ulp() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(at, ".max_p99_ulp: expected 0 or more, got ", r.max_p99_ulp()));
+      }
+      rule.check = history::Rule::Check::kMaxP99Ulp;
+      rule.limit = static_cast<double>(r.max_p99_ulp());
+      return rule;
+    case v1::HistoryRule::CHECK_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      at, ": expected a check: bits_unchanged (true), max_worst_fraction_growth or max_p99_ulp"));
+}
+
+void FillRule(const history::Rule& r, v1::HistoryRule* out) {
+  out->set_case_name(r.case_name);
+  out->set_branch(r.branch);
+  out->set_candidate(r.candidate);
+  switch (r.check) {
+    case history::Rule::Check::kBitsUnchanged:
+      out->set_bits_unchanged(true);
+      break;
+    case history::Rule::Check::kMaxWorstFractionGrowth:
+      out->set_max_worst_fraction_growth(r.limit);
+      break;
+    case history::Rule::Check::kMaxP99Ulp:
+      out->set_max_p99_ulp(static_cast<std::int64_t>(r.limit));
+      break;
   }
 }
 
@@ -180,6 +278,7 @@ absl::Status LogitdService::Record(const v1::VerifyHeader& header, const Tenant&
                                    v1::VerifyResult* result) const {
   if (!header.has_record() || options_.history == nullptr) return absl::OkStatus();
   const kernels::BackendInfo info = backend_->Info();
+  std::optional<history::RunBaseline> baseline;
   if (header.has_compare()) {
     // The baseline before this run is recorded (a branch's latest is
     // another run than this one).
@@ -188,6 +287,7 @@ absl::Status LogitdService::Record(const v1::VerifyHeader& header, const Tenant&
     Compare(base, *result,
             PlatformDifference(base, info.backend, info.device_name, std::string(Version())),
             result->mutable_comparison());
+    baseline = BaselineOf(base, result->comparison());
   }
   history::RunRecord run;
   run.tenant = tenant.id;
@@ -201,18 +301,31 @@ absl::Status LogitdService::Record(const v1::VerifyHeader& header, const Tenant&
   for (const v1::CandidateVerdict& c : result->candidates()) {
     run.candidates.push_back(FiguresOf(c));
   }
+  LOGITD_ASSIGN_OR_RETURN(const std::vector<history::Rule> rules,
+                          options_.history->Rules(run.tenant, run.labels.project));
+  run.alerts = history::Evaluate(rules, run, baseline ? &*baseline : nullptr);
   if (absl::Status s = options_.history->Record(&run, options_.history_max_runs); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("the verdict was formed but could not be recorded "
                                                "in the server's history: ",
                                                s.message()));
   }
   result->set_run_id(run.id);
+  for (const history::Alert& a : run.alerts) {
+    v1::Alert* alert = result->add_alerts();
+    alert->set_rule(a.rule);
+    alert->set_candidate(a.candidate);
+    alert->set_message(a.message);
+  }
   if (options_.metrics != nullptr) {
     std::vector<std::string> bits;
     for (const v1::CandidateComparison& c : result->comparison().candidates()) {
       bits.push_back(c.bits());
     }
-    options_.metrics->RecordRun(result->verdict(), bits);
+    std::vector<std::string> checks;
+    for (const history::Alert& a : run.alerts) {
+      checks.push_back(a.rule.substr(0, a.rule.find_first_of("= ")));
+    }
+    options_.metrics->RecordRun(result->verdict(), bits, checks);
   }
   return absl::OkStatus();
 }
@@ -262,6 +375,41 @@ grpc::Status LogitdService::PromoteRun(grpc::ServerContext* context,
           "name: expected 1 to ", history::kMaxLabelBytes, " bytes, got ", request->name().size()));
     }
     return options_.history->Promote(stats->tenant.id, request->run_id(), request->name());
+  });
+}
+
+grpc::Status LogitdService::SetRules(grpc::ServerContext* context,
+                                     const v1::SetRulesRequest* request,
+                                     v1::SetRulesResponse* /*response*/) {
+  return runner_.Run("SetRules", context, [&](CallStats* stats) -> absl::Status {
+    stats->bytes_in = request->ByteSizeLong();
+    if (options_.history == nullptr) return absl::FailedPreconditionError(kNoHistory);
+    LOGITD_RETURN_IF_ERROR(CheckProject(request->project()));
+    if (request->rules_size() > history::kMaxRules) {
+      return absl::InvalidArgumentError(absl::StrCat("rules: at most ", history::kMaxRules,
+                                                     " a project, got ", request->rules_size()));
+    }
+    std::vector<history::Rule> rules;
+    for (int i = 0; i < request->rules_size(); ++i) {
+      LOGITD_ASSIGN_OR_RETURN(history::Rule rule, RuleOf(request->rules(i), i));
+      rules.push_back(std::move(rule));
+    }
+    return options_.history->SetRules(stats->tenant.id, request->project(), rules);
+  });
+}
+
+grpc::Status LogitdService::ListRules(grpc::ServerContext* context,
+                                      const v1::ListRulesRequest* request,
+                                      v1::ListRulesResponse* response) {
+  return runner_.Run("ListRules", context, [&](CallStats* stats) -> absl::Status {
+    stats->bytes_in = request->ByteSizeLong();
+    if (options_.history == nullptr) return absl::FailedPreconditionError(kNoHistory);
+    LOGITD_RETURN_IF_ERROR(CheckProject(request->project()));
+    LOGITD_ASSIGN_OR_RETURN(const std::vector<history::Rule> rules,
+                            options_.history->Rules(stats->tenant.id, request->project()));
+    for (const history::Rule& r : rules) FillRule(r, response->add_rules());
+    stats->bytes_out = response->ByteSizeLong();
+    return absl::OkStatus();
   });
 }
 

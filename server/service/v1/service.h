@@ -87,6 +87,10 @@ class LogitdService final : public RawTensorService {
                         v1::ListRunsResponse* response) override;
   grpc::Status PromoteRun(grpc::ServerContext* context, const v1::PromoteRunRequest* request,
                           v1::PromoteRunResponse* response) override;
+  grpc::Status SetRules(grpc::ServerContext* context, const v1::SetRulesRequest* request,
+                        v1::SetRulesResponse* response) override;
+  grpc::Status ListRules(grpc::ServerContext* context, const v1::ListRulesRequest* request,
+                         v1::ListRulesResponse* response) override;
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
   grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,

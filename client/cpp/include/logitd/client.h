@@ -134,6 +134,11 @@ class Client {
   // Names the recorded run `run_id` a baseline of its project and case
   // (BaselineSelector::name); retention never prunes it.
   absl::Status PromoteRun(std::int64_t run_id, const std::string& name);
+  // Replaces this tenant's rules of `project` (at most 100), which every
+  // run recorded in it from then on is checked against
+  // (VerifyResult::alerts); ListRules reads them back.
+  absl::Status SetRules(const std::string& project, const std::vector<HistoryRule>& rules);
+  absl::StatusOr<std::vector<HistoryRule>> ListRules(const std::string& project);
 
   // Calls, attempts and retries so far (see CallStats).
   CallStats call_stats() const;

@@ -682,6 +682,7 @@ struct VerifyResult {
   // The recorded run's id (VerifyArgs::record); 0 when not recorded.
   std::int64_t run_id = 0;
   std::optional<RunComparison> comparison;  // with VerifyArgs::compare
+  std::vector<Alert> alerts;                // the project's rules it broke (history_types.h)
   bool passed() const { return VerdictPassed(verdict); }
   const CandidateVerdict* Find(const std::string& name) const {
     for (const CandidateVerdict& c : candidates) {

@@ -52,6 +52,28 @@ struct RunComparison {
   std::vector<CandidateComparison> candidates;
 };
 
+// A project's rule on its recorded runs (Client::SetRules): where it
+// applies (empty: any) and its check: the candidate's bits are the
+// baseline's; its worst bound fraction at most `limit` times the
+// baseline's (limit >= 1); its p99 ULP from logitd's outputs at most
+// `limit`. The first two are checked on runs compared with a baseline.
+struct HistoryRule {
+  std::string case_name;
+  std::string branch;
+  std::string candidate;
+  enum class Check { kBitsUnchanged, kMaxWorstFractionGrowth, kMaxP99Ulp };
+  Check check = Check::kBitsUnchanged;
+  double limit = 0;
+};
+
+// A rule a recorded run broke: the rule as text ("bits_unchanged
+// branch=main candidate=y"), the candidate, and what broke it.
+struct Alert {
+  std::string rule;
+  std::string candidate;
+  std::string message;
+};
+
 // A candidate's figures as its run's Verify gave them.
 struct CandidateSummary {
   std::string name;
@@ -78,6 +100,7 @@ struct RunSummary {
   std::string logitd_version;
   std::int64_t recorded_unix_micros = 0;
   std::vector<CandidateSummary> candidates;
+  std::vector<Alert> alerts;  // the rules it broke when recorded
 };
 
 // Empty labels match any; a page of page_size runs (0: 100; at most 1000)

@@ -34,7 +34,17 @@ from .errors import (
     UnavailableError,
     UnimplementedError,
 )
-from .history import Baseline, CandidateComparison, CandidateSummary, RunComparison, RunLabels, RunPage, RunSummary
+from .history import (
+    Alert,
+    Baseline,
+    CandidateComparison,
+    CandidateSummary,
+    Rule,
+    RunComparison,
+    RunLabels,
+    RunPage,
+    RunSummary,
+)
 from .shm import SharedRegion
 from .verify import (
     ERROR_HISTOGRAM_BINS,
@@ -50,6 +60,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BF16",
+    "Alert",
     "Baseline",
     "CandidateComparison",
     "ERROR_HISTOGRAM_BINS",
@@ -76,6 +87,7 @@ __all__ = [
     "RetryPolicy",
     "RowPrecision",
     "RunComparison",
+    "Rule",
     "RunLabels",
     "RunPage",
     "RunSummary",

@@ -22,7 +22,7 @@ from ._spread import _handle, _Spread
 from ._shm_layout import _matrix, _ShmLayout, _verify_needs_shm, _weight_rows
 from ._transport import _retried, _Transport
 from ._verify_calls import _VerifyCalls
-from .history import RunPage, page_of
+from .history import Rule, RunPage, page_of, rule_message, rule_of
 from .errors import DataLossError, InvalidArgumentError, LogitdError, UnavailableError, from_rpc_error
 from .options import _MAX_CHUNK_BYTES, DEFAULT_CHUNK_BYTES, TLS, RetryPolicy, _channel
 from .results import CrossEntropyResult, Gradient, LogProbs, ReleaseResult, ServerInfo, WeightInfo, _from_proto
@@ -180,6 +180,18 @@ class Client(_VerifyCalls, _Spread, _Transport):
         """Names the recorded run ``run_id`` a baseline of its project and case
         (``compare=logitd.Baseline(name=...)``); retention never prunes it."""
         self._unary(self._stub.PromoteRun, pb.PromoteRunRequest(run_id=int(run_id), name=name))
+
+    def set_rules(self, project: str, rules: Sequence[Rule]) -> None:
+        """Replaces this tenant's rules of ``project`` (logitd.Rule values, at most
+        100; none: no rules); every run recorded in it from then on is checked
+        against them (Verdict.alerts)."""
+        request = pb.SetRulesRequest(project=project, rules=[rule_message(r) for r in rules])
+        self._unary(self._stub.SetRules, request)
+
+    def list_rules(self, project: str) -> Tuple[Rule, ...]:
+        """This tenant's rules of ``project``, in the order they were set."""
+        response = self._unary(self._stub.ListRules, pb.ListRulesRequest(project=project))
+        return tuple(rule_of(r) for r in response.rules)
 
     def release_weights(self, handle: Union[str, WeightInfo], force: bool = False) -> ReleaseResult:
         """Releases one registration (all of them with force=True)."""

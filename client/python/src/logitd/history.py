@@ -88,6 +88,33 @@ class CandidateSummary:
 
 
 @dataclass(frozen=True)
+class Rule:
+    """A project's rule on its recorded runs (Client.set_rules): where it applies
+    (case, branch, candidate; empty: any) and one check: ``bits_unchanged``
+    (the candidate's bits are the baseline's), ``max_worst_fraction_growth``
+    (its worst bound fraction at most that many times the baseline's, >= 1)
+    or ``max_p99_ulp`` (its p99 ULP from logitd's outputs at most that). The
+    first two are checked on runs compared with a baseline."""
+
+    bits_unchanged: bool = False
+    max_worst_fraction_growth: float = 0.0
+    max_p99_ulp: Optional[int] = None
+    case: str = ""
+    branch: str = ""
+    candidate: str = ""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A rule a recorded run broke: the rule as text, the candidate, and what
+    broke it (with the figures and the baseline run)."""
+
+    rule: str
+    candidate: str
+    message: str
+
+
+@dataclass(frozen=True)
 class RunSummary:
     """One recorded Verify run: its id, labels, operation ("logits",
     "backward", "cross_entropy", "logprobs"), inputs' digest, verdict, the
@@ -103,6 +130,7 @@ class RunSummary:
     logitd_version: str
     recorded_unix_micros: int
     candidates: Tuple[CandidateSummary, ...]
+    alerts: Tuple[Alert, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -196,6 +224,36 @@ def _run_of(r: Any) -> RunSummary:
             )
             for c in r.candidates
         ),
+        alerts=alerts_of(r.alerts),
+    )
+
+
+def alerts_of(alerts: Any) -> Tuple[Alert, ...]:
+    return tuple(Alert(rule=a.rule, candidate=a.candidate, message=a.message) for a in alerts)
+
+
+def rule_message(rule: Rule) -> pb.HistoryRule:
+    if not isinstance(rule, Rule):
+        raise InvalidArgumentError("rules: expected logitd.Rule values, got %r" % (rule,))
+    out = pb.HistoryRule(case_name=rule.case, branch=rule.branch, candidate=rule.candidate)
+    if rule.bits_unchanged:
+        out.bits_unchanged = True
+    elif rule.max_worst_fraction_growth:
+        out.max_worst_fraction_growth = float(rule.max_worst_fraction_growth)
+    elif rule.max_p99_ulp is not None:
+        out.max_p99_ulp = int(rule.max_p99_ulp)
+    return out
+
+
+def rule_of(r: Any) -> Rule:
+    check = r.WhichOneof("check")
+    return Rule(
+        bits_unchanged=check == "bits_unchanged",
+        max_worst_fraction_growth=float(r.max_worst_fraction_growth),
+        max_p99_ulp=int(r.max_p99_ulp) if check == "max_p99_ulp" else None,
+        case=r.case_name,
+        branch=r.branch,
+        candidate=r.candidate,
     )
 
 

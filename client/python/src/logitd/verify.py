@@ -234,6 +234,8 @@ class Verdict:
     run_id: the run's id in the server's history when the call asked to
     record it (``record=``), else 0. comparison: with ``compare=``, the
     candidates against that recorded run (a logitd.RunComparison), else None.
+    alerts: the rules of its project the recorded run broke (logitd.Alert
+    values; Client.set_rules); a CI step fails on any.
     """
 
     verdict: str
@@ -246,6 +248,7 @@ class Verdict:
     sample_seed: int = 0
     run_id: int = 0
     comparison: Any = None
+    alerts: Tuple[Any, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -503,5 +506,6 @@ def _verdict_of(result: pb.VerifyResult) -> Verdict:
         sample_seed=int(result.sample_seed),
         run_id=int(result.run_id),
         comparison=_history.comparison_of(result),
+        alerts=_history.alerts_of(result.alerts),
     )
 

@@ -1,0 +1,85 @@
+// The history's rules: Client::SetRules and ListRules, and the alerts a
+// recorded run raised under them (history_types.h).
+#include <utility>
+
+#include "client/cpp/call_tensors.h"
+#include "client/cpp/client_impl.h"
+#include "logitd/client.h"
+
+namespace logitd::client {
+
+std::vector<Alert> AlertsOf(const google::protobuf::RepeatedPtrField<v1::Alert>& alerts) {
+  std::vector<Alert> out;
+  for (const v1::Alert& a : alerts) out.push_back(Alert{a.rule(), a.candidate(), a.message()});
+  return out;
+}
+
+namespace {
+
+void FillRule(const HistoryRule& r, v1::HistoryRule* out) {
+  out->set_case_name(r.case_name);
+  out->set_branch(r.branch);
+  out->set_candidate(r.candidate);
+  switch (r.check) {
+    case HistoryRule::Check::kBitsUnchanged:
+      out->set_bits_unchanged(true);
+      break;
+    case HistoryRule::Check::kMaxWorstFractionGrowth:
+      out->set_max_worst_fraction_growth(r.limit);
+      break;
+    case HistoryRule::Check::kMaxP99Ulp:
+      out->set_max_p99_ulp(static_cast<std::int64_t>(r.limit));
+      break;
+  }
+}
+
+HistoryRule RuleOf(const v1::HistoryRule& r) {
+  HistoryRule out;
+  out.case_name = r.case_name();
+  out.branch = r.branch();
+  out.candidate = r.candidate();
+  if (r.has_max_worst_fraction_growth()) {
+    out.check = HistoryRule::Check::kMaxWorstFractionGrowth;
+    out.limit = r.max_worst_fraction_growth();
+  } else if (r.has_max_p99_ulp()) {
+    out.check = HistoryRule::Check::kMaxP99Ulp;
+    out.limit = static_cast<double>(r.max_p99_ulp());
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status Client::SetRules(const std::string& project, const std::vector<HistoryRule>& rules) {
+  absl::StatusOr<bool> done =
+      impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<bool> {
+        v1::SetRulesRequest request;
+        request.set_project(project);
+        for (const HistoryRule& r : rules) FillRule(r, request.add_rules());
+        v1::SetRulesResponse response;
+        if (absl::Status s = FromGrpc(impl_->stub->SetRules(&context, request, &response));
+            !s.ok()) {
+          return s;
+        }
+        return true;
+      });
+  return done.status();
+}
+
+absl::StatusOr<std::vector<HistoryRule>> Client::ListRules(const std::string& project) {
+  return impl_->Call(
+      true, [&](grpc::ClientContext& context) -> absl::StatusOr<std::vector<HistoryRule>> {
+        v1::ListRulesRequest request;
+        request.set_project(project);
+        v1::ListRulesResponse response;
+        if (absl::Status s = FromGrpc(impl_->stub->ListRules(&context, request, &response));
+            !s.ok()) {
+          return s;
+        }
+        std::vector<HistoryRule> out;
+        for (const v1::HistoryRule& r : response.rules()) out.push_back(RuleOf(r));
+        return out;
+      });
+}
+
+}  // namespace logitd::client
