@@ -5,7 +5,9 @@
 # each with scripts/check-report.py (parsed, every case with its verdict) and
 # scripts/check-report-browser.py (headless Chromium: no console error, every
 # plot laid out, the verdict visible), the kept H200 example page too, and
-# keeps their screenshots in build/report-screenshots.
+# keeps their screenshots in build/report-screenshots; then the history's
+# pages (scripts/check-history-browser.py), screenshots in
+# build/history-screenshots.
 #
 #   scripts/check-reports-in-browser.sh BUILD_DIR      e.g. build/ci
 #
@@ -81,3 +83,7 @@ rm -rf "$shots"
 "$py" scripts/check-report-browser.py --screenshots "$shots" "$example/index.html" \
   "$work/validate/index.html" "$work/verify-pass/index.html" "$work/verify-fail/index.html"
 echo "reports-in-browser: 4 pages checked; screenshots in $shots"
+
+# The history's pages (the metrics port's /history), over 120 recorded runs.
+"$py" -c "import logitd" 2>/dev/null || "$py" -m pip -q --disable-pip-version-check install ./client/python
+"$py" scripts/check-history-browser.py --logitd "$logitd" --screenshots "$root/build/history-screenshots"

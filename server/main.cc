@@ -41,6 +41,7 @@
 #include "logitd/reference/blas_kernels.h"
 #include "logitd/v1/logitd.grpc.pb.h"
 #include "server/flags.h"
+#include "server/history/dashboard.h"
 #include "server/kernels/backend.h"
 #include "server/service/oip/oip_service.h"
 #include "server/service/shared/shared_state.h"
@@ -200,8 +201,34 @@ std::unique_ptr<kernels::Backend> StartBackend(const ServerConfig& config,
   return std::move(*backend);
 }
 
-// Serves `metrics` at --metrics_address, the gauges read from `state`, and
-// writes --metrics_port_file. Null after an error, logged.
+// The history's pages on the metrics port (server/history/dashboard.h):
+// the caller's tenant as a gRPC call's (a bearer token when the server has
+// tokens, the loopback rule without), then its page.
+service::PageSource HistoryPages(const service::SharedState& state) {
+  return [&state](const service::HttpRequest& request) -> service::HttpAnswer {
+    constexpr char kText[] = "text/plain; charset=utf-8";
+    history::HistoryStore* store = state.options().history.get();
+    if (store == nullptr) {
+      return {404, kText, "this server keeps no history (--history=none)\n", {}};
+    }
+    absl::StatusOr<service::Tenant> tenant =
+        state.authenticator().AuthenticateBearer(request.authorization, request.peer);
+    if (!tenant.ok()) {
+      const std::string message = absl::StrCat(tenant.status().message(), "\n");
+      if (tenant.status().code() == absl::StatusCode::kUnauthenticated) {
+        return {401, kText, message, {{"WWW-Authenticate", "Bearer realm=\"logitd history\""}}};
+      }
+      return {403, kText, message, {}};
+    }
+    history::DashboardPage page =
+        history::RenderDashboard(*store, tenant->id, request.path, request.query);
+    return {page.status, page.content_type, std::move(page.body), {}};
+  };
+}
+
+// Serves `metrics` at --metrics_address, the gauges read from `state`, the
+// history's pages, and writes --metrics_port_file. Null after an error,
+// logged.
 std::unique_ptr<service::MetricsHttpServer> StartMetricsEndpoint(
     const ServerConfig& config, service::Metrics* metrics, const service::SharedState& state) {
   metrics->SetGaugeSource([&state] {
@@ -214,7 +241,7 @@ std::unique_ptr<service::MetricsHttpServer> StartMetricsEndpoint(
     return g;
   });
   absl::StatusOr<std::unique_ptr<service::MetricsHttpServer>> started =
-      service::MetricsHttpServer::Start(config.metrics_address, metrics);
+      service::MetricsHttpServer::Start(config.metrics_address, metrics, HistoryPages(state));
   if (!started.ok()) {
     LogError(started.status().message());
     return nullptr;
@@ -229,8 +256,10 @@ std::unique_ptr<service::MetricsHttpServer> StartMetricsEndpoint(
     }
   }
   const std::size_t colon = config.metrics_address.rfind(':');
-  LogInfo(absl::StrCat("metrics: serving http://", config.metrics_address.substr(0, colon), ":",
-                       metrics_http->port(), "/metrics"));
+  LogInfo(absl::StrCat(
+      "metrics: serving http://", config.metrics_address.substr(0, colon), ":",
+      metrics_http->port(), "/metrics",
+      state.options().history != nullptr ? " and the history's pages at /history" : ""));
   return metrics_http;
 }
 

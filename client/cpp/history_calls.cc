@@ -82,4 +82,17 @@ absl::StatusOr<std::vector<HistoryRule>> Client::ListRules(const std::string& pr
       });
 }
 
+absl::StatusOr<std::int64_t> Client::DeleteProject(const std::string& project) {
+  return impl_->Call(true, [&](grpc::ClientContext& context) -> absl::StatusOr<std::int64_t> {
+    v1::DeleteProjectRequest request;
+    request.set_project(project);
+    v1::DeleteProjectResponse response;
+    if (absl::Status s = FromGrpc(impl_->stub->DeleteProject(&context, request, &response));
+        !s.ok()) {
+      return s;
+    }
+    return response.runs_deleted();
+  });
+}
+
 }  // namespace logitd::client

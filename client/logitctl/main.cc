@@ -130,6 +130,8 @@ commands:
                                      labels, verdicts and candidates' verdicts
   runs promote RUN NAME              name a recorded run a baseline of its project and case
                                      (verify --compare_baseline=NAME; never pruned)
+  runs delete-project PROJECT        remove the project from the history: its runs,
+                                     baselines and rules
   rules --project=P                  the project's rules, a line each
   rules set --project=P [RULE ...]   replace them (none: no rules). RULE: CHECK[=LIMIT]
                                      [case=C] [branch=B] [candidate=Y], one argument, CHECK

@@ -84,8 +84,20 @@ int CmdRuns(const std::vector<std::string>& words) {
       return kExitOk;
     });
   }
+  if (words.size() >= 2 && words[1] == "delete-project") {
+    if (words.size() != 3) return UsageError("usage: runs delete-project PROJECT");
+    return WithClient([&](client::Client& c) {
+      absl::StatusOr<std::int64_t> runs = c.DeleteProject(words[2]);
+      if (!runs.ok()) return ServerError(runs.status());
+      std::cout << "project " << words[2] << " removed: " << *runs << " run"
+                << (*runs == 1 ? "" : "s") << ", its baselines and rules\n";
+      return kExitOk;
+    });
+  }
   if (words.size() != 1) {
-    return UsageError("runs takes no arguments (its filters are flags), or: runs promote RUN NAME");
+    return UsageError(
+        "runs takes no arguments (its filters are flags), or: runs promote RUN NAME, runs "
+        "delete-project PROJECT");
   }
   const std::int32_t limit = absl::GetFlag(FLAGS_limit);
   if (limit < 1 || limit > 1000) {

@@ -495,6 +495,79 @@ absl::StatusOr<std::vector<Rule>> HistoryStore::Rules(const std::string& tenant,
   return rules;
 }
 
+absl::StatusOr<std::vector<ProjectSummary>> HistoryStore::Projects(const std::string& tenant) {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_,
+              "SELECT r.project, COUNT(DISTINCT r.case_name), COUNT(*), MAX(r.recorded_unix_us), "
+              "(SELECT COUNT(*) FROM alerts a JOIN runs r2 ON a.run_id = r2.id WHERE r2.tenant = "
+              "?1 AND r2.project = r.project) FROM runs r WHERE r.tenant = ?1 GROUP BY r.project "
+              "ORDER BY r.project");
+  if (absl::Status st = s.status("prepare the projects' query"); !st.ok()) return st;
+  s.Bind(1, tenant);
+  std::vector<ProjectSummary> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    out.push_back(ProjectSummary{s.Text(0), s.Int(1), s.Int(2), s.Int(4), s.Int(3)});
+  }
+  if (rc != SQLITE_DONE) return SqliteError(db_, "read the projects");
+  return out;
+}
+
+absl::StatusOr<std::vector<CaseSummary>> HistoryStore::Cases(const std::string& tenant,
+                                                             const std::string& project) {
+  absl::MutexLock lock(&mu_);
+  Statement s(db_,
+              "SELECT c.case_name, c.n, r.id, r.recorded_unix_us, r.verdict, r.branch, r.ref, "
+              "(SELECT COUNT(*) FROM alerts a JOIN runs r3 ON a.run_id = r3.id WHERE r3.tenant = "
+              "?1 AND r3.project = ?2 AND r3.case_name = c.case_name) FROM (SELECT case_name, "
+              "COUNT(*) AS n, MAX(id) AS last FROM runs WHERE tenant = ?1 AND project = ?2 GROUP "
+              "BY case_name) c JOIN runs r ON r.id = c.last ORDER BY c.case_name");
+  if (absl::Status st = s.status("prepare the cases' query"); !st.ok()) return st;
+  s.Bind(1, tenant);
+  s.Bind(2, project);
+  std::vector<CaseSummary> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    CaseSummary c;
+    c.case_name = s.Text(0);
+    c.runs = s.Int(1);
+    c.latest_run_id = s.Int(2);
+    c.latest_unix_us = s.Int(3);
+    c.latest_verdict = s.Text(4);
+    c.latest_branch = s.Text(5);
+    c.latest_ref = s.Text(6);
+    c.alerts = s.Int(7);
+    out.push_back(std::move(c));
+  }
+  if (rc != SQLITE_DONE) return SqliteError(db_, "read the cases");
+  return out;
+}
+
+absl::StatusOr<std::int64_t> HistoryStore::DeleteProject(const std::string& tenant,
+                                                         const std::string& project) {
+  absl::MutexLock lock(&mu_);
+  WriteTransaction txn(db_);
+  if (absl::Status s = txn.Begin("a project's removal"); !s.ok()) return s;
+  std::int64_t runs = 0, removed = 0;
+  for (const char* sql : {"DELETE FROM baselines WHERE tenant = ?1 AND project = ?2",
+                          "DELETE FROM rules WHERE tenant = ?1 AND project = ?2",
+                          "DELETE FROM runs WHERE tenant = ?1 AND project = ?2"}) {
+    Statement s(db_, sql);
+    if (absl::Status st = s.status("prepare a project's removal"); !st.ok()) return st;
+    s.Bind(1, tenant);
+    s.Bind(2, project);
+    if (s.Step() != SQLITE_DONE) return SqliteError(db_, "remove a project");
+    runs = sqlite3_changes(db_);
+    removed += runs;
+  }
+  if (removed == 0) {
+    return absl::NotFoundError(absl::StrCat("project: no runs, baselines or rules of project '",
+                                            project, "' for this caller"));
+  }
+  if (absl::Status s = txn.Commit("a project's removal"); !s.ok()) return s;
+  return runs;
+}
+
 absl::StatusOr<int> HistoryStore::SchemaVersion() {
   absl::MutexLock lock(&mu_);
   Statement s(db_, "PRAGMA user_version");

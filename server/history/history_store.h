@@ -81,6 +81,27 @@ struct RunRecord {
   std::vector<Alert> alerts;
 };
 
+// A project of a tenant's history, and a case of a project: how many runs
+// and alerts, and the latest run (its time; for a case, its verdict and
+// labels too).
+struct ProjectSummary {
+  std::string project;
+  std::int64_t cases = 0;
+  std::int64_t runs = 0;
+  std::int64_t alerts = 0;
+  std::int64_t latest_unix_us = 0;
+};
+struct CaseSummary {
+  std::string case_name;
+  std::int64_t runs = 0;
+  std::int64_t alerts = 0;
+  std::int64_t latest_run_id = 0;
+  std::int64_t latest_unix_us = 0;
+  std::string latest_verdict;
+  std::string latest_branch;
+  std::string latest_ref;
+};
+
 // Which runs to list: the tenant's, narrowed by the labels given (empty:
 // any), newest first, at most `limit` (at most kMaxListedRuns + 1), with ids
 // below `before_id` (0: from the newest) for paging.
@@ -129,6 +150,14 @@ class HistoryStore {
   // (the run that name named before is no longer it); NotFound for no such
   // run. Retention never prunes a baseline's run.
   absl::Status Promote(const std::string& tenant, std::int64_t run_id, const std::string& name);
+  // The tenant's projects, by name; the cases of one of them, by name.
+  absl::StatusOr<std::vector<ProjectSummary>> Projects(const std::string& tenant);
+  absl::StatusOr<std::vector<CaseSummary>> Cases(const std::string& tenant,
+                                                 const std::string& project);
+  // Removes the tenant's project: its runs (with their candidates and
+  // alerts), baselines and rules, in one transaction; the runs removed.
+  // NotFound when it has none of them.
+  absl::StatusOr<std::int64_t> DeleteProject(const std::string& tenant, const std::string& project);
   // Replaces the tenant's rules of `project`, in one transaction.
   absl::Status SetRules(const std::string& tenant, const std::string& project,
                         const std::vector<Rule>& rules);

@@ -82,7 +82,7 @@ TEST(NeedsDeviceTest, EveryCallButTheRecordKeepingOnesNeedsTheDevice) {
   const std::set<std::string> no_device = {"GetServerInfo", "ListWeights", "ReleaseWeight",
                                            "Probe",         "RegisterShm", "ReleaseShm",
                                            "ListRuns",      "PromoteRun",  "SetRules",
-                                           "ListRules"};
+                                           "ListRules",     "DeleteProject"};
   for (int i = 0; i < v1->method_count(); ++i) {
     const std::string name = v1->method(i)->name();
     EXPECT_EQ(service::NeedsDevice(name), no_device.count(name) == 0) << name;

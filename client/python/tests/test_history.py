@@ -150,3 +150,19 @@ def test_rules_set_from_python_raise_alerts_on_the_runs_that_break_them(history_
             c.set_rules("lm", ["bits_unchanged"])
         c.set_rules("lm", [])
         assert c.list_rules("lm") == ()
+
+
+def test_delete_project_removes_its_runs_and_rules(history_server):
+    with logitd.Client(history_server, timeout=120) as c:
+        info = c.register_weights(normal_bf16(21, (40, 16)), name="d")
+        x = normal_bf16(22, (2, 16))
+        y = c.logits(x, info)
+        for _ in range(2):
+            c.verify_logits(x, y, info, record=logitd.RunLabels("gone", "c"))
+        c.verify_logits(x, y, info, record=logitd.RunLabels("kept", "c"))
+        c.set_rules("gone", [logitd.Rule(max_p99_ulp=2)])
+        assert c.delete_project("gone") == 2
+        assert [r.labels.project for r in c.list_runs().runs] == ["kept"]
+        assert c.list_rules("gone") == ()
+        with pytest.raises(logitd.NotFoundError, match="project 'gone'"):
+            c.delete_project("gone")

@@ -38,6 +38,7 @@ const OperationInfo kOperations[] = {
     {"PromoteRun", false, Empty(), Empty(), std::nullopt},
     {"SetRules", false, Empty(), Empty(), std::nullopt},
     {"ListRules", false, Empty(), Empty(), std::nullopt},
+    {"DeleteProject", false, Empty(), Empty(), std::nullopt},
     {"Probe", false, Empty(), Empty(), std::nullopt},
     {"RegisterShm", false, Empty(), Empty(), std::nullopt},
     {"ReleaseShm", false, Empty(), Empty(), std::nullopt},

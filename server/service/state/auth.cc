@@ -188,27 +188,33 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(AuthOptions
 }
 
 absl::StatusOr<Tenant> Authenticator::Authenticate(const grpc::ServerContextBase& context) const {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  std::optional<absl::string_view> authorization;
+  if (it != metadata.end()) authorization = absl::string_view(it->second.data(), it->second.size());
+  return AuthenticateBearer(authorization, context.peer());
+}
+
+absl::StatusOr<Tenant> Authenticator::AuthenticateBearer(
+    std::optional<absl::string_view> authorization, absl::string_view peer) const {
   if (!tokens_enabled()) {
-    if (!options_.allow_remote && !IsLoopbackPeer(context.peer())) {
+    if (!options_.allow_remote && !IsLoopbackPeer(peer)) {
       return absl::PermissionDeniedError(absl::StrCat(
           "this server accepts calls only from its own machine because it runs without "
           "authentication (peer ",
-          context.peer(),
+          peer,
           "); its operator must start logitd with --auth_tokens=FILE (bearer tokens per "
           "tenant), or with --insecure_allow_remote to serve any caller without one"));
     }
     return Tenant{"", options_.default_quota_bytes};
   }
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
+  if (!authorization.has_value()) {
     return absl::UnauthenticatedError(
         "this server requires a bearer token: send the metadata 'authorization: Bearer TOKEN' "
         "(logitctl --token or $LOGITD_TOKEN, Python Client(token=...), C++ "
         "ClientOptions::auth_token); ask the server's operator for a token");
   }
-  absl::string_view value(it->second.data(), it->second.size());
-  value = absl::StripAsciiWhitespace(value);
+  absl::string_view value = absl::StripAsciiWhitespace(*authorization);
   constexpr absl::string_view kScheme = "bearer ";
   if (value.size() <= kScheme.size() ||
       !absl::EqualsIgnoreCase(value.substr(0, kScheme.size()), kScheme)) {

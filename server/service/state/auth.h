@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -69,6 +70,10 @@ class Authenticator {
   // bearer token (with tokens); PermissionDenied for a non-loopback peer
   // (without tokens and without allow_remote).
   absl::StatusOr<Tenant> Authenticate(const grpc::ServerContextBase& context) const;
+  // The same from an "authorization" value (none: not sent) and a peer as
+  // gRPC names one ("ipv4:127.0.0.1:PORT"): the history pages' check.
+  absl::StatusOr<Tenant> AuthenticateBearer(std::optional<absl::string_view> authorization,
+                                            absl::string_view peer) const;
 
   // Reads the tokens file again and, when it parses, replaces the table; on
   // an error the old table stays and the error is returned. Tenants whose

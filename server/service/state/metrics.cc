@@ -209,34 +209,78 @@ absl::Status CheckMetricsAddress(absl::string_view address) {
 
 namespace {
 
-// The one URL served; anything else is 404, any method but GET/HEAD 405.
+// A connection's peer as gRPC names one ("ipv4:127.0.0.1:PORT",
+// "ipv6:[::1]:PORT"), for the same loopback rule.
+std::string PeerOf(MHD_Connection* connection) {
+  const MHD_ConnectionInfo* info =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  if (info == nullptr || info->client_addr == nullptr) return "unknown";
+  char text[INET6_ADDRSTRLEN] = {0};
+  if (info->client_addr->sa_family == AF_INET) {
+    const auto* in4 = reinterpret_cast<const sockaddr_in*>(info->client_addr);
+    inet_ntop(AF_INET, &in4->sin_addr, text, sizeof text);
+    return absl::StrCat("ipv4:", text, ":", ntohs(in4->sin_port));
+  }
+  if (info->client_addr->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(info->client_addr);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+    return absl::StrCat("ipv6:[", text, "]:", ntohs(in6->sin6_port));
+  }
+  return "unknown";
+}
+
+MHD_Result AddQueryValue(void* cls, MHD_ValueKind /*kind*/, const char* key, const char* value) {
+  if (key != nullptr)
+    (*static_cast<std::map<std::string, std::string>*>(cls))[key] = value ? value : "";
+  return MHD_YES;
+}
+
+// /metrics, and the pages under /history when the server has them;
+// anything else is 404, any method but GET/HEAD 405.
 MHD_Result HandleRequest(void* cls, MHD_Connection* connection, const char* url, const char* method,
                          const char* /*version*/, const char* /*upload_data*/,
                          std::size_t* /*upload_data_size*/, void** /*con_cls*/) {
-  auto* metrics = static_cast<Metrics*>(cls);
-  unsigned status = MHD_HTTP_OK;
-  std::string body;
-  std::string content_type(kMetricsContentType);
+  const auto* handlers = static_cast<const MetricsHttpServer::Handlers*>(cls);
+  HttpAnswer answer;
+  answer.content_type = std::string(kMetricsContentType);
   const absl::string_view m = method != nullptr ? method : "";
+  const absl::string_view path = url != nullptr ? url : "";
+  const bool history =
+      handlers->pages != nullptr && (path == "/history" || absl::StartsWith(path, "/history/"));
   if (m != "GET" && m != "HEAD") {
-    status = MHD_HTTP_METHOD_NOT_ALLOWED;
-    body = "only GET and HEAD are served here\n";
-    content_type = "text/plain; charset=utf-8";
-  } else if (url == nullptr || absl::string_view(url) != "/metrics") {
-    status = MHD_HTTP_NOT_FOUND;
-    body = "not found: metrics are served at /metrics\n";
-    content_type = "text/plain; charset=utf-8";
+    answer = {MHD_HTTP_METHOD_NOT_ALLOWED,
+              "text/plain; charset=utf-8",
+              "only GET and HEAD are served here\n",
+              {{MHD_HTTP_HEADER_ALLOW, "GET, HEAD"}}};
+  } else if (history) {
+    HttpRequest request;
+    request.path = std::string(path);
+    MHD_get_connection_values(connection, MHD_GET_ARGUMENT_KIND, &AddQueryValue, &request.query);
+    if (const char* auth = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
+                                                       MHD_HTTP_HEADER_AUTHORIZATION)) {
+      request.authorization = auth;
+    }
+    request.peer = PeerOf(connection);
+    answer = handlers->pages(request);
+  } else if (path != "/metrics") {
+    answer = {MHD_HTTP_NOT_FOUND,
+              "text/plain; charset=utf-8",
+              handlers->pages != nullptr
+                  ? "not found: metrics are served at /metrics, the history's pages at /history\n"
+                  : "not found: metrics are served at /metrics\n",
+              {}};
   } else {
-    body = metrics->Expose();
+    answer.body = handlers->metrics->Expose();
   }
   MHD_Response* response = MHD_create_response_from_buffer(
-      body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
+      answer.body.size(), const_cast<char*>(answer.body.data()), MHD_RESPMEM_MUST_COPY);
   if (response == nullptr) return MHD_NO;
-  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type.c_str());
-  if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
-    MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, answer.content_type.c_str());
+  for (const auto& [name, value] : answer.headers) {
+    MHD_add_response_header(response, name.c_str(), value.c_str());
   }
-  const MHD_Result queued = MHD_queue_response(connection, status, response);
+  const MHD_Result queued =
+      MHD_queue_response(connection, static_cast<unsigned>(answer.status), response);
   MHD_destroy_response(response);
   return queued;
 }
@@ -263,7 +307,7 @@ void MetricsHttpServer::Log(void* self, const char* format, va_list args) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    absl::string_view address, Metrics* metrics) {
+    absl::string_view address, Metrics* metrics, PageSource pages) {
   if (absl::Status s = CheckMetricsAddress(address); !s.ok()) return s;
   const std::size_t colon = address.rfind(':');
   absl::string_view host = address.substr(0, colon);
@@ -296,9 +340,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   }
 
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
-  server->metrics_ = metrics;
+  server->handlers_.metrics = metrics;
+  server->handlers_.pages = std::move(pages);
   server->daemon_ = MHD_start_daemon(
-      flags, static_cast<std::uint16_t>(port), nullptr, nullptr, &HandleRequest, metrics,
+      flags, static_cast<std::uint16_t>(port), nullptr, nullptr, &HandleRequest, &server->handlers_,
       MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&storage), MHD_OPTION_CONNECTION_TIMEOUT,
       static_cast<unsigned>(10), MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned>(64),
       MHD_OPTION_EXTERNAL_LOGGER, &MetricsHttpServer::Log, server.get(), MHD_OPTION_END);

@@ -14,7 +14,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -125,12 +127,30 @@ absl::Status CheckMetricsAddress(absl::string_view address);
 
 // Serves GET (and HEAD) /metrics over plain HTTP from one polling thread.
 // Stops (and joins its thread) when destroyed.
+// A GET of a page under /history on the metrics port (the history's pages).
+struct HttpRequest {
+  std::string path;
+  std::map<std::string, std::string> query;  // decoded
+  std::optional<std::string> authorization;  // the header, when sent
+  std::string peer;                          // as gRPC names one: "ipv4:127.0.0.1:PORT"
+};
+struct HttpAnswer {
+  int status = 200;
+  std::string content_type;
+  std::string body;
+  // Extra headers (WWW-Authenticate on a 401).
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+using PageSource = std::function<HttpAnswer(const HttpRequest&)>;
+
 class MetricsHttpServer {
  public:
   // Listens on HOST:PORT (HOST an IPv4 address, or an IPv6 one in brackets;
   // PORT 0 picks a free port). Fails when the address cannot be bound.
+  // `pages`, when given, answers GETs under /history.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(absl::string_view address,
-                                                                  Metrics* metrics);
+                                                                  Metrics* metrics,
+                                                                  PageSource pages = nullptr);
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
@@ -142,7 +162,15 @@ class MetricsHttpServer {
   MetricsHttpServer() = default;
   static void Log(void* self, const char* format, va_list args);
 
-  Metrics* metrics_ = nullptr;
+ public:
+  // What a request is answered from (the HTTP daemon's handler reads it).
+  struct Handlers {
+    Metrics* metrics = nullptr;
+    PageSource pages;
+  };
+
+ private:
+  Handlers handlers_;
   MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;
   absl::Mutex log_mutex_;

@@ -413,4 +413,18 @@ grpc::Status LogitdService::ListRules(grpc::ServerContext* context,
   });
 }
 
+grpc::Status LogitdService::DeleteProject(grpc::ServerContext* context,
+                                          const v1::DeleteProjectRequest* request,
+                                          v1::DeleteProjectResponse* response) {
+  return runner_.Run("DeleteProject", context, [&](CallStats* stats) -> absl::Status {
+    stats->bytes_in = request->ByteSizeLong();
+    if (options_.history == nullptr) return absl::FailedPreconditionError(kNoHistory);
+    LOGITD_RETURN_IF_ERROR(CheckProject(request->project()));
+    LOGITD_ASSIGN_OR_RETURN(const std::int64_t runs,
+                            options_.history->DeleteProject(stats->tenant.id, request->project()));
+    response->set_runs_deleted(runs);
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace logitd::service

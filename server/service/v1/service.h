@@ -91,6 +91,8 @@ class LogitdService final : public RawTensorService {
                         v1::SetRulesResponse* response) override;
   grpc::Status ListRules(grpc::ServerContext* context, const v1::ListRulesRequest* request,
                          v1::ListRulesResponse* response) override;
+  grpc::Status DeleteProject(grpc::ServerContext* context, const v1::DeleteProjectRequest* request,
+                             v1::DeleteProjectResponse* response) override;
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
   grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,

@@ -139,6 +139,9 @@ class Client {
   // (VerifyResult::alerts); ListRules reads them back.
   absl::Status SetRules(const std::string& project, const std::vector<HistoryRule>& rules);
   absl::StatusOr<std::vector<HistoryRule>> ListRules(const std::string& project);
+  // Removes this tenant's project from the history (its runs, baselines and
+  // rules); the runs removed. NotFound when it has none.
+  absl::StatusOr<std::int64_t> DeleteProject(const std::string& project);
 
   // Calls, attempts and retries so far (see CallStats).
   CallStats call_stats() const;

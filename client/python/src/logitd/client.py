@@ -188,6 +188,12 @@ class Client(_VerifyCalls, _Spread, _Transport):
         request = pb.SetRulesRequest(project=project, rules=[rule_message(r) for r in rules])
         self._unary(self._stub.SetRules, request)
 
+    def delete_project(self, project: str) -> int:
+        """Removes this tenant's project from the history: its runs, baselines and
+        rules; the runs removed. NotFoundError when it has none."""
+        response = self._unary(self._stub.DeleteProject, pb.DeleteProjectRequest(project=project))
+        return int(response.runs_deleted)
+
     def list_rules(self, project: str) -> Tuple[Rule, ...]:
         """This tenant's rules of ``project``, in the order they were set."""
         response = self._unary(self._stub.ListRules, pb.ListRulesRequest(project=project))
