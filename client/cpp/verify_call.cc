@@ -140,6 +140,7 @@ void SetHistory(const VerifyArgs& args, v1::VerifyHeader* h) {
     if (!args.compare->ref.empty()) c->set_ref(args.compare->ref);
     if (args.compare->run_id != 0) c->set_run_id(args.compare->run_id);
     if (!args.compare->name.empty()) c->set_name(args.compare->name);
+    c->set_if_present(args.compare->if_present);
   }
 }
 
@@ -227,6 +228,7 @@ absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
         out.run_id = result.run_id();
         if (result.has_comparison()) out.comparison = ComparisonOf(result.comparison());
         out.alerts = AlertsOf(result.alerts());
+        out.record_error = result.record_error();
         return out;
       });
 }

@@ -67,6 +67,9 @@ struct VerifyCommandArgs {
   std::string compare_ref;
   std::string compare_run;
   std::string compare_baseline;
+  // --compare_missing: "fail" (NOT_FOUND, exit 2) or "record" (recorded
+  // without a comparison) when no run is selected.
+  std::string compare_missing = "fail";
   bool help = false;
 };
 
@@ -99,7 +102,8 @@ constexpr const char* kValueFlags[] = {"op",
                                        "compare_branch",
                                        "compare_ref",
                                        "compare_run",
-                                       "compare_baseline"};
+                                       "compare_baseline",
+                                       "compare_missing"};
 
 // A finite float option.
 absl::StatusOr<float> FloatOption(const std::string& name, const std::string& value) {
@@ -205,6 +209,7 @@ absl::Status Apply(const std::string& name, const std::string& value, VerifyComm
                          : name == "compare_ref"      ? &a->compare_ref
                          : name == "compare_run"      ? &a->compare_run
                          : name == "compare_baseline" ? &a->compare_baseline
+                         : name == "compare_missing"  ? &a->compare_missing
                                                       : &a->report_dir;
     *field = value;
   }
@@ -260,6 +265,10 @@ constexpr char kVerifyHistoryFlags[] =
                       promote RUN N): bits identical, different (both within
                       bounds) or different (outside bounds), the figures'
                       deltas, and whether the platform or inputs differ
+  --compare_missing=fail|record
+                      when no recorded run is selected: fail (exit 2, the
+                      default) or record this run without a comparison (a
+                      branch's first run in CI)
 
 )";
 
@@ -268,8 +277,8 @@ constexpr char kVerifyExitCodes[] =
               sampled or not),
             1 one failed (outside_bounds or outside_precision_class), the
               recorded run broke a rule of its project (an ALERT line each;
-              logitctl rules), or the server failed the call (INTERNAL, a
-              deadline),
+              logitctl rules) or could not be recorded (NOT RECORDED), or
+              the server failed the call (INTERNAL, a deadline),
             2 usage or input error (the server's INVALID_ARGUMENT, NOT_FOUND,
               OUT_OF_RANGE, FAILED_PRECONDITION, RESOURCE_EXHAUSTED among
               them), or the server could not be reached or refused the
@@ -447,6 +456,10 @@ absl::Status HistoryArgs(const VerifyCommandArgs& a, client::VerifyArgs* call) {
     }
     call->record = client::RunLabels{a.project, a.case_name, a.branch, a.ref};
   }
+  if (a.compare_missing != "fail" && a.compare_missing != "record") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compare_missing: expected fail or record, got '", a.compare_missing, "'"));
+  }
   const int selectors = !a.compare_branch.empty() + !a.compare_ref.empty() +
                         !a.compare_run.empty() + !a.compare_baseline.empty();
   if (selectors > 1) {
@@ -458,7 +471,8 @@ absl::Status HistoryArgs(const VerifyCommandArgs& a, client::VerifyArgs* call) {
       return absl::InvalidArgumentError(
           "--compare_*: needs --project and --case (the runs it compares with are theirs)");
     }
-    client::BaselineSelector sel{a.compare_branch, a.compare_ref, 0, a.compare_baseline};
+    client::BaselineSelector sel{a.compare_branch, a.compare_ref, 0, a.compare_baseline,
+                                 a.compare_missing == "record"};
     if (!a.compare_run.empty() &&
         (!absl::SimpleAtoi(a.compare_run, &sel.run_id) || sel.run_id <= 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -666,9 +680,13 @@ int RunVerifyCommand(const std::string& server, const std::vector<std::string>& 
   }
   if (result->comparison.has_value()) PrintComparison(*result->comparison);
   PrintAlerts(result->alerts);
-  // An alert fails the run as a failing verdict does: exit 1.
+  if (!result->record_error.empty()) {
+    std::printf("NOT RECORDED: %s (no rule was checked)\n", result->record_error.c_str());
+  }
+  // An alert, or a run asked to be recorded that was not, fails the run as
+  // a failing verdict does: exit 1.
   const int code = ExitCodeFor(report.results, false);
-  return finish(code == 0 && !result->alerts.empty() ? 1 : code);
+  return finish(code == 0 && (!result->alerts.empty() || !result->record_error.empty()) ? 1 : code);
 }
 
 }  // namespace logitd::validate

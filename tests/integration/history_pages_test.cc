@@ -107,7 +107,7 @@ std::int64_t Record(client::Client& c, const std::string& case_name, int runs, b
     args.x = x;
     args.candidates["y"] = *y;
     args.record = client::RunLabels{"lm", case_name, i % 2 ? "main" : "dev", absl::StrCat("r", i)};
-    if (i > 0) args.compare = client::BaselineSelector{"", "", last, ""};
+    if (i > 0) args.compare = client::BaselineSelector{"", "", last, "", false};
     absl::StatusOr<client::VerifyResult> v = c.Verify(args);
     EXPECT_TRUE(v.ok()) << v.status();
     if (v.ok()) last = v->run_id;

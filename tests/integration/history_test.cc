@@ -243,7 +243,7 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   EXPECT_FALSE(base->comparison.has_value());
 
   absl::StatusOr<VerifyResult> same =
-      verify(*y, x, "dev", client::BaselineSelector{"main", "", 0, ""});
+      verify(*y, x, "dev", client::BaselineSelector{"main", "", 0, "", false});
   ASSERT_TRUE(same.ok()) << same.status();
   ASSERT_TRUE(same->comparison.has_value());
   EXPECT_EQ(same->comparison->baseline_run_id, base->run_id);
@@ -259,20 +259,20 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   float* v = ulp.data<float>();
   v[7] = std::nextafter(v[7], 1e30f);
   absl::StatusOr<VerifyResult> off =
-      verify(ulp, x, "dev", client::BaselineSelector{"main", "", 0, ""});
+      verify(ulp, x, "dev", client::BaselineSelector{"main", "", 0, "", false});
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ(off->comparison->candidates[0].bits, "different_within_bounds");
   EXPECT_EQ(off->comparison->candidates[0].max_ulp_delta, 1);
   v[7] = 1e30f;
   absl::StatusOr<VerifyResult> far =
-      verify(ulp, x, "dev", client::BaselineSelector{"", "", base->run_id, ""});
+      verify(ulp, x, "dev", client::BaselineSelector{"", "", base->run_id, "", false});
   ASSERT_TRUE(far.ok()) << far.status();
   EXPECT_EQ(far->verdict, "outside_bounds");
   EXPECT_EQ(far->comparison->candidates[0].bits, "different_outside_bounds");
   EXPECT_GT(far->comparison->candidates[0].worst_bound_fraction_delta, 1);
   // The branch's latest run is the one before this one.
   absl::StatusOr<VerifyResult> latest =
-      verify(*y, x, "dev", client::BaselineSelector{"dev", "", 0, ""});
+      verify(*y, x, "dev", client::BaselineSelector{"dev", "", 0, "", false});
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->comparison->baseline_run_id, far->run_id);
   EXPECT_EQ(latest->comparison->candidates[0].bits, "different_outside_bounds");
@@ -280,7 +280,7 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   const Tensor x2 = NormalBf16({5, 48}, 33);
   absl::StatusOr<Tensor> y2 = c->Logits(x2, handle);
   absl::StatusOr<VerifyResult> other =
-      verify(*y2, x2, "dev", client::BaselineSelector{"main", "", 0, ""});
+      verify(*y2, x2, "dev", client::BaselineSelector{"main", "", 0, "", false});
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_FALSE(other->comparison->same_inputs);
 
@@ -288,13 +288,13 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   ASSERT_TRUE(c->PromoteRun(base->run_id, "golden").ok());
   EXPECT_EQ(c->PromoteRun(9999, "golden").code(), absl::StatusCode::kNotFound);
   absl::StatusOr<VerifyResult> golden =
-      verify(*y, x, "dev", client::BaselineSelector{"", "", 0, "golden"});
+      verify(*y, x, "dev", client::BaselineSelector{"", "", 0, "golden", false});
   ASSERT_TRUE(golden.ok()) << golden.status();
   EXPECT_EQ(golden->comparison->baseline_run_id, base->run_id);
   EXPECT_EQ(golden->comparison->candidates[0].bits, "identical");
 
   absl::StatusOr<VerifyResult> none =
-      verify(*y, x, "dev", client::BaselineSelector{"nope", "", 0, ""});
+      verify(*y, x, "dev", client::BaselineSelector{"nope", "", 0, "", false});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(none.status().message(),
               HasSubstr("no recorded run of project 'p', case 'logits' on branch 'nope'"));
@@ -303,7 +303,7 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   unrecorded.weight_handle = handle;
   unrecorded.x = x;
   unrecorded.candidates["y"] = *y;
-  unrecorded.compare = client::BaselineSelector{"main", "", 0, ""};
+  unrecorded.compare = client::BaselineSelector{"main", "", 0, "", false};
   EXPECT_EQ(c->Verify(unrecorded).status().code(), absl::StatusCode::kInvalidArgument);
   // Nothing was recorded by the refused calls.
   EXPECT_EQ(c->ListRuns(ListRunsArgs{})->runs.size(), 7u);
@@ -535,6 +535,70 @@ TEST(HistoryTest, ARunThatBreaksARuleOfItsProjectIsAnAlertAndLogitctlExits1) {
   EXPECT_EQ(c->SetRules("", {}).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(c->SetRules("lm", {}).ok());
   EXPECT_TRUE(c->ListRules("lm")->empty());
+}
+
+// A store that stays locked past its wait (another writer holds it): the
+// Verify still answers its verdict, says why the run was not recorded, and
+// logitctl exits 1 (no rule was checked); once the lock goes, runs are
+// recorded again. And --compare_missing=record: a branch's first run is
+// recorded without a comparison.
+TEST(HistoryTest, AStoreLockedPastItsWaitLeavesTheRunUnrecordedAndTheVerdictStands) {
+  TempDir dir;
+  const std::string path = dir / "h.sqlite3";
+  absl::StatusOr<ServerProcess> server =
+      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--history=" + path});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<client::Client> c = Connect(*server);
+  const Tensor x = NormalBf16({4, 48}, 41), w = NormalBf16({30, 48}, 42);
+  const std::string handle = Register(*c, w);
+  absl::StatusOr<Tensor> y = c->Logits(x, handle);
+  ASSERT_TRUE(y.ok()) << y.status();
+  ASSERT_TRUE(WriteSafetensors(dir / "x.safetensors", {{"x", &x}}).ok());
+  ASSERT_TRUE(WriteSafetensors(dir / "y.safetensors", {{"y", &*y}}).ok());
+  const std::string at = "--server=" + server->address();
+  const auto verify = [&](std::vector<std::string> more) {
+    std::vector<std::string> all = {at,
+                                    "verify",
+                                    "--op=logits",
+                                    "--x=" + (dir / "x.safetensors"),
+                                    "--weight=" + handle,
+                                    "--candidate=" + (dir / "y.safetensors"),
+                                    "--project=lm",
+                                    "--case=c"};
+    all.insert(all.end(), more.begin(), more.end());
+    return RunLogitctl(all);
+  };
+
+  LogitctlRun r = verify({"--branch=pr", "--compare_branch=main", "--compare_missing=record"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("recorded as run 1"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("against run")));
+  r = verify({"--compare_branch=main"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("on branch 'main'"));
+  EXPECT_EQ(verify({"--compare_branch=main", "--compare_missing=maybe"}).exit_code, 2);
+
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN EXCLUSIVE;", nullptr, nullptr, nullptr), SQLITE_OK);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<VerifyResult> v = VerifyOwnLogits(*c, handle, 43, RunLabels{"lm", "c", "", ""});
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->passed());
+  EXPECT_EQ(v->run_id, 0);
+  EXPECT_THAT(v->record_error, HasSubstr("the run was not recorded in the server's history"));
+  EXPECT_THAT(v->record_error, HasSubstr("locked"));
+  EXPECT_LT(took, absl::Seconds(15));  // the store's 5 s wait, and the verdict
+  r = verify({});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("NOT RECORDED: the run was not recorded"));
+  ASSERT_EQ(sqlite3_exec(db, "ROLLBACK;", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  v = VerifyOwnLogits(*c, handle, 44, RunLabels{"lm", "c", "", ""});
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->run_id, 2);
+  EXPECT_EQ(v->record_error, "");
 }
 
 }  // namespace

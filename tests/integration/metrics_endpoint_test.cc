@@ -130,7 +130,7 @@ TEST(MetricsIntegrationTest, RecordedRunsAndComparisonsAreCounted) {
   args.candidates["y"] = *y;
   args.record = client::RunLabels{"p", "c", "main", ""};
   ASSERT_TRUE((*c)->Verify(args).ok());
-  args.compare = client::BaselineSelector{"main", "", 0, ""};
+  args.compare = client::BaselineSelector{"main", "", 0, "", false};
   ASSERT_TRUE((*c)->Verify(args).ok());
   ASSERT_TRUE((*c)->Verify(args).ok());
   // A rule that the next run breaks: one element's last bit flipped.

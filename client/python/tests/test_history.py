@@ -166,3 +166,31 @@ def test_delete_project_removes_its_runs_and_rules(history_server):
         assert c.list_rules("gone") == ()
         with pytest.raises(logitd.NotFoundError, match="project 'gone'"):
             c.delete_project("gone")
+
+
+def test_testing_assertions_record_compare_and_hold_bits_to_the_baseline(history_server):
+    from logitd.testing import assert_logits_within_contract
+
+    with logitd.Client(history_server, timeout=120) as c:
+        info = c.register_weights(normal_bf16(31, (48, 16)), name="t")
+        x = normal_bf16(32, (3, 16))
+        y = c.logits(x, info)
+        main = logitd.RunLabels("kernel", "lm-head", "main", "c1")
+        first_on_main = logitd.Baseline(branch="main", if_present=True)
+        # The branch's first run: nothing to compare with, recorded anyway.
+        v = assert_logits_within_contract(c, x, y, info, record=main, compare=first_on_main, bits_unchanged=True)
+        assert v.run_id > 0 and v.comparison is None and v.record_error == ""
+        with pytest.raises(logitd.NotFoundError, match="on branch 'nope'"):
+            c.verify_logits(x, y, info, record=main, compare=logitd.Baseline(branch="nope"))
+        pr = logitd.RunLabels("kernel", "lm-head", "pr-7", "c2")
+        same = assert_logits_within_contract(c, x, y, info, record=pr, compare=first_on_main, bits_unchanged=True)
+        assert same.comparison.baseline_run_id == v.run_id
+        moved = y.copy()
+        moved[2, 5] = np.nextafter(moved[2, 5], np.float32(-np.inf), dtype=np.float32)
+        with pytest.raises(AssertionError, match=r"y: bits different_within_bounds against run %d \(main at c1\)" % v.run_id):
+            assert_logits_within_contract(c, x, moved, info, record=pr, compare=first_on_main, bits_unchanged=True)
+        # Without bits_unchanged the same candidate is within the contract.
+        assert assert_logits_within_contract(c, x, moved, info, record=pr, compare=first_on_main).passed
+        c.set_rules("kernel", [logitd.Rule(bits_unchanged=True)])
+        with pytest.raises(AssertionError, match="bits_unchanged: y's bits changed"):
+            assert_logits_within_contract(c, x, moved, info, record=pr, compare=first_on_main)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import logitd
+
 pytestmark = pytest.mark.needs_server
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -71,3 +73,23 @@ def test_the_autograd_example_runs_or_says_it_needs_torch(server):
         assert done.returncode == 2, done.stdout + done.stderr
         assert "autograd_lm_head.py needs torch" in done.stderr
         assert done.stdout == ""
+
+
+def test_the_kernel_check_keeps_runs_under_the_project_its_ci_names(monkeypatch):
+    spec = importlib.util.spec_from_file_location("kernel_check_template", TEMPLATE)
+    template = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(template)
+    for key in [k for k in os.environ if k.startswith("LOGITD_")]:
+        monkeypatch.delenv(key)
+    assert template.history("logits-7x256x1000") == {}
+    monkeypatch.setenv("LOGITD_PROJECT", "my-kernels")
+    monkeypatch.setenv("LOGITD_BRANCH", "pr-12")
+    monkeypatch.setenv("LOGITD_REF", "c0ffee")
+    h = template.history("logits-7x256x1000")
+    assert h["record"] == logitd.RunLabels("my-kernels", "logits-7x256x1000", "pr-12", "c0ffee")
+    assert h["compare"] == logitd.Baseline(branch="main", if_present=True)
+    assert h["bits_unchanged"] is False
+    monkeypatch.setenv("LOGITD_BASELINE_BRANCH", "release")
+    monkeypatch.setenv("LOGITD_BITS_UNCHANGED", "1")
+    h = template.history("backward-7x256x1000")
+    assert h["compare"].branch == "release" and h["bits_unchanged"] is True

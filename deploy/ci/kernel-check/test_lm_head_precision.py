@@ -11,7 +11,14 @@ Environment: LOGITD_ADDR (host:port of the shared logitd), LOGITD_TOKEN (a
 bearer token, when the server has --auth_tokens), LOGITD_REQUIRE_GPU=1 (fail,
 rather than check a CPU stand-in, where torch sees no CUDA device: set it on
 a GPU runner, as the workflows beside this file do), LOGITD_CHECK_SHAPES
-("M,K,V;M,K,V": other shapes than SHAPES). Needs the logitd Python client
+("M,K,V;M,K,V": other shapes than SHAPES). With LOGITD_PROJECT each test's run
+is also kept in the server's history under that project (the case is the test
+and shape; LOGITD_BRANCH and LOGITD_REF, which the workflows beside this file set
+from the CI's branch and commit) and compared with LOGITD_BASELINE_BRANCH's
+latest run (default main; a branch's first run records without one): a test then
+fails too on a rule of the project that the run breaks (logitctl rules), and
+with LOGITD_BITS_UNCHANGED=1 on any candidate whose bits differ from the
+baseline's. Needs the logitd Python client
 (pip install ./client/python from the logitd repository) and torch; where
 torch is missing every test is skipped and says so (pytest -rs).
 
@@ -36,6 +43,19 @@ except ModuleNotFoundError as e:
 SHAPES = [(128, 4096, 32000), (7, 2048, 50257)]  # M, K, V: odd sizes too
 if os.environ.get("LOGITD_CHECK_SHAPES"):
     SHAPES = [tuple(int(n) for n in s.split(",")) for s in os.environ["LOGITD_CHECK_SHAPES"].split(";")]
+
+
+def history(case):
+    """The history arguments of one test's assertion (none without LOGITD_PROJECT)."""
+    project = os.environ.get("LOGITD_PROJECT", "")
+    if not project:
+        return {}
+    env = os.environ.get
+    return dict(
+        record=logitd.RunLabels(project, case, env("LOGITD_BRANCH", ""), env("LOGITD_REF", "")),
+        compare=logitd.Baseline(branch=env("LOGITD_BASELINE_BRANCH") or "main", if_present=True),
+        bits_unchanged=env("LOGITD_BITS_UNCHANGED") == "1",
+    )
 
 
 def my_logits(x, w):
@@ -91,17 +111,17 @@ def inputs(request, device):
     x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
     w = torch.randn(v, k, generator=gen).to(device, torch.bfloat16)
     dy = (torch.randn(m, v, generator=gen) * 1e-3).to(device)
-    return x, w, dy
+    return x, w, dy, "x".join(map(str, request.param))
 
 
 def test_logits_keep_the_fp32_contract(client, inputs):
-    x, w, _ = inputs
+    x, w, _, shape = inputs
     # W streams with the call; a registered handle (client.register_weights)
     # saves sending it again for every test.
-    assert_logits_within_contract(client, x, my_logits(x, w), w)
+    assert_logits_within_contract(client, x, my_logits(x, w), w, **history("logits-" + shape))
 
 
 def test_backward_keeps_the_gradient_cast_contract(client, inputs):
-    x, w, dy = inputs
+    x, w, dy, shape = inputs
     dx, dw = my_backward(dy, x, w)
-    assert_backward_within_contract(client, dy, x, w, dx=dx, dw=dw)
+    assert_backward_within_contract(client, dy, x, w, dx=dx, dw=dw, **history("backward-" + shape))

@@ -16,6 +16,7 @@
 #include "server/history/history_store.h"
 #include "server/history/rules.h"
 #include "server/service/state/build_info.h"
+#include "server/service/state/logging.h"
 #include "server/service/v1/service.h"
 
 namespace logitd::service {
@@ -270,24 +271,45 @@ absl::Status LogitdService::CheckCompare(const v1::VerifyHeader& header,
   if (header.compare().baseline_case() == v1::BaselineSelector::BASELINE_NOT_SET) {
     return absl::InvalidArgumentError("compare: expected one of branch, ref, run_id and name");
   }
-  // Before the work: a baseline that is not there now is refused at once.
-  return FindBaseline(*options_.history, header, tenant).status();
+  // Before the work: a baseline that is not there now is refused at once
+  // (unless the caller records without one then).
+  absl::Status found = FindBaseline(*options_.history, header, tenant).status();
+  if (absl::IsNotFound(found) && header.compare().if_present()) return absl::OkStatus();
+  return found;
 }
 
 absl::Status LogitdService::Record(const v1::VerifyHeader& header, const Tenant& tenant,
                                    v1::VerifyResult* result) const {
   if (!header.has_record() || options_.history == nullptr) return absl::OkStatus();
+  // The verdict is formed: a store that fails now leaves the run unrecorded,
+  // said in the result, and the call answers.
+  if (absl::Status s = RecordRun(header, tenant, result); !s.ok()) {
+    result->clear_comparison();
+    result->clear_alerts();
+    result->set_run_id(0);
+    result->set_record_error(
+        absl::StrCat("the run was not recorded in the server's history: ", s.message()));
+    LogWarning(absl::StrCat("Verify: ", result->record_error()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LogitdService::RecordRun(const v1::VerifyHeader& header, const Tenant& tenant,
+                                      v1::VerifyResult* result) const {
   const kernels::BackendInfo info = backend_->Info();
   std::optional<history::RunBaseline> baseline;
   if (header.has_compare()) {
     // The baseline before this run is recorded (a branch's latest is
     // another run than this one).
-    LOGITD_ASSIGN_OR_RETURN(const history::RunRecord base,
-                            FindBaseline(*options_.history, header, tenant));
-    Compare(base, *result,
-            PlatformDifference(base, info.backend, info.device_name, std::string(Version())),
-            result->mutable_comparison());
-    baseline = BaselineOf(base, result->comparison());
+    absl::StatusOr<history::RunRecord> base = FindBaseline(*options_.history, header, tenant);
+    if (base.ok()) {
+      Compare(*base, *result,
+              PlatformDifference(*base, info.backend, info.device_name, std::string(Version())),
+              result->mutable_comparison());
+      baseline = BaselineOf(*base, result->comparison());
+    } else if (!absl::IsNotFound(base.status()) || !header.compare().if_present()) {
+      return base.status();
+    }
   }
   history::RunRecord run;
   run.tenant = tenant.id;
@@ -304,11 +326,7 @@ absl::Status LogitdService::Record(const v1::VerifyHeader& header, const Tenant&
   LOGITD_ASSIGN_OR_RETURN(const std::vector<history::Rule> rules,
                           options_.history->Rules(run.tenant, run.labels.project));
   run.alerts = history::Evaluate(rules, run, baseline ? &*baseline : nullptr);
-  if (absl::Status s = options_.history->Record(&run, options_.history_max_runs); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("the verdict was formed but could not be recorded "
-                                               "in the server's history: ",
-                                               s.message()));
-  }
+  LOGITD_RETURN_IF_ERROR(options_.history->Record(&run, options_.history_max_runs));
   result->set_run_id(run.id);
   for (const history::Alert& a : run.alerts) {
     v1::Alert* alert = result->add_alerts();

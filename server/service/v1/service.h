@@ -147,6 +147,9 @@ class LogitdService final : public RawTensorService {
   absl::Status CheckCompare(const v1::VerifyHeader& header, const Tenant& tenant) const;
   absl::Status Record(const v1::VerifyHeader& header, const Tenant& tenant,
                       v1::VerifyResult* result) const;
+  // Record's work; a failure of the store is its status.
+  absl::Status RecordRun(const v1::VerifyHeader& header, const Tenant& tenant,
+                         v1::VerifyResult* result) const;
   absl::Status DoProbe(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
                        CallStats* stats);

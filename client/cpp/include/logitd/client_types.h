@@ -683,6 +683,7 @@ struct VerifyResult {
   std::int64_t run_id = 0;
   std::optional<RunComparison> comparison;  // with VerifyArgs::compare
   std::vector<Alert> alerts;                // the project's rules it broke (history_types.h)
+  std::string record_error;                 // why a run asked to be recorded was not ("": it was)
   bool passed() const { return VerdictPassed(verdict); }
   const CandidateVerdict* Find(const std::string& name) const {
     for (const CandidateVerdict& c : candidates) {

@@ -26,6 +26,9 @@ struct BaselineSelector {
   std::string ref;
   std::int64_t run_id = 0;
   std::string name;
+  // No such run: record without a comparison instead of NotFound (a
+  // branch's first run in CI).
+  bool if_present = false;
 };
 
 // A candidate against the baseline run's of the same name: bits

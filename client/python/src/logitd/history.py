@@ -33,12 +33,14 @@ class Baseline:
     """The recorded run a Verify compares with (``compare=`` of the verify_*
     calls, which need ``record=``): the latest of a branch, of a ref, a run by
     id, or the run promoted under a name (Client.promote_run); exactly one
-    given."""
+    given. if_present: when no such run is recorded, record this run without
+    a comparison instead of raising NotFoundError (a branch's first run in CI)."""
 
     branch: str = ""
     ref: str = ""
     run_id: int = 0
     name: str = ""
+    if_present: bool = False
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,7 @@ def set_compare(header: pb.VerifyHeader, compare: Optional[Baseline]) -> None:
         header.compare.name = compare.name
     else:
         raise InvalidArgumentError("compare: expected a branch, a ref, a run_id or a name")
+    header.compare.if_present = bool(compare.if_present)
 
 
 def comparison_of(result: Any) -> Optional[RunComparison]:

@@ -235,7 +235,9 @@ class Verdict:
     record it (``record=``), else 0. comparison: with ``compare=``, the
     candidates against that recorded run (a logitd.RunComparison), else None.
     alerts: the rules of its project the recorded run broke (logitd.Alert
-    values; Client.set_rules); a CI step fails on any.
+    values; Client.set_rules); a CI step fails on any. record_error: why a
+    run asked to be recorded was not (the server's store failed after the
+    verdict; no rule was checked), else "".
     """
 
     verdict: str
@@ -249,6 +251,7 @@ class Verdict:
     run_id: int = 0
     comparison: Any = None
     alerts: Tuple[Any, ...] = ()
+    record_error: str = ""
 
     @property
     def passed(self) -> bool:
@@ -507,5 +510,6 @@ def _verdict_of(result: pb.VerifyResult) -> Verdict:
         run_id=int(result.run_id),
         comparison=_history.comparison_of(result),
         alerts=_history.alerts_of(result.alerts),
+        record_error=result.record_error,
     )
 
