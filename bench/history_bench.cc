@@ -3,8 +3,9 @@
 //     project's rules read, the baseline run looked up (the branch's latest),
 //     the alerts evaluated, the run and its candidates written in one
 //     transaction (p50 and p99 over --runs runs of --candidates each);
-//   - the store's growth per recorded candidate (the file and its WAL after
-//     a checkpoint, over the runs recorded);
+//   - the store's growth per recorded candidate (the file after the WAL's
+//     checkpoint, over the runs recorded; each candidate with its 64 block
+//     digests);
 //   - the pages of a case with --case_runs runs: the case page (its plots
 //     read the newest 1,000), the project page and the projects page
 //     (median of 5 renders each).
@@ -67,6 +68,9 @@ RunRecord MakeRun(const std::string& case_name, long i, long candidates) {
     f.p99_ulp = (i + c) % 3;
     f.rms_ratio = 0.8;
     f.effective_bits = 23.5;
+    // 4,096 rows in 64 blocks: a digest each, as Verify keeps them.
+    f.block_rows = 64;
+    for (std::uint64_t b = 0; b < 64; ++b) f.block_digests.push_back(f.xxh3 * 31 + b);
     r.candidates.push_back(f);
   }
   return r;

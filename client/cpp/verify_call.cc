@@ -153,9 +153,10 @@ RunComparison ComparisonOf(const v1::RunComparison& rc) {
   c.platform_difference = rc.platform_difference();
   c.same_inputs = rc.same_inputs();
   for (const v1::CandidateComparison& cc : rc.candidates()) {
-    c.candidates.push_back(CandidateComparison{cc.name(), cc.bits(), cc.baseline_verdict(),
-                                               cc.worst_bound_fraction_delta(), cc.max_ulp_delta(),
-                                               cc.effective_bits_delta()});
+    c.candidates.push_back(CandidateComparison{
+        cc.name(), cc.bits(), cc.baseline_verdict(), cc.worst_bound_fraction_delta(),
+        cc.max_ulp_delta(), cc.effective_bits_delta(), cc.block_rows(),
+        std::vector<std::int64_t>(cc.changed_blocks().begin(), cc.changed_blocks().end())});
   }
   return c;
 }

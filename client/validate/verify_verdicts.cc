@@ -264,6 +264,27 @@ CaseResult CaseOf(const std::string& case_prefix, const client::CandidateVerdict
 
 // The candidates against the baseline run, a line each, and what differs
 // between the two runs' platforms and inputs.
+// "; changed rows: 0-63, 128-191" from a comparison's changed blocks
+// (consecutive blocks joined); "" when none are named.
+std::string ChangedRows(const client::CandidateComparison& cc) {
+  if (cc.changed_blocks.empty() || cc.block_rows <= 0) return "";
+  std::vector<std::string> ranges;
+  for (std::size_t i = 0; i < cc.changed_blocks.size();) {
+    std::size_t j = i;
+    while (j + 1 < cc.changed_blocks.size() &&
+           cc.changed_blocks[j + 1] == cc.changed_blocks[j] + 1) {
+      ++j;
+    }
+    const std::int64_t first = cc.changed_blocks[i] * cc.block_rows;
+    const std::int64_t last = (cc.changed_blocks[j] + 1) * cc.block_rows - 1;
+    ranges.push_back(first == last ? absl::StrCat(first) : absl::StrCat(first, "-", last));
+    i = j + 1;
+  }
+  return absl::StrCat(
+      "; changed rows: ", absl::StrJoin(ranges, ", "),
+      cc.block_rows > 1 ? absl::StrCat(" (in blocks of ", cc.block_rows, " rows)") : "");
+}
+
 void PrintComparison(const client::RunComparison& c) {
   std::printf("against run %lld (%s%s%s, %s):%s%s\n", static_cast<long long>(c.baseline_run_id),
               c.baseline_labels.branch.empty() ? "no branch" : c.baseline_labels.branch.c_str(),
@@ -273,9 +294,10 @@ void PrintComparison(const client::RunComparison& c) {
                   ? " the same platform"
                   : absl::StrCat(" ANOTHER PLATFORM (", c.platform_difference, ")").c_str());
   for (const client::CandidateComparison& cc : c.candidates) {
-    std::printf("  %s: %s (worst bound fraction %+.3g, max ulp %+lld, effective bits %+.2f)\n",
+    std::printf("  %s: %s (worst bound fraction %+.3g, max ulp %+lld, effective bits %+.2f)%s\n",
                 cc.name.c_str(), cc.bits.c_str(), cc.worst_bound_fraction_delta,
-                static_cast<long long>(cc.max_ulp_delta), cc.effective_bits_delta);
+                static_cast<long long>(cc.max_ulp_delta), cc.effective_bits_delta,
+                ChangedRows(cc).c_str());
   }
 }
 

@@ -82,6 +82,11 @@ constexpr const char* kMigrations[] = {
         message TEXT NOT NULL,
         PRIMARY KEY (run_id, position));
     )sql",
+    // 3 -> 4: each candidate's block digests (which rows changed).
+    R"sql(
+      ALTER TABLE candidates ADD COLUMN block_rows INTEGER NOT NULL DEFAULT 0;
+      ALTER TABLE candidates ADD COLUMN block_digests BLOB;
+    )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == HistoryStore::kSchemaVersion,
               "one migration per schema version");
@@ -124,6 +129,14 @@ class Statement {
     sqlite3_bind_int64(stmt_, i, bits);
   }
   void Bind(int i, double v) { sqlite3_bind_double(stmt_, i, v); }
+  // 64-bit words, little-endian, as a blob.
+  void Bind(int i, const std::vector<std::uint64_t>& words) {
+    std::string bytes(words.size() * 8, '\0');
+    for (std::size_t w = 0; w < words.size(); ++w) {
+      for (int b = 0; b < 8; ++b) bytes[w * 8 + b] = static_cast<char>(words[w] >> (8 * b));
+    }
+    sqlite3_bind_blob(stmt_, i, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+  }
   // SQLITE_ROW, SQLITE_DONE or an error code.
   int Step() { return sqlite3_step(stmt_); }
   // Ready to run again with new bindings.
@@ -143,6 +156,17 @@ class Statement {
     return v;
   }
   double Real(int i) const { return sqlite3_column_double(stmt_, i); }
+  std::vector<std::uint64_t> Words(int i) const {
+    const auto* bytes = static_cast<const unsigned char*>(sqlite3_column_blob(stmt_, i));
+    const int n = sqlite3_column_bytes(stmt_, i) / 8;
+    std::vector<std::uint64_t> words(static_cast<std::size_t>(n));
+    for (int w = 0; w < n; ++w) {
+      for (int b = 0; b < 8; ++b) {
+        words[w] |= static_cast<std::uint64_t>(bytes[w * 8 + b]) << (8 * b);
+      }
+    }
+    return words;
+  }
 
  private:
   sqlite3* db_;
@@ -210,8 +234,8 @@ absl::Status InsertCandidates(sqlite3* db, const RunRecord& run) {
   Statement s(db,
               "INSERT INTO candidates (run_id, position, name, verdict, xxh3, elements, "
               "outside_bound, worst_bound_fraction, bitwise_equal_fraction, max_ulp, p99_ulp, "
-              "rms_ratio, effective_bits) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
-              "?12, ?13)");
+              "rms_ratio, effective_bits, block_rows, block_digests) VALUES (?1, ?2, ?3, ?4, ?5, "
+              "?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)");
   if (absl::Status st = s.status("prepare the candidates' insert"); !st.ok()) return st;
   for (std::size_t p = 0; p < run.candidates.size(); ++p) {
     const CandidateFigures& c = run.candidates[p];
@@ -229,6 +253,8 @@ absl::Status InsertCandidates(sqlite3* db, const RunRecord& run) {
     s.Bind(11, c.p99_ulp);
     s.Bind(12, c.rms_ratio);
     s.Bind(13, c.effective_bits);
+    s.Bind(14, c.block_rows);
+    s.Bind(15, c.block_digests);
     if (s.Step() != SQLITE_DONE) return SqliteError(db, "insert a candidate");
   }
   return absl::OkStatus();
@@ -237,8 +263,8 @@ absl::Status InsertCandidates(sqlite3* db, const RunRecord& run) {
 absl::Status ReadCandidates(sqlite3* db, RunRecord* run) {
   Statement s(db,
               "SELECT name, verdict, xxh3, elements, outside_bound, worst_bound_fraction, "
-              "bitwise_equal_fraction, max_ulp, p99_ulp, rms_ratio, effective_bits FROM "
-              "candidates WHERE run_id = ?1 ORDER BY position");
+              "bitwise_equal_fraction, max_ulp, p99_ulp, rms_ratio, effective_bits, block_rows, "
+              "block_digests FROM candidates WHERE run_id = ?1 ORDER BY position");
   if (absl::Status st = s.status("prepare the candidates' query"); !st.ok()) return st;
   s.Bind(1, run->id);
   int rc;
@@ -255,6 +281,8 @@ absl::Status ReadCandidates(sqlite3* db, RunRecord* run) {
     c.p99_ulp = s.Int(8);
     c.rms_ratio = s.Real(9);
     c.effective_bits = s.Real(10);
+    c.block_rows = s.Int(11);
+    c.block_digests = s.Words(12);
     run->candidates.push_back(std::move(c));
   }
   return rc == SQLITE_DONE ? absl::OkStatus() : SqliteError(db, "read the candidates");

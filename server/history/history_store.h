@@ -43,6 +43,10 @@ struct CandidateFigures {
   std::int64_t p99_ulp = 0;
   double rms_ratio = 0;
   double effective_bits = 0;
+  // Its rows in blocks of block_rows, each block's xxh3-64 (0 and none for
+  // a run recorded before blocks were kept).
+  std::int64_t block_rows = 0;
+  std::vector<std::uint64_t> block_digests;
 };
 
 // A project's rule on its recorded runs (rules.h checks runs against them).
@@ -138,8 +142,9 @@ class HistoryStore {
   HistoryStore(const HistoryStore&) = delete;
   HistoryStore& operator=(const HistoryStore&) = delete;
 
-  // 1: runs and candidates; 2: named baselines; 3: rules and alerts.
-  static constexpr int kSchemaVersion = 3;
+  // 1: runs and candidates; 2: named baselines; 3: rules and alerts; 4:
+  // candidates' block digests.
+  static constexpr int kSchemaVersion = 4;
 
   // Stores `run` and its candidates in one transaction; sets run->id (and
   // recorded_unix_us when 0). With max_runs > 0, the tenant's oldest runs

@@ -498,6 +498,7 @@ TEST(HistoryTest, ARunThatBreaksARuleOfItsProjectIsAnAlertAndLogitctlExits1) {
   r = verify("f.safetensors", {"--branch=main", "--ref=r3", "--compare_branch=main"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("  y: different_within_bounds"));
+  EXPECT_THAT(r.out, HasSubstr("; changed rows: 0\n"));  // element 7 of [6, 50]
   EXPECT_THAT(r.out, HasSubstr("ALERT: this run broke 1 rule of its project:\n  bits_unchanged "
                                "branch=main candidate=y: y's bits changed against run 2 (ref "
                                "r2): different_within_bounds"));

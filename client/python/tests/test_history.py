@@ -189,8 +189,11 @@ def test_testing_assertions_record_compare_and_hold_bits_to_the_baseline(history
         moved[2, 5] = np.nextafter(moved[2, 5], np.float32(-np.inf), dtype=np.float32)
         with pytest.raises(AssertionError, match=r"y: bits different_within_bounds against run %d \(main at c1\)" % v.run_id):
             assert_logits_within_contract(c, x, moved, info, record=pr, compare=first_on_main, bits_unchanged=True)
-        # Without bits_unchanged the same candidate is within the contract.
-        assert assert_logits_within_contract(c, x, moved, info, record=pr, compare=first_on_main).passed
+        # Without bits_unchanged the same candidate is within the contract; the
+        # comparison names the row that changed.
+        v = assert_logits_within_contract(c, x, moved, info, record=pr, compare=first_on_main)
+        (cc,) = v.comparison.candidates
+        assert cc.block_rows == 1 and cc.changed_blocks == (2,)
         c.set_rules("kernel", [logitd.Rule(bits_unchanged=True)])
         with pytest.raises(AssertionError, match="bits_unchanged: y's bits changed"):
             assert_logits_within_contract(c, x, moved, info, record=pr, compare=first_on_main)

@@ -142,6 +142,9 @@ struct VerifyRequest {
   // With sample_rows: 0 for evenly spaced rows, else the seed of a uniform
   // random sample of them.
   std::uint64_t sample_seed = 0;
+  // Digest each candidate in blocks of rows (VerifiedCandidate::block_xxh3):
+  // the run is recorded, and its history keeps them.
+  bool block_digests = false;
   // Named as the operation names its outputs ("y"; "dx", "dw"; "loss",
   // "lse"; "logprob", "lse", "entropy").
   std::vector<CallInput> candidates;

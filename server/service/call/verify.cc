@@ -35,6 +35,21 @@ constexpr char kHostEngine[] = "OpenBLAS dgemm on the host";
 
 }  // namespace
 
+std::vector<std::uint64_t> BlockDigests(const std::byte* data, std::uint64_t bytes,
+                                        const std::vector<std::int64_t>& shape,
+                                        std::int64_t* block_rows) {
+  const std::int64_t rows = shape.empty() || shape[0] <= 0 ? 1 : shape[0];
+  const std::uint64_t row_bytes = bytes / static_cast<std::uint64_t>(rows);
+  *block_rows = (rows + kMaxDigestBlocks - 1) / kMaxDigestBlocks;
+  std::vector<std::uint64_t> out;
+  for (std::int64_t first = 0; first < rows; first += *block_rows) {
+    const std::int64_t n = std::min(*block_rows, rows - first);
+    out.push_back(Xxh3(data + static_cast<std::uint64_t>(first) * row_bytes,
+                       static_cast<std::size_t>(static_cast<std::uint64_t>(n) * row_bytes)));
+  }
+  return out;
+}
+
 std::string VerifiedCandidate::Verdict() const {
   const std::string v = check.Verdict();
   return sampled && check.passed() ? v + "_sampled" : v;
@@ -270,6 +285,7 @@ absl::Status CheckCandidates(const VerifyPlan& plan, const LmHeadInputs& in, Cal
     const std::byte* data = call->in(c.name);
     const std::byte* mine = own.at(c.output).data();
     v.xxh3 = DigestOf(*call, c.name, c.bytes);
+    if (plan.block_digests) v.block_xxh3 = BlockDigests(data, c.bytes, c.shape, &v.block_rows);
     v.sampled = !plan.rows.empty() && c.output != VerifyOutput::kDw;
     bool done = false;
     if (c.output == VerifyOutput::kY) {
@@ -503,6 +519,7 @@ absl::Status CheckPerToken(const VerifyPlan& plan, const LmHeadInputs& call_in,
     VerifiedCandidate v{c.name, c.dtype, c.shape, 0, CandidateCheck(c.dtype)};
     const std::byte* data = call->in(c.name);
     v.xxh3 = DigestOf(*call, c.name, c.bytes);
+    if (plan.block_digests) v.block_xxh3 = BlockDigests(data, c.bytes, c.shape, &v.block_rows);
     // The reduced loss and dW are refused with sample_rows.
     const VerifyOutput o = c.output;
     v.sampled = !plan.rows.empty() && o != VerifyOutput::kDw && c.shape.size() >= 1 &&

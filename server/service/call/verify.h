@@ -80,6 +80,8 @@ struct VerifyPlan {
   std::int64_t k = 0;
   float alpha = 1.0f;
   DType dy_dtype = DType::kFp32;
+  // Digest the candidates in blocks of rows (VerifyRequest::block_digests).
+  bool block_digests = false;
   bool weight_streamed = false;
   std::uint64_t w_bytes = 0;  // streamed, or read back from the backend
   // A registered weight is read back to the host unless no reference needs
@@ -117,11 +119,25 @@ struct VerifiedCandidate {
   CandidateCheck check;
   // Only some rows of it were checked (sample_rows; dW never is).
   bool sampled = false;
+  // Its rows in at most kMaxDigestBlocks blocks of block_rows rows, and
+  // each block's xxh3-64 (CandidateVerdict.block_xxh3).
+  std::int64_t block_rows = 0;
+  std::vector<std::uint64_t> block_xxh3 = {};
 
   // The check's verdict, a passing one with "_sampled" when sampled.
   std::string Verdict() const;
   bool passed() const { return check.passed(); }
 };
+
+// The most blocks a candidate's digests split it in.
+inline constexpr std::int64_t kMaxDigestBlocks = 64;
+
+// `bytes` of a tensor of `shape` in blocks of rows of its first dimension
+// (a scalar: one row), at most kMaxDigestBlocks of them: each block's
+// xxh3-64, and the rows a block holds in *block_rows.
+std::vector<std::uint64_t> BlockDigests(const std::byte* data, std::uint64_t bytes,
+                                        const std::vector<std::int64_t>& shape,
+                                        std::int64_t* block_rows);
 
 struct VerifyOutcome {
   std::vector<VerifiedCandidate> candidates;

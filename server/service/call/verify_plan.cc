@@ -545,6 +545,7 @@ absl::StatusOr<VerifyPlan> PlanVerify(const VerifyRequest& r, const WeightDims* 
   LOGITD_RETURN_IF_ERROR(CheckVerifyRequest(r));
   VerifyPlan plan;
   plan.operation = r.operation;
+  plan.block_digests = r.block_digests;
   plan.weight_streamed = registered == nullptr;
   WeightDims dims;
   if (registered != nullptr) {

@@ -46,6 +46,8 @@ history::CandidateFigures FiguresOf(const v1::CandidateVerdict& c) {
     f.rms_ratio = c.precision_class().rms_ratio();
     f.effective_bits = c.precision_class().effective_bits();
   }
+  f.block_rows = c.block_rows();
+  f.block_digests.assign(c.block_xxh3().begin(), c.block_xxh3().end());
   return f;
 }
 
@@ -218,6 +220,13 @@ void Compare(const history::RunRecord& base, const v1::VerifyResult& result,
     cc->set_bits(was->xxh3 == c.xxh3()                           ? "identical"
                  : Passing(was->verdict) && Passing(c.verdict()) ? "different_within_bounds"
                                                                  : "different_outside_bounds");
+    if (was->xxh3 != c.xxh3() && was->block_rows == c.block_rows() &&
+        static_cast<int>(was->block_digests.size()) == c.block_xxh3_size()) {
+      cc->set_block_rows(c.block_rows());
+      for (int b = 0; b < c.block_xxh3_size(); ++b) {
+        if (was->block_digests[b] != c.block_xxh3(b)) cc->add_changed_blocks(b);
+      }
+    }
     cc->set_worst_bound_fraction_delta(c.worst_bound_fraction() - was->worst_bound_fraction);
     cc->set_max_ulp_delta(c.max_ulp() - was->max_ulp);
     const double bits = c.precision_class().tested() ? c.precision_class().effective_bits() : 0;

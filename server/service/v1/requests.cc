@@ -347,6 +347,7 @@ absl::StatusOr<VerifyRequest> VerifyRequestOf(const v1::VerifyHeader& h, const V
   r.alpha = h.alpha();
   r.sample_rows = h.sample_rows();
   r.sample_seed = h.sample_seed();
+  r.block_digests = h.has_record();
   for (const v1::TensorSpec& spec : h.candidates()) {
     LOGITD_ASSIGN_OR_RETURN(CallInput c,
                             input(spec.name().empty() ? "candidates" : spec.name(), true, spec));

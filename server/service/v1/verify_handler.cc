@@ -92,6 +92,8 @@ void FillCandidate(const VerifiedCandidate& c, v1::CandidateVerdict* out) {
   out->mutable_error_histogram()->Add(check.histogram().begin(), check.histogram().end());
   out->set_verdict(c.Verdict());
   out->set_passed(c.passed());
+  out->set_block_rows(c.block_rows);
+  out->mutable_block_xxh3()->Add(c.block_xxh3.begin(), c.block_xxh3.end());
 }
 
 }  // namespace

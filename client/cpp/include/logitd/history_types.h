@@ -41,6 +41,10 @@ struct CandidateComparison {
   double worst_bound_fraction_delta = 0;
   std::int64_t max_ulp_delta = 0;
   double effective_bits_delta = 0;
+  // Other bits: the blocks of block_rows rows whose digests differ from the
+  // baseline's (block i: rows [i * block_rows, (i + 1) * block_rows)).
+  std::int64_t block_rows = 0;
+  std::vector<std::int64_t> changed_blocks;
 };
 
 // A Verify's candidates against a recorded run's (VerifyResult::comparison).

@@ -47,7 +47,9 @@ class Baseline:
 class CandidateComparison:
     """A candidate against the baseline run's of the same name: bits
     "identical", "different_within_bounds", "different_outside_bounds" or
-    "new"; the deltas are this run's figure less the baseline's."""
+    "new"; the deltas are this run's figure less the baseline's. Where the bits
+    differ, changed_blocks names the blocks of block_rows rows whose digests
+    differ (block i: rows i * block_rows to (i + 1) * block_rows - 1)."""
 
     name: str
     bits: str
@@ -55,6 +57,8 @@ class CandidateComparison:
     worst_bound_fraction_delta: float
     max_ulp_delta: int
     effective_bits_delta: float
+    block_rows: int = 0
+    changed_blocks: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,8 @@ def comparison_of(result: Any) -> Optional[RunComparison]:
                 worst_bound_fraction_delta=float(cc.worst_bound_fraction_delta),
                 max_ulp_delta=int(cc.max_ulp_delta),
                 effective_bits_delta=float(cc.effective_bits_delta),
+                block_rows=int(cc.block_rows),
+                changed_blocks=tuple(int(b) for b in cc.changed_blocks),
             )
             for cc in c.candidates
         ),
