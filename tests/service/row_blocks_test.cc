@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
@@ -85,6 +89,34 @@ TEST(InputProgress, AStreamThatEndedShortIsAnInternalError) {
   p.Ended(absl::OkStatus());
   EXPECT_TRUE(p.WaitRows(3).ok());
   EXPECT_EQ(p.WaitRows(4).code(), absl::StatusCode::kInternal);
+}
+
+// A tensor's block digests: at most 64 blocks of whole rows, the last one
+// short; one bit flipped changes its block's digest and no other; a scalar
+// is one block of one row.
+TEST(BlockDigestsTest, BlocksOfWholeRowsAndAFlipChangesOnlyItsBlock) {
+  std::vector<float> t(130 * 5);
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<float>(i) * 0.25f;
+  const auto* bytes = reinterpret_cast<std::byte*>(t.data());
+  std::int64_t block_rows = 0;
+  const std::vector<std::uint64_t> before =
+      BlockDigests(bytes, t.size() * 4, {130, 5}, &block_rows);
+  EXPECT_EQ(block_rows, 3);       // ceil(130 / 64)
+  ASSERT_EQ(before.size(), 44u);  // 43 blocks of 3 rows, and one of 1
+  std::uint32_t bits;
+  std::memcpy(&bits, &t[100 * 5 + 2], 4);  // row 100: block 33
+  bits ^= 1u;
+  std::memcpy(&t[100 * 5 + 2], &bits, 4);
+  const std::vector<std::uint64_t> after = BlockDigests(bytes, t.size() * 4, {130, 5}, &block_rows);
+  ASSERT_EQ(after.size(), before.size());
+  for (std::size_t b = 0; b < before.size(); ++b) EXPECT_EQ(after[b] != before[b], b == 33) << b;
+  const float loss = 1.5f;
+  const std::vector<std::uint64_t> scalar =
+      BlockDigests(reinterpret_cast<const std::byte*>(&loss), 4, {}, &block_rows);
+  EXPECT_EQ(block_rows, 1);
+  EXPECT_EQ(scalar.size(), 1u);
+  EXPECT_EQ(BlockDigests(bytes, 10 * 5 * 4, {10, 5}, &block_rows).size(), 10u);
+  EXPECT_EQ(block_rows, 1);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "logitd/tensor.h"
 
 namespace logitd::service {
 
@@ -68,6 +69,21 @@ absl::Status InputProgress::WaitInput(absl::string_view name) {
 absl::Status InputProgress::status() const {
   absl::MutexLock lock(&mu_);
   return status_;
+}
+
+std::vector<std::uint64_t> BlockDigests(const std::byte* data, std::uint64_t bytes,
+                                        const std::vector<std::int64_t>& shape,
+                                        std::int64_t* block_rows) {
+  const std::int64_t rows = shape.empty() || shape[0] <= 0 ? 1 : shape[0];
+  const std::uint64_t row_bytes = bytes / static_cast<std::uint64_t>(rows);
+  *block_rows = (rows + kMaxDigestBlocks - 1) / kMaxDigestBlocks;
+  std::vector<std::uint64_t> out;
+  for (std::int64_t first = 0; first < rows; first += *block_rows) {
+    const std::int64_t n = std::min(*block_rows, rows - first);
+    out.push_back(Xxh3(data + static_cast<std::uint64_t>(first) * row_bytes,
+                       static_cast<std::size_t>(static_cast<std::uint64_t>(n) * row_bytes)));
+  }
+  return out;
 }
 
 }  // namespace logitd::service

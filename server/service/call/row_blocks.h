@@ -4,6 +4,7 @@
 // first r rows of an input are its first r * bytes / M bytes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -52,5 +53,18 @@ class InputProgress {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
+
+// A tensor's digests by blocks of rows, which a recorded Verify run keeps
+// instead of its bits (VerifiedCandidate::block_xxh3).
+
+// The most blocks a candidate's digests split it in.
+inline constexpr std::int64_t kMaxDigestBlocks = 64;
+
+// `bytes` of a tensor of `shape` in blocks of rows of its first dimension
+// (a scalar: one row), at most kMaxDigestBlocks of them: each block's
+// xxh3-64, and the rows a block holds in *block_rows.
+std::vector<std::uint64_t> BlockDigests(const std::byte* data, std::uint64_t bytes,
+                                        const std::vector<std::int64_t>& shape,
+                                        std::int64_t* block_rows);
 
 }  // namespace logitd::service

@@ -19,6 +19,7 @@
 #include "logitd/reference/fp64_products.h"
 #include "logitd/reference/logprobs.h"
 #include "logitd/status_macros.h"
+#include "server/service/call/row_blocks.h"
 #include "server/service/state/logging.h"
 
 namespace logitd::service {
@@ -34,21 +35,6 @@ std::uint64_t DigestOf(const Call& call, absl::string_view slot, std::uint64_t b
 constexpr char kHostEngine[] = "OpenBLAS dgemm on the host";
 
 }  // namespace
-
-std::vector<std::uint64_t> BlockDigests(const std::byte* data, std::uint64_t bytes,
-                                        const std::vector<std::int64_t>& shape,
-                                        std::int64_t* block_rows) {
-  const std::int64_t rows = shape.empty() || shape[0] <= 0 ? 1 : shape[0];
-  const std::uint64_t row_bytes = bytes / static_cast<std::uint64_t>(rows);
-  *block_rows = (rows + kMaxDigestBlocks - 1) / kMaxDigestBlocks;
-  std::vector<std::uint64_t> out;
-  for (std::int64_t first = 0; first < rows; first += *block_rows) {
-    const std::int64_t n = std::min(*block_rows, rows - first);
-    out.push_back(Xxh3(data + static_cast<std::uint64_t>(first) * row_bytes,
-                       static_cast<std::size_t>(static_cast<std::uint64_t>(n) * row_bytes)));
-  }
-  return out;
-}
 
 std::string VerifiedCandidate::Verdict() const {
   const std::string v = check.Verdict();

@@ -129,16 +129,6 @@ struct VerifiedCandidate {
   bool passed() const { return check.passed(); }
 };
 
-// The most blocks a candidate's digests split it in.
-inline constexpr std::int64_t kMaxDigestBlocks = 64;
-
-// `bytes` of a tensor of `shape` in blocks of rows of its first dimension
-// (a scalar: one row), at most kMaxDigestBlocks of them: each block's
-// xxh3-64, and the rows a block holds in *block_rows.
-std::vector<std::uint64_t> BlockDigests(const std::byte* data, std::uint64_t bytes,
-                                        const std::vector<std::int64_t>& shape,
-                                        std::int64_t* block_rows);
-
 struct VerifyOutcome {
   std::vector<VerifiedCandidate> candidates;
   CheckedRows rows;
