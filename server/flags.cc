@@ -155,6 +155,11 @@ ABSL_FLAG(std::string, history, "auto",
 ABSL_FLAG(std::int64_t, history_max_runs, 100000,
           "The most recorded runs the history keeps per tenant: recording one more prunes the "
           "tenant's oldest (with their candidates). 0 keeps every run.");
+ABSL_FLAG(std::int64_t, history_max_bytes, 1ll << 30,
+          "The most bytes of recorded runs the history keeps per tenant (each run's figures, "
+          "labels, block digests and alerts, as the store counts them): recording past it "
+          "prunes the tenant's oldest runs, never a promoted baseline nor the run just "
+          "recorded. 0: no limit.");
 ABSL_FLAG(std::string, log_level, "info", "error|warning|info|debug.");
 ABSL_FLAG(std::string, test_fault, "",
           "Testing only, in builds with LOGITD_ENABLE_TEST_FAULTS=ON: comma-separated faults "
@@ -571,6 +576,12 @@ absl::StatusOr<ServerConfig> ServerConfigFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--history_max_runs: expected 0 (keep every run) or more, got ",
                      config.service.history_max_runs));
+  }
+  config.service.history_max_bytes = absl::GetFlag(FLAGS_history_max_bytes);
+  if (config.service.history_max_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--history_max_bytes: expected 0 (no limit) or more, got ",
+                     config.service.history_max_bytes));
   }
   LOGITD_ASSIGN_OR_RETURN(config.credentials, ServerCredentialsFromFlags(&config.tls_mode));
   config.auth_mode = AuthMode(config);

@@ -56,7 +56,7 @@ const std::vector<FlagGroup>& FlagGroups() {
       {"Limits",
        {"weight_budget_bytes", "max_request_bytes", "request_memory_bytes",
         "max_concurrent_requests", "admission_wait", "weights_dir"}},
-      {"History", {"history", "history_max_runs"}},
+      {"History", {"history", "history_max_runs", "history_max_bytes"}},
       {"Security",
        {"auth_tokens", "tenant_quota_bytes", "insecure_allow_remote", "tls_cert", "tls_key",
         "tls_client_ca"}},

@@ -87,6 +87,11 @@ constexpr const char* kMigrations[] = {
       ALTER TABLE candidates ADD COLUMN block_rows INTEGER NOT NULL DEFAULT 0;
       ALTER TABLE candidates ADD COLUMN block_digests BLOB;
     )sql",
+    // 4 -> 5: what each run takes, for the per-tenant byte limit (runs
+    // recorded before count 0).
+    R"sql(
+      ALTER TABLE runs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
+    )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == HistoryStore::kSchemaVersion,
               "one migration per schema version");
@@ -201,6 +206,23 @@ class WriteTransaction {
   sqlite3* const db_;
   bool open_ = false;
 };
+
+// What a run takes, as the byte limit counts it: its text, each candidate's
+// figures (about 100 bytes in SQLite's records) and digests, its alerts.
+std::int64_t RunBytes(const RunRecord& run) {
+  std::int64_t n = 120 + run.tenant.size() + run.labels.project.size() +
+                   run.labels.case_name.size() + run.labels.branch.size() + run.labels.ref.size() +
+                   run.operation.size() + run.verdict.size() + run.backend.size() +
+                   run.device.size() + run.logitd_version.size();
+  for (const CandidateFigures& c : run.candidates) {
+    n += 100 +
+         static_cast<std::int64_t>(c.name.size() + c.verdict.size() + 8 * c.block_digests.size());
+  }
+  for (const Alert& a : run.alerts) {
+    n += 16 + static_cast<std::int64_t>(a.rule.size() + a.candidate.size() + a.message.size());
+  }
+  return n;
+}
 
 absl::Status InsertAlerts(sqlite3* db, const RunRecord& run) {
   Statement s(db,
@@ -361,15 +383,16 @@ absl::Status HistoryStore::Migrate() {
   }
 }
 
-absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs) {
+absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs, std::int64_t max_bytes) {
   if (run->recorded_unix_us == 0) run->recorded_unix_us = absl::ToUnixMicros(absl::Now());
+  run->bytes = RunBytes(*run);
   absl::MutexLock lock(&mu_);
   WriteTransaction txn(db_);
   if (absl::Status s = txn.Begin("a run's write"); !s.ok()) return s;
   Statement insert(db_,
                    "INSERT INTO runs (tenant, project, case_name, branch, ref, operation, "
-                   "inputs_xxh3, verdict, backend, device, logitd_version, recorded_unix_us) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
+                   "inputs_xxh3, verdict, backend, device, logitd_version, recorded_unix_us, "
+                   "bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
   if (absl::Status s = insert.status("prepare the run's insert"); !s.ok()) return s;
   insert.Bind(1, run->tenant);
   insert.Bind(2, run->labels.project);
@@ -383,6 +406,7 @@ absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs) {
   insert.Bind(10, run->device);
   insert.Bind(11, run->logitd_version);
   insert.Bind(12, run->recorded_unix_us);
+  insert.Bind(13, run->bytes);
   if (insert.Step() != SQLITE_DONE) return SqliteError(db_, "insert a run");
   run->id = sqlite3_last_insert_rowid(db_);
   if (absl::Status s = InsertCandidates(db_, *run); !s.ok()) return s;
@@ -398,6 +422,19 @@ absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs) {
     prune.Bind(1, run->tenant);
     prune.Bind(2, max_runs);
     if (prune.Step() != SQLITE_DONE) return SqliteError(db_, "prune old runs");
+  }
+  if (max_bytes > 0) {
+    // The tenant's runs, newest first, past max_bytes in all (the run just
+    // recorded and the baselines' runs count, but are kept).
+    Statement prune(db_,
+                    "DELETE FROM runs WHERE id IN (SELECT id FROM (SELECT id, SUM(bytes) OVER "
+                    "(ORDER BY id DESC) AS upto FROM runs WHERE tenant = ?1) WHERE upto > ?2) "
+                    "AND id <> ?3 AND id NOT IN (SELECT run_id FROM baselines WHERE tenant = ?1)");
+    if (absl::Status s = prune.status("prepare the pruning by bytes"); !s.ok()) return s;
+    prune.Bind(1, run->tenant);
+    prune.Bind(2, max_bytes);
+    prune.Bind(3, run->id);
+    if (prune.Step() != SQLITE_DONE) return SqliteError(db_, "prune runs past the byte limit");
   }
   return txn.Commit("a run");
 }

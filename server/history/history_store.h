@@ -81,6 +81,9 @@ struct RunRecord {
   std::string device;
   std::string logitd_version;
   std::int64_t recorded_unix_us = 0;  // set by Record when 0
+  // What the run takes in the store, as it counts it (set by Record): its
+  // labels, platform, candidates' figures and digests, alerts.
+  std::int64_t bytes = 0;
   std::vector<CandidateFigures> candidates;
   std::vector<Alert> alerts;
 };
@@ -143,13 +146,15 @@ class HistoryStore {
   HistoryStore& operator=(const HistoryStore&) = delete;
 
   // 1: runs and candidates; 2: named baselines; 3: rules and alerts; 4:
-  // candidates' block digests.
-  static constexpr int kSchemaVersion = 4;
+  // candidates' block digests; 5: each run's bytes.
+  static constexpr int kSchemaVersion = 5;
 
   // Stores `run` and its candidates in one transaction; sets run->id (and
-  // recorded_unix_us when 0). With max_runs > 0, the tenant's oldest runs
-  // past the newest max_runs go in the same transaction.
-  absl::Status Record(RunRecord* run, std::int64_t max_runs = 0);
+  // recorded_unix_us when 0) and run->bytes. With max_runs > 0, the
+  // tenant's oldest runs past the newest max_runs go in the same
+  // transaction; with max_bytes > 0, its oldest runs past max_bytes of runs
+  // (never the run recorded, nor a baseline's).
+  absl::Status Record(RunRecord* run, std::int64_t max_runs = 0, std::int64_t max_bytes = 0);
   absl::StatusOr<std::vector<RunRecord>> List(const RunFilter& filter);
   // Names the tenant's run `run_id` a baseline of its project and case
   // (the run that name named before is no longer it); NotFound for no such

@@ -182,6 +182,46 @@ TEST(HistoryStoreTest, RetentionPrunesATenantsOldestRuns) {
   sqlite3_close(db);
 }
 
+// The byte limit: a tenant's runs past it, oldest first, are pruned in the
+// writing transaction; the run just recorded and a promoted baseline's are
+// kept whatever they take; another tenant's runs do not count.
+TEST(HistoryStoreTest, RetentionByBytesPrunesATenantsOldestRunsButKeepsBaselinesAndTheNewest) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<HistoryStore>> store =
+      HistoryStore::OpenSqlite(dir / "history.sqlite3");
+  ASSERT_TRUE(store.ok()) << store.status();
+  RunRecord probe = MakeRun("t1", "p", "c", "main", 0);
+  ASSERT_TRUE((*store)->Record(&probe).ok());
+  ASSERT_GT(probe.bytes, 200);
+  ASSERT_TRUE((*store)->Promote("t1", probe.id, "golden").ok());
+  const std::int64_t limit = 3 * probe.bytes + probe.bytes / 2;  // three and a half runs
+  RunRecord other = MakeRun("t2", "p", "c", "main", 50);
+  ASSERT_TRUE((*store)->Record(&other, 0, limit).ok());
+  for (int n = 1; n <= 6; ++n) {
+    RunRecord r = MakeRun("t1", "p", "c", "main", n);
+    ASSERT_TRUE((*store)->Record(&r, 0, limit).ok());
+  }
+  RunFilter f;
+  f.tenant = "t1";
+  absl::StatusOr<std::vector<RunRecord>> runs = (*store)->List(f);
+  ASSERT_TRUE(runs.ok());
+  std::vector<std::string> refs;
+  for (const RunRecord& r : *runs) refs.push_back(r.labels.ref);
+  // ref6, ref5, ref4 fit; ref0 is the baseline (it counts, and is kept).
+  EXPECT_EQ(refs, (std::vector<std::string>{"ref6", "ref5", "ref4", "ref0"}));
+  f.tenant = "t2";
+  EXPECT_EQ((*store)->List(f)->size(), 1u);
+  // A limit below one run keeps the run just recorded (and the baseline).
+  RunRecord big = MakeRun("t1", "p", "c", "main", 7);
+  ASSERT_TRUE((*store)->Record(&big, 0, 1).ok());
+  f.tenant = "t1";
+  refs.clear();
+  runs = (*store)->List(f);
+  ASSERT_TRUE(runs.ok());
+  for (const RunRecord& r : *runs) refs.push_back(r.labels.ref);
+  EXPECT_EQ(refs, (std::vector<std::string>{"ref7", "ref0"}));
+}
+
 // A file of schema version 1 (runs and candidates only, as the first
 // logitd with a history wrote it) is migrated to the current version at
 // open, its runs kept; a promoted run is found by its name and survives

@@ -51,6 +51,9 @@ struct ServiceOptions {
   std::shared_ptr<history::HistoryStore> history;
   // The most runs the history keeps per tenant (--history_max_runs); 0: all.
   std::int64_t history_max_runs = 100000;
+  // The most bytes of runs it keeps per tenant (--history_max_bytes); 0: no
+  // limit.
+  std::int64_t history_max_bytes = std::int64_t{1} << 30;
 };
 
 }  // namespace logitd::service

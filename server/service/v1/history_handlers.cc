@@ -335,7 +335,8 @@ absl::Status LogitdService::RecordRun(const v1::VerifyHeader& header, const Tena
   LOGITD_ASSIGN_OR_RETURN(const std::vector<history::Rule> rules,
                           options_.history->Rules(run.tenant, run.labels.project));
   run.alerts = history::Evaluate(rules, run, baseline ? &*baseline : nullptr);
-  LOGITD_RETURN_IF_ERROR(options_.history->Record(&run, options_.history_max_runs));
+  LOGITD_RETURN_IF_ERROR(
+      options_.history->Record(&run, options_.history_max_runs, options_.history_max_bytes));
   result->set_run_id(run.id);
   for (const history::Alert& a : run.alerts) {
     v1::Alert* alert = result->add_alerts();
