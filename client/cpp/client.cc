@@ -333,6 +333,7 @@ absl::StatusOr<ListRunsResult> Client::ListRuns(const ListRunsArgs& args) {
                                                   c.p99_ulp(), c.rms_ratio(), c.effective_bits()});
       }
       run.alerts = AlertsOf(r.alerts());
+      run.baseline_run_id = r.baseline_run_id();
       out.runs.push_back(std::move(run));
     }
     return out;

@@ -316,6 +316,60 @@ DashboardPage CasePage(HistoryStore& store, const std::string& tenant, const std
   return Html(absl::StrCat("Case ", case_name), Nav(project, case_name), body);
 }
 
+// The run against the run it was compared with: each candidate's bits
+// (equal digests), the rows whose block digests differ, and the worst bound
+// fraction then and now.
+std::string ComparisonSection(HistoryStore& store, const RunRecord& r) {
+  if (r.baseline_run_id == 0) return "";
+  std::string out = absl::StrCat(
+      "<h2>Against ", Link(RunHref(r.baseline_run_id), absl::StrCat("run ", r.baseline_run_id)),
+      "</h2>\n");
+  RunFilter f;
+  f.tenant = r.tenant;
+  f.run_id = r.baseline_run_id;
+  f.limit = 1;
+  absl::StatusOr<std::vector<RunRecord>> base = store.List(f);
+  if (!base.ok() || base->empty()) {
+    return out +
+           "<p class=\"muted\">That run is no longer kept (pruned, or its project "
+           "removed).</p>\n";
+  }
+  const RunRecord& b = base->front();
+  absl::StrAppend(
+      &out, "<p class=\"muted\">",
+      HtmlEscape(b.labels.branch.empty() ? "no branch" : b.labels.branch),
+      b.labels.ref.empty() ? "" : absl::StrCat(" at ", HtmlEscape(b.labels.ref)), ", ",
+      HtmlEscape(absl::StrCat(b.backend, " · ", b.device)),
+      b.backend == r.backend && b.device == r.device ? "" : " (another platform)",
+      b.inputs_xxh3 == r.inputs_xxh3 ? "" : "; other inputs", "</p>\n<table>\n",
+      Row({"candidate", "bits", "changed rows", "worst bound fraction then", "now"}, "th"));
+  for (const CandidateFigures& c : r.candidates) {
+    const CandidateFigures* was = nullptr;
+    for (const CandidateFigures& w : b.candidates) {
+      if (w.name == c.name) was = &w;
+    }
+    if (was == nullptr) {
+      out += Row({HtmlEscape(c.name), "new", "", "", Number(c.worst_bound_fraction)});
+      continue;
+    }
+    std::string rows;
+    if (was->xxh3 != c.xxh3 && was->block_rows == c.block_rows && c.block_rows > 0 &&
+        was->block_digests.size() == c.block_digests.size()) {
+      for (std::size_t i = 0; i < c.block_digests.size(); ++i) {
+        if (c.block_digests[i] == was->block_digests[i]) continue;
+        const std::int64_t first = static_cast<std::int64_t>(i) * c.block_rows;
+        absl::StrAppend(&rows, rows.empty() ? "" : ", ", first,
+                        c.block_rows > 1 ? absl::StrCat("-", first + c.block_rows - 1) : "");
+      }
+    }
+    out += Row({HtmlEscape(c.name),
+                was->xxh3 == c.xxh3 ? "<span class=\"pass\">identical</span>"
+                                    : "<span class=\"fail\">different</span>",
+                rows, Number(was->worst_bound_fraction), Number(c.worst_bound_fraction)});
+  }
+  return out + "</table>\n";
+}
+
 DashboardPage RunPage(HistoryStore& store, const std::string& tenant, std::int64_t id) {
   RunFilter filter;
   filter.tenant = tenant;
@@ -345,7 +399,7 @@ DashboardPage RunPage(HistoryStore& store, const std::string& tenant, std::int64
                  Number(c.bitwise_equal_fraction), absl::StrCat(c.max_ulp), absl::StrCat(c.p99_ulp),
                  Tested(c) ? Number(c.effective_bits) : "-"});
   }
-  body += "</table>\n<h2>Alerts</h2>\n";
+  body += "</table>\n" + ComparisonSection(store, r) + "<h2>Alerts</h2>\n";
   if (r.alerts.empty()) {
     body += "<p class=\"muted\">None: this run broke no rule of its project.</p>\n";
   } else {

@@ -92,6 +92,10 @@ constexpr const char* kMigrations[] = {
     R"sql(
       ALTER TABLE runs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
     )sql",
+    // 5 -> 6: the run each run was compared with.
+    R"sql(
+      ALTER TABLE runs ADD COLUMN baseline_run_id INTEGER NOT NULL DEFAULT 0;
+    )sql",
 };
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == HistoryStore::kSchemaVersion,
               "one migration per schema version");
@@ -392,7 +396,8 @@ absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs, std::in
   Statement insert(db_,
                    "INSERT INTO runs (tenant, project, case_name, branch, ref, operation, "
                    "inputs_xxh3, verdict, backend, device, logitd_version, recorded_unix_us, "
-                   "bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
+                   "bytes, baseline_run_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
+                   "?12, ?13, ?14)");
   if (absl::Status s = insert.status("prepare the run's insert"); !s.ok()) return s;
   insert.Bind(1, run->tenant);
   insert.Bind(2, run->labels.project);
@@ -407,6 +412,7 @@ absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs, std::in
   insert.Bind(11, run->logitd_version);
   insert.Bind(12, run->recorded_unix_us);
   insert.Bind(13, run->bytes);
+  insert.Bind(14, run->baseline_run_id);
   if (insert.Step() != SQLITE_DONE) return SqliteError(db_, "insert a run");
   run->id = sqlite3_last_insert_rowid(db_);
   if (absl::Status s = InsertCandidates(db_, *run); !s.ok()) return s;
@@ -443,7 +449,8 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
   absl::MutexLock lock(&mu_);
   Statement s(db_,
               "SELECT id, tenant, project, case_name, branch, ref, operation, inputs_xxh3, "
-              "verdict, backend, device, logitd_version, recorded_unix_us FROM runs WHERE "
+              "verdict, backend, device, logitd_version, recorded_unix_us, bytes, "
+              "baseline_run_id FROM runs WHERE "
               "tenant = ?1 AND (?2 = '' OR project = ?2) AND (?3 = '' OR case_name = ?3) AND "
               "(?4 = '' OR branch = ?4) AND (?5 = 0 OR id < ?5) AND (?7 = '' OR ref = ?7) AND "
               "(?8 = 0 OR id = ?8) AND (?9 = '' OR id = (SELECT run_id FROM baselines b WHERE "
@@ -474,6 +481,8 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
     r.device = s.Text(10);
     r.logitd_version = s.Text(11);
     r.recorded_unix_us = s.Int(12);
+    r.bytes = s.Int(13);
+    r.baseline_run_id = s.Int(14);
     runs.push_back(std::move(r));
   }
   if (rc != SQLITE_DONE) return SqliteError(db_, "read the runs");

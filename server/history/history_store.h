@@ -84,6 +84,8 @@ struct RunRecord {
   // What the run takes in the store, as it counts it (set by Record): its
   // labels, platform, candidates' figures and digests, alerts.
   std::int64_t bytes = 0;
+  // The run it was compared with (VerifyHeader.compare); 0: none.
+  std::int64_t baseline_run_id = 0;
   std::vector<CandidateFigures> candidates;
   std::vector<Alert> alerts;
 };
@@ -146,8 +148,9 @@ class HistoryStore {
   HistoryStore& operator=(const HistoryStore&) = delete;
 
   // 1: runs and candidates; 2: named baselines; 3: rules and alerts; 4:
-  // candidates' block digests; 5: each run's bytes.
-  static constexpr int kSchemaVersion = 5;
+  // candidates' block digests; 5: each run's bytes; 6: the run it was
+  // compared with.
+  static constexpr int kSchemaVersion = 6;
 
   // Stores `run` and its candidates in one transaction; sets run->id (and
   // recorded_unix_us when 0) and run->bytes. With max_runs > 0, the

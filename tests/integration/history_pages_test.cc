@@ -162,6 +162,12 @@ TEST(HistoryPagesTest, PagesShowTheCallersTenantEscapedPlottedAndRefuseTheRest) 
   ASSERT_EQ(run.status, 200) << run.body;
   EXPECT_THAT(run.body, HasSubstr("y&#39;s bits changed against run"));
   EXPECT_THAT(run.body, HasSubstr("<code>bits_unchanged</code>"));
+  // Against the run it was compared with: y's bits differ in row 0 (its
+  // element 2 of [4, 40]).
+  EXPECT_THAT(run.body,
+              HasSubstr(absl::StrCat("Against <a href=\"/history/run?run=", alerted - 1)));
+  EXPECT_THAT(run.body, HasSubstr(">different<"));
+  EXPECT_THAT(run.body, HasSubstr("<td class=\"n\">0</td>"));
   EXPECT_EQ(Get(s->http, absl::StrCat("/history/run?run=", alerted), "tok-b").status, 404);
   EXPECT_EQ(Get(s->http, "/history/run?run=abc", "tok-a").status, 400);
   EXPECT_EQ(Get(s->http, "/history/case?project=lm", "tok-a").status, 400);

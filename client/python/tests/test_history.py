@@ -144,6 +144,7 @@ def test_rules_set_from_python_raise_alerts_on_the_runs_that_break_them(history_
             message="y's bits changed against run %d: different_within_bounds" % same.run_id,
         )
         assert c.list_runs(project="lm").runs[0].alerts == (alert,)
+        assert c.list_runs(project="lm").runs[0].baseline_run_id == same.run_id
         with pytest.raises(logitd.InvalidArgumentError, match=r"rules\[0\].max_worst_fraction_growth"):
             c.set_rules("lm", [logitd.Rule(max_worst_fraction_growth=0.5)])
         with pytest.raises(logitd.InvalidArgumentError, match="rules"):

@@ -67,6 +67,7 @@ void FillRun(const history::RunRecord& r, v1::RunSummary* out) {
   out->set_device(r.device);
   out->set_logitd_version(r.logitd_version);
   out->set_recorded_unix_micros(r.recorded_unix_us);
+  out->set_baseline_run_id(r.baseline_run_id);
   for (const history::CandidateFigures& c : r.candidates) {
     v1::CandidateSummary* s = out->add_candidates();
     s->set_name(c.name);
@@ -307,6 +308,7 @@ absl::Status LogitdService::RecordRun(const v1::VerifyHeader& header, const Tena
                                       v1::VerifyResult* result) const {
   const kernels::BackendInfo info = backend_->Info();
   std::optional<history::RunBaseline> baseline;
+  std::int64_t baseline_run_id = 0;
   if (header.has_compare()) {
     // The baseline before this run is recorded (a branch's latest is
     // another run than this one).
@@ -316,6 +318,7 @@ absl::Status LogitdService::RecordRun(const v1::VerifyHeader& header, const Tena
               PlatformDifference(*base, info.backend, info.device_name, std::string(Version())),
               result->mutable_comparison());
       baseline = BaselineOf(*base, result->comparison());
+      baseline_run_id = base->id;
     } else if (!absl::IsNotFound(base.status()) || !header.compare().if_present()) {
       return base.status();
     }
@@ -329,6 +332,7 @@ absl::Status LogitdService::RecordRun(const v1::VerifyHeader& header, const Tena
   run.backend = info.backend;
   run.device = info.device_name;
   run.logitd_version = std::string(Version());
+  run.baseline_run_id = baseline_run_id;
   for (const v1::CandidateVerdict& c : result->candidates()) {
     run.candidates.push_back(FiguresOf(c));
   }

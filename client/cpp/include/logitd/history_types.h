@@ -107,7 +107,8 @@ struct RunSummary {
   std::string logitd_version;
   std::int64_t recorded_unix_micros = 0;
   std::vector<CandidateSummary> candidates;
-  std::vector<Alert> alerts;  // the rules it broke when recorded
+  std::vector<Alert> alerts;         // the rules it broke when recorded
+  std::int64_t baseline_run_id = 0;  // the run it was compared with; 0: none
 };
 
 // Empty labels match any; a page of page_size runs (0: 100; at most 1000)

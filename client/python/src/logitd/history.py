@@ -137,6 +137,7 @@ class RunSummary:
     recorded_unix_micros: int
     candidates: Tuple[CandidateSummary, ...]
     alerts: Tuple[Alert, ...] = ()
+    baseline_run_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,7 @@ def _run_of(r: Any) -> RunSummary:
             for c in r.candidates
         ),
         alerts=alerts_of(r.alerts),
+        baseline_run_id=int(r.baseline_run_id),
     )
 
 
