@@ -304,6 +304,7 @@ absl::StatusOr<ListRunsResult> Client::ListRuns(const ListRunsArgs& args) {
     request.set_branch(args.branch);
     request.set_page_size(args.page_size);
     request.set_before_run_id(args.before_run_id);
+    request.set_run_id(args.run_id);
     v1::ListRunsResponse response;
     if (absl::Status s = FromGrpc(impl_->stub->ListRuns(&context, request, &response)); !s.ok()) {
       return s;

@@ -128,6 +128,8 @@ commands:
                                      the Verify runs the server recorded for this caller
                                      (verify --project=P --case=C), newest first: their
                                      labels, verdicts and candidates' verdicts
+  runs show RUN                      one recorded run: labels, platform, candidates' figures,
+                                     the run it was compared with, alerts (--json)
   runs promote RUN NAME              name a recorded run a baseline of its project and case
                                      (verify --compare_baseline=NAME; never pruned)
   runs delete-project PROJECT        remove the project from the history: its runs,

@@ -67,7 +67,50 @@ nlohmann::ordered_json RunJson(const client::RunSummary& r) {
     alerts.push_back({{"rule", a.rule}, {"candidate", a.candidate}, {"message", a.message}});
   }
   j["alerts"] = std::move(alerts);
+  j["baseline_run_id"] = r.baseline_run_id;
   return j;
+}
+
+// logitctl runs show RUN: one run's labels, platform, candidates, the run
+// it was compared with and its alerts; as JSON with --json.
+int ShowRun(client::Client& c, std::int64_t id) {
+  client::ListRunsArgs args;
+  args.run_id = id;
+  absl::StatusOr<client::ListRunsResult> got = c.ListRuns(args);
+  if (!got.ok()) return ServerError(got.status());
+  if (got->runs.empty()) {
+    return ServerError(
+        absl::NotFoundError(absl::StrCat("no recorded run ", id, " for this caller")));
+  }
+  const client::RunSummary& r = got->runs.front();
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << RunJson(r).dump(1) << "\n";
+    return kExitOk;
+  }
+  std::cout << "run " << r.run_id << ": " << r.verdict << "\n  project " << r.labels.project
+            << ", case " << r.labels.case_name << ", branch "
+            << (r.labels.branch.empty() ? "-" : r.labels.branch) << ", ref "
+            << (r.labels.ref.empty() ? "-" : r.labels.ref) << "\n  " << r.operation
+            << ", inputs_xxh3 " << Hex64(r.inputs_xxh3) << ", " << r.backend << " " << r.device
+            << ", logitd " << r.logitd_version << ", recorded " << Time(r.recorded_unix_micros)
+            << " UTC\n";
+  if (r.baseline_run_id > 0) std::cout << "  compared with run " << r.baseline_run_id << "\n";
+  std::vector<std::vector<std::string>> rows = {{"CANDIDATE", "VERDICT", "XXH3", "ELEMENTS",
+                                                 "OUTSIDE", "WORST", "BITWISE", "MAX ULP",
+                                                 "P99 ULP", "EFF BITS"}};
+  for (const client::CandidateSummary& cs : r.candidates) {
+    rows.push_back({cs.name, cs.verdict, Hex64(cs.xxh3), absl::StrCat(cs.elements),
+                    absl::StrCat(cs.outside_bound),
+                    absl::StrFormat("%.4g", cs.worst_bound_fraction),
+                    absl::StrFormat("%.4g", cs.bitwise_equal_fraction), absl::StrCat(cs.max_ulp),
+                    absl::StrCat(cs.p99_ulp),
+                    cs.effective_bits == 0 ? "-" : absl::StrFormat("%.2f", cs.effective_bits)});
+  }
+  PrintTable(rows);
+  for (const client::Alert& a : r.alerts) {
+    std::cout << "ALERT: " << a.rule << ": " << a.message << "\n";
+  }
+  return kExitOk;
 }
 
 }  // namespace
@@ -84,6 +127,13 @@ int CmdRuns(const std::vector<std::string>& words) {
       return kExitOk;
     });
   }
+  if (words.size() >= 2 && words[1] == "show") {
+    std::int64_t run = 0;
+    if (words.size() != 3 || !absl::SimpleAtoi(words[2], &run) || run <= 0) {
+      return UsageError("usage: runs show RUN (RUN: a run id from `logitctl runs`)");
+    }
+    return WithClient([&](client::Client& c) { return ShowRun(c, run); });
+  }
   if (words.size() >= 2 && words[1] == "delete-project") {
     if (words.size() != 3) return UsageError("usage: runs delete-project PROJECT");
     return WithClient([&](client::Client& c) {
@@ -96,8 +146,8 @@ int CmdRuns(const std::vector<std::string>& words) {
   }
   if (words.size() != 1) {
     return UsageError(
-        "runs takes no arguments (its filters are flags), or: runs promote RUN NAME, runs "
-        "delete-project PROJECT");
+        "runs takes no arguments (its filters are flags), or: runs show RUN, runs promote RUN "
+        "NAME, runs delete-project PROJECT");
   }
   const std::int32_t limit = absl::GetFlag(FLAGS_limit);
   if (limit < 1 || limit > 1000) {

@@ -517,6 +517,11 @@ TEST(HistoryTest, ARunThatBreaksARuleOfItsProjectIsAnAlertAndLogitctlExits1) {
   ASSERT_EQ(runs->runs[1].alerts.size(), 1u);
   EXPECT_EQ(runs->runs[1].alerts[0].rule, "bits_unchanged branch=main candidate=y");
   EXPECT_EQ(runs->runs[1].alerts[0].candidate, "y");
+  r = RunLogitctl({at, "runs", "show", absl::StrCat(runs->runs[1].run_id)});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("compared with run 2\n"));
+  EXPECT_THAT(r.out, HasSubstr("ALERT: bits_unchanged branch=main candidate=y: y's bits changed"));
+  EXPECT_EQ(RunLogitctl({at, "runs", "show", "999"}).exit_code, 2);
   r = RunLogitctl({at, "runs", "--project=lm", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);

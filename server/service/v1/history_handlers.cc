@@ -384,6 +384,7 @@ grpc::Status LogitdService::ListRuns(grpc::ServerContext* context,
     filter.case_name = request->case_name();
     filter.branch = request->branch();
     filter.before_id = request->before_run_id();
+    filter.run_id = request->run_id();
     filter.limit = page + 1;  // one more: is there a next page?
     absl::StatusOr<std::vector<history::RunRecord>> runs = options_.history->List(filter);
     if (!runs.ok()) return runs.status();

@@ -119,6 +119,7 @@ struct ListRunsArgs {
   std::string branch;
   int page_size = 0;
   std::int64_t before_run_id = 0;
+  std::int64_t run_id = 0;  // only this run (0: any)
 };
 
 struct ListRunsResult {

@@ -163,15 +163,27 @@ class Client(_VerifyCalls, _Spread, _Transport):
 
     @_retried()
     def list_runs(
-        self, project: str = "", case: str = "", branch: str = "", page_size: int = 0, before_run_id: int = 0
+        self,
+        project: str = "",
+        case: str = "",
+        branch: str = "",
+        page_size: int = 0,
+        before_run_id: int = 0,
+        run_id: int = 0,
     ) -> RunPage:
         """The Verify runs the server recorded for this caller's tenant (verify_*'s
         ``record=``), newest first, those whose labels equal the non-empty ones
         given; a page of page_size runs (0: 100; at most 1000) older than
-        before_run_id (0: from the newest). FailedPreconditionError from a
+        before_run_id (0: from the newest); run_id: only that run (0: any).
+        FailedPreconditionError from a
         server that keeps no history (logitd --history=none)."""
         request = pb.ListRunsRequest(
-            project=project, case_name=case, branch=branch, page_size=page_size, before_run_id=before_run_id
+            project=project,
+            case_name=case,
+            branch=branch,
+            page_size=page_size,
+            before_run_id=before_run_id,
+            run_id=int(run_id),
         )
         return page_of(self._unary(self._stub.ListRuns, request))
 
