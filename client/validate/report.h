@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "client/validate/harness.h"
 #include "logitd/client.h"
+#include "logitd/markup.h"
 #include "logitd/reference/bounds.h"
 #include "nlohmann/json.hpp"
 
@@ -75,7 +76,7 @@ std::string SummaryText(const Report& report);
 nlohmann::ordered_json ReportJson(const Report& report);
 std::string JUnitXml(const Report& report);
 
-// Escapes &, <, >, " and ' and drops characters XML 1.0 forbids.
-std::string XmlEscape(absl::string_view text);
+// XmlEscape (logitd/markup.h) escapes what the report writes of names.
+using ::logitd::XmlEscape;
 
 }  // namespace logitd::validate

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "logitd/markup.h"
 #include "server/history/rules.h"
 
 namespace logitd::history {
@@ -52,7 +53,7 @@ std::string UrlEncode(absl::string_view text) {
 }
 
 std::string Link(const std::string& href, absl::string_view text) {
-  return absl::StrCat("<a href=\"", HtmlEscape(href), "\">", HtmlEscape(text), "</a>");
+  return absl::StrCat("<a href=\"", XmlEscape(href), "\">", XmlEscape(text), "</a>");
 }
 
 std::string ProjectHref(const std::string& project) {
@@ -72,14 +73,14 @@ bool Passing(const std::string& verdict) {
 
 std::string Verdict(const std::string& verdict) {
   return absl::StrCat("<span class=\"", Passing(verdict) ? "pass" : "fail", "\">",
-                      HtmlEscape(verdict), "</span>");
+                      XmlEscape(verdict), "</span>");
 }
 
 DashboardPage Html(const std::string& title, const std::string& nav, const std::string& body) {
   DashboardPage page;
   page.body = absl::StrCat("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-                           "<title>", HtmlEscape(title), " · logitd history</title><style>", kStyle,
-                           "</style></head><body>\n<nav>", nav, "</nav>\n<h1>", HtmlEscape(title),
+                           "<title>", XmlEscape(title), " · logitd history</title><style>", kStyle,
+                           "</style></head><body>\n<nav>", nav, "</nav>\n<h1>", XmlEscape(title),
                            "</h1>\n", body, "</body></html>\n");
   return page;
 }
@@ -87,7 +88,7 @@ DashboardPage Html(const std::string& title, const std::string& nav, const std::
 DashboardPage Error(int status, absl::string_view message) {
   DashboardPage page =
       Html(status == 404 ? "Not found" : "Cannot show this page", Link("/history", "history"),
-           absl::StrCat("<p>", HtmlEscape(message), "</p>\n"));
+           absl::StrCat("<p>", XmlEscape(message), "</p>\n"));
   page.status = status;
   return page;
 }
@@ -140,7 +141,7 @@ std::string Plot(const std::string& title, const std::vector<Series>& series, in
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" viewBox=\"0 0 %g %g\" "
       "role=\"img\"><title>%s</title>\n<text x=\"%g\" y=\"15\" font-size=\"13\" "
       "font-weight=\"600\">%s</text>\n",
-      kW, kH, kW, kH, HtmlEscape(title), kLeft, HtmlEscape(title));
+      kW, kH, kW, kH, XmlEscape(title), kLeft, XmlEscape(title));
   absl::StrAppendFormat(&svg,
                         "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#8c959f\"/>"
                         "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#8c959f\"/>\n",
@@ -165,7 +166,7 @@ std::string Plot(const std::string& title, const std::vector<Series>& series, in
     absl::StrAppendFormat(&svg,
                           "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
                           "points=\"%s\"><title>%s</title></polyline>\n",
-                          colour, points, HtmlEscape(s.name));
+                          colour, points, XmlEscape(s.name));
     for (std::size_t p = 0; p < s.points.size(); ++p) {
       if (!s.alert[p] || !std::isfinite(s.points[p].second)) continue;
       absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#cf222e\"/>\n",
@@ -175,7 +176,7 @@ std::string Plot(const std::string& title, const std::vector<Series>& series, in
                           "<text x=\"%g\" y=\"%g\" font-size=\"11\" fill=\"%s\" "
                           "text-anchor=\"end\">%s</text>\n",
                           kW - kRight, kTop + 12.0 * static_cast<double>(i) + 8, colour,
-                          HtmlEscape(s.name));
+                          XmlEscape(s.name));
   }
   return svg + "</svg>\n";
 }
@@ -211,7 +212,7 @@ std::string RulesSection(HistoryStore& store, const std::string& tenant,
   }
   std::string out = "<h2>Rules</h2>\n<ul>\n";
   for (const Rule& r : *rules)
-    absl::StrAppend(&out, "<li><code>", HtmlEscape(RuleText(r)), "</code></li>\n");
+    absl::StrAppend(&out, "<li><code>", XmlEscape(RuleText(r)), "</code></li>\n");
   return out + "</ul>\n";
 }
 
@@ -228,7 +229,7 @@ DashboardPage ProjectPage(HistoryStore& store, const std::string& tenant,
     body += Row({Link(CaseHref(project, c.case_name), c.case_name), absl::StrCat(c.runs),
                  c.alerts > 0 ? absl::StrCat("<span class=\"alert\">", c.alerts, "</span>") : "0",
                  Link(RunHref(c.latest_run_id), absl::StrCat("run ", c.latest_run_id)),
-                 Verdict(c.latest_verdict), HtmlEscape(c.latest_branch), HtmlEscape(c.latest_ref),
+                 Verdict(c.latest_verdict), XmlEscape(c.latest_branch), XmlEscape(c.latest_ref),
                  Time(c.latest_unix_us)});
   }
   body += "</table>\n" + RulesSection(store, tenant, project);
@@ -293,7 +294,7 @@ DashboardPage CasePage(HistoryStore& store, const std::string& tenant, const std
   std::vector<RunRecord> oldest_first(runs->rbegin(), runs->rend());
   std::string body = absl::StrCat(
       "<p class=\"muted\">The newest ", runs->size(), " runs", branch.empty() ? "" : " of branch ",
-      HtmlEscape(branch),
+      XmlEscape(branch),
       "; a line per candidate, branch and device; a red dot is a run that broke a rule.</p>\n",
       CasePlots(oldest_first), "<h2>Runs</h2>\n<table>\n",
       Row({"run", "recorded (UTC)", "branch", "ref", "platform", "verdict", "candidates", "alerts"},
@@ -302,12 +303,12 @@ DashboardPage CasePage(HistoryStore& store, const std::string& tenant, const std
     const RunRecord& r = (*runs)[i];
     std::string cands;
     for (const CandidateFigures& c : r.candidates) {
-      absl::StrAppend(&cands, cands.empty() ? "" : " ", HtmlEscape(c.name), ": ",
+      absl::StrAppend(&cands, cands.empty() ? "" : " ", XmlEscape(c.name), ": ",
                       Verdict(c.verdict));
     }
     body += Row({Link(RunHref(r.id), absl::StrCat("run ", r.id)), Time(r.recorded_unix_us),
-                 HtmlEscape(r.labels.branch), HtmlEscape(r.labels.ref),
-                 HtmlEscape(absl::StrCat(r.backend, " ", r.device)), Verdict(r.verdict), cands,
+                 XmlEscape(r.labels.branch), XmlEscape(r.labels.ref),
+                 XmlEscape(absl::StrCat(r.backend, " ", r.device)), Verdict(r.verdict), cands,
                  r.alerts.empty()
                      ? "0"
                      : absl::StrCat("<span class=\"alert\">", r.alerts.size(), "</span>")});
@@ -337,9 +338,9 @@ std::string ComparisonSection(HistoryStore& store, const RunRecord& r) {
   const RunRecord& b = base->front();
   absl::StrAppend(
       &out, "<p class=\"muted\">",
-      HtmlEscape(b.labels.branch.empty() ? "no branch" : b.labels.branch),
-      b.labels.ref.empty() ? "" : absl::StrCat(" at ", HtmlEscape(b.labels.ref)), ", ",
-      HtmlEscape(absl::StrCat(b.backend, " · ", b.device)),
+      XmlEscape(b.labels.branch.empty() ? "no branch" : b.labels.branch),
+      b.labels.ref.empty() ? "" : absl::StrCat(" at ", XmlEscape(b.labels.ref)), ", ",
+      XmlEscape(absl::StrCat(b.backend, " · ", b.device)),
       b.backend == r.backend && b.device == r.device ? "" : " (another platform)",
       b.inputs_xxh3 == r.inputs_xxh3 ? "" : "; other inputs", "</p>\n<table>\n",
       Row({"candidate", "bits", "changed rows", "worst bound fraction then", "now"}, "th"));
@@ -349,7 +350,7 @@ std::string ComparisonSection(HistoryStore& store, const RunRecord& r) {
       if (w.name == c.name) was = &w;
     }
     if (was == nullptr) {
-      out += Row({HtmlEscape(c.name), "new", "", "", Number(c.worst_bound_fraction)});
+      out += Row({XmlEscape(c.name), "new", "", "", Number(c.worst_bound_fraction)});
       continue;
     }
     std::string rows;
@@ -362,7 +363,7 @@ std::string ComparisonSection(HistoryStore& store, const RunRecord& r) {
                         c.block_rows > 1 ? absl::StrCat("-", first + c.block_rows - 1) : "");
       }
     }
-    out += Row({HtmlEscape(c.name),
+    out += Row({XmlEscape(c.name),
                 was->xxh3 == c.xxh3 ? "<span class=\"pass\">identical</span>"
                                     : "<span class=\"fail\">different</span>",
                 rows, Number(was->worst_bound_fraction), Number(c.worst_bound_fraction)});
@@ -383,17 +384,17 @@ DashboardPage RunPage(HistoryStore& store, const std::string& tenant, std::int64
       "<table>\n", Row({"verdict", Verdict(r.verdict)}),
       Row({"project", Link(ProjectHref(r.labels.project), r.labels.project)}),
       Row({"case", Link(CaseHref(r.labels.project, r.labels.case_name), r.labels.case_name)}),
-      Row({"branch", HtmlEscape(r.labels.branch)}), Row({"ref", HtmlEscape(r.labels.ref)}),
-      Row({"operation", HtmlEscape(r.operation)}),
+      Row({"branch", XmlEscape(r.labels.branch)}), Row({"ref", XmlEscape(r.labels.ref)}),
+      Row({"operation", XmlEscape(r.operation)}),
       Row({"inputs_xxh3", absl::StrFormat("<code>%016x</code>", r.inputs_xxh3)}),
       Row({"platform",
-           HtmlEscape(absl::StrCat(r.backend, " · ", r.device, " · logitd ", r.logitd_version))}),
+           XmlEscape(absl::StrCat(r.backend, " · ", r.device, " · logitd ", r.logitd_version))}),
       Row({"recorded (UTC)", Time(r.recorded_unix_us)}), "</table>\n<h2>Candidates</h2>\n<table>\n",
       Row({"candidate", "verdict", "xxh3", "elements", "outside bound", "worst bound fraction",
            "bitwise equal", "max ULP", "p99 ULP", "effective bits"},
           "th"));
   for (const CandidateFigures& c : r.candidates) {
-    body += Row({HtmlEscape(c.name), Verdict(c.verdict),
+    body += Row({XmlEscape(c.name), Verdict(c.verdict),
                  absl::StrFormat("<code>%016x</code>", c.xxh3), absl::StrCat(c.elements),
                  absl::StrCat(c.outside_bound), Number(c.worst_bound_fraction),
                  Number(c.bitwise_equal_fraction), absl::StrCat(c.max_ulp), absl::StrCat(c.p99_ulp),
@@ -405,8 +406,8 @@ DashboardPage RunPage(HistoryStore& store, const std::string& tenant, std::int64
   } else {
     body += "<ul>\n";
     for (const Alert& a : r.alerts) {
-      absl::StrAppend(&body, "<li class=\"alert\"><code>", HtmlEscape(a.rule),
-                      "</code>: ", HtmlEscape(a.message), "</li>\n");
+      absl::StrAppend(&body, "<li class=\"alert\"><code>", XmlEscape(a.rule),
+                      "</code>: ", XmlEscape(a.message), "</li>\n");
     }
     body += "</ul>\n";
   }
@@ -419,33 +420,6 @@ std::string Param(const std::map<std::string, std::string>& query, const std::st
 }
 
 }  // namespace
-
-std::string HtmlEscape(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out.push_back(c);
-    }
-  }
-  return out;
-}
 
 DashboardPage RenderDashboard(HistoryStore& store, const std::string& tenant,
                               absl::string_view path,

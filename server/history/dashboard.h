@@ -30,7 +30,4 @@ DashboardPage RenderDashboard(HistoryStore& store, const std::string& tenant,
                               absl::string_view path,
                               const std::map<std::string, std::string>& query);
 
-// `text` with &, <, >, " and ' as HTML entities.
-std::string HtmlEscape(absl::string_view text);
-
 }  // namespace logitd::history

@@ -143,7 +143,7 @@ TEST(HistoryPagesTest, PagesShowTheCallersTenantEscapedPlottedAndRefuseTheRest) 
 
   Answer project = Get(s->http, "/history/project?project=lm", "tok-a");
   ASSERT_EQ(project.status, 200) << project.body;
-  EXPECT_THAT(project.body, HasSubstr("&lt;b&gt;bold&lt;/b&gt;&amp;&#39;&quot;"));
+  EXPECT_THAT(project.body, HasSubstr("&lt;b&gt;bold&lt;/b&gt;&amp;&apos;&quot;"));
   EXPECT_THAT(project.body, Not(HasSubstr(kMarkupCase)));
   EXPECT_THAT(project.body, HasSubstr("<code>bits_unchanged</code>"));
 
@@ -160,7 +160,7 @@ TEST(HistoryPagesTest, PagesShowTheCallersTenantEscapedPlottedAndRefuseTheRest) 
 
   Answer run = Get(s->http, absl::StrCat("/history/run?run=", alerted), "tok-a");
   ASSERT_EQ(run.status, 200) << run.body;
-  EXPECT_THAT(run.body, HasSubstr("y&#39;s bits changed against run"));
+  EXPECT_THAT(run.body, HasSubstr("y&apos;s bits changed against run"));
   EXPECT_THAT(run.body, HasSubstr("<code>bits_unchanged</code>"));
   // Against the run it was compared with: y's bits differ in row 0 (its
   // element 2 of [4, 40]).

@@ -72,6 +72,54 @@ std::string Register(client::Client& c, const Tensor& w) {
   return info.ok() ? info->handle : "";
 }
 
+// A server with a history file and a registered weight [50, K], with X
+// [6, K] and logitd's own Y written for logitctl (x.safetensors,
+// y.safetensors) and Y with the last mantissa bit of its element 7 flipped
+// (f.safetensors: other bits, still within the bound).
+struct LogitctlSetup {
+  TempDir dir;
+  std::unique_ptr<ServerProcess> server;
+  std::unique_ptr<client::Client> client;
+  std::string handle;
+  std::string at;  // --server=...
+
+  // logitctl verify --op=logits of X and `candidate` (a file of dir), then `more`.
+  LogitctlRun Verify(const std::string& candidate, const std::vector<std::string>& more) const {
+    std::vector<std::string> all = {at,
+                                    "verify",
+                                    "--op=logits",
+                                    "--x=" + (dir / "x.safetensors"),
+                                    "--weight=" + handle,
+                                    "--candidate=" + (dir / candidate)};
+    all.insert(all.end(), more.begin(), more.end());
+    return RunLogitctl(all);
+  }
+};
+
+std::unique_ptr<LogitctlSetup> SetUpLogitctl(std::uint32_t seed, std::int64_t k) {
+  auto s = std::make_unique<LogitctlSetup>();
+  absl::StatusOr<ServerProcess> p = ServerProcess::Start(
+      ServerBinary(), {"--backend=cpu", "--history=" + (s->dir / "h.sqlite3")});
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return nullptr;
+  s->server = std::make_unique<ServerProcess>(*std::move(p));
+  s->at = "--server=" + s->server->address();
+  s->client = Connect(*s->server);
+  const Tensor x = NormalBf16({6, k}, seed), w = NormalBf16({50, k}, seed + 1);
+  s->handle = Register(*s->client, w);
+  absl::StatusOr<Tensor> y = s->client->Logits(x, s->handle);
+  EXPECT_TRUE(y.ok()) << y.status();
+  if (!y.ok()) return nullptr;
+  EXPECT_TRUE(WriteSafetensors(s->dir / "x.safetensors", {{"x", &x}}).ok());
+  EXPECT_TRUE(WriteSafetensors(s->dir / "y.safetensors", {{"y", &*y}}).ok());
+  std::uint32_t bits;
+  std::memcpy(&bits, &y->data<float>()[7], sizeof bits);
+  bits ^= 1u;
+  std::memcpy(&y->data<float>()[7], &bits, sizeof bits);
+  EXPECT_TRUE(WriteSafetensors(s->dir / "f.safetensors", {{"y", &*y}}).ok());
+  return s;
+}
+
 TEST(HistoryTest, VerifyRecordsRunsThatListRunsGivesBackAcrossARestart) {
   TempDir dir;
   const std::string file = dir / "history.sqlite3";
@@ -377,28 +425,11 @@ TEST(HistoryTest, EveryAcknowledgedRunSurvivesAKillMidWrite) {
 // the runs as a table or JSON, filtered; --project without --case and
 // --branch without --project are usage errors (exit 2) before any call.
 TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
-  TempDir dir;
-  absl::StatusOr<ServerProcess> server =
-      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--history=" + (dir / "h.sqlite3")});
-  ASSERT_TRUE(server.ok()) << server.status();
-  std::unique_ptr<client::Client> c = Connect(*server);
-  const Tensor x = NormalBf16({6, 40}, 21), w = NormalBf16({50, 40}, 22);
-  const std::string handle = Register(*c, w);
-  absl::StatusOr<Tensor> y = c->Logits(x, handle);
-  ASSERT_TRUE(y.ok()) << y.status();
-  ASSERT_TRUE(WriteSafetensors(dir / "x.safetensors", {{"x", &x}}).ok());
-  ASSERT_TRUE(WriteSafetensors(dir / "y.safetensors", {{"y", &*y}}).ok());
-  const std::string at = "--server=" + server->address();
-  const std::vector<std::string> verify = {at,
-                                           "verify",
-                                           "--op=logits",
-                                           "--x=" + (dir / "x.safetensors"),
-                                           "--weight=" + handle,
-                                           "--candidate=" + (dir / "y.safetensors")};
-  const auto with = [&](std::vector<std::string> more) {
-    std::vector<std::string> all = verify;
-    all.insert(all.end(), more.begin(), more.end());
-    return RunLogitctl(all);
+  std::unique_ptr<LogitctlSetup> s = SetUpLogitctl(21, 40);
+  ASSERT_NE(s, nullptr);
+  const std::string& at = s->at;
+  const auto with = [&](const std::vector<std::string>& more) {
+    return s->Verify("y.safetensors", more);
   };
   LogitctlRun r = with({"--project=lm", "--case=six", "--branch=main", "--ref=c0ffee"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -454,34 +485,13 @@ TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
 // listed with it); the same candidate on another branch is not; bad rules
 // are refused before anything is kept.
 TEST(HistoryTest, ARunThatBreaksARuleOfItsProjectIsAnAlertAndLogitctlExits1) {
-  TempDir dir;
-  absl::StatusOr<ServerProcess> server =
-      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--history=" + (dir / "h.sqlite3")});
-  ASSERT_TRUE(server.ok()) << server.status();
-  std::unique_ptr<client::Client> c = Connect(*server);
-  const Tensor x = NormalBf16({6, 40}, 31), w = NormalBf16({50, 40}, 32);
-  const std::string handle = Register(*c, w);
-  absl::StatusOr<Tensor> y = c->Logits(x, handle);
-  ASSERT_TRUE(y.ok()) << y.status();
-  ASSERT_TRUE(WriteSafetensors(dir / "x.safetensors", {{"x", &x}}).ok());
-  ASSERT_TRUE(WriteSafetensors(dir / "y.safetensors", {{"y", &*y}}).ok());
-  std::uint32_t bits;
-  std::memcpy(&bits, &y->data<float>()[7], sizeof bits);
-  bits ^= 1u;  // the last mantissa bit: still within the bound
-  std::memcpy(&y->data<float>()[7], &bits, sizeof bits);
-  ASSERT_TRUE(WriteSafetensors(dir / "f.safetensors", {{"y", &*y}}).ok());
-  const std::string at = "--server=" + server->address();
+  std::unique_ptr<LogitctlSetup> s = SetUpLogitctl(31, 40);
+  ASSERT_NE(s, nullptr);
+  const std::string& at = s->at;
+  client::Client* c = s->client.get();
   const auto verify = [&](const std::string& candidate, std::vector<std::string> more) {
-    std::vector<std::string> all = {at,
-                                    "verify",
-                                    "--op=logits",
-                                    "--x=" + (dir / "x.safetensors"),
-                                    "--weight=" + handle,
-                                    "--candidate=" + (dir / candidate),
-                                    "--project=lm",
-                                    "--case=six"};
-    all.insert(all.end(), more.begin(), more.end());
-    return RunLogitctl(all);
+    more.insert(more.begin(), {"--project=lm", "--case=six"});
+    return s->Verify(candidate, more);
   };
 
   LogitctlRun r = RunLogitctl({at, "rules", "set", "--project=lm",
@@ -552,30 +562,14 @@ TEST(HistoryTest, ARunThatBreaksARuleOfItsProjectIsAnAlertAndLogitctlExits1) {
 // recorded again. And --compare_missing=record: a branch's first run is
 // recorded without a comparison.
 TEST(HistoryTest, AStoreLockedPastItsWaitLeavesTheRunUnrecordedAndTheVerdictStands) {
-  TempDir dir;
-  const std::string path = dir / "h.sqlite3";
-  absl::StatusOr<ServerProcess> server =
-      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--history=" + path});
-  ASSERT_TRUE(server.ok()) << server.status();
-  std::unique_ptr<client::Client> c = Connect(*server);
-  const Tensor x = NormalBf16({4, 48}, 41), w = NormalBf16({30, 48}, 42);
-  const std::string handle = Register(*c, w);
-  absl::StatusOr<Tensor> y = c->Logits(x, handle);
-  ASSERT_TRUE(y.ok()) << y.status();
-  ASSERT_TRUE(WriteSafetensors(dir / "x.safetensors", {{"x", &x}}).ok());
-  ASSERT_TRUE(WriteSafetensors(dir / "y.safetensors", {{"y", &*y}}).ok());
-  const std::string at = "--server=" + server->address();
+  std::unique_ptr<LogitctlSetup> s = SetUpLogitctl(41, 48);
+  ASSERT_NE(s, nullptr);
+  const std::string path = s->dir / "h.sqlite3";
+  client::Client* c = s->client.get();
+  const std::string& handle = s->handle;
   const auto verify = [&](std::vector<std::string> more) {
-    std::vector<std::string> all = {at,
-                                    "verify",
-                                    "--op=logits",
-                                    "--x=" + (dir / "x.safetensors"),
-                                    "--weight=" + handle,
-                                    "--candidate=" + (dir / "y.safetensors"),
-                                    "--project=lm",
-                                    "--case=c"};
-    all.insert(all.end(), more.begin(), more.end());
-    return RunLogitctl(all);
+    more.insert(more.begin(), {"--project=lm", "--case=c"});
+    return s->Verify("y.safetensors", more);
   };
 
   LogitctlRun r = verify({"--branch=pr", "--compare_branch=main", "--compare_missing=record"});

@@ -68,6 +68,19 @@ RunRecord MakeRun(const std::string& tenant, const std::string& project, const s
   return r;
 }
 
+// The refs of a tenant's runs, newest first.
+std::vector<std::string> Refs(HistoryStore& store, const std::string& tenant) {
+  RunFilter f;
+  f.tenant = tenant;
+  absl::StatusOr<std::vector<RunRecord>> runs = store.List(f);
+  EXPECT_TRUE(runs.ok()) << runs.status();
+  std::vector<std::string> refs;
+  if (runs.ok()) {
+    for (const RunRecord& r : *runs) refs.push_back(r.labels.ref);
+  }
+  return refs;
+}
+
 TEST(HistoryStoreTest, ANewFileIsMigratedInWalModeAndKeepsRunsAcrossAReopen) {
   TempDir dir;
   const std::string path = dir / "history.sqlite3";
@@ -187,8 +200,7 @@ TEST(HistoryStoreTest, RetentionPrunesATenantsOldestRuns) {
 // kept whatever they take; another tenant's runs do not count.
 TEST(HistoryStoreTest, RetentionByBytesPrunesATenantsOldestRunsButKeepsBaselinesAndTheNewest) {
   TempDir dir;
-  absl::StatusOr<std::unique_ptr<HistoryStore>> store =
-      HistoryStore::OpenSqlite(dir / "history.sqlite3");
+  auto store = HistoryStore::OpenSqlite(dir / "history.sqlite3");
   ASSERT_TRUE(store.ok()) << store.status();
   RunRecord probe = MakeRun("t1", "p", "c", "main", 0);
   ASSERT_TRUE((*store)->Record(&probe).ok());
@@ -201,25 +213,13 @@ TEST(HistoryStoreTest, RetentionByBytesPrunesATenantsOldestRunsButKeepsBaselines
     RunRecord r = MakeRun("t1", "p", "c", "main", n);
     ASSERT_TRUE((*store)->Record(&r, 0, limit).ok());
   }
-  RunFilter f;
-  f.tenant = "t1";
-  absl::StatusOr<std::vector<RunRecord>> runs = (*store)->List(f);
-  ASSERT_TRUE(runs.ok());
-  std::vector<std::string> refs;
-  for (const RunRecord& r : *runs) refs.push_back(r.labels.ref);
   // ref6, ref5, ref4 fit; ref0 is the baseline (it counts, and is kept).
-  EXPECT_EQ(refs, (std::vector<std::string>{"ref6", "ref5", "ref4", "ref0"}));
-  f.tenant = "t2";
-  EXPECT_EQ((*store)->List(f)->size(), 1u);
+  EXPECT_EQ(Refs(**store, "t1"), (std::vector<std::string>{"ref6", "ref5", "ref4", "ref0"}));
+  EXPECT_EQ(Refs(**store, "t2"), (std::vector<std::string>{"ref50"}));
   // A limit below one run keeps the run just recorded (and the baseline).
   RunRecord big = MakeRun("t1", "p", "c", "main", 7);
   ASSERT_TRUE((*store)->Record(&big, 0, 1).ok());
-  f.tenant = "t1";
-  refs.clear();
-  runs = (*store)->List(f);
-  ASSERT_TRUE(runs.ok());
-  for (const RunRecord& r : *runs) refs.push_back(r.labels.ref);
-  EXPECT_EQ(refs, (std::vector<std::string>{"ref7", "ref0"}));
+  EXPECT_EQ(Refs(**store, "t1"), (std::vector<std::string>{"ref7", "ref0"}));
 }
 
 // A file of schema version 1 (runs and candidates only, as the first

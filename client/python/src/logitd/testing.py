@@ -86,11 +86,11 @@ def assert_backward_within_contract(
     *,
     dx: Any = None,
     dw: Any = None,
-    sample_rows: int = 0,
-    sample_seed: int = 0,
     record: Any = None,
     compare: Any = None,
     bits_unchanged: bool = False,
+    sample_rows: int = 0,
+    sample_seed: int = 0,
 ) -> Verdict:
     """Asserts that dX [M, K] and/or dW [V, K] from dY [M, V], X and the weight are
     within bounds and fp32 accumulation's precision class, or bitwise logitd's
