@@ -1,18 +1,24 @@
-// The history's costs against issue 50's limits, on a fresh SQLite file:
+// The history's costs against issue 50's limits, on a fresh SQLite file or
+// on a PostgreSQL database (--store=postgresql://…; the bench's project is
+// removed from it first):
 //   - recording a run as a recording Verify does after its verdict: the
 //     project's rules read, the baseline run looked up (the branch's latest),
 //     the alerts evaluated, the run and its candidates written in one
 //     transaction (p50 and p99 over --runs runs of --candidates each);
 //   - the store's growth per recorded candidate (the file after the WAL's
-//     checkpoint, over the runs recorded; each candidate with its 64 block
-//     digests);
+//     checkpoint, or PostgreSQL's pg_database_size, over the runs recorded;
+//     each candidate with its 64 block digests);
 //   - the pages of a case with --case_runs runs: the case page (its plots
 //     read the newest 1,000), the project page and the projects page
 //     (median of 5 renders each).
 // Prints a table of each figure against its limit.
 //
 //   logitd_history_bench [--runs=2000] [--candidates=4] [--case_runs=10000]
+//                        [--store=postgresql://USER@HOST:PORT/DB]
 #include <unistd.h>
+#if LOGITD_HAVE_LIBPQ
+#include <libpq-fe.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +49,15 @@ long Flag(int argc, char** argv, const std::string& name, long fallback) {
     if (a.rfind(prefix, 0) == 0) return std::strtol(a.c_str() + prefix.size(), nullptr, 10);
   }
   return fallback;
+}
+
+std::string StringFlag(int argc, char** argv, const std::string& name) {
+  const std::string prefix = "--" + name + "=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
+  }
+  return "";
 }
 
 RunRecord MakeRun(const std::string& case_name, long i, long candidates) {
@@ -93,6 +108,20 @@ double MedianMs(const std::function<void()>& f) {
 
 std::uintmax_t FileBytes(const std::string& path) {
   std::uintmax_t total = 0;
+  if (logitd::history::sql::IsPostgresUri(path)) {
+#if LOGITD_HAVE_LIBPQ
+    // Table, index and TOAST files (the WAL apart, as SQLite's after its
+    // checkpoint); a CHECKPOINT first so that the sizes are on disk.
+    PGconn* conn = PQconnectdb(path.c_str());
+    PQclear(PQexec(conn, "CHECKPOINT"));
+    PGresult* r = PQexec(conn, "SELECT pg_database_size(current_database())");
+    if (PQresultStatus(r) == PGRES_TUPLES_OK)
+      total = std::strtoull(PQgetvalue(r, 0, 0), nullptr, 10);
+    PQclear(r);
+    PQfinish(conn);
+#endif
+    return total;
+  }
   for (const char* suffix : {"", "-wal", "-shm"}) {
     std::error_code ec;
     const std::uintmax_t n = std::filesystem::file_size(path + suffix, ec);
@@ -119,14 +148,16 @@ int main(int argc, char** argv) {
   const long case_runs = Flag(argc, argv, "case_runs", 10000);
   char dir[] = "/tmp/logitd-history-bench-XXXXXX";
   if (mkdtemp(dir) == nullptr) return 2;
-  const std::string path = std::string(dir) + "/h.sqlite3";
-  auto opened = HistoryStore::OpenSqlite(path);
+  const std::string store_flag = StringFlag(argc, argv, "store");
+  const std::string path = store_flag.empty() ? std::string(dir) + "/h.sqlite3" : store_flag;
+  auto opened = HistoryStore::Open(path);
   if (!opened.ok()) {
     std::fprintf(stderr, "%s\n", std::string(opened.status().message()).c_str());
     return 1;
   }
   std::unique_ptr<HistoryStore> owned = *std::move(opened);
   HistoryStore* store_ptr = owned.get();
+  (void)store_ptr->DeleteProject("bench", "lm-head");  // a PostgreSQL database used before
   std::vector<logitd::history::Rule> rules(3);
   rules[0].check = logitd::history::Rule::Check::kBitsUnchanged;
   rules[0].branch = "main";
@@ -168,7 +199,7 @@ int main(int argc, char** argv) {
   owned.reset();
   const double bytes_per_candidate =
       static_cast<double>(FileBytes(path) - empty_bytes) / static_cast<double>(runs * candidates);
-  opened = HistoryStore::OpenSqlite(path);
+  opened = HistoryStore::Open(path);
   if (!opened.ok()) return 1;
   owned = *std::move(opened);
   store_ptr = owned.get();
@@ -191,7 +222,7 @@ int main(int argc, char** argv) {
 
   std::printf(
       "history store: %s, %ld runs of %ld candidates recorded, a case of %ld runs paged\n\n",
-      path.c_str(), runs, candidates, case_runs);
+      store_ptr->location().c_str(), runs, candidates, case_runs);
   std::printf("| %-53s | %14s | %12s | ratio |\n|---|---|---|---|\n", "figure", "measured",
               "limit");
   Row("recording a run (rules, baseline, alerts, write): p50", Percentile(record_us, 0.5) / 1000,

@@ -13,6 +13,26 @@ if(TARGET SQLite3::SQLite3)
 else()
   set(LOGITD_SQLITE SQLite::SQLite3)
 endif()
+# PostgreSQL's client library (Debian's libpq-dev), for a history several
+# replicas share (--history=postgresql://…). Optional: a logitd built without
+# it says so when asked for PostgreSQL; LOGITD_REQUIRE_POSTGRESQL (the ci
+# preset's) makes it required, so the test suite always runs against it.
+option(LOGITD_REQUIRE_POSTGRESQL "Fail unless libpq is found" OFF)
+find_path(LIBPQ_INCLUDE_DIR libpq-fe.h PATH_SUFFIXES postgresql)
+find_library(LIBPQ_LIBRARY NAMES pq)
+if(LIBPQ_INCLUDE_DIR AND LIBPQ_LIBRARY)
+  set(LOGITD_HAVE_LIBPQ ON)
+  if(NOT TARGET logitd_libpq)
+    add_library(logitd_libpq UNKNOWN IMPORTED)
+    set_target_properties(logitd_libpq PROPERTIES IMPORTED_LOCATION "${LIBPQ_LIBRARY}"
+                          INTERFACE_INCLUDE_DIRECTORIES "${LIBPQ_INCLUDE_DIR}")
+  endif()
+elseif(LOGITD_REQUIRE_POSTGRESQL)
+  message(FATAL_ERROR "libpq (libpq-dev) not found; scripts/bootstrap.sh installs it")
+else()
+  set(LOGITD_HAVE_LIBPQ OFF)
+  message(STATUS "libpq not found: --history=postgresql:// is not built in")
+endif()
 # Metrics: prometheus-cpp's core (metric types and the text format; its CMake
 # package also looks for civetweb and curl, which logitd does not link) and
 # GNU libmicrohttpd for the HTTP endpoint (a header and a library, no CMake

@@ -10,7 +10,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libre2-dev libc-ares-dev libssl-dev zlib1g-dev
-  libopenblas-dev libxxhash-dev libsqlite3-dev nlohmann-json3-dev prometheus-cpp-dev libcivetweb-dev libmicrohttpd-dev
+  libopenblas-dev libxxhash-dev libsqlite3-dev libpq-dev postgresql nlohmann-json3-dev prometheus-cpp-dev libcivetweb-dev libmicrohttpd-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   openssl python3 python3-yaml universal-ctags
 )

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "logitd/protocol.h"
 #include "server/flags_help.h"
+#include "server/history/sql.h"
 #include "server/service/faults/faults.h"
 #include "server/service/state/auth.h"
 #include "server/service/state/build_info.h"
@@ -149,9 +150,11 @@ ABSL_FLAG(std::string, algo_cache, "auto",
           "driver, CUDA and cuBLASLt versions, workspace and --split_k.");
 ABSL_FLAG(std::string, history, "auto",
           "Where Verify records the runs its callers ask it to (VerifyHeader.record) and ListRuns "
-          "reads them: an SQLite file (WAL mode, its schema migrated at start). auto: "
-          "history.sqlite3 in the per-user state directory, as --algo_cache's; none: no history "
-          "(recording Verify calls and ListRuns get FAILED_PRECONDITION); or a file path.");
+          "reads them: an SQLite file (WAL mode) or a PostgreSQL server, its schema migrated at "
+          "start. auto: history.sqlite3 in the per-user state directory, as --algo_cache's; "
+          "none: no history (recording Verify calls and ListRuns get FAILED_PRECONDITION); a "
+          "file path; or postgresql://USER[:PASSWORD]@HOST[:PORT]/DB (libpq's URI, its "
+          "parameters included), one store several logitd replicas share.");
 ABSL_FLAG(std::int64_t, history_max_runs, 100000,
           "The most recorded runs the history keeps per tenant: recording one more prunes the "
           "tenant's oldest (with their candidates). 0 keeps every run.");
@@ -540,17 +543,21 @@ absl::StatusOr<std::shared_ptr<history::HistoryStore>> HistoryFromFlags() {
     return path.status();
   }
   if (path->empty()) return std::shared_ptr<history::HistoryStore>();
-  std::error_code ec;
-  const std::filesystem::path parent = std::filesystem::path(*path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  absl::StatusOr<std::unique_ptr<history::HistoryStore>> store =
-      history::HistoryStore::OpenSqlite(*path);
+  const bool postgres = history::sql::IsPostgresUri(*path);
+  if (!postgres) {
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::path(*path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  }
+  absl::StatusOr<std::unique_ptr<history::HistoryStore>> store = history::HistoryStore::Open(*path);
   if (!store.ok()) {
     if (flag == "auto") return unavailable(store.status().message());
-    return absl::Status(store.status().code(),
-                        absl::StrCat("--history=", flag, ": ", store.status().message()));
+    return absl::Status(
+        store.status().code(),
+        absl::StrCat("--history=", history::sql::RedactUri(flag), ": ", store.status().message()));
   }
-  LogInfo(absl::StrCat("history: recording runs in ", *path, " (schema version ",
+  LogInfo(absl::StrCat("history: recording runs in ", postgres ? "PostgreSQL at " : "",
+                       (*store)->location(), " (schema version ",
                        history::HistoryStore::kSchemaVersion, ")"));
   return std::shared_ptr<history::HistoryStore>(*std::move(store));
 }

@@ -1,8 +1,9 @@
 // The server's memory of verdicts: each recorded Verify run (its labels,
 // operation, inputs' digest, platform and each candidate's figures) kept in
-// an SQLite database, so that a team's CI can ask what a kernel's numbers
-// were on another commit, branch or machine. One file, WAL mode, a
-// versioned schema migrated forward when the server starts, every write one
+// a SQL database, so that a team's CI can ask what a kernel's numbers were
+// on another commit, branch or machine. SQLite (one file, WAL mode) by
+// default, or a PostgreSQL server several replicas share; a versioned
+// schema migrated forward when the server starts, every write one
 // transaction. Runs belong to the tenant whose call made them and are only
 // listed to it.
 #pragma once
@@ -16,8 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-
-struct sqlite3;
+#include "server/history/schema.h"
+#include "server/history/sql.h"
 
 namespace logitd::history {
 
@@ -138,19 +139,24 @@ absl::Status CheckLabels(const RunLabels& labels);
 
 class HistoryStore {
  public:
+  // Opens the store `spec` names: a postgresql:// (or postgres://) URI, or
+  // else an SQLite file path.
+  static absl::StatusOr<std::unique_ptr<HistoryStore>> Open(const std::string& spec);
   // Opens (creating) the SQLite database at `path`, in WAL mode, and
   // migrates its schema to kSchemaVersion. FailedPrecondition when the file
   // holds a schema newer than this server's, Internal for what SQLite
   // refuses (its message included).
   static absl::StatusOr<std::unique_ptr<HistoryStore>> OpenSqlite(const std::string& path);
+  // Connects to the PostgreSQL server at `uri` (libpq's URI form) and
+  // migrates its schema, once however many replicas start at once.
+  // Unavailable when it does not answer within its connect_timeout (5 s
+  // unless the URI says), FailedPrecondition for a newer schema.
+  static absl::StatusOr<std::unique_ptr<HistoryStore>> OpenPostgres(const std::string& uri);
   ~HistoryStore();
   HistoryStore(const HistoryStore&) = delete;
   HistoryStore& operator=(const HistoryStore&) = delete;
 
-  // 1: runs and candidates; 2: named baselines; 3: rules and alerts; 4:
-  // candidates' block digests; 5: each run's bytes; 6: the run it was
-  // compared with.
-  static constexpr int kSchemaVersion = 6;
+  static constexpr int kSchemaVersion = history::kSchemaVersion;
 
   // Stores `run` and its candidates in one transaction; sets run->id (and
   // recorded_unix_us when 0) and run->bytes. With max_runs > 0, the
@@ -177,19 +183,23 @@ class HistoryStore {
   // The tenant's rules of `project`, in the order they were set.
   absl::StatusOr<std::vector<Rule>> Rules(const std::string& tenant, const std::string& project);
 
-  const std::string& path() const { return path_; }
-  // The schema version the file holds (kSchemaVersion once opened).
+  // The file, or the PostgreSQL server (without its password).
+  const std::string& location() const { return location_; }
+  sql::Dialect dialect() const { return dialect_; }
+  // The schema version the store holds (kSchemaVersion once opened).
   absl::StatusOr<int> SchemaVersion();
-  // SQLite's journal mode for the file ("wal").
+  // SQLite's journal mode for the file ("wal"); "" on PostgreSQL.
   absl::StatusOr<std::string> JournalMode();
 
  private:
-  HistoryStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  explicit HistoryStore(std::unique_ptr<sql::Connection> db);
+  static absl::StatusOr<std::unique_ptr<HistoryStore>> OpenOn(std::unique_ptr<sql::Connection> db);
   absl::Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
-  sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
-  const std::string path_;
+  const std::unique_ptr<sql::Connection> db_ ABSL_PT_GUARDED_BY(mu_);
+  const std::string location_;
+  const sql::Dialect dialect_;
 };
 
 }  // namespace logitd::history
