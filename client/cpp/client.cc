@@ -320,6 +320,7 @@ absl::StatusOr<ListRunsResult> Client::ListRuns(const ListRunsArgs& args) {
                       : r.operation() == v1::VERIFY_BACKWARD      ? "backward"
                       : r.operation() == v1::VERIFY_CROSS_ENTROPY ? "cross_entropy"
                       : r.operation() == v1::VERIFY_LOGPROBS      ? "logprobs"
+                      : r.operation() == v1::VERIFY_VALIDATION    ? "validation"
                                                                   : "unspecified";
       run.inputs_xxh3 = r.inputs_xxh3();
       run.verdict = r.verdict();

@@ -185,6 +185,10 @@ struct Client::Impl {
 // logit_softcap, vocab_size. Tensors, wants and shm are left alone.
 // The alerts of a verify result or a recorded run.
 std::vector<Alert> AlertsOf(const google::protobuf::RepeatedPtrField<v1::Alert>& alerts);
+// A recording's comparison with its baseline run, and the header's selector
+// of that run.
+RunComparison ComparisonOf(const v1::RunComparison& rc);
+void SetBaselineSelector(const BaselineSelector& b, v1::BaselineSelector* out);
 
 void SetCrossEntropyOptions(const CrossEntropyOptions& options, v1::CrossEntropyHeader* h);
 void SetLogProbsOptions(const LogProbsOptions& options, v1::LogProbsHeader* h);

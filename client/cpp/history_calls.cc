@@ -95,4 +95,53 @@ absl::StatusOr<std::int64_t> Client::DeleteProject(const std::string& project) {
   });
 }
 
+absl::StatusOr<std::vector<RecordedCase>> Client::RecordValidation(
+    const RecordValidationArgs& args) {
+  v1::RecordValidationRequest request;
+  v1::RunLabels* labels = request.mutable_labels();
+  labels->set_project(args.labels.project);
+  labels->set_branch(args.labels.branch);
+  labels->set_ref(args.labels.ref);
+  if (args.compare.has_value()) SetBaselineSelector(*args.compare, request.mutable_compare());
+  for (const ValidatedCase& c : args.cases) {
+    v1::ValidatedCase* out = request.add_cases();
+    out->set_case_name(c.case_name);
+    out->set_inputs_xxh3(c.inputs_xxh3);
+    out->set_verdict(c.within_bounds ? "within_bounds" : "outside_bounds");
+    for (const ValidatedOutput& o : c.outputs) {
+      v1::CandidateVerdict* v = out->add_outputs();
+      v->set_name(o.name);
+      v->set_xxh3(o.xxh3);
+      v->set_elements(o.elements);
+      v->set_passed(o.within_bounds);
+      v->set_verdict(o.within_bounds ? "within_bounds" : "outside_bounds");
+      v->set_worst_bound_fraction(o.worst_bound_fraction);
+      v->set_block_rows(o.block_rows);
+      for (std::uint64_t d : o.block_xxh3) v->add_block_xxh3(d);
+    }
+  }
+  // Not idempotent: an attempt that reached the store before its answer was
+  // lost would record the cases twice.
+  return impl_->Call(
+      false, [&](grpc::ClientContext& context) -> absl::StatusOr<std::vector<RecordedCase>> {
+        v1::RecordValidationResponse response;
+        if (absl::Status s = FromGrpc(impl_->stub->RecordValidation(&context, request, &response));
+            !s.ok()) {
+          return s;
+        }
+        std::vector<RecordedCase> out;
+        for (int i = 0; i < response.cases_size(); ++i) {
+          const v1::VerifyResult& r = response.cases(i);
+          RecordedCase c;
+          c.case_name = i < request.cases_size() ? request.cases(i).case_name() : "";
+          c.run_id = r.run_id();
+          if (r.has_comparison()) c.comparison = ComparisonOf(r.comparison());
+          c.alerts = AlertsOf(r.alerts());
+          c.record_error = r.record_error();
+          out.push_back(std::move(c));
+        }
+        return out;
+      });
+}
+
 }  // namespace logitd::client

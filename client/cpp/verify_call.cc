@@ -134,14 +134,17 @@ void SetHistory(const VerifyArgs& args, v1::VerifyHeader* h) {
     r->set_branch(args.record->branch);
     r->set_ref(args.record->ref);
   }
-  if (args.compare.has_value()) {
-    v1::BaselineSelector* c = h->mutable_compare();
-    if (!args.compare->branch.empty()) c->set_branch(args.compare->branch);
-    if (!args.compare->ref.empty()) c->set_ref(args.compare->ref);
-    if (args.compare->run_id != 0) c->set_run_id(args.compare->run_id);
-    if (!args.compare->name.empty()) c->set_name(args.compare->name);
-    c->set_if_present(args.compare->if_present);
-  }
+  if (args.compare.has_value()) SetBaselineSelector(*args.compare, h->mutable_compare());
+}
+
+}  // namespace
+
+void SetBaselineSelector(const BaselineSelector& b, v1::BaselineSelector* c) {
+  if (!b.branch.empty()) c->set_branch(b.branch);
+  if (!b.ref.empty()) c->set_ref(b.ref);
+  if (b.run_id != 0) c->set_run_id(b.run_id);
+  if (!b.name.empty()) c->set_name(b.name);
+  c->set_if_present(b.if_present);
 }
 
 RunComparison ComparisonOf(const v1::RunComparison& rc) {
@@ -160,8 +163,6 @@ RunComparison ComparisonOf(const v1::RunComparison& rc) {
   }
   return c;
 }
-
-}  // namespace
 
 absl::StatusOr<VerifyResult> Client::Verify(const VerifyArgs& args) {
   const bool logits = args.operation == VerifyOperation::kLogits;

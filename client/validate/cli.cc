@@ -146,6 +146,32 @@ absl::StatusOr<std::unique_ptr<client::Client>> ConnectForReport(Report* report,
 
 namespace {
 
+// --project and its labels, and the run to compare with: usage errors for
+// labels without a project and for more than one --compare_*.
+absl::Status ReadHistoryOptions(const ValidateArgs& parsed, Options* options) {
+  const int compares = !parsed.compare_branch.empty() + !parsed.compare_ref.empty() +
+                       !parsed.compare_baseline.empty();
+  if (parsed.project.empty()) {
+    if (!parsed.branch.empty() || !parsed.ref.empty() || compares > 0) {
+      return absl::InvalidArgumentError(
+          "--branch, --ref and --compare_* label a run of the server's history: they need "
+          "--project P");
+    }
+    return absl::OkStatus();
+  }
+  if (compares > 1) {
+    return absl::InvalidArgumentError(
+        "at most one of --compare_branch, --compare_ref and --compare_baseline");
+  }
+  options->history = client::RunLabels{parsed.project, "", parsed.branch, parsed.ref};
+  if (compares == 1) {
+    options->history_compare =
+        client::BaselineSelector{parsed.compare_branch, parsed.compare_ref, 0,
+                                 parsed.compare_baseline, parsed.compare_missing == "record"};
+  }
+  return absl::OkStatus();
+}
+
 // The run's options from the parsed arguments, and the combinations that
 // make no sense refused before any work (a missing or broken baseline
 // included).
@@ -161,16 +187,19 @@ absl::Status ReadOptions(const ValidateArgs& parsed, Options* options) {
       std::find(options->suites.begin(), options->suites.end(), "golden") != options->suites.end();
   const bool baseline = !options->baseline_path.empty();
   const bool record = !options->record_path.empty();
+  LOGITD_RETURN_IF_ERROR(ReadHistoryOptions(parsed, options));
+  const bool history = options->history.has_value();
   if (baseline && record) {
     return absl::InvalidArgumentError("--baseline and --record exclude each other");
   }
-  if (golden && options->suites_explicit && !baseline && !record) {
+  if (golden && options->suites_explicit && !baseline && !record && !history) {
     return absl::InvalidArgumentError(
-        "the golden suite needs --baseline FILE (compare) or --record FILE (make one)");
+        "the golden suite needs --baseline FILE (compare), --record FILE (make one) or "
+        "--project P (the server's history)");
   }
-  if ((baseline || record) && !golden) {
+  if ((baseline || record || history) && !golden) {
     return absl::InvalidArgumentError(
-        "--baseline and --record apply to the golden suite, which is not selected");
+        "--baseline, --record and --project apply to the golden suite, which is not selected");
   }
   if (baseline) LOGITD_RETURN_IF_ERROR(ReadBaseline(options->baseline_path).status());
   return absl::OkStatus();

@@ -26,6 +26,13 @@ constexpr Spec kSpecs[] = {
     {"baseline", Kind::kString},
     {"record", Kind::kString},
     {"compare", Kind::kString},
+    {"project", Kind::kString},
+    {"branch", Kind::kString},
+    {"ref", Kind::kString},
+    {"compare_branch", Kind::kString},
+    {"compare_ref", Kind::kString},
+    {"compare_baseline", Kind::kString},
+    {"compare_missing", Kind::kString},
     {"seed", Kind::kSeed},
     {"quick", Kind::kBool},
     {"allow_other_platform", Kind::kBool},
@@ -78,8 +85,13 @@ absl::Status Apply(const Spec& spec, absl::string_view value, ValidateArgs* a) {
     }
     case Kind::kString:
       if (value.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--", name, name == "report" ? " needs a directory" : " needs a file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name,
+                         name == "report" ? " needs a directory"
+                         : name == "compare" || name.rfind("compare", 0) == 0 ||
+                                 name == "project" || name == "branch" || name == "ref"
+                             ? " needs a value"
+                             : " needs a file name"));
       }
       if (name == "json") a->json_path = std::string(value);
       if (name == "junit") a->junit_path = std::string(value);
@@ -87,6 +99,19 @@ absl::Status Apply(const Spec& spec, absl::string_view value, ValidateArgs* a) {
       if (name == "baseline") a->baseline_path = std::string(value);
       if (name == "record") a->record_path = std::string(value);
       if (name == "compare") a->compare_address = std::string(value);
+      if (name == "project") a->project = std::string(value);
+      if (name == "branch") a->branch = std::string(value);
+      if (name == "ref") a->ref = std::string(value);
+      if (name == "compare_branch") a->compare_branch = std::string(value);
+      if (name == "compare_ref") a->compare_ref = std::string(value);
+      if (name == "compare_baseline") a->compare_baseline = std::string(value);
+      if (name == "compare_missing") {
+        if (value != "fail" && value != "record") {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--compare_missing: expected fail or record, got '", value, "'"));
+        }
+        a->compare_missing = std::string(value);
+      }
       return absl::OkStatus();
   }
   return absl::OkStatus();
@@ -141,7 +166,8 @@ std::string ValidateUsage() {
 Streams seeded tensors to a logitd server, computes references on the client
 and checks the results bitwise and numerically.
 
-suites (default: all; golden is compared only with --baseline or --record):
+suites (default: all; golden is compared only with --baseline, --record or
+--project):
   integer_exact      integer operands: fp32 logits, dX and dW equal the exact sums
   rounding_error     normal data vs an fp64 reference: fp32 within the γ_K bound,
                      bf16-out error >= 50x the fp32-out error; prints the table
@@ -176,6 +202,16 @@ options:
                       created when missing
   --record=FILE       write the golden outputs to a baseline file
   --baseline=FILE     compare the golden outputs with a baseline file
+  --project=P         record each golden case as a run of project P in the
+                      server's history (case golden/NAME; --branch=B and
+                      --ref=R label it): its outputs' digests and bound
+                      figures; a rule of the project it breaks fails the case
+  --compare_branch=B | --compare_ref=R | --compare_baseline=N
+                      with --project: compare each case with that recorded
+                      run (bits identical, or the rows that changed)
+  --compare_missing=fail|record
+                      no such run: fail (the default) or record the run
+                      without a comparison (a branch's first run in CI)
   --compare=HOST:PORT run the same suites against a second server too and
                       compare every output: bitwise-equal fraction and ULP
                       distance; exit 0 when both pass (identical or not), 1

@@ -23,6 +23,16 @@ struct ValidateArgs {
   std::string report_dir;
   std::string baseline_path;
   std::string record_path;
+  // --project (with --branch, --ref): the golden cases recorded in the
+  // server's history; --compare_branch/_ref/_baseline: compared there with a
+  // recorded run of each case; --compare_missing: "fail" or "record".
+  std::string project;
+  std::string branch;
+  std::string ref;
+  std::string compare_branch;
+  std::string compare_ref;
+  std::string compare_baseline;
+  std::string compare_missing = "fail";
   // --compare: a second server run against the same suites.
   std::string compare_address;
   std::uint64_t seed = 1234;

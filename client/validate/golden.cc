@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/validate/baseline.h"
+#include "client/validate/golden_history.h"
 #include "client/validate/random.h"
 #include "client/validate/report.h"
 #include "client/validate/suites.h"
@@ -197,6 +198,9 @@ class GoldenSuite final : public Suite {
   }
 
   void Finish(RunContext& ctx, std::vector<CaseResult>& results) override {
+    if (ctx.options().history.has_value()) {
+      RecordGoldenCases(ctx, std::move(validated_), results);
+    }
     const std::string& path = ctx.options().record_path;
     if (path.empty()) return;
     for (CaseResult& r : results) {
@@ -244,6 +248,14 @@ class GoldenSuite final : public Suite {
     const bool within = r.failures.empty();
 
     const Options& o = ctx.options();
+    if (o.history.has_value()) {
+      validated_.push_back(
+          ValidatedCaseOf(g.name, produced->inputs_xxh3, produced->outputs, produced->bounds));
+      if (o.record_path.empty() && o.baseline_path.empty()) {
+        r.summary = "computed, not compared";  // the history's answer replaces it
+        return absl::OkStatus();
+      }
+    }
     if (!o.record_path.empty()) {
       CaseRecord rec;
       rec.name = g.name;
@@ -415,6 +427,7 @@ class GoldenSuite final : public Suite {
   }
 
   std::vector<CaseRecord> recorded_;
+  std::vector<client::ValidatedCase> validated_;
   std::optional<Baseline> baseline_;
   std::string load_error_;
 };

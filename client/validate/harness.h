@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,10 @@ struct Options {
   std::uint64_t seed = 1234;
   std::string baseline_path;
   std::string record_path;
+  // Set: the golden cases are recorded in the server's history under these
+  // labels (case_name: each case's), compared with `history_compare`.
+  std::optional<client::RunLabels> history;
+  std::optional<client::BaselineSelector> history_compare;
   bool allow_other_platform = false;
   // The selected suites in canonical order.
   std::vector<std::string> suites;

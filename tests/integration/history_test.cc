@@ -606,3 +606,66 @@ TEST(HistoryTest, AStoreLockedPastItsWaitLeavesTheRunUnrecordedAndTheVerdictStan
 
 }  // namespace
 }  // namespace logitd::testing
+
+namespace logitd::testing {
+namespace {
+
+// logitctl validate --project: each golden case recorded as a run of
+// operation "validation" (golden/NAME); a second run compared with main's
+// latest is identical case by case; a baseline that is not there fails every
+// case and records none; history labels without --project are usage errors.
+TEST(HistoryTest, LogitctlValidateRecordsTheGoldenCasesOnTheServer) {
+  TempDir dir;
+  absl::StatusOr<ServerProcess> server =
+      ServerProcess::Start(ServerBinary(), {"--backend=cpu", "--history=" + (dir / "h.sqlite3")});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string at = "--server=" + server->address();
+  const auto validate = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> args = {at, "validate", "golden", "--quick", "--project=lm"};
+    args.insert(args.end(), more.begin(), more.end());
+    return RunLogitctl(args);
+  };
+  LogitctlRun r = validate({"--branch=main", "--ref=r1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("recorded as run 1 of project lm"));
+  std::unique_ptr<client::Client> c = Connect(*server);
+  ListRunsArgs all;
+  all.project = "lm";
+  absl::StatusOr<client::ListRunsResult> runs = c->ListRuns(all);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  const std::size_t cases = runs->runs.size();
+  ASSERT_GE(cases, 3u);
+  for (const client::RunSummary& run : runs->runs) {
+    EXPECT_EQ(run.operation, "validation");
+    EXPECT_THAT(run.labels.case_name, ::testing::StartsWith("golden/"));
+    EXPECT_EQ(run.verdict, "within_bounds");
+    EXPECT_EQ(run.labels.ref, "r1");
+  }
+
+  r = validate({"--branch=pr", "--ref=r2", "--compare_branch=main"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::size_t identical = 0;
+  for (std::size_t at_ = r.out.find("identical to run"); at_ != std::string::npos;
+       at_ = r.out.find("identical to run", at_ + 1)) {
+    ++identical;
+  }
+  EXPECT_EQ(identical, cases) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("(main at r1)"));
+
+  r = validate({"--compare_baseline=nothere"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("no recorded run of project 'lm'"));
+  runs = c->ListRuns(all);
+  ASSERT_TRUE(runs.ok());
+  EXPECT_EQ(runs->runs.size(), 2 * cases);  // the refused run recorded nothing
+
+  r = RunLogitctl({at, "validate", "golden", "--quick", "--branch=main"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("need --project P"));
+  r = RunLogitctl({at, "validate", "integer_exact", "--quick", "--project=lm"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("apply to the golden suite"));
+}
+
+}  // namespace
+}  // namespace logitd::testing

@@ -39,6 +39,7 @@ const OperationInfo kOperations[] = {
     {"SetRules", false, Empty(), Empty(), std::nullopt},
     {"ListRules", false, Empty(), Empty(), std::nullopt},
     {"DeleteProject", false, Empty(), Empty(), std::nullopt},
+    {"RecordValidation", false, Empty(), Empty(), std::nullopt},
     {"Probe", false, Empty(), Empty(), std::nullopt},
     {"RegisterShm", false, Empty(), Empty(), std::nullopt},
     {"ReleaseShm", false, Empty(), Empty(), std::nullopt},

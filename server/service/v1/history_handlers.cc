@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -289,23 +290,25 @@ absl::Status LogitdService::CheckCompare(const v1::VerifyHeader& header,
 }
 
 absl::Status LogitdService::Record(const v1::VerifyHeader& header, const Tenant& tenant,
-                                   v1::VerifyResult* result) const {
+                                   v1::VerifyResult* result, absl::string_view operation) const {
   if (!header.has_record() || options_.history == nullptr) return absl::OkStatus();
   // The verdict is formed: a store that fails now leaves the run unrecorded,
   // said in the result, and the call answers.
-  if (absl::Status s = RecordRun(header, tenant, result); !s.ok()) {
+  const std::string op =
+      operation.empty() ? v1::VerifyOperation_Name(header.operation()) : std::string(operation);
+  if (absl::Status s = RecordRun(header, tenant, op, result); !s.ok()) {
     result->clear_comparison();
     result->clear_alerts();
     result->set_run_id(0);
     result->set_record_error(
         absl::StrCat("the run was not recorded in the server's history: ", s.message()));
-    LogWarning(absl::StrCat("Verify: ", result->record_error()));
+    LogWarning(absl::StrCat(op, ": ", result->record_error()));
   }
   return absl::OkStatus();
 }
 
 absl::Status LogitdService::RecordRun(const v1::VerifyHeader& header, const Tenant& tenant,
-                                      v1::VerifyResult* result) const {
+                                      absl::string_view operation, v1::VerifyResult* result) const {
   const kernels::BackendInfo info = backend_->Info();
   std::optional<history::RunBaseline> baseline;
   std::int64_t baseline_run_id = 0;
@@ -326,7 +329,7 @@ absl::Status LogitdService::RecordRun(const v1::VerifyHeader& header, const Tena
   history::RunRecord run;
   run.tenant = tenant.id;
   run.labels = LabelsOf(header.record());
-  run.operation = v1::VerifyOperation_Name(header.operation());
+  run.operation = std::string(operation);
   run.inputs_xxh3 = result->inputs_xxh3();
   run.verdict = result->verdict();
   run.backend = info.backend;
@@ -456,6 +459,88 @@ grpc::Status LogitdService::DeleteProject(grpc::ServerContext* context,
     LOGITD_ASSIGN_OR_RETURN(const std::int64_t runs,
                             options_.history->DeleteProject(stats->tenant.id, request->project()));
     response->set_runs_deleted(runs);
+    return absl::OkStatus();
+  });
+}
+
+namespace {
+
+constexpr int kMaxValidatedCases = 1000;
+constexpr int kMaxValidatedOutputs = 64;
+
+// A validated case's own checks (its labels are checked as a run's).
+absl::Status CheckValidatedCase(const v1::ValidatedCase& c) {
+  const auto judged = [](const std::string& v) {
+    return v == "within_bounds" || v == "outside_bounds";
+  };
+  if (!judged(c.verdict())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("verdict: expected within_bounds or outside_bounds, got '", c.verdict(), "'"));
+  }
+  if (c.outputs_size() == 0 || c.outputs_size() > kMaxValidatedOutputs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outputs: expected 1 to ", kMaxValidatedOutputs, ", got ", c.outputs_size()));
+  }
+  std::set<std::string> names;
+  for (const v1::CandidateVerdict& o : c.outputs()) {
+    if (o.name().empty() || o.name().size() > history::kMaxLabelBytes ||
+        !names.insert(o.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("outputs: each needs a name of 1 to ",
+                                                     history::kMaxLabelBytes, " bytes, once; got '",
+                                                     o.name().substr(0, 64), "'"));
+    }
+    if (!judged(o.verdict())) {
+      return absl::InvalidArgumentError(absl::StrCat("outputs '", o.name(),
+                                                     "': verdict: expected within_bounds or "
+                                                     "outside_bounds, got '",
+                                                     o.verdict(), "'"));
+    }
+    if (o.block_xxh3_size() > 64 || o.block_rows() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "outputs '", o.name(), "': expected at most 64 block digests of block_rows >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status LogitdService::RecordValidation(grpc::ServerContext* context,
+                                             const v1::RecordValidationRequest* request,
+                                             v1::RecordValidationResponse* response) {
+  return runner_.Run("RecordValidation", context, [&](CallStats* stats) -> absl::Status {
+    stats->bytes_in = request->ByteSizeLong();
+    if (options_.history == nullptr) return absl::FailedPreconditionError(kNoHistory);
+    if (request->cases_size() == 0 || request->cases_size() > kMaxValidatedCases) {
+      return absl::InvalidArgumentError(absl::StrCat("cases: expected 1 to ", kMaxValidatedCases,
+                                                     ", got ", request->cases_size()));
+    }
+    // Every case checked, and its baseline found, before any is recorded.
+    std::vector<v1::VerifyHeader> headers(static_cast<std::size_t>(request->cases_size()));
+    for (int i = 0; i < request->cases_size(); ++i) {
+      const v1::ValidatedCase& c = request->cases(i);
+      v1::VerifyHeader& h = headers[static_cast<std::size_t>(i)];
+      *h.mutable_record() = request->labels();
+      h.mutable_record()->set_case_name(c.case_name());
+      if (request->has_compare()) *h.mutable_compare() = request->compare();
+      absl::Status s = CheckRecord(h);
+      if (s.ok()) s = CheckValidatedCase(c);
+      if (s.ok()) s = CheckCompare(h, stats->tenant);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("cases[", i, "] ('", c.case_name().substr(0, 64),
+                                                   "'): ", s.message()));
+      }
+    }
+    for (int i = 0; i < request->cases_size(); ++i) {
+      const v1::ValidatedCase& c = request->cases(i);
+      v1::VerifyResult* r = response->add_cases();
+      r->set_inputs_xxh3(c.inputs_xxh3());
+      r->set_verdict(c.verdict());
+      *r->mutable_candidates() = c.outputs();
+      LOGITD_RETURN_IF_ERROR(Record(headers[static_cast<std::size_t>(i)], stats->tenant, r,
+                                    v1::VerifyOperation_Name(v1::VERIFY_VALIDATION)));
+    }
+    stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();
   });
 }

@@ -93,6 +93,9 @@ class LogitdService final : public RawTensorService {
                          v1::ListRulesResponse* response) override;
   grpc::Status DeleteProject(grpc::ServerContext* context, const v1::DeleteProjectRequest* request,
                              v1::DeleteProjectResponse* response) override;
+  grpc::Status RecordValidation(grpc::ServerContext* context,
+                                const v1::RecordValidationRequest* request,
+                                v1::RecordValidationResponse* response) override;
   grpc::Status Probe(grpc::ServerContext* context,
                      grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream) override;
   grpc::Status RegisterShm(grpc::ServerContext* context, const v1::RegisterShmRequest* request,
@@ -145,11 +148,12 @@ class LogitdService final : public RawTensorService {
   absl::Status CheckRecord(const v1::VerifyHeader& header) const;
   // Whether the header's `compare` can be answered (it needs `record`).
   absl::Status CheckCompare(const v1::VerifyHeader& header, const Tenant& tenant) const;
+  // `operation`: the run's ("": the header's, "VERIFY_LOGITS"…).
   absl::Status Record(const v1::VerifyHeader& header, const Tenant& tenant,
-                      v1::VerifyResult* result) const;
+                      v1::VerifyResult* result, absl::string_view operation = "") const;
   // Record's work; a failure of the store is its status.
   absl::Status RecordRun(const v1::VerifyHeader& header, const Tenant& tenant,
-                         v1::VerifyResult* result) const;
+                         absl::string_view operation, v1::VerifyResult* result) const;
   absl::Status DoProbe(grpc::ServerContext* context,
                        grpc::ServerReaderWriter<v1::ProbeChunk, v1::ProbeRequest>* stream,
                        CallStats* stats);

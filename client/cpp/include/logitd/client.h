@@ -142,6 +142,10 @@ class Client {
   // Removes this tenant's project from the history (its runs, baselines and
   // rules); the runs removed. NotFound when it has none.
   absl::StatusOr<std::int64_t> DeleteProject(const std::string& project);
+  // Records golden cases this client judged as runs of its history (one a
+  // case, compared with args.compare and checked against the project's
+  // rules); the cases as recorded, in order.
+  absl::StatusOr<std::vector<RecordedCase>> RecordValidation(const RecordValidationArgs& args);
 
   // Calls, attempts and retries so far (see CallStats).
   CallStats call_stats() const;

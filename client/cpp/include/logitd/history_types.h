@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,7 +100,9 @@ struct CandidateSummary {
 struct RunSummary {
   std::int64_t run_id = 0;
   RunLabels labels;
-  std::string operation;  // "logits", "backward", "cross_entropy", "logprobs"
+  // "logits", "backward", "cross_entropy", "logprobs"; "validation" for a
+  // golden case of logitctl validate (Client::RecordValidation)
+  std::string operation;
   std::uint64_t inputs_xxh3 = 0;
   std::string verdict;
   std::string backend;
@@ -125,6 +128,41 @@ struct ListRunsArgs {
 struct ListRunsResult {
   std::vector<RunSummary> runs;         // newest first
   std::int64_t next_before_run_id = 0;  // 0: this page is the last
+};
+
+// A golden case the client judged (Client::RecordValidation): each output's
+// digest and bound figures, as logitctl validate's golden suite forms them.
+struct ValidatedOutput {
+  std::string name;
+  std::uint64_t xxh3 = 0;
+  std::int64_t elements = 0;
+  bool within_bounds = true;
+  double worst_bound_fraction = 0;
+  // Its rows' digests in at most 64 blocks of block_rows rows.
+  std::int64_t block_rows = 0;
+  std::vector<std::uint64_t> block_xxh3;
+};
+struct ValidatedCase {
+  std::string case_name;
+  std::uint64_t inputs_xxh3 = 0;
+  bool within_bounds = true;
+  std::vector<ValidatedOutput> outputs;
+};
+
+// labels' project, branch and ref for every case (case_name: each case's).
+struct RecordValidationArgs {
+  RunLabels labels;
+  std::optional<BaselineSelector> compare;
+  std::vector<ValidatedCase> cases;
+};
+
+// A case as the server recorded it, as a recording Verify's result says.
+struct RecordedCase {
+  std::string case_name;
+  std::int64_t run_id = 0;
+  std::optional<RunComparison> comparison;
+  std::vector<Alert> alerts;
+  std::string record_error;
 };
 
 }  // namespace logitd::client

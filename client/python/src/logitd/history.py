@@ -14,6 +14,7 @@ _OPERATIONS = {
     pb.VERIFY_BACKWARD: "backward",
     pb.VERIFY_CROSS_ENTROPY: "cross_entropy",
     pb.VERIFY_LOGPROBS: "logprobs",
+    pb.VERIFY_VALIDATION: "validation",
 }
 
 
