@@ -112,6 +112,7 @@ absl::StatusOr<std::vector<RecordedCase>> Client::RecordValidation(
       v1::CandidateVerdict* v = out->add_outputs();
       v->set_name(o.name);
       v->set_xxh3(o.xxh3);
+      for (std::int64_t d : o.shape) v->add_shape(d);
       v->set_elements(o.elements);
       v->set_passed(o.within_bounds);
       v->set_verdict(o.within_bounds ? "within_bounds" : "outside_bounds");

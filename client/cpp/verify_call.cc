@@ -159,7 +159,8 @@ RunComparison ComparisonOf(const v1::RunComparison& rc) {
     c.candidates.push_back(CandidateComparison{
         cc.name(), cc.bits(), cc.baseline_verdict(), cc.worst_bound_fraction_delta(),
         cc.max_ulp_delta(), cc.effective_bits_delta(), cc.block_rows(),
-        std::vector<std::int64_t>(cc.changed_blocks().begin(), cc.changed_blocks().end())});
+        std::vector<std::int64_t>(cc.changed_blocks().begin(), cc.changed_blocks().end()),
+        cc.rows()});
   }
   return c;
 }

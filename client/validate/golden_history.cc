@@ -22,8 +22,11 @@ std::string ComparisonSummary(const client::RunComparison& c) {
     if (cc.bits == "identical") continue;
     std::string rows;
     for (std::int64_t b : cc.changed_blocks) {
-      absl::StrAppend(&rows, rows.empty() ? "" : ", ", b * cc.block_rows,
-                      cc.block_rows > 1 ? absl::StrCat("-", (b + 1) * cc.block_rows - 1) : "");
+      const std::int64_t first = b * cc.block_rows;
+      std::int64_t last = first + cc.block_rows - 1;
+      if (cc.rows > 0) last = std::min(last, cc.rows - 1);
+      absl::StrAppend(&rows, rows.empty() ? "" : ", ", first,
+                      last > first ? absl::StrCat("-", last) : "");
     }
     moved.push_back(absl::StrCat(cc.name, " ", cc.bits, rows.empty() ? "" : " (rows ", rows,
                                  rows.empty() ? "" : ")"));
@@ -51,6 +54,7 @@ client::ValidatedCase ValidatedCaseOf(
     o.name = name;
     o.xxh3 = t.Digest();
     o.elements = t.numel();
+    o.shape = t.shape();
     for (const auto& [bound_name, stats] : bounds) {
       if (bound_name != name) continue;
       o.within_bounds = stats.within();

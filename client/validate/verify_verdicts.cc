@@ -276,7 +276,8 @@ std::string ChangedRows(const client::CandidateComparison& cc) {
       ++j;
     }
     const std::int64_t first = cc.changed_blocks[i] * cc.block_rows;
-    const std::int64_t last = (cc.changed_blocks[j] + 1) * cc.block_rows - 1;
+    std::int64_t last = (cc.changed_blocks[j] + 1) * cc.block_rows - 1;
+    if (cc.rows > 0) last = std::min(last, cc.rows - 1);
     ranges.push_back(first == last ? absl::StrCat(first) : absl::StrCat(first, "-", last));
     i = j + 1;
   }

@@ -359,8 +359,11 @@ std::string ComparisonSection(HistoryStore& store, const RunRecord& r) {
       for (std::size_t i = 0; i < c.block_digests.size(); ++i) {
         if (c.block_digests[i] == was->block_digests[i]) continue;
         const std::int64_t first = static_cast<std::int64_t>(i) * c.block_rows;
+        // The last block ends at the candidate's last row where it is kept.
+        std::int64_t last = first + c.block_rows - 1;
+        if (c.rows > 0) last = std::min(last, c.rows - 1);
         absl::StrAppend(&rows, rows.empty() ? "" : ", ", first,
-                        c.block_rows > 1 ? absl::StrCat("-", first + c.block_rows - 1) : "");
+                        last > first ? absl::StrCat("-", last) : "");
       }
     }
     out += Row({XmlEscape(c.name),

@@ -102,13 +102,13 @@ absl::Status InsertAlerts(Connection* db, const RunRecord& run) {
 
 absl::Status InsertCandidates(Connection* db, const RunRecord& run) {
   if (run.candidates.empty()) return absl::OkStatus();
-  constexpr int kColumns = 15;
+  constexpr int kColumns = 16;
   LOGITD_ASSIGN_OR_RETURN(
       std::unique_ptr<Statement> s,
       db->Prepare(absl::StrCat("INSERT INTO candidates (run_id, position, name, verdict, xxh3, "
                                "elements, outside_bound, worst_bound_fraction, "
                                "bitwise_equal_fraction, max_ulp, p99_ulp, rms_ratio, "
-                               "effective_bits, block_rows, block_digests) VALUES ",
+                               "effective_bits, block_rows, block_digests, rows) VALUES ",
                                ValueRows(run.candidates.size(), kColumns)),
                   "insert the candidates"));
   for (std::size_t p = 0; p < run.candidates.size(); ++p) {
@@ -129,6 +129,7 @@ absl::Status InsertCandidates(Connection* db, const RunRecord& run) {
     s->Bind(at + 13, c.effective_bits);
     s->Bind(at + 14, c.block_rows);
     s->Bind(at + 15, c.block_digests);
+    s->Bind(at + 16, c.rows);
   }
   return s->Run();
 }
@@ -184,13 +185,14 @@ absl::Status ReadCandidatesAndAlerts(Connection* db, const RunFilter& filter,
   };
   LOGITD_ASSIGN_OR_RETURN(
       std::unique_ptr<Statement> c,
-      db->Prepare(absl::StrCat("SELECT c.run_id, c.name, c.verdict, c.xxh3, c.elements, "
-                               "c.outside_bound, c.worst_bound_fraction, "
-                               "c.bitwise_equal_fraction, c.max_ulp, c.p99_ulp, c.rms_ratio, "
-                               "c.effective_bits, c.block_rows, c.block_digests FROM candidates "
-                               "c WHERE c.run_id IN (SELECT id FROM runs WHERE ",
-                               where, " AND id BETWEEN ?10 AND ?11) ORDER BY c.run_id, c.position"),
-                  "read the candidates"));
+      db->Prepare(
+          absl::StrCat("SELECT c.run_id, c.name, c.verdict, c.xxh3, c.elements, "
+                       "c.outside_bound, c.worst_bound_fraction, "
+                       "c.bitwise_equal_fraction, c.max_ulp, c.p99_ulp, c.rms_ratio, "
+                       "c.effective_bits, c.block_rows, c.block_digests, c.rows FROM candidates "
+                       "c WHERE c.run_id IN (SELECT id FROM runs WHERE ",
+                       where, " AND id BETWEEN ?10 AND ?11) ORDER BY c.run_id, c.position"),
+          "read the candidates"));
   range(*c);
   for (;;) {
     LOGITD_ASSIGN_OR_RETURN(const bool row, c->Next());
@@ -211,6 +213,7 @@ absl::Status ReadCandidatesAndAlerts(Connection* db, const RunFilter& filter,
     f.effective_bits = c->Real(11);
     f.block_rows = c->Int(12);
     f.block_digests = c->Words(13);
+    f.rows = c->Int(14);
     run->second->candidates.push_back(std::move(f));
   }
   c.reset();

@@ -48,6 +48,9 @@ struct CandidateFigures {
   // a run recorded before blocks were kept).
   std::int64_t block_rows = 0;
   std::vector<std::uint64_t> block_digests;
+  // Its rows, where the last block ends (0: not kept, a run recorded before
+  // schema version 7).
+  std::int64_t rows = 0;
 };
 
 // A project's rule on its recorded runs (rules.h checks runs against them).

@@ -82,6 +82,10 @@ constexpr const char* kSqlite[] = {
     R"sql(
       ALTER TABLE runs ADD COLUMN baseline_run_id INTEGER NOT NULL DEFAULT 0;
     )sql",
+    // 6 -> 7: each candidate's rows (where its last block ends).
+    R"sql(
+      ALTER TABLE candidates ADD COLUMN rows INTEGER NOT NULL DEFAULT 0;
+    )sql",
 };
 
 // PostgreSQL (logitd_schema_version holds it): SQLite's steps in its types.
@@ -162,6 +166,9 @@ constexpr const char* kPostgres[] = {
     // 5 -> 6: the run each run was compared with.
     R"sql(
       ALTER TABLE runs ADD COLUMN baseline_run_id BIGINT NOT NULL DEFAULT 0;
+    )sql",
+    R"sql(
+      ALTER TABLE candidates ADD COLUMN rows BIGINT NOT NULL DEFAULT 0;
     )sql",
 };
 static_assert(sizeof(kSqlite) / sizeof(kSqlite[0]) == kSchemaVersion, "one step per version");

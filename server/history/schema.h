@@ -10,8 +10,8 @@ namespace logitd::history {
 
 // 1: runs and candidates; 2: named baselines; 3: rules and alerts; 4:
 // candidates' block digests; 5: each run's bytes; 6: the run it was
-// compared with.
-inline constexpr int kSchemaVersion = 6;
+// compared with; 7: each candidate's rows.
+inline constexpr int kSchemaVersion = 7;
 
 absl::Span<const char* const> Migrations(sql::Dialect dialect);
 

@@ -311,6 +311,8 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ(off->comparison->candidates[0].bits, "different_within_bounds");
   EXPECT_EQ(off->comparison->candidates[0].max_ulp_delta, 1);
+  EXPECT_EQ(off->comparison->candidates[0].changed_blocks, std::vector<std::int64_t>{0});
+  EXPECT_EQ(off->comparison->candidates[0].rows, 5);
   v[7] = 1e30f;
   absl::StatusOr<VerifyResult> far =
       verify(ulp, x, "dev", client::BaselineSelector{"", "", base->run_id, "", false});

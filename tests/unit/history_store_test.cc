@@ -23,6 +23,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/history/dashboard.h"
 #include "tests/support/scratch_postgres.h"
 
 namespace logitd::history {
@@ -372,6 +373,35 @@ TEST_P(HistoryStoreTest, EveryOperationKeepsWhatItWasGiven) {
   EXPECT_TRUE((*store)->Rules("t", "p")->empty());
   EXPECT_EQ(RawQuery(spec_, "SELECT COUNT(*) FROM candidates"), "0");
   EXPECT_EQ(RawQuery(spec_, "SELECT COUNT(*) FROM alerts"), "0");
+}
+
+// A run compared with another names the rows whose blocks changed on its
+// page, the last block ending at the candidate's last row (8 rows in blocks
+// of 3: rows 6-7, not 6-8).
+TEST_P(HistoryStoreTest, ARunsPageNamesTheChangedRowsUpToTheLastRow) {
+  absl::StatusOr<std::unique_ptr<HistoryStore>> store = Open();
+  ASSERT_TRUE(store.ok()) << store.status();
+  RunRecord base = MakeRun("t", "p", "c", "main", 0);
+  base.candidates.resize(1);
+  base.candidates[0].block_rows = 3;
+  base.candidates[0].block_digests = {1, 2, 3};
+  base.candidates[0].rows = 8;
+  ASSERT_TRUE((*store)->Record(&base).ok());
+  RunRecord next = base;
+  next.labels.ref = "next";
+  next.baseline_run_id = base.id;
+  next.candidates[0].xxh3 ^= 1;
+  next.candidates[0].block_digests = {9, 2, 4};
+  ASSERT_TRUE((*store)->Record(&next).ok());
+  RunFilter f;
+  f.tenant = "t";
+  f.run_id = next.id;
+  EXPECT_EQ((*store)->List(f)->at(0).candidates[0].rows, 8);
+  const DashboardPage page =
+      RenderDashboard(**store, "t", "/history/run", {{"run", std::to_string(next.id)}});
+  ASSERT_EQ(page.status, 200) << page.body;
+  EXPECT_THAT(page.body, HasSubstr("0-2, 6-7"));
+  EXPECT_THAT(page.body, ::testing::Not(HasSubstr("6-8")));
 }
 
 TEST(HistoryStoreSqliteTest, AVersion1FileMigratesAndPromotedRunsOutliveRetention) {

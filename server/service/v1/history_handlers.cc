@@ -32,6 +32,12 @@ history::RunLabels LabelsOf(const v1::RunLabels& l) {
   return history::RunLabels{l.project(), l.case_name(), l.branch(), l.ref()};
 }
 
+// A candidate's rows as its block digests count them: its first dimension
+// (a scalar, or a shape not given: one).
+std::int64_t RowsOf(const v1::CandidateVerdict& c) {
+  return c.shape_size() == 0 || c.shape(0) <= 0 ? 1 : c.shape(0);
+}
+
 history::CandidateFigures FiguresOf(const v1::CandidateVerdict& c) {
   history::CandidateFigures f;
   f.name = c.name();
@@ -49,6 +55,7 @@ history::CandidateFigures FiguresOf(const v1::CandidateVerdict& c) {
   }
   f.block_rows = c.block_rows();
   f.block_digests.assign(c.block_xxh3().begin(), c.block_xxh3().end());
+  f.rows = f.block_digests.empty() ? 0 : RowsOf(c);
   return f;
 }
 
@@ -225,6 +232,7 @@ void Compare(const history::RunRecord& base, const v1::VerifyResult& result,
     if (was->xxh3 != c.xxh3() && was->block_rows == c.block_rows() &&
         static_cast<int>(was->block_digests.size()) == c.block_xxh3_size()) {
       cc->set_block_rows(c.block_rows());
+      cc->set_rows(RowsOf(c));
       for (int b = 0; b < c.block_xxh3_size(); ++b) {
         if (was->block_digests[b] != c.block_xxh3(b)) cc->add_changed_blocks(b);
       }

@@ -46,6 +46,8 @@ struct CandidateComparison {
   // baseline's (block i: rows [i * block_rows, (i + 1) * block_rows)).
   std::int64_t block_rows = 0;
   std::vector<std::int64_t> changed_blocks;
+  // The candidate's rows: the last block ends there (0: not said).
+  std::int64_t rows = 0;
 };
 
 // A Verify's candidates against a recorded run's (VerifyResult::comparison).
@@ -135,6 +137,7 @@ struct ListRunsResult {
 struct ValidatedOutput {
   std::string name;
   std::uint64_t xxh3 = 0;
+  std::vector<std::int64_t> shape;
   std::int64_t elements = 0;
   bool within_bounds = true;
   double worst_bound_fraction = 0;

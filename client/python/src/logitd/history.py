@@ -50,7 +50,8 @@ class CandidateComparison:
     "identical", "different_within_bounds", "different_outside_bounds" or
     "new"; the deltas are this run's figure less the baseline's. Where the bits
     differ, changed_blocks names the blocks of block_rows rows whose digests
-    differ (block i: rows i * block_rows to (i + 1) * block_rows - 1)."""
+    differ (block i: rows i * block_rows to (i + 1) * block_rows - 1, the last
+    ending at row rows - 1)."""
 
     name: str
     bits: str
@@ -60,6 +61,7 @@ class CandidateComparison:
     effective_bits_delta: float
     block_rows: int = 0
     changed_blocks: Tuple[int, ...] = ()
+    rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,7 @@ def comparison_of(result: Any) -> Optional[RunComparison]:
                 effective_bits_delta=float(cc.effective_bits_delta),
                 block_rows=int(cc.block_rows),
                 changed_blocks=tuple(int(b) for b in cc.changed_blocks),
+                rows=int(cc.rows),
             )
             for cc in c.candidates
         ),
