@@ -118,7 +118,7 @@ function(logitd_check_layers)
                       "the wire links the core and the proto, never the server or a client")
   logitd_forbid_includes(wire "^(server/|client/|logitd/client\\.h)"
                          "the wire includes the core and the proto, never the server or a client")
-  # The history store: SQLite and Abseil only, below the service and
+  # The history store: SQLite, libpq and Abseil only, below the service and
   # protocol-neutral.
   logitd_forbid_links(logitd_history "^(${wire}|${service}|${kernels}|${clients})$"
                       "the history store links SQLite and Abseil, nothing of the wire or above")

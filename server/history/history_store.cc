@@ -296,7 +296,7 @@ HistoryStore::~HistoryStore() = default;
 absl::Status HistoryStore::Migrate() {
   // Each step in a write transaction that reads the version first: servers
   // that open one store at once migrate it once, one after the other.
-  const absl::Span<const char* const> steps = Migrations(db_->dialect());
+  const std::vector<std::string> steps = Migrations(db_->dialect());
   for (;;) {
     WriteTransaction txn(db_.get());
     LOGITD_RETURN_IF_ERROR(txn.Begin("a migration"));

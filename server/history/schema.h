@@ -1,9 +1,10 @@
-// The history's schema, one step per version in each dialect: step i takes
-// a database from version i to i + 1. Steps are only ever appended, in both
-// lists at once.
+// The history's schema, one step per version: step i takes a database from
+// version i to i + 1. Steps are only ever appended.
 #pragma once
 
-#include "absl/types/span.h"
+#include <string>
+#include <vector>
+
 #include "server/history/sql.h"
 
 namespace logitd::history {
@@ -13,6 +14,7 @@ namespace logitd::history {
 // compared with; 7: each candidate's rows.
 inline constexpr int kSchemaVersion = 7;
 
-absl::Span<const char* const> Migrations(sql::Dialect dialect);
+// The steps in the dialect's SQL (PostgreSQL's derived from SQLite's).
+std::vector<std::string> Migrations(sql::Dialect dialect);
 
 }  // namespace logitd::history
