@@ -43,12 +43,59 @@ std::string Numbered(absl::string_view sql) {
   return out;
 }
 
-// The connection's named prepared statements, one per statement text and
-// parameter types: each is parsed and planned once a session, then only
-// run.
-class PreparedStatements {
+// A connection's session: its named prepared statements (one per statement
+// text and parameter types, each parsed and planned once a session, then
+// only run), its settings, and the one retry of a statement the server
+// dropped the connection under while no transaction was open (a restart,
+// a failover: the socket's loss is only seen when it is used).
+class Session {
  public:
-  explicit PreparedStatements(PGconn* conn) : conn_(conn) {}
+  Session(PGconn* conn, std::string location) : conn_(conn), location_(std::move(location)) {}
+
+  PGconn* conn() const { return conn_; }
+  const std::string& location() const { return location_; }
+
+  // Bounded waits, no notices on stderr.
+  absl::Status Configure() {
+    PQsetNoticeProcessor(
+        conn_, [](void*, const char*) {}, nullptr);
+    PGresult* r =
+        PQexec(conn_, absl::StrCat("SET lock_timeout = ", kWaitMs,
+                                   "; SET statement_timeout = ", 2 * kWaitMs,
+                                   "; SET idle_in_transaction_session_timeout = ", 6 * kWaitMs, ";")
+                          .c_str());
+    const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    if (!ok)
+      return absl::InternalError(absl::StrCat("history: configure the session: ", Message(conn_)));
+    return absl::OkStatus();
+  }
+  // The connection made again, within connect_timeout, when it is gone.
+  absl::Status Reconnect() {
+    if (PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
+    PQreset(conn_);
+    names_.clear();  // the new session has none of them
+    if (PQstatus(conn_) != CONNECTION_OK) {
+      return absl::UnavailableError(
+          absl::StrCat("history: PostgreSQL at ", location_, ": ", Message(conn_)));
+    }
+    return Configure();
+  }
+
+  // Runs `exec` (a PQexec…); when it fails because the connection went
+  // while no transaction was open, connects again and runs it once more.
+  template <typename Exec>
+  PGresult* Run(Exec exec) {
+    const bool idle = PQtransactionStatus(conn_) == PQTRANS_IDLE;
+    PGresult* r = exec();
+    if (Succeeded(r) || !idle || PQstatus(conn_) != CONNECTION_BAD || !Reconnect().ok()) return r;
+    PQclear(r);
+    return exec();
+  }
+  static bool Succeeded(const PGresult* r) {
+    const ExecStatusType status = PQresultStatus(r);
+    return status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK;
+  }
 
   // The name of `sql` prepared with `types`, preparing it on first use;
   // an empty name when the server refused (Message says why).
@@ -56,7 +103,10 @@ class PreparedStatements {
     std::string key = sql;
     for (Oid t : types) absl::StrAppend(&key, "\n", t);
     if (const auto it = names_.find(key); it != names_.end()) return it->second;
-    if (names_.size() >= kMostKept) Forget(/*deallocate=*/true);
+    if (names_.size() >= kMostKept) {
+      PQclear(PQexec(conn_, "DEALLOCATE ALL"));
+      names_.clear();
+    }
     std::string name = absl::StrCat("logitd_", next_++);
     PGresult* r =
         PQprepare(conn_, name.c_str(), sql.c_str(), static_cast<int>(types.size()), types.data());
@@ -66,23 +116,19 @@ class PreparedStatements {
     names_.emplace(std::move(key), name);
     return name;
   }
-  // After a reconnect the server has none of them.
-  void Forget(bool deallocate) {
-    if (deallocate) PQclear(PQexec(conn_, "DEALLOCATE ALL"));
-    names_.clear();
-  }
 
  private:
   static constexpr std::size_t kMostKept = 256;
   PGconn* const conn_;
+  const std::string location_;
   std::unordered_map<std::string, std::string> names_;
   std::uint64_t next_ = 0;
 };
 
 class PostgresStatement final : public Statement {
  public:
-  PostgresStatement(PGconn* conn, PreparedStatements* prepared, std::string sql, std::string what)
-      : conn_(conn), prepared_(prepared), sql_(std::move(sql)), what_(std::move(what)) {}
+  PostgresStatement(Session* session, std::string sql, std::string what)
+      : session_(session), sql_(std::move(sql)), what_(std::move(what)) {}
   ~PostgresStatement() override { PQclear(result_); }
   PostgresStatement(const PostgresStatement&) = delete;
   PostgresStatement& operator=(const PostgresStatement&) = delete;
@@ -115,15 +161,19 @@ class PostgresStatement final : public Statement {
     if (result_ == nullptr) {
       std::vector<const char*> values(values_.size());
       for (std::size_t i = 0; i < values_.size(); ++i) values[i] = values_[i].c_str();
-      const std::string name = prepared_->Name(sql_, types_);
-      if (name.empty()) {
-        return absl::InternalError(absl::StrCat("history: ", what_, ": ", Message(conn_)));
-      }
-      result_ = PQexecPrepared(conn_, name.c_str(), static_cast<int>(values.size()), values.data(),
-                               nullptr, nullptr, 0);
-      const ExecStatusType status = PQresultStatus(result_);
-      if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) {
-        return absl::InternalError(absl::StrCat("history: ", what_, ": ", Message(conn_)));
+      std::string failed;
+      result_ = session_->Run([&]() -> PGresult* {
+        const std::string name = session_->Name(sql_, types_);
+        if (name.empty()) {
+          failed = Message(session_->conn());
+          return nullptr;
+        }
+        return PQexecPrepared(session_->conn(), name.c_str(), static_cast<int>(values.size()),
+                              values.data(), nullptr, nullptr, 0);
+      });
+      if (!Session::Succeeded(result_)) {
+        return absl::InternalError(absl::StrCat(
+            "history: ", what_, ": ", failed.empty() ? Message(session_->conn()) : failed));
       }
       (void)absl::SimpleAtoi(PQcmdTuples(result_), &changes_);
       row_ = -1;
@@ -175,8 +225,7 @@ class PostgresStatement final : public Statement {
     types_[i - 1] = type;
   }
 
-  PGconn* const conn_;
-  PreparedStatements* const prepared_;
+  Session* const session_;
   const std::string sql_;
   const std::string what_;
   std::vector<std::string> values_;
@@ -188,33 +237,30 @@ class PostgresStatement final : public Statement {
 
 class PostgresConnection final : public Connection {
  public:
-  PostgresConnection(PGconn* conn, std::string location)
-      : conn_(conn), location_(std::move(location)), prepared_(conn) {}
-  ~PostgresConnection() override { PQfinish(conn_); }
+  PostgresConnection(PGconn* conn, std::string location) : session_(conn, std::move(location)) {}
+  ~PostgresConnection() override { PQfinish(session_.conn()); }
   PostgresConnection(const PostgresConnection&) = delete;
   PostgresConnection& operator=(const PostgresConnection&) = delete;
 
   Dialect dialect() const override { return Dialect::kPostgres; }
-  const std::string& location() const override { return location_; }
-
-  // The session's settings: bounded waits, no notices on stderr.
-  absl::Status Configure() {
-    PQsetNoticeProcessor(
-        conn_, [](void*, const char*) {}, nullptr);
-    return Run(
-        absl::StrCat("SET lock_timeout = ", kWaitMs, "; SET statement_timeout = ", 2 * kWaitMs,
-                     "; SET idle_in_transaction_session_timeout = ", 6 * kWaitMs, ";"),
-        "configure the session");
-  }
+  const std::string& location() const override { return session_.location(); }
+  absl::Status Configure() { return session_.Configure(); }
 
   absl::StatusOr<std::unique_ptr<Statement>> Prepare(absl::string_view sql,
                                                      absl::string_view what) override {
-    if (absl::Status s = Reconnect(); !s.ok()) return s;
-    return std::make_unique<PostgresStatement>(conn_, &prepared_, Numbered(sql), std::string(what));
+    if (absl::Status s = session_.Reconnect(); !s.ok()) return s;
+    return std::make_unique<PostgresStatement>(&session_, Numbered(sql), std::string(what));
   }
   absl::Status Exec(absl::string_view sql, absl::string_view what) override {
-    if (absl::Status s = Reconnect(); !s.ok()) return s;
-    return Run(sql, what);
+    if (absl::Status s = session_.Reconnect(); !s.ok()) return s;
+    const std::string text(sql);
+    PGresult* r = session_.Run([&] { return PQexec(session_.conn(), text.c_str()); });
+    const bool ok = Session::Succeeded(r);
+    PQclear(r);
+    if (!ok) {
+      return absl::InternalError(absl::StrCat("history: ", what, ": ", Message(session_.conn())));
+    }
+    return absl::OkStatus();
   }
   absl::Status BeginWrite(absl::string_view what) override {
     return Exec(absl::StrCat("BEGIN; ", kWriteLock, ";"), absl::StrCat("begin ", what));
@@ -243,32 +289,7 @@ class PostgresConnection final : public Connection {
   }
 
  private:
-  absl::Status Run(absl::string_view sql, absl::string_view what) {
-    const std::string text(sql);
-    PGresult* result = PQexec(conn_, text.c_str());
-    const ExecStatusType status = PQresultStatus(result);
-    PQclear(result);
-    if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-      return absl::InternalError(absl::StrCat("history: ", what, ": ", Message(conn_)));
-    }
-    return absl::OkStatus();
-  }
-  // A connection the server dropped (a restart, a network fault) is made
-  // again, within connect_timeout.
-  absl::Status Reconnect() {
-    if (PQstatus(conn_) == CONNECTION_OK) return absl::OkStatus();
-    PQreset(conn_);
-    prepared_.Forget(/*deallocate=*/false);
-    if (PQstatus(conn_) != CONNECTION_OK) {
-      return absl::UnavailableError(
-          absl::StrCat("history: PostgreSQL at ", location_, ": ", Message(conn_)));
-    }
-    return Configure();
-  }
-
-  PGconn* const conn_;
-  const std::string location_;
-  PreparedStatements prepared_;
+  Session session_;
 };
 
 }  // namespace

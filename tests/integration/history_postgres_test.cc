@@ -2,9 +2,12 @@
 // by two logitd replicas: both migrate one new database as they start at
 // once, sixteen clients record through both at once and every
 // acknowledged run is listed by each replica; a run recorded through one
-// replica is the baseline of a Verify through the other; a server that
-// does not answer stops logitd at start with the reason, its password not
-// said.
+// replica is the baseline of a Verify through the other; a replica killed
+// mid-write loses no acknowledged run; a server that does not answer stops
+// logitd at start with the reason, its password not said.
+#include <signal.h>
+
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "logitd/client.h"
@@ -145,6 +149,67 @@ TEST(HistoryPostgresTest, TwoReplicasOnOneServerLoseNoRunAndShareBaselines) {
   EXPECT_EQ(second->comparison->baseline_labels.ref, "r1");
   ASSERT_EQ(second->comparison->candidates.size(), 1u);
   EXPECT_EQ(second->comparison->candidates[0].bits, "identical");
+}
+
+// kill -9 of a replica while sixteen clients record through it and the
+// other: every run either acknowledged is listed by the survivor and by the
+// replica started again, none twice.
+TEST(HistoryPostgresTest, AReplicaKilledMidWriteLosesNoAcknowledgedRun) {
+  absl::StatusOr<std::unique_ptr<ScratchPostgres>> pg = ScratchPostgres::Start();
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  absl::StatusOr<std::string> uri = (*pg)->NewDatabase("killed");
+  ASSERT_TRUE(uri.ok()) << uri.status();
+  const std::vector<std::string> args = {"--backend=cpu", "--history=" + *uri};
+  absl::StatusOr<ServerProcess> doomed = ServerProcess::Start(ServerBinary(), args);
+  ASSERT_TRUE(doomed.ok()) << doomed.status();
+  absl::StatusOr<ServerProcess> survivor = ServerProcess::Start(ServerBinary(), args);
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  const Tensor w = NormalBf16({40, 48}, 61);
+  std::vector<std::string> handles;
+  for (ServerProcess* p : {&*doomed, &*survivor}) {
+    absl::StatusOr<client::WeightInfo> info = Connect(*p)->RegisterWeight(w, "w");
+    ASSERT_TRUE(info.ok()) << info.status();
+    handles.push_back(info->handle);
+  }
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<std::int64_t> acknowledged;
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 16; ++t) {
+    clients.emplace_back([&, t] {
+      std::unique_ptr<client::Client> c = Connect(t % 2 == 0 ? *doomed : *survivor);
+      for (std::uint32_t i = 0; !stop && c != nullptr; ++i) {
+        const Tensor x = NormalBf16({3, 48}, 100 * t + i % 50);
+        absl::StatusOr<Tensor> y = c->Logits(x, handles[t % 2]);
+        if (!y.ok()) return;  // the replica is gone
+        VerifyArgs a;
+        a.operation = VerifyOperation::kLogits;
+        a.weight_handle = handles[t % 2];
+        a.x = x;
+        a.candidates["y"] = *y;
+        a.record = RunLabels{"p", absl::StrCat("c", t), "main", ""};
+        absl::StatusOr<VerifyResult> r = c->Verify(a);
+        if (!r.ok()) return;
+        std::lock_guard<std::mutex> lock(mu);
+        acknowledged.push_back(r->run_id);
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(1500));
+  ASSERT_EQ(kill(doomed->pid(), SIGKILL), 0);
+  absl::SleepFor(absl::Milliseconds(300));  // the survivor goes on recording
+  stop = true;
+  for (std::thread& t : clients) t.join();
+  doomed->WaitExit(absl::Seconds(10));
+  ASSERT_GT(acknowledged.size(), 16u);
+  const std::set<std::int64_t> want(acknowledged.begin(), acknowledged.end());
+  EXPECT_EQ(want.size(), acknowledged.size());
+  absl::StatusOr<ServerProcess> again = ServerProcess::Start(ServerBinary(), args);
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (ServerProcess* p : {&*survivor, &*again}) {
+    const std::set<std::int64_t> listed = ListedRuns(*Connect(*p));
+    for (std::int64_t id : want) EXPECT_EQ(listed.count(id), 1u) << id;
+  }
 }
 
 TEST(HistoryPostgresTest, AServerThatDoesNotAnswerStopsLogitdAtStartWithTheReason) {
