@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the wire-protocol conformance suite (tests/conformance) against a logitd
 # server: one already running, or a binary the suite starts itself on a free
-# loopback port (cpu backend, a temporary --weights_dir, --allow_shm).
+# loopback port (cpu backend, a temporary --weights_dir and --history file, --allow_shm).
 #
 #   scripts/conformance.sh HOST:PORT [PYTEST_ARGS...]
 #   scripts/conformance.sh --bin PATH/TO/logitd [PYTEST_ARGS...]

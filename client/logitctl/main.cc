@@ -125,9 +125,10 @@ commands:
                                      a shape among them (logitctl verify --help);
                                      --project: recorded in the server's history
   runs [--project=P] [--case=C] [--branch=B] [--limit=20] [--before=RUN] [--json]
-                                     the Verify runs the server recorded for this caller
-                                     (verify --project=P --case=C), newest first: their
-                                     labels, verdicts and candidates' verdicts
+                                     the runs the server recorded for this caller
+                                     (verify --project=P --case=C, validate --project=P),
+                                     newest first: their labels, verdicts and candidates'
+                                     verdicts (`logitctl history ...` is the same command)
   runs show RUN                      one recorded run: labels, platform, candidates' figures,
                                      the run it was compared with, alerts (--json)
   runs promote RUN NAME              name a recorded run a baseline of its project and case
@@ -231,7 +232,7 @@ int Main(int argc, char** argv) {
   if (cmd == "logprobs") return CmdLogProbs(w);
   if (cmd == "bench") return CmdBench(w);
   if (cmd == "stress") return CmdStress(w);
-  if (cmd == "runs") return CmdRuns(w);
+  if (cmd == "runs" || cmd == "history") return CmdRuns(w);
   if (cmd == "rules") return CmdRules(w);
   return UsageError(absl::StrCat("unknown command '", cmd, "'"));
 }

@@ -6,7 +6,8 @@ The server under test is, in this order of preference:
   running server, used as it is;
 - $LOGITD_BIN: a logitd binary the suite starts itself on a free loopback
   port with the cpu backend, a temporary --weights_dir (so that LoadWeight
-  can be exercised) and --allow_shm, and stops with SIGTERM at the end.
+  can be exercised), a temporary --history file and --allow_shm, and stops
+  with SIGTERM at the end.
 
 $LOGITD_CONFORMANCE_TOKEN, when set, is sent as `authorization: Bearer
 TOKEN` on every call (for a server started with --auth_tokens).
@@ -107,7 +108,8 @@ def server_under_test(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("logitd")
     weights_dir = tmp / "weights"
     weights_dir.mkdir()
-    server = _server_process().start(binary, tmp, ["--weights_dir=%s" % weights_dir, "--allow_shm"] + _token_flags(tmp))
+    flags = ["--weights_dir=%s" % weights_dir, "--allow_shm", "--history=%s" % (tmp / "history.sqlite3")]
+    server = _server_process().start(binary, tmp, flags + _token_flags(tmp))
     yield ServerUnderTest(address=server.address, weights_dir=str(weights_dir))
     server.stop(STOP_TIMEOUT_S)
 

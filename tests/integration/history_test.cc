@@ -467,6 +467,7 @@ TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("c0ffee"));
   EXPECT_THAT(r.out, HasSubstr("y:bitwise_equal_to_logitd"));
+  EXPECT_EQ(RunLogitctl({at, "history"}).out, r.out);  // the same command
   r = RunLogitctl({at, "runs", "--case=six", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
