@@ -305,6 +305,10 @@ absl::StatusOr<ListRunsResult> Client::ListRuns(const ListRunsArgs& args) {
     request.set_page_size(args.page_size);
     request.set_before_run_id(args.before_run_id);
     request.set_run_id(args.run_id);
+    request.set_backend(args.backend);
+    request.set_device(args.device);
+    request.set_recorded_after_unix_micros(args.recorded_after_unix_micros);
+    request.set_recorded_before_unix_micros(args.recorded_before_unix_micros);
     v1::ListRunsResponse response;
     if (absl::Status s = FromGrpc(impl_->stub->ListRuns(&context, request, &response)); !s.ok()) {
       return s;

@@ -95,6 +95,44 @@ absl::StatusOr<std::int64_t> Client::DeleteProject(const std::string& project) {
   });
 }
 
+absl::StatusOr<std::vector<ProjectSummary>> Client::ListProjects() {
+  return impl_->Call(
+      true, [&](grpc::ClientContext& context) -> absl::StatusOr<std::vector<ProjectSummary>> {
+        v1::ListProjectsResponse response;
+        if (absl::Status s =
+                FromGrpc(impl_->stub->ListProjects(&context, v1::ListProjectsRequest(), &response));
+            !s.ok()) {
+          return s;
+        }
+        std::vector<ProjectSummary> out;
+        for (const v1::ProjectSummary& p : response.projects()) {
+          out.push_back(
+              ProjectSummary{p.project(), p.cases(), p.runs(), p.alerts(), p.latest_unix_micros()});
+        }
+        return out;
+      });
+}
+
+absl::StatusOr<std::vector<CaseSummary>> Client::ListCases(const std::string& project) {
+  return impl_->Call(
+      true, [&](grpc::ClientContext& context) -> absl::StatusOr<std::vector<CaseSummary>> {
+        v1::ListCasesRequest request;
+        request.set_project(project);
+        v1::ListCasesResponse response;
+        if (absl::Status s = FromGrpc(impl_->stub->ListCases(&context, request, &response));
+            !s.ok()) {
+          return s;
+        }
+        std::vector<CaseSummary> out;
+        for (const v1::CaseSummary& c : response.cases()) {
+          out.push_back(CaseSummary{c.case_name(), c.runs(), c.alerts(), c.latest_run_id(),
+                                    c.latest_unix_micros(), c.latest_verdict(), c.latest_branch(),
+                                    c.latest_ref()});
+        }
+        return out;
+      });
+}
+
 absl::StatusOr<std::vector<RecordedCase>> Client::RecordValidation(
     const RecordValidationArgs& args) {
   v1::RecordValidationRequest request;

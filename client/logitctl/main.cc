@@ -125,10 +125,14 @@ commands:
                                      a shape among them (logitctl verify --help);
                                      --project: recorded in the server's history
   runs [--project=P] [--case=C] [--branch=B] [--limit=20] [--before=RUN] [--json]
+       [--backend=cpu|cuda] [--device=D] [--since=TIME] [--until=TIME]
                                      the runs the server recorded for this caller
                                      (verify --project=P --case=C, validate --project=P),
                                      newest first: their labels, verdicts and candidates'
-                                     verdicts (`logitctl history ...` is the same command)
+                                     verdicts; TIME in RFC 3339 (2026-12-01T00:00:00Z)
+  history ...                        the same as runs ...
+  runs projects                      this caller's projects: cases, runs, alerts, latest (--json)
+  runs cases --project=P             the project's cases: runs, alerts, the latest run (--json)
   runs show RUN                      one recorded run: labels, platform, candidates' figures,
                                      the run it was compared with, alerts (--json)
   runs promote RUN NAME              name a recorded run a baseline of its project and case

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -22,6 +23,12 @@ ABSL_FLAG(std::string, case, "", "runs: only the runs of this case");
 ABSL_FLAG(std::string, branch, "", "runs: only the runs of this branch");
 ABSL_FLAG(std::int32_t, limit, 20, "runs: at most this many runs (1 to 1000)");
 ABSL_FLAG(std::int64_t, before, 0, "runs: only runs older than this run id (0: from the newest)");
+ABSL_FLAG(std::string, backend, "", "runs: only the runs judged on this backend (cpu, cuda)");
+ABSL_FLAG(std::string, device, "", "runs: only the runs judged on this device (as runs prints it)");
+ABSL_FLAG(
+    std::string, since, "",
+    "runs: only the runs recorded at or after this time (RFC 3339, e.g. 2026-12-01T00:00:00Z)");
+ABSL_FLAG(std::string, until, "", "runs: only the runs recorded before this time (RFC 3339)");
 
 namespace logitd::logitctl {
 namespace {
@@ -115,45 +122,78 @@ int ShowRun(client::Client& c, std::int64_t id) {
 
 }  // namespace
 
-int CmdRuns(const std::vector<std::string>& words) {
-  if (words.size() >= 2 && words[1] == "promote") {
-    std::int64_t run = 0;
-    if (words.size() != 4 || !absl::SimpleAtoi(words[2], &run) || run <= 0) {
-      return UsageError("usage: runs promote RUN NAME (RUN: a run id from `logitctl runs`)");
+namespace {
+
+// logitctl runs projects | runs cases --project=P: a table, or --json.
+int ListProjectsOrCases(bool cases) {
+  const std::string project = absl::GetFlag(FLAGS_project);
+  if (cases && project.empty()) return UsageError("runs cases: needs --project=P");
+  return WithClient([&](client::Client& c) {
+    std::vector<std::vector<std::string>> rows;
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    if (cases) {
+      absl::StatusOr<std::vector<client::CaseSummary>> got = c.ListCases(project);
+      if (!got.ok()) return ServerError(got.status());
+      rows.push_back(
+          {"CASE", "RUNS", "ALERTS", "LATEST RUN", "RECORDED (UTC)", "VERDICT", "BRANCH", "REF"});
+      for (const client::CaseSummary& s : *got) {
+        rows.push_back({s.case_name, absl::StrCat(s.runs), absl::StrCat(s.alerts),
+                        absl::StrCat(s.latest_run_id), Time(s.latest_unix_micros), s.latest_verdict,
+                        s.latest_branch.empty() ? "-" : s.latest_branch,
+                        s.latest_ref.empty() ? "-" : s.latest_ref});
+        j.push_back({{"case", s.case_name},
+                     {"runs", s.runs},
+                     {"alerts", s.alerts},
+                     {"latest_run_id", s.latest_run_id},
+                     {"latest_recorded_at", Time(s.latest_unix_micros)},
+                     {"latest_verdict", s.latest_verdict},
+                     {"latest_branch", s.latest_branch},
+                     {"latest_ref", s.latest_ref}});
+      }
+    } else {
+      absl::StatusOr<std::vector<client::ProjectSummary>> got = c.ListProjects();
+      if (!got.ok()) return ServerError(got.status());
+      rows.push_back({"PROJECT", "CASES", "RUNS", "ALERTS", "LATEST (UTC)"});
+      for (const client::ProjectSummary& s : *got) {
+        rows.push_back({s.project, absl::StrCat(s.cases), absl::StrCat(s.runs),
+                        absl::StrCat(s.alerts), Time(s.latest_unix_micros)});
+        j.push_back({{"project", s.project},
+                     {"cases", s.cases},
+                     {"runs", s.runs},
+                     {"alerts", s.alerts},
+                     {"latest_recorded_at", Time(s.latest_unix_micros)}});
+      }
     }
-    return WithClient([&](client::Client& c) {
-      if (absl::Status s = c.PromoteRun(run, words[3]); !s.ok()) return ServerError(s);
-      std::cout << "run " << run << " is baseline '" << words[3] << "' of its project and case\n";
-      return kExitOk;
-    });
-  }
-  if (words.size() >= 2 && words[1] == "show") {
-    std::int64_t run = 0;
-    if (words.size() != 3 || !absl::SimpleAtoi(words[2], &run) || run <= 0) {
-      return UsageError("usage: runs show RUN (RUN: a run id from `logitctl runs`)");
+    if (absl::GetFlag(FLAGS_json)) {
+      std::cout << j.dump(1) << "\n";
+    } else {
+      PrintTable(rows);
     }
-    return WithClient([&](client::Client& c) { return ShowRun(c, run); });
-  }
-  if (words.size() >= 2 && words[1] == "delete-project") {
-    if (words.size() != 3) return UsageError("usage: runs delete-project PROJECT");
-    return WithClient([&](client::Client& c) {
-      absl::StatusOr<std::int64_t> runs = c.DeleteProject(words[2]);
-      if (!runs.ok()) return ServerError(runs.status());
-      std::cout << "project " << words[2] << " removed: " << *runs << " run"
-                << (*runs == 1 ? "" : "s") << ", its baselines and rules\n";
-      return kExitOk;
-    });
-  }
-  if (words.size() != 1) {
-    return UsageError(
-        "runs takes no arguments (its filters are flags), or: runs show RUN, runs promote RUN "
-        "NAME, runs delete-project PROJECT");
-  }
+    return kExitOk;
+  });
+}
+
+// logitctl runs: the runs its flags select, a table or --json.
+int ListRunsCommand() {
   const std::int32_t limit = absl::GetFlag(FLAGS_limit);
   if (limit < 1 || limit > 1000) {
     return UsageError(absl::StrCat("--limit: expected 1 to 1000, got ", limit));
   }
   client::ListRunsArgs args;
+  for (const auto& [name, flag, out] :
+       {std::tuple{"since", absl::GetFlag(FLAGS_since), &args.recorded_after_unix_micros},
+        std::tuple{"until", absl::GetFlag(FLAGS_until), &args.recorded_before_unix_micros}}) {
+    if (flag.empty()) continue;
+    absl::Time t;
+    std::string err;
+    if (!absl::ParseTime(absl::RFC3339_full, flag, &t, &err)) {
+      return UsageError(absl::StrCat("--", name, ": expected an RFC 3339 time such as ",
+                                     "2026-12-01T00:00:00Z, got '", flag, "'"));
+    }
+    *out = absl::ToUnixMicros(t);
+  }
+  args.backend = absl::GetFlag(FLAGS_backend);
+  args.device = absl::GetFlag(FLAGS_device);
   args.project = absl::GetFlag(FLAGS_project);
   args.case_name = absl::GetFlag(FLAGS_case);
   args.branch = absl::GetFlag(FLAGS_branch);
@@ -189,6 +229,48 @@ int CmdRuns(const std::vector<std::string>& words) {
     }
     return kExitOk;
   });
+}
+
+}  // namespace
+
+int CmdRuns(const std::vector<std::string>& words) {
+  if (words.size() >= 2 && words[1] == "promote") {
+    std::int64_t run = 0;
+    if (words.size() != 4 || !absl::SimpleAtoi(words[2], &run) || run <= 0) {
+      return UsageError("usage: runs promote RUN NAME (RUN: a run id from `logitctl runs`)");
+    }
+    return WithClient([&](client::Client& c) {
+      if (absl::Status s = c.PromoteRun(run, words[3]); !s.ok()) return ServerError(s);
+      std::cout << "run " << run << " is baseline '" << words[3] << "' of its project and case\n";
+      return kExitOk;
+    });
+  }
+  if (words.size() >= 2 && words[1] == "show") {
+    std::int64_t run = 0;
+    if (words.size() != 3 || !absl::SimpleAtoi(words[2], &run) || run <= 0) {
+      return UsageError("usage: runs show RUN (RUN: a run id from `logitctl runs`)");
+    }
+    return WithClient([&](client::Client& c) { return ShowRun(c, run); });
+  }
+  if (words.size() >= 2 && words[1] == "delete-project") {
+    if (words.size() != 3) return UsageError("usage: runs delete-project PROJECT");
+    return WithClient([&](client::Client& c) {
+      absl::StatusOr<std::int64_t> runs = c.DeleteProject(words[2]);
+      if (!runs.ok()) return ServerError(runs.status());
+      std::cout << "project " << words[2] << " removed: " << *runs << " run"
+                << (*runs == 1 ? "" : "s") << ", its baselines and rules\n";
+      return kExitOk;
+    });
+  }
+  if (words.size() == 2 && (words[1] == "projects" || words[1] == "cases")) {
+    return ListProjectsOrCases(words[1] == "cases");
+  }
+  if (words.size() != 1) {
+    return UsageError(
+        "runs takes no arguments (its filters are flags), or: runs projects, runs cases "
+        "--project=P, runs show RUN, runs promote RUN NAME, runs delete-project PROJECT");
+  }
+  return ListRunsCommand();
 }
 
 namespace {

@@ -136,9 +136,9 @@ absl::Status InsertCandidates(Connection* db, const RunRecord& run) {
 
 // Which runs a RunFilter lists: the tenant's, and each label it gives (so
 // that an index serves it: (tenant, project, case_name, id) for a case's
-// newest runs). Its parameters are ?1 to ?9, as BindFilter binds them (?6
-// the limit); the candidates' and alerts' reads add the listed ids' range
-// as ?10 and ?11.
+// newest runs). Its parameters are ?1 to ?9 and ?12 to ?15, as BindFilter
+// binds them (?6 the limit); the candidates' and alerts' reads add the
+// listed ids' range as ?10 and ?11.
 std::string FilterSql(const RunFilter& f) {
   std::string where = "tenant = ?1";
   if (!f.project.empty()) absl::StrAppend(&where, " AND project = ?2");
@@ -147,6 +147,10 @@ std::string FilterSql(const RunFilter& f) {
   if (f.before_id != 0) absl::StrAppend(&where, " AND id < ?5");
   if (!f.ref.empty()) absl::StrAppend(&where, " AND ref = ?7");
   if (f.run_id != 0) absl::StrAppend(&where, " AND id = ?8");
+  if (!f.backend.empty()) absl::StrAppend(&where, " AND backend = ?12");
+  if (!f.device.empty()) absl::StrAppend(&where, " AND device = ?13");
+  if (f.after_unix_us != 0) absl::StrAppend(&where, " AND recorded_unix_us >= ?14");
+  if (f.before_unix_us != 0) absl::StrAppend(&where, " AND recorded_unix_us < ?15");
   if (!f.baseline.empty()) {
     absl::StrAppend(&where,
                     " AND id = (SELECT run_id FROM baselines b WHERE b.tenant = ?1 AND b.project "
@@ -166,6 +170,10 @@ void BindFilter(Statement& s, const RunFilter& filter) {
   s.Bind(7, filter.ref);
   s.Bind(8, filter.run_id);
   s.Bind(9, filter.baseline);
+  s.Bind(12, filter.backend);
+  s.Bind(13, filter.device);
+  s.Bind(14, filter.after_unix_us);
+  s.Bind(15, filter.before_unix_us);
 }
 
 // The candidates and alerts of the listed runs (newest first), read with

@@ -127,6 +127,12 @@ struct RunFilter {
   std::int64_t run_id = 0;  // 0: any
   // The run promoted under this name for project and case_name ("": any).
   std::string baseline;
+  // The platform that judged it ("": any), and when it was recorded:
+  // [after_unix_us, before_unix_us) (0: unbounded).
+  std::string backend;
+  std::string device;
+  std::int64_t after_unix_us = 0;
+  std::int64_t before_unix_us = 0;
   std::int64_t before_id = 0;
   int limit = 100;
 };

@@ -1,5 +1,6 @@
 """The history's unary RPCs with stock stubs: RecordValidation records cases
-that ListRuns lists, and a second one compared with the first says the bits
+that ListRuns lists (narrowed by platform and time), ListProjects and
+ListCases summarise, and a second one compared with the first says the bits
 are identical (or which block changed); SetRules makes a changed bit an
 alert; PromoteRun names a baseline; DeleteProject removes the project; bad
 input is INVALID_ARGUMENT or NOT_FOUND with a message.
@@ -80,6 +81,24 @@ def test_recorded_cases_are_listed_and_compared(conn, project):
     assert [c.bits for c in b.comparison.candidates] == ["different_within_bounds"]
     assert list(b.comparison.candidates[0].changed_blocks) == [2]
 
+    # The project and its cases are listed; ListRuns narrows by platform and time.
+    projects = conn.stub.ListProjects(pb.ListProjectsRequest(), **conn.kw()).projects
+    mine = [p for p in projects if p.project == project]
+    assert len(mine) == 1 and mine[0].cases == 2 and mine[0].runs == 4
+    cases = conn.stub.ListCases(pb.ListCasesRequest(project=project), **conn.kw()).cases
+    assert [c.case_name for c in cases] == ["golden/a", "golden/b"]
+    assert cases[0].latest_run_id == a.run_id and cases[0].latest_branch == "pr"
+    run = runs[0]
+
+    def listed(**filters):
+        request = pb.ListRunsRequest(project=project, **filters)
+        return [r.run_id for r in conn.stub.ListRuns(request, **conn.kw()).runs]
+
+    assert len(listed(backend=run.backend, device=run.device)) == 4
+    assert listed(device="no such device") == []
+    assert listed(recorded_after_unix_micros=run.recorded_unix_micros + 10**12) == []
+    assert len(listed(recorded_before_unix_micros=run.recorded_unix_micros + 10**12)) == 4
+
 
 def test_rules_alert_and_a_promoted_run_is_a_baseline(conn, project):
     """bits_unchanged raises an alert on changed bits; a promoted run is compared by name."""
@@ -107,6 +126,11 @@ def test_bad_validations_are_refused_with_a_message(conn, project):
     twice.outputs.append(twice.outputs[0])
     assert "outputs" in expect_error(INVALID, record, conn, project, [twice])
     assert "case_name" in expect_error(INVALID, record, conn, project, [case("", 5)])
+    assert "project" in expect_error(INVALID, conn.stub.ListCases, pb.ListCasesRequest(), **conn.kw())
+    message = expect_error(
+        INVALID, conn.stub.ListRuns, pb.ListRunsRequest(recorded_after_unix_micros=-1), **conn.kw()
+    )
+    assert "recorded_after_unix_micros" in message
     message = expect_error(
         grpc.StatusCode.NOT_FOUND, record, conn, project, [case("golden/a", 5)], compare=pb.BaselineSelector(branch="none")
     )

@@ -468,6 +468,26 @@ TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
   EXPECT_THAT(r.out, HasSubstr("c0ffee"));
   EXPECT_THAT(r.out, HasSubstr("y:bitwise_equal_to_logitd"));
   EXPECT_EQ(RunLogitctl({at, "history"}).out, r.out);  // the same command
+  r = RunLogitctl({at, "runs", "projects"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("lm +2 +4 +0"));  // cases, runs, alerts
+  r = RunLogitctl({at, "runs", "cases", "--project=lm", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json cases = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(cases.is_array() && cases.size() == 2u) << r.out;
+  EXPECT_EQ(cases[0]["case"], "other");
+  EXPECT_EQ(cases[1]["case"], "six");
+  EXPECT_EQ(cases[1]["runs"], 3);
+  EXPECT_EQ(RunLogitctl({at, "runs", "cases"}).exit_code, 2);
+  r = RunLogitctl({at, "runs", "--since=2999-01-01T00:00:00Z"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("c0ffee")));
+  r = RunLogitctl({at, "runs", "--until=2999-01-01T00:00:00Z", "--backend=cpu"});
+  EXPECT_THAT(r.out, HasSubstr("c0ffee"));
+  EXPECT_THAT(RunLogitctl({at, "runs", "--device=none"}).out, ::testing::Not(HasSubstr("c0ffee")));
+  r = RunLogitctl({at, "runs", "--since=yesterday"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--since: expected an RFC 3339 time"));
   r = RunLogitctl({at, "runs", "--case=six", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);

@@ -79,10 +79,10 @@ TEST(NeedsDeviceTest, EveryCallButTheRecordKeepingOnesNeedsTheDevice) {
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
           v1::Logitd::service_full_name());
   ASSERT_NE(v1, nullptr);
-  const std::set<std::string> no_device = {"GetServerInfo", "ListWeights",   "ReleaseWeight",
-                                           "Probe",         "RegisterShm",   "ReleaseShm",
-                                           "ListRuns",      "PromoteRun",    "SetRules",
-                                           "ListRules",     "DeleteProject", "RecordValidation"};
+  const std::set<std::string> no_device = {
+      "GetServerInfo", "ListWeights",      "ReleaseWeight", "Probe",    "RegisterShm",
+      "ReleaseShm",    "ListRuns",         "PromoteRun",    "SetRules", "ListRules",
+      "DeleteProject", "RecordValidation", "ListProjects",  "ListCases"};
   for (int i = 0; i < v1->method_count(); ++i) {
     const std::string name = v1->method(i)->name();
     EXPECT_EQ(service::NeedsDevice(name), no_device.count(name) == 0) << name;

@@ -67,6 +67,19 @@ def test_verify_records_runs_that_list_runs_gives_back(history_server):
         assert len(first.runs) == 2 and first.next_before_run_id == first.runs[-1].run_id
         rest = c.list_runs(page_size=2, before_run_id=first.next_before_run_id)
         assert [r.run_id for r in rest.runs] == [ids[1], ids[0]] and rest.next_before_run_id == 0
+        # By platform and time; the projects and cases.
+        assert len(c.list_runs(backend="cpu", device=newest.device).runs) == len(c.list_runs().runs)
+        assert c.list_runs(device="no such device").runs == ()
+        latest = c.list_runs().runs[0]
+        later = latest.recorded_unix_micros + 1
+        assert c.list_runs(recorded_after_unix_micros=later).runs == ()
+        assert c.list_runs(recorded_after_unix_micros=latest.recorded_unix_micros).runs[0] == latest
+        assert c.list_runs(recorded_before_unix_micros=later).runs[0] == latest
+        (project,) = c.list_projects()
+        assert project.project == "lm" and project.runs == len(c.list_runs().runs)
+        cases = c.list_cases("lm")
+        assert [k.case for k in cases] == sorted(k.case for k in cases) and "logits" in [k.case for k in cases]
+        assert c.list_cases("nothing") == ()
 
         # Compared with main's latest run: the same bits; one value far off.
         same = c.verify_logits(

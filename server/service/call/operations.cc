@@ -35,6 +35,8 @@ const OperationInfo kOperations[] = {
     {"LogProbs", true, kXTargets, kLpOutputs, VerifyOperation::kLogProbs},
     {"Verify", true, kVerifyInputs, Empty(), std::nullopt},
     {"ListRuns", false, Empty(), Empty(), std::nullopt},
+    {"ListProjects", false, Empty(), Empty(), std::nullopt},
+    {"ListCases", false, Empty(), Empty(), std::nullopt},
     {"PromoteRun", false, Empty(), Empty(), std::nullopt},
     {"SetRules", false, Empty(), Empty(), std::nullopt},
     {"ListRules", false, Empty(), Empty(), std::nullopt},

@@ -384,6 +384,11 @@ grpc::Status LogitdService::ListRuns(grpc::ServerContext* context,
                                                      history::kMaxListedRuns, ", got ",
                                                      request->page_size()));
     }
+    if (request->recorded_after_unix_micros() < 0 || request->recorded_before_unix_micros() < 0) {
+      return absl::InvalidArgumentError(
+          "recorded_after_unix_micros, recorded_before_unix_micros: expected 0 (unbounded) or a "
+          "time in microseconds since 1970");
+    }
     if (request->before_run_id() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "before_run_id: expected 0 (the newest) or a run's id, got ", request->before_run_id()));
@@ -396,6 +401,10 @@ grpc::Status LogitdService::ListRuns(grpc::ServerContext* context,
     filter.branch = request->branch();
     filter.before_id = request->before_run_id();
     filter.run_id = request->run_id();
+    filter.backend = request->backend();
+    filter.device = request->device();
+    filter.after_unix_us = request->recorded_after_unix_micros();
+    filter.before_unix_us = request->recorded_before_unix_micros();
     filter.limit = page + 1;  // one more: is there a next page?
     absl::StatusOr<std::vector<history::RunRecord>> runs = options_.history->List(filter);
     if (!runs.ok()) return runs.status();
@@ -403,6 +412,52 @@ grpc::Status LogitdService::ListRuns(grpc::ServerContext* context,
     if (more) runs->pop_back();
     for (const history::RunRecord& r : *runs) FillRun(r, response->add_runs());
     if (more) response->set_next_before_run_id(runs->back().id);
+    stats->bytes_out = response->ByteSizeLong();
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status LogitdService::ListProjects(grpc::ServerContext* context,
+                                         const v1::ListProjectsRequest* request,
+                                         v1::ListProjectsResponse* response) {
+  return runner_.Run("ListProjects", context, [&](CallStats* stats) -> absl::Status {
+    stats->bytes_in = request->ByteSizeLong();
+    if (options_.history == nullptr) return absl::FailedPreconditionError(kNoHistory);
+    LOGITD_ASSIGN_OR_RETURN(const std::vector<history::ProjectSummary> projects,
+                            options_.history->Projects(stats->tenant.id));
+    for (const history::ProjectSummary& p : projects) {
+      v1::ProjectSummary* out = response->add_projects();
+      out->set_project(p.project);
+      out->set_cases(p.cases);
+      out->set_runs(p.runs);
+      out->set_alerts(p.alerts);
+      out->set_latest_unix_micros(p.latest_unix_us);
+    }
+    stats->bytes_out = response->ByteSizeLong();
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status LogitdService::ListCases(grpc::ServerContext* context,
+                                      const v1::ListCasesRequest* request,
+                                      v1::ListCasesResponse* response) {
+  return runner_.Run("ListCases", context, [&](CallStats* stats) -> absl::Status {
+    stats->bytes_in = request->ByteSizeLong();
+    if (options_.history == nullptr) return absl::FailedPreconditionError(kNoHistory);
+    LOGITD_RETURN_IF_ERROR(CheckProject(request->project()));
+    LOGITD_ASSIGN_OR_RETURN(const std::vector<history::CaseSummary> cases,
+                            options_.history->Cases(stats->tenant.id, request->project()));
+    for (const history::CaseSummary& c : cases) {
+      v1::CaseSummary* out = response->add_cases();
+      out->set_case_name(c.case_name);
+      out->set_runs(c.runs);
+      out->set_alerts(c.alerts);
+      out->set_latest_run_id(c.latest_run_id);
+      out->set_latest_unix_micros(c.latest_unix_us);
+      out->set_latest_verdict(c.latest_verdict);
+      out->set_latest_branch(c.latest_branch);
+      out->set_latest_ref(c.latest_ref);
+    }
     stats->bytes_out = response->ByteSizeLong();
     return absl::OkStatus();
   });

@@ -85,6 +85,10 @@ class LogitdService final : public RawTensorService {
                             v1::ZeroGradientResponse* response) override;
   grpc::Status ListRuns(grpc::ServerContext* context, const v1::ListRunsRequest* request,
                         v1::ListRunsResponse* response) override;
+  grpc::Status ListProjects(grpc::ServerContext* context, const v1::ListProjectsRequest* request,
+                            v1::ListProjectsResponse* response) override;
+  grpc::Status ListCases(grpc::ServerContext* context, const v1::ListCasesRequest* request,
+                         v1::ListCasesResponse* response) override;
   grpc::Status PromoteRun(grpc::ServerContext* context, const v1::PromoteRunRequest* request,
                           v1::PromoteRunResponse* response) override;
   grpc::Status SetRules(grpc::ServerContext* context, const v1::SetRulesRequest* request,

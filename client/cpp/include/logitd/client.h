@@ -131,6 +131,9 @@ class Client {
   // (history_types.h). FailedPrecondition from a server that keeps no
   // history.
   absl::StatusOr<ListRunsResult> ListRuns(const ListRunsArgs& args);
+  // This caller's projects, and the cases of one, by name.
+  absl::StatusOr<std::vector<ProjectSummary>> ListProjects();
+  absl::StatusOr<std::vector<CaseSummary>> ListCases(const std::string& project);
   // Names the recorded run `run_id` a baseline of its project and case
   // (BaselineSelector::name); retention never prunes it.
   absl::Status PromoteRun(std::int64_t run_id, const std::string& name);

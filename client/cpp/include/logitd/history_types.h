@@ -125,6 +125,32 @@ struct ListRunsArgs {
   int page_size = 0;
   std::int64_t before_run_id = 0;
   std::int64_t run_id = 0;  // only this run (0: any)
+  // Only runs judged on this platform ("": any), recorded in
+  // [recorded_after_unix_micros, recorded_before_unix_micros) (0: unbounded).
+  std::string backend;
+  std::string device;
+  std::int64_t recorded_after_unix_micros = 0;
+  std::int64_t recorded_before_unix_micros = 0;
+};
+
+// A project of this caller's history (Client::ListProjects), and a case of
+// one (Client::ListCases).
+struct ProjectSummary {
+  std::string project;
+  std::int64_t cases = 0;
+  std::int64_t runs = 0;
+  std::int64_t alerts = 0;
+  std::int64_t latest_unix_micros = 0;
+};
+struct CaseSummary {
+  std::string case_name;
+  std::int64_t runs = 0;
+  std::int64_t alerts = 0;
+  std::int64_t latest_run_id = 0;
+  std::int64_t latest_unix_micros = 0;
+  std::string latest_verdict;
+  std::string latest_branch;
+  std::string latest_ref;
 };
 
 struct ListRunsResult {

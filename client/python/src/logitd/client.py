@@ -22,7 +22,7 @@ from ._spread import _handle, _Spread
 from ._shm_layout import _matrix, _ShmLayout, _verify_needs_shm, _weight_rows
 from ._transport import _retried, _Transport
 from ._verify_calls import _VerifyCalls
-from .history import Rule, RunPage, page_of, rule_message, rule_of
+from .history import CaseSummary, ProjectSummary, Rule, RunPage, page_of, rule_message, rule_of
 from .errors import DataLossError, InvalidArgumentError, LogitdError, UnavailableError, from_rpc_error
 from .options import _MAX_CHUNK_BYTES, DEFAULT_CHUNK_BYTES, TLS, RetryPolicy, _channel
 from .results import CrossEntropyResult, Gradient, LogProbs, ReleaseResult, ServerInfo, WeightInfo, _from_proto
@@ -170,11 +170,17 @@ class Client(_VerifyCalls, _Spread, _Transport):
         page_size: int = 0,
         before_run_id: int = 0,
         run_id: int = 0,
+        backend: str = "",
+        device: str = "",
+        recorded_after_unix_micros: int = 0,
+        recorded_before_unix_micros: int = 0,
     ) -> RunPage:
         """The Verify runs the server recorded for this caller's tenant (verify_*'s
         ``record=``), newest first, those whose labels equal the non-empty ones
         given; a page of page_size runs (0: 100; at most 1000) older than
-        before_run_id (0: from the newest); run_id: only that run (0: any).
+        before_run_id (0: from the newest); run_id: only that run (0: any);
+        backend, device: only runs judged there; recorded in
+        [recorded_after_unix_micros, recorded_before_unix_micros) (0: unbounded).
         FailedPreconditionError from a
         server that keeps no history (logitd --history=none)."""
         request = pb.ListRunsRequest(
@@ -184,8 +190,39 @@ class Client(_VerifyCalls, _Spread, _Transport):
             page_size=page_size,
             before_run_id=before_run_id,
             run_id=int(run_id),
+            backend=backend,
+            device=device,
+            recorded_after_unix_micros=int(recorded_after_unix_micros),
+            recorded_before_unix_micros=int(recorded_before_unix_micros),
         )
         return page_of(self._unary(self._stub.ListRuns, request))
+
+    @_retried()
+    def list_projects(self) -> Tuple[ProjectSummary, ...]:
+        """This caller's projects in the server's history, by name."""
+        response = self._unary(self._stub.ListProjects, pb.ListProjectsRequest())
+        return tuple(
+            ProjectSummary(p.project, int(p.cases), int(p.runs), int(p.alerts), int(p.latest_unix_micros))
+            for p in response.projects
+        )
+
+    @_retried()
+    def list_cases(self, project: str) -> Tuple[CaseSummary, ...]:
+        """The cases of this caller's ``project``, by name (none: empty)."""
+        response = self._unary(self._stub.ListCases, pb.ListCasesRequest(project=project))
+        return tuple(
+            CaseSummary(
+                c.case_name,
+                int(c.runs),
+                int(c.alerts),
+                int(c.latest_run_id),
+                int(c.latest_unix_micros),
+                c.latest_verdict,
+                c.latest_branch,
+                c.latest_ref,
+            )
+            for c in response.cases
+        )
 
     @_retried()
     def promote_run(self, run_id: int, name: str) -> None:

@@ -144,6 +144,32 @@ class RunSummary:
 
 
 @dataclass(frozen=True)
+class ProjectSummary:
+    """A project of this caller's history: its cases, runs and alerts, and when
+    its latest run was recorded."""
+
+    project: str
+    cases: int
+    runs: int
+    alerts: int
+    latest_unix_micros: int
+
+
+@dataclass(frozen=True)
+class CaseSummary:
+    """A case of a project: its runs and alerts, and its latest run."""
+
+    case: str
+    runs: int
+    alerts: int
+    latest_run_id: int
+    latest_unix_micros: int
+    latest_verdict: str
+    latest_branch: str
+    latest_ref: str
+
+
+@dataclass(frozen=True)
 class RunPage:
     """A page of runs, newest first; next_before_run_id is the before_run_id of
     the next page (0: this is the last)."""
