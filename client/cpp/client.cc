@@ -331,6 +331,7 @@ absl::StatusOr<ListRunsResult> Client::ListRuns(const ListRunsArgs& args) {
       run.backend = r.backend();
       run.device = r.device();
       run.logitd_version = r.logitd_version();
+      run.libraries = r.libraries();
       run.recorded_unix_micros = r.recorded_unix_micros();
       for (const v1::CandidateSummary& c : r.candidates()) {
         run.candidates.push_back(CandidateSummary{c.name(), c.verdict(), c.xxh3(), c.elements(),

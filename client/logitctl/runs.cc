@@ -51,6 +51,7 @@ nlohmann::ordered_json RunJson(const client::RunSummary& r) {
   j["backend"] = r.backend;
   j["device"] = r.device;
   j["logitd_version"] = r.logitd_version;
+  j["libraries"] = r.libraries;
   j["recorded_at"] = Time(r.recorded_unix_micros);
   nlohmann::ordered_json cands = nlohmann::ordered_json::array();
   for (const client::CandidateSummary& c : r.candidates) {
@@ -101,6 +102,7 @@ int ShowRun(client::Client& c, std::int64_t id) {
             << ", inputs_xxh3 " << Hex64(r.inputs_xxh3) << ", " << r.backend << " " << r.device
             << ", logitd " << r.logitd_version << ", recorded " << Time(r.recorded_unix_micros)
             << " UTC\n";
+  if (!r.libraries.empty()) std::cout << "  " << r.libraries << "\n";
   if (r.baseline_run_id > 0) std::cout << "  compared with run " << r.baseline_run_id << "\n";
   std::vector<std::vector<std::string>> rows = {{"CANDIDATE", "VERDICT", "XXH3", "ELEMENTS",
                                                  "OUTSIDE", "WORST", "BITWISE", "MAX ULP",

@@ -54,7 +54,7 @@ std::int64_t RunBytes(const RunRecord& run) {
   std::int64_t n = 120 + run.tenant.size() + run.labels.project.size() +
                    run.labels.case_name.size() + run.labels.branch.size() + run.labels.ref.size() +
                    run.operation.size() + run.verdict.size() + run.backend.size() +
-                   run.device.size() + run.logitd_version.size();
+                   run.device.size() + run.logitd_version.size() + run.libraries.size();
   for (const CandidateFigures& c : run.candidates) {
     n += 100 +
          static_cast<std::int64_t>(c.name.size() + c.verdict.size() + 8 * c.block_digests.size());
@@ -332,8 +332,8 @@ absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs, std::in
       std::unique_ptr<Statement> insert,
       db->Prepare("INSERT INTO runs (tenant, project, case_name, branch, ref, operation, "
                   "inputs_xxh3, verdict, backend, device, logitd_version, recorded_unix_us, "
-                  "bytes, baseline_run_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-                  "?11, ?12, ?13, ?14) RETURNING id",
+                  "bytes, baseline_run_id, libraries) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
+                  "?9, ?10, ?11, ?12, ?13, ?14, ?15) RETURNING id",
                   "insert a run"));
   insert->Bind(1, run->tenant);
   insert->Bind(2, run->labels.project);
@@ -349,6 +349,7 @@ absl::Status HistoryStore::Record(RunRecord* run, std::int64_t max_runs, std::in
   insert->Bind(12, run->recorded_unix_us);
   insert->Bind(13, run->bytes);
   insert->Bind(14, run->baseline_run_id);
+  insert->Bind(15, run->libraries);
   LOGITD_ASSIGN_OR_RETURN(const bool inserted, insert->Next());
   if (!inserted) return absl::InternalError("history: insert a run: no id returned");
   run->id = insert->Int(0);
@@ -395,7 +396,8 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
       std::unique_ptr<Statement> s,
       db_->Prepare(absl::StrCat("SELECT id, tenant, project, case_name, branch, ref, operation, "
                                 "inputs_xxh3, verdict, backend, device, logitd_version, "
-                                "recorded_unix_us, bytes, baseline_run_id FROM runs WHERE ",
+                                "recorded_unix_us, bytes, baseline_run_id, libraries FROM runs "
+                                "WHERE ",
                                 FilterSql(filter), " ORDER BY id DESC LIMIT ?6"),
                    "read the runs"));
   BindFilter(*s, filter);
@@ -416,6 +418,7 @@ absl::StatusOr<std::vector<RunRecord>> HistoryStore::List(const RunFilter& filte
     r.recorded_unix_us = s->Int(12);
     r.bytes = s->Int(13);
     r.baseline_run_id = s->Int(14);
+    r.libraries = s->Text(15);
     runs.push_back(std::move(r));
   }
   s.reset();

@@ -84,6 +84,9 @@ struct RunRecord {
   std::string backend;
   std::string device;
   std::string logitd_version;
+  // The rest of the platform that decides the bits: driver, CUDA, cuBLASLt
+  // and SMs, or the BLAS and its threads ("" before schema version 8).
+  std::string libraries;
   std::int64_t recorded_unix_us = 0;  // set by Record when 0
   // What the run takes in the store, as it counts it (set by Record): its
   // labels, platform, candidates' figures and digests, alerts.

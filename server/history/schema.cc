@@ -88,6 +88,10 @@ constexpr const char* kSqlite[] = {
     R"sql(
       ALTER TABLE candidates ADD COLUMN rows INTEGER NOT NULL DEFAULT 0;
     )sql",
+    // 7 -> 8: the libraries (driver, CUDA, cuBLASLt; the BLAS) that judged it.
+    R"sql(
+      ALTER TABLE runs ADD COLUMN libraries TEXT NOT NULL DEFAULT '';
+    )sql",
 };
 
 static_assert(sizeof(kSqlite) / sizeof(kSqlite[0]) == kSchemaVersion, "one step per version");

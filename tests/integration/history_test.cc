@@ -496,6 +496,7 @@ TEST(HistoryTest, LogitctlVerifyRecordsAndRunsListsThem) {
   EXPECT_EQ(j["runs"][2]["run_id"], 1);
   EXPECT_EQ(j["runs"][2]["branch"], "main");
   EXPECT_EQ(j["runs"][0]["candidates"][0]["verdict"], "bitwise_equal_to_logitd");
+  EXPECT_THAT(j["runs"][0]["libraries"].get<std::string>(), ::testing::EndsWith(" threads"));
   EXPECT_EQ(j["next_before"], 0);
   r = RunLogitctl({at, "runs", "--limit=1"});
   EXPECT_THAT(r.out, HasSubstr("more: --before=4"));

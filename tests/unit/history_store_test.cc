@@ -312,6 +312,7 @@ TEST_P(HistoryStoreTest, EveryOperationKeepsWhatItWasGiven) {
   r.candidates[1].rms_ratio = std::numeric_limits<double>::quiet_NaN();
   r.candidates[1].effective_bits = 0.1 + 0.2;  // every bit of a double
   r.alerts = {Alert{"bits_unchanged", "y", "bits 'changed' since run 1"}};
+  r.libraries = "driver 580.159.04, CUDA 13.0, cuBLASLt 130100, 132 SMs, split_k fp32";
   const absl::Status recorded = (*store)->Record(&r);
   ASSERT_TRUE(recorded.ok()) << recorded;
   RunRecord second = MakeRun("t", "p", "d", "dev", 1);
@@ -331,6 +332,7 @@ TEST_P(HistoryStoreTest, EveryOperationKeepsWhatItWasGiven) {
   ASSERT_EQ(back.alerts.size(), 1u);
   EXPECT_EQ(back.alerts[0].message, "bits 'changed' since run 1");
   EXPECT_EQ(back.bytes, r.bytes);
+  EXPECT_EQ(back.libraries, r.libraries);
 
   ASSERT_TRUE((*store)->Promote("t", r.id, "golden").ok());
   ASSERT_TRUE((*store)->Promote("t", r.id, "golden").ok());  // again: the same

@@ -58,6 +58,7 @@ def test_verify_records_runs_that_list_runs_gives_back(history_server):
         newest = page.runs[0]
         assert newest.labels == logitd.RunLabels("lm", "logits", "dev", "c2")
         assert newest.operation == "logits" and newest.backend == "cpu"
+        assert newest.libraries.endswith(" threads")  # the BLAS and its threads
         assert newest.verdict in ("within_bounds", "bitwise_equal_to_logitd")
         (cand,) = newest.candidates
         assert cand.name == "y" and cand.elements == 4 * 60

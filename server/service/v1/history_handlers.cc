@@ -74,6 +74,7 @@ void FillRun(const history::RunRecord& r, v1::RunSummary* out) {
   out->set_backend(r.backend);
   out->set_device(r.device);
   out->set_logitd_version(r.logitd_version);
+  out->set_libraries(r.libraries);
   out->set_recorded_unix_micros(r.recorded_unix_us);
   out->set_baseline_run_id(r.baseline_run_id);
   for (const history::CandidateFigures& c : r.candidates) {
@@ -185,13 +186,27 @@ void FillRule(const history::Rule& r, v1::HistoryRule* out) {
 }
 
 // What differs between this server's platform and the run's ("" for none).
-std::string PlatformDifference(const history::RunRecord& base, const std::string& backend,
-                               const std::string& device, const std::string& version) {
+// The libraries of a platform, as a run keeps them: what decides the bits
+// besides the backend and device.
+std::string LibrariesOf(const kernels::BackendInfo& info) {
+  if (info.backend == "cuda") {
+    return absl::StrCat("driver ", info.driver_version, ", CUDA ", info.cuda_runtime_version,
+                        ", cuBLASLt ", info.cublaslt_version, ", ", info.multiprocessor_count,
+                        " SMs, split_k ", info.split_k);
+  }
+  return absl::StrCat(info.blas_version, ", ", info.multiprocessor_count, " threads");
+}
+
+std::string PlatformDifference(const history::RunRecord& base, const kernels::BackendInfo& info,
+                               const std::string& version) {
   std::string out;
-  for (const auto& [what, was, is] :
-       {std::tuple{"backend", &base.backend, &backend}, std::tuple{"device", &base.device, &device},
-        std::tuple{"logitd version", &base.logitd_version, &version}}) {
-    if (*was != *is) {
+  const std::string libraries = LibrariesOf(info);
+  for (const auto& [what, was, is] : {std::tuple{"backend", &base.backend, &info.backend},
+                                      std::tuple{"device", &base.device, &info.device_name},
+                                      std::tuple{"logitd version", &base.logitd_version, &version},
+                                      std::tuple{"libraries", &base.libraries, &libraries}}) {
+    // A run recorded before its libraries were kept is not said to differ.
+    if (*was != *is && !(was->empty() && std::string(what) == "libraries")) {
       absl::StrAppend(&out, out.empty() ? "" : "; ", what, " ", *was, " then, ", *is, " now");
     }
   }
@@ -325,8 +340,7 @@ absl::Status LogitdService::RecordRun(const v1::VerifyHeader& header, const Tena
     // another run than this one).
     absl::StatusOr<history::RunRecord> base = FindBaseline(*options_.history, header, tenant);
     if (base.ok()) {
-      Compare(*base, *result,
-              PlatformDifference(*base, info.backend, info.device_name, std::string(Version())),
+      Compare(*base, *result, PlatformDifference(*base, info, std::string(Version())),
               result->mutable_comparison());
       baseline = BaselineOf(*base, result->comparison());
       baseline_run_id = base->id;
@@ -343,6 +357,7 @@ absl::Status LogitdService::RecordRun(const v1::VerifyHeader& header, const Tena
   run.backend = info.backend;
   run.device = info.device_name;
   run.logitd_version = std::string(Version());
+  run.libraries = LibrariesOf(info);
   run.baseline_run_id = baseline_run_id;
   for (const v1::CandidateVerdict& c : result->candidates()) {
     run.candidates.push_back(FiguresOf(c));

@@ -110,6 +110,7 @@ struct RunSummary {
   std::string backend;
   std::string device;
   std::string logitd_version;
+  std::string libraries;  // driver, CUDA, cuBLASLt, SMs; or the BLAS and threads
   std::int64_t recorded_unix_micros = 0;
   std::vector<CandidateSummary> candidates;
   std::vector<Alert> alerts;         // the rules it broke when recorded

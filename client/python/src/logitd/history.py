@@ -141,6 +141,7 @@ class RunSummary:
     candidates: Tuple[CandidateSummary, ...]
     alerts: Tuple[Alert, ...] = ()
     baseline_run_id: int = 0
+    libraries: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,7 @@ def _run_of(r: Any) -> RunSummary:
         backend=r.backend,
         device=r.device,
         logitd_version=r.logitd_version,
+        libraries=r.libraries,
         recorded_unix_micros=int(r.recorded_unix_micros),
         candidates=tuple(
             CandidateSummary(
