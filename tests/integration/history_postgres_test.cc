@@ -171,35 +171,26 @@ TEST(HistoryPostgresTest, AReplicaKilledMidWriteLosesNoAcknowledgedRun) {
     ASSERT_TRUE(info.ok()) << info.status();
     handles.push_back(info->handle);
   }
-  std::atomic<bool> stop{false};
-  std::mutex mu;
-  std::vector<std::int64_t> acknowledged;
-  std::vector<std::thread> clients;
-  for (int t = 0; t < 16; ++t) {
-    clients.emplace_back([&, t] {
-      std::unique_ptr<client::Client> c = Connect(t % 2 == 0 ? *doomed : *survivor);
-      for (std::uint32_t i = 0; !stop && c != nullptr; ++i) {
+  RecordingClients clients(
+      16, [&](int t) { return Connect(t % 2 == 0 ? *doomed : *survivor); },
+      [&](int t, std::uint32_t i, client::Client& c) -> absl::StatusOr<std::int64_t> {
         const Tensor x = NormalBf16({3, 48}, 100 * t + i % 50);
-        absl::StatusOr<Tensor> y = c->Logits(x, handles[t % 2]);
-        if (!y.ok()) return;  // the replica is gone
+        absl::StatusOr<Tensor> y = c.Logits(x, handles[t % 2]);
+        if (!y.ok()) return y.status();
         VerifyArgs a;
         a.operation = VerifyOperation::kLogits;
         a.weight_handle = handles[t % 2];
         a.x = x;
         a.candidates["y"] = *y;
         a.record = RunLabels{"p", absl::StrCat("c", t), "main", ""};
-        absl::StatusOr<VerifyResult> r = c->Verify(a);
-        if (!r.ok()) return;
-        std::lock_guard<std::mutex> lock(mu);
-        acknowledged.push_back(r->run_id);
-      }
-    });
-  }
+        absl::StatusOr<VerifyResult> r = c.Verify(a);
+        if (!r.ok()) return r.status();
+        return r->run_id;
+      });
   absl::SleepFor(absl::Milliseconds(1500));
   ASSERT_EQ(kill(doomed->pid(), SIGKILL), 0);
   absl::SleepFor(absl::Milliseconds(300));  // the survivor goes on recording
-  stop = true;
-  for (std::thread& t : clients) t.join();
+  const std::vector<std::int64_t> acknowledged = clients.Stop();
   doomed->WaitExit(absl::Seconds(10));
   ASSERT_GT(acknowledged.size(), 16u);
   const std::set<std::int64_t> want(acknowledged.begin(), acknowledged.end());

@@ -8,15 +8,12 @@
 #include <signal.h>
 #include <sqlite3.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -370,27 +367,18 @@ TEST(HistoryTest, EveryAcknowledgedRunSurvivesAKillMidWrite) {
   ASSERT_TRUE(server.ok()) << server.status();
   std::unique_ptr<client::Client> setup = Connect(*server);
   const std::string handle = Register(*setup, NormalBf16({40, 48}, 41));
-  std::atomic<bool> stop{false};
-  std::mutex mu;
-  std::vector<std::int64_t> acknowledged;
-  std::vector<std::thread> clients;
   // Sixteen clients recording at once, each a case of its own.
-  for (int t = 0; t < 16; ++t) {
-    clients.emplace_back([&, t] {
-      std::unique_ptr<client::Client> c = Connect(*server);
-      for (std::uint32_t i = 0; !stop && c != nullptr; ++i) {
+  RecordingClients clients(
+      16, [&](int) { return Connect(*server); },
+      [&](int t, std::uint32_t i, client::Client& c) -> absl::StatusOr<std::int64_t> {
         absl::StatusOr<VerifyResult> r = VerifyOwnLogits(
-            *c, handle, 100 * t + i % 50, RunLabels{"p", absl::StrCat("c", t), "main", ""});
-        if (!r.ok()) return;  // the server is gone
-        std::lock_guard<std::mutex> lock(mu);
-        acknowledged.push_back(r->run_id);
-      }
-    });
-  }
+            c, handle, 100 * t + i % 50, RunLabels{"p", absl::StrCat("c", t), "main", ""});
+        if (!r.ok()) return r.status();
+        return r->run_id;
+      });
   absl::SleepFor(absl::Milliseconds(1500));
   ASSERT_EQ(kill(server->pid(), SIGKILL), 0);
-  stop = true;
-  for (std::thread& t : clients) t.join();
+  const std::vector<std::int64_t> acknowledged = clients.Stop();
   server->WaitExit(absl::Seconds(10));
   ASSERT_GT(acknowledged.size(), 16u);
   EXPECT_EQ(std::set<std::int64_t>(acknowledged.begin(), acknowledged.end()).size(),

@@ -276,4 +276,27 @@ grpc::StatusCode HealthCheck(const std::string& address, const std::string& serv
   return status.error_code();
 }
 
+RecordingClients::RecordingClients(int count, Connector connect, Recorder record) {
+  for (int t = 0; t < count; ++t) {
+    clients_.emplace_back([this, t, connect, record] {
+      std::unique_ptr<client::Client> c = connect(t);
+      for (std::uint32_t i = 0; !stop_ && c != nullptr; ++i) {
+        absl::StatusOr<std::int64_t> id = record(t, i, *c);
+        if (!id.ok()) return;  // the server is gone
+        absl::MutexLock lock(&mu_);
+        acknowledged_.push_back(*id);
+      }
+    });
+  }
+}
+
+std::vector<std::int64_t> RecordingClients::Stop() {
+  stop_ = true;
+  for (std::thread& t : clients_) {
+    if (t.joinable()) t.join();
+  }
+  absl::MutexLock lock(&mu_);
+  return acknowledged_;
+}
+
 }  // namespace logitd::testing

@@ -5,14 +5,19 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "logitd/client.h"
 #include "logitd/tensor.h"
@@ -40,6 +45,29 @@ class TempDir {
 
 // The server binary under test, from the build (a compile definition);
 // LogitctlBinary() and RunLogitctl() are in tests/support/run_logitctl.h.
+// Clients that record runs until stopped, each on a connection of its
+// own, for the tests that kill a server mid-write: `record(t, i, client)`
+// records client t's i-th run and returns its id, or an error once the
+// server is gone, after which that client stops.
+class RecordingClients {
+ public:
+  using Connector = std::function<std::unique_ptr<client::Client>(int t)>;
+  using Recorder =
+      std::function<absl::StatusOr<std::int64_t>(int t, std::uint32_t i, client::Client& c)>;
+  RecordingClients(int count, Connector connect, Recorder record);
+  RecordingClients(const RecordingClients&) = delete;
+  RecordingClients& operator=(const RecordingClients&) = delete;
+  ~RecordingClients() { Stop(); }
+  // Stops and joins the clients: the run ids the servers acknowledged.
+  std::vector<std::int64_t> Stop();
+
+ private:
+  std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  std::vector<std::int64_t> acknowledged_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> clients_;
+};
+
 std::string ServerBinary();
 
 // A test binary run as more than one variant (tests/CMakeLists.txt,
