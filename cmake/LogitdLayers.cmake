@@ -20,6 +20,7 @@ function(logitd_link_closure target out)
       # $<BUILD_INTERFACE:x> and $<LINK_ONLY:x> name x; other generator
       # expressions are not library names.
       string(REGEX REPLACE "^\\$<(BUILD_INTERFACE|LINK_ONLY):(.*)>$" "\\2" lib "${lib}")
+      string(REGEX REPLACE "^\\$<LINK_LIBRARY:[A-Z_]+,(.*)>$" "\\1" lib "${lib}")
       if(lib MATCHES "^\\$<" OR lib IN_LIST seen)
         continue()
       endif()
@@ -92,7 +93,7 @@ function(logitd_check_layers)
 
   set(wire "logitd_wire|logitd_proto|logitd_oip_proto|gRPC::.*|protobuf::.*")
   set(service "logitd_service.*|logitd_state_dir")
-  set(kernels "logitd_kernels|logitd_backend|logitd_cuda_.*|logitd_host_pool|logitd_device_health|logitd_algo_cache")
+  set(kernels "logitd_kernels.*|logitd_backend|logitd_cuda_.*|logitd_host_pool|logitd_device_health|logitd_algo_cache")
   set(clients "logitd_client|logitd_validate|logitd_connection_flags|logitd_server_info_json|logitd_argv")
 
   # Core: tensors and numbers, nothing of the wire or of anything above.
@@ -107,7 +108,8 @@ function(logitd_check_layers)
                          "the references include the core only, nothing of the wire or above")
   # Kernels: the core, never the wire, the service or a client.
   foreach(target logitd_host_pool logitd_device_health logitd_backend logitd_algo_cache
-                 logitd_kernels logitd_cuda_kernels logitd_cuda_backend)
+                 logitd_kernels logitd_kernels_code logitd_cuda_kernels logitd_cuda_backend
+                 logitd_cuda_backend_code)
     logitd_forbid_links(${target} "^(${wire}|${service}|${clients})$"
                         "the kernels' layer links logitd_core, never the wire (proto, gRPC)")
   endforeach()

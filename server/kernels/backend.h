@@ -20,6 +20,7 @@
 #include "logitd/bf16.h"
 #include "logitd/protocol.h"
 #include "logitd/tensor.h"
+#include "server/kernels/kernel.h"
 
 namespace logitd {
 class Fp64Products;  // logitd/reference/fp64_products.h
@@ -170,87 +171,6 @@ struct BackwardArgs {
   bool accumulate_dw = false;     // dW += G^T X into the weight's fp32 buffer; dw unused
 };
 
-struct CrossEntropyArgs {
-  const Bf16Bits* x = nullptr;  // [m, K] bf16
-  std::int64_t m = 0;
-  const std::int64_t* targets = nullptr;  // [m], each in [0, V) or == ignore_index
-  std::int64_t ignore_index = -100;
-  float z_loss = 0.0f;         // coefficient of z_loss * lse^2; 0 = off
-  float logit_softcap = 0.0f;  // z = cap * tanh(y / cap); 0 = off
-  // Multiplies every counted token's dL/dz before the bf16 cast of G (the
-  // service folds the incoming gradient and 1/count for a mean into it).
-  float grad_scale = 1.0f;
-  float* loss = nullptr;  // [m] per-token loss; 0 for ignored tokens. Required.
-  float* lse = nullptr;   // [m] or null
-  void* dx = nullptr;     // [m, K] of dx_dtype, or null
-  DType dx_dtype = DType::kBf16;
-  float* dw = nullptr;         // [V, K] fp32, or null
-  bool accumulate_dw = false;  // dW += G^T X into the weight's fp32 buffer; dw unused
-  // Vocabulary rows per chunk, which asks for a walk over the vocabulary; 0
-  // lets the backend choose the walk and its chunk from its memory.
-  std::int64_t vocab_chunk = 0;
-};
-
-struct LogProbsArgs {
-  const Bf16Bits* x = nullptr;  // [m, K] bf16
-  std::int64_t m = 0;
-  // [m], each in [0, vocab) or == ignore_index; null for no targets.
-  const std::int64_t* targets = nullptr;
-  std::int64_t ignore_index = -100;
-  float temperature = 1.0f;    // > 0; z = softcap(y) / temperature
-  float logit_softcap = 0.0f;  // 0 = off
-  // Vocabulary entries that count (the first `vocab` rows of W), 1..V.
-  std::int64_t vocab = 0;
-  // Outputs; null for those not asked. logprob and rank need targets.
-  float* logprob = nullptr;          // [m]; 0 for an ignored target
-  float* lse = nullptr;              // [m]
-  float* entropy = nullptr;          // [m]
-  std::int64_t top_k = 0;            // 0..kMaxTopK
-  std::int32_t* topk_ids = nullptr;  // [m, top_k], most likely first, ties by lower id
-  float* topk_logprobs = nullptr;    // [m, top_k]
-  std::int64_t* rank = nullptr;      // [m]; -1 for an ignored target
-  // Vocabulary rows per chunk; 0 lets the backend choose.
-  std::int64_t vocab_chunk = 0;
-};
-
-// Rows [r0, r0 + rows) of a LogProbs call with a weight of K columns as a
-// call of their own: the same options, every pointer moved to the block's
-// first row.
-inline LogProbsArgs LogProbsRowsOf(const LogProbsArgs& args, std::int64_t k, std::int64_t r0,
-                                   std::int64_t rows) {
-  LogProbsArgs b = args;
-  const auto at = [r0](auto* p, std::int64_t per_row) {
-    return p == nullptr ? p : p + r0 * per_row;
-  };
-  b.m = rows;
-  b.x = at(args.x, k);
-  b.targets = at(args.targets, 1);
-  b.logprob = at(args.logprob, 1);
-  b.lse = at(args.lse, 1);
-  b.entropy = at(args.entropy, 1);
-  b.topk_ids = at(args.topk_ids, args.top_k);
-  b.topk_logprobs = at(args.topk_logprobs, args.top_k);
-  b.rank = at(args.rank, 1);
-  return b;
-}
-
-// Rows [r0, r0 + rows) of a CrossEntropy call without dW as a call of its
-// own: the same options (grad_scale included), every pointer moved to the
-// block's first row.
-inline CrossEntropyArgs CrossEntropyRowsOf(const CrossEntropyArgs& args, std::int64_t k,
-                                           std::int64_t r0, std::int64_t rows) {
-  CrossEntropyArgs b = args;
-  b.m = rows;
-  b.x = args.x + r0 * k;
-  b.targets = args.targets == nullptr ? nullptr : args.targets + r0;
-  b.loss = args.loss == nullptr ? nullptr : args.loss + r0;
-  b.lse = args.lse == nullptr ? nullptr : args.lse + r0;
-  b.dx = args.dx == nullptr ? nullptr
-                            : static_cast<std::byte*>(args.dx) +
-                                  static_cast<std::size_t>(r0 * k) * ElementSize(args.dx_dtype);
-  return b;
-}
-
 // The checks every backend makes of a call's arguments before it touches
 // their memory, in one wording for all backends ("<call>: x is null",
 // "<call>: expected m (rows of x) >= 1, got 0", ...): InvalidArgument when a
@@ -262,9 +182,6 @@ inline CrossEntropyArgs CrossEntropyRowsOf(const CrossEntropyArgs& args, std::in
 absl::Status CheckLoadWeightArgs(const Bf16Bits* w, std::int64_t v, std::int64_t k);
 absl::Status CheckLogitsArgs(const Weight& w, const LogitsArgs& args);
 absl::Status CheckBackwardArgs(const Weight& w, const BackwardArgs& args);
-absl::Status CheckCrossEntropyArgs(const Weight& w, const CrossEntropyArgs& args);
-absl::Status CheckLogProbsArgs(const Weight& w, const LogProbsArgs& args);
-absl::Status CheckCastArgs(const float* in, std::int64_t n, const Bf16Bits* out);
 // InvalidArgument for a weight that `backend` ("cpu", "cuda") did not load,
 // which reaches it through the shared interface: "<call>: expected a weight
 // loaded by the cpu backend, got one [V, K] from another backend".
@@ -275,9 +192,11 @@ absl::Status ForeignWeightError(absl::string_view call, absl::string_view backen
 // they do not agree with the weight.
 //
 // The entry points are not virtual: each makes the checks every backend
-// makes, in one place, and then calls the backend's Do* method. In order:
-//   1. the call's arguments (CheckLogitsArgs and its siblings), so every
-//      backend words a bad argument alike and no Do* method sees one;
+// makes, in one place, and then calls the backend's Do* method (for an
+// operation's kernel, Kernel and DoKernel: kernel.h). In order:
+//   1. the call's arguments (CheckLogitsArgs and its siblings, an
+//      operation's CheckArgs), so every backend words a bad argument alike
+//      and no Do* method or kernel sees one;
 //   2. the device's health: once Health() is not OK every call fails with
 //      that status at once, before it touches the device;
 //   3. the Do* method; a failure goes to NoteFailure, where a backend marks
@@ -385,26 +304,18 @@ class Backend {
     return Run(absl::OkStatus(), [&] { return DoZeroGradient(w); });
   }
 
-  // out[i] = bf16(in[i]), round to nearest even: the cast Backward applies.
-  absl::Status CastToBf16(const float* in, std::int64_t n, Bf16Bits* out, Timing* timing) {
-    return Run(CheckCastArgs(in, n, out), [&] { return DoCastToBf16(in, n, out, timing); });
+  // An operation's kernel (kernel.h), named by its arguments' type
+  // (server/kernels/ops/): the arguments' CheckArgs, the device's health,
+  // then the kernel this backend registered for them (kernel_table.h);
+  // Unimplemented where it has none.
+  template <typename Args>
+  absl::Status Kernel(const Args& args, Timing* timing) {
+    return RunKernel(KernelOpOf<Args>(), &args, timing);
   }
-
-  // Fused cross-entropy (see logitd.v1.CrossEntropyHeader for the formulas):
-  // fp32 logits computed chunk by chunk over V, never all of [m, V] at once;
-  // G = bf16(dL/dz * dz/dy * grad_scale) per chunk (RNE, once), dX in fp32
-  // and rounded once, dW in fp32.
-  absl::Status CrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) {
-    return Run(CheckCrossEntropyArgs(w, args), [&] { return DoCrossEntropy(w, args, timing); });
-  }
-  // Per-token log-probabilities of the fp32 logits z = softcap(X . W^T) /
-  // temperature over the first `vocab` entries (see logitd.v1.LogProbsHeader):
-  // lse, the target's log-prob and rank, the entropy and the top-k, computed
-  // chunk by chunk over V without [m, V] at once. With temperature 1, no
-  // soft-capping and vocab = V, lse and logprob are bitwise those of
-  // CrossEntropy (logprob = -loss).
-  absl::Status LogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing) {
-    return Run(CheckLogProbsArgs(w, args), [&] { return DoLogProbs(w, args, timing); });
+  // The same with the arguments' type erased: what a backend in front of
+  // another forwards.
+  absl::Status RunKernel(const KernelOp& op, const void* args, Timing* timing) {
+    return Run(op.check(args), [&] { return DoKernel(op, args, timing); });
   }
 
  protected:
@@ -429,18 +340,8 @@ class Backend {
   virtual absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out,
                                                         bool zero_after_fetch) = 0;
   virtual absl::Status DoZeroGradient(Weight& w) = 0;
-  virtual absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                                    Timing* timing) = 0;
-  virtual absl::Status DoCrossEntropy(Weight& /*w*/, const CrossEntropyArgs& /*args*/,
-                                      Timing* /*timing*/) {
-    return absl::UnimplementedError(
-        absl::StrCat(Info().backend, " backend has no fused cross-entropy yet"));
-  }
-  virtual absl::Status DoLogProbs(const Weight& /*w*/, const LogProbsArgs& /*args*/,
-                                  Timing* /*timing*/) {
-    return absl::UnimplementedError(
-        absl::StrCat(Info().backend, " backend has no log-probabilities yet"));
-  }
+  // The backend's kernel of `op` (KernelTable<B>::Run, kernel_table.h).
+  virtual absl::Status DoKernel(const KernelOp& op, const void* args, Timing* timing) = 0;
 
   // Every failed status of a Do* method, before the call returns: a backend
   // whose failure can lose the device marks itself lost here (Health then

@@ -18,6 +18,8 @@
 #include "logitd/bf16.h"
 #include "logitd/tensor.h"
 #include "server/kernels/backend.h"
+#include "server/kernels/ops/cross_entropy.h"
+#include "server/kernels/ops/log_probs.h"
 
 namespace logitd::testing {
 
@@ -146,6 +148,7 @@ inline void ExpectLogProbsCutIsTheWholeCall(kernels::Backend& backend, const Cut
       const std::vector<std::int64_t> targets = cut_detail::Targets(m, v, 11, 5, rng);
       const auto args_into = [&](Outputs* o, float temperature) {
         kernels::LogProbsArgs a;
+        a.weight = &weight;
         a.x = x.data();
         a.m = m;
         a.targets = targets.data();
@@ -162,7 +165,7 @@ inline void ExpectLogProbsCutIsTheWholeCall(kernels::Backend& backend, const Cut
         return a;
       };
       Outputs whole(m, top_k), cut(m, top_k);
-      const absl::Status all = backend.LogProbs(weight, args_into(&whole, 0.7f), nullptr);
+      const absl::Status all = backend.Kernel(args_into(&whole, 0.7f), nullptr);
       ASSERT_TRUE(all.ok()) << all;
       const std::int64_t rows = backend.LogProbsBlockRows(weight, m);
       EXPECT_EQ(rows, std::min(m, c.block_rows));
@@ -170,7 +173,7 @@ inline void ExpectLogProbsCutIsTheWholeCall(kernels::Backend& backend, const Cut
       const std::int64_t blocks =
           cut_detail::ForEachBlock(m, rows, [&](std::int64_t r0, std::int64_t mb) {
             const absl::Status s =
-                backend.LogProbs(weight, kernels::LogProbsRowsOf(into_cut, k, r0, mb), nullptr);
+                backend.Kernel(kernels::LogProbsRowsOf(into_cut, k, r0, mb), nullptr);
             EXPECT_TRUE(s.ok()) << s;
           });
       if (m >= 2 * c.block_rows) {
@@ -179,17 +182,18 @@ inline void ExpectLogProbsCutIsTheWholeCall(kernels::Backend& backend, const Cut
       EXPECT_TRUE(whole == cut) << "a cut call's outputs differ from the whole call's";
 
       Outputs plain(m, top_k);
-      const absl::Status at_one = backend.LogProbs(weight, args_into(&plain, 1.0f), nullptr);
+      const absl::Status at_one = backend.Kernel(args_into(&plain, 1.0f), nullptr);
       ASSERT_TRUE(at_one.ok()) << at_one;
       std::vector<float> loss(static_cast<std::size_t>(m)), lse(loss.size());
       kernels::CrossEntropyArgs ce;
+      ce.weight = &weight;
       ce.x = x.data();
       ce.m = m;
       ce.targets = targets.data();
       ce.logit_softcap = cap;
       ce.loss = loss.data();
       ce.lse = lse.data();
-      const absl::Status ce_done = backend.CrossEntropy(weight, ce, nullptr);
+      const absl::Status ce_done = backend.Kernel(ce, nullptr);
       ASSERT_TRUE(ce_done.ok()) << ce_done;
       for (std::int64_t i = 0; i < m; ++i) {
         const auto u = static_cast<std::size_t>(i);
@@ -227,6 +231,7 @@ inline void ExpectCrossEntropyCutIsTheWholeCall(kernels::Backend& backend, const
       };
       Outputs whole = outputs(), cut = outputs();
       kernels::CrossEntropyArgs args;
+      args.weight = &weight;
       args.x = x.data();
       args.m = m;
       args.targets = targets.data();
@@ -237,7 +242,7 @@ inline void ExpectCrossEntropyCutIsTheWholeCall(kernels::Backend& backend, const
       args.loss = whole.loss.data();
       args.lse = whole.lse.data();
       args.dx = whole.dx.data();
-      const absl::Status all = backend.CrossEntropy(weight, args, nullptr);
+      const absl::Status all = backend.Kernel(args, nullptr);
       ASSERT_TRUE(all.ok()) << all;
       const std::int64_t rows = backend.CrossEntropyBlockRows(weight, m);
       EXPECT_EQ(rows, std::min(m, c.block_rows));
@@ -247,7 +252,7 @@ inline void ExpectCrossEntropyCutIsTheWholeCall(kernels::Backend& backend, const
       const std::int64_t blocks =
           cut_detail::ForEachBlock(m, rows, [&](std::int64_t r0, std::int64_t mb) {
             const absl::Status s =
-                backend.CrossEntropy(weight, kernels::CrossEntropyRowsOf(args, k, r0, mb), nullptr);
+                backend.Kernel(kernels::CrossEntropyRowsOf(args, k, r0, mb), nullptr);
             EXPECT_TRUE(s.ok()) << s;
           });
       if (m >= 2 * c.block_rows) {

@@ -12,6 +12,7 @@
 #include "logitd/bf16.h"
 #include "server/kernels/cuda/cast_kernels.h"
 #include "server/kernels/cuda/cuda_handles.h"
+#include "server/kernels/ops/cast.h"
 
 namespace logitd::kernels::testing {
 namespace {
@@ -38,7 +39,7 @@ TEST_F(CastKernelTest, AllFp32BitPatternsMatchHostRounding) {
       std::memset(got + b, 0xa5, static_cast<std::size_t>(e - b) * 2);  // poison
     });
     Timing timing;
-    ASSERT_TRUE(backend()->CastToBf16(in->as<float>(), kBatch, got, &timing).ok());
+    ASSERT_TRUE(backend()->Kernel(kernels::CastArgs{in->as<float>(), kBatch, got}, &timing).ok());
     total.h2d_us += timing.h2d_us;
     total.compute_us += timing.compute_us;
     total.d2h_us += timing.d2h_us;

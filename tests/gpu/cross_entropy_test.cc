@@ -26,6 +26,7 @@
 #include "logitd/bf16.h"
 #include "server/kernels/backend.h"
 #include "server/kernels/cuda/cuda_backend.h"
+#include "server/kernels/ops/cross_entropy.h"
 
 namespace logitd::kernels::testing {
 namespace {
@@ -122,7 +123,8 @@ absl::Status RunCe(Backend* b, Weight& w, const std::vector<Bf16Bits>& x,
   }
   args.accumulate_dw = o.want_dw && o.accumulate;
   args.vocab_chunk = o.chunk;
-  return b->CrossEntropy(w, args, &out->timing);
+  args.weight = &w;
+  return b->Kernel(args, &out->timing);
 }
 
 // The fp64 reference: z, lse and loss per token, the exact logit gradient
@@ -713,18 +715,17 @@ TEST_F(CrossEntropyTest, RejectsArgumentsThatDoNotAgree) {
   EXPECT_EQ(code({1, 2, 3, 4}, With(0, 0, 1, DType::kInt32, 0)),
             absl::StatusCode::kInvalidArgument);
   CrossEntropyArgs args;
+  args.weight = weight.get();
   args.x = x.data();
   args.m = 0;
   std::vector<std::int64_t> t = {1, 2, 3, 4};
   std::vector<float> loss(4);
   args.targets = t.data();
   args.loss = loss.data();
-  EXPECT_EQ(backend()->CrossEntropy(*weight, args, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()->Kernel(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
   args.m = 4;
   args.loss = nullptr;
-  EXPECT_EQ(backend()->CrossEntropy(*weight, args, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend()->Kernel(args, nullptr).code(), absl::StatusCode::kInvalidArgument);
   // Still serving; loss only (no gradients) works too.
   Options loss_only = ok;
   loss_only.want_dx = false;

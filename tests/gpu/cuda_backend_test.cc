@@ -17,6 +17,7 @@
 #include "gpu_test_util.h"
 #include "logitd/bf16.h"
 #include "server/kernels/backend.h"
+#include "server/kernels/ops/cast.h"
 #include "tests/common/row_block_cuts.h"
 
 namespace logitd::kernels::testing {
@@ -577,9 +578,11 @@ TEST_F(CudaBackendTest, CastMatchesHostRoundingOnSpecials) {
   }
   std::vector<Bf16Bits> out(in.size(), kPoison16);
   Timing timing;
-  ASSERT_TRUE(backend()
-                  ->CastToBf16(in.data(), static_cast<std::int64_t>(in.size()), out.data(), &timing)
-                  .ok());
+  ASSERT_TRUE(
+      backend()
+          ->Kernel(kernels::CastArgs{in.data(), static_cast<std::int64_t>(in.size()), out.data()},
+                   &timing)
+          .ok());
   for (std::size_t i = 0; i < in.size(); ++i) {
     ASSERT_EQ(out[i], FloatToBf16(in[i])) << "input 0x" << std::hex << FloatBits(in[i]);
   }
@@ -656,7 +659,7 @@ TEST_F(CudaBackendTest, RejectsArgumentsThatDoNotAgree) {
   args.out_dtype = DType::kFp32;
   args.m = 0;
   EXPECT_EQ(backend()->Logits(*weight, args, nullptr).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(backend()->CastToBf16(nullptr, -1, nullptr, nullptr).code(),
+  EXPECT_EQ(backend()->Kernel(kernels::CastArgs{nullptr, -1, nullptr}, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -9,6 +9,7 @@
 #include "gpu_test_util.h"
 #include "logitd/bf16.h"
 #include "server/kernels/backend.h"
+#include "server/kernels/ops/cast.h"
 
 namespace logitd::kernels::testing {
 namespace {
@@ -109,9 +110,14 @@ TEST_F(CudaVsCpuTest, CastAgreesBitwise) {
   }
   std::vector<Bf16Bits> a(in.size(), 0), b(in.size(), 1);
   ASSERT_TRUE(
-      cuda_->CastToBf16(in.data(), static_cast<std::int64_t>(in.size()), a.data(), nullptr).ok());
+      cuda_
+          ->Kernel(kernels::CastArgs{in.data(), static_cast<std::int64_t>(in.size()), a.data()},
+                   nullptr)
+          .ok());
   ASSERT_TRUE(
-      cpu_->CastToBf16(in.data(), static_cast<std::int64_t>(in.size()), b.data(), nullptr).ok());
+      cpu_->Kernel(kernels::CastArgs{in.data(), static_cast<std::int64_t>(in.size()), b.data()},
+                   nullptr)
+          .ok());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 2), 0);
 }
 

@@ -22,6 +22,7 @@
 #include "logitd/bf16.h"
 #include "server/kernels/backend.h"
 #include "server/kernels/cuda/cuda_backend.h"
+#include "server/kernels/ops/cast.h"
 
 namespace logitd::kernels::testing {
 namespace {
@@ -286,7 +287,8 @@ TEST(DeviceTrustConcurrent, OddShapesFromManyThreadsAreExact) {
               const std::int64_t n = 1 + static_cast<std::int64_t>(rng() % 5000);
               const auto in = RandomFp32(n, rng());
               std::vector<Bf16Bits> out(static_cast<std::size_t>(n), 0xffff);
-              const absl::Status st = backend->CastToBf16(in.data(), n, out.data(), nullptr);
+              const absl::Status st =
+                  backend->Kernel(kernels::CastArgs{in.data(), n, out.data()}, nullptr);
               if (!st.ok()) {
                 fail("Cast", st);
                 continue;

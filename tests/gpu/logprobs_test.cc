@@ -15,6 +15,8 @@
 #include "gpu_test_util.h"
 #include "logitd/bf16.h"
 #include "server/kernels/backend.h"
+#include "server/kernels/ops/cross_entropy.h"
+#include "server/kernels/ops/log_probs.h"
 
 namespace logitd::kernels::testing {
 namespace {
@@ -48,6 +50,7 @@ absl::Status CallLogProbs(Backend& backend, const Weight& w, const Call& call, R
   r->topk_ids.assign(mk, -7);
   r->topk_logprobs.assign(mk, -7.0f);
   LogProbsArgs args;
+  args.weight = &w;
   args.x = call.x->data();
   args.m = call.m;
   args.targets = call.targets != nullptr ? call.targets->data() : nullptr;
@@ -64,7 +67,7 @@ absl::Status CallLogProbs(Backend& backend, const Weight& w, const Call& call, R
   }
   args.topk_ids = r->topk_ids.data();
   args.topk_logprobs = r->topk_logprobs.data();
-  return backend.LogProbs(w, args, nullptr);
+  return backend.Kernel(args, nullptr);
 }
 
 // The fp64 reference of one row from its z (already capped and scaled).
@@ -196,13 +199,14 @@ TEST_F(LogProbsTest, BitwiseCrossEntropyOnRandomInputs) {
     ASSERT_TRUE(CallLogProbs(*backend(), **w, call, &r).ok());
     std::vector<float> loss(static_cast<std::size_t>(m), -7.0f), lse(loss.size(), -7.0f);
     CrossEntropyArgs ce;
+    ce.weight = w->get();
     ce.x = x.data();
     ce.m = m;
     ce.targets = targets.data();
     ce.loss = loss.data();
     ce.lse = lse.data();
     ce.vocab_chunk = chunk;
-    ASSERT_TRUE(backend()->CrossEntropy(**w, ce, nullptr).ok());
+    ASSERT_TRUE(backend()->Kernel(ce, nullptr).ok());
     for (std::size_t i = 0; i < loss.size(); ++i) {
       EXPECT_EQ(FloatBits(r.lse[i]), FloatBits(lse[i])) << "row " << i << " chunk " << chunk;
       if (targets[i] == -100) {

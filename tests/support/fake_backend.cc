@@ -5,7 +5,11 @@
 #include <new>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "logitd/bf16.h"
+#include "server/kernels/ops/cast.h"
+#include "server/kernels/ops/cross_entropy.h"
+#include "server/kernels/ops/log_probs.h"
 
 namespace logitd::testing {
 namespace {
@@ -160,44 +164,46 @@ absl::Status FakeBackend::DoZeroGradient(kernels::Weight& w) {
   return absl::OkStatus();
 }
 
-absl::Status FakeBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                                       kernels::Timing* /*timing*/) {
-  if (absl::Status s = Enter(FakeMethod::kCast); !s.ok()) return s;
-  for (std::int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
-  return absl::OkStatus();
-}
-
-absl::Status FakeBackend::DoCrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
-                                         kernels::Timing* /*timing*/) {
-  if (absl::Status s = Enter(FakeMethod::kCrossEntropy); !s.ok()) return s;
-  for (std::int64_t i = 0; i < args.m; ++i) {
-    args.loss[i] = args.targets[i] == args.ignore_index ? 0.0f : 1.0f;
-    if (args.lse != nullptr) args.lse[i] = 0.0f;
+absl::Status FakeBackend::DoKernel(const kernels::KernelOp& op, const void* args,
+                                   kernels::Timing* /*timing*/) {
+  if (&op == &kernels::KernelOpOf<kernels::CastArgs>()) {
+    if (absl::Status s = Enter(FakeMethod::kCast); !s.ok()) return s;
+    const auto& cast = *static_cast<const kernels::CastArgs*>(args);
+    for (std::int64_t i = 0; i < cast.n; ++i) cast.out[i] = FloatToBf16(cast.in[i]);
+    return absl::OkStatus();
   }
-  Zero(args.dx, args.m * w.k(), args.dx_dtype);
-  if (args.accumulate_dw) {
-    static_cast<FakeWeight&>(w).Accumulate();
-  } else {
-    Zero(args.dw, w.v() * w.k(), DType::kFp32);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status FakeBackend::DoLogProbs(const kernels::Weight& /*w*/,
-                                     const kernels::LogProbsArgs& args,
-                                     kernels::Timing* /*timing*/) {
-  if (absl::Status s = Enter(FakeMethod::kLogProbs); !s.ok()) return s;
-  for (std::int64_t i = 0; i < args.m; ++i) {
-    if (args.logprob != nullptr) args.logprob[i] = -1.0f;
-    if (args.lse != nullptr) args.lse[i] = 0.0f;
-    if (args.entropy != nullptr) args.entropy[i] = 0.0f;
-    if (args.rank != nullptr) args.rank[i] = 0;
-    for (std::int64_t j = 0; j < args.top_k; ++j) {
-      args.topk_ids[i * args.top_k + j] = static_cast<std::int32_t>(j);
-      args.topk_logprobs[i * args.top_k + j] = -1.0f;
+  if (&op == &kernels::KernelOpOf<kernels::LogProbsArgs>()) {
+    if (absl::Status s = Enter(FakeMethod::kLogProbs); !s.ok()) return s;
+    const auto& lp = *static_cast<const kernels::LogProbsArgs*>(args);
+    for (std::int64_t i = 0; i < lp.m; ++i) {
+      if (lp.logprob != nullptr) lp.logprob[i] = -1.0f;
+      if (lp.lse != nullptr) lp.lse[i] = 0.0f;
+      if (lp.entropy != nullptr) lp.entropy[i] = 0.0f;
+      if (lp.rank != nullptr) lp.rank[i] = 0;
+      for (std::int64_t j = 0; j < lp.top_k; ++j) {
+        lp.topk_ids[i * lp.top_k + j] = static_cast<std::int32_t>(j);
+        lp.topk_logprobs[i * lp.top_k + j] = -1.0f;
+      }
     }
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  if (&op == &kernels::KernelOpOf<kernels::CrossEntropyArgs>()) {
+    if (absl::Status s = Enter(FakeMethod::kCrossEntropy); !s.ok()) return s;
+    const auto& ce = *static_cast<const kernels::CrossEntropyArgs*>(args);
+    kernels::Weight& w = *ce.weight;
+    for (std::int64_t i = 0; i < ce.m; ++i) {
+      ce.loss[i] = ce.targets[i] == ce.ignore_index ? 0.0f : 1.0f;
+      if (ce.lse != nullptr) ce.lse[i] = 0.0f;
+    }
+    Zero(ce.dx, ce.m * w.k(), ce.dx_dtype);
+    if (ce.accumulate_dw) {
+      static_cast<FakeWeight&>(w).Accumulate();
+    } else {
+      Zero(ce.dw, w.v() * w.k(), DType::kFp32);
+    }
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(absl::StrCat("fake backend has no ", op.name, " kernel"));
 }
 
 }  // namespace logitd::testing

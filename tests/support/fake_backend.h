@@ -80,13 +80,11 @@ class FakeBackend final : public kernels::Backend {
   absl::StatusOr<std::uint64_t> DoFetchGradient(kernels::Weight& w, float* out,
                                                 bool zero_after_fetch) override;
   absl::Status DoZeroGradient(kernels::Weight& w) override;
-  absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                            kernels::Timing* timing) override;
-  absl::Status DoCrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
-                              kernels::Timing* timing) override;
+  // The operations' kernels (kernels/kernel.h): the cast, exact; the
+  // cross-entropy: loss 1 per counted token, lse 0, dX and dW 0; LogProbs:
   // logprob -1, lse and entropy 0, top-k ids 0, 1, ..., rank 0.
-  absl::Status DoLogProbs(const kernels::Weight& w, const kernels::LogProbsArgs& args,
-                          kernels::Timing* timing) override;
+  absl::Status DoKernel(const kernels::KernelOp& op, const void* args,
+                        kernels::Timing* timing) override;
 
  private:
   // Counts the call, waits while `method` is blocked, and returns the

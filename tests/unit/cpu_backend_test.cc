@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "logitd/bf16.h"
+#include "server/kernels/ops/cast.h"
 #include "tests/common/row_block_cuts.h"
 
 namespace logitd::kernels {
@@ -642,17 +643,17 @@ TEST_F(CpuBackend, CastToBf16MatchesFloatToBf16OnEdgeValues) {
   std::vector<Bf16Bits> out(in.size(), 0x1234);
   Timing timing;
   timing.compute_us = -1;
-  absl::Status s =
-      backend_->CastToBf16(in.data(), static_cast<std::int64_t>(in.size()), out.data(), &timing);
+  absl::Status s = backend_->Kernel(
+      kernels::CastArgs{in.data(), static_cast<std::int64_t>(in.size()), out.data()}, &timing);
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_GE(timing.compute_us, 0);
   for (std::size_t i = 0; i < in.size(); ++i) {
     ASSERT_EQ(out[i], FloatToBf16(in[i])) << "input bits " << std::hex << FloatBits(in[i]);
   }
-  EXPECT_TRUE(backend_->CastToBf16(nullptr, 0, nullptr, nullptr).ok());
-  EXPECT_EQ(backend_->CastToBf16(in.data(), -1, out.data(), nullptr).code(),
+  EXPECT_TRUE(backend_->Kernel(kernels::CastArgs{nullptr, 0, nullptr}, nullptr).ok());
+  EXPECT_EQ(backend_->Kernel(kernels::CastArgs{in.data(), -1, out.data()}, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(backend_->CastToBf16(nullptr, 4, out.data(), nullptr).code(),
+  EXPECT_EQ(backend_->Kernel(kernels::CastArgs{nullptr, 4, out.data()}, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -18,6 +18,7 @@
 
 #include "logitd/bf16.h"
 #include "server/kernels/cpu/cpu_backend.h"
+#include "server/kernels/ops/cross_entropy.h"
 
 namespace logitd::kernels {
 namespace {
@@ -214,6 +215,7 @@ absl::Status RunCe(Backend& backend, Weight& w, const Problem& p, const CeCall& 
   out->dw.assign(call.want_dw && !call.accumulate_dw ? static_cast<std::size_t>(p.v * p.k) : 0,
                  kNaN);
   CrossEntropyArgs args;
+  args.weight = &w;
   args.x = p.x.data();
   args.m = p.m;
   args.targets = p.targets.data();
@@ -231,7 +233,7 @@ absl::Status RunCe(Backend& backend, Weight& w, const Problem& p, const CeCall& 
   args.dw = call.want_dw && !call.accumulate_dw ? out->dw.data() : nullptr;
   args.accumulate_dw = call.accumulate_dw;
   args.vocab_chunk = call.vocab_chunk;
-  return backend.CrossEntropy(w, args, timing);
+  return backend.Kernel(args, timing);
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -848,16 +850,17 @@ TEST_F(CpuCrossEntropy, BadArgumentsAreInvalidArgument) {
   ASSERT_NE(w, nullptr);
   std::vector<float> loss(4), dx(64);
   CrossEntropyArgs good;
+  good.weight = w.get();
   good.x = p.x.data();
   good.m = 4;
   good.targets = p.targets.data();
   good.loss = loss.data();
   good.dx = dx.data();
   good.dx_dtype = DType::kFp32;
-  ASSERT_TRUE(backend_->CrossEntropy(*w, good, nullptr).ok());
+  ASSERT_TRUE(backend_->Kernel(good, nullptr).ok());
 
   auto expect_invalid = [&](const CrossEntropyArgs& args, const std::string& needle) {
-    absl::Status s = backend_->CrossEntropy(*w, args, nullptr);
+    absl::Status s = backend_->Kernel(args, nullptr);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle << ": " << s;
     EXPECT_NE(s.message().find(needle), absl::string_view::npos) << s;
   };
@@ -893,12 +896,14 @@ TEST_F(CpuCrossEntropy, BadArgumentsAreInvalidArgument) {
   expect_invalid(a, "grad_scale finite");
   a = good;
   a.grad_scale = -2.0f;  // an incoming gradient may be negative
-  EXPECT_TRUE(backend_->CrossEntropy(*w, a, nullptr).ok());
+  EXPECT_TRUE(backend_->Kernel(a, nullptr).ok());
 
   // A weight of the right shape from another backend: the arguments pass
   // the shared checks, and the backend refuses the weight.
   ForeignWeight foreign(w->v(), w->k());
-  absl::Status s = backend_->CrossEntropy(foreign, good, nullptr);
+  CrossEntropyArgs from_another = good;
+  from_another.weight = &foreign;
+  absl::Status s = backend_->Kernel(from_another, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("cpu backend"), absl::string_view::npos) << s;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "server/kernels/backend.h"
+#include "server/kernels/ops/cross_entropy.h"
 
 namespace logitd::kernels::cpu {
 

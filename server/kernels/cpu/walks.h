@@ -9,6 +9,8 @@
 #include "server/kernels/backend.h"
 #include "server/kernels/cpu/cpu_blas.h"
 #include "server/kernels/cpu/row_walk.h"
+#include "server/kernels/ops/cross_entropy.h"
+#include "server/kernels/ops/log_probs.h"
 
 namespace logitd::kernels::cpu {
 
@@ -30,7 +32,7 @@ void CeRowsPass(const CrossEntropyArgs& args, const CpuWeight& w, const float* x
 absl::Status CeGradientPass(const CrossEntropyArgs& args, CpuWeight& w, const float* xf,
                             const std::vector<float>& lse, float* buf, float* dx_acc);
 
-// LogProbs of at most kBlasRows rows (DoLogProbs cuts a call into such
+// LogProbs of at most kBlasRows rows (its kernel cuts a call into such
 // blocks): the walk over the vocabulary, then the ranks when asked.
 absl::Status LogProbsRows(const CpuWeight& w, const LogProbsArgs& args);
 

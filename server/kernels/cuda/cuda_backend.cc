@@ -228,7 +228,7 @@ absl::Status CudaBackend::SelfTestCast() {
                                       BitsToFloat(0x7fa00001u),
                                       BitsToFloat(0x00000001u)};
   std::array<Bf16Bits, 8> got{};
-  absl::Status probe_status = CastToBf16(probe.data(), 8, got.data(), nullptr);
+  absl::Status probe_status = Kernel(CastArgs{probe.data(), 8, got.data()}, nullptr);
   if (!probe_status.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("cuda backend: self-test cast failed: ", probe_status.message()));

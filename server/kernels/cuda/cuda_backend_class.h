@@ -31,6 +31,9 @@
 #include "server/kernels/fifo_mutex.h"
 #include "server/kernels/gradient_state.h"
 #include "server/kernels/host_pool.h"
+#include "server/kernels/kernel_table.h"
+#include "server/kernels/ops/cross_entropy.h"
+#include "server/kernels/ops/log_probs.h"
 
 namespace logitd::kernels::cuda {
 
@@ -223,6 +226,10 @@ class CudaBackend final : public Backend {
   void Return(Context* context);
 
  private:
+  // The operations' kernels (kernel_table.h), each in a file of its own.
+  template <typename B, typename Args>
+  friend struct ::logitd::kernels::KernelOf;
+
   static GemmEngineOptions EngineOptions(const BackendOptions& options) {
     GemmEngineOptions o;
     o.split_k = options.split_k;
@@ -248,10 +255,16 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out,
                                                 bool zero_after_fetch) override;
   absl::Status DoZeroGradient(Weight& w) override;
-  absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                            Timing* timing) override;
-  absl::Status DoCrossEntropy(Weight& w, const CrossEntropyArgs& args, Timing* timing) override;
-  absl::Status DoLogProbs(const Weight& w, const LogProbsArgs& args, Timing* timing) override;
+  absl::Status DoKernel(const KernelOp& op, const void* args, Timing* timing) override {
+    return KernelTable<CudaBackend>::Get().Run(*this, op, args, timing);
+  }
+  // The cross-entropy's kernel (KernelOf<CudaBackend, CrossEntropyArgs>,
+  // walk_calls.cc).
+  absl::Status CrossEntropyCall(const CrossEntropyArgs& args, Timing* timing);
+  // LogProbs' kernel (KernelOf<CudaBackend, LogProbsArgs>, walk_calls.cc):
+  // row blocks on one context, the next block's X uploaded while this one
+  // computes.
+  absl::Status LogProbsCall(const LogProbsArgs& args, Timing* timing);
   std::int64_t LogProbsBlockRows(const Weight& w, std::int64_t m) const override;
   std::int64_t CrossEntropyBlockRows(const Weight& w, std::int64_t m) const override;
   // A sticky CUDA error marks the device lost (see Backend).
@@ -282,7 +295,7 @@ class CudaBackend final : public Backend {
   // may be null) is uploaded into kStaging on the copy stream while this
   // block computes, and this block takes its own from there when the block
   // before staged it. Neither stream holds a copy of the caller's memory
-  // once DoLogProbs returns.
+  // once LogProbsCall returns.
   struct XPrefetch {
     const void* next = nullptr;  // the next block's X; null: none
     std::size_t next_bytes = 0;

@@ -400,52 +400,6 @@ absl::Status CudaBackend::DoZeroGradient(Weight& weight) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                                       Timing* timing) {
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR_(UseDevice(options_.device));
-  ACQUIRE_OR_RETURN_(lease, absl::StrCat("cast(", n, " values)"));
-  Context& c = *lease;
-  cudaStream_t cs = c.compute.get();
-#ifdef LOGITD_TEST_FAULTS
-  if (options_.test_device_faults) {
-    const std::uint32_t first = FloatBits(in[0]);
-    if (first == kTestDeviceTrap || first == kTestDeviceHang) return TestDeviceFault(first, c);
-  }
-#endif
-  const std::int64_t block = std::min<std::int64_t>(n, kStagingBytes / 4 * 2);
-  auto din = Scratch(c, kCastIn, static_cast<std::size_t>(block) * 4, "cast: device input");
-  if (!din.ok()) return din.status();
-  auto dout = Scratch(c, kCastOut, static_cast<std::size_t>(block) * 2, "cast: device output");
-  if (!dout.ok()) return dout.status();
-  const StreamTimer timer(c, "cast");
-  Timing total;
-  for (std::int64_t i0 = 0; i0 < n; i0 += block) {
-    const std::int64_t nb = std::min(block, n - i0);
-    RETURN_IF_ERROR_(timer.Record(StreamTimer::kStart, cs));
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(*din, in + i0, static_cast<std::size_t>(nb) * 4,
-                                         cudaMemcpyHostToDevice, cs),
-                         "cast: copy ", nb, " values to the device");
-    RETURN_IF_ERROR_(timer.Record(StreamTimer::kInputs, cs));
-    RETURN_IF_CUDA_ERROR(LaunchCastFp32ToBf16(static_cast<const float*>(*din), nb,
-                                              static_cast<Bf16Bits*>(*dout), cs),
-                         "cast: cast kernel (", nb, " values)");
-    RETURN_IF_ERROR_(timer.Record(StreamTimer::kComputed, cs));
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out + i0, *dout, static_cast<std::size_t>(nb) * 2,
-                                         cudaMemcpyDeviceToHost, cs),
-                         "cast: copy ", nb, " values to the host");
-    RETURN_IF_ERROR_(timer.End(cs, absl::StrCat("cast (", nb, " values)")));
-    Timing block_timing;
-    timer.Fill(&block_timing);
-    total.h2d_us += block_timing.h2d_us;
-    total.compute_us += block_timing.compute_us;
-    total.d2h_us += block_timing.d2h_us;
-    total.transfers_measured = true;
-  }
-  if (timing != nullptr) *timing = total;
-  return absl::OkStatus();
-}
-
 #ifdef LOGITD_TEST_FAULTS
 absl::Status CudaBackend::TestDeviceFault(std::uint32_t trigger, Context& c) {
   cudaStream_t cs = c.compute.get();

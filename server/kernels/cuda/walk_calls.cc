@@ -326,10 +326,9 @@ std::int64_t CudaBackend::LogProbsBlockRows(const Weight& /*w*/, std::int64_t m)
 
 // Without dW every row's outputs depend on its own row alone: the walk goes
 // in row blocks (kWalkBlockRows). dW sums over every row: one walk.
-absl::Status CudaBackend::DoCrossEntropy(Weight& weight, const CrossEntropyArgs& args,
-                                         Timing* timing) {
-  auto* w = dynamic_cast<CudaWeight*>(&weight);
-  if (w == nullptr) return ForeignWeightError("cross entropy", "cuda", weight);
+absl::Status CudaBackend::CrossEntropyCall(const CrossEntropyArgs& args, Timing* timing) {
+  auto* w = dynamic_cast<CudaWeight*>(args.weight);
+  if (w == nullptr) return ForeignWeightError("cross entropy", "cuda", *args.weight);
   RETURN_IF_ERROR_(UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(lease,
                      absl::StrCat("cross_entropy(M=", args.m, ",V=", w->v(), ",K=", w->k(), ")"));
@@ -449,10 +448,9 @@ absl::Status CopyLogProbsHome(const LogProbsArgs& args, const LpRowsIo& io, cuda
 
 }  // namespace
 
-absl::Status CudaBackend::DoLogProbs(const Weight& weight, const LogProbsArgs& args,
-                                     Timing* timing) {
-  const auto* w = dynamic_cast<const CudaWeight*>(&weight);
-  if (w == nullptr) return ForeignWeightError("log probs", "cuda", weight);
+absl::Status CudaBackend::LogProbsCall(const LogProbsArgs& args, Timing* timing) {
+  const auto* w = dynamic_cast<const CudaWeight*>(args.weight);
+  if (w == nullptr) return ForeignWeightError("log probs", "cuda", *args.weight);
   RETURN_IF_ERROR_(UseDevice(options_.device));
   ACQUIRE_OR_RETURN_(lease,
                      absl::StrCat("log_probs(M=", args.m, ",V=", args.vocab, ",K=", w->k(), ")"));
@@ -603,3 +601,26 @@ absl::Status CudaBackend::LogProbsRows(Context& c, const CudaWeight& w, const Lo
 }
 
 }  // namespace logitd::kernels::cuda
+
+namespace logitd::kernels {
+
+template <>
+struct KernelOf<cuda::CudaBackend, LogProbsArgs> {
+  static absl::Status Run(cuda::CudaBackend& backend, const LogProbsArgs& args, Timing* timing) {
+    return backend.LogProbsCall(args, timing);
+  }
+};
+
+template <>
+struct KernelOf<cuda::CudaBackend, CrossEntropyArgs> {
+  static absl::Status Run(cuda::CudaBackend& backend, const CrossEntropyArgs& args,
+                          Timing* timing) {
+    return backend.CrossEntropyCall(args, timing);
+  }
+};
+
+using cuda::CudaBackend;
+LOGITD_KERNEL(CudaBackend, LogProbsArgs);
+LOGITD_KERNEL(CudaBackend, CrossEntropyArgs);
+
+}  // namespace logitd::kernels

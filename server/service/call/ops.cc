@@ -5,6 +5,9 @@
 
 #include "logitd/bf16.h"
 #include "logitd/status_macros.h"
+#include "server/kernels/ops/cast.h"
+#include "server/kernels/ops/cross_entropy.h"
+#include "server/kernels/ops/log_probs.h"
 #include "server/service/call/plans.h"
 
 namespace logitd::service {
@@ -161,8 +164,8 @@ absl::StatusOr<OpResult> RunCast(const OpEnv& env, const CastRequest& r, Call* c
   call->ReadInPlace();
   LOGITD_RETURN_IF_ERROR(call->Receive("cast", transport));
   return Compute(call, [&](kernels::Timing* t) {
-    return env.backend->CastToBf16(call->in<float>("input"), plan.n, call->out<Bf16Bits>("output"),
-                                   t);
+    return env.backend->Kernel(
+        kernels::CastArgs{call->in<float>("input"), plan.n, call->out<Bf16Bits>("output")}, t);
   });
 }
 
@@ -191,6 +194,7 @@ class CrossEntropyCall {
   // Rows [r0, r0 + rows) of every input and output (the loss per token).
   kernels::CrossEntropyArgs Rows(std::int64_t r0, std::int64_t rows) const {
     kernels::CrossEntropyArgs args;
+    args.weight = w_.weight.get();
     args.x = call_->in<Bf16Bits>("x") + r0 * w_.k;
     args.m = rows;
     args.targets = targets_.data() + r0;
@@ -270,7 +274,7 @@ absl::StatusOr<OpResult> RunCrossEntropy(const OpEnv& env, const CrossEntropyReq
                                 "cross entropy", transport, m,
                                 env.backend->CrossEntropyBlockRows(*w.weight, m), OpResult{},
                                 [&](std::int64_t r0, std::int64_t rows, kernels::Timing* t) {
-                                  return env.backend->CrossEntropy(*w.weight, ce.Rows(r0, rows), t);
+                                  return env.backend->Kernel(ce.Rows(r0, rows), t);
                                 },
                                 steps));
     result.counted_tokens = ce.counted();
@@ -280,7 +284,7 @@ absl::StatusOr<OpResult> RunCrossEntropy(const OpEnv& env, const CrossEntropyReq
   LOGITD_RETURN_IF_ERROR(ce.ConvertTargets());
   const kernels::CrossEntropyArgs args = ce.Rows(0, m);
   LOGITD_ASSIGN_OR_RETURN(OpResult result, Compute(call, [&](kernels::Timing* t) {
-                            LOGITD_RETURN_IF_ERROR(env.backend->CrossEntropy(*w.weight, args, t));
+                            LOGITD_RETURN_IF_ERROR(env.backend->Kernel(args, t));
                             return ce.Reduce();
                           }));
   result.counted_tokens = ce.counted();
@@ -302,6 +306,7 @@ absl::StatusOr<OpResult> RunLogProbs(const OpEnv& env, const LogProbsRequest& r,
   // Every output but the targets, which are widened as their rows arrive.
   const auto whole_args = [&] {
     kernels::LogProbsArgs args;
+    args.weight = w.weight.get();
     args.x = call->in<Bf16Bits>("x");
     args.m = plan.m;
     args.targets = plan.has_targets ? targets.data() : nullptr;
@@ -326,8 +331,7 @@ absl::StatusOr<OpResult> RunLogProbs(const OpEnv& env, const LogProbsRequest& r,
                                                plan.vocab, plan.ignore_index, targets.data())
                                  .status());
     }
-    return env.backend->LogProbs(*w.weight, kernels::LogProbsRowsOf(whole_args(), w.k, r0, rows),
-                                 t);
+    return env.backend->Kernel(kernels::LogProbsRowsOf(whole_args(), w.k, r0, rows), t);
   };
   if (call->Pipelines(transport)) {
     return call->RunInRowBlocks("log probs", transport, plan.m,
@@ -343,8 +347,7 @@ absl::StatusOr<OpResult> RunLogProbs(const OpEnv& env, const LogProbsRequest& r,
                                .status());
   }
   const kernels::LogProbsArgs args = whole_args();
-  return Compute(call,
-                 [&](kernels::Timing* t) { return env.backend->LogProbs(*w.weight, args, t); });
+  return Compute(call, [&](kernels::Timing* t) { return env.backend->Kernel(args, t); });
 }
 
 }  // namespace logitd::service

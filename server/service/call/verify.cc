@@ -162,6 +162,7 @@ absl::Status RunOwnCrossEntropy(const OpEnv& env, const CrossEntropyPlan& cp, Ca
   const bool per_token = cp.reduction == Reduction::kNone && loss != nullptr;
   std::vector<float> token_loss(per_token ? 0 : static_cast<std::size_t>(cp.m));
   kernels::CrossEntropyArgs args;
+  args.weight = &weight;
   args.x = call->in<Bf16Bits>("x");
   args.m = cp.m;
   args.targets = targets.ids.data();
@@ -174,7 +175,7 @@ absl::Status RunOwnCrossEntropy(const OpEnv& env, const CrossEntropyPlan& cp, Ca
   args.dx = dx;
   args.dx_dtype = cp.dx_dtype;
   args.dw = dw;
-  LOGITD_RETURN_IF_ERROR(env.backend->CrossEntropy(weight, args, timing));
+  LOGITD_RETURN_IF_ERROR(env.backend->Kernel(args, timing));
   if (loss != nullptr && !per_token) {
     *loss = ReduceLoss(cp, token_loss.data(), cp.m, targets.counted);
   }
@@ -218,6 +219,7 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
   if (plan.logprobs.has_value()) {
     const LogProbsPlan& lp = *plan.logprobs;
     kernels::LogProbsArgs args;
+    args.weight = &weight;
     args.x = call->in<Bf16Bits>("x");
     args.m = plan.m;
     args.targets = targets.ids.empty() ? nullptr : targets.ids.data();
@@ -247,7 +249,7 @@ absl::Status RunOwn(const OpEnv& env, const VerifyPlan& plan, Call* call, kernel
                              ? reinterpret_cast<float*>(out(VerifyOutput::kTopkLogprobs))
                              : spare_logprobs.data();
     args.rank = reinterpret_cast<std::int64_t*>(out(VerifyOutput::kRank));
-    return env.backend->LogProbs(weight, args, timing);
+    return env.backend->Kernel(args, timing);
   }
   kernels::BackwardArgs args;
   args.dy = call->in("dy");

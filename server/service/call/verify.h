@@ -24,6 +24,8 @@
 #include "logitd/reference/verify_checks.h"
 #include "logitd/tensor.h"
 #include "server/kernels/backend.h"
+#include "server/kernels/ops/cross_entropy.h"
+#include "server/kernels/ops/log_probs.h"
 #include "server/service/call/call.h"
 #include "server/service/call/ops.h"
 #include "server/service/call/plans.h"

@@ -84,29 +84,19 @@ class FaultBackend final : public kernels::Backend {
 
   absl::Status DoZeroGradient(kernels::Weight& w) override { return inner_->ZeroGradient(w); }
 
-  absl::Status DoCastToBf16(const float* in, std::int64_t n, Bf16Bits* out,
-                            kernels::Timing* timing) override {
-    absl::Status s = inner_->CastToBf16(in, n, out, timing);
-    if (s.ok()) faults_->OnCast(reinterpret_cast<std::byte*>(out), Bytes(n, 1, DType::kBf16));
-    return s;
-  }
-
-  absl::Status DoCrossEntropy(kernels::Weight& w, const kernels::CrossEntropyArgs& args,
-                              kernels::Timing* timing) override {
-    absl::Status s = inner_->CrossEntropy(w, args, timing);
+  // Every operation's kernel (kernel.h): its outputs by their names, the
+  // fault each name takes.
+  absl::Status DoKernel(const kernels::KernelOp& op, const void* args,
+                        kernels::Timing* timing) override {
+    absl::Status s = inner_->RunKernel(op, args, timing);
     if (!s.ok()) return s;
-    if (args.dx != nullptr) {
-      faults_->OnDx(static_cast<std::byte*>(args.dx), Bytes(args.m, w.k(), args.dx_dtype));
-    }
-    if (args.dw != nullptr && !args.accumulate_dw) {
-      faults_->OnDw(reinterpret_cast<std::byte*>(args.dw), Bytes(w.v(), w.k(), DType::kFp32));
+    for (const kernels::KernelOutput& out : op.outputs(args)) {
+      if (out.name == "y") faults_->OnLogits(out.dtype, out.data, out.bytes);
+      if (out.name == "dx") faults_->OnDx(out.data, out.bytes);
+      if (out.name == "dw") faults_->OnDw(out.data, out.bytes);
+      if (out.name == "output") faults_->OnCast(out.data, out.bytes);
     }
     return s;
-  }
-
-  absl::Status DoLogProbs(const kernels::Weight& w, const kernels::LogProbsArgs& args,
-                          kernels::Timing* timing) override {
-    return inner_->LogProbs(w, args, timing);
   }
 
  private:
