@@ -212,3 +212,43 @@ def test_testing_assertions_record_compare_and_hold_bits_to_the_baseline(history
         c.set_rules("kernel", [logitd.Rule(bits_unchanged=True)])
         with pytest.raises(AssertionError, match="bits_unchanged: y's bits changed"):
             assert_logits_within_contract(c, x, moved, info, record=pr, compare=first_on_main)
+
+
+def test_record_validation_records_cases_judged_by_the_caller_and_compares_them(history_server):
+    out = logitd.ValidatedOutput("y", 0x1234ABCD, (4, 60), True, 0.25, block_rows=2, block_xxh3=(11, 22))
+    case = logitd.ValidatedCase("golden_logits", 0xFEED, (out,))
+    with logitd.Client(history_server, timeout=120) as c:
+        first = c.record_validation("gate", [case], branch="main", ref="a1")
+        assert len(first) == 1 and first[0].case_name == "golden_logits"
+        assert first[0].run_id > 0 and first[0].comparison is None and first[0].record_error == ""
+        # The same bits against main's latest: identical; a changed block is named.
+        changed = logitd.ValidatedOutput("y", 0x1234ABCE, (4, 60), True, 0.5, block_rows=2, block_xxh3=(11, 23))
+        second = c.record_validation(
+            "gate",
+            [case, logitd.ValidatedCase("golden_logits", 0xFEED, (changed,))],
+            branch="dev",
+            ref="b2",
+            compare=logitd.Baseline(branch="main"),
+        )
+        assert [r.comparison.baseline_run_id for r in second] == [first[0].run_id] * 2
+        assert second[0].comparison.candidates[0].bits == "identical"
+        moved = second[1].comparison.candidates[0]
+        assert moved.bits == "different_within_bounds" and moved.changed_blocks == (1,)
+        assert moved.worst_bound_fraction_delta == pytest.approx(0.25)
+
+        runs = c.list_runs(project="gate", case="golden_logits").runs
+        assert [r.run_id for r in runs] == [second[1].run_id, second[0].run_id, first[0].run_id]
+        assert {r.operation for r in runs} == {"validation"}
+        assert runs[-1].labels == logitd.RunLabels("gate", "golden_logits", "main", "a1")
+
+        # A case outside its bounds is recorded as such; a bad case records none.
+        failing = logitd.ValidatedOutput("y", 5, (4, 60), False, 3.0)
+        bad = c.record_validation("gate", [logitd.ValidatedCase("golden_fail", 9, (failing,))], branch="main")
+        assert c.list_runs(project="gate", case="golden_fail").runs[0].run_id == bad[0].run_id
+        with pytest.raises(logitd.InvalidArgumentError):
+            c.record_validation("gate", [logitd.ValidatedCase("", 1, (out,)), case], branch="main")
+        with pytest.raises(logitd.NotFoundError):
+            c.record_validation("gate", [case], compare=logitd.Baseline(branch="nowhere"))
+        assert len(c.list_runs(project="gate", case="golden_logits").runs) == 3
+        with pytest.raises(logitd.InvalidArgumentError):
+            c.record_validation("gate", ["not a case"])

@@ -46,6 +46,9 @@ from .history import (
     RunLabels,
     RunPage,
     RunSummary,
+    RecordedCase,
+    ValidatedCase,
+    ValidatedOutput,
 )
 from .shm import SharedRegion
 from .verify import (
@@ -61,6 +64,9 @@ from .verify import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "RecordedCase",
+    "ValidatedCase",
+    "ValidatedOutput",
     "BF16",
     "Alert",
     "Baseline",

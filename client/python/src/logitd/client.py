@@ -22,7 +22,20 @@ from ._spread import _handle, _Spread
 from ._shm_layout import _matrix, _ShmLayout, _verify_needs_shm, _weight_rows
 from ._transport import _retried, _Transport
 from ._verify_calls import _VerifyCalls
-from .history import CaseSummary, ProjectSummary, Rule, RunPage, page_of, rule_message, rule_of
+from .history import (
+    Baseline,
+    CaseSummary,
+    ProjectSummary,
+    RecordedCase,
+    Rule,
+    RunPage,
+    ValidatedCase,
+    page_of,
+    recorded_cases_of,
+    rule_message,
+    rule_of,
+    validation_request,
+)
 from .errors import DataLossError, InvalidArgumentError, LogitdError, UnavailableError, from_rpc_error
 from .options import _MAX_CHUNK_BYTES, DEFAULT_CHUNK_BYTES, TLS, RetryPolicy, _channel
 from .results import CrossEntropyResult, Gradient, LogProbs, ReleaseResult, ServerInfo, WeightInfo, _from_proto
@@ -229,6 +242,24 @@ class Client(_VerifyCalls, _Spread, _Transport):
         """Names the recorded run ``run_id`` a baseline of its project and case
         (``compare=logitd.Baseline(name=...)``); retention never prunes it."""
         self._unary(self._stub.PromoteRun, pb.PromoteRunRequest(run_id=int(run_id), name=name))
+
+    def record_validation(
+        self,
+        project: str,
+        cases: Sequence[ValidatedCase],
+        branch: str = "",
+        ref: str = "",
+        compare: Optional[Baseline] = None,
+    ) -> Tuple[RecordedCase, ...]:
+        """Records cases the caller judged itself (logitd.ValidatedCase: the
+        golden cases of ``logitctl validate --project``, or a harness's own) as
+        runs of ``project`` on ``branch`` at ``ref``, each compared with
+        ``compare`` and checked against the project's rules; the cases as
+        recorded, in order. All are checked before any is recorded. Not retried:
+        an attempt whose answer was lost may have recorded them."""
+        request = validation_request(project, branch, ref, cases, compare)
+        response = self._unary(self._stub.RecordValidation, request)
+        return recorded_cases_of(request, response)
 
     def set_rules(self, project: str, rules: Sequence[Rule]) -> None:
         """Replaces this tenant's rules of ``project`` (logitd.Rule values, at most

@@ -4,7 +4,7 @@ verify_* calls) and what Client.list_runs gives back.
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from .errors import InvalidArgumentError
 from .v1 import logitd_pb2 as pb
@@ -179,6 +179,97 @@ class RunPage:
     next_before_run_id: int
 
 
+@dataclass(frozen=True)
+class ValidatedOutput:
+    """One output of a case the caller judged itself (the golden cases of
+    ``logitctl validate``, or a harness of its own): its digest (xxh3-64, seed
+    0) and shape, whether it lay within its bound of the fp64 reference, the
+    worst fraction of that bound it used, and its rows' digests in at most 64
+    blocks of block_rows rows where the caller kept them."""
+
+    name: str
+    xxh3: int
+    shape: Tuple[int, ...]
+    within_bounds: bool
+    worst_bound_fraction: float
+    block_rows: int = 0
+    block_xxh3: Tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ValidatedCase:
+    """A case the caller judged, recorded by Client.record_validation as a run
+    of operation "validation": its name (the run's case), the digest of its
+    inputs (operation, options, tensors) and its outputs; within_bounds None
+    means every output's."""
+
+    case_name: str
+    inputs_xxh3: int
+    outputs: Tuple[ValidatedOutput, ...]
+    within_bounds: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class RecordedCase:
+    """A case as the server recorded it, as a recording verify_* call's Verdict
+    says: its run, the comparison with the baseline asked for, the alerts of
+    the project's rules, and record_error where the run was judged but not
+    kept."""
+
+    case_name: str
+    run_id: int
+    comparison: Optional[RunComparison]
+    alerts: Tuple[Alert, ...]
+    record_error: str
+
+
+def validation_request(
+    project: str, branch: str, ref: str, cases: Sequence[ValidatedCase], compare: Optional[Baseline]
+) -> pb.RecordValidationRequest:
+    request = pb.RecordValidationRequest(labels=pb.RunLabels(project=project, branch=branch, ref=ref))
+    set_compare(request, compare)
+    for case in cases:
+        if not isinstance(case, ValidatedCase):
+            raise InvalidArgumentError("cases: expected logitd.ValidatedCase values, got %r" % (case,))
+        within = all(o.within_bounds for o in case.outputs) if case.within_bounds is None else case.within_bounds
+        out = request.cases.add(
+            case_name=case.case_name,
+            inputs_xxh3=int(case.inputs_xxh3),
+            verdict="within_bounds" if within else "outside_bounds",
+        )
+        for o in case.outputs:
+            elements = 1
+            for d in o.shape:
+                elements *= int(d)
+            out.outputs.add(
+                name=o.name,
+                xxh3=int(o.xxh3),
+                shape=[int(d) for d in o.shape],
+                elements=elements,
+                passed=bool(o.within_bounds),
+                verdict="within_bounds" if o.within_bounds else "outside_bounds",
+                worst_bound_fraction=float(o.worst_bound_fraction),
+                block_rows=int(o.block_rows),
+                block_xxh3=[int(d) for d in o.block_xxh3],
+            )
+    return request
+
+
+def recorded_cases_of(
+    request: pb.RecordValidationRequest, response: pb.RecordValidationResponse
+) -> Tuple[RecordedCase, ...]:
+    return tuple(
+        RecordedCase(
+            case_name=request.cases[i].case_name if i < len(request.cases) else "",
+            run_id=int(r.run_id),
+            comparison=comparison_of(r),
+            alerts=alerts_of(r.alerts),
+            record_error=r.record_error,
+        )
+        for i, r in enumerate(response.cases)
+    )
+
+
 def set_record(header: pb.VerifyHeader, record: Optional[RunLabels]) -> None:
     """Asks the server to record the run under ``record`` (None: not recorded)."""
     if record is None:
@@ -190,7 +281,7 @@ def set_record(header: pb.VerifyHeader, record: Optional[RunLabels]) -> None:
     )
 
 
-def set_compare(header: pb.VerifyHeader, compare: Optional[Baseline]) -> None:
+def set_compare(header: Any, compare: Optional[Baseline]) -> None:
     """Asks the server to compare with a recorded run (None: no comparison)."""
     if compare is None:
         return
