@@ -39,7 +39,8 @@ work=$(mktemp -d)
 server_pid=""
 cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
-"$logitd" --backend=cpu --address=127.0.0.1:0 --port_file="$work/port" >"$work/server.log" 2>&1 &
+"$logitd" --backend=cpu --address=127.0.0.1:0 --port_file="$work/port" --history="$work/history.sqlite3" \
+  >"$work/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 100); do [ -s "$work/port" ] && break; sleep 0.1; done
 server=127.0.0.1:$(tr -dc '0-9' <"$work/port")

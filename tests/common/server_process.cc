@@ -6,12 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -42,6 +45,12 @@ absl::StatusOr<ServerProcess> ServerProcess::Start(const std::string& binary,
   std::vector<std::string> args = {binary, "--address=127.0.0.1:0",
                                    absl::StrCat("--port_file=", port_file)};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
+  // A test that names no history keeps one in its own folder, not in the
+  // machine's state directory (--history=auto).
+  if (std::none_of(extra_args.begin(), extra_args.end(),
+                   [](const std::string& a) { return absl::StartsWith(a, "--history="); })) {
+    args.push_back(absl::StrCat("--history=", p.dir_, "/history.sqlite3"));
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -29,6 +29,9 @@ class ServerProcess {
   // "127.0.0.1:PORT".
   const std::string& address() const { return address_; }
   pid_t pid() const { return pid_; }
+  // The folder of its port file, its log and, when the test names no
+  // --history, its history (history.sqlite3).
+  const std::string& dir() const { return dir_; }
   bool Running();
   // Sends SIGTERM and waits; returns the exit status (as from waitpid), or -1.
   int Stop(absl::Duration grace = absl::Seconds(20));

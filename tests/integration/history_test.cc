@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
@@ -354,6 +355,19 @@ TEST(HistoryTest, AVerifyComparedWithARecordedRunSaysWhatChanged) {
   EXPECT_EQ(c->Verify(unrecorded).status().code(), absl::StatusCode::kInvalidArgument);
   // Nothing was recorded by the refused calls.
   EXPECT_EQ(c->ListRuns(ListRunsArgs{})->runs.size(), 7u);
+}
+
+// A server a test starts without a --history flag keeps its history in the
+// test's own folder, not in the machine's state directory.
+TEST(HistoryTest, ATestServerWithoutAHistoryFlagKeepsItsHistoryInItsOwnFolder) {
+  absl::StatusOr<ServerProcess> server = ServerProcess::Start(ServerBinary(), {"--backend=cpu"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<client::Client> c = Connect(*server);
+  const std::string handle = Register(*c, NormalBf16({40, 48}, 43));
+  absl::StatusOr<VerifyResult> r = VerifyOwnLogits(*c, handle, 7, RunLabels{"p", "own", "", ""});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->run_id, 0);
+  EXPECT_TRUE(std::filesystem::exists(server->dir() + "/history.sqlite3")) << server->dir();
 }
 
 // kill -9 while clients record runs: after a restart on the same file,

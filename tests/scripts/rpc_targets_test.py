@@ -21,7 +21,14 @@ def main(logitd, logitctl, root):
     tmp = tempfile.mkdtemp(prefix="rpc-targets-")
     port_file = os.path.join(tmp, "port")
     server = subprocess.Popen(
-        [logitd, "--backend=cpu", "--address=127.0.0.1:0", "--port_file=" + port_file, "--log_level=warning"],
+        [
+            logitd,
+            "--backend=cpu",
+            "--address=127.0.0.1:0",
+            "--port_file=" + port_file,
+            "--log_level=warning",
+            "--history=" + os.path.join(tmp, "history.sqlite3"),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -67,6 +67,9 @@ def start(binary, tmp, flags):
             "--port_file=%s" % port_file,
             "--log_level=warning",
         ]
+        # A test that names no history keeps one in its own folder, not in the
+        # machine's state directory (--history=auto).
+        + ([] if any(f.startswith("--history=") for f in flags) else ["--history=%s" % (tmp / "history.sqlite3")])
         + list(flags),
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -39,7 +39,14 @@ def running_server(tmp_path, *args):
     log_path = tmp_path / ("logitd-%d.log" % time.monotonic_ns())
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [binary, "--backend=cpu", "--address=127.0.0.1:0", "--port_file=%s" % port_file, *args],
+            [
+                binary,
+                "--backend=cpu",
+                "--address=127.0.0.1:0",
+                "--port_file=%s" % port_file,
+                "--history=%s" % (tmp_path / ("history-%d.sqlite3" % time.monotonic_ns())),
+                *args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -69,6 +69,7 @@ def servers(tmp_path):
                     "--metrics_address=127.0.0.1:0",
                     "--metrics_port_file=%s" % metrics_file,
                     "--log_level=warning",
+                    "--history=%s" % (tmp_path / ("history%d.sqlite3" % i)),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
