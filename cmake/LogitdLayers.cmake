@@ -91,7 +91,7 @@ function(logitd_check_layers)
     target_link_libraries(${target} PRIVATE ${library})
   endforeach()
 
-  set(wire "logitd_wire|logitd_proto|logitd_oip_proto|gRPC::.*|protobuf::.*")
+  set(wire "logitd_wire|logitd_proto|logitd_oip_proto|logitd_call_proto|gRPC::.*|protobuf::.*")
   set(service "logitd_service.*|logitd_state_dir")
   set(kernels "logitd_kernels.*|logitd_backend|logitd_cuda_.*|logitd_host_pool|logitd_device_health|logitd_algo_cache")
   set(clients "logitd_client|logitd_validate|logitd_connection_flags|logitd_server_info_json|logitd_argv")
@@ -104,7 +104,7 @@ function(logitd_check_layers)
   # The references beside the core: the core and OpenBLAS only.
   logitd_forbid_links(logitd_reference "^(${wire}|${service}|${kernels}|${clients})$"
                       "the references link the core and OpenBLAS, nothing of the wire or above")
-  logitd_forbid_includes(reference "^(logitd/v1/|logitd/wire/|grpc|google/protobuf|kserve/|server/|client/|logitd/client\\.h)"
+  logitd_forbid_includes(reference "^(logitd/(v1|service)/|logitd/wire/|grpc|google/protobuf|kserve/|server/|client/|logitd/client\\.h)"
                          "the references include the core only, nothing of the wire or above")
   # Kernels: the core, never the wire, the service or a client.
   foreach(target logitd_host_pool logitd_device_health logitd_backend logitd_algo_cache
@@ -113,7 +113,7 @@ function(logitd_check_layers)
     logitd_forbid_links(${target} "^(${wire}|${service}|${clients})$"
                         "the kernels' layer links logitd_core, never the wire (proto, gRPC)")
   endforeach()
-  logitd_forbid_includes(server/kernels "^(logitd/v1/|logitd/wire/|grpc|google/protobuf|kserve/|server/service/|client/|logitd/client\\.h)"
+  logitd_forbid_includes(server/kernels "^(logitd/(v1|service)/|logitd/wire/|grpc|google/protobuf|kserve/|server/service/|client/|logitd/client\\.h)"
                          "the kernels include the core and their own headers, never the wire or the service")
   # The wire: the core and the proto, never a server or client layer.
   logitd_forbid_links(logitd_wire "^(${service}|${kernels}|${clients})$"
@@ -124,7 +124,7 @@ function(logitd_check_layers)
   # protocol-neutral.
   logitd_forbid_links(logitd_history "^(${wire}|${service}|${kernels}|${clients})$"
                       "the history store links SQLite and Abseil, nothing of the wire or above")
-  logitd_forbid_includes(server/history "^(logitd/v1/|logitd/wire/|grpc|google/protobuf|kserve/|server/service/|server/kernels/|client/|logitd/client\\.h)"
+  logitd_forbid_includes(server/history "^(logitd/(v1|service)/|logitd/wire/|grpc|google/protobuf|kserve/|server/service/|server/kernels/|client/|logitd/client\\.h)"
                          "the history store includes nothing of the wire, the service or the kernels")
   # Inside the service (docs/ARCHITECTURE.md, "Inside the service"): the
   # front doors are peers over the shared state, and below them nothing
@@ -138,10 +138,10 @@ function(logitd_check_layers)
   logitd_forbid_includes(server/service/transport "^server/service/(v1|oip|shared)/"
                          "the transport is below the front doors and the shared state")
   logitd_forbid_includes(server/service/call
-                         "^(server/service/(v1|oip|shared|transport)/|logitd/v1/|kserve/|google/protobuf)"
+                         "^(server/service/(v1|oip|shared|transport)/|logitd/(v1|service)/|kserve/|google/protobuf)"
                          "the call core is protocol-neutral: no front door, transport or proto types")
   logitd_forbid_includes(server/service/state
-                         "^(server/service/(v1|oip|shared|transport|call)/|logitd/v1/|kserve/|google/protobuf)"
+                         "^(server/service/(v1|oip|shared|transport|call)/|logitd/(v1|service)/|kserve/|google/protobuf)"
                          "the state is the service's floor: nothing above it, no proto types")
   # Clients: the wire and the client API, never the service or the kernels.
   foreach(target logitd_client logitd_connection_flags logitd_server_info_json logitd_argv

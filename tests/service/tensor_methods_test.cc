@@ -1,8 +1,9 @@
-// logitd.v1's tensor methods served from one table (v1/tensor_methods.h):
-// the table holds a row for every tensor operation of the operations table
-// (call/operations.h), each row's method answers through the generic
-// service with the service's own refusal (not UNIMPLEMENTED), and a method
-// of no row is UNIMPLEMENTED with its name while the server keeps serving.
+// logitd.v1's tensor methods served from the operations' table
+// (call/operations.h, v1/tensor_methods.h): every row with a run is a
+// tensor call of the proto whose header has every field the operation
+// reads, each answers through the generic service with the service's own
+// refusal (not UNIMPLEMENTED), and a method of no row is UNIMPLEMENTED with
+// its name while the server keeps serving.
 #include "server/service/v1/tensor_methods.h"
 
 #include <grpcpp/generic/generic_stub.h>
@@ -14,7 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "logitd/v1/logitd.pb.h"
 #include "server/service/call/operations.h"
+#include "server/service/v1/requests.h"
 #include "tests/service/service_test.h"
 
 namespace logitd::testing {
@@ -22,26 +25,52 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// The tensor operations served otherwise: RegisterWeight (client
-// streaming) and FetchGradient (server streaming) by generated raw
-// methods, Verify by the service's own handler.
-const std::set<std::string>& ServedOtherwise() {
-  static const auto* const kMethods =
-      new std::set<std::string>{"RegisterWeight", "FetchGradient", "Verify"};
-  return *kMethods;
+// A header of `type` with every TensorSpec field given, each named as its
+// field and with a digest, as a well-formed request has them.
+std::unique_ptr<google::protobuf::Message> HeaderWithEveryTensor(
+    const google::protobuf::Message& type) {
+  std::unique_ptr<google::protobuf::Message> header(type.New());
+  const google::protobuf::Descriptor* d = header->GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    if (f->is_repeated() || f->message_type() != v1::TensorSpec::descriptor()) continue;
+    auto* spec = static_cast<v1::TensorSpec*>(header->GetReflection()->MutableMessage(header.get(), f));
+    spec->set_name(f->name());
+    spec->set_xxh3(1);
+  }
+  return header;
 }
 
-TEST(TensorMethodsTableTest, EveryTensorOperationHasItsRowAndEveryRowItsOperation) {
+TEST(TensorMethodsTableTest, EveryOperationRowIsATensorCallWhoseHeaderHasEveryFieldItReads) {
+  int rows = 0;
   for (const service::OperationInfo& op : service::Operations()) {
-    const bool tensor_call = !op.inputs.empty() || !op.outputs.empty();
-    if (!tensor_call || ServedOtherwise().count(std::string(op.method)) > 0) continue;
-    EXPECT_NE(service::FindV1TensorMethod(op.method), nullptr)
-        << op.method << " streams tensors but v1/tensor_methods.cc has no row for it";
+    if (op.run == nullptr) continue;
+    ++rows;
+    SCOPED_TRACE(op.method);
+    absl::StatusOr<service::AnyTypes> types = service::TensorCallTypes(op.method);
+    ASSERT_TRUE(types.ok()) << types.status();
+    ASSERT_NE(op.read, nullptr);
+    const std::unique_ptr<google::protobuf::Message> header = HeaderWithEveryTensor(*types->header);
+    service::V1RequestFields fields(*header, service::V1Shm{});
+    EXPECT_TRUE(op.read(fields).ok()) << op.read(fields);
+    EXPECT_FALSE(op.inputs.empty());
   }
-  for (const service::V1Method& m : service::V1TensorMethods()) {
-    const service::OperationInfo* op = service::FindOperation(m.method);
-    ASSERT_NE(op, nullptr) << m.method << " has a v1 row but no row in call/operations.cc";
-    EXPECT_FALSE(op->inputs.empty()) << m.method;
+  EXPECT_EQ(rows, 5) << "Logits, Backward, Cast, CrossEntropy, LogProbs";
+}
+
+TEST(TensorMethodsTableTest, AMisnamedFieldIsInternalNamingIt) {
+  v1::LogitsHeader header;
+  service::V1RequestFields fields(header, service::V1Shm{});
+  EXPECT_EQ(fields.Float("alpa"), 0.0f);
+  EXPECT_EQ(fields.Bool("out_dtype"), false) << "an enum read as a bool";
+  EXPECT_EQ(fields.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(fields.status().message()), HasSubstr("'alpa'"));
+}
+
+TEST(TensorMethodsTableTest, AMethodOfAnotherShapeIsNoTensorCall) {
+  for (const char* method : {"FetchGradient", "GetServerInfo", "RegisterWeight", "NoSuchMethod"}) {
+    EXPECT_EQ(service::TensorCallTypes(method).status().code(), absl::StatusCode::kInternal)
+        << method;
   }
 }
 
@@ -74,8 +103,10 @@ grpc::Status CallWithNoHeader(const std::shared_ptr<grpc::Channel>& channel,
 
 TEST_F(ServiceTest, EveryRowAndVerifyAreServedThroughTheGenericService) {
   std::set<std::string> methods = {"Verify"};
-  for (const service::V1Method& m : service::V1TensorMethods())
-    methods.insert(std::string(m.method));
+  for (const service::OperationInfo& op : service::Operations()) {
+    if (op.run != nullptr) methods.insert(std::string(op.method));
+  }
+  ASSERT_EQ(methods.size(), 6u);
   for (const std::string& method : methods) {
     const grpc::Status s = CallWithNoHeader(server().channel(), "/logitd.v1.Logitd/" + method);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)

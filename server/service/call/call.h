@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -61,8 +62,10 @@ struct OutputSlot {
 // What a call reports besides its outputs.
 struct OpResult {
   kernels::Timing timing;
-  // CrossEntropy: the tokens not ignored; -1 for the other operations.
-  std::int64_t counted_tokens = -1;
+  // Figures the result carries besides the outputs and the timing, each
+  // named as the field of the front door's result that takes it
+  // (CrossEntropy: "counted_tokens", the tokens not ignored).
+  std::vector<std::pair<std::string, std::int64_t>> figures;
   // Run in blocks of rows (Call::RunInRowBlocks): the result and the outputs
   // went out as the blocks ran, and the front door has nothing left to send.
   bool sent = false;

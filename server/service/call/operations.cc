@@ -1,38 +1,30 @@
 #include "server/service/call/operations.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "absl/base/call_once.h"
+
 namespace logitd::service {
 namespace {
 
 constexpr absl::string_view kWeight[] = {"weight"};
-constexpr absl::string_view kX[] = {"x"};
-constexpr absl::string_view kY[] = {"y"};
-constexpr absl::string_view kDyX[] = {"dy", "x"};
-constexpr absl::string_view kDxDw[] = {"dx", "dw"};
 constexpr absl::string_view kDw[] = {"dw"};
-constexpr absl::string_view kInput[] = {"input"};
-constexpr absl::string_view kOutput[] = {"output"};
-constexpr absl::string_view kXTargets[] = {"x", "targets"};
-constexpr absl::string_view kCeOutputs[] = {"loss", "lse", "dx", "dw"};
-constexpr absl::string_view kLpOutputs[] = {"logprob",  "lse",           "entropy",
-                                            "topk_ids", "topk_logprobs", "rank"};
 constexpr absl::string_view kVerifyInputs[] = {"w", "x", "dy", "targets"};
 
 // A span of no tensors.
 constexpr absl::Span<const absl::string_view> Empty() { return {}; }
 
-const OperationInfo kOperations[] = {
+// The methods a front door serves itself; the tensor operations register
+// theirs from their own files.
+const OperationInfo kListed[] = {
     {"GetServerInfo", false, Empty(), Empty(), std::nullopt},
     {"RegisterWeight", true, kWeight, Empty(), std::nullopt},
     {"LoadWeight", true, Empty(), Empty(), std::nullopt},
     {"ListWeights", false, Empty(), Empty(), std::nullopt},
     {"ReleaseWeight", false, Empty(), Empty(), std::nullopt},
-    {"Logits", true, kX, kY, VerifyOperation::kLogits},
-    {"Backward", true, kDyX, kDxDw, VerifyOperation::kBackward},
     {"FetchGradient", true, Empty(), kDw, std::nullopt},
     {"ZeroGradient", true, Empty(), Empty(), std::nullopt},
-    {"Cast", true, kInput, kOutput, std::nullopt},
-    {"CrossEntropy", true, kXTargets, kCeOutputs, VerifyOperation::kCrossEntropy},
-    {"LogProbs", true, kXTargets, kLpOutputs, VerifyOperation::kLogProbs},
     {"Verify", true, kVerifyInputs, Empty(), std::nullopt},
     {"ListRuns", false, Empty(), Empty(), std::nullopt},
     {"ListProjects", false, Empty(), Empty(), std::nullopt},
@@ -47,19 +39,45 @@ const OperationInfo kOperations[] = {
     {"ReleaseShm", false, Empty(), Empty(), std::nullopt},
 };
 
+// The rows registered before main, and once anything reads the table, the
+// whole of it. Registration ends before main begins (static initialisers),
+// so the first read sees every row.
+std::vector<OperationInfo>& Registered() {
+  static auto* const rows = new std::vector<OperationInfo>();
+  return *rows;
+}
+
+const std::vector<OperationInfo>& Table() {
+  static absl::once_flag once;
+  static std::vector<OperationInfo>* table = nullptr;
+  absl::call_once(once, [] {
+    std::vector<OperationInfo> registered = Registered();
+    std::sort(registered.begin(), registered.end(),
+              [](const OperationInfo& a, const OperationInfo& b) { return a.method < b.method; });
+    table = new std::vector<OperationInfo>(std::begin(kListed), std::end(kListed));
+    table->insert(table->end(), registered.begin(), registered.end());
+  });
+  return *table;
+}
+
 }  // namespace
 
-absl::Span<const OperationInfo> Operations() { return kOperations; }
+bool RegisterOperation(const OperationInfo& row) {
+  Registered().push_back(row);
+  return true;
+}
+
+absl::Span<const OperationInfo> Operations() { return Table(); }
 
 const OperationInfo* FindOperation(absl::string_view method) {
-  for (const OperationInfo& op : kOperations) {
+  for (const OperationInfo& op : Table()) {
     if (op.method == method) return &op;
   }
   return nullptr;
 }
 
 const OperationInfo* FindVerifiable(VerifyOperation operation) {
-  for (const OperationInfo& op : kOperations) {
+  for (const OperationInfo& op : Table()) {
     if (op.verify == operation) return &op;
   }
   return nullptr;

@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -29,8 +31,11 @@ namespace logitd::service {
 template <typename Response, typename Request>
 class MessageStream {
  public:
-  MessageStream(RawStream* raw, std::size_t max_message_bytes)
-      : raw_(raw), max_message_bytes_(max_message_bytes) {}
+  // `request_type` names the request's type in messages (default Request's;
+  // a tensor call read as any names its method's own).
+  MessageStream(RawStream* raw, std::size_t max_message_bytes,
+                absl::string_view request_type = Request::descriptor()->full_name())
+      : raw_(raw), max_message_bytes_(max_message_bytes), request_type_(request_type) {}
 
   // False at the end of the stream, or for a message that is not a Request
   // or is too large (then error() says which).
@@ -66,13 +71,14 @@ class MessageStream {
   }
   bool Read(grpc::ByteBuffer* buffer, Request* message) {
     if (wire::ParseMessage(buffer, message)) return true;
-    error_ = absl::InvalidArgumentError(absl::StrCat("a request message could not be parsed as ",
-                                                     Request::descriptor()->full_name()));
+    error_ = absl::InvalidArgumentError(
+        absl::StrCat("a request message could not be parsed as ", request_type_));
     return false;
   }
 
   RawStream* raw_;
   const std::size_t max_message_bytes_;
+  const std::string request_type_;
   absl::Status error_;
 };
 

@@ -10,12 +10,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "logitd/status_macros.h"
+#include "server/service/call/ops.h"
 
 namespace logitd::service {
 namespace {
 
 // The slice a ShmRef names, as the service's shared memory takes it.
 ShmRef RefOf(const v1::ShmRef& ref) { return ShmRef{ref.region(), ref.offset(), ref.bytes()}; }
+
+// A slot's resolver, through the service's regions for the caller's tenant.
+ShmResolver ResolverOf(const v1::ShmRef& slot, const V1Shm& shm) {
+  return [registry = shm.registry, tenant = shm.tenant, ref = RefOf(slot)](
+             absl::string_view what, std::uint64_t bytes, bool is_output, std::uint64_t align) {
+    return registry->Resolve(tenant, what, ref, bytes, is_output, align);
+  };
+}
 
 // A present spec as a call input, from the chunks that follow the header
 // or from its shared-memory slot.
@@ -29,43 +38,9 @@ CallInput InputOf(const v1::TensorSpec& spec, const v1::ShmRef* shm_ref, const V
   if (spec.xxh3() != 0) in.xxh3 = spec.xxh3();
   if (shm_ref != nullptr) {
     in.from = CallInput::From::kShm;
-    in.shm = [registry = shm.registry, tenant = shm.tenant, ref = RefOf(*shm_ref)](
-                 absl::string_view what, std::uint64_t bytes, bool is_output, std::uint64_t align) {
-      return registry->Resolve(tenant, what, ref, bytes, is_output, align);
-    };
+    in.shm = ResolverOf(*shm_ref, shm);
   }
   return in;
-}
-
-// A required input: its spec checked, then translated.
-absl::StatusOr<CallInput> Required(absl::string_view what, bool present, const v1::TensorSpec& spec,
-                                   bool has_shm, const v1::ShmRef& shm_ref, const V1Shm& shm) {
-  LOGITD_RETURN_IF_ERROR(CheckRequestSpec(what, present, spec, /*streamed=*/!has_shm));
-  return InputOf(spec, has_shm ? &shm_ref : nullptr, shm);
-}
-
-// A second input beside x (dy, targets) is named apart from it: each chunk
-// names the tensor it belongs to.
-absl::Status NamedApart(absl::string_view what, const CallInput& in, const CallInput& x) {
-  if (in.name != x.name) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ", x: expected distinct TensorSpec names, both are '", in.name, "'"));
-}
-
-// An output's shared-memory slot, when the header gives one.
-void OutputSlot(CallOutputs* outputs, absl::string_view name, bool has_shm,
-                const v1::ShmRef& shm_ref, const V1Shm& shm) {
-  if (!has_shm) return;
-  (*outputs)[std::string(name)].shm =
-      [registry = shm.registry, tenant = shm.tenant, ref = RefOf(shm_ref)](
-          absl::string_view what, std::uint64_t bytes, bool is_output, std::uint64_t align) {
-        return registry->Resolve(tenant, what, ref, bytes, is_output, align);
-      };
-}
-
-// An output dtype field: "" when unspecified.
-std::string OutputDTypeName(v1::DType dtype) {
-  return dtype == v1::DTYPE_UNSPECIFIED ? std::string() : ProtoDTypeName(dtype);
 }
 
 }  // namespace
@@ -98,121 +73,141 @@ absl::Status CheckRequestSpec(absl::string_view what, bool present, const v1::Te
   return absl::OkStatus();
 }
 
-absl::StatusOr<LogitsRequest> LogitsRequestOf(const v1::LogitsHeader& h, const V1Shm& shm) {
-  LogitsRequest r;
-  r.weight_handle = h.weight_handle();
-  LOGITD_ASSIGN_OR_RETURN(r.x, Required("x", h.has_x(), h.x(), h.has_x_shm(), h.x_shm(), shm));
-  r.out_dtype = OutputDTypeName(h.out_dtype());
-  r.alpha = h.alpha();
-  OutputSlot(&r.outputs, "y", h.has_y_shm(), h.y_shm(), shm);
-  return r;
+using google::protobuf::FieldDescriptor;
+
+const FieldDescriptor* V1RequestFields::Field(
+    absl::string_view name, std::initializer_list<FieldDescriptor::CppType> types) {
+  const FieldDescriptor* f = header_.GetDescriptor()->FindFieldByName(std::string(name));
+  if (f != nullptr && !f->is_repeated() &&
+      std::find(types.begin(), types.end(), f->cpp_type()) != types.end()) {
+    return f;
+  }
+  if (status_.ok()) {
+    status_ = absl::InternalError(absl::StrCat(header_.GetDescriptor()->full_name(),
+                                               " has no field '", name, "' of the type asked for"));
+  }
+  return nullptr;
 }
 
-absl::StatusOr<BackwardRequest> BackwardRequestOf(const v1::BackwardHeader& h, const V1Shm& shm) {
-  BackwardRequest r;
-  r.weight_handle = h.weight_handle();
-  r.want_dx = h.want_dx();
-  r.want_dw = h.want_dw();
-  r.accumulate_dw = h.accumulate_dw();
-  LOGITD_ASSIGN_OR_RETURN(r.x, Required("x", h.has_x(), h.x(), h.has_x_shm(), h.x_shm(), shm));
-  LOGITD_ASSIGN_OR_RETURN(r.dy,
-                          Required("dy", h.has_dy(), h.dy(), h.has_dy_shm(), h.dy_shm(), shm));
-  LOGITD_RETURN_IF_ERROR(NamedApart("dy", r.dy, r.x));
-  r.dx_dtype = OutputDTypeName(h.dx_dtype());
-  r.dw_dtype = OutputDTypeName(h.dw_dtype());
-  OutputSlot(&r.outputs, "dx", h.has_dx_shm(), h.dx_shm(), shm);
-  OutputSlot(&r.outputs, "dw", h.has_dw_shm(), h.dw_shm(), shm);
-  return r;
+std::string V1RequestFields::String(absl::string_view name) {
+  const FieldDescriptor* f = Field(name, {FieldDescriptor::CPPTYPE_STRING});
+  return f == nullptr ? std::string() : header_.GetReflection()->GetString(header_, f);
 }
 
-absl::StatusOr<CastRequest> CastRequestOf(const v1::CastHeader& h, const V1Shm& shm) {
-  CastRequest r;
-  LOGITD_ASSIGN_OR_RETURN(
-      r.input, Required("input", h.has_input(), h.input(), h.has_input_shm(), h.input_shm(), shm));
-  OutputSlot(&r.outputs, "output", h.has_output_shm(), h.output_shm(), shm);
-  return r;
+float V1RequestFields::Float(absl::string_view name) {
+  const FieldDescriptor* f = Field(name, {FieldDescriptor::CPPTYPE_FLOAT});
+  return f == nullptr ? 0.0f : header_.GetReflection()->GetFloat(header_, f);
 }
 
-namespace {
-
-// A reduction as the call layer names it; *unknown receives a value this
-// build does not know (refused by the plan, naming it).
-Reduction ReductionOf(v1::Reduction reduction, std::string* unknown) {
-  switch (reduction) {
-    case v1::REDUCTION_UNSPECIFIED:
-      return Reduction::kUnspecified;
-    case v1::REDUCTION_NONE:
-      return Reduction::kNone;
-    case v1::REDUCTION_SUM:
-      return Reduction::kSum;
-    case v1::REDUCTION_MEAN:
-      return Reduction::kMean;
+std::int64_t V1RequestFields::Int(absl::string_view name) {
+  const FieldDescriptor* f =
+      Field(name, {FieldDescriptor::CPPTYPE_INT32, FieldDescriptor::CPPTYPE_INT64,
+                   FieldDescriptor::CPPTYPE_UINT32, FieldDescriptor::CPPTYPE_UINT64});
+  if (f == nullptr) return 0;
+  const google::protobuf::Reflection* r = header_.GetReflection();
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return r->GetInt32(header_, f);
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return r->GetUInt32(header_, f);
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return static_cast<std::int64_t>(r->GetUInt64(header_, f));
     default:
-      *unknown = absl::StrCat(static_cast<int>(reduction));
-      return Reduction::kUnspecified;
+      return r->GetInt64(header_, f);
   }
 }
 
-}  // namespace
-
-absl::StatusOr<CrossEntropyRequest> CrossEntropyRequestOf(const v1::CrossEntropyHeader& h,
-                                                          const V1Shm& shm) {
-  CrossEntropyRequest r;
-  r.weight_handle = h.weight_handle();
-  r.want_lse = h.want_lse();
-  r.want_dx = h.want_dx();
-  r.want_dw = h.want_dw();
-  r.accumulate_dw = h.accumulate_dw();
-  LOGITD_ASSIGN_OR_RETURN(r.x, Required("x", h.has_x(), h.x(), h.has_x_shm(), h.x_shm(), shm));
-  LOGITD_ASSIGN_OR_RETURN(r.targets, Required("targets", h.has_targets(), h.targets(),
-                                              h.has_targets_shm(), h.targets_shm(), shm));
-  LOGITD_RETURN_IF_ERROR(NamedApart("targets", r.targets, r.x));
-  if (h.has_ignore_index()) r.ignore_index = h.ignore_index();
-  r.reduction = ReductionOf(h.reduction(), &r.reduction_unknown);
-  r.z_loss = h.z_loss();
-  r.logit_softcap = h.logit_softcap();
-  r.grad_scale = h.grad_scale();
-  r.dx_dtype = OutputDTypeName(h.dx_dtype());
-  for (const auto& [name, has, ref] : {std::make_tuple("loss", h.has_loss_shm(), &h.loss_shm()),
-                                       std::make_tuple("lse", h.has_lse_shm(), &h.lse_shm()),
-                                       std::make_tuple("dx", h.has_dx_shm(), &h.dx_shm()),
-                                       std::make_tuple("dw", h.has_dw_shm(), &h.dw_shm())}) {
-    OutputSlot(&r.outputs, name, has, *ref, shm);
-  }
-  return r;
+bool V1RequestFields::Bool(absl::string_view name) {
+  const FieldDescriptor* f = Field(name, {FieldDescriptor::CPPTYPE_BOOL});
+  return f != nullptr && header_.GetReflection()->GetBool(header_, f);
 }
 
-absl::StatusOr<LogProbsRequest> LogProbsRequestOf(const v1::LogProbsHeader& h, const V1Shm& shm) {
-  LogProbsRequest r;
-  r.weight_handle = h.weight_handle();
-  LOGITD_ASSIGN_OR_RETURN(r.x, Required("x", h.has_x(), h.x(), h.has_x_shm(), h.x_shm(), shm));
-  if (h.has_targets()) {
-    LOGITD_ASSIGN_OR_RETURN(r.targets, Required("targets", true, h.targets(), h.has_targets_shm(),
-                                                h.targets_shm(), shm));
-    LOGITD_RETURN_IF_ERROR(NamedApart("targets", r.targets, r.x));
-  } else if (h.has_targets_shm()) {
-    // A slot for targets the header does not have: the plan refuses it.
-    r.targets = InputOf(h.targets(), &h.targets_shm(), shm);
-    r.targets.given = false;
+std::optional<std::int64_t> V1RequestFields::OptionalInt(absl::string_view name) {
+  const FieldDescriptor* f = header_.GetDescriptor()->FindFieldByName(std::string(name));
+  if (f != nullptr && !f->has_presence()) {
+    if (status_.ok()) {
+      status_ = absl::InternalError(absl::StrCat(header_.GetDescriptor()->full_name(), ".", name,
+                                                 " has no presence (declare it optional)"));
+    }
+    return std::nullopt;
   }
-  if (h.has_ignore_index()) r.ignore_index = h.ignore_index();
-  r.temperature = h.temperature();
-  r.logit_softcap = h.logit_softcap();
-  r.vocab_size = h.vocab_size();
-  r.top_k = static_cast<std::int64_t>(h.top_k());
-  r.want_entropy = h.want_entropy();
-  r.want_lse = h.want_lse();
-  r.want_rank = h.want_rank();
-  for (const auto& [name, has, ref] :
-       {std::make_tuple("logprob", h.has_logprob_shm(), &h.logprob_shm()),
-        std::make_tuple("lse", h.has_lse_shm(), &h.lse_shm()),
-        std::make_tuple("entropy", h.has_entropy_shm(), &h.entropy_shm()),
-        std::make_tuple("topk_ids", h.has_topk_ids_shm(), &h.topk_ids_shm()),
-        std::make_tuple("topk_logprobs", h.has_topk_logprobs_shm(), &h.topk_logprobs_shm()),
-        std::make_tuple("rank", h.has_rank_shm(), &h.rank_shm())}) {
-    OutputSlot(&r.outputs, name, has, *ref, shm);
+  if (f != nullptr && !header_.GetReflection()->HasField(header_, f)) return std::nullopt;
+  const std::int64_t value = Int(name);  // a missing field is remembered
+  if (f == nullptr) return std::nullopt;
+  return value;
+}
+
+std::string V1RequestFields::Enum(absl::string_view name) {
+  const FieldDescriptor* f = Field(name, {FieldDescriptor::CPPTYPE_ENUM});
+  if (f == nullptr) return std::string();
+  const int number = header_.GetReflection()->GetEnumValue(header_, f);
+  const google::protobuf::EnumValueDescriptor* value = f->enum_type()->FindValueByNumber(number);
+  return value == nullptr ? absl::StrCat(number) : value->name();
+}
+
+std::string V1RequestFields::DType(absl::string_view name) {
+  const FieldDescriptor* f = Field(name, {FieldDescriptor::CPPTYPE_ENUM});
+  if (f == nullptr) return std::string();
+  const auto dtype = static_cast<v1::DType>(header_.GetReflection()->GetEnumValue(header_, f));
+  return dtype == v1::DTYPE_UNSPECIFIED ? std::string() : ProtoDTypeName(dtype);
+}
+
+const v1::ShmRef* V1RequestFields::Slot(absl::string_view name) {
+  const std::string field = absl::StrCat(name, "_shm");
+  const FieldDescriptor* f = header_.GetDescriptor()->FindFieldByName(field);
+  if (f == nullptr || f->message_type() != v1::ShmRef::descriptor()) return nullptr;
+  if (!header_.GetReflection()->HasField(header_, f)) return nullptr;
+  return static_cast<const v1::ShmRef*>(&header_.GetReflection()->GetMessage(header_, f));
+}
+
+absl::StatusOr<CallInput> V1RequestFields::ReadInput(absl::string_view name, bool required) {
+  const FieldDescriptor* f = Field(name, {FieldDescriptor::CPPTYPE_MESSAGE});
+  if (f == nullptr) return CallInput();
+  if (f->message_type() != v1::TensorSpec::descriptor()) {
+    status_ = absl::InternalError(
+        absl::StrCat(header_.GetDescriptor()->full_name(), ".", name, " is not a TensorSpec"));
+    return CallInput();
   }
-  return r;
+  const google::protobuf::Reflection* r = header_.GetReflection();
+  const bool present = r->HasField(header_, f);
+  const auto& spec = static_cast<const v1::TensorSpec&>(r->GetMessage(header_, f));
+  const v1::ShmRef* slot = Slot(name);
+  if (!present && !required) {
+    if (slot == nullptr) return CallInput();
+    // A slot for a tensor the header does not have: the plan refuses it.
+    CallInput in = InputOf(spec, slot, shm_);
+    in.given = false;
+    return in;
+  }
+  LOGITD_RETURN_IF_ERROR(CheckRequestSpec(name, present, spec, /*streamed=*/slot == nullptr));
+  CallInput in = InputOf(spec, slot, shm_);
+  // Each chunk names the tensor it belongs to.
+  for (const auto& [other, other_name] : read_) {
+    if (other_name == in.name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ", ", other, ": expected distinct TensorSpec names, both are '", in.name, "'"));
+    }
+  }
+  read_.emplace_back(std::string(name), in.name);
+  return in;
+}
+
+absl::StatusOr<CallInput> V1RequestFields::Input(absl::string_view name) {
+  return ReadInput(name, /*required=*/true);
+}
+
+absl::StatusOr<CallInput> V1RequestFields::OptionalInput(absl::string_view name) {
+  return ReadInput(name, /*required=*/false);
+}
+
+CallOutputs V1RequestFields::Outputs(absl::Span<const absl::string_view> names) {
+  CallOutputs outputs;
+  for (absl::string_view name : names) {
+    const v1::ShmRef* slot = Slot(name);
+    if (slot == nullptr) continue;
+    outputs[std::string(name)].shm = ResolverOf(*slot, shm_);
+  }
+  return outputs;
 }
 
 namespace {
@@ -265,24 +260,14 @@ absl::Status CheckUnreadOptions(const v1::VerifyHeader& h, VerifyOperation op,
   return absl::OkStatus();
 }
 
-void OperationOptionsOf(const v1::VerifyHeader& h, VerifyRequest* out) {
-  VerifyRequest& r = *out;
-  if (r.operation == VerifyOperation::kCrossEntropy) {
-    const v1::CrossEntropyHeader& o = h.cross_entropy();
-    CrossEntropyRequest& ce = r.cross_entropy;
-    if (o.has_ignore_index()) ce.ignore_index = o.ignore_index();
-    ce.reduction = ReductionOf(o.reduction(), &ce.reduction_unknown);
-    ce.z_loss = o.z_loss();
-    ce.logit_softcap = o.logit_softcap();
-    ce.grad_scale = o.grad_scale();
+void OperationOptionsOf(const v1::VerifyHeader& h, VerifyRequest* r) {
+  if (r->operation == VerifyOperation::kCrossEntropy) {
+    V1RequestFields fields(h.cross_entropy(), V1Shm{});
+    CrossEntropyOptionsFrom(fields, &r->cross_entropy);
   }
-  if (r.operation == VerifyOperation::kLogProbs) {
-    const v1::LogProbsHeader& o = h.logprobs();
-    LogProbsRequest& lp = r.logprobs;
-    if (o.has_ignore_index()) lp.ignore_index = o.ignore_index();
-    lp.temperature = o.temperature();
-    lp.logit_softcap = o.logit_softcap();
-    lp.vocab_size = o.vocab_size();
+  if (r->operation == VerifyOperation::kLogProbs) {
+    V1RequestFields fields(h.logprobs(), V1Shm{});
+    LogProbsOptionsFrom(fields, &r->logprobs);
   }
 }
 

@@ -198,6 +198,42 @@ void TensorCallBase::DigestsReceived(const std::vector<InputSlot*>& streamed) {
   }
 }
 
+bool PipelineOf(const google::protobuf::Message& header) {
+  const google::protobuf::FieldDescriptor* f = header.GetDescriptor()->FindFieldByName("pipeline");
+  return f != nullptr && f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL &&
+         header.GetReflection()->GetBool(header, f);
+}
+
+bool DigestLastOf(const google::protobuf::Message& header) {
+  const google::protobuf::FieldDescriptor* f =
+      header.GetDescriptor()->FindFieldByName("digest_last");
+  return f != nullptr && f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_BOOL &&
+         header.GetReflection()->GetBool(header, f);
+}
+
+absl::Status TensorCallBase::FillFigures(const OpResult& result, bool timed,
+                                         google::protobuf::Message* message) const {
+  const google::protobuf::Descriptor* type = message->GetDescriptor();
+  const google::protobuf::Reflection* fields = message->GetReflection();
+  for (const auto& [name, value] : result.figures) {
+    const google::protobuf::FieldDescriptor* f = type->FindFieldByName(name);
+    if (f == nullptr || f->is_repeated() ||
+        f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_INT64) {
+      return absl::InternalError(absl::StrCat(type->full_name(), " has no int64 field '", name,
+                                              "' for the call's figure"));
+    }
+    fields->SetInt64(message, f, value);
+  }
+  if (!timed) return absl::OkStatus();
+  const google::protobuf::FieldDescriptor* f = type->FindFieldByName("timing");
+  if (f == nullptr || f->message_type() != v1::Timing::descriptor()) {
+    return absl::InternalError(absl::StrCat(type->full_name(), " has no Timing field 'timing'"));
+  }
+  Timed(result.timing,
+        google::protobuf::DynamicCastToGenerated<v1::Timing>(fields->MutableMessage(message, f)));
+  return absl::OkStatus();
+}
+
 void TensorCallBase::Timed(const kernels::Timing& t, v1::Timing* out) const {
   out->set_queue_us(std::max<std::int64_t>(stats_->queue_us, 0));
   out->set_receive_us(std::max<std::int64_t>(stats_->receive_us, 0));

@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "logitd/service/tensor_call.pb.h"
 #include "logitd/status_macros.h"
 #include "logitd/v1/logitd.pb.h"
 #include "logitd/wire/wire.h"
@@ -82,6 +83,12 @@ class TensorCallBase : public Transport {
 
   // The backend's timing, into the result's Timing.
   void Timed(const kernels::Timing& timing, v1::Timing* out) const;
+  // What the result carries besides its outputs: the operation's figures
+  // (OpResult::figures) into the int64 fields of their names, and the
+  // timing into its "timing" field (not for a call sent in row blocks,
+  // whose trailer has it).
+  absl::Status FillFigures(const OpResult& result, bool timed,
+                           google::protobuf::Message* message) const;
 
  protected:
   // The rest of the request stream: chunks into the assembler.
@@ -167,13 +174,23 @@ class TensorCallBase : public Transport {
   std::vector<std::pair<std::string, std::uint64_t>> sent_digests_;
 };
 
-// Whether a request's header can ask for row blocks (has the field).
-template <typename Request, typename = void>
-struct HasPipeline : std::false_type {};
+// The message types of a tensor call its row serves (tensor_methods.h):
+// the header and result as bytes, parsed and serialised as the method's own
+// types (`header` and `result` prototypes).
 template <typename Request>
-struct HasPipeline<Request,
-                   std::void_t<decltype(std::declval<const Request&>().header().pipeline())>>
-    : std::true_type {};
+inline constexpr bool kAnyTensorCall = std::is_same_v<Request, AnyTensorRequest>;
+struct AnyTypes {
+  const google::protobuf::Message* header = nullptr;
+  const google::protobuf::Message* result = nullptr;
+  // The method's request type, for messages ("logitd.v1.LogitsRequest").
+  absl::string_view request;
+};
+
+// Whether the header (any message) asks for row blocks: its bool field
+// "pipeline".
+bool PipelineOf(const google::protobuf::Message& header);
+// The header's bool field "digest_last".
+bool DigestLastOf(const google::protobuf::Message& header);
 
 // A tensor call over its RPC's message stream.
 template <typename Request, typename Response>
@@ -182,18 +199,29 @@ class TensorCall final : public TensorCallBase {
   using Stream = MessageStream<Response, Request>;
 
   TensorCall(const TensorCallEnv& env, absl::string_view method, grpc::ServerContextBase* context,
-             Stream* stream, CallStats* stats)
-      : TensorCallBase(env, method, context, stats), stream_(stream) {}
+             Stream* stream, CallStats* stats, AnyTypes types = {})
+      : TensorCallBase(env, method, context, stats), stream_(stream), types_(types) {}
 
   // Reads the header; header() is valid after it returns OK.
   absl::Status ReadHeader() {
     LOGITD_RETURN_IF_ERROR(service::ReadHeader(stream_, &first_, &stats()->bytes_in));
-    if constexpr (HasPipeline<Request>::value) {
-      pipeline_ = first_.header().pipeline();
+    if constexpr (kAnyTensorCall<Request>) {
+      header_.reset(types_.header->New());
+      if (!header_->ParseFromString(first_.header())) {
+        return absl::InvalidArgumentError(absl::StrCat("the header could not be parsed as ",
+                                                       header_->GetDescriptor()->full_name()));
+      }
+      pipeline_ = PipelineOf(*header_);
     }
     return absl::OkStatus();
   }
-  const auto& header() const { return first_.header(); }
+  const auto& header() const {
+    if constexpr (kAnyTensorCall<Request>) {
+      return *header_;
+    } else {
+      return first_.header();
+    }
+  }
   // For a call of one request message and no chunks (FetchGradient): reads
   // it; request() is valid after it returns OK. The client's half-close
   // after it is not waited for.
@@ -214,26 +242,23 @@ class TensorCall final : public TensorCallBase {
     return Write(head);
   }
 
-  // What the handler puts in the result besides the outputs' specs and the
-  // timing (CrossEntropy's counted tokens), from the operation's result.
-  void OnResult(std::function<void(const OpResult&, Response*)> fill) { fill_ = std::move(fill); }
-
   // The response to a call the operation ran: nothing left when it went out
-  // in row blocks; otherwise the result (filled by OnResult's function and
-  // with the timing) and the outputs, as Send.
+  // in row blocks; otherwise the result (the operation's figures and the
+  // timing) and the outputs, as Send.
   absl::Status Respond(const OpResult& result, bool digest_last) {
+    static_assert(kAnyTensorCall<Request>, "a row's call (tensor_methods.h)");
     if (result.sent) return absl::OkStatus();
+    std::unique_ptr<google::protobuf::Message> message(types_.result->New());
+    LOGITD_RETURN_IF_ERROR(FillFigures(result, /*timed=*/true, message.get()));
     Response head;
-    if (fill_) fill_(result, &head);
-    Timed(result.timing, head.mutable_result()->mutable_timing());
-    return Send(&head, head.mutable_result(), digest_last);
+    return Send(&head, message.get(), digest_last);
   }
 
   // Transport, for row blocks: the result (its timing left unset: the
   // trailer has it) with every streamed output's digest to follow it, then
   // the outputs as their rows are done.
   absl::Status StartSend(const OpResult& early, std::int64_t m) override {
-    if constexpr (HasPipeline<Request>::value) {
+    if constexpr (kAnyTensorCall<Request>) {
       early_ = early;
       // Outputs all in shared memory: the result carries their digests, so
       // it goes once they are written (FinishSend).
@@ -247,7 +272,7 @@ class TensorCall final : public TensorCallBase {
     }
   }
   absl::Status FinishSend(absl::Status computed) override {
-    if constexpr (HasPipeline<Request>::value) {
+    if constexpr (kAnyTensorCall<Request>) {
       if (!StreamsAny()) {
         LOGITD_RETURN_IF_ERROR(computed);
         return SendHead(/*digest_last=*/true);
@@ -267,10 +292,11 @@ class TensorCall final : public TensorCallBase {
   }
 
   // Writes `head` (the outputs' specs filled into `result`, its result
-  // message, first), then the streamed outputs and, with digest_last, their
-  // digests.
+  // message, first; for a row's call `head` carries it as bytes), then the
+  // streamed outputs and, with digest_last, their digests.
   absl::Status Send(Response* head, google::protobuf::Message* result, bool digest_last) {
     if (absl::Status s = FillResult(result, SlotMessage(), digest_last); !s.ok()) return s;
+    if constexpr (kAnyTensorCall<Request>) head->set_result(result->SerializeAsString());
     if (!stats()->send_start) stats()->send_start = absl::Now();
     if (absl::Status s = Write(*head); !s.ok()) return s;
     std::vector<std::pair<std::string, std::uint64_t>> digests;
@@ -293,9 +319,11 @@ class TensorCall final : public TensorCallBase {
   // Row blocks: the result, with what the operation said before its first
   // block and the outputs' specs, their timing left to the trailer.
   absl::Status SendHead(bool digest_last) {
+    std::unique_ptr<google::protobuf::Message> message(types_.result->New());
+    LOGITD_RETURN_IF_ERROR(FillFigures(early_, /*timed=*/false, message.get()));
+    LOGITD_RETURN_IF_ERROR(FillResult(message.get(), SlotMessage(), digest_last));
     Response head;
-    if (fill_) fill_(early_, &head);
-    LOGITD_RETURN_IF_ERROR(FillResult(head.mutable_result(), SlotMessage(), digest_last));
+    head.set_result(message->SerializeAsString());
     stats()->send_start = absl::Now();
     return Write(head);
   }
@@ -311,7 +339,7 @@ class TensorCall final : public TensorCallBase {
     if constexpr (std::is_same_v<Request, v1::FetchGradientRequest>) {
       return first_;
     } else {
-      return first_.header();
+      return header();
     }
   }
   void StopReceiving() override { stream_->StopReading(); }
@@ -333,8 +361,10 @@ class TensorCall final : public TensorCallBase {
   }
 
   Stream* const stream_;
+  const AnyTypes types_;
   Request first_;
-  std::function<void(const OpResult&, Response*)> fill_;
+  // A row's call: the header parsed as the method's own type.
+  std::unique_ptr<google::protobuf::Message> header_;
   OpResult early_;
 };
 

@@ -1,5 +1,5 @@
 // The tensor calls of logitd.v1 as the service serves them: the methods
-// marked generic (tensor_methods.h's rows and Verify) dispatched by name,
+// marked generic (the operations' rows with a run, and Verify) dispatched by name,
 // FetchGradient and ZeroGradient. How tensors travel (chunks or shared
 // memory) is TensorCall's (tensor_call.h).
 #include <cstdlib>
@@ -57,12 +57,20 @@ void LogitdService::MarkTensorMethodsGeneric() {
   auto mark = [&](absl::string_view name) {
     const google::protobuf::MethodDescriptor* method = service->FindMethodByName(std::string(name));
     if (method == nullptr) {
-      LogError(absl::StrCat("tensor_methods.cc names ", name, ", which logitd.v1.Logitd lacks"));
+      LogError(
+          absl::StrCat("the operations' table names ", name, ", which logitd.v1.Logitd lacks"));
       std::abort();
     }
     MarkMethodGeneric(method->index());
   };
-  for (const V1Method& m : V1TensorMethods()) mark(m.method);
+  for (const OperationInfo& op : Operations()) {
+    if (op.run == nullptr) continue;
+    if (absl::StatusOr<AnyTypes> types = TensorCallTypes(op.method); !types.ok()) {
+      LogError(std::string(types.status().message()));
+      std::abort();
+    }
+    mark(op.method);
+  }
   mark("Verify");
   generic_ = std::make_unique<GenericMethods>(this);
 }
@@ -75,10 +83,10 @@ void LogitdService::RegisterWith(grpc::ServerBuilder* builder) {
 RawBidiReactor* LogitdService::ServeGeneric(grpc::GenericCallbackServerContext* context) {
   absl::string_view name = context->method();
   if (absl::ConsumePrefix(&name, kServicePrefix)) {
-    if (const V1Method* m = FindV1TensorMethod(name)) {
+    if (const OperationInfo* op = FindOperation(name); op != nullptr && op->run != nullptr) {
       return ServeBidi(context, &threads_,
-                       [this, m](grpc::CallbackServerContext* c, RawStream* raw) {
-                         return m->serve(v1_env(), m->method, c, raw);
+                       [this, op](grpc::CallbackServerContext* c, RawStream* raw) {
+                         return ServeOperation(v1_env(), *op, c, raw);
                        });
     }
     if (name == "Verify") {

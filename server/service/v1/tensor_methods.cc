@@ -1,34 +1,80 @@
 #include "server/service/v1/tensor_methods.h"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "logitd/service/tensor_call.pb.h"
+#include "logitd/status_macros.h"
+#include "logitd/v1/logitd.grpc.pb.h"
 #include "logitd/v1/logitd.pb.h"
+#include "server/service/transport/message_stream.h"
+#include "server/service/v1/requests.h"
 
 namespace logitd::service {
 namespace {
 
-void FillCountedTokens(const OpResult& result, v1::CrossEntropyResponse* head) {
-  head->mutable_result()->set_counted_tokens(result.counted_tokens);
-}
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
 
-const V1Method kMethods[] = {
-    {"Logits", &ServeTensorOp<v1::LogitsRequest, v1::LogitsResponse, &LogitsRequestOf, &RunLogits>},
-    {"Backward",
-     &ServeTensorOp<v1::BackwardRequest, v1::BackwardResponse, &BackwardRequestOf, &RunBackward>},
-    {"Cast", &ServeTensorOp<v1::CastRequest, v1::CastResponse, &CastRequestOf, &RunCast>},
-    {"CrossEntropy", &ServeTensorOp<v1::CrossEntropyRequest, v1::CrossEntropyResponse,
-                                    &CrossEntropyRequestOf, &RunCrossEntropy, &FillCountedTokens>},
-    {"LogProbs",
-     &ServeTensorOp<v1::LogProbsRequest, v1::LogProbsResponse, &LogProbsRequestOf, &RunLogProbs>},
-};
+// The message type of `message`'s field `first` (number 1, in the oneof
+// "part" beside chunk = 2 and digest = 3); Internal naming what differs.
+absl::StatusOr<const Descriptor*> PartType(const Descriptor* message, absl::string_view first) {
+  const FieldDescriptor* f = message->FindFieldByNumber(1);
+  const FieldDescriptor* chunk = message->FindFieldByNumber(2);
+  const FieldDescriptor* digest = message->FindFieldByNumber(3);
+  const bool shaped =
+      f != nullptr && f->name() == first && f->message_type() != nullptr && chunk != nullptr &&
+      chunk->message_type() == v1::TensorChunk::descriptor() && digest != nullptr &&
+      digest->message_type() == v1::TensorDigest::descriptor() &&
+      f->containing_oneof() != nullptr && f->containing_oneof() == chunk->containing_oneof() &&
+      f->containing_oneof() == digest->containing_oneof() && message->field_count() == 3;
+  if (!shaped) {
+    return absl::InternalError(absl::StrCat(
+        message->full_name(), " is not a tensor call's message: expected oneof part { ... ", first,
+        " = 1; TensorChunk chunk = 2; TensorDigest digest = 3; }"));
+  }
+  return f->message_type();
+}
 
 }  // namespace
 
-absl::Span<const V1Method> V1TensorMethods() { return kMethods; }
-
-const V1Method* FindV1TensorMethod(absl::string_view method) {
-  for (const V1Method& m : kMethods) {
-    if (m.method == method) return &m;
+absl::StatusOr<AnyTypes> TensorCallTypes(absl::string_view method) {
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::Logitd::service_full_name());
+  const google::protobuf::MethodDescriptor* m =
+      service == nullptr ? nullptr : service->FindMethodByName(std::string(method));
+  if (m == nullptr) {
+    return absl::InternalError(absl::StrCat("logitd.v1.Logitd has no method ", method));
   }
-  return nullptr;
+  if (!m->client_streaming() || !m->server_streaming()) {
+    return absl::InternalError(absl::StrCat(method, " is not a bidirectional streaming method"));
+  }
+  LOGITD_ASSIGN_OR_RETURN(const Descriptor* header, PartType(m->input_type(), "header"));
+  LOGITD_ASSIGN_OR_RETURN(const Descriptor* result, PartType(m->output_type(), "result"));
+  google::protobuf::MessageFactory* factory = google::protobuf::MessageFactory::generated_factory();
+  return AnyTypes{factory->GetPrototype(header), factory->GetPrototype(result),
+                  m->input_type()->full_name()};
+}
+
+grpc::Status ServeOperation(const V1Env& env, const OperationInfo& op,
+                            grpc::CallbackServerContext* context, RawStream* raw) {
+  const absl::StatusOr<AnyTypes> types = TensorCallTypes(op.method);
+  MessageStream<AnyTensorResponse, AnyTensorRequest> stream(
+      raw, env.max_receive_message_bytes,
+      types.ok() ? types->request : AnyTensorRequest::descriptor()->full_name());
+  return env.runner->Run(op.method, context, [&](CallStats* stats) -> absl::Status {
+    LOGITD_RETURN_IF_ERROR(types.status());
+    TensorCall<AnyTensorRequest, AnyTensorResponse> call(env.tensor, op.method, context, &stream,
+                                                         stats, *types);
+    LOGITD_RETURN_IF_ERROR(call.ReadHeader());
+    V1RequestFields fields(call.header(), V1Shm{env.shm, call.tenant()});
+    LOGITD_ASSIGN_OR_RETURN(const OpResult result, op.run(env.op, fields, &call.call(), call));
+    return call.Respond(result, DigestLastOf(call.header()));
+  });
 }
 
 }  // namespace logitd::service

@@ -1,13 +1,14 @@
-// logitd.v1's bidirectional tensor calls in one table (tensor_methods.cc):
-// a row per method, served through gRPC's callback generic service rather
-// than a generated override per method. The service marks each row's
-// method generic and hands its calls here (service.cc), so a method of the
-// proto is served once its row exists, with no override, no raw-method
-// template and no handler declaration of its own. Most rows are one
-// instance of ServeTensorOp: read the header, translate it
-// (v1/requests.h), run the operation every front door runs (call/ops.h),
-// respond. tests/service/tensor_methods_test.cc holds the table to the
-// operations table (call/operations.h): every tensor operation has its row.
+// logitd.v1's tensor calls, served from the operations' table
+// (call/operations.h) through gRPC's callback generic service rather than a
+// generated override per method: every row with a `run` is a method of
+// logitd.v1.Logitd the service marks generic (tensor_handlers.cc) and serves
+// here, with no code of its own in v1. Its messages are read as any tensor
+// call's (logitd/service/tensor_call.proto): the header parsed as the
+// method's own header type and read by its fields' names
+// (V1RequestFields), the result built as the method's own result type. So
+// an operation is served once its row exists: read the header, run the
+// operation every front door runs, respond.
+// tests/service/tensor_methods_test.cc serves every row this way.
 #pragma once
 
 #include <grpcpp/server_context.h>
@@ -15,16 +16,13 @@
 
 #include <cstddef>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
-#include "logitd/status_macros.h"
+#include "server/service/call/operations.h"
 #include "server/service/call/ops.h"
 #include "server/service/state/shm.h"
 #include "server/service/transport/call_runner.h"
-#include "server/service/transport/message_stream.h"
 #include "server/service/transport/raw_stream.h"
-#include "server/service/v1/requests.h"
 #include "server/service/v1/tensor_call.h"
 
 namespace logitd::service {
@@ -38,38 +36,15 @@ struct V1Env {
   std::size_t max_receive_message_bytes = 0;
 };
 
-// Serves one call of `method` on its own thread (raw_stream.h): the call's
-// status.
-using V1Serve = grpc::Status (*)(const V1Env& env, absl::string_view method,
-                                 grpc::CallbackServerContext* context, RawStream* raw);
+// The header and result types of logitd.v1.Logitd's `method` when its
+// request and response have a tensor call's shape (a oneof of header or
+// result = 1, TensorChunk chunk = 2, TensorDigest digest = 3); Internal
+// naming what differs otherwise.
+absl::StatusOr<AnyTypes> TensorCallTypes(absl::string_view method);
 
-struct V1Method {
-  // The method of logitd.v1.Logitd ("Logits").
-  absl::string_view method;
-  V1Serve serve;
-};
-
-// The rows, in the proto's order. Verify is not among them: its handler is
-// the service's own (verify_handler.cc), dispatched the same way.
-absl::Span<const V1Method> V1TensorMethods();
-// The row of `method`; null for none.
-const V1Method* FindV1TensorMethod(absl::string_view method);
-
-// A tensor operation's call: `Of` translates the header (`Header Of(const
-// Request::header&, const V1Shm&)`), `Run` runs it (ops.h), `Fill`, when
-// given, adds the operation's own figures to the result.
-template <typename Request, typename Response, auto Of, auto Run, auto Fill = nullptr>
-grpc::Status ServeTensorOp(const V1Env& env, absl::string_view method,
-                           grpc::CallbackServerContext* context, RawStream* raw) {
-  MessageStream<Response, Request> stream(raw, env.max_receive_message_bytes);
-  return env.runner->Run(method, context, [&](CallStats* stats) -> absl::Status {
-    TensorCall<Request, Response> call(env.tensor, method, context, &stream, stats);
-    LOGITD_RETURN_IF_ERROR(call.ReadHeader());
-    LOGITD_ASSIGN_OR_RETURN(const auto request, Of(call.header(), V1Shm{env.shm, call.tenant()}));
-    if constexpr (Fill != nullptr) call.OnResult(Fill);
-    LOGITD_ASSIGN_OR_RETURN(const OpResult result, Run(env.op, request, &call.call(), call));
-    return call.Respond(result, call.header().digest_last());
-  });
-}
+// Serves one call of the row `op` (its `run` set) on its own thread
+// (raw_stream.h): the call's status.
+grpc::Status ServeOperation(const V1Env& env, const OperationInfo& op,
+                            grpc::CallbackServerContext* context, RawStream* raw);
 
 }  // namespace logitd::service

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "logitd/status_macros.h"
+#include "server/service/call/ops.h"
 #include "server/service/v1/requests.h"
 
 namespace logitd::service {
@@ -134,14 +135,16 @@ absl::StatusOr<WeightPlan> WeightPlanOf(const std::vector<std::int64_t>& shape) 
 
 absl::StatusOr<LogitsPlan> ValidateLogits(const v1::LogitsHeader& header, const WeightDims& weight,
                                           std::uint64_t max_request_bytes) {
-  LOGITD_ASSIGN_OR_RETURN(const LogitsRequest request, LogitsRequestOf(header, V1Shm{}));
+  LOGITD_ASSIGN_OR_RETURN(const LogitsRequest request,
+                          RequestOf(&LogitsRequestFrom, header, V1Shm{}));
   return PlanLogits(request, weight, max_request_bytes);
 }
 
 absl::StatusOr<BackwardPlan> ValidateBackward(const v1::BackwardHeader& header,
                                               const WeightDims& weight,
                                               std::uint64_t max_request_bytes) {
-  LOGITD_ASSIGN_OR_RETURN(const BackwardRequest request, BackwardRequestOf(header, V1Shm{}));
+  LOGITD_ASSIGN_OR_RETURN(const BackwardRequest request,
+                          RequestOf(&BackwardRequestFrom, header, V1Shm{}));
   return PlanBackward(request, weight, max_request_bytes);
 }
 
@@ -149,13 +152,13 @@ absl::StatusOr<CrossEntropyPlan> ValidateCrossEntropy(const v1::CrossEntropyHead
                                                       const WeightDims& weight,
                                                       std::uint64_t max_request_bytes) {
   LOGITD_ASSIGN_OR_RETURN(const CrossEntropyRequest request,
-                          CrossEntropyRequestOf(header, V1Shm{}));
+                          RequestOf(&CrossEntropyRequestFrom, header, V1Shm{}));
   return PlanCrossEntropy(request, weight, max_request_bytes);
 }
 
 absl::StatusOr<CastPlan> ValidateCast(const v1::CastHeader& header,
                                       std::uint64_t max_request_bytes) {
-  LOGITD_ASSIGN_OR_RETURN(const CastRequest request, CastRequestOf(header, V1Shm{}));
+  LOGITD_ASSIGN_OR_RETURN(const CastRequest request, RequestOf(&CastRequestFrom, header, V1Shm{}));
   return PlanCast(request, max_request_bytes);
 }
 
@@ -188,7 +191,8 @@ absl::StatusOr<ProbePlan> ValidateProbe(const v1::ProbeHeader& header, std::size
 absl::StatusOr<LogProbsPlan> ValidateLogProbs(const v1::LogProbsHeader& header,
                                               const WeightDims& weight,
                                               std::uint64_t max_request_bytes) {
-  LOGITD_ASSIGN_OR_RETURN(const LogProbsRequest request, LogProbsRequestOf(header, V1Shm{}));
+  LOGITD_ASSIGN_OR_RETURN(const LogProbsRequest request,
+                          RequestOf(&LogProbsRequestFrom, header, V1Shm{}));
   return PlanLogProbs(request, weight, max_request_bytes);
 }
 
