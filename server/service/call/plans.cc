@@ -13,7 +13,6 @@
 #include "logitd/status_macros.h"
 
 namespace logitd::service {
-namespace {
 
 absl::Status CheckGiven(absl::string_view what, const CallInput& in) {
   if (in.given) return absl::OkStatus();
@@ -86,6 +85,8 @@ absl::Status UnusedOutputSlot(const CallOutputs& outputs, absl::string_view name
   return absl::InvalidArgumentError(absl::StrCat(name, "_shm: given, but ", why));
 }
 
+namespace {
+
 // The start of a Backward or CrossEntropy plan: the gradients asked for
 // (accumulating is a way of delivering dW, so it asks for dW) and x, which
 // sets M.
@@ -152,13 +153,13 @@ absl::Status FinishGradientPlan(absl::string_view method, const CallOutputs& out
   return CheckCallBytes(method, parts, max_request_bytes);
 }
 
+}  // namespace
+
 // A non-negative finite option (0 = off).
 absl::Status CheckOffOrPositive(absl::string_view field, float value, absl::string_view meaning) {
   if (std::isfinite(value) && value >= 0.0f) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(field, ": expected ", meaning, ", got ", value));
 }
-
-}  // namespace
 
 std::optional<DType> DTypeOfName(absl::string_view name) {
   for (DType d : {DType::kBf16, DType::kFp32, DType::kInt32, DType::kInt64}) {

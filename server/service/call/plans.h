@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,32 @@ struct CallPart {
 // (x bf16 [..] = .. bytes, ...), over the limit of ..."
 absl::Status CheckCallBytes(absl::string_view method, const std::vector<CallPart>& parts,
                             std::uint64_t max_request_bytes);
+
+// The checks plans are made of, each InvalidArgument naming the request's
+// field, for an operation's plan in its own file (call/<op>.cc).
+// The request has the input (CallInput::given).
+absl::Status CheckGiven(absl::string_view what, const CallInput& in);
+// The input's dtype is one of `allowed`; returns it.
+absl::StatusOr<DType> CheckDType(absl::string_view what, const CallInput& in,
+                                 std::initializer_list<DType> allowed);
+// The shape has rank 2; `dims` names them ("[M, K]").
+absl::Status CheckRank2(absl::string_view what, absl::string_view dims,
+                        const std::vector<std::int64_t>& shape);
+// The byte count of `shape` of `dtype`, its overflow and non-positive dims
+// named against the tensor.
+absl::StatusOr<std::uint64_t> Bytes(absl::string_view what, const std::vector<std::int64_t>& shape,
+                                    DType dtype);
+// An output dtype field: one of `allowed`, or `fallback` when unspecified
+// (empty).
+absl::StatusOr<DType> OutputDType(absl::string_view field, const std::string& requested,
+                                  DType fallback, std::initializer_list<DType> allowed);
+// x: BF16 [M, K] with K the weight's; returns its bytes.
+absl::StatusOr<std::uint64_t> CheckActivations(const CallInput& x, const WeightDims& weight);
+// No shared-memory slot for an output the call does not return (`why`).
+absl::Status UnusedOutputSlot(const CallOutputs& outputs, absl::string_view name, bool returned,
+                              absl::string_view why);
+// A non-negative finite option (0 = off); `meaning` says what it takes.
+absl::Status CheckOffOrPositive(absl::string_view field, float value, absl::string_view meaning);
 
 struct LogitsPlan {
   std::int64_t m = 0;
