@@ -335,6 +335,7 @@ absl::Status CpuBackend::CrossEntropyCall(const CrossEntropyArgs& args, Timing* 
   return absl::OkStatus();
 }
 
+#ifdef LOGITD_TEST_FAULTS
 absl::Status CpuBackend::TestDeviceFault(std::uint32_t trigger, std::int64_t n) {
   if (trigger == kTestDeviceTrap) {
     health_.MarkLost(
@@ -356,6 +357,7 @@ absl::Status CpuBackend::TestDeviceFault(std::uint32_t trigger, std::int64_t n) 
   absl::Status health = health_.status();
   return health.ok() ? absl::InternalError("test fault device_hang: 30 s passed") : health;
 }
+#endif  // LOGITD_TEST_FAULTS
 
 std::unique_ptr<Backend> CreateCpuBackend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
