@@ -48,8 +48,9 @@ namespace logitd::service {
 
 // The generated service with RegisterWeight and FetchGradient served as raw
 // byte streams (see raw_stream.h and message_stream.h); the bidirectional
-// tensor calls are marked generic and served from tensor_methods.h's table
-// (and Verify) by the service's generic service; the other calls are the
+// tensor calls are marked generic and served from the operations' rows
+// (call/operations.h, tensor_methods.h) and Verify by the service's generic
+// service; the other calls are the
 // generated synchronous methods.
 using RawTensorService = v1::Logitd::WithRawCallbackMethod_RegisterWeight<
     v1::Logitd::WithRawCallbackMethod_FetchGradient<v1::Logitd::Service>>;
