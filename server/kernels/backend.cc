@@ -63,45 +63,6 @@ absl::Status CheckLoadWeightArgs(const Bf16Bits* w, std::int64_t v, std::int64_t
   return CheckBytes("load weight", "w", {v, k}, DType::kBf16);
 }
 
-absl::Status CheckLogitsArgs(const Weight& w, const LogitsArgs& args) {
-  constexpr absl::string_view kCall = "logits";
-  RETURN_IF_ERROR_(CheckNotNull(kCall, "x", args.x));
-  RETURN_IF_ERROR_(CheckNotNull(kCall, "y", args.y));
-  RETURN_IF_ERROR_(CheckRows(kCall, args.m));
-  RETURN_IF_ERROR_(CheckFloatDType(kCall, "out_dtype", args.out_dtype));
-  RETURN_IF_ERROR_(CheckBytes(kCall, "x", {args.m, w.k()}, DType::kBf16));
-  return CheckBytes(kCall, "y", {args.m, w.v()}, args.out_dtype);
-}
-
-absl::Status CheckBackwardArgs(const Weight& w, const BackwardArgs& args) {
-  constexpr absl::string_view kCall = "backward";
-  RETURN_IF_ERROR_(CheckNotNull(kCall, "dy", args.dy));
-  RETURN_IF_ERROR_(CheckFloatDType(kCall, "dy_dtype", args.dy_dtype));
-  RETURN_IF_ERROR_(CheckRows(kCall, args.m));
-  const bool want_dx = args.dx != nullptr;
-  const bool return_dw = args.dw != nullptr && !args.accumulate_dw;
-  if (!want_dx && !return_dw && !args.accumulate_dw) {
-    return absl::InvalidArgumentError(
-        "backward: nothing to compute: expected dx, dw or accumulate_dw, got none");
-  }
-  if (want_dx) RETURN_IF_ERROR_(CheckFloatDType(kCall, "dx_dtype", args.dx_dtype));
-  if (return_dw) RETURN_IF_ERROR_(CheckFloatDType(kCall, "dw_dtype", args.dw_dtype));
-  // dX = G.W needs no x; dW = G^T.X does.
-  if ((return_dw || args.accumulate_dw) && args.x == nullptr) {
-    return absl::InvalidArgumentError("backward: x is null but dW was asked for");
-  }
-  RETURN_IF_ERROR_(CheckBytes(kCall, "dy", {args.m, w.v()}, args.dy_dtype));
-  RETURN_IF_ERROR_(CheckBytes(kCall, "x", {args.m, w.k()}, DType::kBf16));
-  if (want_dx) {
-    RETURN_IF_ERROR_(CheckBytes(kCall, "dx", {args.m, w.k()}, args.dx_dtype));
-  }
-  if (return_dw || args.accumulate_dw) {
-    // Returned in dw_dtype or accumulated in fp32: [V, K] fp32 bounds both.
-    RETURN_IF_ERROR_(CheckBytes(kCall, "dw", {w.v(), w.k()}, DType::kFp32));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ForeignWeightError(absl::string_view call, absl::string_view backend,
                                 const Weight& w) {
   return absl::InvalidArgumentError(

@@ -21,6 +21,9 @@
 #include "logitd/protocol.h"
 #include "logitd/tensor.h"
 #include "server/kernels/kernel.h"
+#include "server/kernels/ops/backward.h"
+#include "server/kernels/ops/logits.h"
+#include "server/kernels/weight.h"
 
 namespace logitd {
 class Fp64Products;  // logitd/reference/fp64_products.h
@@ -125,63 +128,12 @@ class HostBuffer {
   std::function<void(std::byte*)> release_;
 };
 
-// A registered weight W [V, K] (bf16) as the backend stores it, plus its
-// optional fp32 gradient buffer [V, K]. Created by Backend::LoadWeight; kept
-// alive by shared_ptr while any call uses it, so release during a call is safe.
-class Weight {
- public:
-  Weight(std::int64_t v, std::int64_t k);
-  virtual ~Weight() = default;
-  Weight(const Weight&) = delete;
-  Weight& operator=(const Weight&) = delete;
-
-  std::int64_t v() const { return v_; }
-  std::int64_t k() const { return k_; }
-  // Bytes held for the weight itself.
-  virtual std::uint64_t weight_bytes() const = 0;
-  // Bytes held for the gradient buffer (0 until the first accumulate).
-  virtual std::uint64_t gradient_bytes() const = 0;
-  // What Verify counts of the weight once for all its calls (a reference
-  // engine made for it keeps its counts here).
-  const std::shared_ptr<WeightMemo>& memo() const { return memo_; }
-
- private:
-  std::int64_t v_;
-  std::int64_t k_;
-  std::shared_ptr<WeightMemo> memo_;
-};
-
-struct LogitsArgs {
-  const Bf16Bits* x = nullptr;  // [m, K] bf16
-  std::int64_t m = 0;
-  float alpha = 1.0f;
-  DType out_dtype = DType::kFp32;  // kFp32 or kBf16
-  void* y = nullptr;               // [m, V] of out_dtype
-};
-
-struct BackwardArgs {
-  const void* dy = nullptr;       // [m, V]
-  DType dy_dtype = DType::kFp32;  // kFp32 or kBf16
-  const Bf16Bits* x = nullptr;    // [m, K] bf16
-  std::int64_t m = 0;
-  void* dx = nullptr;             // [m, K] of dx_dtype, or null for none
-  DType dx_dtype = DType::kBf16;  // kBf16 or kFp32
-  void* dw = nullptr;             // [V, K] of dw_dtype, or null for none
-  DType dw_dtype = DType::kFp32;  // kFp32 or kBf16
-  bool accumulate_dw = false;     // dW += G^T X into the weight's fp32 buffer; dw unused
-};
-
-// The checks every backend makes of a call's arguments before it touches
-// their memory, in one wording for all backends ("<call>: x is null",
-// "<call>: expected m (rows of x) >= 1, got 0", ...): InvalidArgument when a
-// required pointer is null, a dtype is not one the call takes, a shape does
-// not agree with the weight or its byte count overflows, or a
-// cross-entropy's option or target is out of range. What only one backend
-// cannot do (the cpu backend's 32-bit BLAS dimensions) it checks itself,
-// after these.
+// The checks every backend makes of LoadWeight's arguments before it
+// touches their memory; an operation's are its CheckArgs (ops/<op>.h), in
+// the same wording for all backends ("<call>: x is null", "<call>: expected
+// m (rows of x) >= 1, got 0", ...). What only one backend cannot do (the cpu
+// backend's 32-bit BLAS dimensions) it checks itself, after these.
 absl::Status CheckLoadWeightArgs(const Bf16Bits* w, std::int64_t v, std::int64_t k);
-absl::Status CheckLogitsArgs(const Weight& w, const LogitsArgs& args);
-absl::Status CheckBackwardArgs(const Weight& w, const BackwardArgs& args);
 // InvalidArgument for a weight that `backend` ("cpu", "cuda") did not load,
 // which reaches it through the shared interface: "<call>: expected a weight
 // loaded by the cpu backend, got one [V, K] from another backend".
@@ -194,7 +146,7 @@ absl::Status ForeignWeightError(absl::string_view call, absl::string_view backen
 // The entry points are not virtual: each makes the checks every backend
 // makes, in one place, and then calls the backend's Do* method (for an
 // operation's kernel, Kernel and DoKernel: kernel.h). In order:
-//   1. the call's arguments (CheckLogitsArgs and its siblings, an
+//   1. the call's arguments (CheckLoadWeightArgs, an
 //      operation's CheckArgs), so every backend words a bad argument alike
 //      and no Do* method or kernel sees one;
 //   2. the device's health: once Health() is not OK every call fails with
@@ -262,8 +214,10 @@ class Backend {
 
   // Y[m, V] = alpha * X[m, K] . W[V, K]^T, bf16 operands, fp32 accumulation;
   // fp32 out, or rounded to bf16 once (RNE).
-  absl::Status Logits(const Weight& w, const LogitsArgs& args, Timing* timing) {
-    return Run(CheckLogitsArgs(w, args), [&] { return DoLogits(w, args, timing); });
+  // The Logits kernel (ops/logits.h) of weight `w`.
+  absl::Status Logits(const Weight& w, LogitsArgs args, Timing* timing) {
+    args.weight = &w;
+    return Kernel(args, timing);
   }
 
   // The rows a Logits call of `m` rows may be cut into, one call a block
@@ -288,8 +242,10 @@ class Backend {
 
   // G = bf16(dY) (RNE, once); dX = G.W [m, K]; dW = G^T.X [V, K]; fp32
   // accumulation, outputs rounded once to their dtype.
-  absl::Status Backward(Weight& w, const BackwardArgs& args, Timing* timing) {
-    return Run(CheckBackwardArgs(w, args), [&] { return DoBackward(w, args, timing); });
+  // The Backward kernel (ops/backward.h) of weight `w`.
+  absl::Status Backward(Weight& w, BackwardArgs args, Timing* timing) {
+    args.weight = &w;
+    return Kernel(args, timing);
   }
 
   // Copies the weight's fp32 gradient buffer into out [V, K] (zeros if never
@@ -335,8 +291,6 @@ class Backend {
   virtual absl::StatusOr<std::shared_ptr<Fp64Products>> DoReferenceProducts(const Weight& /*w*/) {
     return std::shared_ptr<Fp64Products>();
   }
-  virtual absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing) = 0;
-  virtual absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing) = 0;
   virtual absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out,
                                                         bool zero_after_fetch) = 0;
   virtual absl::Status DoZeroGradient(Weight& w) = 0;

@@ -124,8 +124,7 @@ absl::StatusOr<std::shared_ptr<kernels::Weight>> FakeBackend::DoLoadWeight(const
   return std::make_shared<FakeWeight>(v, k);
 }
 
-absl::Status FakeBackend::DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
-                                   kernels::Timing* /*timing*/) {
+absl::Status FakeBackend::FakeLogits(const kernels::Weight& w, const kernels::LogitsArgs& args) {
   if (absl::Status s = Enter(FakeMethod::kLogits); !s.ok()) return s;
   const std::int64_t n = args.m * w.v();
   for (std::int64_t i = 0; i < n; ++i) {
@@ -139,8 +138,7 @@ absl::Status FakeBackend::DoLogits(const kernels::Weight& w, const kernels::Logi
   return absl::OkStatus();
 }
 
-absl::Status FakeBackend::DoBackward(kernels::Weight& w, const kernels::BackwardArgs& args,
-                                     kernels::Timing* /*timing*/) {
+absl::Status FakeBackend::FakeBackward(kernels::Weight& w, const kernels::BackwardArgs& args) {
   if (absl::Status s = Enter(FakeMethod::kBackward); !s.ok()) return s;
   Zero(args.dx, args.m * w.k(), args.dx_dtype);
   if (args.accumulate_dw) {
@@ -166,6 +164,14 @@ absl::Status FakeBackend::DoZeroGradient(kernels::Weight& w) {
 
 absl::Status FakeBackend::DoKernel(const kernels::KernelOp& op, const void* args,
                                    kernels::Timing* /*timing*/) {
+  if (&op == &kernels::KernelOpOf<kernels::LogitsArgs>()) {
+    const auto& logits = *static_cast<const kernels::LogitsArgs*>(args);
+    return FakeLogits(*logits.weight, logits);
+  }
+  if (&op == &kernels::KernelOpOf<kernels::BackwardArgs>()) {
+    const auto& backward = *static_cast<const kernels::BackwardArgs*>(args);
+    return FakeBackward(*backward.weight, backward);
+  }
   if (&op == &kernels::KernelOpOf<kernels::CastArgs>()) {
     if (absl::Status s = Enter(FakeMethod::kCast); !s.ok()) return s;
     const auto& cast = *static_cast<const kernels::CastArgs*>(args);

@@ -73,20 +73,19 @@ class FakeBackend final : public kernels::Backend {
   absl::StatusOr<kernels::HostBuffer> DoAllocateHost(std::size_t bytes) override;
   absl::StatusOr<std::shared_ptr<kernels::Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
                                                                 std::int64_t k) override;
-  absl::Status DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
-                        kernels::Timing* timing) override;
-  absl::Status DoBackward(kernels::Weight& w, const kernels::BackwardArgs& args,
-                          kernels::Timing* timing) override;
   absl::StatusOr<std::uint64_t> DoFetchGradient(kernels::Weight& w, float* out,
                                                 bool zero_after_fetch) override;
   absl::Status DoZeroGradient(kernels::Weight& w) override;
-  // The operations' kernels (kernels/kernel.h): the cast, exact; the
+  // The operations' kernels (kernels/kernel.h): logits alpha * i for the
+  // i-th element; backward dX and dW 0; the cast, exact; the
   // cross-entropy: loss 1 per counted token, lse 0, dX and dW 0; LogProbs:
   // logprob -1, lse and entropy 0, top-k ids 0, 1, ..., rank 0.
   absl::Status DoKernel(const kernels::KernelOp& op, const void* args,
                         kernels::Timing* timing) override;
 
  private:
+  absl::Status FakeLogits(const kernels::Weight& w, const kernels::LogitsArgs& args);
+  absl::Status FakeBackward(kernels::Weight& w, const kernels::BackwardArgs& args);
   // Counts the call, waits while `method` is blocked, and returns the
   // status it was told to fail with (OK when none).
   absl::Status Enter(FakeMethod method);

@@ -83,52 +83,57 @@ TEST(BackendChecks, LogitsArgs) {
   const std::vector<Bf16Bits> x(32);
   std::vector<float> y(400);
   LogitsArgs good;
+  good.weight = &w;
   good.x = x.data();
   good.m = 4;
   good.y = y.data();
-  EXPECT_TRUE(CheckLogitsArgs(w, good).ok());
+  EXPECT_TRUE(CheckArgs(good).ok());
   LogitsArgs a = good;
   a.x = nullptr;
-  ExpectInvalid(CheckLogitsArgs(w, a), "logits: x is null");
+  ExpectInvalid(CheckArgs(a), "logits: x is null");
+  a = good;
+  a.weight = nullptr;
+  ExpectInvalid(CheckArgs(a), "logits: weight is null");
   a = good;
   a.m = 0;
-  ExpectInvalid(CheckLogitsArgs(w, a), "logits: expected m (rows of x) >= 1, got 0");
+  ExpectInvalid(CheckArgs(a), "logits: expected m (rows of x) >= 1, got 0");
   a = good;
   a.out_dtype = DType::kInt32;
-  ExpectInvalid(CheckLogitsArgs(w, a), "logits: expected out_dtype fp32 or bf16, got int32");
+  ExpectInvalid(CheckArgs(a), "logits: expected out_dtype fp32 or bf16, got int32");
   a = good;
   a.m = std::int64_t{1} << 58;  // [m, 8] bf16 fits in int64; [m, 100] fp32 does not
-  ExpectInvalid(CheckLogitsArgs(w, a),
+  ExpectInvalid(CheckArgs(a),
                 "logits: y fp32: shape [288230376151711744, 100]: element count overflows int64");
 }
 
 TEST(BackendChecks, BackwardArgs) {
-  const ShapeOnlyWeight w(100, 8);
+  ShapeOnlyWeight w(100, 8);
   const std::vector<float> dy(400);
   const std::vector<Bf16Bits> x(32);
   std::vector<Bf16Bits> dx(32);
   BackwardArgs good;
+  good.weight = &w;
   good.dy = dy.data();
   good.m = 4;
   good.dx = dx.data();
   // dX alone needs no x.
-  EXPECT_TRUE(CheckBackwardArgs(w, good).ok());
+  EXPECT_TRUE(CheckArgs(good).ok());
   BackwardArgs a = good;
   a.accumulate_dw = true;
-  ExpectInvalid(CheckBackwardArgs(w, a), "backward: x is null but dW was asked for");
+  ExpectInvalid(CheckArgs(a), "backward: x is null but dW was asked for");
   a.x = x.data();
-  EXPECT_TRUE(CheckBackwardArgs(w, a).ok());
+  EXPECT_TRUE(CheckArgs(a).ok());
   a = good;
   a.dx = nullptr;
-  ExpectInvalid(CheckBackwardArgs(w, a),
+  ExpectInvalid(CheckArgs(a),
                 "backward: nothing to compute: expected dx, dw or accumulate_dw, got none");
   a = good;
   a.dx_dtype = DType::kInt64;
-  ExpectInvalid(CheckBackwardArgs(w, a), "backward: expected dx_dtype fp32 or bf16, got int64");
+  ExpectInvalid(CheckArgs(a), "backward: expected dx_dtype fp32 or bf16, got int64");
   // An unused output's dtype is not looked at.
   a = good;
   a.dw_dtype = DType::kInt32;
-  EXPECT_TRUE(CheckBackwardArgs(w, a).ok());
+  EXPECT_TRUE(CheckArgs(a).ok());
 }
 
 TEST(BackendChecks, CrossEntropyArgs) {
@@ -205,8 +210,6 @@ class RecordingBackend final : public Backend {
     if (absl::Status s = Done(); !s.ok()) return s;
     return std::make_shared<ShapeOnlyWeight>(v, k);
   }
-  absl::Status DoLogits(const Weight&, const LogitsArgs&, Timing*) override { return Done(); }
-  absl::Status DoBackward(Weight&, const BackwardArgs&, Timing*) override { return Done(); }
   absl::StatusOr<std::uint64_t> DoFetchGradient(Weight&, float*, bool) override {
     if (absl::Status s = Done(); !s.ok()) return s;
     return 0;
@@ -327,12 +330,6 @@ class TableBackend final : public Backend {
   absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits*, std::int64_t v,
                                                        std::int64_t k) override {
     return std::make_shared<ShapeOnlyWeight>(v, k);
-  }
-  absl::Status DoLogits(const Weight&, const LogitsArgs&, Timing*) override {
-    return absl::OkStatus();
-  }
-  absl::Status DoBackward(Weight&, const BackwardArgs&, Timing*) override {
-    return absl::OkStatus();
   }
   absl::StatusOr<std::uint64_t> DoFetchGradient(Weight&, float*, bool) override { return 0; }
   absl::Status DoZeroGradient(Weight&) override { return absl::OkStatus(); }

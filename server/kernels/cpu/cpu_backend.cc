@@ -117,7 +117,7 @@ absl::StatusOr<std::shared_ptr<Weight>> CpuBackend::DoLoadWeight(const Bf16Bits*
   return std::make_shared<CpuWeight>(v, k, std::move(*wf));
 }
 
-absl::Status CpuBackend::DoLogits(const Weight& weight, const LogitsArgs& args, Timing* timing) {
+absl::Status CpuBackend::LogitsCall(const Weight& weight, const LogitsArgs& args, Timing* timing) {
   const auto start = std::chrono::steady_clock::now();
   const CpuWeight* cw = AsCpuWeight(weight);
   if (cw == nullptr) return ForeignWeight("logits", weight);
@@ -172,7 +172,7 @@ std::int64_t CpuBackend::CrossEntropyBlockRows(const Weight& /*w*/, std::int64_t
   return std::min(m, kBlasRows);
 }
 
-absl::Status CpuBackend::DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) {
+absl::Status CpuBackend::BackwardCall(Weight& weight, const BackwardArgs& args, Timing* timing) {
   const auto start = std::chrono::steady_clock::now();
   CpuWeight* cw = AsCpuWeight(weight);
   if (cw == nullptr) return ForeignWeight("backward", weight);
@@ -376,5 +376,22 @@ struct KernelOf<cpu::CpuBackend, CrossEntropyArgs> {
 
 using cpu::CpuBackend;
 LOGITD_KERNEL(CpuBackend, CrossEntropyArgs);
+
+template <>
+struct KernelOf<cpu::CpuBackend, LogitsArgs> {
+  static absl::Status Run(cpu::CpuBackend& backend, const LogitsArgs& args, Timing* timing) {
+    return backend.LogitsCall(*args.weight, args, timing);
+  }
+};
+
+template <>
+struct KernelOf<cpu::CpuBackend, BackwardArgs> {
+  static absl::Status Run(cpu::CpuBackend& backend, const BackwardArgs& args, Timing* timing) {
+    return backend.BackwardCall(*args.weight, args, timing);
+  }
+};
+
+LOGITD_KERNEL(CpuBackend, LogitsArgs);
+LOGITD_KERNEL(CpuBackend, BackwardArgs);
 
 }  // namespace logitd::kernels

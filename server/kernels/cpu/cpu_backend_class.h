@@ -69,15 +69,11 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::shared_ptr<Weight>> DoLoadWeight(const Bf16Bits* w, std::int64_t v,
                                                        std::int64_t k) override;
 
-  absl::Status DoLogits(const Weight& weight, const LogitsArgs& args, Timing* timing) override;
-
   std::int64_t LogitsBlockRows(const Weight& /*w*/, std::int64_t m,
                                DType /*out_dtype*/) const override;
 
   std::int64_t LogProbsBlockRows(const Weight& /*w*/, std::int64_t m) const override;
   std::int64_t CrossEntropyBlockRows(const Weight& /*w*/, std::int64_t m) const override;
-
-  absl::Status DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) override;
 
   absl::Status DoReadWeight(const Weight& weight, Bf16Bits* out) override;
 
@@ -90,6 +86,10 @@ class CpuBackend final : public Backend {
     return KernelTable<CpuBackend>::Get().Run(*this, op, args, timing);
   }
 
+  // The Logits and Backward kernels (KernelOf<CpuBackend, LogitsArgs>,
+  // KernelOf<CpuBackend, BackwardArgs>), of args.weight.
+  absl::Status LogitsCall(const Weight& weight, const LogitsArgs& args, Timing* timing);
+  absl::Status BackwardCall(Weight& weight, const BackwardArgs& args, Timing* timing);
   // The cross-entropy's kernel (KernelOf<CpuBackend, CrossEntropyArgs>).
   absl::Status CrossEntropyCall(const CrossEntropyArgs& args, Timing* timing);
 

@@ -249,15 +249,17 @@ class CudaBackend final : public Backend {
                                                        std::int64_t k) override;
   absl::Status DoReadWeight(const Weight& w, Bf16Bits* out) override;
   absl::StatusOr<std::shared_ptr<Fp64Products>> DoReferenceProducts(const Weight& w) override;
-  absl::Status DoLogits(const Weight& w, const LogitsArgs& args, Timing* timing) override;
   std::int64_t LogitsBlockRows(const Weight& w, std::int64_t m, DType out_dtype) const override;
-  absl::Status DoBackward(Weight& w, const BackwardArgs& args, Timing* timing) override;
   absl::StatusOr<std::uint64_t> DoFetchGradient(Weight& w, float* out,
                                                 bool zero_after_fetch) override;
   absl::Status DoZeroGradient(Weight& w) override;
   absl::Status DoKernel(const KernelOp& op, const void* args, Timing* timing) override {
     return KernelTable<CudaBackend>::Get().Run(*this, op, args, timing);
   }
+  // The Logits and Backward kernels (KernelOf<CudaBackend, LogitsArgs>,
+  // KernelOf<CudaBackend, BackwardArgs>, gemm_calls.cc), of args.weight.
+  absl::Status LogitsCall(const Weight& w, const LogitsArgs& args, Timing* timing);
+  absl::Status BackwardCall(Weight& w, const BackwardArgs& args, Timing* timing);
   // The cross-entropy's kernel (KernelOf<CudaBackend, CrossEntropyArgs>,
   // walk_calls.cc).
   absl::Status CrossEntropyCall(const CrossEntropyArgs& args, Timing* timing);

@@ -16,10 +16,11 @@
 #include "server/kernels/cuda/cast_kernels.h"
 #include "server/kernels/cuda/cuda_backend_class.h"
 #include "server/kernels/cuda/fp64_products.h"
+#include "server/kernels/kernel_table.h"
 
 namespace logitd::kernels::cuda {
 
-absl::Status CudaBackend::DoLogits(const Weight& weight, const LogitsArgs& args, Timing* timing) {
+absl::Status CudaBackend::LogitsCall(const Weight& weight, const LogitsArgs& args, Timing* timing) {
   const auto* w = dynamic_cast<const CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("logits", "cuda", weight);
   RETURN_IF_ERROR_(UseDevice(options_.device));
@@ -253,7 +254,7 @@ absl::StatusOr<BackwardBuffers> CudaBackend::AllocateBackward(Context& c, const 
   return b;
 }
 
-absl::Status CudaBackend::DoBackward(Weight& weight, const BackwardArgs& args, Timing* timing) {
+absl::Status CudaBackend::BackwardCall(Weight& weight, const BackwardArgs& args, Timing* timing) {
   auto* w = dynamic_cast<CudaWeight*>(&weight);
   if (w == nullptr) return ForeignWeightError("backward", "cuda", weight);
   const bool want_dx = args.dx != nullptr;
@@ -420,3 +421,25 @@ absl::Status CudaBackend::TestDeviceFault(std::uint32_t trigger, Context& c) {
 // when the host buffer is pageable (such a copy returns only when done).
 
 }  // namespace logitd::kernels::cuda
+
+namespace logitd::kernels {
+
+template <>
+struct KernelOf<cuda::CudaBackend, LogitsArgs> {
+  static absl::Status Run(cuda::CudaBackend& backend, const LogitsArgs& args, Timing* timing) {
+    return backend.LogitsCall(*args.weight, args, timing);
+  }
+};
+
+template <>
+struct KernelOf<cuda::CudaBackend, BackwardArgs> {
+  static absl::Status Run(cuda::CudaBackend& backend, const BackwardArgs& args, Timing* timing) {
+    return backend.BackwardCall(*args.weight, args, timing);
+  }
+};
+
+using cuda::CudaBackend;
+LOGITD_KERNEL(CudaBackend, LogitsArgs);
+LOGITD_KERNEL(CudaBackend, BackwardArgs);
+
+}  // namespace logitd::kernels

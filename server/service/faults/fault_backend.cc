@@ -50,29 +50,6 @@ class FaultBackend final : public kernels::Backend {
   std::int64_t CrossEntropyBlockRows(const kernels::Weight& w, std::int64_t m) const override {
     return inner_->CrossEntropyBlockRows(w, m);
   }
-  absl::Status DoLogits(const kernels::Weight& w, const kernels::LogitsArgs& args,
-                        kernels::Timing* timing) override {
-    absl::Status s = inner_->Logits(w, args, timing);
-    if (s.ok()) {
-      faults_->OnLogits(args.out_dtype, static_cast<std::byte*>(args.y),
-                        Bytes(args.m, w.v(), args.out_dtype));
-    }
-    return s;
-  }
-
-  absl::Status DoBackward(kernels::Weight& w, const kernels::BackwardArgs& args,
-                          kernels::Timing* timing) override {
-    absl::Status s = inner_->Backward(w, args, timing);
-    if (!s.ok()) return s;
-    if (args.dx != nullptr) {
-      faults_->OnDx(static_cast<std::byte*>(args.dx), Bytes(args.m, w.k(), args.dx_dtype));
-    }
-    if (args.dw != nullptr && !args.accumulate_dw) {
-      faults_->OnDw(static_cast<std::byte*>(args.dw), Bytes(w.v(), w.k(), args.dw_dtype));
-    }
-    return s;
-  }
-
   absl::StatusOr<std::uint64_t> DoFetchGradient(kernels::Weight& w, float* out,
                                                 bool zero_after_fetch) override {
     absl::StatusOr<std::uint64_t> calls = inner_->FetchGradient(w, out, zero_after_fetch);
