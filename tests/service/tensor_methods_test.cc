@@ -42,10 +42,10 @@ std::unique_ptr<google::protobuf::Message> HeaderWithEveryTensor(
 }
 
 TEST(TensorMethodsTableTest, EveryOperationRowIsATensorCallWhoseHeaderHasEveryFieldItReads) {
-  int rows = 0;
+  std::set<std::string> rows;
   for (const service::OperationInfo& op : service::Operations()) {
     if (op.run == nullptr) continue;
-    ++rows;
+    rows.insert(std::string(op.method));
     SCOPED_TRACE(op.method);
     absl::StatusOr<service::AnyTypes> types = service::TensorCallTypes(op.method);
     ASSERT_TRUE(types.ok()) << types.status();
@@ -55,7 +55,9 @@ TEST(TensorMethodsTableTest, EveryOperationRowIsATensorCallWhoseHeaderHasEveryFi
     EXPECT_TRUE(op.read(fields).ok()) << op.read(fields);
     EXPECT_FALSE(op.inputs.empty());
   }
-  EXPECT_EQ(rows, 5) << "Logits, Backward, Cast, CrossEntropy, LogProbs";
+  for (const char* method : {"Logits", "Backward", "Cast", "CrossEntropy", "LogProbs"}) {
+    EXPECT_EQ(rows.count(method), 1u) << method << " registers no row";
+  }
 }
 
 TEST(TensorMethodsTableTest, AMisnamedFieldIsInternalNamingIt) {
@@ -106,7 +108,7 @@ TEST_F(ServiceTest, EveryRowAndVerifyAreServedThroughTheGenericService) {
   for (const service::OperationInfo& op : service::Operations()) {
     if (op.run != nullptr) methods.insert(std::string(op.method));
   }
-  ASSERT_EQ(methods.size(), 6u);
+  ASSERT_GE(methods.size(), 6u) << "Verify and the five operations at least";
   for (const std::string& method : methods) {
     const grpc::Status s = CallWithNoHeader(server().channel(), "/logitd.v1.Logitd/" + method);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
