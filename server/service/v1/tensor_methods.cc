@@ -3,6 +3,8 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
+#include <functional>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +41,21 @@ absl::StatusOr<const Descriptor*> PartType(const Descriptor* message, absl::stri
   return f->message_type();
 }
 
+// TensorCallTypes of every row's method, worked out once.
+const absl::StatusOr<AnyTypes>& RowTypes(absl::string_view method) {
+  static const auto* const types = [] {
+    auto* by_method = new std::map<std::string, absl::StatusOr<AnyTypes>, std::less<>>();
+    for (const OperationInfo& op : Operations()) {
+      if (op.run != nullptr) by_method->emplace(op.method, TensorCallTypes(op.method));
+    }
+    return by_method;
+  }();
+  static const absl::StatusOr<AnyTypes>* const none =
+      new absl::StatusOr<AnyTypes>(absl::InternalError("a method of no operation's row"));
+  const auto it = types->find(method);
+  return it == types->end() ? *none : it->second;
+}
+
 }  // namespace
 
 absl::StatusOr<AnyTypes> TensorCallTypes(absl::string_view method) {
@@ -62,7 +79,7 @@ absl::StatusOr<AnyTypes> TensorCallTypes(absl::string_view method) {
 
 grpc::Status ServeOperation(const V1Env& env, const OperationInfo& op,
                             grpc::CallbackServerContext* context, RawStream* raw) {
-  const absl::StatusOr<AnyTypes> types = TensorCallTypes(op.method);
+  const absl::StatusOr<AnyTypes>& types = RowTypes(op.method);
   MessageStream<AnyTensorResponse, AnyTensorRequest> stream(
       raw, env.max_receive_message_bytes,
       types.ok() ? types->request : AnyTensorRequest::descriptor()->full_name());
