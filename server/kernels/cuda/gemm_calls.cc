@@ -415,11 +415,6 @@ absl::Status CudaBackend::TestDeviceFault(std::uint32_t trigger, Context& c) {
 }
 #endif  // LOGITD_TEST_FAULTS
 
-// dW rows on their way to the host: two staging chunks on the device, each
-// copied home on the copy stream while the next chunk computes. A chunk's
-// copy is enqueued only after the next chunk's work, so the two overlap even
-// when the host buffer is pageable (such a copy returns only when done).
-
 }  // namespace logitd::kernels::cuda
 
 namespace logitd::kernels {
